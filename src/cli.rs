@@ -1,0 +1,338 @@
+//! The command line: clap derive types for every subcommand of SPEC section 6.
+//!
+//! Only parsing lives here; each subcommand's behaviour is in `commands/<name>.rs`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::duration::parse_duration;
+
+const EXIT_CODES_HELP: &str = "\
+Exit status of `opmark run`: the command's own status for the verdicts `completed` and
+`replayed`; otherwise one reserved code per verdict:
+  240 in_progress    241 not_applied    242 indeterminate
+  243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
+Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
+doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
+247 host unreachable or not authenticated, 248 local ledger/file error,
+249 not implemented yet, 250 internal error.
+With --json the JSON document on stdout is authoritative.";
+
+/// Run remote commands over SSH so that one logical operation executes at most once.
+#[derive(Debug, Parser)]
+#[command(name = "opmark", version, about, after_long_help = EXIT_CODES_HELP)]
+pub struct Cli {
+    /// Options shared by every subcommand.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every subcommand accepts, each with an environment fallback.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// ssh_config file to resolve host aliases from (default ~/.ssh/config).
+    #[arg(
+        short = 'F',
+        long = "ssh-config",
+        env = "OPMARK_SSH_CONFIG",
+        global = true,
+        value_name = "PATH"
+    )]
+    pub ssh_config: Option<PathBuf>,
+    /// Ledger database (default ${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db).
+    #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH")]
+    pub ledger: Option<PathBuf>,
+    /// Command-classes policy file (default: the user's file, else the shipped one).
+    #[arg(long, env = "OPMARK_POLICY", global = true, value_name = "PATH")]
+    pub policy: Option<PathBuf>,
+    /// Print one JSON document on stdout; it is authoritative over the exit status.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Verbose tracing on stderr (-v info, -vv debug, -vvv trace).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+/// Where to connect, OpenSSH style, shared by every subcommand that talks to a host.
+#[derive(Debug, Args, Clone, Default)]
+pub struct HostArgs {
+    /// Port to connect to (overrides the ssh config).
+    #[arg(short = 'p', long = "port", value_name = "PORT")]
+    pub port: Option<u16>,
+    /// Identity (private key) file; may be given several times.
+    #[arg(short = 'i', long = "identity", value_name = "FILE")]
+    pub identity: Vec<PathBuf>,
+    /// Jump host(s), comma separated, like ssh -J.
+    #[arg(short = 'J', long = "jump", value_name = "[USER@]HOST[:PORT][,...]")]
+    pub jump: Option<String>,
+}
+
+/// Command families of SPEC section 5, least to most dangerous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum)]
+pub enum FamilyArg {
+    /// Reads only.
+    ReadOnly,
+    /// Running it twice has the same effect as once.
+    Convergent,
+    /// Each run adds something.
+    AppendOnly,
+    /// Each run may destroy or change something irreversibly.
+    Destructive,
+}
+
+/// The operator's decision recorded by `opmark resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Resolution {
+    /// The effect happened.
+    Applied,
+    /// The effect did not happen; the marker is fenced so it never can.
+    NotApplied,
+    /// Nobody will find out; stop tracking it.
+    Abandoned,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run CMD on HOST as one operation (at most one execution per op id and host).
+    Run(RunArgs),
+    /// Show the state of an operation's marker on its host (absent, running, completed,
+    /// interrupted, fenced).
+    Probe(ProbeArgs),
+    /// List operations in the ledger, newest first.
+    List(ListArgs),
+    /// One operation's timeline: intent, attempts, observations, verdict.
+    Show(ShowArgs),
+    /// Probe every unresolved operation and settle what the evidence settles.
+    Reconcile(ReconcileArgs),
+    /// Record an operator's decision about an operation.
+    Resolve(ResolveArgs),
+    /// Show the family of a command and the rule that decided it, per part.
+    Classify(ClassifyArgs),
+    /// Ledger integrity checks.
+    Audit(AuditArgs),
+    /// Delete finished or fenced markers older than a retention period on a host.
+    Gc(GcArgs),
+    /// Counts for a dashboard: operations by state and family, unknown outcomes, retries.
+    Stats,
+    /// Check that a host is usable: reachable, key known, shim runs, marker root sound.
+    Doctor(DoctorArgs),
+    /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
+    Lab(LabArgs),
+}
+
+/// `opmark run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Host alias from the ssh config, or [user@]host.
+    pub host: String,
+    /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent.
+    #[arg(long = "op", value_name = "ID")]
+    pub op: Option<String>,
+    /// Treat the command as at least this family (stricter only, never less strict).
+    #[arg(long = "class", value_enum, value_name = "FAMILY")]
+    pub class: Option<FamilyArg>,
+    /// Forward opmark's stdin to the command (spooled locally so a retry can resend it).
+    #[arg(long)]
+    pub stdin: bool,
+    /// Kill the command's process group on the host after this long (e.g. 30s, 5m).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Option<Duration>,
+    /// Automatic attempts within this run (default: the family's budget in the policy).
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+    /// How long to wait for a running operation (after re-attaching) before answering
+    /// `in_progress` or `indeterminate`.
+    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
+    pub wait: Duration,
+    /// Operator approval: lets a blocked operation supersede and run once; the note is recorded.
+    #[arg(long, value_name = "NOTE")]
+    pub approve: Option<String>,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+    /// The command; its words are joined by spaces and run by `sh -c` on the host, as ssh does.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `opmark probe`.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// Host alias or [user@]host.
+    pub host: String,
+    /// Operation id.
+    pub op: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only operations whose outcome is not settled.
+    #[arg(long)]
+    pub unresolved: bool,
+    /// Only operations on this host.
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+}
+
+/// `opmark show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// Operation id.
+    pub op: String,
+    /// The host, when the op id was used on several.
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+}
+
+/// `opmark reconcile`.
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// Only these operations (default: every unresolved one).
+    pub ops: Vec<String>,
+    /// Only operations on this host.
+    #[arg(long, value_name = "HOST")]
+    pub host: Option<String>,
+}
+
+/// `opmark resolve`.
+#[derive(Debug, Args)]
+pub struct ResolveArgs {
+    /// Operation id.
+    pub op: String,
+    /// The operation's host.
+    #[arg(long, value_name = "HOST")]
+    pub host: String,
+    /// The decision.
+    #[arg(long = "as", value_enum, value_name = "DECISION")]
+    pub decision: Resolution,
+    /// Why; recorded in the ledger (redacted).
+    #[arg(long, value_name = "TEXT")]
+    pub note: String,
+    /// Who decides (default $USER).
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// Connection options (for fencing the marker on not-applied).
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark classify`.
+#[derive(Debug, Args)]
+pub struct ClassifyArgs {
+    /// The command, as it would be given to `opmark run`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `opmark audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// The audit action.
+    #[command(subcommand)]
+    pub action: AuditAction,
+}
+
+/// `opmark audit` actions.
+#[derive(Debug, Subcommand)]
+pub enum AuditAction {
+    /// Check the ledger's hash chain; name the first broken event.
+    Verify,
+}
+
+/// `opmark gc`.
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Host alias or [user@]host.
+    pub host: String,
+    /// Remove finished or fenced markers older than this (e.g. 30d).
+    #[arg(long = "older-than", value_parser = parse_duration, value_name = "DURATION")]
+    pub older_than: Duration,
+    /// Print what would be removed; remove nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark doctor`.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Host alias or [user@]host.
+    pub host: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark lab`.
+#[derive(Debug, Args)]
+pub struct LabArgs {
+    /// The lab action.
+    #[command(subcommand)]
+    pub action: LabAction,
+}
+
+/// Where lab targets listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PlacementArg {
+    /// 127.0.0.1 at free ports (works without root).
+    Loopback,
+    /// Each target in its own network namespace behind a veth pair (root only).
+    Netns,
+}
+
+/// `opmark lab` actions.
+#[derive(Debug, Subcommand)]
+pub enum LabAction {
+    /// Start N disposable sshd targets and write an ssh_config with one alias per target.
+    Up {
+        /// How many targets.
+        #[arg(default_value_t = 1)]
+        count: usize,
+        /// Where they listen.
+        #[arg(long, value_enum, default_value = "loopback")]
+        placement: PlacementArg,
+        /// Lab directory (default ${XDG_STATE_HOME:-~/.local/state}/opmark/lab).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Stop the targets and remove the lab directory.
+    Down {
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Print the targets of a running lab and how to reach them.
+    Status {
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Silently drop all packets to and from a namespace target (no RST, no FIN).
+    Cut {
+        /// Target alias (e.g. target1).
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Restore a cut namespace target's link.
+    Restore {
+        /// Target alias.
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+}

@@ -1,0 +1,1 @@
+//! lab: not built yet.

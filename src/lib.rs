@@ -1,0 +1,24 @@
+//! opmark: run remote commands over SSH so that one logical operation produces at most
+//! one execution on its host.
+//!
+//! Module map (see README "Architecture"):
+//! - [`cli`], [`commands`]: the command line and one file per subcommand.
+//! - [`error`]: error kinds and the reserved exit codes.
+//! - [`shim`]: the host shim (`remote-scripts/shim.sh`), how it is invoked, its framed replies.
+//! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec.
+//! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
+//! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
+//! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.
+//! - [`lab`]: disposable local sshd targets for tests, demos and users.
+
+pub mod cli;
+pub mod commands;
+pub mod duration;
+pub mod error;
+pub mod lab;
+pub mod ledger;
+pub mod logging;
+pub mod operation;
+pub mod policy;
+pub mod shim;
+pub mod ssh;

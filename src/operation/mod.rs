@@ -1,0 +1,1 @@
+//! operation: not built yet.

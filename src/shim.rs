@@ -1,0 +1,1 @@
+//! The host shim: not built yet.

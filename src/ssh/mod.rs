@@ -1,0 +1,1 @@
+//! ssh: not built yet.
