@@ -1,0 +1,1 @@
+//! ledger integration tests.

@@ -1,0 +1,10 @@
+//! The integration test binary: one binary, one module per area, real sshd targets.
+
+mod support;
+
+mod ledger;
+mod policy;
+mod run;
+mod shim;
+mod targets;
+mod transport;

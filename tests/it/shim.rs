@@ -1,0 +1,1 @@
+//! shim integration tests.

@@ -1,0 +1,1 @@
+//! Test harness: sealed environments and disposable sshd targets.
