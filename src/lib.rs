@@ -24,3 +24,4 @@ pub mod operation;
 pub mod policy;
 pub mod shim;
 pub mod ssh;
+pub mod vocab;
