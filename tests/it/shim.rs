@@ -1,1 +1,836 @@
-//! shim integration tests.
+//! The host shim, run for real from Rust under dash, bash and busybox ash (no SSH here;
+//! `transport`/`run` tests drive it through real sshd targets).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::family::Family;
+use opmark::op_id::OpId;
+use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunRequest, StdinSpec, Verb};
+use sha2::{Digest, Sha256};
+
+/// The three shells the shim must run under. A missing one skips locally, fails in CI.
+fn shells() -> Vec<(&'static str, PathBuf)> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shells");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut found = Vec::new();
+    for (name, path) in [("dash", "/usr/bin/dash"), ("bash", "/usr/bin/bash")] {
+        let p = [path, &path.replace("/usr", "")]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        match p {
+            Some(p) => found.push((name, p)),
+            None => missing(name),
+        }
+    }
+    match ["/usr/bin/busybox", "/bin/busybox"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    {
+        Some(busybox) => {
+            // busybox runs the applet named by argv[0]: a link named `ash` is busybox ash.
+            let ash = dir.join("ash");
+            if !ash.exists() {
+                let _ = std::os::unix::fs::symlink(busybox, &ash);
+            }
+            found.push(("busybox-ash", ash));
+        }
+        None => missing("busybox"),
+    }
+    found
+}
+
+fn missing(tool: &str) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{tool} is required in CI (install it in .ci/run)");
+    }
+    eprintln!("SKIP (partly): {tool} not installed");
+}
+
+/// A marker root of its own (never under /tmp: the shim refuses volatile roots).
+struct Host {
+    state_home: PathBuf,
+    shell: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct Outcome {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    frames: Vec<Frame>,
+    status: Option<i32>,
+}
+
+impl Outcome {
+    fn exit(&self) -> Option<&shim::ExitFrame> {
+        self.frames.iter().find_map(|f| match f {
+            Frame::Exit(x) => Some(x),
+            _ => None,
+        })
+    }
+    fn refusal(&self) -> Option<&shim::Refusal> {
+        self.frames.iter().find_map(|f| match f {
+            Frame::Refused(r) => Some(r),
+            _ => None,
+        })
+    }
+    fn started(&self) -> bool {
+        self.frames
+            .iter()
+            .any(|f| matches!(f, Frame::Started { .. }))
+    }
+    fn marker(&self) -> &shim::MarkerInfo {
+        self.frames
+            .iter()
+            .find_map(|f| match f {
+                Frame::Probe(m) | Frame::Interrupted(m) | Frame::Attached(m) => Some(m),
+                Frame::Fence { marker, .. } => Some(marker),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no marker report in {:?}", self.frames))
+    }
+}
+
+fn parse(stdout: &[u8], stderr: &[u8]) -> Outcome {
+    let mut p = ReplyParser::new();
+    let mut replies = Vec::new();
+    p.push_stderr(stderr, &mut replies)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(stderr)));
+    p.push_stdout(stdout, &mut replies).unwrap();
+    let mut o = Outcome::default();
+    for r in replies {
+        match r {
+            Reply::Stdout(b) => o.stdout.extend(b),
+            Reply::Stderr(b) => o.stderr.extend(b),
+            Reply::Frame(f) => o.frames.push(f),
+        }
+    }
+    o
+}
+
+fn fp(command: &str) -> String {
+    hex::encode(Sha256::digest(command.as_bytes()))
+}
+
+impl Host {
+    fn new(test: &str, shell: &Path) -> Host {
+        let name = format!("{test}-{}", shell.file_name().unwrap().to_string_lossy());
+        let state_home = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join("shim-hosts")
+            .join(name);
+        let _ = std::fs::remove_dir_all(&state_home);
+        std::fs::create_dir_all(&state_home).unwrap();
+        Host {
+            state_home,
+            shell: shell.to_owned(),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.state_home.join("opmark")
+    }
+
+    fn marker(&self, op: &str) -> PathBuf {
+        self.root().join("ops").join(op)
+    }
+
+    fn command_with_args(&self, args: Vec<String>) -> Command {
+        let mut cmd = Command::new(&self.shell);
+        cmd.arg("-c")
+            .arg(shim::SCRIPT)
+            .arg("opmark-shim")
+            .arg(shim::SCRIPT)
+            .args(args)
+            .env("OPMARK_SH", &self.shell)
+            .env("XDG_STATE_HOME", &self.state_home)
+            .env_remove("OPMARK_ROOT")
+            .current_dir(&self.state_home);
+        cmd
+    }
+
+    fn command(&self, verb: &Verb) -> Command {
+        self.command_with_args(verb.args())
+    }
+
+    fn call(&self, verb: &Verb, stdin: &[u8]) -> Outcome {
+        self.call_args(verb.args(), stdin)
+    }
+
+    fn call_args(&self, args: Vec<String>, stdin: &[u8]) -> Outcome {
+        let mut child = self
+            .command_with_args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let mut o = parse(&out.stdout, &out.stderr);
+        o.status = out.status.code();
+        o
+    }
+
+    fn run(&self, op: &str, attempt: &str, command: &str) -> Outcome {
+        self.run_with(op, attempt, command, |_| {})
+    }
+
+    fn run_with(
+        &self,
+        op: &str,
+        attempt: &str,
+        command: &str,
+        tweak: impl FnOnce(&mut RunRequest),
+    ) -> Outcome {
+        let op = OpId::parse(op).unwrap();
+        let fingerprint = fp(command);
+        let mut req = RunRequest {
+            op: &op,
+            attempt_id: attempt,
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            command,
+        };
+        tweak(&mut req);
+        self.call(&Verb::Run(req), b"")
+    }
+
+    fn probe(&self, op: &str) -> shim::MarkerInfo {
+        let op = OpId::parse(op).unwrap();
+        self.call(&Verb::Probe(&op), b"").marker().clone()
+    }
+
+    fn wait_for_state(&self, op: &str, want: MarkerState) -> shim::MarkerInfo {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = self.probe(op);
+            if m.state == want {
+                return m;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{op} never became {want:?}: {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_for_file(&self, path: &Path) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !path.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "{} never appeared",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn record(&self, op: &str, file: &str, key: &str) -> String {
+        let text = std::fs::read_to_string(self.marker(op).join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("{key} missing in {text}"))
+            .to_owned()
+    }
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+#[test]
+fn shim_is_shellcheck_clean() {
+    if which("shellcheck").is_none() {
+        return missing("shellcheck");
+    }
+    let out = Command::new("shellcheck")
+        .args(["-s", "sh"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("remote-scripts/shim.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(tool))
+            .find(|p| p.exists())
+    })
+}
+
+#[test]
+fn every_verb_works_under_dash_bash_and_busybox_ash() {
+    for (name, shell) in shells() {
+        let host = Host::new("verbs", &shell);
+        let cmd = "echo out; echo err >&2; exit 3";
+
+        let first = host.run("op-1", "a1", cmd);
+        assert!(first.started(), "{name}: {first:?}");
+        assert_eq!(first.stdout, b"out\n", "{name}");
+        assert_eq!(first.stderr, b"err\n", "{name}");
+        assert_eq!(first.exit().unwrap().code, 3, "{name}");
+        assert_eq!(
+            first.status,
+            Some(0),
+            "{name}: the shim's own status is not the command's"
+        );
+
+        // Same op id again: nothing runs, the recorded result is replayed.
+        let again = host.run("op-1", "a2", cmd);
+        assert!(!again.started(), "{name}");
+        assert_eq!(again.refusal().unwrap().reason, "completed", "{name}");
+        assert_eq!(again.stdout, b"out\n", "{name}");
+        assert_eq!(again.exit().unwrap().code, 3, "{name}");
+        assert_eq!(again.exit().unwrap().attempt, "a1", "{name}");
+
+        let probe = host.probe("op-1");
+        assert_eq!(probe.state, MarkerState::Completed, "{name}");
+        assert_eq!(probe.exit_code, Some(3), "{name}");
+        assert_eq!(
+            probe.fingerprint.as_deref(),
+            Some(fp(cmd).as_str()),
+            "{name}"
+        );
+
+        let op = OpId::parse("op-1").unwrap();
+        let attach = host.call(
+            &Verb::Attach {
+                op: &op,
+                out_offset: 2,
+                err_offset: 0,
+            },
+            b"",
+        );
+        assert_eq!(
+            attach.stdout, b"t\n",
+            "{name}: attach resumes at the offset"
+        );
+        assert_eq!(attach.stderr, b"err\n", "{name}");
+        assert_eq!(attach.exit().unwrap().code, 3, "{name}");
+
+        // A different command under the same op id is a conflict, not a replay.
+        let conflict = host.run("op-1", "a3", "echo other");
+        assert_eq!(conflict.refusal().unwrap().reason, "conflict", "{name}");
+        assert!(conflict.exit().is_none(), "{name}");
+
+        assert_eq!(host.probe("never").state, MarkerState::Absent, "{name}");
+        let never = OpId::parse("never").unwrap();
+        let fence = host.call(
+            &Verb::Fence {
+                op: &never,
+                force: false,
+            },
+            b"",
+        );
+        assert_eq!(fence.marker().state, MarkerState::Fenced, "{name}");
+        let late = host.run("never", "late", "touch late-effect");
+        assert_eq!(late.refusal().unwrap().reason, "fenced", "{name}");
+        assert!(!host.state_home.join("late-effect").exists(), "{name}");
+
+        let gc_dry = host.call(
+            &Verb::Gc {
+                older_than: Duration::ZERO,
+                dry_run: true,
+            },
+            b"",
+        );
+        let removals = gc_dry
+            .frames
+            .iter()
+            .filter(|f| matches!(f, Frame::Gc { action, .. } if action == "remove"))
+            .count();
+        assert_eq!(removals, 2, "{name}: {:?}", gc_dry.frames);
+        assert!(
+            host.marker("op-1").exists(),
+            "{name}: dry run removes nothing"
+        );
+        host.call(
+            &Verb::Gc {
+                older_than: Duration::ZERO,
+                dry_run: false,
+            },
+            b"",
+        );
+        assert!(!host.marker("op-1").exists(), "{name}");
+        assert!(!host.marker("never").exists(), "{name}");
+
+        let doctor = host.call(&Verb::Doctor, b"");
+        assert!(
+            doctor.frames.iter().any(
+                |f| matches!(f, Frame::Doctor(k) if k.get("writable").map(String::as_str) == Some("yes"))
+            ),
+            "{name}: {:?}",
+            doctor.frames
+        );
+    }
+}
+
+#[test]
+fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
+    let shells = shells();
+    for round in 0..20 {
+        let (name, shell) = &shells[round % shells.len()];
+        let host = Host::new(&format!("race{round}"), shell);
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}", effects.display());
+        let fingerprint = fp(&cmd);
+        let children: Vec<_> = (0..50)
+            .map(|i| {
+                let op = OpId::parse("contended").unwrap();
+                let attempt = format!("a{i}");
+                let verb = Verb::Run(RunRequest {
+                    op: &op,
+                    attempt_id: &attempt,
+                    host_fingerprint: &fingerprint,
+                    family: Family::AppendOnly,
+                    timeout: None,
+                    output_cap: 1024,
+                    stdin: None,
+                    supersede_interrupted: false,
+                    command: &cmd,
+                });
+                host.command(&verb)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut started = 0;
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            let o = parse(&out.stdout, &out.stderr);
+            if o.started() {
+                started += 1;
+                assert_eq!(o.exit().unwrap().code, 0);
+            } else {
+                // Every loser is told the truth: the winner is running, or it finished.
+                let r = o.refusal().expect("a loser gets a refusal");
+                assert!(
+                    r.reason == "running" || r.reason == "completed",
+                    "{name}: {r:?}"
+                );
+                if r.reason == "completed" {
+                    assert_eq!(o.exit().unwrap().code, 0);
+                }
+            }
+        }
+        assert_eq!(started, 1, "{name} round {round}");
+        assert_eq!(count_lines(&effects), 1, "{name} round {round}");
+    }
+}
+
+#[test]
+fn killing_the_foreground_does_not_stop_the_command() {
+    for (name, shell) in shells() {
+        let host = Host::new("fgkill", &shell);
+        let gate = host.state_home.join("gate");
+        let cmd = format!(
+            "echo before; while [ ! -e {} ]; do sleep 0.02; done; echo after; exit 7",
+            gate.display()
+        );
+        let op = OpId::parse("survivor").unwrap();
+        let fingerprint = fp(&cmd);
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::Convergent,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            command: &cmd,
+        });
+        let mut child = {
+            use std::os::unix::process::CommandExt;
+            host.command(&verb)
+                .process_group(0)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        host.wait_for_file(&host.marker("survivor").join("proc"));
+        kill(-(child.id() as i32), "KILL");
+        child.wait().unwrap();
+        assert_eq!(host.probe("survivor").state, MarkerState::Running, "{name}");
+        std::fs::write(&gate, "").unwrap();
+        let done = host.wait_for_state("survivor", MarkerState::Completed);
+        assert_eq!(done.exit_code, Some(7), "{name}");
+        let replay = host.call(
+            &Verb::Attach {
+                op: &op,
+                out_offset: 0,
+                err_offset: 0,
+            },
+            b"",
+        );
+        assert_eq!(replay.stdout, b"before\nafter\n", "{name}");
+        assert_eq!(replay.exit().unwrap().code, 7, "{name}");
+    }
+}
+
+fn kill(pid: i32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[test]
+fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
+    for (name, shell) in shells() {
+        let host = Host::new("pgkill", &shell);
+        let op = "doomed";
+        let mut child = host
+            .command(&Verb::Run(RunRequest {
+                op: &OpId::parse(op).unwrap(),
+                attempt_id: "a1",
+                host_fingerprint: &fp("sleep 60"),
+                family: Family::AppendOnly,
+                timeout: None,
+                output_cap: 1024,
+                stdin: None,
+                supersede_interrupted: false,
+                command: "sleep 60",
+            }))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        host.wait_for_file(&host.marker(op).join("started"));
+        assert_eq!(host.probe(op).state, MarkerState::Running, "{name}");
+        let pid: i32 = host.record(op, "proc", "pid").parse().unwrap();
+        kill(-pid, "KILL");
+        let m = host.wait_for_state(op, MarkerState::Interrupted);
+        assert_eq!(m.why.as_deref(), Some("process_gone"), "{name}");
+        // The foreground notices too and ends with an interrupted frame, not an exit.
+        let out = child.wait().unwrap();
+        assert!(out.success());
+
+        // An interrupted claim blocks a plain retry ...
+        let retry = host.run(op, "a2", "sleep 60");
+        assert_eq!(retry.refusal().unwrap().reason, "interrupted", "{name}");
+        // ... and an explicit supersede lets exactly one new claim win, keeping the record.
+        let sup = host.call(
+            &Verb::Supersede {
+                op: &OpId::parse(op).unwrap(),
+                by_attempt: "a3",
+            },
+            b"",
+        );
+        assert!(
+            sup.frames
+                .iter()
+                .any(|f| matches!(f, Frame::Superseded { by } if by == "a3")),
+            "{name}: {:?}",
+            sup.frames
+        );
+        let kept: Vec<_> = std::fs::read_dir(host.root().join("superseded"))
+            .unwrap()
+            .collect();
+        assert_eq!(
+            kept.len(),
+            1,
+            "{name}: the superseded claim is kept for audit"
+        );
+        let rerun = host.run(op, "a3", "exit 1");
+        assert!(
+            rerun.started(),
+            "{name}: the op id is free again: {rerun:?}"
+        );
+        assert_eq!(rerun.exit().unwrap().code, 1, "{name}");
+    }
+}
+
+#[test]
+fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("supersede-run", shell);
+    let effects = host.state_home.join("effects");
+    let cmd = format!("echo ran >> {}; sleep 60", effects.display());
+    let mut child = host
+        .command(&Verb::Run(RunRequest {
+            op: &OpId::parse("op").unwrap(),
+            attempt_id: "a1",
+            host_fingerprint: &fp(&cmd),
+            family: Family::Convergent,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            command: &cmd,
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    host.wait_for_file(&host.marker("op").join("started"));
+    let pid: i32 = host.record("op", "proc", "pid").parse().unwrap();
+    kill(-pid, "KILL");
+    child.wait().unwrap();
+    host.wait_for_state("op", MarkerState::Interrupted);
+    let cmd2 = cmd.replace("; sleep 60", "");
+    // Same intent needed: use the original command but let it finish quickly this time
+    // by superseding with the same fingerprint.
+    let rerun = host.run_with("op", "a2", &cmd, |r| {
+        r.supersede_interrupted = true;
+        r.timeout = Some(Duration::from_secs(1));
+    });
+    assert!(rerun.started(), "{rerun:?}");
+    assert!(rerun
+        .frames
+        .iter()
+        .any(|f| matches!(f, Frame::Superseded { .. })));
+    assert_eq!(count_lines(&effects), 2);
+    let _ = cmd2;
+}
+
+#[test]
+fn a_changed_boot_id_means_interrupted() {
+    let (_, shell) = &shells()[0];
+    if which("unshare").is_none() || !is_root() {
+        return missing("unshare as root");
+    }
+    let host = Host::new("reboot", shell);
+    let mut child = host
+        .command(&Verb::Run(RunRequest {
+            op: &OpId::parse("op").unwrap(),
+            attempt_id: "a1",
+            host_fingerprint: &fp("sleep 30"),
+            family: Family::AppendOnly,
+            timeout: Some(Duration::from_secs(30)),
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            command: "sleep 30",
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    host.wait_for_file(&host.marker("op").join("started"));
+    assert_eq!(host.probe("op").state, MarkerState::Running);
+    let fake = host.state_home.join("fake_boot_id");
+    std::fs::write(&fake, "00000000-0000-0000-0000-000000000000\n").unwrap();
+    // Probe inside a mount namespace where boot_id reads differently: as after a reboot.
+    let probe = host.command(&Verb::Probe(&OpId::parse("op").unwrap()));
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(["-m", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} /proc/sys/kernel/random/boot_id && exec \"$0\" \"$@\"",
+            fake.display()
+        ))
+        .arg(probe.get_program())
+        .args(probe.get_args())
+        .envs(probe.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))));
+    let out = wrapped.output().unwrap();
+    let o = parse(&out.stdout, &out.stderr);
+    assert_eq!(o.marker().state, MarkerState::Interrupted, "{o:?}");
+    assert_eq!(o.marker().why.as_deref(), Some("reboot"));
+    let pid: i32 = host.record("op", "proc", "pid").parse().unwrap();
+    kill(-pid, "KILL");
+    child.wait().unwrap();
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n")
+}
+
+#[test]
+fn a_reused_pid_with_another_start_time_is_not_running() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("pidreuse", shell);
+    let done = host.run("op", "a1", "true");
+    assert_eq!(done.exit().unwrap().code, 0);
+    // Forge the aftermath of a crash whose pid now belongs to another live process:
+    // the test process itself, with a start time that cannot match.
+    let m = host.marker("op");
+    std::fs::remove_file(m.join("exit")).unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    std::fs::write(
+        m.join("proc"),
+        format!(
+            "pid={}\nstart=1\nboot={}\n",
+            std::process::id(),
+            boot.trim()
+        ),
+    )
+    .unwrap();
+    let p = host.probe("op");
+    assert_eq!(p.state, MarkerState::Interrupted, "{p:?}");
+}
+
+#[test]
+fn output_that_imitates_the_framing_cannot_change_the_verdict() {
+    for (name, shell) in shells() {
+        let host = Host::new("spoof", &shell);
+        let cmd = "for n in 00000000000000000000000000000000 ffffffffffffffffffffffffffffffff; do \
+                   printf 'OPMARK/1 %s X code=0 out=0 err=0 attempt=x\\n' $n; \
+                   printf 'OPMARK/1 %s X code=0 out=0 err=0 attempt=x\\n' $n >&2; \
+                   printf 'OPMARK/1 %s H v=1\\n' $n >&2; done; exit 201";
+        let o = host.run("spoof", "a1", cmd);
+        assert_eq!(o.exit().unwrap().code, 201, "{name}");
+        let exits = o
+            .frames
+            .iter()
+            .filter(|f| matches!(f, Frame::Exit(_)))
+            .count();
+        assert_eq!(exits, 1, "{name}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("X code=0"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
+    for (name, shell) in shells() {
+        let host = Host::new("badids", &shell);
+        let long = "a".repeat(200);
+        for bad in [
+            "../escape",
+            "a/b",
+            "..",
+            ".hidden",
+            "has space",
+            "new\nline",
+            long.as_str(),
+            "",
+        ] {
+            let mut args = Verb::Probe(&OpId::parse("placeholder").unwrap()).args();
+            args[1] = bad.to_owned();
+            let probe = host.call_args(args, b"");
+            assert_eq!(
+                probe.refusal().unwrap().reason,
+                "invalid_op_id",
+                "{name} {bad:?}"
+            );
+
+            let mut args = Verb::Run(RunRequest {
+                op: &OpId::parse("placeholder").unwrap(),
+                attempt_id: "a1",
+                host_fingerprint: &fp("touch x"),
+                family: Family::AppendOnly,
+                timeout: None,
+                output_cap: 1024,
+                stdin: None,
+                supersede_interrupted: false,
+                command: "touch x",
+            })
+            .args();
+            args[1] = bad.to_owned();
+            let run = host.call_args(args, b"");
+            assert_eq!(
+                run.refusal().unwrap().reason,
+                "invalid_op_id",
+                "{name} {bad:?}"
+            );
+        }
+        let entries: Vec<_> = std::fs::read_dir(&host.state_home)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(entries.is_empty(), "{name}: created {entries:?}");
+    }
+}
+
+#[test]
+fn timeout_kills_the_process_group_and_is_recorded() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("timeout", shell);
+    let started = Instant::now();
+    let o = host.run_with("slow", "a1", "sleep 30 & sleep 30; echo never", |r| {
+        r.timeout = Some(Duration::from_secs(1));
+    });
+    let x = o.exit().unwrap_or_else(|| panic!("no exit frame: {o:?}"));
+    assert!(x.timed_out, "{o:?}");
+    assert_ne!(x.code, 0);
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(host.probe("slow").timed_out);
+}
+
+#[test]
+fn captured_output_is_capped_with_a_count_of_what_was_dropped() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("cap", shell);
+    let o = host.run_with("big", "a1", "head -c 5000 /dev/zero", |r| {
+        r.output_cap = 1000
+    });
+    let x = o.exit().unwrap();
+    assert_eq!(o.stdout.len(), 1000);
+    assert_eq!((x.out_bytes, x.dropped_out), (1000, 4000));
+}
+
+#[test]
+fn stdin_is_verified_before_the_claim() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("stdin", shell);
+    let input = b"line one\nline two\n";
+    let spec = StdinSpec {
+        len: input.len() as u64,
+        sha256_hex: hex::encode(Sha256::digest(input)),
+    };
+    let op = OpId::parse("with-input").unwrap();
+    let fingerprint = fp("wc -l");
+    let mut req = RunRequest {
+        op: &op,
+        attempt_id: "a1",
+        host_fingerprint: &fingerprint,
+        family: Family::ReadOnly,
+        timeout: None,
+        output_cap: 1024,
+        stdin: Some(spec.clone()),
+        supersede_interrupted: false,
+        command: "wc -l",
+    };
+    // Half the input arrives (the connection died): refused, nothing claimed.
+    let short = host.call(&Verb::Run(req.clone()), &input[..5]);
+    assert_eq!(short.refusal().unwrap().reason, "bad_stdin");
+    assert_eq!(host.probe("with-input").state, MarkerState::Absent);
+    req.attempt_id = "a2";
+    let full = host.call(&Verb::Run(req), input);
+    assert_eq!(full.stdout, b"2\n");
+}
+
+#[test]
+fn a_volatile_or_unwritable_marker_root_is_refused() {
+    let (_, shell) = &shells()[0];
+    let host = Host::new("roots", shell);
+    let mut tmp = host.command(&Verb::Probe(&OpId::parse("x").unwrap()));
+    tmp.env("OPMARK_ROOT", "/tmp/opmark-should-not-exist");
+    let out = tmp.output().unwrap();
+    let o = parse(&out.stdout, &out.stderr);
+    assert_eq!(o.refusal().unwrap().reason, "root_unusable");
+    assert_eq!(o.refusal().unwrap().fields["reason"], "volatile_path");
+    assert!(!Path::new("/tmp/opmark-should-not-exist").exists());
+}

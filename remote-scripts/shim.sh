@@ -1,0 +1,660 @@
+# shellcheck shell=sh
+# opmark host shim: claims an operation marker atomically, runs the command detached,
+# records its exit status durably, and answers probes. Delivered by the opmark client on
+# every call (nothing is installed on the host); runs under dash, bash and busybox ash.
+#
+# Invocation (built by src/shim.rs):  sh -c "$SHIM" opmark-shim "$SHIM" VERB ARGS...
+# The script receives its own text as $1 so that it can start its detached supervisor
+# with the same code (`setsid -f sh -c "$SHIM" ... supervise`).
+#
+# Replies. stdout: a header line, then the command's raw stdout bytes only.
+# stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "E <n>" is followed
+# by exactly n raw bytes of the command's stderr. The nonce is 128 random bits made here,
+# kept in a shell variable and never given to the command, so the command's own output
+# cannot forge a frame.
+#
+# Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
+#   claim     attempt, fingerprint, family, shim version, time, foreground identity
+#   proc      the supervisor's identity: pid, process start time, boot id
+#   started/  the start gate: the supervisor runs the command only if it creates it
+#   stdin     the spooled stdin, out/err captured output (capped), *.dropped overflow
+#   exit      the exit record (temp file, fsync, rename)
+#   fenced    tombstone: this op id can never run
+#   w/        wake-up FIFOs of foregrounds waiting for the exit record
+
+OPMARK_SHIM_VERSION=1
+OPMARK_SHIM_SELF=$1
+shift
+umask 077
+LC_ALL=C
+export LC_ALL
+# The sub-shell used for the supervisor and the command; tests run other shells through it.
+OPMARK_SHELL=${OPMARK_SH:-sh}
+
+# ---------------------------------------------------------------------------------------
+# Small helpers
+
+valid_id() {
+	case $1 in
+	'' | *[!A-Za-z0-9._:-]* | [!A-Za-z0-9]*) return 1 ;;
+	esac
+	[ "${#1}" -le 128 ]
+}
+
+is_uint() {
+	case $1 in
+	'' | *[!0-9]*) return 1 ;;
+	esac
+	return 0
+}
+
+now() {
+	date +%s
+}
+
+# durable_write DIR NAME CONTENT: temp file, fsync, rename, fsync the directory, so that a
+# reader sees the old record or the new one, never a torn one, and a crash keeps it.
+durable_write() {
+	dw_tmp="$1/.$2.tmp.$$"
+	printf '%s\n' "$3" >"$dw_tmp" || return 1
+	sync "$dw_tmp" || return 1
+	mv -f "$dw_tmp" "$1/$2" || return 1
+	sync "$1"
+}
+
+# record_get FILE KEY: prints the value of KEY=value from a record file.
+record_get() {
+	rg_line=
+	while IFS= read -r rg_line || [ -n "$rg_line" ]; do
+		case $rg_line in
+		"$2="*)
+			printf '%s' "${rg_line#*=}"
+			return 0
+			;;
+		esac
+	done <"$1"
+	return 1
+}
+
+# proc_stat PID: sets ps_state, ps_session, ps_start from /proc/PID/stat (fields 3, 6
+# and 22, counted after the last ") " because the command name may hold spaces).
+proc_stat() {
+	ps_line=
+	read -r ps_line 2>/dev/null <"/proc/$1/stat" || return 1
+	ps_rest=${ps_line##*) }
+	set -f
+	# shellcheck disable=SC2086 # splitting the stat fields is the point
+	set -- $ps_rest
+	set +f
+	[ "$#" -ge 20 ] || return 1
+	ps_state=$1
+	ps_session=$4
+	shift 19
+	ps_start=$1
+	return 0
+}
+
+# alive PID START: the process exists, is not a zombie and is the one recorded (a reused
+# pid has another start time).
+alive() {
+	proc_stat "$1" || return 1
+	[ "$ps_state" != Z ] && [ "$ps_start" = "$2" ]
+}
+
+# session_alive SID START: some live process still belongs to the supervisor's session
+# (the command may outlive a killed supervisor).
+session_alive() {
+	for sa_stat in /proc/[0-9]*/stat; do
+		sa_pid=${sa_stat#/proc/}
+		sa_pid=${sa_pid%/stat}
+		proc_stat "$sa_pid" || continue
+		[ "$ps_session" = "$1" ] || continue
+		[ "$ps_state" != Z ] || continue
+		if [ "$sa_pid" = "$1" ] && [ "$ps_start" != "$2" ]; then
+			continue
+		fi
+		return 0
+	done
+	return 1
+}
+
+boot_id() {
+	bi=
+	read -r bi 2>/dev/null </proc/sys/kernel/random/boot_id
+	printf '%s' "${bi:-unknown}"
+}
+
+my_start() {
+	proc_stat "$1" && printf '%s' "$ps_start"
+}
+
+# ---------------------------------------------------------------------------------------
+# Framing
+
+new_nonce() {
+	nonce=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+	case $nonce in
+	'' | *[!0-9a-f]*) nonce= ;;
+	esac
+	[ "${#nonce}" -eq 32 ]
+}
+
+frame() {
+	printf 'OPMARK/1 %s %s\n' "$nonce" "$*" >&3
+}
+
+hello() {
+	printf 'OPMARK/1 %s H v=%s\n' "$nonce" "$OPMARK_SHIM_VERSION"
+	frame "H v=$OPMARK_SHIM_VERSION"
+}
+
+refuse() {
+	[ -n "${spool:-}" ] && rm -f "$spool"
+	frame "R $*"
+	exit 0
+}
+
+# ---------------------------------------------------------------------------------------
+# The marker root
+
+setup_root() {
+	root=${OPMARK_ROOT:-${XDG_STATE_HOME:-${HOME:-}/.local/state}/opmark}
+	case $root in
+	/*) ;;
+	*) refuse "root_unusable reason=not_absolute" ;;
+	esac
+	# A reboot clears these, and with them the evidence that an operation ran.
+	case $root/ in
+	/tmp/* | /dev/shm/* | /run/* | /var/run/*) refuse "root_unusable reason=volatile_path" ;;
+	esac
+	if ! mkdir -p "$root/ops" "$root/spool" "$root/superseded" 2>/dev/null ||
+		! [ -w "$root/ops" ]; then
+		refuse "root_unusable reason=not_writable"
+	fi
+	chmod 700 "$root" 2>/dev/null
+	exec 2>>"$root/shim.log"
+}
+
+# state OP: sets st (absent|fenced|completed|running|interrupted) and why.
+state() {
+	m="$root/ops/$1"
+	why=
+	if ! [ -d "$m" ]; then
+		st=absent
+	elif [ -f "$m/fenced" ]; then
+		st=fenced
+	elif [ -f "$m/exit" ]; then
+		st=completed
+	elif [ -f "$m/proc" ]; then
+		s_pid=$(record_get "$m/proc" pid)
+		s_start=$(record_get "$m/proc" start)
+		s_boot=$(record_get "$m/proc" boot)
+		if [ "$s_boot" != "$(boot_id)" ]; then
+			st=interrupted why=reboot
+		elif alive "$s_pid" "$s_start" || session_alive "$s_pid" "$s_start"; then
+			st=running
+		elif [ -f "$m/exit" ]; then
+			st=completed
+		else
+			st=interrupted why=process_gone
+		fi
+	elif [ -f "$m/claim" ]; then
+		c_pid=$(record_get "$m/claim" fg_pid)
+		c_start=$(record_get "$m/claim" fg_start)
+		c_boot=$(record_get "$m/claim" boot)
+		if [ "$c_boot" = "$(boot_id)" ] && alive "$c_pid" "$c_start"; then
+			st=running why=starting
+		elif [ -f "$m/proc" ]; then
+			state "$1"
+		else
+			st=interrupted why=never_started
+		fi
+	elif [ -n "$(find "$m" -prune -mmin -1 2>/dev/null)" ]; then
+		# Between a claimer's mkdir and its claim record: a few microseconds normally.
+		st=running why=claiming
+	else
+		st=interrupted why=never_started
+	fi
+}
+
+# describe: the fields of a probe or refusal for the current marker $m.
+describe() {
+	d="state=$st"
+	[ -n "$why" ] && d="$d why=$why"
+	if [ -f "$m/claim" ]; then
+		d="$d attempt=$(record_get "$m/claim" attempt) fp=$(record_get "$m/claim" fingerprint)"
+		d="$d family=$(record_get "$m/claim" family) claimed_at=$(record_get "$m/claim" claimed_at)"
+	fi
+	if [ "$st" = completed ]; then
+		d="$d code=$(record_get "$m/exit" code) timed_out=$(record_get "$m/exit" timed_out)"
+		d="$d ended_at=$(record_get "$m/exit" ended_at)"
+	fi
+	if [ "$st" = fenced ]; then
+		d="$d fenced_at=$(record_get "$m/fenced" fenced_at)"
+	fi
+	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
+		sizes
+		d="$d out=$so err=$se"
+	fi
+	printf '%s' "$d"
+}
+
+sizes() {
+	so=0 se=0
+	[ -f "$m/out" ] && so=$(wc -c <"$m/out")
+	[ -f "$m/err" ] && se=$(wc -c <"$m/err")
+	so=$((so + 0)) se=$((se + 0))
+}
+
+# ---------------------------------------------------------------------------------------
+# Streaming: copy what the command wrote since offsets oo/eo, and wait for more without
+# polling for the end: the supervisor writes to our wake-up FIFO when the exit record is
+# down; a timer only paces live output and the check that the process still exists.
+
+emit() {
+	sizes
+	if [ "$so" -gt "$oo" ]; then
+		tail -c +"$((oo + 1))" "$m/out" | head -c "$((so - oo))"
+		oo=$so
+		emitted=1
+	fi
+	if [ "$se" -gt "$eo" ]; then
+		frame "E $((se - eo))"
+		tail -c +"$((eo + 1))" "$m/err" | head -c "$((se - eo))" >&3
+		eo=$se
+		emitted=1
+	fi
+}
+
+trailer() {
+	t_out=$(cat "$m/out.dropped" 2>/dev/null)
+	t_err=$(cat "$m/err.dropped" 2>/dev/null)
+	frame "X code=$(record_get "$m/exit" code) out=$oo err=$eo" \
+		"timed_out=$(record_get "$m/exit" timed_out) dropped_out=${t_out:-0}" \
+		"dropped_err=${t_err:-0} attempt=$(record_get "$m/claim" attempt)"
+}
+
+register_waiter() {
+	mkdir -p "$m/w" 2>/dev/null
+	wf="$m/w/$nonce"
+	mkfifo "$wf" && exec 5<>"$wf"
+}
+
+# follow M OUT_OFFSET ERR_OFFSET: stream until the exit record exists (trailer X) or the
+# process is gone without one (frame I).
+follow() {
+	m=$1 oo=$2 eo=$3
+	iv=0.05
+	while :; do
+		emitted=
+		emit
+		if [ -f "$m/exit" ]; then
+			emit
+			trailer
+			break
+		fi
+		state "${m##*/}"
+		if [ "$st" != running ]; then
+			[ -f "$m/exit" ] && continue
+			frame "I $(describe)"
+			break
+		fi
+		if [ -n "$emitted" ]; then iv=0.05; else iv=$(next_interval "$iv"); fi
+		(
+			sleep "$iv"
+			printf 't\n' >&5
+		) &
+		timer=$!
+		wake=
+		read -r wake <&5
+		[ "$wake" = x ] && kill "$timer" 2>/dev/null
+	done
+	rm -f "$wf"
+}
+
+next_interval() {
+	case $1 in
+	0.05) echo 0.1 ;;
+	0.1) echo 0.2 ;;
+	*) echo 0.5 ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------------------
+# Verbs
+
+# run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE CMD
+verb_run() {
+	[ "$#" -eq 10 ] || refuse "bad_args reason=argument_count"
+	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
+	shift 9
+	cmd=$1
+	valid_id "$op" || refuse "invalid_op_id"
+	valid_id "$attempt" || refuse "bad_args reason=attempt_id"
+	case $fp in
+	*[!0-9a-f]*) refuse "bad_args reason=fingerprint" ;;
+	esac
+	[ "${#fp}" -eq 64 ] || refuse "bad_args reason=fingerprint"
+	case $family in
+	read-only | convergent | append-only | destructive) ;;
+	*) refuse "bad_args reason=family" ;;
+	esac
+	if ! is_uint "$timeout" || ! is_uint "$cap"; then
+		refuse "bad_args reason=timeout_or_cap"
+	fi
+	command -v setsid >/dev/null 2>&1 || refuse "cannot_start reason=no_setsid"
+	setup_root
+
+	# Receive stdin into an unclaimed spool file first: a connection lost halfway must
+	# not leave a claim whose command would read half an input.
+	spool=
+	if [ "$in_bytes" != - ]; then
+		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
+		spool="$root/spool/$attempt.$$"
+		cat >"$spool" || refuse "bad_stdin reason=read_failed"
+		got=$(wc -c <"$spool")
+		if [ "$((got + 0))" -ne "$in_bytes" ]; then
+			rm -f "$spool"
+			refuse "bad_stdin reason=size_mismatch expected=$in_bytes got=$((got + 0))"
+		fi
+		if command -v sha256sum >/dev/null 2>&1; then
+			got=$(sha256sum <"$spool")
+			if [ "${got%% *}" != "$in_sum" ]; then
+				rm -f "$spool"
+				refuse "bad_stdin reason=digest_mismatch"
+			fi
+		fi
+	fi
+
+	m="$root/ops/$op"
+	if ! mkdir "$m" 2>/dev/null; then
+		answer_taken_claim
+		# Only reached after an interrupted claim was superseded: claim again, once.
+		if ! mkdir "$m" 2>/dev/null; then
+			state "$op"
+			refuse "$st $(describe)"
+		fi
+	fi
+	sync "$root/ops"
+	fg_start=$(my_start "$$")
+	durable_write "$m" claim "attempt=$attempt
+fingerprint=$fp
+family=$family
+shim=$OPMARK_SHIM_VERSION
+claimed_at=$(now)
+fg_pid=$$
+fg_start=$fg_start
+boot=$(boot_id)" || refuse "root_unusable reason=claim_write_failed"
+	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
+	: >"$m/out"
+	: >"$m/err"
+	register_waiter
+	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
+		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1; then
+		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
+		# so a late supervisor cannot start either, then release the op id.
+		mkdir "$m/started" 2>/dev/null
+		mv -f "$m" "$root/superseded/$op.$(now).$attempt.failed-start"
+		refuse "cannot_start reason=setsid_failed"
+	fi
+	frame "S attempt=$attempt"
+	follow "$m" 0 0
+}
+
+# The marker is taken: answer with its state instead of running (or supersede an
+# interrupted claim when the client says policy allows it, then return to claim again).
+answer_taken_claim() {
+	state "$op"
+	if [ "$st" = fenced ]; then
+		refuse "fenced $(describe)"
+	fi
+	if [ -f "$m/claim" ]; then
+		theirs=$(record_get "$m/claim" fingerprint)
+		[ "$theirs" = "$fp" ] || refuse "conflict $(describe)"
+	fi
+	case $st in
+	completed)
+		frame "R completed $(describe)"
+		follow "$m" 0 0
+		exit 0
+		;;
+	running) refuse "running $(describe)" ;;
+	interrupted)
+		[ "$sup" = 1 ] || refuse "interrupted $(describe)"
+		supersede_marker "$attempt" || refuse "interrupted $(describe)"
+		frame "U superseded_by=$attempt"
+		;;
+	*) refuse "$st $(describe)" ;;
+	esac
+}
+
+# supersede_marker BY: moves an interrupted claim aside (kept for audit). Taking the start
+# gate first means a supervisor that has not started yet never will.
+supersede_marker() {
+	mkdir "$m/started" 2>/dev/null
+	state "${m##*/}"
+	[ "$st" = interrupted ] || return 1
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded"
+	mv "$m" "$root/superseded/${m##*/}.$(now).$1" || return 1
+	sync "$root/ops"
+}
+
+# supervise M TIMEOUT_S CAP CMD: the detached supervisor (own session, started by
+# `setsid -f` so signals are normal). Runs the command once and records its exit.
+supervise() {
+	m=$1 timeout=$2 cap=$3 cmd=$4
+	exec 2>>"${m%/ops/*}/shim.log"
+	sv_start=$(my_start "$$")
+	# If the marker was moved aside meanwhile, this write fails and nothing runs.
+	durable_write "$m" proc "pid=$$
+start=$sv_start
+boot=$(boot_id)" || exit 1
+	mkdir "$m/started" 2>/dev/null || exit 1
+	trap 'sv_term=1' TERM
+	killer=
+	if [ "$timeout" -gt 0 ]; then
+		kill_after "$timeout" "$$" "$m" &
+		killer=$!
+	fi
+	input=/dev/null
+	[ -f "$m/stdin" ] && input="$m/stdin"
+	mkfifo "$m/.out.fifo" "$m/.err.fifo" || exit 1
+	capture "$m/out" "$cap" <"$m/.out.fifo" &
+	cap_out=$!
+	capture "$m/err" "$cap" <"$m/.err.fifo" &
+	cap_err=$!
+	cd "${HOME:-/}" 2>/dev/null || cd /
+	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
+	"$OPMARK_SHELL" -c "$cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
+	code=$?
+	# The captures end when every writer of the FIFOs has closed them (the command and
+	# anything it left running with its output), as with ssh itself.
+	wait "$cap_out" "$cap_err"
+	[ -n "$killer" ] && kill "$killer" 2>/dev/null
+	timed_out=0
+	[ -f "$m/timed_out" ] && timed_out=1
+	durable_write "$m" exit "code=$code
+timed_out=$timed_out
+ended_at=$(now)" || exit 1
+	rm -f "$m/.out.fifo" "$m/.err.fifo"
+	for w in "$m"/w/*; do
+		[ -p "$w" ] && printf 'x\n' 1<>"$w"
+	done
+}
+
+# capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
+# the command never blocks on a full pipe nor dies of SIGPIPE.
+capture() {
+	head -c "$2" >"$1"
+	c_rest=$(wc -c)
+	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
+}
+
+# kill_after SECONDS SID M: at the deadline, TERM the command's process group, then KILL
+# what is left of the session after a grace period. The supervisor survives (it traps
+# TERM) to write the exit record.
+kill_after() {
+	sleep "$1" &
+	ka_sleep=$!
+	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
+	wait "$ka_sleep"
+	trap '' TERM
+	: >"$3/timed_out"
+	kill -TERM -"$2" 2>/dev/null
+	sleep 2
+	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
+	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
+	for ka in /proc/[0-9]*/stat; do
+		ka_pid=${ka#/proc/}
+		ka_pid=${ka_pid%/stat}
+		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$me" ] && continue
+		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -KILL "$ka_pid" 2>/dev/null
+	done
+}
+
+# probe OP
+verb_probe() {
+	[ "$#" -eq 1 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	setup_root
+	state "$1"
+	frame "P $(describe)"
+}
+
+# attach OP OUT_OFFSET ERR_OFFSET
+verb_attach() {
+	[ "$#" -eq 3 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	if ! is_uint "$2" || ! is_uint "$3"; then
+		refuse "bad_args reason=offset"
+	fi
+	setup_root
+	state "$1"
+	case $st in
+	absent | fenced) refuse "$st $(describe)" ;;
+	esac
+	frame "A $(describe)"
+	register_waiter
+	follow "$m" "$2" "$3"
+}
+
+# fence OP FORCE: tombstone so the op id can never be claimed. Without FORCE only an
+# absent or never-started claim is fenced; FORCE (an operator's not-applied decision)
+# also fences an interrupted one.
+verb_fence() {
+	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	setup_root
+	m="$root/ops/$1"
+	if mkdir "$m" 2>/dev/null; then
+		mkdir "$m/started"
+	else
+		state "$1"
+		case $st in
+		fenced)
+			frame "F already_fenced $(describe)"
+			exit 0
+			;;
+		interrupted)
+			# Take the start gate: if the supervisor never started, now it never will.
+			mkdir "$m/started" 2>/dev/null || [ "$2" = 1 ] || refuse "$st $(describe)"
+			;;
+		*) refuse "$st $(describe)" ;;
+		esac
+	fi
+	sync "$root/ops"
+	durable_write "$m" fenced "fenced_at=$(now)" || refuse "root_unusable reason=fence_write_failed"
+	st=fenced why=
+	frame "F fenced $(describe)"
+}
+
+# supersede OP BY_ATTEMPT
+verb_supersede() {
+	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	valid_id "$2" || refuse "bad_args reason=attempt_id"
+	setup_root
+	state "$1"
+	[ "$st" = interrupted ] || refuse "$st $(describe)"
+	supersede_marker "$2" || refuse "$st $(describe)"
+	frame "U superseded_by=$2"
+}
+
+# gc MAX_AGE_S DRY_RUN: removes completed or fenced markers whose record is older than
+# MAX_AGE_S; never a running or interrupted one.
+verb_gc() {
+	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	is_uint "$1" || refuse "bad_args reason=age"
+	setup_root
+	limit=$(($(now) - $1))
+	removed=0 kept=0
+	for g in "$root"/ops/*; do
+		[ -d "$g" ] || continue
+		g_op=${g##*/}
+		state "$g_op"
+		case $st in
+		completed) g_at=$(record_get "$m/exit" ended_at) ;;
+		fenced) g_at=$(record_get "$m/fenced" fenced_at) ;;
+		*)
+			kept=$((kept + 1))
+			continue
+			;;
+		esac
+		if is_uint "$g_at" && [ "$g_at" -le "$limit" ]; then
+			frame "G remove op=$g_op state=$st at=$g_at"
+			[ "$2" = 1 ] || rm -rf "$g"
+			removed=$((removed + 1))
+		else
+			kept=$((kept + 1))
+		fi
+	done
+	[ "$2" = 1 ] || sync "$root/ops"
+	frame "G done removed=$removed kept=$kept dry_run=$2"
+}
+
+# doctor: facts about the marker root for `opmark doctor`.
+verb_doctor() {
+	root=${OPMARK_ROOT:-${XDG_STATE_HOME:-${HOME:-}/.local/state}/opmark}
+	frame "K root=$root"
+	frame "K shell=$OPMARK_SHELL setsid=$(command -v setsid >/dev/null 2>&1 && echo yes || echo no)"
+	if mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
+		(: >"$root/.doctor.$$") 2>/dev/null; then
+		rm -f "$root/.doctor.$$"
+		frame "K writable=yes"
+	else
+		frame "K writable=no"
+	fi
+	fs=$(stat -f -c %T "$root" 2>/dev/null || echo unknown)
+	frame "K fstype=$fs"
+	avail=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')
+	frame "K avail_kib=${avail:-unknown}"
+	frame "K boot_id=$(boot_id)"
+	frame "K done"
+}
+
+# ---------------------------------------------------------------------------------------
+# Entry
+
+verb=${1:-}
+[ "$#" -gt 0 ] && shift
+if [ "$verb" = supervise ]; then
+	supervise "$@"
+	exit 0
+fi
+exec 3>&2 2>/dev/null
+new_nonce || {
+	printf 'opmark-shim: cannot read /dev/urandom\n' >&3
+	exit 3
+}
+hello
+case $verb in
+run) verb_run "$@" ;;
+probe) verb_probe "$@" ;;
+attach) verb_attach "$@" ;;
+fence) verb_fence "$@" ;;
+supersede) verb_supersede "$@" ;;
+gc) verb_gc "$@" ;;
+doctor) verb_doctor "$@" ;;
+*) refuse "bad_args reason=unknown_verb" ;;
+esac
+exit 0

@@ -1,1 +1,0 @@
-//! The host shim: not built yet.

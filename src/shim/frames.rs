@@ -1,0 +1,574 @@
+//! The shim's framed replies, parsed without I/O.
+//!
+//! stdout carries a header line `OPMARK/1 <nonce> H v=1`, then only the command's raw
+//! stdout. stderr carries a header with the same nonce, then only frames
+//! `OPMARK/1 <nonce> <KIND> <key=value...>`; a frame `E <n>` is followed by exactly n raw
+//! bytes of the command's stderr. Text before the headers (a login shell's startup files)
+//! is skipped. The nonce is made on the host for this call and never given to the
+//! command, so nothing the command prints can pass for a frame.
+
+use std::collections::BTreeMap;
+
+/// Longest preamble (login-shell noise) kept before the header; more is a protocol error.
+const MAX_PREAMBLE: usize = 1 << 20;
+/// Longest frame line.
+const MAX_FRAME_LINE: usize = 64 * 1024;
+const MAGIC: &[u8] = b"OPMARK/1 ";
+
+/// What the parser yields, in stream order per stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Bytes of the command's stdout.
+    Stdout(Vec<u8>),
+    /// Bytes of the command's stderr.
+    Stderr(Vec<u8>),
+    /// A frame from the shim.
+    Frame(Frame),
+}
+
+/// The marker states of SPEC section 3.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MarkerState {
+    /// No marker: never claimed here (or removed by gc).
+    Absent,
+    /// Claimed and the recorded process (or its session) is alive.
+    Running,
+    /// The exit record exists.
+    Completed,
+    /// Claimed, but the process is gone without an exit record, or the host rebooted.
+    Interrupted,
+    /// Tombstoned: can never be claimed.
+    Fenced,
+}
+
+impl MarkerState {
+    /// The shim's name for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MarkerState::Absent => "absent",
+            MarkerState::Running => "running",
+            MarkerState::Completed => "completed",
+            MarkerState::Interrupted => "interrupted",
+            MarkerState::Fenced => "fenced",
+        }
+    }
+
+    fn parse(s: &str) -> Option<MarkerState> {
+        Some(match s {
+            "absent" => MarkerState::Absent,
+            "running" => MarkerState::Running,
+            "completed" => MarkerState::Completed,
+            "interrupted" => MarkerState::Interrupted,
+            "fenced" => MarkerState::Fenced,
+            _ => return None,
+        })
+    }
+}
+
+/// What the shim reports about a marker (probe, refusal, attach, interrupted).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MarkerInfo {
+    /// The state.
+    pub state: MarkerState,
+    /// Why (e.g. `reboot`, `process_gone`, `never_started`, `starting`).
+    pub why: Option<String>,
+    /// The attempt that holds the claim.
+    pub attempt: Option<String>,
+    /// The plain SHA-256 intent fingerprint recorded in the claim.
+    pub fingerprint: Option<String>,
+    /// The family recorded in the claim.
+    pub family: Option<String>,
+    /// The recorded exit code (completed only).
+    pub exit_code: Option<i32>,
+    /// Whether the command was killed at its timeout.
+    pub timed_out: bool,
+    /// Captured stdout bytes so far.
+    pub out_bytes: Option<u64>,
+    /// Captured stderr bytes so far.
+    pub err_bytes: Option<u64>,
+    /// Every field as sent.
+    pub fields: BTreeMap<String, String>,
+}
+
+impl MarkerInfo {
+    fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
+        let state = fields
+            .get("state")
+            .and_then(|s| MarkerState::parse(s))
+            .ok_or_else(|| ProtocolError::new("marker report without a known state"))?;
+        Ok(MarkerInfo {
+            state,
+            why: fields.get("why").cloned(),
+            attempt: fields.get("attempt").cloned(),
+            fingerprint: fields.get("fp").cloned(),
+            family: fields.get("family").cloned(),
+            exit_code: fields.get("code").and_then(|c| c.parse().ok()),
+            timed_out: fields.get("timed_out").is_some_and(|t| t == "1"),
+            out_bytes: fields.get("out").and_then(|c| c.parse().ok()),
+            err_bytes: fields.get("err").and_then(|c| c.parse().ok()),
+            fields,
+        })
+    }
+}
+
+/// A refusal: the shim did not run the command, and says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// `invalid_op_id`, `bad_args`, `bad_stdin`, `root_unusable`, `cannot_start`,
+    /// `conflict`, or a marker state (`completed`, `running`, `interrupted`, `fenced`).
+    pub reason: String,
+    /// The marker's state when the refusal is about an existing marker.
+    pub marker: Option<MarkerInfo>,
+    /// Every field as sent.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// The exit trailer: the command finished and its record is durable on the host.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExitFrame {
+    /// Exit status as the host shell reported it (128+N for a signal N).
+    pub code: i32,
+    /// Total stdout bytes captured on the host.
+    pub out_bytes: u64,
+    /// Total stderr bytes captured on the host.
+    pub err_bytes: u64,
+    /// Killed at `--timeout`.
+    pub timed_out: bool,
+    /// Stdout bytes beyond the cap, not kept.
+    pub dropped_out: u64,
+    /// Stderr bytes beyond the cap, not kept.
+    pub dropped_err: u64,
+    /// The attempt that ran the command.
+    pub attempt: String,
+}
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// The header; the nonce is checked by the parser.
+    Hello {
+        /// Shim protocol version.
+        version: String,
+    },
+    /// `S`: claim recorded durably and command started by this attempt.
+    Started {
+        /// The attempt.
+        attempt: String,
+    },
+    /// `R`: refused; nothing ran for this call (a `completed` refusal is followed by the
+    /// replayed output and an `Exit`).
+    Refused(Refusal),
+    /// `A`: attached to an existing marker; output and `Exit` or `Interrupted` follow.
+    Attached(MarkerInfo),
+    /// `U`: an interrupted claim was moved aside.
+    Superseded {
+        /// The attempt that superseded it.
+        by: String,
+    },
+    /// `X`: the command's exit.
+    Exit(ExitFrame),
+    /// `I`: while following, the process vanished without an exit record.
+    Interrupted(MarkerInfo),
+    /// `P`: probe answer.
+    Probe(MarkerInfo),
+    /// `F`: fence answer (`fenced` or `already_fenced`).
+    Fence {
+        /// `fenced` or `already_fenced`.
+        outcome: String,
+        /// The marker afterwards.
+        marker: MarkerInfo,
+    },
+    /// `G`: a gc line (`remove` per marker, then `done`).
+    Gc {
+        /// `remove` or `done`.
+        action: String,
+        /// Its fields.
+        fields: BTreeMap<String, String>,
+    },
+    /// `K`: doctor facts.
+    Doctor(BTreeMap<String, String>),
+}
+
+impl Frame {
+    /// Whether this frame ends the shim's reply for the call.
+    pub fn is_final(&self) -> bool {
+        match self {
+            Frame::Exit(_) | Frame::Interrupted(_) | Frame::Probe(_) | Frame::Fence { .. } => true,
+            Frame::Refused(r) => r.reason != "completed",
+            Frame::Gc { action, .. } => action == "done",
+            Frame::Doctor(fields) => fields.contains_key("done"),
+            _ => false,
+        }
+    }
+}
+
+/// The reply broke the protocol: the client cannot trust the rest of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed reply from the host shim: {0}")]
+pub struct ProtocolError(String);
+
+impl ProtocolError {
+    fn new(msg: impl Into<String>) -> Self {
+        ProtocolError(msg.into())
+    }
+}
+
+/// Incremental parser for one call's stdout and stderr streams.
+#[derive(Debug, Default)]
+pub struct ReplyParser {
+    nonce: Option<String>,
+    stdout_nonce: Option<String>,
+    stdout_pre: Vec<u8>,
+    stdout_open: bool,
+    stderr_buf: Vec<u8>,
+    stderr_open: bool,
+    raw_stderr_left: u64,
+    preamble_seen: usize,
+    stdout_bytes: u64,
+    stderr_bytes: u64,
+}
+
+impl ReplyParser {
+    /// A parser for a fresh call.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the stderr header (and so the nonce) has been seen: the shim started.
+    pub fn shim_started(&self) -> bool {
+        self.stderr_open
+    }
+
+    /// Command stdout bytes delivered so far.
+    pub fn stdout_bytes(&self) -> u64 {
+        self.stdout_bytes
+    }
+
+    /// Command stderr bytes delivered so far.
+    pub fn stderr_bytes(&self) -> u64 {
+        self.stderr_bytes
+    }
+
+    /// Feeds stdout bytes.
+    pub fn push_stdout(&mut self, data: &[u8], out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
+        if self.stdout_open {
+            if !data.is_empty() {
+                self.stdout_bytes += data.len() as u64;
+                out.push(Reply::Stdout(data.to_vec()));
+            }
+            return Ok(());
+        }
+        self.stdout_pre.extend_from_slice(data);
+        if let Some((start, end, nonce)) = find_header(&self.stdout_pre) {
+            self.preamble_seen += start;
+            if let Some(n) = &self.nonce {
+                if *n != nonce {
+                    return Err(ProtocolError::new("stdout and stderr headers disagree"));
+                }
+            }
+            self.stdout_nonce = Some(nonce);
+            self.stdout_open = true;
+            let rest = self.stdout_pre.split_off(end);
+            self.stdout_pre.clear();
+            return self.push_stdout(&rest, out);
+        }
+        if self.stdout_pre.len() > MAX_PREAMBLE {
+            return Err(ProtocolError::new(
+                "no shim header on stdout (is the remote login shell POSIX-compatible?)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Feeds stderr bytes.
+    pub fn push_stderr(&mut self, data: &[u8], out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
+        self.stderr_buf.extend_from_slice(data);
+        if !self.stderr_open {
+            let Some((start, end, nonce)) = find_header(&self.stderr_buf) else {
+                if self.stderr_buf.len() > MAX_PREAMBLE {
+                    return Err(ProtocolError::new("no shim header on stderr"));
+                }
+                return Ok(());
+            };
+            self.preamble_seen += start;
+            if let Some(n) = &self.stdout_nonce {
+                if *n != nonce {
+                    return Err(ProtocolError::new("stdout and stderr headers disagree"));
+                }
+            }
+            let version = header_version(&self.stderr_buf[start..end]);
+            self.nonce = Some(nonce);
+            self.stderr_open = true;
+            self.stderr_buf.drain(..end);
+            out.push(Reply::Frame(Frame::Hello { version }));
+        }
+        self.drain_stderr(out)
+    }
+
+    fn drain_stderr(&mut self, out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
+        loop {
+            if self.raw_stderr_left > 0 {
+                if self.stderr_buf.is_empty() {
+                    return Ok(());
+                }
+                let take = (self.raw_stderr_left as usize).min(self.stderr_buf.len());
+                let chunk: Vec<u8> = self.stderr_buf.drain(..take).collect();
+                self.raw_stderr_left -= take as u64;
+                self.stderr_bytes += take as u64;
+                out.push(Reply::Stderr(chunk));
+                continue;
+            }
+            let Some(nl) = self.stderr_buf.iter().position(|&b| b == b'\n') else {
+                if self.stderr_buf.len() > MAX_FRAME_LINE {
+                    return Err(ProtocolError::new("frame line too long"));
+                }
+                return Ok(());
+            };
+            let line: Vec<u8> = self.stderr_buf.drain(..=nl).collect();
+            let line = std::str::from_utf8(&line[..line.len() - 1])
+                .map_err(|_| ProtocolError::new("frame is not UTF-8"))?;
+            let nonce = self.nonce.as_deref().unwrap_or_default();
+            let body = line
+                .strip_prefix("OPMARK/1 ")
+                .and_then(|l| l.strip_prefix(nonce))
+                .and_then(|l| l.strip_prefix(' '))
+                .ok_or_else(|| ProtocolError::new("text outside a frame on the shim's stderr"))?;
+            let (kind, rest) = body.split_once(' ').unwrap_or((body, ""));
+            if kind == "E" {
+                self.raw_stderr_left = rest
+                    .parse()
+                    .map_err(|_| ProtocolError::new("bad E frame length"))?;
+                continue;
+            }
+            out.push(Reply::Frame(parse_frame(kind, rest)?));
+        }
+    }
+}
+
+fn parse_fields(rest: &str) -> (Vec<&str>, BTreeMap<String, String>) {
+    let mut words = Vec::new();
+    let mut fields = BTreeMap::new();
+    for token in rest.split(' ').filter(|t| !t.is_empty()) {
+        match token.split_once('=') {
+            Some((k, v)) => {
+                fields.insert(k.to_owned(), v.to_owned());
+            }
+            None => words.push(token),
+        }
+    }
+    (words, fields)
+}
+
+fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
+    let (words, fields) = parse_fields(rest);
+    let num = |k: &str| -> Result<u64, ProtocolError> {
+        fields
+            .get(k)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ProtocolError::new(format!("frame {kind} lacks a numeric {k}")))
+    };
+    Ok(match kind {
+        "H" => Frame::Hello {
+            version: fields.get("v").cloned().unwrap_or_default(),
+        },
+        "S" => Frame::Started {
+            attempt: fields.get("attempt").cloned().unwrap_or_default(),
+        },
+        "R" => {
+            let reason = words
+                .first()
+                .ok_or_else(|| ProtocolError::new("refusal without a reason"))?
+                .to_string();
+            let marker = if fields.contains_key("state") {
+                Some(MarkerInfo::from_fields(fields.clone())?)
+            } else {
+                None
+            };
+            Frame::Refused(Refusal {
+                reason,
+                marker,
+                fields,
+            })
+        }
+        "A" => Frame::Attached(MarkerInfo::from_fields(fields)?),
+        "U" => Frame::Superseded {
+            by: fields.get("superseded_by").cloned().unwrap_or_default(),
+        },
+        "X" => Frame::Exit(ExitFrame {
+            code: fields
+                .get("code")
+                .and_then(|c| c.parse().ok())
+                .ok_or_else(|| ProtocolError::new("exit frame without a code"))?,
+            out_bytes: num("out")?,
+            err_bytes: num("err")?,
+            timed_out: fields.get("timed_out").is_some_and(|v| v == "1"),
+            dropped_out: num("dropped_out").unwrap_or(0),
+            dropped_err: num("dropped_err").unwrap_or(0),
+            attempt: fields.get("attempt").cloned().unwrap_or_default(),
+        }),
+        "I" => Frame::Interrupted(MarkerInfo::from_fields(fields)?),
+        "P" => Frame::Probe(MarkerInfo::from_fields(fields)?),
+        "F" => Frame::Fence {
+            outcome: words.first().map(|w| w.to_string()).unwrap_or_default(),
+            marker: MarkerInfo::from_fields(fields)?,
+        },
+        "G" => Frame::Gc {
+            action: words.first().map(|w| w.to_string()).unwrap_or_default(),
+            fields,
+        },
+        "K" => {
+            let mut fields = fields;
+            for w in words {
+                fields.insert(w.to_owned(), String::new());
+            }
+            Frame::Doctor(fields)
+        }
+        other => return Err(ProtocolError::new(format!("unknown frame kind {other}"))),
+    })
+}
+
+/// Finds `OPMARK/1 <32 hex> H ...\n` anywhere in `buf`: (start, end after newline, nonce).
+fn find_header(buf: &[u8]) -> Option<(usize, usize, String)> {
+    let mut from = 0;
+    while let Some(pos) = find(&buf[from..], MAGIC) {
+        let start = from + pos;
+        let after = &buf[start + MAGIC.len()..];
+        let nl = after.iter().position(|&b| b == b'\n')?;
+        let line = &after[..nl];
+        if line.len() >= 35
+            && line[..32]
+                .iter()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            && &line[32..35] == b" H "
+        {
+            let nonce = String::from_utf8_lossy(&line[..32]).into_owned();
+            return Some((start, start + MAGIC.len() + nl + 1, nonce));
+        }
+        from = start + 1;
+    }
+    None
+}
+
+fn header_version(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    text.split(' ')
+        .find_map(|t| t.strip_prefix("v="))
+        .unwrap_or_default()
+        .trim_end()
+        .to_owned()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: &str = "0123456789abcdef0123456789abcdef";
+
+    fn parse(stdout: &[u8], stderr: &[u8]) -> Result<Vec<Reply>, ProtocolError> {
+        let mut p = ReplyParser::new();
+        let mut out = Vec::new();
+        // Byte at a time: the parser must not depend on how the transport chunks data.
+        for b in stderr {
+            p.push_stderr(std::slice::from_ref(b), &mut out)?;
+        }
+        for b in stdout {
+            p.push_stdout(std::slice::from_ref(b), &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn collect_stdout(replies: &[Reply]) -> Vec<u8> {
+        replies
+            .iter()
+            .filter_map(|r| match r {
+                Reply::Stdout(b) => Some(b.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn skips_login_noise_and_decodes_a_run() {
+        let stdout = format!("motd junk\nOPMARK/1 {N} H v=1\nhello\n");
+        let stderr = format!(
+            "noise without newline OPMARK/1 {N} H v=1\nOPMARK/1 {N} S attempt=a1\nOPMARK/1 {N} E 5\nerr\n\nOPMARK/1 {N} X code=255 out=6 err=5 timed_out=0 dropped_out=0 dropped_err=0 attempt=a1\n"
+        );
+        let replies = parse(stdout.as_bytes(), stderr.as_bytes()).unwrap();
+        assert_eq!(collect_stdout(&replies), b"hello\n");
+        let stderr_bytes: Vec<u8> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Reply::Stderr(b) => Some(b.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(stderr_bytes, b"err\n\n");
+        let exit = replies.iter().find_map(|r| match r {
+            Reply::Frame(Frame::Exit(x)) => Some(x.clone()),
+            _ => None,
+        });
+        assert_eq!(exit.unwrap().code, 255);
+    }
+
+    #[test]
+    fn command_output_imitating_frames_is_just_data() {
+        // The command printed a fake exit frame with a made-up nonce inside its stderr.
+        let fake = format!("OPMARK/1 {} X code=0 out=0 err=0\n", "f".repeat(32));
+        let stderr = format!(
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} E {}\n{fake}OPMARK/1 {N} X code=201 out=0 err={} attempt=a\n",
+            fake.len(),
+            fake.len()
+        );
+        let replies = parse(
+            format!("OPMARK/1 {N} H v=1\n").as_bytes(),
+            stderr.as_bytes(),
+        )
+        .unwrap();
+        let exits: Vec<_> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Reply::Frame(Frame::Exit(x)) => Some(x.code),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(exits, vec![201]);
+    }
+
+    #[test]
+    fn text_outside_frames_after_the_header_is_a_protocol_error() {
+        let stderr = format!("OPMARK/1 {N} H v=1\nsurprise\n");
+        assert!(parse(b"", stderr.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn mismatched_headers_are_refused() {
+        let other = "f".repeat(32);
+        let err = parse(
+            format!("OPMARK/1 {other} H v=1\n").as_bytes(),
+            format!("OPMARK/1 {N} H v=1\n").as_bytes(),
+        );
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn refusal_carries_marker_state() {
+        let stderr = format!(
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} R conflict state=completed attempt=a fp={} code=0\n",
+            "a".repeat(64)
+        );
+        let replies = parse(b"", stderr.as_bytes()).unwrap();
+        let Reply::Frame(Frame::Refused(r)) = &replies[1] else {
+            panic!("{replies:?}")
+        };
+        assert_eq!(r.reason, "conflict");
+        assert_eq!(r.marker.as_ref().unwrap().state, MarkerState::Completed);
+        assert!(Frame::Refused(r.clone()).is_final());
+    }
+}
