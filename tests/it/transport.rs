@@ -150,6 +150,56 @@ fn hashed_known_hosts_entries_are_accepted() {
     });
 }
 
+#[test]
+fn host_known_only_by_its_rsa_or_ecdsa_key_negotiates_that_type() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    for key in t.host_public_keys().unwrap() {
+        if key.starts_with("ssh-ed25519") {
+            continue;
+        }
+        let kh = dir.join(format!("only_{}", rand_suffix()));
+        std::fs::write(&kh, format!("{} {key}\n", t.known_hosts_host())).unwrap();
+        let cfg = custom_config(&lab, &dir, t, &kh, "");
+        rt().block_on(async {
+            let s = Session::connect(&dest_in(&cfg, "t"))
+                .await
+                .unwrap_or_else(|e| panic!("known only by {}: {e}", &key[..12]));
+            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        });
+    }
+}
+
+#[test]
+fn rsa_and_ecdsa_identity_files_authenticate() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    for (kind, bits) in [("rsa", "3072"), ("ecdsa", "256")] {
+        let key = dir.join(format!("id_{kind}"));
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", kind, "-b", bits, "-N", "", "-C", kind, "-f"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        lab.authorize_key(&std::fs::read_to_string(key.with_extension("pub")).unwrap())
+            .unwrap();
+        let mut d = dest(&lab, "target1");
+        d.identities = vec![key];
+        rt().block_on(async {
+            let s = Session::connect(&d)
+                .await
+                .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        });
+    }
+}
+
 /// Connects with `cfg`'s alias `t` and, only if that succeeded, runs a command that
 /// creates `marker`. Returns the connect error.
 async fn connect_and_touch(cfg: &Path, marker: &Path) -> ssh::ConnectError {
