@@ -98,7 +98,10 @@ impl client::Handler for Client {
                 self.dest.loss_budget().unwrap_or_default().as_secs_f64()
             ),
             DisconnectReason::Error(russh::Error::IO(e)) => {
-                format!("connection to {} failed: {e}", self.dest.display())
+                format!(
+                    "connection to {} broke (reset, or closed without an SSH disconnect): {e}",
+                    self.dest.display()
+                )
             }
             DisconnectReason::Error(e) => {
                 format!("connection to {} lost: {e}", self.dest.display())

@@ -613,6 +613,37 @@ fn link_cut_mid_command_is_reported_lost_within_keepalive_budget() {
 }
 
 #[test]
+fn connection_killed_mid_command_is_lost_not_closed() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let d = dest(&lab, "target1");
+    let (event, took) = rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut exec = s.exec("echo started; sleep 30", None).await.unwrap();
+        assert_eq!(exec.next().await, ExecEvent::Stdout(b"started\n".to_vec()));
+        lab.stop_sshd("target1").unwrap();
+        let killed_at = Instant::now();
+        let event = loop {
+            match exec.next().await {
+                ExecEvent::Stdout(_) | ExecEvent::Stderr(_) => {}
+                other => break other,
+            }
+        };
+        (event, killed_at.elapsed())
+    });
+    println!("connection end seen {took:?} after sshd was killed: {event:?}");
+    match event {
+        ExecEvent::Lost(why) => assert!(!why.contains("keepalive"), "{why}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "a closed socket is seen at once, took {took:?}"
+    );
+}
+
+#[test]
 fn proxy_jump_through_a_bastion_works_and_an_unknown_bastion_key_is_refused() {
     let Some(lab) = crate::loopback_lab!(2) else {
         return;
