@@ -1,1 +1,849 @@
-//! lab: not built yet.
+//! Disposable local SSH targets: real OpenSSH `sshd` servers with generated host keys,
+//! one client key, their own marker state dir, a known_hosts file and an ssh_config
+//! with one alias per target. Used by the integration tests, the demo and `opmark lab`.
+//!
+//! Layout of a lab directory:
+//! ```text
+//! lab.json            state, so `opmark lab down/status/cut` can find a running lab
+//! ssh_config          Host target1..targetN
+//! known_hosts         every target's host keys
+//! client_ed25519      the client key authorised on every target (+ .pub)
+//! targetN/            sshd_config, host keys, authorized_keys, sshd.log, sshd.pid,
+//!                     state/ (XDG_STATE_HOME of its commands), home/ (their HOME)
+//! ```
+
+mod netns;
+mod proc;
+mod sshd;
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// How long a target may take from spawn to answering `ssh true`. Generous: CI runs many
+/// tests at once on two cores.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Attempts at a free loopback port (another process may take it between probe and bind).
+const PORT_ATTEMPTS: usize = 5;
+/// Most targets one lab may hold.
+pub const MAX_TARGETS: usize = 64;
+
+/// Failures of the lab. Each message names the problem and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// A required external program is missing.
+    #[error("{tool} not found: {fix}")]
+    MissingTool {
+        /// The program.
+        tool: String,
+        /// How to install it.
+        fix: String,
+    },
+    /// Namespace placement asked for without root.
+    #[error(
+        "network-namespace targets need root (running as uid {uid}): run as root \
+         (e.g. `sudo opmark lab up --placement netns`) or use `--placement loopback`"
+    )]
+    NeedsRoot {
+        /// The effective uid.
+        uid: u32,
+    },
+    /// The lab directory is under /tmp.
+    #[error(
+        "lab directory {0} is under /tmp, which the host shim refuses as a marker root \
+         (a reboot would erase the evidence); choose a directory elsewhere \
+         (default: ~/.local/state/opmark/lab)"
+    )]
+    UnderTmp(PathBuf),
+    /// The lab directory path cannot be written into an ssh_config as is.
+    #[error(
+        "lab directory {0} contains whitespace, quotes or a non-UTF-8 byte, which an \
+         ssh_config cannot hold unquoted; choose a plain path"
+    )]
+    BadDir(PathBuf),
+    /// Target count out of range.
+    #[error("a lab holds 1 to {MAX_TARGETS} targets, not {0}")]
+    BadCount(usize),
+    /// A lab is already running in the directory.
+    #[error(
+        "a lab is already running in {0}; stop it with `opmark lab down --dir {0}` \
+         or choose another --dir"
+    )]
+    AlreadyRunning(PathBuf),
+    /// No lab state in the directory.
+    #[error("no lab in {0} (no lab.json); start one with `opmark lab up --dir {0}`")]
+    NoLab(PathBuf),
+    /// Local file I/O.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// lab.json could not be parsed.
+    #[error("{path}: malformed lab state ({detail}); remove the directory by hand")]
+    State {
+        /// The state file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// An external command failed.
+    #[error("`{command}` failed: {detail}")]
+    Command {
+        /// The command as run.
+        command: String,
+        /// Exit status and stderr.
+        detail: String,
+    },
+    /// A target's sshd did not start or did not become ready; carries its log.
+    #[error("target {alias} did not start: {reason}\n--- sshd log {} (last lines) ---\n{log}", log_path.display())]
+    StartFailed {
+        /// The target.
+        alias: String,
+        /// What was observed.
+        reason: String,
+        /// The sshd log file.
+        log_path: PathBuf,
+        /// The tail of that log.
+        log: String,
+    },
+    /// No target of that name.
+    #[error("no target named {alias:?} in this lab (targets: {known})")]
+    UnknownTarget {
+        /// The alias asked for.
+        alias: String,
+        /// The aliases that exist.
+        known: String,
+    },
+    /// cut/restore asked of a loopback target.
+    #[error(
+        "target {alias} listens on loopback; cut/restore need a network-namespace target \
+         (start the lab with `--placement netns`, as root)"
+    )]
+    NotNetns {
+        /// The target.
+        alias: String,
+    },
+    /// authorize_key got something that is not one public key line.
+    #[error("not a single OpenSSH public key line (expected `TYPE BASE64 [COMMENT]`): {0}")]
+    BadKey(String),
+}
+
+/// Where targets listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// 127.0.0.1 at free ports. Works without root.
+    Loopback,
+    /// Each target in its own network namespace behind a veth pair, port 22. Root only;
+    /// allows `cut`/`restore`.
+    Netns,
+}
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct LabSpec {
+    /// Number of targets (1..=64), named target1..targetN.
+    pub count: usize,
+    /// Where they listen.
+    pub placement: Placement,
+    /// Lab directory (created; must not be under /tmp).
+    pub dir: PathBuf,
+}
+
+/// One target: an sshd and the directory it owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Target {
+    /// ssh_config alias (`target1`...).
+    pub alias: String,
+    /// Address sshd listens on.
+    pub addr: IpAddr,
+    /// Port sshd listens on.
+    pub port: u16,
+    /// Login user (the user who started the lab).
+    pub user: String,
+    /// XDG_STATE_HOME of every command run on this target; markers live in `<it>/opmark`.
+    pub state_home: PathBuf,
+    /// HOME of every command run on this target (an empty directory of its own).
+    pub home: PathBuf,
+    /// Network namespace name, for netns placement.
+    pub netns: Option<String>,
+    /// sshd's log file (`-E`).
+    pub log: PathBuf,
+    /// The target's directory.
+    pub dir: PathBuf,
+    /// Target-side veth name (netns placement), used by cut/restore.
+    ns_if: Option<String>,
+    /// Host-side veth name (netns placement), deleted on stop.
+    host_if: Option<String>,
+}
+
+impl Target {
+    /// The host marker root commands on this target use: `<state_home>/opmark`.
+    pub fn marker_root(&self) -> PathBuf {
+        self.state_home.join("opmark")
+    }
+
+    /// The known_hosts host pattern: `[addr]:port`, or `addr` for port 22.
+    pub fn known_hosts_host(&self) -> String {
+        if self.port == 22 {
+            self.addr.to_string()
+        } else {
+            format!("[{}]:{}", self.addr, self.port)
+        }
+    }
+
+    /// The target's sshd_config.
+    pub fn sshd_config(&self) -> PathBuf {
+        self.dir.join("sshd_config")
+    }
+
+    /// The pid file of the target's listening sshd.
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.join("sshd.pid")
+    }
+
+    /// The authorized_keys file sshd reads for this target.
+    pub fn authorized_keys(&self) -> PathBuf {
+        self.dir.join("authorized_keys")
+    }
+
+    /// The pid of the listening sshd, when it runs.
+    pub fn sshd_pid(&self) -> Option<i32> {
+        proc::read_pid_file(&self.pid_file()).filter(|&p| proc::alive(p))
+    }
+
+    /// The target's public host keys, one `TYPE BASE64` per entry.
+    pub fn host_public_keys(&self) -> Result<Vec<String>, LabError> {
+        sshd::HOST_KEYS
+            .iter()
+            .map(|(_, file)| {
+                let path = self.dir.join(file).with_extension("pub");
+                let text = read(&path)?;
+                Ok(text
+                    .split_whitespace()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" "))
+            })
+            .collect()
+    }
+
+    fn start_failed(&self, reason: String) -> LabError {
+        LabError::StartFailed {
+            alias: self.alias.clone(),
+            reason,
+            log_path: self.log.clone(),
+            log: sshd::log_tail(&self.log, 40),
+        }
+    }
+}
+
+/// What lab.json holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LabState {
+    placement: Placement,
+    ssh_config: PathBuf,
+    known_hosts: PathBuf,
+    client_key: PathBuf,
+    targets: Vec<Target>,
+}
+
+/// A running lab. Dropping a lab made by [`Lab::start`] stops it (kills every sshd and
+/// what ran through it, deletes namespaces); a lab made by [`Lab::load`] keeps running
+/// unless [`Lab::stop`] is called.
+#[derive(Debug)]
+pub struct Lab {
+    dir: PathBuf,
+    state: LabState,
+    sshd: PathBuf,
+    /// Stop on drop.
+    owned: bool,
+}
+
+impl Lab {
+    /// Starts `spec.count` targets and waits until each answers a real SSH session.
+    /// Blocking. A target that fails to start makes the whole start fail (and stop what
+    /// did start), with that target's sshd log in the error.
+    pub fn start(spec: &LabSpec) -> Result<Lab, LabError> {
+        if spec.count == 0 || spec.count > MAX_TARGETS {
+            return Err(LabError::BadCount(spec.count));
+        }
+        let uid = effective_uid();
+        if spec.placement == Placement::Netns && uid != 0 {
+            return Err(LabError::NeedsRoot { uid });
+        }
+        let sshd = sshd::sshd_path()?;
+        sshd::require_on_path("ssh", "openssh-client")?;
+        sshd::require_on_path("ssh-keygen", "openssh-client")?;
+        if spec.placement == Placement::Netns {
+            sshd::require_on_path("ip", "iproute2")?;
+        }
+        let dir = prepare_dir(&spec.dir)?;
+        if uid == 0 {
+            // sshd's privilege-separation chroot; absent in containers that never ran sshd.
+            mkdir(Path::new("/run/sshd"), 0o755)?;
+        }
+        let user = current_user()?;
+
+        let client_key = dir.join("client_ed25519");
+        sshd::generate_keys(&[("ed25519", client_key.clone())], "opmark-lab-client")?;
+        let client_pub = read(&client_key.with_extension("pub"))?;
+
+        let mut lab = Lab {
+            state: LabState {
+                placement: spec.placement,
+                ssh_config: dir.join("ssh_config"),
+                known_hosts: dir.join("known_hosts"),
+                client_key,
+                targets: Vec::new(),
+            },
+            dir: dir.clone(),
+            sshd,
+            owned: true, // from here on, an error drops the lab and stops what started
+        };
+        for i in 1..=spec.count {
+            let target = lab.prepare_target(i, &user, &client_pub)?;
+            lab.state.targets.push(target);
+            lab.save()?;
+        }
+        lab.write_client_files()?;
+        lab.boot_all()?;
+        Ok(lab)
+    }
+
+    /// Opens the lab whose state is in `dir` (for `opmark lab down/status/cut`). The
+    /// loaded lab is not stopped when dropped.
+    pub fn load(dir: &Path) -> Result<Lab, LabError> {
+        let path = dir.join("lab.json");
+        if !path.exists() {
+            return Err(LabError::NoLab(dir.to_path_buf()));
+        }
+        let text = read(&path)?;
+        let state: LabState = serde_json::from_str(&text).map_err(|e| LabError::State {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        Ok(Lab {
+            dir: dir.to_path_buf(),
+            state,
+            sshd: sshd::sshd_path().unwrap_or_else(|_| PathBuf::from("/usr/sbin/sshd")),
+            owned: false,
+        })
+    }
+
+    /// Makes a loaded lab stop when dropped (or a started one not stop: `false`).
+    pub fn set_stop_on_drop(&mut self, stop: bool) {
+        self.owned = stop;
+    }
+
+    /// The targets, target1 first.
+    pub fn targets(&self) -> &[Target] {
+        &self.state.targets
+    }
+
+    /// The target with this alias.
+    pub fn target(&self, alias: &str) -> Option<&Target> {
+        self.state.targets.iter().find(|t| t.alias == alias)
+    }
+
+    /// Where the targets listen.
+    pub fn placement(&self) -> Placement {
+        self.state.placement
+    }
+
+    /// The generated ssh_config (one `Host targetN` per target).
+    pub fn ssh_config(&self) -> &Path {
+        &self.state.ssh_config
+    }
+
+    /// The generated known_hosts (every target's host keys).
+    pub fn known_hosts(&self) -> &Path {
+        &self.state.known_hosts
+    }
+
+    /// The client private key authorised on every target (unencrypted ed25519).
+    pub fn client_key(&self) -> &Path {
+        &self.state.client_key
+    }
+
+    /// The lab directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// True when every target's sshd is running.
+    pub fn is_running(&self) -> bool {
+        self.state.targets.iter().all(|t| t.sshd_pid().is_some())
+    }
+
+    /// Silently drops every packet to and from a namespace target (no RST, FIN or
+    /// ICMP): established connections hang, new connects time out.
+    pub fn cut(&self, alias: &str) -> Result<(), LabError> {
+        let (ns, ns_if) = self.netns_of(alias)?;
+        netns::cut(ns, ns_if)
+    }
+
+    /// Undoes [`Lab::cut`]. Idempotent.
+    pub fn restore(&self, alias: &str) -> Result<(), LabError> {
+        let (ns, _) = self.netns_of(alias)?;
+        netns::restore(ns)
+    }
+
+    /// True when the target's link is cut.
+    pub fn is_cut(&self, alias: &str) -> Result<bool, LabError> {
+        let (ns, _) = self.netns_of(alias)?;
+        Ok(netns::is_cut(ns))
+    }
+
+    /// Stops the target's sshd as if it crashed: the listener and every per-connection
+    /// sshd are killed, so established connections close and new ones are refused.
+    /// Commands started through it are left alone (as on a real host). Keys, port and
+    /// state are kept for [`Lab::start_sshd`].
+    pub fn stop_sshd(&self, alias: &str) -> Result<(), LabError> {
+        let target = self.get(alias)?;
+        let Some(listener) = proc::read_pid_file(&target.pid_file()) else {
+            return Ok(());
+        };
+        let procs = proc::all();
+        let sshds: std::collections::BTreeSet<i32> = proc::descendants(&procs, listener)
+            .into_iter()
+            .filter(|pid| {
+                *pid == listener
+                    || procs
+                        .iter()
+                        .any(|p| p.pid == *pid && p.comm.starts_with("sshd"))
+            })
+            .collect();
+        proc::kill_all(&sshds, Duration::from_secs(5));
+        let _ = std::fs::remove_file(target.pid_file());
+        Ok(())
+    }
+
+    /// Starts a stopped target's sshd again (same keys, port and state) and waits until
+    /// it answers.
+    pub fn start_sshd(&self, alias: &str) -> Result<(), LabError> {
+        let target = self.get(alias)?;
+        if target.sshd_pid().is_some() {
+            return Ok(());
+        }
+        sshd::spawn(&self.sshd, target)?;
+        sshd::wait_ready(target, self.ssh_config(), Instant::now() + READY_TIMEOUT)
+    }
+
+    /// Replaces a target's host keys with new ones and restarts its sshd, leaving
+    /// known_hosts as it was: the target now presents a changed host key.
+    pub fn rotate_host_keys(&self, alias: &str) -> Result<(), LabError> {
+        let target = self.get(alias)?;
+        self.stop_sshd(alias)?;
+        let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+            .iter()
+            .map(|(kind, file)| (*kind, target.dir.join(file)))
+            .collect();
+        sshd::generate_keys(&keys, &format!("opmark-lab-{alias}-rotated"))?;
+        sshd::spawn(&self.sshd, target)?;
+        // Not `wait_ready`: ssh would refuse the changed key. A TCP accept plus the
+        // banner is enough to know it listens.
+        wait_listening(target, Instant::now() + READY_TIMEOUT)
+    }
+
+    /// Appends a public key line to every target's authorized_keys.
+    pub fn authorize_key(&self, pubkey_line: &str) -> Result<(), LabError> {
+        let line = pubkey_line.trim();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if line.contains('\n')
+            || words.len() < 2
+            || !words[0].contains("ssh-") && !words[0].starts_with("ecdsa-")
+        {
+            return Err(LabError::BadKey(line.chars().take(40).collect()));
+        }
+        for t in &self.state.targets {
+            let path = t.authorized_keys();
+            let mut text = read(&path)?;
+            if !text.ends_with('\n') && !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(line);
+            text.push('\n');
+            write(&path, &text, 0o600)?;
+        }
+        Ok(())
+    }
+
+    /// Stops every target: kills each sshd and everything that ran through it, deletes
+    /// the namespaces. Files stay (logs are worth reading); `opmark lab down` removes them.
+    pub fn stop(mut self) -> Result<(), LabError> {
+        self.owned = false;
+        self.stop_all()
+    }
+
+    fn stop_all(&self) -> Result<(), LabError> {
+        let procs = proc::all();
+        let mut victims = std::collections::BTreeSet::new();
+        for t in &self.state.targets {
+            if let Some(listener) = proc::read_pid_file(&t.pid_file()) {
+                // Only if it still is an sshd: the pid may have been reused.
+                if procs
+                    .iter()
+                    .any(|p| p.pid == listener && p.comm.starts_with("sshd"))
+                {
+                    victims.extend(proc::descendants(&procs, listener));
+                }
+            }
+            let env = format!("XDG_STATE_HOME={}", t.state_home.display());
+            victims.extend(proc::with_env(&procs, &env));
+            if let Some(ns) = &t.netns {
+                victims.extend(netns::pids(ns));
+            }
+        }
+        let all_gone = proc::kill_all(&victims, Duration::from_secs(5));
+        for t in &self.state.targets {
+            let _ = std::fs::remove_file(t.pid_file());
+            if let Some(ns) = &t.netns {
+                netns::destroy(ns, t.host_if.as_deref());
+            }
+        }
+        if all_gone {
+            Ok(())
+        } else {
+            Err(LabError::Command {
+                command: "kill -9".into(),
+                detail: "some lab processes did not exit within 5 s".into(),
+            })
+        }
+    }
+
+    fn get(&self, alias: &str) -> Result<&Target, LabError> {
+        self.target(alias).ok_or_else(|| LabError::UnknownTarget {
+            alias: alias.to_string(),
+            known: self
+                .state
+                .targets
+                .iter()
+                .map(|t| t.alias.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+
+    fn netns_of(&self, alias: &str) -> Result<(&str, &str), LabError> {
+        let t = self.get(alias)?;
+        match (&t.netns, &t.ns_if) {
+            (Some(ns), Some(ns_if)) => Ok((ns, ns_if)),
+            _ => Err(LabError::NotNetns {
+                alias: alias.to_string(),
+            }),
+        }
+    }
+
+    fn prepare_target(
+        &self,
+        index: usize,
+        user: &str,
+        client_pub: &str,
+    ) -> Result<Target, LabError> {
+        let alias = format!("target{index}");
+        let dir = self.dir.join(&alias);
+        mkdir(&dir, 0o700)?;
+        let state_home = dir.join("state");
+        let home = dir.join("home");
+        mkdir(&state_home, 0o700)?;
+        mkdir(&home, 0o700)?;
+        let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+            .iter()
+            .map(|(kind, file)| (*kind, dir.join(file)))
+            .collect();
+        sshd::generate_keys(&keys, &format!("opmark-lab-{alias}"))?;
+        let mut target = Target {
+            alias,
+            addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            user: user.to_string(),
+            state_home,
+            home,
+            netns: None,
+            log: dir.join("sshd.log"),
+            dir,
+            ns_if: None,
+            host_if: None,
+        };
+        match self.state.placement {
+            Placement::Loopback => target.port = free_port()?,
+            Placement::Netns => {
+                let slot = netns::create()?;
+                target.addr = netns::ip(&slot);
+                target.port = 22;
+                target.netns = Some(slot.ns);
+                target.ns_if = Some(slot.ns_if);
+                target.host_if = Some(slot.host_if);
+            }
+        }
+        write(&target.authorized_keys(), client_pub, 0o600)?;
+        Ok(target)
+    }
+
+    /// Spawns every sshd, then waits for all of them in parallel.
+    fn boot_all(&mut self) -> Result<(), LabError> {
+        let version = sshd::sshd_version(&self.sshd);
+        for attempt in 1..=PORT_ATTEMPTS {
+            for t in &self.state.targets {
+                if t.sshd_pid().is_none() {
+                    let _ = std::fs::remove_file(&t.log);
+                    write(&t.sshd_config(), &sshd::config_text(t, version), 0o600)?;
+                    sshd::spawn(&self.sshd, t)?;
+                }
+            }
+            let deadline = Instant::now() + READY_TIMEOUT;
+            let cfg = self.state.ssh_config.clone();
+            let results: Vec<Result<(), LabError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .state
+                    .targets
+                    .iter()
+                    .map(|t| {
+                        let cfg = &cfg;
+                        s.spawn(move || sshd::wait_ready(t, cfg, deadline))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(LabError::Command {
+                                command: "readiness check".into(),
+                                detail: "its thread panicked".into(),
+                            })
+                        })
+                    })
+                    .collect()
+            });
+            // A loopback port taken between our probe and sshd's bind: pick another.
+            let mut retry = false;
+            for (i, r) in results.iter().enumerate() {
+                let t = &self.state.targets[i];
+                if r.is_err()
+                    && self.state.placement == Placement::Loopback
+                    && attempt < PORT_ATTEMPTS
+                    && t.sshd_pid().is_none()
+                    && sshd::log_says_port_in_use(&t.log)
+                {
+                    retry = true;
+                }
+            }
+            if retry {
+                for i in 0..self.state.targets.len() {
+                    if self.state.targets[i].sshd_pid().is_none() {
+                        self.state.targets[i].port = free_port()?;
+                    }
+                }
+                self.save()?;
+                self.write_client_files()?;
+                continue;
+            }
+            return results.into_iter().collect();
+        }
+        Ok(())
+    }
+
+    /// Writes ssh_config, known_hosts and lab.json from the current state.
+    fn write_client_files(&self) -> Result<(), LabError> {
+        let mut cfg = String::from("# opmark lab (generated): one alias per target\n");
+        let mut known = String::new();
+        for t in &self.state.targets {
+            let _ = write!(
+                cfg,
+                "\nHost {}\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+                 IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+                t.alias,
+                t.addr,
+                t.port,
+                t.user,
+                self.state.client_key.display(),
+                self.state.known_hosts.display()
+            );
+            for key in t.host_public_keys()? {
+                let _ = writeln!(known, "{} {key}", t.known_hosts_host());
+            }
+        }
+        write(&self.state.ssh_config, &cfg, 0o600)?;
+        write(&self.state.known_hosts, &known, 0o600)?;
+        self.save()
+    }
+
+    fn save(&self) -> Result<(), LabError> {
+        let text = serde_json::to_string_pretty(&self.state).map_err(|e| LabError::State {
+            path: self.dir.join("lab.json"),
+            detail: e.to_string(),
+        })?;
+        write(&self.dir.join("lab.json"), &text, 0o600)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        if std::thread::panicking() {
+            // A failing test is easier to read with the servers' side of the story.
+            for t in &self.state.targets {
+                eprintln!(
+                    "--- lab {}: {} sshd log (last lines) ---\n{}",
+                    self.dir.display(),
+                    t.alias,
+                    sshd::log_tail(&t.log, 30)
+                );
+            }
+        }
+        let _ = self.stop_all();
+    }
+}
+
+/// Waits until something accepts TCP on the target's address.
+fn wait_listening(target: &Target, deadline: Instant) -> Result<(), LabError> {
+    let addr = std::net::SocketAddr::new(target.addr, target.port);
+    loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(target.start_failed("not listening before the deadline".into()));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Creates the lab directory (refusing /tmp and unquotable paths); clears a stale lab,
+/// refuses a running one.
+fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
+    std::fs::create_dir_all(dir).map_err(|source| LabError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let dir = dir.canonicalize().map_err(|source| LabError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    if dir.starts_with("/tmp") || dir.starts_with("/var/tmp") {
+        return Err(LabError::UnderTmp(dir));
+    }
+    match dir.to_str() {
+        Some(s)
+            if !s
+                .chars()
+                .any(|c| c.is_whitespace() || c == '"' || c == '\'') => {}
+        _ => return Err(LabError::BadDir(dir)),
+    }
+    if dir.join("lab.json").exists() {
+        let old = Lab::load(&dir)?;
+        if old.state.targets.iter().any(|t| t.sshd_pid().is_some()) {
+            return Err(LabError::AlreadyRunning(dir));
+        }
+        let _ = old.stop_all(); // stale: clear namespaces a crashed run left behind
+        remove_contents(&dir)?;
+    }
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|source| {
+        LabError::Io {
+            path: dir.clone(),
+            source,
+        }
+    })?;
+    Ok(dir)
+}
+
+/// Removes a lab directory's files (for `lab down` and stale labs).
+pub fn remove_lab_dir(dir: &Path) -> Result<(), LabError> {
+    std::fs::remove_dir_all(dir).or_else(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Ok(())
+        } else {
+            Err(LabError::Io {
+                path: dir.to_path_buf(),
+                source: e,
+            })
+        }
+    })
+}
+
+fn remove_contents(dir: &Path) -> Result<(), LabError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| LabError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let res = if path.is_dir() && !path.is_symlink() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        res.map_err(|source| LabError::Io { path, source })?;
+    }
+    Ok(())
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> Result<u16, LabError> {
+    let listener =
+        std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| LabError::Io {
+            path: PathBuf::from("127.0.0.1:0"),
+            source,
+        })?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|source| LabError::Io {
+            path: PathBuf::from("127.0.0.1:0"),
+            source,
+        })
+}
+
+/// The effective uid (owner of /proc/self), without unsafe code.
+pub fn effective_uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX)
+}
+
+/// The login name of the effective user.
+fn current_user() -> Result<String, LabError> {
+    let out = sshd::run(std::process::Command::new("id").arg("-un"))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<(), LabError> {
+    std::fs::create_dir_all(path)
+        .and_then(|_| {
+            if mode != 0o755 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            } else {
+                Ok(())
+            }
+        })
+        .map_err(|source| LabError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+fn read(path: &Path) -> Result<String, LabError> {
+    std::fs::read_to_string(path).map_err(|source| LabError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), LabError> {
+    std::fs::write(path, text)
+        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
+        .map_err(|source| LabError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}

@@ -1,1 +1,81 @@
-//! ssh: not built yet.
+//! The SSH transport on russh: host resolution from ssh config, host key checks against
+//! known_hosts, authentication, exec channels with streamed output, keepalive-based loss
+//! detection, and a per-host connection pool.
+//!
+//! Every failure before the exec request leaves is a [`ConnectError`] (boundary
+//! `not_sent`); [`Session::exec`] says whether the request left ([`ExecError`]); a lost
+//! connection mid-command is an [`ExecEvent::Lost`], distinct from a clean close.
+
+pub mod auth;
+pub mod config;
+pub mod destination;
+pub mod exec;
+pub mod known_hosts;
+pub mod pool;
+pub mod session;
+
+use std::fmt;
+
+use crate::vocab::Boundary;
+
+pub use destination::{resolve, Destination, HostSpec, StrictMode};
+pub use exec::{Exec, ExecError, ExecEvent};
+pub use pool::Pool;
+pub use session::Session;
+
+/// Where a connection attempt failed. Every stage means nothing was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectStage {
+    /// The host could not be resolved: ssh config, DNS.
+    Resolve,
+    /// TCP connect, jump channel, key exchange, or a timeout on any of them.
+    Connect,
+    /// The host key is unknown, changed or revoked.
+    HostKey,
+    /// Every identity was refused.
+    Auth,
+}
+
+impl ConnectStage {
+    /// Lower-case name for messages and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectStage::Resolve => "resolve",
+            ConnectStage::Connect => "connect",
+            ConnectStage::HostKey => "host_key",
+            ConnectStage::Auth => "auth",
+        }
+    }
+}
+
+/// A failure before any exec request left: the attempt's boundary is `not_sent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectError {
+    /// Which stage failed.
+    pub stage: ConnectStage,
+    /// What happened and how to fix it; never holds key material.
+    pub message: String,
+}
+
+impl ConnectError {
+    /// An error at `stage`.
+    pub fn new(stage: ConnectStage, message: impl Into<String>) -> Self {
+        ConnectError {
+            stage,
+            message: message.into(),
+        }
+    }
+
+    /// Always `not_sent`: a connect error happens before any exec request.
+    pub fn boundary(&self) -> Boundary {
+        Boundary::NotSent
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed: {}", self.stage.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for ConnectError {}

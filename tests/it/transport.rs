@@ -1,1 +1,751 @@
-//! transport integration tests.
+//! The russh transport against real sshd targets: resolution from ssh config, host keys,
+//! authentication (files, agent), exec streams and exit reports, loss detection, jumps,
+//! the pool, and cold-connect latency against OpenSSH.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::ssh::{
+    self, destination::StrictMode, ConnectStage, Destination, ExecEvent, HostSpec, Pool, Session,
+};
+use opmark::vocab::Boundary;
+use sha2::{Digest, Sha256};
+
+use crate::support::{self, text, Lab, Target};
+
+/// Resolves `alias` through the lab's ssh_config, with no agent leaking in from the
+/// developer's environment.
+fn dest(lab: &Lab, alias: &str) -> Destination {
+    dest_in(lab.ssh_config(), alias)
+}
+
+fn dest_in(config: &Path, alias: &str) -> Destination {
+    let mut d = ssh::resolve(&HostSpec {
+        host: alias.into(),
+        config_path: Some(config.to_path_buf()),
+        ..HostSpec::default()
+    })
+    .unwrap_or_else(|e| panic!("resolve {alias}: {e}"));
+    d.agent_socket = None;
+    d
+}
+
+/// A config with one alias `t` for `target`, using the lab's client key, the given
+/// known_hosts file and extra option lines.
+fn custom_config(
+    lab: &Lab,
+    dir: &Path,
+    target: &Target,
+    known_hosts: &Path,
+    extra: &str,
+) -> PathBuf {
+    let cfg = dir.join(format!("ssh_config-{}", rand_suffix()));
+    let text = format!(
+        "Host t\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  \
+         UserKnownHostsFile {}\n{extra}",
+        target.addr,
+        target.port,
+        target.user,
+        lab.client_key().display(),
+        known_hosts.display()
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    N.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// Everything one exec produced.
+#[derive(Debug, Default)]
+struct Outcome {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: Option<u32>,
+    signal: Option<String>,
+    end: Option<ExecEvent>,
+}
+
+async fn run(session: &Session, command: &str, stdin: Option<Vec<u8>>) -> Outcome {
+    let mut exec = session
+        .exec(command, stdin)
+        .await
+        .unwrap_or_else(|e| panic!("exec {command}: {e}"));
+    let mut out = Outcome::default();
+    loop {
+        match exec.next().await {
+            ExecEvent::Stdout(b) => out.stdout.extend(b),
+            ExecEvent::Stderr(b) => out.stderr.extend(b),
+            ExecEvent::ExitStatus(s) => out.status = Some(s),
+            ExecEvent::ExitSignal { signal, .. } => out.signal = Some(signal),
+            end @ (ExecEvent::Closed | ExecEvent::Lost(_)) => {
+                out.end = Some(end);
+                return out;
+            }
+        }
+    }
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn aliases_ports_users_and_identities_resolve_from_generated_ssh_config() {
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    rt().block_on(async {
+        for t in lab.targets() {
+            let d = dest(&lab, &t.alias);
+            assert_eq!(d.hostname, t.addr.to_string());
+            assert_eq!((d.port, d.user.as_str()), (t.port, t.user.as_str()));
+            assert_eq!(d.identities, vec![lab.client_key().to_path_buf()]);
+            assert_eq!(d.known_hosts, vec![lab.known_hosts().to_path_buf()]);
+            assert_eq!(d.display(), t.alias);
+            let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+            let o = run(&s, "echo hello; id -un; echo err >&2", None).await;
+            assert_eq!(text(&o.stdout), format!("hello\n{}\n", t.user));
+            assert_eq!(text(&o.stderr), "err\n");
+            assert_eq!((o.status, o.end), (Some(0), Some(ExecEvent::Closed)));
+        }
+    });
+}
+
+#[test]
+fn hashed_known_hosts_entries_are_accepted() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let kh = dir.join("hashed_known_hosts");
+    std::fs::copy(lab.known_hosts(), &kh).unwrap();
+    let st = Command::new("ssh-keygen")
+        .arg("-H")
+        .arg("-f")
+        .arg(&kh)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "{}", text(&st.stderr));
+    let body = std::fs::read_to_string(&kh).unwrap();
+    assert!(body.lines().all(|l| l.starts_with("|1|")), "{body}");
+    let cfg = custom_config(&lab, &dir, &lab.targets()[0], &kh, "");
+    rt().block_on(async {
+        let s = Session::connect(&dest_in(&cfg, "t"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+    });
+}
+
+#[test]
+fn host_known_only_by_its_rsa_or_ecdsa_key_negotiates_that_type() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    for key in t.host_public_keys().unwrap() {
+        if key.starts_with("ssh-ed25519") {
+            continue;
+        }
+        let kh = dir.join(format!("only_{}", rand_suffix()));
+        std::fs::write(&kh, format!("{} {key}\n", t.known_hosts_host())).unwrap();
+        let cfg = custom_config(&lab, &dir, t, &kh, "");
+        rt().block_on(async {
+            let s = Session::connect(&dest_in(&cfg, "t"))
+                .await
+                .unwrap_or_else(|e| panic!("known only by {}: {e}", &key[..12]));
+            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        });
+    }
+}
+
+#[test]
+fn rsa_and_ecdsa_identity_files_authenticate() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    for (kind, bits) in [("rsa", "3072"), ("ecdsa", "256")] {
+        let key = dir.join(format!("id_{kind}"));
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", kind, "-b", bits, "-N", "", "-C", kind, "-f"])
+            .arg(&key)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        lab.authorize_key(&std::fs::read_to_string(key.with_extension("pub")).unwrap())
+            .unwrap();
+        let mut d = dest(&lab, "target1");
+        d.identities = vec![key];
+        rt().block_on(async {
+            let s = Session::connect(&d)
+                .await
+                .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        });
+    }
+}
+
+/// Connects with `cfg`'s alias `t` and, only if that succeeded, runs a command that
+/// creates `marker`. Returns the connect error.
+async fn connect_and_touch(cfg: &Path, marker: &Path) -> ssh::ConnectError {
+    let d = dest_in(cfg, "t");
+    match Session::connect(&d).await {
+        Ok(s) => {
+            run(&s, &format!("touch {}", marker.display()), None).await;
+            panic!("connected although the host key should have been refused")
+        }
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn unknown_host_key_is_refused_and_nothing_runs() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let kh = dir.join("empty_known_hosts");
+    std::fs::write(&kh, "").unwrap();
+    let cfg = custom_config(&lab, &dir, &lab.targets()[0], &kh, "");
+    let marker = dir.join("ran-unknown");
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert_eq!(e.boundary(), Boundary::NotSent);
+    assert!(
+        e.message.contains("SHA256:") && e.message.contains("accept-new"),
+        "{e}"
+    );
+    assert!(
+        !marker.exists(),
+        "the command ran despite an unknown host key"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&kh).unwrap(),
+        "",
+        "strict mode must not learn"
+    );
+}
+
+#[test]
+fn changed_host_key_is_refused_naming_seen_fingerprint_and_expected_line() {
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let (t1, t2) = (&lab.targets()[0], &lab.targets()[1]);
+    // target1's name with target2's keys: exactly what a changed key looks like.
+    let kh = dir.join("changed_known_hosts");
+    let mut body = String::from("# comment line\n");
+    for key in t2.host_public_keys().unwrap() {
+        body.push_str(&format!("{} {key}\n", t1.known_hosts_host()));
+    }
+    std::fs::write(&kh, &body).unwrap();
+    let cfg = custom_config(&lab, &dir, t1, &kh, "");
+    let marker = dir.join("ran-changed");
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    let seen = russh::keys::PublicKey::from_openssh(&t1.host_public_keys().unwrap()[0]).unwrap();
+    let fp = ssh::known_hosts::fingerprint(&seen);
+    assert!(e.message.contains("HAS CHANGED"), "{e}");
+    assert!(e.message.contains(&fp), "fingerprint {fp} missing: {e}");
+    assert!(e.message.contains(&format!("{}:2", kh.display())), "{e}");
+    assert!(!marker.exists());
+}
+
+#[test]
+fn accept_new_learns_a_key_once_then_refuses_a_change() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let kh = dir.join("learned_known_hosts");
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        &kh,
+        "  StrictHostKeyChecking accept-new\n",
+    );
+    let d = dest_in(&cfg, "t");
+    assert_eq!(d.strict, StrictMode::AcceptNew);
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo first", None).await.stdout, b"first\n");
+        let learned = std::fs::read_to_string(&kh).unwrap();
+        assert_eq!(learned.lines().count(), 1, "{learned}");
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo second", None).await.stdout, b"second\n");
+        assert_eq!(
+            std::fs::read_to_string(&kh).unwrap(),
+            learned,
+            "learned twice"
+        );
+    });
+    lab.rotate_host_keys("target1").unwrap();
+    let marker = dir.join("ran-after-rotate");
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains(&format!("{}:1", kh.display())), "{e}");
+    assert!(!marker.exists());
+}
+
+fn keygen(path: &Path, passphrase: &str) {
+    let out = Command::new("ssh-keygen")
+        .args([
+            "-q", "-t", "ed25519", "-C", "test-key", "-N", passphrase, "-f",
+        ])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn wrong_key_is_refused_at_auth_naming_the_identities_tried() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let wrong = dir.join("wrong_ed25519");
+    keygen(&wrong, "");
+    let missing = dir.join("no_such_key");
+    let mut d = dest(&lab, "target1");
+    d.identities = vec![wrong.clone(), missing.clone()];
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Auth, "{e}");
+    assert_eq!(e.boundary(), Boundary::NotSent);
+    assert!(
+        e.message
+            .contains(&format!("{} (refused)", wrong.display())),
+        "{e}"
+    );
+    assert!(
+        e.message
+            .contains(&format!("{} (no such file)", missing.display())),
+        "{e}"
+    );
+    assert!(!e.message.contains("PRIVATE KEY"), "{e}");
+}
+
+/// An ssh-agent started for one test, killed (by its pid) on drop.
+struct Agent {
+    pid: i32,
+    sock: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.pid.to_string()).status();
+    }
+}
+
+fn start_agent(dir: &Path) -> Agent {
+    let sock = dir.join("agent.sock");
+    let out = Command::new("ssh-agent")
+        .arg("-s")
+        .arg("-a")
+        .arg(&sock)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let pid = stdout
+        .split("SSH_AGENT_PID=")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no agent pid in {stdout}"));
+    Agent { pid, sock }
+}
+
+#[test]
+fn encrypted_key_works_through_ssh_agent() {
+    crate::require_tool!("ssh-agent", "ssh-add");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let key = dir.join("enc_ed25519");
+    keygen(&key, "correct horse");
+    let pubkey = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    lab.authorize_key(&pubkey).unwrap();
+    let agent = start_agent(&dir);
+    let askpass = dir.join("askpass.sh");
+    std::fs::write(&askpass, "#!/bin/sh\necho 'correct horse'\n").unwrap();
+    std::fs::set_permissions(
+        &askpass,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = Command::new("ssh-add")
+        .arg(&key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .env("SSH_ASKPASS", &askpass)
+        .env("SSH_ASKPASS_REQUIRE", "force")
+        .env("DISPLAY", ":0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ssh-add: {}", text(&out.stderr));
+
+    let mut d = dest(&lab, "target1");
+    d.identities = vec![key.clone()];
+    // Without the agent (and without a terminal) the encrypted key cannot be used.
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Auth, "{e}");
+    assert!(e.message.contains("encrypted"), "{e}");
+    // Through the agent it works, and IdentitiesOnly keeps to that one key.
+    d.agent_socket = Some(agent.sock.clone());
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo via-agent", None).await.stdout, b"via-agent\n");
+    });
+    // Agent identities alone (no identity file at all) work too.
+    d.identities = vec![];
+    d.identities_only = false;
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            run(&s, "echo agent-only", None).await.stdout,
+            b"agent-only\n"
+        );
+    });
+}
+
+#[test]
+fn large_stdout_and_stdin_arrive_intact() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    rt().block_on(async {
+        let s = Session::connect(&dest(&lab, "target1"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // 5 MB of stdout, streamed.
+        let o = run(&s, "yes 0123456789abcdef | head -c 5242880", None).await;
+        let expected: Vec<u8> = b"0123456789abcdef\n"
+            .iter()
+            .cycle()
+            .take(5_242_880)
+            .copied()
+            .collect();
+        assert_eq!(o.stdout.len(), expected.len());
+        assert_eq!(sha(&o.stdout), sha(&expected));
+        assert_eq!(o.status, Some(0));
+        // 1 MiB of stdin, hashed on the host and echoed back at the same time.
+        let input: Vec<u8> = (0..1_048_576u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        let o = run(&s, "sha256sum | cut -d' ' -f1 >&2", Some(input.clone())).await;
+        assert_eq!(text(&o.stderr).trim(), sha(&input));
+        let o = run(&s, "cat", Some(input.clone())).await;
+        assert_eq!(sha(&o.stdout), sha(&input));
+        assert_eq!((o.status, o.end), (Some(0), Some(ExecEvent::Closed)));
+    });
+}
+
+#[test]
+fn exit_codes_and_signal_are_reported_exactly() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    rt().block_on(async {
+        let s = Session::connect(&dest(&lab, "target1"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for code in [0u32, 1, 255] {
+            let o = run(&s, &format!("echo out; exit {code}"), None).await;
+            assert_eq!((o.status, o.signal.as_deref()), (Some(code), None));
+            assert_eq!(o.end, Some(ExecEvent::Closed));
+        }
+        let o = run(&s, "echo before; kill -TERM $$", None).await;
+        assert_eq!(o.stdout, b"before\n");
+        assert_eq!((o.status, o.signal.as_deref()), (None, Some("TERM")));
+        assert_eq!(o.end, Some(ExecEvent::Closed));
+    });
+}
+
+#[test]
+fn several_execs_share_one_pooled_connection_and_a_dead_one_is_replaced() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let d = dest(&lab, "target1");
+    let runtime = rt();
+    let pool = Pool::new(4);
+    let client_port = |o: Outcome| {
+        text(&o.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (a, b) = runtime.block_on(async {
+        let s1 = pool.session(&d).await.unwrap();
+        let s2 = pool.session(&d).await.unwrap();
+        // Six channels at once through a limit of four: all finish.
+        let runs: Vec<_> = (0..6)
+            .map(|i| {
+                let s = s1.clone();
+                tokio::spawn(async move { run(&s, &format!("sleep 0.2; echo {i}"), None).await })
+            })
+            .collect();
+        for (i, r) in runs.into_iter().enumerate() {
+            assert_eq!(text(&r.await.unwrap().stdout), format!("{i}\n"));
+        }
+        (
+            client_port(run(&s1, "echo $SSH_CONNECTION", None).await),
+            client_port(run(&s2, "echo $SSH_CONNECTION", None).await),
+        )
+    });
+    assert_eq!(a, b, "both sessions should be one connection");
+    lab.stop_sshd("target1").unwrap();
+    lab.start_sshd("target1").unwrap();
+    let c = runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = pool.session(&d).await.unwrap();
+            match s.exec("echo $SSH_CONNECTION", None).await {
+                Ok(_) => return client_port(run(&s, "echo $SSH_CONNECTION", None).await),
+                Err(e) if Instant::now() < deadline => {
+                    // The pool notices the death at the latest on the failed exec.
+                    tracing::debug!("{e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("pool did not replace the dead session: {e}"),
+            }
+        }
+    });
+    assert_ne!(a, c, "a dead session must be replaced by a new connection");
+}
+
+#[test]
+fn connection_refused_is_a_connect_error() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    lab.stop_sshd("target1").unwrap();
+    let e = rt()
+        .block_on(Session::connect(&dest(&lab, "target1")))
+        .unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Connect, "{e}");
+    assert_eq!(e.boundary(), Boundary::NotSent);
+    assert!(e.message.contains("refused"), "{e}");
+}
+
+#[test]
+fn link_cut_before_dispatch_is_a_connect_error_within_connect_timeout() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let mut d = dest(&lab, "target1");
+    d.connect_timeout = Duration::from_secs(2);
+    lab.cut("target1").unwrap();
+    let started = Instant::now();
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    let took = started.elapsed();
+    lab.restore("target1").unwrap();
+    assert_eq!(e.stage, ConnectStage::Connect, "{e}");
+    assert!(e.message.contains("timed out"), "{e}");
+    assert!(took < Duration::from_secs(4), "took {took:?}");
+}
+
+#[test]
+fn link_cut_mid_command_is_reported_lost_within_keepalive_budget() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let d = dest(&lab, "target1");
+    let budget = d.loss_budget().expect("keepalives on by default");
+    assert!(
+        budget <= Duration::from_secs(10),
+        "default budget {budget:?}"
+    );
+    let (event, took) = rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut exec = s
+            .exec("echo started; sleep 60; echo finished", None)
+            .await
+            .unwrap();
+        assert_eq!(exec.next().await, ExecEvent::Stdout(b"started\n".to_vec()));
+        lab.cut("target1").unwrap();
+        let cut_at = Instant::now();
+        let event = loop {
+            match exec.next().await {
+                ExecEvent::Stdout(_) | ExecEvent::Stderr(_) => {}
+                other => break other,
+            }
+        };
+        let took = cut_at.elapsed();
+        assert!(s.is_closed());
+        // A later exec on the dead session is refused before anything is sent.
+        assert!(matches!(
+            s.exec("true", None).await,
+            Err(ssh::ExecError::NotSent(_))
+        ));
+        (event, took)
+    });
+    lab.restore("target1").unwrap();
+    println!("loss detected {took:?} after the cut (budget {budget:?}): {event:?}");
+    match &event {
+        ExecEvent::Lost(why) => assert!(why.contains("keepalive"), "{why}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(
+        took <= budget + Duration::from_secs(2),
+        "took {took:?}, budget {budget:?}"
+    );
+}
+
+#[test]
+fn connection_killed_mid_command_is_lost_not_closed() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let d = dest(&lab, "target1");
+    let (event, took) = rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut exec = s.exec("echo started; sleep 30", None).await.unwrap();
+        assert_eq!(exec.next().await, ExecEvent::Stdout(b"started\n".to_vec()));
+        lab.stop_sshd("target1").unwrap();
+        let killed_at = Instant::now();
+        let event = loop {
+            match exec.next().await {
+                ExecEvent::Stdout(_) | ExecEvent::Stderr(_) => {}
+                other => break other,
+            }
+        };
+        (event, killed_at.elapsed())
+    });
+    println!("connection end seen {took:?} after sshd was killed: {event:?}");
+    match event {
+        ExecEvent::Lost(why) => assert!(!why.contains("keepalive"), "{why}"),
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    assert!(
+        took < Duration::from_secs(2),
+        "a closed socket is seen at once, took {took:?}"
+    );
+}
+
+#[test]
+fn proxy_jump_through_a_bastion_works_and_an_unknown_bastion_key_is_refused() {
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let spec = |host: &str, jump: &str, cfg: &Path| HostSpec {
+        host: host.into(),
+        jump: Some(jump.into()),
+        config_path: Some(cfg.to_path_buf()),
+        ..HostSpec::default()
+    };
+    let mut d = ssh::resolve(&spec("target2", "target1", lab.ssh_config())).unwrap();
+    d.agent_socket = None;
+    d.jumps[0].agent_socket = None;
+    assert_eq!(d.jumps.len(), 1);
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        let o = run(&s, "echo through-bastion", None).await;
+        assert_eq!(o.stdout, b"through-bastion\n");
+        // The connection rides the bastion: when the bastion's sshd dies, so does it.
+        lab.stop_sshd("target1").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !s.is_closed() {
+            assert!(
+                Instant::now() < deadline,
+                "target2 session outlived its bastion"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        lab.start_sshd("target1").unwrap();
+    });
+    // The bastion's key unknown: refused at the bastion, nothing reaches target2.
+    let empty = dir.join("empty_kh");
+    std::fs::write(&empty, "").unwrap();
+    let t1 = &lab.targets()[0];
+    let mut cfg_text = std::fs::read_to_string(lab.ssh_config()).unwrap();
+    cfg_text = format!(
+        "Host bastion\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  UserKnownHostsFile {}\n\n{cfg_text}",
+        t1.addr,
+        t1.port,
+        t1.user,
+        lab.client_key().display(),
+        empty.display()
+    );
+    let cfg = dir.join("ssh_config_bastion");
+    std::fs::write(&cfg, cfg_text).unwrap();
+    let mut d = ssh::resolve(&spec("target2", "bastion", &cfg)).unwrap();
+    d.agent_socket = None;
+    d.jumps[0].agent_socket = None;
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.starts_with("jump host bastion:"), "{e}");
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[test]
+#[ignore = "benchmark: cargo test --test it transport::cold -- --ignored --nocapture"]
+fn cold_connect_and_exec_latency_against_openssh() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let d = dest(&lab, "target1");
+    let runtime = rt();
+    let runs = 9;
+    let mut ours = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        runtime.block_on(async {
+            let s = Session::connect(&d).await.unwrap();
+            let o = run(&s, "true", None).await;
+            assert_eq!(o.status, Some(0));
+        });
+        ours.push(started.elapsed());
+    }
+    let mut openssh = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        let st = support::ssh(&lab)
+            .args(["target1", "true"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        openssh.push(started.elapsed());
+    }
+    let mut warm = Vec::new();
+    runtime.block_on(async {
+        let s = Session::connect(&d).await.unwrap();
+        for _ in 0..runs {
+            let started = Instant::now();
+            run(&s, "true", None).await;
+            warm.push(started.elapsed());
+        }
+    });
+    println!(
+        "cold connect+exec `true`, median of {runs}: opmark/russh {:?}, OpenSSH ssh {:?}; \
+         reused connection {:?}",
+        median(ours),
+        median(openssh),
+        median(warm)
+    );
+}

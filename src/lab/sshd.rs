@@ -1,0 +1,261 @@
+//! One lab target's OpenSSH server: key generation, its sshd_config, starting the
+//! daemon and deciding when it is ready (a real SSH handshake, never a fixed sleep).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{LabError, Target};
+
+/// Where sshd usually lives. sshd re-executes itself per connection and refuses to run
+/// unless started by absolute path.
+const SSHD_CANDIDATES: &[&str] = &["/usr/sbin/sshd", "/usr/local/sbin/sshd", "/sbin/sshd"];
+
+/// The absolute path of sshd, or a clear error with the install command.
+pub(crate) fn sshd_path() -> Result<PathBuf, LabError> {
+    SSHD_CANDIDATES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| LabError::MissingTool {
+            tool: "sshd".into(),
+            fix: "install OpenSSH server (Debian/Ubuntu: `apt-get install openssh-server`)".into(),
+        })
+}
+
+/// Checks that a client-side tool is on PATH.
+pub(crate) fn require_on_path(tool: &str, package: &str) -> Result<(), LabError> {
+    let found = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+        .unwrap_or(false);
+    if found {
+        Ok(())
+    } else {
+        Err(LabError::MissingTool {
+            tool: tool.into(),
+            fix: format!("install it (Debian/Ubuntu: `apt-get install {package}`)"),
+        })
+    }
+}
+
+/// Runs a command to completion; a non-zero exit becomes an error carrying its stderr.
+pub(crate) fn run(cmd: &mut Command) -> Result<std::process::Output, LabError> {
+    let shown = format!("{cmd:?}");
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| LabError::Command {
+            command: shown.clone(),
+            detail: e.to_string(),
+        })?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(LabError::Command {
+            command: shown,
+            detail: format!(
+                "{}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}
+
+/// Generates keys with ssh-keygen, all at once (RSA generation is the slow one).
+/// Each entry is (type, path of the private key); existing files are replaced.
+pub(crate) fn generate_keys(keys: &[(&str, PathBuf)], comment: &str) -> Result<(), LabError> {
+    let mut children = Vec::new();
+    for (kind, path) in keys {
+        for p in [path.clone(), path.with_extension("pub")] {
+            let _ = std::fs::remove_file(p);
+        }
+        let mut cmd = Command::new("ssh-keygen");
+        cmd.args(["-q", "-t", kind, "-N", "", "-C", comment, "-f"])
+            .arg(path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if *kind == "rsa" {
+            cmd.args(["-b", "2048"]); // enough for a disposable target, 3x faster than 3072
+        }
+        let child = cmd.spawn().map_err(|e| LabError::Command {
+            command: "ssh-keygen".into(),
+            detail: e.to_string(),
+        })?;
+        children.push((path.clone(), child));
+    }
+    for (path, child) in children {
+        let out = child.wait_with_output().map_err(|e| LabError::Command {
+            command: "ssh-keygen".into(),
+            detail: e.to_string(),
+        })?;
+        if !out.status.success() {
+            return Err(LabError::Command {
+                command: format!("ssh-keygen -f {}", path.display()),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Host key types every target gets, and the file names of their private keys.
+pub(crate) const HOST_KEYS: &[(&str, &str)] = &[
+    ("ed25519", "ssh_host_ed25519_key"),
+    ("ecdsa", "ssh_host_ecdsa_key"),
+    ("rsa", "ssh_host_rsa_key"),
+];
+
+/// OpenSSH (major, minor) of the installed sshd, to enable options only it knows.
+pub(crate) fn sshd_version(sshd: &Path) -> Option<(u32, u32)> {
+    // `sshd -V` exists since 9.1; older ones print usage, which also names the version.
+    let out = Command::new(sshd)
+        .arg("-V")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    let rest = &text[text.find("OpenSSH_")? + "OpenSSH_".len()..];
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
+/// The sshd_config of one target.
+pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> String {
+    let dir = &target.dir;
+    let listen = match target.addr {
+        std::net::IpAddr::V4(a) => format!("{a}:{}", target.port),
+        std::net::IpAddr::V6(a) => format!("[{a}]:{}", target.port),
+    };
+    let mut c = String::new();
+    let _ = writeln!(c, "# opmark lab target {} (generated)", target.alias);
+    let _ = writeln!(c, "ListenAddress {listen}");
+    for (_, file) in HOST_KEYS {
+        let _ = writeln!(c, "HostKey {}", dir.join(file).display());
+    }
+    let _ = writeln!(c, "PidFile {}", target.pid_file().display());
+    let _ = writeln!(
+        c,
+        "AuthorizedKeysFile {}",
+        target.authorized_keys().display()
+    );
+    // Lab files are created by whoever runs the lab, possibly with a loose umask.
+    c.push_str("StrictModes no\n");
+    // PAM needs root and its session modules fail in containers; keys are all we use.
+    c.push_str("UsePAM no\n");
+    c.push_str("PubkeyAuthentication yes\nPasswordAuthentication no\n");
+    c.push_str("KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n");
+    // Tests open many connections at once; the default 10:30:100 drops them (FINDINGS).
+    c.push_str("MaxStartups 200:30:400\nMaxSessions 200\n");
+    // A silently dropped client is noticed in about 4 s, like a tuned production host.
+    c.push_str("ClientAliveInterval 1\nClientAliveCountMax 3\n");
+    c.push_str("LogLevel VERBOSE\nUseDNS no\nPrintMotd no\nPrintLastLog no\n");
+    c.push_str("X11Forwarding no\nAllowTcpForwarding yes\n");
+    if version >= Some((9, 8)) {
+        // Newer sshd penalises sources that fail often; tests fail on purpose.
+        c.push_str("PerSourcePenalties no\n");
+    }
+    // Each target is its own "host": commands see their own state dir (so the marker
+    // root is <state>/opmark) and their own empty HOME (so the invoking user's shell
+    // startup files neither slow down nor change remote commands).
+    let _ = writeln!(
+        c,
+        "SetEnv XDG_STATE_HOME={} HOME={}",
+        target.state_home.display(),
+        target.home.display()
+    );
+    c
+}
+
+/// Starts the target's sshd (it daemonises itself and writes its pid file).
+pub(crate) fn spawn(sshd: &Path, target: &Target) -> Result<(), LabError> {
+    let _ = std::fs::remove_file(target.pid_file());
+    let mut cmd = match &target.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(sshd);
+            c
+        }
+        None => Command::new(sshd),
+    };
+    cmd.arg("-f")
+        .arg(target.sshd_config())
+        .arg("-E")
+        .arg(&target.log);
+    run(&mut cmd).map_err(|e| target.start_failed(format!("sshd exited at start: {e}")))?;
+    Ok(())
+}
+
+/// Waits until the target answers a real SSH session (`ssh -F cfg alias true`), or
+/// its sshd is gone, or the deadline passes.
+pub(crate) fn wait_ready(
+    target: &Target,
+    ssh_config: &Path,
+    deadline: Instant,
+) -> Result<(), LabError> {
+    let addr = std::net::SocketAddr::new(target.addr, target.port);
+    let mut last = String::from("no answer yet");
+    loop {
+        let pid_alive =
+            super::proc::read_pid_file(&target.pid_file()).is_some_and(super::proc::alive);
+        // The pid file appears once sshd listens; until then only the log can tell.
+        if !pid_alive && log_says_fatal(&target.log) {
+            return Err(target.start_failed("sshd exited".into()));
+        }
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+            let out = Command::new("ssh")
+                .arg("-F")
+                .arg(ssh_config)
+                .args(["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-n"])
+                .arg(&target.alias)
+                .arg("true")
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Ok(o) if o.status.success() => return Ok(()),
+                Ok(o) => last = String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                Err(e) => last = format!("cannot run ssh: {e}"),
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(target.start_failed(format!(
+                "not ready before the deadline; last ssh attempt: {last}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// sshd's fatal start-up messages (bad config, port in use, unreadable key).
+fn log_says_fatal(log: &Path) -> bool {
+    std::fs::read_to_string(log)
+        .map(|t| {
+            t.contains("Cannot bind any address")
+                || t.contains("fatal:")
+                || t.contains("Bad configuration")
+                || t.contains("terminating")
+        })
+        .unwrap_or(false)
+}
+
+/// True when the log shows the port was taken by someone else (retry with another).
+pub(crate) fn log_says_port_in_use(log: &Path) -> bool {
+    std::fs::read_to_string(log)
+        .map(|t| t.contains("Address already in use"))
+        .unwrap_or(false)
+}
+
+/// The last `lines` lines of a log, for error messages.
+pub(crate) fn log_tail(log: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(log) {
+        Ok(t) => {
+            let all: Vec<&str> = t.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(no log: {e})"),
+    }
+}

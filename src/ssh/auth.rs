@@ -1,0 +1,297 @@
+//! Public-key authentication: identity files (ed25519, ECDSA, RSA with rsa-sha2-*),
+//! encrypted keys through ssh-agent or a terminal prompt, and the agent's own keys.
+//! A failure lists what was tried (paths, agent key comments), never key material.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use russh::client::{AuthResult, Handle};
+use russh::keys::agent::client::AgentClient;
+use russh::keys::agent::AgentIdentity;
+use russh::keys::{HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+
+use super::destination::Destination;
+use super::session::Client;
+use super::{ConnectError, ConnectStage};
+
+type Agent = AgentClient<tokio::net::UnixStream>;
+
+/// Tries the destination's identities in OpenSSH's spirit: identity files first (through
+/// the agent when it holds the key, so an encrypted key needs no prompt), then, unless
+/// `IdentitiesOnly`, the agent's other keys.
+pub(crate) async fn authenticate(
+    handle: &mut Handle<Client>,
+    dest: &Destination,
+) -> Result<(), ConnectError> {
+    let mut a = Attempt {
+        handle,
+        dest,
+        tried: Vec::new(),
+        rsa_hash: None,
+    };
+    let mut agent = None;
+    let mut agent_keys: Vec<(PublicKey, String)> = Vec::new();
+    if let Some(sock) = &dest.agent_socket {
+        match AgentClient::connect_uds(sock).await {
+            Ok(mut client) => match client.request_identities().await {
+                Ok(ids) => {
+                    for id in ids {
+                        // Agent certificates are not offered: opmark does not do certificates.
+                        if let AgentIdentity::PublicKey { key, comment } = id {
+                            agent_keys.push((key, comment));
+                        }
+                    }
+                    agent = Some(client);
+                }
+                Err(e) => a
+                    .tried
+                    .push(format!("ssh-agent at {}: {e}", sock.display())),
+            },
+            Err(e) => a
+                .tried
+                .push(format!("ssh-agent at {} unreachable: {e}", sock.display())),
+        }
+    }
+    let mut used_agent_keys: Vec<PublicKey> = Vec::new();
+
+    for path in &dest.identities {
+        if !path.exists() {
+            if dest.identities_explicit {
+                a.tried.push(format!("{} (no such file)", path.display()));
+            }
+            continue;
+        }
+        let public = read_public(path);
+        let in_agent = public.as_ref().and_then(|p| {
+            agent_keys
+                .iter()
+                .find(|(k, _)| k.key_data() == p.key_data())
+                .cloned()
+        });
+        if let (Some((key, _)), Some(agent)) = (in_agent, agent.as_mut()) {
+            used_agent_keys.push(key.clone());
+            let label = format!("{} (via ssh-agent)", path.display());
+            if a.with_agent(agent, key, label).await? {
+                return Ok(());
+            }
+            continue;
+        }
+        match load_private(path).await {
+            Ok(key) => {
+                if let Some(agent_key) = agent_keys
+                    .iter()
+                    .find(|(k, _)| k.key_data() == key.public_key().key_data())
+                {
+                    used_agent_keys.push(agent_key.0.clone());
+                }
+                if a.with_key(key, path.display().to_string()).await? {
+                    return Ok(());
+                }
+            }
+            Err(why) => a.tried.push(format!("{} ({why})", path.display())),
+        }
+    }
+
+    if let Some(agent) = agent.as_mut() {
+        if !dest.identities_only {
+            for (key, comment) in agent_keys {
+                if used_agent_keys
+                    .iter()
+                    .any(|k| k.key_data() == key.key_data())
+                {
+                    continue;
+                }
+                let label = format!("ssh-agent key \"{comment}\"");
+                if a.with_agent(agent, key, label).await? {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    let tried = if a.tried.is_empty() {
+        "nothing: no identity file exists and no ssh-agent is available".to_string()
+    } else {
+        a.tried.join("; ")
+    };
+    Err(ConnectError::new(
+        ConnectStage::Auth,
+        format!(
+            "permission denied for {}@{}: tried {tried}. Give a key the host accepts with -i \
+             or IdentityFile, or load it into ssh-agent",
+            dest.user,
+            dest.display()
+        ),
+    ))
+}
+
+struct Attempt<'a> {
+    handle: &'a mut Handle<Client>,
+    dest: &'a Destination,
+    tried: Vec<String>,
+    /// The RSA signature hash the server accepts, asked once.
+    rsa_hash: Option<Option<HashAlg>>,
+}
+
+impl Attempt<'_> {
+    async fn hash_for(&mut self, key: &PublicKey) -> Result<Option<HashAlg>, ConnectError> {
+        if !key.algorithm().is_rsa() {
+            return Ok(None);
+        }
+        if let Some(h) = self.rsa_hash {
+            return Ok(h);
+        }
+        let h = match self.handle.best_supported_rsa_hash().await {
+            Ok(Some(h)) => h,
+            // The server named no signature algorithms: rsa-sha2-256 is what every
+            // supported OpenSSH accepts.
+            Ok(None) => Some(HashAlg::Sha256),
+            Err(e) => return Err(self.lost(e.to_string())),
+        };
+        self.rsa_hash = Some(h);
+        Ok(h)
+    }
+
+    fn lost(&self, why: String) -> ConnectError {
+        ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "connection to {} lost during authentication: {why}",
+                self.dest.display()
+            ),
+        )
+    }
+
+    fn timed_out(&self) -> ConnectError {
+        ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "authentication with {} timed out after {} s (ConnectTimeout)",
+                self.dest.display(),
+                self.dest.connect_timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    async fn with_key(&mut self, key: PrivateKey, label: String) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(key.public_key()).await?;
+        let t = self.dest.connect_timeout;
+        let user = self.dest.user.clone();
+        let r = tokio::time::timeout(
+            t,
+            self.handle
+                .authenticate_publickey(user, PrivateKeyWithHashAlg::new(Arc::new(key), hash)),
+        )
+        .await;
+        self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+    }
+
+    async fn with_agent(
+        &mut self,
+        agent: &mut Agent,
+        key: PublicKey,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(&key).await?;
+        let t = self.dest.connect_timeout;
+        let user = self.dest.user.clone();
+        let r = tokio::time::timeout(
+            t,
+            self.handle
+                .authenticate_publickey_with(user, key, hash, agent),
+        )
+        .await;
+        self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+    }
+
+    fn outcome(
+        &mut self,
+        r: Result<Result<AuthResult, String>, tokio::time::error::Elapsed>,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        match r {
+            Err(_) => Err(self.timed_out()),
+            Ok(Ok(AuthResult::Success)) => {
+                tracing::debug!("authenticated with {label}");
+                Ok(true)
+            }
+            Ok(Ok(AuthResult::Failure { .. })) => {
+                if self.handle.is_closed() {
+                    return Err(self.lost(format!("the host closed it after refusing {label}")));
+                }
+                self.tried.push(format!("{label} (refused)"));
+                Ok(false)
+            }
+            Ok(Err(e)) => {
+                if self.handle.is_closed() {
+                    return Err(self.lost(e));
+                }
+                self.tried.push(format!("{label} ({e})"));
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// The public half of an identity, from `PATH.pub`, so that the agent can be matched
+/// without decrypting the private key.
+fn read_public(path: &Path) -> Option<PublicKey> {
+    let mut pub_path = path.as_os_str().to_owned();
+    pub_path.push(".pub");
+    russh::keys::load_public_key(PathBuf::from(pub_path)).ok()
+}
+
+/// Loads a private key; an encrypted one is decrypted with a passphrase typed at the
+/// controlling terminal, if there is one. The error says why it is unusable.
+async fn load_private(path: &Path) -> Result<PrivateKey, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("unreadable: {e}"))?;
+    match russh::keys::decode_secret_key(&text, None) {
+        Ok(key) => return Ok(key),
+        Err(russh::keys::Error::KeyIsEncrypted) => {}
+        // PKCS#8 encrypted keys decode as a DER error instead of KeyIsEncrypted (FINDINGS).
+        Err(_) if text.contains("ENCRYPTED") => {}
+        Err(e) => return Err(format!("not a usable private key: {e}")),
+    }
+    let shown = path.display().to_string();
+    let passphrase = tokio::task::spawn_blocking(move || prompt_passphrase(&shown))
+        .await
+        .ok()
+        .flatten()
+        .ok_or(
+            "encrypted, not in ssh-agent, and no terminal to ask for its passphrase; \
+                add it with ssh-add",
+        )?;
+    russh::keys::decode_secret_key(&text, Some(&passphrase))
+        .map_err(|_| "encrypted, and the passphrase did not decrypt it".to_string())
+}
+
+/// Asks for a passphrase on /dev/tty with echo off. `None` without a controlling terminal.
+fn prompt_passphrase(path: &str) -> Option<String> {
+    use std::io::{BufRead, Write};
+    use std::process::{Command, Stdio};
+    let mut tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .ok()?;
+    // stty on the terminal itself keeps this free of unsafe termios calls.
+    let stty = |arg: &str| {
+        std::fs::File::open("/dev/tty").ok().and_then(|t| {
+            Command::new("stty")
+                .arg(arg)
+                .stdin(t)
+                .stderr(Stdio::null())
+                .status()
+                .ok()
+        })
+    };
+    write!(tty, "Enter passphrase for key '{path}': ").ok()?;
+    tty.flush().ok()?;
+    stty("-echo");
+    let mut line = String::new();
+    let read = std::io::BufReader::new(tty.try_clone().ok()?).read_line(&mut line);
+    stty("echo");
+    let _ = writeln!(tty);
+    read.ok()?;
+    Some(line.trim_end_matches(['\n', '\r']).to_string())
+}

@@ -1,0 +1,221 @@
+//! One exec channel: sending the command (never with a pty), feeding stdin, and turning
+//! the channel's messages into events until the channel closes or the connection is lost.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use russh::{ChannelMsg, ChannelReadHalf, Sig};
+use thiserror::Error;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::task::JoinHandle;
+
+use super::session::{settle_lost_reason, Session, Shared};
+
+/// Why an exec did not start.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ExecError {
+    /// The exec request never left, or the host refused it: nothing can run
+    /// (boundary stays `not_sent`).
+    #[error("exec request not sent: {0}")]
+    NotSent(String),
+    /// The exec request left, then the connection was lost before the host answered it:
+    /// the command may or may not have started (boundary `sent_no_response` at least).
+    #[error("connection lost after the exec request was sent: {0}")]
+    Lost(String),
+}
+
+/// What an exec channel reports, in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    /// Bytes the command wrote to stdout, as they arrived.
+    Stdout(Vec<u8>),
+    /// Bytes the command wrote to stderr, as they arrived.
+    Stderr(Vec<u8>),
+    /// The command's exit status. More output may follow; read on until `Closed`.
+    ExitStatus(u32),
+    /// The command died of a signal (name without `SIG`, e.g. `TERM`).
+    ExitSignal {
+        /// Signal name, e.g. `TERM`.
+        signal: String,
+        /// Whether a core was dumped.
+        core_dumped: bool,
+        /// The host's message, often empty.
+        message: String,
+    },
+    /// The channel closed cleanly; no more events. Repeated on later calls.
+    Closed,
+    /// The connection died before the channel closed (keepalive timeout, reset, EOF
+    /// without close). Repeated on later calls.
+    Lost(String),
+}
+
+/// A running exec channel. Dropping it abandons the channel (the remote side sees the
+/// channel end like a client that went away).
+pub struct Exec {
+    read: ChannelReadHalf,
+    pending: VecDeque<ChannelMsg>,
+    shared: Arc<Shared>,
+    end: Option<ExecEvent>,
+    writer: Option<JoinHandle<()>>,
+    /// Keeps this channel counted against the connection's channel limit.
+    _permit: OwnedSemaphorePermit,
+    /// Keeps the connection alive while the channel is in use.
+    _session: Session,
+}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec").field("end", &self.end).finish()
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        if let Some(w) = self.writer.take() {
+            w.abort();
+        }
+    }
+}
+
+impl Session {
+    /// Opens a channel and sends `command` as an exec request (no pty, ever), then feeds
+    /// `stdin` followed by EOF (EOF at once when `None`, so readers of stdin do not hang).
+    ///
+    /// Returns once the host accepted the request. `NotSent` means nothing can run;
+    /// `Lost` means the request left and the answer did not come back.
+    pub async fn exec(&self, command: &str, stdin: Option<Vec<u8>>) -> Result<Exec, ExecError> {
+        let inner = &self.inner;
+        let permit = inner
+            .channels
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ExecError::NotSent("the session is shutting down".into()))?;
+        if self.is_closed() {
+            return Err(ExecError::NotSent(format!(
+                "the connection is closed: {}",
+                self.lost_reason().unwrap_or_else(|| "ended".into())
+            )));
+        }
+        let channel = tokio::time::timeout(
+            inner.dest.connect_timeout,
+            inner.handle.channel_open_session(),
+        )
+        .await
+        .map_err(|_| ExecError::NotSent("opening a channel timed out".into()))?
+        .map_err(|e| ExecError::NotSent(format!("opening a channel failed: {e}")))?;
+        let (mut read, write) = channel.split();
+        // An error here means the request never reached the connection's event loop.
+        write
+            .exec(true, command)
+            .await
+            .map_err(|e| ExecError::NotSent(format!("sending the exec request failed: {e}")))?;
+
+        // The request has left. Wait for the host's answer: a refusal means nothing ran.
+        let mut pending = VecDeque::new();
+        loop {
+            match read.wait().await {
+                Some(ChannelMsg::Success) => break,
+                Some(ChannelMsg::Failure) => {
+                    return Err(ExecError::NotSent(
+                        "the host refused the exec request (nothing ran)".into(),
+                    ))
+                }
+                Some(ChannelMsg::WindowAdjusted { .. }) => {}
+                Some(other) => pending.push_back(other),
+                None => {
+                    let why = settle_lost_reason(&inner.shared)
+                        .await
+                        .unwrap_or_else(|| "the channel ended before the host answered".into());
+                    return Err(ExecError::Lost(why));
+                }
+            }
+        }
+
+        let writer = tokio::spawn(async move {
+            if let Some(bytes) = stdin {
+                if let Err(e) = write.data(&bytes[..]).await {
+                    tracing::debug!("stdin not fully sent: {e}");
+                    return;
+                }
+            }
+            if let Err(e) = write.eof().await {
+                tracing::debug!("stdin EOF not sent: {e}");
+            }
+        });
+
+        Ok(Exec {
+            read,
+            pending,
+            shared: inner.shared.clone(),
+            end: None,
+            writer: Some(writer),
+            _permit: permit,
+            _session: self.clone(),
+        })
+    }
+}
+
+impl Exec {
+    /// The next event. Keeps reading after the exit status until the channel closes:
+    /// the order of exit status and EOF varies, and output can follow either (FINDINGS).
+    pub async fn next(&mut self) -> ExecEvent {
+        loop {
+            if let Some(end) = &self.end {
+                return end.clone();
+            }
+            let msg = match self.pending.pop_front() {
+                Some(m) => Some(m),
+                None => self.read.wait().await,
+            };
+            match msg {
+                Some(ChannelMsg::Data { data }) => return ExecEvent::Stdout(data.to_vec()),
+                Some(ChannelMsg::ExtendedData { data, .. }) => {
+                    return ExecEvent::Stderr(data.to_vec())
+                }
+                Some(ChannelMsg::ExitStatus { exit_status }) => {
+                    return ExecEvent::ExitStatus(exit_status)
+                }
+                Some(ChannelMsg::ExitSignal {
+                    signal_name,
+                    core_dumped,
+                    error_message,
+                    ..
+                }) => {
+                    return ExecEvent::ExitSignal {
+                        signal: signal_name_of(&signal_name),
+                        core_dumped,
+                        message: error_message,
+                    }
+                }
+                Some(ChannelMsg::Close) => self.end = Some(ExecEvent::Closed),
+                Some(_) => {}
+                None => {
+                    let why = settle_lost_reason(&self.shared).await.unwrap_or_else(|| {
+                        "the connection ended without closing the channel".into()
+                    });
+                    self.end = Some(ExecEvent::Lost(why));
+                }
+            }
+        }
+    }
+}
+
+fn signal_name_of(sig: &Sig) -> String {
+    match sig {
+        Sig::ABRT => "ABRT",
+        Sig::ALRM => "ALRM",
+        Sig::FPE => "FPE",
+        Sig::HUP => "HUP",
+        Sig::ILL => "ILL",
+        Sig::INT => "INT",
+        Sig::KILL => "KILL",
+        Sig::PIPE => "PIPE",
+        Sig::QUIT => "QUIT",
+        Sig::SEGV => "SEGV",
+        Sig::TERM => "TERM",
+        Sig::USR1 => "USR1",
+        Sig::Custom(name) => name,
+    }
+    .to_string()
+}
