@@ -280,6 +280,15 @@ impl Ledger {
         }
     }
 
+    /// Like [`Ledger::open_existing`] at `path` or the default path; also returns the path
+    /// that was looked at, for messages.
+    pub fn open_existing_default_or(
+        path: Option<&Path>,
+    ) -> Result<(Option<Ledger>, PathBuf), LedgerError> {
+        let path = path.map_or_else(Ledger::default_path, Path::to_path_buf);
+        Ok((Ledger::open_existing(&path)?, path))
+    }
+
     /// Uses `redactor` (e.g. with the policy's extra patterns) for every later append.
     pub fn set_redactor(&mut self, redactor: Redactor) {
         self.redactor = redactor;
