@@ -5,20 +5,25 @@
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
 
+mod audit;
+mod list;
+mod show;
+mod stats;
+
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {
     let global = cli.global;
     match cli.command {
         Command::Run(_) => Err(Error::not_implemented("run")),
         Command::Probe(_) => Err(Error::not_implemented("probe")),
-        Command::List(_) => Err(Error::not_implemented("list")),
-        Command::Show(_) => Err(Error::not_implemented("show")),
+        Command::List(args) => list::run(&global, &args),
+        Command::Show(args) => show::run(&global, &args),
         Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),
         Command::Resolve(_) => Err(Error::not_implemented("resolve")),
         Command::Classify(_) => Err(Error::not_implemented("classify")),
-        Command::Audit(_) => Err(Error::not_implemented("audit verify")),
+        Command::Audit(args) => audit::run(&global, &args),
         Command::Gc(_) => Err(Error::not_implemented("gc")),
-        Command::Stats => Err(Error::not_implemented("stats")),
+        Command::Stats => stats::run(&global),
         Command::Doctor(_) => Err(Error::not_implemented("doctor")),
         Command::Lab(_) => {
             let _ = &global;

@@ -1,1 +1,575 @@
-//! ledger: not built yet.
+//! The local ledger: an append-only, hash-chained SQLite record of what was intended, what
+//! left this machine and what evidence settled it (SPEC section 7).
+//!
+//! - [`event`]: the events (source of truth). [`chain`]: their hash chain and its check.
+//! - [`projection`]: the `operations` table folded from the events, and the one
+//!   "unresolved" rule. [`schema`]: migrations keyed by `user_version`.
+//! - [`redact`]: secret masking, applied by the ledger itself to every free-text field.
+//! - [`fingerprint`]: canonical intent digests (plain for the host, HMAC for the ledger).
+//!
+//! Concurrency: every append is one short `BEGIN IMMEDIATE` transaction that reads the
+//! chain head, inserts the events, updates the projection and the head, and commits, so
+//! many opmark processes can write at once and the chain stays linear. WAL mode; commits
+//! are `synchronous=NORMAL` (survives `kill -9`) unless the caller asks for
+//! [`Durability::Full`] (also survives power loss), which `run` uses for the intent and
+//! the attempt before dispatch.
+
+pub mod chain;
+pub mod event;
+pub mod fingerprint;
+pub mod projection;
+pub mod redact;
+mod schema;
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::Serialize;
+
+pub use chain::{ChainBreak, ChainReport};
+pub use event::{Event, StoredEvent};
+pub use projection::OperationRecord;
+pub use redact::Redactor;
+
+use crate::error::{Error, ErrorKind};
+
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Errors of the ledger. Messages never contain event contents (they may hold secrets the
+/// redactor missed), only paths, sequence numbers and ids.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// A file or directory operation failed.
+    #[error("could not {what}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite failed.
+    #[error("ledger database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The ledger or a related file is unusable; the message says why and what to do.
+    #[error("{message}")]
+    Invalid {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// The op id on this host is already bound to a different intent.
+    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); use a new op id")]
+    FingerprintConflict {
+        /// Operation id.
+        op_id: String,
+        /// Host.
+        host: String,
+    },
+    /// A stored event cannot be decoded.
+    #[error("event #{seq} in the ledger cannot be decoded ({why}); run `opmark audit verify`")]
+    Corrupt {
+        /// Its sequence number.
+        seq: u64,
+        /// The decoder's complaint (no event content).
+        why: String,
+    },
+}
+
+impl From<LedgerError> for Error {
+    fn from(e: LedgerError) -> Self {
+        let kind = match e {
+            LedgerError::FingerprintConflict { .. } => ErrorKind::InvalidInput,
+            _ => ErrorKind::LocalIo,
+        };
+        Error::new(kind, e.to_string())
+    }
+}
+
+/// The ledger key of an operation: op id + host (the same id on two hosts is two
+/// operations).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct OpKey {
+    /// Operation id.
+    pub op_id: String,
+    /// Host as the user named it (alias or `[user@]host`).
+    pub host: String,
+}
+
+impl OpKey {
+    /// Builds a key.
+    pub fn new(op_id: impl Into<String>, host: impl Into<String>) -> Self {
+        OpKey {
+            op_id: op_id.into(),
+            host: host.into(),
+        }
+    }
+
+    fn check(&self) -> Result<(), LedgerError> {
+        if crate::op_id::OpId::parse(&self.op_id).is_err() {
+            return Err(LedgerError::Invalid {
+                message: "refusing to record an event under an invalid operation id (1-128 letters, digits, '.', '_', ':' or '-')".into(),
+            });
+        }
+        if self.host.is_empty()
+            || self.host.len() > 1024
+            || self
+                .host
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(LedgerError::Invalid {
+                message: "refusing to record an event under an empty host or one containing spaces or control characters".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// How hard a commit is pushed to disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous=FULL`: the WAL is fsynced before commit returns (survives power loss).
+    /// For the intent and the attempt, which must be durable before dispatch.
+    Full,
+    /// `synchronous=NORMAL`: survives any process crash, may lose the newest commits on
+    /// power loss.
+    Normal,
+}
+
+/// Which operations `list` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only unresolved operations.
+    pub unresolved: bool,
+    /// Only this host.
+    pub host: Option<String>,
+    /// At most this many.
+    pub limit: Option<usize>,
+}
+
+/// Counts for a dashboard (`opmark stats`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Events in the ledger.
+    pub events: u64,
+    /// Operations in the ledger.
+    pub operations: u64,
+    /// Operations by current state.
+    pub by_state: BTreeMap<String, u64>,
+    /// Operations by family.
+    pub by_family: BTreeMap<String, u64>,
+    /// Operations whose outcome is not settled.
+    pub unresolved: u64,
+    /// Verdict events by verdict.
+    pub verdicts: BTreeMap<String, u64>,
+    /// `indeterminate` verdicts given (unknown outcomes).
+    pub unknown_outcomes: u64,
+    /// Reconcile decisions recorded.
+    pub reconciliations: u64,
+    /// `conflict` verdicts given.
+    pub conflicts_refused: u64,
+    /// `blocked` verdicts given (approval asked).
+    pub approvals_asked: u64,
+    /// Operator decisions recorded.
+    pub operator_decisions: u64,
+    /// Attempts dispatched.
+    pub attempts: u64,
+    /// Attempts after the first, by the operation's family.
+    pub retries_by_family: BTreeMap<String, u64>,
+}
+
+/// An open ledger (one SQLite connection).
+pub struct Ledger {
+    conn: Connection,
+    path: PathBuf,
+    redactor: Redactor,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now() -> String {
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    time::OffsetDateTime::now_utc()
+        .format(&fmt)
+        .expect("UTC time formats")
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+impl Ledger {
+    /// `${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db`.
+    pub fn default_path() -> PathBuf {
+        let state = std::env::var_os("XDG_STATE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| fingerprint::home_dir().join(".local").join("state"));
+        state.join("opmark").join("ledger.db")
+    }
+
+    /// Opens `path` if given (`--ledger` / `OPMARK_LEDGER`), else the default path.
+    pub fn open_default_or(path: Option<&Path>) -> Result<Ledger, LedgerError> {
+        match path {
+            Some(p) => Ledger::open(p),
+            None => Ledger::open(&Ledger::default_path()),
+        }
+    }
+
+    /// Opens (creating when missing: file 0600, missing directories 0700) and migrates.
+    pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fingerprint::create_private_dir(dir)?;
+        }
+        if path.is_dir() {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger path {} is a directory; give a file path such as {}/ledger.db",
+                    path.display(),
+                    path.display()
+                ),
+            });
+        }
+        // Create the file ourselves so it is 0600 from the start; SQLite gives its -wal
+        // and -shm files the database file's mode.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| LedgerError::Io {
+                what: format!("open the ledger {}", path.display()),
+                source,
+            })?;
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        set_wal(&conn, path)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        schema::migrate(&mut conn)?;
+        Ok(Ledger {
+            conn,
+            path: path.to_path_buf(),
+            redactor: Redactor::default(),
+        })
+    }
+
+    /// Opens `path` only if it exists (read-only commands do not create a ledger).
+    pub fn open_existing(path: &Path) -> Result<Option<Ledger>, LedgerError> {
+        if path.exists() {
+            Ledger::open(path).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Like [`Ledger::open_existing`] at `path` or the default path; also returns the path
+    /// that was looked at, for messages.
+    pub fn open_existing_default_or(
+        path: Option<&Path>,
+    ) -> Result<(Option<Ledger>, PathBuf), LedgerError> {
+        let path = path.map_or_else(Ledger::default_path, Path::to_path_buf);
+        Ok((Ledger::open_existing(&path)?, path))
+    }
+
+    /// Uses `redactor` (e.g. with the policy's extra patterns) for every later append.
+    pub fn set_redactor(&mut self, redactor: Redactor) {
+        self.redactor = redactor;
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one event; returns its global sequence number.
+    pub fn append(
+        &mut self,
+        key: &OpKey,
+        event: &Event,
+        durability: Durability,
+    ) -> Result<u64, LedgerError> {
+        Ok(self.append_many(key, std::slice::from_ref(event), durability)?[0])
+    }
+
+    /// Appends several events of one operation in ONE transaction: all or none are
+    /// stored (e.g. the intent and its first attempt). Free-text fields are redacted
+    /// first. An `Intended` whose fingerprint differs from the operation's recorded one
+    /// is refused with [`LedgerError::FingerprintConflict`] and nothing is stored.
+    pub fn append_many(
+        &mut self,
+        key: &OpKey,
+        events: &[Event],
+        durability: Durability,
+    ) -> Result<Vec<u64>, LedgerError> {
+        key.check()?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let full = durability == Durability::Full;
+        if full {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        let result = self.append_tx(key, events);
+        if full {
+            // Best effort: a failure here only makes later commits stricter.
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
+    }
+
+    fn append_tx(&mut self, key: &OpKey, events: &[Event]) -> Result<Vec<u64>, LedgerError> {
+        let redacted: Vec<(Event, String)> = events
+            .iter()
+            .map(|e| {
+                let e = e.redacted(&self.redactor);
+                let payload = serde_json::to_string(&e).expect("events serialize");
+                (e, payload)
+            })
+            .collect();
+        // IMMEDIATE takes the write lock up front, so the head we read is the head we extend.
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let (mut seq, mut prev): (u64, String) = tx
+            .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?
+            .unwrap_or((0, chain::GENESIS.to_owned()));
+        let at = now();
+        let mut seqs = Vec::with_capacity(events.len());
+        for (event, payload) in &redacted {
+            seq += 1;
+            let hash = chain::Link {
+                seq,
+                prev_hash: &prev,
+                op_id: &key.op_id,
+                host: &key.host,
+                at: &at,
+                kind: event.kind(),
+                payload,
+            }
+            .hash();
+            tx.execute(
+                "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![seq, key.op_id, key.host, at, event.kind(), payload, prev, hash],
+            )?;
+            if let Err(projection::Refusal::FingerprintConflict) =
+                projection::apply(&tx, key, event, seq, &at)?
+            {
+                // Dropping `tx` rolls back everything of this append.
+                return Err(LedgerError::FingerprintConflict {
+                    op_id: key.op_id.clone(),
+                    host: key.host.clone(),
+                });
+            }
+            prev = hash;
+            seqs.push(seq);
+        }
+        tx.execute(
+            "INSERT INTO chain_head (id, seq, hash) VALUES (1, ?1, ?2) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
+            params![seq, prev],
+        )?;
+        tx.commit()?;
+        Ok(seqs)
+    }
+
+    /// The projection row of one operation.
+    pub fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        Ok(self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
+                    projection::COLUMNS
+                ),
+                params![key.op_id, key.host],
+                projection::from_row,
+            )
+            .optional()?)
+    }
+
+    /// Every operation with this id (one per host), most recently active first.
+    pub fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {} FROM operations WHERE op_id = ?1 ORDER BY last_seq DESC",
+            projection::COLUMNS
+        ))?;
+        let rows = stmt.query_map(params![op_id], projection::from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Operations, most recently active first, filtered.
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
+        let limit = filter.limit.map_or(-1, |l| l as i64);
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {} FROM operations
+             WHERE (?1 = 0 OR unresolved = 1) AND (?2 IS NULL OR host = ?2)
+             ORDER BY last_seq DESC LIMIT ?3",
+            projection::COLUMNS
+        ))?;
+        let rows = stmt.query_map(
+            params![filter.unresolved, filter.host, limit],
+            projection::from_row,
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One operation's events in order.
+    pub fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
+             WHERE op_id = ?1 AND host = ?2 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![key.op_id, key.host], |r| {
+            Ok((
+                r.get::<_, u64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, String>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, op_id, host, at, payload, prev_hash, hash) = row?;
+            let event = serde_json::from_str(&payload).map_err(|e| LedgerError::Corrupt {
+                seq,
+                why: format!("{:?} at column {}", e.classify(), e.column()),
+            })?;
+            out.push(StoredEvent {
+                seq,
+                op_id,
+                host,
+                at,
+                event,
+                prev_hash,
+                hash,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Hosts on which `op_id` has events (also those without an intent).
+    pub fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT host FROM events WHERE op_id = ?1 ORDER BY host")?;
+        let rows = stmt.query_map(params![op_id], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Walks the whole chain in one consistent snapshot; names the first broken event.
+    pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let head: Option<(u64, String)> = tx
+            .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        let report = {
+            let mut stmt = tx.prepare(
+                "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(chain::Row {
+                    seq: r.get(0)?,
+                    prev_hash: r.get(1)?,
+                    hash: r.get(2)?,
+                    op_id: r.get(3)?,
+                    host: r.get(4)?,
+                    at: r.get(5)?,
+                    kind: r.get(6)?,
+                    payload: r.get(7)?,
+                })
+            })?;
+            let rows: Vec<chain::Row> = rows.collect::<Result<_, _>>()?;
+            chain::verify(rows.into_iter(), head)
+        };
+        tx.finish()?;
+        Ok(report)
+    }
+
+    /// Counts for `opmark stats`.
+    pub fn stats(&self) -> Result<Stats, LedgerError> {
+        let c = &self.conn;
+        let count =
+            |sql: &str| -> Result<u64, LedgerError> { Ok(c.query_row(sql, [], |r| r.get(0))?) };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let verdicts = group(
+            "SELECT json_extract(payload, '$.verdict'), COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+        )?;
+        Ok(Stats {
+            events: count("SELECT COUNT(*) FROM events")?,
+            operations: count("SELECT COUNT(*) FROM operations")?,
+            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
+            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
+            unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved = 1")?,
+            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+            conflicts_refused: verdicts.get("conflict").copied().unwrap_or(0),
+            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+            verdicts,
+            reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
+            operator_decisions: count(
+                "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
+            )?,
+            attempts: count("SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'")?,
+            retries_by_family: group(
+                "SELECT o.family, COUNT(*) FROM events e
+                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+                 WHERE e.kind = 'attempt_dispatched' AND json_extract(e.payload, '$.number') > 1
+                 GROUP BY o.family",
+            )?,
+        })
+    }
+}
+
+/// Switches to WAL. Done once per database (the mode is persistent); when several
+/// processes create the ledger at once the switch can report busy, so retry briefly.
+fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {} cannot use WAL journaling (SQLite kept `{mode}`); put it on a local filesystem",
+                        path.display()
+                    ),
+                })
+            }
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,49 @@
+//! `opmark audit verify`: walk the ledger's hash chain and name the first broken event.
+
+use super::list::redacted_error;
+use crate::cli::{AuditAction, AuditArgs, GlobalArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::Ledger;
+
+/// Exit 0 "chain intact: N events"; exit 1 naming the first broken event.
+pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
+    match args.action {
+        AuditAction::Verify => verify(global),
+    }
+}
+
+fn verify(global: &GlobalArgs) -> Result<u8> {
+    let (ledger, path) = Ledger::open_existing_default_or(global.ledger.as_deref())
+        .map_err(|e| redacted_error(e.into()))?;
+    let Some(ledger) = ledger else {
+        return Err(Error::new(
+            ErrorKind::LocalIo,
+            format!(
+                "no ledger at {}: nothing to verify (give the right file with --ledger or OPMARK_LEDGER)",
+                path.display()
+            ),
+        ));
+    };
+    let report = ledger
+        .verify_chain()
+        .map_err(|e| redacted_error(e.into()))?;
+    if global.json {
+        let doc = serde_json::json!({
+            "intact": report.intact(),
+            "events": report.events,
+            "first_break": report.first_break,
+            "ledger": path,
+        });
+        println!("{doc}");
+    } else {
+        match &report.first_break {
+            None => println!("chain intact: {} events", report.events),
+            Some(b) => println!("chain broken at event #{}: {}", b.seq, b.problem),
+        }
+    }
+    Ok(if report.intact() {
+        exit_code::OK
+    } else {
+        exit_code::FINDINGS
+    })
+}

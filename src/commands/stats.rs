@@ -1,0 +1,56 @@
+//! `opmark stats`: counts for a dashboard.
+
+use std::collections::BTreeMap;
+
+use super::list::redacted_error;
+use crate::cli::GlobalArgs;
+use crate::error::{exit_code, Result};
+use crate::ledger::{Ledger, Stats};
+
+/// Prints the counts as text, or one JSON document with `--json`.
+pub fn run(global: &GlobalArgs) -> Result<u8> {
+    let (ledger, _path) = Ledger::open_existing_default_or(global.ledger.as_deref())
+        .map_err(|e| redacted_error(e.into()))?;
+    let stats = match &ledger {
+        Some(l) => l.stats().map_err(|e| redacted_error(e.into()))?,
+        None => Stats::default(),
+    };
+    if global.json {
+        println!(
+            "{}",
+            serde_json::to_string(&stats).expect("stats serialize")
+        );
+    } else {
+        print!("{}", text(&stats));
+    }
+    Ok(exit_code::OK)
+}
+
+fn counts(map: &BTreeMap<String, u64>) -> String {
+    if map.is_empty() {
+        return "-".to_owned();
+    }
+    map.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn text(s: &Stats) -> String {
+    let rows: [(&str, String); 13] = [
+        ("operations", s.operations.to_string()),
+        ("unresolved", s.unresolved.to_string()),
+        ("by state", counts(&s.by_state)),
+        ("by family", counts(&s.by_family)),
+        ("verdicts", counts(&s.verdicts)),
+        ("unknown outcomes", s.unknown_outcomes.to_string()),
+        ("reconciliations", s.reconciliations.to_string()),
+        ("conflicts refused", s.conflicts_refused.to_string()),
+        ("approvals asked", s.approvals_asked.to_string()),
+        ("operator decisions", s.operator_decisions.to_string()),
+        ("attempts", s.attempts.to_string()),
+        ("retries by family", counts(&s.retries_by_family)),
+        ("events", s.events.to_string()),
+    ];
+    rows.iter().map(|(k, v)| format!("{k:<19} {v}\n")).collect()
+}

@@ -1,0 +1,229 @@
+//! The ledger's events: what happened to an operation, in the SPEC's vocabulary.
+//!
+//! Events are the source of truth; they are stored as serde-tagged JSON (`"kind"`), and
+//! the stored JSON text is what the hash chain covers.
+
+use serde::{Deserialize, Serialize};
+
+use super::redact::Redactor;
+use crate::family::Family;
+use crate::vocab::{Boundary, RetryReason, Verdict};
+
+/// One thing that happened to an operation (or to a session working on it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// An opmark process started working (recorded under the operation it works on).
+    SessionStarted {
+        /// Session id (`OPMARK_SESSION` or minted).
+        session: String,
+        /// The opmark process id.
+        pid: u32,
+        /// opmark's version.
+        version: String,
+    },
+    /// The operation was intended: what it means to do and why policy allows it.
+    Intended {
+        /// Session that intends it.
+        session: String,
+        /// Family decided by policy (and `--class`).
+        family: Family,
+        /// The command, redacted, for people.
+        display: String,
+        /// Ledger fingerprint (HMAC) of the intent.
+        fingerprint: String,
+        /// The policy rule that decided the family.
+        rule: String,
+    },
+    /// An attempt is about to leave this machine.
+    AttemptDispatched {
+        /// Fresh id of this attempt.
+        attempt_id: String,
+        /// 1 for the first attempt of the operation, then 2, 3, ...
+        number: u32,
+        /// The attempt this one retries, if any.
+        parent: Option<String>,
+        /// Why this attempt was made.
+        reason: RetryReason,
+    },
+    /// How far an attempt got, as observed.
+    BoundaryReached {
+        /// The attempt.
+        attempt_id: String,
+        /// The boundary.
+        boundary: Boundary,
+        /// What was observed (redacted).
+        detail: String,
+    },
+    /// The exit status of an attempt arrived.
+    ExitReceived {
+        /// The attempt.
+        attempt_id: String,
+        /// Exit code, when the command exited.
+        exit_code: Option<i32>,
+        /// Signal name, when it was killed.
+        signal: Option<String>,
+        /// Killed by opmark's `--timeout`.
+        timed_out: bool,
+        /// Bytes of stdout seen.
+        stdout_bytes: u64,
+        /// Bytes of stderr seen.
+        stderr_bytes: u64,
+        /// SHA-256 hex of stdout (never the output itself).
+        stdout_sha256: String,
+        /// SHA-256 hex of stderr.
+        stderr_sha256: String,
+    },
+    /// A probe looked at the host marker (an observation, not an attempt).
+    Probed {
+        /// The attempt the probe was about, if any.
+        attempt_id: Option<String>,
+        /// absent, running, completed, interrupted, fenced.
+        state: String,
+        /// Exit code recorded in the marker.
+        exit_code: Option<i32>,
+        /// What else was seen (redacted).
+        detail: String,
+    },
+    /// `reconcile` settled (or failed to settle) the operation.
+    Reconciled {
+        /// The decision; see [`super::projection::decision_settles`].
+        decision: String,
+        /// Why (redacted).
+        detail: String,
+    },
+    /// An operator decided (`resolve`, `--approve`).
+    OperatorDecision {
+        /// Who decided.
+        by: String,
+        /// applied, not_applied, abandoned, approved, ...
+        decision: String,
+        /// Why (redacted).
+        note: String,
+    },
+    /// The host marker was fenced: the op id can never be claimed again.
+    Fenced {
+        /// What was done (redacted).
+        detail: String,
+    },
+    /// An interrupted claim was moved aside so the operation can be claimed again.
+    Superseded {
+        /// The attempt whose claim was superseded.
+        attempt_id: String,
+        /// Why (redacted).
+        note: String,
+    },
+    /// The verdict given to the caller.
+    Verdict {
+        /// The attempt the verdict is about, if one was made.
+        attempt_id: Option<String>,
+        /// The verdict.
+        verdict: Verdict,
+        /// The exit code, when known.
+        exit_code: Option<i32>,
+        /// Why (redacted).
+        reason: String,
+    },
+}
+
+impl Event {
+    /// The serde tag, also stored in its own column for queries.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::SessionStarted { .. } => "session_started",
+            Event::Intended { .. } => "intended",
+            Event::AttemptDispatched { .. } => "attempt_dispatched",
+            Event::BoundaryReached { .. } => "boundary_reached",
+            Event::ExitReceived { .. } => "exit_received",
+            Event::Probed { .. } => "probed",
+            Event::Reconciled { .. } => "reconciled",
+            Event::OperatorDecision { .. } => "operator_decision",
+            Event::Fenced { .. } => "fenced",
+            Event::Superseded { .. } => "superseded",
+            Event::Verdict { .. } => "verdict",
+        }
+    }
+
+    /// The attempt this event is about, if any.
+    pub fn attempt_id(&self) -> Option<&str> {
+        match self {
+            Event::AttemptDispatched { attempt_id, .. }
+            | Event::BoundaryReached { attempt_id, .. }
+            | Event::ExitReceived { attempt_id, .. }
+            | Event::Superseded { attempt_id, .. } => Some(attempt_id),
+            Event::Probed { attempt_id, .. } | Event::Verdict { attempt_id, .. } => {
+                attempt_id.as_deref()
+            }
+            _ => None,
+        }
+    }
+
+    /// A copy with every free-text field passed through `redactor`. The ledger applies
+    /// this itself before storing, whatever the caller already did.
+    pub fn redacted(&self, redactor: &Redactor) -> Event {
+        let r = |s: &String| redactor.redact_owned(s);
+        let mut e = self.clone();
+        match &mut e {
+            Event::SessionStarted {
+                session, version, ..
+            } => {
+                *session = r(session);
+                *version = r(version);
+            }
+            Event::Intended {
+                session,
+                display,
+                rule,
+                ..
+            } => {
+                *session = r(session);
+                *display = r(display);
+                *rule = r(rule);
+            }
+            Event::AttemptDispatched { .. } => {}
+            Event::BoundaryReached { detail, .. } | Event::Fenced { detail } => {
+                *detail = r(detail);
+            }
+            Event::ExitReceived { signal, .. } => {
+                if let Some(s) = signal {
+                    *s = r(s);
+                }
+            }
+            Event::Probed { state, detail, .. } => {
+                *state = r(state);
+                *detail = r(detail);
+            }
+            Event::Reconciled { decision, detail } => {
+                *decision = r(decision);
+                *detail = r(detail);
+            }
+            Event::OperatorDecision { by, decision, note } => {
+                *by = r(by);
+                *decision = r(decision);
+                *note = r(note);
+            }
+            Event::Superseded { note, .. } => *note = r(note),
+            Event::Verdict { reason, .. } => *reason = r(reason),
+        }
+        e
+    }
+}
+
+/// An event as stored: its place in the chain and when it was recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoredEvent {
+    /// Global sequence number (1, 2, 3, ... across all operations).
+    pub seq: u64,
+    /// Operation id.
+    pub op_id: String,
+    /// Host.
+    pub host: String,
+    /// UTC time it was recorded, RFC 3339 with microseconds.
+    pub at: String,
+    /// The event.
+    pub event: Event,
+    /// SHA-256 hex of the previous event (64 zeros for the first).
+    pub prev_hash: String,
+    /// SHA-256 hex of this event.
+    pub hash: String,
+}

@@ -1,0 +1,322 @@
+//! The `operations` projection: current state of each operation, folded from its events
+//! in the same transaction that appends them.
+//!
+//! This file is the ONE place that decides whether an operation is *unresolved*.
+
+use rusqlite::{params, OptionalExtension, Transaction};
+use serde::Serialize;
+
+use super::event::Event;
+use super::{LedgerError, OpKey};
+use crate::family::Family;
+use crate::vocab::Verdict;
+
+/// One operation's current state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OperationRecord {
+    /// Operation id.
+    pub op_id: String,
+    /// Host.
+    pub host: String,
+    /// Family from the (latest) intent.
+    pub family: Family,
+    /// Redacted command.
+    pub display: String,
+    /// Ledger (HMAC) fingerprint of the intent.
+    pub fingerprint: String,
+    /// Policy rule that decided the family.
+    pub rule: String,
+    /// Session of the latest intent.
+    pub session: String,
+    /// Lifecycle state: `intended`, `dispatched`, a boundary name, `exit_received`,
+    /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`.
+    pub state: String,
+    /// The latest verdict.
+    pub verdict: Option<Verdict>,
+    /// The latest known exit code.
+    pub exit_code: Option<i32>,
+    /// Attempts dispatched so far.
+    pub attempts: u32,
+    /// Id of the latest attempt.
+    pub last_attempt: Option<String>,
+    /// The outcome is not settled (see [`unresolved_after`]).
+    pub unresolved: bool,
+    /// Time of the first intent.
+    pub created_at: String,
+    /// Time of the latest event.
+    pub updated_at: String,
+    /// Sequence number of the first intent.
+    pub first_seq: u64,
+    /// Sequence number of the latest event.
+    pub last_seq: u64,
+}
+
+/// Decisions (of `reconcile` or an operator) that settle an operation's outcome. Anything
+/// else (`approved`, `still_unknown`, a decision this version does not know) leaves it
+/// unresolved: a verdict never claims more than the evidence.
+const SETTLING_DECISIONS: &[&str] = &[
+    "applied",
+    "not_applied",
+    "not-applied",
+    "abandoned",
+    "completed",
+    "replayed",
+    "fenced",
+];
+
+/// Does `decision` settle the outcome?
+pub fn decision_settles(decision: &str) -> bool {
+    SETTLING_DECISIONS.contains(&decision)
+}
+
+/// THE unresolved rule. Given whether the operation was unresolved before `event`, is it
+/// unresolved after it?
+///
+/// Unresolved = intended or dispatched without a final verdict, or the last verdict is
+/// `indeterminate`/`in_progress`, with no later operator decision or reconcile that
+/// settled it. A new attempt or a supersede reopens a settled operation.
+pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
+    match event {
+        Event::Intended { .. } | Event::AttemptDispatched { .. } | Event::Superseded { .. } => true,
+        Event::Verdict { verdict, .. } => {
+            matches!(verdict, Verdict::Indeterminate | Verdict::InProgress)
+        }
+        Event::Reconciled { decision, .. } | Event::OperatorDecision { decision, .. } => {
+            was_unresolved && !decision_settles(decision)
+        }
+        Event::SessionStarted { .. }
+        | Event::BoundaryReached { .. }
+        | Event::ExitReceived { .. }
+        | Event::Probed { .. }
+        | Event::Fenced { .. } => was_unresolved,
+    }
+}
+
+/// Why an append was refused by the projection.
+pub(crate) enum Refusal {
+    /// The op id on this host is already bound to another fingerprint.
+    FingerprintConflict,
+}
+
+/// Folds `event` (already redacted, already given `seq`) into the operation's row.
+pub(crate) fn apply(
+    tx: &Transaction<'_>,
+    key: &OpKey,
+    event: &Event,
+    seq: u64,
+    at: &str,
+) -> Result<Result<(), Refusal>, LedgerError> {
+    let existing = load(tx, key)?;
+    let Some(mut rec) = existing else {
+        // Only an intent creates an operation; other events about an unknown operation
+        // (a probe of a foreign op id, a session notice) stay in the event log only.
+        if let Event::Intended {
+            session,
+            family,
+            display,
+            fingerprint,
+            rule,
+        } = event
+        {
+            let rec = OperationRecord {
+                op_id: key.op_id.clone(),
+                host: key.host.clone(),
+                family: *family,
+                display: display.clone(),
+                fingerprint: fingerprint.clone(),
+                rule: rule.clone(),
+                session: session.clone(),
+                state: "intended".to_owned(),
+                verdict: None,
+                exit_code: None,
+                attempts: 0,
+                last_attempt: None,
+                unresolved: true,
+                created_at: at.to_owned(),
+                updated_at: at.to_owned(),
+                first_seq: seq,
+                last_seq: seq,
+            };
+            store(tx, &rec)?;
+        }
+        return Ok(Ok(()));
+    };
+
+    rec.unresolved = unresolved_after(rec.unresolved, event);
+    rec.updated_at = at.to_owned();
+    rec.last_seq = seq;
+    match event {
+        Event::SessionStarted { .. } | Event::Probed { .. } => {}
+        Event::Intended {
+            session,
+            family,
+            display,
+            fingerprint,
+            rule,
+        } => {
+            if *fingerprint != rec.fingerprint {
+                return Ok(Err(Refusal::FingerprintConflict));
+            }
+            // The same intent again (a new `run` of the same op id): keep the history,
+            // take the newest policy decision.
+            rec.session = session.clone();
+            rec.family = *family;
+            rec.display = display.clone();
+            rec.rule = rule.clone();
+            rec.state = "intended".to_owned();
+        }
+        Event::AttemptDispatched { attempt_id, .. } => {
+            rec.attempts += 1;
+            rec.last_attempt = Some(attempt_id.clone());
+            rec.state = "dispatched".to_owned();
+        }
+        Event::BoundaryReached { boundary, .. } => rec.state = boundary.as_str().to_owned(),
+        Event::ExitReceived { exit_code, .. } => {
+            rec.state = "exit_received".to_owned();
+            rec.exit_code = *exit_code;
+        }
+        Event::Reconciled { decision, .. } => rec.state = format!("reconciled:{decision}"),
+        Event::OperatorDecision { decision, .. } => rec.state = format!("resolved:{decision}"),
+        Event::Fenced { .. } => rec.state = "fenced".to_owned(),
+        Event::Superseded { .. } => rec.state = "superseded".to_owned(),
+        Event::Verdict {
+            verdict, exit_code, ..
+        } => {
+            rec.state = verdict.as_str().to_owned();
+            rec.verdict = Some(*verdict);
+            if exit_code.is_some() {
+                rec.exit_code = *exit_code;
+            }
+        }
+    }
+    store(tx, &rec)?;
+    Ok(Ok(()))
+}
+
+pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq";
+
+pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
+    let family: String = row.get(2)?;
+    let verdict: Option<String> = row.get(8)?;
+    let bad = |col: usize, msg: String| {
+        rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, msg.into())
+    };
+    Ok(OperationRecord {
+        op_id: row.get(0)?,
+        host: row.get(1)?,
+        family: family.parse().map_err(|e| bad(2, e))?,
+        display: row.get(3)?,
+        fingerprint: row.get(4)?,
+        rule: row.get(5)?,
+        session: row.get(6)?,
+        state: row.get(7)?,
+        verdict: verdict
+            .map(|v| v.parse::<Verdict>())
+            .transpose()
+            .map_err(|e| bad(8, e))?,
+        exit_code: row.get(9)?,
+        attempts: row.get(10)?,
+        last_attempt: row.get(11)?,
+        unresolved: row.get(12)?,
+        created_at: row.get(13)?,
+        updated_at: row.get(14)?,
+        first_seq: row.get(15)?,
+        last_seq: row.get(16)?,
+    })
+}
+
+fn load(tx: &Transaction<'_>, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+    Ok(tx
+        .query_row(
+            &format!("SELECT {COLUMNS} FROM operations WHERE op_id = ?1 AND host = ?2"),
+            params![key.op_id, key.host],
+            from_row,
+        )
+        .optional()?)
+}
+
+fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
+    tx.execute(
+        &format!(
+            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+        ),
+        params![
+            r.op_id,
+            r.host,
+            r.family.as_str(),
+            r.display,
+            r.fingerprint,
+            r.rule,
+            r.session,
+            r.state,
+            r.verdict.map(Verdict::as_str),
+            r.exit_code,
+            r.attempts,
+            r.last_attempt,
+            r.unresolved,
+            r.created_at,
+            r.updated_at,
+            r.first_seq,
+            r.last_seq,
+        ],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::RetryReason;
+
+    fn verdict(v: Verdict) -> Event {
+        Event::Verdict {
+            attempt_id: None,
+            verdict: v,
+            exit_code: None,
+            reason: String::new(),
+        }
+    }
+
+    fn decided(d: &str) -> Event {
+        Event::OperatorDecision {
+            by: "op".into(),
+            decision: d.into(),
+            note: String::new(),
+        }
+    }
+
+    #[test]
+    fn unresolved_until_a_final_verdict() {
+        let dispatched = Event::AttemptDispatched {
+            attempt_id: "a".into(),
+            number: 1,
+            parent: None,
+            reason: RetryReason::FirstAttempt,
+        };
+        assert!(unresolved_after(false, &dispatched));
+        assert!(!unresolved_after(true, &verdict(Verdict::Completed)));
+        assert!(!unresolved_after(true, &verdict(Verdict::NotApplied)));
+        assert!(unresolved_after(true, &verdict(Verdict::Indeterminate)));
+        assert!(unresolved_after(true, &verdict(Verdict::InProgress)));
+    }
+
+    #[test]
+    fn only_settling_decisions_resolve() {
+        assert!(!unresolved_after(true, &decided("applied")));
+        assert!(!unresolved_after(true, &decided("abandoned")));
+        assert!(unresolved_after(true, &decided("approved")));
+        assert!(unresolved_after(true, &decided("something-new")));
+        // A decision never reopens a settled operation.
+        assert!(!unresolved_after(false, &decided("approved")));
+        let probe = Event::Probed {
+            attempt_id: None,
+            state: "completed".into(),
+            exit_code: Some(0),
+            detail: String::new(),
+        };
+        assert!(
+            unresolved_after(true, &probe),
+            "a probe alone settles nothing"
+        );
+    }
+}

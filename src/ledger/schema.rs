@@ -1,0 +1,82 @@
+//! Schema migrations keyed by SQLite's `user_version`.
+//!
+//! Each entry of [`MIGRATIONS`] moves the schema from version `i` to `i + 1`. Once a
+//! version has shipped its SQL is never edited: changes are new entries at the end.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::LedgerError;
+
+/// Migration `i` upgrades `user_version` `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: events (source of truth, hash-chained), chain head, operations projection.
+    r#"
+    CREATE TABLE events (
+        seq        INTEGER PRIMARY KEY,   -- global sequence, 1, 2, 3, ...
+        op_id      TEXT NOT NULL,
+        host       TEXT NOT NULL,
+        at         TEXT NOT NULL,          -- UTC RFC 3339, microseconds
+        kind       TEXT NOT NULL,          -- the payload's serde tag
+        payload    TEXT NOT NULL,          -- JSON, redacted; exactly what the hash covers
+        prev_hash  TEXT NOT NULL,
+        hash       TEXT NOT NULL
+    );
+    CREATE INDEX events_by_operation ON events (op_id, host, seq);
+    CREATE INDEX events_by_kind ON events (kind);
+
+    -- One row: the last event's seq and hash, so appends read the predecessor in O(1)
+    -- and a deleted last event is noticed.
+    CREATE TABLE chain_head (
+        id    INTEGER PRIMARY KEY CHECK (id = 1),
+        seq   INTEGER NOT NULL,
+        hash  TEXT NOT NULL
+    );
+
+    -- Projection of each operation's events; rebuilt from events, never the truth.
+    CREATE TABLE operations (
+        op_id        TEXT NOT NULL,
+        host         TEXT NOT NULL,
+        family       TEXT NOT NULL,
+        display      TEXT NOT NULL,
+        fingerprint  TEXT NOT NULL,
+        rule         TEXT NOT NULL,
+        session      TEXT NOT NULL,
+        state        TEXT NOT NULL,
+        verdict      TEXT,
+        exit_code    INTEGER,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        last_attempt TEXT,
+        unresolved   INTEGER NOT NULL,
+        created_at   TEXT NOT NULL,
+        updated_at   TEXT NOT NULL,
+        first_seq    INTEGER NOT NULL,
+        last_seq     INTEGER NOT NULL,
+        PRIMARY KEY (op_id, host)
+    ) WITHOUT ROWID;
+    CREATE INDEX operations_by_recency ON operations (last_seq);
+    CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+    "#,
+];
+
+/// The schema version this build writes.
+pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the database to [`CURRENT_VERSION`]. Runs under `BEGIN IMMEDIATE`, so several
+/// processes opening a fresh ledger at once migrate it exactly once.
+pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > CURRENT_VERSION {
+        return Err(LedgerError::Invalid {
+            message: format!(
+                "the ledger was written by a newer opmark (schema version {version}, this opmark knows up to {CURRENT_VERSION}); upgrade opmark or point --ledger at another file"
+            ),
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i as i64 + 1)?;
+    }
+    tx.commit()?;
+    Ok(())
+}
