@@ -2,6 +2,8 @@
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
+mod lab;
+
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
 
@@ -20,9 +22,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Gc(_) => Err(Error::not_implemented("gc")),
         Command::Stats => Err(Error::not_implemented("stats")),
         Command::Doctor(_) => Err(Error::not_implemented("doctor")),
-        Command::Lab(_) => {
-            let _ = &global;
-            Err(Error::not_implemented("lab"))
-        }
+        Command::Lab(args) => lab::run(&global, &args),
     }
 }
