@@ -216,7 +216,9 @@ impl Target {
 
     /// The pid of the listening sshd, when it runs.
     pub fn sshd_pid(&self) -> Option<i32> {
-        proc::read_pid_file(&self.pid_file()).filter(|&p| proc::alive(p))
+        // Checked by name too: after a crash or reboot the pid may belong to another program.
+        proc::read_pid_file(&self.pid_file())
+            .filter(|&p| proc::info(p).is_some_and(|i| i.comm.starts_with("sshd")))
     }
 
     /// The target's public host keys, one `TYPE BASE64` per entry.
