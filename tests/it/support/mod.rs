@@ -112,6 +112,28 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The running test's name (libtest names each test's thread after it; with
+/// `--test-threads=1` the thread is "main").
+pub fn current_test() -> String {
+    let name = std::thread::current().name().unwrap_or("test").to_string();
+    name.rsplit("::").next().unwrap_or("test").to_string()
+}
+
+/// `if !require_tool("dash") { return; }` — function form of [`require_tool!`].
+pub fn require_tool(tool: &str) -> bool {
+    require_tools(&current_test(), &[tool])
+}
+
+/// Function form of [`loopback_lab!`], named after the running test's thread.
+pub fn loopback_lab(count: usize) -> Option<Lab> {
+    loopback_lab_named(&current_test(), count)
+}
+
+/// Function form of [`netns_lab!`], named after the running test's thread.
+pub fn netns_lab(count: usize) -> Option<Lab> {
+    netns_lab_named(&current_test(), count)
+}
+
 /// Starts `count` loopback targets for test `name`; None (after printing SKIP) when
 /// sshd or ssh is missing locally. Panics in CI, or when the lab fails to start.
 pub fn loopback_lab_named(name: &str, count: usize) -> Option<Lab> {
