@@ -281,6 +281,11 @@ impl Lab {
         if spec.placement == Placement::Netns && uid != 0 {
             return Err(LabError::NeedsRoot { uid });
         }
+        // Bad input is reported before a missing tool: it is the caller's to fix either way,
+        // but input first gives the same answer on every machine.
+        if under_tmp(&spec.dir) {
+            return Err(LabError::UnderTmp(spec.dir.clone()));
+        }
         let sshd = sshd::sshd_path()?;
         sshd::require_on_path("ssh", "openssh-client")?;
         sshd::require_on_path("ssh-keygen", "openssh-client")?;
@@ -732,7 +737,7 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         path: dir.to_path_buf(),
         source,
     })?;
-    if dir.starts_with("/tmp") || dir.starts_with("/var/tmp") {
+    if under_tmp(&dir) {
         return Err(LabError::UnderTmp(dir));
     }
     match dir.to_str() {
@@ -757,6 +762,17 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         }
     })?;
     Ok(dir)
+}
+
+/// True for paths under /tmp or /var/tmp (lexically; `prepare_dir` checks the canonical
+/// path again once the directory exists).
+fn under_tmp(dir: &Path) -> bool {
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(dir)
+    };
+    abs.starts_with("/tmp") || abs.starts_with("/var/tmp")
 }
 
 /// Removes a lab directory's files (for `lab down` and stale labs).
