@@ -2,6 +2,8 @@
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
+mod lab;
+
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
 
@@ -25,9 +27,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Gc(_) => Err(Error::not_implemented("gc")),
         Command::Stats => stats::run(&global),
         Command::Doctor(_) => Err(Error::not_implemented("doctor")),
-        Command::Lab(_) => {
-            let _ = &global;
-            Err(Error::not_implemented("lab"))
-        }
+        Command::Lab(args) => lab::run(&global, &args),
     }
 }

@@ -216,7 +216,9 @@ impl Target {
 
     /// The pid of the listening sshd, when it runs.
     pub fn sshd_pid(&self) -> Option<i32> {
-        proc::read_pid_file(&self.pid_file()).filter(|&p| proc::alive(p))
+        // Checked by name too: after a crash or reboot the pid may belong to another program.
+        proc::read_pid_file(&self.pid_file())
+            .filter(|&p| proc::info(p).is_some_and(|i| i.comm.starts_with("sshd")))
     }
 
     /// The target's public host keys, one `TYPE BASE64` per entry.
@@ -278,6 +280,11 @@ impl Lab {
         let uid = effective_uid();
         if spec.placement == Placement::Netns && uid != 0 {
             return Err(LabError::NeedsRoot { uid });
+        }
+        // Bad input is reported before a missing tool: it is the caller's to fix either way,
+        // but input first gives the same answer on every machine.
+        if under_tmp(&spec.dir) {
+            return Err(LabError::UnderTmp(spec.dir.clone()));
         }
         let sshd = sshd::sshd_path()?;
         sshd::require_on_path("ssh", "openssh-client")?;
@@ -730,7 +737,7 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         path: dir.to_path_buf(),
         source,
     })?;
-    if dir.starts_with("/tmp") || dir.starts_with("/var/tmp") {
+    if under_tmp(&dir) {
         return Err(LabError::UnderTmp(dir));
     }
     match dir.to_str() {
@@ -755,6 +762,17 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         }
     })?;
     Ok(dir)
+}
+
+/// True for paths under /tmp or /var/tmp (lexically; `prepare_dir` checks the canonical
+/// path again once the directory exists).
+fn under_tmp(dir: &Path) -> bool {
+    let abs = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(dir)
+    };
+    abs.starts_with("/tmp") || abs.starts_with("/var/tmp")
 }
 
 /// Removes a lab directory's files (for `lab down` and stale labs).

@@ -1,13 +1,26 @@
 //! The lab itself: real sshd targets on loopback and in network namespaces, reachable
 //! with the OpenSSH client through the generated ssh_config; cut/restore; restarts.
 
-use crate::support::{self, text, Lab};
+use std::io::{BufRead, BufReader, Read};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::support::{self, text, Lab, LabSpec, Placement};
 
 fn ssh_out(lab: &Lab, alias: &str, command: &str) -> std::process::Output {
     support::ssh(lab)
         .args(["-o", "ConnectTimeout=5", alias, command])
         .output()
         .expect("run ssh")
+}
+
+/// True while `pid` exists and is not a zombie (a daemonised sshd is reaped by init,
+/// which may take a moment).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 #[test]
@@ -31,4 +44,292 @@ fn loopback_targets_answer_through_generated_ssh_config_with_own_state_dir() {
     }
     let ports: std::collections::BTreeSet<u16> = lab.targets().iter().map(|t| t.port).collect();
     assert_eq!(ports.len(), 3, "distinct ports");
+}
+
+#[test]
+fn namespace_targets_answer_and_a_cut_link_times_out_then_answers_after_restore() {
+    let Some(lab) = crate::netns_lab!(2) else {
+        return;
+    };
+    for t in lab.targets() {
+        assert!(t.netns.is_some() && !t.addr.is_loopback(), "{t:?}");
+        let out = ssh_out(&lab, &t.alias, "echo $XDG_STATE_HOME");
+        assert!(out.status.success(), "{}: {}", t.alias, text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), t.state_home.display().to_string());
+    }
+
+    lab.cut("target1").expect("cut");
+    assert!(lab.is_cut("target1").unwrap());
+    let started = Instant::now();
+    let out = support::ssh(&lab)
+        .args(["-o", "ConnectTimeout=2", "target1", "true"])
+        .output()
+        .expect("run ssh");
+    let waited = started.elapsed();
+    eprintln!("connect to a cut target gave up after {waited:?}");
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("timed out"), "expected a timeout, got: {err}");
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "gave up too early: {waited:?}"
+    );
+
+    // The other target is unaffected.
+    assert!(ssh_out(&lab, "target2", "true").status.success());
+
+    lab.restore("target1").expect("restore");
+    assert!(!lab.is_cut("target1").unwrap());
+    let out = ssh_out(&lab, "target1", "echo back");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "back");
+}
+
+#[test]
+fn established_connection_over_a_cut_link_hangs_instead_of_being_reset() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    // Keepalives off on the client: we want to see what the network alone does.
+    let mut child = support::ssh(&lab)
+        .args(["-o", "ServerAliveInterval=0", "target1"])
+        .arg("echo ready; while :; do sleep 0.2; echo tick; done")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ssh");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), "ready");
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("ticks before the cut");
+
+    lab.cut("target1").expect("cut");
+    // Drain what was already in flight, then nothing more may arrive, and ssh must not
+    // exit (a RST or FIN would end it at once).
+    std::thread::sleep(Duration::from_millis(500));
+    while rx.try_recv().is_ok() {}
+    let quiet = Duration::from_secs(3);
+    let got = rx.recv_timeout(quiet);
+    assert!(got.is_err(), "data arrived over a cut link: {got:?}");
+    let status = child.try_wait().expect("try_wait");
+    assert!(status.is_none(), "ssh exited over a cut link: {status:?}");
+    eprintln!("established connection stayed silent and open for {quiet:?} after the cut");
+
+    child.kill().unwrap();
+    let mut err = String::new();
+    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+    let _ = child.wait();
+    assert!(!err.contains("reset"), "connection was reset: {err}");
+    lab.restore("target1").expect("restore");
+}
+
+#[test]
+fn target_that_cannot_start_reports_its_sshd_log() {
+    if !support::require_tool("sshd") {
+        return;
+    }
+    // Break a started target's config and restart it: sshd refuses to start.
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = lab.target("target1").unwrap().clone();
+    lab.stop_sshd("target1").unwrap();
+    let mut cfg = std::fs::read_to_string(t.sshd_config()).unwrap();
+    cfg.push_str("NoSuchSshdOption yes\n");
+    std::fs::write(t.sshd_config(), cfg).unwrap();
+    let err = lab
+        .start_sshd("target1")
+        .expect_err("broken config must not start");
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(msg.contains("target1 did not start"), "{msg}");
+    assert!(msg.contains("NoSuchSshdOption"), "log missing from: {msg}");
+}
+
+#[test]
+fn sshd_stopped_refuses_connections_and_restarted_answers_with_same_keys_and_state() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = lab.target("target1").unwrap();
+    let marker = t.state_home.join("kept");
+    std::fs::write(&marker, "x").unwrap();
+    let before = t.port;
+
+    lab.stop_sshd("target1").unwrap();
+    assert!(t.sshd_pid().is_none());
+    let out = ssh_out(&lab, "target1", "true");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("refused"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    lab.start_sshd("target1").unwrap();
+    let out = ssh_out(&lab, "target1", "cat \"$XDG_STATE_HOME/kept\"");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "x");
+    assert_eq!(lab.target("target1").unwrap().port, before);
+}
+
+#[test]
+fn authorized_key_added_later_logs_in_on_every_target() {
+    let Some(lab) = support::loopback_lab(2) else {
+        return;
+    };
+    let key = lab.dir().join("extra_key");
+    let st = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let pubkey = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    lab.authorize_key(&pubkey).unwrap();
+    assert!(lab.authorize_key("not a key\nsecond line").is_err());
+    for t in lab.targets() {
+        let out = support::ssh(&lab)
+            .arg("-i")
+            .arg(&key)
+            .args(["-o", "IdentitiesOnly=yes", "-o", "IdentityFile=none"])
+            .args([t.alias.as_str(), "echo ok"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn dropping_a_lab_kills_its_sshd_and_what_ran_through_it() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    // A detached command, as the shim starts them: not below sshd any more.
+    let out = ssh_out(
+        &lab,
+        "target1",
+        "setsid -f sleep 300 </dev/null >/dev/null 2>&1; echo started",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listener = lab.target("target1").unwrap().sshd_pid().unwrap();
+    let state = lab.target("target1").unwrap().state_home.clone();
+    let dir = lab.dir().to_path_buf();
+    drop(lab);
+    assert!(!running(listener), "sshd {listener} survived the drop");
+    let leftover = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "grep -lz 'XDG_STATE_HOME={}' /proc/[0-9]*/environ 2>/dev/null || true",
+            state.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(text(&leftover.stdout).trim(), "", "processes left behind");
+    // The state survives for `lab down`/inspection; a new lab may reuse the dir.
+    assert!(dir.join("lab.json").exists());
+    let again = Lab::start(&LabSpec {
+        count: 1,
+        placement: Placement::Loopback,
+        dir,
+    })
+    .expect("restart in the same dir");
+    assert!(again.is_running());
+}
+
+#[test]
+fn lab_dir_under_tmp_is_refused_with_the_fix() {
+    let err = Lab::start(&LabSpec {
+        count: 1,
+        placement: Placement::Loopback,
+        dir: std::path::PathBuf::from("/tmp/opmark-lab-test-refused"),
+    })
+    .expect_err("under /tmp");
+    assert!(err.to_string().contains("under /tmp"), "{err}");
+    let _ = std::fs::remove_dir_all("/tmp/opmark-lab-test-refused");
+}
+
+#[test]
+fn lab_up_leaves_targets_running_after_opmark_exits_until_lab_down() {
+    if !crate::support::require_tools(crate::test_name!(), &["sshd", "ssh", "ssh-keygen"]) {
+        return;
+    }
+    let env = support::Sealed::new(crate::test_name!());
+    let dir = env.root.join("lab");
+    let out = env
+        .opmark()
+        .args(["lab", "up", "2", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let cfg = dir.join("ssh_config");
+    assert!(
+        printed.contains(&format!("ssh -F {} target1", cfg.display())),
+        "{printed}"
+    );
+
+    // A second process finds the lab and reaches its targets.
+    let lab = Lab::load(&dir).unwrap();
+    assert!(lab.is_running());
+    let out = ssh_out(&lab, "target2", "echo up");
+    assert_eq!(text(&out.stdout).trim(), "up", "{}", text(&out.stderr));
+
+    let status = env
+        .opmark()
+        .args(["--json", "lab", "status", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", text(&status.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(doc["targets"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["targets"][0]["running"], true);
+
+    // Cutting a loopback target is a usage problem with a fix, nothing more.
+    let cut = env
+        .opmark()
+        .args(["lab", "cut", "target1", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(cut.status.code(), Some(245));
+    assert!(text(&cut.stderr).contains("--placement netns"));
+
+    let pid = lab.target("target1").unwrap().sshd_pid().unwrap();
+    let down = env
+        .opmark()
+        .args(["lab", "down", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    assert!(!running(pid));
+    assert!(!dir.exists());
+}
+
+#[test]
+fn rotated_host_keys_make_openssh_refuse_the_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    lab.rotate_host_keys("target1").unwrap();
+    let out = ssh_out(&lab, "target1", "true");
+    assert_eq!(out.status.code(), Some(255));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("HOST IDENTIFICATION HAS CHANGED")
+            || err.contains("Host key verification failed"),
+        "{err}"
+    );
 }

@@ -39,7 +39,9 @@ pub fn skip_or_fail(test: &str, why: &str) -> bool {
     if in_ci() {
         panic!("{test}: {why} (CI is set, so this is a failure, not a skip)");
     }
-    eprintln!("SKIP: {test}: {why}");
+    // Straight to fd 2: libtest captures eprintln! of passing tests, and a skip must show.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIP: {test}: {why}");
     false
 }
 
@@ -110,6 +112,28 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create test dir");
     dir
+}
+
+/// The running test's name (libtest names each test's thread after it; with
+/// `--test-threads=1` the thread is "main").
+pub fn current_test() -> String {
+    let name = std::thread::current().name().unwrap_or("test").to_string();
+    name.rsplit("::").next().unwrap_or("test").to_string()
+}
+
+/// `if !require_tool("dash") { return; }` — function form of [`require_tool!`].
+pub fn require_tool(tool: &str) -> bool {
+    require_tools(&current_test(), &[tool])
+}
+
+/// Function form of [`loopback_lab!`], named after the running test's thread.
+pub fn loopback_lab(count: usize) -> Option<Lab> {
+    loopback_lab_named(&current_test(), count)
+}
+
+/// Function form of [`netns_lab!`], named after the running test's thread.
+pub fn netns_lab(count: usize) -> Option<Lab> {
+    netns_lab_named(&current_test(), count)
 }
 
 /// Starts `count` loopback targets for test `name`; None (after printing SKIP) when

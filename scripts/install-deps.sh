@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
+# (the lab targets are real sshd), the shells the host shim is tested under (dash,
+# busybox), shellcheck, iproute2 + nftables (network-namespace targets and link cuts),
+# a C compiler (bundled SQLite, ring) and Rust via rustup when cargo is missing.
+#
+#   bash scripts/install-deps.sh           install only what is missing
+#   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
+set -euo pipefail
+
+packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
+  procps util-linux ca-certificates curl gcc libc6-dev)
+# One probe per package above, in the same order: a missing probe means install.
+probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
+  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h)
+
+have() {
+  if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
+}
+
+as_root() {
+  if [[ $(id -u) -eq 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "install-deps: need root or sudo to run: $*" >&2
+    exit 1
+  fi
+}
+
+missing=0
+for probe in "${probes[@]}"; do
+  have "$probe" || missing=1
+done
+
+if [[ ${1:-} == --always || $missing -eq 1 ]]; then
+  export DEBIAN_FRONTEND=noninteractive
+  as_root apt-get update -q
+  # The package's own sshd service is not used (and may not start in a container).
+  as_root apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; installing Rust with rustup (https://rustup.rs)" >&2
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+    sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
