@@ -8,7 +8,10 @@ use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
 
 mod audit;
+mod common;
 mod list;
+mod probe;
+mod run;
 mod show;
 mod stats;
 
@@ -16,8 +19,8 @@ mod stats;
 pub fn dispatch(cli: Cli) -> Result<u8> {
     let global = cli.global;
     match cli.command {
-        Command::Run(_) => Err(Error::not_implemented("run")),
-        Command::Probe(_) => Err(Error::not_implemented("probe")),
+        Command::Run(args) => run::run(&global, args),
+        Command::Probe(args) => probe::run(&global, &args),
         Command::List(args) => list::run(&global, &args),
         Command::Show(args) => show::run(&global, &args),
         Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),

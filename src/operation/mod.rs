@@ -1,1 +1,1001 @@
-//! operation: not built yet.
+//! One operation's lifecycle: classify, record the intent, dispatch attempts through the
+//! shim, and, after a lost connection, probe the marker before anything else (SPEC
+//! sections 2 and 4). Every retry decision is made in this file, in [`Runner::drive`].
+//!
+//! - [`call`]: one shim call over SSH, streamed to an observer.
+//! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
+
+pub mod call;
+pub mod output;
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, ErrorKind};
+use crate::family::Family;
+use crate::ledger::fingerprint::{self, InstallationKey, Intent};
+use crate::ledger::{Durability, Event, Ledger, OpKey, Redactor};
+use crate::op_id::OpId;
+use crate::policy::{AfterInterrupted, Policy};
+use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
+use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, Session};
+use crate::vocab::{Boundary, RetryReason, Verdict};
+
+use call::{call_shim, CallEnd, CallObserver, FramesOnly};
+use output::Output;
+
+/// What the caller asked `opmark run` to do.
+#[derive(Debug, Clone)]
+pub struct RunInput {
+    /// Where (host as typed plus connection options).
+    pub host: HostSpec,
+    /// The operation id (given or minted).
+    pub op: OpId,
+    /// The command string (words joined by spaces), run by `sh -c` on the host.
+    pub command: String,
+    /// `--class`: at least this family.
+    pub class: Option<Family>,
+    /// Spooled stdin, when `--stdin`.
+    pub stdin: Option<Vec<u8>>,
+    /// `--timeout`, enforced by the shim on the host.
+    pub timeout: Option<Duration>,
+    /// `--attempts`, else the family's budget.
+    pub attempts: Option<u32>,
+    /// `--wait`: how long to follow a running operation, and to keep probing an
+    /// unreachable host, before answering.
+    pub wait: Duration,
+    /// `--approve NOTE`.
+    pub approve: Option<String>,
+    /// Who approves (`$USER`).
+    pub approver: String,
+    /// Stream output live (plain mode) instead of keeping it for JSON.
+    pub live_output: bool,
+    /// Per-stream output cap on the host.
+    pub output_cap: u64,
+}
+
+/// What the process using the library shares with a run.
+#[derive(Debug)]
+pub struct RunEnv<'a> {
+    /// The ledger.
+    pub ledger: &'a mut Ledger,
+    /// The policy.
+    pub policy: &'a Policy,
+    /// The per-installation fingerprint key.
+    pub key: &'a InstallationKey,
+    /// This session's id.
+    pub session_id: String,
+    /// SSH connections, shared by every call of this process.
+    pub pool: &'a Pool,
+}
+
+/// One attempt as reported to the caller.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptSummary {
+    /// Attempt id.
+    pub attempt_id: String,
+    /// 1, 2, ...
+    pub number: u32,
+    /// The attempt it retries.
+    pub parent: Option<String>,
+    /// Why it was made.
+    pub reason: RetryReason,
+    /// How far it got.
+    pub boundary: Boundary,
+}
+
+/// The answer of `opmark run` (the `--json` document, SPEC section 6).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// Operation id.
+    pub op_id: String,
+    /// Host as the ledger names it.
+    pub host: String,
+    /// The attempt the verdict is about (the one that ran the command, when known).
+    pub attempt_id: Option<String>,
+    /// Family used for the decision.
+    pub family: Family,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The command's exit status; null when unknown.
+    pub exit_code: Option<i32>,
+    /// Captured stdout (lossy UTF-8; empty in plain mode, where it was streamed).
+    pub stdout: String,
+    /// Captured stderr.
+    pub stderr: String,
+    /// Every attempt this invocation made.
+    pub attempts: Vec<AttemptSummary>,
+    /// The ledger fingerprint of the intent.
+    pub fingerprint: String,
+    /// Why this verdict, in words an agent can log.
+    pub reason: String,
+    /// The policy rule that decided the family.
+    pub rule: String,
+    /// The command was killed at `--timeout`.
+    pub timed_out: bool,
+    /// Output bytes the host dropped beyond its cap (stdout, stderr).
+    pub dropped: (u64, u64),
+}
+
+impl RunReport {
+    /// The process exit status for this report (SPEC section 2).
+    pub fn exit_status(&self) -> u8 {
+        match self.verdict.reserved_exit_code() {
+            Some(code) => code,
+            None => self.exit_code.map_or(0, |c| (c & 0xff) as u8),
+        }
+    }
+}
+
+/// Runs one operation end to end. Errors are opmark's own failures (ledger, policy);
+/// every outcome about the operation, unknown included, is a verdict in the report.
+pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
+    let classification = env.policy.classify(&input.command);
+    let mut family = classification.family;
+    if let Some(class) = input.class {
+        // `--class` may make a command stricter, never less strict.
+        family = family.max(class);
+    }
+    let rule = classification
+        .parts
+        .iter()
+        .find(|p| p.family == classification.family)
+        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
+    let redactor = Redactor::new(env.policy.redact_patterns());
+    let display = redactor.redact_owned(&input.command);
+    let stdin_sha = input.stdin.as_ref().map(|s| {
+        let d: [u8; 32] = Sha256::digest(s).into();
+        d
+    });
+    let intent = Intent {
+        command: &input.command,
+        stdin_sha256: stdin_sha,
+    };
+    let host_fp = fingerprint::host_fingerprint(&intent);
+    let ledger_fp = fingerprint::ledger_fingerprint(&intent, env.key);
+
+    // The ledger names the host as the user did; resolution problems are a verdict.
+    let resolved = ssh::resolve(&input.host);
+    let host_name = match &resolved {
+        Ok(dest) => dest.display(),
+        Err(_) => input.host.host.clone(),
+    };
+    let key = OpKey::new(input.op.as_str(), host_name.clone());
+    let family_policy = env.policy.family(family).clone();
+    let mut runner = Runner {
+        ledger: env.ledger,
+        pool: env.pool,
+        key,
+        op: input.op.clone(),
+        session_id: env.session_id,
+        family,
+        rule: rule.clone(),
+        host_fp,
+        ledger_fp: ledger_fp.clone(),
+        display,
+        attempts: Vec::new(),
+        budget: input.attempts.unwrap_or(family_policy.attempts).max(1),
+        after_interrupted: family_policy.after_interrupted,
+        output: Output::new(input.live_output),
+        exit: None,
+        input,
+    };
+
+    let report = |runner: &Runner, verdict: Verdict, attempt: Option<String>, reason: String| {
+        runner.report(verdict, attempt, reason)
+    };
+
+    if let Some(rule) = &classification.deny {
+        let reason = format!(
+            "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
+        );
+        runner.record_closed_intent(Verdict::Refused, &reason)?;
+        return Ok(report(&runner, Verdict::Refused, None, reason));
+    }
+    if let Some(rule) = &classification.approval {
+        if runner.input.approve.is_none() {
+            let reason = format!(
+                "policy requires approval for this command ({rule}); rerun with --approve NOTE"
+            );
+            runner.record_closed_intent(Verdict::Blocked, &reason)?;
+            return Ok(report(&runner, Verdict::Blocked, None, reason));
+        }
+    }
+
+    // The ledger guards the op id: a different intent under it is a conflict before
+    // anything is sent.
+    if let Some(existing) = runner.ledger.operation(&runner.key)? {
+        if existing.fingerprint != ledger_fp {
+            let reason = format!(
+                "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
+                runner.key.op_id, runner.key.host, existing.created_at
+            );
+            return Ok(report(&runner, Verdict::Conflict, None, reason));
+        }
+    }
+
+    let dest = match resolved {
+        Ok(dest) => dest,
+        Err(e) => {
+            runner.begin(RetryReason::FirstAttempt, None)?;
+            let attempt = runner.current_attempt();
+            runner.boundary(&attempt, Boundary::NotSent, &e.message)?;
+            let reason = format!("{}; nothing was sent", e.message);
+            return runner.finish(Verdict::NotApplied, Some(attempt), reason, None);
+        }
+    };
+    if let Some(note) = runner.input.approve.clone() {
+        runner.ledger.append(
+            &runner.key,
+            &Event::OperatorDecision {
+                by: runner.input.approver.clone(),
+                decision: "approved".into(),
+                note,
+            },
+            Durability::Normal,
+        )?;
+    }
+    runner.begin(RetryReason::FirstAttempt, None)?;
+    runner.drive(&dest).await
+}
+
+/// The state of one `run`.
+struct Runner<'a> {
+    ledger: &'a mut Ledger,
+    pool: &'a Pool,
+    key: OpKey,
+    op: OpId,
+    session_id: String,
+    family: Family,
+    rule: String,
+    host_fp: String,
+    ledger_fp: String,
+    display: String,
+    attempts: Vec<AttemptSummary>,
+    budget: u32,
+    after_interrupted: AfterInterrupted,
+    output: Output,
+    exit: Option<ExitFrame>,
+    input: RunInput,
+}
+
+/// What a probe-and-follow step concluded.
+enum Settled {
+    /// A verdict is reached.
+    Verdict(Verdict, Option<String>, String),
+    /// Make another attempt for this reason.
+    Retry(RetryReason),
+}
+
+impl<'a> Runner<'a> {
+    /// THE retry state machine (SPEC section 4).
+    async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let attempt = self.current_attempt();
+            let supersede = self.may_supersede();
+            let session = match self.pool.session(dest).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.boundary(&attempt, Boundary::NotSent, &e.to_string())?;
+                    match self.after_not_sent(&e.to_string(), connect_is_final(&e)) {
+                        Some((verdict, reason)) => {
+                            return self.finish(verdict, Some(attempt), reason, None)
+                        }
+                        None => {
+                            self.pause(&mut backoff).await;
+                            self.begin(
+                                RetryReason::ConnectionNotEstablished,
+                                Some(attempt.clone()),
+                            )?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let stdin_spec = self.input.stdin.as_ref().map(|s| StdinSpec {
+                len: s.len() as u64,
+                sha256_hex: hex::encode(Sha256::digest(s)),
+            });
+            let verb = Verb::Run(RunRequest {
+                op: &self.op,
+                attempt_id: &attempt,
+                host_fingerprint: &self.host_fp,
+                family: self.family,
+                timeout: self.input.timeout,
+                output_cap: self.input.output_cap,
+                stdin: stdin_spec,
+                supersede_interrupted: supersede,
+                command: &self.input.command,
+            });
+            let stdin = self.input.stdin.clone();
+            let end = {
+                let mut observer = RunObserver {
+                    ledger: self.ledger,
+                    key: &self.key,
+                    attempt: &attempt,
+                    output: &mut self.output,
+                    error: None,
+                };
+                let end = call_shim(&session, &verb, stdin, &mut observer).await;
+                if let Some(e) = observer.error {
+                    return Err(e.into());
+                }
+                end
+            };
+            let settled = match end {
+                CallEnd::NotSent(why) => {
+                    self.boundary(&attempt, Boundary::NotSent, &why)?;
+                    match self.after_not_sent(&why, false) {
+                        Some((verdict, reason)) => {
+                            return self.finish(verdict, Some(attempt), reason, None)
+                        }
+                        None => {
+                            self.pause(&mut backoff).await;
+                            self.begin(
+                                RetryReason::ConnectionNotEstablished,
+                                Some(attempt.clone()),
+                            )?;
+                            continue;
+                        }
+                    }
+                }
+                CallEnd::Finished(frames) => self.settle_reply(dest, &attempt, frames).await?,
+                CallEnd::Lost {
+                    frames,
+                    shim_started: _,
+                    reason,
+                } => {
+                    let started = frames.iter().any(|f| matches!(f, Frame::Started { .. }));
+                    let boundary = if started {
+                        Boundary::Started
+                    } else {
+                        Boundary::SentNoResponse
+                    };
+                    // `started` is already recorded by the observer.
+                    if !started {
+                        self.boundary(&attempt, boundary, &reason)?;
+                    }
+                    progress(&format!(
+                        "connection to {} lost after dispatch ({reason}); probing the marker before anything else",
+                        self.key.host
+                    ));
+                    self.probe_and_follow(dest, &attempt).await?
+                }
+            };
+            match settled {
+                Settled::Verdict(verdict, attempt_id, reason) => {
+                    return self.finish(verdict, attempt_id, reason, None)
+                }
+                Settled::Retry(reason) => {
+                    if self.attempts.len() as u32 >= self.budget {
+                        let why = format!(
+                            "a retry was needed ({}) but the attempt budget ({}) is spent; retry with the same op id (the atomic claim makes it safe), or run `opmark reconcile`",
+                            reason, self.budget
+                        );
+                        return self.finish(Verdict::Indeterminate, Some(attempt), why, None);
+                    }
+                    self.begin(reason, Some(attempt))?;
+                }
+            }
+        }
+    }
+
+    /// After a `not_sent` attempt: `None` to retry, or the final verdict.
+    fn after_not_sent(&self, why: &str, final_failure: bool) -> Option<(Verdict, String)> {
+        if final_failure || self.attempts.len() as u32 >= self.budget {
+            Some((
+                Verdict::NotApplied,
+                format!(
+                    "{why}; nothing was sent after {} attempt(s); safe to retry with the same op id",
+                    self.attempts.len()
+                ),
+            ))
+        } else {
+            None
+        }
+    }
+
+    fn may_supersede(&self) -> bool {
+        self.after_interrupted == AfterInterrupted::Rerun || self.input.approve.is_some()
+    }
+
+    /// The shim answered completely: decide from its frames.
+    async fn settle_reply(
+        &mut self,
+        dest: &Destination,
+        attempt: &str,
+        frames: Vec<Frame>,
+    ) -> Result<Settled, Error> {
+        for f in &frames {
+            if let Frame::Superseded { .. } = f {
+                let note = if self.input.approve.is_some() {
+                    "operator approved superseding the interrupted claim"
+                } else {
+                    "policy reruns interrupted operations of this family"
+                };
+                self.ledger.append(
+                    &self.key,
+                    &Event::Superseded {
+                        attempt_id: attempt.to_owned(),
+                        note: note.into(),
+                    },
+                    Durability::Normal,
+                )?;
+            }
+        }
+        let exit = frames.iter().find_map(|f| match f {
+            Frame::Exit(x) => Some(x.clone()),
+            _ => None,
+        });
+        let refusal = frames.iter().find_map(|f| match f {
+            Frame::Refused(r) => Some(r.clone()),
+            _ => None,
+        });
+        if let Some(x) = exit {
+            let by_us = self.ours(&x.attempt);
+            let boundary = if refusal.is_some() {
+                Boundary::Refused
+            } else {
+                Boundary::ExitReceived
+            };
+            if boundary == Boundary::Refused {
+                self.boundary(attempt, Boundary::Refused, "already completed on the host")?;
+            }
+            return Ok(self.exit_verdict(x, by_us));
+        }
+        let Some(refusal) = refusal else {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "the shim ended its reply without an exit or a refusal",
+            ));
+        };
+        self.boundary(attempt, Boundary::Refused, &refusal.reason)?;
+        let marker = refusal.marker.clone();
+        Ok(match refusal.reason.as_str() {
+            "running" => {
+                let holder = marker.as_ref().and_then(|m| m.attempt.clone());
+                progress(&format!(
+                    "op {} is already running on {} (attempt {}); following it for up to {}s",
+                    self.key.op_id,
+                    self.key.host,
+                    holder.as_deref().unwrap_or("?"),
+                    self.input.wait.as_secs()
+                ));
+                self.probe_and_follow(dest, attempt).await?
+            }
+            "interrupted" => self.after_interrupted_marker(marker.as_ref(), attempt),
+            "fenced" => Settled::Verdict(
+                Verdict::NotApplied,
+                Some(attempt.to_owned()),
+                "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id".into(),
+            ),
+            "conflict" => Settled::Verdict(
+                Verdict::Conflict,
+                Some(attempt.to_owned()),
+                format!(
+                    "the host's marker binds op {} to a different command or stdin; nothing ran. Use a new op id",
+                    self.key.op_id
+                ),
+            ),
+            "invalid_op_id" | "bad_args" => Settled::Verdict(
+                Verdict::Refused,
+                Some(attempt.to_owned()),
+                format!("the host shim refused the request as invalid ({})", describe_fields(&refusal.fields)),
+            ),
+            other => Settled::Verdict(
+                Verdict::NotApplied,
+                Some(attempt.to_owned()),
+                format!(
+                    "the host shim could not start the command ({other}: {}); nothing ran. Check the host with `opmark doctor`",
+                    describe_fields(&refusal.fields)
+                ),
+            ),
+        })
+    }
+
+    fn after_interrupted_marker(&mut self, marker: Option<&MarkerInfo>, attempt: &str) -> Settled {
+        let why = marker
+            .and_then(|m| m.why.clone())
+            .unwrap_or_else(|| "unknown".into());
+        if self.may_supersede() {
+            let reason = if self.input.approve.is_some() {
+                RetryReason::OperatorApproved
+            } else {
+                RetryReason::InterruptedRerun
+            };
+            return Settled::Retry(reason);
+        }
+        Settled::Verdict(
+            Verdict::Indeterminate,
+            Some(attempt.to_owned()),
+            format!(
+                "the operation was interrupted on the host ({why}) and may have had effects; {} commands are not re-run automatically: check the host, then rerun with --approve NOTE or record a decision with `opmark resolve`",
+                self.family
+            ),
+        )
+    }
+
+    /// After a loss, or when another attempt holds the claim: probe, then follow or retry.
+    async fn probe_and_follow(
+        &mut self,
+        dest: &Destination,
+        attempt: &str,
+    ) -> Result<Settled, Error> {
+        let deadline = Instant::now() + self.input.wait;
+        let mut pause = Duration::from_millis(250);
+        let mut last_problem = String::from("no probe answered");
+        loop {
+            let session = match self.pool.session(dest).await {
+                Ok(s) => s,
+                Err(e) => {
+                    last_problem = e.to_string();
+                    self.observe_unreachable(attempt, &last_problem)?;
+                    if Instant::now() + pause >= deadline {
+                        return Ok(self.unreachable_verdict(attempt, &last_problem));
+                    }
+                    progress(&format!(
+                        "{} unreachable ({}); probing again",
+                        self.key.host, e.message
+                    ));
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            let marker =
+                match call_shim(&session, &Verb::Probe(&self.op), None, &mut FramesOnly).await {
+                    CallEnd::Finished(frames) => frames.into_iter().find_map(|f| match f {
+                        Frame::Probe(m) => Some(m),
+                        _ => None,
+                    }),
+                    CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => {
+                        last_problem = why;
+                        None
+                    }
+                };
+            let Some(marker) = marker else {
+                self.observe_unreachable(attempt, &last_problem)?;
+                if Instant::now() + pause >= deadline {
+                    return Ok(self.unreachable_verdict(attempt, &last_problem));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+                continue;
+            };
+            self.record_probe(attempt, &marker)?;
+            match marker.state {
+                MarkerState::Absent => {
+                    return Ok(Settled::Retry(RetryReason::ResponseLostAfterDispatch))
+                }
+                MarkerState::Fenced => return Ok(Settled::Verdict(
+                    Verdict::NotApplied,
+                    Some(attempt.to_owned()),
+                    "the marker is fenced: the operation was closed as not applied; nothing ran"
+                        .into(),
+                )),
+                MarkerState::Interrupted => {
+                    return Ok(self.after_interrupted_marker(Some(&marker), attempt))
+                }
+                MarkerState::Running | MarkerState::Completed => {
+                    if marker
+                        .fingerprint
+                        .as_deref()
+                        .is_some_and(|fp| fp != self.host_fp)
+                    {
+                        return Ok(Settled::Verdict(
+                            Verdict::Conflict,
+                            Some(attempt.to_owned()),
+                            "the host's marker binds this op id to a different command or stdin"
+                                .into(),
+                        ));
+                    }
+                    let holder = marker.attempt.clone().unwrap_or_default();
+                    let (out_off, err_off) = if self.ours(&holder) {
+                        (self.output.out_bytes(), self.output.err_bytes())
+                    } else {
+                        (0, 0)
+                    };
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match self.follow(&session, out_off, err_off, remaining).await? {
+                        Followed::Exit(x) => {
+                            let by_us = self.ours(&x.attempt);
+                            return Ok(self.exit_verdict(x, by_us));
+                        }
+                        Followed::Interrupted(m) => {
+                            self.record_probe(attempt, &m)?;
+                            return Ok(self.after_interrupted_marker(Some(&m), attempt));
+                        }
+                        Followed::StillRunning => {
+                            return Ok(Settled::Verdict(
+                                Verdict::InProgress,
+                                Some(holder.clone()),
+                                format!(
+                                    "attempt {holder} holds the claim and is still running after waiting {}s; run again with the same op id to follow it",
+                                    self.input.wait.as_secs()
+                                ),
+                            ))
+                        }
+                        Followed::Lost(why) => {
+                            last_problem = why;
+                            progress(&format!("lost {} again while following ({last_problem}); probing", self.key.host));
+                            if Instant::now() >= deadline {
+                                return Ok(self.unreachable_verdict(attempt, &last_problem));
+                            }
+                            continue;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Streams the marker's output from the given offsets until it exits, is found
+    /// interrupted, the connection drops, or `limit` passes.
+    async fn follow(
+        &mut self,
+        session: &Session,
+        out_offset: u64,
+        err_offset: u64,
+        limit: Duration,
+    ) -> Result<Followed, Error> {
+        let verb = Verb::Attach {
+            op: &self.op,
+            out_offset,
+            err_offset,
+        };
+        let mut observer = OutputObserver {
+            output: &mut self.output,
+        };
+        let end = match tokio::time::timeout(limit, call_shim(session, &verb, None, &mut observer))
+            .await
+        {
+            Ok(end) => end,
+            Err(_) => return Ok(Followed::StillRunning),
+        };
+        Ok(match end {
+            CallEnd::Finished(frames) => {
+                let mut result = Followed::Lost("attach ended without an answer".into());
+                for f in frames {
+                    match f {
+                        Frame::Exit(x) => result = Followed::Exit(x),
+                        Frame::Interrupted(m) => result = Followed::Interrupted(m),
+                        Frame::Refused(r) => {
+                            result = Followed::Lost(format!("attach refused: {}", r.reason))
+                        }
+                        _ => {}
+                    }
+                }
+                result
+            }
+            CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Followed::Lost(why),
+        })
+    }
+
+    fn exit_verdict(&mut self, x: ExitFrame, by_us: bool) -> Settled {
+        let verdict = if by_us {
+            Verdict::Completed
+        } else {
+            Verdict::Replayed
+        };
+        let reason = if by_us {
+            format!(
+                "attempt {} ran the command and its exit status was received",
+                x.attempt
+            )
+        } else {
+            format!(
+                "the operation had already run on the host (attempt {}); its recorded exit status and output are returned, nothing ran again",
+                x.attempt
+            )
+        };
+        let attempt = x.attempt.clone();
+        self.exit = Some(x);
+        Settled::Verdict(verdict, Some(attempt), reason)
+    }
+
+    fn unreachable_verdict(&self, attempt: &str, problem: &str) -> Settled {
+        Settled::Verdict(
+            Verdict::Indeterminate,
+            Some(attempt.to_owned()),
+            format!(
+                "the request was dispatched, then {} could not be probed within {}s ({problem}); the command may have run. Run `opmark reconcile` when the host is back",
+                self.key.host,
+                self.input.wait.as_secs()
+            ),
+        )
+    }
+
+    fn observe_unreachable(&mut self, attempt: &str, problem: &str) -> Result<(), Error> {
+        self.ledger.append(
+            &self.key,
+            &Event::Probed {
+                attempt_id: Some(attempt.to_owned()),
+                state: "unreachable".into(),
+                exit_code: None,
+                detail: problem.to_owned(),
+            },
+            Durability::Normal,
+        )?;
+        Ok(())
+    }
+
+    fn record_probe(&mut self, attempt: &str, marker: &MarkerInfo) -> Result<(), Error> {
+        let detail = format!(
+            "marker {}{}{}",
+            marker.state.as_str(),
+            marker
+                .why
+                .as_deref()
+                .map(|w| format!(" ({w})"))
+                .unwrap_or_default(),
+            marker
+                .attempt
+                .as_deref()
+                .map(|a| format!(", held by attempt {a}"))
+                .unwrap_or_default()
+        );
+        self.ledger.append(
+            &self.key,
+            &Event::Probed {
+                attempt_id: Some(attempt.to_owned()),
+                state: marker.state.as_str().into(),
+                exit_code: marker.exit_code,
+                detail,
+            },
+            Durability::Normal,
+        )?;
+        Ok(())
+    }
+
+    fn ours(&self, attempt: &str) -> bool {
+        self.attempts.iter().any(|a| a.attempt_id == attempt)
+    }
+
+    fn current_attempt(&self) -> String {
+        self.attempts
+            .last()
+            .map(|a| a.attempt_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Records a new attempt durably before it is dispatched (with the intent, for the
+    /// first one, in the same transaction).
+    fn begin(&mut self, reason: RetryReason, parent: Option<String>) -> Result<(), Error> {
+        let number = self.attempts.len() as u32 + 1;
+        let attempt_id = new_attempt_id();
+        let mut events = Vec::new();
+        if number == 1 {
+            events.push(Event::SessionStarted {
+                session: self.session_id.clone(),
+                pid: std::process::id(),
+                version: env!("CARGO_PKG_VERSION").into(),
+            });
+            events.push(self.intended());
+        }
+        events.push(Event::AttemptDispatched {
+            attempt_id: attempt_id.clone(),
+            number,
+            parent: parent.clone(),
+            reason,
+        });
+        self.ledger
+            .append_many(&self.key, &events, Durability::Full)?;
+        if number > 1 {
+            progress(&format!(
+                "attempt {number} ({attempt_id}) for op {}: {reason}",
+                self.key.op_id
+            ));
+        }
+        self.attempts.push(AttemptSummary {
+            attempt_id,
+            number,
+            parent,
+            reason,
+            boundary: Boundary::NotSent,
+        });
+        Ok(())
+    }
+
+    fn intended(&self) -> Event {
+        Event::Intended {
+            session: self.session_id.clone(),
+            family: self.family,
+            display: self.display.clone(),
+            fingerprint: self.ledger_fp.clone(),
+            rule: self.rule.clone(),
+        }
+    }
+
+    /// Denied or blocked: the intent and the verdict are recorded, nothing is sent.
+    fn record_closed_intent(&mut self, verdict: Verdict, reason: &str) -> Result<(), Error> {
+        let events = [
+            self.intended(),
+            Event::Verdict {
+                attempt_id: None,
+                verdict,
+                exit_code: None,
+                reason: reason.to_owned(),
+            },
+        ];
+        match self
+            .ledger
+            .append_many(&self.key, &events, Durability::Normal)
+        {
+            Ok(_) => Ok(()),
+            // The op id already names another intent: the refusal stands on its own.
+            Err(crate::ledger::LedgerError::FingerprintConflict { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn boundary(&mut self, attempt: &str, boundary: Boundary, detail: &str) -> Result<(), Error> {
+        if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == attempt) {
+            a.boundary = a.boundary.max(boundary);
+        }
+        self.ledger.append(
+            &self.key,
+            &Event::BoundaryReached {
+                attempt_id: attempt.to_owned(),
+                boundary,
+                detail: detail.to_owned(),
+            },
+            Durability::Normal,
+        )?;
+        Ok(())
+    }
+
+    async fn pause(&self, backoff: &mut Duration) {
+        tokio::time::sleep(*backoff).await;
+        *backoff = (*backoff * 2).min(Duration::from_secs(3));
+    }
+
+    /// Records the exit (if any) and the verdict; builds the report.
+    fn finish(
+        &mut self,
+        verdict: Verdict,
+        attempt_id: Option<String>,
+        reason: String,
+        _unused: Option<()>,
+    ) -> Result<RunReport, Error> {
+        let exit_code = self.exit.as_ref().map(|x| x.code);
+        if let Some(x) = &self.exit {
+            if self.ours(&x.attempt) {
+                if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
+                    a.boundary = Boundary::ExitReceived;
+                }
+            }
+            self.ledger.append(
+                &self.key,
+                &Event::ExitReceived {
+                    attempt_id: x.attempt.clone(),
+                    exit_code: Some(x.code),
+                    signal: None,
+                    timed_out: x.timed_out,
+                    stdout_bytes: self.output.out_bytes(),
+                    stderr_bytes: self.output.err_bytes(),
+                    stdout_sha256: self.output.out_sha256(),
+                    stderr_sha256: self.output.err_sha256(),
+                },
+                Durability::Normal,
+            )?;
+        }
+        self.ledger.append(
+            &self.key,
+            &Event::Verdict {
+                attempt_id: attempt_id.clone(),
+                verdict,
+                exit_code,
+                reason: reason.clone(),
+            },
+            Durability::Normal,
+        )?;
+        Ok(self.report(verdict, attempt_id, reason))
+    }
+
+    fn report(&self, verdict: Verdict, attempt_id: Option<String>, reason: String) -> RunReport {
+        RunReport {
+            op_id: self.key.op_id.clone(),
+            host: self.key.host.clone(),
+            attempt_id,
+            family: self.family,
+            verdict,
+            exit_code: self.exit.as_ref().map(|x| x.code),
+            stdout: String::from_utf8_lossy(self.output.kept_stdout()).into_owned(),
+            stderr: String::from_utf8_lossy(self.output.kept_stderr()).into_owned(),
+            attempts: self.attempts.clone(),
+            fingerprint: self.ledger_fp.clone(),
+            reason,
+            rule: self.rule.clone(),
+            timed_out: self.exit.as_ref().is_some_and(|x| x.timed_out),
+            dropped: self
+                .exit
+                .as_ref()
+                .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
+        }
+    }
+}
+
+enum Followed {
+    Exit(ExitFrame),
+    Interrupted(MarkerInfo),
+    StillRunning,
+    Lost(String),
+}
+
+/// Host key and authentication failures will not change by retrying.
+fn connect_is_final(e: &ConnectError) -> bool {
+    matches!(
+        e.stage,
+        ConnectStage::HostKey | ConnectStage::Auth | ConnectStage::Resolve
+    )
+}
+
+fn describe_fields(fields: &std::collections::BTreeMap<String, String>) -> String {
+    fields
+        .iter()
+        .filter(|(k, _)| k.as_str() == "reason" || k.as_str() == "state")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A fresh attempt id: `at-<16 hex>` (same charset as op ids, safe on the host).
+pub fn new_attempt_id() -> String {
+    format!("at-{:016x}", rand::random::<u64>())
+}
+
+/// opmark's own progress line on stderr.
+pub fn progress(message: &str) {
+    eprintln!("opmark: {message}");
+}
+
+/// Streams a run call: output to the caller, `started` to the ledger as soon as seen.
+struct RunObserver<'r> {
+    ledger: &'r mut Ledger,
+    key: &'r OpKey,
+    attempt: &'r str,
+    output: &'r mut Output,
+    error: Option<crate::ledger::LedgerError>,
+}
+
+impl CallObserver for RunObserver<'_> {
+    fn stdout(&mut self, bytes: &[u8]) {
+        self.output.stdout(bytes);
+    }
+    fn stderr(&mut self, bytes: &[u8]) {
+        self.output.stderr(bytes);
+    }
+    fn frame(&mut self, frame: &Frame) {
+        if let Frame::Started { .. } = frame {
+            let result = self.ledger.append(
+                self.key,
+                &Event::BoundaryReached {
+                    attempt_id: self.attempt.to_owned(),
+                    boundary: Boundary::Started,
+                    detail: "the shim claimed the marker and started the command".into(),
+                },
+                Durability::Normal,
+            );
+            if let Err(e) = result {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+}
+
+struct OutputObserver<'r> {
+    output: &'r mut Output,
+}
+
+impl CallObserver for OutputObserver<'_> {
+    fn stdout(&mut self, bytes: &[u8]) {
+        self.output.stdout(bytes);
+    }
+    fn stderr(&mut self, bytes: &[u8]) {
+        self.output.stderr(bytes);
+    }
+    fn frame(&mut self, _: &Frame) {}
+}

@@ -1,0 +1,74 @@
+//! What several subcommands need: the policy, the ledger, a host spec and a runtime,
+//! each turned into a clear error at the edge.
+
+use crate::cli::{GlobalArgs, HostArgs};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::{Ledger, Redactor};
+use crate::policy::Policy;
+use crate::ssh::HostSpec;
+
+/// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
+pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
+    Policy::load(global.policy.as_deref()).map_err(|e| Error::new(ErrorKind::Config, e.to_string()))
+}
+
+/// Opens (creating if needed) the ledger, with the policy's extra redaction patterns.
+pub fn open_ledger(global: &GlobalArgs, policy: &Policy) -> Result<Ledger> {
+    let mut ledger = Ledger::open_default_or(global.ledger.as_deref())?;
+    ledger.set_redactor(Redactor::new(policy.redact_patterns()));
+    Ok(ledger)
+}
+
+/// The per-installation fingerprint key.
+pub fn installation_key() -> Result<InstallationKey> {
+    Ok(InstallationKey::load_or_create(None)?)
+}
+
+/// Where to connect, from the host argument and the OpenSSH-style flags.
+pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
+    HostSpec {
+        host: host.to_owned(),
+        port: args.port,
+        identities: args.identity.clone(),
+        jump: args.jump.clone(),
+        config_path: global.ssh_config.clone(),
+    }
+}
+
+/// A tokio runtime for commands that talk to hosts.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("cannot start the async runtime: {e}"),
+            )
+        })
+}
+
+/// The session id: `OPMARK_SESSION` when the caller sets one, else a fresh one.
+pub fn session_id() -> String {
+    std::env::var("OPMARK_SESSION")
+        .ok()
+        .filter(|s| !s.is_empty() && s.len() <= 128)
+        .unwrap_or_else(|| format!("s-{:016x}", rand::random::<u64>()))
+}
+
+/// Who is deciding (`--by`, else `$USER`, else the uid).
+pub fn operator(by: Option<&str>) -> String {
+    by.map(str::to_owned)
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| "unknown-operator".to_owned())
+}
+
+/// Prints one JSON document on stdout.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
+    println!("{text}");
+    Ok(())
+}

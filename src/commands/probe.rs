@@ -1,0 +1,110 @@
+//! `opmark probe HOST OP`: the marker's state on the host, read-only; the observation is
+//! recorded in the ledger.
+
+use serde::Serialize;
+
+use super::common;
+use crate::cli::{GlobalArgs, ProbeArgs};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ledger::{Durability, Event, OpKey};
+use crate::op_id::OpId;
+use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::shim::{Frame, MarkerInfo, Verb};
+use crate::ssh::{self, Session};
+
+#[derive(Serialize)]
+struct ProbeReport<'a> {
+    op_id: &'a str,
+    host: &'a str,
+    #[serde(flatten)]
+    marker: &'a MarkerInfo,
+}
+
+/// Probes and prints the state.
+pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
+    let op =
+        OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+    let spec = common::host_spec(global, &args.host, &args.host_args);
+    let dest =
+        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let runtime = common::runtime()?;
+    let marker = runtime.block_on(probe_marker(&dest, &op))?;
+    let policy = common::load_policy(global)?;
+    let mut ledger = common::open_ledger(global, &policy)?;
+    let host = dest.display();
+    ledger.append(
+        &OpKey::new(op.as_str(), host.clone()),
+        &Event::Probed {
+            attempt_id: None,
+            state: marker.state.as_str().into(),
+            exit_code: marker.exit_code,
+            detail: "opmark probe".into(),
+        },
+        Durability::Normal,
+    )?;
+    if global.json {
+        common::print_json(&ProbeReport {
+            op_id: op.as_str(),
+            host: &host,
+            marker: &marker,
+        })?;
+    } else {
+        println!("{}", describe(&marker));
+    }
+    Ok(0)
+}
+
+/// One probe over a fresh connection; transport failures are `Unreachable` errors.
+pub async fn probe_marker(dest: &ssh::Destination, op: &OpId) -> Result<MarkerInfo> {
+    let session = Session::connect(dest)
+        .await
+        .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    match call_shim(&session, &Verb::Probe(op), None, &mut FramesOnly).await {
+        CallEnd::Finished(frames) => {
+            for f in frames {
+                match f {
+                    Frame::Probe(m) => return Ok(m),
+                    Frame::Refused(r) => {
+                        return Err(Error::new(
+                            ErrorKind::Unreachable,
+                            format!(
+                                "the host shim refused the probe: {} {:?}",
+                                r.reason, r.fields
+                            ),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+            Err(Error::new(
+                ErrorKind::Internal,
+                "the shim answered without a probe frame",
+            ))
+        }
+        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Err(Error::new(
+            ErrorKind::Unreachable,
+            format!("probe of {} failed: {why}", dest.display()),
+        )),
+    }
+}
+
+/// One line for people: `completed (exit 3) attempt at-... `.
+pub fn describe(m: &MarkerInfo) -> String {
+    let mut line = m.state.as_str().to_owned();
+    if let Some(code) = m.exit_code {
+        line.push_str(&format!(" exit={code}"));
+    }
+    if m.timed_out {
+        line.push_str(" timed_out");
+    }
+    if let Some(why) = &m.why {
+        line.push_str(&format!(" why={why}"));
+    }
+    if let Some(a) = &m.attempt {
+        line.push_str(&format!(" attempt={a}"));
+    }
+    if let Some(f) = &m.family {
+        line.push_str(&format!(" family={f}"));
+    }
+    line
+}
