@@ -459,6 +459,8 @@ boot=$(boot_id)" || exit 1
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
 	mkfifo "$m/.out.fifo" "$m/.err.fifo" || exit 1
+	dd_bytes=
+	dd iflag=count_bytes count=0 </dev/null >/dev/null 2>&1 && dd_bytes=1
 	capture "$m/out" "$cap" <"$m/.out.fifo" &
 	cap_out=$!
 	capture "$m/err" "$cap" <"$m/.err.fifo" &
@@ -485,7 +487,13 @@ ended_at=$(now)" || exit 1
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
 # the command never blocks on a full pipe nor dies of SIGPIPE.
 capture() {
-	head -c "$2" >"$1"
+	# dd writes each read as it arrives (live output); head -c holds a stdio buffer, so
+	# it is only the fallback for a dd without count_bytes.
+	if [ -n "$dd_bytes" ]; then
+		dd bs=65536 iflag=count_bytes count="$2" >"$1" 2>/dev/null
+	else
+		head -c "$2" >"$1"
+	fi
 	c_rest=$(wc -c)
 	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
 }

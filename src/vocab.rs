@@ -52,8 +52,10 @@ pub enum Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RetryReason {
-    /// The first attempt of a run.
+    /// The first attempt of an operation.
     FirstAttempt,
+    /// A new `opmark run` of an op id that already has attempts (the caller retried).
+    CallerRerun,
     /// The previous attempt never got a connection (boundary `not_sent`).
     ConnectionNotEstablished,
     /// The previous attempt was dispatched, the connection was lost, and a probe found
@@ -114,6 +116,7 @@ names!(Verdict {
 
 names!(RetryReason {
     FirstAttempt => "first_attempt",
+    CallerRerun => "caller_rerun",
     ConnectionNotEstablished => "connection_not_established",
     ResponseLostAfterDispatch => "response_lost_after_dispatch",
     Reattach => "reattach",

@@ -52,6 +52,9 @@ pub async fn call_shim(
             }
         }
     };
+    if let Verb::Run(_) = verb {
+        super::fault_point("after_dispatch");
+    }
     let mut parser = ReplyParser::new();
     let mut frames = Vec::new();
     let mut replies = Vec::new();

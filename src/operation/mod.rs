@@ -180,6 +180,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         after_interrupted: family_policy.after_interrupted,
         output: Output::new(input.live_output),
         exit: None,
+        attempt_base: 0,
         input,
     };
 
@@ -205,8 +206,15 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     }
 
     // The ledger guards the op id: a different intent under it is a conflict before
-    // anything is sent.
-    if let Some(existing) = runner.ledger.operation(&runner.key)? {
+    // anything is sent. An earlier attempt becomes this run's first parent.
+    let existing = runner.ledger.operation(&runner.key)?;
+    let (first_reason, first_parent) = match existing.as_ref().and_then(|r| r.last_attempt.clone()) {
+        Some(parent) if runner.input.approve.is_some() => (RetryReason::OperatorApproved, Some(parent)),
+        Some(parent) => (RetryReason::CallerRerun, Some(parent)),
+        None => (RetryReason::FirstAttempt, None),
+    };
+    runner.attempt_base = existing.as_ref().map_or(0, |r| r.attempts);
+    if let Some(existing) = existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
                 "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
@@ -219,7 +227,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     let dest = match resolved {
         Ok(dest) => dest,
         Err(e) => {
-            runner.begin(RetryReason::FirstAttempt, None)?;
+            runner.begin(first_reason, first_parent)?;
             let attempt = runner.current_attempt();
             runner.boundary(&attempt, Boundary::NotSent, &e.message)?;
             let reason = format!("{}; nothing was sent", e.message);
@@ -237,7 +245,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
             Durability::Normal,
         )?;
     }
-    runner.begin(RetryReason::FirstAttempt, None)?;
+    runner.begin(first_reason, first_parent)?;
     runner.drive(&dest).await
 }
 
@@ -258,6 +266,8 @@ struct Runner<'a> {
     after_interrupted: AfterInterrupted,
     output: Output,
     exit: Option<ExitFrame>,
+    /// Attempts the ledger already holds for this operation (earlier invocations).
+    attempt_base: u32,
     input: RunInput,
 }
 
@@ -311,6 +321,7 @@ impl<'a> Runner<'a> {
                 command: &self.input.command,
             });
             let stdin = self.input.stdin.clone();
+            fault_point("before_dispatch");
             let end = {
                 let mut observer = RunObserver {
                     ledger: self.ledger,
@@ -447,6 +458,14 @@ impl<'a> Runner<'a> {
             return Ok(self.exit_verdict(x, by_us));
         }
         let Some(refusal) = refusal else {
+            // The supervisor vanished without an exit record while we followed it.
+            if let Some(m) = frames.iter().find_map(|f| match f {
+                Frame::Interrupted(m) => Some(m.clone()),
+                _ => None,
+            }) {
+                self.record_probe(attempt, &m)?;
+                return Ok(self.after_interrupted_marker(Some(&m), attempt));
+            }
             return Err(Error::new(
                 ErrorKind::Internal,
                 "the shim ended its reply without an exit or a refusal",
@@ -764,10 +783,10 @@ impl<'a> Runner<'a> {
     /// Records a new attempt durably before it is dispatched (with the intent, for the
     /// first one, in the same transaction).
     fn begin(&mut self, reason: RetryReason, parent: Option<String>) -> Result<(), Error> {
-        let number = self.attempts.len() as u32 + 1;
+        let number = self.attempt_base + self.attempts.len() as u32 + 1;
         let attempt_id = new_attempt_id();
         let mut events = Vec::new();
-        if number == 1 {
+        if self.attempts.is_empty() {
             events.push(Event::SessionStarted {
                 session: self.session_id.clone(),
                 pid: std::process::id(),
@@ -969,6 +988,9 @@ impl CallObserver for RunObserver<'_> {
         self.output.stderr(bytes);
     }
     fn frame(&mut self, frame: &Frame) {
+        if let Frame::Exit(_) = frame {
+            fault_point("after_exit");
+        }
         if let Frame::Started { .. } = frame {
             let result = self.ledger.append(
                 self.key,
@@ -982,7 +1004,21 @@ impl CallObserver for RunObserver<'_> {
             if let Err(e) = result {
                 self.error.get_or_insert(e);
             }
+            fault_point("after_started");
         }
+    }
+}
+
+/// Fault injection for the crash tests: `OPMARK_FAULT=<point>` makes this process
+/// SIGKILL itself at that point (`before_dispatch`, `after_dispatch`, `after_started`,
+/// `after_exit`), as a crash or `kill -9` would. Never set outside tests.
+pub(crate) fn fault_point(point: &str) {
+    if std::env::var("OPMARK_FAULT").is_ok_and(|p| p == point) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &std::process::id().to_string()])
+            .status();
+        // kill(1) missing: die without cleanup all the same.
+        std::process::abort();
     }
 }
 

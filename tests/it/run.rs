@@ -1,1 +1,459 @@
-//! run integration tests.
+//! `opmark run` end to end against real sshd targets: each guarantee of SPEC section 8.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::lab::Lab;
+use serde_json::Value;
+
+use crate::support::{self, fresh_dir, text, Sealed};
+
+/// A JSON verdict and the process status.
+struct Answer {
+    json: Value,
+    status: i32,
+    stderr: String,
+}
+
+impl Answer {
+    fn verdict(&self) -> &str {
+        self.json["verdict"].as_str().unwrap_or("<none>")
+    }
+    fn exit_code(&self) -> Option<i64> {
+        self.json["exit_code"].as_i64()
+    }
+    fn stdout(&self) -> &str {
+        self.json["stdout"].as_str().unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "status {} json {} stderr {}", self.status, self.json, self.stderr)
+    }
+}
+
+fn answer(out: Output) -> Answer {
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}): {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    Answer {
+        json,
+        status: out.status.code().unwrap_or(-1),
+        stderr: text(&out.stderr),
+    }
+}
+
+fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
+    answer(
+        env.opmark_with_lab(lab)
+            .arg("--json")
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// A place on the (local) target where commands leave their effects.
+fn effects(name: &str) -> PathBuf {
+    fresh_dir(name).join("effects")
+}
+
+#[test]
+fn same_op_id_twice_completes_then_replays_with_the_same_result() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("replay");
+    let fx = effects("replay");
+    let cmd = format!("echo ran >> {}; echo out; echo err >&2; exit 3", fx.display());
+    let first = run_json(&env, &lab, &["target1", "--op", "deploy-1", "--", &cmd]);
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    assert_eq!(first.exit_code(), Some(3));
+    assert_eq!(first.status, 3, "the command's own status");
+    assert_eq!(first.stdout(), "out\n");
+    assert_eq!(first.json["stderr"], "err\n");
+    assert_eq!(first.json["attempts"].as_array().unwrap().len(), 1);
+
+    let second = run_json(&env, &lab, &["target1", "--op", "deploy-1", "--", &cmd]);
+    assert_eq!(second.verdict(), "replayed", "{second:?}");
+    assert_eq!(second.exit_code(), Some(3));
+    assert_eq!(second.status, 3);
+    assert_eq!(second.stdout(), "out\n");
+    assert_eq!(lines(&fx), 1, "ran once");
+
+    // Plain mode: output streamed like ssh, opmark's own line prefixed on stderr.
+    let plain = env
+        .opmark_with_lab(&lab)
+        .args(["run", "target1", "--op", "deploy-1", "--", &cmd])
+        .output()
+        .unwrap();
+    assert_eq!(text(&plain.stdout), "out\n");
+    assert!(text(&plain.stderr).contains("opmark: replayed:"), "{}", text(&plain.stderr));
+    assert_eq!(plain.status.code(), Some(3));
+    assert_eq!(lines(&fx), 1);
+}
+
+#[test]
+fn a_minted_op_id_is_printed_before_dispatch() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("minted");
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["run", "target1", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = text(&out.stderr);
+    let op = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("opmark: op "))
+        .unwrap_or_else(|| panic!("no op line: {stderr}"));
+    let again = run_json(&env, &lab, &["target1", "--op", op, "--", "true"]);
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+}
+
+#[test]
+fn thirty_two_concurrent_runs_of_one_op_execute_once() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("concurrent");
+    let fx = effects("concurrent");
+    let cmd = format!("echo ran >> {}; sleep 0.3; echo done", fx.display());
+    let children: Vec<Child> = (0..32)
+        .map(|_| {
+            env.opmark_with_lab(&lab)
+                .args(["--json", "run", "target1", "--op", "contended", "--wait", "60s", "--", &cmd])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let answers: Vec<Answer> = children
+        .into_iter()
+        .map(|c| answer(c.wait_with_output().unwrap()))
+        .collect();
+    let completed = answers.iter().filter(|a| a.verdict() == "completed").count();
+    let replayed = answers.iter().filter(|a| a.verdict() == "replayed").count();
+    assert_eq!(completed, 1, "{answers:#?}");
+    assert_eq!(completed + replayed, 32, "{answers:#?}");
+    for a in &answers {
+        assert_eq!(a.exit_code(), Some(0), "{a:?}");
+        assert_eq!(a.stdout(), "done\n", "{a:?}");
+    }
+    assert_eq!(lines(&fx), 1);
+}
+
+#[test]
+fn a_client_killed_at_any_boundary_then_rerun_executes_once_with_the_true_status() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    for point in ["before_dispatch", "after_dispatch", "after_started", "after_exit"] {
+        let env = Sealed::new(&format!("kill-{point}"));
+        let fx = effects(&format!("kill-{point}"));
+        let cmd = format!("echo ran >> {}; sleep 0.5; echo out; exit 7", fx.display());
+        let op = format!("crash-{point}");
+        let crashed = env
+            .opmark_with_lab(&lab)
+            .env("OPMARK_FAULT", point)
+            .args(["--json", "run", "target1", "--op", &op, "--", &cmd])
+            .output()
+            .unwrap();
+        assert_eq!(crashed.status.code(), None, "{point}: killed by a signal");
+        let rerun = run_json(&env, &lab, &["target1", "--op", &op, "--", &cmd]);
+        assert!(
+            matches!(rerun.verdict(), "completed" | "replayed"),
+            "{point}: {rerun:?}"
+        );
+        assert_eq!(rerun.exit_code(), Some(7), "{point}: {rerun:?}");
+        assert_eq!(rerun.stdout(), "out\n", "{point}");
+        assert_eq!(lines(&fx), 1, "{point}: exactly one execution");
+        if point == "before_dispatch" {
+            assert_eq!(rerun.verdict(), "completed", "nothing had left: the rerun ran it");
+        } else {
+            assert_eq!(rerun.verdict(), "replayed", "{point}: the crashed client's attempt ran it");
+        }
+    }
+}
+
+/// An ssh config that detects a dead link in about 2 s and includes the lab's.
+fn fast_loss_config(lab: &Lab, dir: &Path) -> PathBuf {
+    let cfg = dir.join("ssh_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "ServerAliveInterval 1\nServerAliveCountMax 1\nConnectTimeout 2\nInclude {}\n",
+            lab.ssh_config().display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_link_cut_mid_command_and_restored_reattaches_without_losing_or_repeating_output() {
+    let Some(lab) = support::netns_lab(1) else { return };
+    let env = Sealed::new("cut-restore");
+    let dir = fresh_dir("cut-restore");
+    let cfg = fast_loss_config(&lab, &dir);
+    let target = lab.target("target1").unwrap();
+    let marker = target.marker_root().join("ops").join("cut-1");
+    let cmd = "echo first; sleep 4; echo second; exit 6";
+    let child = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--json", "run", "target1", "--op", "cut-1", "--wait", "30s", "--", cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the command to start", Duration::from_secs(20), || {
+        std::fs::read(marker.join("out")).is_ok_and(|o| o == b"first\n")
+    });
+    lab.cut("target1").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    lab.restore("target1").unwrap();
+    let a = answer(child.wait_with_output().unwrap());
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.exit_code(), Some(6), "{a:?}");
+    assert_eq!(a.stdout(), "first\nsecond\n", "every byte once: {a:?}");
+    assert!(a.stderr.contains("probing"), "{}", a.stderr);
+}
+
+#[test]
+fn a_link_cut_and_not_restored_is_indeterminate_while_the_command_completes_on_the_host() {
+    let Some(lab) = support::netns_lab(1) else { return };
+    let env = Sealed::new("cut-stays");
+    let dir = fresh_dir("cut-stays");
+    let cfg = fast_loss_config(&lab, &dir);
+    let target = lab.target("target1").unwrap();
+    let marker = target.marker_root().join("ops").join("cut-2");
+    let child = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--json", "run", "target1", "--op", "cut-2", "--wait", "3s", "--", "sleep 2; exit 4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the command to start", Duration::from_secs(20), || {
+        marker.join("started").exists()
+    });
+    lab.cut("target1").unwrap();
+    let a = answer(child.wait_with_output().unwrap());
+    assert_eq!(a.verdict(), "indeterminate", "{a:?}");
+    assert_eq!(a.exit_code(), None, "unknown is not zero");
+    assert_eq!(a.status, 242);
+    wait_for("the exit record on the host", Duration::from_secs(20), || {
+        marker.join("exit").exists()
+    });
+    let record = std::fs::read_to_string(marker.join("exit")).unwrap();
+    assert!(record.contains("code=4"), "{record}");
+    lab.restore("target1").unwrap();
+}
+
+/// Kills the detached supervisor's process group of `op` on a loopback target.
+fn kill_supervisor(lab: &Lab, op: &str) {
+    let marker = lab.target("target1").unwrap().marker_root().join("ops").join(op);
+    wait_for("the supervisor record", Duration::from_secs(20), || {
+        marker.join("started").exists() && marker.join("proc").exists()
+    });
+    let proc = std::fs::read_to_string(marker.join("proc")).unwrap();
+    let pid = proc
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .to_owned();
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("interrupted-append");
+    let fx = effects("interrupted-append");
+    let gate = fx.with_extension("gate");
+    // The first execution blocks until killed; the approved re-run finds the gate open.
+    let cmd = format!(
+        "echo ran >> {fx}; while [ ! -e {gate} ]; do sleep 0.05; done; echo finished",
+        fx = fx.display(),
+        gate = gate.display()
+    );
+    let child = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "append-1", "--class", "append-only", "--", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kill_supervisor(&lab, "append-1");
+    let a = answer(child.wait_with_output().unwrap());
+    assert_eq!(a.verdict(), "indeterminate", "{a:?}");
+    assert!(a.json["reason"].as_str().unwrap().contains("--approve"), "{a:?}");
+    assert_eq!(lines(&fx), 1);
+
+    let again = run_json(&env, &lab, &["target1", "--op", "append-1", "--class", "append-only", "--", &cmd]);
+    assert_eq!(again.verdict(), "indeterminate", "no re-run without approval: {again:?}");
+    assert_eq!(lines(&fx), 1);
+
+    std::fs::write(&gate, "").unwrap();
+    let approved = run_json(
+        &env,
+        &lab,
+        &["target1", "--op", "append-1", "--class", "append-only", "--approve", "checked: the first run died", "--", &cmd],
+    );
+    assert_eq!(approved.verdict(), "completed", "{approved:?}");
+    assert_eq!(approved.stdout(), "finished\n");
+    assert_eq!(lines(&fx), 2, "exactly one more execution");
+    let reasons: Vec<&str> = approved.json["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["reason"].as_str().unwrap())
+        .collect();
+    assert!(reasons.contains(&"operator_approved"), "{reasons:?}");
+
+    let after = run_json(&env, &lab, &["target1", "--op", "append-1", "--class", "append-only", "--", &cmd]);
+    assert_eq!(after.verdict(), "replayed", "{after:?}");
+    assert_eq!(lines(&fx), 2);
+}
+
+#[test]
+fn an_interrupted_convergent_op_is_rerun_automatically_and_recorded() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("interrupted-convergent");
+    let fx = effects("interrupted-convergent");
+    let gate = fx.with_extension("gate");
+    let cmd = format!(
+        "echo ran >> {fx}; while [ ! -e {gate} ]; do sleep 0.05; done; exit 0",
+        fx = fx.display(),
+        gate = gate.display()
+    );
+    let child = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "conv-1", "--class", "convergent", "--", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    kill_supervisor(&lab, "conv-1");
+    // Let the re-run through: it is the second execution, recorded as such.
+    wait_for("the automatic re-run", Duration::from_secs(20), || lines(&fx) == 2);
+    std::fs::write(&gate, "").unwrap();
+    let a = answer(child.wait_with_output().unwrap());
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    let attempts = a.json["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{a:?}");
+    assert_eq!(attempts[1]["reason"], "interrupted_rerun");
+    assert_eq!(attempts[1]["parent"], attempts[0]["attempt_id"]);
+    let show = env
+        .opmark()
+        .args(["show", "conv-1"])
+        .output()
+        .unwrap();
+    assert!(text(&show.stdout).contains("interrupted_rerun"), "{}", text(&show.stdout));
+}
+
+#[test]
+fn conflicts_denied_commands_and_unknown_host_keys_run_nothing() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("nothing-runs");
+    let fx = effects("nothing-runs");
+    let first = run_json(&env, &lab, &["target1", "--op", "bound", "--", "true"]);
+    assert_eq!(first.verdict(), "completed");
+
+    // The ledger knows the op id means `true`: another command under it is a conflict.
+    let touch = format!("echo ran >> {}", fx.display());
+    let ledger_conflict = run_json(&env, &lab, &["target1", "--op", "bound", "--", &touch]);
+    assert_eq!(ledger_conflict.verdict(), "conflict", "{ledger_conflict:?}");
+    assert_eq!(ledger_conflict.status, 243);
+
+    // A fresh ledger (another client) only learns it from the host marker.
+    let other = Sealed::new("nothing-runs-other");
+    let host_conflict = run_json(&other, &lab, &["target1", "--op", "bound", "--", &touch]);
+    assert_eq!(host_conflict.verdict(), "conflict", "{host_conflict:?}");
+
+    let denied = run_json(&env, &lab, &["target1", "--op", "wipe", "--", "rm -rf /"]);
+    assert_eq!(denied.verdict(), "refused", "{denied:?}");
+    assert_eq!(denied.status, 245);
+
+    let blocked = run_json(&env, &lab, &["target1", "--op", "format", "--", "mkfs.ext4 /dev/vdz"]);
+    assert_eq!(blocked.verdict(), "blocked", "{blocked:?}");
+    assert_eq!(blocked.status, 244);
+
+    // A known_hosts that does not know the target: not_applied, nothing sent.
+    let dir = fresh_dir("nothing-runs-keys");
+    let empty_known = dir.join("known_hosts");
+    std::fs::write(&empty_known, "").unwrap();
+    let cfg = dir.join("ssh_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "UserKnownHostsFile {}\nInclude {}\n",
+            empty_known.display(),
+            lab.ssh_config().display()
+        ),
+    )
+    .unwrap();
+    let unknown_key = answer(
+        env.opmark()
+            .arg("-F")
+            .arg(&cfg)
+            .args(["--json", "run", "target1", "--op", "unknown-key", "--", &touch])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(unknown_key.verdict(), "not_applied", "{unknown_key:?}");
+    assert!(unknown_key.json["reason"].as_str().unwrap().contains("host key"), "{unknown_key:?}");
+    assert_eq!(unknown_key.json["attempts"][0]["boundary"], "not_sent");
+
+    let bad_id = run_json(&env, &lab, &["target1", "--op", "../etc", "--", &touch]);
+    assert_eq!(bad_id.verdict(), "refused");
+    assert_eq!(lines(&fx), 0, "nothing ran anywhere");
+    assert!(!lab.target("target1").unwrap().marker_root().join("ops/unknown-key").exists());
+}
+
+#[test]
+fn stdin_is_forwarded_only_when_asked_and_is_part_of_the_intent() {
+    let Some(lab) = support::loopback_lab(1) else { return };
+    let env = Sealed::new("stdin");
+    let run_with_input = |op: &str, input: &[u8]| {
+        let mut child = env
+            .opmark_with_lab(&lab)
+            .args(["--json", "run", "target1", "--op", op, "--stdin", "--", "wc -c"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        answer(child.wait_with_output().unwrap())
+    };
+    let a = run_with_input("in-1", &vec![b'x'; 100_000]);
+    assert_eq!(a.stdout().trim(), "100000", "{a:?}");
+    let conflict = run_with_input("in-1", b"different input");
+    assert_eq!(conflict.verdict(), "conflict", "{conflict:?}");
+    let without = run_json(&env, &lab, &["target1", "--op", "in-2", "--", "wc -c"]);
+    assert_eq!(without.stdout().trim(), "0");
+}
