@@ -2,6 +2,8 @@
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
+mod classify;
+
 use crate::cli::{Cli, Command};
 use crate::error::{Error, Result};
 
@@ -15,7 +17,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Show(_) => Err(Error::not_implemented("show")),
         Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),
         Command::Resolve(_) => Err(Error::not_implemented("resolve")),
-        Command::Classify(_) => Err(Error::not_implemented("classify")),
+        Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(_) => Err(Error::not_implemented("audit verify")),
         Command::Gc(_) => Err(Error::not_implemented("gc")),
         Command::Stats => Err(Error::not_implemented("stats")),
