@@ -2,6 +2,7 @@
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
+mod classify;
 mod lab;
 
 use crate::cli::{Cli, Command};
@@ -25,7 +26,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Show(args) => show::run(&global, &args),
         Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),
         Command::Resolve(_) => Err(Error::not_implemented("resolve")),
-        Command::Classify(_) => Err(Error::not_implemented("classify")),
+        Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(args) => audit::run(&global, &args),
         Command::Gc(_) => Err(Error::not_implemented("gc")),
         Command::Stats => stats::run(&global),
