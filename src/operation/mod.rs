@@ -208,8 +208,11 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     // The ledger guards the op id: a different intent under it is a conflict before
     // anything is sent. An earlier attempt becomes this run's first parent.
     let existing = runner.ledger.operation(&runner.key)?;
-    let (first_reason, first_parent) = match existing.as_ref().and_then(|r| r.last_attempt.clone()) {
-        Some(parent) if runner.input.approve.is_some() => (RetryReason::OperatorApproved, Some(parent)),
+    let (first_reason, first_parent) = match existing.as_ref().and_then(|r| r.last_attempt.clone())
+    {
+        Some(parent) if runner.input.approve.is_some() => {
+            (RetryReason::OperatorApproved, Some(parent))
+        }
         Some(parent) => (RetryReason::CallerRerun, Some(parent)),
         None => (RetryReason::FirstAttempt, None),
     };
