@@ -459,8 +459,8 @@ boot=$(boot_id)" || exit 1
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
 	mkfifo "$m/.out.fifo" "$m/.err.fifo" || exit 1
-	dd_bytes=
-	dd iflag=count_bytes count=0 </dev/null >/dev/null 2>&1 && dd_bytes=1
+	unbuffered=
+	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
 	capture "$m/out" "$cap" <"$m/.out.fifo" &
 	cap_out=$!
 	capture "$m/err" "$cap" <"$m/.err.fifo" &
@@ -469,10 +469,17 @@ boot=$(boot_id)" || exit 1
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
 	"$OPMARK_SHELL" -c "$cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
 	code=$?
+	# Stop the deadline killer first (a builtin: no child it could mistake for the
+	# command's), so nothing of ours dies while the exit record is written.
+	[ -n "$killer" ] && kill -KILL "$killer" 2>/dev/null
 	# The captures end when every writer of the FIFOs has closed them (the command and
-	# anything it left running with its output), as with ssh itself.
-	wait "$cap_out" "$cap_err"
-	[ -n "$killer" ] && kill "$killer" 2>/dev/null
+	# anything it left running with its output), as with ssh itself. A trapped TERM
+	# interrupts `wait`, hence the loop.
+	for cp in "$cap_out" "$cap_err"; do
+		while kill -0 "$cp" 2>/dev/null; do
+			wait "$cp"
+		done
+	done
 	timed_out=0
 	[ -f "$m/timed_out" ] && timed_out=1
 	durable_write "$m" exit "code=$code
@@ -487,10 +494,11 @@ ended_at=$(now)" || exit 1
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
 # the command never blocks on a full pipe nor dies of SIGPIPE.
 capture() {
-	# dd writes each read as it arrives (live output); head -c holds a stdio buffer, so
-	# it is only the fallback for a dd without count_bytes.
-	if [ -n "$dd_bytes" ]; then
-		dd bs=65536 iflag=count_bytes count="$2" >"$1" 2>/dev/null
+	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
+	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
+	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
+	if [ -n "$unbuffered" ]; then
+		stdbuf -o0 head -c "$2" >"$1"
 	else
 		head -c "$2" >"$1"
 	fi

@@ -471,7 +471,8 @@ fn killing_the_foreground_does_not_stop_the_command() {
         host.wait_for_file(&host.marker("survivor").join("proc"));
         kill(-(child.id() as i32), "KILL");
         child.wait().unwrap();
-        assert_eq!(host.probe("survivor").state, MarkerState::Running, "{name}");
+        let during = host.probe("survivor");
+        assert_eq!(during.state, MarkerState::Running, "{name}: {during:?}");
         std::fs::write(&gate, "").unwrap();
         let done = host.wait_for_state("survivor", MarkerState::Completed);
         assert_eq!(done.exit_code, Some(7), "{name}");
@@ -589,6 +590,12 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
         .spawn()
         .unwrap();
     host.wait_for_file(&host.marker("op").join("started"));
+    // Kill only once the command has had its effect, or the count below means nothing.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count_lines(&effects) < 1 {
+        assert!(Instant::now() < deadline, "the command never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let pid: i32 = host.record("op", "proc", "pid").parse().unwrap();
     kill(-pid, "KILL");
     child.wait().unwrap();
