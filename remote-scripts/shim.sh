@@ -482,9 +482,11 @@ boot=$(boot_id)" || exit 1
 	done
 	timed_out=0
 	[ -f "$m/timed_out" ] && timed_out=1
-	durable_write "$m" exit "code=$code
+	record="code=$code
 timed_out=$timed_out
-ended_at=$(now)" || exit 1
+ended_at=$(now)"
+	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
+	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
 	rm -f "$m/.out.fifo" "$m/.err.fifo"
 	for w in "$m"/w/*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"

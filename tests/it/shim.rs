@@ -779,7 +779,10 @@ fn timeout_kills_the_process_group_and_is_recorded() {
     let o = host.run_with("slow", "a1", "sleep 30 & sleep 30; echo never", |r| {
         r.timeout = Some(Duration::from_secs(1));
     });
-    let x = o.exit().unwrap_or_else(|| panic!("no exit frame: {o:?}"));
+    let x = o.exit().unwrap_or_else(|| {
+        let log = std::fs::read_to_string(host.root().join("shim.log")).unwrap_or_default();
+        panic!("no exit frame: {o:?}\nshim.log: {log}")
+    });
     assert!(x.timed_out, "{o:?}");
     assert_ne!(x.code, 0);
     assert!(started.elapsed() < Duration::from_secs(15));
