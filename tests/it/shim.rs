@@ -844,3 +844,78 @@ fn a_volatile_or_unwritable_marker_root_is_refused() {
     assert_eq!(o.refusal().unwrap().fields["reason"], "volatile_path");
     assert!(!Path::new("/tmp/opmark-should-not-exist").exists());
 }
+
+/// The shim through a real sshd, driven by the OpenSSH client: killing the client
+/// mid-command leaves the command running; probe, attach and replay over new connections.
+#[test]
+fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable() {
+    let Some(lab) = crate::support::loopback_lab(1) else {
+        return;
+    };
+    let target = lab.target("target1").unwrap();
+    let gate = crate::support::fresh_dir("sshd-shim").join("gate");
+    let cmd = format!(
+        "echo start; while [ ! -e {} ]; do sleep 0.02; done; echo end; exit 9",
+        gate.display()
+    );
+    let op = OpId::parse("over-ssh").unwrap();
+    let fingerprint = fp(&cmd);
+    let run = Verb::Run(RunRequest {
+        op: &op,
+        attempt_id: "a1",
+        host_fingerprint: &fingerprint,
+        family: Family::AppendOnly,
+        timeout: None,
+        output_cap: 1 << 20,
+        stdin: None,
+        supersede_interrupted: false,
+        command: &cmd,
+    });
+    let ssh_call = |verb: &Verb| {
+        let out = crate::support::ssh(&lab)
+            .arg("target1")
+            .arg(shim::remote_command(verb))
+            .output()
+            .unwrap();
+        parse(&out.stdout, &out.stderr)
+    };
+    let mut client = crate::support::ssh(&lab)
+        .arg("target1")
+        .arg(shim::remote_command(&run))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out_file = target.marker_root().join("ops/over-ssh/out");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read(&out_file).map_or(true, |o| o != b"start\n") {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    client.kill().unwrap();
+    client.wait().unwrap();
+
+    let probe = ssh_call(&Verb::Probe(&op));
+    assert_eq!(probe.marker().state, MarkerState::Running, "{probe:?}");
+    std::fs::write(&gate, "").unwrap();
+    // Re-attach from the byte the client had seen: only the rest arrives.
+    let attach = ssh_call(&Verb::Attach {
+        op: &op,
+        out_offset: 6,
+        err_offset: 0,
+    });
+    assert_eq!(attach.stdout, b"end\n", "{attach:?}");
+    assert_eq!(attach.exit().unwrap().code, 9);
+    // A retry of the run replays instead of running again.
+    let replay = ssh_call(&Verb::Run(RunRequest {
+        attempt_id: "a2",
+        ..match &run {
+            Verb::Run(r) => r.clone(),
+            _ => unreachable!(),
+        }
+    }));
+    assert_eq!(replay.refusal().unwrap().reason, "completed");
+    assert_eq!(replay.stdout, b"start\nend\n");
+    assert_eq!(replay.exit().unwrap().code, 9);
+    assert_eq!(replay.exit().unwrap().attempt, "a1");
+}
