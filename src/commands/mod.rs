@@ -9,8 +9,12 @@ use crate::error::{Error, Result};
 
 mod audit;
 mod common;
+mod doctor;
+mod gc;
 mod list;
 mod probe;
+mod reconcile;
+mod resolve;
 mod run;
 mod show;
 mod stats;
@@ -23,13 +27,13 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Probe(args) => probe::run(&global, &args),
         Command::List(args) => list::run(&global, &args),
         Command::Show(args) => show::run(&global, &args),
-        Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),
-        Command::Resolve(_) => Err(Error::not_implemented("resolve")),
+        Command::Reconcile(args) => reconcile::run(&global, &args),
+        Command::Resolve(args) => resolve::run(&global, &args),
         Command::Classify(_) => Err(Error::not_implemented("classify")),
         Command::Audit(args) => audit::run(&global, &args),
-        Command::Gc(_) => Err(Error::not_implemented("gc")),
+        Command::Gc(args) => gc::run(&global, &args),
         Command::Stats => stats::run(&global),
-        Command::Doctor(_) => Err(Error::not_implemented("doctor")),
+        Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
     }
 }
