@@ -475,17 +475,28 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
     }
     let verb = Verb::Fence { op, force: false };
     let result = match call_shim(session, &verb, None, &mut FramesOnly).await {
-        CallEnd::Finished(frames) => frames
-            .into_iter()
-            .find_map(|f| match f {
-                Frame::Fence { marker, .. } => Some(FenceResult::Fenced(marker)),
-                Frame::Refused(r) => Some(match r.marker {
-                    Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
-                    _ => FenceResult::Failed(format!("the shim refused to fence ({})", r.reason)),
-                }),
-                _ => None,
-            })
-            .unwrap_or_else(|| FenceResult::Failed("no fence answer".into())),
+        // A `completed` refusal is not a final frame (after `run` it precedes the replay),
+        // so the call reads as lost; the refusal is still the answer.
+        CallEnd::Finished(frames) | CallEnd::Lost { frames, .. }
+            if frames
+                .iter()
+                .any(|f| matches!(f, Frame::Fence { .. } | Frame::Refused(_))) =>
+        {
+            frames
+                .into_iter()
+                .find_map(|f| match f {
+                    Frame::Fence { marker, .. } => Some(FenceResult::Fenced(marker)),
+                    Frame::Refused(r) => Some(match r.marker {
+                        Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
+                        _ => {
+                            FenceResult::Failed(format!("the shim refused to fence ({})", r.reason))
+                        }
+                    }),
+                    _ => None,
+                })
+                .unwrap_or_else(|| FenceResult::Failed("no fence answer".into()))
+        }
+        CallEnd::Finished(_) => FenceResult::Failed("no fence answer".into()),
         CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => FenceResult::Failed(why),
     };
     Evidence::Marker {
