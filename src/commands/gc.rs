@@ -12,6 +12,7 @@ use crate::cli::{GcArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::operation::reconcile::unix_utc;
 use crate::policy::Policy;
 use crate::shim::{Frame, Verb};
 use crate::ssh::{self, Session};
@@ -102,13 +103,15 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             Frame::Gc { action, fields } if action == "done" => {
                 kept = fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0);
             }
-            Frame::Refused(r) => return Err(Error::new(
-                ErrorKind::Unreachable,
-                format!(
+            Frame::Refused(r) => {
+                return Err(Error::new(
+                    ErrorKind::Unreachable,
+                    format!(
                     "the host shim refused gc on {host} ({}); check the host with `opmark doctor`",
                     r.reason
                 ),
-            )),
+                ))
+            }
             _ => {}
         }
     }
@@ -131,7 +134,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
                 "{verb} {} ({}, recorded {})",
                 printable(&r.op),
                 r.state,
-                unix_utc(r.at)
+                unix_utc(&r.at.to_string())
             );
         }
         println!(
@@ -148,7 +151,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
 fn human(d: Duration) -> String {
     let s = d.as_secs();
     for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
-        if s >= len && s % len == 0 {
+        if s >= len && s.is_multiple_of(len) {
             return format!("{}{unit}", s / len);
         }
     }
@@ -156,18 +159,6 @@ fn human(d: Duration) -> String {
         return format!("{}ms", d.as_millis());
     }
     format!("{s}s")
-}
-
-fn unix_utc(t: u64) -> String {
-    time::OffsetDateTime::from_unix_timestamp(t as i64)
-        .ok()
-        .and_then(|d| {
-            d.format(time::macros::format_description!(
-                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
-            ))
-            .ok()
-        })
-        .unwrap_or_else(|| t.to_string())
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ pub enum Evidence {
     /// The probe's answer, and what fencing did when the marker was absent.
     Marker {
         /// The probe answer.
-        probe: MarkerInfo,
+        probe: Box<MarkerInfo>,
         /// The fence, when one was tried.
         fence: Option<FenceResult>,
     },
@@ -214,7 +214,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                             "opmark reconcile fenced the absent marker{}: a delayed attempt can never run",
                             m.fields
                                 .get("fenced_at")
-                                .map(|t| format!(" (fenced_at={t})"))
+                                .map(|t| format!(" (at {})", unix_utc(t)))
                                 .unwrap_or_default()
                         ),
                     });
@@ -279,7 +279,7 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
                     if m.timed_out { " (timed out)" } else { "" },
                     m.fields
                         .get("ended_at")
-                        .map(|t| format!(" (ended_at={t})"))
+                        .map(|t| format!(" (ended {})", unix_utc(t)))
                         .unwrap_or_default()
                 ),
             );
@@ -334,6 +334,20 @@ fn decide(outcome: &mut Outcome, events: &mut Vec<Event>, decision: &str, detail
         decision: decision.to_owned(),
         detail,
     });
+}
+
+/// A marker's unix-time field as `2024-05-01 10:00:00 UTC` (as sent when unreadable).
+pub fn unix_utc(t: &str) -> String {
+    t.parse::<i64>()
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|d| {
+            d.format(time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
+            ))
+            .ok()
+        })
+        .unwrap_or_else(|| t.to_owned())
 }
 
 /// A marker report in one line: `completed exit=5 attempt=at-...`.
@@ -471,7 +485,10 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
         None => return Evidence::Unreachable("the shim answered without a probe frame".into()),
     };
     if probe.state != MarkerState::Absent || !fence {
-        return Evidence::Marker { probe, fence: None };
+        return Evidence::Marker {
+            probe: Box::new(probe),
+            fence: None,
+        };
     }
     let verb = Verb::Fence { op, force: false };
     let result = match call_shim(session, &verb, None, &mut FramesOnly).await {
@@ -500,7 +517,7 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
         CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => FenceResult::Failed(why),
     };
     Evidence::Marker {
-        probe,
+        probe: Box::new(probe),
         fence: Some(result),
     }
 }
@@ -609,7 +626,7 @@ mod tests {
     fn completed_by_our_attempt_settles_with_its_exit_code() {
         let c = candidate(Some(Boundary::Started));
         let ev = Evidence::Marker {
-            probe: marker(MarkerState::Completed, Some("at-1"), Some(5)),
+            probe: Box::new(marker(MarkerState::Completed, Some("at-1"), Some(5))),
             fence: None,
         };
         let s = settle(&c, &ev);
@@ -629,7 +646,7 @@ mod tests {
     fn completed_by_a_foreign_attempt_is_not_claimed() {
         let c = candidate(Some(Boundary::SentNoResponse));
         let ev = Evidence::Marker {
-            probe: marker(MarkerState::Completed, Some("at-other"), Some(0)),
+            probe: Box::new(marker(MarkerState::Completed, Some("at-other"), Some(0))),
             fence: None,
         };
         let s = settle(&c, &ev);
@@ -642,7 +659,7 @@ mod tests {
         let c = candidate(Some(Boundary::SentNoResponse));
         assert!(fence_if_absent(&c.events));
         let ev = Evidence::Marker {
-            probe: marker(MarkerState::Absent, None, None),
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
             fence: Some(FenceResult::Fenced(marker(MarkerState::Fenced, None, None))),
         };
         let s = settle(&c, &ev);
@@ -655,7 +672,7 @@ mod tests {
         let c = candidate(Some(Boundary::Started));
         assert!(!fence_if_absent(&c.events));
         let ev = Evidence::Marker {
-            probe: marker(MarkerState::Absent, None, None),
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
             fence: None,
         };
         let s = settle(&c, &ev);
@@ -667,7 +684,7 @@ mod tests {
     fn claimed_between_probe_and_fence_settles_by_what_the_fence_found() {
         let c = candidate(Some(Boundary::SentNoResponse));
         let ev = Evidence::Marker {
-            probe: marker(MarkerState::Absent, None, None),
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
             fence: Some(FenceResult::Claimed(marker(
                 MarkerState::Running,
                 Some("at-1"),
@@ -689,7 +706,7 @@ mod tests {
             let s = settle(
                 &c,
                 &Evidence::Marker {
-                    probe: marker(state, Some("at-1"), None),
+                    probe: Box::new(marker(state, Some("at-1"), None)),
                     fence: None,
                 },
             );
@@ -703,7 +720,7 @@ mod tests {
         let s = settle(
             &c,
             &Evidence::Marker {
-                probe: marker(MarkerState::Fenced, None, None),
+                probe: Box::new(marker(MarkerState::Fenced, None, None)),
                 fence: None,
             },
         );

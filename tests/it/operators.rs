@@ -164,6 +164,28 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
         assert!(page.contains(needle), "show lacks {needle:?}:\n{page}");
     }
     assert!(page.lines().all(|l| l.chars().count() <= 80), "{page}");
+    // The outcome comes first, then attempts and observations before the timeline.
+    assert!(
+        page.lines()
+            .nth(1)
+            .unwrap()
+            .contains("outcome      completed, exit 5"),
+        "{page}"
+    );
+    let at = |s: &str| page.find(s).unwrap_or_else(|| panic!("no {s:?}:\n{page}"));
+    assert!(at("\nattempts:") < at("\nobservations (UTC):"));
+    assert!(at("\nobservations (UTC):") < at("\ntimeline (UTC):"));
+    let doc = json(&run(env.opmark().args(["--json", "show", "cut-1"])));
+    assert_eq!(doc["outcome"]["exit_code"], 5, "{doc}");
+    assert_eq!(doc["outcome"]["unresolved"], false);
+    assert_eq!(doc["attempts"][0]["boundary"], "started");
+    let changes: Vec<&str> = doc["observations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["changed"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes.last(), Some(&"settled"), "{doc}");
 }
 
 #[test]
