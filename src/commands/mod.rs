@@ -2,10 +2,11 @@
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
+mod classify;
 mod lab;
 
 use crate::cli::{Cli, Command};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 mod audit;
 mod common;
@@ -29,7 +30,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Show(args) => show::run(&global, &args),
         Command::Reconcile(args) => reconcile::run(&global, &args),
         Command::Resolve(args) => resolve::run(&global, &args),
-        Command::Classify(_) => Err(Error::not_implemented("classify")),
+        Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(args) => audit::run(&global, &args),
         Command::Gc(args) => gc::run(&global, &args),
         Command::Stats => stats::run(&global),

@@ -1,0 +1,49 @@
+//! `opmark classify`: the family of a command and the rule that decided each part.
+
+use crate::cli::{ClassifyArgs, GlobalArgs};
+use crate::error::{Error, ErrorKind, Result};
+use crate::policy::{Classification, Policy};
+
+/// Classifies the command words (joined by spaces, as `run` would send them) and prints
+/// the result; exit 0 even when the command would be denied (classifying is not running).
+pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
+    let policy = Policy::load(global.policy.as_deref())?;
+    let command = args.command.join(" ");
+    let c = policy.classify(&command);
+    if global.json {
+        let text = serde_json::to_string_pretty(&c)
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
+        println!("{text}");
+    } else {
+        print!("{}", render(&command, &c, policy.origin()));
+    }
+    Ok(crate::error::exit_code::OK)
+}
+
+/// The human-readable report.
+fn render(command: &str, c: &Classification, origin: &str) -> String {
+    let mut out = format!("{}: {command}\n", c.family);
+    for part in &c.parts {
+        out.push_str(&format!(
+            "  {:<12} {}  ({})\n",
+            part.family.as_str(),
+            part.command,
+            part.rule
+        ));
+    }
+    if let Some(e) = &c.parse_error {
+        out.push_str(&format!("parse error: {e}\n"));
+    }
+    if let Some(rule) = &c.deny {
+        out.push_str(&format!(
+            "denied by {rule}: `opmark run` refuses this command\n"
+        ));
+    }
+    if let Some(rule) = &c.approval {
+        out.push_str(&format!(
+            "approval required by {rule}: `opmark run` needs --approve NOTE\n"
+        ));
+    }
+    out.push_str(&format!("policy: {origin}\n"));
+    out
+}
