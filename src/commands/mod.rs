@@ -6,12 +6,16 @@ mod classify;
 mod lab;
 
 use crate::cli::{Cli, Command};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 mod audit;
 mod common;
+mod doctor;
+mod gc;
 mod list;
 mod probe;
+mod reconcile;
+mod resolve;
 mod run;
 mod show;
 mod stats;
@@ -24,13 +28,13 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Probe(args) => probe::run(&global, &args),
         Command::List(args) => list::run(&global, &args),
         Command::Show(args) => show::run(&global, &args),
-        Command::Reconcile(_) => Err(Error::not_implemented("reconcile")),
-        Command::Resolve(_) => Err(Error::not_implemented("resolve")),
+        Command::Reconcile(args) => reconcile::run(&global, &args),
+        Command::Resolve(args) => resolve::run(&global, &args),
         Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(args) => audit::run(&global, &args),
-        Command::Gc(_) => Err(Error::not_implemented("gc")),
+        Command::Gc(args) => gc::run(&global, &args),
         Command::Stats => stats::run(&global),
-        Command::Doctor(_) => Err(Error::not_implemented("doctor")),
+        Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
     }
 }

@@ -1,12 +1,19 @@
-//! `opmark show`: one operation's timeline, readable at 80 columns.
+//! `opmark show`: one operation's investigation page, readable at 80 columns: the
+//! outcome first, then the intent, the attempts (number, boundary, parent, reason,
+//! duration, exit), the observations (what was checked, when, what it changed), and the
+//! full timeline.
 
 use std::fmt::Write as _;
+
+use serde::Serialize;
 
 use super::list::{printable, redacted_error, to_second};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::projection::unresolved_after;
 use crate::ledger::{Event, Ledger, OpKey, OperationRecord, StoredEvent};
 use crate::op_id::OpId;
+use crate::vocab::{Boundary, RetryReason};
 
 const WIDTH: usize = 80;
 
@@ -63,7 +70,13 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
         return Err(redacted_error(not_found()));
     }
     if global.json {
-        let doc = serde_json::json!({ "operation": record, "events": events });
+        let doc = serde_json::json!({
+            "operation": record,
+            "outcome": outcome(record.as_ref(), &events),
+            "attempts": attempts(&events),
+            "observations": observations(&events),
+            "events": events,
+        });
         println!("{doc}");
     } else {
         print!("{}", render(&key, record.as_ref(), &events));
@@ -81,6 +94,8 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
     let field = |out: &mut String, name: &str, value: &str| {
         wrap_into(out, &format!("  {name:<12} "), value);
     };
+    let o = outcome(record, events);
+    field(&mut out, "outcome", &o.text);
     match record {
         Some(r) => {
             field(&mut out, "command", &printable(&r.display));
@@ -99,15 +114,6 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                 let _ = write!(state, ", exit {c}");
             }
             field(&mut out, "state", &state);
-            field(
-                &mut out,
-                "outcome",
-                if r.unresolved {
-                    "UNRESOLVED (not settled by a verdict, reconcile or operator)"
-                } else {
-                    "settled"
-                },
-            );
             field(&mut out, "attempts", &r.attempts.to_string());
             field(&mut out, "fingerprint", &r.fingerprint);
             field(
@@ -125,6 +131,45 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             "intent",
             "none recorded (only observations exist for this op id)",
         ),
+    }
+    let tries = attempts(events);
+    if !tries.is_empty() {
+        out.push_str("\nattempts:\n");
+        for a in &tries {
+            let head = match &a.parent {
+                Some(parent) => format!(
+                    "{} retry of {} because {}",
+                    printable(&a.attempt_id),
+                    printable(parent),
+                    a.reason
+                ),
+                None => format!("{} {}", printable(&a.attempt_id), a.reason),
+            };
+            wrap_into(&mut out, &format!("  #{:<3}", a.number), &head);
+            let mut line = format!(
+                "boundary: {}, exit: {}",
+                a.boundary.map_or("none recorded", |b| b.as_str()),
+                a.exit_code.map_or("unknown".to_owned(), |c| c.to_string())
+            );
+            if let Some(d) = a.duration_ms {
+                let _ = write!(line, ", seen for {}", seconds(d));
+            }
+            let _ = write!(
+                line,
+                " ({} .. {} UTC)",
+                clock(&a.dispatched_at),
+                clock(&a.last_seen_at)
+            );
+            wrap_into(&mut out, "      ", &line);
+        }
+    }
+    let seen = observations(events);
+    if !seen.is_empty() {
+        out.push_str("\nobservations (UTC):\n");
+        for o in &seen {
+            let text = format!("{}: {} [{}]", o.what, printable(&o.found), o.changed);
+            wrap_into(&mut out, &format!("  {} ", to_second(&o.at)), &text);
+        }
     }
     out.push_str("\ntimeline (UTC):\n");
     let seq_w = events.last().map_or(1, |e| e.seq.to_string().len()).max(2);
@@ -317,5 +362,251 @@ fn wrap_into(out: &mut String, prefix: &str, text: &str) {
         }
         out.push_str(l);
         out.push('\n');
+    }
+}
+
+/// The operation's outcome, as the events settle it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutcomeLine {
+    /// Still not settled by a verdict, a reconcile or an operator.
+    pub unresolved: bool,
+    /// The last word on it: a verdict, `reconciled:<decision>` or `resolved:<decision>`.
+    pub last_word: Option<String>,
+    /// The best-known exit code (received, recorded on the host, or in a verdict).
+    pub exit_code: Option<i32>,
+    /// One line for people.
+    pub text: String,
+}
+
+/// What the events say about the outcome.
+pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> OutcomeLine {
+    let mut unresolved = false;
+    let mut last_word: Option<(String, String)> = None;
+    let mut exit_code = None;
+    for e in events {
+        unresolved = unresolved_after(unresolved, &e.event);
+        match &e.event {
+            Event::Verdict {
+                verdict,
+                exit_code: code,
+                ..
+            } => {
+                if code.is_some() {
+                    exit_code = *code;
+                }
+                last_word = Some((
+                    verdict.as_str().to_owned(),
+                    format!("verdict at {}", to_second(&e.at)),
+                ));
+            }
+            Event::ExitReceived {
+                exit_code: code, ..
+            } => exit_code = code.or(exit_code),
+            Event::Probed {
+                state,
+                exit_code: Some(code),
+                ..
+            } if state == "completed" => exit_code = Some(*code),
+            Event::Reconciled { decision, .. } => {
+                last_word = Some((
+                    format!("reconciled:{decision}"),
+                    format!("reconcile at {}", to_second(&e.at)),
+                ));
+            }
+            Event::OperatorDecision { by, decision, .. } if decision != "approved" => {
+                last_word = Some((
+                    format!("resolved:{decision}"),
+                    format!("operator {} at {}", printable(by), to_second(&e.at)),
+                ));
+            }
+            Event::AttemptDispatched { .. } => last_word = None,
+            _ => {}
+        }
+    }
+    if let Some(r) = record {
+        // The projection is the authority on "unresolved"; the fold above only names why.
+        unresolved = r.unresolved;
+    }
+    let exit = exit_code.map(|c| format!(", exit {c}")).unwrap_or_default();
+    let text = match (&last_word, unresolved) {
+        (Some((word, by)), false) => {
+            let word = word.split_once(':').map_or(word.as_str(), |(_, d)| d);
+            format!("{word}{exit} (settled by {by} UTC)")
+        }
+        (Some((word, by)), true) => format!(
+            "UNRESOLVED: {word}{exit} ({by} UTC); next: `opmark reconcile`, or `opmark resolve` when only a person can tell"
+        ),
+        (None, true) => format!(
+            "UNRESOLVED: no verdict yet{exit}; next: `opmark reconcile`"
+        ),
+        (None, false) => format!("settled{exit}"),
+    };
+    OutcomeLine {
+        unresolved,
+        last_word: last_word.map(|(w, _)| w),
+        exit_code,
+        text,
+    }
+}
+
+/// One attempt as the page shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptView {
+    /// 1, 2, ...
+    pub number: u32,
+    /// Attempt id.
+    pub attempt_id: String,
+    /// The attempt it retried.
+    pub parent: Option<String>,
+    /// Why it was made.
+    pub reason: RetryReason,
+    /// The furthest boundary observed.
+    pub boundary: Option<Boundary>,
+    /// Its exit code, when received.
+    pub exit_code: Option<i32>,
+    /// When it was dispatched.
+    pub dispatched_at: String,
+    /// The last event about it.
+    pub last_seen_at: String,
+    /// From dispatch to the last event about it, in milliseconds.
+    pub duration_ms: Option<u64>,
+}
+
+/// The attempts, in dispatch order.
+pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
+    let mut out: Vec<AttemptView> = Vec::new();
+    for e in events {
+        if let Event::AttemptDispatched {
+            attempt_id,
+            number,
+            parent,
+            reason,
+        } = &e.event
+        {
+            out.push(AttemptView {
+                number: *number,
+                attempt_id: attempt_id.clone(),
+                parent: parent.clone(),
+                reason: *reason,
+                boundary: None,
+                exit_code: None,
+                dispatched_at: e.at.clone(),
+                last_seen_at: e.at.clone(),
+                duration_ms: Some(0),
+            });
+            continue;
+        }
+        let Some(id) = e.event.attempt_id() else {
+            continue;
+        };
+        // Probes and verdicts name an attempt but are not part of it.
+        if matches!(e.event, Event::Probed { .. } | Event::Verdict { .. }) {
+            continue;
+        }
+        let Some(a) = out.iter_mut().rev().find(|a| a.attempt_id == id) else {
+            continue;
+        };
+        match &e.event {
+            Event::BoundaryReached { boundary, .. } => {
+                a.boundary = Some(a.boundary.map_or(*boundary, |b| b.max(*boundary)));
+            }
+            Event::ExitReceived { exit_code, .. } => {
+                a.boundary =
+                    Some(Boundary::ExitReceived.max(a.boundary.unwrap_or(Boundary::NotSent)));
+                a.exit_code = *exit_code;
+            }
+            _ => {}
+        }
+        a.last_seen_at = e.at.clone();
+        a.duration_ms = millis_between(&a.dispatched_at, &e.at);
+    }
+    out
+}
+
+/// One observation: a probe, a reconcile, an operator decision, a fence, a supersede.
+#[derive(Debug, Clone, Serialize)]
+pub struct Observation {
+    /// When.
+    pub at: String,
+    /// `probe`, `reconcile`, `operator <name>`, `fence`, `supersede`.
+    pub what: String,
+    /// What it found or decided.
+    pub found: String,
+    /// What it changed: `settled`, `reopened`, `left open`, `no change`.
+    pub changed: String,
+}
+
+/// The observations, in time order.
+pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
+    let mut out = Vec::new();
+    let mut unresolved = false;
+    for e in events {
+        let before = unresolved;
+        unresolved = unresolved_after(unresolved, &e.event);
+        let (what, found) = match &e.event {
+            Event::Probed {
+                state,
+                exit_code,
+                detail,
+                ..
+            } => {
+                let mut f = format!("marker {state}");
+                if let Some(c) = exit_code {
+                    let _ = write!(f, ", exit {c}");
+                }
+                if !detail.is_empty() {
+                    let _ = write!(f, " ({detail})");
+                }
+                ("probe".to_owned(), f)
+            }
+            Event::Reconciled { decision, detail } => {
+                ("reconcile".to_owned(), format!("{decision}: {detail}"))
+            }
+            Event::OperatorDecision { by, decision, note } => {
+                (format!("operator {by}"), format!("{decision}: {note}"))
+            }
+            Event::Fenced { detail } => ("fence".to_owned(), detail.clone()),
+            Event::Superseded { attempt_id, note } => (
+                "supersede".to_owned(),
+                format!("claim of {attempt_id} moved aside: {note}"),
+            ),
+            _ => continue,
+        };
+        let changed = match (before, unresolved) {
+            (true, false) => "settled",
+            (false, true) => "reopened",
+            (true, true) => "left open",
+            (false, false) => "no change",
+        };
+        out.push(Observation {
+            at: e.at.clone(),
+            what,
+            found,
+            changed: changed.to_owned(),
+        });
+    }
+    out
+}
+
+fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
+}
+
+fn millis_between(from: &str, to: &str) -> Option<u64> {
+    let d = parse_at(to)? - parse_at(from)?;
+    u64::try_from(d.whole_milliseconds()).ok()
+}
+
+/// `2024-05-01T10:00:00.123456Z` → `10:00:00.123`.
+fn clock(at: &str) -> &str {
+    at.get(11..23).unwrap_or(at)
+}
+
+/// `1234` ms → `1.2s`; `65000` → `1m05s`.
+fn seconds(ms: u64) -> String {
+    if ms >= 60_000 {
+        format!("{}m{:02}s", ms / 60_000, (ms % 60_000) / 1000)
+    } else {
+        format!("{}.{}s", ms / 1000, (ms % 1000) / 100)
     }
 }

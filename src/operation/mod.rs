@@ -7,6 +7,7 @@
 
 pub mod call;
 pub mod output;
+pub mod reconcile;
 
 use std::time::{Duration, Instant};
 

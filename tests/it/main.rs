@@ -3,6 +3,7 @@
 mod support;
 
 mod ledger;
+mod operators;
 mod policy;
 mod run;
 mod shim;

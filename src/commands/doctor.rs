@@ -1,0 +1,296 @@
+//! `opmark doctor HOST`: is this host usable? Each check is reported with a fix:
+//! resolvable, reachable with a known host key and working authentication, the shim runs
+//! under the host's `sh` with `setsid`, and the marker root is writable, persistent (not
+//! tmpfs/ramfs, not a path a reboot clears) and has room.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::common;
+use super::list::printable;
+use crate::cli::{DoctorArgs, GlobalArgs};
+use crate::error::{exit_code, Result};
+use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::shim::{Frame, Verb};
+use crate::ssh::{self, ConnectStage, Session};
+
+/// Least free space wanted under the marker root (captured output lives there).
+pub const MIN_AVAIL_KIB: u64 = 100 * 1024;
+
+/// File systems a reboot empties.
+const VOLATILE_FS: &[&str] = &["tmpfs", "ramfs"];
+
+/// One check's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`,
+    /// `writable`, `persistent`, `space`.
+    pub name: &'static str,
+    /// `pass`, `fail` or `skipped` (an earlier check failed).
+    pub status: &'static str,
+    /// What was seen.
+    pub detail: String,
+    /// How to fix it (empty when it passed).
+    pub fix: String,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    host: &'a str,
+    ok: bool,
+    checks: &'a [Check],
+    /// Every fact the shim reported (`K key=value`).
+    facts: &'a BTreeMap<String, String>,
+}
+
+fn pass(name: &'static str, detail: String) -> Check {
+    Check {
+        name,
+        status: "pass",
+        detail,
+        fix: String::new(),
+    }
+}
+
+fn fail(name: &'static str, detail: String, fix: String) -> Check {
+    Check {
+        name,
+        status: "fail",
+        detail,
+        fix,
+    }
+}
+
+fn skipped(names: &[&'static str], why: &str) -> Vec<Check> {
+    names
+        .iter()
+        .map(|name| Check {
+            name,
+            status: "skipped",
+            detail: format!("not checked: {why}"),
+            fix: String::new(),
+        })
+        .collect()
+}
+
+const HOST_CHECKS: &[&str] = &["shim", "setsid", "writable", "persistent", "space"];
+
+/// Runs the checks; exit 0 when all pass, 1 otherwise.
+pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
+    let spec = common::host_spec(global, &args.host, &args.host_args);
+    let mut checks = Vec::new();
+    let mut facts = BTreeMap::new();
+    let host = printable(&args.host);
+    match ssh::resolve(&spec) {
+        Err(e) => {
+            checks.push(fail(
+                "resolve",
+                e.message.clone(),
+                format!("check the alias `{host}` in the ssh config (-F, default ~/.ssh/config) or write [user@]host"),
+            ));
+            checks.extend(skipped(&["connect"], "the host did not resolve"));
+            checks.extend(skipped(HOST_CHECKS, "the host did not resolve"));
+        }
+        Ok(dest) => {
+            checks.push(pass(
+                "resolve",
+                format!("{}@{}:{}", dest.user, dest.hostname, dest.port),
+            ));
+            let runtime = common::runtime()?;
+            let answer = runtime.block_on(async {
+                let session = Session::connect(&dest).await?;
+                Ok::<_, ssh::ConnectError>(
+                    call_shim(&session, &Verb::Doctor, None, &mut FramesOnly).await,
+                )
+            });
+            match answer {
+                Err(e) => {
+                    let (name, fix) = match e.stage {
+                        ConnectStage::Resolve => ("resolve", "check the ssh config".to_owned()),
+                        ConnectStage::Connect => ("connect", format!(
+                            "check that {} is up and sshd listens on port {} (firewall, address, ConnectTimeout)",
+                            dest.hostname, dest.port
+                        )),
+                        ConnectStage::HostKey => ("host_key", format!(
+                            "verify the host's key out of band, then add it to known_hosts (e.g. `ssh-keyscan -p {} {} >> ~/.ssh/known_hosts`), or set StrictHostKeyChecking accept-new for first contact",
+                            dest.port, dest.hostname
+                        )),
+                        ConnectStage::Auth => ("auth", format!(
+                            "authorize one of your keys for {} on the host (ssh-copy-id), or name the right key with -i / IdentityFile, or load it into ssh-agent",
+                            dest.user
+                        )),
+                    };
+                    checks.push(fail(name, e.message.clone(), fix));
+                    checks.extend(skipped(HOST_CHECKS, "no SSH session"));
+                }
+                Ok(end) => {
+                    checks.push(pass(
+                        "connect",
+                        "host key known and authentication accepted".into(),
+                    ));
+                    let frames = match end {
+                        CallEnd::Finished(frames) => Some(frames),
+                        CallEnd::Lost { frames, .. } if !frames.is_empty() => Some(frames),
+                        _ => None,
+                    };
+                    for f in frames.iter().flatten() {
+                        if let Frame::Doctor(fields) = f {
+                            facts.extend(fields.clone());
+                        }
+                    }
+                    if facts.contains_key("done") {
+                        facts.remove("done");
+                        checks.extend(host_checks(&facts));
+                    } else {
+                        checks.push(fail(
+                            "shim",
+                            "the shim did not answer the doctor call".into(),
+                            "the remote login shell must run `sh -c` like OpenSSH expects: check that sh exists and that the user's shell startup files do not exit or read stdin".into(),
+                        ));
+                        checks.extend(skipped(&HOST_CHECKS[1..], "the shim did not run"));
+                    }
+                }
+            }
+        }
+    }
+    let ok = checks.iter().all(|c| c.status == "pass");
+    if global.json {
+        common::print_json(&Report {
+            host: &args.host,
+            ok,
+            checks: &checks,
+            facts: &facts,
+        })?;
+    } else {
+        print!("{}", text(&host, &checks, ok));
+    }
+    Ok(if ok {
+        exit_code::OK
+    } else {
+        exit_code::FINDINGS
+    })
+}
+
+/// The checks that read the shim's facts.
+pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
+    let get = |k: &str| facts.get(k).map(String::as_str).unwrap_or("unknown");
+    let root = get("root");
+    let mut out = vec![pass("shim", format!("ran under {}", get("shell")))];
+    out.push(if get("setsid") == "yes" {
+        pass("setsid", "setsid is installed".into())
+    } else {
+        fail(
+            "setsid",
+            "setsid is not on the host's PATH".into(),
+            "install util-linux (or busybox with the setsid applet): commands are detached with it so they survive a lost connection".into(),
+        )
+    });
+    out.push(if get("writable") == "yes" {
+        pass("writable", format!("{root} is writable"))
+    } else {
+        fail(
+            "writable",
+            format!("the marker root {root} cannot be created or written"),
+            format!("make {root} a directory the login user can write (mode 0700), or point XDG_STATE_HOME (or OPMARK_ROOT) at one"),
+        )
+    });
+    let fs = get("fstype");
+    let volatile_path = ["/tmp/", "/dev/shm/", "/run/", "/var/run/"]
+        .iter()
+        .any(|p| format!("{root}/").starts_with(p));
+    out.push(if VOLATILE_FS.contains(&fs) || volatile_path {
+        fail(
+            "persistent",
+            format!("the marker root {root} is on {fs}{}: a reboot erases the evidence that an operation ran", if volatile_path { " under a path cleared at boot" } else { "" }),
+            "point XDG_STATE_HOME (or OPMARK_ROOT) at a disk-backed directory, e.g. ~/.local/state".into(),
+        )
+    } else {
+        pass("persistent", format!("{root} is on {fs}"))
+    });
+    out.push(match get("avail_kib").parse::<u64>() {
+        Ok(kib) if kib >= MIN_AVAIL_KIB => pass("space", format!("{} MiB free", kib / 1024)),
+        Ok(kib) => fail(
+            "space",
+            format!("only {} KiB free under {root}", kib),
+            format!("free space there (at least {} MiB): captured output and exit records are written to it", MIN_AVAIL_KIB / 1024),
+        ),
+        Err(_) => fail(
+            "space",
+            format!("free space under {root} is unknown (df gave nothing)"),
+            "make sure `df -P` works on the host and the marker root exists".into(),
+        ),
+    });
+    out
+}
+
+fn text(host: &str, checks: &[Check], ok: bool) -> String {
+    let mut out = format!("doctor {host}\n");
+    for c in checks {
+        let mark = match c.status {
+            "pass" => "ok  ",
+            "fail" => "FAIL",
+            _ => "skip",
+        };
+        out.push_str(&format!(
+            "  {mark} {:10} {}\n",
+            c.name,
+            printable(&c.detail)
+        ));
+        if !c.fix.is_empty() {
+            out.push_str(&format!("       {:10} fix: {}\n", "", printable(&c.fix)));
+        }
+    }
+    out.push_str(if ok {
+        "all checks passed\n"
+    } else {
+        "some checks failed (see fix:)\n"
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn tmpfs_read_only_and_small_roots_fail_with_a_fix() {
+        let checks = host_checks(&facts(&[
+            ("root", "/home/u/.local/state/opmark"),
+            ("shell", "sh"),
+            ("setsid", "yes"),
+            ("writable", "no"),
+            ("fstype", "tmpfs"),
+            ("avail_kib", "1024"),
+        ]));
+        let failed: Vec<_> = checks
+            .iter()
+            .filter(|c| c.status == "fail")
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(failed, ["writable", "persistent", "space"]);
+        assert!(checks
+            .iter()
+            .all(|c| c.status == "pass" || !c.fix.is_empty()));
+    }
+
+    #[test]
+    fn a_sound_root_passes() {
+        let checks = host_checks(&facts(&[
+            ("root", "/home/u/.local/state/opmark"),
+            ("shell", "sh"),
+            ("setsid", "yes"),
+            ("writable", "yes"),
+            ("fstype", "ext2/ext3"),
+            ("avail_kib", "5000000"),
+        ]));
+        assert!(checks.iter().all(|c| c.status == "pass"), "{checks:?}");
+    }
+}

@@ -1,0 +1,185 @@
+//! `opmark gc HOST --older-than D [--dry-run]`: delete finished or fenced markers older
+//! than a retention period on a host. Never a running or interrupted one (the shim
+//! decides per marker), and never with a retention shorter than policy allows.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::common;
+use super::list::printable;
+use crate::cli::{GcArgs, GlobalArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::family::Family;
+use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::operation::reconcile::unix_utc;
+use crate::policy::Policy;
+use crate::shim::{Frame, Verb};
+use crate::ssh::{self, Session};
+
+/// One marker gc removed (or would remove).
+#[derive(Debug, Clone, Serialize)]
+pub struct Removed {
+    /// Operation id.
+    pub op: String,
+    /// `completed` or `fenced`.
+    pub state: String,
+    /// Unix time of its exit or fence record.
+    pub at: u64,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    host: &'a str,
+    older_than_secs: u64,
+    dry_run: bool,
+    removed: &'a [Removed],
+    kept: u64,
+}
+
+/// The largest `min_retention` of the policy's families, and that family (the most
+/// dangerous one on ties): gc removes markers of every family, so the strictest applies.
+pub fn strictest_retention(policy: &Policy) -> (Family, Duration) {
+    let mut best = (Family::ReadOnly, Duration::ZERO);
+    for f in Family::ALL {
+        let min = policy.family(f).min_retention;
+        if min >= best.1 {
+            best = (f, min);
+        }
+    }
+    best
+}
+
+/// Runs the shim's gc and prints what it removed.
+pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
+    let policy = common::load_policy(global)?;
+    let (family, min) = strictest_retention(&policy);
+    if args.older_than < min {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--older-than {} is shorter than the policy's min_retention for {family} markers ({}); markers must outlive any late retry. Use --older-than {} or more (policy: {}). Nothing was removed",
+                human(args.older_than),
+                human(min),
+                human(min),
+                policy.origin()
+            ),
+        ));
+    }
+    let spec = common::host_spec(global, &args.host, &args.host_args);
+    let dest =
+        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let host = dest.display();
+    let runtime = common::runtime()?;
+    let verb = Verb::Gc {
+        older_than: args.older_than,
+        dry_run: args.dry_run,
+    };
+    let frames = runtime.block_on(async {
+        let session = Session::connect(&dest)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+        match call_shim(&session, &verb, None, &mut FramesOnly).await {
+            CallEnd::Finished(frames) => Ok(frames),
+            CallEnd::NotSent(why) => Err(Error::new(
+                ErrorKind::Unreachable,
+                format!("gc on {host} was not sent ({why}); nothing was removed"),
+            )),
+            CallEnd::Lost { reason, .. } => Err(Error::new(
+                ErrorKind::Unreachable,
+                format!("gc on {host} lost its answer ({reason}); some markers may have been removed. Run it again with --dry-run to see what is left"),
+            )),
+        }
+    })?;
+    let mut removed = Vec::new();
+    let mut kept = 0;
+    for f in frames {
+        match f {
+            Frame::Gc { action, fields } if action == "remove" => removed.push(Removed {
+                op: fields.get("op").cloned().unwrap_or_default(),
+                state: fields.get("state").cloned().unwrap_or_default(),
+                at: fields.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+            }),
+            Frame::Gc { action, fields } if action == "done" => {
+                kept = fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0);
+            }
+            Frame::Refused(r) => {
+                return Err(Error::new(
+                    ErrorKind::Unreachable,
+                    format!(
+                    "the host shim refused gc on {host} ({}); check the host with `opmark doctor`",
+                    r.reason
+                ),
+                ))
+            }
+            _ => {}
+        }
+    }
+    if global.json {
+        common::print_json(&Report {
+            host: &host,
+            older_than_secs: args.older_than.as_secs(),
+            dry_run: args.dry_run,
+            removed: &removed,
+            kept,
+        })?;
+    } else {
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        for r in &removed {
+            println!(
+                "{verb} {} ({}, recorded {})",
+                printable(&r.op),
+                r.state,
+                unix_utc(&r.at.to_string())
+            );
+        }
+        println!(
+            "{host}: {verb} {} marker{}, kept {kept} (running, interrupted or newer than {})",
+            removed.len(),
+            if removed.len() == 1 { "" } else { "s" },
+            human(args.older_than)
+        );
+    }
+    Ok(exit_code::OK)
+}
+
+/// `30d`, `12h`, `90s`: the largest whole unit.
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len && s.is_multiple_of(len) {
+            return format!("{}{unit}", s / len);
+        }
+    }
+    if d.subsec_millis() != 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    format!("{s}s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations_use_the_largest_whole_unit() {
+        assert_eq!(human(Duration::from_secs(30 * 86_400)), "30d");
+        assert_eq!(human(Duration::from_secs(7200)), "2h");
+        assert_eq!(human(Duration::from_secs(90)), "90s");
+        assert_eq!(human(Duration::from_millis(500)), "500ms");
+    }
+
+    #[test]
+    fn strictest_retention_is_the_largest_family_minimum() {
+        let policy = Policy::builtin();
+        let (family, min) = strictest_retention(&policy);
+        for f in Family::ALL {
+            assert!(policy.family(f).min_retention <= min, "{f}");
+        }
+        assert_eq!(policy.family(family).min_retention, min);
+    }
+}

@@ -1,0 +1,183 @@
+//! `opmark reconcile [OP...] [--host H]`: probe the hosts of unresolved operations and
+//! record what the evidence settles (the decisions live in `operation::reconcile`).
+
+use serde::Serialize;
+
+use super::common;
+use super::list::{fit, printable};
+use crate::cli::{GlobalArgs, HostArgs, ReconcileArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::{ListFilter, OpKey};
+use crate::op_id::OpId;
+use crate::operation::reconcile::{self, Candidate, Outcome};
+use crate::ssh::{self, ConnectError, Destination, HostSpec};
+
+#[derive(Serialize)]
+struct Report<'a> {
+    operations: &'a [Outcome],
+    /// Named operations that were already settled (not contacted).
+    already_settled: &'a [Outcome],
+    /// Operations still unresolved after this reconcile.
+    unresolved: usize,
+}
+
+/// Reconciles and prints a table (or one JSON document); exit 1 when anything stays
+/// unresolved.
+pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
+    let ops = args
+        .ops
+        .iter()
+        .map(|o| OpId::parse(o).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string())))
+        .collect::<Result<Vec<_>>>()?;
+    let policy = common::load_policy(global)?;
+    let mut ledger = common::open_ledger(global, &policy)?;
+
+    let mut records = Vec::new();
+    let mut already = Vec::new();
+    if ops.is_empty() {
+        records = ledger.list(&ListFilter {
+            unresolved: true,
+            host: args.host.clone(),
+            limit: None,
+        })?;
+    } else {
+        for op in &ops {
+            let found: Vec<_> = ledger
+                .operations_by_id(op.as_str())?
+                .into_iter()
+                .filter(|r| args.host.as_ref().is_none_or(|h| *h == r.host))
+                .collect();
+            if found.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "no operation `{op}`{} in the ledger {}; `opmark list` shows what is recorded. Nothing was reconciled",
+                        args.host
+                            .as_deref()
+                            .map(|h| format!(" on host `{}`", printable(h)))
+                            .unwrap_or_default(),
+                        ledger.path().display()
+                    ),
+                ));
+            }
+            for r in found {
+                if r.unresolved {
+                    records.push(r);
+                } else {
+                    already.push(Outcome {
+                        op_id: r.op_id.clone(),
+                        host: r.host.clone(),
+                        before: r.state.clone(),
+                        evidence: "not contacted".into(),
+                        decision: "already_settled".into(),
+                        settled: true,
+                        exit_code: r.exit_code,
+                        detail: "the operation is already settled; nothing to do".into(),
+                    });
+                }
+            }
+        }
+    }
+    let mut candidates = Vec::with_capacity(records.len());
+    for record in records {
+        let events = ledger.events(&OpKey::new(record.op_id.clone(), record.host.clone()))?;
+        candidates.push(Candidate { record, events });
+    }
+    let outcomes = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        let runtime = common::runtime()?;
+        runtime.block_on(reconcile::reconcile(&mut ledger, candidates, |host| {
+            ssh::resolve(&ledger_host_spec(global, host, &HostArgs::default()))
+        }))?
+    };
+    let mut unresolved = 0;
+    for o in &outcomes {
+        let key = OpKey::new(o.op_id.clone(), o.host.clone());
+        if ledger.operation(&key)?.is_some_and(|r| r.unresolved) {
+            unresolved += 1;
+        }
+    }
+    if global.json {
+        common::print_json(&Report {
+            operations: &outcomes,
+            already_settled: &already,
+            unresolved,
+        })?;
+    } else {
+        print!("{}", table(&outcomes, &already, unresolved));
+    }
+    Ok(if unresolved == 0 {
+        exit_code::OK
+    } else {
+        exit_code::FINDINGS
+    })
+}
+
+/// The connection spec for a host string as the ledger records it
+/// (`Destination::display()`: what the user typed, plus `:port` when `-p` was given).
+/// An explicit `-p` wins over a recorded port.
+pub(crate) fn ledger_host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
+    let mut spec = common::host_spec(global, host, args);
+    if let Some((name, port)) = host.rsplit_once(':') {
+        if let Ok(port) = port.parse::<u16>() {
+            if !name.is_empty() && !name.contains(':') {
+                spec.host = name.to_owned();
+                spec.port = args.port.or(Some(port));
+            }
+        }
+    }
+    spec
+}
+
+/// Resolves a ledger host string for connecting.
+pub(crate) fn resolve_ledger_host(
+    global: &GlobalArgs,
+    host: &str,
+    args: &HostArgs,
+) -> std::result::Result<Destination, ConnectError> {
+    ssh::resolve(&ledger_host_spec(global, host, args))
+}
+
+fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String {
+    let all: Vec<&Outcome> = outcomes.iter().chain(already).collect();
+    if all.is_empty() {
+        return "no unresolved operations; nothing to reconcile\n".to_owned();
+    }
+    let col = |f: &dyn Fn(&Outcome) -> usize, min: usize, max: usize| {
+        all.iter().map(|o| f(o)).max().unwrap_or(0).clamp(min, max)
+    };
+    let op_w = col(&|o| o.op_id.chars().count(), 2, 20);
+    let host_w = col(&|o| o.host.chars().count(), 4, 12);
+    let before_w = col(&|o| o.before.chars().count(), 6, 14);
+    let ev_w = col(&|o| o.evidence.chars().count(), 8, 22);
+    let mut out = format!(
+        "  {:op_w$} {:host_w$} {:before_w$} {:ev_w$} DECISION\n",
+        "OP", "HOST", "BEFORE", "EVIDENCE"
+    );
+    for o in &all {
+        out.push_str(&format!(
+            "{} {:op_w$} {:host_w$} {:before_w$} {:ev_w$} {}\n",
+            if o.settled { " " } else { "!" },
+            fit(&printable(&o.op_id), op_w),
+            fit(&printable(&o.host), host_w),
+            fit(&printable(&o.before), before_w),
+            fit(&printable(&o.evidence), ev_w),
+            printable(&o.decision),
+        ));
+    }
+    let open: Vec<&&Outcome> = all.iter().filter(|o| !o.settled).collect();
+    for o in &open {
+        out.push_str(&format!(
+            "! {} on {}: {}\n",
+            printable(&o.op_id),
+            printable(&o.host),
+            printable(&o.detail)
+        ));
+    }
+    out.push_str(&format!(
+        "{} reconciled, {unresolved} still unresolved (marked !)\n",
+        outcomes.len()
+    ));
+    out
+}

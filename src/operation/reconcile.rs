@@ -1,0 +1,730 @@
+//! Reconcile: probe the hosts of unresolved operations and settle what the evidence
+//! settles (SPEC sections 3 and 8). Host work runs concurrently (one connection per host,
+//! a bounded number of hosts at once); the decisions are made by [`settle`], a pure
+//! function of the operation's events and what its host said, so they can be tested
+//! without a host.
+//!
+//! What each piece of evidence decides:
+//!
+//! | evidence | decision | settles |
+//! |---|---|---|
+//! | no attempt was ever dispatched | `not_applied` (host not contacted) | yes |
+//! | marker completed by one of our attempts | `completed` (exit code in the detail) | yes |
+//! | marker completed by an attempt this ledger never made | `foreign_attempt_needs_decision` | no |
+//! | marker running | `still_running` | no |
+//! | marker interrupted | `interrupted_needs_decision` | no |
+//! | marker fenced | `fenced` | yes |
+//! | marker absent, nothing of ours ever reached it | fence it, then `not_applied` | yes |
+//! | marker absent, but an attempt of ours had reached it | `marker_missing_needs_decision` | no |
+//! | host unreachable | nothing but a `Probed{state: unreachable}` | no |
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::error::{Error, ErrorKind};
+use crate::ledger::{Durability, Event, Ledger, OpKey, OperationRecord, StoredEvent};
+use crate::op_id::OpId;
+use crate::shim::{Frame, MarkerInfo, MarkerState, Verb};
+use crate::ssh::{ConnectError, Destination, Session};
+use crate::vocab::Boundary;
+
+use super::call::{call_shim, CallEnd, FramesOnly};
+
+/// Hosts worked on at once.
+pub const HOST_CONCURRENCY: usize = 8;
+/// Shim calls in flight at once on one host's connection.
+pub const CALLS_PER_HOST: usize = 4;
+
+/// One operation to reconcile: its projection row and its events.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The projection row.
+    pub record: OperationRecord,
+    /// Its events, in order.
+    pub events: Vec<StoredEvent>,
+}
+
+/// What the host said about one operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evidence {
+    /// The host was not contacted: no attempt was ever dispatched.
+    NotContacted,
+    /// The host could not be reached, or the probe's reply was lost.
+    Unreachable(String),
+    /// The probe's answer, and what fencing did when the marker was absent.
+    Marker {
+        /// The probe answer.
+        probe: Box<MarkerInfo>,
+        /// The fence, when one was tried.
+        fence: Option<FenceResult>,
+    },
+}
+
+/// The outcome of fencing an absent marker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceResult {
+    /// This call fenced it (or found it fenced already).
+    Fenced(MarkerInfo),
+    /// The marker was claimed between the probe and the fence: what the fence found.
+    Claimed(MarkerInfo),
+    /// The fence did not happen (lost reply, unusable marker root).
+    Failed(String),
+}
+
+/// One row of the reconcile report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// Operation id.
+    pub op_id: String,
+    /// Host as the ledger names it.
+    pub host: String,
+    /// The operation's state before reconcile (the projection's `state`).
+    pub before: String,
+    /// What the host said, in one line.
+    pub evidence: String,
+    /// The decision recorded (or, when nothing was decided, why: `host_unreachable`).
+    pub decision: String,
+    /// Whether the decision settles the operation.
+    pub settled: bool,
+    /// The recorded exit code, when the marker holds one.
+    pub exit_code: Option<i32>,
+    /// Why, in words for people (also the `Reconciled` event's detail).
+    pub detail: String,
+}
+
+/// What [`settle`] decided: the events to append and the report row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// Events to append, in order, in one transaction.
+    pub events: Vec<Event>,
+    /// The report row.
+    pub outcome: Outcome,
+}
+
+/// What the ledger says about an operation's attempts, for the decisions.
+#[derive(Debug, Default)]
+struct History {
+    attempts: BTreeSet<String>,
+    last_attempt: Option<String>,
+    /// An attempt of ours reached the marker (started, exit, refusal about an existing
+    /// marker) or an earlier probe saw one: if the marker is now absent, the evidence
+    /// was removed, not absent.
+    marker_seen: bool,
+}
+
+fn history(events: &[StoredEvent]) -> History {
+    let mut h = History::default();
+    for e in events {
+        match &e.event {
+            Event::AttemptDispatched { attempt_id, .. } => {
+                h.attempts.insert(attempt_id.clone());
+                h.last_attempt = Some(attempt_id.clone());
+            }
+            Event::BoundaryReached {
+                boundary, detail, ..
+            } => match boundary {
+                Boundary::Started | Boundary::ExitReceived => h.marker_seen = true,
+                Boundary::Refused => {
+                    let first = detail.split([' ', ':', ',']).next().unwrap_or("");
+                    if matches!(
+                        first,
+                        "running" | "completed" | "interrupted" | "conflict" | "already"
+                    ) {
+                        h.marker_seen = true;
+                    }
+                }
+                Boundary::NotSent | Boundary::SentNoResponse => {}
+            },
+            Event::ExitReceived { .. } => h.marker_seen = true,
+            Event::Probed { state, .. } => {
+                if matches!(state.as_str(), "running" | "completed" | "interrupted") {
+                    h.marker_seen = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    h
+}
+
+/// Whether reconcile should fence this operation's marker if the probe finds it absent.
+pub fn fence_if_absent(events: &[StoredEvent]) -> bool {
+    let h = history(events);
+    !h.attempts.is_empty() && !h.marker_seen
+}
+
+/// Whether the host must be contacted at all (some attempt was dispatched).
+pub fn needs_host(events: &[StoredEvent]) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e.event, Event::AttemptDispatched { .. }))
+}
+
+/// Decides what `evidence` settles for `candidate`. Pure: no I/O.
+pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
+    let rec = &candidate.record;
+    let h = history(&candidate.events);
+    let mut outcome = Outcome {
+        op_id: rec.op_id.clone(),
+        host: rec.host.clone(),
+        before: rec.state.clone(),
+        evidence: String::new(),
+        decision: String::new(),
+        settled: false,
+        exit_code: None,
+        detail: String::new(),
+    };
+    let mut events = Vec::new();
+    let probed = |m: &MarkerInfo, what: &str| Event::Probed {
+        attempt_id: h.last_attempt.clone(),
+        state: m.state.as_str().into(),
+        exit_code: m.exit_code,
+        detail: format!("opmark reconcile {what}: {}", marker_line(m)),
+    };
+    match evidence {
+        Evidence::NotContacted => {
+            outcome.evidence = "no attempt was ever dispatched".into();
+            decide(
+                &mut outcome,
+                &mut events,
+                "not_applied",
+                "the intent was recorded but no attempt was ever dispatched: nothing left this machine, so nothing can have run".into(),
+            );
+        }
+        Evidence::Unreachable(why) => {
+            outcome.evidence = format!("host unreachable: {why}");
+            outcome.decision = "host_unreachable".into();
+            outcome.detail = "left open; run `opmark reconcile` again when the host is back".into();
+            events.push(Event::Probed {
+                attempt_id: h.last_attempt.clone(),
+                state: "unreachable".into(),
+                exit_code: None,
+                detail: format!("opmark reconcile: {why}"),
+            });
+        }
+        Evidence::Marker { probe, fence } => {
+            events.push(probed(probe, "probe"));
+            outcome.evidence = marker_line(probe);
+            match (probe.state, fence) {
+                (MarkerState::Absent, Some(FenceResult::Fenced(m))) => {
+                    events.push(Event::Fenced {
+                        detail: format!(
+                            "opmark reconcile fenced the absent marker{}: a delayed attempt can never run",
+                            m.fields
+                                .get("fenced_at")
+                                .map(|t| format!(" (at {})", unix_utc(t)))
+                                .unwrap_or_default()
+                        ),
+                    });
+                    outcome.evidence = "absent; fenced".into();
+                    decide(
+                        &mut outcome,
+                        &mut events,
+                        "not_applied",
+                        "no marker on the host: the dispatched attempt never claimed it, and the op id is now fenced so it never can".into(),
+                    );
+                }
+                (MarkerState::Absent, Some(FenceResult::Claimed(m))) => {
+                    events.push(probed(m, "fence found the marker claimed"));
+                    outcome.evidence = format!("absent, then claimed: {}", marker_line(m));
+                    by_marker(&mut outcome, &mut events, &h, m);
+                }
+                (MarkerState::Absent, Some(FenceResult::Failed(why))) => {
+                    outcome.evidence = format!("absent; fence failed: {why}");
+                    decide(
+                        &mut outcome,
+                        &mut events,
+                        "absent_fence_failed",
+                        format!("no marker yet, but fencing failed ({why}); a delayed attempt could still arrive, so this stays open"),
+                    );
+                }
+                (MarkerState::Absent, None) => {
+                    let detail = if h.attempts.is_empty() {
+                        "no marker and no attempt recorded".to_owned()
+                    } else {
+                        "no marker on the host, but an attempt of this operation had reached it (started, exit or a refusal about its marker): the evidence was removed (gc, or another marker root). Decide with `opmark resolve`".to_owned()
+                    };
+                    decide(
+                        &mut outcome,
+                        &mut events,
+                        "marker_missing_needs_decision",
+                        detail,
+                    );
+                }
+                _ => by_marker(&mut outcome, &mut events, &h, probe),
+            }
+        }
+    }
+    Settlement { events, outcome }
+}
+
+/// Decision for a marker that exists (running, completed, interrupted, fenced).
+fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &MarkerInfo) {
+    let holder = m.attempt.clone().unwrap_or_else(|| "?".into());
+    let ours = m.attempt.as_ref().is_some_and(|a| h.attempts.contains(a));
+    match m.state {
+        MarkerState::Completed if ours => {
+            outcome.exit_code = m.exit_code;
+            let code = m
+                .exit_code
+                .map_or_else(|| "unknown".to_owned(), |c| c.to_string());
+            decide(
+                outcome,
+                events,
+                "completed",
+                format!(
+                    "the host recorded exit {code}{} for attempt {holder}{}",
+                    if m.timed_out { " (timed out)" } else { "" },
+                    m.fields
+                        .get("ended_at")
+                        .map(|t| format!(" (ended {})", unix_utc(t)))
+                        .unwrap_or_default()
+                ),
+            );
+        }
+        MarkerState::Completed => {
+            outcome.exit_code = m.exit_code;
+            decide(
+                outcome,
+                events,
+                "foreign_attempt_needs_decision",
+                format!("the marker was completed by attempt {holder}, which this ledger never made (another installation used this op id); compare with the other client, then `opmark resolve`"),
+            );
+        }
+        MarkerState::Running => decide(
+            outcome,
+            events,
+            "still_running",
+            format!(
+                "attempt {holder}{} holds the claim and is running; reconcile again later",
+                if ours { "" } else { " (not from this ledger)" }
+            ),
+        ),
+        MarkerState::Interrupted => decide(
+            outcome,
+            events,
+            "interrupted_needs_decision",
+            format!(
+                "attempt {holder} claimed the marker but its process is gone without an exit record ({}); it may have had effects. Check the host, then `opmark resolve --as applied|not-applied|abandoned`",
+                m.why.as_deref().unwrap_or("unknown")
+            ),
+        ),
+        MarkerState::Fenced => decide(
+            outcome,
+            events,
+            "fenced",
+            "the marker is fenced: nothing ran under this op id after the fence, and nothing can".into(),
+        ),
+        MarkerState::Absent => decide(
+            outcome,
+            events,
+            "marker_missing_needs_decision",
+            "no marker on the host".into(),
+        ),
+    }
+}
+
+fn decide(outcome: &mut Outcome, events: &mut Vec<Event>, decision: &str, detail: String) {
+    outcome.decision = decision.to_owned();
+    outcome.settled = crate::ledger::projection::decision_settles(decision);
+    outcome.detail = detail.clone();
+    events.push(Event::Reconciled {
+        decision: decision.to_owned(),
+        detail,
+    });
+}
+
+/// A marker's unix-time field as `2024-05-01 10:00:00 UTC` (as sent when unreadable).
+pub fn unix_utc(t: &str) -> String {
+    t.parse::<i64>()
+        .ok()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .and_then(|d| {
+            d.format(time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute]:[second] UTC"
+            ))
+            .ok()
+        })
+        .unwrap_or_else(|| t.to_owned())
+}
+
+/// A marker report in one line: `completed exit=5 attempt=at-...`.
+pub fn marker_line(m: &MarkerInfo) -> String {
+    let mut line = m.state.as_str().to_owned();
+    if let Some(code) = m.exit_code {
+        line.push_str(&format!(" exit={code}"));
+    }
+    if m.timed_out {
+        line.push_str(" timed_out");
+    }
+    if let Some(why) = &m.why {
+        line.push_str(&format!(" why={why}"));
+    }
+    if let Some(a) = &m.attempt {
+        line.push_str(&format!(" attempt={a}"));
+    }
+    line
+}
+
+/// Reconciles `candidates`: contacts their hosts (resolved by `resolve`, which gets the
+/// ledger's host string), records what the evidence settles, and returns one row each,
+/// in the order given.
+pub async fn reconcile(
+    ledger: &mut Ledger,
+    candidates: Vec<Candidate>,
+    resolve: impl Fn(&str) -> Result<Destination, ConnectError>,
+) -> Result<Vec<Outcome>, Error> {
+    // Group by host: one connection per host, hosts in parallel.
+    let mut by_host: BTreeMap<String, Vec<(usize, OpId, bool)>> = BTreeMap::new();
+    let mut evidence: Vec<Option<Evidence>> = vec![None; candidates.len()];
+    for (i, c) in candidates.iter().enumerate() {
+        if !needs_host(&c.events) {
+            evidence[i] = Some(Evidence::NotContacted);
+            continue;
+        }
+        let op = OpId::parse(&c.record.op_id).map_err(|e| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("the ledger holds an invalid op id: {e}"),
+            )
+        })?;
+        by_host
+            .entry(c.record.host.clone())
+            .or_default()
+            .push((i, op, fence_if_absent(&c.events)));
+    }
+    // The shim-call futures are not `Send` (their observer is a `dyn` borrow), so the
+    // host work runs as local tasks: concurrent on this thread, which is all I/O needs.
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async {
+            let hosts = Arc::new(tokio::sync::Semaphore::new(HOST_CONCURRENCY));
+            let mut tasks = tokio::task::JoinSet::new();
+            for (host, ops) in by_host {
+                let dest = resolve(&host);
+                let hosts = Arc::clone(&hosts);
+                tasks.spawn_local(async move {
+                    let _permit = hosts.acquire_owned().await;
+                    host_job(dest, ops).await
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                let found = done.map_err(|e| {
+                    Error::new(ErrorKind::Internal, format!("a reconcile task failed: {e}"))
+                })?;
+                for (i, ev) in found {
+                    evidence[i] = Some(ev);
+                }
+            }
+            Ok::<(), Error>(())
+        })
+        .await?;
+    let mut outcomes = Vec::with_capacity(candidates.len());
+    for (c, ev) in candidates.iter().zip(evidence) {
+        let ev = ev.unwrap_or_else(|| Evidence::Unreachable("no answer".into()));
+        let s = settle(c, &ev);
+        let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
+        ledger.append_many(&key, &s.events, Durability::Normal)?;
+        outcomes.push(s.outcome);
+    }
+    Ok(outcomes)
+}
+
+/// Probes (and fences when due) every operation of one host over one connection.
+async fn host_job(
+    dest: Result<Destination, ConnectError>,
+    ops: Vec<(usize, OpId, bool)>,
+) -> Vec<(usize, Evidence)> {
+    let session = match dest {
+        Ok(d) => Session::connect(&d).await,
+        Err(e) => Err(e),
+    };
+    let session = match session {
+        Ok(s) => s,
+        Err(e) => {
+            return ops
+                .into_iter()
+                .map(|(i, _, _)| (i, Evidence::Unreachable(e.to_string())))
+                .collect()
+        }
+    };
+    let calls = Arc::new(tokio::sync::Semaphore::new(CALLS_PER_HOST));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, op, fence) in ops {
+        let session = session.clone();
+        let calls = Arc::clone(&calls);
+        tasks.spawn_local(async move {
+            let _permit = calls.acquire_owned().await;
+            (i, examine(&session, &op, fence).await)
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(found) = done {
+            out.push(found);
+        }
+    }
+    out
+}
+
+/// Probe one marker; fence it when it is absent and `fence` says that is safe.
+async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
+    let probe = match call_shim(session, &Verb::Probe(op), None, &mut FramesOnly).await {
+        CallEnd::Finished(frames) => frames.into_iter().find_map(|f| match f {
+            Frame::Probe(m) => Some(Ok(m)),
+            Frame::Refused(r) => Some(Err(format!("the shim refused the probe ({})", r.reason))),
+            _ => None,
+        }),
+        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Some(Err(why)),
+    };
+    let probe = match probe {
+        Some(Ok(m)) => m,
+        Some(Err(why)) => return Evidence::Unreachable(why),
+        None => return Evidence::Unreachable("the shim answered without a probe frame".into()),
+    };
+    if probe.state != MarkerState::Absent || !fence {
+        return Evidence::Marker {
+            probe: Box::new(probe),
+            fence: None,
+        };
+    }
+    let verb = Verb::Fence { op, force: false };
+    let result = match call_shim(session, &verb, None, &mut FramesOnly).await {
+        // A `completed` refusal is not a final frame (after `run` it precedes the replay),
+        // so the call reads as lost; the refusal is still the answer.
+        CallEnd::Finished(frames) | CallEnd::Lost { frames, .. }
+            if frames
+                .iter()
+                .any(|f| matches!(f, Frame::Fence { .. } | Frame::Refused(_))) =>
+        {
+            frames
+                .into_iter()
+                .find_map(|f| match f {
+                    Frame::Fence { marker, .. } => Some(FenceResult::Fenced(marker)),
+                    Frame::Refused(r) => Some(match r.marker {
+                        Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
+                        _ => {
+                            FenceResult::Failed(format!("the shim refused to fence ({})", r.reason))
+                        }
+                    }),
+                    _ => None,
+                })
+                .unwrap_or_else(|| FenceResult::Failed("no fence answer".into()))
+        }
+        CallEnd::Finished(_) => FenceResult::Failed("no fence answer".into()),
+        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => FenceResult::Failed(why),
+    };
+    Evidence::Marker {
+        probe: Box::new(probe),
+        fence: Some(result),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::Family;
+    use crate::vocab::RetryReason;
+
+    fn stored(seq: u64, event: Event) -> StoredEvent {
+        StoredEvent {
+            seq,
+            op_id: "op1".into(),
+            host: "h".into(),
+            at: "2024-01-01T00:00:00.000000Z".into(),
+            event,
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    fn candidate(boundary: Option<Boundary>) -> Candidate {
+        let mut events = vec![stored(
+            1,
+            Event::Intended {
+                session: "s".into(),
+                family: Family::Destructive,
+                display: "x".into(),
+                fingerprint: "f".into(),
+                rule: "r".into(),
+            },
+        )];
+        if let Some(b) = boundary {
+            events.push(stored(
+                2,
+                Event::AttemptDispatched {
+                    attempt_id: "at-1".into(),
+                    number: 1,
+                    parent: None,
+                    reason: RetryReason::FirstAttempt,
+                },
+            ));
+            events.push(stored(
+                3,
+                Event::BoundaryReached {
+                    attempt_id: "at-1".into(),
+                    boundary: b,
+                    detail: "x".into(),
+                },
+            ));
+        }
+        Candidate {
+            record: OperationRecord {
+                op_id: "op1".into(),
+                host: "h".into(),
+                family: Family::Destructive,
+                display: "x".into(),
+                fingerprint: "f".into(),
+                rule: "r".into(),
+                session: "s".into(),
+                state: "started".into(),
+                verdict: None,
+                exit_code: None,
+                attempts: 1,
+                last_attempt: Some("at-1".into()),
+                unresolved: true,
+                created_at: String::new(),
+                updated_at: String::new(),
+                first_seq: 1,
+                last_seq: 3,
+            },
+            events,
+        }
+    }
+
+    fn marker(state: MarkerState, attempt: Option<&str>, code: Option<i32>) -> MarkerInfo {
+        MarkerInfo {
+            state,
+            why: None,
+            attempt: attempt.map(str::to_owned),
+            fingerprint: None,
+            family: None,
+            exit_code: code,
+            timed_out: false,
+            out_bytes: None,
+            err_bytes: None,
+            fields: BTreeMap::new(),
+        }
+    }
+
+    fn decision(s: &Settlement) -> &str {
+        &s.outcome.decision
+    }
+
+    #[test]
+    fn intent_without_attempt_closes_not_applied_without_the_host() {
+        let c = candidate(None);
+        assert!(!needs_host(&c.events));
+        let s = settle(&c, &Evidence::NotContacted);
+        assert_eq!(decision(&s), "not_applied");
+        assert!(s.outcome.settled);
+    }
+
+    #[test]
+    fn completed_by_our_attempt_settles_with_its_exit_code() {
+        let c = candidate(Some(Boundary::Started));
+        let ev = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Completed, Some("at-1"), Some(5))),
+            fence: None,
+        };
+        let s = settle(&c, &ev);
+        assert_eq!(decision(&s), "completed");
+        assert_eq!(s.outcome.exit_code, Some(5));
+        assert!(s.outcome.detail.contains("exit 5"));
+        assert!(matches!(
+            s.events[0],
+            Event::Probed {
+                exit_code: Some(5),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn completed_by_a_foreign_attempt_is_not_claimed() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        let ev = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Completed, Some("at-other"), Some(0))),
+            fence: None,
+        };
+        let s = settle(&c, &ev);
+        assert_eq!(decision(&s), "foreign_attempt_needs_decision");
+        assert!(!s.outcome.settled);
+    }
+
+    #[test]
+    fn absent_after_sent_no_response_is_fenced_then_not_applied() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        assert!(fence_if_absent(&c.events));
+        let ev = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
+            fence: Some(FenceResult::Fenced(marker(MarkerState::Fenced, None, None))),
+        };
+        let s = settle(&c, &ev);
+        assert_eq!(decision(&s), "not_applied");
+        assert!(s.events.iter().any(|e| matches!(e, Event::Fenced { .. })));
+    }
+
+    #[test]
+    fn absent_after_started_is_missing_evidence_not_proof() {
+        let c = candidate(Some(Boundary::Started));
+        assert!(!fence_if_absent(&c.events));
+        let ev = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
+            fence: None,
+        };
+        let s = settle(&c, &ev);
+        assert_eq!(decision(&s), "marker_missing_needs_decision");
+        assert!(!s.outcome.settled);
+    }
+
+    #[test]
+    fn claimed_between_probe_and_fence_settles_by_what_the_fence_found() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        let ev = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
+            fence: Some(FenceResult::Claimed(marker(
+                MarkerState::Running,
+                Some("at-1"),
+                None,
+            ))),
+        };
+        let s = settle(&c, &ev);
+        assert_eq!(decision(&s), "still_running");
+        assert!(!s.events.iter().any(|e| matches!(e, Event::Fenced { .. })));
+    }
+
+    #[test]
+    fn running_interrupted_and_unreachable_stay_open() {
+        let c = candidate(Some(Boundary::Started));
+        for (state, want) in [
+            (MarkerState::Running, "still_running"),
+            (MarkerState::Interrupted, "interrupted_needs_decision"),
+        ] {
+            let s = settle(
+                &c,
+                &Evidence::Marker {
+                    probe: Box::new(marker(state, Some("at-1"), None)),
+                    fence: None,
+                },
+            );
+            assert_eq!(decision(&s), want);
+            assert!(!s.outcome.settled);
+        }
+        let s = settle(&c, &Evidence::Unreachable("connect failed".into()));
+        assert!(!s.outcome.settled);
+        assert_eq!(s.events.len(), 1);
+        assert!(matches!(&s.events[0], Event::Probed { state, .. } if state == "unreachable"));
+        let s = settle(
+            &c,
+            &Evidence::Marker {
+                probe: Box::new(marker(MarkerState::Fenced, None, None)),
+                fence: None,
+            },
+        );
+        assert_eq!(decision(&s), "fenced");
+        assert!(s.outcome.settled);
+    }
+}

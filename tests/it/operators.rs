@@ -1,0 +1,563 @@
+//! Operator commands against real sshd targets: reconcile after a link cut and after an
+//! attempt that never arrived, resolve of each kind, gc on markers of every state, and
+//! doctor on unusable marker roots.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::family::Family;
+use opmark::ledger::fingerprint::{ledger_fingerprint, InstallationKey, Intent};
+use opmark::ledger::{Durability, Event, Ledger, OpKey};
+use opmark::op_id::OpId;
+use opmark::shim::{self, Verb};
+use opmark::vocab::{Boundary, RetryReason};
+use serde_json::Value;
+
+use crate::support::{self, text, Lab, Sealed};
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("start opmark")
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {
+    lab.target(alias)
+        .unwrap()
+        .marker_root()
+        .join("ops")
+        .join(op)
+}
+
+/// Records, straight through the library, an operation whose attempt was dispatched but
+/// never answered: what a client that crashed (or lost its link) right after dispatch
+/// leaves behind. Nothing is sent to the host.
+fn record_lost_dispatch(env: &Sealed, host: &str, op: &str, command: &str, dispatched: bool) {
+    let key = InstallationKey::load_or_create(Some(&env.config.join("opmark"))).unwrap();
+    let intent = Intent {
+        command,
+        stdin_sha256: None,
+    };
+    let mut ledger = Ledger::open(&env.ledger).unwrap();
+    let mut events = vec![Event::Intended {
+        session: "s-lost-client".into(),
+        family: Family::Destructive,
+        display: command.into(),
+        fingerprint: ledger_fingerprint(&intent, &key),
+        rule: "test: written by hand".into(),
+    }];
+    if dispatched {
+        events.push(Event::AttemptDispatched {
+            attempt_id: format!("at-lost-{op}"),
+            number: 1,
+            parent: None,
+            reason: RetryReason::FirstAttempt,
+        });
+        events.push(Event::BoundaryReached {
+            attempt_id: format!("at-lost-{op}"),
+            boundary: Boundary::SentNoResponse,
+            detail: "connection lost before the shim answered".into(),
+        });
+    }
+    ledger
+        .append_many(&OpKey::new(op, host), &events, Durability::Full)
+        .unwrap();
+}
+
+fn event_count(env: &Sealed, op: &str) -> usize {
+    let out = run(env.opmark().args(["--json", "show", op]));
+    json(&out)["events"].as_array().unwrap().len()
+}
+
+#[test]
+fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
+    let Some(lab) = support::netns_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let started = marker(&lab, "target1", "cut-1").join("started");
+    let child: Child = env
+        .opmark_with_lab(&lab)
+        .args([
+            "--json",
+            "run",
+            "target1",
+            "--op",
+            "cut-1",
+            "--wait",
+            "2s",
+            "--",
+            "sleep 3; echo done; exit 5",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "the started gate on the host",
+        Duration::from_secs(15),
+        || started.exists(),
+    );
+    lab.cut("target1").unwrap();
+    let cut_at = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    eprintln!("run answered {:?} after the cut", cut_at.elapsed());
+    lab.restore("target1").unwrap();
+    let doc = json(&out);
+    assert_eq!(doc["verdict"], "indeterminate", "{doc}");
+    assert_eq!(out.status.code(), Some(242));
+    assert!(doc["exit_code"].is_null());
+
+    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
+
+    // The command goes on without the client; wait for its exit record on the host.
+    let exit_record = marker(&lab, "target1", "cut-1").join("exit");
+    wait_for("the exit record", Duration::from_secs(15), || {
+        exit_record.exists()
+    });
+    let t = Instant::now();
+    let out = run(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
+    eprintln!("reconcile of 1 operation took {:?}", t.elapsed());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc = json(&out);
+    let row = &doc["operations"][0];
+    assert_eq!(row["decision"], "completed", "{doc}");
+    assert_eq!(row["exit_code"], 5);
+    assert_eq!(row["before"], "indeterminate");
+    assert_eq!(doc["unresolved"], 0);
+
+    // Reconciling again finds nothing to do.
+    let again = run(env.opmark_with_lab(&lab).arg("reconcile"));
+    assert_eq!(again.status.code(), Some(0));
+    assert!(text(&again.stdout).contains("nothing to reconcile"));
+
+    let show = run(env.opmark().args(["show", "cut-1"]));
+    assert_eq!(show.status.code(), Some(0), "{}", text(&show.stderr));
+    let page = text(&show.stdout);
+    for needle in [
+        "intended",
+        "dispatched",
+        "boundary started",
+        "verdict indeterminate",
+        "probe: marker completed, exit 5",
+        "reconciled: completed",
+        "exit 5",
+    ] {
+        assert!(page.contains(needle), "show lacks {needle:?}:\n{page}");
+    }
+    assert!(page.lines().all(|l| l.chars().count() <= 80), "{page}");
+    // The outcome comes first, then attempts and observations before the timeline.
+    assert!(
+        page.lines()
+            .nth(1)
+            .unwrap()
+            .contains("outcome      completed, exit 5"),
+        "{page}"
+    );
+    let at = |s: &str| page.find(s).unwrap_or_else(|| panic!("no {s:?}:\n{page}"));
+    assert!(at("\nattempts:") < at("\nobservations (UTC):"));
+    assert!(at("\nobservations (UTC):") < at("\ntimeline (UTC):"));
+    let doc = json(&run(env.opmark().args(["--json", "show", "cut-1"])));
+    assert_eq!(doc["outcome"]["exit_code"], 5, "{doc}");
+    assert_eq!(doc["outcome"]["unresolved"], false);
+    assert_eq!(doc["attempts"][0]["boundary"], "started");
+    let changes: Vec<&str> = doc["observations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["changed"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes.last(), Some(&"settled"), "{doc}");
+}
+
+#[test]
+fn reconcile_fences_an_attempt_that_never_arrived_so_a_late_run_cannot_run() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let effect = env.root.join("effect");
+    let command = format!("touch {}", effect.display());
+    record_lost_dispatch(&env, "target1", "lost-1", &command, true);
+    record_lost_dispatch(&env, "target1", "never-sent", &command, false);
+
+    let out = run(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc = json(&out);
+    let rows = doc["operations"].as_array().unwrap();
+    let row = |op: &str| rows.iter().find(|r| r["op_id"] == op).unwrap().clone();
+    assert_eq!(row("lost-1")["decision"], "not_applied", "{doc}");
+    assert_eq!(row("lost-1")["evidence"], "absent; fenced");
+    assert_eq!(row("never-sent")["decision"], "not_applied");
+    assert_eq!(
+        row("never-sent")["evidence"],
+        "no attempt was ever dispatched"
+    );
+    assert!(marker(&lab, "target1", "lost-1").join("fenced").exists());
+    // The intent-only operation was closed without contacting the host.
+    assert!(!marker(&lab, "target1", "never-sent").exists());
+
+    // The delayed original, from this client and from another one with its own ledger.
+    let other = Sealed::new(&format!("{}-other", crate::test_name!()));
+    for client in [&env, &other] {
+        let out = run(client
+            .opmark_with_lab(&lab)
+            .args(["--json", "run", "target1", "--op", "lost-1", "--", &command]));
+        let doc = json(&out);
+        assert_eq!(doc["verdict"], "not_applied", "{doc}");
+        assert_eq!(out.status.code(), Some(241));
+    }
+    assert!(!effect.exists(), "a fenced operation ran");
+
+    let show = text(&run(env.opmark().args(["show", "lost-1"])).stdout);
+    assert!(show.contains("fenced"), "{show}");
+    assert!(show.contains("reconciled: not_applied"), "{show}");
+}
+
+#[test]
+fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    for op in ["op-applied", "op-not-applied", "op-abandoned"] {
+        record_lost_dispatch(&env, "target1", op, &format!("echo {op}"), true);
+    }
+    let done = run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "op-done", "--", "true"]));
+    assert_eq!(json(&done)["verdict"], "completed");
+
+    for (op, how) in [
+        ("op-applied", "applied"),
+        ("op-not-applied", "not-applied"),
+        ("op-abandoned", "abandoned"),
+    ] {
+        let out = run(env.opmark_with_lab(&lab).args([
+            "resolve",
+            op,
+            "--host",
+            "target1",
+            "--as",
+            how,
+            "--note",
+            &format!("checked {op} by hand"),
+            "--by",
+            "alice",
+        ]));
+        assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
+        let show = text(&run(env.opmark().args(["show", op])).stdout);
+        let decided = how.replace('-', "_");
+        assert!(
+            show.contains(&format!("operator alice decided {decided}")),
+            "{show}"
+        );
+        let doc = json(&run(env.opmark().args(["--json", "show", op])));
+        let last = &doc["events"].as_array().unwrap().last().unwrap()["event"];
+        assert_eq!(last["kind"], "operator_decision", "{doc}");
+        assert_eq!(last["note"], format!("checked {op} by hand"));
+    }
+    assert!(marker(&lab, "target1", "op-not-applied")
+        .join("fenced")
+        .exists());
+    assert!(!marker(&lab, "target1", "op-applied").exists());
+    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
+
+    // The host says op-done completed: not-applied is refused and nothing is recorded.
+    let before = event_count(&env, "op-done");
+    let out = run(env.opmark_with_lab(&lab).args([
+        "resolve",
+        "op-done",
+        "--host",
+        "target1",
+        "--as",
+        "not-applied",
+        "--note",
+        "wrong",
+    ]));
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        text(&out.stderr).contains("completed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(event_count(&env, "op-done"), before);
+    assert!(!marker(&lab, "target1", "op-done").join("fenced").exists());
+
+    // Unknown operation, and a known one on the wrong host.
+    let out = run(env.opmark_with_lab(&lab).args([
+        "resolve", "nope", "--host", "target1", "--as", "applied", "--note", "x",
+    ]));
+    assert_eq!(out.status.code(), Some(245));
+    assert!(text(&out.stderr).contains("no operation `nope`"));
+    let out = run(env.opmark_with_lab(&lab).args([
+        "resolve",
+        "op-done",
+        "--host",
+        "elsewhere",
+        "--as",
+        "applied",
+        "--note",
+        "x",
+    ]));
+    assert_eq!(out.status.code(), Some(245));
+    assert!(text(&out.stderr).contains("recorded on: target1"));
+
+    let verify = run(env.opmark().args(["audit", "verify"]));
+    assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
+}
+
+/// Starts a long command through opmark, waits for its start gate, and kills the client
+/// (the command goes on, detached). Returns the supervisor's pid.
+fn start_detached(env: &Sealed, lab: &Lab, op: &str) -> i32 {
+    let mut child = env
+        .opmark_with_lab(lab)
+        .args([
+            "--json",
+            "run",
+            "target1",
+            "--op",
+            op,
+            "--class",
+            "destructive",
+            "--",
+            "sleep 60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let m = marker(lab, "target1", op);
+    wait_for("the start gate", Duration::from_secs(15), || {
+        m.join("started").exists() && m.join("proc").exists()
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let proc_record = std::fs::read_to_string(m.join("proc")).unwrap();
+    proc_record
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .and_then(|p| p.parse().ok())
+        .expect("pid= in the proc record")
+}
+
+fn kill_group(pid: i32) {
+    let _ = Command::new("kill")
+        .args(["-9", "--", &format!("-{pid}")])
+        .status();
+}
+
+fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
+    let out = run(env
+        .opmark_with_lab(lab)
+        .args(["--json", "probe", "target1", op]));
+    json(&out)["state"].as_str().unwrap_or("").to_owned()
+}
+
+/// Rewrites `key=` in a marker record, as if it had been written long ago.
+fn age_record(path: &Path, key: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let aged: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{key}=")) {
+                format!("{key}=86400\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert_ne!(text, aged, "{key} not in {}", path.display());
+    std::fs::write(path, aged).unwrap();
+}
+
+#[test]
+fn gc_removes_only_old_completed_and_fenced_markers() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let ok = |op: &str| {
+        let out = run(env
+            .opmark_with_lab(&lab)
+            .args(["--json", "run", "target1", "--op", op, "--", "true"]));
+        assert_eq!(json(&out)["verdict"], "completed");
+    };
+    ok("old-done");
+    age_record(
+        &marker(&lab, "target1", "old-done").join("exit"),
+        "ended_at",
+    );
+    let op = OpId::parse("old-fenced").unwrap();
+    let fence = support::ssh(&lab)
+        .arg("target1")
+        .arg(shim::remote_command(&Verb::Fence {
+            op: &op,
+            force: false,
+        }))
+        .output()
+        .unwrap();
+    assert!(fence.status.success(), "{}", text(&fence.stderr));
+    age_record(
+        &marker(&lab, "target1", "old-fenced").join("fenced"),
+        "fenced_at",
+    );
+    let running = start_detached(&env, &lab, "still-running");
+    let interrupted = start_detached(&env, &lab, "interrupted");
+    kill_group(interrupted);
+    wait_for("the interrupted state", Duration::from_secs(10), || {
+        probe_state(&env, &lab, "interrupted") == "interrupted"
+    });
+    ok("recent-done");
+    assert_eq!(probe_state(&env, &lab, "still-running"), "running");
+
+    // Shorter than the policy's strictest minimum: refused, naming it.
+    let out = run(env
+        .opmark_with_lab(&lab)
+        .args(["gc", "target1", "--older-than", "1s"]));
+    assert_eq!(out.status.code(), Some(245));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("min_retention") && err.contains("destructive"),
+        "{err}"
+    );
+
+    let all = [
+        "old-done",
+        "old-fenced",
+        "still-running",
+        "interrupted",
+        "recent-done",
+    ];
+    let removed = |doc: &Value| {
+        let mut ops: Vec<String> = doc["removed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["op"].as_str().unwrap().to_owned())
+            .collect();
+        ops.sort();
+        ops
+    };
+    let out = run(env.opmark_with_lab(&lab).args([
+        "--json",
+        "gc",
+        "target1",
+        "--older-than",
+        "3650d",
+        "--dry-run",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(removed(&json(&out)), ["old-done", "old-fenced"]);
+    for op in all {
+        assert!(marker(&lab, "target1", op).exists(), "dry run removed {op}");
+    }
+
+    let out =
+        run(env
+            .opmark_with_lab(&lab)
+            .args(["--json", "gc", "target1", "--older-than", "3650d"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc = json(&out);
+    assert_eq!(removed(&doc), ["old-done", "old-fenced"]);
+    assert_eq!(doc["kept"], 3);
+    for op in ["old-done", "old-fenced"] {
+        assert!(!marker(&lab, "target1", op).exists(), "{op} kept");
+    }
+    for op in ["still-running", "interrupted", "recent-done"] {
+        assert!(marker(&lab, "target1", op).exists(), "{op} removed");
+    }
+    assert_eq!(probe_state(&env, &lab, "still-running"), "running");
+    assert_eq!(probe_state(&env, &lab, "interrupted"), "interrupted");
+    kill_group(running);
+}
+
+/// Unmounts on drop, so a failed assertion does not leave a tmpfs behind.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn doctor(env: &Sealed, lab: &Lab) -> (Option<i32>, Value) {
+    let out = run(env
+        .opmark_with_lab(lab)
+        .args(["--json", "doctor", "target1"]));
+    (out.status.code(), json(&out))
+}
+
+fn failed(doc: &Value) -> Vec<String> {
+    doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] == "fail")
+        .map(|c| {
+            assert!(!c["fix"].as_str().unwrap().is_empty(), "no fix: {c}");
+            c["name"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let target = lab.target("target1").unwrap().clone();
+    let (code, doc) = doctor(&env, &lab);
+    assert_eq!(code, Some(0), "{doc}");
+    assert_eq!(failed(&doc), Vec::<String>::new());
+
+    // The marker root is a file: nothing can be created under it (root or not).
+    let root = target.marker_root();
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::write(&root, "not a directory").unwrap();
+    let (code, doc) = doctor(&env, &lab);
+    assert_eq!(code, Some(1), "{doc}");
+    assert_eq!(failed(&doc), ["writable"], "{doc}");
+    std::fs::remove_file(&root).unwrap();
+
+    if !support::require_root(crate::test_name!()) {
+        return;
+    }
+    let status = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=4m,mode=0700",
+            "opmark-doctor-test",
+        ])
+        .arg(&target.state_home)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs");
+    let _mounted = Mounted(target.state_home.clone());
+    let (code, doc) = doctor(&env, &lab);
+    assert_eq!(code, Some(1), "{doc}");
+    assert_eq!(failed(&doc), ["persistent", "space"], "{doc}");
+    assert_eq!(doc["facts"]["fstype"], "tmpfs");
+}
