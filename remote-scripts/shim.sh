@@ -414,7 +414,9 @@ answer_taken_claim() {
 	fi
 	case $st in
 	completed)
-		frame "R completed $(describe)"
+		# replay=1: the recorded output and the exit frame follow (other verbs' refusals
+		# end the reply).
+		frame "R completed replay=1 $(describe)"
 		follow "$m" 0 0
 		exit 0
 		;;

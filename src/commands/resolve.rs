@@ -139,9 +139,6 @@ fn fence(global: &GlobalArgs, args: &ResolveArgs, op: &OpId) -> Result<String> {
         })?;
         match call_shim(&session, &Verb::Fence { op, force: true }, None, &mut FramesOnly).await {
             CallEnd::Finished(frames) => Ok(frames),
-            // A `completed` refusal is not a final frame (after `run` it precedes the
-            // replay), so the call reads as lost; the refusal is still the answer.
-            CallEnd::Lost { frames, .. } if frames.iter().any(|f| matches!(f, Frame::Refused(_))) => Ok(frames),
             CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Err(Error::new(
                 ErrorKind::Unreachable,
                 format!("the fence of {op} on {} got no answer ({why}); nothing was recorded. Probe it, then retry", printable(&args.host)),

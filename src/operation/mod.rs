@@ -551,7 +551,21 @@ impl<'a> Runner<'a> {
         let mut pause = Duration::from_millis(250);
         let mut last_problem = String::from("no probe answered");
         loop {
-            let session = match self.pool.session(dest).await {
+            // Bounded by what is left of --wait, so a slow connect cannot overshoot it.
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(500));
+            let connected = match tokio::time::timeout(left, self.pool.session(dest)).await {
+                Ok(result) => result,
+                Err(_) => Err(ConnectError::new(
+                    ConnectStage::Connect,
+                    format!(
+                        "no connection within the --wait budget ({}s)",
+                        self.input.wait.as_secs()
+                    ),
+                )),
+            };
+            let session = match connected {
                 Ok(s) => s,
                 Err(e) => {
                     last_problem = e.to_string();
@@ -568,17 +582,28 @@ impl<'a> Runner<'a> {
                     continue;
                 }
             };
-            let marker =
-                match call_shim(&session, &Verb::Probe(&self.op), None, &mut FramesOnly).await {
-                    CallEnd::Finished(frames) => frames.into_iter().find_map(|f| match f {
-                        Frame::Probe(m) => Some(m),
-                        _ => None,
-                    }),
-                    CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => {
-                        last_problem = why;
-                        None
-                    }
-                };
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(500));
+            let probe = tokio::time::timeout(
+                left,
+                call_shim(&session, &Verb::Probe(&self.op), None, &mut FramesOnly),
+            )
+            .await;
+            let marker = match probe {
+                Ok(CallEnd::Finished(frames)) => frames.into_iter().find_map(|f| match f {
+                    Frame::Probe(m) => Some(m),
+                    _ => None,
+                }),
+                Ok(CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. }) => {
+                    last_problem = why;
+                    None
+                }
+                Err(_) => {
+                    last_problem = "the probe got no answer within the --wait budget".into();
+                    None
+                }
+            };
             let Some(marker) = marker else {
                 self.observe_unreachable(attempt, &last_problem)?;
                 if Instant::now() + pause >= deadline {

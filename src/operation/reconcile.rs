@@ -492,9 +492,7 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
     }
     let verb = Verb::Fence { op, force: false };
     let result = match call_shim(session, &verb, None, &mut FramesOnly).await {
-        // A `completed` refusal is not a final frame (after `run` it precedes the replay),
-        // so the call reads as lost; the refusal is still the answer.
-        CallEnd::Finished(frames) | CallEnd::Lost { frames, .. }
+        CallEnd::Finished(frames)
             if frames
                 .iter()
                 .any(|f| matches!(f, Frame::Fence { .. } | Frame::Refused(_))) =>

@@ -156,8 +156,8 @@ pub enum Frame {
         /// The attempt.
         attempt: String,
     },
-    /// `R`: refused; nothing ran for this call (a `completed` refusal is followed by the
-    /// replayed output and an `Exit`).
+    /// `R`: refused; nothing ran for this call (a `completed` refusal of `run` carries
+    /// `replay=1` and is followed by the replayed output and an `Exit`).
     Refused(Refusal),
     /// `A`: attached to an existing marker; output and `Exit` or `Interrupted` follow.
     Attached(MarkerInfo),
@@ -195,7 +195,7 @@ impl Frame {
     pub fn is_final(&self) -> bool {
         match self {
             Frame::Exit(_) | Frame::Interrupted(_) | Frame::Probe(_) | Frame::Fence { .. } => true,
-            Frame::Refused(r) => r.reason != "completed",
+            Frame::Refused(r) => !r.fields.contains_key("replay"),
             Frame::Gc { action, .. } => action == "done",
             Frame::Doctor(fields) => fields.contains_key("done"),
             _ => false,
