@@ -182,6 +182,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         output: Output::new(input.live_output),
         exit: None,
         attempt_base: 0,
+        prior_dispatch: None,
         input,
     };
 
@@ -218,6 +219,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         None => (RetryReason::FirstAttempt, None),
     };
     runner.attempt_base = existing.as_ref().map_or(0, |r| r.attempts);
+    // An earlier invocation's attempt left this machine unless the operation was closed
+    // as not applied since.
+    runner.prior_dispatch = existing
+        .as_ref()
+        .filter(|r| r.verdict != Some(Verdict::NotApplied) || r.unresolved)
+        .and_then(|r| r.last_attempt.clone());
     if let Some(existing) = existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
@@ -272,6 +279,8 @@ struct Runner<'a> {
     exit: Option<ExitFrame>,
     /// Attempts the ledger already holds for this operation (earlier invocations).
     attempt_base: u32,
+    /// An earlier invocation's attempt that may have reached the host.
+    prior_dispatch: Option<String>,
     input: RunInput,
 }
 
@@ -400,17 +409,32 @@ impl<'a> Runner<'a> {
 
     /// After a `not_sent` attempt: `None` to retry, or the final verdict.
     fn after_not_sent(&self, why: &str, final_failure: bool) -> Option<(Verdict, String)> {
-        if final_failure || self.attempts.len() as u32 >= self.budget {
-            Some((
-                Verdict::NotApplied,
-                format!(
-                    "{why}; nothing was sent after {} attempt(s); safe to retry with the same op id",
-                    self.attempts.len()
-                ),
-            ))
-        } else {
-            None
+        if !final_failure && (self.attempts.len() as u32) < self.budget {
+            return None;
         }
+        // This attempt never left, but an earlier one did and its outcome is not known
+        // here: claiming `not_applied` for the operation would claim more than we know.
+        let earlier = self
+            .attempts
+            .iter()
+            .find(|a| a.boundary != Boundary::NotSent)
+            .map(|a| a.attempt_id.clone())
+            .or_else(|| self.prior_dispatch.clone());
+        if let Some(earlier) = earlier {
+            return Some((
+                Verdict::Indeterminate,
+                format!(
+                    "{why}; this attempt was not sent, but attempt {earlier} was dispatched earlier and its outcome is unknown. Retry with the same op id when the host is reachable, or run `opmark reconcile`"
+                ),
+            ));
+        }
+        Some((
+            Verdict::NotApplied,
+            format!(
+                "{why}; nothing was sent after {} attempt(s); safe to retry with the same op id",
+                self.attempts.len()
+            ),
+        ))
     }
 
     fn may_supersede(&self) -> bool {

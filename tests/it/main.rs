@@ -2,6 +2,7 @@
 
 mod support;
 
+mod chaos;
 mod ledger;
 mod operators;
 mod policy;
