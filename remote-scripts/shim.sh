@@ -52,23 +52,27 @@ now() {
 	date +%s
 }
 
-# durable_write DIR NAME CONTENT: temp file, fsync, rename, fsync the directory, so that a
-# reader sees the old record or the new one, never a torn one, and a crash keeps it.
+# durable_write DIR NAME CONTENT [MORE_DIRS...]: temp file, fsync, rename, fsync the
+# directory (and MORE_DIRS, e.g. the parent of a new marker), so that a reader sees the
+# old record or the new one, never a torn one, and a crash keeps it.
 durable_write() {
-	dw_tmp="$1/.$2.tmp.$$"
+	dw_dir=$1 dw_tmp="$1/.$2.tmp.$$"
 	printf '%s\n' "$3" >"$dw_tmp" || return 1
 	sync "$dw_tmp" || return 1
 	mv -f "$dw_tmp" "$1/$2" || return 1
-	sync "$1"
+	shift 3
+	sync "$dw_dir" "$@"
 }
 
-# record_get FILE KEY: prints the value of KEY=value from a record file.
-record_get() {
-	rg_line=
+# rget FILE KEY: sets rv to the value of KEY=value in a record file ("" if absent).
+# A variable, not output: a command substitution would cost a fork per field.
+rget() {
+	rv=
+	[ -f "$1" ] || return 1
 	while IFS= read -r rg_line || [ -n "$rg_line" ]; do
 		case $rg_line in
 		"$2="*)
-			printf '%s' "${rg_line#*=}"
+			rv=${rg_line#*=}
 			return 0
 			;;
 		esac
@@ -118,21 +122,21 @@ session_alive() {
 	return 1
 }
 
-boot_id() {
-	bi=
-	read -r bi 2>/dev/null </proc/sys/kernel/random/boot_id
-	printf '%s' "${bi:-unknown}"
-}
-
-my_start() {
-	proc_stat "$1" && printf '%s' "$ps_start"
+# read_boot: sets boot to this boot's id (a reboot changes it).
+read_boot() {
+	boot=
+	read -r boot 2>/dev/null </proc/sys/kernel/random/boot_id
+	boot=${boot:-unknown}
 }
 
 # ---------------------------------------------------------------------------------------
 # Framing
 
 new_nonce() {
-	nonce=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+	# shellcheck disable=SC2046 # od prints the bytes as words; joining them is the point
+	set -- $(od -An -N16 -tx1 /dev/urandom)
+	nonce=
+	for nb in "$@"; do nonce=$nonce$nb; done
 	case $nonce in
 	'' | *[!0-9a-f]*) nonce= ;;
 	esac
@@ -167,11 +171,11 @@ setup_root() {
 	case $root/ in
 	/tmp/* | /dev/shm/* | /run/* | /var/run/*) refuse "root_unusable reason=volatile_path" ;;
 	esac
-	if ! mkdir -p "$root/ops" "$root/spool" "$root/superseded" 2>/dev/null ||
-		! [ -w "$root/ops" ]; then
-		refuse "root_unusable reason=not_writable"
+	if ! [ -d "$root/superseded" ]; then
+		mkdir -p "$root/ops" "$root/spool" "$root/superseded" 2>/dev/null
+		chmod 700 "$root" 2>/dev/null
 	fi
-	chmod 700 "$root" 2>/dev/null
+	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
 	exec 2>>"$root/shim.log"
 }
 
@@ -186,10 +190,13 @@ state() {
 	elif [ -f "$m/exit" ]; then
 		st=completed
 	elif [ -f "$m/proc" ]; then
-		s_pid=$(record_get "$m/proc" pid)
-		s_start=$(record_get "$m/proc" start)
-		s_boot=$(record_get "$m/proc" boot)
-		if [ "$s_boot" != "$(boot_id)" ]; then
+		rget "$m/proc" pid
+		s_pid=$rv
+		rget "$m/proc" start
+		s_start=$rv
+		rget "$m/proc" boot
+		read_boot
+		if [ "$rv" != "$boot" ]; then
 			st=interrupted why=reboot
 		elif alive "$s_pid" "$s_start" || session_alive "$s_pid" "$s_start"; then
 			st=running
@@ -199,10 +206,13 @@ state() {
 			st=interrupted why=process_gone
 		fi
 	elif [ -f "$m/claim" ]; then
-		c_pid=$(record_get "$m/claim" fg_pid)
-		c_start=$(record_get "$m/claim" fg_start)
-		c_boot=$(record_get "$m/claim" boot)
-		if [ "$c_boot" = "$(boot_id)" ] && alive "$c_pid" "$c_start"; then
+		rget "$m/claim" fg_pid
+		c_pid=$rv
+		rget "$m/claim" fg_start
+		c_start=$rv
+		rget "$m/claim" boot
+		read_boot
+		if [ "$rv" = "$boot" ] && alive "$c_pid" "$c_start"; then
 			st=running why=starting
 		elif [ -f "$m/proc" ]; then
 			state "$1"
@@ -221,16 +231,17 @@ state() {
 describe() {
 	d="state=$st"
 	[ -n "$why" ] && d="$d why=$why"
-	if [ -f "$m/claim" ]; then
-		d="$d attempt=$(record_get "$m/claim" attempt) fp=$(record_get "$m/claim" fingerprint)"
-		d="$d family=$(record_get "$m/claim" family) claimed_at=$(record_get "$m/claim" claimed_at)"
-	fi
+	rget "$m/claim" fingerprint && d="$d fp=$rv"
+	for dk in attempt family claimed_at; do
+		rget "$m/claim" "$dk" && d="$d $dk=$rv"
+	done
 	if [ "$st" = completed ]; then
-		d="$d code=$(record_get "$m/exit" code) timed_out=$(record_get "$m/exit" timed_out)"
-		d="$d ended_at=$(record_get "$m/exit" ended_at)"
+		for dk in code timed_out ended_at; do
+			rget "$m/exit" "$dk" && d="$d $dk=$rv"
+		done
 	fi
 	if [ "$st" = fenced ]; then
-		d="$d fenced_at=$(record_get "$m/fenced" fenced_at)"
+		rget "$m/fenced" fenced_at && d="$d fenced_at=$rv"
 	fi
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
 		sizes
@@ -239,11 +250,13 @@ describe() {
 	printf '%s' "$d"
 }
 
+# sizes: so/se, the captured stdout/stderr byte counts (one wc for both).
 sizes() {
 	so=0 se=0
-	[ -f "$m/out" ] && so=$(wc -c <"$m/out")
-	[ -f "$m/err" ] && se=$(wc -c <"$m/err")
-	so=$((so + 0)) se=$((se + 0))
+	[ -f "$m/out" ] && [ -f "$m/err" ] || return 0
+	# shellcheck disable=SC2046 # wc's words: count name count name total
+	set -- $(wc -c "$m/out" "$m/err")
+	so=$1 se=$3
 }
 
 # ---------------------------------------------------------------------------------------
@@ -267,26 +280,35 @@ emit() {
 }
 
 trailer() {
-	t_out=$(cat "$m/out.dropped" 2>/dev/null)
-	t_err=$(cat "$m/err.dropped" 2>/dev/null)
-	frame "X code=$(record_get "$m/exit" code) out=$oo err=$eo" \
-		"timed_out=$(record_get "$m/exit" timed_out) dropped_out=${t_out:-0}" \
-		"dropped_err=${t_err:-0} attempt=$(record_get "$m/claim" attempt)"
+	t_out=0 t_err=0
+	[ -f "$m/out.dropped" ] && read -r t_out <"$m/out.dropped"
+	[ -f "$m/err.dropped" ] && read -r t_err <"$m/err.dropped"
+	rget "$m/exit" code
+	t=$rv
+	rget "$m/exit" timed_out
+	t="$t out=$oo err=$eo timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
+	rget "$m/claim" attempt
+	frame "X code=$t attempt=$rv"
 }
 
 register_waiter() {
-	mkdir -p "$m/w" 2>/dev/null
-	wf="$m/w/$nonce"
+	wf="$m/.w.$nonce"
 	mkfifo "$wf" && exec 5<>"$wf"
 }
 
 # follow M OUT_OFFSET ERR_OFFSET: stream until the exit record exists (trailer X) or the
 # process is gone without one (frame I).
 follow() {
-	m=$1 oo=$2 eo=$3
+	m=$1 oo=$2 eo=$3 fresh=${4:-}
 	iv=0.05
 	while :; do
 		emitted=
+		if [ -n "$fresh" ]; then
+			# Just started: nothing to copy or check yet; go straight to waiting.
+			fresh=
+			wait_wake
+			continue
+		fi
 		emit
 		if [ -f "$m/exit" ]; then
 			emit
@@ -299,25 +321,31 @@ follow() {
 			frame "I $(describe)"
 			break
 		fi
-		if [ -n "$emitted" ]; then iv=0.05; else iv=$(next_interval "$iv"); fi
-		(
-			sleep "$iv"
-			printf 't\n' >&5
-		) &
-		timer=$!
-		wake=
-		read -r wake <&5
-		[ "$wake" = x ] && kill "$timer" 2>/dev/null
+		if [ -n "$emitted" ]; then
+			iv=0.05
+		else
+			case $iv in
+			0.05) iv=0.1 ;;
+			0.1) iv=0.2 ;;
+			*) iv=0.5 ;;
+			esac
+		fi
+		wait_wake
 	done
 	rm -f "$wf"
 }
 
-next_interval() {
-	case $1 in
-	0.05) echo 0.1 ;;
-	0.1) echo 0.2 ;;
-	*) echo 0.5 ;;
-	esac
+# wait_wake: blocks until the supervisor writes "x" (exit record down) or a timer of
+# $iv seconds writes "t" (time to copy live output and check the process).
+wait_wake() {
+	(
+		sleep "$iv"
+		printf 't\n' >&5
+	) &
+	timer=$!
+	wake=
+	read -r wake <&5
+	[ "$wake" = x ] && kill "$timer" 2>/dev/null
 }
 
 # ---------------------------------------------------------------------------------------
@@ -375,16 +403,16 @@ verb_run() {
 			refuse "$st $(describe)"
 		fi
 	fi
-	sync "$root/ops"
-	fg_start=$(my_start "$$")
+	proc_stat "$$"
+	read_boot
 	durable_write "$m" claim "attempt=$attempt
 fingerprint=$fp
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$(now)
 fg_pid=$$
-fg_start=$fg_start
-boot=$(boot_id)" || refuse "root_unusable reason=claim_write_failed"
+fg_start=$ps_start
+boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	: >"$m/out"
 	: >"$m/err"
@@ -398,7 +426,7 @@ boot=$(boot_id)" || refuse "root_unusable reason=claim_write_failed"
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
-	follow "$m" 0 0
+	follow "$m" 0 0 fresh
 }
 
 # The marker is taken: answer with its state instead of running (or supersede an
@@ -409,8 +437,8 @@ answer_taken_claim() {
 		refuse "fenced $(describe)"
 	fi
 	if [ -f "$m/claim" ]; then
-		theirs=$(record_get "$m/claim" fingerprint)
-		[ "$theirs" = "$fp" ] || refuse "conflict $(describe)"
+		rget "$m/claim" fingerprint
+		[ "$rv" = "$fp" ] || refuse "conflict $(describe)"
 	fi
 	case $st in
 	completed)
@@ -446,11 +474,12 @@ supersede_marker() {
 supervise() {
 	m=$1 timeout=$2 cap=$3 cmd=$4
 	exec 2>>"${m%/ops/*}/shim.log"
-	sv_start=$(my_start "$$")
-	# If the marker was moved aside meanwhile, this write fails and nothing runs.
-	durable_write "$m" proc "pid=$$
-start=$sv_start
-boot=$(boot_id)" || exit 1
+	proc_stat "$$"
+	read_boot
+	# If the marker was moved aside meanwhile, this write fails and nothing runs. No
+	# fsync: after a crash the boot id changes and this record is moot anyway.
+	printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" &&
+		mv -f "$m/.proc.tmp" "$m/proc" || exit 1
 	mkdir "$m/started" 2>/dev/null || exit 1
 	trap 'sv_term=1' TERM
 	killer=
@@ -490,7 +519,7 @@ ended_at=$(now)"
 	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
 	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
 	rm -f "$m/.out.fifo" "$m/.err.fifo"
-	for w in "$m"/w/*; do
+	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
 }
@@ -506,6 +535,7 @@ capture() {
 	else
 		head -c "$2" >"$1"
 	fi
+	# Count and drop what is past the cap (binary-safe, so wc rather than read).
 	c_rest=$(wc -c)
 	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
 }
@@ -613,8 +643,8 @@ verb_gc() {
 		g_op=${g##*/}
 		state "$g_op"
 		case $st in
-		completed) g_at=$(record_get "$m/exit" ended_at) ;;
-		fenced) g_at=$(record_get "$m/fenced" fenced_at) ;;
+		completed) rget "$m/exit" ended_at && g_at=$rv ;;
+		fenced) rget "$m/fenced" fenced_at && g_at=$rv ;;
 		*)
 			kept=$((kept + 1))
 			continue
@@ -648,7 +678,8 @@ verb_doctor() {
 	frame "K fstype=$fs"
 	avail=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')
 	frame "K avail_kib=${avail:-unknown}"
-	frame "K boot_id=$(boot_id)"
+	read_boot
+	frame "K boot_id=$boot"
 	frame "K done"
 }
 
