@@ -49,7 +49,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
             marker: &marker,
         })?;
     } else {
-        println!("{}", describe(&marker));
+        println!("{}", marker.summary());
     }
     Ok(0)
 }
@@ -86,25 +86,4 @@ pub async fn probe_marker(dest: &ssh::Destination, op: &OpId) -> Result<MarkerIn
             format!("probe of {} failed: {why}", dest.display()),
         )),
     }
-}
-
-/// One line for people: `completed (exit 3) attempt at-... `.
-pub fn describe(m: &MarkerInfo) -> String {
-    let mut line = m.state.as_str().to_owned();
-    if let Some(code) = m.exit_code {
-        line.push_str(&format!(" exit={code}"));
-    }
-    if m.timed_out {
-        line.push_str(" timed_out");
-    }
-    if let Some(why) = &m.why {
-        line.push_str(&format!(" why={why}"));
-    }
-    if let Some(a) = &m.attempt {
-        line.push_str(&format!(" attempt={a}"));
-    }
-    if let Some(f) = &m.family {
-        line.push_str(&format!(" family={f}"));
-    }
-    line
 }

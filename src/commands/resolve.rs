@@ -12,7 +12,6 @@ use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
-use crate::operation::reconcile::marker_line;
 use crate::shim::{Frame, MarkerState, Verb};
 use crate::ssh::Session;
 
@@ -148,14 +147,14 @@ fn fence(global: &GlobalArgs, args: &ResolveArgs, op: &OpId) -> Result<String> {
     for f in frames {
         match f {
             Frame::Fence { outcome, marker } => {
-                return Ok(format!("{outcome} ({})", marker_line(&marker)))
+                return Ok(format!("{outcome} ({})", marker.summary()))
             }
             Frame::Refused(r) => {
                 let state = r.marker.as_ref().map(|m| m.state);
                 let seen = r
                     .marker
                     .as_ref()
-                    .map(marker_line)
+                    .map(|m| m.summary())
                     .unwrap_or_else(|| r.reason.clone());
                 let message = match state {
                     Some(MarkerState::Completed) => format!(

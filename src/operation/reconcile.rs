@@ -181,7 +181,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         attempt_id: h.last_attempt.clone(),
         state: m.state.as_str().into(),
         exit_code: m.exit_code,
-        detail: format!("opmark reconcile {what}: {}", marker_line(m)),
+        detail: format!("opmark reconcile {what}: {}", m.summary()),
     };
     match evidence {
         Evidence::NotContacted => {
@@ -206,7 +206,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         }
         Evidence::Marker { probe, fence } => {
             events.push(probed(probe, "probe"));
-            outcome.evidence = marker_line(probe);
+            outcome.evidence = probe.summary();
             match (probe.state, fence) {
                 (MarkerState::Absent, Some(FenceResult::Fenced(m))) => {
                     events.push(Event::Fenced {
@@ -228,7 +228,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                 }
                 (MarkerState::Absent, Some(FenceResult::Claimed(m))) => {
                     events.push(probed(m, "fence found the marker claimed"));
-                    outcome.evidence = format!("absent, then claimed: {}", marker_line(m));
+                    outcome.evidence = format!("absent, then claimed: {}", m.summary());
                     by_marker(&mut outcome, &mut events, &h, m);
                 }
                 (MarkerState::Absent, Some(FenceResult::Failed(why))) => {
@@ -348,24 +348,6 @@ pub fn unix_utc(t: &str) -> String {
             .ok()
         })
         .unwrap_or_else(|| t.to_owned())
-}
-
-/// A marker report in one line: `completed exit=5 attempt=at-...`.
-pub fn marker_line(m: &MarkerInfo) -> String {
-    let mut line = m.state.as_str().to_owned();
-    if let Some(code) = m.exit_code {
-        line.push_str(&format!(" exit={code}"));
-    }
-    if m.timed_out {
-        line.push_str(" timed_out");
-    }
-    if let Some(why) = &m.why {
-        line.push_str(&format!(" why={why}"));
-    }
-    if let Some(a) = &m.attempt {
-        line.push_str(&format!(" attempt={a}"));
-    }
-    line
 }
 
 /// Reconciles `candidates`: contacts their hosts (resolved by `resolve`, which gets the

@@ -92,6 +92,28 @@ pub struct MarkerInfo {
 }
 
 impl MarkerInfo {
+    /// The report in one line for people and the ledger:
+    /// `completed exit=5 attempt=at-... family=append-only`.
+    pub fn summary(&self) -> String {
+        let mut line = self.state.as_str().to_owned();
+        if let Some(code) = self.exit_code {
+            line.push_str(&format!(" exit={code}"));
+        }
+        if self.timed_out {
+            line.push_str(" timed_out");
+        }
+        for (key, value) in [
+            ("why", &self.why),
+            ("attempt", &self.attempt),
+            ("family", &self.family),
+        ] {
+            if let Some(v) = value {
+                line.push_str(&format!(" {key}={v}"));
+            }
+        }
+        line
+    }
+
     fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
         let state = fields
             .get("state")
