@@ -3,6 +3,7 @@
 mod support;
 
 mod chaos;
+mod cli;
 mod ledger;
 mod operators;
 mod policy;

@@ -116,6 +116,22 @@ fn same_op_id_twice_completes_then_replays_with_the_same_result() {
 }
 
 #[test]
+fn a_command_exiting_255_is_completed_not_a_transport_failure() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("exit255");
+    let a = run_json(
+        &env,
+        &lab,
+        &["target1", "--op", "two-five-five", "--", "exit 255"],
+    );
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.exit_code(), Some(255));
+    assert_eq!(a.status, 255);
+}
+
+#[test]
 fn a_minted_op_id_is_printed_before_dispatch() {
     let Some(lab) = support::loopback_lab(1) else {
         return;
