@@ -9,6 +9,32 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::duration::parse_duration;
 
+/// Parses `65536`, `64k`, `8m` or `1g` (binary multiples) into bytes; at least 1 KiB.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let (digits, mult) = match t.strip_suffix(['k', 'm', 'g']) {
+        Some(d) => (
+            d,
+            match t.chars().last() {
+                Some('k') => 1u64 << 10,
+                Some('m') => 1 << 20,
+                _ => 1 << 30,
+            },
+        ),
+        None => (t.as_str(), 1),
+    };
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("size `{text}` is not a number of bytes; write it like 65536, 64k, 8m or 1g")
+    })?;
+    let bytes = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("size `{text}` is too large"))?;
+    if bytes < 1024 {
+        return Err(format!("size `{text}` is below the 1k minimum"));
+    }
+    Ok(bytes)
+}
+
 const EXIT_CODES_HELP: &str = "\
 Exit status of `opmark run`: the command's own status for the verdicts `completed` and
 `replayed`; otherwise one reserved code per verdict:
@@ -150,6 +176,10 @@ pub struct RunArgs {
     /// `in_progress` or `indeterminate`.
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
     pub wait: Duration,
+    /// Cap on the output kept on the host per stream (bytes, or with k/m/g suffix);
+    /// beyond it bytes are counted and dropped, with a note.
+    #[arg(long = "output-cap", env = "OPMARK_OUTPUT_CAP", value_parser = parse_size, default_value = "8m", value_name = "SIZE")]
+    pub output_cap: u64,
     /// Operator approval: lets a blocked operation supersede and run once; the note is recorded.
     #[arg(long, value_name = "NOTE")]
     pub approve: Option<String>,

@@ -10,7 +10,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::op_id::OpId;
 use crate::operation::{self, RunEnv, RunInput};
-use crate::shim::DEFAULT_OUTPUT_CAP;
 use crate::ssh::Pool;
 use crate::vocab::Verdict;
 
@@ -69,7 +68,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         approve: args.approve.clone(),
         approver: common::operator(None),
         live_output: !global.json,
-        output_cap: DEFAULT_OUTPUT_CAP,
+        output_cap: args.output_cap,
     };
     let runtime = common::runtime()?;
     let pool = Pool::new(10);

@@ -132,6 +132,30 @@ fn a_command_exiting_255_is_completed_not_a_transport_failure() {
 }
 
 #[test]
+fn output_beyond_the_cap_is_dropped_on_the_host_and_reported() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("cap");
+    let a = run_json(
+        &env,
+        &lab,
+        &[
+            "target1",
+            "--op",
+            "big",
+            "--output-cap",
+            "1k",
+            "--",
+            "head -c 5000 /dev/zero | tr '\\0' a",
+        ],
+    );
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.stdout().len(), 1024);
+    assert_eq!(a.json["dropped"][0], 5000 - 1024);
+}
+
+#[test]
 fn a_minted_op_id_is_printed_before_dispatch() {
     let Some(lab) = support::loopback_lab(1) else {
         return;
