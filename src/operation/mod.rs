@@ -183,6 +183,8 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         exit: None,
         attempt_base: 0,
         prior_dispatch: None,
+        ledger_exit: None,
+        exit_from_ledger: false,
         input,
     };
 
@@ -225,6 +227,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         .as_ref()
         .filter(|r| r.verdict != Some(Verdict::NotApplied) || r.unresolved)
         .and_then(|r| r.last_attempt.clone());
+    // The ledger already holds this operation's exit: never claim again, even if the
+    // host marker has since been removed (gc, a wiped host); look, then replay.
+    runner.ledger_exit = existing
+        .as_ref()
+        .filter(|r| matches!(r.verdict, Some(Verdict::Completed | Verdict::Replayed)))
+        .and_then(|r| r.exit_code);
     if let Some(existing) = existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
@@ -281,6 +289,10 @@ struct Runner<'a> {
     attempt_base: u32,
     /// An earlier invocation's attempt that may have reached the host.
     prior_dispatch: Option<String>,
+    /// The exit code the ledger recorded when the operation already completed.
+    ledger_exit: Option<i32>,
+    /// The verdict's exit code comes from the ledger (the host marker is gone).
+    exit_from_ledger: bool,
     input: RunInput,
 }
 
@@ -295,6 +307,28 @@ enum Settled {
 impl<'a> Runner<'a> {
     /// THE retry state machine (SPEC section 4).
     async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
+        if let Some(code) = self.ledger_exit {
+            let attempt = self.current_attempt();
+            return match self.probe_and_follow(dest, &attempt).await? {
+                Settled::Verdict(verdict, attempt_id, reason) => {
+                    self.finish(verdict, attempt_id, reason, None)
+                }
+                // Absent, though the ledger saw it complete: the marker was removed.
+                // Running it again would be a second execution.
+                Settled::Retry(_) => {
+                    self.boundary(
+                        &attempt,
+                        Boundary::Refused,
+                        "marker gone; ledger has the exit",
+                    )?;
+                    let reason = format!(
+                        "the ledger recorded this operation completed with exit {code}, but its marker is gone from the host (gc?); nothing ran again, and the output is no longer available"
+                    );
+                    self.exit_from_ledger = true;
+                    self.finish(Verdict::Replayed, Some(attempt), reason, None)
+                }
+            };
+        }
         let mut backoff = Duration::from_millis(200);
         loop {
             let attempt = self.current_attempt();
@@ -822,6 +856,15 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
+    /// The command's exit status as far as the evidence goes.
+    fn exit_code(&self) -> Option<i32> {
+        match &self.exit {
+            Some(x) => Some(x.code),
+            None if self.exit_from_ledger => self.ledger_exit,
+            None => None,
+        }
+    }
+
     fn ours(&self, attempt: &str) -> bool {
         self.attempts.iter().any(|a| a.attempt_id == attempt)
     }
@@ -932,7 +975,7 @@ impl<'a> Runner<'a> {
         reason: String,
         _unused: Option<()>,
     ) -> Result<RunReport, Error> {
-        let exit_code = self.exit.as_ref().map(|x| x.code);
+        let exit_code = self.exit_code();
         if let Some(x) = &self.exit {
             if self.ours(&x.attempt) {
                 if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
@@ -974,7 +1017,7 @@ impl<'a> Runner<'a> {
             attempt_id,
             family: self.family,
             verdict,
-            exit_code: self.exit.as_ref().map(|x| x.code),
+            exit_code: self.exit_code(),
             stdout: String::from_utf8_lossy(self.output.kept_stdout()).into_owned(),
             stderr: String::from_utf8_lossy(self.output.kept_stderr()).into_owned(),
             attempts: self.attempts.clone(),

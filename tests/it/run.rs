@@ -156,6 +156,37 @@ fn output_beyond_the_cap_is_dropped_on_the_host_and_reported() {
 }
 
 #[test]
+fn a_completed_op_whose_marker_was_removed_is_not_run_again() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("marker-gone");
+    let fx = effects("marker-gone");
+    let cmd = format!("echo ran >> {}; exit 4", fx.display());
+    let first = run_json(&env, &lab, &["target1", "--op", "gone", "--", &cmd]);
+    assert_eq!(first.verdict(), "completed");
+    // As a gc (or a wiped host) would leave it.
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/gone");
+    std::fs::remove_dir_all(&marker).unwrap();
+    let again = run_json(&env, &lab, &["target1", "--op", "gone", "--", &cmd]);
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+    assert_eq!(again.exit_code(), Some(4));
+    assert!(again.json["reason"]
+        .as_str()
+        .unwrap()
+        .contains("marker is gone"));
+    assert_eq!(
+        lines(&fx),
+        1,
+        "the ledger's memory prevented a second execution"
+    );
+}
+
+#[test]
 fn a_minted_op_id_is_printed_before_dispatch() {
     let Some(lab) = support::loopback_lab(1) else {
         return;
