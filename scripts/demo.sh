@@ -1,54 +1,205 @@
 #!/usr/bin/env bash
-# Demo against disposable local targets: installs what is missing, builds opmark, starts
-# three real OpenSSH sshd targets with `opmark lab up`, runs a command through each with
-# the plain OpenSSH client, shows each target's own marker state dir, and (as root) cuts
-# and restores a network-namespace target's link. Everything is stopped on exit.
+# The main job of opmark, end to end, against a disposable local SSH target:
+#   an operation that appends a line to a file and exits 3; a forced disconnect in the
+#   middle of it; the probe of its marker; the replay (same op id: nothing runs again, the
+#   file keeps ONE line); then the agent's JSON verdict and the operator's views.
+# Installs what is missing, builds opmark, and stops and removes everything on exit. Uses
+# a private ledger and config dir inside the lab directory, never your real ones. Fails
+# (non-zero) when opmark does not behave as shown, so it doubles as a smoke test.
+#
+#   bash scripts/demo.sh
+#
+# As root the disconnect is a silent network cut (the target sits in its own network
+# namespace); otherwise the opmark client is killed with SIGKILL mid-command. Environment:
+#   OPMARK_DEMO_DISCONNECT=cut|kill   force one kind of disconnect (cut needs root)
+#   OPMARK_DEMO_KEEP=1                leave the lab running at the end, to explore it
 set -euo pipefail
+
+say() { printf '\n== %s\n' "$*"; }
+die() {
+  printf '\ndemo FAILED: %s\n' "$*" >&2
+  exit 1
+}
+
+mode=${OPMARK_DEMO_DISCONNECT:-}
+why="OPMARK_DEMO_DISCONNECT=$mode"
+if [[ -z $mode ]]; then
+  if [[ $(id -u) -eq 0 ]]; then mode="cut"; else mode="kill" why="not root, so no network namespace"; fi
+fi
+case $mode in
+cut | kill) ;;
+*) die "OPMARK_DEMO_DISCONNECT must be cut or kill, not '$mode'" ;;
+esac
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
-echo "== building opmark"
+echo "== building opmark (cargo build)"
 cargo build --quiet
 opmark=$PWD/target/debug/opmark
-# Not under /tmp: markers there would not survive a reboot, and the shim refuses them.
-lab=$PWD/target/demo-lab
 
-"$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
-trap '"$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true' EXIT
+# Not under /tmp: the lab refuses it (a reboot would erase the markers, the evidence).
+lab=${XDG_STATE_HOME:-$HOME/.local/state}/opmark/demo-lab
+# The target's HOME is a directory of the lab (the targets are local), so the effect of
+# the command on the target can be read here.
+effect=$lab/target1/home/deploy.log
+errlog=$lab/last-stderr
+op=demo-deploy
+# Appends one line (the effect), prints progress for ~4 s, exits with a distinctive 3.
+# shellcheck disable=SC2016 # expanded on the target, not here
+cmd='echo "release 42 deployed" >> ~/deploy.log; for i in 1 2 3 4; do echo "step $i/4"; sleep 1; done; echo done; exit 3'
 
-echo "== opmark lab up 3"
-"$opmark" lab up 3 --dir "$lab"
-
-echo "== an SSH round trip through each target (OpenSSH client, generated ssh_config)"
-for t in target1 target2 target3; do
-  # \$ expands on the target: each target has its own state dir, hence marker root.
-  ssh -F "$lab/ssh_config" -o BatchMode=yes "$t" \
-    "echo \"$t: I am \$(id -un), my marker root is \$XDG_STATE_HOME/opmark\""
-done
-
-if [[ $(id -u) -eq 0 ]]; then
-  netlab=$PWD/target/demo-netlab
-  "$opmark" lab down --dir "$netlab" >/dev/null 2>&1 || true
-  trap '"$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
-        "$opmark" lab down --dir "$netlab" >/dev/null 2>&1 || true' EXIT
-  echo "== a target in its own network namespace, and a silent link cut"
-  "$opmark" lab up 1 --placement netns --dir "$netlab" >/dev/null
-  ssh -F "$netlab/ssh_config" -o BatchMode=yes target1 'echo "netns target answers"'
-  "$opmark" lab cut target1 --dir "$netlab"
-  start=$(date +%s%N)
-  if ssh -F "$netlab/ssh_config" -o BatchMode=yes -o ConnectTimeout=2 target1 true 2>/dev/null; then
-    echo "unexpected: a cut target answered" >&2
-    exit 1
+helper_pid=
+cleanup() {
+  if [[ -n $helper_pid ]]; then kill "$helper_pid" 2>/dev/null || true; fi
+  if [[ ${OPMARK_DEMO_KEEP:-} == 1 ]]; then
+    echo "== the lab is left running (OPMARK_DEMO_KEEP=1); explore it with:"
+    echo "   export OPMARK_LEDGER=$lab/ledger.db OPMARK_SSH_CONFIG=$lab/demo_ssh_config XDG_CONFIG_HOME=$lab/config"
+    echo "   $opmark show $op"
+    echo "   stop it with: $opmark lab down --dir $lab"
+  else
+    "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
+    echo "(the lab is stopped and removed; OPMARK_DEMO_KEEP=1 leaves it running to explore)"
   fi
-  echo "cut target: connect timed out after $((($(date +%s%N) - start) / 1000000)) ms (no RST, no ICMP)"
-  "$opmark" lab restore target1 --dir "$netlab"
-  ssh -F "$netlab/ssh_config" -o BatchMode=yes target1 'echo "restored target answers again"'
-else
-  echo "(not root: skipping the network-namespace part of the demo)"
+}
+"$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
+trap cleanup EXIT
+
+# typed WORD...: prints a command line as you would type it (single quotes where needed).
+typed() {
+  local arg line='$'
+  for arg in "$@"; do
+    if [[ $arg =~ ^[A-Za-z0-9._/:=@-]+$ ]]; then
+      line+=" $arg"
+    else
+      line+=" '${arg//\'/\'\\\'\'}'"
+    fi
+  done
+  printf '%s\n' "$line"
+}
+
+# Prints an opmark command as you would type it (the lab's settings are in the
+# environment), then runs it: its stderr is shown live and kept in $errlog, its exit
+# status in $rc.
+shown() {
+  typed opmark "$@"
+  rc=0
+  "$opmark" "$@" 2> >(tee "$errlog" >&2) || rc=$?
+  wait "$!" 2>/dev/null || true # the tee above has written everything
+}
+
+# Waits until the command has started on the target (its effect line exists), then a
+# little more, so that the disconnect lands in the middle of the command.
+mid_command() {
+  local _
+  for _ in $(seq 100); do
+    if [[ -s $effect ]]; then
+      sleep 1.2
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "demo: the command never started on the target" >&2
+  return 1
+}
+
+say "a. start a disposable SSH target: a real OpenSSH sshd on this machine (opmark lab up)"
+if [[ $mode == cut ]]; then
+  if ! "$opmark" lab up 1 --placement netns --dir "$lab"; then
+    why="network namespaces are not available here"
+    echo "($why: falling back to killing the client)"
+    "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
+    mode="kill"
+  fi
+fi
+if [[ $mode == kill ]]; then
+  "$opmark" lab up 1 --dir "$lab"
 fi
 
-echo "== opmark lab status"
-"$opmark" lab status --dir "$lab"
-echo "== done; the targets are stopped on exit"
+# A private ledger and policy dir for the demo, and an ssh config that notices a dead
+# link within ~3 s (keepalive every second, 2 unanswered tolerated) on top of the lab's.
+export OPMARK_LEDGER=$lab/ledger.db XDG_CONFIG_HOME=$lab/config
+export OPMARK_SSH_CONFIG=$lab/demo_ssh_config
+printf '%s\n' 'ServerAliveInterval 1' 'ServerAliveCountMax 2' 'ConnectTimeout 2' \
+  "Include $lab/ssh_config" >"$OPMARK_SSH_CONFIG"
+echo "ledger: $OPMARK_LEDGER; ssh config: $OPMARK_SSH_CONFIG; the effect file: $effect"
+
+if [[ $mode == cut ]]; then
+  say "b+c. run an operation (appends a line, ~4 s, exits 3) and cut the target's network in the middle of it"
+  echo "(about a second into the command the link is cut silently: no RST, no FIN; it is"
+  echo " restored 4 s later. The run notices the loss by keepalive, keeps probing the marker"
+  echo " until the host answers, re-attaches and gets the command's true exit status)"
+  (
+    mid_command
+    "$opmark" lab cut target1 --dir "$lab"
+    sleep 4
+    "$opmark" lab restore target1 --dir "$lab"
+  ) &
+  helper_pid=$!
+  shown run target1 --op "$op" -- "$cmd"
+  wait "$helper_pid" || die "cutting or restoring the link failed"
+  helper_pid=
+  [[ $rc -eq 3 ]] || die "the interrupted run exited $rc, expected the command's own 3"
+  grep -q 'lost after dispatch' "$errlog" ||
+    die "the cut was not noticed (no 'connection ... lost' line); nothing was demonstrated"
+  echo "-> exit status $rc: the command's own, received after the reconnect"
+else
+  say "b+c. run an operation (appends a line, ~4 s, exits 3) and kill the opmark client with SIGKILL in the middle of it"
+  echo "($why: the client's death stands in for the lost link)"
+  printf '%s &\n' "$(typed opmark run target1 --op "$op" -- "$cmd")"
+  "$opmark" run target1 --op "$op" -- "$cmd" &
+  helper_pid=$!
+  mid_command
+  kill -KILL "$helper_pid"
+  wait "$helper_pid" 2>/dev/null || true
+  helper_pid=
+  echo "-> killed the opmark client (kill -KILL) while the command was running on the target"
+fi
+
+say "d. probe the marker on the target: the evidence opmark consults before any retry"
+typed opmark probe target1 "$op"
+marker=$("$opmark" probe target1 "$op") || die "probe failed"
+printf '%s\n' "$marker"
+case $mode:$marker in
+cut:"completed exit=3 "*) echo "-> completed with exit 3: the marker on the host recorded it" ;;
+kill:running*) echo "-> running: the command outlived its client (it runs detached from the SSH session)" ;;
+kill:"completed exit=3 "*) echo "-> completed with exit 3: the command outlived its client and finished" ;;
+*) die "unexpected marker state: $marker" ;;
+esac
+
+say "e. the replay: the same op id and command again (an agent retrying after the disconnect)"
+if [[ $mode == kill ]]; then
+  echo "(if the command is still running, this run follows it instead of starting it again)"
+fi
+shown run target1 --op "$op" -- "$cmd"
+[[ $rc -eq 3 ]] || die "the replay exited $rc, expected the recorded 3"
+grep -q '^opmark: replayed:' "$errlog" || die "the second run was not 'replayed'"
+lines=$(wc -l <"$effect")
+echo "-> exit $rc again, output returned; the effect file on the target:"
+sed 's/^/   /' "$effect"
+[[ $lines -eq 1 ]] || die "the effect file has $lines lines, expected exactly 1"
+echo "-> exactly ONE line: the command ran once, although opmark was asked twice"
+
+say "f. what an agent sees: --json makes the verdict a document (stdout), exit status still 3"
+typed opmark --json run target1 --op "$op" -- "$cmd"
+rc=0
+json=$("$opmark" --json run target1 --op "$op" -- "$cmd") || rc=$?
+printf '%s\n' "$json"
+[[ $rc -eq 3 ]] || die "the JSON run exited $rc, expected 3"
+grep -q '"verdict": "replayed"' <<<"$json" || die "the JSON verdict is not replayed"
+[[ $(wc -l <"$effect") -eq 1 ]] || die "the effect file grew after the JSON run"
+
+say "f. what an operator sees: the operation's investigation page (attempts, probes, verdicts)"
+shown show "$op"
+[[ $rc -eq 0 ]] || die "show exited $rc"
+
+say "f. every operation in the ledger (unresolved ones are marked !)"
+shown list
+[[ $rc -eq 0 ]] || die "list exited $rc"
+
+say "f. the ledger is a hash chain of events; verify that none was edited or deleted"
+shown audit verify
+[[ $rc -eq 0 ]] || die "audit verify exited $rc"
+
+say "done: one operation, one disconnect ($mode), one execution"
