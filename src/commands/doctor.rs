@@ -183,7 +183,7 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
         fail(
             "setsid",
             "setsid is not on the host's PATH".into(),
-            "install util-linux (or busybox with the setsid applet): commands are detached with it so they survive a lost connection".into(),
+            "install util-linux (its `setsid -f`; busybox's setsid has no -f): commands are detached with it so they survive a lost connection".into(),
         )
     });
     out.push(if get("writable") == "yes" {

@@ -309,6 +309,11 @@ impl<'a> Runner<'a> {
     async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
         if let Some(code) = self.ledger_exit {
             let attempt = self.current_attempt();
+            self.boundary(
+                &attempt,
+                Boundary::Refused,
+                "not claimed: the ledger already holds this operation's exit; probing to replay",
+            )?;
             return match self.probe_and_follow(dest, &attempt).await? {
                 Settled::Verdict(verdict, attempt_id, reason) => {
                     self.finish(verdict, attempt_id, reason, None)
@@ -316,11 +321,6 @@ impl<'a> Runner<'a> {
                 // Absent, though the ledger saw it complete: the marker was removed.
                 // Running it again would be a second execution.
                 Settled::Retry(_) => {
-                    self.boundary(
-                        &attempt,
-                        Boundary::Refused,
-                        "marker gone; ledger has the exit",
-                    )?;
                     let reason = format!(
                         "the ledger recorded this operation completed with exit {code}, but its marker is gone from the host (gc?); nothing ran again, and the output is no longer available"
                     );
@@ -412,10 +412,8 @@ impl<'a> Runner<'a> {
                     } else {
                         Boundary::SentNoResponse
                     };
-                    // `started` is already recorded by the observer.
-                    if !started {
-                        self.boundary(&attempt, boundary, &reason)?;
-                    }
+                    // The loss itself is evidence worth keeping (SPEC 7: "response lost").
+                    self.boundary(&attempt, boundary, &format!("response lost: {reason}"))?;
                     progress(&format!(
                         "connection to {} lost after dispatch ({reason}); probing the marker before anything else",
                         self.key.host
