@@ -886,7 +886,11 @@ impl<'a> Runner<'a> {
                 pid: std::process::id(),
                 version: env!("CARGO_PKG_VERSION").into(),
             });
-            events.push(self.intended());
+            // A rerun of a known operation adds attempts, not another intent (the ledger
+            // already binds the op id to this fingerprint; it was checked above).
+            if self.attempt_base == 0 {
+                events.push(self.intended());
+            }
         }
         events.push(Event::AttemptDispatched {
             attempt_id: attempt_id.clone(),
@@ -974,11 +978,26 @@ impl<'a> Runner<'a> {
         _unused: Option<()>,
     ) -> Result<RunReport, Error> {
         let exit_code = self.exit_code();
-        if let Some(x) = &self.exit {
-            if self.ours(&x.attempt) {
-                if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
-                    a.boundary = Boundary::ExitReceived;
-                }
+        if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
+            // A replay is an observation of an earlier attempt's exit, not a new exit.
+            self.ledger.append(
+                &self.key,
+                &Event::Probed {
+                    attempt_id: Some(x.attempt.clone()),
+                    state: "completed".into(),
+                    exit_code: Some(x.code),
+                    detail: format!(
+                        "replayed from the host marker: {} stdout and {} stderr bytes",
+                        self.output.out_bytes(),
+                        self.output.err_bytes()
+                    ),
+                },
+                Durability::Normal,
+            )?;
+        }
+        if let Some(x) = self.exit.clone().filter(|x| self.ours(&x.attempt)) {
+            if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
+                a.boundary = Boundary::ExitReceived;
             }
             self.ledger.append(
                 &self.key,
