@@ -286,6 +286,11 @@ fn writer_killed_with_sigkill_in_a_loop_loses_no_commit_and_leaves_no_half_opera
     let report = ledger.verify_chain().unwrap();
     assert_eq!(report.first_break, None);
     let max = *reported.iter().max().unwrap();
+    eprintln!(
+        "{} events stored, {} reported committed before the kills",
+        report.events,
+        reported.len()
+    );
     assert!(report.events >= max, "committed events were lost");
     for op in ledger.list(&ListFilter::default()).unwrap() {
         let key = OpKey::new(&op.op_id, &op.host);
