@@ -188,16 +188,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         input,
     };
 
-    let report = |runner: &Runner, verdict: Verdict, attempt: Option<String>, reason: String| {
-        runner.report(verdict, attempt, reason)
-    };
-
     if let Some(rule) = &classification.deny {
         let reason = format!(
             "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
         );
         runner.record_closed_intent(Verdict::Refused, &reason)?;
-        return Ok(report(&runner, Verdict::Refused, None, reason));
+        return Ok(runner.report(Verdict::Refused, None, reason));
     }
     if let Some(rule) = &classification.approval {
         if runner.input.approve.is_none() {
@@ -205,7 +201,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 "policy requires approval for this command ({rule}); rerun with --approve NOTE"
             );
             runner.record_closed_intent(Verdict::Blocked, &reason)?;
-            return Ok(report(&runner, Verdict::Blocked, None, reason));
+            return Ok(runner.report(Verdict::Blocked, None, reason));
         }
     }
 
@@ -239,7 +235,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
                 runner.key.op_id, runner.key.host, existing.created_at
             );
-            return Ok(report(&runner, Verdict::Conflict, None, reason));
+            return Ok(runner.report(Verdict::Conflict, None, reason));
         }
     }
 
@@ -250,7 +246,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
             let attempt = runner.current_attempt();
             runner.boundary(&attempt, Boundary::NotSent, &e.message)?;
             let reason = format!("{}; nothing was sent", e.message);
-            return runner.finish(Verdict::NotApplied, Some(attempt), reason, None);
+            return runner.finish(Verdict::NotApplied, Some(attempt), reason);
         }
     };
     if let Some(note) = runner.input.approve.clone() {
@@ -316,7 +312,7 @@ impl<'a> Runner<'a> {
             )?;
             return match self.probe_and_follow(dest, &attempt).await? {
                 Settled::Verdict(verdict, attempt_id, reason) => {
-                    self.finish(verdict, attempt_id, reason, None)
+                    self.finish(verdict, attempt_id, reason)
                 }
                 // Absent, though the ledger saw it complete: the marker was removed.
                 // Running it again would be a second execution.
@@ -325,7 +321,7 @@ impl<'a> Runner<'a> {
                         "the ledger recorded this operation completed with exit {code}, but its marker is gone from the host (gc?); nothing ran again, and the output is no longer available"
                     );
                     self.exit_from_ledger = true;
-                    self.finish(Verdict::Replayed, Some(attempt), reason, None)
+                    self.finish(Verdict::Replayed, Some(attempt), reason)
                 }
             };
         }
@@ -339,7 +335,7 @@ impl<'a> Runner<'a> {
                     self.boundary(&attempt, Boundary::NotSent, &e.to_string())?;
                     match self.after_not_sent(&e.to_string(), connect_is_final(&e)) {
                         Some((verdict, reason)) => {
-                            return self.finish(verdict, Some(attempt), reason, None)
+                            return self.finish(verdict, Some(attempt), reason)
                         }
                         None => {
                             self.pause(&mut backoff).await;
@@ -388,7 +384,7 @@ impl<'a> Runner<'a> {
                     self.boundary(&attempt, Boundary::NotSent, &why)?;
                     match self.after_not_sent(&why, false) {
                         Some((verdict, reason)) => {
-                            return self.finish(verdict, Some(attempt), reason, None)
+                            return self.finish(verdict, Some(attempt), reason)
                         }
                         None => {
                             self.pause(&mut backoff).await;
@@ -423,7 +419,7 @@ impl<'a> Runner<'a> {
             };
             match settled {
                 Settled::Verdict(verdict, attempt_id, reason) => {
-                    return self.finish(verdict, attempt_id, reason, None)
+                    return self.finish(verdict, attempt_id, reason)
                 }
                 Settled::Retry(reason) => {
                     if self.attempts.len() as u32 >= self.budget {
@@ -431,7 +427,7 @@ impl<'a> Runner<'a> {
                             "a retry was needed ({}) but the attempt budget ({}) is spent; retry with the same op id (the atomic claim makes it safe), or run `opmark reconcile`",
                             reason, self.budget
                         );
-                        return self.finish(Verdict::Indeterminate, Some(attempt), why, None);
+                        return self.finish(Verdict::Indeterminate, Some(attempt), why);
                     }
                     self.begin(reason, Some(attempt))?;
                 }
@@ -975,7 +971,6 @@ impl<'a> Runner<'a> {
         verdict: Verdict,
         attempt_id: Option<String>,
         reason: String,
-        _unused: Option<()>,
     ) -> Result<RunReport, Error> {
         let exit_code = self.exit_code();
         if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
