@@ -245,8 +245,10 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
             runner.begin(first_reason, first_parent)?;
             let attempt = runner.current_attempt();
             runner.boundary(&attempt, Boundary::NotSent, &e.message)?;
-            let reason = format!("{}; nothing was sent", e.message);
-            return runner.finish(Verdict::NotApplied, Some(attempt), reason);
+            let (verdict, reason) = runner
+                .after_not_sent(&e.message, true)
+                .unwrap_or((Verdict::NotApplied, e.message.clone()));
+            return runner.finish(verdict, Some(attempt), reason);
         }
     };
     if let Some(note) = runner.input.approve.clone() {
