@@ -56,12 +56,14 @@ now() {
 # directory (and MORE_DIRS, e.g. the parent of a new marker), so that a reader sees the
 # old record or the new one, never a torn one, and a crash keeps it.
 durable_write() {
-	dw_dir=$1 dw_tmp="$1/.$2.tmp.$$"
+	dw_dir=$1 dw_file="$1/$2" dw_tmp="$1/.$2.tmp.$$"
 	printf '%s\n' "$3" >"$dw_tmp" || return 1
-	sync "$dw_tmp" || return 1
-	mv -f "$dw_tmp" "$1/$2" || return 1
+	# Rename first, then one sync for the file's data and the directory entry: readers
+	# see the whole record either way (the rename is atomic, the data in the page
+	# cache), and nothing proceeds until both are on disk.
+	mv -f "$dw_tmp" "$dw_file" || return 1
 	shift 3
-	sync "$dw_dir" "$@"
+	sync "$dw_file" "$dw_dir" "$@"
 }
 
 # rget FILE KEY: sets rv to the value of KEY=value in a record file ("" if absent).
@@ -291,9 +293,11 @@ trailer() {
 	frame "X code=$t attempt=$rv"
 }
 
+# register_waiter [MORE_FIFOS...]: a wake-up FIFO for this foreground (and, for run,
+# the supervisor's capture FIFOs in the same mkfifo call).
 register_waiter() {
 	wf="$m/.w.$nonce"
-	mkfifo "$wf" && exec 5<>"$wf"
+	mkfifo "$wf" "$@" && exec 5<>"$wf"
 }
 
 # follow M OUT_OFFSET ERR_OFFSET: stream until the exit record exists (trailer X) or the
@@ -332,7 +336,6 @@ follow() {
 		fi
 		wait_wake
 	done
-	rm -f "$wf"
 }
 
 # wait_wake: blocks until the supervisor writes "x" (exit record down) or a timer of
@@ -416,7 +419,7 @@ boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	: >"$m/out"
 	: >"$m/err"
-	register_waiter
+	register_waiter "$m/.out.fifo" "$m/.err.fifo"
 	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
 		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
@@ -489,7 +492,7 @@ supervise() {
 	fi
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
-	mkfifo "$m/.out.fifo" "$m/.err.fifo" || exit 1
+	[ -p "$m/.out.fifo" ] && [ -p "$m/.err.fifo" ] || exit 1
 	unbuffered=
 	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
 	capture "$m/out" "$cap" <"$m/.out.fifo" &
@@ -518,10 +521,11 @@ timed_out=$timed_out
 ended_at=$(now)"
 	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
 	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
-	rm -f "$m/.out.fifo" "$m/.err.fifo"
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
+	# Off the waiters' path: they are awake already.
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.*
 }
 
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
@@ -586,6 +590,8 @@ verb_attach() {
 	frame "A $(describe)"
 	register_waiter
 	follow "$m" "$2" "$3"
+	# (A run's supervisor removes its waiters; an attach may come after it is gone.)
+	rm -f "$wf"
 }
 
 # fence OP FORCE: tombstone so the op id can never be claimed. Without FORCE only an
