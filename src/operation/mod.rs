@@ -334,19 +334,13 @@ impl<'a> Runner<'a> {
             let session = match self.pool.session(dest).await {
                 Ok(s) => s,
                 Err(e) => {
-                    self.boundary(&attempt, Boundary::NotSent, &e.to_string())?;
-                    match self.after_not_sent(&e.to_string(), connect_is_final(&e)) {
-                        Some((verdict, reason)) => {
-                            return self.finish(verdict, Some(attempt), reason)
-                        }
-                        None => {
-                            self.pause(&mut backoff).await;
-                            self.begin(
-                                RetryReason::ConnectionNotEstablished,
-                                Some(attempt.clone()),
-                            )?;
-                            continue;
-                        }
+                    let why = e.to_string();
+                    match self
+                        .not_sent(&attempt, &why, connect_is_final(&e), &mut backoff)
+                        .await?
+                    {
+                        Some(report) => return Ok(report),
+                        None => continue,
                     }
                 }
             };
@@ -383,19 +377,9 @@ impl<'a> Runner<'a> {
             };
             let settled = match end {
                 CallEnd::NotSent(why) => {
-                    self.boundary(&attempt, Boundary::NotSent, &why)?;
-                    match self.after_not_sent(&why, false) {
-                        Some((verdict, reason)) => {
-                            return self.finish(verdict, Some(attempt), reason)
-                        }
-                        None => {
-                            self.pause(&mut backoff).await;
-                            self.begin(
-                                RetryReason::ConnectionNotEstablished,
-                                Some(attempt.clone()),
-                            )?;
-                            continue;
-                        }
+                    match self.not_sent(&attempt, &why, false, &mut backoff).await? {
+                        Some(report) => return Ok(report),
+                        None => continue,
                     }
                 }
                 CallEnd::Finished(frames) => self.settle_reply(dest, &attempt, frames).await?,
@@ -435,6 +419,29 @@ impl<'a> Runner<'a> {
                 }
             }
         }
+    }
+
+    /// An attempt that never left: records it, then either answers (`Some`) or waits
+    /// and begins the next attempt (`None`: the caller loops).
+    async fn not_sent(
+        &mut self,
+        attempt: &str,
+        why: &str,
+        final_failure: bool,
+        backoff: &mut Duration,
+    ) -> Result<Option<RunReport>, Error> {
+        self.boundary(attempt, Boundary::NotSent, why)?;
+        if let Some((verdict, reason)) = self.after_not_sent(why, final_failure) {
+            return self
+                .finish(verdict, Some(attempt.to_owned()), reason)
+                .map(Some);
+        }
+        self.pause(backoff).await;
+        self.begin(
+            RetryReason::ConnectionNotEstablished,
+            Some(attempt.to_owned()),
+        )?;
+        Ok(None)
     }
 
     /// After a `not_sent` attempt: `None` to retry, or the final verdict.
