@@ -53,6 +53,15 @@ fn answer(out: Output) -> Answer {
     }
 }
 
+/// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
+fn spawn(cmd: &mut Command, args: &[&str]) -> Child {
+    cmd.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
     answer(
         env.opmark_with_lab(lab)
@@ -346,17 +355,12 @@ fn a_link_cut_mid_command_and_restored_reattaches_without_losing_or_repeating_ou
     let target = lab.target("target1").unwrap();
     let marker = target.marker_root().join("ops").join("cut-1");
     let cmd = "echo first; sleep 4; echo second; exit 6";
-    let child = env
-        .opmark()
-        .arg("-F")
-        .arg(&cfg)
-        .args([
+    let child = spawn(
+        env.opmark().arg("-F").arg(&cfg),
+        &[
             "--json", "run", "target1", "--op", "cut-1", "--wait", "30s", "--", cmd,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for("the command to start", Duration::from_secs(20), || {
         std::fs::read(marker.join("out")).is_ok_and(|o| o == b"first\n")
     });
@@ -380,11 +384,9 @@ fn a_link_cut_and_not_restored_is_indeterminate_while_the_command_completes_on_t
     let cfg = fast_loss_config(&lab, &dir);
     let target = lab.target("target1").unwrap();
     let marker = target.marker_root().join("ops").join("cut-2");
-    let child = env
-        .opmark()
-        .arg("-F")
-        .arg(&cfg)
-        .args([
+    let child = spawn(
+        env.opmark().arg("-F").arg(&cfg),
+        &[
             "--json",
             "run",
             "target1",
@@ -394,11 +396,8 @@ fn a_link_cut_and_not_restored_is_indeterminate_while_the_command_completes_on_t
             "3s",
             "--",
             "sleep 2; exit 4",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for("the command to start", Duration::from_secs(20), || {
         marker.join("started").exists()
     });
@@ -455,9 +454,9 @@ fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once(
         fx = fx.display(),
         gate = gate.display()
     );
-    let child = env
-        .opmark_with_lab(&lab)
-        .args([
+    let child = spawn(
+        &mut env.opmark_with_lab(&lab),
+        &[
             "--json",
             "run",
             "target1",
@@ -467,11 +466,8 @@ fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once(
             "append-only",
             "--",
             &cmd,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for("the first execution", Duration::from_secs(20), || {
         lines(&fx) == 1
     });
@@ -574,9 +570,9 @@ fn an_interrupted_convergent_op_is_rerun_automatically_and_recorded() {
             })
             .count()
     };
-    let child = env
-        .opmark_with_lab(&lab)
-        .args([
+    let child = spawn(
+        &mut env.opmark_with_lab(&lab),
+        &[
             "--json",
             "run",
             "target1",
@@ -586,11 +582,8 @@ fn an_interrupted_convergent_op_is_rerun_automatically_and_recorded() {
             "convergent",
             "--",
             &cmd,
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     wait_for("the first execution", Duration::from_secs(20), || {
         executions() == 1
     });
