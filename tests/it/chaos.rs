@@ -142,7 +142,19 @@ fn random_cuts_kills_and_restarts_never_execute_an_operation_twice() {
                 let t = TARGETS[0];
                 lab.stop_sshd(t).unwrap();
                 std::thread::sleep(Duration::from_millis(rng.random_range(0..500)));
-                lab.start_sshd(t).unwrap();
+                if let Err(e) = lab.start_sshd(t) {
+                    // Seen once in ~10 full-suite runs under heavy load: the new sshd
+                    // listened but no connection reached it for 30 s. That is the lab's
+                    // problem, not opmark's; say so loudly, restore, and try once more.
+                    eprintln!(
+                        "seed {seed}: LAB: restarted sshd of {t} not ready (link cut: {:?}): {e}; restoring and retrying once",
+                        lab.is_cut(t)
+                    );
+                    lab.restore(t).unwrap();
+                    lab.stop_sshd(t).unwrap();
+                    lab.start_sshd(t).unwrap();
+                    *faults.entry("sshd restart retried (lab)").or_default() += 1;
+                }
                 *faults.entry("sshd restarted").or_default() += 1;
             }
             _ => {}
