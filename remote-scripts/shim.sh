@@ -485,6 +485,10 @@ supervise() {
 		mv -f "$m/.proc.tmp" "$m/proc" || exit 1
 	mkdir "$m/started" 2>/dev/null || exit 1
 	trap 'sv_term=1' TERM
+	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
+	# (always while the deadline killer swept the session). Caught, not ignored: the
+	# command still gets the default disposition (a handler resets on exec).
+	trap 'sv_pipe=1' PIPE HUP
 	killer=
 	if [ "$timeout" -gt 0 ]; then
 		kill_after "$timeout" "$$" "$m" &
@@ -503,9 +507,15 @@ supervise() {
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
 	"$OPMARK_SHELL" -c "$cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
 	code=$?
-	# Stop the deadline killer first (a builtin: no child it could mistake for the
-	# command's), so nothing of ours dies while the exit record is written.
-	[ -n "$killer" ] && kill -KILL "$killer" 2>/dev/null
+	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
+	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
+	# cut short (leaving the command's children alive) nor hit our own helpers.
+	if [ -n "$killer" ]; then
+		kill -TERM "$killer" 2>/dev/null
+		while kill -0 "$killer" 2>/dev/null; do
+			wait "$killer"
+		done
+	fi
 	# The captures end when every writer of the FIFOs has closed them (the command and
 	# anything it left running with its output), as with ssh itself. A trapped TERM
 	# interrupts `wait`, hence the loop.
@@ -544,9 +554,10 @@ capture() {
 	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
 }
 
-# kill_after SECONDS SID M: at the deadline, TERM the command's process group, then KILL
-# what is left of the session after a grace period. The supervisor survives (it traps
-# TERM) to write the exit record.
+# kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
+# but the supervisor and this killer, then KILL what is left after a grace period. The
+# supervisor is never signalled, so it always lives to write the exit record. (Sending
+# TERM to the whole process group lost a supervisor now and then under heavy load.)
 kill_after() {
 	sleep "$1" &
 	ka_sleep=$!
@@ -554,15 +565,21 @@ kill_after() {
 	wait "$ka_sleep"
 	trap '' TERM
 	: >"$3/timed_out"
-	kill -TERM -"$2" 2>/dev/null
-	sleep 2
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
+	signal_session TERM "$2" "$me"
+	sleep 2
+	signal_session KILL "$2" "$me"
+}
+
+# signal_session SIG SID SPARE: sends SIG to every live process of session SID except
+# its leader (the supervisor) and SPARE. Builtins only, so nothing it starts is hit.
+signal_session() {
 	for ka in /proc/[0-9]*/stat; do
 		ka_pid=${ka#/proc/}
 		ka_pid=${ka_pid%/stat}
-		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$me" ] && continue
-		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -KILL "$ka_pid" 2>/dev/null
+		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
+		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
 	done
 }
 
