@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::support::{self, fresh_dir, text, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
 
 const OPERATIONS: usize = 30;
 const CONCURRENT: usize = 5;
@@ -48,15 +48,7 @@ fn random_cuts_kills_and_restarts_never_execute_an_operation_twice() {
     let mut rng = StdRng::seed_from_u64(seed);
     let env = Sealed::new("chaos");
     let dir = fresh_dir("chaos");
-    let cfg = dir.join("ssh_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "ServerAliveInterval 1\nServerAliveCountMax 1\nConnectTimeout 2\nInclude {}\n",
-            lab.ssh_config().display()
-        ),
-    )
-    .unwrap();
+    let cfg = fast_loss_config(&lab, &dir);
 
     // Append-only commands: never re-run automatically, so each line is one execution.
     let mut ops: Vec<Op> = (0..OPERATIONS)

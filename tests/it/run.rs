@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, fresh_dir, text, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
 
 /// A JSON verdict and the process status.
 struct Answer {
@@ -320,20 +320,6 @@ fn a_client_killed_at_any_boundary_then_rerun_executes_once_with_the_true_status
             "{point}: the rerun names the crashed attempt"
         );
     }
-}
-
-/// An ssh config that detects a dead link in about 2 s and includes the lab's.
-fn fast_loss_config(lab: &Lab, dir: &Path) -> PathBuf {
-    let cfg = dir.join("ssh_config");
-    std::fs::write(
-        &cfg,
-        format!(
-            "ServerAliveInterval 1\nServerAliveCountMax 1\nConnectTimeout 2\nInclude {}\n",
-            lab.ssh_config().display()
-        ),
-    )
-    .unwrap();
-    cfg
 }
 
 fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {

@@ -244,3 +244,17 @@ impl Sealed {
 pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
+
+/// An ssh config that detects a dead link in about 2 s and includes the lab's.
+pub fn fast_loss_config(lab: &Lab, dir: &Path) -> PathBuf {
+    let cfg = dir.join("ssh_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "ServerAliveInterval 1\nServerAliveCountMax 1\nConnectTimeout 2\nInclude {}\n",
+            lab.ssh_config().display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
