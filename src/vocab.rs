@@ -70,6 +70,68 @@ pub enum RetryReason {
     OperatorApproved,
 }
 
+/// Why a verdict was reached, for machines (SPEC section 2): stable snake_case codes an
+/// agent branches on together with [`ReasonCode::retryable`], never on prose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    /// `completed`: this invocation ran the command and received its exit status.
+    CommandExited,
+    /// `replayed`: the host's marker held the recorded result.
+    ReplayedFromHost,
+    /// `replayed`: the ledger holds the exit, the host marker is gone (gc).
+    ReplayedFromLedger,
+    /// `in_progress`: an attempt holds the claim and is still running.
+    StillRunning,
+    /// `not_applied`: no connection could be made (refused, timed out, reset).
+    ConnectFailed,
+    /// `not_applied`: the host name does not resolve (ssh config, DNS).
+    NameUnresolvable,
+    /// `not_applied`: the host key is unknown, changed or revoked.
+    HostKeyRejected,
+    /// `not_applied`: every identity was refused.
+    AuthRefused,
+    /// `not_applied`: the operation was closed (its marker is fenced).
+    Fenced,
+    /// `not_applied`: the host shim could not start the command (unusable marker root,
+    /// missing tools); nothing ran.
+    ShimCannotStart,
+    /// `conflict`: the host's marker binds the op id to another intent.
+    ConflictOnHost,
+    /// `conflict`: the ledger binds the op id to another intent.
+    ConflictInLedger,
+    /// `refused`: the policy denies the command.
+    PolicyDenied,
+    /// `refused`: the input is invalid (op id, arguments); nothing was sent.
+    InvalidInput,
+    /// `blocked`: the policy needs `--approve NOTE`.
+    ApprovalRequired,
+    /// `indeterminate`: the claim was interrupted and the family is not re-run
+    /// automatically.
+    InterruptedNeedsApproval,
+    /// `indeterminate`: dispatched, then the host could not be probed in time.
+    UnreachableAfterDispatch,
+    /// `indeterminate`: this attempt was not sent, an earlier one was and is unknown.
+    EarlierDispatchUnknown,
+    /// `indeterminate`: a retry was needed but the attempt budget is spent.
+    AttemptBudgetSpent,
+}
+
+impl ReasonCode {
+    /// True only when rerunning with the same op id may change the outcome without a
+    /// human: a host that may come back, a claim still running, a budget renewed.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ReasonCode::StillRunning
+                | ReasonCode::ConnectFailed
+                | ReasonCode::UnreachableAfterDispatch
+                | ReasonCode::EarlierDispatchUnknown
+                | ReasonCode::AttemptBudgetSpent
+        )
+    }
+}
+
 macro_rules! names {
     ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
@@ -124,6 +186,28 @@ names!(RetryReason {
     OperatorApproved => "operator_approved",
 });
 
+names!(ReasonCode {
+    CommandExited => "command_exited",
+    ReplayedFromHost => "replayed_from_host",
+    ReplayedFromLedger => "replayed_from_ledger",
+    StillRunning => "still_running",
+    ConnectFailed => "connect_failed",
+    NameUnresolvable => "name_unresolvable",
+    HostKeyRejected => "host_key_rejected",
+    AuthRefused => "auth_refused",
+    Fenced => "fenced",
+    ShimCannotStart => "shim_cannot_start",
+    ConflictOnHost => "conflict_on_host",
+    ConflictInLedger => "conflict_in_ledger",
+    PolicyDenied => "policy_denied",
+    InvalidInput => "invalid_input",
+    ApprovalRequired => "approval_required",
+    InterruptedNeedsApproval => "interrupted_needs_approval",
+    UnreachableAfterDispatch => "unreachable_after_dispatch",
+    EarlierDispatchUnknown => "earlier_dispatch_unknown",
+    AttemptBudgetSpent => "attempt_budget_spent",
+});
+
 impl Verdict {
     /// The reserved exit code of a verdict, or `None` for `completed`/`replayed`, which
     /// exit with the command's own status.
@@ -143,6 +227,45 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_causes_that_can_pass_without_a_human_are_retryable() {
+        let retryable: Vec<&str> = [
+            ReasonCode::CommandExited,
+            ReasonCode::ReplayedFromHost,
+            ReasonCode::ReplayedFromLedger,
+            ReasonCode::StillRunning,
+            ReasonCode::ConnectFailed,
+            ReasonCode::NameUnresolvable,
+            ReasonCode::HostKeyRejected,
+            ReasonCode::AuthRefused,
+            ReasonCode::Fenced,
+            ReasonCode::ShimCannotStart,
+            ReasonCode::ConflictOnHost,
+            ReasonCode::ConflictInLedger,
+            ReasonCode::PolicyDenied,
+            ReasonCode::InvalidInput,
+            ReasonCode::ApprovalRequired,
+            ReasonCode::InterruptedNeedsApproval,
+            ReasonCode::UnreachableAfterDispatch,
+            ReasonCode::EarlierDispatchUnknown,
+            ReasonCode::AttemptBudgetSpent,
+        ]
+        .into_iter()
+        .filter(|c| c.retryable())
+        .map(ReasonCode::as_str)
+        .collect();
+        assert_eq!(
+            retryable,
+            [
+                "still_running",
+                "connect_failed",
+                "unreachable_after_dispatch",
+                "earlier_dispatch_unknown",
+                "attempt_budget_spent"
+            ]
+        );
+    }
 
     #[test]
     fn reserved_codes_are_distinct_per_verdict() {

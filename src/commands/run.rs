@@ -11,7 +11,7 @@ use crate::family::Family;
 use crate::op_id::OpId;
 use crate::operation::{self, RunEnv, RunInput};
 use crate::ssh::Pool;
-use crate::vocab::Verdict;
+use crate::vocab::{ReasonCode, Verdict};
 
 /// Runs the command; the exit status is the command's own or the verdict's reserved code.
 pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
@@ -117,6 +117,8 @@ struct Refused<'a> {
     verdict: Verdict,
     exit_code: Option<i32>,
     reason: &'a str,
+    reason_code: ReasonCode,
+    retryable: bool,
 }
 
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
@@ -127,6 +129,8 @@ fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -
             verdict: Verdict::Refused,
             exit_code: None,
             reason,
+            reason_code: ReasonCode::InvalidInput,
+            retryable: false,
         })?;
     } else {
         eprintln!("opmark: refused: {reason}");

@@ -22,7 +22,7 @@ use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, Policy};
 use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
 use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, Session};
-use crate::vocab::{Boundary, RetryReason, Verdict};
+use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use output::Output;
@@ -112,6 +112,10 @@ pub struct RunReport {
     pub fingerprint: String,
     /// Why this verdict, in words an agent can log.
     pub reason: String,
+    /// Why this verdict, for machines (stable snake_case, SPEC section 2).
+    pub reason_code: ReasonCode,
+    /// True only when a rerun with the same op id may change the outcome without a human.
+    pub retryable: bool,
     /// The policy rule that decided the family.
     pub rule: String,
     /// The command was killed at `--timeout`.
@@ -193,7 +197,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
             "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
         );
         runner.record_closed_intent(Verdict::Refused, &reason)?;
-        return Ok(runner.report(Verdict::Refused, None, reason));
+        return Ok(runner.report(Answer::new(
+            Verdict::Refused,
+            None,
+            ReasonCode::PolicyDenied,
+            reason,
+        )));
     }
     if let Some(rule) = &classification.approval {
         if runner.input.approve.is_none() {
@@ -201,7 +210,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 "policy requires approval for this command ({rule}); rerun with --approve NOTE"
             );
             runner.record_closed_intent(Verdict::Blocked, &reason)?;
-            return Ok(runner.report(Verdict::Blocked, None, reason));
+            return Ok(runner.report(Answer::new(
+                Verdict::Blocked,
+                None,
+                ReasonCode::ApprovalRequired,
+                reason,
+            )));
         }
     }
 
@@ -235,7 +249,12 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
                 runner.key.op_id, runner.key.host, existing.created_at
             );
-            return Ok(runner.report(Verdict::Conflict, None, reason));
+            return Ok(runner.report(Answer::new(
+                Verdict::Conflict,
+                None,
+                ReasonCode::ConflictInLedger,
+                reason,
+            )));
         }
     }
 
@@ -245,10 +264,10 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
             runner.begin(first_reason, first_parent)?;
             let attempt = runner.current_attempt();
             runner.boundary(&attempt, Boundary::NotSent, &e.message)?;
-            let (verdict, reason) = runner
-                .after_not_sent(&e.message, true)
-                .unwrap_or((Verdict::NotApplied, e.message.clone()));
-            return runner.finish(verdict, Some(attempt), reason);
+            let answer = runner
+                .after_not_sent(&attempt, &e.message, ReasonCode::NameUnresolvable, true)
+                .expect("a final failure always answers");
+            return runner.finish(answer);
         }
     };
     if let Some(note) = runner.input.approve.clone() {
@@ -294,10 +313,36 @@ struct Runner<'a> {
     input: RunInput,
 }
 
+/// A verdict with what it rests on: the attempt it is about, the machine-readable code
+/// and the words for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Answer {
+    verdict: Verdict,
+    attempt_id: Option<String>,
+    code: ReasonCode,
+    reason: String,
+}
+
+impl Answer {
+    fn new(
+        verdict: Verdict,
+        attempt_id: Option<String>,
+        code: ReasonCode,
+        reason: impl Into<String>,
+    ) -> Self {
+        Answer {
+            verdict,
+            attempt_id,
+            code,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// What a probe-and-follow step concluded.
 enum Settled {
     /// A verdict is reached.
-    Verdict(Verdict, Option<String>, String),
+    Verdict(Answer),
     /// Make another attempt for this reason.
     Retry(RetryReason),
 }
@@ -313,9 +358,7 @@ impl<'a> Runner<'a> {
                 "not claimed: the ledger already holds this operation's exit; probing to replay",
             )?;
             return match self.probe_and_follow(dest, &attempt).await? {
-                Settled::Verdict(verdict, attempt_id, reason) => {
-                    self.finish(verdict, attempt_id, reason)
-                }
+                Settled::Verdict(answer) => self.finish(answer),
                 // Absent, though the ledger saw it complete: the marker was removed.
                 // Running it again would be a second execution.
                 Settled::Retry(_) => {
@@ -323,7 +366,12 @@ impl<'a> Runner<'a> {
                         "the ledger recorded this operation completed with exit {code}, but its marker is gone from the host (gc?); nothing ran again, and the output is no longer available"
                     );
                     self.exit_from_ledger = true;
-                    self.finish(Verdict::Replayed, Some(attempt), reason)
+                    self.finish(Answer::new(
+                        Verdict::Replayed,
+                        Some(attempt),
+                        ReasonCode::ReplayedFromLedger,
+                        reason,
+                    ))
                 }
             };
         }
@@ -336,7 +384,13 @@ impl<'a> Runner<'a> {
                 Err(e) => {
                     let why = e.to_string();
                     match self
-                        .not_sent(&attempt, &why, connect_is_final(&e), &mut backoff)
+                        .not_sent(
+                            &attempt,
+                            &why,
+                            connect_code(&e),
+                            connect_is_final(&e),
+                            &mut backoff,
+                        )
                         .await?
                     {
                         Some(report) => return Ok(report),
@@ -377,7 +431,16 @@ impl<'a> Runner<'a> {
             };
             let settled = match end {
                 CallEnd::NotSent(why) => {
-                    match self.not_sent(&attempt, &why, false, &mut backoff).await? {
+                    match self
+                        .not_sent(
+                            &attempt,
+                            &why,
+                            ReasonCode::ConnectFailed,
+                            false,
+                            &mut backoff,
+                        )
+                        .await?
+                    {
                         Some(report) => return Ok(report),
                         None => continue,
                     }
@@ -404,16 +467,19 @@ impl<'a> Runner<'a> {
                 }
             };
             match settled {
-                Settled::Verdict(verdict, attempt_id, reason) => {
-                    return self.finish(verdict, attempt_id, reason)
-                }
+                Settled::Verdict(answer) => return self.finish(answer),
                 Settled::Retry(reason) => {
                     if self.attempts.len() as u32 >= self.budget {
                         let why = format!(
                             "a retry was needed ({}) but the attempt budget ({}) is spent; retry with the same op id (the atomic claim makes it safe), or run `opmark reconcile`",
                             reason, self.budget
                         );
-                        return self.finish(Verdict::Indeterminate, Some(attempt), why);
+                        return self.finish(Answer::new(
+                            Verdict::Indeterminate,
+                            Some(attempt),
+                            ReasonCode::AttemptBudgetSpent,
+                            why,
+                        ));
                     }
                     self.begin(reason, Some(attempt))?;
                 }
@@ -427,14 +493,13 @@ impl<'a> Runner<'a> {
         &mut self,
         attempt: &str,
         why: &str,
+        code: ReasonCode,
         final_failure: bool,
         backoff: &mut Duration,
     ) -> Result<Option<RunReport>, Error> {
         self.boundary(attempt, Boundary::NotSent, why)?;
-        if let Some((verdict, reason)) = self.after_not_sent(why, final_failure) {
-            return self
-                .finish(verdict, Some(attempt.to_owned()), reason)
-                .map(Some);
+        if let Some(answer) = self.after_not_sent(attempt, why, code, final_failure) {
+            return self.finish(answer).map(Some);
         }
         self.pause(backoff).await;
         self.begin(
@@ -444,8 +509,15 @@ impl<'a> Runner<'a> {
         Ok(None)
     }
 
-    /// After a `not_sent` attempt: `None` to retry, or the final verdict.
-    fn after_not_sent(&self, why: &str, final_failure: bool) -> Option<(Verdict, String)> {
+    /// After a `not_sent` attempt: `None` to retry, or the final verdict. `code` says why
+    /// this attempt never left.
+    fn after_not_sent(
+        &self,
+        attempt: &str,
+        why: &str,
+        code: ReasonCode,
+        final_failure: bool,
+    ) -> Option<Answer> {
         if !final_failure && (self.attempts.len() as u32) < self.budget {
             return None;
         }
@@ -458,17 +530,26 @@ impl<'a> Runner<'a> {
             .map(|a| a.attempt_id.clone())
             .or_else(|| self.prior_dispatch.clone());
         if let Some(earlier) = earlier {
-            return Some((
+            return Some(Answer::new(
                 Verdict::Indeterminate,
+                Some(attempt.to_owned()),
+                ReasonCode::EarlierDispatchUnknown,
                 format!(
                     "{why}; this attempt was not sent, but attempt {earlier} was dispatched earlier and its outcome is unknown. Retry with the same op id when the host is reachable, or run `opmark reconcile`"
                 ),
             ));
         }
-        Some((
+        let advice = if code.retryable() {
+            "safe to retry with the same op id"
+        } else {
+            "retrying will not help until this is fixed; then retry with the same op id"
+        };
+        Some(Answer::new(
             Verdict::NotApplied,
+            Some(attempt.to_owned()),
+            code,
             format!(
-                "{why}; nothing was sent after {} attempt(s); safe to retry with the same op id",
+                "{why}; nothing was sent after {} attempt(s); {advice}",
                 self.attempts.len()
             ),
         ))
@@ -551,32 +632,36 @@ impl<'a> Runner<'a> {
                 self.probe_and_follow(dest, attempt).await?
             }
             "interrupted" => self.after_interrupted_marker(marker.as_ref(), attempt),
-            "fenced" => Settled::Verdict(
+            "fenced" => Settled::Verdict(Answer::new(
                 Verdict::NotApplied,
                 Some(attempt.to_owned()),
-                "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id".into(),
-            ),
-            "conflict" => Settled::Verdict(
+                ReasonCode::Fenced,
+                "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id",
+            )),
+            "conflict" => Settled::Verdict(Answer::new(
                 Verdict::Conflict,
                 Some(attempt.to_owned()),
+                ReasonCode::ConflictOnHost,
                 format!(
                     "the host's marker binds op {} to a different command or stdin; nothing ran. Use a new op id",
                     self.key.op_id
                 ),
-            ),
-            "invalid_op_id" | "bad_args" => Settled::Verdict(
+            )),
+            "invalid_op_id" | "bad_args" => Settled::Verdict(Answer::new(
                 Verdict::Refused,
                 Some(attempt.to_owned()),
+                ReasonCode::InvalidInput,
                 format!("the host shim refused the request as invalid ({})", describe_fields(&refusal.fields)),
-            ),
-            other => Settled::Verdict(
+            )),
+            other => Settled::Verdict(Answer::new(
                 Verdict::NotApplied,
                 Some(attempt.to_owned()),
+                ReasonCode::ShimCannotStart,
                 format!(
                     "the host shim could not start the command ({other}: {}); nothing ran. Check the host with `opmark doctor`",
                     describe_fields(&refusal.fields)
                 ),
-            ),
+            )),
         })
     }
 
@@ -592,14 +677,15 @@ impl<'a> Runner<'a> {
             };
             return Settled::Retry(reason);
         }
-        Settled::Verdict(
+        Settled::Verdict(Answer::new(
             Verdict::Indeterminate,
             Some(attempt.to_owned()),
+            ReasonCode::InterruptedNeedsApproval,
             format!(
                 "the operation was interrupted on the host ({why}) and may have had effects; {} commands are not re-run automatically: check the host, then rerun with --approve NOTE or record a decision with `opmark resolve`",
                 self.family
             ),
-        )
+        ))
     }
 
     /// After a loss, or when another attempt holds the claim: probe, then follow or retry.
@@ -679,12 +765,12 @@ impl<'a> Runner<'a> {
                 MarkerState::Absent => {
                     return Ok(Settled::Retry(RetryReason::ResponseLostAfterDispatch))
                 }
-                MarkerState::Fenced => return Ok(Settled::Verdict(
+                MarkerState::Fenced => return Ok(Settled::Verdict(Answer::new(
                     Verdict::NotApplied,
                     Some(attempt.to_owned()),
-                    "the marker is fenced: the operation was closed as not applied; nothing ran"
-                        .into(),
-                )),
+                    ReasonCode::Fenced,
+                    "the marker is fenced: the operation was closed as not applied; nothing ran",
+                ))),
                 MarkerState::Interrupted => {
                     return Ok(self.after_interrupted_marker(Some(&marker), attempt))
                 }
@@ -694,12 +780,12 @@ impl<'a> Runner<'a> {
                         .as_deref()
                         .is_some_and(|fp| fp != self.host_fp)
                     {
-                        return Ok(Settled::Verdict(
+                        return Ok(Settled::Verdict(Answer::new(
                             Verdict::Conflict,
                             Some(attempt.to_owned()),
-                            "the host's marker binds this op id to a different command or stdin"
-                                .into(),
-                        ));
+                            ReasonCode::ConflictOnHost,
+                            "the host's marker binds this op id to a different command or stdin",
+                        )));
                     }
                     let holder = marker.attempt.clone().unwrap_or_default();
                     let (out_off, err_off) = if self.ours(&holder) {
@@ -718,14 +804,15 @@ impl<'a> Runner<'a> {
                             return Ok(self.after_interrupted_marker(Some(&m), attempt));
                         }
                         Followed::StillRunning => {
-                            return Ok(Settled::Verdict(
+                            return Ok(Settled::Verdict(Answer::new(
                                 Verdict::InProgress,
                                 Some(holder.clone()),
+                                ReasonCode::StillRunning,
                                 format!(
                                     "attempt {holder} holds the claim and is still running after waiting {}s; run again with the same op id to follow it",
                                     self.input.wait.as_secs()
                                 ),
-                            ))
+                            )))
                         }
                         Followed::Lost(why) => {
                             last_problem = why;
@@ -784,10 +871,10 @@ impl<'a> Runner<'a> {
     }
 
     fn exit_verdict(&mut self, x: ExitFrame, by_us: bool) -> Settled {
-        let verdict = if by_us {
-            Verdict::Completed
+        let (verdict, code) = if by_us {
+            (Verdict::Completed, ReasonCode::CommandExited)
         } else {
-            Verdict::Replayed
+            (Verdict::Replayed, ReasonCode::ReplayedFromHost)
         };
         let reason = if by_us {
             format!(
@@ -802,19 +889,20 @@ impl<'a> Runner<'a> {
         };
         let attempt = x.attempt.clone();
         self.exit = Some(x);
-        Settled::Verdict(verdict, Some(attempt), reason)
+        Settled::Verdict(Answer::new(verdict, Some(attempt), code, reason))
     }
 
     fn unreachable_verdict(&self, attempt: &str, problem: &str) -> Settled {
-        Settled::Verdict(
+        Settled::Verdict(Answer::new(
             Verdict::Indeterminate,
             Some(attempt.to_owned()),
+            ReasonCode::UnreachableAfterDispatch,
             format!(
                 "the request was dispatched, then {} could not be probed within {}s ({problem}); the command may have run. Run `opmark reconcile` when the host is back",
                 self.key.host,
                 self.input.wait.as_secs()
             ),
-        )
+        ))
     }
 
     fn observe_unreachable(&mut self, attempt: &str, problem: &str) -> Result<(), Error> {
@@ -975,12 +1063,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Records the exit (if any) and the verdict; builds the report.
-    fn finish(
-        &mut self,
-        verdict: Verdict,
-        attempt_id: Option<String>,
-        reason: String,
-    ) -> Result<RunReport, Error> {
+    fn finish(&mut self, answer: Answer) -> Result<RunReport, Error> {
         let exit_code = self.exit_code();
         if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
             // A replay is an observation of an earlier attempt's exit, not a new exit.
@@ -1021,29 +1104,31 @@ impl<'a> Runner<'a> {
         self.ledger.append(
             &self.key,
             &Event::Verdict {
-                attempt_id: attempt_id.clone(),
-                verdict,
+                attempt_id: answer.attempt_id.clone(),
+                verdict: answer.verdict,
                 exit_code,
-                reason: reason.clone(),
+                reason: answer.reason.clone(),
             },
             Durability::Normal,
         )?;
-        Ok(self.report(verdict, attempt_id, reason))
+        Ok(self.report(answer))
     }
 
-    fn report(&self, verdict: Verdict, attempt_id: Option<String>, reason: String) -> RunReport {
+    fn report(&self, answer: Answer) -> RunReport {
         RunReport {
             op_id: self.key.op_id.clone(),
             host: self.key.host.clone(),
-            attempt_id,
+            attempt_id: answer.attempt_id,
             family: self.family,
-            verdict,
+            verdict: answer.verdict,
             exit_code: self.exit_code(),
             stdout: String::from_utf8_lossy(self.output.kept_stdout()).into_owned(),
             stderr: String::from_utf8_lossy(self.output.kept_stderr()).into_owned(),
             attempts: self.attempts.clone(),
             fingerprint: self.ledger_fp.clone(),
-            reason,
+            reason: answer.reason,
+            reason_code: answer.code,
+            retryable: answer.code.retryable(),
             rule: self.rule.clone(),
             timed_out: self.exit.as_ref().is_some_and(|x| x.timed_out),
             dropped: self
@@ -1059,6 +1144,16 @@ enum Followed {
     Interrupted(MarkerInfo),
     StillRunning,
     Lost(String),
+}
+
+/// The reason code of a connection that could not be made.
+fn connect_code(e: &ConnectError) -> ReasonCode {
+    match e.stage {
+        ConnectStage::Resolve => ReasonCode::NameUnresolvable,
+        ConnectStage::Connect => ReasonCode::ConnectFailed,
+        ConnectStage::HostKey => ReasonCode::HostKeyRejected,
+        ConnectStage::Auth => ReasonCode::AuthRefused,
+    }
 }
 
 /// Host key and authentication failures will not change by retrying.

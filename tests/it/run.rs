@@ -26,6 +26,15 @@ impl Answer {
     fn stdout(&self) -> &str {
         self.json["stdout"].as_str().unwrap_or("")
     }
+    /// `(reason_code, retryable)`: what an agent branches on besides the verdict.
+    fn code(&self) -> (&str, bool) {
+        (
+            self.json["reason_code"].as_str().unwrap_or("<none>"),
+            self.json["retryable"]
+                .as_bool()
+                .unwrap_or_else(|| panic!("no retryable field: {self:?}")),
+        )
+    }
 }
 
 impl std::fmt::Debug for Answer {
@@ -604,21 +613,25 @@ fn conflicts_denied_commands_and_unknown_host_keys_run_nothing() {
     let fx = effects("nothing-runs");
     let first = run_json(&env, &lab, &["target1", "--op", "bound", "--", "true"]);
     assert_eq!(first.verdict(), "completed");
+    assert_eq!(first.code(), ("command_exited", false));
 
     // The ledger knows the op id means `true`: another command under it is a conflict.
     let touch = format!("echo ran >> {}", fx.display());
     let ledger_conflict = run_json(&env, &lab, &["target1", "--op", "bound", "--", &touch]);
     assert_eq!(ledger_conflict.verdict(), "conflict", "{ledger_conflict:?}");
     assert_eq!(ledger_conflict.status, 243);
+    assert_eq!(ledger_conflict.code(), ("conflict_in_ledger", false));
 
     // A fresh ledger (another client) only learns it from the host marker.
     let other = Sealed::new("nothing-runs-other");
     let host_conflict = run_json(&other, &lab, &["target1", "--op", "bound", "--", &touch]);
     assert_eq!(host_conflict.verdict(), "conflict", "{host_conflict:?}");
+    assert_eq!(host_conflict.code(), ("conflict_on_host", false));
 
     let denied = run_json(&env, &lab, &["target1", "--op", "wipe", "--", "rm -rf /"]);
     assert_eq!(denied.verdict(), "refused", "{denied:?}");
     assert_eq!(denied.status, 245);
+    assert_eq!(denied.code(), ("policy_denied", false));
 
     let blocked = run_json(
         &env,
@@ -627,6 +640,7 @@ fn conflicts_denied_commands_and_unknown_host_keys_run_nothing() {
     );
     assert_eq!(blocked.verdict(), "blocked", "{blocked:?}");
     assert_eq!(blocked.status, 244);
+    assert_eq!(blocked.code(), ("approval_required", false));
 
     // A known_hosts that does not know the target: not_applied, nothing sent.
     let dir = fresh_dir("nothing-runs-keys");
@@ -667,9 +681,12 @@ fn conflicts_denied_commands_and_unknown_host_keys_run_nothing() {
         "{unknown_key:?}"
     );
     assert_eq!(unknown_key.json["attempts"][0]["boundary"], "not_sent");
+    // An unknown host key will not change by retrying: an agent must not loop on it.
+    assert_eq!(unknown_key.code(), ("host_key_rejected", false));
 
     let bad_id = run_json(&env, &lab, &["target1", "--op", "../etc", "--", &touch]);
     assert_eq!(bad_id.verdict(), "refused");
+    assert_eq!(bad_id.code(), ("invalid_input", false));
     assert_eq!(lines(&fx), 0, "nothing ran anywhere");
     assert!(!lab
         .target("target1")
