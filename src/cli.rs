@@ -251,7 +251,12 @@ pub struct ResolveArgs {
     /// Who decides (default $USER).
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
-    /// Connection options (for fencing the marker on not-applied).
+    /// With `--as applied`: the exit status the operation had (0-255); a later `run` of
+    /// the op id replays it.
+    #[arg(long = "exit", value_name = "N")]
+    pub exit: Option<i32>,
+    /// Connection options (for fencing the marker on not-applied or abandoned; the
+    /// operation's recorded route is used without them).
     #[command(flatten)]
     pub host_args: HostArgs,
 }

@@ -115,6 +115,16 @@ pub enum ReasonCode {
     EarlierDispatchUnknown,
     /// `indeterminate`: a retry was needed but the attempt budget is spent.
     AttemptBudgetSpent,
+    /// `replayed`: an operator resolved the operation as applied; their word is final
+    /// (exit status from `resolve --exit`, else unknown).
+    ResolvedApplied,
+    /// `not_applied`: an operator resolved the operation as not applied (fenced).
+    ResolvedNotApplied,
+    /// `not_applied`: an operator abandoned the operation; nothing runs under it again.
+    ResolvedAbandoned,
+    /// `indeterminate`: the host now presents another host key than the one the
+    /// operation ran against: another machine (or a changed key); nothing concluded.
+    HostKeyMismatch,
 }
 
 impl ReasonCode {
@@ -206,6 +216,10 @@ names!(ReasonCode {
     UnreachableAfterDispatch => "unreachable_after_dispatch",
     EarlierDispatchUnknown => "earlier_dispatch_unknown",
     AttemptBudgetSpent => "attempt_budget_spent",
+    ResolvedApplied => "resolved_applied",
+    ResolvedNotApplied => "resolved_not_applied",
+    ResolvedAbandoned => "resolved_abandoned",
+    HostKeyMismatch => "host_key_mismatch",
 });
 
 impl Verdict {
@@ -250,6 +264,10 @@ mod tests {
             ReasonCode::UnreachableAfterDispatch,
             ReasonCode::EarlierDispatchUnknown,
             ReasonCode::AttemptBudgetSpent,
+            ReasonCode::ResolvedApplied,
+            ReasonCode::ResolvedNotApplied,
+            ReasonCode::ResolvedAbandoned,
+            ReasonCode::HostKeyMismatch,
         ]
         .into_iter()
         .filter(|c| c.retryable())

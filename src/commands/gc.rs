@@ -1,6 +1,9 @@
 //! `opmark gc HOST --older-than D [--dry-run]`: delete finished or fenced markers older
 //! than a retention period on a host. Never a running or interrupted one (the shim
-//! decides per marker), and never with a retention shorter than policy allows.
+//! decides per marker), never with a retention shorter than policy allows, and never on
+//! a machine other than the one the ledger's latest operation on that host ran on: the
+//! host is reached by that operation's recorded route and must present its host key
+//! (SPEC section 9).
 
 use std::time::Duration;
 
@@ -11,7 +14,9 @@ use super::list::printable;
 use crate::cli::{GcArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
+use crate::ledger::{ListFilter, OpKey};
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::unix_utc;
 use crate::policy::Policy;
 use crate::shim::{Frame, Verb};
@@ -67,9 +72,18 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         ));
     }
     let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest =
-        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
-    let host = dest.display();
+    let fresh = ssh::resolve(&spec);
+    let host = match (&fresh, args.host_args.port) {
+        (Ok(d), _) => d.display(),
+        (Err(_), Some(p)) => format!("{}:{p}", args.host),
+        (Err(_), None) => args.host.clone(),
+    };
+    let (op, recorded) = latest_identity(global, &policy, &host)?;
+    let dest = match recorded.route.as_ref() {
+        Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
+        None => fresh,
+    }
+    .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
     let runtime = common::runtime()?;
     let verb = Verb::Gc {
         older_than: args.older_than,
@@ -79,6 +93,14 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         let session = Session::connect(&dest)
             .await
             .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+        recorded
+            .check(&host, &op, session.host_key().as_deref())
+            .map_err(|why| {
+                Error::new(
+                    ErrorKind::Unreachable,
+                    format!("{why} (host_key_mismatch); nothing was removed"),
+                )
+            })?;
         match call_shim(&session, &verb, None, &mut FramesOnly).await {
             CallEnd::Finished(frames) => Ok(frames),
             CallEnd::NotSent(why) => Err(Error::new(
@@ -145,6 +167,28 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         );
     }
     Ok(exit_code::OK)
+}
+
+/// The newest operation on `host` whose events record how it reached the host, and that
+/// identity (empty when the ledger has none: nothing to hold the host to).
+fn latest_identity(global: &GlobalArgs, policy: &Policy, host: &str) -> Result<(String, Recorded)> {
+    let (existing, _) = crate::ledger::Ledger::open_existing_default_or(global.ledger.as_deref())?;
+    let Some(mut ledger) = existing else {
+        return Ok((String::new(), Recorded::default()));
+    };
+    ledger.set_redactor(crate::ledger::Redactor::new(policy.redact_patterns()));
+    let ops = ledger.list(&ListFilter {
+        unresolved: false,
+        host: Some(host.to_owned()),
+        limit: None,
+    })?;
+    for r in ops {
+        let recorded = identity::recorded(&ledger.events(&OpKey::new(r.op_id.clone(), host))?);
+        if recorded.route.is_some() {
+            return Ok((r.op_id, recorded));
+        }
+    }
+    Ok((String::new(), Recorded::default()))
 }
 
 /// `30d`, `12h`, `90s`: the largest whole unit.

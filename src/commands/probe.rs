@@ -1,5 +1,6 @@
 //! `opmark probe HOST OP`: the marker's state on the host, read-only; the observation is
-//! recorded in the ledger.
+//! recorded in the ledger. An operation the ledger knows is probed the way it ran (its
+//! recorded route) and only on a host presenting the key it ran against (SPEC section 9).
 
 use serde::Serialize;
 
@@ -9,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::operation::identity::{self, Recorded};
 use crate::shim::{Frame, MarkerInfo, Verb};
 use crate::ssh::{self, Session};
 
@@ -25,15 +27,26 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest =
-        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
-    let runtime = common::runtime()?;
-    let marker = runtime.block_on(probe_marker(&dest, &op))?;
+    let fresh = ssh::resolve(&spec);
+    // The ledger names the host as `run` did: what was typed, plus `:port` with -p.
+    let host = match (&fresh, args.host_args.port) {
+        (Ok(d), _) => d.display(),
+        (Err(_), Some(p)) => format!("{}:{p}", args.host),
+        (Err(_), None) => args.host.clone(),
+    };
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
-    let host = dest.display();
+    let key = OpKey::new(op.as_str(), host.clone());
+    let recorded = identity::recorded(&ledger.events(&key)?);
+    let dest = match recorded.route.as_ref() {
+        Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
+        None => fresh,
+    }
+    .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let runtime = common::runtime()?;
+    let marker = runtime.block_on(probe_checked(&dest, &op, &host, &recorded))?;
     ledger.append(
-        &OpKey::new(op.as_str(), host.clone()),
+        &key,
         &Event::Probed {
             attempt_id: None,
             state: marker.state.as_str().into(),
@@ -54,11 +67,25 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     Ok(0)
 }
 
-/// One probe over a fresh connection; transport failures are `Unreachable` errors.
-pub async fn probe_marker(dest: &ssh::Destination, op: &OpId) -> Result<MarkerInfo> {
+/// One probe over a fresh connection, only on a host presenting a key the operation ran
+/// against; transport failures are `Unreachable` errors.
+async fn probe_checked(
+    dest: &ssh::Destination,
+    op: &OpId,
+    host: &str,
+    recorded: &Recorded,
+) -> Result<MarkerInfo> {
     let session = Session::connect(dest)
         .await
         .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    recorded
+        .check(host, op.as_str(), session.host_key().as_deref())
+        .map_err(|why| {
+            Error::new(
+                ErrorKind::Unreachable,
+                format!("{why} (host_key_mismatch); nothing was probed"),
+            )
+        })?;
     match call_shim(&session, &Verb::Probe(op), None, &mut FramesOnly).await {
         CallEnd::Finished(frames) => {
             for f in frames {

@@ -10,7 +10,7 @@ use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{ListFilter, OpKey};
 use crate::op_id::OpId;
 use crate::operation::reconcile::{self, Candidate, Outcome};
-use crate::ssh::{self, ConnectError, Destination, HostSpec};
+use crate::ssh::{self, ConnectError, Destination, HostSpec, Route};
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -87,8 +87,8 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
         Vec::new()
     } else {
         let runtime = common::runtime()?;
-        runtime.block_on(reconcile::reconcile(&mut ledger, candidates, |host| {
-            ssh::resolve(&ledger_host_spec(global, host, &HostArgs::default()))
+        runtime.block_on(reconcile::reconcile(&mut ledger, candidates, |c, route| {
+            reach(global, &c.record.host, &HostArgs::default(), route)
         }))?
     };
     let mut unresolved = 0;
@@ -128,6 +128,29 @@ pub(crate) fn ledger_host_spec(global: &GlobalArgs, host: &str, args: &HostArgs)
         }
     }
     spec
+}
+
+/// Where to reach an operation's host (SPEC section 9): the route its attempts took,
+/// recorded in the ledger, so a changed default (another `~/.ssh/config`, a missing
+/// `-i`) cannot send the probe elsewhere. An explicit `-p`, `-i`, `-J`, or a `-F` other
+/// than the recorded config overrides it; the host key check applies either way.
+pub(crate) fn reach(
+    global: &GlobalArgs,
+    host: &str,
+    args: &HostArgs,
+    route: Option<&Route>,
+) -> std::result::Result<Destination, ConnectError> {
+    let overridden = args.port.is_some()
+        || !args.identity.is_empty()
+        || args.jump.is_some()
+        || global
+            .ssh_config
+            .as_ref()
+            .is_some_and(|f| route.is_none_or(|r| r.config.as_ref() != Some(f)));
+    match route {
+        Some(route) if !overridden => ssh::resolve_route(route),
+        _ => resolve_ledger_host(global, host, args),
+    }
 }
 
 /// Resolves a ledger host string for connecting.

@@ -1,17 +1,21 @@
-//! `opmark resolve OP --host H --as applied|not-applied|abandoned --note TEXT`: an
-//! operator's decision, recorded as an observation. `not-applied` first fences the marker
-//! on the host, and is refused when the host's evidence contradicts it.
+//! `opmark resolve OP --host H --as applied|not-applied|abandoned --note TEXT [--exit N]`:
+//! an operator's decision, recorded as an observation, and final: a later `run` of the op
+//! id answers it without contacting the host (SPEC section 2). `not-applied` first fences
+//! the marker on the host, and is refused when the host's evidence contradicts it or the
+//! host presents another key than the operation ran against; `abandoned` fences when it
+//! can. The host is reached by the operation's recorded route (SPEC section 9).
 
 use serde::Serialize;
 
 use super::common;
 use super::list::printable;
-use super::reconcile::resolve_ledger_host;
+use super::reconcile::reach;
 use crate::cli::{GlobalArgs, Resolution, ResolveArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::operation::identity::{self, Recorded};
 use crate::shim::{Frame, MarkerState, Verb};
 use crate::ssh::Session;
 
@@ -22,7 +26,9 @@ struct Report<'a> {
     decision: &'a str,
     by: &'a str,
     note: &'a str,
-    /// What the fence did on the host (not-applied only).
+    /// The exit status vouched for (`--exit`, applied only).
+    exit_code: Option<i32>,
+    /// What the fence did on the host (not-applied, abandoned).
     fence: Option<String>,
     /// Sequence numbers of the recorded events.
     seqs: Vec<u64>,
@@ -46,6 +52,20 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             ErrorKind::InvalidInput,
             "--note is empty; say why (it is recorded with the decision)",
         ));
+    }
+    if let Some(code) = args.exit {
+        if args.decision != Resolution::Applied {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "--exit goes with --as applied only (an operation that did not apply has no exit status); nothing was recorded",
+            ));
+        }
+        if !(0..=255).contains(&code) {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("--exit {code} is not an exit status (0 to 255); nothing was recorded"),
+            ));
+        }
     }
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
@@ -73,21 +93,38 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             ),
         ));
     }
+    let recorded = identity::recorded(&ledger.events(&key)?);
     let decision = decision_name(args.decision);
     let by = common::operator(args.by.as_deref());
     let mut events = Vec::new();
     let mut fence_text = None;
-    if args.decision == Resolution::NotApplied {
-        let text = fence(global, args, &op)?;
-        events.push(Event::Fenced {
-            detail: format!("opmark resolve --as not-applied by {by}: {text}"),
-        });
-        fence_text = Some(text);
+    match args.decision {
+        Resolution::NotApplied => {
+            let text = fence(global, args, &op, &recorded)?;
+            events.push(Event::Fenced {
+                detail: format!("opmark resolve --as not-applied by {by}: {text}"),
+            });
+            fence_text = Some(text);
+        }
+        // Abandoning is for operations nobody can check, often on a host that is gone:
+        // the decision stands without the fence (a later `run` answers from the ledger),
+        // but where the host is there, the fence keeps other clients off it too.
+        Resolution::Abandoned => match fence(global, args, &op, &recorded) {
+            Ok(text) => {
+                events.push(Event::Fenced {
+                    detail: format!("opmark resolve --as abandoned by {by}: {text}"),
+                });
+                fence_text = Some(text);
+            }
+            Err(e) => fence_text = Some(format!("not fenced: {}", e.message)),
+        },
+        Resolution::Applied => {}
     }
     events.push(Event::OperatorDecision {
         by: by.clone(),
         decision: decision.to_owned(),
         note: args.note.clone(),
+        exit_code: args.exit,
     });
     let seqs = ledger.append_many(&key, &events, Durability::Full)?;
     if global.json {
@@ -97,12 +134,13 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             decision,
             by: &by,
             note: &args.note,
+            exit_code: args.exit,
             fence: fence_text,
             seqs,
         })?;
     } else {
         if let Some(t) = &fence_text {
-            println!("fenced on {}: {t}", printable(&args.host));
+            println!("fence on {}: {t}", printable(&args.host));
         }
         println!(
             "recorded: {} decided {decision} for {op} on {}",
@@ -114,17 +152,24 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
 }
 
 /// Fences the marker (force: an interrupted claim too). Refuses when the host says the
-/// command completed or is running: the evidence contradicts "not applied".
-fn fence(global: &GlobalArgs, args: &ResolveArgs, op: &OpId) -> Result<String> {
-    let dest = resolve_ledger_host(global, &args.host, &args.host_args).map_err(|e| {
-        Error::new(
-            ErrorKind::Unreachable,
-            format!(
-                "cannot fence {op} on {}: {e}; nothing was recorded",
-                printable(&args.host)
-            ),
-        )
-    })?;
+/// command completed or is running (the evidence contradicts "not applied"), and when
+/// the host presents another key than the operation ran against (another machine).
+fn fence(
+    global: &GlobalArgs,
+    args: &ResolveArgs,
+    op: &OpId,
+    recorded: &Recorded,
+) -> Result<String> {
+    let dest =
+        reach(global, &args.host, &args.host_args, recorded.route.as_ref()).map_err(|e| {
+            Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "cannot fence {op} on {}: {e}; nothing was recorded",
+                    printable(&args.host)
+                ),
+            )
+        })?;
     let runtime = common::runtime()?;
     let frames = runtime.block_on(async {
         let session = Session::connect(&dest).await.map_err(|e| {
@@ -136,6 +181,14 @@ fn fence(global: &GlobalArgs, args: &ResolveArgs, op: &OpId) -> Result<String> {
                 ),
             )
         })?;
+        recorded
+            .check(&args.host, op.as_str(), session.host_key().as_deref())
+            .map_err(|why| {
+                Error::new(
+                    ErrorKind::Unreachable,
+                    format!("{why} (host_key_mismatch); nothing was fenced or recorded"),
+                )
+            })?;
         match call_shim(&session, &Verb::Fence { op, force: true }, None, &mut FramesOnly).await {
             CallEnd::Finished(frames) => Ok(frames),
             CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Err(Error::new(

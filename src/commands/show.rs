@@ -161,6 +161,14 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                 clock(&a.last_seen_at)
             );
             wrap_into(&mut out, "      ", &line);
+            if let (Some(route), Some(key)) = (&a.route, &a.host_key) {
+                wrap_into(&mut out, "      ", &format!("host key {}", printable(key)));
+                wrap_into(
+                    &mut out,
+                    "      ",
+                    &format!("reached {}", printable(&route.describe())),
+                );
+            }
         }
     }
     let seen = observations(events);
@@ -281,9 +289,27 @@ fn describe(event: &Event) -> (usize, String) {
             0,
             with_detail(&format!("reconciled: {}", p(decision)), detail),
         ),
-        Event::OperatorDecision { by, decision, note } => (
-            0,
-            with_detail(&format!("operator {} decided {}", p(by), p(decision)), note),
+        Event::OperatorDecision {
+            by,
+            decision,
+            note,
+            exit_code,
+        } => {
+            let mut s = format!("operator {} decided {}", p(by), p(decision));
+            if let Some(c) = exit_code {
+                let _ = write!(s, ", exit {c}");
+            }
+            (0, with_detail(&s, note))
+        }
+        Event::Connected {
+            route, host_key, ..
+        } => (
+            2,
+            format!(
+                "connected to {} with host key {}",
+                p(&route.describe()),
+                p(host_key)
+            ),
         ),
         Event::Fenced { detail } => (0, with_detail("fenced", detail)),
         Event::Superseded { attempt_id, note } => (
@@ -470,6 +496,10 @@ pub struct AttemptView {
     pub last_seen_at: String,
     /// From dispatch to the last event about it, in milliseconds.
     pub duration_ms: Option<u64>,
+    /// How it reached the host, when it connected (SPEC section 9).
+    pub route: Option<crate::ssh::Route>,
+    /// The host key fingerprint it saw (`SHA256:...`), when it connected.
+    pub host_key: Option<String>,
 }
 
 /// The attempts, in dispatch order.
@@ -493,6 +523,8 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
                 dispatched_at: e.at.clone(),
                 last_seen_at: e.at.clone(),
                 duration_ms: Some(0),
+                route: None,
+                host_key: None,
             });
             continue;
         }
@@ -514,6 +546,12 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
                 a.boundary =
                     Some(Boundary::ExitReceived.max(a.boundary.unwrap_or(Boundary::NotSent)));
                 a.exit_code = *exit_code;
+            }
+            Event::Connected {
+                route, host_key, ..
+            } => {
+                a.route = Some(route.clone());
+                a.host_key = Some(host_key.clone());
             }
             _ => {}
         }
@@ -562,9 +600,9 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
             Event::Reconciled { decision, detail } => {
                 ("reconcile".to_owned(), format!("{decision}: {detail}"))
             }
-            Event::OperatorDecision { by, decision, note } => {
-                (format!("operator {by}"), format!("{decision}: {note}"))
-            }
+            Event::OperatorDecision {
+                by, decision, note, ..
+            } => (format!("operator {by}"), format!("{decision}: {note}")),
             Event::Fenced { detail } => ("fence".to_owned(), detail.clone()),
             Event::Superseded { attempt_id, note } => (
                 "supersede".to_owned(),

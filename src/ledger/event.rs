@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
 use crate::family::Family;
+use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
 
 /// One thing that happened to an operation (or to a session working on it).
@@ -100,6 +101,10 @@ pub enum Event {
         decision: String,
         /// Why (redacted).
         note: String,
+        /// `resolve --as applied --exit N`: the exit status the operator vouches for.
+        /// Absent from older events (and from other decisions), so their JSON is unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
     },
     /// The host marker was fenced: the op id can never be claimed again.
     Fenced {
@@ -112,6 +117,17 @@ pub enum Event {
         attempt_id: String,
         /// Why (redacted).
         note: String,
+    },
+    /// An attempt's connection was made, before its request left: how the host was
+    /// reached and which host key it presented (SPEC section 9). Later probes, reconciles
+    /// and fences go the same way and refuse a host presenting another key.
+    Connected {
+        /// The attempt.
+        attempt_id: String,
+        /// How the host was reached (paths and names only, nothing secret).
+        route: Route,
+        /// The host key fingerprint accepted, as OpenSSH prints it (`SHA256:...`).
+        host_key: String,
     },
     /// The verdict given to the caller.
     Verdict {
@@ -140,6 +156,7 @@ impl Event {
             Event::OperatorDecision { .. } => "operator_decision",
             Event::Fenced { .. } => "fenced",
             Event::Superseded { .. } => "superseded",
+            Event::Connected { .. } => "connected",
             Event::Verdict { .. } => "verdict",
         }
     }
@@ -150,7 +167,8 @@ impl Event {
             Event::AttemptDispatched { attempt_id, .. }
             | Event::BoundaryReached { attempt_id, .. }
             | Event::ExitReceived { attempt_id, .. }
-            | Event::Superseded { attempt_id, .. } => Some(attempt_id),
+            | Event::Superseded { attempt_id, .. }
+            | Event::Connected { attempt_id, .. } => Some(attempt_id),
             Event::Probed { attempt_id, .. } | Event::Verdict { attempt_id, .. } => {
                 attempt_id.as_deref()
             }
@@ -180,7 +198,7 @@ impl Event {
                 *display = r(display);
                 *rule = r(rule);
             }
-            Event::AttemptDispatched { .. } => {}
+            Event::AttemptDispatched { .. } | Event::Connected { .. } => {}
             Event::BoundaryReached { detail, .. } | Event::Fenced { detail } => {
                 *detail = r(detail);
             }
@@ -197,7 +215,9 @@ impl Event {
                 *decision = r(decision);
                 *detail = r(detail);
             }
-            Event::OperatorDecision { by, decision, note } => {
+            Event::OperatorDecision {
+                by, decision, note, ..
+            } => {
                 *by = r(by);
                 *decision = r(decision);
                 *note = r(note);

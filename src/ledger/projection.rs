@@ -88,6 +88,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::BoundaryReached { .. }
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
+        | Event::Connected { .. }
         | Event::Fenced { .. } => was_unresolved,
     }
 }
@@ -146,7 +147,7 @@ pub(crate) fn apply(
     rec.updated_at = at.to_owned();
     rec.last_seq = seq;
     match event {
-        Event::SessionStarted { .. } | Event::Probed { .. } => {}
+        Event::SessionStarted { .. } | Event::Probed { .. } | Event::Connected { .. } => {}
         Event::Intended {
             session,
             family,
@@ -282,6 +283,7 @@ mod tests {
             by: "op".into(),
             decision: d.into(),
             note: String::new(),
+            exit_code: None,
         }
     }
 

@@ -126,6 +126,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
             by: "alice".into(),
             decision: "applied".into(),
             note: "checked by hand".into(),
+            exit_code: None,
         },
         Durability::Normal,
     )

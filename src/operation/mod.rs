@@ -4,8 +4,10 @@
 //!
 //! - [`call`]: one shim call over SSH, streamed to an observer.
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
+//! - [`identity`]: which machine an operation ran on, and the host key check.
 
 pub mod call;
+pub mod identity;
 pub mod output;
 pub mod reconcile;
 
@@ -17,7 +19,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
-use crate::ledger::{Durability, Event, Ledger, OpKey, Redactor};
+use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, Redactor, StoredEvent};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, Policy};
 use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
@@ -25,6 +27,7 @@ use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, 
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
+use identity::Recorded;
 use output::Output;
 
 /// What the caller asked `opmark run` to do.
@@ -189,6 +192,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         prior_dispatch: None,
         ledger_exit: None,
         exit_from_ledger: false,
+        identity: Recorded::default(),
         input,
     };
 
@@ -243,7 +247,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         .as_ref()
         .filter(|r| matches!(r.verdict, Some(Verdict::Completed | Verdict::Replayed)))
         .and_then(|r| r.exit_code);
-    if let Some(existing) = existing {
+    if let Some(existing) = &existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
                 "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
@@ -256,6 +260,16 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 reason,
             )));
         }
+    }
+
+    if existing.is_some() {
+        let events = runner.ledger.events(&runner.key)?;
+        // An operator's decision is terminal (SPEC section 2): answer it, contact nothing.
+        if let Some(decision) = terminal_decision(&events) {
+            let answer = runner.decided(&decision);
+            return runner.finish(answer);
+        }
+        runner.identity = identity::recorded(&events);
     }
 
     let dest = match resolved {
@@ -277,6 +291,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 by: runner.input.approver.clone(),
                 decision: "approved".into(),
                 note,
+                exit_code: None,
             },
             Durability::Normal,
         )?;
@@ -308,8 +323,11 @@ struct Runner<'a> {
     prior_dispatch: Option<String>,
     /// The exit code the ledger recorded when the operation already completed.
     ledger_exit: Option<i32>,
-    /// The verdict's exit code comes from the ledger (the host marker is gone).
+    /// The verdict's exit code comes from the ledger (the host marker is gone, or an
+    /// operator vouched for it).
     exit_from_ledger: bool,
+    /// The host keys this operation's attempts saw: every connection is held to them.
+    identity: Recorded,
     input: RunInput,
 }
 
@@ -358,6 +376,20 @@ impl<'a> Runner<'a> {
                 "not claimed: the ledger already holds this operation's exit; probing to replay",
             )?;
             return match self.probe_and_follow(dest, &attempt).await? {
+                // Another machine answers under this name: the ledger's record stands.
+                Settled::Verdict(answer) if answer.code == ReasonCode::HostKeyMismatch => {
+                    self.exit_from_ledger = true;
+                    let reason = format!(
+                        "the ledger recorded this operation completed with exit {code}; nothing ran again, and the output is not available: {}",
+                        answer.reason
+                    );
+                    self.finish(Answer::new(
+                        Verdict::Replayed,
+                        Some(attempt),
+                        ReasonCode::ReplayedFromLedger,
+                        reason,
+                    ))
+                }
                 Settled::Verdict(answer) => self.finish(answer),
                 // Absent, though the ledger saw it complete: the marker was removed.
                 // Running it again would be a second execution.
@@ -398,6 +430,9 @@ impl<'a> Runner<'a> {
                     }
                 }
             };
+            if let Some(answer) = self.connected(&attempt, &session)? {
+                return self.finish(answer);
+            }
             let stdin_spec = self.input.stdin.as_ref().map(|s| StdinSpec {
                 len: s.len() as u64,
                 sha256_hex: hex::encode(Sha256::digest(s)),
@@ -420,6 +455,7 @@ impl<'a> Runner<'a> {
                     ledger: self.ledger,
                     key: &self.key,
                     attempt: &attempt,
+                    attempts: &mut self.attempts,
                     output: &mut self.output,
                     error: None,
                 };
@@ -729,6 +765,13 @@ impl<'a> Runner<'a> {
                     continue;
                 }
             };
+            if let Err(why) = self.identity.check(
+                &self.key.host,
+                &self.key.op_id,
+                session.host_key().as_deref(),
+            ) {
+                return Ok(Settled::Verdict(self.key_mismatch(attempt, why)));
+            }
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(500));
@@ -1042,19 +1085,92 @@ impl<'a> Runner<'a> {
     }
 
     fn boundary(&mut self, attempt: &str, boundary: Boundary, detail: &str) -> Result<(), Error> {
-        if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == attempt) {
-            a.boundary = a.boundary.max(boundary);
+        record_boundary(
+            self.ledger,
+            &self.key,
+            &mut self.attempts,
+            attempt,
+            boundary,
+            detail,
+        )?;
+        Ok(())
+    }
+
+    /// A connection for `attempt` is up: holds the host key to the one this operation
+    /// ran against (SPEC section 9), then records the route and key before anything is
+    /// sent. `Some` is the verdict when it is another machine.
+    fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<Answer>, Error> {
+        let seen = session.host_key();
+        if let Err(why) = self
+            .identity
+            .check(&self.key.host, &self.key.op_id, seen.as_deref())
+        {
+            self.boundary(attempt, Boundary::NotSent, &why)?;
+            return Ok(Some(self.key_mismatch(attempt, why)));
         }
+        let Some(host_key) = seen else {
+            return Ok(None);
+        };
+        let route = session.destination().route();
         self.ledger.append(
             &self.key,
-            &Event::BoundaryReached {
+            &Event::Connected {
                 attempt_id: attempt.to_owned(),
-                boundary,
-                detail: detail.to_owned(),
+                route: route.clone(),
+                host_key: host_key.clone(),
             },
             Durability::Normal,
         )?;
-        Ok(())
+        self.identity.connected(attempt, route, &host_key);
+        Ok(None)
+    }
+
+    /// The host presents another key than the operation ran against: nothing is
+    /// concluded there. Something of this operation reached the original machine (that
+    /// is how its key is known), so its outcome is not known here.
+    fn key_mismatch(&self, attempt: &str, why: String) -> Answer {
+        progress(&why);
+        Answer::new(
+            Verdict::Indeterminate,
+            Some(attempt.to_owned()),
+            ReasonCode::HostKeyMismatch,
+            why,
+        )
+    }
+
+    /// The answer to a `run` of an operation an operator has decided.
+    fn decided(&mut self, d: &Decision) -> Answer {
+        let by = format!(
+            "operator {} resolved this operation as {} ({})",
+            d.by,
+            d.decision.replace('_', "-"),
+            d.note
+        );
+        if d.decision == "applied" {
+            self.ledger_exit = d.exit_code;
+            self.exit_from_ledger = true;
+            let exit = d
+                .exit_code
+                .map_or_else(|| "no exit status".to_owned(), |c| format!("exit {c}"));
+            Answer::new(
+                Verdict::Replayed,
+                None,
+                ReasonCode::ResolvedApplied,
+                format!("{by}, with {exit}; that decision is final: nothing ran again"),
+            )
+        } else {
+            let code = if d.decision == "abandoned" {
+                ReasonCode::ResolvedAbandoned
+            } else {
+                ReasonCode::ResolvedNotApplied
+            };
+            Answer::new(
+                Verdict::NotApplied,
+                None,
+                code,
+                format!("{by}; that decision is final: nothing ran, and nothing runs under this op id. Use a new op id"),
+            )
+        }
     }
 
     async fn pause(&self, backoff: &mut Duration) {
@@ -1083,9 +1199,6 @@ impl<'a> Runner<'a> {
             )?;
         }
         if let Some(x) = self.exit.clone().filter(|x| self.ours(&x.attempt)) {
-            if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
-                a.boundary = Boundary::ExitReceived;
-            }
             self.ledger.append(
                 &self.key,
                 &Event::ExitReceived {
@@ -1100,6 +1213,10 @@ impl<'a> Runner<'a> {
                 },
                 Durability::Normal,
             )?;
+            // After the ledger, as for every boundary: the summary never says more.
+            if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
+                a.boundary = a.boundary.max(Boundary::ExitReceived);
+            }
         }
         self.ledger.append(
             &self.key,
@@ -1173,6 +1290,69 @@ fn describe_fields(fields: &std::collections::BTreeMap<String, String>) -> Strin
         .join(" ")
 }
 
+/// THE one way an attempt's boundary is recorded: the ledger first, then this
+/// invocation's summary, so `run --json`'s `attempts[]` (and every decision made from
+/// it) says exactly what the ledger says, never more.
+fn record_boundary(
+    ledger: &mut Ledger,
+    key: &OpKey,
+    attempts: &mut [AttemptSummary],
+    attempt: &str,
+    boundary: Boundary,
+    detail: &str,
+) -> Result<(), LedgerError> {
+    ledger.append(
+        key,
+        &Event::BoundaryReached {
+            attempt_id: attempt.to_owned(),
+            boundary,
+            detail: detail.to_owned(),
+        },
+        Durability::Normal,
+    )?;
+    if let Some(a) = attempts.iter_mut().find(|a| a.attempt_id == attempt) {
+        a.boundary = a.boundary.max(boundary);
+    }
+    Ok(())
+}
+
+/// An operator's decision that settles an operation for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// `applied`, `not_applied` or `abandoned`.
+    pub decision: String,
+    /// Who decided.
+    pub by: String,
+    /// Their note.
+    pub note: String,
+    /// `resolve --exit N`.
+    pub exit_code: Option<i32>,
+}
+
+/// The latest terminal operator decision among `events`, if any (SPEC section 2).
+pub fn terminal_decision(events: &[StoredEvent]) -> Option<Decision> {
+    events.iter().rev().find_map(|e| match &e.event {
+        Event::OperatorDecision {
+            by,
+            decision,
+            note,
+            exit_code,
+        } if matches!(
+            decision.as_str(),
+            "applied" | "not_applied" | "not-applied" | "abandoned"
+        ) =>
+        {
+            Some(Decision {
+                decision: decision.replace('-', "_"),
+                by: by.clone(),
+                note: note.clone(),
+                exit_code: *exit_code,
+            })
+        }
+        _ => None,
+    })
+}
+
 /// A fresh attempt id: `at-<16 hex>` (same charset as op ids, safe on the host).
 pub fn new_attempt_id() -> String {
     format!("at-{:016x}", rand::random::<u64>())
@@ -1188,8 +1368,9 @@ struct RunObserver<'r> {
     ledger: &'r mut Ledger,
     key: &'r OpKey,
     attempt: &'r str,
+    attempts: &'r mut Vec<AttemptSummary>,
     output: &'r mut Output,
-    error: Option<crate::ledger::LedgerError>,
+    error: Option<LedgerError>,
 }
 
 impl CallObserver for RunObserver<'_> {
@@ -1204,14 +1385,13 @@ impl CallObserver for RunObserver<'_> {
             fault_point("after_exit");
         }
         if let Frame::Started { .. } = frame {
-            let result = self.ledger.append(
+            let result = record_boundary(
+                self.ledger,
                 self.key,
-                &Event::BoundaryReached {
-                    attempt_id: self.attempt.to_owned(),
-                    boundary: Boundary::Started,
-                    detail: "the shim claimed the marker and started the command".into(),
-                },
-                Durability::Normal,
+                self.attempts,
+                self.attempt,
+                Boundary::Started,
+                "the shim claimed the marker and started the command",
             );
             if let Err(e) = result {
                 self.error.get_or_insert(e);

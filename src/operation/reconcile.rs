@@ -17,6 +17,11 @@
 //! | marker absent, nothing of ours ever reached it | fence it, then `not_applied` | yes |
 //! | marker absent, but an attempt of ours had reached it | `marker_missing_needs_decision` | no |
 //! | host unreachable | nothing but a `Probed{state: unreachable}` | no |
+//! | host presents another key than the operation ran against | `host_key_mismatch`: no probe, no fence | no |
+//!
+//! Each operation's host is reached the way its attempts reached it (the recorded
+//! route, SPEC section 9) unless the caller overrides it, and every connection is held
+//! to the host key the operation ran against before anything is probed or fenced.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -31,6 +36,7 @@ use crate::ssh::{ConnectError, Destination, Session};
 use crate::vocab::Boundary;
 
 use super::call::{call_shim, CallEnd, FramesOnly};
+use super::identity::{self, Recorded};
 
 /// Hosts worked on at once.
 pub const HOST_CONCURRENCY: usize = 8;
@@ -53,6 +59,9 @@ pub enum Evidence {
     NotContacted,
     /// The host could not be reached, or the probe's reply was lost.
     Unreachable(String),
+    /// The host presents another host key than the operation ran against: another
+    /// machine. Nothing was probed or fenced there.
+    KeyMismatch(String),
     /// The probe's answer, and what fencing did when the marker was absent.
     Marker {
         /// The probe answer.
@@ -204,6 +213,10 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                 detail: format!("opmark reconcile: {why}"),
             });
         }
+        Evidence::KeyMismatch(why) => {
+            outcome.evidence = "host key mismatch: not probed".into();
+            decide(&mut outcome, &mut events, "host_key_mismatch", why.clone());
+        }
         Evidence::Marker { probe, fence } => {
             events.push(probed(probe, "probe"));
             outcome.evidence = probe.summary();
@@ -350,16 +363,24 @@ pub fn unix_utc(t: &str) -> String {
         .unwrap_or_else(|| t.to_owned())
 }
 
-/// Reconciles `candidates`: contacts their hosts (resolved by `resolve`, which gets the
-/// ledger's host string), records what the evidence settles, and returns one row each,
-/// in the order given.
+/// One operation's share of a host's work: its index, op id, whether to fence an
+/// absent marker, and the host identity its events record.
+type HostOp = (usize, OpId, bool, Recorded);
+
+/// One way of reaching one host, and the operations to examine there.
+type HostWork = (Result<Destination, ConnectError>, Vec<HostOp>);
+
+/// Reconciles `candidates`: contacts their hosts (reached by `resolve`, given the
+/// candidate and the route its events record), records what the evidence settles, and
+/// returns one row each, in the order given.
 pub async fn reconcile(
     ledger: &mut Ledger,
     candidates: Vec<Candidate>,
-    resolve: impl Fn(&str) -> Result<Destination, ConnectError>,
+    resolve: impl Fn(&Candidate, Option<&crate::ssh::Route>) -> Result<Destination, ConnectError>,
 ) -> Result<Vec<Outcome>, Error> {
-    // Group by host: one connection per host, hosts in parallel.
-    let mut by_host: BTreeMap<String, Vec<(usize, OpId, bool)>> = BTreeMap::new();
+    // Group by host and route: one connection per way of reaching a host, hosts in
+    // parallel.
+    let mut by_host: BTreeMap<(String, String), HostWork> = BTreeMap::new();
     let mut evidence: Vec<Option<Evidence>> = vec![None; candidates.len()];
     for (i, c) in candidates.iter().enumerate() {
         if !needs_host(&c.events) {
@@ -372,10 +393,16 @@ pub async fn reconcile(
                 format!("the ledger holds an invalid op id: {e}"),
             )
         })?;
+        let recorded = identity::recorded(&c.events);
+        let dest = resolve(c, recorded.route.as_ref());
+        let via = dest
+            .as_ref()
+            .map_or_else(|e| e.to_string(), Destination::connection_key);
         by_host
-            .entry(c.record.host.clone())
-            .or_default()
-            .push((i, op, fence_if_absent(&c.events)));
+            .entry((c.record.host.clone(), via))
+            .or_insert_with(|| (dest, Vec::new()))
+            .1
+            .push((i, op, fence_if_absent(&c.events), recorded));
     }
     // The shim-call futures are not `Send` (their observer is a `dyn` borrow), so the
     // host work runs as local tasks: concurrent on this thread, which is all I/O needs.
@@ -384,12 +411,11 @@ pub async fn reconcile(
         .run_until(async {
             let hosts = Arc::new(tokio::sync::Semaphore::new(HOST_CONCURRENCY));
             let mut tasks = tokio::task::JoinSet::new();
-            for (host, ops) in by_host {
-                let dest = resolve(&host);
+            for ((host, _), (dest, ops)) in by_host {
                 let hosts = Arc::clone(&hosts);
                 tasks.spawn_local(async move {
                     let _permit = hosts.acquire_owned().await;
-                    host_job(dest, ops).await
+                    host_job(&host, dest, ops).await
                 });
             }
             while let Some(done) = tasks.join_next().await {
@@ -414,10 +440,12 @@ pub async fn reconcile(
     Ok(outcomes)
 }
 
-/// Probes (and fences when due) every operation of one host over one connection.
+/// Probes (and fences when due) every operation of one host over one connection, each
+/// only after the host key matched the one that operation ran against.
 async fn host_job(
+    host: &str,
     dest: Result<Destination, ConnectError>,
-    ops: Vec<(usize, OpId, bool)>,
+    ops: Vec<HostOp>,
 ) -> Vec<(usize, Evidence)> {
     let session = match dest {
         Ok(d) => Session::connect(&d).await,
@@ -428,13 +456,19 @@ async fn host_job(
         Err(e) => {
             return ops
                 .into_iter()
-                .map(|(i, _, _)| (i, Evidence::Unreachable(e.to_string())))
+                .map(|(i, ..)| (i, Evidence::Unreachable(e.to_string())))
                 .collect()
         }
     };
+    let seen = session.host_key();
     let calls = Arc::new(tokio::sync::Semaphore::new(CALLS_PER_HOST));
     let mut tasks = tokio::task::JoinSet::new();
-    for (i, op, fence) in ops {
+    let mut out = Vec::new();
+    for (i, op, fence, recorded) in ops {
+        if let Err(why) = recorded.check(host, op.as_str(), seen.as_deref()) {
+            out.push((i, Evidence::KeyMismatch(why)));
+            continue;
+        }
         let session = session.clone();
         let calls = Arc::clone(&calls);
         tasks.spawn_local(async move {
@@ -442,7 +476,6 @@ async fn host_job(
             (i, examine(&session, &op, fence).await)
         });
     }
-    let mut out = Vec::new();
     while let Some(done) = tasks.join_next().await {
         if let Ok(found) = done {
             out.push(found);
@@ -674,6 +707,21 @@ mod tests {
         let s = settle(&c, &ev);
         assert_eq!(decision(&s), "still_running");
         assert!(!s.events.iter().any(|e| matches!(e, Event::Fenced { .. })));
+    }
+
+    #[test]
+    fn another_host_key_is_neither_probed_nor_fenced_and_stays_open() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        let s = settle(
+            &c,
+            &Evidence::KeyMismatch("host key for h is now SHA256:b".into()),
+        );
+        assert_eq!(decision(&s), "host_key_mismatch");
+        assert!(!s.outcome.settled);
+        assert!(!s
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Fenced { .. } | Event::Probed { .. })));
     }
 
     #[test]

@@ -1,8 +1,12 @@
 //! Host resolution: from what the user typed (`[user@]host`, `-p`, `-i`, `-J`, `-F`) and
-//! the ssh config to a fully resolved [`Destination`], the way OpenSSH resolves it.
+//! the ssh config to a fully resolved [`Destination`], the way OpenSSH resolves it; and
+//! back: the [`Route`] an operation took, recorded in the ledger (SPEC section 9), and
+//! [`resolve_route`], which reaches a host again the same way.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::config::{expand_tilde, expand_tokens, home_dir, SshConfig, Tokens};
 use super::{ConnectError, ConnectStage};
@@ -79,8 +83,62 @@ pub struct Destination {
     pub keepalive_max: usize,
     /// Jump hosts, first hop first; each hop has no jumps of its own (flattened).
     pub jumps: Vec<Destination>,
+    /// The jump text as given (`-J`, else `ProxyJump`), to reach the same hops again.
+    pub jump_spec: Option<String>,
+    /// The ssh config read (`-F`); `None` for the default `~/.ssh/config`.
+    pub config_path: Option<PathBuf>,
     /// `display()` text, fixed at resolution.
     display: String,
+}
+
+/// How an operation reached its host, as the ledger records it (SPEC section 9): enough
+/// to reach the same machine again without the flags or the config it was reached with
+/// today, and nothing secret (paths, never key material).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// The alias as typed (without `user@`).
+    pub alias: String,
+    /// The resolved name or address connected to.
+    pub hostname: String,
+    /// TCP port.
+    pub port: u16,
+    /// Remote user.
+    pub user: String,
+    /// Identity files given explicitly (`-i`, `IdentityFile`); empty for the defaults.
+    pub identities: Vec<PathBuf>,
+    /// The jump text as given (`-J` or `ProxyJump`), if any.
+    pub jump: Option<String>,
+    /// The resolved jump hops, `user@host:port`, first hop first (for people).
+    pub jumps: Vec<String>,
+    /// The ssh config read; `None` for the default `~/.ssh/config`.
+    pub config: Option<PathBuf>,
+}
+
+impl Route {
+    /// One line for people: `user@hostname:port via hop,hop (identity a, b; config F)`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{}@{}:{}", self.user, self.hostname, self.port);
+        if !self.jumps.is_empty() {
+            s.push_str(&format!(" via {}", self.jumps.join(",")));
+        }
+        let ids: Vec<String> = self
+            .identities
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        s.push_str(&format!(
+            " (identity {}; config {})",
+            if ids.is_empty() {
+                "defaults".to_owned()
+            } else {
+                ids.join(", ")
+            },
+            self.config
+                .as_ref()
+                .map_or_else(|| "~/.ssh/config".to_owned(), |c| c.display().to_string())
+        ));
+        s
+    }
 }
 
 impl Destination {
@@ -100,6 +158,28 @@ impl Destination {
     pub fn known_hosts_name(&self) -> String {
         let host = self.host_key_alias.as_deref().unwrap_or(&self.hostname);
         super::known_hosts::lookup_name(host, self.port)
+    }
+
+    /// How this destination is reached, for the ledger.
+    pub fn route(&self) -> Route {
+        Route {
+            alias: self.alias.clone(),
+            hostname: self.hostname.clone(),
+            port: self.port,
+            user: self.user.clone(),
+            identities: if self.identities_explicit {
+                self.identities.clone()
+            } else {
+                Vec::new()
+            },
+            jump: self.jump_spec.clone(),
+            jumps: self
+                .jumps
+                .iter()
+                .map(|j| format!("{}@{}:{}", j.user, j.hostname, j.port))
+                .collect(),
+            config: self.config_path.clone(),
+        }
     }
 
     /// The key identifying one SSH connection: user, address, port and jump path.
@@ -126,7 +206,26 @@ pub fn resolve(spec: &HostSpec) -> Result<Destination, ConnectError> {
     };
     let config = SshConfig::load(&path, missing_ok)
         .map_err(|e| ConnectError::new(ConnectStage::Resolve, e.to_string()))?;
-    resolve_with(&config, spec, 0)
+    let mut dest = resolve_with(&config, spec, 0)?;
+    dest.config_path = spec.config_path.clone();
+    Ok(dest)
+}
+
+/// Reaches a host the way a recorded [`Route`] did: the same config, user, port,
+/// identities and jumps, and the recorded address even if the config's `HostName` has
+/// changed since. The alias still selects the config's other options (known_hosts files,
+/// timeouts); whether it is the same machine is for the host key check to say.
+pub fn resolve_route(route: &Route) -> Result<Destination, ConnectError> {
+    let spec = HostSpec {
+        host: format!("{}@{}", route.user, route.alias),
+        port: Some(route.port),
+        identities: route.identities.clone(),
+        jump: Some(route.jump.clone().unwrap_or_else(|| "none".to_owned())),
+        config_path: route.config.clone(),
+    };
+    let mut dest = resolve(&spec)?;
+    dest.hostname = route.hostname.clone();
+    Ok(dest)
 }
 
 /// Resolves `spec` with an already parsed config.
@@ -297,6 +396,7 @@ pub fn resolve_with(
     };
 
     let jump_text = spec.jump.clone().or_else(|| o.proxy_jump.clone());
+    let jump_spec = jump_text.clone().filter(|t| t != "none");
     let mut jumps = Vec::new();
     if let Some(text) = jump_text.filter(|t| t != "none") {
         if depth >= MAX_JUMP_DEPTH {
@@ -342,6 +442,8 @@ pub fn resolve_with(
         keepalive_interval,
         keepalive_max,
         jumps,
+        jump_spec,
+        config_path: None,
         display,
     })
 }

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) host_key_failure: Mutex<Option<(ConnectStage, String)>>,
     /// Why the connection ended, set by `disconnected`.
     pub(crate) lost: Mutex<Option<String>>,
+    /// The fingerprint (`SHA256:...`) of the host key this connection accepted.
+    pub(crate) host_key: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -75,7 +77,12 @@ impl client::Handler for Client {
             }
         };
         match self.verify(key) {
-            Ok(()) => Ok(true),
+            Ok(()) => {
+                if let Ok(mut slot) = self.shared.host_key.lock() {
+                    *slot = Some(fingerprint(key));
+                }
+                Ok(true)
+            }
             Err(message) => {
                 self.fail(message);
                 Ok(false)
@@ -279,6 +286,17 @@ impl Session {
     /// The destination this session is connected to.
     pub fn destination(&self) -> &Destination {
         &self.inner.dest
+    }
+
+    /// The fingerprint of the host key the target presented and this connection
+    /// accepted, as OpenSSH prints it (`SHA256:...`): which machine this is.
+    pub fn host_key(&self) -> Option<String> {
+        self.inner
+            .shared
+            .host_key
+            .lock()
+            .ok()
+            .and_then(|g| g.clone())
     }
 
     /// Why the connection ended, if it has.

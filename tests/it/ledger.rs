@@ -647,6 +647,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 by: "alice".into(),
                 decision: "approved".into(),
                 note: secret.to_string(),
+                exit_code: None,
             },
             Event::Fenced {
                 detail: secret.to_string(),

@@ -561,3 +561,325 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
     assert_eq!(failed(&doc), ["persistent", "space"], "{doc}");
     assert_eq!(doc["facts"]["fstype"], "tmpfs");
 }
+
+/// `opmark run --json` of `op` with `command`, through the lab's config.
+fn run_op(env: &Sealed, lab: &Lab, op: &str, command: &str) -> (Option<i32>, Value) {
+    let out = run(env
+        .opmark_with_lab(lab)
+        .args(["--json", "run", "target1", "--op", op, "--", command]));
+    (out.status.code(), json(&out))
+}
+
+fn attempts_recorded(env: &Sealed, op: &str) -> usize {
+    let doc = json(&run(env.opmark().args(["--json", "show", op])));
+    doc["attempts"].as_array().unwrap().len()
+}
+
+#[test]
+fn after_resolve_applied_a_run_replays_the_decision_and_runs_nothing() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let effect = env.root.join("effect");
+    let command = format!("touch {}", effect.display());
+    // Two operations whose only attempt never answered: the marker is absent, so a run
+    // that dispatched would claim it and run the command.
+    record_lost_dispatch(&env, "target1", "applied-plain", &command, true);
+    record_lost_dispatch(&env, "target1", "applied-exit", &command, true);
+    for (op, extra) in [("applied-plain", None), ("applied-exit", Some("3"))] {
+        let mut args = vec![
+            "resolve",
+            op,
+            "--host",
+            "target1",
+            "--as",
+            "applied",
+            "--note",
+            "done by hand",
+        ];
+        if let Some(code) = extra {
+            args.extend(["--exit", code]);
+        }
+        let out = run(env.opmark_with_lab(&lab).args(&args));
+        assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
+    }
+    for _ in 0..2 {
+        let (status, doc) = run_op(&env, &lab, "applied-plain", &command);
+        assert_eq!(doc["verdict"], "replayed", "{doc}");
+        assert!(doc["exit_code"].is_null(), "{doc}");
+        assert_eq!(doc["reason_code"], "resolved_applied", "{doc}");
+        assert_eq!(doc["retryable"], false);
+        assert_eq!(status, Some(0), "{doc}");
+
+        let (status, doc) = run_op(&env, &lab, "applied-exit", &command);
+        assert_eq!(doc["verdict"], "replayed", "{doc}");
+        assert_eq!(doc["exit_code"], 3, "{doc}");
+        assert_eq!(doc["reason_code"], "resolved_applied", "{doc}");
+        assert_eq!(status, Some(3), "the exit status the operator vouched for");
+    }
+    assert!(!effect.exists(), "a resolved operation ran");
+    for op in ["applied-plain", "applied-exit"] {
+        assert!(
+            !marker(&lab, "target1", op).exists(),
+            "{op}: the host was contacted"
+        );
+        assert_eq!(attempts_recorded(&env, op), 1, "{op}: no new attempt");
+    }
+    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
+
+    // --exit belongs to applied only, and must be an exit status.
+    for args in [
+        ["--as", "abandoned", "--exit", "3"],
+        ["--as", "applied", "--exit", "300"],
+    ] {
+        let out = run(env
+            .opmark_with_lab(&lab)
+            .args([
+                "resolve",
+                "applied-plain",
+                "--host",
+                "target1",
+                "--note",
+                "x",
+            ])
+            .args(args));
+        assert_eq!(out.status.code(), Some(245), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("--exit"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn after_resolve_not_applied_or_abandoned_a_run_is_not_applied_and_runs_nothing() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let effect = env.root.join("effect");
+    let command = format!("touch {}", effect.display());
+    for (op, how, code) in [
+        ("gave-up", "abandoned", "resolved_abandoned"),
+        ("never-happened", "not-applied", "resolved_not_applied"),
+    ] {
+        record_lost_dispatch(&env, "target1", op, &command, true);
+        let out = run(env.opmark_with_lab(&lab).args([
+            "resolve", op, "--host", "target1", "--as", how, "--note", "decided",
+        ]));
+        assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
+        assert!(
+            marker(&lab, "target1", op).join("fenced").exists(),
+            "{op}: the marker is fenced, so no client can run it"
+        );
+        for _ in 0..2 {
+            let (status, doc) = run_op(&env, &lab, op, &command);
+            assert_eq!(doc["verdict"], "not_applied", "{op}: {doc}");
+            assert_eq!(doc["reason_code"], code, "{op}: {doc}");
+            assert_eq!(doc["retryable"], false, "{op}");
+            assert_eq!(status, Some(241), "{op}");
+        }
+        assert_eq!(attempts_recorded(&env, op), 1, "{op}: nothing dispatched");
+    }
+    assert!(!effect.exists(), "a resolved operation ran");
+    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
+}
+
+/// An ssh config in which `alias` names the lab target `to`, with the lab's client key
+/// and known_hosts (which trusts every lab target's key).
+fn config_pointing(lab: &Lab, dir: &Path, alias: &str, to: &str) -> PathBuf {
+    let t = lab.target(to).unwrap();
+    let path = dir.join(format!("ssh_config-{alias}-to-{to}"));
+    std::fs::write(
+        &path,
+        format!(
+            "Host {alias}\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            t.addr,
+            t.port,
+            t.user,
+            lab.client_key().display(),
+            lab.known_hosts().display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_run_on() {
+    let Some(lab) = support::loopback_lab(2) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = env.root.join("configs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let to_b = config_pointing(&lab, &dir, "target1", "target2");
+    let effect = env.root.join("effect");
+    let command = format!("touch {}", effect.display());
+    // The client dies right after its request left for target1 (A): nothing about the
+    // marker is known, which is what makes reconcile fence an absent one.
+    let crashed = run(env
+        .opmark_with_lab(&lab)
+        .env("OPMARK_FAULT", "after_dispatch")
+        .args(["--json", "run", "target1", "-i"])
+        .arg(lab.client_key())
+        .args(["--op", "moved-1", "--", &command]));
+    assert_eq!(crashed.status.code(), None, "killed by its fault point");
+    let shown = json(&run(env.opmark().args(["--json", "show", "moved-1"])));
+    let key_a = shown["attempts"][0]["host_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(key_a.starts_with("SHA256:"), "{shown}");
+    let on_b = marker(&lab, "target2", "moved-1");
+
+    // The same alias now leads to B, whose key is trusted too.
+    let out = run(env
+        .opmark()
+        .arg("-F")
+        .arg(&to_b)
+        .args(["--json", "reconcile"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let doc = json(&out);
+    let row = &doc["operations"][0];
+    assert_eq!(row["decision"], "host_key_mismatch", "{doc}");
+    assert_eq!(row["settled"], false);
+    let detail = row["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("host key for target1 is now SHA256:")
+            && detail.contains(&format!("but operation moved-1 ran against {key_a}"))
+            && detail.contains("another machine"),
+        "{detail}"
+    );
+    assert!(!on_b.exists(), "reconcile fenced (or touched) B");
+
+    // probe and resolve through B refuse too; nothing recorded, nothing fenced.
+    let before = event_count(&env, "moved-1");
+    let out = run(env.opmark().arg("-F").arg(&to_b).args([
+        "resolve",
+        "moved-1",
+        "--host",
+        "target1",
+        "--as",
+        "not-applied",
+        "--note",
+        "x",
+    ]));
+    assert_eq!(out.status.code(), Some(247));
+    assert!(
+        text(&out.stderr).contains("host_key_mismatch"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(env
+        .opmark()
+        .arg("-F")
+        .arg(&to_b)
+        .args(["--json", "probe", "target1", "moved-1"]));
+    assert_eq!(out.status.code(), Some(247));
+    assert!(
+        text(&out.stderr).contains("host_key_mismatch"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(event_count(&env, "moved-1"), before);
+    assert!(!on_b.exists(), "resolve or probe touched B");
+
+    // A rerun through B is refused before anything is sent.
+    let out = run(env.opmark().arg("-F").arg(&to_b).args([
+        "--json", "run", "target1", "--op", "moved-1", "--", &command,
+    ]));
+    let doc = json(&out);
+    assert_eq!(doc["verdict"], "indeterminate", "{doc}");
+    assert_eq!(doc["reason_code"], "host_key_mismatch", "{doc}");
+    assert_eq!(doc["retryable"], false);
+    assert_eq!(doc["attempts"][0]["boundary"], "not_sent", "{doc}");
+    assert!(!on_b.exists(), "run claimed on B");
+    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
+
+    // Without the override, reconcile goes the recorded way, to A, and settles there.
+    let out = run(env.opmark().args(["--json", "reconcile"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(marker(&lab, "target1", "moved-1").exists());
+    assert!(!on_b.exists());
+}
+
+#[test]
+fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let a = lab.target("target1").unwrap().clone();
+    // An alias that knows the address and the known_hosts, but neither port nor key.
+    let bare = env.root.join("ssh_config");
+    std::fs::write(
+        &bare,
+        format!(
+            "Host box\n  HostName {}\n  User {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
+            a.addr,
+            a.user,
+            lab.known_hosts().display()
+        ),
+    )
+    .unwrap();
+    let port = a.port.to_string();
+    let crashed = run(env
+        .opmark()
+        .arg("-F")
+        .arg(&bare)
+        .env("OPMARK_FAULT", "after_started")
+        .args(["--json", "run", "box", "-p", &port, "-i"])
+        .arg(lab.client_key())
+        .args(["--op", "flagged-1", "--", "echo hi; exit 4"]));
+    assert_eq!(crashed.status.code(), None, "killed by its fault point");
+    let exit_record = marker(&lab, "target1", "flagged-1").join("exit");
+    wait_for("the exit record", Duration::from_secs(15), || {
+        exit_record.exists()
+    });
+
+    // No -F, no -p, no -i: the ledger knows the way.
+    let out = run(env.opmark().args(["--json", "reconcile"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let doc = json(&out);
+    assert_eq!(doc["operations"][0]["decision"], "completed", "{doc}");
+    assert_eq!(doc["operations"][0]["exit_code"], 4);
+
+    // show names the route and the key each attempt saw; no key material.
+    let doc = json(&run(env.opmark().args(["--json", "show", "flagged-1"])));
+    let attempt = &doc["attempts"][0];
+    assert_eq!(attempt["route"]["port"], a.port, "{doc}");
+    assert_eq!(attempt["route"]["alias"], "box");
+    assert_eq!(
+        attempt["route"]["identities"][0],
+        lab.client_key().display().to_string()
+    );
+    assert_eq!(
+        attempt["route"]["config"],
+        bare.display().to_string(),
+        "{doc}"
+    );
+    assert!(attempt["host_key"].as_str().unwrap().starts_with("SHA256:"));
+    let page = text(&run(env.opmark().args(["show", "flagged-1"])).stdout);
+    assert!(
+        page.contains(&format!("reached {}@{}:{}", a.user, a.addr, a.port)),
+        "{page}"
+    );
+    assert!(page.contains("host key SHA256:"), "{page}");
+    let key = std::fs::read_to_string(lab.client_key()).unwrap();
+    let ledger = std::fs::read(&env.ledger).unwrap();
+    let body = key
+        .lines()
+        .nth(1)
+        .expect("a private key body line")
+        .as_bytes();
+    assert!(
+        !ledger.windows(body.len()).any(|w| w == body),
+        "key material in the ledger"
+    );
+}

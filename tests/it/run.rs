@@ -86,6 +86,36 @@ fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
+/// Every attempt `run --json` reports says what the ledger (`show --json`) says about it:
+/// the same attempts, the same boundaries.
+fn assert_attempts_agree_with_the_ledger(env: &Sealed, a: &Answer) {
+    let op = a.json["op_id"].as_str().unwrap();
+    let show = env.opmark().args(["--json", "show", op]).output().unwrap();
+    let doc: Value = serde_json::from_slice(&show.stdout)
+        .unwrap_or_else(|e| panic!("show --json: {e}: {}", text(&show.stderr)));
+    let in_ledger = |id: &str| {
+        doc["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["attempt_id"] == id)
+            .unwrap_or_else(|| panic!("attempt {id} is not in the ledger: {doc}"))
+            .clone()
+    };
+    let reported = a.json["attempts"].as_array().unwrap();
+    assert!(!reported.is_empty(), "{a:?}");
+    for r in reported {
+        let l = in_ledger(r["attempt_id"].as_str().unwrap());
+        for field in ["boundary", "number", "parent", "reason"] {
+            assert_eq!(
+                r[field], l[field],
+                "attempt {}: run --json says {field} {} but the ledger says {}",
+                r["attempt_id"], r[field], l[field]
+            );
+        }
+    }
+}
+
 /// A place on the (local) target where commands leave their effects.
 fn effects(name: &str) -> PathBuf {
     fresh_dir(name).join("effects")
@@ -109,9 +139,13 @@ fn same_op_id_twice_completes_then_replays_with_the_same_result() {
     assert_eq!(first.stdout(), "out\n");
     assert_eq!(first.json["stderr"], "err\n");
     assert_eq!(first.json["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(first.json["attempts"][0]["boundary"], "exit_received");
+    assert_attempts_agree_with_the_ledger(&env, &first);
 
     let second = run_json(&env, &lab, &["target1", "--op", "deploy-1", "--", &cmd]);
     assert_eq!(second.verdict(), "replayed", "{second:?}");
+    assert_eq!(second.json["attempts"][0]["boundary"], "refused");
+    assert_attempts_agree_with_the_ledger(&env, &second);
     assert_eq!(second.exit_code(), Some(3));
     assert_eq!(second.status, 3);
     assert_eq!(second.stdout(), "out\n");
@@ -474,6 +508,9 @@ fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once(
         "{a:?}"
     );
     assert_eq!(lines(&fx), 1);
+    // It started, then was interrupted: never "not_sent".
+    assert_eq!(a.json["attempts"][0]["boundary"], "started", "{a:?}");
+    assert_attempts_agree_with_the_ledger(&env, &a);
 
     let again = run_json(
         &env,
@@ -494,6 +531,11 @@ fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once(
         "no re-run without approval: {again:?}"
     );
     assert_eq!(lines(&fx), 1);
+    assert_eq!(
+        again.json["attempts"][0]["boundary"], "refused",
+        "{again:?}"
+    );
+    assert_attempts_agree_with_the_ledger(&env, &again);
 
     std::fs::write(&gate, "").unwrap();
     let approved = run_json(
@@ -514,6 +556,7 @@ fn an_interrupted_append_only_op_is_indeterminate_until_approved_then_runs_once(
     assert_eq!(approved.verdict(), "completed", "{approved:?}");
     assert_eq!(approved.stdout(), "finished\n");
     assert_eq!(lines(&fx), 2, "exactly one more execution");
+    assert_attempts_agree_with_the_ledger(&env, &approved);
     let reasons: Vec<&str> = approved.json["attempts"]
         .as_array()
         .unwrap()
@@ -596,6 +639,10 @@ fn an_interrupted_convergent_op_is_rerun_automatically_and_recorded() {
     assert_eq!(attempts.len(), 2, "{a:?}");
     assert_eq!(attempts[1]["reason"], "interrupted_rerun");
     assert_eq!(attempts[1]["parent"], attempts[0]["attempt_id"]);
+    // The superseded attempt had started the command before it was interrupted.
+    assert_eq!(attempts[0]["boundary"], "started", "{a:?}");
+    assert_eq!(attempts[1]["boundary"], "exit_received", "{a:?}");
+    assert_attempts_agree_with_the_ledger(&env, &a);
     let show = env.opmark().args(["show", "conv-1"]).output().unwrap();
     assert!(
         text(&show.stdout).contains("interrupted_rerun"),
