@@ -1427,3 +1427,39 @@ impl CallObserver for OutputObserver<'_> {
     }
     fn frame(&mut self, _: &Frame) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decided(decision: &str, exit_code: Option<i32>) -> StoredEvent {
+        StoredEvent {
+            seq: 1,
+            op_id: "op".into(),
+            host: "h".into(),
+            at: String::new(),
+            event: Event::OperatorDecision {
+                by: "alice".into(),
+                decision: decision.into(),
+                note: "n".into(),
+                exit_code,
+            },
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_latest_settling_decision_is_terminal_and_an_approval_is_not() {
+        assert_eq!(terminal_decision(&[decided("approved", None)]), None);
+        let d = terminal_decision(&[
+            decided("abandoned", None),
+            decided("applied", Some(3)),
+            decided("approved", None),
+        ])
+        .unwrap();
+        assert_eq!((d.decision.as_str(), d.exit_code), ("applied", Some(3)));
+        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
+        assert_eq!(d.decision, "not_applied");
+    }
+}

@@ -614,6 +614,47 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_route_reaches_the_same_machine_after_the_config_changed() {
+        let dir = std::env::temp_dir().join(format!("opmark-route-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = dir.join("config");
+        std::fs::write(
+            &cfg,
+            "Host inner\n HostName 10.0.0.2\n IdentityFile /k/cfg\n ProxyJump b@bastion:2200\n",
+        )
+        .unwrap();
+        let spec = HostSpec {
+            host: "alice@inner".into(),
+            port: Some(2222),
+            identities: vec!["/k/cli".into()],
+            config_path: Some(cfg.clone()),
+            ..HostSpec::default()
+        };
+        let route = resolve(&spec).unwrap().route();
+        assert_eq!(
+            (
+                route.alias.as_str(),
+                route.hostname.as_str(),
+                route.port,
+                route.user.as_str()
+            ),
+            ("inner", "10.0.0.2", 2222, "alice")
+        );
+        assert_eq!(
+            route.identities,
+            vec![PathBuf::from("/k/cli"), PathBuf::from("/k/cfg")]
+        );
+        assert_eq!(route.jumps, vec!["b@bastion:2200".to_owned()]);
+        assert_eq!(route.config.as_deref(), Some(cfg.as_path()));
+
+        // The alias now points elsewhere, without a jump: the route still goes the old way.
+        std::fs::write(&cfg, "Host inner\n HostName 10.9.9.9\n Port 22\n").unwrap();
+        let again = resolve_route(&route).unwrap();
+        assert_eq!(again.route(), route);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn none_disables_known_hosts_files() {
         let c = cfg("UserKnownHostsFile none\nGlobalKnownHostsFile none\n");
         let d = resolve_with(&c, &spec("a"), 0).unwrap();

@@ -787,6 +787,24 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         text(&out.stderr)
     );
     assert_eq!(event_count(&env, "moved-1"), before);
+    // gc holds the host to the key of the newest operation the ledger has on it.
+    std::fs::create_dir_all(on_b.parent().unwrap()).unwrap();
+    std::fs::create_dir(&on_b).unwrap();
+    std::fs::write(on_b.join("fenced"), "fenced_at=86400\n").unwrap();
+    let out =
+        run(env
+            .opmark()
+            .arg("-F")
+            .arg(&to_b)
+            .args(["gc", "target1", "--older-than", "3650d"]));
+    assert_eq!(out.status.code(), Some(247), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("host_key_mismatch"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(on_b.join("fenced").exists(), "gc removed a marker on B");
+    std::fs::remove_dir_all(&on_b).unwrap();
     assert!(!on_b.exists(), "resolve or probe touched B");
 
     // A rerun through B is refused before anything is sent.
