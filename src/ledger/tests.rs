@@ -293,3 +293,36 @@ fn stats_count_what_a_dashboard_needs() {
     assert_eq!(st.retries_by_family.get("destructive"), Some(&1));
     assert_eq!(st.by_family.get("destructive"), Some(&2));
 }
+
+#[test]
+fn events_written_before_resolve_exit_and_host_identity_read_and_serialise_unchanged() {
+    // As stored by earlier versions: the chain covers this exact text.
+    let old = r#"{"kind":"operator_decision","by":"alice","decision":"applied","note":"n"}"#;
+    let event: Event = serde_json::from_str(old).unwrap();
+    assert!(matches!(
+        event,
+        Event::OperatorDecision {
+            exit_code: None,
+            ..
+        }
+    ));
+    assert_eq!(serde_json::to_string(&event).unwrap(), old);
+    let connected = Event::Connected {
+        attempt_id: "at-1".into(),
+        route: crate::ssh::Route {
+            alias: "web1".into(),
+            hostname: "10.0.0.1".into(),
+            port: 22,
+            user: "u".into(),
+            identities: vec!["/k/id".into()],
+            jump: None,
+            jumps: Vec::new(),
+            config: None,
+        },
+        host_key: "SHA256:abc".into(),
+    };
+    let text = serde_json::to_string(&connected).unwrap();
+    assert_eq!(serde_json::from_str::<Event>(&text).unwrap(), connected);
+    assert_eq!(connected.kind(), "connected");
+    assert_eq!(connected.attempt_id(), Some("at-1"));
+}
