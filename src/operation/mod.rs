@@ -1158,17 +1158,20 @@ impl<'a> Runner<'a> {
                 ReasonCode::ResolvedApplied,
                 format!("{by}, with {exit}; that decision is final: nothing ran again"),
             )
-        } else {
-            let code = if d.decision == "abandoned" {
-                ReasonCode::ResolvedAbandoned
-            } else {
-                ReasonCode::ResolvedNotApplied
-            };
+        } else if d.decision == "abandoned" {
+            // Abandoned says nothing about whether it ran: only that nothing runs again.
             Answer::new(
                 Verdict::NotApplied,
                 None,
-                code,
-                format!("{by}; that decision is final: nothing ran, and nothing runs under this op id. Use a new op id"),
+                ReasonCode::ResolvedAbandoned,
+                format!("{by}; that decision is final: whether it ever ran is not known, and nothing runs under this op id now. Use a new op id"),
+            )
+        } else {
+            Answer::new(
+                Verdict::NotApplied,
+                None,
+                ReasonCode::ResolvedNotApplied,
+                format!("{by}; that decision is final: it did not apply, the marker is fenced, and nothing runs under this op id. Use a new op id"),
             )
         }
     }
