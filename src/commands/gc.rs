@@ -78,7 +78,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         (Err(_), Some(p)) => format!("{}:{p}", args.host),
         (Err(_), None) => args.host.clone(),
     };
-    let (op, recorded) = latest_identity(global, &policy, &host)?;
+    let (op, recorded) = latest_identity(global, &host)?;
     let dest = match recorded.route.as_ref() {
         Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
         None => fresh,
@@ -171,12 +171,11 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
 
 /// The newest operation on `host` whose events record how it reached the host, and that
 /// identity (empty when the ledger has none: nothing to hold the host to).
-fn latest_identity(global: &GlobalArgs, policy: &Policy, host: &str) -> Result<(String, Recorded)> {
+fn latest_identity(global: &GlobalArgs, host: &str) -> Result<(String, Recorded)> {
     let (existing, _) = crate::ledger::Ledger::open_existing_default_or(global.ledger.as_deref())?;
-    let Some(mut ledger) = existing else {
+    let Some(ledger) = existing else {
         return Ok((String::new(), Recorded::default()));
     };
-    ledger.set_redactor(crate::ledger::Redactor::new(policy.redact_patterns()));
     let ops = ledger.list(&ListFilter {
         unresolved: false,
         host: Some(host.to_owned()),

@@ -1129,7 +1129,6 @@ impl<'a> Runner<'a> {
     /// concluded there. Something of this operation reached the original machine (that
     /// is how its key is known), so its outcome is not known here.
     fn key_mismatch(&self, attempt: &str, why: String) -> Answer {
-        progress(&why);
         Answer::new(
             Verdict::Indeterminate,
             Some(attempt.to_owned()),
