@@ -13,8 +13,9 @@ pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
 }
 
 fn verify(global: &GlobalArgs) -> Result<u8> {
-    let (ledger, path) = Ledger::open_existing_default_or(global.ledger.as_deref())
-        .map_err(|e| redacted_error(e.into()))?;
+    let (ledger, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     let Some(ledger) = ledger else {
         return Err(Error::new(
             ErrorKind::LocalIo,

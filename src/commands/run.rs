@@ -39,7 +39,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
     }
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
-    let key = common::installation_key()?;
+    // The key is the ledger's own (checked when it was opened), never the config dir's.
+    let key = ledger.key().clone();
     let stdin = if args.stdin {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).map_err(|e| {

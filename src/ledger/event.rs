@@ -113,6 +113,19 @@ pub enum Event {
         /// Why (redacted).
         note: String,
     },
+    /// Two pieces of evidence disagree: a later observation says something other than the
+    /// settled truth the ledger holds (SPEC section 3). Recorded by the ledger itself right
+    /// after the disagreeing event; the projection keeps the first settled truth.
+    Contradiction {
+        /// Kind of the event that brought the disagreeing evidence (`probed`, ...).
+        source: String,
+        /// Sequence number of that event.
+        evidence_seq: u64,
+        /// What the ledger held.
+        expected: Observed,
+        /// What the evidence said.
+        seen: Observed,
+    },
     /// The verdict given to the caller.
     Verdict {
         /// The attempt the verdict is about, if one was made.
@@ -140,6 +153,7 @@ impl Event {
             Event::OperatorDecision { .. } => "operator_decision",
             Event::Fenced { .. } => "fenced",
             Event::Superseded { .. } => "superseded",
+            Event::Contradiction { .. } => "contradiction",
             Event::Verdict { .. } => "verdict",
         }
     }
@@ -203,9 +217,39 @@ impl Event {
                 *note = r(note);
             }
             Event::Superseded { note, .. } => *note = r(note),
+            Event::Contradiction {
+                source,
+                expected,
+                seen,
+                ..
+            } => {
+                *source = r(source);
+                for o in [expected, seen] {
+                    o.state = r(&o.state);
+                }
+            }
             Event::Verdict { reason, .. } => *reason = r(reason),
         }
         e
+    }
+}
+
+/// One side of a [`Event::Contradiction`]: a state and exit code as some evidence has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observed {
+    /// `completed` (the ledger's settled truth), or the marker state a probe reported.
+    pub state: String,
+    /// The exit code, when the evidence holds one.
+    pub exit_code: Option<i32>,
+}
+
+impl std::fmt::Display for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.state)?;
+        if let Some(code) = self.exit_code {
+            write!(f, " exit {code}")?;
+        }
+        Ok(())
     }
 }
 

@@ -1,12 +1,14 @@
 //! The `operations` projection: current state of each operation, folded from its events
 //! in the same transaction that appends them.
 //!
-//! This file is the ONE place that decides whether an operation is *unresolved*.
+//! This file is the ONE place that decides whether an operation is *unresolved*, and
+//! whether an observation *contradicts* what the ledger already holds ([`contradiction`]).
+//! The fold ([`fold`]) is pure, so `audit verify` can replay every row from its events.
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
-use super::event::Event;
+use super::event::{Event, Observed};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::Verdict;
@@ -49,6 +51,8 @@ pub struct OperationRecord {
     pub first_seq: u64,
     /// Sequence number of the latest event.
     pub last_seq: u64,
+    /// Contradictions recorded between evidence (0 when all evidence agrees).
+    pub contradictions: u32,
 }
 
 /// Decisions (of `reconcile` or an operator) that settle an operation's outcome. Anything
@@ -88,6 +92,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::BoundaryReached { .. }
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
+        | Event::Contradiction { .. }
         | Event::Fenced { .. } => was_unresolved,
     }
 }
@@ -98,15 +103,62 @@ pub(crate) enum Refusal {
     FingerprintConflict,
 }
 
-/// Folds `event` (already redacted, already given `seq`) into the operation's row.
-pub(crate) fn apply(
-    tx: &Transaction<'_>,
+/// The exit the ledger holds as settled truth: the operation's verdict is `completed` or
+/// `replayed` with a known exit code.
+fn settled_exit(rec: &OperationRecord) -> Option<i32> {
+    match rec.verdict {
+        Some(Verdict::Completed | Verdict::Replayed) => rec.exit_code,
+        _ => None,
+    }
+}
+
+/// Does `event` disagree with what `rec` holds as settled? Returns (expected, seen).
+///
+/// Settled = a `completed`/`replayed` verdict with its exit code. A later probe that finds
+/// the marker completed with another exit code, or running or interrupted again, or an
+/// exit received with another code, contradicts it. An `absent` marker does not: `gc`
+/// removes finished markers by design.
+pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
+    let settled = settled_exit(rec)?;
+    let expected = Observed {
+        state: "completed".to_owned(),
+        exit_code: Some(settled),
+    };
+    let seen = match event {
+        Event::Probed {
+            state, exit_code, ..
+        } => match state.as_str() {
+            "completed" if *exit_code != Some(settled) => Observed {
+                state: state.clone(),
+                exit_code: *exit_code,
+            },
+            "running" | "interrupted" => Observed {
+                state: state.clone(),
+                exit_code: *exit_code,
+            },
+            _ => return None,
+        },
+        Event::ExitReceived {
+            exit_code: Some(code),
+            ..
+        } if *code != settled => Observed {
+            state: "exit_received".to_owned(),
+            exit_code: Some(*code),
+        },
+        _ => return None,
+    };
+    Some((expected, seen))
+}
+
+/// The row after `event`, from the row before it (`None`: no operation yet). Pure: the
+/// same events always fold to the same row, which is what `audit verify` checks.
+pub(crate) fn fold(
+    existing: Option<OperationRecord>,
     key: &OpKey,
     event: &Event,
     seq: u64,
     at: &str,
-) -> Result<Result<(), Refusal>, LedgerError> {
-    let existing = load(tx, key)?;
+) -> Result<Option<OperationRecord>, Refusal> {
     let Some(mut rec) = existing else {
         // Only an intent creates an operation; other events about an unknown operation
         // (a probe of a foreign op id, a session notice) stay in the event log only.
@@ -118,7 +170,7 @@ pub(crate) fn apply(
             rule,
         } = event
         {
-            let rec = OperationRecord {
+            return Ok(Some(OperationRecord {
                 op_id: key.op_id.clone(),
                 host: key.host.clone(),
                 family: *family,
@@ -136,12 +188,15 @@ pub(crate) fn apply(
                 updated_at: at.to_owned(),
                 first_seq: seq,
                 last_seq: seq,
-            };
-            store(tx, &rec)?;
+                contradictions: 0,
+            }));
         }
-        return Ok(Ok(()));
+        return Ok(None);
     };
 
+    // Evidence that contradicts the settled truth never rewrites it (its own
+    // `contradiction` event follows it in the chain).
+    let contradicts = contradiction(&rec, event).is_some();
     rec.unresolved = unresolved_after(rec.unresolved, event);
     rec.updated_at = at.to_owned();
     rec.last_seq = seq;
@@ -155,7 +210,7 @@ pub(crate) fn apply(
             rule,
         } => {
             if *fingerprint != rec.fingerprint {
-                return Ok(Err(Refusal::FingerprintConflict));
+                return Err(Refusal::FingerprintConflict);
             }
             // The same intent again (a new `run` of the same op id): keep the history,
             // take the newest policy decision.
@@ -171,6 +226,7 @@ pub(crate) fn apply(
             rec.state = "dispatched".to_owned();
         }
         Event::BoundaryReached { boundary, .. } => rec.state = boundary.as_str().to_owned(),
+        Event::ExitReceived { .. } if contradicts => {}
         Event::ExitReceived { exit_code, .. } => {
             rec.state = "exit_received".to_owned();
             rec.exit_code = *exit_code;
@@ -179,21 +235,31 @@ pub(crate) fn apply(
         Event::OperatorDecision { decision, .. } => rec.state = format!("resolved:{decision}"),
         Event::Fenced { .. } => rec.state = "fenced".to_owned(),
         Event::Superseded { .. } => rec.state = "superseded".to_owned(),
+        Event::Contradiction { .. } => rec.contradictions += 1,
         Event::Verdict {
             verdict, exit_code, ..
         } => {
-            rec.state = verdict.as_str().to_owned();
-            rec.verdict = Some(*verdict);
-            if exit_code.is_some() {
-                rec.exit_code = *exit_code;
+            let settled = settled_exit(&rec);
+            let rewrites_settled = matches!(verdict, Verdict::Completed | Verdict::Replayed)
+                && settled.is_some()
+                && exit_code.is_some()
+                && *exit_code != settled;
+            // A later verdict that reports another exit than the settled one (a replay of
+            // an edited marker) keeps the first truth; the probe that saw the other exit
+            // already recorded the contradiction.
+            if !rewrites_settled {
+                rec.state = verdict.as_str().to_owned();
+                rec.verdict = Some(*verdict);
+                if exit_code.is_some() {
+                    rec.exit_code = *exit_code;
+                }
             }
         }
     }
-    store(tx, &rec)?;
-    Ok(Ok(()))
+    Ok(Some(rec))
 }
 
-pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq";
+pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions";
 
 pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
     let family: String = row.get(2)?;
@@ -222,10 +288,14 @@ pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRec
         updated_at: row.get(14)?,
         first_seq: row.get(15)?,
         last_seq: row.get(16)?,
+        contradictions: row.get(17)?,
     })
 }
 
-fn load(tx: &Transaction<'_>, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+pub(crate) fn load(
+    tx: &Transaction<'_>,
+    key: &OpKey,
+) -> Result<Option<OperationRecord>, LedgerError> {
     Ok(tx
         .query_row(
             &format!("SELECT {COLUMNS} FROM operations WHERE op_id = ?1 AND host = ?2"),
@@ -235,10 +305,10 @@ fn load(tx: &Transaction<'_>, key: &OpKey) -> Result<Option<OperationRecord>, Le
         .optional()?)
 }
 
-fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
+pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
     tx.execute(
         &format!(
-            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
         ),
         params![
             r.op_id,
@@ -258,6 +328,7 @@ fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
             r.updated_at,
             r.first_seq,
             r.last_seq,
+            r.contradictions,
         ],
     )?;
     Ok(())

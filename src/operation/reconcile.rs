@@ -569,6 +569,7 @@ mod tests {
                 updated_at: String::new(),
                 first_seq: 1,
                 last_seq: 3,
+                contradictions: 0,
             },
             events,
         }

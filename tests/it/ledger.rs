@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use opmark::family::Family;
 use opmark::ledger::chain::Link;
-use opmark::ledger::{Durability, Event, Ledger, ListFilter, OpKey, Redactor};
+use opmark::ledger::{key_path_beside, Durability, Event, Ledger, ListFilter, OpKey, Redactor};
 use opmark::vocab::{Boundary, RetryReason, Verdict};
 
 const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
@@ -321,6 +321,8 @@ fn tampered(s: &Scratch, name: &str, sql: &str) -> PathBuf {
     let pristine = tamper_fixture(s);
     let db = s.path(&format!("{name}.db"));
     std::fs::copy(&pristine, &db).unwrap();
+    // The copy keeps its key beside it, as a ledger moved with its key does.
+    std::fs::copy(key_path_beside(&pristine), key_path_beside(&db)).unwrap();
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(sql).unwrap();
     drop(conn);
