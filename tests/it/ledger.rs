@@ -250,7 +250,7 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain() {
     }
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "chain intact: 4000 events");
+    assert_eq!(text(&out.stdout).trim(), "chain intact: 4000 events, projection equals their replay");
 }
 
 #[test]
@@ -346,7 +346,7 @@ fn audit_verify_reports_an_intact_chain() {
     let db = tamper_fixture(&s);
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(text(&out.stdout), "chain intact: 15 events\n");
+    assert_eq!(text(&out.stdout), "chain intact: 15 events, projection equals their replay\n");
     let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], true);
