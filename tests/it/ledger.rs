@@ -14,6 +14,8 @@ use opmark::ledger::chain::Link;
 use opmark::ledger::{key_path_beside, Durability, Event, Ledger, ListFilter, OpKey, Redactor};
 use opmark::vocab::{Boundary, RetryReason, Verdict};
 
+use crate::support::{self, Lab, Sealed};
+
 const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
 const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
 const WRITER: &str = "OPMARK_TEST_LEDGER_WRITER";
@@ -250,7 +252,10 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain() {
     }
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "chain intact: 4000 events, projection equals their replay");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "chain intact: 4000 events, projection equals their replay"
+    );
 }
 
 #[test]
@@ -346,7 +351,10 @@ fn audit_verify_reports_an_intact_chain() {
     let db = tamper_fixture(&s);
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(text(&out.stdout), "chain intact: 15 events, projection equals their replay\n");
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 15 events, projection equals their replay\n"
+    );
     let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], true);
@@ -733,4 +741,319 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
         !contains_canary(&bytes),
         "secret found in the checkpointed database"
     );
+}
+
+// --- The installation key belongs to the ledger (SPEC section 7) -------------------
+
+/// `opmark --json run target1 --op OP -- CMD` in `env` (any extra env applied first).
+fn run_op(
+    cmd: &mut Command,
+    lab: &Lab,
+    op: &str,
+    command: &str,
+) -> (serde_json::Value, i32, String) {
+    let out = cmd
+        .arg("-F")
+        .arg(lab.ssh_config())
+        .args(["--json", "run", "target1", "--op", op, "--", command])
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (doc, out.status.code().unwrap_or(-1), text(&out.stderr))
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+#[test]
+fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("key-same-ledger");
+    let other = Sealed::new("key-other-home");
+    let fx = env.root.join("effects");
+    let cmd = format!("echo ran >> {}; exit 5", fx.display());
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    assert_eq!(first["verdict"], "completed", "{first} {err}");
+    assert_eq!(status, 5);
+    let key = key_path_beside(&env.ledger);
+    assert!(key.is_file(), "the key is made with the ledger, beside it");
+
+    // Same ledger, another HOME and XDG_CONFIG_HOME (sudo, a container keeping only the
+    // state dir): the same intent is recognised, nothing runs again.
+    let mut elsewhere = other.opmark();
+    elsewhere.env("OPMARK_LEDGER", &env.ledger);
+    let (again, status, err) = run_op(&mut elsewhere, &lab, "key-1", &cmd);
+    assert_eq!(again["verdict"], "replayed", "{again} {err}");
+    assert_eq!((again["exit_code"].as_i64(), status), (Some(5), 5));
+    assert_eq!(count_lines(&fx), 1, "one execution on the host");
+    assert!(
+        std::fs::read_dir(&other.config).unwrap().next().is_none(),
+        "no key was made under the other config dir"
+    );
+
+    // Key deleted: a clear error naming both paths, nothing sent (a new op would run).
+    let saved = env.root.join("saved.key");
+    std::fs::rename(&key, &saved).unwrap();
+    let marker_root = lab.target("target1").unwrap().marker_root();
+    let (doc, status, err) = run_op(&mut env.opmark(), &lab, "key-2", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    let said = format!("{doc} {err}");
+    assert!(said.contains(&env.ledger.display().to_string()), "{said}");
+    assert!(said.contains(&key.display().to_string()), "{said}");
+    assert!(!said.contains("conflict"), "{said}");
+    assert!(!key.exists(), "no key silently made for an existing ledger");
+    assert!(!marker_root.join("ops/key-2").exists(), "nothing was sent");
+
+    // A different key: the same kind of error, never `conflict`.
+    let wrong = other.root.join("wrong.key");
+    let out = other
+        .opmark()
+        .args(["ledger", "keygen"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut wrong_key = env.opmark();
+    wrong_key.env("OPMARK_LEDGER_KEY", &wrong);
+    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-1", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    let said = format!("{doc} {err}");
+    assert!(said.contains(&wrong.display().to_string()), "{said}");
+    assert!(said.contains(&env.ledger.display().to_string()), "{said}");
+    assert!(said.contains("not the key of the ledger"), "{said}");
+    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-3", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    assert!(!marker_root.join("ops/key-3").exists(), "nothing was sent");
+    assert_eq!(count_lines(&fx), 1);
+
+    // The restored key opens the ledger again, and the operation still replays.
+    std::fs::rename(&saved, &key).unwrap();
+    let (again, _, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    assert_eq!(again["verdict"], "replayed", "{again} {err}");
+    assert_eq!(count_lines(&fx), 1);
+}
+
+#[test]
+fn ledger_keygen_writes_a_0600_key_and_never_overwrites() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("keygen");
+    let key = s.path("keys/shared.key");
+    let out = opmark(
+        &s.0,
+        &s.path("l.db"),
+        &["ledger", "keygen", key.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let meta = std::fs::metadata(&key).unwrap();
+    assert_eq!((meta.len(), meta.permissions().mode() & 0o777), (32, 0o600));
+    let before = std::fs::read(&key).unwrap();
+    let out = opmark(
+        &s.0,
+        &s.path("l.db"),
+        &["ledger", "keygen", key.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        text(&out.stderr).contains("refusing to overwrite"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&key).unwrap(), before);
+}
+
+/// The schema of version 1, as the old layout shipped it (migrations are never edited,
+/// so this is what such a ledger holds).
+const SCHEMA_V1: &str = "
+    CREATE TABLE events (seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
+        at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL, prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL);
+    CREATE INDEX events_by_operation ON events (op_id, host, seq);
+    CREATE INDEX events_by_kind ON events (kind);
+    CREATE TABLE chain_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
+        hash TEXT NOT NULL);
+    CREATE TABLE operations (op_id TEXT NOT NULL, host TEXT NOT NULL, family TEXT NOT NULL,
+        display TEXT NOT NULL, fingerprint TEXT NOT NULL, rule TEXT NOT NULL,
+        session TEXT NOT NULL, state TEXT NOT NULL, verdict TEXT, exit_code INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0, last_attempt TEXT, unresolved INTEGER NOT NULL,
+        created_at TEXT NOT NULL, updated_at TEXT NOT NULL, first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL, PRIMARY KEY (op_id, host)) WITHOUT ROWID;
+    CREATE INDEX operations_by_recency ON operations (last_seq);
+    CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+    PRAGMA user_version = 1;
+";
+
+/// A ledger as the old layout left it: schema 1, plain SHA-256 chain of `n` probe events.
+fn old_layout_ledger(db: &Path, n: u64) {
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch(SCHEMA_V1).unwrap();
+    let mut prev = opmark::ledger::chain::GENESIS.to_owned();
+    for seq in 1..=n {
+        let payload = format!(
+            r#"{{"kind":"probed","attempt_id":null,"state":"absent","exit_code":null,"detail":"old {seq}"}}"#
+        );
+        let at = "2026-01-01T00:00:00.000000Z";
+        let hash = Link {
+            seq,
+            prev_hash: &prev,
+            op_id: "old-op",
+            host: "h",
+            at,
+            kind: "probed",
+            payload: &payload,
+        }
+        .hash();
+        conn.execute(
+            "INSERT INTO events VALUES (?1, 'old-op', 'h', ?2, 'probed', ?3, ?4, ?5)",
+            rusqlite::params![seq, at, payload, prev, hash],
+        )
+        .unwrap();
+        prev = hash;
+    }
+    conn.execute(
+        "INSERT INTO chain_head VALUES (1, ?1, ?2)",
+        rusqlite::params![n, prev],
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
+    let s = Scratch::new("adopt");
+    let db = s.path("state/opmark/ledger.db");
+    old_layout_ledger(&db, 3);
+    // Without any key, it refuses and names where it looked.
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(248));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&key_path_beside(&db).display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("config/opmark/installation.key"), "{err}");
+
+    let legacy = s.path("config/opmark/installation.key");
+    std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+    std::fs::write(&legacy, [7u8; 32]).unwrap();
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{}{err}", text(&out.stdout));
+    assert!(
+        err.contains("copied") && err.contains(&legacy.display().to_string()),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(key_path_beside(&db)).unwrap(), [7u8; 32]);
+    // Once: the next open is silent, and new events are keyed after the old plain ones.
+    let mut ledger = Ledger::open(&db).unwrap();
+    ledger
+        .append(
+            &OpKey::new("new-op", "h"),
+            &Event::Fenced {
+                detail: "new".into(),
+            },
+            Durability::Normal,
+        )
+        .unwrap();
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(text(&out.stderr), "");
+    assert!(text(&out.stdout).starts_with("chain intact: 4 events"));
+}
+
+// --- audit verify does not trust the projection (SPEC section 7) -------------------
+
+#[test]
+fn audit_verify_names_an_edited_projection_row() {
+    let s = Scratch::new("projection");
+    let db = tampered(
+        &s,
+        "projection",
+        "UPDATE operations SET verdict = 'completed', exit_code = 0, display = 'echo harmless' WHERE op_id = 'op1'",
+    );
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with("projection differs from the events at operation `op1` on `h`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("display"), "{stdout}");
+    let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["intact"], false);
+    assert_eq!(doc["first_mismatch"]["op_id"], "op1");
+}
+
+#[test]
+fn audit_verify_finds_a_deleted_tail_whose_head_was_fixed() {
+    let s = Scratch::new("tail");
+    let db = tampered(
+        &s,
+        "tail",
+        "DELETE FROM events WHERE seq = 15;
+         UPDATE chain_head SET seq = 14, hash = (SELECT hash FROM events WHERE seq = 14);",
+    );
+    let msg = assert_verify_names(&s, &db, 15);
+    assert!(msg.contains("deleted"), "{msg}");
+}
+
+#[test]
+fn audit_verify_finds_a_full_recomputation_of_the_plain_chain() {
+    let s = Scratch::new("recompute");
+    let db = tampered(
+        &s,
+        "recompute",
+        "UPDATE events SET payload = replace(payload, '\"exit_code\":0', '\"exit_code\":7')",
+    );
+    // Recompute every hash and the head in order, as someone without the key would.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let rows: Vec<(u64, String, String, String, String, String)> = {
+        let mut st = conn
+            .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
+            .unwrap();
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    let mut prev = opmark::ledger::chain::GENESIS.to_owned();
+    for (seq, op_id, host, at, kind, payload) in &rows {
+        let hash = Link {
+            seq: *seq,
+            prev_hash: &prev,
+            op_id,
+            host,
+            at,
+            kind,
+            payload,
+        }
+        .hash();
+        conn.execute(
+            "UPDATE events SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
+            rusqlite::params![prev, hash, seq],
+        )
+        .unwrap();
+        prev = hash;
+    }
+    conn.execute(
+        "UPDATE chain_head SET seq = ?1, hash = ?2",
+        rusqlite::params![rows.len() as u64, prev],
+    )
+    .unwrap();
+    drop(conn);
+    let msg = assert_verify_names(&s, &db, 1);
+    assert!(msg.contains("keyed hash"), "{msg}");
 }
