@@ -1057,3 +1057,114 @@ fn audit_verify_finds_a_full_recomputation_of_the_plain_chain() {
     let msg = assert_verify_names(&s, &db, 1);
     assert!(msg.contains("keyed hash"), "{msg}");
 }
+
+// --- contradictions between evidence (SPEC section 3) ------------------------------
+
+#[test]
+fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keeps_exit_0() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("contradiction");
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    assert_eq!(
+        (first["verdict"].as_str(), status),
+        (Some("completed"), 0),
+        "{first} {err}"
+    );
+
+    // A deliberate edit of the host's exit record, as a command of the same user could.
+    let exit = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/edited-1/exit");
+    let record = std::fs::read_to_string(&exit).unwrap();
+    assert!(record.starts_with("code=0\n"), "{record}");
+    std::fs::write(&exit, record.replacen("code=0", "code=9", 1)).unwrap();
+
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["probe", "target1", "edited-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("exit=9"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let show = env.opmark().args(["show", "edited-1"]).output().unwrap();
+    let page = text(&show.stdout);
+    assert!(page.contains("CONTRADICTED"), "{page}");
+    assert!(
+        page.contains("the ledger holds completed exit 0, but probed (event #"),
+        "{page}"
+    );
+    assert!(page.contains("saw completed exit 9"), "{page}");
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "show", "edited-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(doc["contradictions"][0]["seen"]["exit_code"], 9);
+    assert_eq!(doc["operation"]["exit_code"], 0);
+    assert_eq!(doc["outcome"]["exit_code"], 0);
+
+    let list = text(&env.opmark().arg("list").output().unwrap().stdout);
+    let row = list.lines().find(|l| l.contains("edited-1")).unwrap();
+    assert!(row.starts_with(" C "), "{list}");
+    assert!(list.contains("1 CONTRADICTED"), "{list}");
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let op = &doc["operations"][0];
+    assert_eq!(
+        (op["contradictions"].as_u64(), op["exit_code"].as_i64()),
+        (Some(1), Some(0))
+    );
+
+    let stats: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "stats"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(stats["contradictions"], 1);
+    assert_eq!(stats["contradicted_operations"], 1);
+
+    // reconcile reports it and does not settle it away.
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["reconcile", "edited-1"])
+        .output()
+        .unwrap();
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains("edited-1") && said.contains("CONTRADICTED"),
+        "{said}"
+    );
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "reconcile", "edited-1"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["contradicted"][0]["exit_code"], 0);
+
+    // The chain and the projection still agree with each other.
+    let out = env.opmark().args(["audit", "verify"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
