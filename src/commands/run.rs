@@ -83,6 +83,13 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         input,
     ))?;
+    if let Some(failed) = &report.ledger_error {
+        // The verdict stands on the host's evidence; only its record here is missing.
+        eprintln!(
+            "opmark: the ledger could not record this verdict ({}: {}); the host keeps the outcome, so rerunning with the same op id ({}) replays it without running the command again",
+            failed.reason_code, failed.message, report.op_id
+        );
+    }
     if global.json {
         common::print_json(&report)?;
     } else {

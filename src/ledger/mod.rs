@@ -84,6 +84,19 @@ pub enum LedgerError {
     },
 }
 
+impl LedgerError {
+    /// The write failed for want of space (SQLite's SQLITE_FULL, or ENOSPC/EDQUOT).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            LedgerError::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull),
+            LedgerError::Io { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            }
+            _ => false,
+        }
+    }
+}
+
 impl From<LedgerError> for Error {
     fn from(e: LedgerError) -> Self {
         let kind = match e {

@@ -8,6 +8,7 @@
 pub mod call;
 pub mod output;
 pub mod reconcile;
+pub mod record;
 
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use crate::vocab::{Boundary, RetryReason, Verdict};
 
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use output::Output;
+use record::{LedgerWriteError, RunLedger};
 
 /// What the caller asked `opmark run` to do.
 #[derive(Debug, Clone)]
@@ -118,6 +120,10 @@ pub struct RunReport {
     pub timed_out: bool,
     /// Output bytes the host dropped beyond its cap (stdout, stderr).
     pub dropped: (u64, u64),
+    /// A ledger write that failed after dispatch: the verdict stands, the ledger does not
+    /// hold it, and a rerun with the same op id replays it from the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_error: Option<LedgerWriteError>,
 }
 
 impl RunReport {
@@ -166,7 +172,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     let key = OpKey::new(input.op.as_str(), host_name.clone());
     let family_policy = env.policy.family(family).clone();
     let mut runner = Runner {
-        ledger: env.ledger,
+        ledger: RunLedger::new(env.ledger),
         pool: env.pool,
         key,
         op: input.op.clone(),
@@ -268,7 +274,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
 
 /// The state of one `run`.
 struct Runner<'a> {
-    ledger: &'a mut Ledger,
+    ledger: RunLedger<'a>,
     pool: &'a Pool,
     key: OpKey,
     op: OpId,
@@ -361,9 +367,10 @@ impl<'a> Runner<'a> {
             });
             let stdin = self.input.stdin.clone();
             fault_point("before_dispatch");
+            self.ledger.dispatched = true;
             let end = {
                 let mut observer = RunObserver {
-                    ledger: self.ledger,
+                    ledger: &mut self.ledger,
                     key: &self.key,
                     attempt: &attempt,
                     output: &mut self.output,
@@ -1050,6 +1057,7 @@ impl<'a> Runner<'a> {
                 .exit
                 .as_ref()
                 .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
+            ledger_error: self.ledger.failed().cloned(),
         }
     }
 }
@@ -1089,15 +1097,15 @@ pub fn progress(message: &str) {
 }
 
 /// Streams a run call: output to the caller, `started` to the ledger as soon as seen.
-struct RunObserver<'r> {
-    ledger: &'r mut Ledger,
+struct RunObserver<'r, 'a> {
+    ledger: &'r mut RunLedger<'a>,
     key: &'r OpKey,
     attempt: &'r str,
     output: &'r mut Output,
     error: Option<crate::ledger::LedgerError>,
 }
 
-impl CallObserver for RunObserver<'_> {
+impl CallObserver for RunObserver<'_, '_> {
     fn stdout(&mut self, bytes: &[u8]) {
         self.output.stdout(bytes);
     }

@@ -1168,3 +1168,88 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
     let out = env.opmark().args(["audit", "verify"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
+
+// --- the verdict survives a ledger that cannot be written after dispatch -----------
+
+/// A size-limited tmpfs mounted for one test, unmounted on drop.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: PathBuf, size: &str) -> SmallFs {
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", text(&out.stderr));
+        SmallFs(dir)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_ledger_disk_filled_by_the_command_still_gets_the_verdict_and_a_rerun_replays() {
+    if !support::require_root("a_ledger_disk_filled_by_the_command_still_gets_the_verdict")
+        || !support::require_tools("ledger disk full", &["mount", "umount", "dd"])
+    {
+        return;
+    }
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("ledger-full");
+    let fs = SmallFs::mount(env.root.join("ledgerfs"), "2m");
+    let ledger = fs.0.join("ledger.db");
+    let fx = env.root.join("effects");
+    // The target is local: the command itself fills the ledger's filesystem after the
+    // intent and the attempt were written, then exits 3.
+    let cmd = format!(
+        "echo ran >> {}; dd if=/dev/zero of={} bs=64k 2>/dev/null; exit 3",
+        fx.display(),
+        fs.0.join("fill").display()
+    );
+    let mut first = env.opmark();
+    first.env("OPMARK_LEDGER", &ledger);
+    let (doc, status, err) = run_op(&mut first, &lab, "full-1", &cmd);
+    assert_eq!(doc["verdict"], "completed", "{doc} {err}");
+    assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3), "{err}");
+    assert_eq!(doc["ledger_error"]["reason_code"], "ledger_full", "{doc}");
+    assert!(
+        doc["ledger_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("full"),
+        "{doc}"
+    );
+    assert!(err.contains("could not record this verdict"), "{err}");
+    assert!(err.contains("same op id"), "{err}");
+    assert_eq!(count_lines(&fx), 1);
+
+    std::fs::remove_file(fs.0.join("fill")).unwrap();
+    let mut again = env.opmark();
+    again.env("OPMARK_LEDGER", &ledger);
+    let (doc, status, err) = run_op(&mut again, &lab, "full-1", &cmd);
+    assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
+    assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3));
+    assert!(doc.get("ledger_error").is_none(), "{doc}");
+    assert_eq!(count_lines(&fx), 1, "one execution");
+    let out = env
+        .opmark()
+        .env("OPMARK_LEDGER", &ledger)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
