@@ -67,7 +67,7 @@ pub enum LedgerError {
         message: String,
     },
     /// The op id on this host is already bound to a different intent.
-    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); use a new op id")]
+    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); resend exactly the recorded command for the same effect, or use a new op id for a different one")]
     FingerprintConflict {
         /// Operation id.
         op_id: String,

@@ -238,7 +238,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     if let Some(existing) = existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
-                "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
+                "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
                 runner.key.op_id, runner.key.host, existing.created_at
             );
             return Ok(runner.report(Verdict::Conflict, None, reason));
@@ -567,7 +567,7 @@ impl<'a> Runner<'a> {
                 Verdict::Conflict,
                 Some(attempt.to_owned()),
                 format!(
-                    "the host's marker binds op {} to a different command or stdin; nothing ran. Use a new op id",
+                    "the host's marker binds op {} to a different command or stdin; nothing ran. For the same effect resend exactly that command and stdin; a new op id only for a different effect",
                     self.key.op_id
                 ),
             ),
