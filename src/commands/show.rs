@@ -104,8 +104,8 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             &mut out,
             "CONTRADICTED",
             &format!(
-                "the ledger holds {}, but {} (event #{}) saw {}; the ledger keeps the first. Check the host: evidence was edited or something ran outside opmark",
-                c.expected,
+                "expected {}, but {} (event #{}) saw {}; the ledger keeps the first settled exit. Check the host: evidence was edited or something ran outside opmark",
+                printable(&c.expected.to_string()),
                 printable(&c.source),
                 c.evidence_seq,
                 printable(&c.seen.to_string())
@@ -283,6 +283,7 @@ fn describe(event: &Event) -> (usize, String) {
             state,
             exit_code,
             detail,
+            ..
         } => {
             let mut s = format!("probe: marker {}", p(state));
             if let Some(c) = exit_code {
@@ -317,9 +318,10 @@ fn describe(event: &Event) -> (usize, String) {
         } => (
             0,
             format!(
-                "CONTRADICTION: {} #{evidence_seq} saw {}, the ledger holds {expected}",
+                "CONTRADICTION: {} #{evidence_seq} saw {}, expected {}",
                 p(source),
-                p(&seen.to_string())
+                p(&seen.to_string()),
+                p(&expected.to_string())
             ),
         ),
         Event::Verdict {
@@ -610,7 +612,7 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                 seen,
             } => (
                 "CONTRADICTION".to_owned(),
-                format!("{source} #{evidence_seq} saw {seen}, the ledger holds {expected}"),
+                format!("{source} #{evidence_seq} saw {seen}, expected {expected}"),
             ),
             _ => continue,
         };

@@ -84,6 +84,10 @@ pub enum Event {
         exit_code: Option<i32>,
         /// What else was seen (redacted).
         detail: String,
+        /// What the marker's claim record said, when the probe saw a claimed marker
+        /// (absent from older events and from probes that did not reach a marker).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claim: Option<ClaimSeen>,
     },
     /// `reconcile` settled (or failed to settle) the operation.
     Reconciled {
@@ -226,12 +230,22 @@ impl Event {
                 *source = r(source);
                 for o in [expected, seen] {
                     o.state = r(&o.state);
+                    if let Some(a) = &mut o.attempt {
+                        *a = r(a);
+                    }
                 }
             }
             Event::Verdict { reason, .. } => *reason = r(reason),
         }
         e
     }
+}
+
+/// What a probe saw of a marker's claim record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimSeen {
+    /// The attempt the claim record names; `None`: the marker has no claim record.
+    pub attempt: Option<String>,
 }
 
 /// One side of a [`Event::Contradiction`]: a state and exit code as some evidence has it.
@@ -241,6 +255,9 @@ pub struct Observed {
     pub state: String,
     /// The exit code, when the evidence holds one.
     pub exit_code: Option<i32>,
+    /// The attempt it names, when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
 }
 
 impl std::fmt::Display for Observed {
@@ -248,6 +265,9 @@ impl std::fmt::Display for Observed {
         f.write_str(&self.state)?;
         if let Some(code) = self.exit_code {
             write!(f, " exit {code}")?;
+        }
+        if let Some(attempt) = &self.attempt {
+            write!(f, " (attempt {attempt})")?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
-use super::event::{Event, Observed};
+use super::event::{ClaimSeen, Event, Observed};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::Verdict;
@@ -53,6 +53,8 @@ pub struct OperationRecord {
     pub last_seq: u64,
     /// Contradictions recorded between evidence (0 when all evidence agrees).
     pub contradictions: u32,
+    /// The attempt whose exit the settling verdict returned, when it named one.
+    pub settled_attempt: Option<String>,
 }
 
 /// Decisions (of `reconcile` or an operator) that settle an operation's outcome. Anything
@@ -112,38 +114,77 @@ fn settled_exit(rec: &OperationRecord) -> Option<i32> {
     }
 }
 
-/// Does `event` disagree with what `rec` holds as settled? Returns (expected, seen).
+/// Does `event` disagree with other evidence? Returns (expected, seen).
 ///
-/// Settled = a `completed`/`replayed` verdict with its exit code. A later probe that finds
-/// the marker completed with another exit code, or running or interrupted again, or an
-/// exit received with another code, contradicts it. An `absent` marker does not: `gc`
-/// removes finished markers by design.
+/// - A probe that finds a completed marker without a claim record: an exit can only follow
+///   a claim, so one of the two records was removed or forged.
+/// - Against the settled truth (a `completed`/`replayed` verdict with its exit code and
+///   attempt): a later probe that finds the marker completed with another exit code or by
+///   another attempt, or running or interrupted again, or an exit received with another
+///   code. An `absent` marker is not a contradiction: `gc` removes finished markers.
 pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
+    if let Event::Probed {
+        state,
+        exit_code,
+        claim: Some(ClaimSeen { attempt: None }),
+        ..
+    } = event
+    {
+        if state == "completed" {
+            return Some((
+                Observed {
+                    state: "a claim record with the exit record".to_owned(),
+                    exit_code: None,
+                    attempt: None,
+                },
+                Observed {
+                    state: "completed without a claim record".to_owned(),
+                    exit_code: *exit_code,
+                    attempt: None,
+                },
+            ));
+        }
+    }
     let settled = settled_exit(rec)?;
     let expected = Observed {
         state: "completed".to_owned(),
         exit_code: Some(settled),
+        attempt: rec.settled_attempt.clone(),
     };
     let seen = match event {
         Event::Probed {
-            state, exit_code, ..
-        } => match state.as_str() {
-            "completed" if *exit_code != Some(settled) => Observed {
-                state: state.clone(),
-                exit_code: *exit_code,
-            },
-            "running" | "interrupted" => Observed {
-                state: state.clone(),
-                exit_code: *exit_code,
-            },
-            _ => return None,
-        },
+            state,
+            exit_code,
+            claim,
+            ..
+        } => {
+            let holder = claim.as_ref().and_then(|c| c.attempt.clone());
+            let other_attempt = matches!(
+                (&holder, &rec.settled_attempt),
+                (Some(seen), Some(settled)) if seen != settled
+            );
+            match state.as_str() {
+                "completed" if *exit_code != Some(settled) || other_attempt => Observed {
+                    state: state.clone(),
+                    exit_code: *exit_code,
+                    attempt: holder,
+                },
+                "running" | "interrupted" => Observed {
+                    state: state.clone(),
+                    exit_code: *exit_code,
+                    attempt: holder,
+                },
+                _ => return None,
+            }
+        }
         Event::ExitReceived {
             exit_code: Some(code),
+            attempt_id,
             ..
         } if *code != settled => Observed {
             state: "exit_received".to_owned(),
             exit_code: Some(*code),
+            attempt: Some(attempt_id.clone()),
         },
         _ => return None,
     };
@@ -189,6 +230,7 @@ pub(crate) fn fold(
                 first_seq: seq,
                 last_seq: seq,
                 contradictions: 0,
+                settled_attempt: None,
             }));
         }
         return Ok(None);
@@ -237,7 +279,10 @@ pub(crate) fn fold(
         Event::Superseded { .. } => rec.state = "superseded".to_owned(),
         Event::Contradiction { .. } => rec.contradictions += 1,
         Event::Verdict {
-            verdict, exit_code, ..
+            attempt_id,
+            verdict,
+            exit_code,
+            ..
         } => {
             let settled = settled_exit(&rec);
             let rewrites_settled = matches!(verdict, Verdict::Completed | Verdict::Replayed)
@@ -248,6 +293,10 @@ pub(crate) fn fold(
             // an edited marker) keeps the first truth; the probe that saw the other exit
             // already recorded the contradiction.
             if !rewrites_settled {
+                if settled.is_none() && exit_code.is_some() {
+                    // This verdict settles the exit: later evidence is checked against it.
+                    rec.settled_attempt = attempt_id.clone();
+                }
                 rec.state = verdict.as_str().to_owned();
                 rec.verdict = Some(*verdict);
                 if exit_code.is_some() {
@@ -259,7 +308,7 @@ pub(crate) fn fold(
     Ok(Some(rec))
 }
 
-pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions";
+pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt";
 
 pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
     let family: String = row.get(2)?;
@@ -289,6 +338,7 @@ pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRec
         first_seq: row.get(15)?,
         last_seq: row.get(16)?,
         contradictions: row.get(17)?,
+        settled_attempt: row.get(18)?,
     })
 }
 
@@ -308,7 +358,7 @@ pub(crate) fn load(
 pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
     tx.execute(
         &format!(
-            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
+            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
         ),
         params![
             r.op_id,
@@ -329,6 +379,7 @@ pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), Led
             r.first_seq,
             r.last_seq,
             r.contradictions,
+            r.settled_attempt,
         ],
     )?;
     Ok(())
@@ -384,6 +435,7 @@ mod tests {
             state: "completed".into(),
             exit_code: Some(0),
             detail: String::new(),
+            claim: None,
         };
         assert!(
             unresolved_after(true, &probe),

@@ -72,6 +72,8 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE chain_head ADD COLUMN mac TEXT;
 
     ALTER TABLE operations ADD COLUMN contradictions INTEGER NOT NULL DEFAULT 0;
+    -- The attempt whose exit the settling verdict returned (what later probes must agree with).
+    ALTER TABLE operations ADD COLUMN settled_attempt TEXT;
     "#,
 ];
 

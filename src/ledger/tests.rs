@@ -219,6 +219,7 @@ fn chain_check_names_edited_deleted_and_swapped_events() {
                 state: "absent".into(),
                 exit_code: Some(i),
                 detail: String::new(),
+                claim: None,
             },
             Durability::Normal,
         )
@@ -293,12 +294,21 @@ fn stats_count_what_a_dashboard_needs() {
     assert_eq!(st.by_family.get("destructive"), Some(&2));
 }
 
+/// A probe as `opmark probe` records it; a claimed marker names attempt `a1`.
 fn probed(state: &str, code: Option<i32>) -> Event {
+    probed_by(state, code, Some("a1"))
+}
+
+/// A probe of a marker whose claim names `holder` (`None`: no claim record).
+fn probed_by(state: &str, code: Option<i32>, holder: Option<&str>) -> Event {
     Event::Probed {
         attempt_id: None,
         state: state.into(),
         exit_code: code,
         detail: "opmark probe".into(),
+        claim: (state != "absent").then(|| event::ClaimSeen {
+            attempt: holder.map(str::to_owned),
+        }),
     }
 }
 
@@ -430,11 +440,13 @@ fn a_probe_that_disagrees_with_a_settled_exit_is_a_contradiction_not_a_rewrite()
             evidence_seq: seq,
             expected: Observed {
                 state: "completed".into(),
-                exit_code: Some(0)
+                exit_code: Some(0),
+                attempt: Some("a1".into()),
             },
             seen: Observed {
                 state: "completed".into(),
-                exit_code: Some(9)
+                exit_code: Some(9),
+                attempt: Some("a1".into()),
             },
         }
     );
@@ -610,4 +622,67 @@ fn moving_the_keyed_switch_point_is_found() {
         .unwrap();
     let b = l.verify_chain().unwrap().first_break.unwrap();
     assert!(b.problem.contains("keyed chain starts"), "{}", b.problem);
+}
+
+#[test]
+fn a_completed_marker_without_a_claim_record_is_a_contradiction() {
+    let s = Scratch::new("claimless");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), None),
+        Durability::Normal,
+    )
+    .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!(r.contradictions, 1);
+    let last = l.events(&k).unwrap().pop().unwrap().event;
+    assert!(
+        matches!(&last, Event::Contradiction { seen, .. } if seen.state == "completed without a claim record"),
+        "{last:?}"
+    );
+    // Interrupted or running markers without a claim are crash leftovers or a claim in
+    // progress (the shim says `never_started`/`claiming`), not contradictions.
+    l.append(
+        &k,
+        &probed_by("interrupted", None, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    assert_eq!(l.operation(&k).unwrap().unwrap().contradictions, 1);
+}
+
+#[test]
+fn a_marker_completed_by_another_attempt_than_the_settled_one_is_a_contradiction() {
+    let s = Scratch::new("other-attempt");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    completed_op(&mut l, &k, 0);
+    assert_eq!(
+        l.operation(&k).unwrap().unwrap().settled_attempt.as_deref(),
+        Some("a1")
+    );
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), Some("a1")),
+        Durability::Normal,
+    )
+    .unwrap();
+    assert_eq!(l.operation(&k).unwrap().unwrap().contradictions, 0);
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), Some("a9")),
+        Durability::Normal,
+    )
+    .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!((r.contradictions, r.exit_code), (1, Some(0)));
+    assert!(l.verify_chain().unwrap().intact());
 }

@@ -832,6 +832,7 @@ impl<'a> Runner<'a> {
                 state: "unreachable".into(),
                 exit_code: None,
                 detail: problem.to_owned(),
+                claim: None,
             },
             Durability::Normal,
         )?;
@@ -860,6 +861,7 @@ impl<'a> Runner<'a> {
                 state: marker.state.as_str().into(),
                 exit_code: marker.exit_code,
                 detail,
+                claim: record::claim_seen(marker),
             },
             Durability::Normal,
         )?;
@@ -1002,6 +1004,9 @@ impl<'a> Runner<'a> {
                         self.output.out_bytes(),
                         self.output.err_bytes()
                     ),
+                    claim: Some(crate::ledger::event::ClaimSeen {
+                        attempt: Some(x.attempt.clone()).filter(|a| !a.is_empty()),
+                    }),
                 },
                 Durability::Normal,
             )?;

@@ -9,7 +9,22 @@
 
 use serde::Serialize;
 
+use crate::ledger::event::ClaimSeen;
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, OperationRecord};
+use crate::shim::{MarkerInfo, MarkerState};
+
+/// What a probe saw of the marker's claim record, for the ledger's contradiction check:
+/// `None` when there is no claimed marker to speak of (absent, fenced, or in the instant
+/// between a claimer's `mkdir` and its claim record).
+pub fn claim_seen(marker: &MarkerInfo) -> Option<ClaimSeen> {
+    match marker.state {
+        MarkerState::Absent | MarkerState::Fenced => None,
+        MarkerState::Running if marker.why.as_deref() == Some("claiming") => None,
+        _ => Some(ClaimSeen {
+            attempt: marker.attempt.clone().filter(|a| !a.is_empty()),
+        }),
+    }
+}
 
 /// What the report says about a ledger write that failed after dispatch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -495,6 +495,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             state: "absent".into(),
             exit_code: None,
             detail: String::new(),
+            claim: None,
         },
         Event::AttemptDispatched {
             attempt_id: "a2".into(),
@@ -648,6 +649,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 state: "absent".into(),
                 exit_code: None,
                 detail: secret.to_string(),
+                claim: None,
             },
             Event::Reconciled {
                 decision: "still_unknown".into(),
@@ -1097,12 +1099,17 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
 
     let show = env.opmark().args(["show", "edited-1"]).output().unwrap();
     let page = text(&show.stdout);
-    assert!(page.contains("CONTRADICTED"), "{page}");
+    // Lines wrap at 80 columns; compare the words.
+    let words = page.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        page.contains("the ledger holds completed exit 0, but probed (event #"),
+        words.contains("CONTRADICTED expected completed exit 0 (attempt at-"),
         "{page}"
     );
-    assert!(page.contains("saw completed exit 9"), "{page}");
+    assert!(words.contains("but probed (event #"), "{page}");
+    assert!(
+        words.contains("saw completed exit 9 (attempt at-"),
+        "{page}"
+    );
     let doc: serde_json::Value = serde_json::from_slice(
         &env.opmark()
             .args(["--json", "show", "edited-1"])
@@ -1163,6 +1170,13 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
         .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["contradicted"][0]["exit_code"], 0);
+
+    // A rerun replays what the host now says, and says on stderr that it contradicts
+    // the ledger, which keeps exit 0.
+    let (doc, _, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
+    assert!(err.contains("CONTRADICTION"), "{err}");
+    assert!(err.contains("keeps exit 0"), "{err}");
 
     // The chain and the projection still agree with each other.
     let out = env.opmark().args(["audit", "verify"]).output().unwrap();
@@ -1252,4 +1266,43 @@ fn a_ledger_disk_filled_by_the_command_still_gets_the_verdict_and_a_rerun_replay
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_completed_marker_whose_claim_record_was_removed_is_a_contradiction() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("claimless");
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "claimless-1", "exit 4");
+    assert_eq!(
+        (first["verdict"].as_str(), status),
+        (Some("completed"), 4),
+        "{first} {err}"
+    );
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/claimless-1");
+    std::fs::remove_file(marker.join("claim")).unwrap();
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["probe", "target1", "claimless-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "show", "claimless-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        doc["contradictions"][0]["seen"]["state"], "completed without a claim record",
+        "{doc}"
+    );
+    assert_eq!(doc["operation"]["exit_code"], 4);
 }
