@@ -269,7 +269,20 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         )?;
     }
     runner.begin(first_reason, first_parent)?;
-    runner.drive(&dest).await
+    match runner.drive(&dest).await {
+        // After dispatch with a ledger that stopped taking writes (a retry could not be
+        // recorded, so it was not sent): the caller still gets a verdict, and it claims
+        // no more than the evidence.
+        Err(e) if runner.ledger.failed().is_some() => {
+            let reason = format!(
+                "{}; an attempt was dispatched before that, so the command may have run. Rerun with the same op id once the ledger can be written: the host marker decides",
+                e.message
+            );
+            let attempt = runner.current_attempt();
+            Ok(runner.report(Verdict::Indeterminate, Some(attempt), reason))
+        }
+        other => other,
+    }
 }
 
 /// The state of one `run`.
