@@ -42,7 +42,7 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
         match (&report.first_break, &report.first_mismatch) {
             (Some(b), _) => println!("chain broken at event #{}: {}", b.seq, b.problem),
             (None, Some(m)) => println!(
-                "projection differs from the events at operation `{}` on `{}`: {}; `show` and `list` cannot be trusted for it until the row is rebuilt",
+                "projection differs from the events at operation `{}` on `{}`: {}; that row was changed outside opmark: trust the timeline of `opmark show` (the events), not its header or `list`",
                 printable(&m.op_id),
                 printable(&m.host),
                 m.problem

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
-use super::chain;
 use super::fingerprint::{legacy_key_path, InstallationKey};
 use super::LedgerError;
+use super::{chain, projection};
 
 /// The schema version that introduced the key binding; a ledger found below it with
 /// events is of the old layout.
@@ -178,6 +178,14 @@ pub(crate) fn bind(
             "UPDATE chain_head SET mac = ?1 WHERE id = 1",
             params![chain::head_mac(&key, seq, &hash)],
         )?;
+    }
+    let mut notice = notice;
+    if has_history && projection::rebuild(tx)? {
+        // The old layout's rows were folded by older rules (and never checked): from now
+        // on `audit verify` compares them with the events, so start from the events.
+        if let Some(n) = &mut notice {
+            n.push_str("; its operations table was rebuilt from its events");
+        }
     }
     Ok(Bound { key, notice })
 }

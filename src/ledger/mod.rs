@@ -764,6 +764,10 @@ fn differing_columns(got: &OperationRecord, want: &OperationRecord) -> Vec<&'sta
     check("first_seq", got.first_seq == want.first_seq);
     check("last_seq", got.last_seq == want.last_seq);
     check("contradictions", got.contradictions == want.contradictions);
+    check(
+        "settled_attempt",
+        got.settled_attempt == want.settled_attempt,
+    );
     out
 }
 

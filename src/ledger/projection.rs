@@ -191,6 +191,44 @@ pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, 
     Some((expected, seen))
 }
 
+/// Rebuilds the whole `operations` table from the events, in the given transaction.
+/// Returns false (and changes nothing) when an event cannot be decoded: then the stored
+/// rows stay and `audit verify` names the event.
+pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
+    let mut rows: std::collections::BTreeMap<OpKey, OperationRecord> = Default::default();
+    {
+        let mut stmt =
+            tx.prepare("SELECT seq, op_id, host, at, payload FROM events ORDER BY seq")?;
+        let mut query = stmt.query([])?;
+        while let Some(row) = query.next()? {
+            let seq: u64 = row.get(0)?;
+            let key = OpKey::new(row.get::<_, String>(1)?, row.get::<_, String>(2)?);
+            let at: String = row.get(3)?;
+            let Ok(event) = serde_json::from_str::<Event>(&row.get::<_, String>(4)?) else {
+                return Ok(false);
+            };
+            let before = rows.remove(&key);
+            let kept = before.clone();
+            match fold(before, &key, &event, seq, &at) {
+                Ok(Some(rec)) => {
+                    rows.insert(key, rec);
+                }
+                Ok(None) => {}
+                Err(Refusal::FingerprintConflict) => {
+                    if let Some(rec) = kept {
+                        rows.insert(key, rec);
+                    }
+                }
+            }
+        }
+    }
+    tx.execute("DELETE FROM operations", [])?;
+    for rec in rows.values() {
+        store(tx, rec)?;
+    }
+    Ok(true)
+}
+
 /// The row after `event`, from the row before it (`None`: no operation yet). Pure: the
 /// same events always fold to the same row, which is what `audit verify` checks.
 pub(crate) fn fold(

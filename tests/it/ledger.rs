@@ -887,37 +887,56 @@ const SCHEMA_V1: &str = "
     PRAGMA user_version = 1;
 ";
 
-/// A ledger as the old layout left it: schema 1, plain SHA-256 chain of `n` probe events.
-fn old_layout_ledger(db: &Path, n: u64) {
+/// A ledger as the old layout left it: schema 1, a plain SHA-256 chain holding one
+/// operation that completed with exit 9, and an `operations` row edited to say exit 0
+/// (the old layout never checked its rows).
+fn old_layout_ledger(db: &Path) {
     std::fs::create_dir_all(db.parent().unwrap()).unwrap();
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.execute_batch(SCHEMA_V1).unwrap();
+    let events = [
+        (
+            "intended",
+            r#"{"kind":"intended","session":"s","family":"destructive","display":"rm -rf /srv/old","fingerprint":"fp","rule":"r"}"#,
+        ),
+        (
+            "attempt_dispatched",
+            r#"{"kind":"attempt_dispatched","attempt_id":"at-1","number":1,"parent":null,"reason":"first_attempt"}"#,
+        ),
+        (
+            "verdict",
+            r#"{"kind":"verdict","attempt_id":"at-1","verdict":"completed","exit_code":9,"reason":"r"}"#,
+        ),
+    ];
+    let at = "2026-01-01T00:00:00.000000Z";
     let mut prev = opmark::ledger::chain::GENESIS.to_owned();
-    for seq in 1..=n {
-        let payload = format!(
-            r#"{{"kind":"probed","attempt_id":null,"state":"absent","exit_code":null,"detail":"old {seq}"}}"#
-        );
-        let at = "2026-01-01T00:00:00.000000Z";
+    for (i, (kind, payload)) in events.iter().enumerate() {
+        let seq = i as u64 + 1;
         let hash = Link {
             seq,
             prev_hash: &prev,
             op_id: "old-op",
             host: "h",
             at,
-            kind: "probed",
-            payload: &payload,
+            kind,
+            payload,
         }
         .hash();
         conn.execute(
-            "INSERT INTO events VALUES (?1, 'old-op', 'h', ?2, 'probed', ?3, ?4, ?5)",
-            rusqlite::params![seq, at, payload, prev, hash],
+            "INSERT INTO events VALUES (?1, 'old-op', 'h', ?2, ?3, ?4, ?5, ?6)",
+            rusqlite::params![seq, at, kind, payload, prev, hash],
         )
         .unwrap();
         prev = hash;
     }
     conn.execute(
         "INSERT INTO chain_head VALUES (1, ?1, ?2)",
-        rusqlite::params![n, prev],
+        rusqlite::params![events.len() as u64, prev],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO operations VALUES ('old-op', 'h', 'destructive', 'echo harmless', 'fp', 'r', 's', 'completed', 'completed', 0, 1, 'at-1', 0, ?1, ?1, 1, 3)",
+        [at],
     )
     .unwrap();
 }
@@ -926,7 +945,7 @@ fn old_layout_ledger(db: &Path, n: u64) {
 fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     let s = Scratch::new("adopt");
     let db = s.path("state/opmark/ledger.db");
-    old_layout_ledger(&db, 3);
+    old_layout_ledger(&db);
     // Without any key, it refuses and names where it looked.
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(248));
@@ -944,7 +963,9 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{}{err}", text(&out.stdout));
     assert!(
-        err.contains("copied") && err.contains(&legacy.display().to_string()),
+        err.contains("copied")
+            && err.contains(&legacy.display().to_string())
+            && err.contains("rebuilt from its events"),
         "{err}"
     );
     assert_eq!(std::fs::read(key_path_beside(&db)).unwrap(), [7u8; 32]);
@@ -964,6 +985,12 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert_eq!(text(&out.stderr), "");
     assert!(text(&out.stdout).starts_with("chain intact: 4 events"));
+    // The rows now say what the events say.
+    let doc: serde_json::Value =
+        serde_json::from_slice(&opmark(&s.0, &db, &["--json", "list"]).stdout).unwrap();
+    let op = &doc["operations"][0];
+    assert_eq!(op["display"], "rm -rf /srv/old");
+    assert_eq!(op["exit_code"], 9);
 }
 
 // --- audit verify does not trust the projection (SPEC section 7) -------------------
