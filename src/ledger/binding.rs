@@ -161,7 +161,7 @@ pub(crate) fn bind(
     } else {
         return Err(LedgerError::Invalid {
             message: format!(
-                "the ledger {} holds events but its key check record is gone (edited outside opmark); refusing to bind a key to it. Run `opmark audit verify` on a copy, or restore the ledger from a backup",
+                "the ledger {} holds events but its key check record is gone: it was edited outside opmark, and binding a key now would hide that. Restore the ledger from a backup, or keep it as evidence and start a new one with --ledger NEW_PATH",
                 db.display()
             ),
         });

@@ -686,3 +686,17 @@ fn a_marker_completed_by_another_attempt_than_the_settled_one_is_a_contradiction
     assert_eq!((r.contradictions, r.exit_code), (1, Some(0)));
     assert!(l.verify_chain().unwrap().intact());
 }
+
+#[test]
+fn a_ledger_whose_key_check_was_deleted_is_refused_not_rebound() {
+    let s = Scratch::new("check-gone");
+    {
+        let mut l = Ledger::open(&s.db()).unwrap();
+        completed_op(&mut l, &OpKey::new("op-1", "web1"), 0);
+        l.conn
+            .execute("DELETE FROM meta WHERE name = 'key_check'", [])
+            .unwrap();
+    }
+    let err = Ledger::open(&s.db()).unwrap_err().to_string();
+    assert!(err.contains("edited outside opmark"), "{err}");
+}
