@@ -786,7 +786,10 @@ fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
     // Same ledger, another HOME and XDG_CONFIG_HOME (sudo, a container keeping only the
     // state dir): the same intent is recognised, nothing runs again.
     let mut elsewhere = other.opmark();
-    elsewhere.env_remove("OPMARK_LEDGER").arg("--ledger").arg(&env.ledger);
+    elsewhere
+        .env_remove("OPMARK_LEDGER")
+        .arg("--ledger")
+        .arg(&env.ledger);
     let (again, status, err) = run_op(&mut elsewhere, &lab, "key-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again} {err}");
     assert_eq!((again["exit_code"].as_i64(), status), (Some(5), 5));
