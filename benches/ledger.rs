@@ -25,6 +25,7 @@ fn probe(n: u64) -> Event {
         state: "completed".into(),
         exit_code: Some(0),
         detail: "marker completed, exit recorded".into(),
+        claim: None,
     }
 }
 

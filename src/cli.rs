@@ -73,6 +73,15 @@ pub struct GlobalArgs {
     /// Ledger database (default ${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db).
     #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH")]
     pub ledger: Option<PathBuf>,
+    /// The ledger's installation key file (default: beside the ledger, `ledger.key` for
+    /// `ledger.db`). Create one with `opmark ledger keygen PATH`.
+    #[arg(
+        long = "ledger-key",
+        env = "OPMARK_LEDGER_KEY",
+        global = true,
+        value_name = "PATH"
+    )]
+    pub ledger_key: Option<PathBuf>,
     /// Command-classes policy file (default: the user's file, else the shipped one).
     #[arg(long, env = "OPMARK_POLICY", global = true, value_name = "PATH")]
     pub policy: Option<PathBuf>,
@@ -142,6 +151,8 @@ pub enum Command {
     Classify(ClassifyArgs),
     /// Ledger integrity checks.
     Audit(AuditArgs),
+    /// The ledger's installation key.
+    Ledger(LedgerArgs),
     /// Delete finished or fenced markers older than a retention period on a host.
     Gc(GcArgs),
     /// Counts for a dashboard: operations by state and family, unknown outcomes, retries.
@@ -282,6 +293,25 @@ pub struct AuditArgs {
 pub enum AuditAction {
     /// Check the ledger's hash chain; name the first broken event.
     Verify,
+}
+
+/// `opmark ledger`.
+#[derive(Debug, Args)]
+pub struct LedgerArgs {
+    /// The ledger action.
+    #[command(subcommand)]
+    pub action: LedgerAction,
+}
+
+/// `opmark ledger` actions.
+#[derive(Debug, Subcommand)]
+pub enum LedgerAction {
+    /// Write a new installation key (32 random bytes, mode 0600) to PATH, for a ledger
+    /// named with --ledger-key; never overwrites an existing file.
+    Keygen {
+        /// Where to write the key.
+        path: PathBuf,
+    },
 }
 
 /// `opmark gc`.

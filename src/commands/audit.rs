@@ -1,11 +1,12 @@
-//! `opmark audit verify`: walk the ledger's hash chain and name the first broken event.
+//! `opmark audit verify`: walk the ledger's keyed hash chain and name the first broken
+//! event, then replay the projection and name the first operation row that differs.
 
-use super::list::redacted_error;
+use super::list::{printable, redacted_error};
 use crate::cli::{AuditAction, AuditArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::Ledger;
 
-/// Exit 0 "chain intact: N events"; exit 1 naming the first broken event.
+/// Exit 0 "chain intact: N events"; exit 1 naming the first broken event or row.
 pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
     match args.action {
         AuditAction::Verify => verify(global),
@@ -13,8 +14,9 @@ pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
 }
 
 fn verify(global: &GlobalArgs) -> Result<u8> {
-    let (ledger, path) = Ledger::open_existing_default_or(global.ledger.as_deref())
-        .map_err(|e| redacted_error(e.into()))?;
+    let (ledger, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     let Some(ledger) = ledger else {
         return Err(Error::new(
             ErrorKind::LocalIo,
@@ -32,13 +34,23 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
             "intact": report.intact(),
             "events": report.events,
             "first_break": report.first_break,
+            "first_mismatch": report.first_mismatch,
             "ledger": path,
         });
         println!("{doc}");
     } else {
-        match &report.first_break {
-            None => println!("chain intact: {} events", report.events),
-            Some(b) => println!("chain broken at event #{}: {}", b.seq, b.problem),
+        match (&report.first_break, &report.first_mismatch) {
+            (Some(b), _) => println!("chain broken at event #{}: {}", b.seq, b.problem),
+            (None, Some(m)) => println!(
+                "projection differs from the events at operation `{}` on `{}`: {}; that row was changed outside opmark: trust the timeline of `opmark show` (the events), not its header or `list`",
+                printable(&m.op_id),
+                printable(&m.host),
+                m.problem
+            ),
+            (None, None) => println!(
+                "chain intact: {} events, projection equals their replay",
+                report.events
+            ),
         }
     }
     Ok(if report.intact() {

@@ -3,7 +3,6 @@
 
 use crate::cli::{GlobalArgs, HostArgs};
 use crate::error::{Error, ErrorKind, Result};
-use crate::ledger::fingerprint::InstallationKey;
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
 use crate::ssh::HostSpec;
@@ -15,14 +14,10 @@ pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
 
 /// Opens (creating if needed) the ledger, with the policy's extra redaction patterns.
 pub fn open_ledger(global: &GlobalArgs, policy: &Policy) -> Result<Ledger> {
-    let mut ledger = Ledger::open_default_or(global.ledger.as_deref())?;
+    let mut ledger =
+        Ledger::open_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
     ledger.set_redactor(Redactor::new(policy.redact_patterns()));
     Ok(ledger)
-}
-
-/// The per-installation fingerprint key.
-pub fn installation_key() -> Result<InstallationKey> {
-    Ok(InstallationKey::load_or_create(None)?)
 }
 
 /// Where to connect, from the host argument and the OpenSSH-style flags.

@@ -172,7 +172,10 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
 /// The newest operation on `host` whose events record how it reached the host, and that
 /// identity (empty when the ledger has none: nothing to hold the host to).
 fn latest_identity(global: &GlobalArgs, host: &str) -> Result<(String, Recorded)> {
-    let (existing, _) = crate::ledger::Ledger::open_existing_default_or(global.ledger.as_deref())?;
+    let (existing, _) = crate::ledger::Ledger::open_existing_default_or(
+        global.ledger.as_deref(),
+        global.ledger_key.as_deref(),
+    )?;
     let Some(ledger) = existing else {
         return Ok((String::new(), Recorded::default()));
     };

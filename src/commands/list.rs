@@ -1,4 +1,5 @@
-//! `opmark list`: the ledger's operations, most recently active first.
+//! `opmark list`: the ledger's operations, most recently active first. Unresolved
+//! operations are marked `!`, contradicted ones (SPEC section 3) `C`.
 
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Result};
@@ -6,8 +7,9 @@ use crate::ledger::{Ledger, ListFilter, OperationRecord, Redactor};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
-    let (ledger, _path) = Ledger::open_existing_default_or(global.ledger.as_deref())
-        .map_err(|e| redacted_error(e.into()))?;
+    let (ledger, _path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     let filter = ListFilter {
         unresolved: args.unresolved,
         host: args.host.clone(),
@@ -79,14 +81,15 @@ fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
     let host_w = col(&|o| o.host.chars().count(), 4, 14);
     let state_w = col(&|o| o.state.chars().count(), 5, 16);
     let mut out = format!(
-        "  {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED (UTC)\n",
+        "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED (UTC)\n",
         "OP", "HOST", "FAMILY", "STATE", "EXIT"
     );
     for o in ops {
         let exit = o.exit_code.map_or("-".to_owned(), |c| c.to_string());
         out.push_str(&format!(
-            "{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {}\n",
+            "{}{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {}\n",
             if o.unresolved { "!" } else { " " },
+            if o.contradictions > 0 { "C" } else { " " },
             fit(&printable(&o.op_id), op_w),
             fit(&printable(&o.host), host_w),
             o.family.as_str(),
@@ -97,9 +100,17 @@ fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
     }
     let unresolved = ops.iter().filter(|o| o.unresolved).count();
     out.push_str(&format!(
-        "{} operation{}, {unresolved} unresolved (marked !)\n",
+        "{} operation{}, {unresolved} unresolved (marked !)",
         ops.len(),
         if ops.len() == 1 { "" } else { "s" }
     ));
+    let contradicted = ops.iter().filter(|o| o.contradictions > 0).count();
+    if contradicted > 0 {
+        // Only when present, so the common footer stays as it was.
+        out.push_str(&format!(
+            ", {contradicted} CONTRADICTED (marked C; `opmark show OP` says how)"
+        ));
+    }
+    out.push('\n');
     out
 }

@@ -12,6 +12,7 @@ mod audit;
 mod common;
 mod doctor;
 mod gc;
+mod ledger;
 mod list;
 mod probe;
 mod reconcile;
@@ -32,6 +33,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Resolve(args) => resolve::run(&global, &args),
         Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(args) => audit::run(&global, &args),
+        Command::Ledger(args) => ledger::run(&global, &args),
         Command::Gc(args) => gc::run(&global, &args),
         Command::Stats => stats::run(&global),
         Command::Doctor(args) => doctor::run(&global, &args),

@@ -52,6 +52,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
             state: marker.state.as_str().into(),
             exit_code: marker.exit_code,
             detail: "opmark probe".into(),
+            claim: crate::operation::record::claim_seen(&marker),
         },
         Durability::Normal,
     )?;

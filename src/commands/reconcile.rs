@@ -1,5 +1,7 @@
 //! `opmark reconcile [OP...] [--host H]`: probe the hosts of unresolved operations and
 //! record what the evidence settles (the decisions live in `operation::reconcile`).
+//! Contradicted operations (SPEC section 3) in scope are reported too, and keep the exit
+//! status at 1: evidence that disagrees is never settled away.
 
 use serde::Serialize;
 
@@ -7,7 +9,7 @@ use super::common;
 use super::list::{fit, printable};
 use crate::cli::{GlobalArgs, HostArgs, ReconcileArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{ListFilter, OpKey};
+use crate::ledger::{ListFilter, OpKey, OperationRecord};
 use crate::op_id::OpId;
 use crate::operation::reconcile::{self, Candidate, Outcome};
 use crate::ssh::{self, ConnectError, Destination, HostSpec, Route};
@@ -19,6 +21,17 @@ struct Report<'a> {
     already_settled: &'a [Outcome],
     /// Operations still unresolved after this reconcile.
     unresolved: usize,
+    /// Operations in scope whose evidence contradicts itself (a person must look).
+    contradicted: &'a [Contradicted],
+}
+
+#[derive(Serialize)]
+struct Contradicted {
+    op_id: String,
+    host: String,
+    contradictions: u32,
+    /// The exit code the ledger keeps (the first settled one).
+    exit_code: Option<i32>,
 }
 
 /// Reconciles and prints a table (or one JSON document); exit 1 when anything stays
@@ -91,6 +104,22 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
             reach(global, &c.record.host, &HostArgs::default(), route)
         }))?
     };
+    let contradicted: Vec<Contradicted> = ledger
+        .list(&ListFilter {
+            unresolved: false,
+            host: args.host.clone(),
+            limit: None,
+        })?
+        .into_iter()
+        .filter(|r| r.contradictions > 0)
+        .filter(|r| ops.is_empty() || ops.iter().any(|o| o.as_str() == r.op_id))
+        .map(|r: OperationRecord| Contradicted {
+            op_id: r.op_id,
+            host: r.host,
+            contradictions: r.contradictions,
+            exit_code: r.exit_code,
+        })
+        .collect();
     let mut unresolved = 0;
     for o in &outcomes {
         let key = OpKey::new(o.op_id.clone(), o.host.clone());
@@ -103,11 +132,23 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
             operations: &outcomes,
             already_settled: &already,
             unresolved,
+            contradicted: &contradicted,
         })?;
     } else {
         print!("{}", table(&outcomes, &already, unresolved));
+        for c in &contradicted {
+            println!(
+                "C {} on {}: CONTRADICTED ({} contradiction{} between evidence; the ledger keeps exit {}); see `opmark show {}`",
+                printable(&c.op_id),
+                printable(&c.host),
+                c.contradictions,
+                if c.contradictions == 1 { "" } else { "s" },
+                c.exit_code.map_or("unknown".to_owned(), |e| e.to_string()),
+                printable(&c.op_id)
+            );
+        }
     }
-    Ok(if unresolved == 0 {
+    Ok(if unresolved == 0 && contradicted.is_empty() {
         exit_code::OK
     } else {
         exit_code::FINDINGS

@@ -8,6 +8,7 @@ use super::common;
 use crate::cli::{FamilyArg, GlobalArgs, RunArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
+use crate::ledger::OpKey;
 use crate::op_id::OpId;
 use crate::operation::{self, RunEnv, RunInput};
 use crate::ssh::Pool;
@@ -39,7 +40,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
     }
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
-    let key = common::installation_key()?;
+    // The key is the ledger's own (checked when it was opened), never the config dir's.
+    let key = ledger.key().clone();
     let stdin = if args.stdin {
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).map_err(|e| {
@@ -70,6 +72,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         live_output: !global.json,
         output_cap: args.output_cap,
     };
+    // To tell the caller about evidence this run found contradicting the ledger.
+    let known = ledger.operations_by_id(input.op.as_str())?;
     let runtime = common::runtime()?;
     let pool = Pool::new(10);
     let report = runtime.block_on(operation::run(
@@ -82,6 +86,27 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         input,
     ))?;
+    let key = OpKey::new(report.op_id.clone(), report.host.clone());
+    if let Some(now) = ledger.operation(&key).ok().flatten() {
+        let before = known
+            .iter()
+            .find(|r| r.host == now.host)
+            .map_or(0, |r| r.contradictions);
+        if now.contradictions > before {
+            eprintln!(
+                "opmark: CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {}); see `opmark show {}`",
+                now.exit_code.map_or("unknown".to_owned(), |c| c.to_string()),
+                report.op_id
+            );
+        }
+    }
+    if let Some(failed) = &report.ledger_error {
+        // The verdict stands on the host's evidence; only its record here is missing.
+        eprintln!(
+            "opmark: the ledger could not record this verdict ({}: {}); the host keeps the outcome, so rerunning with the same op id ({}) replays it without running the command again",
+            failed.reason_code, failed.message, report.op_id
+        );
+    }
     if global.json {
         common::print_json(&report)?;
     } else {

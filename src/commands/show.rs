@@ -1,7 +1,8 @@
 //! `opmark show`: one operation's investigation page, readable at 80 columns: the
 //! outcome first, then the intent, the attempts (number, boundary, parent, reason,
 //! duration, exit), the observations (what was checked, when, what it changed), and the
-//! full timeline.
+//! full timeline. Contradictions between evidence come right after the outcome, in
+//! capitals: they are the one thing an investigator must not miss.
 
 use std::fmt::Write as _;
 
@@ -21,8 +22,9 @@ const WIDTH: usize = 80;
 pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
     let op = OpId::parse(&args.op)
         .map_err(|e| redacted_error(Error::new(ErrorKind::InvalidInput, e.to_string())))?;
-    let (ledger, path) = Ledger::open_existing_default_or(global.ledger.as_deref())
-        .map_err(|e| redacted_error(e.into()))?;
+    let (ledger, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     let not_found = || {
         Error::new(
             ErrorKind::InvalidInput,
@@ -75,6 +77,7 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
             "outcome": outcome(record.as_ref(), &events),
             "attempts": attempts(&events),
             "observations": observations(&events),
+            "contradictions": contradictions(&events),
             "events": events,
         });
         println!("{doc}");
@@ -96,6 +99,19 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
     };
     let o = outcome(record, events);
     field(&mut out, "outcome", &o.text);
+    for c in contradictions(events) {
+        field(
+            &mut out,
+            "CONTRADICTED",
+            &format!(
+                "expected {}, but {} (event #{}) saw {}; the ledger keeps the first settled exit. Check the host: evidence was edited or something ran outside opmark",
+                printable(&c.expected.to_string()),
+                printable(&c.source),
+                c.evidence_seq,
+                printable(&c.seen.to_string())
+            ),
+        );
+    }
     match record {
         Some(r) => {
             field(&mut out, "command", &printable(&r.display));
@@ -275,6 +291,7 @@ fn describe(event: &Event) -> (usize, String) {
             state,
             exit_code,
             detail,
+            ..
         } => {
             let mut s = format!("probe: marker {}", p(state));
             if let Some(c) = exit_code {
@@ -317,6 +334,20 @@ fn describe(event: &Event) -> (usize, String) {
             with_detail(
                 &format!("claim of attempt {} superseded", p(attempt_id)),
                 note,
+            ),
+        ),
+        Event::Contradiction {
+            source,
+            evidence_seq,
+            expected,
+            seen,
+        } => (
+            0,
+            format!(
+                "CONTRADICTION: {} #{evidence_seq} saw {}, expected {}",
+                p(source),
+                p(&seen.to_string()),
+                p(&expected.to_string())
             ),
         ),
         Event::Verdict {
@@ -452,6 +483,10 @@ pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> Outc
     if let Some(r) = record {
         // The projection is the authority on "unresolved"; the fold above only names why.
         unresolved = r.unresolved;
+        if r.contradictions > 0 {
+            // Later evidence disagreed; the projection kept the first settled exit.
+            exit_code = r.exit_code;
+        }
     }
     let exit = exit_code.map(|c| format!(", exit {c}")).unwrap_or_default();
     let text = match (&last_word, unresolved) {
@@ -608,6 +643,15 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                 "supersede".to_owned(),
                 format!("claim of {attempt_id} moved aside: {note}"),
             ),
+            Event::Contradiction {
+                source,
+                evidence_seq,
+                expected,
+                seen,
+            } => (
+                "CONTRADICTION".to_owned(),
+                format!("{source} #{evidence_seq} saw {seen}, expected {expected}"),
+            ),
             _ => continue,
         };
         let changed = match (before, unresolved) {
@@ -624,6 +668,46 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
         });
     }
     out
+}
+
+/// One contradiction between evidence (SPEC section 3), as `show` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContradictionView {
+    /// When it was recorded.
+    pub at: String,
+    /// Its own sequence number.
+    pub seq: u64,
+    /// Kind of the event that brought the disagreeing evidence.
+    pub source: String,
+    /// That event's sequence number.
+    pub evidence_seq: u64,
+    /// What the ledger held.
+    pub expected: crate::ledger::Observed,
+    /// What the evidence said.
+    pub seen: crate::ledger::Observed,
+}
+
+/// The contradictions, in time order.
+pub fn contradictions(events: &[StoredEvent]) -> Vec<ContradictionView> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Contradiction {
+                source,
+                evidence_seq,
+                expected,
+                seen,
+            } => Some(ContradictionView {
+                at: e.at.clone(),
+                seq: e.seq,
+                source: source.clone(),
+                evidence_seq: *evidence_seq,
+                expected: expected.clone(),
+                seen: seen.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 fn parse_at(at: &str) -> Option<time::OffsetDateTime> {

@@ -9,8 +9,9 @@ use crate::ledger::{Ledger, Stats};
 
 /// Prints the counts as text, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs) -> Result<u8> {
-    let (ledger, _path) = Ledger::open_existing_default_or(global.ledger.as_deref())
-        .map_err(|e| redacted_error(e.into()))?;
+    let (ledger, _path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     let stats = match &ledger {
         Some(l) => l.stats().map_err(|e| redacted_error(e.into()))?,
         None => Stats::default(),
@@ -37,7 +38,7 @@ fn counts(map: &BTreeMap<String, u64>) -> String {
 }
 
 fn text(s: &Stats) -> String {
-    let rows: [(&str, String); 13] = [
+    let rows: [(&str, String); 14] = [
         ("operations", s.operations.to_string()),
         ("unresolved", s.unresolved.to_string()),
         ("by state", counts(&s.by_state)),
@@ -48,6 +49,13 @@ fn text(s: &Stats) -> String {
         ("conflicts refused", s.conflicts_refused.to_string()),
         ("approvals asked", s.approvals_asked.to_string()),
         ("operator decisions", s.operator_decisions.to_string()),
+        (
+            "contradictions",
+            format!(
+                "{} (in {} operations)",
+                s.contradictions, s.contradicted_operations
+            ),
+        ),
         ("attempts", s.attempts.to_string()),
         ("retries by family", counts(&s.retries_by_family)),
         ("events", s.events.to_string()),

@@ -5,9 +5,18 @@
 //! content, so editing, deleting or reordering any event breaks the chain at that event.
 //! The `chain_head` row (updated in the same transaction as every append) lets a deleted
 //! *last* event be noticed too.
+//!
+//! Keyed chain (SPEC section 7): from the ledger's recorded switch point on (seq 1 for a
+//! ledger made by this version), an event's hash is an HMAC under the installation key
+//! and the head carries an HMAC of (seq, hash), so someone without the key can neither
+//! recompute the chain after an edit nor move the head back over a deleted tail. Events
+//! written before the switch (ledgers of the old layout) keep their plain SHA-256; the
+//! switch point itself is MACed, so it cannot be moved to pass a recomputed plain chain.
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+
+use super::fingerprint::InstallationKey;
 
 /// `prev_hash` of the first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
@@ -53,22 +62,86 @@ impl Link<'_> {
         }
         hex::encode(h.finalize())
     }
+
+    /// HMAC-SHA256 hex under the installation key over the same fields.
+    pub fn keyed_hash(&self, key: &InstallationKey) -> String {
+        let seq = self.seq.to_string();
+        key.mac(
+            "opmark-event-v2",
+            &[
+                seq.as_bytes(),
+                self.prev_hash.as_bytes(),
+                self.op_id.as_bytes(),
+                self.host.as_bytes(),
+                self.at.as_bytes(),
+                self.kind.as_bytes(),
+                self.payload.as_bytes(),
+            ],
+        )
+    }
+
+    /// The hash this event must carry: keyed from `keyed_from` on, plain before.
+    pub fn hash_under(&self, key: &InstallationKey, keyed_from: u64) -> String {
+        if self.seq >= keyed_from {
+            self.keyed_hash(key)
+        } else {
+            self.hash()
+        }
+    }
 }
 
-/// The result of walking the chain.
+/// The MAC the head row carries for (`seq`, `hash`).
+pub fn head_mac(key: &InstallationKey, seq: u64, hash: &str) -> String {
+    key.mac(
+        "opmark-chain-head",
+        &[seq.to_string().as_bytes(), hash.as_bytes()],
+    )
+}
+
+/// The MAC of the recorded switch point from plain to keyed hashes.
+pub fn keyed_from_mac(key: &InstallationKey, keyed_from: u64) -> String {
+    key.mac(
+        "opmark-chain-keyed-from",
+        &[keyed_from.to_string().as_bytes()],
+    )
+}
+
+/// The recorded head as the verifier sees it.
+#[derive(Debug, Clone)]
+pub(crate) struct Head {
+    pub seq: u64,
+    pub hash: String,
+    pub mac: Option<String>,
+}
+
+/// The result of walking the chain and replaying the projection.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChainReport {
     /// How many events were walked.
     pub events: u64,
-    /// The first problem, if any.
+    /// The first problem of the chain, if any.
     pub first_break: Option<ChainBreak>,
+    /// The first projected row that differs from the replay of its events, if any
+    /// (checked only when the chain itself is whole).
+    pub first_mismatch: Option<ProjectionMismatch>,
 }
 
 impl ChainReport {
-    /// True when the chain is whole.
+    /// True when the chain is whole and the projection equals its replay.
     pub fn intact(&self) -> bool {
-        self.first_break.is_none()
+        self.first_break.is_none() && self.first_mismatch.is_none()
     }
+}
+
+/// An `operations` row that is not what its events say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProjectionMismatch {
+    /// Operation id of the row.
+    pub op_id: String,
+    /// Host of the row.
+    pub host: String,
+    /// What differs, for people (column names and both values, no free text).
+    pub problem: String,
 }
 
 /// The first broken event and what is wrong with it.
@@ -94,7 +167,13 @@ pub(crate) struct Row {
 }
 
 /// Walks `rows` (in stored sequence order) and the recorded head; names the first break.
-pub(crate) fn verify(rows: impl Iterator<Item = Row>, head: Option<(u64, String)>) -> ChainReport {
+/// Events from `keyed_from` on must carry their HMAC under `key`, and the head its MAC.
+pub(crate) fn verify(
+    rows: impl Iterator<Item = Row>,
+    head: Option<Head>,
+    key: &InstallationKey,
+    keyed_from: u64,
+) -> ChainReport {
     let mut expected_seq = 1u64;
     let mut prev_hash = GENESIS.to_owned();
     let mut count = 0u64;
@@ -122,18 +201,20 @@ pub(crate) fn verify(rows: impl Iterator<Item = Row>, head: Option<(u64, String)
             kind: &row.kind,
             payload: &row.payload,
         }
-        .hash();
+        .hash_under(key, keyed_from);
         if computed != row.hash {
-            return report(
-                count,
-                Some(broken(
-                    row.seq,
-                    format!(
-                        "event #{} was edited or moved: its content does not match its hash",
-                        row.seq
-                    ),
-                )),
-            );
+            let problem = if row.seq >= keyed_from {
+                format!(
+                    "event #{} was edited or moved: its content does not match its keyed hash (a hash recomputed without the installation key does not either)",
+                    row.seq
+                )
+            } else {
+                format!(
+                    "event #{} was edited or moved: its content does not match its hash",
+                    row.seq
+                )
+            };
+            return report(count, Some(broken(row.seq, problem)));
         }
         if row.prev_hash != prev_hash {
             // The row itself is self-consistent, so its predecessor was rewritten (content
@@ -154,8 +235,38 @@ pub(crate) fn verify(rows: impl Iterator<Item = Row>, head: Option<(u64, String)
         expected_seq += 1;
     }
     let last = expected_seq - 1;
-    match head {
-        Some((head_seq, _)) if head_seq > last => report(
+    let head = match head {
+        Some(h) => h,
+        None if last > 0 => {
+            return report(
+                count,
+                Some(broken(
+                    last,
+                    "the chain head record is missing (deleted outside opmark)".to_owned(),
+                )),
+            )
+        }
+        None => return report(count, None),
+    };
+    if head.mac.as_deref() != Some(head_mac(key, head.seq, &head.hash).as_str()) {
+        // Whatever the rows say, the head was not written by a holder of the key: a
+        // deleted tail "fixed" by copying the last remaining event into the head looks
+        // exactly like this.
+        return report(
+            count,
+            Some(broken(
+                head.seq.min(last) + 1,
+                format!(
+                    "the chain head (event #{}) was rewritten outside opmark (its MAC does not match): events after #{} may have been deleted",
+                    head.seq,
+                    head.seq.min(last)
+                ),
+            )),
+        );
+    }
+    let head_seq = head.seq;
+    if head_seq > last {
+        return report(
             count,
             Some(broken(
                 last + 1,
@@ -164,17 +275,19 @@ pub(crate) fn verify(rows: impl Iterator<Item = Row>, head: Option<(u64, String)
                     last + 1
                 ),
             )),
-        ),
-        Some((head_seq, head_hash)) if head_seq == last && head_hash != prev_hash && last > 0 => {
-            report(
-                count,
-                Some(broken(
-                    last,
-                    format!("event #{last} was edited or replaced: it does not match the chain head"),
-                )),
-            )
-        }
-        Some((head_seq, _)) if head_seq < last => report(
+        );
+    }
+    if head_seq == last && head.hash != prev_hash && last > 0 {
+        return report(
+            count,
+            Some(broken(
+                last,
+                format!("event #{last} was edited or replaced: it does not match the chain head"),
+            )),
+        );
+    }
+    if head_seq < last {
+        return report(
             count,
             Some(broken(
                 head_seq + 1,
@@ -183,21 +296,15 @@ pub(crate) fn verify(rows: impl Iterator<Item = Row>, head: Option<(u64, String)
                     head_seq + 1
                 ),
             )),
-        ),
-        None if last > 0 => report(
-            count,
-            Some(broken(
-                last,
-                "the chain head record is missing (deleted outside opmark)".to_owned(),
-            )),
-        ),
-        _ => report(count, None),
+        );
     }
+    report(count, None)
 }
 
 fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {
     ChainReport {
         events,
         first_break,
+        first_mismatch: None,
     }
 }

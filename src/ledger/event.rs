@@ -85,6 +85,10 @@ pub enum Event {
         exit_code: Option<i32>,
         /// What else was seen (redacted).
         detail: String,
+        /// What the marker's claim record said, when the probe saw a claimed marker
+        /// (absent from older events and from probes that did not reach a marker).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claim: Option<ClaimSeen>,
     },
     /// `reconcile` settled (or failed to settle) the operation.
     Reconciled {
@@ -129,6 +133,19 @@ pub enum Event {
         /// The host key fingerprint accepted, as OpenSSH prints it (`SHA256:...`).
         host_key: String,
     },
+    /// Two pieces of evidence disagree: a later observation says something other than the
+    /// settled truth the ledger holds (SPEC section 3). Recorded by the ledger itself right
+    /// after the disagreeing event; the projection keeps the first settled truth.
+    Contradiction {
+        /// Kind of the event that brought the disagreeing evidence (`probed`, ...).
+        source: String,
+        /// Sequence number of that event.
+        evidence_seq: u64,
+        /// What the ledger held.
+        expected: Observed,
+        /// What the evidence said.
+        seen: Observed,
+    },
     /// The verdict given to the caller.
     Verdict {
         /// The attempt the verdict is about, if one was made.
@@ -157,6 +174,7 @@ impl Event {
             Event::Fenced { .. } => "fenced",
             Event::Superseded { .. } => "superseded",
             Event::Connected { .. } => "connected",
+            Event::Contradiction { .. } => "contradiction",
             Event::Verdict { .. } => "verdict",
         }
     }
@@ -223,9 +241,55 @@ impl Event {
                 *note = r(note);
             }
             Event::Superseded { note, .. } => *note = r(note),
+            Event::Contradiction {
+                source,
+                expected,
+                seen,
+                ..
+            } => {
+                *source = r(source);
+                for o in [expected, seen] {
+                    o.state = r(&o.state);
+                    if let Some(a) = &mut o.attempt {
+                        *a = r(a);
+                    }
+                }
+            }
             Event::Verdict { reason, .. } => *reason = r(reason),
         }
         e
+    }
+}
+
+/// What a probe saw of a marker's claim record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimSeen {
+    /// The attempt the claim record names; `None`: the marker has no claim record.
+    pub attempt: Option<String>,
+}
+
+/// One side of a [`Event::Contradiction`]: a state and exit code as some evidence has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observed {
+    /// `completed` (the ledger's settled truth), or the marker state a probe reported.
+    pub state: String,
+    /// The exit code, when the evidence holds one.
+    pub exit_code: Option<i32>,
+    /// The attempt it names, when it names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<String>,
+}
+
+impl std::fmt::Display for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.state)?;
+        if let Some(code) = self.exit_code {
+            write!(f, " exit {code}")?;
+        }
+        if let Some(attempt) = &self.attempt {
+            write!(f, " (attempt {attempt})")?;
+        }
+        Ok(())
     }
 }
 

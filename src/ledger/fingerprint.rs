@@ -16,8 +16,9 @@ use sha2::{Digest, Sha256};
 
 use super::LedgerError;
 
-/// File name of the installation key inside the opmark config directory.
-pub const KEY_FILE: &str = "installation.key";
+/// File name of the installation key in the old layout, inside the opmark config
+/// directory. Only read, to adopt it into a ledger made before the key moved beside it.
+pub const LEGACY_KEY_FILE: &str = "installation.key";
 const KEY_LEN: usize = 32;
 
 /// What an operation means to do: the command string exactly as it will be run on the
@@ -64,7 +65,9 @@ pub fn ledger_fingerprint(intent: &Intent<'_>, key: &InstallationKey) -> String 
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// The per-installation secret (32 random bytes) that keys ledger fingerprints.
+/// The per-installation secret (32 random bytes) that keys ledger fingerprints, the
+/// ledger's event chain and its head. It belongs to one ledger and is kept beside it.
+#[derive(Clone)]
 pub struct InstallationKey {
     bytes: [u8; KEY_LEN],
     path: PathBuf,
@@ -95,60 +98,123 @@ pub(crate) fn home_dir() -> PathBuf {
 }
 
 impl InstallationKey {
-    /// Loads `<config_dir>/installation.key` (default dir: [`default_config_dir`]), creating
-    /// it on first use: 32 random bytes, file 0600 in a 0700 directory. Safe when several
-    /// opmark processes start at once: the key is published with an exclusive link, so
-    /// every process ends up with the same key.
-    pub fn load_or_create(config_dir: Option<&Path>) -> Result<Self, LedgerError> {
-        let dir = config_dir.map_or_else(default_config_dir, Path::to_path_buf);
-        let path = dir.join(KEY_FILE);
-        match read_key(&path) {
-            Ok(key) => return Ok(key),
+    /// Reads the key at `path` (32 bytes). A missing file is an [`LedgerError::Io`] whose
+    /// source is `NotFound`, so callers can tell "absent" from "damaged".
+    pub fn load(path: &Path) -> Result<Self, LedgerError> {
+        read_key(path)
+    }
+
+    /// Writes a NEW random key at `path` (file 0600, missing directories 0700); refuses to
+    /// replace an existing file, since that key may be the only one that opens a ledger.
+    pub fn generate(path: &Path) -> Result<Self, LedgerError> {
+        let bytes: [u8; KEY_LEN] = rand::random();
+        publish(path, &bytes)?;
+        Ok(InstallationKey {
+            bytes,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The key at `path`, or a new one written there if none exists yet. Safe when several
+    /// opmark processes create the same fresh ledger at once: the key is published with an
+    /// exclusive link, so every process ends up with the same key.
+    pub fn load_or_generate(path: &Path) -> Result<Self, LedgerError> {
+        match read_key(path) {
             Err(LedgerError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            other => return other,
         }
-        create_private_dir(&dir)?;
-        let tmp = dir.join(format!(
-            ".{KEY_FILE}.{}.{:08x}.tmp",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let bytes: [u8; KEY_LEN] = rand::random();
-        let io = |source| LedgerError::Io {
-            what: format!("create the installation key {}", path.display()),
-            source,
-        };
-        {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(io)?;
-            f.write_all(&bytes).map_err(io)?;
-            f.sync_all().map_err(io)?;
-        }
-        // hard_link fails if the key exists: whoever linked first wins, the rest read it.
-        let linked = fs::hard_link(&tmp, &path);
-        let _ = fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => {
-                if let Ok(d) = fs::File::open(&dir) {
-                    let _ = d.sync_all();
-                }
-                Ok(InstallationKey { bytes, path })
+        match InstallationKey::generate(path) {
+            Err(LedgerError::Io { ref source, .. })
+                if source.kind() == std::io::ErrorKind::AlreadyExists =>
+            {
+                read_key(path)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => read_key(&path),
-            Err(e) => Err(io(e)),
+            other => other,
         }
     }
 
-    /// Where the key lives.
+    /// Copies this key to `path` (0600, never replacing a file there) and returns the copy.
+    pub fn copy_to(&self, path: &Path) -> Result<Self, LedgerError> {
+        publish(path, &self.bytes)?;
+        Ok(InstallationKey {
+            bytes: self.bytes,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Where the key was read from or written to.
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// HMAC-SHA256 hex of `parts` (each length-prefixed, after a domain tag) under this key.
+    /// The ledger uses it for its check value, its event chain and its chain head.
+    pub fn mac(&self, domain: &str, parts: &[&[u8]]) -> String {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.bytes).expect("HMAC accepts any key length");
+        mac.update(domain.as_bytes());
+        mac.update(b"\n");
+        for part in parts {
+            mac.update(part.len().to_string().as_bytes());
+            mac.update(b":");
+            mac.update(part);
+            mac.update(b"\n");
+        }
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// The value the ledger stores to recognise its key without holding it.
+    pub fn check_value(&self) -> String {
+        self.mac("opmark-key-check", &[])
+    }
+}
+
+/// Where the old layout kept the key, apart from the ledger: `${XDG_CONFIG_HOME:-~/.config}/opmark/installation.key`.
+pub fn legacy_key_path() -> PathBuf {
+    default_config_dir().join(LEGACY_KEY_FILE)
+}
+
+/// Publishes `bytes` at `path` atomically and exclusively: written to a temp file,
+/// fsynced, then hard-linked (which fails if `path` exists), then the directory fsynced.
+fn publish(path: &Path, bytes: &[u8; KEY_LEN]) -> Result<(), LedgerError> {
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    create_private_dir(&dir)?;
+    let name = path
+        .file_name()
+        .map_or_else(|| "key".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{name}.{}.{:08x}.tmp",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    let io = |source| LedgerError::Io {
+        what: format!("create the installation key {}", path.display()),
+        source,
+    };
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io)?;
+        let written = f.write_all(bytes).and_then(|()| f.sync_all());
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(io(e));
+        }
+    }
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    linked.map_err(io)?;
+    if let Ok(d) = fs::File::open(&dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 fn read_key(path: &Path) -> Result<InstallationKey, LedgerError> {
@@ -166,7 +232,7 @@ fn read_key(path: &Path) -> Result<InstallationKey, LedgerError> {
         })?;
     let bytes: [u8; KEY_LEN] = buf.as_slice().try_into().map_err(|_| LedgerError::Invalid {
         message: format!(
-            "the installation key {} is not {KEY_LEN} bytes long; it may be damaged. Restore it from a backup, or move it aside to create a new one (fingerprints already in the ledger will then no longer match new ones)",
+            "the installation key {} is not {KEY_LEN} bytes long; it may be damaged. Restore it from a backup (a new key cannot open a ledger made with the old one)",
             path.display()
         ),
     })?;
@@ -263,7 +329,7 @@ mod tests {
     #[test]
     fn ledger_fingerprint_is_keyed_stable_and_differs_from_plain_digest() {
         let dir = scratch("keyed");
-        let key = InstallationKey::load_or_create(Some(&dir)).unwrap();
+        let key = InstallationKey::load_or_generate(&dir.join("k")).unwrap();
         let i = Intent {
             command: "rm -rf /srv/old",
             stdin_sha256: None,
@@ -273,11 +339,11 @@ mod tests {
         assert_ne!(keyed, host_fingerprint(&i));
         assert_eq!(keyed, ledger_fingerprint(&i, &key));
         // Reloading the key from disk gives the same fingerprint.
-        let again = InstallationKey::load_or_create(Some(&dir)).unwrap();
+        let again = InstallationKey::load_or_generate(&dir.join("k")).unwrap();
         assert_eq!(keyed, ledger_fingerprint(&i, &again));
         // Another installation (another key) gives another fingerprint.
         let other_dir = scratch("keyed-other");
-        let other = InstallationKey::load_or_create(Some(&other_dir)).unwrap();
+        let other = InstallationKey::load_or_generate(&other_dir.join("k")).unwrap();
         assert_ne!(keyed, ledger_fingerprint(&i, &other));
         let _ = fs::remove_dir_all(&dir);
         let _ = fs::remove_dir_all(&other_dir);
@@ -286,7 +352,7 @@ mod tests {
     #[test]
     fn installation_key_file_is_0600_in_a_0700_dir_and_32_bytes() {
         let dir = scratch("mode").join("nested");
-        let key = InstallationKey::load_or_create(Some(&dir)).unwrap();
+        let key = InstallationKey::load_or_generate(&dir.join("k")).unwrap();
         let meta = fs::metadata(key.path()).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         assert_eq!(meta.len(), 32);
@@ -300,9 +366,20 @@ mod tests {
     fn damaged_key_file_is_a_clear_error() {
         let dir = scratch("damaged");
         create_private_dir(&dir).unwrap();
-        fs::write(dir.join(KEY_FILE), b"short").unwrap();
-        let err = InstallationKey::load_or_create(Some(&dir)).unwrap_err();
+        fs::write(dir.join("k"), b"short").unwrap();
+        let err = InstallationKey::load_or_generate(&dir.join("k")).unwrap_err();
         assert!(err.to_string().contains("not 32 bytes"), "{err}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn generate_refuses_to_overwrite_an_existing_key() {
+        let dir = scratch("overwrite");
+        let first = InstallationKey::generate(&dir.join("k")).unwrap();
+        let err = InstallationKey::generate(&dir.join("k")).unwrap_err();
+        assert!(err.to_string().contains("File exists"), "{err}");
+        let again = InstallationKey::load(&dir.join("k")).unwrap();
+        assert_eq!(first.check_value(), again.check_value());
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -313,7 +390,9 @@ mod tests {
             .map(|_| {
                 let dir = dir.clone();
                 std::thread::spawn(move || {
-                    InstallationKey::load_or_create(Some(&dir)).unwrap().bytes
+                    InstallationKey::load_or_generate(&dir.join("k"))
+                        .unwrap()
+                        .bytes
                 })
             })
             .collect();

@@ -5,7 +5,8 @@
 //! - [`projection`]: the `operations` table folded from the events, and the one
 //!   "unresolved" rule. [`schema`]: migrations keyed by `user_version`.
 //! - [`redact`]: secret masking, applied by the ledger itself to every free-text field.
-//! - [`fingerprint`]: canonical intent digests (plain for the host, HMAC for the ledger).
+//! - [`fingerprint`]: canonical intent digests (plain for the host, HMAC for the ledger),
+//!   and the installation key. [`binding`]: how a ledger is bound to its key.
 //!
 //! Concurrency: every append is one short `BEGIN IMMEDIATE` transaction that reads the
 //! chain head, inserts the events, updates the projection and the head, and commits, so
@@ -14,6 +15,7 @@
 //! [`Durability::Full`] (also survives power loss), which `run` uses for the intent and
 //! the attempt before dispatch.
 
+pub mod binding;
 pub mod chain;
 pub mod event;
 pub mod fingerprint;
@@ -30,12 +32,14 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
-pub use chain::{ChainBreak, ChainReport};
-pub use event::{Event, StoredEvent};
+pub use binding::key_path_beside;
+pub use chain::{ChainBreak, ChainReport, ProjectionMismatch};
+pub use event::{Event, Observed, StoredEvent};
 pub use projection::OperationRecord;
 pub use redact::Redactor;
 
 use crate::error::{Error, ErrorKind};
+use fingerprint::InstallationKey;
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -63,7 +67,7 @@ pub enum LedgerError {
         message: String,
     },
     /// The op id on this host is already bound to a different intent.
-    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); use a new op id")]
+    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); resend exactly the recorded command for the same effect, or use a new op id for a different one")]
     FingerprintConflict {
         /// Operation id.
         op_id: String,
@@ -78,6 +82,19 @@ pub enum LedgerError {
         /// The decoder's complaint (no event content).
         why: String,
     },
+}
+
+impl LedgerError {
+    /// The write failed for want of space (SQLite's SQLITE_FULL, or ENOSPC/EDQUOT).
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            LedgerError::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull),
+            LedgerError::Io { source, .. } => {
+                matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+            }
+            _ => false,
+        }
+    }
 }
 
 impl From<LedgerError> for Error {
@@ -177,17 +194,22 @@ pub struct Stats {
     pub approvals_asked: u64,
     /// Operator decisions recorded.
     pub operator_decisions: u64,
+    /// Contradictions between evidence recorded (SPEC section 3).
+    pub contradictions: u64,
+    /// Operations with at least one contradiction.
+    pub contradicted_operations: u64,
     /// Attempts dispatched.
     pub attempts: u64,
     /// Attempts after the first, by the operation's family.
     pub retries_by_family: BTreeMap<String, u64>,
 }
 
-/// An open ledger (one SQLite connection).
+/// An open ledger (one SQLite connection) and its installation key.
 pub struct Ledger {
     conn: Connection,
     path: PathBuf,
     redactor: Redactor,
+    key: InstallationKey,
 }
 
 impl std::fmt::Debug for Ledger {
@@ -224,16 +246,24 @@ impl Ledger {
         state.join("opmark").join("ledger.db")
     }
 
-    /// Opens `path` if given (`--ledger` / `OPMARK_LEDGER`), else the default path.
-    pub fn open_default_or(path: Option<&Path>) -> Result<Ledger, LedgerError> {
+    /// Opens `path` if given (`--ledger` / `OPMARK_LEDGER`), else the default path, with
+    /// the key named by `key` (`--ledger-key` / `OPMARK_LEDGER_KEY`), else the one beside it.
+    pub fn open_default_or(path: Option<&Path>, key: Option<&Path>) -> Result<Ledger, LedgerError> {
         match path {
-            Some(p) => Ledger::open(p),
-            None => Ledger::open(&Ledger::default_path()),
+            Some(p) => Ledger::open_with_key(p, key),
+            None => Ledger::open_with_key(&Ledger::default_path(), key),
         }
     }
 
-    /// Opens (creating when missing: file 0600, missing directories 0700) and migrates.
+    /// Opens with the key beside the ledger (see [`Ledger::open_with_key`]).
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        Ledger::open_with_key(path, None)
+    }
+
+    /// Opens (creating when missing: file 0600, missing directories 0700), migrates, and
+    /// checks the installation key: `key` when named, else [`key_path_beside`] the ledger
+    /// (made with a fresh ledger only; see [`binding`]).
+    pub fn open_with_key(path: &Path, key: Option<&Path>) -> Result<Ledger, LedgerError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fingerprint::create_private_dir(dir)?;
         }
@@ -263,18 +293,24 @@ impl Ledger {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         set_wal(&conn, path)?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        schema::migrate(&mut conn)?;
+        let bound = schema::migrate(&mut conn, |tx, found_version| {
+            binding::bind(tx, path, key, found_version)
+        })?;
+        if let Some(notice) = &bound.notice {
+            eprintln!("{notice}");
+        }
         Ok(Ledger {
             conn,
             path: path.to_path_buf(),
             redactor: Redactor::default(),
+            key: bound.key,
         })
     }
 
     /// Opens `path` only if it exists (read-only commands do not create a ledger).
-    pub fn open_existing(path: &Path) -> Result<Option<Ledger>, LedgerError> {
+    pub fn open_existing(path: &Path, key: Option<&Path>) -> Result<Option<Ledger>, LedgerError> {
         if path.exists() {
-            Ledger::open(path).map(Some)
+            Ledger::open_with_key(path, key).map(Some)
         } else {
             Ok(None)
         }
@@ -284,9 +320,15 @@ impl Ledger {
     /// that was looked at, for messages.
     pub fn open_existing_default_or(
         path: Option<&Path>,
+        key: Option<&Path>,
     ) -> Result<(Option<Ledger>, PathBuf), LedgerError> {
         let path = path.map_or_else(Ledger::default_path, Path::to_path_buf);
-        Ok((Ledger::open_existing(&path)?, path))
+        Ok((Ledger::open_existing(&path, key)?, path))
+    }
+
+    /// The installation key this ledger was opened with (checked against the ledger).
+    pub fn key(&self) -> &InstallationKey {
+        &self.key
     }
 
     /// Uses `redactor` (e.g. with the policy's extra patterns) for every later append.
@@ -344,6 +386,7 @@ impl Ledger {
                 (e, payload)
             })
             .collect();
+        let (ikey, redactor) = (&self.key, &self.redactor);
         // IMMEDIATE takes the write lock up front, so the head we read is the head we extend.
         let tx = self
             .conn
@@ -357,36 +400,46 @@ impl Ledger {
         let at = now();
         let mut seqs = Vec::with_capacity(events.len());
         for (event, payload) in &redacted {
+            let before = projection::load(&tx, key)?;
+            let contradiction = before
+                .as_ref()
+                .and_then(|rec| projection::contradiction(rec, event));
             seq += 1;
-            let hash = chain::Link {
-                seq,
-                prev_hash: &prev,
-                op_id: &key.op_id,
-                host: &key.host,
-                at: &at,
-                kind: event.kind(),
-                payload,
-            }
-            .hash();
-            tx.execute(
-                "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![seq, key.op_id, key.host, at, event.kind(), payload, prev, hash],
-            )?;
-            if let Err(projection::Refusal::FingerprintConflict) =
-                projection::apply(&tx, key, event, seq, &at)?
-            {
+            prev = insert_event(&tx, ikey, key, seq, &prev, &at, event, payload)?;
+            match projection::fold(before, key, event, seq, &at) {
+                Ok(Some(rec)) => projection::store(&tx, &rec)?,
+                Ok(None) => {}
                 // Dropping `tx` rolls back everything of this append.
-                return Err(LedgerError::FingerprintConflict {
-                    op_id: key.op_id.clone(),
-                    host: key.host.clone(),
-                });
+                Err(projection::Refusal::FingerprintConflict) => {
+                    return Err(LedgerError::FingerprintConflict {
+                        op_id: key.op_id.clone(),
+                        host: key.host.clone(),
+                    })
+                }
             }
-            prev = hash;
             seqs.push(seq);
+            if let Some((expected, seen)) = contradiction {
+                // Recorded by the ledger itself, right after the evidence, so no caller can
+                // forget it and no later evidence silently rewrites the settled truth.
+                let noted = Event::Contradiction {
+                    source: event.kind().to_owned(),
+                    evidence_seq: seq,
+                    expected,
+                    seen,
+                }
+                .redacted(redactor);
+                let noted_payload = serde_json::to_string(&noted).expect("events serialize");
+                let before = projection::load(&tx, key)?;
+                seq += 1;
+                prev = insert_event(&tx, ikey, key, seq, &prev, &at, &noted, &noted_payload)?;
+                if let Ok(Some(rec)) = projection::fold(before, key, &noted, seq, &at) {
+                    projection::store(&tx, &rec)?;
+                }
+            }
         }
         tx.execute(
-            "INSERT INTO chain_head (id, seq, hash) VALUES (1, ?1, ?2) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash",
-            params![seq, prev],
+            "INSERT INTO chain_head (id, seq, hash, mac) VALUES (1, ?1, ?2, ?3) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
+            params![seq, prev, chain::head_mac(ikey, seq, &prev)],
         )?;
         tx.commit()?;
         Ok(seqs)
@@ -479,15 +532,26 @@ impl Ledger {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Walks the whole chain in one consistent snapshot; names the first broken event.
+    /// Walks the whole chain in one consistent snapshot and names the first broken event;
+    /// when the chain is whole, replays every operation's events and names the first
+    /// projected row that differs from its replay (SPEC section 7).
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
-        let head: Option<(u64, String)> = tx
-            .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+        let head: Option<chain::Head> = tx
+            .query_row(
+                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
+                [],
+                |r| {
+                    Ok(chain::Head {
+                        seq: r.get(0)?,
+                        hash: r.get(1)?,
+                        mac: r.get(2)?,
+                    })
+                },
+            )
             .optional()?;
-        let report = {
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let rows: Vec<chain::Row> = {
             let mut stmt = tx.prepare(
                 "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
             )?;
@@ -503,10 +567,32 @@ impl Ledger {
                     payload: r.get(7)?,
                 })
             })?;
-            let rows: Vec<chain::Row> = rows.collect::<Result<_, _>>()?;
-            chain::verify(rows.into_iter(), head)
+            rows.collect::<Result<_, _>>()?
+        };
+        let projected: Vec<OperationRecord> = {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT {} FROM operations ORDER BY op_id, host",
+                projection::COLUMNS
+            ))?;
+            let rows = stmt.query_map([], projection::from_row)?;
+            rows.collect::<Result<_, _>>()?
         };
         tx.finish()?;
+        if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
+        {
+            return Ok(ChainReport {
+                events: rows.len() as u64,
+                first_break: Some(ChainBreak {
+                    seq: 1,
+                    problem: "the record of where the keyed chain starts was edited outside opmark (its MAC does not match): no event can be trusted".to_owned(),
+                }),
+                first_mismatch: None,
+            });
+        }
+        let mut report = chain::verify(rows.iter().cloned(), head, &self.key, keyed_from);
+        if report.first_break.is_none() {
+            report.first_mismatch = replay_mismatch(&rows, &projected);
+        }
         Ok(report)
     }
 
@@ -537,6 +623,10 @@ impl Ledger {
             operator_decisions: count(
                 "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
             )?,
+            contradictions: count("SELECT COUNT(*) FROM events WHERE kind = 'contradiction'")?,
+            contradicted_operations: count(
+                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
+            )?,
             attempts: count("SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'")?,
             retries_by_family: group(
                 "SELECT o.family, COUNT(*) FROM events e
@@ -546,6 +636,139 @@ impl Ledger {
             )?,
         })
     }
+}
+
+/// Inserts one event with its keyed hash; returns the hash.
+#[allow(clippy::too_many_arguments)]
+fn insert_event(
+    tx: &rusqlite::Transaction<'_>,
+    ikey: &InstallationKey,
+    key: &OpKey,
+    seq: u64,
+    prev: &str,
+    at: &str,
+    event: &Event,
+    payload: &str,
+) -> Result<String, LedgerError> {
+    let hash = chain::Link {
+        seq,
+        prev_hash: prev,
+        op_id: &key.op_id,
+        host: &key.host,
+        at,
+        kind: event.kind(),
+        payload,
+    }
+    .keyed_hash(ikey);
+    tx.execute(
+        "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![seq, key.op_id, key.host, at, event.kind(), payload, prev, hash],
+    )?;
+    Ok(hash)
+}
+
+/// Folds every operation's events again and compares with the stored projection; names
+/// the first row (by op id, host) that differs, is missing, or has no events.
+fn replay_mismatch(
+    rows: &[chain::Row],
+    projected: &[OperationRecord],
+) -> Option<ProjectionMismatch> {
+    let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
+    for row in rows {
+        let key = OpKey::new(row.op_id.clone(), row.host.clone());
+        let event: Event = match serde_json::from_str(&row.payload) {
+            Ok(e) => e,
+            Err(e) => {
+                return Some(ProjectionMismatch {
+                    op_id: row.op_id.clone(),
+                    host: row.host.clone(),
+                    problem: format!(
+                        "event #{} cannot be decoded ({:?} at column {}), so its operation cannot be replayed",
+                        row.seq,
+                        e.classify(),
+                        e.column()
+                    ),
+                })
+            }
+        };
+        let before = replayed.remove(&key);
+        let had = before.clone();
+        match projection::fold(before, &key, &event, row.seq, &row.at) {
+            Ok(Some(rec)) => {
+                replayed.insert(key, rec);
+            }
+            Ok(None) => {}
+            // Refused appends were rolled back; a stored one is not what opmark wrote.
+            Err(projection::Refusal::FingerprintConflict) => {
+                if let Some(rec) = had {
+                    replayed.insert(key, rec);
+                }
+            }
+        }
+    }
+    let mut stored: BTreeMap<OpKey, &OperationRecord> = projected
+        .iter()
+        .map(|r| (OpKey::new(r.op_id.clone(), r.host.clone()), r))
+        .collect();
+    for (key, want) in &replayed {
+        let mismatch = |problem: String| ProjectionMismatch {
+            op_id: key.op_id.clone(),
+            host: key.host.clone(),
+            problem,
+        };
+        match stored.remove(key) {
+            None => {
+                return Some(mismatch(
+                    "its row in `operations` is missing (deleted outside opmark)".to_owned(),
+                ))
+            }
+            Some(got) if got != want => {
+                return Some(mismatch(format!(
+                    "its row in `operations` differs from the replay of its events in {}",
+                    differing_columns(got, want).join(", ")
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    stored.into_keys().next().map(|key| ProjectionMismatch {
+        op_id: key.op_id,
+        host: key.host,
+        problem: "its row in `operations` has no events behind it (added outside opmark)"
+            .to_owned(),
+    })
+}
+
+/// Names of the columns where `got` differs from `want` (names only: values may hold text
+/// the redactor missed, and the stored one is not trusted anyway).
+fn differing_columns(got: &OperationRecord, want: &OperationRecord) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    let mut check = |name: &'static str, same: bool| {
+        if !same {
+            out.push(name);
+        }
+    };
+    check("family", got.family == want.family);
+    check("display", got.display == want.display);
+    check("fingerprint", got.fingerprint == want.fingerprint);
+    check("rule", got.rule == want.rule);
+    check("session", got.session == want.session);
+    check("state", got.state == want.state);
+    check("verdict", got.verdict == want.verdict);
+    check("exit_code", got.exit_code == want.exit_code);
+    check("attempts", got.attempts == want.attempts);
+    check("last_attempt", got.last_attempt == want.last_attempt);
+    check("unresolved", got.unresolved == want.unresolved);
+    check("created_at", got.created_at == want.created_at);
+    check("updated_at", got.updated_at == want.updated_at);
+    check("first_seq", got.first_seq == want.first_seq);
+    check("last_seq", got.last_seq == want.last_seq);
+    check("contradictions", got.contradictions == want.contradictions);
+    check(
+        "settled_attempt",
+        got.settled_attempt == want.settled_attempt,
+    );
+    out
 }
 
 /// Switches to WAL. Done once per database (the mode is persistent); when several

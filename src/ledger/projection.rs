@@ -1,12 +1,14 @@
 //! The `operations` projection: current state of each operation, folded from its events
 //! in the same transaction that appends them.
 //!
-//! This file is the ONE place that decides whether an operation is *unresolved*.
+//! This file is the ONE place that decides whether an operation is *unresolved*, and
+//! whether an observation *contradicts* what the ledger already holds ([`contradiction`]).
+//! The fold ([`fold`]) is pure, so `audit verify` can replay every row from its events.
 
 use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
-use super::event::Event;
+use super::event::{ClaimSeen, Event, Observed};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::Verdict;
@@ -49,6 +51,10 @@ pub struct OperationRecord {
     pub first_seq: u64,
     /// Sequence number of the latest event.
     pub last_seq: u64,
+    /// Contradictions recorded between evidence (0 when all evidence agrees).
+    pub contradictions: u32,
+    /// The attempt whose exit the settling verdict returned, when it named one.
+    pub settled_attempt: Option<String>,
 }
 
 /// Decisions (of `reconcile` or an operator) that settle an operation's outcome. Anything
@@ -89,6 +95,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
         | Event::Connected { .. }
+        | Event::Contradiction { .. }
         | Event::Fenced { .. } => was_unresolved,
     }
 }
@@ -99,15 +106,139 @@ pub(crate) enum Refusal {
     FingerprintConflict,
 }
 
-/// Folds `event` (already redacted, already given `seq`) into the operation's row.
-pub(crate) fn apply(
-    tx: &Transaction<'_>,
+/// The exit the ledger holds as settled truth: the operation's verdict is `completed` or
+/// `replayed` with a known exit code.
+fn settled_exit(rec: &OperationRecord) -> Option<i32> {
+    match rec.verdict {
+        Some(Verdict::Completed | Verdict::Replayed) => rec.exit_code,
+        _ => None,
+    }
+}
+
+/// Does `event` disagree with other evidence? Returns (expected, seen).
+///
+/// - A probe that finds a completed marker without a claim record: an exit can only follow
+///   a claim, so one of the two records was removed or forged.
+/// - Against the settled truth (a `completed`/`replayed` verdict with its exit code and
+///   attempt): a later probe that finds the marker completed with another exit code or by
+///   another attempt, or running or interrupted again, or an exit received with another
+///   code. An `absent` marker is not a contradiction: `gc` removes finished markers.
+pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
+    if let Event::Probed {
+        state,
+        exit_code,
+        claim: Some(ClaimSeen { attempt: None }),
+        ..
+    } = event
+    {
+        if state == "completed" {
+            return Some((
+                Observed {
+                    state: "a claim record with the exit record".to_owned(),
+                    exit_code: None,
+                    attempt: None,
+                },
+                Observed {
+                    state: "completed without a claim record".to_owned(),
+                    exit_code: *exit_code,
+                    attempt: None,
+                },
+            ));
+        }
+    }
+    let settled = settled_exit(rec)?;
+    let expected = Observed {
+        state: "completed".to_owned(),
+        exit_code: Some(settled),
+        attempt: rec.settled_attempt.clone(),
+    };
+    let seen = match event {
+        Event::Probed {
+            state,
+            exit_code,
+            claim,
+            ..
+        } => {
+            let holder = claim.as_ref().and_then(|c| c.attempt.clone());
+            let other_attempt = matches!(
+                (&holder, &rec.settled_attempt),
+                (Some(seen), Some(settled)) if seen != settled
+            );
+            match state.as_str() {
+                "completed" if *exit_code != Some(settled) || other_attempt => Observed {
+                    state: state.clone(),
+                    exit_code: *exit_code,
+                    attempt: holder,
+                },
+                "running" | "interrupted" => Observed {
+                    state: state.clone(),
+                    exit_code: *exit_code,
+                    attempt: holder,
+                },
+                _ => return None,
+            }
+        }
+        Event::ExitReceived {
+            exit_code: Some(code),
+            attempt_id,
+            ..
+        } if *code != settled => Observed {
+            state: "exit_received".to_owned(),
+            exit_code: Some(*code),
+            attempt: Some(attempt_id.clone()),
+        },
+        _ => return None,
+    };
+    Some((expected, seen))
+}
+
+/// Rebuilds the whole `operations` table from the events, in the given transaction.
+/// Returns false (and changes nothing) when an event cannot be decoded: then the stored
+/// rows stay and `audit verify` names the event.
+pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
+    let mut rows: std::collections::BTreeMap<OpKey, OperationRecord> = Default::default();
+    {
+        let mut stmt =
+            tx.prepare("SELECT seq, op_id, host, at, payload FROM events ORDER BY seq")?;
+        let mut query = stmt.query([])?;
+        while let Some(row) = query.next()? {
+            let seq: u64 = row.get(0)?;
+            let key = OpKey::new(row.get::<_, String>(1)?, row.get::<_, String>(2)?);
+            let at: String = row.get(3)?;
+            let Ok(event) = serde_json::from_str::<Event>(&row.get::<_, String>(4)?) else {
+                return Ok(false);
+            };
+            let before = rows.remove(&key);
+            let kept = before.clone();
+            match fold(before, &key, &event, seq, &at) {
+                Ok(Some(rec)) => {
+                    rows.insert(key, rec);
+                }
+                Ok(None) => {}
+                Err(Refusal::FingerprintConflict) => {
+                    if let Some(rec) = kept {
+                        rows.insert(key, rec);
+                    }
+                }
+            }
+        }
+    }
+    tx.execute("DELETE FROM operations", [])?;
+    for rec in rows.values() {
+        store(tx, rec)?;
+    }
+    Ok(true)
+}
+
+/// The row after `event`, from the row before it (`None`: no operation yet). Pure: the
+/// same events always fold to the same row, which is what `audit verify` checks.
+pub(crate) fn fold(
+    existing: Option<OperationRecord>,
     key: &OpKey,
     event: &Event,
     seq: u64,
     at: &str,
-) -> Result<Result<(), Refusal>, LedgerError> {
-    let existing = load(tx, key)?;
+) -> Result<Option<OperationRecord>, Refusal> {
     let Some(mut rec) = existing else {
         // Only an intent creates an operation; other events about an unknown operation
         // (a probe of a foreign op id, a session notice) stay in the event log only.
@@ -119,7 +250,7 @@ pub(crate) fn apply(
             rule,
         } = event
         {
-            let rec = OperationRecord {
+            return Ok(Some(OperationRecord {
                 op_id: key.op_id.clone(),
                 host: key.host.clone(),
                 family: *family,
@@ -137,12 +268,16 @@ pub(crate) fn apply(
                 updated_at: at.to_owned(),
                 first_seq: seq,
                 last_seq: seq,
-            };
-            store(tx, &rec)?;
+                contradictions: 0,
+                settled_attempt: None,
+            }));
         }
-        return Ok(Ok(()));
+        return Ok(None);
     };
 
+    // Evidence that contradicts the settled truth never rewrites it (its own
+    // `contradiction` event follows it in the chain).
+    let contradicts = contradiction(&rec, event).is_some();
     rec.unresolved = unresolved_after(rec.unresolved, event);
     rec.updated_at = at.to_owned();
     rec.last_seq = seq;
@@ -156,7 +291,7 @@ pub(crate) fn apply(
             rule,
         } => {
             if *fingerprint != rec.fingerprint {
-                return Ok(Err(Refusal::FingerprintConflict));
+                return Err(Refusal::FingerprintConflict);
             }
             // The same intent again (a new `run` of the same op id): keep the history,
             // take the newest policy decision.
@@ -172,6 +307,7 @@ pub(crate) fn apply(
             rec.state = "dispatched".to_owned();
         }
         Event::BoundaryReached { boundary, .. } => rec.state = boundary.as_str().to_owned(),
+        Event::ExitReceived { .. } if contradicts => {}
         Event::ExitReceived { exit_code, .. } => {
             rec.state = "exit_received".to_owned();
             rec.exit_code = *exit_code;
@@ -180,21 +316,38 @@ pub(crate) fn apply(
         Event::OperatorDecision { decision, .. } => rec.state = format!("resolved:{decision}"),
         Event::Fenced { .. } => rec.state = "fenced".to_owned(),
         Event::Superseded { .. } => rec.state = "superseded".to_owned(),
+        Event::Contradiction { .. } => rec.contradictions += 1,
         Event::Verdict {
-            verdict, exit_code, ..
+            attempt_id,
+            verdict,
+            exit_code,
+            ..
         } => {
-            rec.state = verdict.as_str().to_owned();
-            rec.verdict = Some(*verdict);
-            if exit_code.is_some() {
-                rec.exit_code = *exit_code;
+            let settled = settled_exit(&rec);
+            let rewrites_settled = matches!(verdict, Verdict::Completed | Verdict::Replayed)
+                && settled.is_some()
+                && exit_code.is_some()
+                && *exit_code != settled;
+            // A later verdict that reports another exit than the settled one (a replay of
+            // an edited marker) keeps the first truth; the probe that saw the other exit
+            // already recorded the contradiction.
+            if !rewrites_settled {
+                if settled.is_none() && exit_code.is_some() {
+                    // This verdict settles the exit: later evidence is checked against it.
+                    rec.settled_attempt = attempt_id.clone();
+                }
+                rec.state = verdict.as_str().to_owned();
+                rec.verdict = Some(*verdict);
+                if exit_code.is_some() {
+                    rec.exit_code = *exit_code;
+                }
             }
         }
     }
-    store(tx, &rec)?;
-    Ok(Ok(()))
+    Ok(Some(rec))
 }
 
-pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq";
+pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt";
 
 pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
     let family: String = row.get(2)?;
@@ -223,10 +376,15 @@ pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRec
         updated_at: row.get(14)?,
         first_seq: row.get(15)?,
         last_seq: row.get(16)?,
+        contradictions: row.get(17)?,
+        settled_attempt: row.get(18)?,
     })
 }
 
-fn load(tx: &Transaction<'_>, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+pub(crate) fn load(
+    tx: &Transaction<'_>,
+    key: &OpKey,
+) -> Result<Option<OperationRecord>, LedgerError> {
     Ok(tx
         .query_row(
             &format!("SELECT {COLUMNS} FROM operations WHERE op_id = ?1 AND host = ?2"),
@@ -236,10 +394,10 @@ fn load(tx: &Transaction<'_>, key: &OpKey) -> Result<Option<OperationRecord>, Le
         .optional()?)
 }
 
-fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
+pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
     tx.execute(
         &format!(
-            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
         ),
         params![
             r.op_id,
@@ -259,6 +417,8 @@ fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
             r.updated_at,
             r.first_seq,
             r.last_seq,
+            r.contradictions,
+            r.settled_attempt,
         ],
     )?;
     Ok(())
@@ -315,6 +475,7 @@ mod tests {
             state: "completed".into(),
             exit_code: Some(0),
             detail: String::new(),
+            claim: None,
         };
         assert!(
             unresolved_after(true, &probe),

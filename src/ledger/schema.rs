@@ -3,7 +3,7 @@
 //! Each entry of [`MIGRATIONS`] moves the schema from version `i` to `i + 1`. Once a
 //! version has shipped its SQL is never edited: changes are new entries at the end.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use super::LedgerError;
 
@@ -56,14 +56,38 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX operations_by_recency ON operations (last_seq);
     CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
     "#,
+    // 2: the ledger binds its installation key and keys its chain (SPEC section 7);
+    // contradictions between evidence are counted in the projection.
+    r#"
+    -- name/value facts about the ledger itself: `key_check` (HMAC of a fixed text under
+    -- the key), `chain_keyed_from` (first seq whose hash is an HMAC; older events keep
+    -- the plain SHA-256 they were written with) and its MAC.
+    CREATE TABLE meta (
+        name   TEXT PRIMARY KEY,
+        value  TEXT NOT NULL
+    ) WITHOUT ROWID;
+
+    -- HMAC over (seq, hash) of the head, so a deleted tail cannot be hidden by copying the
+    -- new last event's hash into the head without the key.
+    ALTER TABLE chain_head ADD COLUMN mac TEXT;
+
+    ALTER TABLE operations ADD COLUMN contradictions INTEGER NOT NULL DEFAULT 0;
+    -- The attempt whose exit the settling verdict returned (what later probes must agree with).
+    ALTER TABLE operations ADD COLUMN settled_attempt TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.
 pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// Brings the database to [`CURRENT_VERSION`]. Runs under `BEGIN IMMEDIATE`, so several
-/// processes opening a fresh ledger at once migrate it exactly once.
-pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
+/// Brings the database to [`CURRENT_VERSION`], then calls `then` with the version found
+/// before migrating, in the SAME `BEGIN IMMEDIATE` transaction: several processes opening a
+/// fresh ledger at once migrate it exactly once, and what `then` does (binding the
+/// installation key) commits together with the schema or not at all.
+pub fn migrate<T>(
+    conn: &mut Connection,
+    then: impl FnOnce(&Transaction<'_>, i64) -> Result<T, LedgerError>,
+) -> Result<T, LedgerError> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version > CURRENT_VERSION {
@@ -77,6 +101,7 @@ pub fn migrate(conn: &mut Connection) -> Result<(), LedgerError> {
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", i as i64 + 1)?;
     }
+    let result = then(&tx, version)?;
     tx.commit()?;
-    Ok(())
+    Ok(result)
 }

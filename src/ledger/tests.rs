@@ -220,6 +220,7 @@ fn chain_check_names_edited_deleted_and_swapped_events() {
                 state: "absent".into(),
                 exit_code: Some(i),
                 detail: String::new(),
+                claim: None,
             },
             Durability::Normal,
         )
@@ -325,4 +326,411 @@ fn events_written_before_resolve_exit_and_host_identity_read_and_serialise_uncha
     assert_eq!(serde_json::from_str::<Event>(&text).unwrap(), connected);
     assert_eq!(connected.kind(), "connected");
     assert_eq!(connected.attempt_id(), Some("at-1"));
+}
+
+/// A probe as `opmark probe` records it; a claimed marker names attempt `a1`.
+fn probed(state: &str, code: Option<i32>) -> Event {
+    probed_by(state, code, Some("a1"))
+}
+
+/// A probe of a marker whose claim names `holder` (`None`: no claim record).
+fn probed_by(state: &str, code: Option<i32>, holder: Option<&str>) -> Event {
+    Event::Probed {
+        attempt_id: None,
+        state: state.into(),
+        exit_code: code,
+        detail: "opmark probe".into(),
+        claim: (state != "absent").then(|| event::ClaimSeen {
+            attempt: holder.map(str::to_owned),
+        }),
+    }
+}
+
+/// An operation that ran and completed with `code`, as `run` records it.
+fn completed_op(l: &mut Ledger, k: &OpKey, code: i32) {
+    l.append_many(
+        k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        k,
+        &verdict(Verdict::Completed, Some(code)),
+        Durability::Normal,
+    )
+    .unwrap();
+}
+
+fn kinds(l: &Ledger, k: &OpKey) -> Vec<&'static str> {
+    l.events(k)
+        .unwrap()
+        .iter()
+        .map(|e| e.event.kind())
+        .collect()
+}
+
+#[test]
+fn a_fresh_ledger_makes_its_key_beside_it_0600_and_reopens_with_it() {
+    let s = Scratch::new("key-beside");
+    let fp = {
+        let l = Ledger::open(&s.db()).unwrap();
+        assert_eq!(l.key().path(), key_path_beside(&s.db()));
+        assert_eq!(
+            key_path_beside(&s.db()),
+            s.0.join("state").join("ledger.key")
+        );
+        l.key().check_value()
+    };
+    let meta = std::fs::metadata(key_path_beside(&s.db())).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let again = Ledger::open(&s.db()).unwrap();
+    assert_eq!(again.key().check_value(), fp, "the same key, not a new one");
+}
+
+#[test]
+fn a_missing_key_is_an_error_naming_both_paths_and_no_key_is_made() {
+    let s = Scratch::new("key-missing");
+    {
+        let mut l = Ledger::open(&s.db()).unwrap();
+        completed_op(&mut l, &OpKey::new("op-1", "web1"), 0);
+    }
+    let key = key_path_beside(&s.db());
+    std::fs::remove_file(&key).unwrap();
+    let err = Ledger::open(&s.db()).unwrap_err().to_string();
+    assert!(err.contains(&s.db().display().to_string()), "{err}");
+    assert!(err.contains(&key.display().to_string()), "{err}");
+    assert!(err.contains("--ledger-key"), "{err}");
+    assert!(
+        !key.exists(),
+        "a key was silently made for an existing ledger"
+    );
+    // Also for a ledger that has its schema but no event yet: the binding is what counts.
+    let s2 = Scratch::new("key-missing-empty");
+    drop(Ledger::open(&s2.db()).unwrap());
+    std::fs::remove_file(key_path_beside(&s2.db())).unwrap();
+    assert!(Ledger::open(&s2.db()).is_err());
+}
+
+#[test]
+fn a_different_key_is_an_error_naming_both_paths_never_a_conflict() {
+    let s = Scratch::new("key-other");
+    {
+        let mut l = Ledger::open(&s.db()).unwrap();
+        completed_op(&mut l, &OpKey::new("op-1", "web1"), 0);
+    }
+    let other = s.0.join("other.key");
+    fingerprint::InstallationKey::generate(&other).unwrap();
+    let err = Ledger::open_with_key(&s.db(), Some(&other)).unwrap_err();
+    assert!(matches!(err, LedgerError::Invalid { .. }), "{err:?}");
+    let err = err.to_string();
+    assert!(err.contains(&s.db().display().to_string()), "{err}");
+    assert!(err.contains(&other.display().to_string()), "{err}");
+    assert!(err.contains("not the key of the ledger"), "{err}");
+    // The right key named explicitly opens it.
+    let copy = s.0.join("copy.key");
+    std::fs::copy(key_path_beside(&s.db()), &copy).unwrap();
+    Ledger::open_with_key(&s.db(), Some(&copy)).unwrap();
+}
+
+#[test]
+fn a_named_key_for_a_fresh_ledger_must_exist() {
+    let s = Scratch::new("key-named");
+    let named = s.0.join("shared.key");
+    let err = Ledger::open_with_key(&s.db(), Some(&named))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("opmark ledger keygen"), "{err}");
+    assert!(!named.exists());
+    fingerprint::InstallationKey::generate(&named).unwrap();
+    let l = Ledger::open_with_key(&s.db(), Some(&named)).unwrap();
+    assert_eq!(l.key().path(), named);
+    assert!(!key_path_beside(&s.db()).exists(), "no second key was made");
+}
+
+#[test]
+fn a_probe_that_disagrees_with_a_settled_exit_is_a_contradiction_not_a_rewrite() {
+    let s = Scratch::new("contradiction");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    completed_op(&mut l, &k, 0);
+    // Agreeing evidence and a gc'd marker are not contradictions.
+    l.append(&k, &probed("completed", Some(0)), Durability::Normal)
+        .unwrap();
+    l.append(&k, &probed("absent", None), Durability::Normal)
+        .unwrap();
+    assert_eq!(l.operation(&k).unwrap().unwrap().contradictions, 0);
+
+    let seq = l
+        .append(&k, &probed("completed", Some(9)), Durability::Normal)
+        .unwrap();
+    let events = l.events(&k).unwrap();
+    let last = events.last().unwrap();
+    assert_eq!(last.seq, seq + 1, "recorded right after the evidence");
+    assert_eq!(
+        last.event,
+        Event::Contradiction {
+            source: "probed".into(),
+            evidence_seq: seq,
+            expected: Observed {
+                state: "completed".into(),
+                exit_code: Some(0),
+                attempt: Some("a1".into()),
+            },
+            seen: Observed {
+                state: "completed".into(),
+                exit_code: Some(9),
+                attempt: Some("a1".into()),
+            },
+        }
+    );
+    // A replay verdict carrying the edited exit does not rewrite the settled one.
+    l.append(&k, &verdict(Verdict::Replayed, Some(9)), Durability::Normal)
+        .unwrap();
+    // A marker running again after completion is one too.
+    l.append(&k, &probed("running", None), Durability::Normal)
+        .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!(r.exit_code, Some(0), "the first settled truth is kept");
+    assert_eq!(r.verdict, Some(Verdict::Completed));
+    assert_eq!(r.contradictions, 2);
+    assert_eq!(
+        kinds(&l, &k)
+            .iter()
+            .filter(|k| **k == "contradiction")
+            .count(),
+        2
+    );
+    let st = l.stats().unwrap();
+    assert_eq!((st.contradictions, st.contradicted_operations), (2, 1));
+    let report = l.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+}
+
+#[test]
+fn an_unsettled_operation_takes_its_exit_from_later_evidence_without_contradiction() {
+    let s = Scratch::new("no-contradiction");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        &k,
+        &verdict(Verdict::Indeterminate, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    l.append(&k, &probed("completed", Some(9)), Durability::Normal)
+        .unwrap();
+    l.append(&k, &verdict(Verdict::Replayed, Some(9)), Durability::Normal)
+        .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!((r.exit_code, r.contradictions), (Some(9), 0));
+}
+
+#[test]
+fn verify_names_a_projection_row_that_differs_from_its_events() {
+    let s = Scratch::new("projection");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "rm -rf /srv/x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        &k,
+        &verdict(Verdict::Completed, Some(9)),
+        Durability::Normal,
+    )
+    .unwrap();
+    assert!(l.verify_chain().unwrap().intact());
+    l.conn
+        .execute(
+            "UPDATE operations SET verdict = 'completed', exit_code = 0, display = 'echo harmless'",
+            [],
+        )
+        .unwrap();
+    let report = l.verify_chain().unwrap();
+    assert!(
+        report.first_break.is_none(),
+        "the events themselves are whole"
+    );
+    let m = report.first_mismatch.unwrap();
+    assert_eq!((m.op_id.as_str(), m.host.as_str()), ("op-1", "web1"));
+    assert!(m.problem.contains("display, exit_code"), "{}", m.problem);
+    assert!(
+        !m.problem.contains("harmless"),
+        "no stored values in the message"
+    );
+
+    l.conn.execute("DELETE FROM operations", []).unwrap();
+    let m = l.verify_chain().unwrap().first_mismatch.unwrap();
+    assert!(m.problem.contains("missing"), "{}", m.problem);
+}
+
+#[test]
+fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() {
+    let s = Scratch::new("tail");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    for i in 0..4 {
+        l.append(&k, &probed("absent", Some(i)), Durability::Normal)
+            .unwrap();
+    }
+    l.conn
+        .execute_batch(
+            "DELETE FROM events WHERE seq = 4;
+             UPDATE chain_head SET seq = 3, hash = (SELECT hash FROM events WHERE seq = 3);",
+        )
+        .unwrap();
+    let b = l.verify_chain().unwrap().first_break.unwrap();
+    assert_eq!(b.seq, 4, "{}", b.problem);
+    assert!(b.problem.contains("deleted"), "{}", b.problem);
+
+    // Recompute every hash and the head with the plain (unkeyed) scheme.
+    let rows: Vec<(u64, String, String, String, String, String)> = {
+        let mut st = l
+            .conn
+            .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
+            .unwrap();
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    let mut prev = chain::GENESIS.to_owned();
+    for (seq, op_id, host, at, kind, payload) in &rows {
+        let hash = chain::Link {
+            seq: *seq,
+            prev_hash: &prev,
+            op_id,
+            host,
+            at,
+            kind,
+            payload,
+        }
+        .hash();
+        l.conn
+            .execute(
+                "UPDATE events SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
+                params![prev, hash, seq],
+            )
+            .unwrap();
+        prev = hash;
+    }
+    l.conn
+        .execute("UPDATE chain_head SET hash = ?1", params![prev])
+        .unwrap();
+    let b = l.verify_chain().unwrap().first_break.unwrap();
+    assert_eq!(b.seq, 1, "{}", b.problem);
+    assert!(b.problem.contains("keyed hash"), "{}", b.problem);
+}
+
+#[test]
+fn moving_the_keyed_switch_point_is_found() {
+    let s = Scratch::new("switch");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append(&k, &probed("absent", None), Durability::Normal)
+        .unwrap();
+    l.conn
+        .execute(
+            "UPDATE meta SET value = '99' WHERE name = 'chain_keyed_from'",
+            [],
+        )
+        .unwrap();
+    let b = l.verify_chain().unwrap().first_break.unwrap();
+    assert!(b.problem.contains("keyed chain starts"), "{}", b.problem);
+}
+
+#[test]
+fn a_completed_marker_without_a_claim_record_is_a_contradiction() {
+    let s = Scratch::new("claimless");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), None),
+        Durability::Normal,
+    )
+    .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!(r.contradictions, 1);
+    let last = l.events(&k).unwrap().pop().unwrap().event;
+    assert!(
+        matches!(&last, Event::Contradiction { seen, .. } if seen.state == "completed without a claim record"),
+        "{last:?}"
+    );
+    // Interrupted or running markers without a claim are crash leftovers or a claim in
+    // progress (the shim says `never_started`/`claiming`), not contradictions.
+    l.append(
+        &k,
+        &probed_by("interrupted", None, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    assert_eq!(l.operation(&k).unwrap().unwrap().contradictions, 1);
+}
+
+#[test]
+fn a_marker_completed_by_another_attempt_than_the_settled_one_is_a_contradiction() {
+    let s = Scratch::new("other-attempt");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    completed_op(&mut l, &k, 0);
+    assert_eq!(
+        l.operation(&k).unwrap().unwrap().settled_attempt.as_deref(),
+        Some("a1")
+    );
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), Some("a1")),
+        Durability::Normal,
+    )
+    .unwrap();
+    assert_eq!(l.operation(&k).unwrap().unwrap().contradictions, 0);
+    l.append(
+        &k,
+        &probed_by("completed", Some(0), Some("a9")),
+        Durability::Normal,
+    )
+    .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!((r.contradictions, r.exit_code), (1, Some(0)));
+    assert!(l.verify_chain().unwrap().intact());
+}
+
+#[test]
+fn a_ledger_whose_key_check_was_deleted_is_refused_not_rebound() {
+    let s = Scratch::new("check-gone");
+    {
+        let mut l = Ledger::open(&s.db()).unwrap();
+        completed_op(&mut l, &OpKey::new("op-1", "web1"), 0);
+        l.conn
+            .execute("DELETE FROM meta WHERE name = 'key_check'", [])
+            .unwrap();
+    }
+    let err = Ledger::open(&s.db()).unwrap_err().to_string();
+    assert!(err.contains("edited outside opmark"), "{err}");
 }

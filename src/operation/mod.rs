@@ -10,6 +10,7 @@ pub mod call;
 pub mod identity;
 pub mod output;
 pub mod reconcile;
+pub mod record;
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use identity::Recorded;
 use output::Output;
+use record::{LedgerWriteError, RunLedger};
 
 /// What the caller asked `opmark run` to do.
 #[derive(Debug, Clone)]
@@ -125,6 +127,10 @@ pub struct RunReport {
     pub timed_out: bool,
     /// Output bytes the host dropped beyond its cap (stdout, stderr).
     pub dropped: (u64, u64),
+    /// A ledger write that failed after dispatch: the verdict stands, the ledger does not
+    /// hold it, and a rerun with the same op id replays it from the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_error: Option<LedgerWriteError>,
 }
 
 impl RunReport {
@@ -173,7 +179,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     let key = OpKey::new(input.op.as_str(), host_name.clone());
     let family_policy = env.policy.family(family).clone();
     let mut runner = Runner {
-        ledger: env.ledger,
+        ledger: RunLedger::new(env.ledger),
         pool: env.pool,
         key,
         op: input.op.clone(),
@@ -250,7 +256,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
     if let Some(existing) = &existing {
         if existing.fingerprint != ledger_fp {
             let reason = format!(
-                "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. Use a new op id",
+                "operation {} on {} is already bound to a different command or stdin (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
                 runner.key.op_id, runner.key.host, existing.created_at
             );
             return Ok(runner.report(Answer::new(
@@ -297,12 +303,30 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         )?;
     }
     runner.begin(first_reason, first_parent)?;
-    runner.drive(&dest).await
+    match runner.drive(&dest).await {
+        // After dispatch with a ledger that stopped taking writes (a retry could not be
+        // recorded, so it was not sent): the caller still gets a verdict, and it claims
+        // no more than the evidence.
+        Err(e) if runner.ledger.failed().is_some() => {
+            let reason = format!(
+                "{}; an attempt was dispatched before that, so the command may have run. Rerun with the same op id once the ledger can be written: the host marker decides",
+                e.message
+            );
+            let attempt = runner.current_attempt();
+            Ok(runner.report(Answer::new(
+                Verdict::Indeterminate,
+                Some(attempt),
+                ReasonCode::EarlierDispatchUnknown,
+                reason,
+            )))
+        }
+        other => other,
+    }
 }
 
 /// The state of one `run`.
 struct Runner<'a> {
-    ledger: &'a mut Ledger,
+    ledger: RunLedger<'a>,
     pool: &'a Pool,
     key: OpKey,
     op: OpId,
@@ -450,9 +474,10 @@ impl<'a> Runner<'a> {
             });
             let stdin = self.input.stdin.clone();
             fault_point("before_dispatch");
+            self.ledger.dispatched = true;
             let end = {
                 let mut observer = RunObserver {
-                    ledger: self.ledger,
+                    ledger: &mut self.ledger,
                     key: &self.key,
                     attempt: &attempt,
                     attempts: &mut self.attempts,
@@ -679,7 +704,7 @@ impl<'a> Runner<'a> {
                 Some(attempt.to_owned()),
                 ReasonCode::ConflictOnHost,
                 format!(
-                    "the host's marker binds op {} to a different command or stdin; nothing ran. Use a new op id",
+                    "the host's marker binds op {} to a different command or stdin; nothing ran. For the same effect resend exactly that command and stdin; a new op id only for a different effect",
                     self.key.op_id
                 ),
             )),
@@ -956,6 +981,7 @@ impl<'a> Runner<'a> {
                 state: "unreachable".into(),
                 exit_code: None,
                 detail: problem.to_owned(),
+                claim: None,
             },
             Durability::Normal,
         )?;
@@ -984,6 +1010,7 @@ impl<'a> Runner<'a> {
                 state: marker.state.as_str().into(),
                 exit_code: marker.exit_code,
                 detail,
+                claim: record::claim_seen(marker),
             },
             Durability::Normal,
         )?;
@@ -1086,7 +1113,7 @@ impl<'a> Runner<'a> {
 
     fn boundary(&mut self, attempt: &str, boundary: Boundary, detail: &str) -> Result<(), Error> {
         record_boundary(
-            self.ledger,
+            &mut self.ledger,
             &self.key,
             &mut self.attempts,
             attempt,
@@ -1196,6 +1223,9 @@ impl<'a> Runner<'a> {
                         self.output.out_bytes(),
                         self.output.err_bytes()
                     ),
+                    claim: Some(crate::ledger::event::ClaimSeen {
+                        attempt: Some(x.attempt.clone()).filter(|a| !a.is_empty()),
+                    }),
                 },
                 Durability::Normal,
             )?;
@@ -1254,6 +1284,7 @@ impl<'a> Runner<'a> {
                 .exit
                 .as_ref()
                 .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
+            ledger_error: self.ledger.failed().cloned(),
         }
     }
 }
@@ -1296,7 +1327,7 @@ fn describe_fields(fields: &std::collections::BTreeMap<String, String>) -> Strin
 /// invocation's summary, so `run --json`'s `attempts[]` (and every decision made from
 /// it) says exactly what the ledger says, never more.
 fn record_boundary(
-    ledger: &mut Ledger,
+    ledger: &mut RunLedger<'_>,
     key: &OpKey,
     attempts: &mut [AttemptSummary],
     attempt: &str,
@@ -1366,8 +1397,8 @@ pub fn progress(message: &str) {
 }
 
 /// Streams a run call: output to the caller, `started` to the ledger as soon as seen.
-struct RunObserver<'r> {
-    ledger: &'r mut Ledger,
+struct RunObserver<'r, 'a> {
+    ledger: &'r mut RunLedger<'a>,
     key: &'r OpKey,
     attempt: &'r str,
     attempts: &'r mut Vec<AttemptSummary>,
@@ -1375,7 +1406,7 @@ struct RunObserver<'r> {
     error: Option<LedgerError>,
 }
 
-impl CallObserver for RunObserver<'_> {
+impl CallObserver for RunObserver<'_, '_> {
     fn stdout(&mut self, bytes: &[u8]) {
         self.output.stdout(bytes);
     }

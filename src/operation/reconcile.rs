@@ -191,6 +191,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         state: m.state.as_str().into(),
         exit_code: m.exit_code,
         detail: format!("opmark reconcile {what}: {}", m.summary()),
+        claim: super::record::claim_seen(m),
     };
     match evidence {
         Evidence::NotContacted => {
@@ -211,6 +212,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                 state: "unreachable".into(),
                 exit_code: None,
                 detail: format!("opmark reconcile: {why}"),
+                claim: None,
             });
         }
         Evidence::KeyMismatch(why) => {
@@ -602,6 +604,8 @@ mod tests {
                 updated_at: String::new(),
                 first_seq: 1,
                 last_seq: 3,
+                contradictions: 0,
+                settled_attempt: None,
             },
             events,
         }

@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use opmark::family::Family;
 use opmark::ledger::chain::Link;
-use opmark::ledger::{Durability, Event, Ledger, ListFilter, OpKey, Redactor};
+use opmark::ledger::{key_path_beside, Durability, Event, Ledger, ListFilter, OpKey, Redactor};
 use opmark::vocab::{Boundary, RetryReason, Verdict};
+
+use crate::support::{self, Lab, Sealed};
 
 const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
 const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
@@ -250,7 +252,10 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain() {
     }
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).trim(), "chain intact: 4000 events");
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "chain intact: 4000 events, projection equals their replay"
+    );
 }
 
 #[test]
@@ -321,6 +326,8 @@ fn tampered(s: &Scratch, name: &str, sql: &str) -> PathBuf {
     let pristine = tamper_fixture(s);
     let db = s.path(&format!("{name}.db"));
     std::fs::copy(&pristine, &db).unwrap();
+    // The copy keeps its key beside it, as a ledger moved with its key does.
+    std::fs::copy(key_path_beside(&pristine), key_path_beside(&db)).unwrap();
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(sql).unwrap();
     drop(conn);
@@ -344,7 +351,10 @@ fn audit_verify_reports_an_intact_chain() {
     let db = tamper_fixture(&s);
     let out = opmark(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(text(&out.stdout), "chain intact: 15 events\n");
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 15 events, projection equals their replay\n"
+    );
     let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], true);
@@ -485,6 +495,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             state: "absent".into(),
             exit_code: None,
             detail: String::new(),
+            claim: None,
         },
         Event::AttemptDispatched {
             attempt_id: "a2".into(),
@@ -638,6 +649,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 state: "absent".into(),
                 exit_code: None,
                 detail: secret.to_string(),
+                claim: None,
             },
             Event::Reconciled {
                 decision: "still_unknown".into(),
@@ -732,4 +744,596 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
         !contains_canary(&bytes),
         "secret found in the checkpointed database"
     );
+}
+
+// --- The installation key belongs to the ledger (SPEC section 7) -------------------
+
+/// `opmark --json run target1 --op OP -- CMD` in `env` (any extra env applied first).
+fn run_op(
+    cmd: &mut Command,
+    lab: &Lab,
+    op: &str,
+    command: &str,
+) -> (serde_json::Value, i32, String) {
+    let out = cmd
+        .arg("-F")
+        .arg(lab.ssh_config())
+        .args(["--json", "run", "target1", "--op", op, "--", command])
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (doc, out.status.code().unwrap_or(-1), text(&out.stderr))
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+#[test]
+fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("key-same-ledger");
+    let other = Sealed::new("key-other-home");
+    let fx = env.root.join("effects");
+    let cmd = format!("echo ran >> {}; exit 5", fx.display());
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    assert_eq!(first["verdict"], "completed", "{first} {err}");
+    assert_eq!(status, 5);
+    let key = key_path_beside(&env.ledger);
+    assert!(key.is_file(), "the key is made with the ledger, beside it");
+
+    // Same ledger, another HOME and XDG_CONFIG_HOME (sudo, a container keeping only the
+    // state dir): the same intent is recognised, nothing runs again.
+    let mut elsewhere = other.opmark();
+    elsewhere
+        .env_remove("OPMARK_LEDGER")
+        .arg("--ledger")
+        .arg(&env.ledger);
+    let (again, status, err) = run_op(&mut elsewhere, &lab, "key-1", &cmd);
+    assert_eq!(again["verdict"], "replayed", "{again} {err}");
+    assert_eq!((again["exit_code"].as_i64(), status), (Some(5), 5));
+    assert_eq!(count_lines(&fx), 1, "one execution on the host");
+    assert!(
+        std::fs::read_dir(&other.config).unwrap().next().is_none(),
+        "no key was made under the other config dir"
+    );
+
+    // Key deleted: a clear error naming both paths, nothing sent (a new op would run).
+    let saved = env.root.join("saved.key");
+    std::fs::rename(&key, &saved).unwrap();
+    let marker_root = lab.target("target1").unwrap().marker_root();
+    let (doc, status, err) = run_op(&mut env.opmark(), &lab, "key-2", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    let said = format!("{doc} {err}");
+    assert!(said.contains(&env.ledger.display().to_string()), "{said}");
+    assert!(said.contains(&key.display().to_string()), "{said}");
+    assert!(!said.contains("conflict"), "{said}");
+    assert!(!key.exists(), "no key silently made for an existing ledger");
+    assert!(!marker_root.join("ops/key-2").exists(), "nothing was sent");
+
+    // A different key: the same kind of error, never `conflict`.
+    let wrong = other.root.join("wrong.key");
+    let out = other
+        .opmark()
+        .args(["ledger", "keygen"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut wrong_key = env.opmark();
+    wrong_key.env("OPMARK_LEDGER_KEY", &wrong);
+    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-1", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    let said = format!("{doc} {err}");
+    assert!(said.contains(&wrong.display().to_string()), "{said}");
+    assert!(said.contains(&env.ledger.display().to_string()), "{said}");
+    assert!(said.contains("not the key of the ledger"), "{said}");
+    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-3", &cmd);
+    assert_eq!(status, 248, "{doc} {err}");
+    assert!(!marker_root.join("ops/key-3").exists(), "nothing was sent");
+    assert_eq!(count_lines(&fx), 1);
+
+    // The restored key opens the ledger again, and the operation still replays.
+    std::fs::rename(&saved, &key).unwrap();
+    let (again, _, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    assert_eq!(again["verdict"], "replayed", "{again} {err}");
+    assert_eq!(count_lines(&fx), 1);
+}
+
+#[test]
+fn ledger_keygen_writes_a_0600_key_and_never_overwrites() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new("keygen");
+    let key = s.path("keys/shared.key");
+    let out = opmark(
+        &s.0,
+        &s.path("l.db"),
+        &["ledger", "keygen", key.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let meta = std::fs::metadata(&key).unwrap();
+    assert_eq!((meta.len(), meta.permissions().mode() & 0o777), (32, 0o600));
+    let before = std::fs::read(&key).unwrap();
+    let out = opmark(
+        &s.0,
+        &s.path("l.db"),
+        &["ledger", "keygen", key.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        text(&out.stderr).contains("refusing to overwrite"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&key).unwrap(), before);
+}
+
+/// The schema of version 1, as the old layout shipped it (migrations are never edited,
+/// so this is what such a ledger holds).
+const SCHEMA_V1: &str = "
+    CREATE TABLE events (seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
+        at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL, prev_hash TEXT NOT NULL,
+        hash TEXT NOT NULL);
+    CREATE INDEX events_by_operation ON events (op_id, host, seq);
+    CREATE INDEX events_by_kind ON events (kind);
+    CREATE TABLE chain_head (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL,
+        hash TEXT NOT NULL);
+    CREATE TABLE operations (op_id TEXT NOT NULL, host TEXT NOT NULL, family TEXT NOT NULL,
+        display TEXT NOT NULL, fingerprint TEXT NOT NULL, rule TEXT NOT NULL,
+        session TEXT NOT NULL, state TEXT NOT NULL, verdict TEXT, exit_code INTEGER,
+        attempts INTEGER NOT NULL DEFAULT 0, last_attempt TEXT, unresolved INTEGER NOT NULL,
+        created_at TEXT NOT NULL, updated_at TEXT NOT NULL, first_seq INTEGER NOT NULL,
+        last_seq INTEGER NOT NULL, PRIMARY KEY (op_id, host)) WITHOUT ROWID;
+    CREATE INDEX operations_by_recency ON operations (last_seq);
+    CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+    PRAGMA user_version = 1;
+";
+
+/// A ledger as the old layout left it: schema 1, a plain SHA-256 chain holding one
+/// operation that completed with exit 9, and an `operations` row edited to say exit 0
+/// (the old layout never checked its rows).
+fn old_layout_ledger(db: &Path) {
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch(SCHEMA_V1).unwrap();
+    let events = [
+        (
+            "intended",
+            r#"{"kind":"intended","session":"s","family":"destructive","display":"rm -rf /srv/old","fingerprint":"fp","rule":"r"}"#,
+        ),
+        (
+            "attempt_dispatched",
+            r#"{"kind":"attempt_dispatched","attempt_id":"at-1","number":1,"parent":null,"reason":"first_attempt"}"#,
+        ),
+        (
+            "verdict",
+            r#"{"kind":"verdict","attempt_id":"at-1","verdict":"completed","exit_code":9,"reason":"r"}"#,
+        ),
+    ];
+    let at = "2026-01-01T00:00:00.000000Z";
+    let mut prev = opmark::ledger::chain::GENESIS.to_owned();
+    for (i, (kind, payload)) in events.iter().enumerate() {
+        let seq = i as u64 + 1;
+        let hash = Link {
+            seq,
+            prev_hash: &prev,
+            op_id: "old-op",
+            host: "h",
+            at,
+            kind,
+            payload,
+        }
+        .hash();
+        conn.execute(
+            "INSERT INTO events VALUES (?1, 'old-op', 'h', ?2, ?3, ?4, ?5, ?6)",
+            rusqlite::params![seq, at, kind, payload, prev, hash],
+        )
+        .unwrap();
+        prev = hash;
+    }
+    conn.execute(
+        "INSERT INTO chain_head VALUES (1, ?1, ?2)",
+        rusqlite::params![events.len() as u64, prev],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO operations VALUES ('old-op', 'h', 'destructive', 'echo harmless', 'fp', 'r', 's', 'completed', 'completed', 0, 1, 'at-1', 0, ?1, ?1, 1, 3)",
+        [at],
+    )
+    .unwrap();
+}
+
+#[test]
+fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
+    let s = Scratch::new("adopt");
+    let db = s.path("state/opmark/ledger.db");
+    old_layout_ledger(&db);
+    // Without any key, it refuses and names where it looked.
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(248));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&key_path_beside(&db).display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("config/opmark/installation.key"), "{err}");
+
+    let legacy = s.path("config/opmark/installation.key");
+    std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+    std::fs::write(&legacy, [7u8; 32]).unwrap();
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{}{err}", text(&out.stdout));
+    assert!(
+        err.contains("copied")
+            && err.contains(&legacy.display().to_string())
+            && err.contains("rebuilt from its events"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(key_path_beside(&db)).unwrap(), [7u8; 32]);
+    // Once: the next open is silent, and new events are keyed after the old plain ones.
+    let mut ledger = Ledger::open(&db).unwrap();
+    ledger
+        .append(
+            &OpKey::new("new-op", "h"),
+            &Event::Fenced {
+                detail: "new".into(),
+            },
+            Durability::Normal,
+        )
+        .unwrap();
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert_eq!(text(&out.stderr), "");
+    assert!(text(&out.stdout).starts_with("chain intact: 4 events"));
+    // The rows now say what the events say.
+    let doc: serde_json::Value =
+        serde_json::from_slice(&opmark(&s.0, &db, &["--json", "list"]).stdout).unwrap();
+    let op = &doc["operations"][0];
+    assert_eq!(op["display"], "rm -rf /srv/old");
+    assert_eq!(op["exit_code"], 9);
+}
+
+// --- audit verify does not trust the projection (SPEC section 7) -------------------
+
+#[test]
+fn audit_verify_names_an_edited_projection_row() {
+    let s = Scratch::new("projection");
+    let db = tampered(
+        &s,
+        "projection",
+        "UPDATE operations SET verdict = 'completed', exit_code = 0, display = 'echo harmless' WHERE op_id = 'op1'",
+    );
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.starts_with("projection differs from the events at operation `op1` on `h`"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("display"), "{stdout}");
+    let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["intact"], false);
+    assert_eq!(doc["first_mismatch"]["op_id"], "op1");
+}
+
+#[test]
+fn audit_verify_finds_a_deleted_tail_whose_head_was_fixed() {
+    let s = Scratch::new("tail");
+    let db = tampered(
+        &s,
+        "tail",
+        "DELETE FROM events WHERE seq = 15;
+         UPDATE chain_head SET seq = 14, hash = (SELECT hash FROM events WHERE seq = 14);",
+    );
+    let msg = assert_verify_names(&s, &db, 15);
+    assert!(msg.contains("deleted"), "{msg}");
+}
+
+#[test]
+fn audit_verify_finds_a_full_recomputation_of_the_plain_chain() {
+    let s = Scratch::new("recompute");
+    let db = tampered(
+        &s,
+        "recompute",
+        "UPDATE events SET payload = replace(payload, '\"exit_code\":0', '\"exit_code\":7')",
+    );
+    // Recompute every hash and the head in order, as someone without the key would.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let rows: Vec<(u64, String, String, String, String, String)> = {
+        let mut st = conn
+            .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
+            .unwrap();
+        let rows = st
+            .query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .unwrap();
+        rows.collect::<Result<_, _>>().unwrap()
+    };
+    let mut prev = opmark::ledger::chain::GENESIS.to_owned();
+    for (seq, op_id, host, at, kind, payload) in &rows {
+        let hash = Link {
+            seq: *seq,
+            prev_hash: &prev,
+            op_id,
+            host,
+            at,
+            kind,
+            payload,
+        }
+        .hash();
+        conn.execute(
+            "UPDATE events SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
+            rusqlite::params![prev, hash, seq],
+        )
+        .unwrap();
+        prev = hash;
+    }
+    conn.execute(
+        "UPDATE chain_head SET seq = ?1, hash = ?2",
+        rusqlite::params![rows.len() as u64, prev],
+    )
+    .unwrap();
+    drop(conn);
+    let msg = assert_verify_names(&s, &db, 1);
+    assert!(msg.contains("keyed hash"), "{msg}");
+}
+
+// --- contradictions between evidence (SPEC section 3) ------------------------------
+
+#[test]
+fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keeps_exit_0() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("contradiction");
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    assert_eq!(
+        (first["verdict"].as_str(), status),
+        (Some("completed"), 0),
+        "{first} {err}"
+    );
+
+    // A deliberate edit of the host's exit record, as a command of the same user could.
+    let exit = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/edited-1/exit");
+    let record = std::fs::read_to_string(&exit).unwrap();
+    assert!(record.starts_with("code=0\n"), "{record}");
+    std::fs::write(&exit, record.replacen("code=0", "code=9", 1)).unwrap();
+
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["probe", "target1", "edited-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("exit=9"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let show = env.opmark().args(["show", "edited-1"]).output().unwrap();
+    let page = text(&show.stdout);
+    // Lines wrap at 80 columns; compare the words.
+    let words = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("CONTRADICTED expected completed exit 0 (attempt at-"),
+        "{page}"
+    );
+    assert!(words.contains("but probed (event #"), "{page}");
+    assert!(
+        words.contains("saw completed exit 9 (attempt at-"),
+        "{page}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "show", "edited-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(doc["contradictions"][0]["seen"]["exit_code"], 9);
+    assert_eq!(doc["operation"]["exit_code"], 0);
+    assert_eq!(doc["outcome"]["exit_code"], 0);
+
+    let list = text(&env.opmark().arg("list").output().unwrap().stdout);
+    let row = list.lines().find(|l| l.contains("edited-1")).unwrap();
+    assert!(row.starts_with(" C "), "{list}");
+    assert!(list.contains("1 CONTRADICTED"), "{list}");
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "list"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let op = &doc["operations"][0];
+    assert_eq!(
+        (op["contradictions"].as_u64(), op["exit_code"].as_i64()),
+        (Some(1), Some(0))
+    );
+
+    let stats: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "stats"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(stats["contradictions"], 1);
+    assert_eq!(stats["contradicted_operations"], 1);
+
+    // reconcile reports it and does not settle it away.
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["reconcile", "edited-1"])
+        .output()
+        .unwrap();
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains("edited-1") && said.contains("CONTRADICTED"),
+        "{said}"
+    );
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "reconcile", "edited-1"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["contradicted"][0]["exit_code"], 0);
+
+    // A rerun replays what the host now says, and says on stderr that it contradicts
+    // the ledger, which keeps exit 0.
+    let (doc, _, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
+    assert!(err.contains("CONTRADICTION"), "{err}");
+    assert!(err.contains("keeps exit 0"), "{err}");
+
+    // The chain and the projection still agree with each other.
+    let out = env.opmark().args(["audit", "verify"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+// --- the verdict survives a ledger that cannot be written after dispatch -----------
+
+/// A size-limited tmpfs mounted for one test, unmounted on drop.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(dir: PathBuf, size: &str) -> SmallFs {
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount: {}", text(&out.stderr));
+        SmallFs(dir)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_ledger_disk_filled_by_the_command_still_gets_the_verdict_and_a_rerun_replays() {
+    if !support::require_root("a_ledger_disk_filled_by_the_command_still_gets_the_verdict")
+        || !support::require_tools("ledger disk full", &["mount", "umount", "dd"])
+    {
+        return;
+    }
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("ledger-full");
+    let fs = SmallFs::mount(env.root.join("ledgerfs"), "2m");
+    let ledger = fs.0.join("ledger.db");
+    let fx = env.root.join("effects");
+    // The target is local: the command itself fills the ledger's filesystem after the
+    // intent and the attempt were written, then exits 3.
+    let cmd = format!(
+        "echo ran >> {}; dd if=/dev/zero of={} bs=64k 2>/dev/null; exit 3",
+        fx.display(),
+        fs.0.join("fill").display()
+    );
+    let mut first = env.opmark();
+    first.env("OPMARK_LEDGER", &ledger);
+    let (doc, status, err) = run_op(&mut first, &lab, "full-1", &cmd);
+    assert_eq!(doc["verdict"], "completed", "{doc} {err}");
+    assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3), "{err}");
+    assert_eq!(doc["ledger_error"]["reason_code"], "ledger_full", "{doc}");
+    assert!(
+        doc["ledger_error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("full"),
+        "{doc}"
+    );
+    assert!(err.contains("could not record this verdict"), "{err}");
+    assert!(err.contains("same op id"), "{err}");
+    assert_eq!(count_lines(&fx), 1);
+
+    std::fs::remove_file(fs.0.join("fill")).unwrap();
+    let mut again = env.opmark();
+    again.env("OPMARK_LEDGER", &ledger);
+    let (doc, status, err) = run_op(&mut again, &lab, "full-1", &cmd);
+    assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
+    assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3));
+    assert!(doc.get("ledger_error").is_none(), "{doc}");
+    assert_eq!(count_lines(&fx), 1, "one execution");
+    let out = env
+        .opmark()
+        .env("OPMARK_LEDGER", &ledger)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_completed_marker_whose_claim_record_was_removed_is_a_contradiction() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("claimless");
+    let (first, status, err) = run_op(&mut env.opmark(), &lab, "claimless-1", "exit 4");
+    assert_eq!(
+        (first["verdict"].as_str(), status),
+        (Some("completed"), 4),
+        "{first} {err}"
+    );
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/claimless-1");
+    std::fs::remove_file(marker.join("claim")).unwrap();
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["probe", "target1", "claimless-1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "show", "claimless-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(
+        doc["contradictions"][0]["seen"]["state"], "completed without a claim record",
+        "{doc}"
+    );
+    assert_eq!(doc["operation"]["exit_code"], 4);
 }

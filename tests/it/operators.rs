@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::family::Family;
-use opmark::ledger::fingerprint::{ledger_fingerprint, InstallationKey, Intent};
+use opmark::ledger::fingerprint::{ledger_fingerprint, Intent};
 use opmark::ledger::{Durability, Event, Ledger, OpKey};
 use opmark::op_id::OpId;
 use opmark::shim::{self, Verb};
@@ -50,12 +50,12 @@ fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {
 /// never answered: what a client that crashed (or lost its link) right after dispatch
 /// leaves behind. Nothing is sent to the host.
 fn record_lost_dispatch(env: &Sealed, host: &str, op: &str, command: &str, dispatched: bool) {
-    let key = InstallationKey::load_or_create(Some(&env.config.join("opmark"))).unwrap();
+    let mut ledger = Ledger::open(&env.ledger).unwrap();
+    let key = ledger.key().clone();
     let intent = Intent {
         command,
         stdin_sha256: None,
     };
-    let mut ledger = Ledger::open(&env.ledger).unwrap();
     let mut events = vec![Event::Intended {
         session: "s-lost-client".into(),
         family: Family::Destructive,
