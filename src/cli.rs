@@ -150,6 +150,9 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
+    /// Stop a running operation on its host for good: TERM, then KILL after the grace;
+    /// an absent or unstarted one is fenced so it can never run.
+    Cancel(CancelArgs),
 }
 
 /// `opmark run`.
@@ -198,6 +201,24 @@ pub struct ProbeArgs {
     pub host: String,
     /// Operation id.
     pub op: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Host alias or [user@]host, as given to `opmark run`.
+    pub host: String,
+    /// Operation id.
+    pub op: String,
+    /// How long the command has between TERM and KILL (e.g. 500ms, 10s, 1m).
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    pub grace: Duration,
+    /// Who cancels; recorded in the ledger (default $USER).
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

@@ -115,6 +115,10 @@ pub enum ReasonCode {
     EarlierDispatchUnknown,
     /// `indeterminate`: a retry was needed but the attempt budget is spent.
     AttemptBudgetSpent,
+    /// `in_progress` or `not_applied`: a signal (SIGINT, SIGTERM, SIGHUP) stopped this
+    /// client; a command that started keeps running on the host, and a rerun with the
+    /// same op id follows, replays or (when nothing was sent) runs it.
+    ClientInterrupted,
 }
 
 impl ReasonCode {
@@ -128,6 +132,7 @@ impl ReasonCode {
                 | ReasonCode::UnreachableAfterDispatch
                 | ReasonCode::EarlierDispatchUnknown
                 | ReasonCode::AttemptBudgetSpent
+                | ReasonCode::ClientInterrupted
         )
     }
 }
@@ -206,6 +211,7 @@ names!(ReasonCode {
     UnreachableAfterDispatch => "unreachable_after_dispatch",
     EarlierDispatchUnknown => "earlier_dispatch_unknown",
     AttemptBudgetSpent => "attempt_budget_spent",
+    ClientInterrupted => "client_interrupted",
 });
 
 impl Verdict {
@@ -250,6 +256,7 @@ mod tests {
             ReasonCode::UnreachableAfterDispatch,
             ReasonCode::EarlierDispatchUnknown,
             ReasonCode::AttemptBudgetSpent,
+            ReasonCode::ClientInterrupted,
         ]
         .into_iter()
         .filter(|c| c.retryable())
@@ -262,7 +269,8 @@ mod tests {
                 "connect_failed",
                 "unreachable_after_dispatch",
                 "earlier_dispatch_unknown",
-                "attempt_budget_spent"
+                "attempt_budget_spent",
+                "client_interrupted"
             ]
         );
     }

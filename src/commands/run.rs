@@ -9,6 +9,7 @@ use crate::cli::{FamilyArg, GlobalArgs, RunArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::op_id::OpId;
+use crate::operation::interrupt::{ClientSignal, Interrupts};
 use crate::operation::{self, RunEnv, RunInput};
 use crate::ssh::Pool;
 use crate::vocab::{ReasonCode, Verdict};
@@ -37,17 +38,50 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             "the command is empty; nothing was sent",
         );
     }
+    let runtime = common::runtime()?;
+    let status = runtime.block_on(run_operation(global, args, op, minted, command));
+    // A stdin reader still blocked on a terminal after an interrupt must not hold the exit.
+    runtime.shutdown_background();
+    status
+}
+
+/// Everything from the first signal handler on: from here a signal is answered, never
+/// the silent default death.
+async fn run_operation(
+    global: &GlobalArgs,
+    args: RunArgs,
+    op: OpId,
+    minted: bool,
+    command: String,
+) -> Result<u8> {
+    let interrupts = Interrupts::install().map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("cannot install the signal handlers: {e}; nothing was sent"),
+        )
+    })?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     let key = common::installation_key()?;
     let stdin = if args.stdin {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(|e| {
-            Error::new(
-                ErrorKind::LocalIo,
-                format!("cannot read stdin to forward it: {e}; nothing was sent"),
-            )
-        })?;
+        // Off the runtime's threads, so that Ctrl-C while stdin is a terminal still works.
+        let reader = tokio::task::spawn_blocking(|| {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+        });
+        let read = tokio::select! {
+            biased;
+            signal = interrupts.wait() => return interrupted_before_anything(global, &op, signal),
+            read = reader => read,
+        };
+        let buf = read
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("the stdin reader failed: {e}")))?
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::LocalIo,
+                    format!("cannot read stdin to forward it: {e}; nothing was sent"),
+                )
+            })?;
         Some(buf)
     } else {
         None
@@ -56,6 +90,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         // Before dispatch, so a caller that loses us can retry with the same id.
         eprintln!("opmark: op {op}");
     }
+    let op_text = op.to_string();
     let input = RunInput {
         host: common::host_spec(global, &args.host, &args.host_args),
         op,
@@ -70,9 +105,13 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         live_output: !global.json,
         output_cap: args.output_cap,
     };
-    let runtime = common::runtime()?;
+    interrupts.set_context(format!(
+        "op {op} may be running on {host}: `opmark run` with --op {op} follows or replays it, `opmark cancel {host} {op}` stops it",
+        op = op_text,
+        host = args.host
+    ));
     let pool = Pool::new(10);
-    let report = runtime.block_on(operation::run(
+    let report = operation::run_interruptible(
         RunEnv {
             ledger: &mut ledger,
             policy: &policy,
@@ -81,7 +120,18 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             pool: &pool,
         },
         input,
-    ))?;
+        &interrupts,
+    )
+    .await?;
+    if report.reason_code == ReasonCode::ClientInterrupted {
+        let signal = interrupts.received().unwrap_or(ClientSignal::Int);
+        // The document first (SPEC 10), then the words for a person at the terminal.
+        if global.json {
+            common::print_json(&report)?;
+        }
+        eprintln!("opmark: {}: {}", report.verdict, report.reason);
+        return Ok(signal.exit_code());
+    }
     if global.json {
         common::print_json(&report)?;
     } else {
@@ -97,9 +147,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             other => eprintln!("opmark: {other}: {}", report.reason),
         }
     }
-    let status = report.exit_status();
-    drop(runtime);
-    Ok(status)
+    Ok(report.exit_status())
 }
 
 fn family_of(arg: FamilyArg) -> Family {
@@ -111,8 +159,9 @@ fn family_of(arg: FamilyArg) -> Family {
     }
 }
 
+/// The answer given before anything was recorded or sent.
 #[derive(Serialize)]
-struct Refused<'a> {
+struct Early<'a> {
     op_id: Option<&'a str>,
     verdict: Verdict,
     exit_code: Option<i32>,
@@ -124,7 +173,7 @@ struct Refused<'a> {
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
 fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -> Result<u8> {
     if global.json {
-        common::print_json(&Refused {
+        common::print_json(&Early {
             op_id: op.filter(|o| OpId::parse(o).is_ok()),
             verdict: Verdict::Refused,
             exit_code: None,
@@ -136,4 +185,24 @@ fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -
         eprintln!("opmark: refused: {reason}");
     }
     Ok(Verdict::Refused.reserved_exit_code().unwrap_or(245))
+}
+
+/// A signal before the operation was recorded (while stdin was read): nothing was
+/// recorded or sent, so nothing can run.
+fn interrupted_before_anything(global: &GlobalArgs, op: &OpId, signal: ClientSignal) -> Result<u8> {
+    let reason = format!(
+        "interrupted by {signal} before anything was recorded or sent; nothing ran. `opmark run` with op id {op} runs it (at most once)"
+    );
+    if global.json {
+        common::print_json(&Early {
+            op_id: Some(op.as_str()),
+            verdict: Verdict::NotApplied,
+            exit_code: None,
+            reason: &reason,
+            reason_code: ReasonCode::ClientInterrupted,
+            retryable: ReasonCode::ClientInterrupted.retryable(),
+        })?;
+    }
+    eprintln!("opmark: {}: {reason}", Verdict::NotApplied);
+    Ok(signal.exit_code())
 }

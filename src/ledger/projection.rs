@@ -88,8 +88,17 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::BoundaryReached { .. }
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
-        | Event::Fenced { .. } => was_unresolved,
+        | Event::Fenced { .. }
+        | Event::ClientInterrupted { .. } => was_unresolved,
+        Event::Cancelled { result, .. } => was_unresolved && !cancel_settles(result),
     }
+}
+
+/// Cancel results that settle the outcome: the exit record is down (`cancelled`), or the
+/// op id was fenced before anything could run (`absent`, `not_started`). A fenced
+/// interrupted claim may have had effects, so it settles nothing.
+fn cancel_settles(result: &str) -> bool {
+    matches!(result, "cancelled" | "fenced:absent" | "fenced:not_started")
 }
 
 /// Why an append was refused by the projection.
@@ -179,6 +188,19 @@ pub(crate) fn apply(
         Event::OperatorDecision { decision, .. } => rec.state = format!("resolved:{decision}"),
         Event::Fenced { .. } => rec.state = "fenced".to_owned(),
         Event::Superseded { .. } => rec.state = "superseded".to_owned(),
+        // The verdict that follows says what the caller was told.
+        Event::ClientInterrupted { .. } => rec.state = "client_interrupted".to_owned(),
+        Event::Cancelled {
+            result, exit_code, ..
+        } => {
+            // Only what changed the host shows as the state; "already ..." is an observation.
+            if result == "cancelled" || result.starts_with("fenced") {
+                rec.state = format!("cancelled:{result}");
+            }
+            if exit_code.is_some() {
+                rec.exit_code = *exit_code;
+            }
+        }
         Event::Verdict {
             verdict, exit_code, ..
         } => {
@@ -298,6 +320,28 @@ mod tests {
         assert!(!unresolved_after(true, &verdict(Verdict::NotApplied)));
         assert!(unresolved_after(true, &verdict(Verdict::Indeterminate)));
         assert!(unresolved_after(true, &verdict(Verdict::InProgress)));
+    }
+
+    fn cancel(result: &str) -> Event {
+        Event::Cancelled {
+            by: "op".into(),
+            grace_ms: 10_000,
+            result: result.into(),
+            exit_code: None,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_cancel_settles_only_what_it_proves() {
+        assert!(!unresolved_after(true, &cancel("cancelled")));
+        assert!(!unresolved_after(true, &cancel("fenced:absent")));
+        assert!(!unresolved_after(true, &cancel("fenced:not_started")));
+        // An interrupted claim may have had effects; fencing it proves nothing about them.
+        assert!(unresolved_after(true, &cancel("fenced:interrupted")));
+        assert!(unresolved_after(true, &cancel("still_running")));
+        assert!(unresolved_after(true, &cancel("unknown")));
+        assert!(!unresolved_after(false, &cancel("already_completed")));
     }
 
     #[test]

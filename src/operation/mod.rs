@@ -6,6 +6,7 @@
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
 
 pub mod call;
+pub mod interrupt;
 pub mod output;
 pub mod reconcile;
 
@@ -25,6 +26,7 @@ use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, 
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
+use interrupt::{ClientSignal, Interrupts};
 use output::Output;
 
 /// What the caller asked `opmark run` to do.
@@ -137,6 +139,19 @@ impl RunReport {
 /// Runs one operation end to end. Errors are opmark's own failures (ledger, policy);
 /// every outcome about the operation, unknown included, is a verdict in the report.
 pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
+    run_interruptible(env, input, &Interrupts::never()).await
+}
+
+/// [`run`], stopped by the first of `interrupts` (SPEC section 10): what was reached is
+/// recorded (a `client_interrupted` event, then the verdict) and the report says
+/// `in_progress` when this invocation's request may have reached the host (the command
+/// keeps running, detached by design) or `not_applied` when nothing was sent, with the
+/// reason code `client_interrupted`. Nothing is sent once a signal has been seen.
+pub async fn run_interruptible(
+    env: RunEnv<'_>,
+    input: RunInput,
+    interrupts: &Interrupts,
+) -> Result<RunReport, Error> {
     let classification = env.policy.classify(&input.command);
     let mut family = classification.family;
     if let Some(class) = input.class {
@@ -189,6 +204,9 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         prior_dispatch: None,
         ledger_exit: None,
         exit_from_ledger: false,
+        interrupts: interrupts.clone(),
+        in_flight: None,
+        dispatched: false,
         input,
     };
 
@@ -282,7 +300,13 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         )?;
     }
     runner.begin(first_reason, first_parent)?;
-    runner.drive(&dest).await
+    // Biased: once a signal is in, the run is never polled again, so nothing more leaves.
+    let signal = tokio::select! {
+        biased;
+        signal = interrupts.wait() => signal,
+        report = runner.drive(&dest) => return report,
+    };
+    runner.interrupted(signal)
 }
 
 /// The state of one `run`.
@@ -310,6 +334,13 @@ struct Runner<'a> {
     ledger_exit: Option<i32>,
     /// The verdict's exit code comes from the ledger (the host marker is gone).
     exit_from_ledger: bool,
+    /// Signals that stop this run.
+    interrupts: Interrupts,
+    /// While a `run` call is out: `sent_no_response` from just before the exec request,
+    /// `started` once the shim acknowledged the claim. What an interruption records.
+    in_flight: Option<Boundary>,
+    /// A `run` request of this invocation may have reached the host.
+    dispatched: bool,
     input: RunInput,
 }
 
@@ -415,12 +446,20 @@ impl<'a> Runner<'a> {
             });
             let stdin = self.input.stdin.clone();
             fault_point("before_dispatch");
+            // The last look before anything leaves: a signal that came in while this poll
+            // ran must still keep the request home.
+            if let Some(signal) = self.interrupts.received() {
+                return self.interrupted(signal);
+            }
+            self.dispatched = true;
+            self.in_flight = Some(Boundary::SentNoResponse);
             let end = {
                 let mut observer = RunObserver {
                     ledger: self.ledger,
                     key: &self.key,
                     attempt: &attempt,
                     output: &mut self.output,
+                    in_flight: &mut self.in_flight,
                     error: None,
                 };
                 let end = call_shim(&session, &verb, stdin, &mut observer).await;
@@ -429,6 +468,8 @@ impl<'a> Runner<'a> {
                 }
                 end
             };
+            // From here the call's end is recorded as the attempt's own boundary.
+            self.in_flight = None;
             let settled = match end {
                 CallEnd::NotSent(why) => {
                     match self
@@ -601,7 +642,13 @@ impl<'a> Runner<'a> {
             if boundary == Boundary::Refused {
                 self.boundary(attempt, Boundary::Refused, "already completed on the host")?;
             }
-            return Ok(self.exit_verdict(x, by_us));
+            let mut settled = self.exit_verdict(x, by_us);
+            if let (Settled::Verdict(answer), Some(m)) = (&mut settled, &refusal) {
+                if m.marker.as_ref().is_some_and(MarkerInfo::cancelled) {
+                    answer.reason.push_str("; it had been stopped by `opmark cancel`");
+                }
+            }
+            return Ok(settled);
         }
         let Some(refusal) = refusal else {
             // The supervisor vanished without an exit record while we followed it.
@@ -666,6 +713,16 @@ impl<'a> Runner<'a> {
     }
 
     fn after_interrupted_marker(&mut self, marker: Option<&MarkerInfo>, attempt: &str) -> Settled {
+        if marker.is_some_and(|m| m.state == MarkerState::Fenced) {
+            // Fenced while we followed it (`opmark cancel` before the command started):
+            // nothing ran and nothing can; superseding would only be refused.
+            return Settled::Verdict(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.to_owned()),
+                ReasonCode::Fenced,
+                "the marker was fenced before the command started (opmark cancel or resolve); nothing ran and nothing can run under this op id",
+            ));
+        }
         let why = marker
             .and_then(|m| m.why.clone())
             .unwrap_or_else(|| "unknown".into());
@@ -1114,6 +1171,71 @@ impl<'a> Runner<'a> {
         Ok(self.report(answer))
     }
 
+    /// A signal stopped this run: records how far the current attempt got and what the
+    /// caller is told, then answers. `in_progress` when a request of this invocation may
+    /// have reached the host: the command, if it started, keeps running (detached by
+    /// design). `not_applied` when nothing was sent: nothing of this invocation can run.
+    fn interrupted(&mut self, signal: ClientSignal) -> Result<RunReport, Error> {
+        let attempt = self.attempts.last().map(|a| a.attempt_id.clone());
+        let boundary = self
+            .attempts
+            .last()
+            .map(|a| a.boundary)
+            .into_iter()
+            .chain(self.in_flight)
+            .max()
+            .unwrap_or(Boundary::NotSent);
+        if let Some(a) = self.attempts.last_mut() {
+            a.boundary = boundary;
+        }
+        let op = &self.key.op_id;
+        let host = &self.key.host;
+        let earlier = self.prior_dispatch.clone();
+        let (verdict, detail, reason) = if self.dispatched {
+            let seen = match boundary {
+                Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet), so the command may be running",
+                Boundary::Refused => "another attempt holds the claim and was running",
+                _ => "the shim had claimed the marker and started the command",
+            };
+            (
+                Verdict::InProgress,
+                format!("{seen}; it keeps running on the host (detached by design)"),
+                format!(
+                    "interrupted by {signal} at boundary {boundary}: {seen}; it keeps running on the host, detached by design. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                ),
+            )
+        } else {
+            let earlier_note = earlier
+                .as_deref()
+                .map(|a| format!(" (attempt {a} of an earlier run was dispatched; this says nothing about it)"))
+                .unwrap_or_default();
+            (
+                Verdict::NotApplied,
+                "nothing was sent by this invocation".to_owned(),
+                format!(
+                    "interrupted by {signal} before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. `opmark run` with op id {op} runs it (at most once)"
+                ),
+            )
+        };
+        self.ledger.append(
+            &self.key,
+            &Event::ClientInterrupted {
+                attempt_id: attempt.clone(),
+                boundary,
+                signal: signal.name().into(),
+                detail,
+            },
+            Durability::Normal,
+        )?;
+        let answer = Answer::new(verdict, attempt, ReasonCode::ClientInterrupted, reason);
+        // Nothing sent now, but an earlier run's attempt (or exit) stands: a not_applied
+        // verdict in the ledger would close an operation this invocation knows nothing of.
+        if verdict == Verdict::NotApplied && (earlier.is_some() || self.ledger_exit.is_some()) {
+            return Ok(self.report(answer));
+        }
+        self.finish(answer)
+    }
+
     fn report(&self, answer: Answer) -> RunReport {
         RunReport {
             op_id: self.key.op_id.clone(),
@@ -1189,6 +1311,8 @@ struct RunObserver<'r> {
     key: &'r OpKey,
     attempt: &'r str,
     output: &'r mut Output,
+    /// Raised to `started` on the claim acknowledgement, for an interruption mid-call.
+    in_flight: &'r mut Option<Boundary>,
     error: Option<crate::ledger::LedgerError>,
 }
 
@@ -1204,6 +1328,7 @@ impl CallObserver for RunObserver<'_> {
             fault_point("after_exit");
         }
         if let Frame::Started { .. } = frame {
+            *self.in_flight = Some(Boundary::Started);
             let result = self.ledger.append(
                 self.key,
                 &Event::BoundaryReached {
