@@ -81,7 +81,10 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
         let session = Session::connect(&dest).await.map_err(|e| {
             Error::new(
                 ErrorKind::Unreachable,
-                format!("cannot cancel {op} on {}: {e}; nothing was sent", printable(&host)),
+                format!(
+                    "cannot cancel {op} on {}: {e}; nothing was sent",
+                    printable(&host)
+                ),
             )
         })?;
         let verb = Verb::Cancel {

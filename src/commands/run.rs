@@ -1,6 +1,6 @@
 //! `opmark run`: one operation end to end (the lifecycle itself is in `operation/`).
 
-use std::io::Read;
+use std::io::{Read, Write as _};
 
 use serde::Serialize;
 
@@ -129,7 +129,13 @@ async fn run_operation(
         if global.json {
             common::print_json(&report)?;
         }
-        eprintln!("opmark: {}: {}", report.verdict, report.reason);
+        // After SIGHUP the terminal may be gone: a failed write must not turn into a panic.
+        let _ = writeln!(
+            std::io::stderr(),
+            "opmark: {}: {}",
+            report.verdict,
+            report.reason
+        );
         return Ok(signal.exit_code());
     }
     if global.json {
@@ -203,6 +209,10 @@ fn interrupted_before_anything(global: &GlobalArgs, op: &OpId, signal: ClientSig
             retryable: ReasonCode::ClientInterrupted.retryable(),
         })?;
     }
-    eprintln!("opmark: {}: {reason}", Verdict::NotApplied);
+    let _ = writeln!(
+        std::io::stderr(),
+        "opmark: {}: {reason}",
+        Verdict::NotApplied
+    );
     Ok(signal.exit_code())
 }

@@ -316,7 +316,10 @@ fn describe(event: &Event) -> (usize, String) {
         } => (
             2,
             with_detail(
-                &format!("client interrupted by SIG{} at boundary {boundary}", p(signal)),
+                &format!(
+                    "client interrupted by SIG{} at boundary {boundary}",
+                    p(signal)
+                ),
                 detail,
             ),
         ),

@@ -6,6 +6,7 @@
 //! with nothing recorded and nothing said, while the detached command ran on.
 
 use std::fmt;
+use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -77,6 +78,12 @@ impl Interrupts {
                 };
                 if tx.borrow().is_none() {
                     tx.send_replace(Some(got));
+                    // Said at once: recording may wait on a busy ledger. Write errors are
+                    // ignored (after SIGHUP the terminal may be gone).
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "opmark: {got}: recording how far the operation got, then exiting ({got} again exits at once)"
+                    );
                     continue;
                 }
                 // The caller insists: no more ledger writes or network waits.
@@ -86,7 +93,10 @@ impl Interrupts {
                     .unwrap_or_default()
                     .map(|c| format!("; {c}"))
                     .unwrap_or_default();
-                eprintln!("opmark: {got} again: exiting at once{about}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "opmark: {got} again: exiting at once{about}"
+                );
                 std::process::exit(i32::from(got.exit_code()));
             }
         });

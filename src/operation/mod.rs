@@ -645,7 +645,9 @@ impl<'a> Runner<'a> {
             let mut settled = self.exit_verdict(x, by_us);
             if let (Settled::Verdict(answer), Some(m)) = (&mut settled, &refusal) {
                 if m.marker.as_ref().is_some_and(MarkerInfo::cancelled) {
-                    answer.reason.push_str("; it had been stopped by `opmark cancel`");
+                    answer
+                        .reason
+                        .push_str("; it had been stopped by `opmark cancel`");
                 }
             }
             return Ok(settled);
