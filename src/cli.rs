@@ -40,6 +40,8 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
 `replayed`; otherwise one reserved code per verdict:
   240 in_progress    241 not_applied    242 indeterminate
   243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
+  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
+  host; `opmark run` with the same op id follows it, `opmark cancel HOST OP` stops it)
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
 doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,

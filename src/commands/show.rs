@@ -463,7 +463,7 @@ pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> Outc
                     exit_code = *code;
                 }
                 last_word = Some((
-                    format!("cancelled:{result}"),
+                    "cancelled".to_owned(),
                     format!("cancel by {} at {}", printable(by), to_second(&e.at)),
                 ));
             }

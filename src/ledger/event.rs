@@ -142,8 +142,9 @@ pub enum Event {
         by: String,
         /// Time between TERM and KILL, in milliseconds.
         grace_ms: u64,
-        /// What the host shim did: `cancelled`, `already_completed`, `already_fenced`,
-        /// `fenced`, `still_running`, or `unknown` when its answer was lost.
+        /// What the host shim did: `cancelled` (signalled; the exit record is down),
+        /// `already_completed`, `already_fenced`, `fenced:<was>` (`absent`, `not_started`,
+        /// `interrupted`), `still_running`, or `unknown` when its answer was lost.
         result: String,
         /// The exit code the host recorded, when there is one.
         exit_code: Option<i32>,

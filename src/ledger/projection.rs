@@ -29,7 +29,8 @@ pub struct OperationRecord {
     /// Session of the latest intent.
     pub session: String,
     /// Lifecycle state: `intended`, `dispatched`, a boundary name, `exit_received`,
-    /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`.
+    /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`,
+    /// `client_interrupted`, `cancelled` (stopped or fenced by `opmark cancel`).
     pub state: String,
     /// The latest verdict.
     pub verdict: Option<Verdict>,
@@ -193,9 +194,10 @@ pub(crate) fn apply(
         Event::Cancelled {
             result, exit_code, ..
         } => {
-            // Only what changed the host shows as the state; "already ..." is an observation.
+            // Only what changed the host shows as the state (killed, or fenced before it
+            // could run); "already ..." is an observation.
             if result == "cancelled" || result.starts_with("fenced") {
-                rec.state = format!("cancelled:{result}");
+                rec.state = "cancelled".to_owned();
             }
             if exit_code.is_some() {
                 rec.exit_code = *exit_code;

@@ -434,7 +434,7 @@ fn cancel_stops_a_running_command_and_it_never_runs_again() {
     assert_eq!(doc["cancelled"], true, "{doc}");
     assert_eq!(record(&lab, "c-1", "cancelled").as_deref(), Some("1"));
     let row = listed(&env, "c-1");
-    assert_eq!(row["state"], "cancelled:cancelled", "{row}");
+    assert_eq!(row["state"], "cancelled", "{row}");
     assert_eq!(row["unresolved"], false, "the exit is known: {row}");
     let page = show(&env, "c-1");
     assert!(page.contains("cancel by"), "{page}");

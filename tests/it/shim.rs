@@ -1053,3 +1053,50 @@ fn cancel_of_an_interrupted_claim_fences_it_so_no_rerun_can_supersede_it() {
     let rerun = host.run_with("crashed", "a2", "true", |r| r.supersede_interrupted = true);
     assert_eq!(rerun.refusal().unwrap().reason, "fenced", "{rerun:?}");
 }
+
+#[test]
+fn cancel_of_a_claim_whose_command_has_not_started_takes_the_start_gate() {
+    let (name, shell) = &shells()[0];
+    let host = Host::new("cancel-unstarted", shell);
+    // A claimer that is alive but has not started its supervisor yet.
+    let mut claimer = Command::new("sleep").arg("30").spawn().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", claimer.id())).unwrap();
+    let start = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split(' ')
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let m = host.marker("slowstart");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("claim"),
+        format!(
+            "attempt=a1\nfingerprint={}\nfamily=read-only\nshim=1\nclaimed_at=1\nfg_pid={}\nfg_start={start}\nboot={}\n",
+            fp("true"),
+            claimer.id(),
+            boot.trim()
+        ),
+    )
+    .unwrap();
+    let before = host.probe("slowstart");
+    assert_eq!(before.state, MarkerState::Running, "{name}: {before:?}");
+    let (outcome, marker) = cancel_answer(&host, "slowstart", Duration::from_secs(1));
+    assert_eq!(
+        outcome,
+        shim::CancelOutcome::Fenced {
+            was: "not_started".into()
+        },
+        "{name}"
+    );
+    assert_eq!(marker.state, MarkerState::Fenced);
+    assert!(
+        m.join("started").is_dir(),
+        "the gate is taken: a late supervisor cannot start the command"
+    );
+    claimer.kill().unwrap();
+    claimer.wait().unwrap();
+}
