@@ -1195,15 +1195,17 @@ impl<'a> Runner<'a> {
         let earlier = self.prior_dispatch.clone();
         let (verdict, detail, reason) = if self.dispatched {
             let seen = match boundary {
-                Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet), so the command may be running",
-                Boundary::Refused => "another attempt holds the claim and was running",
-                _ => "the shim had claimed the marker and started the command",
+                Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet): if the command started, it keeps running there, detached by design",
+                Boundary::Started => "the shim had claimed the marker and started the command: it keeps running on the host, detached by design",
+                Boundary::Refused => "another attempt holds the claim and was running: it keeps running on the host, detached by design",
+                Boundary::NotSent => "this attempt was not sent, but an earlier attempt of this run was dispatched: if its command started, it keeps running on the host, detached by design",
+                Boundary::ExitReceived => "the exit status had been received",
             };
             (
                 Verdict::InProgress,
-                format!("{seen}; it keeps running on the host (detached by design)"),
+                seen.to_owned(),
                 format!(
-                    "interrupted by {signal} at boundary {boundary}: {seen}; it keeps running on the host, detached by design. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                    "interrupted by {signal} at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
                 ),
             )
         } else {

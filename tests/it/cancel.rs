@@ -151,13 +151,15 @@ fn marker(lab: &Lab, op: &str) -> PathBuf {
         .join(op)
 }
 
-/// Waits until the host's supervisor has passed the start gate: the command runs.
-fn wait_until_started(lab: &Lab, op: &str) {
-    let gate = marker(lab, op).join("started");
+/// Waits until the client has recorded the shim's claim acknowledgement (boundary
+/// `started`): the host's start gate can be seen a moment before the client hears of it.
+fn wait_until_client_saw_started(env: &Sealed, op: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !gate.exists() {
-        assert!(Instant::now() < deadline, "{op} never started on the host");
-        std::thread::sleep(Duration::from_millis(20));
+    // Not recorded at all yet is fine too: `show` fails until the intent is in.
+    let page = |op: &str| text(&env.opmark().args(["show", op]).output().unwrap().stdout);
+    while !page(op).contains("boundary started") {
+        assert!(Instant::now() < deadline, "{op}: started never recorded");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -228,14 +230,21 @@ fn sigint_leaves_the_command_running_and_says_how_to_follow_or_cancel_it() {
         return;
     };
     let env = Sealed::new("sigint");
-    let done = fresh_dir("sigint").join("done");
-    let cmd = format!("sleep 5; echo done >> {}", done.display());
+    let dir = fresh_dir("sigint");
+    let (gate, done) = (dir.join("gate"), dir.join("done"));
+    // Waits for the test's word rather than a fixed sleep, so "still running when the
+    // client left" holds on any machine.
+    let cmd = format!(
+        "while [ ! -e {} ]; do sleep 0.1; done; echo done >> {}",
+        gate.display(),
+        done.display()
+    );
     let run = Running::start(&env, &lab, &["run", "target1", "--op", "int-1", "--", &cmd]);
-    wait_until_started(&lab, "int-1");
+    wait_until_client_saw_started(&env, "int-1");
     run.signal("INT");
     let (code, _, stderr) = run.finish();
     assert_eq!(code, Some(130), "{stderr}");
-    assert!(!done.exists(), "the command was still sleeping");
+    assert!(!done.exists(), "the command was still waiting");
     for needle in [
         "int-1",
         "keeps running on the host",
@@ -251,6 +260,7 @@ fn sigint_leaves_the_command_running_and_says_how_to_follow_or_cancel_it() {
     );
 
     // Detached by design: the command finishes without its client.
+    std::fs::write(&gate, "").unwrap();
     wait_for_file(&done);
     let (again, code) = run_json(&env, &lab, "int-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again}");
@@ -271,7 +281,7 @@ fn sigterm_prints_the_json_document_first_with_in_progress() {
             "--json", "run", "target1", "--op", "term-1", "--", "sleep 60",
         ],
     );
-    wait_until_started(&lab, "term-1");
+    wait_until_client_saw_started(&env, "term-1");
     run.signal("TERM");
     let (code, stdout, stderr) = run.finish();
     assert_eq!(code, Some(143), "{stderr}");
@@ -300,7 +310,7 @@ fn sighup_exits_129_and_leaves_the_command_running() {
         &lab,
         &["run", "target1", "--op", "hup-1", "--", "sleep 60"],
     );
-    wait_until_started(&lab, "hup-1");
+    wait_until_client_saw_started(&env, "hup-1");
     run.signal("HUP");
     let (code, _, stderr) = run.finish();
     assert_eq!(code, Some(129), "{stderr}");
@@ -343,14 +353,8 @@ fn a_second_sigint_exits_at_once() {
         &lab,
         &["run", "target1", "--op", "twice", "--", "sleep 60"],
     );
-    wait_until_started(&lab, "twice");
-    // Wait until the run has recorded `started`, so its only pending write is the
-    // interruption itself.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !show(&env, "twice").contains("boundary started") {
-        assert!(Instant::now() < deadline, "started never recorded");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Once `started` is recorded, the run's only pending write is the interruption.
+    wait_until_client_saw_started(&env, "twice");
     // Recording the first SIGINT now waits on the ledger; only a second one can end it.
     let lock = lock_ledger(&env);
     run.signal("INT");
@@ -420,7 +424,7 @@ fn cancel_stops_a_running_command_and_it_never_runs_again() {
     let fx = fresh_dir("cancel-running").join("effect");
     let cmd = format!("echo ran >> {}; sleep 60", fx.display());
     let run = Running::start(&env, &lab, &["run", "target1", "--op", "c-1", "--", &cmd]);
-    wait_until_started(&lab, "c-1");
+    wait_until_client_saw_started(&env, "c-1");
     run.signal("INT");
     let (code, _, stderr) = run.finish();
     assert_eq!(code, Some(130), "{stderr}");
@@ -481,20 +485,15 @@ fn a_command_that_ignores_term_is_killed_after_the_grace() {
         return;
     };
     let env = Sealed::new("cancel-stubborn");
+    // Ready only once TERM is ignored, so the cancel can never beat the trap.
+    let ready = fresh_dir("cancel-stubborn").join("ready");
+    let cmd = format!("trap '' TERM; touch {}; sleep 60", ready.display());
     let run = Running::start(
         &env,
         &lab,
-        &[
-            "--json",
-            "run",
-            "target1",
-            "--op",
-            "stubborn",
-            "--",
-            "trap '' TERM; sleep 60",
-        ],
+        &["--json", "run", "target1", "--op", "stubborn", "--", &cmd],
     );
-    wait_until_started(&lab, "stubborn");
+    wait_for_file(&ready);
     let (doc, code) = cancel(&env, &lab, "stubborn", "1s");
     assert_eq!(code, Some(0), "{doc}");
     assert_eq!(doc["outcome"], "cancelled", "{doc}");
