@@ -3,6 +3,7 @@
 //! sections 2 and 4). Every retry decision is made in this file, in [`Runner::drive`].
 //!
 //! - [`call`]: one shim call over SSH, streamed to an observer.
+//! - [`interrupt`]: SIGINT/SIGTERM/SIGHUP to the client, answered by [`run_interruptible`].
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
 
 pub mod call;
