@@ -19,6 +19,7 @@
 #   started/  the start gate: the supervisor runs the command only if it creates it
 #   stdin     the spooled stdin, out/err captured output (capped), *.dropped overflow
 #   exit      the exit record (temp file, fsync, rename)
+#   cancelled the request of `opmark cancel` (the exit record then says cancelled=1)
 #   fenced    tombstone: this op id can never run
 #   w/        wake-up FIFOs of foregrounds waiting for the exit record
 
@@ -238,7 +239,7 @@ describe() {
 		rget "$m/claim" "$dk" && d="$d $dk=$rv"
 	done
 	if [ "$st" = completed ]; then
-		for dk in code timed_out ended_at; do
+		for dk in code timed_out ended_at cancelled; do
 			rget "$m/exit" "$dk" && d="$d $dk=$rv"
 		done
 	fi
@@ -526,9 +527,12 @@ supervise() {
 	done
 	timed_out=0
 	[ -f "$m/timed_out" ] && timed_out=1
+	cancelled=0
+	[ -f "$m/cancelled" ] && cancelled=1
 	record="code=$code
 timed_out=$timed_out
-ended_at=$(now)"
+ended_at=$(now)
+cancelled=$cancelled"
 	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
 	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
 	for w in "$m"/.w.*; do
@@ -541,6 +545,10 @@ ended_at=$(now)"
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
 # the command never blocks on a full pipe nor dies of SIGPIPE.
 capture() {
+	# A cancel or deadline TERMs the session's processes: the capture must outlive the
+	# command, or a command that ignores TERM would die of SIGPIPE at its next write
+	# instead of being killed after the grace. (KILL still ends a capture left behind.)
+	trap '' TERM
 	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
@@ -564,6 +572,8 @@ kill_after() {
 	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
 	wait "$ka_sleep"
 	trap '' TERM
+	# A cancel is already stopping the command: it is not a timeout.
+	[ -f "$3/cancelled" ] && exit 0
 	: >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
@@ -581,6 +591,100 @@ signal_session() {
 		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
 		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
 	done
+}
+
+# cancel OP GRACE_MS: stops the operation for good. Absent: fenced, so a delayed attempt
+# can never run. Claimed but the command not started: the start gate is taken and the
+# marker fenced. Running: TERM to its session (never the supervisor, which must live to
+# write the exit record, marked cancelled=1), KILL after GRACE_MS, then wait for the
+# record. Interrupted: fenced. Answers one frame "C <outcome> <marker fields>".
+verb_cancel() {
+	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	is_uint "$2" || refuse "bad_args reason=grace"
+	setup_root
+	m="$root/ops/$1"
+	if mkdir "$m" 2>/dev/null; then
+		cancel_fence "$1" absent
+	fi
+	state "$1"
+	case $st in
+	fenced) cancel_answer already_fenced ;;
+	completed) cancel_answer already_completed ;;
+	interrupted)
+		# Take the start gate: if the supervisor never started, now it never will.
+		mkdir "$m/started" 2>/dev/null
+		cancel_fence "$1" interrupted
+		;;
+	esac
+	# Running. Whoever takes the start gate decides: if we do, the command never starts.
+	if mkdir "$m/started" 2>/dev/null; then
+		cancel_fence "$1" not_started
+	fi
+	# The gate is taken: the supervisor wrote its identity first (or a fence took it).
+	state "$1"
+	case $st in
+	fenced) cancel_answer already_fenced ;;
+	completed) cancel_answer already_completed ;;
+	interrupted) cancel_fence "$1" interrupted ;;
+	running) ;;
+	# Moved aside by a concurrent supersede: say so rather than guess.
+	*) refuse "$st $(describe)" ;;
+	esac
+	rget "$m/proc" pid
+	cn_sid=$rv
+	rget "$m/proc" start
+	cn_start=$rv
+	is_uint "$cn_sid" || refuse "running $(describe)"
+	durable_write "$m" cancelled "cancelled_at=$(now)
+grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
+	signal_session TERM "$cn_sid" "$$"
+	if ! cancel_wait "$(($2 / 100))"; then
+		signal_session KILL "$cn_sid" "$$"
+		# The supervisor records the exit once its captures see the command gone.
+		cancel_wait 300
+	fi
+	state "$1"
+	case $st in
+	completed)
+		rget "$m/exit" cancelled
+		if [ "$rv" = 1 ]; then
+			cancel_answer cancelled
+		fi
+		cancel_answer already_completed
+		;;
+	interrupted) cancel_fence "$1" interrupted ;;
+	*) cancel_answer "still_$st" ;;
+	esac
+}
+
+# cancel_wait TENTHS: waits up to TENTHS/10 s for the exit record, or for the session
+# to be gone; false when it is still running.
+cancel_wait() {
+	cw_left=$1
+	while :; do
+		[ -f "$m/exit" ] && return 0
+		alive "$cn_sid" "$cn_start" || session_alive "$cn_sid" "$cn_start" || return 0
+		[ "$cw_left" -gt 0 ] || return 1
+		cw_left=$((cw_left - 1))
+		sleep 0.1
+	done
+}
+
+# cancel_fence OP WAS: tombstones the marker $m (its start gate taken) and answers.
+cancel_fence() {
+	mkdir "$m/started" 2>/dev/null
+	sync "$root/ops"
+	durable_write "$m" fenced "fenced_at=$(now)
+fenced_by=cancel" || refuse "root_unusable reason=fence_write_failed"
+	state "$1"
+	frame "C fenced was=$2 $(describe)"
+	exit 0
+}
+
+cancel_answer() {
+	frame "C $1 $(describe)"
+	exit 0
 }
 
 # probe OP
@@ -726,6 +830,7 @@ run) verb_run "$@" ;;
 probe) verb_probe "$@" ;;
 attach) verb_attach "$@" ;;
 fence) verb_fence "$@" ;;
+cancel) verb_cancel "$@" ;;
 supersede) verb_supersede "$@" ;;
 gc) verb_gc "$@" ;;
 doctor) verb_doctor "$@" ;;

@@ -40,6 +40,8 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
 `replayed`; otherwise one reserved code per verdict:
   240 in_progress    241 not_applied    242 indeterminate
   243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
+  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
+  host; `opmark run` with the same op id follows it, `opmark cancel HOST OP` stops it)
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
 doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,
@@ -161,6 +163,9 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
+    /// Stop a running operation on its host for good: TERM, then KILL after the grace;
+    /// an absent or unstarted one is fenced so it can never run.
+    Cancel(CancelArgs),
 }
 
 /// `opmark run`.
@@ -209,6 +214,24 @@ pub struct ProbeArgs {
     pub host: String,
     /// Operation id.
     pub op: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `opmark cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// Host alias or [user@]host, as given to `opmark run`.
+    pub host: String,
+    /// Operation id.
+    pub op: String,
+    /// How long the command has between TERM and KILL (e.g. 500ms, 10s, 1m).
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
+    pub grace: Duration,
+    /// Who cancels; recorded in the ledger (default $USER).
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

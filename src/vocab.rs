@@ -125,6 +125,10 @@ pub enum ReasonCode {
     /// `indeterminate`: the host now presents another host key than the one the
     /// operation ran against: another machine (or a changed key); nothing concluded.
     HostKeyMismatch,
+    /// `in_progress` or `not_applied`: a signal (SIGINT, SIGTERM, SIGHUP) stopped this
+    /// client; a command that started keeps running on the host, and a rerun with the
+    /// same op id follows, replays or (when nothing was sent) runs it.
+    ClientInterrupted,
 }
 
 impl ReasonCode {
@@ -138,6 +142,7 @@ impl ReasonCode {
                 | ReasonCode::UnreachableAfterDispatch
                 | ReasonCode::EarlierDispatchUnknown
                 | ReasonCode::AttemptBudgetSpent
+                | ReasonCode::ClientInterrupted
         )
     }
 }
@@ -220,6 +225,7 @@ names!(ReasonCode {
     ResolvedNotApplied => "resolved_not_applied",
     ResolvedAbandoned => "resolved_abandoned",
     HostKeyMismatch => "host_key_mismatch",
+    ClientInterrupted => "client_interrupted",
 });
 
 impl Verdict {
@@ -268,6 +274,7 @@ mod tests {
             ReasonCode::ResolvedNotApplied,
             ReasonCode::ResolvedAbandoned,
             ReasonCode::HostKeyMismatch,
+            ReasonCode::ClientInterrupted,
         ]
         .into_iter()
         .filter(|c| c.retryable())
@@ -280,7 +287,8 @@ mod tests {
                 "connect_failed",
                 "unreachable_after_dispatch",
                 "earlier_dispatch_unknown",
-                "attempt_budget_spent"
+                "attempt_budget_spent",
+                "client_interrupted"
             ]
         );
     }

@@ -9,6 +9,7 @@ use crate::cli::{Cli, Command};
 use crate::error::Result;
 
 mod audit;
+mod cancel;
 mod common;
 mod doctor;
 mod gc;
@@ -38,5 +39,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Stats => stats::run(&global),
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
+        Command::Cancel(args) => cancel::run(&global, &args),
     }
 }

@@ -1,6 +1,6 @@
 //! `opmark run`: one operation end to end (the lifecycle itself is in `operation/`).
 
-use std::io::Read;
+use std::io::{Read, Write as _};
 
 use serde::Serialize;
 
@@ -10,6 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
 use crate::ledger::OpKey;
 use crate::op_id::OpId;
+use crate::operation::interrupt::{ClientSignal, Interrupts};
 use crate::operation::{self, RunEnv, RunInput};
 use crate::ssh::Pool;
 use crate::vocab::{ReasonCode, Verdict};
@@ -38,18 +39,51 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             "the command is empty; nothing was sent",
         );
     }
+    let runtime = common::runtime()?;
+    let status = runtime.block_on(run_operation(global, args, op, minted, command));
+    // A stdin reader still blocked on a terminal after an interrupt must not hold the exit.
+    runtime.shutdown_background();
+    status
+}
+
+/// Everything from the first signal handler on: from here a signal is answered, never
+/// the silent default death.
+async fn run_operation(
+    global: &GlobalArgs,
+    args: RunArgs,
+    op: OpId,
+    minted: bool,
+    command: String,
+) -> Result<u8> {
+    let interrupts = Interrupts::install().map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("cannot install the signal handlers: {e}; nothing was sent"),
+        )
+    })?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     // The key is the ledger's own (checked when it was opened), never the config dir's.
     let key = ledger.key().clone();
     let stdin = if args.stdin {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(|e| {
-            Error::new(
-                ErrorKind::LocalIo,
-                format!("cannot read stdin to forward it: {e}; nothing was sent"),
-            )
-        })?;
+        // Off the runtime's threads, so that Ctrl-C while stdin is a terminal still works.
+        let reader = tokio::task::spawn_blocking(|| {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+        });
+        let read = tokio::select! {
+            biased;
+            signal = interrupts.wait() => return interrupted_before_anything(global, &op, signal),
+            read = reader => read,
+        };
+        let buf = read
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("the stdin reader failed: {e}")))?
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::LocalIo,
+                    format!("cannot read stdin to forward it: {e}; nothing was sent"),
+                )
+            })?;
         Some(buf)
     } else {
         None
@@ -58,6 +92,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         // Before dispatch, so a caller that loses us can retry with the same id.
         eprintln!("opmark: op {op}");
     }
+    let op_text = op.to_string();
     let input = RunInput {
         host: common::host_spec(global, &args.host, &args.host_args),
         op,
@@ -74,9 +109,13 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
     };
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
-    let runtime = common::runtime()?;
+    interrupts.set_context(format!(
+        "op {op} may be running on {host}: `opmark run` with --op {op} follows or replays it, `opmark cancel {host} {op}` stops it",
+        op = op_text,
+        host = args.host
+    ));
     let pool = Pool::new(10);
-    let report = runtime.block_on(operation::run(
+    let report = operation::run_interruptible(
         RunEnv {
             ledger: &mut ledger,
             policy: &policy,
@@ -85,7 +124,24 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             pool: &pool,
         },
         input,
-    ))?;
+        &interrupts,
+    )
+    .await?;
+    if report.reason_code == ReasonCode::ClientInterrupted {
+        let signal = interrupts.received().unwrap_or(ClientSignal::Int);
+        // The document first (SPEC 10), then the words for a person at the terminal.
+        if global.json {
+            common::print_json(&report)?;
+        }
+        // After SIGHUP the terminal may be gone: a failed write must not turn into a panic.
+        let _ = writeln!(
+            std::io::stderr(),
+            "opmark: {}: {}",
+            report.verdict,
+            report.reason
+        );
+        return Ok(signal.exit_code());
+    }
     let key = OpKey::new(report.op_id.clone(), report.host.clone());
     if let Some(now) = ledger.operation(&key).ok().flatten() {
         let before = known
@@ -122,9 +178,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             other => eprintln!("opmark: {other}: {}", report.reason),
         }
     }
-    let status = report.exit_status();
-    drop(runtime);
-    Ok(status)
+    Ok(report.exit_status())
 }
 
 fn family_of(arg: FamilyArg) -> Family {
@@ -136,8 +190,9 @@ fn family_of(arg: FamilyArg) -> Family {
     }
 }
 
+/// The answer given before anything was recorded or sent.
 #[derive(Serialize)]
-struct Refused<'a> {
+struct Early<'a> {
     op_id: Option<&'a str>,
     verdict: Verdict,
     exit_code: Option<i32>,
@@ -149,7 +204,7 @@ struct Refused<'a> {
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
 fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -> Result<u8> {
     if global.json {
-        common::print_json(&Refused {
+        common::print_json(&Early {
             op_id: op.filter(|o| OpId::parse(o).is_ok()),
             verdict: Verdict::Refused,
             exit_code: None,
@@ -161,4 +216,28 @@ fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -
         eprintln!("opmark: refused: {reason}");
     }
     Ok(Verdict::Refused.reserved_exit_code().unwrap_or(245))
+}
+
+/// A signal before the operation was recorded (while stdin was read): nothing was
+/// recorded or sent, so nothing can run.
+fn interrupted_before_anything(global: &GlobalArgs, op: &OpId, signal: ClientSignal) -> Result<u8> {
+    let reason = format!(
+        "interrupted by {signal} before anything was recorded or sent; nothing ran. `opmark run` with op id {op} runs it (at most once)"
+    );
+    if global.json {
+        common::print_json(&Early {
+            op_id: Some(op.as_str()),
+            verdict: Verdict::NotApplied,
+            exit_code: None,
+            reason: &reason,
+            reason_code: ReasonCode::ClientInterrupted,
+            retryable: ReasonCode::ClientInterrupted.retryable(),
+        })?;
+    }
+    let _ = writeln!(
+        std::io::stderr(),
+        "opmark: {}: {reason}",
+        Verdict::NotApplied
+    );
+    Ok(signal.exit_code())
 }

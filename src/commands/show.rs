@@ -365,6 +365,39 @@ fn describe(event: &Event) -> (usize, String) {
             }
             (0, with_detail(&s, reason))
         }
+        Event::ClientInterrupted {
+            boundary,
+            signal,
+            detail,
+            ..
+        } => (
+            2,
+            with_detail(
+                &format!(
+                    "client interrupted by SIG{} at boundary {boundary}",
+                    p(signal)
+                ),
+                detail,
+            ),
+        ),
+        Event::Cancelled {
+            by,
+            grace_ms,
+            result,
+            exit_code,
+            detail,
+        } => {
+            let mut s = format!(
+                "cancel by {} (grace {}): {}",
+                p(by),
+                seconds(*grace_ms),
+                p(result)
+            );
+            if let Some(c) = exit_code {
+                let _ = write!(s, ", exit {c}");
+            }
+            (0, with_detail(&s, detail))
+        }
     }
 }
 
@@ -477,6 +510,20 @@ pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> Outc
                 ));
             }
             Event::AttemptDispatched { .. } => last_word = None,
+            Event::Cancelled {
+                by,
+                result,
+                exit_code: code,
+                ..
+            } if result == "cancelled" || result.starts_with("fenced") => {
+                if code.is_some() {
+                    exit_code = *code;
+                }
+                last_word = Some((
+                    "cancelled".to_owned(),
+                    format!("cancel by {} at {}", printable(by), to_second(&e.at)),
+                ));
+            }
             _ => {}
         }
     }
@@ -588,6 +635,9 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
                 a.route = Some(route.clone());
                 a.host_key = Some(host_key.clone());
             }
+            Event::ClientInterrupted { boundary, .. } => {
+                a.boundary = Some(a.boundary.map_or(*boundary, |b| b.max(*boundary)));
+            }
             _ => {}
         }
         a.last_seen_at = e.at.clone();
@@ -652,6 +702,22 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                 "CONTRADICTION".to_owned(),
                 format!("{source} #{evidence_seq} saw {seen}, expected {expected}"),
             ),
+            Event::Cancelled {
+                by,
+                result,
+                exit_code,
+                detail,
+                ..
+            } => {
+                let mut f = result.clone();
+                if let Some(c) = exit_code {
+                    let _ = write!(f, ", exit {c}");
+                }
+                if !detail.is_empty() {
+                    let _ = write!(f, " ({detail})");
+                }
+                (format!("cancel by {by}"), f)
+            }
             _ => continue,
         };
         let changed = match (before, unresolved) {

@@ -157,6 +157,33 @@ pub enum Event {
         /// Why (redacted).
         reason: String,
     },
+    /// `opmark run` was interrupted by a signal (SIGINT, SIGTERM, SIGHUP) and stopped
+    /// following the operation; the command, if it started, keeps running on the host.
+    ClientInterrupted {
+        /// The attempt in hand when the signal came, if one was made.
+        attempt_id: Option<String>,
+        /// How far that attempt had got (`not_sent`: nothing left this machine).
+        boundary: Boundary,
+        /// `INT`, `TERM` or `HUP`.
+        signal: String,
+        /// What it means for the operation (redacted).
+        detail: String,
+    },
+    /// `opmark cancel` stopped the operation on its host (or found nothing to stop).
+    Cancelled {
+        /// Who cancelled (`--by`, else `$USER`).
+        by: String,
+        /// Time between TERM and KILL, in milliseconds.
+        grace_ms: u64,
+        /// What the host shim did: `cancelled` (signalled; the exit record is down),
+        /// `already_completed`, `already_fenced`, `fenced:<was>` (`absent`, `not_started`,
+        /// `interrupted`), `still_running`, or `unknown` when its answer was lost.
+        result: String,
+        /// The exit code the host recorded, when there is one.
+        exit_code: Option<i32>,
+        /// The marker afterwards, in words (redacted).
+        detail: String,
+    },
 }
 
 impl Event {
@@ -176,6 +203,8 @@ impl Event {
             Event::Connected { .. } => "connected",
             Event::Contradiction { .. } => "contradiction",
             Event::Verdict { .. } => "verdict",
+            Event::ClientInterrupted { .. } => "client_interrupted",
+            Event::Cancelled { .. } => "cancelled",
         }
     }
 
@@ -187,9 +216,9 @@ impl Event {
             | Event::ExitReceived { attempt_id, .. }
             | Event::Superseded { attempt_id, .. }
             | Event::Connected { attempt_id, .. } => Some(attempt_id),
-            Event::Probed { attempt_id, .. } | Event::Verdict { attempt_id, .. } => {
-                attempt_id.as_deref()
-            }
+            Event::Probed { attempt_id, .. }
+            | Event::Verdict { attempt_id, .. }
+            | Event::ClientInterrupted { attempt_id, .. } => attempt_id.as_deref(),
             _ => None,
         }
     }
@@ -256,6 +285,17 @@ impl Event {
                 }
             }
             Event::Verdict { reason, .. } => *reason = r(reason),
+            Event::ClientInterrupted { signal, detail, .. } => {
+                *signal = r(signal);
+                *detail = r(detail);
+            }
+            Event::Cancelled {
+                by, result, detail, ..
+            } => {
+                *by = r(by);
+                *result = r(result);
+                *detail = r(detail);
+            }
         }
         e
     }

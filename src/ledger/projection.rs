@@ -31,7 +31,8 @@ pub struct OperationRecord {
     /// Session of the latest intent.
     pub session: String,
     /// Lifecycle state: `intended`, `dispatched`, a boundary name, `exit_received`,
-    /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`.
+    /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`,
+    /// `client_interrupted`, `cancelled` (stopped or fenced by `opmark cancel`).
     pub state: String,
     /// The latest verdict.
     pub verdict: Option<Verdict>,
@@ -96,8 +97,17 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::Probed { .. }
         | Event::Connected { .. }
         | Event::Contradiction { .. }
-        | Event::Fenced { .. } => was_unresolved,
+        | Event::Fenced { .. }
+        | Event::ClientInterrupted { .. } => was_unresolved,
+        Event::Cancelled { result, .. } => was_unresolved && !cancel_settles(result),
     }
+}
+
+/// Cancel results that settle the outcome: the exit record is down (`cancelled`), or the
+/// op id was fenced before anything could run (`absent`, `not_started`). A fenced
+/// interrupted claim may have had effects, so it settles nothing.
+fn cancel_settles(result: &str) -> bool {
+    matches!(result, "cancelled" | "fenced:absent" | "fenced:not_started")
 }
 
 /// Why an append was refused by the projection.
@@ -317,6 +327,20 @@ pub(crate) fn fold(
         Event::Fenced { .. } => rec.state = "fenced".to_owned(),
         Event::Superseded { .. } => rec.state = "superseded".to_owned(),
         Event::Contradiction { .. } => rec.contradictions += 1,
+        // The verdict that follows says what the caller was told.
+        Event::ClientInterrupted { .. } => rec.state = "client_interrupted".to_owned(),
+        Event::Cancelled {
+            result, exit_code, ..
+        } => {
+            // Only what changed the host shows as the state (killed, or fenced before it
+            // could run); "already ..." is an observation.
+            if result == "cancelled" || result.starts_with("fenced") {
+                rec.state = "cancelled".to_owned();
+            }
+            if exit_code.is_some() {
+                rec.exit_code = *exit_code;
+            }
+        }
         Event::Verdict {
             attempt_id,
             verdict,
@@ -460,6 +484,28 @@ mod tests {
         assert!(!unresolved_after(true, &verdict(Verdict::NotApplied)));
         assert!(unresolved_after(true, &verdict(Verdict::Indeterminate)));
         assert!(unresolved_after(true, &verdict(Verdict::InProgress)));
+    }
+
+    fn cancel(result: &str) -> Event {
+        Event::Cancelled {
+            by: "op".into(),
+            grace_ms: 10_000,
+            result: result.into(),
+            exit_code: None,
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_cancel_settles_only_what_it_proves() {
+        assert!(!unresolved_after(true, &cancel("cancelled")));
+        assert!(!unresolved_after(true, &cancel("fenced:absent")));
+        assert!(!unresolved_after(true, &cancel("fenced:not_started")));
+        // An interrupted claim may have had effects; fencing it proves nothing about them.
+        assert!(unresolved_after(true, &cancel("fenced:interrupted")));
+        assert!(unresolved_after(true, &cancel("still_running")));
+        assert!(unresolved_after(true, &cancel("unknown")));
+        assert!(!unresolved_after(false, &cancel("already_completed")));
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! sections 2 and 4). Every retry decision is made in this file, in [`Runner::drive`].
 //!
 //! - [`call`]: one shim call over SSH, streamed to an observer.
+//! - [`interrupt`]: SIGINT/SIGTERM/SIGHUP to the client, answered by [`run_interruptible`].
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
 //! - [`identity`]: which machine an operation ran on, and the host key check.
 
 pub mod call;
 pub mod identity;
+pub mod interrupt;
 pub mod output;
 pub mod reconcile;
 pub mod record;
@@ -29,6 +31,7 @@ use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use identity::Recorded;
+use interrupt::{ClientSignal, Interrupts};
 use output::Output;
 use record::{LedgerWriteError, RunLedger};
 
@@ -146,6 +149,19 @@ impl RunReport {
 /// Runs one operation end to end. Errors are opmark's own failures (ledger, policy);
 /// every outcome about the operation, unknown included, is a verdict in the report.
 pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
+    run_interruptible(env, input, &Interrupts::never()).await
+}
+
+/// [`run`], stopped by the first of `interrupts` (SPEC section 10): what was reached is
+/// recorded (a `client_interrupted` event, then the verdict) and the report says
+/// `in_progress` when this invocation's request may have reached the host (the command
+/// keeps running, detached by design) or `not_applied` when nothing was sent, with the
+/// reason code `client_interrupted`. Nothing is sent once a signal has been seen.
+pub async fn run_interruptible(
+    env: RunEnv<'_>,
+    input: RunInput,
+    interrupts: &Interrupts,
+) -> Result<RunReport, Error> {
     let classification = env.policy.classify(&input.command);
     let mut family = classification.family;
     if let Some(class) = input.class {
@@ -199,6 +215,9 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         ledger_exit: None,
         exit_from_ledger: false,
         identity: Recorded::default(),
+        interrupts: interrupts.clone(),
+        in_flight: None,
+        dispatched: false,
         input,
     };
 
@@ -303,11 +322,18 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
         )?;
     }
     runner.begin(first_reason, first_parent)?;
-    match runner.drive(&dest).await {
+    // Biased: once a signal is in, the run is never polled again, so nothing more leaves.
+    let driven = tokio::select! {
+        biased;
+        signal = interrupts.wait() => Err(signal),
+        report = runner.drive(&dest) => Ok(report),
+    };
+    match driven {
+        Err(signal) => runner.interrupted(signal),
         // After dispatch with a ledger that stopped taking writes (a retry could not be
         // recorded, so it was not sent): the caller still gets a verdict, and it claims
         // no more than the evidence.
-        Err(e) if runner.ledger.failed().is_some() => {
+        Ok(Err(e)) if runner.ledger.failed().is_some() => {
             let reason = format!(
                 "{}; an attempt was dispatched before that, so the command may have run. Rerun with the same op id once the ledger can be written: the host marker decides",
                 e.message
@@ -320,7 +346,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
                 reason,
             )))
         }
-        other => other,
+        Ok(other) => other,
     }
 }
 
@@ -352,6 +378,13 @@ struct Runner<'a> {
     exit_from_ledger: bool,
     /// The host keys this operation's attempts saw: every connection is held to them.
     identity: Recorded,
+    /// Signals that stop this run.
+    interrupts: Interrupts,
+    /// While a `run` call is out: `sent_no_response` from just before the exec request,
+    /// `started` once the shim acknowledged the claim. What an interruption records.
+    in_flight: Option<Boundary>,
+    /// A `run` request of this invocation may have reached the host.
+    dispatched: bool,
     input: RunInput,
 }
 
@@ -474,7 +507,14 @@ impl<'a> Runner<'a> {
             });
             let stdin = self.input.stdin.clone();
             fault_point("before_dispatch");
+            // The last look before anything leaves: a signal that came in while this poll
+            // ran must still keep the request home.
+            if let Some(signal) = self.interrupts.received() {
+                return self.interrupted(signal);
+            }
+            self.dispatched = true;
             self.ledger.dispatched = true;
+            self.in_flight = Some(Boundary::SentNoResponse);
             let end = {
                 let mut observer = RunObserver {
                     ledger: &mut self.ledger,
@@ -482,6 +522,7 @@ impl<'a> Runner<'a> {
                     attempt: &attempt,
                     attempts: &mut self.attempts,
                     output: &mut self.output,
+                    in_flight: &mut self.in_flight,
                     error: None,
                 };
                 let end = call_shim(&session, &verb, stdin, &mut observer).await;
@@ -490,6 +531,8 @@ impl<'a> Runner<'a> {
                 }
                 end
             };
+            // From here the call's end is recorded as the attempt's own boundary.
+            self.in_flight = None;
             let settled = match end {
                 CallEnd::NotSent(why) => {
                     match self
@@ -662,7 +705,15 @@ impl<'a> Runner<'a> {
             if boundary == Boundary::Refused {
                 self.boundary(attempt, Boundary::Refused, "already completed on the host")?;
             }
-            return Ok(self.exit_verdict(x, by_us));
+            let mut settled = self.exit_verdict(x, by_us);
+            if let (Settled::Verdict(answer), Some(m)) = (&mut settled, &refusal) {
+                if m.marker.as_ref().is_some_and(MarkerInfo::cancelled) {
+                    answer
+                        .reason
+                        .push_str("; it had been stopped by `opmark cancel`");
+                }
+            }
+            return Ok(settled);
         }
         let Some(refusal) = refusal else {
             // The supervisor vanished without an exit record while we followed it.
@@ -727,6 +778,16 @@ impl<'a> Runner<'a> {
     }
 
     fn after_interrupted_marker(&mut self, marker: Option<&MarkerInfo>, attempt: &str) -> Settled {
+        if marker.is_some_and(|m| m.state == MarkerState::Fenced) {
+            // Fenced while we followed it (`opmark cancel` before the command started):
+            // nothing ran and nothing can; superseding would only be refused.
+            return Settled::Verdict(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.to_owned()),
+                ReasonCode::Fenced,
+                "the marker was fenced before the command started (opmark cancel or resolve); nothing ran and nothing can run under this op id",
+            ));
+        }
         let why = marker
             .and_then(|m| m.why.clone())
             .unwrap_or_else(|| "unknown".into());
@@ -1263,6 +1324,73 @@ impl<'a> Runner<'a> {
         Ok(self.report(answer))
     }
 
+    /// A signal stopped this run: records how far the current attempt got and what the
+    /// caller is told, then answers. `in_progress` when a request of this invocation may
+    /// have reached the host: the command, if it started, keeps running (detached by
+    /// design). `not_applied` when nothing was sent: nothing of this invocation can run.
+    fn interrupted(&mut self, signal: ClientSignal) -> Result<RunReport, Error> {
+        let attempt = self.attempts.last().map(|a| a.attempt_id.clone());
+        let boundary = self
+            .attempts
+            .last()
+            .map(|a| a.boundary)
+            .into_iter()
+            .chain(self.in_flight)
+            .max()
+            .unwrap_or(Boundary::NotSent);
+        if let Some(a) = self.attempts.last_mut() {
+            a.boundary = boundary;
+        }
+        let op = &self.key.op_id;
+        let host = &self.key.host;
+        let earlier = self.prior_dispatch.clone();
+        let (verdict, detail, reason) = if self.dispatched {
+            let seen = match boundary {
+                Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet): if the command started, it keeps running there, detached by design",
+                Boundary::Started => "the shim had claimed the marker and started the command: it keeps running on the host, detached by design",
+                Boundary::Refused => "another attempt holds the claim and was running: it keeps running on the host, detached by design",
+                Boundary::NotSent => "this attempt was not sent, but an earlier attempt of this run was dispatched: if its command started, it keeps running on the host, detached by design",
+                Boundary::ExitReceived => "the exit status had been received",
+            };
+            (
+                Verdict::InProgress,
+                seen.to_owned(),
+                format!(
+                    "interrupted by {signal} at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                ),
+            )
+        } else {
+            let earlier_note = earlier
+                .as_deref()
+                .map(|a| format!(" (attempt {a} of an earlier run was dispatched; this says nothing about it)"))
+                .unwrap_or_default();
+            (
+                Verdict::NotApplied,
+                "nothing was sent by this invocation".to_owned(),
+                format!(
+                    "interrupted by {signal} before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. `opmark run` with op id {op} runs it (at most once)"
+                ),
+            )
+        };
+        self.ledger.append(
+            &self.key,
+            &Event::ClientInterrupted {
+                attempt_id: attempt.clone(),
+                boundary,
+                signal: signal.name().into(),
+                detail,
+            },
+            Durability::Normal,
+        )?;
+        let answer = Answer::new(verdict, attempt, ReasonCode::ClientInterrupted, reason);
+        // Nothing sent now, but an earlier run's attempt (or exit) stands: a not_applied
+        // verdict in the ledger would close an operation this invocation knows nothing of.
+        if verdict == Verdict::NotApplied && (earlier.is_some() || self.ledger_exit.is_some()) {
+            return Ok(self.report(answer));
+        }
+        self.finish(answer)
+    }
+
     fn report(&self, answer: Answer) -> RunReport {
         RunReport {
             op_id: self.key.op_id.clone(),
@@ -1403,6 +1531,8 @@ struct RunObserver<'r, 'a> {
     attempt: &'r str,
     attempts: &'r mut Vec<AttemptSummary>,
     output: &'r mut Output,
+    /// Raised to `started` on the claim acknowledgement, for an interruption mid-call.
+    in_flight: &'r mut Option<Boundary>,
     error: Option<LedgerError>,
 }
 
@@ -1418,6 +1548,7 @@ impl CallObserver for RunObserver<'_, '_> {
             fault_point("after_exit");
         }
         if let Frame::Started { .. } = frame {
+            *self.in_flight = Some(Boundary::Started);
             let result = record_boundary(
                 self.ledger,
                 self.key,

@@ -102,6 +102,9 @@ impl MarkerInfo {
         if self.timed_out {
             line.push_str(" timed_out");
         }
+        if self.cancelled() {
+            line.push_str(" cancelled");
+        }
         for (key, value) in [
             ("why", &self.why),
             ("attempt", &self.attempt),
@@ -112,6 +115,11 @@ impl MarkerInfo {
             }
         }
         line
+    }
+
+    /// The exit record says `opmark cancel` stopped the command (`cancelled=1`).
+    pub fn cancelled(&self) -> bool {
+        self.fields.get("cancelled").is_some_and(|c| c == "1")
     }
 
     fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
@@ -210,13 +218,82 @@ pub enum Frame {
     },
     /// `K`: doctor facts.
     Doctor(BTreeMap<String, String>),
+    /// `C`: what a cancel did, and the marker afterwards.
+    Cancel {
+        /// What happened.
+        outcome: CancelOutcome,
+        /// The marker afterwards.
+        marker: MarkerInfo,
+    },
+}
+
+/// What the shim's `cancel` verb did (its `C` frame).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// The command was signalled and its exit record (marked cancelled) is down.
+    Cancelled,
+    /// The exit record already existed: nothing was signalled.
+    AlreadyCompleted,
+    /// The marker was already fenced: nothing changed.
+    AlreadyFenced,
+    /// The marker is now fenced; `was` says what it was: `absent`, `not_started` (claimed,
+    /// the command never started) or `interrupted` (claimed, the process gone without an
+    /// exit record).
+    Fenced {
+        /// The state before the fence.
+        was: String,
+    },
+    /// Signals did not stop it in time: the marker is still in this state.
+    Still {
+        /// The marker's state name (normally `running`).
+        state: String,
+    },
+}
+
+impl CancelOutcome {
+    /// The stable snake_case name used in JSON and the ledger.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            CancelOutcome::Cancelled => "cancelled",
+            CancelOutcome::AlreadyCompleted => "already_completed",
+            CancelOutcome::AlreadyFenced => "already_fenced",
+            CancelOutcome::Fenced { .. } => "fenced",
+            CancelOutcome::Still { .. } => "still_running",
+        }
+    }
+
+    fn parse(word: &str, fields: &BTreeMap<String, String>) -> Result<Self, ProtocolError> {
+        Ok(match word {
+            "cancelled" => CancelOutcome::Cancelled,
+            "already_completed" => CancelOutcome::AlreadyCompleted,
+            "already_fenced" => CancelOutcome::AlreadyFenced,
+            "fenced" => CancelOutcome::Fenced {
+                was: fields.get("was").cloned().unwrap_or_default(),
+            },
+            other => match other.strip_prefix("still_") {
+                Some(state) => CancelOutcome::Still {
+                    state: state.to_owned(),
+                },
+                None => {
+                    return Err(ProtocolError::new(format!(
+                        "unknown cancel outcome {other}"
+                    )))
+                }
+            },
+        })
+    }
 }
 
 impl Frame {
     /// Whether this frame ends the shim's reply for the call.
     pub fn is_final(&self) -> bool {
         match self {
-            Frame::Exit(_) | Frame::Interrupted(_) | Frame::Probe(_) | Frame::Fence { .. } => true,
+            Frame::Exit(_)
+            | Frame::Interrupted(_)
+            | Frame::Probe(_)
+            | Frame::Fence { .. }
+            | Frame::Cancel { .. } => true,
             Frame::Refused(r) => !r.fields.contains_key("replay"),
             Frame::Gc { action, .. } => action == "done",
             Frame::Doctor(fields) => fields.contains_key("done"),
@@ -446,6 +523,15 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             }
             Frame::Doctor(fields)
         }
+        "C" => Frame::Cancel {
+            outcome: CancelOutcome::parse(
+                words
+                    .first()
+                    .ok_or_else(|| ProtocolError::new("cancel answer without an outcome"))?,
+                &fields,
+            )?,
+            marker: MarkerInfo::from_fields(fields)?,
+        },
         other => return Err(ProtocolError::new(format!("unknown frame kind {other}"))),
     })
 }
@@ -577,6 +663,37 @@ mod tests {
             format!("OPMARK/1 {N} H v=1\n").as_bytes(),
         );
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn cancel_answers_parse_with_their_outcome_and_marker() {
+        let stderr = format!(
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} C cancelled state=completed attempt=a code=143 timed_out=0 cancelled=1\n"
+        );
+        let replies = parse(b"", stderr.as_bytes()).unwrap();
+        let Reply::Frame(f @ Frame::Cancel { outcome, marker }) = &replies[1] else {
+            panic!("{replies:?}")
+        };
+        assert!(f.is_final());
+        assert_eq!(*outcome, CancelOutcome::Cancelled);
+        assert_eq!(marker.exit_code, Some(143));
+        assert!(marker.cancelled());
+        assert_eq!(marker.summary(), "completed exit=143 cancelled attempt=a");
+
+        let fenced = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C fenced was=absent state=fenced\n");
+        let replies = parse(b"", fenced.as_bytes()).unwrap();
+        assert!(matches!(
+            &replies[1],
+            Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Fenced { was }, .. }) if was == "absent"
+        ));
+        let still = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C still_running state=running\n");
+        let replies = parse(b"", still.as_bytes()).unwrap();
+        assert!(matches!(
+            &replies[1],
+            Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Still { state }, .. }) if state == "running"
+        ));
+        let odd = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C exploded state=running\n");
+        assert!(parse(b"", odd.as_bytes()).is_err());
     }
 
     #[test]

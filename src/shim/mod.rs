@@ -16,7 +16,8 @@ use crate::family::Family;
 use crate::op_id::OpId;
 
 pub use frames::{
-    ExitFrame, Frame, MarkerInfo, MarkerState, ProtocolError, Refusal, Reply, ReplyParser,
+    CancelOutcome, ExitFrame, Frame, MarkerInfo, MarkerState, ProtocolError, Refusal, Reply,
+    ReplyParser,
 };
 
 /// The shim's source, delivered with every call.
@@ -103,6 +104,15 @@ pub enum Verb<'a> {
     },
     /// Facts about the marker root for `opmark doctor`.
     Doctor,
+    /// Stop the operation for good (`opmark cancel`): TERM the running command's session,
+    /// KILL after `grace`, wait for the exit record; fence an absent, unstarted or
+    /// interrupted one.
+    Cancel {
+        /// The operation.
+        op: &'a OpId,
+        /// Time between TERM and KILL (sent in milliseconds; the shim waits in tenths).
+        grace: Duration,
+    },
 }
 
 impl Verb<'_> {
@@ -149,6 +159,11 @@ impl Verb<'_> {
                 flag(*dry_run),
             ],
             Verb::Doctor => vec!["doctor".into()],
+            Verb::Cancel { op, grace } => vec![
+                "cancel".into(),
+                op.to_string(),
+                grace.as_millis().to_string(),
+            ],
         }
     }
 }

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cancel;
 mod chaos;
 mod cli;
 mod ledger;

@@ -919,3 +919,184 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
     assert_eq!(replay.exit().unwrap().code, 9);
     assert_eq!(replay.exit().unwrap().attempt, "a1");
 }
+
+/// Starts `command` as op `op` in the background (the run call keeps following it) and
+/// waits until the command itself is up: it must touch `ready` first.
+fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> std::process::Child {
+    let op = OpId::parse(op).unwrap();
+    let fingerprint = fp(command);
+    let child = host
+        .command(&Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            command,
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    host.wait_for_file(ready);
+    child
+}
+
+fn cancel_answer(
+    host: &Host,
+    op: &str,
+    grace: Duration,
+) -> (shim::CancelOutcome, shim::MarkerInfo) {
+    let op = OpId::parse(op).unwrap();
+    let o = host.call(&Verb::Cancel { op: &op, grace }, b"");
+    o.frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Cancel { outcome, marker } => Some((outcome.clone(), marker.clone())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no cancel frame: {o:?}"))
+}
+
+#[test]
+fn cancel_verb_stops_fences_and_reports_under_every_shell() {
+    use shim::CancelOutcome;
+    for (name, shell) in shells() {
+        let host = Host::new("cancel", &shell);
+
+        // Running: TERM to its session; the supervisor records the exit, marked cancelled.
+        let ready = host.state_home.join("ready");
+        let cmd = format!("touch {}; sleep 60", ready.display());
+        let mut follower = start_in_background(&host, "busy", &cmd, &ready);
+        let (outcome, m) = cancel_answer(&host, "busy", Duration::from_secs(5));
+        assert_eq!(outcome, CancelOutcome::Cancelled, "{name}: {m:?}");
+        assert_eq!(m.state, MarkerState::Completed, "{name}");
+        assert_eq!(m.exit_code, Some(143), "{name}: died of TERM");
+        assert!(m.cancelled(), "{name}");
+        assert_eq!(host.record("busy", "exit", "cancelled"), "1", "{name}");
+        assert_eq!(host.record("busy", "exit", "timed_out"), "0", "{name}");
+        follower.wait().unwrap();
+        let replay = host.run("busy", "a2", &cmd);
+        assert_eq!(
+            replay.exit().unwrap().code,
+            143,
+            "{name}: replayed, not re-run"
+        );
+
+        // A command that ignores TERM is killed after the grace.
+        let stubborn_ready = host.state_home.join("stubborn-ready");
+        let stubborn = format!("trap '' TERM; touch {}; sleep 60", stubborn_ready.display());
+        let mut follower = start_in_background(&host, "stubborn", &stubborn, &stubborn_ready);
+        let (outcome, m) = cancel_answer(&host, "stubborn", Duration::from_millis(500));
+        assert_eq!(outcome, CancelOutcome::Cancelled, "{name}: {m:?}");
+        assert_eq!(m.exit_code, Some(137), "{name}: KILL after the grace");
+        follower.wait().unwrap();
+
+        // Absent: fenced, so a delayed run can never claim it.
+        let (outcome, m) = cancel_answer(&host, "ghost", Duration::from_secs(1));
+        assert_eq!(
+            outcome,
+            CancelOutcome::Fenced {
+                was: "absent".into()
+            },
+            "{name}"
+        );
+        assert_eq!(m.state, MarkerState::Fenced, "{name}");
+        let late = host.run("ghost", "late", "touch late-effect");
+        assert_eq!(late.refusal().unwrap().reason, "fenced", "{name}");
+        assert!(!host.state_home.join("late-effect").exists(), "{name}");
+        let (outcome, _) = cancel_answer(&host, "ghost", Duration::from_secs(1));
+        assert_eq!(outcome, CancelOutcome::AlreadyFenced, "{name}");
+
+        // Completed: nothing is signalled, the record stays as it was.
+        host.run("done", "a1", "exit 3");
+        let before = std::fs::read_to_string(host.marker("done").join("exit")).unwrap();
+        let (outcome, m) = cancel_answer(&host, "done", Duration::from_secs(1));
+        assert_eq!(outcome, CancelOutcome::AlreadyCompleted, "{name}");
+        assert_eq!(m.exit_code, Some(3), "{name}");
+        assert!(!m.cancelled(), "{name}");
+        let after = std::fs::read_to_string(host.marker("done").join("exit")).unwrap();
+        assert_eq!(before, after, "{name}");
+    }
+}
+
+#[test]
+fn cancel_of_an_interrupted_claim_fences_it_so_no_rerun_can_supersede_it() {
+    let (name, shell) = &shells()[0];
+    let host = Host::new("cancel-interrupted", shell);
+    // A claim whose process is gone without an exit record, as a crash leaves it.
+    let m = host.marker("crashed");
+    std::fs::create_dir_all(m.join("started")).unwrap();
+    std::fs::write(
+        m.join("claim"),
+        format!(
+            "attempt=a1\nfingerprint={}\nfamily=read-only\nshim=1\nclaimed_at=1\nfg_pid=1\nfg_start=1\nboot=x\n",
+            fp("true")
+        ),
+    )
+    .unwrap();
+    std::fs::write(m.join("proc"), "pid=999999\nstart=1\nboot=x\n").unwrap();
+    assert_eq!(host.probe("crashed").state, MarkerState::Interrupted);
+    let (outcome, marker) = cancel_answer(&host, "crashed", Duration::from_secs(1));
+    assert_eq!(
+        outcome,
+        shim::CancelOutcome::Fenced {
+            was: "interrupted".into()
+        },
+        "{name}"
+    );
+    assert_eq!(marker.state, MarkerState::Fenced);
+    let rerun = host.run_with("crashed", "a2", "true", |r| r.supersede_interrupted = true);
+    assert_eq!(rerun.refusal().unwrap().reason, "fenced", "{rerun:?}");
+}
+
+#[test]
+fn cancel_of_a_claim_whose_command_has_not_started_takes_the_start_gate() {
+    let (name, shell) = &shells()[0];
+    let host = Host::new("cancel-unstarted", shell);
+    // A claimer that is alive but has not started its supervisor yet.
+    let mut claimer = Command::new("sleep").arg("30").spawn().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", claimer.id())).unwrap();
+    let start = stat
+        .rsplit_once(") ")
+        .unwrap()
+        .1
+        .split(' ')
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let m = host.marker("slowstart");
+    std::fs::create_dir_all(&m).unwrap();
+    std::fs::write(
+        m.join("claim"),
+        format!(
+            "attempt=a1\nfingerprint={}\nfamily=read-only\nshim=1\nclaimed_at=1\nfg_pid={}\nfg_start={start}\nboot={}\n",
+            fp("true"),
+            claimer.id(),
+            boot.trim()
+        ),
+    )
+    .unwrap();
+    let before = host.probe("slowstart");
+    assert_eq!(before.state, MarkerState::Running, "{name}: {before:?}");
+    let (outcome, marker) = cancel_answer(&host, "slowstart", Duration::from_secs(1));
+    assert_eq!(
+        outcome,
+        shim::CancelOutcome::Fenced {
+            was: "not_started".into()
+        },
+        "{name}"
+    );
+    assert_eq!(marker.state, MarkerState::Fenced);
+    assert!(
+        m.join("started").is_dir(),
+        "the gate is taken: a late supervisor cannot start the command"
+    );
+    claimer.kill().unwrap();
+    claimer.wait().unwrap();
+}

@@ -1,0 +1,279 @@
+//! `opmark cancel HOST OP [--grace D]`: stop an operation on its host for good (SPEC
+//! section 10) through the shim's `cancel` verb, record what happened as a `cancelled`
+//! event, and say the final state.
+//!
+//! The shim does the work so that it holds on the host whatever happens to this client:
+//! a running command's session gets TERM, then KILL after the grace, and its supervisor
+//! (never signalled) writes the exit record marked `cancelled=1`, which every later `run`
+//! of the op id replays; an absent, unstarted or interrupted marker is fenced, so no
+//! delayed or repeated attempt can ever run it.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::common;
+use super::list::printable;
+use crate::cli::{CancelArgs, GlobalArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::{Durability, Event, OpKey};
+use crate::op_id::OpId;
+use crate::operation::call::{call_shim, CallEnd, FramesOnly};
+use crate::shim::{CancelOutcome, Frame, MarkerInfo, Verb};
+use crate::ssh::{self, Session};
+
+/// Longest grace accepted: beyond it a "cancel" is a wait, and the caller's ssh session
+/// would sit idle for that long.
+const MAX_GRACE: Duration = Duration::from_secs(3600);
+
+/// The `--json` document.
+#[derive(Serialize)]
+struct Report<'a> {
+    schema: &'static str,
+    op_id: &'a str,
+    host: &'a str,
+    /// `cancelled`, `already_completed`, `already_fenced`, `fenced`, `still_running`.
+    outcome: &'static str,
+    /// For `fenced`: what the marker was (`absent`, `not_started`, `interrupted`).
+    was: Option<&'a str>,
+    /// The marker's state afterwards.
+    state: &'static str,
+    /// The exit code the host recorded, when there is one.
+    exit_code: Option<i32>,
+    /// The exit record says a cancel stopped the command.
+    cancelled: bool,
+    /// The plain SHA-256 of the intent recorded in the host's claim, when there is one.
+    host_fingerprint: Option<&'a str>,
+    /// The attempt that holds the claim, when there is one.
+    attempt_id: Option<&'a str>,
+    grace_ms: u64,
+    by: &'a str,
+    /// What it means, in words.
+    message: &'a str,
+}
+
+/// Cancels and prints the final state; exit 0 once the operation can no longer run,
+/// 1 when it is still running after TERM and KILL.
+pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
+    let op =
+        OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+    if args.grace > MAX_GRACE {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--grace {}s is longer than the 1h limit; give the command at most --grace 1h between TERM and KILL. Nothing was sent",
+                args.grace.as_secs()
+            ),
+        ));
+    }
+    let by = common::operator(args.by.as_deref());
+    let policy = common::load_policy(global)?;
+    let mut ledger = common::open_ledger(global, &policy)?;
+    let spec = common::host_spec(global, &args.host, &args.host_args);
+    let dest =
+        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let host = dest.display();
+    let key = OpKey::new(op.as_str(), host.clone());
+    let grace_ms = u64::try_from(args.grace.as_millis()).unwrap_or(u64::MAX);
+
+    let runtime = common::runtime()?;
+    let end = runtime.block_on(async {
+        let session = Session::connect(&dest).await.map_err(|e| {
+            Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "cannot cancel {op} on {}: {e}; nothing was sent",
+                    printable(&host)
+                ),
+            )
+        })?;
+        let verb = Verb::Cancel {
+            op: &op,
+            grace: args.grace,
+        };
+        Ok::<_, Error>(call_shim(&session, &verb, None, &mut FramesOnly).await)
+    })?;
+    let frames = match end {
+        CallEnd::Finished(frames) => frames,
+        CallEnd::NotSent(why) => {
+            return Err(Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "the cancel of {op} on {} was not sent ({why}); nothing changed",
+                    printable(&host)
+                ),
+            ))
+        }
+        CallEnd::Lost { reason, .. } => {
+            // The TERM may have gone out: what was asked is evidence worth keeping.
+            ledger.append(
+                &key,
+                &Event::Cancelled {
+                    by: by.clone(),
+                    grace_ms,
+                    result: "unknown".into(),
+                    exit_code: None,
+                    detail: format!("the answer was lost: {reason}"),
+                },
+                Durability::Full,
+            )?;
+            return Err(Error::new(
+                ErrorKind::Unreachable,
+                format!(
+                    "the cancel of {op} on {} lost its answer ({reason}); it may have been carried out. See `opmark probe {} {op}`, then cancel again (it is safe to repeat)",
+                    printable(&host),
+                    printable(&args.host)
+                ),
+            ));
+        }
+    };
+    let (outcome, marker) = answer(&op, &host, frames)?;
+    let message = message(&op, &host, &outcome, &marker, args.grace);
+    let result = match &outcome {
+        CancelOutcome::Fenced { was } => format!("fenced:{was}"),
+        other => other.as_str().to_owned(),
+    };
+    ledger.append(
+        &key,
+        &Event::Cancelled {
+            by: by.clone(),
+            grace_ms,
+            result,
+            exit_code: marker.exit_code,
+            detail: marker.summary(),
+        },
+        Durability::Full,
+    )?;
+    let still = matches!(outcome, CancelOutcome::Still { .. });
+    if global.json {
+        let was = match &outcome {
+            CancelOutcome::Fenced { was } => Some(was.as_str()),
+            _ => None,
+        };
+        let doc = Report {
+            schema: "opmark/1",
+            op_id: op.as_str(),
+            host: &host,
+            outcome: outcome.as_str(),
+            was,
+            state: marker.state.as_str(),
+            exit_code: marker.exit_code,
+            cancelled: marker.cancelled(),
+            host_fingerprint: marker.fingerprint.as_deref(),
+            attempt_id: marker.attempt.as_deref(),
+            grace_ms,
+            by: &by,
+            message: &message,
+        };
+        let text = serde_json::to_string(&doc)
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
+        println!("{text}");
+    } else if still {
+        eprintln!("opmark: {message}");
+    } else {
+        println!("{message}");
+    }
+    Ok(if still {
+        exit_code::FINDINGS
+    } else {
+        exit_code::OK
+    })
+}
+
+/// The shim's `C` frame, or the error its refusal means.
+fn answer(op: &OpId, host: &str, frames: Vec<Frame>) -> Result<(CancelOutcome, MarkerInfo)> {
+    for f in frames {
+        match f {
+            Frame::Cancel { outcome, marker } => return Ok((outcome, marker)),
+            Frame::Refused(r) => {
+                let seen = r
+                    .marker
+                    .as_ref()
+                    .map(|m| m.summary())
+                    .unwrap_or_else(|| r.reason.clone());
+                let kind = match r.reason.as_str() {
+                    "invalid_op_id" | "bad_args" => ErrorKind::InvalidInput,
+                    _ => ErrorKind::Unreachable,
+                };
+                return Err(Error::new(
+                    kind,
+                    format!(
+                        "the host shim refused to cancel {op} on {} ({seen}); nothing was signalled. Check the host with `opmark doctor`",
+                        printable(host)
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Err(Error::new(
+        ErrorKind::Internal,
+        "the shim answered the cancel without a cancel frame",
+    ))
+}
+
+/// One sentence for people: what happened and what a later `run` of the op id does.
+fn message(
+    op: &OpId,
+    host: &str,
+    outcome: &CancelOutcome,
+    marker: &MarkerInfo,
+    grace: Duration,
+) -> String {
+    let host = printable(host);
+    let exit = marker
+        .exit_code
+        .map_or_else(|| "unknown".to_owned(), describe_exit);
+    match outcome {
+        CancelOutcome::Cancelled => format!(
+            "cancelled {op} on {host}: the command was stopped, exit {exit}; `opmark run` with this op id replays this result and never runs it again"
+        ),
+        CancelOutcome::AlreadyCompleted => format!(
+            "{op} on {host} had already completed (exit {exit}); nothing was signalled, nothing changed"
+        ),
+        CancelOutcome::AlreadyFenced => format!(
+            "{op} on {host} was already fenced (closed as not applied); nothing changed"
+        ),
+        CancelOutcome::Fenced { was } => match was.as_str() {
+            "absent" => format!(
+                "{op} had not reached {host}: its op id is now fenced there, so no delayed or later attempt can run it; `opmark run` with this op id answers not_applied"
+            ),
+            "not_started" => format!(
+                "{op} on {host} was claimed but its command had not started: fenced, it never will; `opmark run` with this op id answers not_applied"
+            ),
+            _ => format!(
+                "{op} on {host} was interrupted (its process is gone without an exit record, so it may have had effects): fenced, it can never run again. Record what happened with `opmark resolve`"
+            ),
+        },
+        CancelOutcome::Still { state } => format!(
+            "{op} on {host} is still {state} after TERM, {}s of grace and KILL (a process that left the command's session, or one stuck in the kernel); check the host, then cancel again",
+            grace.as_secs()
+        ),
+    }
+}
+
+/// `143 (SIGTERM)` for a shell's 128+N status of the common signals, else the number.
+fn describe_exit(code: i32) -> String {
+    let name = match code - 128 {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        9 => "SIGKILL",
+        13 => "SIGPIPE",
+        15 => "SIGTERM",
+        _ => return code.to_string(),
+    };
+    format!("{code} ({name})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_statuses_of_signals_are_named() {
+        assert_eq!(describe_exit(143), "143 (SIGTERM)");
+        assert_eq!(describe_exit(137), "137 (SIGKILL)");
+        assert_eq!(describe_exit(0), "0");
+        assert_eq!(describe_exit(3), "3");
+    }
+}
