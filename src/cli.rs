@@ -96,6 +96,19 @@ pub struct HostArgs {
     /// Jump host(s), comma separated, like ssh -J.
     #[arg(short = 'J', long = "jump", value_name = "[USER@]HOST[:PORT][,...]")]
     pub jump: Option<String>,
+    /// Remote user (wins over user@host and the ssh config), like ssh -l.
+    #[arg(short = 'l', long = "login", value_name = "USER")]
+    pub login: Option<String>,
+    /// An ssh_config option, `Key=Value` or `"Key Value"`; may be given several times;
+    /// wins over the config files, like ssh -o.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
+    pub option: Vec<String>,
+    /// IPv4 addresses only, like ssh -4.
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// IPv6 addresses only, like ssh -6.
+    #[arg(short = '6')]
+    pub ipv6: bool,
 }
 
 /// Command families of SPEC section 5, least to most dangerous.
@@ -150,6 +163,18 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
+    /// Print how HOST resolves through the ssh config, in `ssh -G` style.
+    Config(ConfigArgs),
+}
+
+/// `opmark config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Host alias, [user@]host or ssh://[user@]host[:port].
+    pub host: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
 }
 
 /// `opmark run`.

@@ -67,8 +67,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         ));
     }
     let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest =
-        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let dest = ssh::resolve(&spec).map_err(common::resolve_error)?;
     let host = dest.display();
     let runtime = common::runtime()?;
     let verb = Verb::Gc {

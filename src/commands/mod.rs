@@ -10,6 +10,7 @@ use crate::error::Result;
 
 mod audit;
 mod common;
+mod config;
 mod doctor;
 mod gc;
 mod list;
@@ -36,5 +37,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Stats => stats::run(&global),
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
+        Command::Config(args) => config::run(&global, &args),
     }
 }

@@ -25,8 +25,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest =
-        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    let dest = ssh::resolve(&spec).map_err(common::resolve_error)?;
     let runtime = common::runtime()?;
     let marker = runtime.block_on(probe_marker(&dest, &op))?;
     let policy = common::load_policy(global)?;
