@@ -322,9 +322,12 @@ fn compare(
     problems
 }
 
+/// One line of a case's `hosts`: the arguments, and the refusal expected, if any.
+type Invocation = (String, Option<String>);
+
 /// Every case directory with its invocations (`hosts`: one argument line each;
 /// `ARGS => refused: NEEDLE` when opmark must refuse with exit 246).
-fn corpus() -> Vec<(PathBuf, Vec<(String, Option<String>)>)> {
+fn corpus() -> Vec<(PathBuf, Vec<Invocation>)> {
     let mut cases: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
         .unwrap()
         .filter_map(|e| e.ok())
