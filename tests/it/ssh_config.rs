@@ -491,3 +491,226 @@ fn unsupported_match_and_options_exit_246_naming_file_and_line() {
         text(&out.stdout)
     );
 }
+
+/// `opmark --json run ...` in `env`; the JSON verdict and the elapsed time.
+fn run_json(cmd: &mut Command) -> (Value, std::time::Duration) {
+    let started = std::time::Instant::now();
+    let out = cmd.output().unwrap();
+    let elapsed = started.elapsed();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}): {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    (json, elapsed)
+}
+
+/// The lines that reach lab `target` with its key and known_hosts.
+fn target_lines(lab: &support::Lab, target: &support::Target) -> String {
+    format!(
+        "  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n",
+        target.addr,
+        target.port,
+        target.user,
+        lab.client_key().display(),
+        lab.known_hosts().display()
+    )
+}
+
+#[test]
+fn match_originalhost_block_is_applied_when_running_on_a_real_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let dir = support::fresh_dir(crate::test_name!());
+    let cfg = dir.join("cfg");
+    // Before this change Match was ignored: `m2` went to port 22 of a host named m2.
+    std::fs::write(
+        &cfg,
+        format!("Match originalhost m2\n{}", target_lines(&lab, t)),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+        "--json",
+        "run",
+        "m2",
+        "--op",
+        "match-1",
+        "--",
+        "echo via-match",
+    ]));
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("via-match\n")),
+        "{j}"
+    );
+}
+
+#[test]
+fn ssh_uri_and_o_options_reach_a_real_target_without_a_config_entry() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let env = support::Sealed::new(crate::test_name!());
+    let uri = format!("ssh://{}@{}:{}", t.user, t.addr, t.port);
+    let (j, _) = run_json(
+        env.opmark()
+            .args(["-F", "none", "--json", "run"])
+            .arg(&uri)
+            .arg("-o")
+            .arg(format!("IdentityFile={}", lab.client_key().display()))
+            .arg("-o")
+            .arg(format!(
+                "UserKnownHostsFile {}",
+                lab.known_hosts().display()
+            ))
+            .args([
+                "-o",
+                "IdentitiesOnly=yes",
+                "--op",
+                "uri-1",
+                "--",
+                "echo via-uri",
+            ]),
+    );
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("via-uri\n")),
+        "{j}"
+    );
+    // The ledger names the host as user@host:port, which reconnects the same way.
+    assert_eq!(
+        j["host"],
+        Value::from(format!("{}@{}:{}", t.user, t.addr, t.port)),
+        "{j}"
+    );
+}
+
+#[test]
+fn host_key_alias_is_looked_up_as_the_bare_alias_on_a_real_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let dir = support::fresh_dir(crate::test_name!());
+    // known_hosts holds the keys under the alias only (OpenSSH never writes
+    // `[alias]:port` for a HostKeyAlias).
+    let kh = dir.join("known_hosts");
+    let keys: String = t
+        .host_public_keys()
+        .unwrap()
+        .iter()
+        .map(|k| format!("shared-alias {k}\n"))
+        .collect();
+    std::fs::write(&kh, keys).unwrap();
+    let cfg = dir.join("cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host t\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  \
+             UserKnownHostsFile {}\n  HostKeyAlias Shared-Alias\n",
+            t.addr,
+            t.port,
+            t.user,
+            lab.client_key().display(),
+            kh.display()
+        ),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+        "--json",
+        "run",
+        "t",
+        "--op",
+        "alias-1",
+        "--",
+        "echo via-alias",
+    ]));
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("via-alias\n")),
+        "{j}"
+    );
+}
+
+#[test]
+fn alias_from_the_system_config_reaches_a_real_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let dir = support::fresh_dir(crate::test_name!());
+    std::fs::create_dir_all(dir.join("ssh_config.d")).unwrap();
+    std::fs::write(dir.join("ssh_config"), "Include ssh_config.d/*.conf\n").unwrap();
+    std::fs::write(
+        dir.join("ssh_config.d/10-lab.conf"),
+        format!("Host sysalias\n{}", target_lines(&lab, t)),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let (j, _) = run_json(
+        env.opmark()
+            .env("OPMARK_SYSTEM_SSH_CONFIG", dir.join("ssh_config"))
+            .args([
+                "--json",
+                "run",
+                "sysalias",
+                "--op",
+                "sys-1",
+                "--",
+                "echo via-system",
+            ]),
+    );
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("via-system\n")),
+        "{j}"
+    );
+}
+
+#[test]
+fn connect_timeout_bounds_a_silent_server_in_one_attempt() {
+    // A server that accepts and never sends its banner.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let dir = support::fresh_dir(crate::test_name!());
+    let cfg = dir.join("cfg");
+    std::fs::write(
+        &cfg,
+        format!("Host silent\n  HostName 127.0.0.1\n  Port {port}\n  ConnectTimeout 1\n  UserKnownHostsFile /dev/null\n"),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let (j, elapsed) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+        "--json",
+        "run",
+        "silent",
+        "--op",
+        "slow-1",
+        "--attempts",
+        "3",
+        "--",
+        "true",
+    ]));
+    assert_eq!(j["verdict"], Value::from("not_applied"), "{j}");
+    assert_eq!(j["retryable"], Value::from(true), "{j}");
+    // One attempt bounded by ConnectTimeout, as ssh; it was three (one per attempt).
+    assert_eq!(j["attempts"].as_array().map(Vec::len), Some(1), "{j}");
+    assert!(
+        elapsed < std::time::Duration::from_secs(3),
+        "took {elapsed:?}: {j}"
+    );
+}
