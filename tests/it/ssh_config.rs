@@ -714,3 +714,34 @@ fn connect_timeout_bounds_a_silent_server_in_one_attempt() {
         "took {elapsed:?}: {j}"
     );
 }
+
+#[test]
+fn config_prints_ssh_g_style_lines_and_marks_opmark_defaults() {
+    let dir = support::fresh_dir(crate::test_name!());
+    let cfg = dir.join("cfg");
+    std::fs::write(
+        &cfg,
+        "Host web\n  HostName Web.Example\n  Port 2201\n  User deploy\n",
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args(["config", "web", "-o", "BatchMode=yes"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines = text(&out.stdout);
+    for want in [
+        "hostname web.example\n",
+        "port 2201\n",
+        "user deploy\n",
+        "batchmode yes\n",
+        "connecttimeout 10\n",
+        "# connecttimeout: opmark's default (the config does not set it)\n",
+    ] {
+        assert!(lines.contains(want), "no `{want}` in:\n{lines}");
+    }
+}
