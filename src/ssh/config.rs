@@ -434,6 +434,9 @@ impl SshConfig {
         let mut evaluated: Vec<Option<bool>> = vec![None; self.conditions.len()];
         for block in &self.blocks {
             let mut active = true;
+            // Outer conditions first, stopping at the first false one: a `Match exec`
+            // inside an Include of a block that does not apply is not run (ssh runs it
+            // and ignores the answer; only the side effect differs).
             for &c in &block.conditions {
                 let result = match evaluated[c] {
                     Some(r) => r,
