@@ -61,7 +61,8 @@ pub struct Cli {
 /// Options every subcommand accepts, each with an environment fallback.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// ssh_config file to resolve host aliases from (default ~/.ssh/config).
+    /// ssh_config file to resolve host aliases from (default ~/.ssh/config, then
+    /// /etc/ssh/ssh_config; with -F only that file, as ssh; `none` for no file).
     #[arg(
         short = 'F',
         long = "ssh-config",
