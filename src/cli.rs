@@ -63,7 +63,8 @@ pub struct Cli {
 /// Options every subcommand accepts, each with an environment fallback.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// ssh_config file to resolve host aliases from (default ~/.ssh/config).
+    /// ssh_config file to resolve host aliases from (default ~/.ssh/config, then
+    /// /etc/ssh/ssh_config; with -F only that file, as ssh; `none` for no file).
     #[arg(
         short = 'F',
         long = "ssh-config",
@@ -107,6 +108,19 @@ pub struct HostArgs {
     /// Jump host(s), comma separated, like ssh -J.
     #[arg(short = 'J', long = "jump", value_name = "[USER@]HOST[:PORT][,...]")]
     pub jump: Option<String>,
+    /// Remote user (wins over user@host and the ssh config), like ssh -l.
+    #[arg(short = 'l', long = "login", value_name = "USER")]
+    pub login: Option<String>,
+    /// An ssh_config option, `Key=Value` or `"Key Value"`; may be given several times;
+    /// wins over the config files, like ssh -o.
+    #[arg(short = 'o', long = "option", value_name = "KEY=VALUE")]
+    pub option: Vec<String>,
+    /// IPv4 addresses only, like ssh -4.
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// IPv6 addresses only, like ssh -6.
+    #[arg(short = '6')]
+    pub ipv6: bool,
 }
 
 /// Command families of SPEC section 5, least to most dangerous.
@@ -166,6 +180,18 @@ pub enum Command {
     /// Stop a running operation on its host for good: TERM, then KILL after the grace;
     /// an absent or unstarted one is fenced so it can never run.
     Cancel(CancelArgs),
+    /// Print how HOST resolves through the ssh config, in `ssh -G` style.
+    Config(ConfigArgs),
+}
+
+/// `opmark config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Host alias, [user@]host or ssh://[user@]host[:port].
+    pub host: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
 }
 
 /// `opmark run`.

@@ -5,7 +5,7 @@ use crate::cli::{GlobalArgs, HostArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
-use crate::ssh::HostSpec;
+use crate::ssh::{ConnectError, ConnectStage, HostSpec};
 
 /// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
 pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
@@ -22,13 +22,35 @@ pub fn open_ledger(global: &GlobalArgs, policy: &Policy) -> Result<Ledger> {
 
 /// Where to connect, from the host argument and the OpenSSH-style flags.
 pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
+    // -4/-6 are shorthands for AddressFamily, given first so they win like ssh's flags.
+    let family = match (args.ipv4, args.ipv6) {
+        (true, _) => Some("AddressFamily=inet".to_owned()),
+        (_, true) => Some("AddressFamily=inet6".to_owned()),
+        _ => None,
+    };
     HostSpec {
         host: host.to_owned(),
         port: args.port,
         identities: args.identity.clone(),
         jump: args.jump.clone(),
         config_path: global.ssh_config.clone(),
+        user: args.login.clone(),
+        options: family
+            .into_iter()
+            .chain(args.option.iter().cloned())
+            .collect(),
     }
+}
+
+/// A host that could not be resolved: a config problem is a config error (exit 246),
+/// anything else leaves the host unreachable (exit 247).
+pub fn resolve_error(e: ConnectError) -> Error {
+    let kind = if e.stage == ConnectStage::Config {
+        ErrorKind::Config
+    } else {
+        ErrorKind::Unreachable
+    };
+    Error::new(kind, e.to_string())
 }
 
 /// A tokio runtime for commands that talk to hosts.

@@ -107,8 +107,8 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             match answer {
                 Err(e) => {
                     let (name, fix) = match e.stage {
-                        ConnectStage::Resolve => ("resolve", "check the ssh config".to_owned()),
-                        ConnectStage::Connect => ("connect", format!(
+                        ConnectStage::Resolve | ConnectStage::Config => ("resolve", "check the ssh config".to_owned()),
+                        ConnectStage::Connect | ConnectStage::Timeout => ("connect", format!(
                             "check that {} is up and sshd listens on port {} (firewall, address, ConnectTimeout)",
                             dest.hostname, dest.port
                         )),

@@ -73,6 +73,13 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
     }
     let spec = common::host_spec(global, &args.host, &args.host_args);
     let fresh = ssh::resolve(&spec);
+    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
+    // the ledger recorded.
+    if let Err(e) = &fresh {
+        if e.stage == ssh::ConnectStage::Config {
+            return Err(common::resolve_error(e.clone()));
+        }
+    }
     let host = match (&fresh, args.host_args.port) {
         (Ok(d), _) => d.display(),
         (Err(_), Some(p)) => format!("{}:{p}", args.host),
@@ -83,7 +90,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
         None => fresh,
     }
-    .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    .map_err(common::resolve_error)?;
     let runtime = common::runtime()?;
     let verb = Verb::Gc {
         older_than: args.older_than,

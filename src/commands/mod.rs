@@ -11,6 +11,7 @@ use crate::error::Result;
 mod audit;
 mod cancel;
 mod common;
+mod config;
 mod doctor;
 mod gc;
 mod ledger;
@@ -40,5 +41,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
+        Command::Config(args) => config::run(&global, &args),
     }
 }

@@ -28,6 +28,13 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
     let fresh = ssh::resolve(&spec);
+    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
+    // the ledger recorded.
+    if let Err(e) = &fresh {
+        if e.stage == ssh::ConnectStage::Config {
+            return Err(common::resolve_error(e.clone()));
+        }
+    }
     // The ledger names the host as `run` did: what was typed, plus `:port` with -p.
     let host = match (&fresh, args.host_args.port) {
         (Ok(d), _) => d.display(),
@@ -42,7 +49,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
         Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
         None => fresh,
     }
-    .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+    .map_err(common::resolve_error)?;
     let runtime = common::runtime()?;
     let marker = runtime.block_on(probe_checked(&dest, &op, &host, &recorded))?;
     ledger.append(

@@ -188,6 +188,13 @@ pub async fn run_interruptible(
 
     // The ledger names the host as the user did; resolution problems are a verdict.
     let resolved = ssh::resolve(&input.host);
+    // A malformed or unsupported ssh config is the user's to fix: an error (exit 246)
+    // before any ledger record, never a "safe to retry" verdict.
+    if let Err(e) = &resolved {
+        if e.stage == ConnectStage::Config {
+            return Err(Error::new(ErrorKind::Config, e.to_string()));
+        }
+    }
     let host_name = match &resolved {
         Ok(dest) => dest.display(),
         Err(_) => input.host.host.clone(),
@@ -1427,18 +1434,23 @@ enum Followed {
 /// The reason code of a connection that could not be made.
 fn connect_code(e: &ConnectError) -> ReasonCode {
     match e.stage {
-        ConnectStage::Resolve => ReasonCode::NameUnresolvable,
-        ConnectStage::Connect => ReasonCode::ConnectFailed,
+        ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
+        ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
         ConnectStage::HostKey => ReasonCode::HostKeyRejected,
         ConnectStage::Auth => ReasonCode::AuthRefused,
     }
 }
 
-/// Host key and authentication failures will not change by retrying.
+/// Host key and authentication failures will not change by retrying; a connect that
+/// used up its ConnectTimeout is one attempt, as in ssh (the caller may rerun).
 fn connect_is_final(e: &ConnectError) -> bool {
     matches!(
         e.stage,
-        ConnectStage::HostKey | ConnectStage::Auth | ConnectStage::Resolve
+        ConnectStage::HostKey
+            | ConnectStage::Auth
+            | ConnectStage::Resolve
+            | ConnectStage::Config
+            | ConnectStage::Timeout
     )
 }
 

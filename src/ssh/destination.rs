@@ -1,6 +1,8 @@
-//! Host resolution: from what the user typed (`[user@]host`, `-p`, `-i`, `-J`, `-F`) and
-//! the ssh config to a fully resolved [`Destination`], the way OpenSSH resolves it; and
-//! back: the [`Route`] an operation took, recorded in the ledger (SPEC section 9), and
+//! Host resolution: from what the user typed (`[user@]host`, `ssh://[user@]host[:port]`,
+//! `-l`, `-p`, `-i`, `-J`, `-o`, `-F`) and the ssh configs (the user's, then the
+//! system's) to a fully resolved [`Destination`], the way OpenSSH 9.2 resolves it
+//! (`ssh -G` is the reference; `tests/it/ssh_config.rs` compares the two); and back: the
+//! [`Route`] an operation took, recorded in the ledger (SPEC section 9), and
 //! [`resolve_route`], which reaches a host again the same way.
 
 use std::path::PathBuf;
@@ -8,13 +10,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{expand_tilde, expand_tokens, home_dir, SshConfig, Tokens};
+use super::config::{
+    expand_path, expand_percent, expand_tilde, home_dir, parse_command_line_option, ConfigError,
+    ConfigKind, HostOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
+};
 use super::{ConnectError, ConnectStage};
 
 /// What the user asked to connect to, before reading the ssh config.
 #[derive(Debug, Clone, Default)]
 pub struct HostSpec {
-    /// An alias from the ssh config or `[user@]host`.
+    /// An alias from the ssh config, `[user@]host` or `ssh://[user@]host[:port]`.
     pub host: String,
     /// `-p`: overrides the config's `Port`.
     pub port: Option<u16>,
@@ -22,9 +27,20 @@ pub struct HostSpec {
     pub identities: Vec<PathBuf>,
     /// `-J`: overrides the config's `ProxyJump` (comma-separated hops, or `none`).
     pub jump: Option<String>,
-    /// `-F`: the ssh config (default `~/.ssh/config`, which may be absent).
+    /// `-F`: the ssh config (default `~/.ssh/config`, which may be absent). With `-F`
+    /// the system config is not read, as with ssh; `-F none` reads no file at all.
     pub config_path: Option<PathBuf>,
+    /// `-l`: the remote user; wins over `user@` and the config.
+    pub user: Option<String>,
+    /// `-o Key=Value` options, in order; they win over the config files.
+    pub options: Vec<String>,
 }
+
+/// The system-wide ssh config read after the user's, unless `-F` is given.
+pub const SYSTEM_SSH_CONFIG: &str = "/etc/ssh/ssh_config";
+/// Testing aid: read this file instead of [`SYSTEM_SSH_CONFIG`] (relative `Include`s in
+/// it resolve in its directory), so tests never touch the real `/etc`.
+pub const SYSTEM_SSH_CONFIG_ENV: &str = "OPMARK_SYSTEM_SSH_CONFIG";
 
 /// How unknown host keys are treated (`StrictHostKeyChecking`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,20 +54,74 @@ pub enum StrictMode {
     No,
 }
 
-/// Default `ConnectTimeout` when the config gives none.
+impl StrictMode {
+    /// The value as `ssh -G` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StrictMode::Yes => "true",
+            StrictMode::AcceptNew => "accept-new",
+            StrictMode::No => "false",
+        }
+    }
+}
+
+/// Which address families a connection may use (`AddressFamily`, `-4`, `-6`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AddressFamily {
+    /// IPv4 or IPv6.
+    #[default]
+    Any,
+    /// IPv4 only.
+    Inet,
+    /// IPv6 only.
+    Inet6,
+}
+
+impl AddressFamily {
+    /// True when `addr` may be used.
+    pub fn allows(self, addr: &std::net::SocketAddr) -> bool {
+        match self {
+            AddressFamily::Any => true,
+            AddressFamily::Inet => addr.is_ipv4(),
+            AddressFamily::Inet6 => addr.is_ipv6(),
+        }
+    }
+
+    /// The value as `ssh -G` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressFamily::Any => "any",
+            AddressFamily::Inet => "inet",
+            AddressFamily::Inet6 => "inet6",
+        }
+    }
+}
+
+/// Default `ConnectTimeout` when the config gives none (ssh has none: the kernel's TCP
+/// timeout, minutes; an agent needs a bound).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default keepalive interval: with [`DEFAULT_KEEPALIVE_MAX`], a silently dead link is
 /// noticed after 2 s × (3 + 1) = 8 s.
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 /// Default number of unanswered keepalives tolerated.
 pub const DEFAULT_KEEPALIVE_MAX: usize = 3;
+/// OpenSSH 9.2's default identity files, in its order.
+pub const DEFAULT_IDENTITY_FILES: [&str; 7] = [
+    "id_rsa",
+    "id_ecdsa",
+    "id_ecdsa_sk",
+    "id_ed25519",
+    "id_ed25519_sk",
+    "id_xmss",
+    "id_dsa",
+];
 
 /// A resolved destination: everything needed to connect, with no further config lookup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Destination {
-    /// The host as the user typed it (alias or `[user@]host`).
+    /// The host as the user typed it (alias, without `user@` or `ssh://`).
     pub alias: String,
-    /// The name or address to connect to (`HostName`, or the alias).
+    /// The name or address to connect to (`HostName`, or the alias), lower-cased.
     pub hostname: String,
     /// TCP port.
     pub port: u16,
@@ -75,7 +145,8 @@ pub struct Destination {
     pub hash_known_hosts: bool,
     /// `StrictHostKeyChecking`.
     pub strict: StrictMode,
-    /// Bound on TCP connect, key exchange and authentication round trips.
+    /// Bound on the whole connect (name lookup, TCP, banner, key exchange) of one
+    /// connection attempt, and on each authentication round trip.
     pub connect_timeout: Duration,
     /// Keepalive interval; `None` when the config sets `ServerAliveInterval 0`.
     pub keepalive_interval: Option<Duration>,
@@ -89,6 +160,19 @@ pub struct Destination {
     pub config_path: Option<PathBuf>,
     /// `display()` text, fixed at resolution.
     display: String,
+    /// `CertificateFile`s, expanded, in order.
+    pub certificate_files: Vec<PathBuf>,
+    /// `AddressFamily` (or `-4`/`-6`).
+    pub address_family: AddressFamily,
+    /// `ConnectionAttempts`: TCP connects tried (1 s apart), as ssh.
+    pub connection_attempts: u32,
+    /// `BatchMode`: never prompt.
+    pub batch_mode: bool,
+    /// `ProxyJump` as written (after `-J`), for display; `None` when unset or `none`.
+    pub proxy_jump: Option<String>,
+    /// Options where opmark applies its own default because nothing set them and ssh's
+    /// default differs (`connecttimeout`, `serveraliveinterval`, `stricthostkeychecking`).
+    pub opmark_defaults: Vec<&'static str>,
 }
 
 /// How an operation reached its host, as the ledger records it (SPEC section 9): enough
@@ -143,7 +227,7 @@ impl Route {
 
 impl Destination {
     /// The host as the ledger names it: what the user typed, plus `:port` when `-p` was
-    /// given (e.g. `target1`, `user@host:2222`).
+    /// given (e.g. `target1`, `user@host:2222`); an `ssh://` URI is written that way too.
     pub fn display(&self) -> String {
         self.display.clone()
     }
@@ -154,10 +238,13 @@ impl Destination {
             .map(|i| i * (self.keepalive_max as u32 + 1))
     }
 
-    /// The name looked up in known_hosts (`host` or `[host]:port`).
+    /// The name looked up in known_hosts: `HostKeyAlias` as is (OpenSSH never adds a
+    /// port to an alias), else `host` or `[host]:port`.
     pub fn known_hosts_name(&self) -> String {
-        let host = self.host_key_alias.as_deref().unwrap_or(&self.hostname);
-        super::known_hosts::lookup_name(host, self.port)
+        match &self.host_key_alias {
+            Some(alias) => alias.to_ascii_lowercase(),
+            None => super::known_hosts::lookup_name(&self.hostname, self.port),
+        }
     }
 
     /// How this destination is reached, for the ledger.
@@ -195,17 +282,38 @@ impl Destination {
 /// Maximum ProxyJump recursion (a hop whose own config names further hops).
 const MAX_JUMP_DEPTH: usize = 8;
 
-/// Resolves `spec` through the ssh config. Errors have stage `Resolve`: nothing was sent.
+/// The configs to read for `spec`, in order: `-F FILE` alone (as ssh: no system
+/// config then), else `~/.ssh/config` then the system config.
+pub fn load_configs(spec: &HostSpec) -> Result<SshConfig, ConnectError> {
+    let config_err = |e: ConfigError| ConnectError::new(ConnectStage::Config, e.to_string());
+    let mut config = SshConfig::default();
+    match &spec.config_path {
+        Some(p) if p.as_os_str().eq_ignore_ascii_case("none") => {}
+        Some(p) => config
+            .load_into(p, ConfigKind::User, false)
+            .map_err(config_err)?,
+        None => {
+            if let Some(home) = home_dir() {
+                config
+                    .load_into(&home.join(".ssh/config"), ConfigKind::User, true)
+                    .map_err(config_err)?;
+            }
+            let system = std::env::var_os(SYSTEM_SSH_CONFIG_ENV)
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(SYSTEM_SSH_CONFIG));
+            config
+                .load_into(&system, ConfigKind::System, true)
+                .map_err(config_err)?;
+        }
+    }
+    Ok(config)
+}
+
+/// Resolves `spec` through the ssh configs. Errors have stage `Config` (a malformed or
+/// unsupported config or option) or `Resolve`; either way nothing was sent.
 pub fn resolve(spec: &HostSpec) -> Result<Destination, ConnectError> {
-    let (path, missing_ok) = match &spec.config_path {
-        Some(p) => (p.clone(), false),
-        None => match home_dir() {
-            Some(home) => (home.join(".ssh/config"), true),
-            None => (PathBuf::from("/nonexistent"), true),
-        },
-    };
-    let config = SshConfig::load(&path, missing_ok)
-        .map_err(|e| ConnectError::new(ConnectStage::Resolve, e.to_string()))?;
+    let config = load_configs(spec)?;
     let mut dest = resolve_with(&config, spec, 0)?;
     dest.config_path = spec.config_path.clone();
     Ok(dest)
@@ -222,71 +330,241 @@ pub fn resolve_route(route: &Route) -> Result<Destination, ConnectError> {
         identities: route.identities.clone(),
         jump: Some(route.jump.clone().unwrap_or_else(|| "none".to_owned())),
         config_path: route.config.clone(),
+        user: None,
+        options: Vec::new(),
     };
     let mut dest = resolve(&spec)?;
     dest.hostname = route.hostname.clone();
     Ok(dest)
 }
 
-/// Resolves `spec` with an already parsed config.
+/// What the host argument says: user, host, port (`ssh://`) and whether it was a URI.
+struct HostArg {
+    user: Option<String>,
+    host: String,
+    port: Option<u16>,
+    uri: bool,
+}
+
+/// Parses `[user@]host` or `ssh://[user[;params]@]host[:port][/]` as ssh 9.2 does.
+fn parse_host_arg(typed: &str) -> Result<HostArg, String> {
+    if let Some(rest) = typed.strip_prefix("ssh://") {
+        let bad = |why: &str| {
+            format!("`{typed}` is not a usable ssh:// destination ({why}); write ssh://[user@]host[:port]")
+        };
+        let (user, rest) = match rest.split_once('@') {
+            Some((info, r)) => {
+                // Connection parameters after `;` are ignored, as ssh does.
+                let name = info.split(';').next().unwrap_or("");
+                if name.is_empty() {
+                    return Err(bad("empty user name"));
+                }
+                (
+                    Some(url_decode(name).ok_or_else(|| bad("bad %-escape in the user name"))?),
+                    r,
+                )
+            }
+            None => (None, rest),
+        };
+        let (host, after) = match rest.find([':', '/']) {
+            Some(i) => (&rest[..i], Some((&rest[i..i + 1], &rest[i + 1..]))),
+            None => (rest, None),
+        };
+        if host.is_empty() || !valid_domain(host) {
+            return Err(bad("the host must be a name or IPv4 address"));
+        }
+        let mut port = None;
+        if let Some((delim, tail)) = after {
+            let mut path = tail;
+            if delim == ":" {
+                let (p, t) = match tail.split_once('/') {
+                    Some((p, t)) => (p, t),
+                    None => (tail, ""),
+                };
+                port = Some(
+                    p.parse::<u16>()
+                        .ok()
+                        .filter(|p| *p > 0)
+                        .ok_or_else(|| bad("bad port"))?,
+                );
+                path = t;
+            }
+            if !path.is_empty() {
+                return Err(bad("a path is not allowed"));
+            }
+        }
+        let host = host.strip_suffix('.').unwrap_or(host).to_string();
+        return Ok(HostArg {
+            user,
+            host,
+            port,
+            uri: true,
+        });
+    }
+    match typed.rsplit_once('@') {
+        Some((u, h)) if !u.is_empty() && !h.is_empty() => Ok(HostArg {
+            user: Some(u.to_string()),
+            host: h.to_string(),
+            port: None,
+            uri: false,
+        }),
+        Some(_) => Err(format!("`{typed}` is not [user@]host")),
+        None => Ok(HostArg {
+            user: None,
+            host: typed.to_string(),
+            port: None,
+            uri: false,
+        }),
+    }
+}
+
+/// OpenSSH `valid_domain`: letters, digits, `.`, `-`, `_`, starting alphanumeric.
+fn valid_domain(s: &str) -> bool {
+    s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && !s.contains("..")
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+}
+
+fn url_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}
+
+fn synthetic(key: &str, value: &str, n: usize) -> OptionLine {
+    OptionLine {
+        key: key.into(),
+        args: vec![value.into()],
+        raw: value.into(),
+        origin: Origin::command_line(n),
+    }
+}
+
+/// Resolves `spec` with an already read config.
 pub fn resolve_with(
     config: &SshConfig,
     spec: &HostSpec,
     depth: usize,
 ) -> Result<Destination, ConnectError> {
     let fail = |m: String| ConnectError::new(ConnectStage::Resolve, m);
+    let config_fail = |m: String| ConnectError::new(ConnectStage::Config, m);
     let typed = spec.host.trim();
     if typed.is_empty() {
         return Err(fail("empty host name; give an alias or [user@]host".into()));
     }
-    let (cli_user, alias) = match typed.rsplit_once('@') {
-        Some((u, h)) if !u.is_empty() && !h.is_empty() => (Some(u.to_string()), h.to_string()),
-        Some(_) => return Err(fail(format!("`{typed}` is not [user@]host"))),
-        None => (None, typed.to_string()),
-    };
+    let arg = parse_host_arg(typed).map_err(fail)?;
+    let alias = arg.host.clone();
     if alias.starts_with('-') || alias.contains(char::is_whitespace) {
         return Err(fail(format!("`{alias}` is not a valid host name")));
     }
-    let o = config.lookup(&alias);
-    if o.proxy_command.as_deref().is_some_and(|c| c != "none") {
-        return Err(fail(format!(
-            "ProxyCommand ({}) is not supported; use ProxyJump",
-            o.origin("proxycommand")
-        )));
-    }
-    let local_user = local_user();
-    let port = match spec.port {
-        Some(p) => p,
-        None => match &o.port {
-            Some(p) => p.parse().map_err(|_| {
-                fail(format!(
-                    "{}: Port `{p}` is not a port number",
-                    o.origin("port")
-                ))
-            })?,
-            None => 22,
-        },
+
+    // The command line comes first and wins, as in ssh: the flags, then `-o` in
+    // order, then the user and port of the host argument.
+    let mut o = HostOptions::default();
+    let take = |o: &mut HostOptions, line: &OptionLine| {
+        o.take(line).map_err(|e| config_fail(e.to_string()))
     };
-    let user = cli_user
-        .or_else(|| o.user.clone())
-        .or_else(|| local_user.clone())
+    if let Some(u) = &spec.user {
+        take(&mut o, &synthetic("user", u, 0))?;
+    }
+    if let Some(p) = spec.port {
+        take(&mut o, &synthetic("port", &p.to_string(), 0))?;
+    }
+    if let Some(j) = &spec.jump {
+        take(&mut o, &synthetic("proxyjump", j, 0))?;
+    }
+    for (i, text) in spec.options.iter().enumerate() {
+        let line =
+            parse_command_line_option(text, i + 1).map_err(|e| config_fail(e.to_string()))?;
+        if super::config::keyword_role(&line.key).is_none() {
+            return Err(config_fail(format!(
+                "{}: unknown ssh option `{}` in -o",
+                line.origin, line.key
+            )));
+        }
+        take(&mut o, &line)?;
+    }
+    if let Some(u) = &arg.user {
+        take(&mut o, &synthetic("user", u, 0))?;
+    }
+    if let Some(p) = arg.port {
+        take(&mut o, &synthetic("port", &p.to_string(), 0))?;
+    }
+
+    let local_user = local_user()
         .ok_or_else(|| fail("cannot tell the local user name: set USER or use user@host".into()))?;
-    let mut tokens = Tokens {
-        host: alias.clone(),
+    let ctx = MatchContext {
+        host_arg: alias.clone(),
+        local_user: local_user.clone(),
+    };
+    config
+        .apply(&ctx, &mut o)
+        .map_err(|e| config_fail(e.to_string()))?;
+
+    if let Some(pc) = o.get("proxycommand") {
+        if !pc.raw.eq_ignore_ascii_case("none") {
+            return Err(config_fail(format!(
+                "{}: `ProxyCommand {}` is not supported by opmark yet; use ProxyJump, or -J",
+                pc.origin, pc.raw
+            )));
+        }
+    }
+    if let Some(v) = o.value("canonicalizehostname") {
+        if !matches!(v.to_ascii_lowercase().as_str(), "no" | "false") {
+            return Err(config_fail(format!(
+                "{}: `CanonicalizeHostname {v}` is not supported by opmark (it never canonicalizes host names); set it to no for this host",
+                o.origin("canonicalizehostname")
+            )));
+        }
+    }
+
+    let port = match o.value("port") {
+        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+            config_fail(format!(
+                "{}: Port `{p}` is not a port number",
+                o.origin("port")
+            ))
+        })?,
+        None => 22,
+    };
+    let user = o.value("user").unwrap_or_else(|| local_user.clone());
+    let hostname = match o.value("hostname") {
+        Some(h) => expand_percent(&h, &[('h', alias.as_str())])
+            .map_err(|e| config_fail(format!("{}: HostName: {e}", o.origin("hostname"))))?,
+        None => alias.clone(),
+    };
+    // ssh lower-cases names, not addresses.
+    let hostname = if hostname.parse::<std::net::IpAddr>().is_ok() {
+        hostname
+    } else {
+        hostname.to_ascii_lowercase()
+    };
+    let host_key_alias = o.value("hostkeyalias").map(|a| a.to_ascii_lowercase());
+    let tokens = Tokens {
+        host: hostname.clone(),
         alias: alias.clone(),
         port,
         remote_user: user.clone(),
-        local_user: local_user.unwrap_or_default(),
+        local_user: local_user.clone(),
+        key_alias: host_key_alias.clone().unwrap_or_else(|| alias.clone()),
     };
-    let hostname = match &o.hostname {
-        Some(h) => {
-            expand_tokens(h, &tokens).map_err(|e| fail(format!("{}: {e}", o.origin("hostname"))))?
-        }
-        None => alias.clone(),
-    };
-    tokens.host = hostname.clone();
-    let expand = |s: &str, key: &str| {
-        expand_tokens(s, &tokens).map_err(|e| fail(format!("{}: {e}", o.origin(key))))
+    let expand = |line: &OptionLine, s: &str| {
+        expand_path(s, &tokens)
+            .map_err(|e| config_fail(format!("{}: {} {e}", line.origin, line.key)))
     };
 
     let mut identities: Vec<PathBuf> = spec
@@ -294,91 +572,135 @@ pub fn resolve_with(
         .iter()
         .map(|p| PathBuf::from(expand_tilde(&p.to_string_lossy())))
         .collect();
-    for f in &o.identity_files {
-        identities.push(PathBuf::from(expand(f, "identityfile")?));
+    for line in &o.identity_files {
+        identities.push(PathBuf::from(expand(line, &line.value())?));
     }
     let identities_explicit = !identities.is_empty();
     if identities.is_empty() {
         if let Some(home) = home_dir() {
-            for name in ["id_rsa", "id_ecdsa", "id_ed25519"] {
+            for name in DEFAULT_IDENTITY_FILES {
                 identities.push(home.join(".ssh").join(name));
             }
         }
     }
-    identities.dedup();
+    let mut seen = std::collections::HashSet::new();
+    identities.retain(|p| seen.insert(p.clone()));
+    let certificate_files = o
+        .certificate_files
+        .iter()
+        .map(|l| expand(l, &l.value()).map(PathBuf::from))
+        .collect::<Result<Vec<_>, _>>()?;
 
-    let agent_socket = match o.identity_agent.as_deref() {
-        Some("none") => None,
-        Some("SSH_AUTH_SOCK") | None => std::env::var_os("SSH_AUTH_SOCK")
+    let agent_socket = match o.get("identityagent") {
+        Some(l) if l.value() == "none" => None,
+        Some(l) if l.value() != "SSH_AUTH_SOCK" => Some(PathBuf::from(expand(l, &l.value())?)),
+        _ => std::env::var_os("SSH_AUTH_SOCK")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from),
-        Some(p) => Some(PathBuf::from(expand(p, "identityagent")?)),
     };
 
-    let files = |list: &Option<Vec<String>>, key: &str, defaults: Vec<PathBuf>| match list {
-        None => Ok(defaults),
-        Some(l) if l.iter().any(|f| f == "none") => Ok(Vec::new()),
-        Some(l) => l
+    let list = |key: &str| -> Result<Option<Vec<PathBuf>>, ConnectError> {
+        let Some(line) = o.get(key) else {
+            return Ok(None);
+        };
+        if line
+            .args
+            .first()
+            .is_some_and(|a| a.eq_ignore_ascii_case("none"))
+        {
+            if line.args.len() > 1 {
+                return Err(config_fail(format!(
+                    "{}: `none` cannot be combined with other files in {key}",
+                    line.origin
+                )));
+            }
+            return Ok(Some(Vec::new()));
+        }
+        line.args
             .iter()
-            .map(|f| expand(f, key).map(PathBuf::from))
-            .collect(),
+            .map(|f| {
+                if key == "globalknownhostsfile" {
+                    // ssh expands only `~` in GlobalKnownHostsFile.
+                    Ok(PathBuf::from(expand_tilde(f)))
+                } else {
+                    expand(line, f).map(PathBuf::from)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     };
     let home_ssh = home_dir().map(|h| h.join(".ssh"));
-    let known_hosts = files(
-        &o.user_known_hosts,
-        "userknownhostsfile",
+    let known_hosts = list("userknownhostsfile")?.unwrap_or_else(|| {
         home_ssh
             .iter()
             .flat_map(|d| [d.join("known_hosts"), d.join("known_hosts2")])
-            .collect(),
-    )?;
-    let global_known_hosts = files(
-        &o.global_known_hosts,
-        "globalknownhostsfile",
+            .collect()
+    });
+    let global_known_hosts = list("globalknownhostsfile")?.unwrap_or_else(|| {
         vec![
             PathBuf::from("/etc/ssh/ssh_known_hosts"),
             PathBuf::from("/etc/ssh/ssh_known_hosts2"),
-        ],
-    )?;
+        ]
+    });
 
+    let mut opmark_defaults = Vec::new();
     let strict = match o
-        .strict_host_key_checking
-        .as_deref()
-        .map(str::to_ascii_lowercase)
+        .value("stricthostkeychecking")
+        .map(|v| v.to_ascii_lowercase())
     {
-        None => StrictMode::Yes,
+        None => {
+            opmark_defaults.push("stricthostkeychecking");
+            StrictMode::Yes
+        }
         Some(v) => match v.as_str() {
+            // `ask` needs a human; without one it is `yes` (SPEC §6).
             "yes" | "ask" | "true" => StrictMode::Yes,
             "accept-new" => StrictMode::AcceptNew,
             "no" | "off" | "false" => StrictMode::No,
             other => {
-                return Err(fail(format!(
-                    "{}: StrictHostKeyChecking `{other}` is not yes, accept-new or no",
+                return Err(config_fail(format!(
+                    "{}: StrictHostKeyChecking `{other}` is not yes, ask, accept-new or no",
                     o.origin("stricthostkeychecking")
                 )))
             }
         },
     };
-    let yes_no = |v: &Option<String>| v.as_deref().is_some_and(|v| v.eq_ignore_ascii_case("yes"));
+    let flag = |key: &str| -> Result<bool, ConnectError> {
+        match o.value(key).map(|v| v.to_ascii_lowercase()) {
+            None => Ok(false),
+            Some(v) if v == "yes" || v == "true" => Ok(true),
+            Some(v) if v == "no" || v == "false" => Ok(false),
+            Some(v) => Err(config_fail(format!(
+                "{}: `{v}` is not yes or no",
+                o.origin(key)
+            ))),
+        }
+    };
 
-    let secs = |v: &Option<String>, key: &str| -> Result<Option<u64>, ConnectError> {
-        v.as_deref()
+    let secs = |key: &str| -> Result<Option<u64>, ConnectError> {
+        o.value(key)
             .map(|s| {
-                s.parse::<u64>().map_err(|_| {
-                    fail(format!(
-                        "{}: `{s}` is not a number of seconds",
+                parse_config_time(&s).ok_or_else(|| {
+                    config_fail(format!(
+                        "{}: `{s}` is not a time (e.g. 10, 30s, 2m)",
                         o.origin(key)
                     ))
                 })
             })
             .transpose()
     };
-    let connect_timeout = match secs(&o.connect_timeout, "connecttimeout")? {
-        Some(0) | None => DEFAULT_CONNECT_TIMEOUT,
+    let connect_timeout = match secs("connecttimeout")? {
+        Some(0) | None => {
+            opmark_defaults.push("connecttimeout");
+            DEFAULT_CONNECT_TIMEOUT
+        }
         Some(s) => Duration::from_secs(s),
     };
-    let keepalive_interval = match secs(&o.server_alive_interval, "serveraliveinterval")? {
-        None => Some(DEFAULT_KEEPALIVE_INTERVAL),
+    let keepalive_interval = match secs("serveraliveinterval")? {
+        None => {
+            opmark_defaults.push("serveraliveinterval");
+            Some(DEFAULT_KEEPALIVE_INTERVAL)
+        }
         Some(0) => {
             tracing::warn!(
                 "{}: ServerAliveInterval 0 disables keepalives; a silently dead link will hang",
@@ -388,24 +710,58 @@ pub fn resolve_with(
         }
         Some(s) => Some(Duration::from_secs(s)),
     };
-    let keepalive_max = match secs(&o.server_alive_count_max, "serveralivecountmax")? {
+    let count = |key: &str| -> Result<Option<u64>, ConnectError> {
+        o.value(key)
+            .map(|s| {
+                s.parse::<u64>()
+                    .map_err(|_| config_fail(format!("{}: `{s}` is not a number", o.origin(key))))
+            })
+            .transpose()
+    };
+    let keepalive_max = match count("serveralivecountmax")? {
         // OpenSSH counts keepalives sent without answer; russh compares with `>` after
         // sending, so the same number gives the same budget: interval × (max + 1).
         Some(n) => n.max(1) as usize,
         None => DEFAULT_KEEPALIVE_MAX,
     };
+    let connection_attempts = match count("connectionattempts")? {
+        Some(0) => {
+            return Err(config_fail(format!(
+                "{}: ConnectionAttempts must be at least 1",
+                o.origin("connectionattempts")
+            )))
+        }
+        Some(n) => n.min(u32::MAX as u64) as u32,
+        None => 1,
+    };
+    let address_family = match o.value("addressfamily").map(|v| v.to_ascii_lowercase()) {
+        None => AddressFamily::Any,
+        Some(v) => match v.as_str() {
+            "any" => AddressFamily::Any,
+            "inet" => AddressFamily::Inet,
+            "inet6" => AddressFamily::Inet6,
+            other => {
+                return Err(config_fail(format!(
+                    "{}: AddressFamily `{other}` is not any, inet or inet6",
+                    o.origin("addressfamily")
+                )))
+            }
+        },
+    };
 
-    let jump_text = spec.jump.clone().or_else(|| o.proxy_jump.clone());
-    let jump_spec = jump_text.clone().filter(|t| t != "none");
+    let proxy_jump = o
+        .value("proxyjump")
+        .filter(|t| !t.eq_ignore_ascii_case("none"));
+    let jump_spec = proxy_jump.clone();
     let mut jumps = Vec::new();
-    if let Some(text) = jump_text.filter(|t| t != "none") {
+    if let Some(text) = &proxy_jump {
         if depth >= MAX_JUMP_DEPTH {
-            return Err(fail(format!(
+            return Err(config_fail(format!(
                 "ProxyJump chain deeper than {MAX_JUMP_DEPTH} hops at `{alias}` (a loop?)"
             )));
         }
         for (i, hop) in text.split(',').map(str::trim).enumerate() {
-            let (host, port) = split_hop(hop).map_err(fail)?;
+            let (host, port) = split_hop(hop).map_err(config_fail)?;
             let hop_spec = HostSpec {
                 host,
                 port,
@@ -413,6 +769,8 @@ pub fn resolve_with(
                 // Only the first hop may itself be reached through its own ProxyJump.
                 jump: if i == 0 { None } else { Some("none".into()) },
                 config_path: None,
+                user: None,
+                options: Vec::new(),
             };
             let mut hop_dest = resolve_with(config, &hop_spec, depth + 1)?;
             jumps.append(&mut hop_dest.jumps);
@@ -420,9 +778,21 @@ pub fn resolve_with(
         }
     }
 
-    let display = match spec.port {
-        Some(p) => format!("{typed}:{p}"),
-        None => typed.to_string(),
+    let display = if arg.uri {
+        let user = arg
+            .user
+            .as_deref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
+        match spec.port.or(arg.port) {
+            Some(p) => format!("{user}{alias}:{p}"),
+            None => format!("{user}{alias}"),
+        }
+    } else {
+        match spec.port {
+            Some(p) => format!("{typed}:{p}"),
+            None => typed.to_string(),
+        }
     };
     Ok(Destination {
         alias,
@@ -431,12 +801,12 @@ pub fn resolve_with(
         user,
         identities,
         identities_explicit,
-        identities_only: yes_no(&o.identities_only),
+        identities_only: flag("identitiesonly")?,
         agent_socket,
         known_hosts,
         global_known_hosts,
-        host_key_alias: o.host_key_alias.clone(),
-        hash_known_hosts: yes_no(&o.hash_known_hosts),
+        host_key_alias,
+        hash_known_hosts: flag("hashknownhosts")?,
         strict,
         connect_timeout,
         keepalive_interval,
@@ -445,13 +815,57 @@ pub fn resolve_with(
         jump_spec,
         config_path: None,
         display,
+        certificate_files,
+        address_family,
+        connection_attempts,
+        batch_mode: flag("batchmode")?,
+        proxy_jump,
+        opmark_defaults,
     })
+}
+
+/// An OpenSSH time value: seconds, or a sum of `<n><unit>` with units s, m, h, d, w;
+/// `none` is no value (as 0).
+fn parse_config_time(s: &str) -> Option<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    if s == "none" {
+        return Some(0);
+    }
+    if let Ok(n) = s.parse::<u64>() {
+        return Some(n);
+    }
+    let mut total = 0u64;
+    let mut digits = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let n: u64 = digits.parse().ok()?;
+        digits.clear();
+        let mult = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            'w' => 604800,
+            _ => return None,
+        };
+        total = total.checked_add(n.checked_mul(mult)?)?;
+    }
+    if !digits.is_empty() {
+        total = total.checked_add(digits.parse().ok()?)?;
+    }
+    Some(total)
 }
 
 /// Splits a ProxyJump hop `[user@]host[:port]` (IPv6 as `[addr]:port`).
 fn split_hop(hop: &str) -> Result<(String, Option<u16>), String> {
     if hop.is_empty() {
         return Err("empty ProxyJump hop; write [user@]host[:port][,...]".into());
+    }
+    if hop.starts_with("ssh://") {
+        return Ok((hop.to_string(), None));
     }
     let bad = || format!("ProxyJump hop `{hop}` has a bad port; write [user@]host[:port]");
     let (user, rest) = match hop.rsplit_once('@') {
@@ -597,7 +1011,7 @@ mod tests {
     fn jump_loop_is_refused_not_followed_forever() {
         let c = cfg("Host a\n ProxyJump b\nHost b\n ProxyJump a\n");
         let e = resolve_with(&c, &spec("a"), 0).unwrap_err();
-        assert_eq!(e.stage, ConnectStage::Resolve);
+        assert_eq!(e.stage, ConnectStage::Config);
         assert!(e.message.contains("loop"), "{}", e.message);
     }
 
@@ -659,5 +1073,184 @@ mod tests {
         let c = cfg("UserKnownHostsFile none\nGlobalKnownHostsFile none\n");
         let d = resolve_with(&c, &spec("a"), 0).unwrap();
         assert!(d.known_hosts.is_empty() && d.global_known_hosts.is_empty());
+    }
+
+    #[test]
+    fn host_key_alias_is_looked_up_without_port_wrapping() {
+        let c = cfg("Host a\n HostName 10.0.0.9\n Port 2222\n HostKeyAlias Web-Alias\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        assert_eq!(d.known_hosts_name(), "web-alias");
+        assert_eq!(d.host_key_alias.as_deref(), Some("web-alias"));
+    }
+
+    #[test]
+    fn ssh_uri_destinations_split_user_host_and_port() {
+        let d = resolve_with(&cfg(""), &spec("ssh://bob@h.example:2222"), 0).unwrap();
+        assert_eq!(
+            (d.user.as_str(), d.hostname.as_str(), d.port),
+            ("bob", "h.example", 2222)
+        );
+        assert_eq!(d.display(), "bob@h.example:2222");
+        let d = resolve_with(&cfg(""), &spec("ssh://u;fingerprint=x@H/"), 0).unwrap();
+        assert_eq!(
+            (d.user.as_str(), d.hostname.as_str(), d.port),
+            ("u", "h", 22)
+        );
+        for bad in [
+            "ssh://u@h:22/path",
+            "ssh://[::1]:22",
+            "ssh://@h",
+            "ssh://h:0",
+        ] {
+            let e = resolve_with(&cfg(""), &spec(bad), 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Resolve, "{bad}");
+            assert!(e.message.contains(bad), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn command_line_wins_over_uri_and_config_in_ssh_order() {
+        let c = cfg("Host h\n User cfg\n Port 1\n");
+        // -l beats the URI's user; -o User beats it too; -p and -o Port beat the URI port.
+        let s = HostSpec {
+            user: Some("carol".into()),
+            port: Some(5),
+            ..spec("ssh://bob@h:2222")
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("carol", 5));
+        let s = HostSpec {
+            options: vec!["User=dave".into(), "Port 7".into()],
+            ..spec("ssh://bob@h:2222")
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("dave", 7));
+        let d = resolve_with(&c, &spec("h"), 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("cfg", 1));
+    }
+
+    #[test]
+    fn bad_or_unsupported_command_line_options_are_config_errors() {
+        for (opt, word) in [
+            ("Frobnicate=1", "frobnicate"),
+            ("ProxyCommand=nc %h %p", "ProxyCommand"),
+            ("BindAddress=10.0.0.1", "bindaddress"),
+            ("Match all", "match"),
+        ] {
+            let s = HostSpec {
+                options: vec![opt.into()],
+                ..spec("h")
+            };
+            let e = resolve_with(&cfg(""), &s, 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{opt}");
+            assert!(
+                e.message.contains(word) && e.message.contains("command-line option 1"),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn proxy_command_and_canonicalization_are_refused_with_file_and_line() {
+        let c = cfg("Host a\n ProxyCommand nc %h %p\nHost b\n CanonicalizeHostname yes\n");
+        let e = resolve_with(&c, &spec("a"), 0).unwrap_err();
+        assert_eq!(e.stage, ConnectStage::Config);
+        assert!(
+            e.message.starts_with("cfg:2:") && e.message.contains("ProxyCommand"),
+            "{}",
+            e.message
+        );
+        let e = resolve_with(&c, &spec("b"), 0).unwrap_err();
+        assert!(
+            e.message.starts_with("cfg:4:") && e.message.contains("CanonicalizeHostname"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn env_vars_and_tokens_expand_per_option() {
+        std::env::set_var("OPMARK_DEST_TEST_DIR", "/envdir");
+        let c = cfg("Host a\n HostName A.Example\n User r\n \
+                     IdentityFile ${OPMARK_DEST_TEST_DIR}/id_%r_%n\n \
+                     UserKnownHostsFile ${OPMARK_DEST_TEST_DIR}/kh_%h_%p\n \
+                     CertificateFile /c/%h-cert.pub\n IdentityAgent /a/%r.sock\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        assert_eq!(d.hostname, "a.example");
+        assert_eq!(d.identities, vec![PathBuf::from("/envdir/id_r_a")]);
+        assert_eq!(
+            d.known_hosts,
+            vec![PathBuf::from("/envdir/kh_a.example_22")]
+        );
+        assert_eq!(
+            d.certificate_files,
+            vec![PathBuf::from("/c/a.example-cert.pub")]
+        );
+        assert_eq!(d.agent_socket, Some(PathBuf::from("/a/r.sock")));
+        // HostName takes only %h; an unset variable is an error naming it.
+        let c = cfg("Host a\n HostName %p.x\nHost b\n IdentityFile ${OPMARK_DEST_UNSET}/k\n");
+        assert!(resolve_with(&c, &spec("a"), 0)
+            .unwrap_err()
+            .message
+            .contains("%p"));
+        let e = resolve_with(&c, &spec("b"), 0).unwrap_err();
+        assert!(
+            e.message.starts_with("cfg:4:") && e.message.contains("OPMARK_DEST_UNSET"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn system_config_is_read_after_the_user_config_unless_f_is_given() {
+        let dir = std::env::temp_dir().join(format!("opmark-dest-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("conf.d")).unwrap();
+        std::fs::write(
+            dir.join("ssh_config"),
+            "Include conf.d/*.conf\nHost *\n User sysuser\n Port 2\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("conf.d/10-alias.conf"),
+            "Host sysalias\n HostName 10.1.1.1\n Port 2201\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("user_config"), "Host *\n Port 1\n").unwrap();
+        let mut config = SshConfig::default();
+        config
+            .load_into(&dir.join("user_config"), ConfigKind::User, false)
+            .unwrap();
+        config
+            .load_into(&dir.join("ssh_config"), ConfigKind::System, false)
+            .unwrap();
+        let d = resolve_with(&config, &spec("sysalias"), 0).unwrap();
+        assert_eq!(
+            (d.hostname.as_str(), d.port, d.user.as_str()),
+            ("10.1.1.1", 1, "sysuser")
+        );
+        // With -F, only that file.
+        let s = HostSpec {
+            config_path: Some(dir.join("user_config")),
+            ..spec("sysalias")
+        };
+        let c = load_configs(&s).unwrap();
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.hostname.as_str(), d.port), ("sysalias", 1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn connect_timeout_attempts_and_family_resolve() {
+        let c = cfg("Host a\n ConnectTimeout 1m\n ConnectionAttempts 3\n AddressFamily inet6\n BatchMode yes\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        assert_eq!(d.connect_timeout, Duration::from_secs(60));
+        assert_eq!(
+            (d.connection_attempts, d.address_family, d.batch_mode),
+            (3, AddressFamily::Inet6, true)
+        );
+        assert!(!d.opmark_defaults.contains(&"connecttimeout"));
+        let d = resolve_with(&cfg(""), &spec("a"), 0).unwrap();
+        assert!(d.opmark_defaults.contains(&"connecttimeout"));
     }
 }

@@ -18,7 +18,9 @@ use std::fmt;
 
 use crate::vocab::Boundary;
 
-pub use destination::{resolve, resolve_route, Destination, HostSpec, Route, StrictMode};
+pub use destination::{
+    resolve, resolve_route, AddressFamily, Destination, HostSpec, Route, StrictMode,
+};
 pub use exec::{Exec, ExecError, ExecEvent};
 pub use pool::Pool;
 pub use session::Session;
@@ -26,10 +28,16 @@ pub use session::Session;
 /// Where a connection attempt failed. Every stage means nothing was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectStage {
+    /// The ssh config or a `-o` option is malformed, or asks for something opmark does
+    /// not do (exit 246; retrying cannot help).
+    Config,
     /// The host could not be resolved: ssh config, DNS.
     Resolve,
-    /// TCP connect, jump channel, key exchange, or a timeout on any of them.
+    /// TCP connect, jump channel or key exchange failed.
     Connect,
+    /// The connect (TCP, banner, key exchange) did not finish within `ConnectTimeout`:
+    /// one bounded attempt, as ssh makes, not retried within the same run.
+    Timeout,
     /// The host key is unknown, changed or revoked.
     HostKey,
     /// Every identity was refused.
@@ -40,8 +48,9 @@ impl ConnectStage {
     /// Lower-case name for messages and JSON.
     pub fn as_str(self) -> &'static str {
         match self {
+            ConnectStage::Config => "config",
             ConnectStage::Resolve => "resolve",
-            ConnectStage::Connect => "connect",
+            ConnectStage::Connect | ConnectStage::Timeout => "connect",
             ConnectStage::HostKey => "host_key",
             ConnectStage::Auth => "auth",
         }

@@ -340,10 +340,13 @@ async fn connect_one(
         known,
         shared: shared.clone(),
     };
+    // ConnectTimeout bounds the whole connect as one budget, as in ssh: name lookup,
+    // every TCP try (ConnectionAttempts), the banner and the key exchange.
     let t = dest.connect_timeout;
+    let deadline = tokio::time::Instant::now() + t;
     let timeout_err = |what: &str| {
         ConnectError::new(
-            ConnectStage::Connect,
+            ConnectStage::Timeout,
             format!(
                 "{what} {} timed out after {} s (ConnectTimeout)",
                 dest.display(),
@@ -353,12 +356,12 @@ async fn connect_one(
     };
     let handshake = match via {
         None => {
-            let stream = tcp_connect(dest).await?;
-            tokio::time::timeout(t, client::connect_stream(config, stream, handler)).await
+            let stream = tcp_connect(dest, deadline).await?;
+            tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
         }
         Some(jump) => {
-            let channel = tokio::time::timeout(
-                t,
+            let channel = tokio::time::timeout_at(
+                deadline,
                 jump.channel_open_direct_tcpip(
                     dest.hostname.clone(),
                     dest.port as u32,
@@ -377,8 +380,8 @@ async fn connect_one(
                     ),
                 )
             })?;
-            tokio::time::timeout(
-                t,
+            tokio::time::timeout_at(
+                deadline,
                 client::connect_stream(config, channel.into_stream(), handler),
             )
             .await
@@ -404,17 +407,22 @@ async fn connect_one(
     Ok(Hop { handle, shared })
 }
 
-/// Resolves the host name (stage `Resolve`) and connects to the first address that
-/// answers (stage `Connect`), each bounded by `ConnectTimeout`.
-async fn tcp_connect(dest: &Destination) -> Result<tokio::net::TcpStream, ConnectError> {
+/// Resolves the host name (stage `Resolve`) and connects to the first address of the
+/// allowed family that answers (stage `Connect`), trying `ConnectionAttempts` times
+/// 1 s apart, all within `deadline`.
+async fn tcp_connect(
+    dest: &Destination,
+    deadline: tokio::time::Instant,
+) -> Result<tokio::net::TcpStream, ConnectError> {
     let t = dest.connect_timeout;
-    let addrs: Vec<std::net::SocketAddr> = match tokio::time::timeout(
-        t,
+    let timed_out = || format!("timed out after {} s (ConnectTimeout)", t.as_secs_f64());
+    let addrs: Vec<std::net::SocketAddr> = match tokio::time::timeout_at(
+        deadline,
         tokio::net::lookup_host((dest.hostname.as_str(), dest.port)),
     )
     .await
     {
-        Ok(Ok(a)) => a.collect(),
+        Ok(Ok(a)) => a.filter(|a| dest.address_family.allows(a)).collect(),
         Ok(Err(e)) => {
             return Err(ConnectError::new(
                 ConnectStage::Resolve,
@@ -424,28 +432,42 @@ async fn tcp_connect(dest: &Destination) -> Result<tokio::net::TcpStream, Connec
         Err(_) => {
             return Err(ConnectError::new(
                 ConnectStage::Resolve,
-                format!("resolving `{}` timed out", dest.hostname),
+                format!("resolving `{}` {}", dest.hostname, timed_out()),
             ))
         }
     };
-    let deadline = tokio::time::Instant::now() + t;
-    let mut last = format!("no address for `{}`", dest.hostname);
-    for addr in addrs {
-        match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
-            Ok(Ok(stream)) => {
-                // Nagle adds ~40 ms per round trip to auth alone (FINDINGS).
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::warn!("set_nodelay failed: {e}");
-                }
-                return Ok(stream);
-            }
-            Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
-            Err(_) => {
-                last = format!(
-                    "connecting to {addr} timed out after {} s (ConnectTimeout)",
-                    t.as_secs_f64()
-                );
+    let mut last = match dest.address_family {
+        super::AddressFamily::Any => format!("no address for `{}`", dest.hostname),
+        family => format!(
+            "no address for `{}` in AddressFamily {}",
+            dest.hostname,
+            family.as_str()
+        ),
+    };
+    for attempt in 0..dest.connection_attempts.max(1) {
+        if attempt > 0 && !addrs.is_empty() {
+            if tokio::time::Instant::now() + Duration::from_secs(1) >= deadline {
                 break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        for addr in &addrs {
+            match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    // Nagle adds ~40 ms per round trip to auth alone (FINDINGS).
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::warn!("set_nodelay failed: {e}");
+                    }
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
+                Err(_) => {
+                    last = format!("connecting to {addr} {}", timed_out());
+                    return Err(ConnectError::new(
+                        ConnectStage::Timeout,
+                        format!("cannot reach {}: {last}", dest.display()),
+                    ));
+                }
             }
         }
     }

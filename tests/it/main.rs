@@ -10,5 +10,6 @@ mod operators;
 mod policy;
 mod run;
 mod shim;
+mod ssh_config;
 mod targets;
 mod transport;
