@@ -19,10 +19,14 @@ fn main() -> ExitCode {
         }
     };
     opmark::logging::init(cli.global.verbose);
+    let policy_path = cli.global.policy.clone();
     match opmark::commands::dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("opmark: error: {err}");
+            // Last line of defence: a message may quote input that holds a secret.
+            let message = opmark::commands::redactor_for_errors(policy_path.as_deref())
+                .redact_owned(&err.message);
+            eprintln!("opmark: error: {message}");
             ExitCode::from(err.kind.exit_code())
         }
     }

@@ -121,6 +121,8 @@ struct Refused<'a> {
 
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
 fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -> Result<u8> {
+    // The reason may quote the input, and the input may hold a secret.
+    let reason = &super::redactor_for_errors(global.policy.as_deref()).redact_owned(reason);
     if global.json {
         common::print_json(&Refused {
             op_id: op.filter(|o| OpId::parse(o).is_ok()),

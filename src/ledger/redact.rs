@@ -74,9 +74,9 @@ const VALUE: &str = r#"(?:"[^"]*"|'[^']*'|[^\s;&|'"`]+)"#;
 /// simple command; quoted words may hold separators).
 const ARGS: &str = r#"(?:\s+(?:"[^"]*"|'[^']*'|[^\s;&|'"`]+))*?"#;
 
-/// Where a program name may start: the start of the text, after a separator, or after a
-/// directory (`/usr/bin/sshpass`).
-const AT_PROGRAM: &str = r"(?:^|[\s;&|(/])";
+/// Where a program name may start: the start of the text, after a separator, after a
+/// directory (`/usr/bin/sshpass`), or after a quote (a command quoted in a message).
+const AT_PROGRAM: &str = r#"(?:^|[\s;&|(/'"`])"#;
 
 /// The table. Order matters only where rows overlap: a row that keeps more shape
 /// (`-passin pass:***`) runs before a broader one that would mask more (`-passin ***`).
@@ -173,7 +173,9 @@ fn builtin_rules() -> &'static [Rule] {
             // tool: a separate `-p WORD` makes mysql prompt, and WORD is the database.
             re(
                 "mysql-p",
-                r"(?:^|[\s;&|(/])(?:mysql[a-z_-]*|mariadb[a-z_-]*)\b[^;&|\n]*?\s-p(?P<s>[^\s;&|]+)",
+                &format!(
+                    r#"{AT_PROGRAM}(?:mysql[a-z_-]*|mariadb[a-z_-]*)\b[^;&|\n]*?\s-p(?P<s>'[^']*'|"[^"]*"|[^\s;&|'"`]+)"#
+                ),
                 None,
             ),
             // sshpass -p SECRET / -pSECRET: only sshpass's own options, before the command
@@ -828,6 +830,53 @@ fn stdin_fed_secrets(text: &str) -> Vec<Range<usize>> {
     out
 }
 
+/// Runs `scan` over `text` and over every quoted stretch of it that holds a space: a
+/// message that quotes a command (`invalid operation id "sshpass -p X ..."`, ``host
+/// `...` ``) hides the command's words inside one quoted word.
+fn scan_with_quoted(
+    scan: &Scanner,
+    text: &str,
+    offset: usize,
+    depth: usize,
+    out: &mut Vec<Range<usize>>,
+) {
+    out.extend(
+        scan(text)
+            .into_iter()
+            .map(|r| r.start + offset..r.end + offset),
+    );
+    if depth >= 2 {
+        return;
+    }
+    let mut open: Option<(char, usize)> = None;
+    for (i, c) in text.char_indices() {
+        match open {
+            None if matches!(c, '\'' | '"' | '`') => open = Some((c, i)),
+            Some((q, start)) if c == q => {
+                let inner = &text[start + 1..i];
+                if inner.contains(char::is_whitespace) {
+                    scan_with_quoted(scan, inner, offset + start + 1, depth + 1, out);
+                }
+                open = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Overlapping or touching ranges joined, in order.
+fn merged(mut spans: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    spans.sort_by_key(|s| s.start);
+    let mut out: Vec<Range<usize>> = Vec::with_capacity(spans.len());
+    for span in spans {
+        match out.last_mut() {
+            Some(last) if span.start <= last.end => last.end = last.end.max(span.end),
+            _ => out.push(span),
+        }
+    }
+    out
+}
+
 /// Masks every secret `rule` finds in `text`, pushing what it masked onto `found`.
 fn apply<'a>(rule: &Rule, text: Cow<'a, str>, found: &mut Vec<String>) -> Cow<'a, str> {
     match &rule.find {
@@ -862,18 +911,15 @@ fn apply<'a>(rule: &Rule, text: Cow<'a, str>, found: &mut Vec<String>) -> Cow<'a
             Cow::Owned(replaced.into_owned())
         }
         Find::Scan(scan) => {
-            let mut spans = scan(&text);
+            let mut spans = Vec::new();
+            scan_with_quoted(scan.as_ref(), &text, 0, 0, &mut spans);
             spans.retain(|s| !s.is_empty() && &text[s.clone()] != MASK);
             if spans.is_empty() {
                 return text;
             }
-            spans.sort_by_key(|s| s.start);
             let mut out = String::with_capacity(text.len());
             let mut at = 0;
-            for span in spans {
-                if span.start < at {
-                    continue;
-                }
+            for span in merged(spans) {
                 let secret = &text[span.clone()];
                 found.push(secret.to_owned());
                 let unquoted = secret.trim_matches(['\'', '"']);

@@ -7,6 +7,7 @@ mod cli;
 mod ledger;
 mod operators;
 mod policy;
+mod redaction;
 mod run;
 mod shim;
 mod targets;
