@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::process::Output;
 
+use opmark::lab::Lab;
+
 use crate::support::{self, text, Sealed};
 
 /// One command line per redaction form (SPEC section 7 and issue 12), each with its
@@ -118,59 +120,28 @@ fn no_secret_form_reaches_the_ledger_list_show_classify_verbose_logs_or_errors()
     std::fs::create_dir_all(env.config.join("opmark")).unwrap();
     std::fs::write(env.config.join("opmark/command-classes.toml"), policy).unwrap();
 
-    let mut found = Vec::new();
-    let mut check = |what: String, out: Output| {
-        if let Some(leak) = leaks(&what, &out) {
-            found.push(leak);
-        }
-        out
-    };
-    for (n, row) in ROWS.iter().enumerate() {
-        // Each row is also passed where an op id or a host goes, to see the error; as an
-        // op id it must be invalid (a valid one is a ledger key, kept as given).
-        assert!(row.contains(' '), "row {n} must not be a valid op id");
-        let op = format!("secret-form-{n}");
-        // `exit 0` first: the host parses the whole line but runs none of it (no
-        // `chpasswd` on a test machine).
-        let command = format!("exit 0; {row}");
-        let out = check(
-            format!("-vvv --json run of row {n}"),
-            env.opmark_with_lab(&lab)
-                .args([
-                    "-vvv", "--json", "run", "target1", "--op", &op, "--", &command,
-                ])
-                .output()
-                .unwrap(),
-        );
-        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("row {n}: no JSON document ({e}): {}", text(&out.stderr)));
-        let verdict = doc["verdict"].as_str().unwrap_or_default().to_owned();
-        assert!(
-            ["completed", "blocked"].contains(&verdict.as_str()),
-            "row {n}: a command that only exits completes (or, unparseable, is blocked): {doc}"
-        );
-        check(
-            format!("plain run of row {n}"),
-            env.opmark_with_lab(&lab)
-                .args(["run", "target1", "--op", &op, "--", &command])
-                .output()
-                .unwrap(),
-        );
-        for args in [
-            vec!["classify", "--", row],
-            vec!["--json", "classify", "--", row],
-            vec!["show", &op],
-            vec!["--json", "show", &op],
-            vec!["-vvv", "show", &op, "--host", "target1"],
-            // Errors that echo the user's input must mask it too.
-            vec!["show", row],
-            vec!["run", "target1", "--op", row, "--", "true"],
-            vec!["show", &op, "--host", row],
-        ] {
-            let out = env.opmark_with_lab(&lab).args(&args).output().unwrap();
-            check(format!("`opmark {}` of row {n}", args[..2].join(" ")), out);
-        }
-    }
+    // Rows run four at a time: each is a few opmark processes, two of them over SSH.
+    let rows: Vec<(usize, &str)> = ROWS.iter().copied().enumerate().collect();
+    let mut found: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = rows
+            .chunks(ROWS.len().div_ceil(4))
+            .map(|chunk| {
+                let (env, lab) = (&env, &lab);
+                scope.spawn(move || {
+                    chunk
+                        .iter()
+                        .flat_map(|&(n, row)| row_leaks(env, lab, n, row))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("row worker"))
+            .collect()
+    });
+    // Held open from here on, so the WAL is not checkpointed away before it is searched.
+    let ledger = opmark::ledger::Ledger::open(&env.ledger).unwrap();
     for args in [
         vec!["list"],
         vec!["--json", "list"],
@@ -179,9 +150,8 @@ fn no_secret_form_reaches_the_ledger_list_show_classify_verbose_logs_or_errors()
         vec!["audit", "verify"],
     ] {
         let out = env.opmark_with_lab(&lab).args(&args).output().unwrap();
-        check(format!("`opmark {}`", args.join(" ")), out);
+        found.extend(leaks(&format!("`opmark {}`", args.join(" ")), &out));
     }
-    drop(check);
     assert!(found.is_empty(), "{}", found.join("\n\n"));
 
     // The ledger and everything else opmark keeps (WAL and shm included: the newest pages
@@ -190,8 +160,8 @@ fn no_secret_form_reaches_the_ledger_list_show_classify_verbose_logs_or_errors()
     files_under(&env.root, &mut files);
     assert!(
         files.iter().any(|f| f.ends_with("ledger.db-wal"))
-            || files.iter().any(|f| f.ends_with("ledger.db")),
-        "the ledger exists: {files:?}"
+            && files.iter().any(|f| f.ends_with("ledger.db")),
+        "the ledger and its WAL exist: {files:?}"
     );
     for file in files {
         let bytes = std::fs::read(&file).unwrap_or_default();
@@ -213,4 +183,60 @@ fn no_secret_form_reaches_the_ledger_list_show_classify_verbose_logs_or_errors()
         "{}",
         text(&shown.stdout)
     );
+    drop(ledger);
+}
+
+/// Runs row `n` through `run` (JSON with -vvv, then plain), `classify`, `show`, and the
+/// errors that quote it; returns a report per output that holds its canary.
+fn row_leaks(env: &Sealed, lab: &Lab, n: usize, row: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut check = |what: String, out: Output| {
+        found.extend(leaks(&what, &out));
+        out
+    };
+    // Each row is also passed where an op id or a host goes, to see the error; as an op
+    // id it must be invalid (a valid one is a ledger key, kept as given).
+    assert!(row.contains(' '), "row {n} must not be a valid op id");
+    let op = format!("secret-form-{n}");
+    // `exit 0` first: the host parses the whole line but runs none of it (no `chpasswd`
+    // on a test machine).
+    let command = format!("exit 0; {row}");
+    let out = check(
+        format!("-vvv --json run of row {n}"),
+        env.opmark_with_lab(lab)
+            .args([
+                "-vvv", "--json", "run", "target1", "--op", &op, "--", &command,
+            ])
+            .output()
+            .unwrap(),
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("row {n}: no JSON document ({e}): {}", text(&out.stderr)));
+    let verdict = doc["verdict"].as_str().unwrap_or_default();
+    assert!(
+        ["completed", "blocked"].contains(&verdict),
+        "row {n}: a command that only exits completes (or, unparseable, is blocked): {doc}"
+    );
+    check(
+        format!("plain run of row {n}"),
+        env.opmark_with_lab(lab)
+            .args(["run", "target1", "--op", &op, "--", &command])
+            .output()
+            .unwrap(),
+    );
+    for args in [
+        vec!["classify", "--", row],
+        vec!["--json", "classify", "--", row],
+        vec!["show", &op],
+        vec!["--json", "show", &op],
+        vec!["-vvv", "show", &op, "--host", "target1"],
+        // Errors that echo the user's input must mask it too.
+        vec!["show", row],
+        vec!["run", "target1", "--op", row, "--", "true"],
+        vec!["show", &op, "--host", row],
+    ] {
+        let out = env.opmark_with_lab(lab).args(&args).output().unwrap();
+        check(format!("`opmark {}` of row {n}", args[..2].join(" ")), out);
+    }
+    found
 }
