@@ -43,7 +43,8 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
 doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,
-249 not implemented yet, 250 internal error.
+249 not implemented yet, 250 internal error; 141 (quietly) when the reader of stdout
+went away, as for a tool that SIGPIPE ended (`opmark list | head`).
 With --json the JSON document on stdout is authoritative.";
 
 /// Run remote commands over SSH so that one logical operation executes at most once.
