@@ -59,6 +59,19 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Removes every `OPMARK_*` variable whose value is empty from this process's
+/// environment, so that `OPMARK_LEDGER=` means "unset" (as an empty `XDG_*` does) rather
+/// than "a value is required". Call before parsing, while the process has one thread.
+pub fn forget_empty_env() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| k.to_string_lossy().starts_with("OPMARK_") && v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    for key in empty {
+        std::env::remove_var(key);
+    }
+}
+
 /// Options every subcommand accepts, each with an environment fallback.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
@@ -249,8 +262,8 @@ pub struct ResolveArgs {
     /// Why; recorded in the ledger (redacted).
     #[arg(long, value_name = "TEXT")]
     pub note: String,
-    /// Who decides (default $USER).
-    #[arg(long, value_name = "NAME")]
+    /// Who decides (default $USER, else $LOGNAME, else the uid's passwd name).
+    #[arg(long = "operator", visible_alias = "by", value_name = "NAME")]
     pub by: Option<String>,
     /// Connection options (for fencing the marker on not-applied).
     #[command(flatten)]

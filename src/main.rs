@@ -11,6 +11,7 @@ use opmark::error::exit_code;
 
 fn main() -> ExitCode {
     quiet_on_broken_pipe();
+    opmark::cli::forget_empty_env();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

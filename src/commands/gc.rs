@@ -66,6 +66,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             ),
         ));
     }
+    ssh::check_destination(&args.host).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
     let dest =
         ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;

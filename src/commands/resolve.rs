@@ -47,6 +47,14 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             "--note is empty; say why (it is recorded with the decision)",
         ));
     }
+    // The decision is recorded under a name: never a made-up one.
+    let by = common::operator_name(args.by.as_deref()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "cannot tell who is deciding: $USER and $LOGNAME are unset and the uid has no \
+             passwd entry; give --operator NAME. Nothing was recorded",
+        )
+    })?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     let key = OpKey::new(op.as_str(), args.host.clone());
@@ -74,7 +82,6 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
         ));
     }
     let decision = decision_name(args.decision);
-    let by = common::operator(args.by.as_deref());
     let mut events = Vec::new();
     let mut fence_text = None;
     if args.decision == Resolution::NotApplied {

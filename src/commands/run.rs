@@ -22,6 +22,11 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         None => (OpId::mint(), true),
     };
+    // A host that cannot be a destination is bad input: refused before the ledger, which
+    // would otherwise have to refuse to record it.
+    if let Err(why) = crate::ssh::check_destination(&args.host) {
+        return refuse_before_anything(global, args.op.as_deref(), &why);
+    }
     if args.attempts == Some(0) {
         return refuse_before_anything(
             global,

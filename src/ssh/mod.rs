@@ -18,7 +18,7 @@ use std::fmt;
 
 use crate::vocab::Boundary;
 
-pub use destination::{resolve, Destination, HostSpec, StrictMode};
+pub use destination::{check_destination, resolve, Destination, HostSpec, StrictMode};
 pub use exec::{Exec, ExecError, ExecEvent};
 pub use pool::Pool;
 pub use session::Session;
