@@ -54,7 +54,7 @@ fn main() -> ExitCode {
 fn quiet_on_broken_pipe() {
     let default = panic::take_hook();
     panic::set_hook(Box::new(move |info| {
-        if !info.payload_as_str().is_some_and(is_broken_pipe_message) {
+        if !is_broken_pipe(info.payload()) {
             default(info);
         }
     }));
