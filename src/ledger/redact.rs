@@ -363,8 +363,9 @@ fn keep_flag_without_value(caps: &Captures<'_>) -> bool {
     (spaced && (no_value_flag || value.starts_with('-'))) || value == MASK || openssl_source
 }
 
-/// `KEY_FILE=/path`, `GIT_AUTHOR_NAME=x`, `--keyring=/usr/share/keyrings/x.gpg`: names
-/// that contain a secret-sounding word but name a file, an id, a user or a setting.
+/// `KEY_FILE=/path`, `GIT_AUTHOR_NAME=x`, `--keyring=/usr/share/keyrings/x.gpg`,
+/// `StrictHostKeyChecking=no`: names that contain a secret-sounding word but name a file,
+/// an id, a user or a setting.
 fn keep_assignment_that_names_no_secret(caps: &Captures<'_>) -> bool {
     let name = caps
         .name("name")
@@ -390,6 +391,13 @@ fn keep_assignment_that_names_no_secret(caps: &Captures<'_>) -> bool {
         "_mode",
         "_len",
         "_length",
+        // ssh options: StrictHostKeyChecking=, HostKeyAlias=, PubkeyAuthentication=, ...
+        "checking",
+        "alias",
+        "algorithms",
+        "authentication",
+        "types",
+        "dns",
     ];
     value == MASK || HARMLESS_SUFFIXES.iter().any(|s| name.ends_with(s))
 }
@@ -1041,6 +1049,7 @@ mod tests {
         ("secret-assignment", "AWS_SECRET_ACCESS_KEY=S3cret aws s3 ls", "AWS_SECRET_ACCESS_KEY=*** aws s3 ls"),
         ("secret-assignment", "GITHUB_TOKEN=S3cret gh pr list", "GITHUB_TOKEN=*** gh pr list"),
         ("-", "GIT_AUTHOR_NAME=Bob gpg --keyring=/usr/share/keyrings/x.gpg -k", "GIT_AUTHOR_NAME=Bob gpg --keyring=/usr/share/keyrings/x.gpg -k"),
+        ("-", "ssh -o StrictHostKeyChecking=accept-new -o HostKeyAlias=web -o PubkeyAuthentication=yes h", "ssh -o StrictHostKeyChecking=accept-new -o HostKeyAlias=web -o PubkeyAuthentication=yes h"),
         ("secret-option", "tool --password S3cret run", "tool --password *** run"),
         ("secret-option", "deploy --token=S3cret", "deploy --token=***"),
         ("secret-option", "client --api-key S3cret", "client --api-key ***"),
