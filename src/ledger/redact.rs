@@ -34,8 +34,13 @@ enum Find {
         regex: Regex,
         keep: Option<fn(&Captures<'_>) -> bool>,
     },
-    /// A scanner that returns the byte ranges of the secrets in the text.
-    Scan(Box<Scanner>),
+    /// A scanner that returns the byte ranges of the secrets in the text. It runs only on
+    /// text that holds one of `needles` (a program name, `<<`): most text holds none, and
+    /// a command can be a megabyte long.
+    Scan {
+        needles: &'static [&'static str],
+        scan: Box<Scanner>,
+    },
 }
 
 /// Finds the byte ranges of secrets in a text.
@@ -90,14 +95,20 @@ fn builtin_rules() -> &'static [Rule] {
                 keep,
             },
         };
-        let scan = |name, f: fn(&str) -> Vec<Range<usize>>| Rule {
+        let scan = |name, needles, f: fn(&str) -> Vec<Range<usize>>| Rule {
             name,
-            find: Find::Scan(Box::new(f)),
+            find: Find::Scan {
+                needles,
+                scan: Box::new(f),
+            },
         };
         // `PROGRAM ... FLAG VALUE`, `FLAGVALUE` or `FLAG=VALUE`, for every such flag.
         let flag_of = |name, spec: FlagSpec| Rule {
             name,
-            find: Find::Scan(Box::new(move |text| secret_flag_values(text, &spec))),
+            find: Find::Scan {
+                needles: spec.programs,
+                scan: Box::new(move |text| secret_flag_values(text, &spec)),
+            },
         };
         vec![
             // PEM private key blocks, also a truncated one without its END line.
@@ -108,7 +119,7 @@ fn builtin_rules() -> &'static [Rule] {
             ),
             // Here-document bodies: often a config file, a password list or SQL with a
             // password in it; no rule can tell which lines matter, so all of it goes.
-            scan("heredoc-body", heredoc_bodies),
+            scan("heredoc-body", &["<<"], heredoc_bodies),
             // Authorization / Proxy-Authorization headers, with or without a scheme word.
             re(
                 "authorization-header",
@@ -278,10 +289,10 @@ fn builtin_rules() -> &'static [Rule] {
                 None,
             ),
             // htpasswd -b FILE USER PASSWORD (the password is a positional argument).
-            scan("htpasswd-b", htpasswd_batch_password),
+            scan("htpasswd-b", &["htpasswd"], htpasswd_batch_password),
             // echo SECRET | chpasswd, printf ... | docker login --password-stdin, and a
             // here-string fed to one of those.
-            scan("stdin-fed-secret", stdin_fed_secrets),
+            scan("stdin-fed-secret", &["passwd", "stdin"], stdin_fed_secrets),
             // .netrc lines: machine HOST login USER password SECRET.
             re(
                 "netrc-password",
@@ -843,11 +854,15 @@ fn stdin_fed_secrets(text: &str) -> Vec<Range<usize>> {
 /// `...` ``) hides the command's words inside one quoted word.
 fn scan_with_quoted(
     scan: &Scanner,
+    needles: &[&str],
     text: &str,
     offset: usize,
     depth: usize,
     out: &mut Vec<Range<usize>>,
 ) {
+    if !needles.iter().any(|n| text.contains(n)) {
+        return;
+    }
     out.extend(
         scan(text)
             .into_iter()
@@ -863,7 +878,7 @@ fn scan_with_quoted(
             Some((q, start)) if c == q => {
                 let inner = &text[start + 1..i];
                 if inner.contains(char::is_whitespace) {
-                    scan_with_quoted(scan, inner, offset + start + 1, depth + 1, out);
+                    scan_with_quoted(scan, needles, inner, offset + start + 1, depth + 1, out);
                 }
                 open = None;
             }
@@ -918,9 +933,9 @@ fn apply<'a>(rule: &Rule, text: Cow<'a, str>, found: &mut Vec<String>) -> Cow<'a
             });
             Cow::Owned(replaced.into_owned())
         }
-        Find::Scan(scan) => {
+        Find::Scan { needles, scan } => {
             let mut spans = Vec::new();
-            scan_with_quoted(scan.as_ref(), &text, 0, 0, &mut spans);
+            scan_with_quoted(scan.as_ref(), needles, &text, 0, 0, &mut spans);
             spans.retain(|s| !s.is_empty() && &text[s.clone()] != MASK);
             if spans.is_empty() {
                 return text;
