@@ -45,7 +45,8 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
 doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,
-249 not implemented yet, 250 internal error.
+249 not implemented yet, 250 internal error; 141 (quietly) when the reader of stdout
+went away, as for a tool that SIGPIPE ended (`opmark list | head`).
 With --json the JSON document on stdout is authoritative.";
 
 /// Run remote commands over SSH so that one logical operation executes at most once.
@@ -58,6 +59,19 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// Removes every `OPMARK_*` variable whose value is empty from this process's
+/// environment, so that `OPMARK_LEDGER=` means "unset" (as an empty `XDG_*` does) rather
+/// than "a value is required". Call before parsing, while the process has one thread.
+pub fn forget_empty_env() {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| k.to_string_lossy().starts_with("OPMARK_") && v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    for key in empty {
+        std::env::remove_var(key);
+    }
 }
 
 /// Options every subcommand accepts, each with an environment fallback.
@@ -308,8 +322,8 @@ pub struct ResolveArgs {
     /// Why; recorded in the ledger (redacted).
     #[arg(long, value_name = "TEXT")]
     pub note: String,
-    /// Who decides (default $USER).
-    #[arg(long, value_name = "NAME")]
+    /// Who decides (default $USER, else $LOGNAME, else the uid's passwd name).
+    #[arg(long = "operator", visible_alias = "by", value_name = "NAME")]
     pub by: Option<String>,
     /// With `--as applied`: the exit status the operation had (0-255); a later `run` of
     /// the op id replays it.

@@ -38,6 +38,9 @@ pub mod exit_code {
     pub const NOT_IMPLEMENTED: u8 = 249;
     /// A bug in opmark or an answer from the host that breaks the protocol.
     pub const INTERNAL: u8 = 250;
+    /// Stdout or stderr was a pipe whose reader went away (`opmark list | head`): the
+    /// status a shell reports for a tool that SIGPIPE ended (128 + 13), printed quietly.
+    pub const BROKEN_PIPE: u8 = 141;
 }
 
 /// What kind of failure this is; decides the exit code.

@@ -1,29 +1,74 @@
 //! The `opmark` binary: parse the command line, call the library, map errors to exit codes.
 
+use std::any::Any;
+use std::io::Write;
+use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
 use clap::Parser;
 
+use opmark::error::exit_code;
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
+    opmark::cli::forget_empty_env();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
             // --help and --version are "errors" to clap that print and exit 0.
             let code = if err.use_stderr() {
-                opmark::error::exit_code::USAGE
+                exit_code::USAGE
             } else {
-                opmark::error::exit_code::OK
+                exit_code::OK
             };
             let _ = err.print();
             return ExitCode::from(code);
         }
     };
     opmark::logging::init(cli.global.verbose);
-    match opmark::commands::dispatch(cli) {
+    let policy_path = cli.global.policy.clone();
+    let outcome = match panic::catch_unwind(AssertUnwindSafe(|| opmark::commands::dispatch(cli))) {
+        Ok(outcome) => outcome,
+        Err(payload) if is_broken_pipe(payload.as_ref()) => {
+            return ExitCode::from(exit_code::BROKEN_PIPE)
+        }
+        Err(payload) => panic::resume_unwind(payload),
+    };
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
-            eprintln!("opmark: error: {err}");
+            // Last line of defence: a message may quote input that holds a secret.
+            let message = opmark::commands::redactor_for_errors(policy_path.as_deref())
+                .redact_owned(&err.message);
+            let _ = writeln!(std::io::stderr(), "opmark: error: {message}");
             ExitCode::from(err.kind.exit_code())
         }
     }
+}
+
+/// `println!` panics when its reader has gone (`opmark show X | head`): Rust ignores
+/// SIGPIPE, so the write fails with EPIPE instead of ending the process as it ends `cat`.
+/// Such a panic is not a bug: this hook keeps it silent, and `main` turns it into the
+/// status a shell reports for a tool that SIGPIPE ended (141). Restoring SIGPIPE's default
+/// instead would let a socket or a ProxyCommand pipe that closes kill a `run` mid-way.
+fn quiet_on_broken_pipe() {
+    let default = panic::take_hook();
+    panic::set_hook(Box::new(move |info| {
+        if !is_broken_pipe(info.payload()) {
+            default(info);
+        }
+    }));
+}
+
+fn is_broken_pipe(payload: &(dyn Any + Send)) -> bool {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .is_some_and(is_broken_pipe_message)
+}
+
+/// The message std's print macros panic with when the stream is a closed pipe.
+fn is_broken_pipe_message(message: &str) -> bool {
+    message.starts_with("failed printing to std") && message.contains("os error 32")
 }

@@ -20,8 +20,10 @@ impl OpId {
         if ok {
             Ok(OpId(text.to_owned()))
         } else {
+            // Redacted before escaping: escapes would hide a secret's shape.
+            let redacted = crate::ledger::Redactor::default().redact_owned(text);
             Err(InvalidOpId {
-                shown: text.escape_debug().take(160).collect(),
+                shown: redacted.escape_debug().take(160).collect(),
             })
         }
     }

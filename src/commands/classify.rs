@@ -2,6 +2,7 @@
 
 use crate::cli::{ClassifyArgs, GlobalArgs};
 use crate::error::{Error, ErrorKind, Result};
+use crate::ledger::Redactor;
 use crate::policy::{Classification, Policy};
 
 /// Classifies the command words (joined by spaces, as `run` would send them) and prints
@@ -9,7 +10,17 @@ use crate::policy::{Classification, Policy};
 pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
     let policy = Policy::load(global.policy.as_deref())?;
     let command = args.command.join(" ");
-    let c = policy.classify(&command);
+    let mut c = policy.classify(&command);
+    // What is printed may end up in a terminal log or an agent's transcript: mask
+    // secrets as the ledger does, each part with what the whole command reveals.
+    let redactor = Redactor::new(policy.redact_patterns());
+    for part in &mut c.parts {
+        part.command = redactor.redact_part(&command, &part.command);
+    }
+    if let Some(e) = &mut c.parse_error {
+        *e = redactor.redact_part(&command, e);
+    }
+    let command = redactor.redact_owned(&command);
     if global.json {
         let text = serde_json::to_string_pretty(&c)
             .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;

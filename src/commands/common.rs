@@ -75,11 +75,33 @@ pub fn session_id() -> String {
         .unwrap_or_else(|| format!("s-{:016x}", rand::random::<u64>()))
 }
 
-/// Who is deciding (`--by`, else `$USER`, else the uid).
+/// Who is acting: `explicit` (`--operator`), else `$USER`, else `$LOGNAME`, else the
+/// passwd name of the effective uid; None when none of them names anyone.
+pub fn operator_name(explicit: Option<&str>) -> Option<String> {
+    let given = |v: Option<String>| v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
+    given(explicit.map(str::to_owned))
+        .or_else(|| given(std::env::var("USER").ok()))
+        .or_else(|| given(std::env::var("LOGNAME").ok()))
+        .or_else(passwd_name)
+}
+
+/// Who approved a run (`--approve`): like [`operator_name`], with a placeholder rather
+/// than a refusal, since a run without $USER (cron, systemd) must still work.
 pub fn operator(by: Option<&str>) -> String {
-    by.map(str::to_owned)
-        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| "unknown-operator".to_owned())
+    operator_name(by).unwrap_or_else(|| "unknown-operator".to_owned())
+}
+
+/// The name /etc/passwd gives the effective uid, if it has one. Read from the file, not
+/// through NSS, to stay free of unsafe code; a directory-service user sets $USER anyway.
+fn passwd_name() -> Option<String> {
+    let uid = crate::lab::effective_uid().to_string();
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let found = fields.nth(1)? == uid;
+        (found && !name.is_empty()).then(|| name.to_owned())
+    })
 }
 
 /// Prints one JSON document on stdout.

@@ -71,6 +71,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             ),
         ));
     }
+    ssh::check_destination(&args.host).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
     let fresh = ssh::resolve(&spec);
     // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever

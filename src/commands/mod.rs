@@ -23,6 +23,16 @@ mod run;
 mod show;
 mod stats;
 
+/// The redactor for messages that may quote the user's input: the built-in rules plus
+/// the policy's patterns when the policy loads (an error about the policy itself must
+/// still be shown, with the built-in rules).
+pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::Redactor {
+    let extra = crate::policy::Policy::load(policy)
+        .map(|p| p.redact_patterns().to_vec())
+        .unwrap_or_default();
+    crate::ledger::Redactor::new(&extra)
+}
+
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {
     let global = cli.global;

@@ -26,6 +26,7 @@ struct ProbeReport<'a> {
 pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
+    ssh::check_destination(&args.host).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
     let spec = common::host_spec(global, &args.host, &args.host_args);
     let fresh = ssh::resolve(&spec);
     // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever

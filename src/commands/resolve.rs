@@ -67,6 +67,14 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             ));
         }
     }
+    // The decision is recorded under a name: never a made-up one.
+    let by = common::operator_name(args.by.as_deref()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "cannot tell who is deciding: $USER and $LOGNAME are unset and the uid has no \
+             passwd entry; give --operator NAME. Nothing was recorded",
+        )
+    })?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     let key = OpKey::new(op.as_str(), args.host.clone());
@@ -95,7 +103,6 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     }
     let recorded = identity::recorded(&ledger.events(&key)?);
     let decision = decision_name(args.decision);
-    let by = common::operator(args.by.as_deref());
     let mut events = Vec::new();
     let mut fence_text = None;
     match args.decision {

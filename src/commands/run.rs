@@ -24,6 +24,11 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         None => (OpId::mint(), true),
     };
+    // A host that cannot be a destination is bad input: refused before the ledger, which
+    // would otherwise have to refuse to record it.
+    if let Err(why) = crate::ssh::check_destination(&args.host) {
+        return refuse_before_anything(global, args.op.as_deref(), &why);
+    }
     if args.attempts == Some(0) {
         return refuse_before_anything(
             global,
@@ -203,6 +208,8 @@ struct Early<'a> {
 
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
 fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -> Result<u8> {
+    // The reason may quote the input, and the input may hold a secret.
+    let reason = &super::redactor_for_errors(global.policy.as_deref()).redact_owned(reason);
     if global.json {
         common::print_json(&Early {
             op_id: op.filter(|o| OpId::parse(o).is_ok()),

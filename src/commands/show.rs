@@ -12,7 +12,7 @@ use super::list::{printable, redacted_error, to_second};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::projection::unresolved_after;
-use crate::ledger::{Event, Ledger, OpKey, OperationRecord, StoredEvent};
+use crate::ledger::{Event, Ledger, OpKey, OperationRecord, Redactor, StoredEvent};
 use crate::op_id::OpId;
 use crate::vocab::{Boundary, RetryReason};
 
@@ -32,7 +32,8 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
                 "no operation `{op}`{} in the ledger {}; `opmark list` shows what is recorded",
                 args.host
                     .as_deref()
-                    .map(|h| format!(" on host `{}`", printable(h)))
+                    // Redacted before escaping: escapes would hide a secret's shape.
+                    .map(|h| format!(" on host `{}`", printable(&Redactor::default().redact(h))))
                     .unwrap_or_default(),
                 path.display()
             ),

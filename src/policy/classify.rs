@@ -270,6 +270,53 @@ fn naive_nesting(text: &str) -> usize {
     max
 }
 
+/// A path argument in its plain form, so that deny rules written for `/` also catch
+/// `/.`, `//`, `/./`, `/tmp/../`, `/etc/` and `"$HOME"/`: repeated slashes, `.` and a
+/// trailing slash go, `..` is resolved lexically (never above `/`), and `~`, `$HOME`
+/// and `${HOME}` all become `~`. Anything that is not such a path is returned as is.
+pub(crate) fn normalise_path(word: &str) -> std::borrow::Cow<'_, str> {
+    let (root, rest) = if let Some(rest) = word.strip_prefix('/') {
+        ("/", rest)
+    } else if let Some(rest) = ["~", "$HOME", "${HOME}"].iter().find_map(|home| {
+        word.strip_prefix(home)
+            .filter(|r| r.is_empty() || r.starts_with('/'))
+    }) {
+        ("~", rest)
+    } else {
+        return std::borrow::Cow::Borrowed(word);
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in rest.split('/') {
+        match part {
+            "" | "." => {}
+            // Under `~` the parent is unknown here: keep `..` as written.
+            ".." if root == "/" => {
+                parts.pop();
+            }
+            _ => parts.push(part),
+        }
+    }
+    let plain = match (root, parts.is_empty()) {
+        ("/", true) => "/".to_owned(),
+        ("/", false) => format!("/{}", parts.join("/")),
+        (_, true) => "~".to_owned(),
+        (_, false) => format!("~/{}", parts.join("/")),
+    };
+    if plain == word {
+        std::borrow::Cow::Borrowed(word)
+    } else {
+        std::borrow::Cow::Owned(plain)
+    }
+}
+
+/// How strict a rule's answer is: a deny beats an approval beats a family.
+fn strictness(policy: &Policy, rule: Option<&super::Rule>) -> (bool, bool, Family) {
+    match rule {
+        Some(r) => (r.deny, r.approval, r.family),
+        None => (false, false, policy.default_family()),
+    }
+}
+
 fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
@@ -784,11 +831,23 @@ impl Classifier<'_> {
         }
 
         let mut text = program.clone();
+        let mut normalised = program.clone();
         for a in &own_args {
             text.push(' ');
             text.push_str(&a.text);
+            normalised.push(' ');
+            normalised.push_str(&normalise_path(&a.text));
         }
-        let (family, rule) = match self.policy.match_rule(&program, &text) {
+        // `rm -rf /.` is `rm -rf /`: rules also see the paths in their plain form, and the
+        // stricter answer of the two counts (normalising never makes a command milder).
+        let mut matched = self.policy.match_rule(&program, &text);
+        if normalised != text {
+            let plain = self.policy.match_rule(&program, &normalised);
+            if strictness(self.policy, plain) > strictness(self.policy, matched) {
+                matched = plain;
+            }
+        }
+        let (family, rule) = match matched {
             Some(rule) => {
                 let name = self.policy.rule_name(rule);
                 if rule.deny && self.deny.is_none() {

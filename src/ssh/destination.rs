@@ -310,9 +310,43 @@ pub fn load_configs(spec: &HostSpec) -> Result<SshConfig, ConnectError> {
     Ok(config)
 }
 
+/// Characters OpenSSH refuses in a host or user name typed on the command line (they
+/// can only be a mistake or an injection into `%h`/`%r` of a ProxyCommand or Match exec).
+const FORBIDDEN_IN_DESTINATION: &str = "'`\"$\\;&<>|(){}";
+
+/// Checks what the user typed as a destination (`alias`, `[user@]host`,
+/// `ssh://[user@]host[:port]`) before anything uses it: no spaces, control characters or
+/// shell metacharacters, no leading `-`. The error says what is wrong and the fix.
+pub fn check_destination(typed: &str) -> Result<(), String> {
+    let shown = typed.escape_debug().to_string();
+    let problem = if typed.trim().is_empty() {
+        Some("it is empty".to_owned())
+    } else if typed.starts_with('-') {
+        Some("it starts with `-` (it would read as an option)".to_owned())
+    } else if typed.chars().any(char::is_whitespace) {
+        Some("it contains a space or another blank".to_owned())
+    } else if typed.chars().any(char::is_control) {
+        Some("it contains a control character".to_owned())
+    } else {
+        typed
+            .chars()
+            .find(|c| FORBIDDEN_IN_DESTINATION.contains(*c))
+            .map(|c| format!("it contains `{c}`"))
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(format!(
+            "invalid host \"{shown}\": {problem}; give an ssh_config alias, a host name or an address, \
+             as [user@]host or ssh://[user@]host[:port] (no blanks, control characters or any of \
+             {FORBIDDEN_IN_DESTINATION}); nothing was sent"
+        )),
+    }
+}
+
 /// Resolves `spec` through the ssh configs. Errors have stage `Config` (a malformed or
 /// unsupported config or option) or `Resolve`; either way nothing was sent.
 pub fn resolve(spec: &HostSpec) -> Result<Destination, ConnectError> {
+    check_destination(&spec.host).map_err(|m| ConnectError::new(ConnectStage::Resolve, m))?;
     let config = load_configs(spec)?;
     let mut dest = resolve_with(&config, spec, 0)?;
     dest.config_path = spec.config_path.clone();

@@ -19,7 +19,8 @@ use std::fmt;
 use crate::vocab::Boundary;
 
 pub use destination::{
-    resolve, resolve_route, AddressFamily, Destination, HostSpec, Route, StrictMode,
+    check_destination, resolve, resolve_route, AddressFamily, Destination, HostSpec, Route,
+    StrictMode,
 };
 pub use exec::{Exec, ExecError, ExecEvent};
 pub use pool::Pool;

@@ -8,6 +8,7 @@ mod cli;
 mod ledger;
 mod operators;
 mod policy;
+mod redaction;
 mod run;
 mod shim;
 mod ssh_config;

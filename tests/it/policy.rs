@@ -467,6 +467,74 @@ fn deny_and_approval_rules_mark_the_whole_command() {
     assert!(c.deny.is_none() && c.approval.is_none());
 }
 
+/// Spellings of "remove everything" that the shipped deny rule must catch, however the
+/// path is written.
+const DENIED_REMOVALS: &[&str] = &[
+    "rm -rf /",
+    "rm -rf /.",
+    "rm -rf //",
+    "rm -rf /./",
+    "rm -rf ///.//",
+    "rm -rf /..",
+    "rm -rf /tmp/../",
+    "rm -fr /*",
+    "rm -fr //*",
+    "rm -r -f /",
+    "rm -R --force /",
+    "rm -rf \"/\"",
+    "rm -rf '/.'",
+    "rm -rf -- /.",
+    "rm -rf /etc/",
+    "rm -rf /etc/.",
+    "rm -rf //usr//",
+    "rm -rf /var/tmp/..",
+    "rm -rf ~",
+    "rm -rf ~/",
+    "rm -rf ~/.",
+    "rm -rf \"$HOME\"/",
+    "rm -rf ${HOME}",
+    "rm /. -rf",
+    "sudo rm -rf /.",
+    "cd /srv && rm -rf /./",
+];
+
+#[test]
+fn every_spelling_of_removing_the_root_or_a_system_directory_is_denied() {
+    let policy = Policy::builtin();
+    let passed: Vec<&str> = DENIED_REMOVALS
+        .iter()
+        .copied()
+        .filter(|command| policy.classify(command).deny.is_none())
+        .collect();
+    assert!(passed.is_empty(), "not denied: {passed:?}");
+}
+
+#[test]
+fn removing_ordinary_paths_that_only_look_like_the_root_is_not_denied() {
+    let policy = Policy::builtin();
+    for command in [
+        "rm -rf /tmp/build",
+        "rm -rf /var/tmp/build/",
+        "rm -rf /srv/app/releases/41",
+        "rm -rf ~/.cache/pip",
+        "rm -rf ./",
+        "rm -f /etc/nginx/sites-enabled/default",
+        "rm -rf /home/bob/tmp/..",
+    ] {
+        let c = policy.classify(command);
+        assert!(c.deny.is_none(), "{command}: {c:?}");
+        assert_eq!(c.family, D, "{command}");
+    }
+}
+
+#[test]
+fn a_plain_path_never_makes_a_command_milder() {
+    // `cat /etc/./passwd` reads as before; the plain form is only a second look.
+    let policy = Policy::builtin();
+    assert_eq!(policy.classify("cat /etc/./passwd").family, R);
+    assert_eq!(policy.classify("ls //srv/").family, R);
+}
+
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/policy")
