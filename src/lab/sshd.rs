@@ -161,12 +161,19 @@ pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> Strin
     }
     // Each target is its own "host": commands see their own state dir (so the marker
     // root is <state>/opmark) and their own empty HOME (so the invoking user's shell
-    // startup files neither slow down nor change remote commands).
+    // startup files neither slow down nor change remote commands). A disposable target
+    // says so here, in the server's own config: the shim then accepts a marker root
+    // under /tmp (a lab made there), which it refuses on a real host (SPEC 3).
     let _ = writeln!(
         c,
-        "SetEnv XDG_STATE_HOME={} HOME={}",
+        "SetEnv XDG_STATE_HOME={} HOME={}{}",
         target.state_home.display(),
-        target.home.display()
+        target.home.display(),
+        if target.disposable {
+            " OPMARK_ALLOW_VOLATILE_ROOT=1"
+        } else {
+            ""
+        }
     );
     c
 }

@@ -522,7 +522,7 @@ fn failed(doc: &Value) -> Vec<String> {
 
 #[test]
 fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
-    let Some(lab) = support::loopback_lab(1) else {
+    let Some(mut lab) = support::loopback_lab(1) else {
         return;
     };
     let env = Sealed::new(crate::test_name!());
@@ -543,6 +543,9 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
     if !support::require_root(crate::test_name!()) {
         return;
     }
+    // A lab target declares itself disposable, which makes a volatile root acceptable;
+    // a real host does not.
+    lab.set_disposable("target1", false).unwrap();
     let status = Command::new("mount")
         .args([
             "-t",
