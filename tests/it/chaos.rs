@@ -112,7 +112,7 @@ fn round(lab: &Lab, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let env = Sealed::new("chaos");
     let dir = fresh_dir("chaos");
-    let cfg = fast_loss_config(&lab, &dir);
+    let cfg = fast_loss_config(lab, &dir);
 
     // Append-only commands: never re-run automatically, so each line is one execution.
     let mut ops: Vec<Op> = (0..OPERATIONS)
