@@ -441,8 +441,14 @@ impl Lab {
         if target.sshd_pid().is_some() {
             return Ok(());
         }
+        let log_from = sshd::log_len(&target.log);
         sshd::spawn(&self.sshd, target)?;
-        sshd::wait_ready(target, self.ssh_config(), Instant::now() + READY_TIMEOUT)
+        sshd::wait_ready(
+            target,
+            self.ssh_config(),
+            Instant::now() + READY_TIMEOUT,
+            log_from,
+        )
     }
 
     /// Replaces a target's host keys with new ones and restarts its sshd, leaving
@@ -635,7 +641,8 @@ impl Lab {
                     .iter()
                     .map(|t| {
                         let cfg = &cfg;
-                        s.spawn(move || sshd::wait_ready(t, cfg, deadline))
+                        // Each spawn above started a fresh log.
+                        s.spawn(move || sshd::wait_ready(t, cfg, deadline, 0))
                     })
                     .collect();
                 handles

@@ -415,3 +415,28 @@ fn rotated_host_keys_make_openssh_refuse_the_target() {
         "{err}"
     );
 }
+
+/// sshd appends to its log across restarts, and its connections log lines such as
+/// `ssh_dispatch_run_fatal: ... Broken pipe` when a client leaves mid-handshake. A
+/// restart judged by those old lines was reported as "sshd exited" (seen in the chaos
+/// test, which kills clients at random).
+#[test]
+fn a_restarted_sshd_is_judged_by_its_own_log_lines_not_by_earlier_ones() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let log = lab.target("target1").unwrap().log.clone();
+    for _ in 0..5 {
+        lab.stop_sshd("target1").unwrap();
+        let mut old = std::fs::read_to_string(&log).unwrap();
+        old.push_str(
+            "ssh_dispatch_run_fatal: Connection from 127.0.0.1 port 4242: Broken pipe [preauth]\n\
+             fatal: an earlier server's last words\n",
+        );
+        std::fs::write(&log, old).unwrap();
+        lab.start_sshd("target1")
+            .unwrap_or_else(|e| panic!("a sound sshd judged by stale lines: {e}"));
+        let out = ssh_out(&lab, "target1", "echo up");
+        assert_eq!(text(&out.stdout).trim(), "up", "{}", text(&out.stderr));
+    }
+}
