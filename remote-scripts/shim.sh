@@ -170,9 +170,13 @@ setup_root() {
 	/*) ;;
 	*) refuse "root_unusable reason=not_absolute" ;;
 	esac
-	# A reboot clears these, and with them the evidence that an operation ran.
+	# A reboot clears these, and with them the evidence that an operation ran. A target
+	# that is itself erased at reboot (a lab target, a test container) may say so in the
+	# environment its sshd gives every session; the client has no way to set it.
 	case $root/ in
-	/tmp/* | /dev/shm/* | /run/* | /var/run/*) refuse "root_unusable reason=volatile_path" ;;
+	/tmp/* | /dev/shm/* | /run/* | /var/run/*)
+		[ "${OPMARK_ALLOW_VOLATILE_ROOT:-}" = 1 ] || refuse "root_unusable reason=volatile_path"
+		;;
 	esac
 	if ! [ -d "$root/superseded" ]; then
 		mkdir -p "$root/ops" "$root/spool" "$root/superseded" 2>/dev/null
@@ -803,6 +807,7 @@ verb_doctor() {
 	fi
 	fs=$(stat -f -c %T "$root" 2>/dev/null || echo unknown)
 	frame "K fstype=$fs"
+	frame "K volatile_root_allowed=$([ "${OPMARK_ALLOW_VOLATILE_ROOT:-}" = 1 ] && echo yes || echo no)"
 	avail=$(df -Pk "$root" 2>/dev/null | awk 'NR==2 {print $4}')
 	frame "K avail_kib=${avail:-unknown}"
 	read_boot

@@ -39,7 +39,7 @@ echo "== building opmark (cargo build)"
 cargo build --quiet
 opmark=$PWD/target/debug/opmark
 
-# Not under /tmp: the lab refuses it (a reboot would erase the markers, the evidence).
+# The default lab place (a lab may also live under /tmp: its targets are disposable).
 lab=${XDG_STATE_HOME:-$HOME/.local/state}/opmark/demo-lab
 # The target's HOME is a directory of the lab (the targets are local), so the effect of
 # the command on the target can be read here.
@@ -128,12 +128,17 @@ echo "ledger: $OPMARK_LEDGER; ssh config: $OPMARK_SSH_CONFIG; the effect file: $
 if [[ $mode == cut ]]; then
   say "b+c. run an operation (appends a line, ~4 s, exits 3) and cut the target's network in the middle of it"
   echo "(about a second into the command the link is cut silently: no RST, no FIN; it is"
-  echo " restored 4 s later. The run notices the loss by keepalive, keeps probing the marker"
-  echo " until the host answers, re-attaches and gets the command's true exit status)"
+  echo " restored once the run has noticed the loss by keepalive. The run keeps probing the"
+  echo " marker until the host answers, re-attaches and gets the command's true exit status)"
   (
     mid_command
     "$opmark" lab cut target1 --dir "$lab"
-    sleep 4
+    # Held until the run reports the loss (a fixed 4 s against a 3 s budget could end
+    # before a busy machine's keepalives fire); restored after 30 s at most either way.
+    for _ in $(seq 300); do
+      grep -q 'lost after dispatch' "$errlog" 2>/dev/null && break
+      sleep 0.1
+    done
     "$opmark" lab restore target1 --dir "$lab"
   ) &
   helper_pid=$!

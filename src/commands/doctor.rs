@@ -199,7 +199,15 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
     let volatile_path = ["/tmp/", "/dev/shm/", "/run/", "/var/run/"]
         .iter()
         .any(|p| format!("{root}/").starts_with(p));
-    out.push(if VOLATILE_FS.contains(&fs) || volatile_path {
+    let volatile = VOLATILE_FS.contains(&fs) || volatile_path;
+    out.push(if volatile && get("volatile_root_allowed") == "yes" {
+        // The shim accepts such a root on a target that declares itself disposable
+        // (SPEC 3); failing the host for it would contradict what `run` does there.
+        pass(
+            "persistent",
+            format!("{root} is on {fs} and would not survive a reboot; allowed: the target declares itself disposable (OPMARK_ALLOW_VOLATILE_ROOT=1 in its sshd's environment)"),
+        )
+    } else if volatile {
         fail(
             "persistent",
             format!("the marker root {root} is on {fs}{}: a reboot erases the evidence that an operation ran", if volatile_path { " under a path cleared at boot" } else { "" }),
@@ -292,5 +300,31 @@ mod tests {
             ("avail_kib", "5000000"),
         ]));
         assert!(checks.iter().all(|c| c.status == "pass"), "{checks:?}");
+    }
+
+    #[test]
+    fn a_volatile_root_passes_only_on_a_target_that_declares_itself_disposable() {
+        let facts_with = |allowed: &str| {
+            facts(&[
+                ("root", "/tmp/lab/target1/state/opmark"),
+                ("shell", "sh"),
+                ("setsid", "yes"),
+                ("writable", "yes"),
+                ("fstype", "tmpfs"),
+                ("avail_kib", "5000000"),
+                ("volatile_root_allowed", allowed),
+            ])
+        };
+        let persistent = |allowed: &str| {
+            host_checks(&facts_with(allowed))
+                .into_iter()
+                .find(|c| c.name == "persistent")
+                .unwrap()
+        };
+        let refused = persistent("no");
+        assert_eq!(refused.status, "fail", "{refused:?}");
+        let allowed = persistent("yes");
+        assert_eq!(allowed.status, "pass", "{allowed:?}");
+        assert!(allowed.detail.contains("disposable"), "{allowed:?}");
     }
 }

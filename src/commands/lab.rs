@@ -211,7 +211,6 @@ fn default_dir() -> Result<PathBuf> {
 fn to_error(e: LabError) -> Error {
     let kind = match e {
         LabError::NeedsRoot { .. }
-        | LabError::UnderTmp(_)
         | LabError::BadDir(_)
         | LabError::BadCount(_)
         | LabError::AlreadyRunning(_)

@@ -11,6 +11,10 @@
 //! targetN/            sshd_config, host keys, authorized_keys, sshd.log, sshd.pid,
 //!                     state/ (XDG_STATE_HOME of its commands), home/ (their HOME)
 //! ```
+//!
+//! Lab targets are disposable (SPEC 3): they die with the machine and are never
+//! restarted after a reboot, so their sshd tells the host shim so
+//! (`OPMARK_ALLOW_VOLATILE_ROOT=1`), and a lab works from any directory, `/tmp` included.
 
 mod netns;
 mod proc;
@@ -52,13 +56,6 @@ pub enum LabError {
         /// The effective uid.
         uid: u32,
     },
-    /// The lab directory is under /tmp.
-    #[error(
-        "lab directory {0} is under /tmp, which the host shim refuses as a marker root \
-         (a reboot would erase the evidence); choose a directory elsewhere \
-         (default: ~/.local/state/opmark/lab)"
-    )]
-    UnderTmp(PathBuf),
     /// The lab directory path cannot be written into an ssh_config as is.
     #[error(
         "lab directory {0} contains whitespace, quotes or a non-UTF-8 byte, which an \
@@ -153,7 +150,7 @@ pub struct LabSpec {
     pub count: usize,
     /// Where they listen.
     pub placement: Placement,
-    /// Lab directory (created; must not be under /tmp).
+    /// Lab directory (created; may be anywhere, /tmp included: the targets are disposable).
     pub dir: PathBuf,
 }
 
@@ -182,6 +179,15 @@ pub struct Target {
     ns_if: Option<String>,
     /// Host-side veth name (netns placement), deleted on stop.
     host_if: Option<String>,
+    /// Whether the target declares itself disposable to the host shim, which then accepts
+    /// a marker root a reboot erases. True for every lab target unless a test turns it
+    /// off with [`Lab::set_disposable`] to play a real host.
+    #[serde(default = "yes")]
+    pub disposable: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Target {
@@ -280,11 +286,6 @@ impl Lab {
         let uid = effective_uid();
         if spec.placement == Placement::Netns && uid != 0 {
             return Err(LabError::NeedsRoot { uid });
-        }
-        // Bad input is reported before a missing tool: it is the caller's to fix either way,
-        // but input first gives the same answer on every machine.
-        if under_tmp(&spec.dir) {
-            return Err(LabError::UnderTmp(spec.dir.clone()));
         }
         let sshd = sshd::sshd_path()?;
         sshd::require_on_path("ssh", "openssh-client")?;
@@ -440,8 +441,14 @@ impl Lab {
         if target.sshd_pid().is_some() {
             return Ok(());
         }
+        let log_from = sshd::log_len(&target.log);
         sshd::spawn(&self.sshd, target)?;
-        sshd::wait_ready(target, self.ssh_config(), Instant::now() + READY_TIMEOUT)
+        sshd::wait_ready(
+            target,
+            self.ssh_config(),
+            Instant::now() + READY_TIMEOUT,
+            log_from,
+        )
     }
 
     /// Replaces a target's host keys with new ones and restarts its sshd, leaving
@@ -458,6 +465,24 @@ impl Lab {
         // Not `wait_ready`: ssh would refuse the changed key. A TCP accept plus the
         // banner is enough to know it listens.
         wait_listening(target, Instant::now() + READY_TIMEOUT)
+    }
+
+    /// Makes a target declare itself disposable or not (see [`Target::disposable`]) and
+    /// restarts its sshd so that new sessions see it. A target that is not disposable
+    /// plays a real host: its shim refuses a marker root under /tmp.
+    pub fn set_disposable(&mut self, alias: &str, disposable: bool) -> Result<(), LabError> {
+        self.stop_sshd(alias)?; // also checks the alias
+        let version = sshd::sshd_version(&self.sshd);
+        if let Some(target) = self.state.targets.iter_mut().find(|t| t.alias == alias) {
+            target.disposable = disposable;
+            write(
+                &target.sshd_config(),
+                &sshd::config_text(target, version),
+                0o600,
+            )?;
+        }
+        self.save()?;
+        self.start_sshd(alias)
     }
 
     /// Appends a public key line to every target's authorized_keys.
@@ -579,6 +604,7 @@ impl Lab {
             dir,
             ns_if: None,
             host_if: None,
+            disposable: true,
         };
         match self.state.placement {
             Placement::Loopback => target.port = free_port()?,
@@ -615,7 +641,8 @@ impl Lab {
                     .iter()
                     .map(|t| {
                         let cfg = &cfg;
-                        s.spawn(move || sshd::wait_ready(t, cfg, deadline))
+                        // Each spawn above started a fresh log.
+                        s.spawn(move || sshd::wait_ready(t, cfg, deadline, 0))
                     })
                     .collect();
                 handles
@@ -726,8 +753,8 @@ fn wait_listening(target: &Target, deadline: Instant) -> Result<(), LabError> {
     }
 }
 
-/// Creates the lab directory (refusing /tmp and unquotable paths); clears a stale lab,
-/// refuses a running one.
+/// Creates the lab directory (refusing unquotable paths); clears a stale lab, refuses a
+/// running one.
 fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
     std::fs::create_dir_all(dir).map_err(|source| LabError::Io {
         path: dir.to_path_buf(),
@@ -737,9 +764,6 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         path: dir.to_path_buf(),
         source,
     })?;
-    if under_tmp(&dir) {
-        return Err(LabError::UnderTmp(dir));
-    }
     match dir.to_str() {
         Some(s)
             if !s
@@ -762,17 +786,6 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         }
     })?;
     Ok(dir)
-}
-
-/// True for paths under /tmp or /var/tmp (lexically; `prepare_dir` checks the canonical
-/// path again once the directory exists).
-fn under_tmp(dir: &Path) -> bool {
-    let abs = if dir.is_absolute() {
-        dir.to_path_buf()
-    } else {
-        std::env::current_dir().unwrap_or_default().join(dir)
-    };
-    abs.starts_with("/tmp") || abs.starts_with("/var/tmp")
 }
 
 /// Removes a lab directory's files (for `lab down` and stale labs).

@@ -161,12 +161,19 @@ pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> Strin
     }
     // Each target is its own "host": commands see their own state dir (so the marker
     // root is <state>/opmark) and their own empty HOME (so the invoking user's shell
-    // startup files neither slow down nor change remote commands).
+    // startup files neither slow down nor change remote commands). A disposable target
+    // says so here, in the server's own config: the shim then accepts a marker root
+    // under /tmp (a lab made there), which it refuses on a real host (SPEC 3).
     let _ = writeln!(
         c,
-        "SetEnv XDG_STATE_HOME={} HOME={}",
+        "SetEnv XDG_STATE_HOME={} HOME={}{}",
         target.state_home.display(),
-        target.home.display()
+        target.home.display(),
+        if target.disposable {
+            " OPMARK_ALLOW_VOLATILE_ROOT=1"
+        } else {
+            ""
+        }
     );
     c
 }
@@ -190,12 +197,20 @@ pub(crate) fn spawn(sshd: &Path, target: &Target) -> Result<(), LabError> {
     Ok(())
 }
 
+/// The log's current length: where the messages of a start about to happen will begin.
+pub(crate) fn log_len(log: &Path) -> u64 {
+    std::fs::metadata(log).map_or(0, |m| m.len())
+}
+
 /// Waits until the target answers a real SSH session (`ssh -F cfg alias true`), or
-/// its sshd is gone, or the deadline passes.
+/// its sshd is gone, or the deadline passes. `log_from` is where this start's messages
+/// begin in the log ([`log_len`] before the spawn): sshd appends, and what earlier
+/// servers and their connections wrote says nothing about this one.
 pub(crate) fn wait_ready(
     target: &Target,
     ssh_config: &Path,
     deadline: Instant,
+    log_from: u64,
 ) -> Result<(), LabError> {
     let addr = std::net::SocketAddr::new(target.addr, target.port);
     let mut last = String::from("no answer yet");
@@ -203,7 +218,7 @@ pub(crate) fn wait_ready(
         let pid_alive =
             super::proc::read_pid_file(&target.pid_file()).is_some_and(super::proc::alive);
         // The pid file appears once sshd listens; until then only the log can tell.
-        if !pid_alive && log_says_fatal(&target.log) {
+        if !pid_alive && log_says_fatal(&target.log, log_from) {
             return Err(target.start_failed("sshd exited".into()));
         }
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
@@ -230,16 +245,21 @@ pub(crate) fn wait_ready(
     }
 }
 
-/// sshd's fatal start-up messages (bad config, port in use, unreadable key).
-fn log_says_fatal(log: &Path) -> bool {
-    std::fs::read_to_string(log)
-        .map(|t| {
-            t.contains("Cannot bind any address")
-                || t.contains("fatal:")
-                || t.contains("Bad configuration")
-                || t.contains("terminating")
-        })
-        .unwrap_or(false)
+/// sshd's fatal start-up messages (bad config, port in use, unreadable key) in the log
+/// from byte `from` on. Only whole `fatal:` lines count: a connection's
+/// `ssh_dispatch_run_fatal: ... Broken pipe` (a client that left mid-handshake) does not
+/// mean the server died.
+fn log_says_fatal(log: &Path, from: u64) -> bool {
+    let Ok(bytes) = std::fs::read(log) else {
+        return false;
+    };
+    let start = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+    String::from_utf8_lossy(&bytes[start..]).lines().any(|l| {
+        l.starts_with("fatal:")
+            || l.contains("Cannot bind any address")
+            || l.contains("Bad configuration")
+            || l.contains("terminating")
+    })
 }
 
 /// True when the log shows the port was taken by someone else (retry with another).
@@ -257,5 +277,40 @@ pub(crate) fn log_tail(log: &Path, lines: usize) -> String {
             all[all.len().saturating_sub(lines)..].join("\n")
         }
         Err(e) => format!("(no log: {e})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_fatal_lines_after_the_start_offset_mean_the_server_died() {
+        let dir = std::env::temp_dir().join(format!("opmark-sshd-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("sshd.log");
+        let earlier = "fatal: an earlier server died\n";
+        std::fs::write(
+            &log,
+            format!("{earlier}ssh_dispatch_run_fatal: Connection from 10.0.0.1 port 1: Broken pipe [preauth]\n"),
+        )
+        .unwrap();
+        assert!(
+            log_says_fatal(&log, 0),
+            "a fatal line from the start counts"
+        );
+        let from = earlier.len() as u64;
+        assert!(
+            !log_says_fatal(&log, from),
+            "a connection's _fatal: is not the server's"
+        );
+        let now = log_len(&log);
+        assert!(!log_says_fatal(&log, now));
+        let mut text = std::fs::read_to_string(&log).unwrap();
+        text.push_str("Cannot bind any address.\n");
+        std::fs::write(&log, text).unwrap();
+        assert!(log_says_fatal(&log, now), "this start's own failure");
+        assert!(!log_says_fatal(&dir.join("absent.log"), 0));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -269,18 +269,25 @@ fn writer_killed_with_sigkill_in_a_loop_loses_no_commit_and_leaves_no_half_opera
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (first_commit, committed) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut seqs = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(rest) = line.strip_prefix("committed ") {
                     seqs.extend(rest.split(' ').map(|s| s.parse::<u64>().unwrap()));
+                    let _ = first_commit.send(());
                 }
             }
             seqs
         });
-        // Vary the moment of the kill so it lands in different phases of a write.
-        std::thread::sleep(Duration::from_millis(40 + 23 * round as u64));
+        // Kill only once the writer is writing (a slow start on a busy machine must not
+        // make every kill land before the first commit), at a varied moment after that so
+        // it lands in different phases of a write.
+        committed
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the writer committed nothing within 60 s");
+        std::thread::sleep(Duration::from_millis(1 + 23 * round as u64));
         child.kill().unwrap(); // SIGKILL on Unix
         child.wait().unwrap();
         reported.extend(reader.join().unwrap());

@@ -383,24 +383,53 @@ fn a_link_cut_mid_command_and_restored_reattaches_without_losing_or_repeating_ou
     let cfg = fast_loss_config(&lab, &dir);
     let target = lab.target("target1").unwrap();
     let marker = target.marker_root().join("ops").join("cut-1");
-    let cmd = "echo first; sleep 4; echo second; exit 6";
-    let child = spawn(
+    // Events, not durations, order this test: the command waits for a gate the test opens
+    // only once a probe after the restore has found it running, and the link stays cut
+    // until the client itself has reported the loss, however late its keepalives fire.
+    let gate = dir.join("gate");
+    let cmd = format!(
+        "echo first; while [ ! -e {} ]; do sleep 0.05; done; echo second; exit 6",
+        gate.display()
+    );
+    let mut child = spawn(
         env.opmark().arg("-F").arg(&cfg),
         &[
-            "--json", "run", "target1", "--op", "cut-1", "--wait", "30s", "--", cmd,
+            "--json", "run", "target1", "--op", "cut-1", "--wait", "60s", "--", &cmd,
         ],
     );
+    let mut progress = support::StderrLines::of(&mut child);
     wait_for("the command to start", Duration::from_secs(20), || {
         std::fs::read(marker.join("out")).is_ok_and(|o| o == b"first\n")
     });
     lab.cut("target1").unwrap();
-    std::thread::sleep(Duration::from_secs(3));
+    progress.wait_for("lost after dispatch", Duration::from_secs(60));
     lab.restore("target1").unwrap();
-    let a = answer(child.wait_with_output().unwrap());
+    wait_for(
+        "a probe that finds it running",
+        Duration::from_secs(60),
+        || observed(&env, "cut-1", "marker running"),
+    );
+    std::fs::write(&gate, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = progress.all();
+    let a = answer(Output {
+        stderr: stderr.into_bytes(),
+        ..out
+    });
     assert_eq!(a.verdict(), "completed", "{a:?}");
     assert_eq!(a.exit_code(), Some(6), "{a:?}");
     assert_eq!(a.stdout(), "first\nsecond\n", "every byte once: {a:?}");
-    assert!(a.stderr.contains("probing"), "{}", a.stderr);
+}
+
+/// True when the ledger holds an observation of `op` that found `what`.
+fn observed(env: &Sealed, op: &str, what: &str) -> bool {
+    let out = env.opmark().args(["--json", "show", op]).output().unwrap();
+    serde_json::from_slice::<Value>(&out.stdout).is_ok_and(|doc| {
+        doc["observations"].as_array().is_some_and(|obs| {
+            obs.iter()
+                .any(|o| o["found"].as_str().is_some_and(|f| f.contains(what)))
+        })
+    })
 }
 
 #[test]
@@ -413,18 +442,17 @@ fn a_link_cut_and_not_restored_is_indeterminate_while_the_command_completes_on_t
     let cfg = fast_loss_config(&lab, &dir);
     let target = lab.target("target1").unwrap();
     let marker = target.marker_root().join("ops").join("cut-2");
+    // The command ends only when the test says so, after the client has answered: a
+    // cut that comes late on a busy machine cannot let its exit status through.
+    let gate = dir.join("gate");
+    let cmd = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; exit 4",
+        gate.display()
+    );
     let child = spawn(
         env.opmark().arg("-F").arg(&cfg),
         &[
-            "--json",
-            "run",
-            "target1",
-            "--op",
-            "cut-2",
-            "--wait",
-            "3s",
-            "--",
-            "sleep 2; exit 4",
+            "--json", "run", "target1", "--op", "cut-2", "--wait", "3s", "--", &cmd,
         ],
     );
     wait_for("the command to start", Duration::from_secs(20), || {
@@ -435,6 +463,7 @@ fn a_link_cut_and_not_restored_is_indeterminate_while_the_command_completes_on_t
     assert_eq!(a.verdict(), "indeterminate", "{a:?}");
     assert_eq!(a.exit_code(), None, "unknown is not zero");
     assert_eq!(a.status, 242);
+    std::fs::write(&gate, "").unwrap();
     wait_for(
         "the exit record on the host",
         Duration::from_secs(20),

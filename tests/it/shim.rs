@@ -148,6 +148,8 @@ impl Host {
             .env("OPMARK_SH", &self.shell)
             .env("XDG_STATE_HOME", &self.state_home)
             .env_remove("OPMARK_ROOT")
+            // A test host is disposable, and its root is under /tmp in a clone there.
+            .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
             .current_dir(&self.state_home);
         cmd
     }
@@ -836,13 +838,28 @@ fn stdin_is_verified_before_the_claim() {
 fn a_volatile_or_unwritable_marker_root_is_refused() {
     let (_, shell) = &shells()[0];
     let host = Host::new("roots", shell);
-    let mut tmp = host.command(&Verb::Probe(&OpId::parse("x").unwrap()));
-    tmp.env("OPMARK_ROOT", "/tmp/opmark-should-not-exist");
-    let out = tmp.output().unwrap();
-    let o = parse(&out.stdout, &out.stderr);
-    assert_eq!(o.refusal().unwrap().reason, "root_unusable");
-    assert_eq!(o.refusal().unwrap().fields["reason"], "volatile_path");
-    assert!(!Path::new("/tmp/opmark-should-not-exist").exists());
+    let volatile = format!("/tmp/opmark-volatile-root-{}", std::process::id());
+    let probe = |allow: Option<&str>| {
+        let mut cmd = host.command(&Verb::Probe(&OpId::parse("x").unwrap()));
+        cmd.env("OPMARK_ROOT", &volatile);
+        match allow {
+            Some(v) => cmd.env("OPMARK_ALLOW_VOLATILE_ROOT", v),
+            None => cmd.env_remove("OPMARK_ALLOW_VOLATILE_ROOT"),
+        };
+        let out = cmd.output().unwrap();
+        parse(&out.stdout, &out.stderr)
+    };
+    // A real host: refused, and nothing created. Only an explicit `1` opts out.
+    for allow in [None, Some(""), Some("0"), Some("yes")] {
+        let o = probe(allow);
+        assert_eq!(o.refusal().unwrap().reason, "root_unusable", "{allow:?}");
+        assert_eq!(o.refusal().unwrap().fields["reason"], "volatile_path");
+        assert!(!Path::new(&volatile).exists(), "{allow:?}");
+    }
+    // A disposable target (a lab, a test container) opts out explicitly.
+    let o = probe(Some("1"));
+    assert_eq!(o.marker().state, MarkerState::Absent, "{o:?}");
+    let _ = std::fs::remove_dir_all(&volatile);
 }
 
 /// The shim through a real sshd, driven by the OpenSSH client: killing the client

@@ -40,7 +40,7 @@ fn loopback_targets_answer_through_generated_ssh_config_with_own_state_dir() {
         );
         assert_eq!(lines.next(), Some(t.user.as_str()));
         assert!(t.addr.is_loopback() && t.port != 22, "{t:?}");
-        assert!(!t.state_home.starts_with("/tmp"));
+        assert!(t.state_home.starts_with(lab.dir()), "{t:?}");
     }
     let ports: std::collections::BTreeSet<u16> = lab.targets().iter().map(|t| t.port).collect();
     assert_eq!(ports.len(), 3, "distinct ports");
@@ -113,9 +113,10 @@ fn established_connection_over_a_cut_link_hangs_instead_of_being_reset() {
         .expect("ticks before the cut");
 
     lab.cut("target1").expect("cut");
-    // Drain what was already in flight, then nothing more may arrive, and ssh must not
-    // exit (a RST or FIN would end it at once).
-    std::thread::sleep(Duration::from_millis(500));
+    // Drain what was already in flight (generously: a busy machine may take a while to
+    // hand ssh what its socket already holds), then nothing more may arrive, and ssh must
+    // not exit (a RST or FIN would end it at once).
+    std::thread::sleep(Duration::from_secs(2));
     while rx.try_recv().is_ok() {}
     let quiet = Duration::from_secs(3);
     let got = rx.recv_timeout(quiet);
@@ -246,16 +247,97 @@ fn dropping_a_lab_kills_its_sshd_and_what_ran_through_it() {
     assert!(again.is_running());
 }
 
+/// `opmark --json ARGS...` against a lab, parsed.
+fn opmark_json(
+    env: &support::Sealed,
+    lab: &Lab,
+    args: &[&str],
+) -> (Option<i32>, serde_json::Value) {
+    let out = env
+        .opmark_with_lab(lab)
+        .arg("--json")
+        .args(args)
+        .output()
+        .unwrap();
+    let doc = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}): {}\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    (out.status.code(), doc)
+}
+
+/// The doctor's `persistent` check on target1.
+fn persistent_check(env: &support::Sealed, lab: &Lab) -> serde_json::Value {
+    let (_, doc) = opmark_json(env, lab, &["doctor", "target1"]);
+    doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "persistent")
+        .cloned()
+        .unwrap_or_else(|| panic!("no persistent check: {doc}"))
+}
+
+/// Lab targets are disposable (SPEC 3), so a lab made under /tmp (a clone of the project
+/// there, say) works; a target that stops saying so is a real host again, and its shim
+/// refuses the same marker root.
 #[test]
-fn lab_dir_under_tmp_is_refused_with_the_fix() {
-    let err = Lab::start(&LabSpec {
+fn a_lab_under_tmp_runs_operations_and_a_target_not_declared_disposable_refuses_that_root() {
+    let name = crate::test_name!();
+    if !support::require_tools(name, &["sshd", "ssh", "ssh-keygen"]) {
+        return;
+    }
+    let dir = std::path::PathBuf::from(format!("/tmp/opmark-{name}-{}", std::process::id()));
+    let mut lab = Lab::start(&LabSpec {
         count: 1,
         placement: Placement::Loopback,
-        dir: std::path::PathBuf::from("/tmp/opmark-lab-test-refused"),
+        dir: dir.clone(),
     })
-    .expect_err("under /tmp");
-    assert!(err.to_string().contains("under /tmp"), "{err}");
-    let _ = std::fs::remove_dir_all("/tmp/opmark-lab-test-refused");
+    .unwrap_or_else(|e| panic!("a lab under /tmp must start: {e}"));
+    let env = support::Sealed::new(name);
+    let root = lab.target("target1").unwrap().marker_root();
+    assert!(root.starts_with("/tmp"), "{}", root.display());
+
+    let (code, doc) = opmark_json(
+        &env,
+        &lab,
+        &["run", "target1", "--op", "in-tmp", "--", "echo hi"],
+    );
+    assert_eq!(doc["verdict"], "completed", "{doc}");
+    assert_eq!(
+        (code, doc["stdout"].as_str()),
+        (Some(0), Some("hi\n")),
+        "{doc}"
+    );
+    assert!(root.join("ops/in-tmp/exit").exists());
+    let check = persistent_check(&env, &lab);
+    assert_eq!(check["status"], "pass", "{check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("disposable"),
+        "{check}"
+    );
+
+    lab.set_disposable("target1", false).unwrap();
+    let (_, doc) = opmark_json(
+        &env,
+        &lab,
+        &["run", "target1", "--op", "not-in-tmp", "--", "echo hi"],
+    );
+    assert_eq!(doc["verdict"], "not_applied", "{doc}");
+    assert!(
+        doc["reason"].as_str().unwrap().contains("volatile_path"),
+        "{doc}"
+    );
+    assert!(!root.join("ops/not-in-tmp").exists(), "nothing claimed");
+    let check = persistent_check(&env, &lab);
+    assert_eq!(check["status"], "fail", "{check}");
+    assert!(!check["fix"].as_str().unwrap().is_empty(), "{check}");
+
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -332,4 +414,29 @@ fn rotated_host_keys_make_openssh_refuse_the_target() {
             || err.contains("Host key verification failed"),
         "{err}"
     );
+}
+
+/// sshd appends to its log across restarts, and its connections log lines such as
+/// `ssh_dispatch_run_fatal: ... Broken pipe` when a client leaves mid-handshake. A
+/// restart judged by those old lines was reported as "sshd exited" (seen in the chaos
+/// test, which kills clients at random).
+#[test]
+fn a_restarted_sshd_is_judged_by_its_own_log_lines_not_by_earlier_ones() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let log = lab.target("target1").unwrap().log.clone();
+    for _ in 0..5 {
+        lab.stop_sshd("target1").unwrap();
+        let mut old = std::fs::read_to_string(&log).unwrap();
+        old.push_str(
+            "ssh_dispatch_run_fatal: Connection from 127.0.0.1 port 4242: Broken pipe [preauth]\n\
+             fatal: an earlier server's last words\n",
+        );
+        std::fs::write(&log, old).unwrap();
+        lab.start_sshd("target1")
+            .unwrap_or_else(|e| panic!("a sound sshd judged by stale lines: {e}"));
+        let out = ssh_out(&lab, "target1", "echo up");
+        assert_eq!(text(&out.stdout).trim(), "up", "{}", text(&out.stderr));
+    }
 }

@@ -517,7 +517,7 @@ fn several_execs_share_one_pooled_connection_and_a_dead_one_is_replaced() {
     lab.stop_sshd("target1").unwrap();
     lab.start_sshd("target1").unwrap();
     let c = runtime.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let s = pool.session(&d).await.unwrap();
             match s.exec("echo $SSH_CONNECTION", None).await {
@@ -563,7 +563,12 @@ fn link_cut_before_dispatch_is_a_connect_error_within_connect_timeout() {
     // A ConnectTimeout expiry has its own stage: one bounded attempt, not retried.
     assert_eq!(e.stage, ConnectStage::Timeout, "{e}");
     assert!(e.message.contains("timed out"), "{e}");
-    assert!(took < Duration::from_secs(4), "took {took:?}");
+    // Bounded by the connect timeout, not TCP's two minutes of SYN retries; the margin is
+    // for a busy machine.
+    assert!(
+        took < d.connect_timeout + Duration::from_secs(10),
+        "took {took:?}"
+    );
 }
 
 #[test]
@@ -607,8 +612,10 @@ fn link_cut_mid_command_is_reported_lost_within_keepalive_budget() {
         ExecEvent::Lost(why) => assert!(why.contains("keepalive"), "{why}"),
         other => panic!("expected Lost, got {other:?}"),
     }
+    // Bounded by the keepalive budget, not TCP's minutes of retransmissions; the margin
+    // is for a busy machine.
     assert!(
-        took <= budget + Duration::from_secs(2),
+        took <= budget + Duration::from_secs(10),
         "took {took:?}, budget {budget:?}"
     );
 }
@@ -638,9 +645,12 @@ fn connection_killed_mid_command_is_lost_not_closed() {
         ExecEvent::Lost(why) => assert!(!why.contains("keepalive"), "{why}"),
         other => panic!("expected Lost, got {other:?}"),
     }
+    // Seen from the socket, well before keepalives could have told (the default budget);
+    // `why` above already says it was not a keepalive timeout.
+    let budget = d.loss_budget().expect("keepalives on by default");
     assert!(
-        took < Duration::from_secs(2),
-        "a closed socket is seen at once, took {took:?}"
+        took < budget,
+        "a closed socket is seen at once, took {took:?} (keepalive budget {budget:?})"
     );
 }
 
@@ -666,7 +676,7 @@ fn proxy_jump_through_a_bastion_works_and_an_unknown_bastion_key_is_refused() {
         assert_eq!(o.stdout, b"through-bastion\n");
         // The connection rides the bastion: when the bastion's sshd dies, so does it.
         lab.stop_sshd("target1").unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while !s.is_closed() {
             assert!(
                 Instant::now() < deadline,

@@ -258,3 +258,59 @@ pub fn fast_loss_config(lab: &Lab, dir: &Path) -> PathBuf {
     .unwrap();
     cfg
 }
+
+/// The lines a child writes to stderr, read by a thread as they come, so that a test can
+/// wait for what the client says (that it noticed a lost link, say) instead of sleeping
+/// for a guessed time.
+pub struct StderrLines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl StderrLines {
+    /// Takes the child's stderr (it must be piped).
+    pub fn of(child: &mut std::process::Child) -> StderrLines {
+        use std::io::BufRead;
+        let stderr = child.stderr.take().expect("stderr must be piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrLines {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits until a line containing `needle` arrives and returns it; panics, with every
+    /// line seen, when `limit` passes or the stream ends first.
+    pub fn wait_for(&mut self, needle: &str, limit: std::time::Duration) -> String {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(e) => panic!(
+                    "no stderr line with {needle:?} ({e:?}); lines seen:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Every line, once the child has exited (the rest is read to the end).
+    pub fn all(mut self) -> String {
+        self.seen.extend(self.rx.iter());
+        self.seen.join("\n")
+    }
+}
