@@ -7,11 +7,15 @@
 # The script receives its own text as $1 so that it can start its detached supervisor
 # with the same code (`setsid -f sh -c "$SHIM" ... supervise`).
 #
-# Replies. stdout: a header line, then the command's raw stdout bytes only.
-# stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "E <n>" is followed
-# by exactly n raw bytes of the command's stderr. The nonce is 128 random bits made here,
-# kept in a shell variable and never given to the command, so the command's own output
-# cannot forge a frame.
+# Replies. stdout: a header line only (then the foreground lets go of the channel's
+# stdout). stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "O <n>" or
+# "E <n>" is followed by exactly n raw bytes of the command's stdout or stderr and then a
+# frame "C" that commits them. The nonce is 128 random bits made here and kept only in
+# this shell's memory and the frames it writes: never in a file or directory name, a
+# marker file, a process's arguments or environment, or a descriptor the command
+# inherits. Any process of the login user can open /proc/<foreground>/fd/N and write into
+# the channel; without the nonce such bytes break the framing (the client then probes,
+# and never delivers uncommitted bytes) instead of passing for the shim's.
 #
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
 #   claim     attempt, fingerprint, family, shim version, time, foreground identity
@@ -19,8 +23,16 @@
 #   started/  the start gate: the supervisor runs the command only if it creates it
 #   stdin     the spooled stdin, out/err captured output (capped), *.dropped overflow
 #   exit      the exit record (temp file, fsync, rename)
+#   exit_write_failed  the exit record could not be written (a full disk): interrupted
 #   fenced    tombstone: this op id can never run
-#   w/        wake-up FIFOs of foregrounds waiting for the exit record
+#   .w.<pid>  wake-up FIFOs of foregrounds waiting for the exit record (named by the
+#             foreground's pid, which is public anyway: never by anything secret)
+#
+# Resource failures are evidence, not absence: every file a claim needs is made before the
+# claim counts (a failure undoes it and names the cause: no_space, no_inodes,
+# quota_exceeded), an exit record that cannot be written renames a file made in advance
+# (a rename needs no free space) so the marker reads interrupted with the reason, and a
+# supersede installs the new, complete claim before the old evidence moves aside.
 
 OPMARK_SHIM_VERSION=1
 OPMARK_SHIM_SELF=$1
@@ -151,6 +163,9 @@ frame() {
 
 hello() {
 	printf 'OPMARK/1 %s H v=%s\n' "$nonce" "$OPMARK_SHIM_VERSION"
+	# Output travels in committed frames from here on; an open stdout would only let
+	# other processes write unframed bytes into the channel through /proc.
+	exec 1>/dev/null
 	frame "H v=$OPMARK_SHIM_VERSION"
 }
 
@@ -191,6 +206,9 @@ state() {
 		st=fenced
 	elif [ -f "$m/exit" ]; then
 		st=completed
+	elif [ -f "$m/exit_write_failed" ]; then
+		# The command ended, but its exit record could not be written (a full disk).
+		st=interrupted why=exit_write_failed
 	elif [ -f "$m/proc" ]; then
 		rget "$m/proc" pid
 		s_pid=$rv
@@ -268,14 +286,19 @@ sizes() {
 
 emit() {
 	sizes
+	# The commit frame after each payload lets the client check that the bytes it counted
+	# were ours (bytes slipped in by another process make the next line fail the nonce).
 	if [ "$so" -gt "$oo" ]; then
-		tail -c +"$((oo + 1))" "$m/out" | head -c "$((so - oo))"
+		frame "O $((so - oo))"
+		tail -c +"$((oo + 1))" "$m/out" | head -c "$((so - oo))" >&3
+		frame C
 		oo=$so
 		emitted=1
 	fi
 	if [ "$se" -gt "$eo" ]; then
 		frame "E $((se - eo))"
 		tail -c +"$((eo + 1))" "$m/err" | head -c "$((se - eo))" >&3
+		frame C
 		eo=$se
 		emitted=1
 	fi
@@ -293,10 +316,12 @@ trailer() {
 	frame "X code=$t attempt=$rv"
 }
 
-# register_waiter [MORE_FIFOS...]: a wake-up FIFO for this foreground (and, for run,
-# the supervisor's capture FIFOs in the same mkfifo call).
+# register_waiter DIR [MORE_FIFOS...]: a wake-up FIFO for this foreground in marker DIR
+# (and, for run, the supervisor's capture FIFOs in the same mkfifo call). Named by our
+# pid: the name is visible to every process of the user.
 register_waiter() {
-	wf="$m/.w.$nonce"
+	wf="$1/.w.$$"
+	shift
 	mkfifo "$wf" "$@" && exec 5<>"$wf"
 }
 
@@ -382,7 +407,11 @@ verb_run() {
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
 		spool="$root/spool/$attempt.$$"
-		cat >"$spool" || refuse "bad_stdin reason=read_failed"
+		if ! cat >"$spool"; then
+			resource_cause
+			[ "$cause" = write_failed ] && refuse "bad_stdin reason=read_failed"
+			refuse "root_unusable reason=$cause"
+		fi
 		got=$(wc -c <"$spool")
 		if [ "$((got + 0))" -ne "$in_bytes" ]; then
 			rm -f "$spool"
@@ -398,30 +427,36 @@ verb_run() {
 	fi
 
 	m="$root/ops/$op"
-	if ! mkdir "$m" 2>/dev/null; then
-		answer_taken_claim
-		# Only reached after an interrupted claim was superseded: claim again, once.
-		if ! mkdir "$m" 2>/dev/null; then
-			state "$op"
-			refuse "$st $(describe)"
-		fi
-	fi
 	proc_stat "$$"
 	read_boot
-	durable_write "$m" claim "attempt=$attempt
+	claim_rec="attempt=$attempt
 fingerprint=$fp
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$(now)
 fg_pid=$$
 fg_start=$ps_start
-boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
+boot=$boot"
+	if mkdir "$m" 2>/dev/null; then
+		if ! prepare_marker "$m" "$root/ops"; then
+			# Nothing can have started: take the claim back, so that no empty or
+			# half-written marker reads as running or interrupted later.
+			resource_cause
+			rm -rf "$m"
+			sync "$root/ops"
+			refuse "root_unusable reason=$cause"
+		fi
+	elif ! [ -d "$m" ]; then
+		# Neither made nor taken: the marker root cannot hold a new directory.
+		resource_cause
+		refuse "root_unusable reason=$cause"
+	else
+		# Returns only after an interrupted claim was replaced by ours.
+		answer_taken_claim
+	fi
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	: >"$m/out"
-	: >"$m/err"
-	register_waiter "$m/.out.fifo" "$m/.err.fifo"
 	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1; then
+		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1 3>&- 5>&-; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
 		# so a late supervisor cannot start either, then release the op id.
 		mkdir "$m/started" 2>/dev/null
@@ -432,8 +467,42 @@ boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
 	follow "$m" 0 0 fresh
 }
 
+# prepare_marker DIR [MORE_DIRS_TO_SYNC...]: everything a claim needs in DIR, the claim
+# record durably first, then the capture files, the empty file an unwritable exit record
+# is renamed from, and the FIFOs. Fails (leaving DIR for the caller to remove) when any
+# cannot be made: a claim either exists completely or not at all.
+prepare_marker() {
+	pm_dir=$1
+	shift
+	# `true`, not `:`: a failed redirection of a special built-in ends the whole shell.
+	durable_write "$pm_dir" claim "$claim_rec" "$@" &&
+		true >"$pm_dir/out" && true >"$pm_dir/err" && true >"$pm_dir/.noexit" &&
+		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
+} 2>/dev/null
+
+# resource_cause: sets cause to why a write under the marker root failed: no_inodes,
+# no_space, quota_exceeded, or write_failed when none of these can be seen.
+resource_cause() {
+	cause=write_failed
+	# shellcheck disable=SC2046 # df's words: filesystem, total, used, free, ...
+	set -- $(df -Pi "$root" 2>/dev/null | tail -n 1)
+	[ "${4:-x}" = 0 ] && cause=no_inodes && return 0
+	# shellcheck disable=SC2046
+	set -- $(df -Pk "$root" 2>/dev/null | tail -n 1)
+	# A few KiB may still show free while every block a new file needs is taken.
+	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_space && return 0
+	rc_msg=$( (true >"$root/spool/.probe.$$") 2>&1)
+	rm -f "$root/spool/.probe.$$"
+	case $rc_msg in
+	*[Qq]uota*) cause=quota_exceeded ;;
+	*"No space"*) cause=no_space ;;
+	esac
+	return 0
+}
+
 # The marker is taken: answer with its state instead of running (or supersede an
-# interrupted claim when the client says policy allows it, then return to claim again).
+# interrupted claim when the client says policy allows it, then return with our claim in
+# place).
 answer_taken_claim() {
 	state "$op"
 	if [ "$st" = fenced ]; then
@@ -454,22 +523,63 @@ answer_taken_claim() {
 	running) refuse "running $(describe)" ;;
 	interrupted)
 		[ "$sup" = 1 ] || refuse "interrupted $(describe)"
-		supersede_marker "$attempt" || refuse "interrupted $(describe)"
+		supersede_marker "$attempt"
 		frame "U superseded_by=$attempt"
 		;;
 	*) refuse "$st $(describe)" ;;
 	esac
 }
 
-# supersede_marker BY: moves an interrupted claim aside (kept for audit). Taking the start
-# gate first means a supervisor that has not started yet never will.
+# supersede_marker BY: replaces the interrupted claim at $m by our complete claim and
+# moves the old one aside (kept for audit), or refuses leaving it untouched. The new
+# marker is built beside it first, so a full disk can never leave the op id without
+# evidence; the swap itself is two renames, which need no free space.
 supersede_marker() {
+	# One superseder at a time per claim: another one's new claim must never be moved
+	# aside as if it were the old one.
+	if ! mkdir "$m/.superseding" 2>/dev/null; then
+		state "$op"
+		[ -d "$m/.superseding" ] || [ "$st" != interrupted ] || {
+			resource_cause
+			refuse "interrupted $(describe) supersede_failed=$cause"
+		}
+		refuse "$st $(describe)"
+	fi
+	# Taking the start gate first means a supervisor that has not started yet never will.
 	mkdir "$m/started" 2>/dev/null
-	state "${m##*/}"
-	[ "$st" = interrupted ] || return 1
-	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded"
-	mv "$m" "$root/superseded/${m##*/}.$(now).$1" || return 1
-	sync "$root/ops"
+	state "$op"
+	if [ "$st" != interrupted ]; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	sm_next="$root/ops/.next.$$"
+	if ! mkdir "$sm_next" 2>/dev/null || ! prepare_marker "$sm_next"; then
+		resource_cause
+		rm -rf "$sm_next"
+		rmdir "$m/.superseding"
+		refuse "interrupted $(describe) supersede_failed=$cause"
+	fi
+	sm_aside="$root/superseded/$op.$(now).$1"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded" 2>/dev/null
+	if ! mv "$m" "$sm_aside" 2>/dev/null; then
+		resource_cause
+		rm -rf "$sm_next"
+		rmdir "$m/.superseding"
+		refuse "interrupted $(describe) supersede_failed=$cause"
+	fi
+	rmdir "$sm_aside/.superseding"
+	if ! mv "$sm_next" "$m" 2>/dev/null || ! [ -f "$m/claim" ] ||
+		! rget "$m/claim" attempt || [ "$rv" != "$attempt" ]; then
+		# A fresh claimer took the op id between the renames (its claim stands; ours
+		# went into its directory if anywhere), or the rename failed: put the evidence
+		# back where it was if the name is still free.
+		rm -rf "$sm_next" "$m/.next.$$"
+		[ -e "$m" ] || mv "$sm_aside" "$m" 2>/dev/null
+		state "$op"
+		refuse "$st $(describe)"
+	fi
+	wf="$m/.w.$$"
+	sync "$root/ops" "$root/superseded"
 }
 
 # supervise M TIMEOUT_S CAP CMD: the detached supervisor (own session, started by
@@ -530,12 +640,18 @@ supervise() {
 timed_out=$timed_out
 ended_at=$(now)"
 	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
-	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
+	if ! durable_write "$m" exit "$record" && ! durable_write "$m" exit "$record"; then
+		# A full disk: renaming the file made before the claim counted needs no space, so
+		# the marker says interrupted and why, instead of looking like a lost process.
+		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
+		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
+		rm -f "$m/.exit.tmp.$$"
+	fi
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
 	# Off the waiters' path: they are awake already.
-	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.*
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
 }
 
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
@@ -564,7 +680,7 @@ kill_after() {
 	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
 	wait "$ka_sleep"
 	trap '' TERM
-	: >"$3/timed_out"
+	true >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
 	signal_session TERM "$2" "$me"
@@ -605,7 +721,7 @@ verb_attach() {
 	absent | fenced) refuse "$st $(describe)" ;;
 	esac
 	frame "A $(describe)"
-	register_waiter
+	register_waiter "$m"
 	follow "$m" "$2" "$3"
 	# (A run's supervisor removes its waiters; an attach may come after it is gone.)
 	rm -f "$wf"
@@ -647,9 +763,26 @@ verb_supersede() {
 	valid_id "$1" || refuse "invalid_op_id"
 	valid_id "$2" || refuse "bad_args reason=attempt_id"
 	setup_root
-	state "$1"
-	[ "$st" = interrupted ] || refuse "$st $(describe)"
-	supersede_marker "$2" || refuse "$st $(describe)"
+	op=$1 m="$root/ops/$1"
+	# The same lock as a run's supersede: a claim installed meanwhile is never moved.
+	if ! mkdir "$m/.superseding" 2>/dev/null; then
+		state "$op"
+		refuse "$st $(describe)"
+	fi
+	mkdir "$m/started" 2>/dev/null
+	state "$op"
+	if [ "$st" != interrupted ]; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	sm_aside="$root/superseded/$op.$(now).$2"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$2" "$(now)" >"$m/superseded" 2>/dev/null
+	if ! mv "$m" "$sm_aside" 2>/dev/null; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	rmdir "$sm_aside/.superseding"
+	sync "$root/ops"
 	frame "U superseded_by=$2"
 }
 
