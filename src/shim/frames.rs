@@ -290,16 +290,12 @@ impl ReplyParser {
         self.stderr_bytes
     }
 
-    /// Feeds stdout bytes.
-    pub fn push_stdout(&mut self, data: &[u8], out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
+    /// Feeds stdout bytes. Only the header travels there (output comes in committed
+    /// frames on stderr), so this never yields a reply; `_out` keeps both streams' calls
+    /// alike.
+    pub fn push_stdout(&mut self, data: &[u8], _out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
         if self.stdout_open {
-            if !data.is_empty() {
-                // The shim lets go of stdout after its header: these bytes are not its.
-                return Err(ProtocolError::new(
-                    "bytes on stdout after the shim's header (another process wrote into the channel)",
-                ));
-            }
-            return Ok(());
+            return Self::no_stdout_after_header(data);
         }
         self.stdout_pre.extend_from_slice(data);
         if let Some((start, end, nonce)) = find_header(&self.stdout_pre) {
@@ -313,7 +309,7 @@ impl ReplyParser {
             self.stdout_open = true;
             let rest = self.stdout_pre.split_off(end);
             self.stdout_pre.clear();
-            return self.push_stdout(&rest, out);
+            return Self::no_stdout_after_header(&rest);
         }
         if self.stdout_pre.len() > MAX_PREAMBLE {
             return Err(ProtocolError::new(
@@ -321,6 +317,16 @@ impl ReplyParser {
             ));
         }
         Ok(())
+    }
+
+    fn no_stdout_after_header(data: &[u8]) -> Result<(), ProtocolError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // The shim lets go of stdout after its header: these bytes are not its.
+        Err(ProtocolError::new(
+            "bytes on stdout after the shim's header (another process wrote into the channel)",
+        ))
     }
 
     /// Feeds stderr bytes.
@@ -378,7 +384,9 @@ impl ReplyParser {
                 .ok_or_else(|| ProtocolError::new("text outside a frame on the shim's stderr"))?;
             let (kind, rest) = body.split_once(' ').unwrap_or((body, ""));
             if self.pending.is_some() && kind != "C" {
-                return Err(ProtocolError::new("output payload without its commit frame"));
+                return Err(ProtocolError::new(
+                    "output payload without its commit frame",
+                ));
             }
             if kind == "O" || kind == "E" {
                 let len: u64 = rest
