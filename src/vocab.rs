@@ -115,6 +115,10 @@ pub enum ReasonCode {
     EarlierDispatchUnknown,
     /// `indeterminate`: a retry was needed but the attempt budget is spent.
     AttemptBudgetSpent,
+    /// `not_applied` (the claim could not be written and was undone) or `indeterminate`
+    /// (an interrupted claim could not be superseded): the host's marker root is out of
+    /// space, inodes or quota. A human frees space; nothing is guessed meanwhile.
+    HostDiskFull,
 }
 
 impl ReasonCode {
@@ -206,6 +210,7 @@ names!(ReasonCode {
     UnreachableAfterDispatch => "unreachable_after_dispatch",
     EarlierDispatchUnknown => "earlier_dispatch_unknown",
     AttemptBudgetSpent => "attempt_budget_spent",
+    HostDiskFull => "host_disk_full",
 });
 
 impl Verdict {
@@ -250,6 +255,7 @@ mod tests {
             ReasonCode::UnreachableAfterDispatch,
             ReasonCode::EarlierDispatchUnknown,
             ReasonCode::AttemptBudgetSpent,
+            ReasonCode::HostDiskFull,
         ]
         .into_iter()
         .filter(|c| c.retryable())

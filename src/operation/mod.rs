@@ -631,6 +631,22 @@ impl<'a> Runner<'a> {
                 ));
                 self.probe_and_follow(dest, attempt).await?
             }
+            // Superseding needs room for the new claim; the old evidence stays in place.
+            "interrupted" if refusal.fields.contains_key("supersede_failed") => {
+                let why = marker
+                    .as_ref()
+                    .and_then(|m| m.why.clone())
+                    .unwrap_or_else(|| "unknown".into());
+                Settled::Verdict(Answer::new(
+                    Verdict::Indeterminate,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "the operation was interrupted on the host ({why}) and may have had effects; it could not be re-run because the host's marker root is full ({}); its evidence is kept. Free space on the host, then rerun with the same op id",
+                        refusal.fields["supersede_failed"]
+                    ),
+                ))
+            }
             "interrupted" => self.after_interrupted_marker(marker.as_ref(), attempt),
             "fenced" => Settled::Verdict(Answer::new(
                 Verdict::NotApplied,
@@ -647,6 +663,17 @@ impl<'a> Runner<'a> {
                     self.key.op_id
                 ),
             )),
+            "root_unusable" if refusal.fields.get("reason").is_some_and(|r| is_resource_cause(r)) => {
+                Settled::Verdict(Answer::new(
+                    Verdict::NotApplied,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "the host's marker root is full ({}): the claim could not be recorded completely, so it was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
+                        refusal.fields["reason"]
+                    ),
+                ))
+            }
             "invalid_op_id" | "bad_args" => Settled::Verdict(Answer::new(
                 Verdict::Refused,
                 Some(attempt.to_owned()),
@@ -1162,6 +1189,11 @@ fn connect_is_final(e: &ConnectError) -> bool {
         e.stage,
         ConnectStage::HostKey | ConnectStage::Auth | ConnectStage::Resolve
     )
+}
+
+/// The shim's names for a marker root that ran out of room (`root_unusable reason=...`).
+fn is_resource_cause(reason: &str) -> bool {
+    matches!(reason, "no_space" | "no_inodes" | "quota_exceeded")
 }
 
 fn describe_fields(fields: &std::collections::BTreeMap<String, String>) -> String {

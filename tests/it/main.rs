@@ -4,6 +4,7 @@ mod support;
 
 mod chaos;
 mod cli;
+mod integrity;
 mod ledger;
 mod operators;
 mod policy;
