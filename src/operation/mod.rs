@@ -122,6 +122,13 @@ pub struct RunReport {
     pub timed_out: bool,
     /// Output bytes the host dropped beyond its cap (stdout, stderr).
     pub dropped: (u64, u64),
+    /// The output delivered here lacks bytes the command wrote: it came from the host's
+    /// capped copy (a replay, or a re-attach after bytes were dropped).
+    pub truncated: bool,
+    /// Bytes kept in the host's copy per stream (stdout, stderr): the cap a truncated
+    /// replay was cut at.
+    #[serde(skip)]
+    pub kept: (u64, u64),
 }
 
 impl RunReport {
@@ -1162,6 +1169,16 @@ impl<'a> Runner<'a> {
                 .exit
                 .as_ref()
                 .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
+            // Evidence, not assumption: what the command wrote (kept + dropped on the host)
+            // against what reached this caller.
+            truncated: self.exit.as_ref().is_some_and(|x| {
+                self.output.out_bytes() < x.out_bytes + x.dropped_out
+                    || self.output.err_bytes() < x.err_bytes + x.dropped_err
+            }),
+            kept: self
+                .exit
+                .as_ref()
+                .map_or((0, 0), |x| (x.out_bytes, x.err_bytes)),
         }
     }
 }

@@ -447,3 +447,40 @@ fn a_convergent_command_that_fills_the_marker_root_is_never_reported_as_not_appl
         "{probe}"
     );
 }
+
+#[test]
+fn output_cut_at_the_cap_is_flagged_truncated_and_its_replay_says_so() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new("truncated");
+    let cap = ["--output-cap", "64k"];
+    let cmd = "head -c 100000 /dev/zero | tr '\\0' a";
+    let run = |op: &str, command: &str| {
+        answer(
+            env.opmark_with_lab(&lab)
+                .args(["--json", "run", "target1", "--op", op])
+                .args(cap)
+                .arg("--")
+                .arg(command)
+                .output()
+                .unwrap(),
+        )
+    };
+    let small = run("small", "echo fits");
+    assert_eq!(small.json["truncated"], false, "{small:?}");
+
+    let first = run("capped", cmd);
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    assert_eq!(first.json["dropped"][0], 100_000 - 65_536, "{first:?}");
+    let replay = run("capped", cmd);
+    assert_eq!(replay.verdict(), "replayed", "{replay:?}");
+    assert_eq!(replay.json["truncated"], true, "{replay:?}");
+    assert_eq!(replay.stdout().len(), 65_536, "{replay:?}");
+    assert!(
+        replay.stderr.contains(
+            "opmark: replayed output was capped at 65536 bytes; 34464 bytes were not kept"
+        ),
+        "{replay:?}"
+    );
+}
