@@ -193,7 +193,7 @@ setup_root() {
 		chmod 700 "$root" 2>/dev/null
 	fi
 	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
-	exec 2>>"$root/shim.log"
+	true 2>>"$root/shim.log" && exec 2>>"$root/shim.log"
 }
 
 # state OP: sets st (absent|fenced|completed|running|interrupted) and why.
@@ -374,6 +374,21 @@ wait_wake() {
 	wake=
 	read -r wake <&5
 	[ "$wake" = x ] && kill "$timer" 2>/dev/null
+	[ "$wake" = f ] && never_started
+	return 0
+}
+
+# never_started: our supervisor gave up before the start gate (a full disk), so nothing
+# ran. A claim made fresh is taken back, as when it could not be written; one that
+# replaced an interrupted claim stays (reading interrupted), since the old evidence moved.
+never_started() {
+	kill "$timer" 2>/dev/null
+	resource_cause
+	if [ -z "${superseded:-}" ] && ! [ -d "$m/started" ]; then
+		rm -rf "$m"
+		sync "$root/ops"
+	fi
+	refuse "root_unusable reason=$cause"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -579,6 +594,7 @@ supersede_marker() {
 		refuse "$st $(describe)"
 	fi
 	wf="$m/.w.$$"
+	superseded=1
 	sync "$root/ops" "$root/superseded"
 }
 
@@ -586,14 +602,18 @@ supersede_marker() {
 # `setsid -f` so signals are normal). Runs the command once and records its exit.
 supervise() {
 	m=$1 timeout=$2 cap=$3 cmd=$4
-	exec 2>>"${m%/ops/*}/shim.log"
+	# `true` first: a failed redirection of `exec` would end the shell before it can
+	# tell anyone (a full disk with no shim.log yet).
+	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	proc_stat "$$"
 	read_boot
 	# If the marker was moved aside meanwhile, this write fails and nothing runs. No
 	# fsync: after a crash the boot id changes and this record is moot anyway.
-	printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" &&
-		mv -f "$m/.proc.tmp" "$m/proc" || exit 1
-	mkdir "$m/started" 2>/dev/null || exit 1
+	if ! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" ||
+		! mv -f "$m/.proc.tmp" "$m/proc"; then
+		start_failed
+	fi
+	mkdir "$m/started" 2>/dev/null || start_failed
 	trap 'sv_term=1' TERM
 	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
 	# (always while the deadline killer swept the session). Caught, not ignored: the
@@ -652,6 +672,15 @@ ended_at=$(now)"
 	done
 	# Off the waiters' path: they are awake already.
 	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
+}
+
+# start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
+# the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
+start_failed() {
+	for w in "$m"/.w.*; do
+		[ -p "$w" ] && printf 'f\n' 1<>"$w"
+	done
+	exit 1
 }
 
 # capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so

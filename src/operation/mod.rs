@@ -670,13 +670,26 @@ impl<'a> Runner<'a> {
                     self.key.op_id
                 ),
             )),
+            // This call moved an interrupted claim aside before its own start failed: the
+            // earlier attempt may have run.
+            "root_unusable" if frames.iter().any(|f| matches!(f, Frame::Superseded { .. })) => {
+                Settled::Verdict(Answer::new(
+                    Verdict::Indeterminate,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "an interrupted claim was superseded, then the new attempt could not start ({}); the earlier attempt may have had effects. Free space on the host, then rerun with the same op id",
+                        describe_fields(&refusal.fields)
+                    ),
+                ))
+            }
             "root_unusable" if refusal.fields.get("reason").is_some_and(|r| is_resource_cause(r)) => {
                 Settled::Verdict(Answer::new(
                     Verdict::NotApplied,
                     Some(attempt.to_owned()),
                     ReasonCode::HostDiskFull,
                     format!(
-                        "the host's marker root is full ({}): the claim could not be recorded completely, so it was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
+                        "the host's marker root is full ({}): the operation's records could not be written before the command started, so the claim was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
                         refusal.fields["reason"]
                     ),
                 ))

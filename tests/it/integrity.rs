@@ -484,3 +484,60 @@ fn output_cut_at_the_cap_is_flagged_truncated_and_its_replay_says_so() {
         "{replay:?}"
     );
 }
+
+#[test]
+fn with_any_number_of_free_inodes_a_run_either_completes_once_or_runs_nothing_and_leaves_nothing() {
+    if !needs_loop_mounts(crate::test_name!()) {
+        return;
+    }
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let target = lab.target("target1").unwrap();
+    let disk = SmallDisk::mount_as_marker_root(target, 4096, 64);
+    let env = Sealed::new("inode-sweep");
+    let dir = fresh_dir("inode-sweep");
+    assert_eq!(
+        run_json(&env, &lab, &[], "before", "true").verdict(),
+        "completed"
+    );
+    // From "not even the marker directory" to "everything fits": each step runs out at
+    // another point (claim, capture files, FIFOs, the supervisor's records, the exit).
+    for spare in 0..=12 {
+        let _ = std::fs::remove_dir_all(disk.mount.join("fill"));
+        disk.fill_inodes(spare);
+        let op = format!("sweep-{spare}");
+        let effects = dir.join(&op);
+        let a = answer(
+            env.opmark_with_lab(&lab)
+                .args([
+                    "--json", "run", "target1", "--op", &op, "--wait", "10s", "--",
+                ])
+                .arg(format!("echo ran >> {}", effects.display()))
+                .output()
+                .unwrap(),
+        );
+        let marker = target.marker_root().join("ops").join(&op);
+        match a.verdict() {
+            "completed" => {
+                assert_eq!(a.exit_code(), Some(0), "{spare} spare: {a:?}");
+                assert_eq!(lines(&effects), 1, "{spare} spare: {a:?}");
+            }
+            "not_applied" => {
+                assert_eq!(a.reason_code(), "host_disk_full", "{spare} spare: {a:?}");
+                assert_eq!(lines(&effects), 0, "{spare} spare: {a:?}");
+                assert!(!marker.exists(), "{spare} spare: orphan marker: {a:?}");
+            }
+            // The command ran but its exit record did not fit: honest, and kept.
+            "indeterminate" => {
+                assert_eq!(lines(&effects), 1, "{spare} spare: {a:?}");
+                assert!(
+                    marker.join("exit_write_failed").exists(),
+                    "{spare} spare: {a:?}"
+                );
+            }
+            other => panic!("{spare} spare inodes: verdict {other}: {a:?}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(disk.mount.join("fill"));
+}
