@@ -21,12 +21,14 @@
 #   claim     attempt, fingerprint, family, shim version, time, foreground identity
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started/  the start gate: the supervisor runs the command only if it creates it
-#   stdin     the spooled stdin, out/err captured output (capped), *.dropped overflow
+#   stdin     the spooled stdin, out/err captured output (capped: the copy kept for
+#             replay), *.dropped the count of bytes beyond the cap, *.s.<n> spill
+#             segments beyond the cap, alive only until a following foreground sent them
 #   exit      the exit record (temp file, fsync, rename)
 #   exit_write_failed  the exit record could not be written (a full disk): interrupted
 #   fenced    tombstone: this op id can never run
-#   .w.<pid>  wake-up FIFOs of foregrounds waiting for the exit record (named by the
-#             foreground's pid, which is public anyway: never by anything secret)
+#   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
+#             foreground's pid and start time, public anyway: never by anything secret)
 #
 # Resource failures are evidence, not absence: every file a claim needs is made before the
 # claim counts (a failure undoes it and names the cause: no_space, no_inodes,
@@ -42,6 +44,10 @@ LC_ALL=C
 export LC_ALL
 # The sub-shell used for the supervisor and the command; tests run other shells through it.
 OPMARK_SHELL=${OPMARK_SH:-sh}
+# Output beyond the cap reaches a following client through spill segments of SPILL_SEG
+# bytes; at most SPILL_WINDOW of them wait to be streamed.
+SPILL_SEG=1048576
+SPILL_WINDOW=4
 
 # ---------------------------------------------------------------------------------------
 # Small helpers
@@ -286,22 +292,48 @@ sizes() {
 
 emit() {
 	sizes
-	# The commit frame after each payload lets the client check that the bytes it counted
-	# were ours (bytes slipped in by another process make the next line fail the nonce).
-	if [ "$so" -gt "$oo" ]; then
-		frame "O $((so - oo))"
-		tail -c +"$((oo + 1))" "$m/out" | head -c "$((so - oo))" >&3
-		frame C
-		oo=$so
-		emitted=1
+	emit_stream "$m/out" O "$oo" "$so"
+	oo=$es_pos
+	emit_stream "$m/err" E "$eo" "$se"
+	eo=$es_pos
+}
+
+# emit_stream FILE KIND POS KEPT: sends what FILE (the kept copy, KEPT bytes so far) holds
+# beyond stream position POS and, for a live follower, what the spill segments hold past
+# the cap; sets es_pos to the position reached. A segment sent completely is removed, which
+# lets the capture go on; a missing one ends this follower's stream there (another follower
+# took it, or it was dropped while nobody followed): the trailer then says truncated.
+emit_stream() {
+	es_pos=$3
+	if [ "$4" -gt "$es_pos" ]; then
+		payload "$2" "$1" "$es_pos" "$(($4 - es_pos))"
+		es_pos=$4
 	fi
-	if [ "$se" -gt "$eo" ]; then
-		frame "E $((se - eo))"
-		tail -c +"$((eo + 1))" "$m/err" | head -c "$((se - eo))" >&3
-		frame C
-		eo=$se
+	[ -n "$live" ] && [ "$es_pos" -ge "$cap" ] || return 0
+	while :; do
+		es_seg="$1.s.$(((es_pos - cap) / SPILL_SEG))"
+		es_off=$(((es_pos - cap) % SPILL_SEG))
+		[ -f "$es_seg" ] || return 0
+		es_size=$(wc -c <"$es_seg")
+		if [ "$es_size" -gt "$es_off" ]; then
+			payload "$2" "$es_seg" "$es_off" "$((es_size - es_off))"
+			es_pos=$((es_pos + es_size - es_off))
+		fi
+		# Still being written: come back at the next wake-up.
+		[ "$es_size" -ge "$SPILL_SEG" ] || return 0
+		rm -f "$es_seg"
 		emitted=1
-	fi
+	done
+}
+
+# payload KIND FILE OFFSET LEN: one committed output frame. The commit frame after each
+# payload lets the client check that the bytes it counted were ours (bytes slipped in by
+# another process make the next line fail the nonce).
+payload() {
+	frame "$1 $4"
+	tail -c +"$(($3 + 1))" "$2" | head -c "$4" >&3
+	frame C
+	emitted=1
 }
 
 trailer() {
@@ -311,16 +343,17 @@ trailer() {
 	rget "$m/exit" code
 	t=$rv
 	rget "$m/exit" timed_out
-	t="$t out=$oo err=$eo timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
+	t="$t out=$oo err=$eo kept_out=$so kept_err=$se timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
 	rget "$m/claim" attempt
 	frame "X code=$t attempt=$rv"
 }
 
 # register_waiter DIR [MORE_FIFOS...]: a wake-up FIFO for this foreground in marker DIR
 # (and, for run, the supervisor's capture FIFOs in the same mkfifo call). Named by our
-# pid: the name is visible to every process of the user.
+# pid and start time ($fg_start): the name is visible to every process of the user, and
+# tells the capture that a live foreground follows.
 register_waiter() {
-	wf="$1/.w.$$"
+	wf="$1/.w.$$.$fg_start"
 	shift
 	mkfifo "$wf" "$@" && exec 5<>"$wf"
 }
@@ -342,6 +375,10 @@ follow() {
 		if [ -f "$m/exit" ]; then
 			emit
 			trailer
+			# The spill segments a live follower streamed last (a short one at the end).
+			if [ -n "$live" ] && { [ "$oo" -gt "$cap" ] || [ "$eo" -gt "$cap" ]; }; then
+				rm -f "$m"/out.s.* "$m"/err.s.*
+			fi
 			break
 		fi
 		state "${m##*/}"
@@ -443,14 +480,16 @@ verb_run() {
 
 	m="$root/ops/$op"
 	proc_stat "$$"
+	fg_start=$ps_start
 	read_boot
-	claim_rec="attempt=$attempt
+	claim_rec="cap=$cap
+attempt=$attempt
 fingerprint=$fp
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$(now)
 fg_pid=$$
-fg_start=$ps_start
+fg_start=$fg_start
 boot=$boot"
 	if mkdir "$m" 2>/dev/null; then
 		if ! prepare_marker "$m" "$root/ops"; then
@@ -479,6 +518,7 @@ boot=$boot"
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
+	live=1
 	follow "$m" 0 0 fresh
 }
 
@@ -593,7 +633,7 @@ supersede_marker() {
 		state "$op"
 		refuse "$st $(describe)"
 	fi
-	wf="$m/.w.$$"
+	wf="$m/.w.$$.$fg_start"
 	superseded=1
 	sync "$root/ops" "$root/superseded"
 }
@@ -670,6 +710,13 @@ ended_at=$(now)"
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
+	# Spill segments nobody is left to stream (never part of the kept copy); a live
+	# follower removes what it streamed itself.
+	if ! followed; then
+		for sp in "$m"/out.s.* "$m"/err.s.*; do
+			[ -e "$sp" ] && rm -f "$sp"
+		done
+	fi
 	# Off the waiters' path: they are awake already.
 	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
 }
@@ -683,20 +730,70 @@ start_failed() {
 	exit 1
 }
 
-# capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
-# the command never blocks on a full pipe nor dies of SIGPIPE.
+# capture FILE CAP: keeps the first CAP bytes in FILE (the copy kept for replay). Beyond
+# them, while a foreground follows, spills to segments FILE.s.<n> that the follower
+# streams and removes (when SPILL_WINDOW wait, the command waits too, as with a slow ssh
+# client); with nobody following, counts and drops. Always drains, so the command never
+# blocks for good nor dies of SIGPIPE. FILE.dropped: every byte beyond the cap.
 capture() {
+	capped_head "$2" >"$1"
+	# One wc, as counting the rest always cost: a short copy means the stream ended.
+	c_kept=$(wc -c <"$1")
+	[ "$((c_kept + 0))" -lt "$2" ] && return 0
+	c_n=0 c_beyond=0 c_ended=
+	while followed; do
+		c_seg="$1.s.$c_n"
+		c_ok=1
+		capped_head "$SPILL_SEG" >"$c_seg" || c_ok=
+		# Gone already: a follower streamed it, which it does only with a full segment.
+		c_size=$(wc -c <"$c_seg" 2>/dev/null) || c_size=$SPILL_SEG
+		c_size=$((c_size + 0))
+		# A segment that cannot be written (a full disk): what it took is counted, the
+		# rest is counted and dropped below.
+		[ -n "$c_ok" ] || {
+			c_beyond=$((c_beyond + c_size))
+			break
+		}
+		c_beyond=$((c_beyond + c_size))
+		if [ "$c_size" -lt "$SPILL_SEG" ]; then
+			c_ended=1
+			[ "$c_size" -gt 0 ] || rm -f "$c_seg"
+			break
+		fi
+		c_n=$((c_n + 1))
+		while [ -e "$1.s.$((c_n - SPILL_WINDOW))" ] && followed; do
+			sleep 0.05
+		done
+	done
+	if [ -z "$c_ended" ]; then
+		# Count and drop the rest (binary-safe, so wc rather than read).
+		c_rest=$(wc -c)
+		c_beyond=$((c_beyond + c_rest))
+	fi
+	[ "$c_beyond" -gt 0 ] && printf '%s\n' "$c_beyond" >"$1.dropped"
+	return 0
+}
+
+# capped_head N: copies N bytes of stdin (fewer at its end) to stdout as they come.
+capped_head() {
 	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
 	if [ -n "$unbuffered" ]; then
-		stdbuf -o0 head -c "$2" >"$1"
+		stdbuf -o0 head -c "$1"
 	else
-		head -c "$2" >"$1"
+		head -c "$1"
 	fi
-	# Count and drop what is past the cap (binary-safe, so wc rather than read).
-	c_rest=$(wc -c)
-	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
+}
+
+# followed: a live foreground follows this marker (a wake-up FIFO named by the pid and
+# start time of a process that still exists).
+followed() {
+	for fw in "$m"/.w.*; do
+		fw_id=${fw##*/.w.}
+		[ -p "$fw" ] && alive "${fw_id%.*}" "${fw_id#*.}" && return 0
+	done
+	return 1
 }
 
 # kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
@@ -750,6 +847,14 @@ verb_attach() {
 	absent | fenced) refuse "$st $(describe)" ;;
 	esac
 	frame "A $(describe)"
+	# Following a running command: output beyond the cap comes live, as for the run's
+	# own foreground; a finished one gets the kept copy.
+	live=
+	if [ "$st" = running ] && rget "$m/claim" cap && is_uint "$rv"; then
+		live=1 cap=$rv
+	fi
+	proc_stat "$$"
+	fg_start=$ps_start
 	register_waiter "$m"
 	follow "$m" "$2" "$3"
 	# (A run's supervisor removes its waiters; an attach may come after it is gone.)

@@ -1185,13 +1185,11 @@ impl<'a> Runner<'a> {
             // Evidence, not assumption: what the command wrote (kept + dropped on the host)
             // against what reached this caller.
             truncated: self.exit.as_ref().is_some_and(|x| {
-                self.output.out_bytes() < x.out_bytes + x.dropped_out
-                    || self.output.err_bytes() < x.err_bytes + x.dropped_err
+                let (kept_out, kept_err) = kept(x);
+                self.output.out_bytes() < kept_out + x.dropped_out
+                    || self.output.err_bytes() < kept_err + x.dropped_err
             }),
-            kept: self
-                .exit
-                .as_ref()
-                .map_or((0, 0), |x| (x.out_bytes, x.err_bytes)),
+            kept: self.exit.as_ref().map_or((0, 0), kept),
         }
     }
 }
@@ -1218,6 +1216,14 @@ fn connect_is_final(e: &ConnectError) -> bool {
     matches!(
         e.stage,
         ConnectStage::HostKey | ConnectStage::Auth | ConnectStage::Resolve
+    )
+}
+
+/// Bytes the host kept per stream (stdout, stderr), from the trailer.
+fn kept(x: &ExitFrame) -> (u64, u64) {
+    (
+        x.kept_out.unwrap_or(x.out_bytes),
+        x.kept_err.unwrap_or(x.err_bytes),
     )
 }
 

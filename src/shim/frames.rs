@@ -159,12 +159,17 @@ pub struct Refusal {
 pub struct ExitFrame {
     /// Exit status as the host shell reported it (128+N for a signal N).
     pub code: i32,
-    /// Total stdout bytes captured on the host.
+    /// The stdout position this reply reached (its bytes were all sent before the frame).
     pub out_bytes: u64,
-    /// Total stderr bytes captured on the host.
+    /// The stderr position this reply reached.
     pub err_bytes: u64,
     /// Killed at `--timeout`.
     pub timed_out: bool,
+    /// Stdout bytes in the host's kept copy (the replay copy, at most the cap); `None`
+    /// from a shim that does not say.
+    pub kept_out: Option<u64>,
+    /// Stderr bytes in the host's kept copy.
+    pub kept_err: Option<u64>,
     /// Stdout bytes beyond the cap, not kept.
     pub dropped_out: u64,
     /// Stderr bytes beyond the cap, not kept.
@@ -481,6 +486,8 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             out_bytes: num("out")?,
             err_bytes: num("err")?,
             timed_out: fields.get("timed_out").is_some_and(|v| v == "1"),
+            kept_out: num("kept_out").ok(),
+            kept_err: num("kept_err").ok(),
             dropped_out: num("dropped_out").unwrap_or(0),
             dropped_err: num("dropped_err").unwrap_or(0),
             attempt: fields.get("attempt").cloned().unwrap_or_default(),

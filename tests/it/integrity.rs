@@ -449,13 +449,15 @@ fn a_convergent_command_that_fills_the_marker_root_is_never_reported_as_not_appl
 }
 
 #[test]
-fn output_cut_at_the_cap_is_flagged_truncated_and_its_replay_says_so() {
+fn a_megabyte_streams_whole_past_a_64k_cap_and_its_replay_says_it_was_capped() {
     let Some(lab) = crate::loopback_lab!(1) else {
         return;
     };
     let env = Sealed::new("truncated");
     let cap = ["--output-cap", "64k"];
-    let cmd = "head -c 100000 /dev/zero | tr '\\0' a";
+    // Deterministic, so the stream can be compared byte for byte: 1,288,895 bytes.
+    let cmd = "seq 1 200000";
+    let expected: String = (1..=200_000).map(|n| format!("{n}\n")).collect();
     let run = |op: &str, command: &str| {
         answer(
             env.opmark_with_lab(&lab)
@@ -472,17 +474,23 @@ fn output_cut_at_the_cap_is_flagged_truncated_and_its_replay_says_so() {
 
     let first = run("capped", cmd);
     assert_eq!(first.verdict(), "completed", "{first:?}");
-    assert_eq!(first.json["dropped"][0], 100_000 - 65_536, "{first:?}");
+    assert!(
+        first.stdout() == expected,
+        "the live stream is not the command's output: {} bytes",
+        first.stdout().len()
+    );
+    assert_eq!(first.json["truncated"], false, "{first:?}");
+    let dropped = expected.len() as u64 - 65_536;
+    assert_eq!(first.json["dropped"][0], dropped, "{first:?}");
+    assert!(!first.stderr.contains("capped"), "{first:?}");
+
     let replay = run("capped", cmd);
     assert_eq!(replay.verdict(), "replayed", "{replay:?}");
     assert_eq!(replay.json["truncated"], true, "{replay:?}");
-    assert_eq!(replay.stdout().len(), 65_536, "{replay:?}");
-    assert!(
-        replay.stderr.contains(
-            "opmark: replayed output was capped at 65536 bytes; 34464 bytes were not kept"
-        ),
-        "{replay:?}"
-    );
+    assert_eq!(replay.stdout(), &expected[..65_536]);
+    let warning =
+        format!("opmark: replayed output was capped at 65536 bytes; {dropped} bytes were not kept");
+    assert!(replay.stderr.contains(&warning), "{replay:?}");
 }
 
 #[test]
