@@ -719,6 +719,72 @@ fn output_that_imitates_the_framing_cannot_change_the_verdict() {
     }
 }
 
+/// Everything a process of the same user can read about a running call, printed by the
+/// command itself: the marker's names and records, its own descriptors and environment,
+/// and every process's arguments and environment.
+const LOOK_AROUND: &str = r#"m=$XDG_STATE_HOME/opmark/ops/leak
+ls -la "$m"
+cat "$m/claim" "$m/proc"
+for f in /proc/self/fd/*; do echo "fd $f -> $(readlink "$f")"; done
+for p in /proc/[0-9]*; do
+	tr '\0' ' ' <"$p/cmdline"
+	echo
+	tr '\0' ' ' <"$p/environ"
+	echo
+done 2>/dev/null
+exit 0"#;
+
+#[test]
+fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor() {
+    for (name, shell) in shells() {
+        let host = Host::new("leak", &shell);
+        let op = OpId::parse("leak").unwrap();
+        let fingerprint = fp(LOOK_AROUND);
+        let child = host
+            .command(&Verb::Run(RunRequest {
+                op: &op,
+                attempt_id: "a1",
+                host_fingerprint: &fingerprint,
+                family: Family::ReadOnly,
+                timeout: None,
+                output_cap: shim::DEFAULT_OUTPUT_CAP,
+                stdin: None,
+                supersede_interrupted: false,
+                command: LOOK_AROUND,
+            }))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The frame channel the foreground writes to (its fd 2 here; fd 3 in the shim).
+        let channel = std::fs::read_link(format!("/proc/{}/fd/2", child.id())).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let header = String::from_utf8_lossy(&out.stderr);
+        let nonce = header
+            .split_whitespace()
+            .nth(1)
+            .filter(|n| n.len() == 32)
+            .unwrap_or_else(|| panic!("{name}: no header: {header}"));
+        let o = parse(&out.stdout, &out.stderr);
+        assert_eq!(o.exit().map(|x| x.code), Some(0), "{name}: {o:?}");
+        let seen = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            seen.contains("fingerprint="),
+            "{name}: the command saw too little: {seen}"
+        );
+        assert!(
+            !seen.contains(nonce),
+            "{name}: the command found the nonce:\n{seen}"
+        );
+        let channel = channel.to_string_lossy();
+        assert!(
+            !seen.contains(channel.as_ref()),
+            "{name}: the command inherited the frame channel {channel}:\n{seen}"
+        );
+    }
+}
+
 #[test]
 fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
     for (name, shell) in shells() {
