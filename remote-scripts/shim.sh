@@ -7,21 +7,35 @@
 # The script receives its own text as $1 so that it can start its detached supervisor
 # with the same code (`setsid -f sh -c "$SHIM" ... supervise`).
 #
-# Replies. stdout: a header line, then the command's raw stdout bytes only.
-# stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "E <n>" is followed
-# by exactly n raw bytes of the command's stderr. The nonce is 128 random bits made here,
-# kept in a shell variable and never given to the command, so the command's own output
-# cannot forge a frame.
+# Replies. stdout: a header line only (then the foreground lets go of the channel's
+# stdout). stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "O <n>" or
+# "E <n>" is followed by exactly n raw bytes of the command's stdout or stderr and then a
+# frame "C" that commits them. The nonce is 128 random bits made here and kept only in
+# this shell's memory and the frames it writes: never in a file or directory name, a
+# marker file, a process's arguments or environment, or a descriptor the command
+# inherits. Any process of the login user can open /proc/<foreground>/fd/N and write into
+# the channel; without the nonce such bytes break the framing (the client then probes,
+# and never delivers uncommitted bytes) instead of passing for the shim's.
 #
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
 #   claim     attempt, fingerprint, family, shim version, time, foreground identity
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started/  the start gate: the supervisor runs the command only if it creates it
-#   stdin     the spooled stdin, out/err captured output (capped), *.dropped overflow
+#   stdin     the spooled stdin, out/err captured output (capped: the copy kept for
+#             replay), *.dropped the count of bytes beyond the cap, *.s.<n> spill
+#             segments beyond the cap, alive only until a following foreground sent them
 #   exit      the exit record (temp file, fsync, rename)
 #   cancelled the request of `opmark cancel` (the exit record then says cancelled=1)
+#   exit_write_failed  the exit record could not be written (a full disk): interrupted
 #   fenced    tombstone: this op id can never run
-#   w/        wake-up FIFOs of foregrounds waiting for the exit record
+#   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
+#             foreground's pid and start time, public anyway: never by anything secret)
+#
+# Resource failures are evidence, not absence: every file a claim needs is made before the
+# claim counts (a failure undoes it and names the cause: no_space, no_inodes,
+# quota_exceeded), an exit record that cannot be written renames a file made in advance
+# (a rename needs no free space) so the marker reads interrupted with the reason, and a
+# supersede installs the new, complete claim before the old evidence moves aside.
 
 OPMARK_SHIM_VERSION=1
 OPMARK_SHIM_SELF=$1
@@ -31,6 +45,10 @@ LC_ALL=C
 export LC_ALL
 # The sub-shell used for the supervisor and the command; tests run other shells through it.
 OPMARK_SHELL=${OPMARK_SH:-sh}
+# Output beyond the cap reaches a following client through spill segments of SPILL_SEG
+# bytes; at most SPILL_WINDOW of them wait to be streamed.
+SPILL_SEG=1048576
+SPILL_WINDOW=4
 
 # ---------------------------------------------------------------------------------------
 # Small helpers
@@ -152,6 +170,9 @@ frame() {
 
 hello() {
 	printf 'OPMARK/1 %s H v=%s\n' "$nonce" "$OPMARK_SHIM_VERSION"
+	# Output travels in committed frames from here on; an open stdout would only let
+	# other processes write unframed bytes into the channel through /proc.
+	exec 1>/dev/null
 	frame "H v=$OPMARK_SHIM_VERSION"
 }
 
@@ -183,7 +204,7 @@ setup_root() {
 		chmod 700 "$root" 2>/dev/null
 	fi
 	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
-	exec 2>>"$root/shim.log"
+	true 2>>"$root/shim.log" && exec 2>>"$root/shim.log"
 }
 
 # state OP: sets st (absent|fenced|completed|running|interrupted) and why.
@@ -196,6 +217,9 @@ state() {
 		st=fenced
 	elif [ -f "$m/exit" ]; then
 		st=completed
+	elif [ -f "$m/exit_write_failed" ]; then
+		# The command ended, but its exit record could not be written (a full disk).
+		st=interrupted why=exit_write_failed
 	elif [ -f "$m/proc" ]; then
 		rget "$m/proc" pid
 		s_pid=$rv
@@ -273,17 +297,48 @@ sizes() {
 
 emit() {
 	sizes
-	if [ "$so" -gt "$oo" ]; then
-		tail -c +"$((oo + 1))" "$m/out" | head -c "$((so - oo))"
-		oo=$so
-		emitted=1
+	emit_stream "$m/out" O "$oo" "$so"
+	oo=$es_pos
+	emit_stream "$m/err" E "$eo" "$se"
+	eo=$es_pos
+}
+
+# emit_stream FILE KIND POS KEPT: sends what FILE (the kept copy, KEPT bytes so far) holds
+# beyond stream position POS and, for a live follower, what the spill segments hold past
+# the cap; sets es_pos to the position reached. A segment sent completely is removed, which
+# lets the capture go on; a missing one ends this follower's stream there (another follower
+# took it, or it was dropped while nobody followed): the trailer then says truncated.
+emit_stream() {
+	es_pos=$3
+	if [ "$4" -gt "$es_pos" ]; then
+		payload "$2" "$1" "$es_pos" "$(($4 - es_pos))"
+		es_pos=$4
 	fi
-	if [ "$se" -gt "$eo" ]; then
-		frame "E $((se - eo))"
-		tail -c +"$((eo + 1))" "$m/err" | head -c "$((se - eo))" >&3
-		eo=$se
+	[ -n "$live" ] && [ "$es_pos" -ge "$cap" ] || return 0
+	while :; do
+		es_seg="$1.s.$(((es_pos - cap) / SPILL_SEG))"
+		es_off=$(((es_pos - cap) % SPILL_SEG))
+		[ -f "$es_seg" ] || return 0
+		es_size=$(wc -c <"$es_seg")
+		if [ "$es_size" -gt "$es_off" ]; then
+			payload "$2" "$es_seg" "$es_off" "$((es_size - es_off))"
+			es_pos=$((es_pos + es_size - es_off))
+		fi
+		# Still being written: come back at the next wake-up.
+		[ "$es_size" -ge "$SPILL_SEG" ] || return 0
+		rm -f "$es_seg"
 		emitted=1
-	fi
+	done
+}
+
+# payload KIND FILE OFFSET LEN: one committed output frame. The commit frame after each
+# payload lets the client check that the bytes it counted were ours (bytes slipped in by
+# another process make the next line fail the nonce).
+payload() {
+	frame "$1 $4"
+	tail -c +"$(($3 + 1))" "$2" | head -c "$4" >&3
+	frame C
+	emitted=1
 }
 
 trailer() {
@@ -293,15 +348,18 @@ trailer() {
 	rget "$m/exit" code
 	t=$rv
 	rget "$m/exit" timed_out
-	t="$t out=$oo err=$eo timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
+	t="$t out=$oo err=$eo kept_out=$so kept_err=$se timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
 	rget "$m/claim" attempt
 	frame "X code=$t attempt=$rv"
 }
 
-# register_waiter [MORE_FIFOS...]: a wake-up FIFO for this foreground (and, for run,
-# the supervisor's capture FIFOs in the same mkfifo call).
+# register_waiter DIR [MORE_FIFOS...]: a wake-up FIFO for this foreground in marker DIR
+# (and, for run, the supervisor's capture FIFOs in the same mkfifo call). Named by our
+# pid and start time ($fg_start): the name is visible to every process of the user, and
+# tells the capture that a live foreground follows.
 register_waiter() {
-	wf="$m/.w.$nonce"
+	wf="$1/.w.$$.$fg_start"
+	shift
 	mkfifo "$wf" "$@" && exec 5<>"$wf"
 }
 
@@ -322,6 +380,10 @@ follow() {
 		if [ -f "$m/exit" ]; then
 			emit
 			trailer
+			# The spill segments a live follower streamed last (a short one at the end).
+			if [ -n "$live" ] && { [ "$oo" -gt "$cap" ] || [ "$eo" -gt "$cap" ]; }; then
+				rm -f "$m"/out.s.* "$m"/err.s.*
+			fi
 			break
 		fi
 		state "${m##*/}"
@@ -354,6 +416,21 @@ wait_wake() {
 	wake=
 	read -r wake <&5
 	[ "$wake" = x ] && kill "$timer" 2>/dev/null
+	[ "$wake" = f ] && never_started
+	return 0
+}
+
+# never_started: our supervisor gave up before the start gate (a full disk), so nothing
+# ran. A claim made fresh is taken back, as when it could not be written; one that
+# replaced an interrupted claim stays (reading interrupted), since the old evidence moved.
+never_started() {
+	kill "$timer" 2>/dev/null
+	resource_cause
+	if [ -z "${superseded:-}" ] && ! [ -d "$m/started" ]; then
+		rm -rf "$m"
+		sync "$root/ops"
+	fi
+	refuse "root_unusable reason=$cause"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -387,7 +464,11 @@ verb_run() {
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
 		spool="$root/spool/$attempt.$$"
-		cat >"$spool" || refuse "bad_stdin reason=read_failed"
+		if ! cat >"$spool"; then
+			resource_cause
+			[ "$cause" = write_failed ] && refuse "bad_stdin reason=read_failed"
+			refuse "root_unusable reason=$cause"
+		fi
 		got=$(wc -c <"$spool")
 		if [ "$((got + 0))" -ne "$in_bytes" ]; then
 			rm -f "$spool"
@@ -403,30 +484,38 @@ verb_run() {
 	fi
 
 	m="$root/ops/$op"
-	if ! mkdir "$m" 2>/dev/null; then
-		answer_taken_claim
-		# Only reached after an interrupted claim was superseded: claim again, once.
-		if ! mkdir "$m" 2>/dev/null; then
-			state "$op"
-			refuse "$st $(describe)"
-		fi
-	fi
 	proc_stat "$$"
+	fg_start=$ps_start
 	read_boot
-	durable_write "$m" claim "attempt=$attempt
+	claim_rec="cap=$cap
+attempt=$attempt
 fingerprint=$fp
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$(now)
 fg_pid=$$
-fg_start=$ps_start
-boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
+fg_start=$fg_start
+boot=$boot"
+	if mkdir "$m" 2>/dev/null; then
+		if ! prepare_marker "$m" "$root/ops"; then
+			# Nothing can have started: take the claim back, so that no empty or
+			# half-written marker reads as running or interrupted later.
+			resource_cause
+			rm -rf "$m"
+			sync "$root/ops"
+			refuse "root_unusable reason=$cause"
+		fi
+	elif ! [ -d "$m" ]; then
+		# Neither made nor taken: the marker root cannot hold a new directory.
+		resource_cause
+		refuse "root_unusable reason=$cause"
+	else
+		# Returns only after an interrupted claim was replaced by ours.
+		answer_taken_claim
+	fi
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	: >"$m/out"
-	: >"$m/err"
-	register_waiter "$m/.out.fifo" "$m/.err.fifo"
 	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1; then
+		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1 3>&- 5>&-; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
 		# so a late supervisor cannot start either, then release the op id.
 		mkdir "$m/started" 2>/dev/null
@@ -434,11 +523,46 @@ boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
+	live=1
 	follow "$m" 0 0 fresh
 }
 
+# prepare_marker DIR [MORE_DIRS_TO_SYNC...]: everything a claim needs in DIR, the claim
+# record durably first, then the capture files, the empty file an unwritable exit record
+# is renamed from, and the FIFOs. Fails (leaving DIR for the caller to remove) when any
+# cannot be made: a claim either exists completely or not at all.
+prepare_marker() {
+	pm_dir=$1
+	shift
+	# `true`, not `:`: a failed redirection of a special built-in ends the whole shell.
+	durable_write "$pm_dir" claim "$claim_rec" "$@" &&
+		true >"$pm_dir/out" && true >"$pm_dir/err" && true >"$pm_dir/.noexit" &&
+		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
+} 2>/dev/null
+
+# resource_cause: sets cause to why a write under the marker root failed: no_inodes,
+# no_space, quota_exceeded, or write_failed when none of these can be seen.
+resource_cause() {
+	cause=write_failed
+	# shellcheck disable=SC2046 # df's words: filesystem, total, used, free, ...
+	set -- $(df -Pi "$root" 2>/dev/null | tail -n 1)
+	[ "${4:-x}" = 0 ] && cause=no_inodes && return 0
+	# shellcheck disable=SC2046
+	set -- $(df -Pk "$root" 2>/dev/null | tail -n 1)
+	# A few KiB may still show free while every block a new file needs is taken.
+	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_space && return 0
+	rc_msg=$( (true >"$root/spool/.probe.$$") 2>&1)
+	rm -f "$root/spool/.probe.$$"
+	case $rc_msg in
+	*[Qq]uota*) cause=quota_exceeded ;;
+	*"No space"*) cause=no_space ;;
+	esac
+	return 0
+}
+
 # The marker is taken: answer with its state instead of running (or supersede an
-# interrupted claim when the client says policy allows it, then return to claim again).
+# interrupted claim when the client says policy allows it, then return with our claim in
+# place).
 answer_taken_claim() {
 	state "$op"
 	if [ "$st" = fenced ]; then
@@ -459,36 +583,82 @@ answer_taken_claim() {
 	running) refuse "running $(describe)" ;;
 	interrupted)
 		[ "$sup" = 1 ] || refuse "interrupted $(describe)"
-		supersede_marker "$attempt" || refuse "interrupted $(describe)"
+		supersede_marker "$attempt"
 		frame "U superseded_by=$attempt"
 		;;
 	*) refuse "$st $(describe)" ;;
 	esac
 }
 
-# supersede_marker BY: moves an interrupted claim aside (kept for audit). Taking the start
-# gate first means a supervisor that has not started yet never will.
+# supersede_marker BY: replaces the interrupted claim at $m by our complete claim and
+# moves the old one aside (kept for audit), or refuses leaving it untouched. The new
+# marker is built beside it first, so a full disk can never leave the op id without
+# evidence; the swap itself is two renames, which need no free space.
 supersede_marker() {
+	# One superseder at a time per claim: another one's new claim must never be moved
+	# aside as if it were the old one.
+	if ! mkdir "$m/.superseding" 2>/dev/null; then
+		state "$op"
+		[ -d "$m/.superseding" ] || [ "$st" != interrupted ] || {
+			resource_cause
+			refuse "interrupted $(describe) supersede_failed=$cause"
+		}
+		refuse "$st $(describe)"
+	fi
+	# Taking the start gate first means a supervisor that has not started yet never will.
 	mkdir "$m/started" 2>/dev/null
-	state "${m##*/}"
-	[ "$st" = interrupted ] || return 1
-	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded"
-	mv "$m" "$root/superseded/${m##*/}.$(now).$1" || return 1
-	sync "$root/ops"
+	state "$op"
+	if [ "$st" != interrupted ]; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	sm_next="$root/ops/.next.$$"
+	if ! mkdir "$sm_next" 2>/dev/null || ! prepare_marker "$sm_next"; then
+		resource_cause
+		rm -rf "$sm_next"
+		rmdir "$m/.superseding"
+		refuse "interrupted $(describe) supersede_failed=$cause"
+	fi
+	sm_aside="$root/superseded/$op.$(now).$1"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded" 2>/dev/null
+	if ! mv "$m" "$sm_aside" 2>/dev/null; then
+		resource_cause
+		rm -rf "$sm_next"
+		rmdir "$m/.superseding"
+		refuse "interrupted $(describe) supersede_failed=$cause"
+	fi
+	rmdir "$sm_aside/.superseding"
+	if ! mv "$sm_next" "$m" 2>/dev/null || ! [ -f "$m/claim" ] ||
+		! rget "$m/claim" attempt || [ "$rv" != "$attempt" ]; then
+		# A fresh claimer took the op id between the renames (its claim stands; ours
+		# went into its directory if anywhere), or the rename failed: put the evidence
+		# back where it was if the name is still free.
+		rm -rf "$sm_next" "$m/.next.$$"
+		[ -e "$m" ] || mv "$sm_aside" "$m" 2>/dev/null
+		state "$op"
+		refuse "$st $(describe)"
+	fi
+	wf="$m/.w.$$.$fg_start"
+	superseded=1
+	sync "$root/ops" "$root/superseded"
 }
 
 # supervise M TIMEOUT_S CAP CMD: the detached supervisor (own session, started by
 # `setsid -f` so signals are normal). Runs the command once and records its exit.
 supervise() {
 	m=$1 timeout=$2 cap=$3 cmd=$4
-	exec 2>>"${m%/ops/*}/shim.log"
+	# `true` first: a failed redirection of `exec` would end the shell before it can
+	# tell anyone (a full disk with no shim.log yet).
+	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	proc_stat "$$"
 	read_boot
 	# If the marker was moved aside meanwhile, this write fails and nothing runs. No
 	# fsync: after a crash the boot id changes and this record is moot anyway.
-	printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" &&
-		mv -f "$m/.proc.tmp" "$m/proc" || exit 1
-	mkdir "$m/started" 2>/dev/null || exit 1
+	if ! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" ||
+		! mv -f "$m/.proc.tmp" "$m/proc"; then
+		start_failed
+	fi
+	mkdir "$m/started" 2>/dev/null || start_failed
 	trap 'sv_term=1' TERM
 	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
 	# (always while the deadline killer swept the session). Caught, not ignored: the
@@ -538,32 +708,104 @@ timed_out=$timed_out
 ended_at=$(now)
 cancelled=$cancelled"
 	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
-	durable_write "$m" exit "$record" || durable_write "$m" exit "$record" || exit 1
+	if ! durable_write "$m" exit "$record" && ! durable_write "$m" exit "$record"; then
+		# A full disk: renaming the file made before the claim counted needs no space, so
+		# the marker says interrupted and why, instead of looking like a lost process.
+		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
+		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
+		rm -f "$m/.exit.tmp.$$"
+	fi
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
+	# Spill segments nobody is left to stream (never part of the kept copy); a live
+	# follower removes what it streamed itself.
+	if ! followed; then
+		for sp in "$m"/out.s.* "$m"/err.s.*; do
+			[ -e "$sp" ] && rm -f "$sp"
+		done
+	fi
 	# Off the waiters' path: they are awake already.
-	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.*
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
 }
 
-# capture FILE CAP: keeps the first CAP bytes and counts the rest, always draining so
-# the command never blocks on a full pipe nor dies of SIGPIPE.
+# start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
+# the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
+start_failed() {
+	for w in "$m"/.w.*; do
+		[ -p "$w" ] && printf 'f\n' 1<>"$w"
+	done
+	exit 1
+}
+
+# capture FILE CAP: keeps the first CAP bytes in FILE (the copy kept for replay). Beyond
+# them, while a foreground follows, spills to segments FILE.s.<n> that the follower
+# streams and removes (when SPILL_WINDOW wait, the command waits too, as with a slow ssh
+# client); with nobody following, counts and drops. Always drains, so the command never
+# blocks for good nor dies of SIGPIPE. FILE.dropped: every byte beyond the cap.
 capture() {
 	# A cancel or deadline TERMs the session's processes: the capture must outlive the
 	# command, or a command that ignores TERM would die of SIGPIPE at its next write
 	# instead of being killed after the grace. (KILL still ends a capture left behind.)
 	trap '' TERM
+	capped_head "$2" >"$1"
+	# One wc, as counting the rest always cost: a short copy means the stream ended.
+	c_kept=$(wc -c <"$1")
+	[ "$((c_kept + 0))" -lt "$2" ] && return 0
+	c_n=0 c_beyond=0 c_ended=
+	while followed; do
+		c_seg="$1.s.$c_n"
+		c_ok=1
+		capped_head "$SPILL_SEG" >"$c_seg" || c_ok=
+		# Gone already: a follower streamed it, which it does only with a full segment.
+		c_size=$(wc -c <"$c_seg" 2>/dev/null) || c_size=$SPILL_SEG
+		c_size=$((c_size + 0))
+		# A segment that cannot be written (a full disk): what it took is counted, the
+		# rest is counted and dropped below.
+		[ -n "$c_ok" ] || {
+			c_beyond=$((c_beyond + c_size))
+			break
+		}
+		c_beyond=$((c_beyond + c_size))
+		if [ "$c_size" -lt "$SPILL_SEG" ]; then
+			c_ended=1
+			[ "$c_size" -gt 0 ] || rm -f "$c_seg"
+			break
+		fi
+		c_n=$((c_n + 1))
+		while [ -e "$1.s.$((c_n - SPILL_WINDOW))" ] && followed; do
+			sleep 0.05
+		done
+	done
+	if [ -z "$c_ended" ]; then
+		# Count and drop the rest (binary-safe, so wc rather than read).
+		c_rest=$(wc -c)
+		c_beyond=$((c_beyond + c_rest))
+	fi
+	[ "$c_beyond" -gt 0 ] && printf '%s\n' "$c_beyond" >"$1.dropped"
+	return 0
+}
+
+# capped_head N: copies N bytes of stdin (fewer at its end) to stdout as they come.
+capped_head() {
 	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
 	if [ -n "$unbuffered" ]; then
-		stdbuf -o0 head -c "$2" >"$1"
+		stdbuf -o0 head -c "$1"
 	else
-		head -c "$2" >"$1"
+		head -c "$1"
 	fi
-	# Count and drop what is past the cap (binary-safe, so wc rather than read).
-	c_rest=$(wc -c)
-	[ "$((c_rest + 0))" -gt 0 ] && printf '%s\n' "$((c_rest + 0))" >"$1.dropped"
+}
+
+# followed: a live foreground follows this marker (a wake-up FIFO named by the pid and
+# start time of a process that still exists).
+followed() {
+	for fw in "$m"/.w.*; do
+		fw_id=${fw##*/.w.}
+		[ -p "$fw" ] && alive "${fw_id%.*}" "${fw_id#*.}" && return 0
+	done
+	return 1
 }
 
 # kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
@@ -578,7 +820,7 @@ kill_after() {
 	trap '' TERM
 	# A cancel is already stopping the command: it is not a timeout.
 	[ -f "$3/cancelled" ] && exit 0
-	: >"$3/timed_out"
+	true >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
 	signal_session TERM "$2" "$me"
@@ -601,7 +843,7 @@ signal_session() {
 # can never run. Claimed but the command not started: the start gate is taken and the
 # marker fenced. Running: TERM to its session (never the supervisor, which must live to
 # write the exit record, marked cancelled=1), KILL after GRACE_MS, then wait for the
-# record. Interrupted: fenced. Answers one frame "C <outcome> <marker fields>".
+# record. Interrupted: fenced. Answers one frame "N <outcome> <marker fields>".
 verb_cancel() {
 	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
 	valid_id "$1" || refuse "invalid_op_id"
@@ -682,12 +924,12 @@ cancel_fence() {
 	durable_write "$m" fenced "fenced_at=$(now)
 fenced_by=cancel" || refuse "root_unusable reason=fence_write_failed"
 	state "$1"
-	frame "C fenced was=$2 $(describe)"
+	frame "N fenced was=$2 $(describe)"
 	exit 0
 }
 
 cancel_answer() {
-	frame "C $1 $(describe)"
+	frame "N $1 $(describe)"
 	exit 0
 }
 
@@ -713,7 +955,15 @@ verb_attach() {
 	absent | fenced) refuse "$st $(describe)" ;;
 	esac
 	frame "A $(describe)"
-	register_waiter
+	# Following a running command: output beyond the cap comes live, as for the run's
+	# own foreground; a finished one gets the kept copy.
+	live=
+	if [ "$st" = running ] && rget "$m/claim" cap && is_uint "$rv"; then
+		live=1 cap=$rv
+	fi
+	proc_stat "$$"
+	fg_start=$ps_start
+	register_waiter "$m"
 	follow "$m" "$2" "$3"
 	# (A run's supervisor removes its waiters; an attach may come after it is gone.)
 	rm -f "$wf"
@@ -755,9 +1005,26 @@ verb_supersede() {
 	valid_id "$1" || refuse "invalid_op_id"
 	valid_id "$2" || refuse "bad_args reason=attempt_id"
 	setup_root
-	state "$1"
-	[ "$st" = interrupted ] || refuse "$st $(describe)"
-	supersede_marker "$2" || refuse "$st $(describe)"
+	op=$1 m="$root/ops/$1"
+	# The same lock as a run's supersede: a claim installed meanwhile is never moved.
+	if ! mkdir "$m/.superseding" 2>/dev/null; then
+		state "$op"
+		refuse "$st $(describe)"
+	fi
+	mkdir "$m/started" 2>/dev/null
+	state "$op"
+	if [ "$st" != interrupted ]; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	sm_aside="$root/superseded/$op.$(now).$2"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$2" "$(now)" >"$m/superseded" 2>/dev/null
+	if ! mv "$m" "$sm_aside" 2>/dev/null; then
+		rmdir "$m/.superseding"
+		refuse "$st $(describe)"
+	fi
+	rmdir "$sm_aside/.superseding"
+	sync "$root/ops"
 	frame "U superseded_by=$2"
 }
 

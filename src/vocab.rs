@@ -129,6 +129,10 @@ pub enum ReasonCode {
     /// client; a command that started keeps running on the host, and a rerun with the
     /// same op id follows, replays or (when nothing was sent) runs it.
     ClientInterrupted,
+    /// `not_applied` (the claim could not be written and was undone) or `indeterminate`
+    /// (an interrupted claim could not be superseded): the host's marker root is out of
+    /// space, inodes or quota. A human frees space; nothing is guessed meanwhile.
+    HostDiskFull,
 }
 
 impl ReasonCode {
@@ -226,6 +230,7 @@ names!(ReasonCode {
     ResolvedAbandoned => "resolved_abandoned",
     HostKeyMismatch => "host_key_mismatch",
     ClientInterrupted => "client_interrupted",
+    HostDiskFull => "host_disk_full",
 });
 
 impl Verdict {
@@ -275,6 +280,7 @@ mod tests {
             ReasonCode::ResolvedAbandoned,
             ReasonCode::HostKeyMismatch,
             ReasonCode::ClientInterrupted,
+            ReasonCode::HostDiskFull,
         ]
         .into_iter()
         .filter(|c| c.retryable())

@@ -169,12 +169,10 @@ async fn run_operation(
         );
     }
     if global.json {
+        warn_if_truncated(&report);
         common::print_json(&report)?;
     } else {
-        let (out, err) = report.dropped;
-        if out + err > 0 {
-            eprintln!("opmark: output truncated on the host: {out} stdout and {err} stderr bytes beyond the cap were not kept");
-        }
+        warn_if_truncated(&report);
         if report.timed_out {
             eprintln!("opmark: the command was killed at its --timeout");
         }
@@ -184,6 +182,29 @@ async fn run_operation(
         }
     }
     Ok(report.exit_status())
+}
+
+/// SPEC 3: output cut at the host's cap says so, whatever the mode.
+fn warn_if_truncated(report: &operation::RunReport) {
+    if !report.truncated {
+        return;
+    }
+    let replayed = if report.verdict == Verdict::Replayed {
+        "replayed "
+    } else {
+        ""
+    };
+    let streams = [
+        ("output", report.kept.0, report.dropped.0),
+        ("stderr", report.kept.1, report.dropped.1),
+    ];
+    for (stream, kept, dropped) in streams {
+        if dropped > 0 {
+            eprintln!(
+                "opmark: {replayed}{stream} was capped at {kept} bytes; {dropped} bytes were not kept"
+            );
+        }
+    }
 }
 
 fn family_of(arg: FamilyArg) -> Family {

@@ -134,6 +134,13 @@ pub struct RunReport {
     /// hold it, and a rerun with the same op id replays it from the host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ledger_error: Option<LedgerWriteError>,
+    /// The output delivered here lacks bytes the command wrote: it came from the host's
+    /// capped copy (a replay, or a re-attach after bytes were dropped).
+    pub truncated: bool,
+    /// Bytes kept in the host's copy per stream (stdout, stderr): the cap a truncated
+    /// replay was cut at.
+    #[serde(skip)]
+    pub kept: (u64, u64),
 }
 
 impl RunReport {
@@ -750,6 +757,22 @@ impl<'a> Runner<'a> {
                 ));
                 self.probe_and_follow(dest, attempt).await?
             }
+            // Superseding needs room for the new claim; the old evidence stays in place.
+            "interrupted" if refusal.fields.contains_key("supersede_failed") => {
+                let why = marker
+                    .as_ref()
+                    .and_then(|m| m.why.clone())
+                    .unwrap_or_else(|| "unknown".into());
+                Settled::Verdict(Answer::new(
+                    Verdict::Indeterminate,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "the operation was interrupted on the host ({why}) and may have had effects; it could not be re-run because the host's marker root is full ({}); its evidence is kept. Free space on the host, then rerun with the same op id",
+                        refusal.fields["supersede_failed"]
+                    ),
+                ))
+            }
             "interrupted" => self.after_interrupted_marker(marker.as_ref(), attempt),
             "fenced" => Settled::Verdict(Answer::new(
                 Verdict::NotApplied,
@@ -766,6 +789,30 @@ impl<'a> Runner<'a> {
                     self.key.op_id
                 ),
             )),
+            // This call moved an interrupted claim aside before its own start failed: the
+            // earlier attempt may have run.
+            "root_unusable" if frames.iter().any(|f| matches!(f, Frame::Superseded { .. })) => {
+                Settled::Verdict(Answer::new(
+                    Verdict::Indeterminate,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "an interrupted claim was superseded, then the new attempt could not start ({}); the earlier attempt may have had effects. Free space on the host, then rerun with the same op id",
+                        describe_fields(&refusal.fields)
+                    ),
+                ))
+            }
+            "root_unusable" if refusal.fields.get("reason").is_some_and(|r| is_resource_cause(r)) => {
+                Settled::Verdict(Answer::new(
+                    Verdict::NotApplied,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostDiskFull,
+                    format!(
+                        "the host's marker root is full ({}): the operation's records could not be written before the command started, so the claim was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
+                        refusal.fields["reason"]
+                    ),
+                ))
+            }
             "invalid_op_id" | "bad_args" => Settled::Verdict(Answer::new(
                 Verdict::Refused,
                 Some(attempt.to_owned()),
@@ -1420,6 +1467,14 @@ impl<'a> Runner<'a> {
                 .as_ref()
                 .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
             ledger_error: self.ledger.failed().cloned(),
+            // Evidence, not assumption: what the command wrote (kept + dropped on the host)
+            // against what reached this caller.
+            truncated: self.exit.as_ref().is_some_and(|x| {
+                let (kept_out, kept_err) = kept(x);
+                self.output.out_bytes() < kept_out + x.dropped_out
+                    || self.output.err_bytes() < kept_err + x.dropped_err
+            }),
+            kept: self.exit.as_ref().map_or((0, 0), kept),
         }
     }
 }
@@ -1452,6 +1507,19 @@ fn connect_is_final(e: &ConnectError) -> bool {
             | ConnectStage::Config
             | ConnectStage::Timeout
     )
+}
+
+/// Bytes the host kept per stream (stdout, stderr), from the trailer.
+fn kept(x: &ExitFrame) -> (u64, u64) {
+    (
+        x.kept_out.unwrap_or(x.out_bytes),
+        x.kept_err.unwrap_or(x.err_bytes),
+    )
+}
+
+/// The shim's names for a marker root that ran out of room (`root_unusable reason=...`).
+fn is_resource_cause(reason: &str) -> bool {
+    matches!(reason, "no_space" | "no_inodes" | "quota_exceeded")
 }
 
 fn describe_fields(fields: &std::collections::BTreeMap<String, String>) -> String {

@@ -1,11 +1,19 @@
 //! The shim's framed replies, parsed without I/O.
 //!
-//! stdout carries a header line `OPMARK/1 <nonce> H v=1`, then only the command's raw
-//! stdout. stderr carries a header with the same nonce, then only frames
-//! `OPMARK/1 <nonce> <KIND> <key=value...>`; a frame `E <n>` is followed by exactly n raw
-//! bytes of the command's stderr. Text before the headers (a login shell's startup files)
-//! is skipped. The nonce is made on the host for this call and never given to the
-//! command, so nothing the command prints can pass for a frame.
+//! stdout carries a header line `OPMARK/1 <nonce> H v=1` and nothing else. stderr carries
+//! a header with the same nonce, then only frames `OPMARK/1 <nonce> <KIND> <key=value...>`;
+//! a frame `O <n>` (stdout) or `E <n>` (stderr) is followed by exactly n raw bytes of the
+//! command's output and then a frame `C` that commits them. Text before the headers (a
+//! login shell's startup files) is skipped. The nonce is made on the host for this call
+//! and exists only in the foreground shim's memory and its frames, so nothing the command
+//! prints can pass for a frame.
+//!
+//! Any process of the login user can write into the channel through
+//! `/proc/<shim>/fd/N`. Such bytes cannot carry the nonce: on stdout after the header, or
+//! outside a payload, they are a protocol error; inside a payload they push the shim's own
+//! bytes past the announced length, so the commit line fails. Payload bytes are delivered
+//! only on their commit, so injected bytes never reach the caller; the client treats the
+//! error as a lost reply and asks the marker.
 
 use std::collections::BTreeMap;
 
@@ -159,12 +167,17 @@ pub struct Refusal {
 pub struct ExitFrame {
     /// Exit status as the host shell reported it (128+N for a signal N).
     pub code: i32,
-    /// Total stdout bytes captured on the host.
+    /// The stdout position this reply reached (its bytes were all sent before the frame).
     pub out_bytes: u64,
-    /// Total stderr bytes captured on the host.
+    /// The stderr position this reply reached.
     pub err_bytes: u64,
     /// Killed at `--timeout`.
     pub timed_out: bool,
+    /// Stdout bytes in the host's kept copy (the replay copy, at most the cap); `None`
+    /// from a shim that does not say.
+    pub kept_out: Option<u64>,
+    /// Stderr bytes in the host's kept copy.
+    pub kept_err: Option<u64>,
     /// Stdout bytes beyond the cap, not kept.
     pub dropped_out: u64,
     /// Stderr bytes beyond the cap, not kept.
@@ -313,6 +326,13 @@ impl ProtocolError {
     }
 }
 
+/// Which output stream a payload belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
 /// Incremental parser for one call's stdout and stderr streams.
 #[derive(Debug, Default)]
 pub struct ReplyParser {
@@ -322,7 +342,10 @@ pub struct ReplyParser {
     stdout_open: bool,
     stderr_buf: Vec<u8>,
     stderr_open: bool,
-    raw_stderr_left: u64,
+    /// Bytes still owed to the payload announced by the last `O`/`E` frame.
+    raw_left: u64,
+    /// The announced payload so far, held until its `C` frame commits it.
+    pending: Option<(Stream, Vec<u8>)>,
     preamble_seen: usize,
     stdout_bytes: u64,
     stderr_bytes: u64,
@@ -349,14 +372,12 @@ impl ReplyParser {
         self.stderr_bytes
     }
 
-    /// Feeds stdout bytes.
-    pub fn push_stdout(&mut self, data: &[u8], out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
+    /// Feeds stdout bytes. Only the header travels there (output comes in committed
+    /// frames on stderr), so this never yields a reply; `_out` keeps both streams' calls
+    /// alike.
+    pub fn push_stdout(&mut self, data: &[u8], _out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
         if self.stdout_open {
-            if !data.is_empty() {
-                self.stdout_bytes += data.len() as u64;
-                out.push(Reply::Stdout(data.to_vec()));
-            }
-            return Ok(());
+            return Self::no_stdout_after_header(data);
         }
         self.stdout_pre.extend_from_slice(data);
         if let Some((start, end, nonce)) = find_header(&self.stdout_pre) {
@@ -370,7 +391,7 @@ impl ReplyParser {
             self.stdout_open = true;
             let rest = self.stdout_pre.split_off(end);
             self.stdout_pre.clear();
-            return self.push_stdout(&rest, out);
+            return Self::no_stdout_after_header(&rest);
         }
         if self.stdout_pre.len() > MAX_PREAMBLE {
             return Err(ProtocolError::new(
@@ -378,6 +399,16 @@ impl ReplyParser {
             ));
         }
         Ok(())
+    }
+
+    fn no_stdout_after_header(data: &[u8]) -> Result<(), ProtocolError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // The shim lets go of stdout after its header: these bytes are not its.
+        Err(ProtocolError::new(
+            "bytes on stdout after the shim's header (another process wrote into the channel)",
+        ))
     }
 
     /// Feeds stderr bytes.
@@ -407,15 +438,15 @@ impl ReplyParser {
 
     fn drain_stderr(&mut self, out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
         loop {
-            if self.raw_stderr_left > 0 {
+            if self.raw_left > 0 {
                 if self.stderr_buf.is_empty() {
                     return Ok(());
                 }
-                let take = (self.raw_stderr_left as usize).min(self.stderr_buf.len());
-                let chunk: Vec<u8> = self.stderr_buf.drain(..take).collect();
-                self.raw_stderr_left -= take as u64;
-                self.stderr_bytes += take as u64;
-                out.push(Reply::Stderr(chunk));
+                let take = (self.raw_left as usize).min(self.stderr_buf.len());
+                if let Some((_, held)) = &mut self.pending {
+                    held.extend(self.stderr_buf.drain(..take));
+                }
+                self.raw_left -= take as u64;
                 continue;
             }
             let Some(nl) = self.stderr_buf.iter().position(|&b| b == b'\n') else {
@@ -434,10 +465,40 @@ impl ReplyParser {
                 .and_then(|l| l.strip_prefix(' '))
                 .ok_or_else(|| ProtocolError::new("text outside a frame on the shim's stderr"))?;
             let (kind, rest) = body.split_once(' ').unwrap_or((body, ""));
-            if kind == "E" {
-                self.raw_stderr_left = rest
+            if self.pending.is_some() && kind != "C" {
+                return Err(ProtocolError::new(
+                    "output payload without its commit frame",
+                ));
+            }
+            if kind == "O" || kind == "E" {
+                let len: u64 = rest
                     .parse()
-                    .map_err(|_| ProtocolError::new("bad E frame length"))?;
+                    .map_err(|_| ProtocolError::new(format!("bad {kind} frame length")))?;
+                let stream = if kind == "O" {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                };
+                self.raw_left = len;
+                self.pending = Some((stream, Vec::new()));
+                continue;
+            }
+            if kind == "C" {
+                let Some((stream, bytes)) = self.pending.take() else {
+                    return Err(ProtocolError::new("commit frame without a payload"));
+                };
+                if !bytes.is_empty() {
+                    match stream {
+                        Stream::Stdout => {
+                            self.stdout_bytes += bytes.len() as u64;
+                            out.push(Reply::Stdout(bytes));
+                        }
+                        Stream::Stderr => {
+                            self.stderr_bytes += bytes.len() as u64;
+                            out.push(Reply::Stderr(bytes));
+                        }
+                    }
+                }
                 continue;
             }
             out.push(Reply::Frame(parse_frame(kind, rest)?));
@@ -502,6 +563,8 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             out_bytes: num("out")?,
             err_bytes: num("err")?,
             timed_out: fields.get("timed_out").is_some_and(|v| v == "1"),
+            kept_out: num("kept_out").ok(),
+            kept_err: num("kept_err").ok(),
             dropped_out: num("dropped_out").unwrap_or(0),
             dropped_err: num("dropped_err").unwrap_or(0),
             attempt: fields.get("attempt").cloned().unwrap_or_default(),
@@ -523,7 +586,8 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             }
             Frame::Doctor(fields)
         }
-        "C" => Frame::Cancel {
+        // `N` (caNcel): `C` commits payload frames.
+        "N" => Frame::Cancel {
             outcome: CancelOutcome::parse(
                 words
                     .first()
@@ -603,9 +667,9 @@ mod tests {
 
     #[test]
     fn skips_login_noise_and_decodes_a_run() {
-        let stdout = format!("motd junk\nOPMARK/1 {N} H v=1\nhello\n");
+        let stdout = format!("motd junk\nOPMARK/1 {N} H v=1\n");
         let stderr = format!(
-            "noise without newline OPMARK/1 {N} H v=1\nOPMARK/1 {N} S attempt=a1\nOPMARK/1 {N} E 5\nerr\n\nOPMARK/1 {N} X code=255 out=6 err=5 timed_out=0 dropped_out=0 dropped_err=0 attempt=a1\n"
+            "noise without newline OPMARK/1 {N} H v=1\nOPMARK/1 {N} S attempt=a1\nOPMARK/1 {N} O 6\nhello\nOPMARK/1 {N} C\nOPMARK/1 {N} E 5\nerr\n\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=255 out=6 err=5 timed_out=0 dropped_out=0 dropped_err=0 attempt=a1\n"
         );
         let replies = parse(stdout.as_bytes(), stderr.as_bytes()).unwrap();
         assert_eq!(collect_stdout(&replies), b"hello\n");
@@ -630,7 +694,7 @@ mod tests {
         // The command printed a fake exit frame with a made-up nonce inside its stderr.
         let fake = format!("OPMARK/1 {} X code=0 out=0 err=0\n", "f".repeat(32));
         let stderr = format!(
-            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} E {}\n{fake}OPMARK/1 {N} X code=201 out=0 err={} attempt=a\n",
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} E {}\n{fake}OPMARK/1 {N} C\nOPMARK/1 {N} X code=201 out=0 err={} attempt=a\n",
             fake.len(),
             fake.len()
         );
@@ -647,6 +711,59 @@ mod tests {
             })
             .collect();
         assert_eq!(exits, vec![201]);
+    }
+
+    /// Feeds both streams, stopping at the first protocol error, and returns what was
+    /// delivered before it together with the error.
+    fn parse_until_error(stdout: &[u8], stderr: &[u8]) -> (Vec<Reply>, Option<ProtocolError>) {
+        let mut p = ReplyParser::new();
+        let mut out = Vec::new();
+        for b in stdout {
+            if let Err(e) = p.push_stdout(std::slice::from_ref(b), &mut out) {
+                return (out, Some(e));
+            }
+        }
+        for b in stderr {
+            if let Err(e) = p.push_stderr(std::slice::from_ref(b), &mut out) {
+                return (out, Some(e));
+            }
+        }
+        (out, None)
+    }
+
+    #[test]
+    fn bytes_written_into_the_channel_stdout_after_the_header_are_refused() {
+        let stdout = format!("OPMARK/1 {N} H v=1\nFORGED\n");
+        let (replies, err) = parse_until_error(stdout.as_bytes(), b"");
+        assert!(err.is_some());
+        assert!(collect_stdout(&replies).is_empty());
+    }
+
+    #[test]
+    fn bytes_slipped_into_a_payload_are_never_delivered() {
+        // Another process wrote 4 bytes between the shim's `O 6` line and its payload:
+        // they fill the announced length, so the shim's own bytes land where the commit
+        // line should be and fail the nonce. Nothing of the payload is delivered.
+        let stderr = format!(
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} O 6\nEVILhello\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=0 out=6 err=0 attempt=a\n"
+        );
+        let header = format!("OPMARK/1 {N} H v=1\n");
+        let (replies, err) = parse_until_error(header.as_bytes(), stderr.as_bytes());
+        assert!(err.is_some(), "{replies:?}");
+        assert!(collect_stdout(&replies).is_empty(), "{replies:?}");
+    }
+
+    #[test]
+    fn a_payload_without_its_commit_is_never_delivered() {
+        let stderr = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} O 3\nabc");
+        let header = format!("OPMARK/1 {N} H v=1\n");
+        let (replies, err) = parse_until_error(header.as_bytes(), stderr.as_bytes());
+        assert!(err.is_none());
+        assert!(collect_stdout(&replies).is_empty());
+        let forged = format!("{stderr}OPMARK/1 {} C\n", "f".repeat(32));
+        let (replies, err) = parse_until_error(header.as_bytes(), forged.as_bytes());
+        assert!(err.is_some());
+        assert!(collect_stdout(&replies).is_empty());
     }
 
     #[test]
@@ -668,7 +785,7 @@ mod tests {
     #[test]
     fn cancel_answers_parse_with_their_outcome_and_marker() {
         let stderr = format!(
-            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} C cancelled state=completed attempt=a code=143 timed_out=0 cancelled=1\n"
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} N cancelled state=completed attempt=a code=143 timed_out=0 cancelled=1\n"
         );
         let replies = parse(b"", stderr.as_bytes()).unwrap();
         let Reply::Frame(f @ Frame::Cancel { outcome, marker }) = &replies[1] else {
@@ -680,19 +797,19 @@ mod tests {
         assert!(marker.cancelled());
         assert_eq!(marker.summary(), "completed exit=143 cancelled attempt=a");
 
-        let fenced = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C fenced was=absent state=fenced\n");
+        let fenced = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} N fenced was=absent state=fenced\n");
         let replies = parse(b"", fenced.as_bytes()).unwrap();
         assert!(matches!(
             &replies[1],
             Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Fenced { was }, .. }) if was == "absent"
         ));
-        let still = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C still_running state=running\n");
+        let still = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} N still_running state=running\n");
         let replies = parse(b"", still.as_bytes()).unwrap();
         assert!(matches!(
             &replies[1],
             Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Still { state }, .. }) if state == "running"
         ));
-        let odd = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} C exploded state=running\n");
+        let odd = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} N exploded state=running\n");
         assert!(parse(b"", odd.as_bytes()).is_err());
     }
 

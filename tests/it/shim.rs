@@ -721,6 +721,72 @@ fn output_that_imitates_the_framing_cannot_change_the_verdict() {
     }
 }
 
+/// Everything a process of the same user can read about a running call, printed by the
+/// command itself: the marker's names and records, its own descriptors and environment,
+/// and every process's arguments and environment.
+const LOOK_AROUND: &str = r#"m=$XDG_STATE_HOME/opmark/ops/leak
+ls -la "$m"
+cat "$m/claim" "$m/proc"
+for f in /proc/self/fd/*; do echo "fd $f -> $(readlink "$f")"; done
+for p in /proc/[0-9]*; do
+	tr '\0' ' ' <"$p/cmdline"
+	echo
+	tr '\0' ' ' <"$p/environ"
+	echo
+done 2>/dev/null
+exit 0"#;
+
+#[test]
+fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor() {
+    for (name, shell) in shells() {
+        let host = Host::new("leak", &shell);
+        let op = OpId::parse("leak").unwrap();
+        let fingerprint = fp(LOOK_AROUND);
+        let child = host
+            .command(&Verb::Run(RunRequest {
+                op: &op,
+                attempt_id: "a1",
+                host_fingerprint: &fingerprint,
+                family: Family::ReadOnly,
+                timeout: None,
+                output_cap: shim::DEFAULT_OUTPUT_CAP,
+                stdin: None,
+                supersede_interrupted: false,
+                command: LOOK_AROUND,
+            }))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The frame channel the foreground writes to (its fd 2 here; fd 3 in the shim).
+        let channel = std::fs::read_link(format!("/proc/{}/fd/2", child.id())).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let header = String::from_utf8_lossy(&out.stderr);
+        let nonce = header
+            .split_whitespace()
+            .nth(1)
+            .filter(|n| n.len() == 32)
+            .unwrap_or_else(|| panic!("{name}: no header: {header}"));
+        let o = parse(&out.stdout, &out.stderr);
+        assert_eq!(o.exit().map(|x| x.code), Some(0), "{name}: {o:?}");
+        let seen = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            seen.contains("fingerprint="),
+            "{name}: the command saw too little: {seen}"
+        );
+        assert!(
+            !seen.contains(nonce),
+            "{name}: the command found the nonce:\n{seen}"
+        );
+        let channel = channel.to_string_lossy();
+        assert!(
+            !seen.contains(channel.as_ref()),
+            "{name}: the command inherited the frame channel {channel}:\n{seen}"
+        );
+    }
+}
+
 #[test]
 fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
     for (name, shell) in shells() {
@@ -792,15 +858,86 @@ fn timeout_kills_the_process_group_and_is_recorded() {
 }
 
 #[test]
-fn captured_output_is_capped_with_a_count_of_what_was_dropped() {
+fn output_beyond_the_cap_streams_live_and_only_the_capped_copy_is_kept_for_replay() {
+    for (name, shell) in shells() {
+        let host = Host::new("cap", &shell);
+        // Three spill segments and a short one: more than the spill window never waits
+        // for long, since this foreground streams and removes them.
+        let total = 3 * 1_048_576 + 4321;
+        let cmd = format!("head -c {total} /dev/zero | tr '\\0' a; echo done >&2");
+        let o = host.run_with("big", "a1", &cmd, |r| r.output_cap = 65_536);
+        let x = o.exit().unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
+        assert_eq!(x.code, 0, "{name}: the command was never cut off");
+        assert_eq!(o.stdout.len(), total, "{name}: the live stream is whole");
+        assert!(o.stdout.iter().all(|&b| b == b'a'), "{name}");
+        assert_eq!(o.stderr, b"done\n", "{name}");
+        assert_eq!(x.kept_out, Some(65_536), "{name}");
+        assert_eq!(x.dropped_out, (total - 65_536) as u64, "{name}");
+        let out = std::fs::metadata(host.marker("big").join("out")).unwrap();
+        assert_eq!(out.len(), 65_536, "{name}: the kept copy is capped");
+        let left: Vec<_> = std::fs::read_dir(host.marker("big"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".s."))
+            .collect();
+        assert!(left.is_empty(), "{name}: spill segments left: {left:?}");
+
+        let replay = host.run_with("big", "a2", &cmd, |r| r.output_cap = 65_536);
+        let rx = replay.exit().unwrap();
+        assert_eq!(
+            replay.stdout.len(),
+            65_536,
+            "{name}: a replay has the kept copy"
+        );
+        assert_eq!((rx.kept_out, rx.dropped_out), (Some(65_536), x.dropped_out));
+    }
+}
+
+#[test]
+fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
     let (_, shell) = &shells()[0];
-    let host = Host::new("cap", shell);
-    let o = host.run_with("big", "a1", "head -c 5000 /dev/zero", |r| {
-        r.output_cap = 1000
-    });
-    let x = o.exit().unwrap();
-    assert_eq!(o.stdout.len(), 1000);
-    assert_eq!((x.out_bytes, x.dropped_out), (1000, 4000));
+    let host = Host::new("cap-gone", shell);
+    let gate = host.state_home.join("gate");
+    let cmd = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; head -c 5000000 /dev/zero",
+        gate.display()
+    );
+    let mut child = host
+        .command(&Verb::Run(RunRequest {
+            op: &OpId::parse("unfollowed").unwrap(),
+            attempt_id: "a1",
+            host_fingerprint: &fp(&cmd),
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: 1000,
+            stdin: None,
+            supersede_interrupted: false,
+            command: &cmd,
+        }))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    host.wait_for_file(&host.marker("unfollowed").join("started"));
+    // The client went away before the output came: the command must neither block nor
+    // die, and nothing beyond the cap piles up on the host.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::write(&gate, "").unwrap();
+    let m = host.wait_for_state("unfollowed", MarkerState::Completed);
+    assert_eq!(m.exit_code, Some(0), "{m:?}");
+    let marker = host.marker("unfollowed");
+    let dropped = std::fs::read_to_string(marker.join("out.dropped")).unwrap();
+    assert_eq!(dropped.trim(), "4999000");
+    assert_eq!(std::fs::metadata(marker.join("out")).unwrap().len(), 1000);
+    let spilled = std::fs::read_dir(&marker)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".s."))
+        .count();
+    assert_eq!(spilled, 0, "nothing beyond the cap stays on the host");
 }
 
 #[test]
