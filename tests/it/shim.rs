@@ -759,8 +759,18 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The frame channel the foreground writes to (its fd 2 here; fd 3 in the shim).
-        let channel = std::fs::read_link(format!("/proc/{}/fd/2", child.id())).unwrap();
+        // The frame channel the foreground writes to (its fd 2 here; fd 3 in the shim),
+        // named by our end of the same pipe: the shim's own fd 2 points elsewhere as
+        // soon as it has moved the channel to fd 3.
+        let channel = {
+            use std::os::fd::AsRawFd;
+            let ours = child.stderr.as_ref().unwrap().as_raw_fd();
+            std::fs::read_link(format!("/proc/self/fd/{ours}")).unwrap()
+        };
+        assert!(
+            channel.to_string_lossy().starts_with("pipe:["),
+            "{name}: {channel:?}"
+        );
         let out = child.wait_with_output().unwrap();
         let header = String::from_utf8_lossy(&out.stderr);
         let nonce = header
