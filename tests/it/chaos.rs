@@ -1,8 +1,11 @@
 //! A randomized fault test, bounded and seeded: many operations against three namespace
-//! targets while links are cut and restored, clients are killed and sshd is restarted at
-//! random moments. At the end every link is restored, `reconcile` runs, and every effect
-//! file is checked against every verdict: no operation executed twice, no verdict claimed
-//! more than the evidence.
+//! targets while links are cut and restored, clients are killed, sshd is restarted, one
+//! target's marker root fills up and is freed, and the ledger's installation key goes
+//! missing or is replaced by a wrong one for a while, at random moments; clients also
+//! alternate between two config directories (the key belongs to the ledger, not to
+//! them). At the end every fault is undone, `reconcile` runs, and every effect file is
+//! checked against every verdict: no operation executed twice, no verdict claimed more
+//! than the evidence, no key problem ever reported as a `conflict`.
 //!
 //! Seeds: one random seed per run; in CI also [`KNOWN_SEEDS`] first, so a regression
 //! they cover fails every build, not one in N. A failure names its seed and how to replay
@@ -18,11 +21,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
+use crate::support::disk::{needs_loop_mounts, SmallDisk};
 use crate::support::{self, fast_loss_config, fresh_dir, text, Lab, Sealed};
 
 const OPERATIONS: usize = 30;
 const CONCURRENT: usize = 5;
 const TARGETS: [&str; 3] = ["target1", "target2", "target3"];
+/// The target whose marker root is a small disk that the test fills and frees.
+const SMALL_DISK_TARGET: &str = "target2";
 /// Seeds CI runs on every build, before a random one. Each was seen to cut links, kill
 /// clients and restart sshd, and to end in a mix of verdicts.
 const KNOWN_SEEDS: [u64; 3] = [3, 5, 8];
@@ -51,7 +57,11 @@ fn still_running(lab: &Lab) -> Option<PathBuf> {
             .flatten()
             .map(|e| e.path())
             .find(|m| {
-                m.join("started").exists() && !m.join("exit").exists() && !m.join("fenced").exists()
+                m.join("started").exists()
+                    && !m.join("exit").exists()
+                    && !m.join("fenced").exists()
+                    // The exit record could not be written (a full disk): it never will be.
+                    && !m.join("exit_write_failed").exists()
             })
     })
 }
@@ -89,6 +99,9 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 #[test]
 fn random_cuts_kills_and_restarts_never_execute_an_operation_twice() {
     let seeds = seeds(); // a bad OPMARK_CHAOS_SEED is refused before a lab starts
+    if !needs_loop_mounts(crate::test_name!()) {
+        return;
+    }
     let Some(lab) = support::netns_lab(3) else {
         return;
     };
@@ -113,6 +126,17 @@ fn round(lab: &Lab, seed: u64) {
     let env = Sealed::new("chaos");
     let dir = fresh_dir("chaos");
     let cfg = fast_loss_config(lab, &dir);
+    // A second config directory: the same ledger must answer the same way from it.
+    let other_config = dir.join("other-config");
+    std::fs::create_dir_all(&other_config).unwrap();
+    let key_file = env.ledger.with_extension("key");
+    let key_aside = dir.join("ledger.key.aside");
+    // A 16 MiB marker root on one target; its sshd restarts so that its sessions (in
+    // their own mount namespace) see the mount.
+    let disk =
+        SmallDisk::mount_as_marker_root(lab.target(SMALL_DISK_TARGET).unwrap(), 16 * 1024, 4096);
+    lab.stop_sshd(SMALL_DISK_TARGET).unwrap();
+    lab.start_sshd(SMALL_DISK_TARGET).unwrap();
 
     // Append-only commands: never re-run automatically, so each line is one execution.
     let mut ops: Vec<Op> = (0..OPERATIONS)
@@ -137,9 +161,10 @@ fn round(lab: &Lab, seed: u64) {
         })
         .collect();
 
-    let launch = |op: &mut Op| -> Child {
+    let launch = |op: &mut Op, config_dir: &Path| -> Child {
         op.launches += 1;
         env.opmark()
+            .env("XDG_CONFIG_HOME", config_dir)
             .arg("-F")
             .arg(&cfg)
             .args([
@@ -164,13 +189,23 @@ fn round(lab: &Lab, seed: u64) {
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut cut_until: BTreeMap<&str, Instant> = BTreeMap::new();
     let mut faults = BTreeMap::<&str, u32>::new();
+    let mut disk_full_until: Option<Instant> = None;
+    // When the key comes back, and whether it was taken away (else replaced).
+    let mut key_fault_until: Option<Instant> = None;
+    // Clients that answered with an error instead of a verdict while the key was gone.
+    let mut key_refusals = 0u32;
     while (!queue.is_empty() || !running.is_empty()) && Instant::now() < deadline {
         while running.len() < CONCURRENT {
             let Some(i) = queue.pop() else { break };
-            running.push((i, launch(&mut ops[i])));
+            let config_dir = if rng.random_bool(0.5) {
+                env.config.clone()
+            } else {
+                other_config.clone()
+            };
+            running.push((i, launch(&mut ops[i], &config_dir)));
         }
         std::thread::sleep(Duration::from_millis(rng.random_range(50..250)));
-        match rng.random_range(0..7) {
+        match rng.random_range(0..9) {
             0 | 1 => {
                 let t = TARGETS[rng.random_range(0..TARGETS.len())];
                 if !cut_until.contains_key(t) {
@@ -204,9 +239,41 @@ fn round(lab: &Lab, seed: u64) {
                 lab.start_sshd(t).unwrap();
                 *faults.entry("sshd restarted").or_default() += 1;
             }
+            5 if disk_full_until.is_none() => {
+                disk.fill_blocks();
+                disk_full_until =
+                    Some(Instant::now() + Duration::from_millis(rng.random_range(500..3000)));
+                *faults.entry("marker root full").or_default() += 1;
+            }
+            6 if key_fault_until.is_none() && key_file.exists() => {
+                // Missing, or another key in its place: both must be errors naming the
+                // paths, never a conflict, and never a second execution.
+                std::fs::rename(&key_file, &key_aside).unwrap();
+                if rng.random_bool(0.5) {
+                    std::fs::write(&key_file, [7u8; 32]).unwrap();
+                    std::fs::set_permissions(
+                        &key_file,
+                        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                    )
+                    .unwrap();
+                    *faults.entry("ledger key replaced").or_default() += 1;
+                } else {
+                    *faults.entry("ledger key missing").or_default() += 1;
+                }
+                key_fault_until =
+                    Some(Instant::now() + Duration::from_millis(rng.random_range(300..1500)));
+            }
             _ => {}
         }
         let now = Instant::now();
+        if disk_full_until.is_some_and(|until| until <= now) {
+            disk.free_blocks();
+            disk_full_until = None;
+        }
+        if key_fault_until.is_some_and(|until| until <= now) {
+            std::fs::rename(&key_aside, &key_file).unwrap();
+            key_fault_until = None;
+        }
         cut_until.retain(|t, until| {
             if *until <= now {
                 lab.restore(t).unwrap();
@@ -220,6 +287,14 @@ fn round(lab: &Lab, seed: u64) {
             match child.try_wait().unwrap() {
                 Some(_) => {
                     let out = child.wait_with_output().unwrap();
+                    let stderr = text(&out.stderr);
+                    // A ledger without its key refuses before anything is sent (exit 248,
+                    // naming the key file): no verdict, and the caller tries again later.
+                    if out.status.code() == Some(248) && stderr.contains("installation key") {
+                        key_refusals += 1;
+                        queue.insert(0, i);
+                        continue;
+                    }
                     let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
                         panic!(
                             "seed {seed}: {} answered no JSON ({e}): {}",
@@ -249,7 +324,13 @@ fn round(lab: &Lab, seed: u64) {
         lab.restore(t).unwrap();
         lab.start_sshd(t).unwrap();
     }
-    eprintln!("seed {seed}: faults {faults:?}");
+    if disk_full_until.is_some() {
+        disk.free_blocks();
+    }
+    if key_fault_until.is_some() {
+        std::fs::rename(&key_aside, &key_file).unwrap();
+    }
+    eprintln!("seed {seed}: faults {faults:?}; clients refused for the ledger key: {key_refusals}");
 
     // Let detached commands finish, then let reconcile settle what the evidence settles.
     let settle_by = Instant::now() + Duration::from_secs(60);

@@ -4,13 +4,14 @@
 //! loop-mounted ext4 file systems mounted as the target's marker root.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::lab::{Lab, Target};
 use serde_json::Value;
 
-use crate::support::{self, fresh_dir, text, Sealed};
+use crate::support::disk::{needs_loop_mounts, SmallDisk};
+use crate::support::{fresh_dir, text, Sealed};
 
 /// A verdict document and the process status.
 struct Answer {
@@ -216,88 +217,6 @@ fn another_op_forging_into_a_running_op_changes_neither_its_verdict_nor_its_outp
     assert_eq!(a.exit_code(), Some(3), "{a:?}\nforger: {forged}");
     assert_eq!(a.stdout(), "a-start\na-end\n", "{a:?}\nforger: {forged}");
     assert_eq!(a.json["stderr"].as_str(), Some(""), "{a:?}");
-}
-
-/// A small ext4 file system mounted as a target's marker root; unmounted on drop.
-struct SmallDisk {
-    mount: PathBuf,
-    image: PathBuf,
-}
-
-impl SmallDisk {
-    /// `size_kib` KiB with room for `inodes` inodes, no reserved blocks (the tests run as
-    /// root, who could otherwise use them).
-    fn mount_as_marker_root(target: &Target, size_kib: u32, inodes: u32) -> SmallDisk {
-        let mount = target.marker_root();
-        let image = target.dir.join("marker-root.img");
-        std::fs::create_dir_all(&mount).unwrap();
-        let file = std::fs::File::create(&image).unwrap();
-        file.set_len(u64::from(size_kib) * 1024).unwrap();
-        sh(&format!(
-            "mkfs.ext4 -q -F -m 0 -O ^has_journal -N {inodes} {img} && mount -o loop {img} {mnt} && chmod 700 {mnt}",
-            img = image.display(),
-            mnt = mount.display()
-        ));
-        SmallDisk { mount, image }
-    }
-
-    /// Fills every free block: a file grows until the disk says ENOSPC.
-    fn fill_blocks(&self) -> PathBuf {
-        let filler = self.mount.join("filler");
-        std::fs::create_dir_all(&filler).unwrap();
-        // Smaller writes take the last blocks a big one leaves.
-        for bs in ["4k", "1k", "512"] {
-            let _ = Command::new("dd")
-                .arg("if=/dev/zero")
-                .arg(format!("of={}", filler.join(bs).display()))
-                .arg(format!("bs={bs}"))
-                .stderr(Stdio::null())
-                .status();
-            sh(&format!("sync {}", self.mount.display()));
-        }
-        filler
-    }
-
-    /// Takes every free inode but `spare`, with empty files in `fill/`.
-    fn fill_inodes(&self, spare: usize) -> PathBuf {
-        let fill = self.mount.join("fill");
-        std::fs::create_dir_all(&fill).unwrap();
-        let mut made = Vec::new();
-        for i in 0.. {
-            let f = fill.join(i.to_string());
-            if std::fs::File::create(&f).is_err() {
-                break;
-            }
-            made.push(f);
-            assert!(i < 100_000, "the inode count never ran out");
-        }
-        for f in made.iter().rev().take(spare) {
-            std::fs::remove_file(f).unwrap();
-        }
-        fill
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        // Lazy: a supervisor may still hold a file open for a moment.
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        let _ = std::fs::remove_file(&self.image);
-    }
-}
-
-fn sh(script: &str) {
-    let out = Command::new("sh").arg("-c").arg(script).output().unwrap();
-    assert!(
-        out.status.success(),
-        "`{script}` failed: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-}
-
-fn needs_loop_mounts(name: &str) -> bool {
-    support::require_root(name) && support::require_tools(name, &["mkfs.ext4", "mount", "umount"])
 }
 
 fn ops_left(target: &Target) -> Vec<String> {

@@ -7,6 +7,8 @@
 
 #![allow(dead_code)] // each test module uses a different part of the harness
 
+pub mod disk;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
