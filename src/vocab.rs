@@ -115,6 +115,13 @@ pub enum ReasonCode {
     EarlierDispatchUnknown,
     /// `indeterminate`: a retry was needed but the attempt budget is spent.
     AttemptBudgetSpent,
+    /// `not_applied`: the channel closed before the shim's first line: the login shell
+    /// or its startup files stopped it (a shell that cannot run `sh -c`, a `~/.bashrc`
+    /// that exits); nothing was claimed.
+    ShimDidNotStart,
+    /// `not_applied`: the host has no util-linux `setsid -f` (busybox's has no `-f`),
+    /// which the shim needs to detach the command; nothing ran.
+    HostMissingSetsid,
 }
 
 impl ReasonCode {
@@ -206,6 +213,8 @@ names!(ReasonCode {
     UnreachableAfterDispatch => "unreachable_after_dispatch",
     EarlierDispatchUnknown => "earlier_dispatch_unknown",
     AttemptBudgetSpent => "attempt_budget_spent",
+    ShimDidNotStart => "shim_did_not_start",
+    HostMissingSetsid => "host_missing_setsid",
 });
 
 impl Verdict {
@@ -250,6 +259,8 @@ mod tests {
             ReasonCode::UnreachableAfterDispatch,
             ReasonCode::EarlierDispatchUnknown,
             ReasonCode::AttemptBudgetSpent,
+            ReasonCode::ShimDidNotStart,
+            ReasonCode::HostMissingSetsid,
         ]
         .into_iter()
         .filter(|c| c.retryable())

@@ -37,6 +37,13 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             "the command is empty; nothing was sent",
         );
     }
+    if let Err(e) = crate::shim::check_command(&command) {
+        return refuse_before_anything(
+            global,
+            Some(op.as_str()),
+            &format!("{e}; nothing was sent"),
+        );
+    }
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     let key = common::installation_key()?;
