@@ -4,6 +4,7 @@ mod support;
 
 mod chaos;
 mod cli;
+mod hosts;
 mod ledger;
 mod operators;
 mod policy;
