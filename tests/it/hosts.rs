@@ -324,6 +324,32 @@ fn a_bashrc_that_exits_fails_fast_as_not_applied() {
 }
 
 #[test]
+fn a_bashrc_that_reads_stdin_fails_fast_and_runs_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    // Eats the start of the channel's data: the shim and command after it no longer line
+    // up with what the stub expects, so nothing may run.
+    let home = &lab.targets()[0].home;
+    std::fs::write(home.join(".bashrc"), "read -r first_line\n").unwrap();
+    let env = Sealed::new("bashrc-stdin");
+    assert_fails_fast(&env, &lab, "bashrc-stdin", "shim_did_not_start");
+}
+
+#[test]
+fn a_bashrc_that_silences_output_fails_fast_and_runs_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    // The shim would claim and run unheard; it must stop before acting instead, since a
+    // channel that closes without its header reads as "nothing ran".
+    let home = &lab.targets()[0].home;
+    std::fs::write(home.join(".bashrc"), "exec >/dev/null 2>&1\n").unwrap();
+    let env = Sealed::new("bashrc-silent");
+    assert_fails_fast(&env, &lab, "bashrc-silent", "shim_did_not_start");
+}
+
+#[test]
 fn a_bashrc_printing_a_fake_header_does_not_fool_the_client() {
     let Some(lab) = crate::loopback_lab!(1) else {
         return;
