@@ -182,7 +182,6 @@ drop_spools() {
 	[ -n "${spool:-}" ] && rm -f "$spool"
 }
 
-
 # ---------------------------------------------------------------------------------------
 # The marker root
 
@@ -452,7 +451,12 @@ claimed_at=$(now)
 fg_pid=$$
 fg_start=$ps_start
 boot=$boot" "$root/ops" || refuse "root_unusable reason=claim_write_failed"
-	mv -f "$cmd_spool" "$m/cmd" || refuse "root_unusable reason=claim_write_failed"
+	if ! mv -f "$cmd_spool" "$m/cmd"; then
+		# As for a failed start below: nothing ran; release the op id.
+		mkdir "$m/started" 2>/dev/null
+		mv -f "$m" "$root/superseded/$op.$(now).$attempt.failed-start"
+		refuse "root_unusable reason=claim_write_failed"
+	fi
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	: >"$m/out"

@@ -66,7 +66,10 @@ impl NeverStarted {
             .map(|c| if c.is_control() { ' ' } else { c })
             .take(160)
             .collect();
-        NeverStarted { exit_status, said }
+        NeverStarted {
+            exit_status,
+            said: without_digests(&said),
+        }
     }
 
     /// The cause and the fix, in words.
@@ -83,6 +86,29 @@ impl NeverStarted {
             "the shim never started: the host's login shell ended the session ({status}) before running it, so nothing was claimed or run ({said}). Check that the login shell runs `sh -c` commands and that its startup files (e.g. ~/.bashrc) neither exit nor read stdin; `opmark doctor HOST` checks the host"
         )
     }
+}
+
+/// A shell complaining about the exec request may quote it, and with it the intent's
+/// plain SHA-256, which the ledger must never hold (it keeps an HMAC so that a copy
+/// cannot be used to guess a short secret offline): long hex runs become `<hex>`.
+fn without_digests(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+            continue;
+        }
+        if run.len() >= 32 {
+            out.push_str("<hex>");
+        } else {
+            out.push_str(&run);
+        }
+        run.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
 }
 
 /// Runs `verb` through the shim on `session`, streaming to `observer`.
@@ -194,4 +220,19 @@ impl CallObserver for FramesOnly {
     fn stdout(&mut self, _: &[u8]) {}
     fn stderr(&mut self, _: &[u8]) {}
     fn frame(&mut self, _: &Frame) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_host_said_never_carries_a_digest() {
+        let fp = "ab".repeat(32);
+        let said = format!("fish: Unknown command: 'run' 'op' '{fp}' at 0xdead");
+        assert_eq!(
+            without_digests(&said),
+            "fish: Unknown command: 'run' 'op' '<hex>' at 0xdead"
+        );
+    }
 }
