@@ -41,6 +41,31 @@ fn ok(cmd: &mut Command) {
     assert!(status.success(), "{cmd:?} failed");
 }
 
+/// The shim run locally as sshd would run it: the verb's input (the command) on stdin,
+/// replies into pipes (it does nothing when they cannot reach a client). It must end
+/// with the command's exit frame, or the figure would time a refusal.
+fn shim_ok(cmd: &mut Command, input: &[u8]) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(input)
+        .expect("feed the shim");
+    let out = child.wait_with_output().expect("wait");
+    let frames = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && frames.contains(" X code=0 "),
+        "{cmd:?} failed: {frames}"
+    );
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -113,9 +138,12 @@ fn main() {
             let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));
         }
         // A disposable state dir, so the bench also runs from a clone under /tmp.
-        ok(shim::local_command(Path::new("/usr/bin/dash"), &verb)
-            .env("XDG_STATE_HOME", &state)
-            .env("OPMARK_ALLOW_VOLATILE_ROOT", "1"))
+        shim_ok(
+            shim::local_command(Path::new("/usr/bin/dash"), &verb)
+                .env("XDG_STATE_HOME", &state)
+                .env("OPMARK_ALLOW_VOLATILE_ROOT", "1"),
+            &shim::local_data(&verb, b""),
+        )
     });
 
     println!(

@@ -3,9 +3,15 @@
 # records its exit status durably, and answers probes. Delivered by the opmark client on
 # every call (nothing is installed on the host); runs under dash, bash and busybox ash.
 #
-# Invocation (built by src/shim.rs):  sh -c "$SHIM" opmark-shim "$SHIM" VERB ARGS...
+# Invocation (built by src/shim/mod.rs): the exec request is a one-line stub that any
+# login shell can run (sh, bash, zsh, fish, tcsh); it reads this script from the
+# channel's data and runs  sh -c "$SHIM" opmark-shim "$SHIM" [c=TOKEN] VERB ARGS...
 # The script receives its own text as $1 so that it can start its detached supervisor
-# with the same code (`setsid -f sh -c "$SHIM" ... supervise`).
+# with the same code (`setsid -f sh -c "$SHIM" ... supervise`). TOKEN is the client's
+# per-call token, echoed in the header so that text printed by the login shell's startup
+# files (even a copy of a header) is never taken for the shim's reply. The rest of the
+# channel's data is the verb's input: for run, the command (exactly its byte count), then
+# the spooled stdin, if any, up to EOF.
 #
 # Replies. stdout: a header line only (then the foreground lets go of the channel's
 # stdout). stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "O <n>" or
@@ -21,6 +27,7 @@
 #   claim     attempt, fingerprint, family, shim version, time, foreground identity
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started/  the start gate: the supervisor runs the command only if it creates it
+#   cmd       the command text (run by the supervisor as `sh -c` would run it)
 #   stdin     the spooled stdin, out/err captured output (capped: the copy kept for
 #             replay), *.dropped the count of bytes beyond the cap, *.s.<n> spill
 #             segments beyond the cap, alive only until a following foreground sent them
@@ -40,6 +47,16 @@
 OPMARK_SHIM_VERSION=1
 OPMARK_SHIM_SELF=$1
 shift
+call_token=
+case ${1:-} in
+c=*)
+	call_token=${1#c=}
+	shift
+	;;
+esac
+case $call_token in
+*[!0-9a-f]*) call_token= ;;
+esac
 umask 077
 LC_ALL=C
 export LC_ALL
@@ -169,17 +186,22 @@ frame() {
 }
 
 hello() {
-	printf 'OPMARK/1 %s H v=%s\n' "$nonce" "$OPMARK_SHIM_VERSION"
+	printf 'OPMARK/1 %s H v=%s%s\n' "$nonce" "$OPMARK_SHIM_VERSION" "${call_token:+ c=$call_token}"
 	# Output travels in committed frames from here on; an open stdout would only let
 	# other processes write unframed bytes into the channel through /proc.
 	exec 1>/dev/null
-	frame "H v=$OPMARK_SHIM_VERSION"
+	frame "H v=$OPMARK_SHIM_VERSION${call_token:+ c=$call_token}"
 }
 
 refuse() {
-	[ -n "${spool:-}" ] && rm -f "$spool"
+	drop_spools
 	frame "R $*"
 	exit 0
+}
+
+drop_spools() {
+	[ -n "${cmd_spool:-}" ] && rm -f "$cmd_spool"
+	[ -n "${spool:-}" ] && rm -f "$spool"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -436,12 +458,13 @@ never_started() {
 # ---------------------------------------------------------------------------------------
 # Verbs
 
-# run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE CMD
+# run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
+#     CMD_BYTES; the channel's data holds the command (CMD_BYTES), then the stdin.
 verb_run() {
 	[ "$#" -eq 10 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
-	cmd=$1
+	cmd_bytes=$1
 	valid_id "$op" || refuse "invalid_op_id"
 	valid_id "$attempt" || refuse "bad_args reason=attempt_id"
 	case $fp in
@@ -455,12 +478,24 @@ verb_run() {
 	if ! is_uint "$timeout" || ! is_uint "$cap"; then
 		refuse "bad_args reason=timeout_or_cap"
 	fi
+	if ! is_uint "$cmd_bytes" || [ "$cmd_bytes" -eq 0 ]; then
+		refuse "bad_args reason=command_bytes"
+	fi
 	command -v setsid >/dev/null 2>&1 || refuse "cannot_start reason=no_setsid"
 	setup_root
 
-	# Receive stdin into an unclaimed spool file first: a connection lost halfway must
-	# not leave a claim whose command would read half an input.
+	# Receive the command, then stdin, into unclaimed spool files first: a connection
+	# lost halfway must not leave a claim whose command is cut short or would read half
+	# an input. dd with count_bytes,fullblock reads exactly CMD_BYTES and never past them
+	# (busybox `head -c` reads ahead into the stdin that follows).
 	spool=
+	cmd_spool="$root/spool/$attempt.$$.cmd"
+	dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>/dev/null ||
+		refuse "bad_command reason=read_failed"
+	got=$(wc -c <"$cmd_spool")
+	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
+		refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=$((got + 0))"
+	fi
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
 		spool="$root/spool/$attempt.$$"
@@ -513,13 +548,17 @@ boot=$boot"
 		# Returns only after an interrupted claim was replaced by ours.
 		answer_taken_claim
 	fi
+	# prepare_marker moved the command into the claim.
+	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-		supervise "$m" "$timeout" "$cap" "$cmd" </dev/null >/dev/null 2>&1 3>&- 5>&-; then
+		supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
 		# so a late supervisor cannot start either, then release the op id.
 		mkdir "$m/started" 2>/dev/null
 		mv -f "$m" "$root/superseded/$op.$(now).$attempt.failed-start"
+		# busybox's setsid has no -f: a host to fix, not a failure to retry.
+		setsid -f true </dev/null >/dev/null 2>&1 || refuse "cannot_start reason=setsid_without_f"
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
@@ -528,7 +567,7 @@ boot=$boot"
 }
 
 # prepare_marker DIR [MORE_DIRS_TO_SYNC...]: everything a claim needs in DIR, the claim
-# record durably first, then the capture files, the empty file an unwritable exit record
+# record durably first, then the command (moved in from its spool), the capture files, the empty file an unwritable exit record
 # is renamed from, and the FIFOs. Fails (leaving DIR for the caller to remove) when any
 # cannot be made: a claim either exists completely or not at all.
 prepare_marker() {
@@ -536,6 +575,7 @@ prepare_marker() {
 	shift
 	# `true`, not `:`: a failed redirection of a special built-in ends the whole shell.
 	durable_write "$pm_dir" claim "$claim_rec" "$@" &&
+		mv -f "$cmd_spool" "$pm_dir/cmd" &&
 		true >"$pm_dir/out" && true >"$pm_dir/err" && true >"$pm_dir/.noexit" &&
 		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
 } 2>/dev/null
@@ -577,6 +617,7 @@ answer_taken_claim() {
 		# replay=1: the recorded output and the exit frame follow (other verbs' refusals
 		# end the reply).
 		frame "R completed replay=1 $(describe)"
+		drop_spools
 		follow "$m" 0 0
 		exit 0
 		;;
@@ -643,10 +684,11 @@ supersede_marker() {
 	sync "$root/ops" "$root/superseded"
 }
 
-# supervise M TIMEOUT_S CAP CMD: the detached supervisor (own session, started by
-# `setsid -f` so signals are normal). Runs the command once and records its exit.
+# supervise M TIMEOUT_S CAP: the detached supervisor (own session, started by
+# `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
+# exit.
 supervise() {
-	m=$1 timeout=$2 cap=$3 cmd=$4
+	m=$1 timeout=$2 cap=$3
 	# `true` first: a failed redirection of `exec` would end the shell before it can
 	# tell anyone (a full disk with no shim.log yet).
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
@@ -680,7 +722,13 @@ supervise() {
 	cap_err=$!
 	cd "${HOME:-/}" 2>/dev/null || cd /
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
-	"$OPMARK_SHELL" -c "$cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
+	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
+	# and without showing it in `ps`: $0 is the shell, no positional parameters, no
+	# variable of ours (c is unset by the eval before the command's first word).
+	# shellcheck disable=SC2016 # expanded by the command's shell, not here
+	"$OPMARK_SHELL" -c 'c=$(cat -- "$1") || exit 126
+eval "unset c; set --; $c
+"' "$OPMARK_SHELL" "$m/cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
 	code=$?
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
 	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
@@ -1064,7 +1112,24 @@ verb_gc() {
 verb_doctor() {
 	root=${OPMARK_ROOT:-${XDG_STATE_HOME:-${HOME:-}/.local/state}/opmark}
 	frame "K root=$root"
-	frame "K shell=$OPMARK_SHELL setsid=$(command -v setsid >/dev/null 2>&1 && echo yes || echo no)"
+	# setsid must be util-linux's: busybox's has no -f, and the supervisor needs it.
+	if ! command -v setsid >/dev/null 2>&1; then
+		dr_setsid=no
+	elif setsid -f true </dev/null >/dev/null 2>&1; then
+		dr_setsid=yes
+	else
+		dr_setsid=no_f
+	fi
+	frame "K shell=$OPMARK_SHELL login_shell=${SHELL:-unknown} setsid=$dr_setsid"
+	dr_missing=
+	for dr_tool in cat date dd find head mkdir mkfifo mv od rm sleep sync tail wc; do
+		command -v "$dr_tool" >/dev/null 2>&1 || dr_missing="$dr_missing${dr_missing:+,}$dr_tool"
+	done
+	# The command is read with dd's count_bytes (exactly its size, never past it).
+	if ! printf x | dd of=/dev/null bs=64 count=1 iflag=count_bytes,fullblock 2>/dev/null; then
+		dr_missing="$dr_missing${dr_missing:+,}dd_count_bytes"
+	fi
+	frame "K missing=${dr_missing:-none}"
 	if mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
 		(: >"$root/.doctor.$$") 2>/dev/null; then
 		rm -f "$root/.doctor.$$"
@@ -1097,6 +1162,14 @@ new_nonce || {
 	exit 3
 }
 hello
+# Act only when the replies reach the client (sshd gives pipes or sockets). A startup
+# file that sent our output elsewhere (`exec >/dev/null`) would let a claim happen that
+# the client never hears of, while a channel that closes without our header is its
+# evidence that nothing ran.
+for tb in 1 3; do
+	[ -e "/dev/fd/$tb" ] || continue
+	[ -p "/dev/fd/$tb" ] || [ -S "/dev/fd/$tb" ] || exit 3
+done
 case $verb in
 run) verb_run "$@" ;;
 probe) verb_probe "$@" ;;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
-# busybox), shellcheck, iproute2 + nftables (network-namespace targets and link cuts),
+# busybox) and the login shells its exec stub must work through (zsh, fish, tcsh), a
+# linter (shellcheck), iproute2 + nftables (network-namespace targets and link cuts),
 # e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests), a C
 # compiler (bundled SQLite, ring) and Rust via rustup when cargo is missing.
 #
@@ -10,10 +11,10 @@
 set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
-  procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount)
+  procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
-  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount)
+  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh)
 
 have() {
   if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi

@@ -133,6 +133,13 @@ pub enum ReasonCode {
     /// (an interrupted claim could not be superseded): the host's marker root is out of
     /// space, inodes or quota. A human frees space; nothing is guessed meanwhile.
     HostDiskFull,
+    /// `not_applied`: the channel closed before the shim's first line: the login shell
+    /// or its startup files stopped it (a shell that cannot run `sh -c`, a `~/.bashrc`
+    /// that exits); nothing was claimed.
+    ShimDidNotStart,
+    /// `not_applied`: the host has no util-linux `setsid -f` (busybox's has no `-f`),
+    /// which the shim needs to detach the command; nothing ran.
+    HostMissingSetsid,
 }
 
 impl ReasonCode {
@@ -231,6 +238,8 @@ names!(ReasonCode {
     HostKeyMismatch => "host_key_mismatch",
     ClientInterrupted => "client_interrupted",
     HostDiskFull => "host_disk_full",
+    ShimDidNotStart => "shim_did_not_start",
+    HostMissingSetsid => "host_missing_setsid",
 });
 
 impl Verdict {
@@ -281,6 +290,8 @@ mod tests {
             ReasonCode::HostKeyMismatch,
             ReasonCode::ClientInterrupted,
             ReasonCode::HostDiskFull,
+            ReasonCode::ShimDidNotStart,
+            ReasonCode::HostMissingSetsid,
         ]
         .into_iter()
         .filter(|c| c.retryable())

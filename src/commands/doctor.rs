@@ -1,6 +1,7 @@
 //! `opmark doctor HOST`: is this host usable? Each check is reported with a fix:
-//! resolvable, reachable with a known host key and working authentication, the shim runs
-//! under the host's `sh` with `setsid`, and the marker root is writable, persistent (not
+//! resolvable, reachable with a known host key and working authentication, the shim
+//! starts through the login shell and runs under the host's `sh` with util-linux
+//! `setsid -f` and the tools it uses, and the marker root is writable, persistent (not
 //! tmpfs/ramfs, not a path a reboot clears) and has room.
 
 use std::collections::BTreeMap;
@@ -24,7 +25,7 @@ const VOLATILE_FS: &[&str] = &["tmpfs", "ramfs"];
 /// One check's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`,
+    /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`, `tools`,
     /// `writable`, `persistent`, `space`.
     pub name: &'static str,
     /// `pass`, `fail` or `skipped` (an earlier check failed).
@@ -74,7 +75,7 @@ fn skipped(names: &[&'static str], why: &str) -> Vec<Check> {
         .collect()
 }
 
-const HOST_CHECKS: &[&str] = &["shim", "setsid", "writable", "persistent", "space"];
+const HOST_CHECKS: &[&str] = &["shim", "setsid", "tools", "writable", "persistent", "space"];
 
 /// Runs the checks; exit 0 when all pass, 1 otherwise.
 pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
@@ -129,9 +130,17 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                         "connect",
                         "host key known and authentication accepted".into(),
                     ));
+                    let mut never_started = None;
                     let frames = match end {
                         CallEnd::Finished(frames) => Some(frames),
                         CallEnd::Lost { frames, .. } if !frames.is_empty() => Some(frames),
+                        CallEnd::Lost {
+                            never_started: Some(never),
+                            ..
+                        } => {
+                            never_started = Some(never);
+                            None
+                        }
                         _ => None,
                     };
                     for f in frames.iter().flatten() {
@@ -142,6 +151,13 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                     if facts.contains_key("done") {
                         facts.remove("done");
                         checks.extend(host_checks(&facts));
+                    } else if let Some(never) = never_started {
+                        checks.push(fail(
+                            "shim",
+                            never.describe(),
+                            "make the login user's shell run `sh -c` commands (any POSIX shell, fish or tcsh will do), and keep its startup files (~/.bashrc, ~/.profile...) from exiting, reading stdin or redirecting output for non-interactive sessions".into(),
+                        ));
+                        checks.extend(skipped(&HOST_CHECKS[1..], "the shim did not start"));
                     } else {
                         checks.push(fail(
                             "shim",
@@ -176,15 +192,35 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
 pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
     let get = |k: &str| facts.get(k).map(String::as_str).unwrap_or("unknown");
     let root = get("root");
-    let mut out = vec![pass("shim", format!("ran under {}", get("shell")))];
-    out.push(if get("setsid") == "yes" {
-        pass("setsid", "setsid is installed".into())
-    } else {
-        fail(
+    let mut out = vec![pass(
+        "shim",
+        format!(
+            "ran under {} (login shell {})",
+            get("shell"),
+            get("login_shell")
+        ),
+    )];
+    let setsid_fix = "install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`): commands are detached with its `setsid -f` so they survive a lost connection";
+    out.push(match get("setsid") {
+        "yes" => pass("setsid", "setsid -f works".into()),
+        "no_f" => fail(
+            "setsid",
+            "setsid has no -f (busybox's setsid?)".into(),
+            setsid_fix.into(),
+        ),
+        _ => fail(
             "setsid",
             "setsid is not on the host's PATH".into(),
-            "install util-linux (its `setsid -f`; busybox's setsid has no -f): commands are detached with it so they survive a lost connection".into(),
-        )
+            setsid_fix.into(),
+        ),
+    });
+    out.push(match get("missing") {
+        "none" => pass("tools", "every tool the shim uses is there".into()),
+        missing => fail(
+            "tools",
+            format!("missing on the host's PATH: {missing}"),
+            "install coreutils, findutils and util-linux (the shim needs POSIX tools plus dd with iflag=count_bytes, as in GNU coreutils or busybox 1.33+)".into(),
+        ),
     });
     out.push(if get("writable") == "yes" {
         pass("writable", format!("{root} is writable"))
@@ -274,6 +310,7 @@ mod tests {
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "yes"),
+            ("missing", "none"),
             ("writable", "no"),
             ("fstype", "tmpfs"),
             ("avail_kib", "1024"),
@@ -290,11 +327,40 @@ mod tests {
     }
 
     #[test]
+    fn busybox_setsid_and_missing_tools_fail_with_a_fix() {
+        let checks = host_checks(&facts(&[
+            ("root", "/home/u/.local/state/opmark"),
+            ("shell", "sh"),
+            ("setsid", "no_f"),
+            ("missing", "mkfifo,dd_count_bytes"),
+            ("writable", "yes"),
+            ("fstype", "ext2/ext3"),
+            ("avail_kib", "5000000"),
+        ]));
+        let failed: Vec<_> = checks
+            .iter()
+            .filter(|c| c.status == "fail")
+            .map(|c| (c.name, c.detail.as_str()))
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                ("setsid", "setsid has no -f (busybox's setsid?)"),
+                ("tools", "missing on the host's PATH: mkfifo,dd_count_bytes")
+            ]
+        );
+        assert!(checks
+            .iter()
+            .all(|c| c.status == "pass" || c.fix.contains("util-linux")));
+    }
+
+    #[test]
     fn a_sound_root_passes() {
         let checks = host_checks(&facts(&[
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "yes"),
+            ("missing", "none"),
             ("writable", "yes"),
             ("fstype", "ext2/ext3"),
             ("avail_kib", "5000000"),

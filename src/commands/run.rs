@@ -44,6 +44,13 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             "the command is empty; nothing was sent",
         );
     }
+    if let Err(e) = crate::shim::check_command(&command) {
+        return refuse_before_anything(
+            global,
+            Some(op.as_str()),
+            &format!("{e}; nothing was sent"),
+        );
+    }
     let runtime = common::runtime()?;
     let status = runtime.block_on(run_operation(global, args, op, minted, command));
     // A stdin reader still blocked on a terminal after an interrupt must not hold the exit.

@@ -485,6 +485,67 @@ impl Lab {
         self.start_sshd(alias)
     }
 
+    /// Makes the target look like a host whose login user has `shell` as login shell
+    /// (fish, tcsh, busybox `sh`...) and, with `path`, that PATH in every session; then
+    /// restarts its sshd. The target's sshd runs in a mount namespace of its own where
+    /// /etc/passwd is a copy with that shell for the lab's user, so sshd itself starts
+    /// the shell as it would on such a host; nothing outside the target changes. Root
+    /// only. For tests of hosts opmark must drive or refuse clearly.
+    pub fn set_login(&self, alias: &str, shell: &Path, path: Option<&str>) -> Result<(), LabError> {
+        let uid = effective_uid();
+        if uid != 0 {
+            return Err(LabError::Command {
+                command: format!("set_login {alias}"),
+                detail: format!(
+                    "needs root (running as uid {uid}): the target's sshd gets a private view of /etc/passwd, which takes a mount namespace"
+                ),
+            });
+        }
+        let target = self.get(alias)?;
+        let passwd = read(Path::new("/etc/passwd"))?;
+        let prefix = format!("{}:", target.user);
+        let mut found = false;
+        let mut text = String::new();
+        for line in passwd.lines() {
+            let mut fields: Vec<&str> = line.split(':').collect();
+            let shell_text = shell.display().to_string();
+            if line.starts_with(&prefix) && fields.len() == 7 {
+                fields[6] = &shell_text;
+                found = true;
+                text.push_str(&fields.join(":"));
+            } else {
+                text.push_str(line);
+            }
+            text.push('\n');
+        }
+        if !found {
+            return Err(LabError::Command {
+                command: "set_login".into(),
+                detail: format!("user {} is not in /etc/passwd", target.user),
+            });
+        }
+        write(&sshd::passwd_view(target), &text, 0o644)?;
+        if let Some(path) = path {
+            let config = read(&target.sshd_config())?;
+            let config: String = config
+                .lines()
+                .map(|l| {
+                    if l.starts_with("SetEnv ") {
+                        format!("{} PATH={path}\n", l.split(" PATH=").next().unwrap_or(l))
+                    } else {
+                        format!("{l}\n")
+                    }
+                })
+                .collect();
+            write(&target.sshd_config(), &config, 0o600)?;
+        }
+        self.stop_sshd(alias)?;
+        sshd::spawn(&self.sshd, target)?;
+        // Not `wait_ready`: `ssh target true` fails by design where the login shell
+        // cannot run commands. Listening is what the tests need.
+        wait_listening(target, Instant::now() + READY_TIMEOUT)
+    }
+
     /// Appends a public key line to every target's authorized_keys.
     pub fn authorize_key(&self, pubkey_line: &str) -> Result<(), LabError> {
         let line = pubkey_line.trim();

@@ -178,17 +178,34 @@ pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> Strin
     c
 }
 
+/// The target's own /etc/passwd, when [`super::Lab::set_login`] gave its user another
+/// login shell.
+pub(crate) fn passwd_view(target: &Target) -> PathBuf {
+    target.dir.join("passwd")
+}
+
 /// Starts the target's sshd (it daemonises itself and writes its pid file).
 pub(crate) fn spawn(sshd: &Path, target: &Target) -> Result<(), LabError> {
     let _ = std::fs::remove_file(target.pid_file());
+    let passwd = passwd_view(target);
     let mut cmd = match &target.netns {
         Some(ns) => {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns]).arg(sshd);
+            c.args(["netns", "exec", ns]);
             c
         }
+        None if passwd.is_file() => Command::new("env"),
         None => Command::new(sshd),
     };
+    if passwd.is_file() {
+        // sshd reads the login shell from /etc/passwd: give it (and only it) a copy.
+        cmd.args(["unshare", "--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$0\" /etc/passwd && exec \"$@\"")
+            .arg(&passwd);
+    }
+    if target.netns.is_some() || passwd.is_file() {
+        cmd.arg(sshd);
+    }
     cmd.arg("-f")
         .arg(target.sshd_config())
         .arg("-E")

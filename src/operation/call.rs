@@ -1,8 +1,8 @@
 //! One call of the host shim over an SSH session: send the verb, feed the replies to the
 //! frame parser, hand output and frames to an observer as they arrive, and say how the
-//! call ended (final frame, never sent, or lost on the way).
+//! call ended (final frame, never sent, lost on the way, or a shim that never started).
 
-use crate::shim::{self, Frame, Reply, ReplyParser, Verb};
+use crate::shim::{Frame, Invocation, Reply, ReplyParser, Verb};
 use crate::ssh::{ExecError, ExecEvent, Session};
 
 /// Receives a call's output and frames as they arrive.
@@ -30,7 +30,85 @@ pub enum CallEnd {
         shim_started: bool,
         /// What the transport said.
         reason: String,
+        /// `Some` when the channel closed in order (every byte the host wrote arrived)
+        /// without the shim's header: the shim never started, so it claimed nothing.
+        never_started: Option<NeverStarted>,
     },
+}
+
+/// A channel that closed before the shim said anything: the login shell, its startup
+/// files or the host's tools stopped it. Nothing of the verb happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeverStarted {
+    /// The exit status the host sent for the session, if any.
+    pub exit_status: Option<u32>,
+    /// The first line the host printed instead (stderr first), cut short and made
+    /// printable: usually the login shell's complaint.
+    pub said: String,
+}
+
+impl NeverStarted {
+    fn new(exit_status: Option<u32>, parser: &ReplyParser) -> NeverStarted {
+        let (out, err) = parser.preamble(4096);
+        let text = String::from_utf8_lossy(if err.iter().any(|b| !b.is_ascii_whitespace()) {
+            &err
+        } else {
+            &out
+        })
+        .into_owned();
+        let line = text
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or_default();
+        let said: String = line
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(160)
+            .collect();
+        NeverStarted {
+            exit_status,
+            said: without_digests(&said),
+        }
+    }
+
+    /// The cause and the fix, in words.
+    pub fn describe(&self) -> String {
+        let status = self
+            .exit_status
+            .map_or_else(|| "no exit status".to_owned(), |s| format!("exit {s}"));
+        let said = if self.said.is_empty() {
+            "it printed nothing".to_owned()
+        } else {
+            format!("it said: {}", self.said)
+        };
+        format!(
+            "the shim never started: the host's login shell ended the session ({status}) before running it, so nothing was claimed or run ({said}). Check that the login shell runs `sh -c` commands and that its startup files (e.g. ~/.bashrc) neither exit nor read stdin; `opmark doctor HOST` checks the host"
+        )
+    }
+}
+
+/// A shell complaining about the exec request may quote it, and with it the intent's
+/// plain SHA-256, which the ledger must never hold (it keeps an HMAC so that a copy
+/// cannot be used to guess a short secret offline): long hex runs become `<hex>`.
+fn without_digests(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+            continue;
+        }
+        if run.len() >= 32 {
+            out.push_str("<hex>");
+        } else {
+            out.push_str(&run);
+        }
+        run.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
 }
 
 /// Runs `verb` through the shim on `session`, streaming to `observer`.
@@ -40,8 +118,9 @@ pub async fn call_shim(
     stdin: Option<Vec<u8>>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
-    let command = shim::remote_command(verb);
-    let mut exec = match session.exec(&command, stdin).await {
+    let call = Invocation::new(verb, stdin.as_deref());
+    drop(stdin);
+    let mut exec = match session.exec(&call.exec, Some(call.data)).await {
         Ok(exec) => exec,
         Err(ExecError::NotSent(why)) => return CallEnd::NotSent(why),
         Err(ExecError::Lost(why)) => {
@@ -49,18 +128,23 @@ pub async fn call_shim(
                 frames: Vec::new(),
                 shim_started: false,
                 reason: why,
+                never_started: None,
             }
         }
     };
     if let Verb::Run(_) = verb {
         super::fault_point("after_dispatch");
     }
-    let mut parser = ReplyParser::new();
+    let mut parser = ReplyParser::expecting(&call.token);
     let mut frames = Vec::new();
     let mut replies = Vec::new();
     let mut finished = false;
+    let mut exit_status = None;
     loop {
         let event = exec.next().await;
+        if let ExecEvent::ExitStatus(s) = event {
+            exit_status = Some(s);
+        }
         let pushed = match &event {
             ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
             ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
@@ -73,6 +157,7 @@ pub async fn call_shim(
                 frames,
                 shim_started: parser.shim_started(),
                 reason: e.to_string(),
+                never_started: None,
             };
         }
         for reply in replies.drain(..) {
@@ -90,11 +175,23 @@ pub async fn call_shim(
             ExecEvent::Closed => {
                 return if finished {
                     CallEnd::Finished(frames)
+                } else if !parser.header_seen() {
+                    // An orderly close delivers everything the host wrote; the shim writes
+                    // its header before it touches anything (and stops if its output goes
+                    // elsewhere), so no header means no claim.
+                    let never = NeverStarted::new(exit_status, &parser);
+                    CallEnd::Lost {
+                        frames,
+                        shim_started: false,
+                        reason: never.describe(),
+                        never_started: Some(never),
+                    }
                 } else {
                     CallEnd::Lost {
                         frames,
                         shim_started: parser.shim_started(),
                         reason: "the channel closed before the shim's final frame".into(),
+                        never_started: None,
                     }
                 };
             }
@@ -106,6 +203,7 @@ pub async fn call_shim(
                         frames,
                         shim_started: parser.shim_started(),
                         reason: why,
+                        never_started: None,
                     }
                 };
             }
@@ -122,4 +220,19 @@ impl CallObserver for FramesOnly {
     fn stdout(&mut self, _: &[u8]) {}
     fn stderr(&mut self, _: &[u8]) {}
     fn frame(&mut self, _: &Frame) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_host_said_never_carries_a_digest() {
+        let fp = "ab".repeat(32);
+        let said = format!("fish: Unknown command: 'run' 'op' '{fp}' at 0xdead");
+        assert_eq!(
+            without_digests(&said),
+            "fish: Unknown command: 'run' 'op' '<hex>' at 0xdead"
+        );
+    }
 }

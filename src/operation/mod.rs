@@ -565,9 +565,19 @@ impl<'a> Runner<'a> {
                 }
                 CallEnd::Finished(frames) => self.settle_reply(dest, &attempt, frames).await?,
                 CallEnd::Lost {
+                    never_started: Some(never),
+                    ..
+                } => {
+                    // Nothing of the shim ran, so this attempt claimed nothing: no probe
+                    // needed, and retrying would meet the same host.
+                    self.boundary(&attempt, Boundary::SentNoResponse, &never.describe())?;
+                    Settled::Verdict(self.never_started_answer(&attempt, &never))
+                }
+                CallEnd::Lost {
                     frames,
                     shim_started: _,
                     reason,
+                    never_started: None,
                 } => {
                     let started = frames.iter().any(|f| matches!(f, Frame::Started { .. }));
                     let boundary = if started {
@@ -671,6 +681,34 @@ impl<'a> Runner<'a> {
                 self.attempts.len()
             ),
         ))
+    }
+
+    /// This attempt's shim never started. `not_applied` unless an earlier attempt left
+    /// and its outcome is unknown (that one may still have run).
+    fn never_started_answer(&self, attempt: &str, never: &call::NeverStarted) -> Answer {
+        let earlier = self
+            .attempts
+            .iter()
+            .find(|a| a.attempt_id != attempt && a.boundary != Boundary::NotSent)
+            .map(|a| a.attempt_id.clone())
+            .or_else(|| self.prior_dispatch.clone());
+        match earlier {
+            Some(earlier) => Answer::new(
+                Verdict::Indeterminate,
+                Some(attempt.to_owned()),
+                ReasonCode::EarlierDispatchUnknown,
+                format!(
+                    "{}; attempt {earlier} was dispatched earlier and its outcome is unknown. Run `opmark reconcile` once the host is fixed",
+                    never.describe()
+                ),
+            ),
+            None => Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.to_owned()),
+                ReasonCode::ShimDidNotStart,
+                never.describe(),
+            ),
+        }
     }
 
     fn may_supersede(&self) -> bool {
@@ -811,6 +849,19 @@ impl<'a> Runner<'a> {
                         "the host's marker root is full ({}): the operation's records could not be written before the command started, so the claim was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
                         refusal.fields["reason"]
                     ),
+                ))
+            }
+            "cannot_start"
+                if matches!(
+                    refusal.fields.get("reason").map(String::as_str),
+                    Some("no_setsid" | "setsid_without_f")
+                ) =>
+            {
+                Settled::Verdict(Answer::new(
+                    Verdict::NotApplied,
+                    Some(attempt.to_owned()),
+                    ReasonCode::HostMissingSetsid,
+                    "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
                 ))
             }
             "invalid_op_id" | "bad_args" => Settled::Verdict(Answer::new(

@@ -14,6 +14,10 @@
 //! bytes past the announced length, so the commit line fails. Payload bytes are delivered
 //! only on their commit, so injected bytes never reach the caller; the client treats the
 //! error as a lost reply and asks the marker.
+//!
+//! A parser made with [`ReplyParser::expecting`] takes only a header that echoes the
+//! client's call token (`H v=1 c=<token>`), so startup-file text that looks like a header
+//! is skipped too.
 
 use std::collections::BTreeMap;
 
@@ -336,6 +340,8 @@ enum Stream {
 /// Incremental parser for one call's stdout and stderr streams.
 #[derive(Debug, Default)]
 pub struct ReplyParser {
+    /// The call token a header must carry (`c=`), when the client sent one.
+    token: Option<String>,
     nonce: Option<String>,
     stdout_nonce: Option<String>,
     stdout_pre: Vec<u8>,
@@ -355,6 +361,33 @@ impl ReplyParser {
     /// A parser for a fresh call.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A parser for a call whose shim was given `token`: only a header echoing it counts.
+    pub fn expecting(token: &str) -> Self {
+        ReplyParser {
+            token: Some(token.to_owned()),
+            ..Self::default()
+        }
+    }
+
+    /// Whether the shim's header arrived on either stream: the shim itself ran. When the
+    /// channel closes without it, the shim never reached its first line of output, and so
+    /// never claimed anything.
+    pub fn header_seen(&self) -> bool {
+        self.stdout_open || self.stderr_open
+    }
+
+    /// What arrived before any header (a login shell's or its startup files' messages),
+    /// for telling why the shim did not start. At most `max` bytes per stream.
+    pub fn preamble(&self, max: usize) -> (Vec<u8>, Vec<u8>) {
+        let cut = |b: &[u8]| b[..b.len().min(max)].to_vec();
+        let err = if self.stderr_open {
+            Vec::new()
+        } else {
+            cut(&self.stderr_buf)
+        };
+        (cut(&self.stdout_pre), err)
     }
 
     /// Whether the stderr header (and so the nonce) has been seen: the shim started.
@@ -380,7 +413,7 @@ impl ReplyParser {
             return Self::no_stdout_after_header(data);
         }
         self.stdout_pre.extend_from_slice(data);
-        if let Some((start, end, nonce)) = find_header(&self.stdout_pre) {
+        if let Some((start, end, nonce)) = find_header(&self.stdout_pre, self.token.as_deref()) {
             self.preamble_seen += start;
             if let Some(n) = &self.nonce {
                 if *n != nonce {
@@ -415,7 +448,8 @@ impl ReplyParser {
     pub fn push_stderr(&mut self, data: &[u8], out: &mut Vec<Reply>) -> Result<(), ProtocolError> {
         self.stderr_buf.extend_from_slice(data);
         if !self.stderr_open {
-            let Some((start, end, nonce)) = find_header(&self.stderr_buf) else {
+            let Some((start, end, nonce)) = find_header(&self.stderr_buf, self.token.as_deref())
+            else {
                 if self.stderr_buf.len() > MAX_PREAMBLE {
                     return Err(ProtocolError::new("no shim header on stderr"));
                 }
@@ -600,19 +634,27 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
     })
 }
 
-/// Finds `OPMARK/1 <32 hex> H ...\n` anywhere in `buf`: (start, end after newline, nonce).
-fn find_header(buf: &[u8]) -> Option<(usize, usize, String)> {
+/// Finds `OPMARK/1 <32 hex> H ...\n` anywhere in `buf` (with ` c=<token>` among its
+/// fields when a token is expected): (start, end after newline, nonce).
+fn find_header(buf: &[u8], token: Option<&str>) -> Option<(usize, usize, String)> {
     let mut from = 0;
     while let Some(pos) = find(&buf[from..], MAGIC) {
         let start = from + pos;
         let after = &buf[start + MAGIC.len()..];
         let nl = after.iter().position(|&b| b == b'\n')?;
         let line = &after[..nl];
+        let echoes_token = |fields: &[u8]| match token {
+            None => true,
+            Some(t) => fields
+                .split(|&b| b == b' ')
+                .any(|f| f.strip_prefix(b"c=") == Some(t.as_bytes())),
+        };
         if line.len() >= 35
             && line[..32]
                 .iter()
                 .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
             && &line[32..35] == b" H "
+            && echoes_token(&line[35..])
         {
             let nonce = String::from_utf8_lossy(&line[..32]).into_owned();
             return Some((start, start + MAGIC.len() + nl + 1, nonce));
@@ -764,6 +806,39 @@ mod tests {
         let (replies, err) = parse_until_error(header.as_bytes(), forged.as_bytes());
         assert!(err.is_some());
         assert!(collect_stdout(&replies).is_empty());
+    }
+
+    #[test]
+    fn a_startup_file_copying_a_header_is_skipped_when_a_token_is_expected() {
+        let fake = "f".repeat(32);
+        let token = "c0ffee";
+        let stdout = format!("OPMARK/1 {fake} H v=1\nOPMARK/1 {N} H v=1 c={token}\n");
+        let stderr = format!(
+            "OPMARK/1 {fake} H v=1\nOPMARK/1 {N} H v=1 c={token}\nOPMARK/1 {N} O 4\nout\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=4 out=4 err=0 attempt=a\n"
+        );
+        let mut p = ReplyParser::expecting(token);
+        let mut out = Vec::new();
+        for b in stderr.as_bytes() {
+            p.push_stderr(std::slice::from_ref(b), &mut out).unwrap();
+        }
+        for b in stdout.as_bytes() {
+            p.push_stdout(std::slice::from_ref(b), &mut out).unwrap();
+        }
+        assert_eq!(collect_stdout(&out), b"out\n");
+        assert!(out
+            .iter()
+            .any(|r| matches!(r, Reply::Frame(Frame::Exit(x)) if x.code == 4)));
+        // Without the token, the copy would have been taken for the header.
+        assert!(parse(stdout.as_bytes(), stderr.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn no_header_means_the_shim_never_spoke() {
+        let mut p = ReplyParser::expecting("c0ffee");
+        let mut out = Vec::new();
+        p.push_stderr(b"fish: Unknown command\n", &mut out).unwrap();
+        assert!(!p.header_seen());
+        assert_eq!(p.preamble(8).1, b"fish: Un");
     }
 
     #[test]

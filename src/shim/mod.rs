@@ -1,10 +1,17 @@
 //! The host shim: the embedded `remote-scripts/shim.sh`, the one place that builds the
-//! command line invoking it (all quoting happens here), and its framed replies
-//! ([`frames`]).
+//! invocation of it (the exec request, all quoting, and the channel data), and its
+//! framed replies ([`frames`]).
 //!
-//! Nothing is installed on a host: every call sends the script as part of the exec
-//! request (`sh -c SCRIPT opmark-shim SCRIPT VERB ARGS...`). The script gets its own text
-//! as its first argument so that it can start its detached supervisor with the same code.
+//! Nothing is installed on a host. Every call's exec request is a one-line stub that any
+//! login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes only, no
+//! `!`, no newline); the stub reads the script from the channel's data and runs
+//! `sh -c SCRIPT opmark-shim SCRIPT c=TOKEN VERB ARGS...`. The verb's input follows the
+//! script in the same data (for `run`: the command, then the stdin), so neither the
+//! script nor the command is ever an argument: their size does not matter (one argument
+//! is capped at 128 KiB on Linux) and `ps` on the host does not show them. The data is
+//! sent right behind the exec request, without waiting for the host: one round trip, as
+//! before. The script gets its own text as its first argument so that it can start its
+//! detached supervisor with the same code.
 
 pub mod frames;
 
@@ -22,6 +29,18 @@ pub use frames::{
 
 /// The shim's source, delivered with every call.
 pub const SCRIPT: &str = include_str!("../../remote-scripts/shim.sh");
+
+/// The largest command opmark sends. Not a transport limit (the command travels in the
+/// channel's data): the host's shell holds it in memory a few times over, and a script
+/// this size belongs in a file sent with `--stdin` (`opmark run HOST --stdin -- sh -s`).
+pub const MAX_COMMAND_BYTES: usize = 16 << 20;
+
+/// What the exec request runs: reads the call token line and the script from the
+/// channel's data (exactly, never past them: the command and stdin follow), then runs
+/// the script. `$1` is the script's length, `$2` `c=TOKEN`. A login shell's startup file
+/// that read from stdin would shift the data: the token line no longer matches, and
+/// nothing runs. Single quotes around it must be enough for every shell (see module doc).
+const STUB: &str = "read -r t&&[ \"$t\" = \"$2\" ]&&s=$(dd bs=$1 count=1 iflag=fullblock 2>/dev/null)&&shift&&exec sh -c \"$s\" opmark-shim \"$s\" \"$@\"";
 
 /// The shim protocol version this client speaks (the `H v=` field).
 pub const PROTOCOL_VERSION: &str = "1";
@@ -60,7 +79,8 @@ pub struct RunRequest<'a> {
     /// Whether an interrupted claim may be moved aside and claimed again by this attempt
     /// (policy `rerun`, or an operator's approval).
     pub supersede_interrupted: bool,
-    /// The command string, run by `sh -c` on the host.
+    /// The command string, run on the host as `sh -c` runs it (sent in the channel's
+    /// data, at most [`MAX_COMMAND_BYTES`]).
     pub command: &'a str,
 }
 
@@ -116,7 +136,9 @@ pub enum Verb<'a> {
 }
 
 impl Verb<'_> {
-    /// The verb's name and arguments, in the order the script expects.
+    /// The verb's name and arguments, in the order the script expects. Every one is made
+    /// of `[A-Za-z0-9._:=-]` (ids, digests, numbers), so the stub's login shell, whatever
+    /// it is, passes them through unchanged.
     pub fn args(&self) -> Vec<String> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
         match self {
@@ -133,7 +155,7 @@ impl Verb<'_> {
                     .as_ref()
                     .map_or("-".into(), |s| s.sha256_hex.clone()),
                 flag(r.supersede_interrupted),
-                r.command.into(),
+                r.command.len().to_string(),
             ],
             Verb::Probe(op) => vec!["probe".into(), op.to_string()],
             Verb::Attach {
@@ -184,23 +206,82 @@ pub fn quote(word: &str) -> String {
     out
 }
 
-/// The exec request string sent over SSH. The remote login shell (sshd runs
-/// `$SHELL -c STRING`) sees: `OPMARK_S='<script>';exec sh -c "$OPMARK_S" opmark-shim
-/// "$OPMARK_S" VERB ARGS...`. The variable is not exported, so the command never sees it.
-pub fn remote_command(verb: &Verb) -> String {
-    let mut cmd = String::with_capacity(SCRIPT.len() + 256);
-    cmd.push_str("OPMARK_S=");
-    cmd.push_str(&quote(SCRIPT));
-    cmd.push_str(";exec sh -c \"$OPMARK_S\" opmark-shim \"$OPMARK_S\"");
-    for arg in verb.args() {
-        cmd.push(' ');
-        cmd.push_str(&quote(&arg));
+impl Verb<'_> {
+    /// The verb's input, which the shim reads from the channel's data right after the
+    /// script: the command for `run`, nothing otherwise.
+    pub fn input(&self) -> &[u8] {
+        match self {
+            Verb::Run(r) => r.command.as_bytes(),
+            _ => &[],
+        }
     }
-    cmd
+}
+
+/// A command opmark refuses to send, with the limit it breaks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvocationError {
+    /// The command is longer than [`MAX_COMMAND_BYTES`].
+    #[error("the command is {len} bytes; opmark sends at most {max} bytes ({mib} MiB) of command text. Put the script in a file and send it as input instead: `opmark run HOST --stdin -- sh -s < script.sh`", max = MAX_COMMAND_BYTES, mib = MAX_COMMAND_BYTES >> 20)]
+    CommandTooLarge {
+        /// The command's length in bytes.
+        len: usize,
+    },
+    /// The command is empty (the shim would have nothing to run).
+    #[error("the command is empty; give the command to run after `--`")]
+    EmptyCommand,
+}
+
+/// Checks what cannot be sent, before anything is.
+pub fn check_command(command: &str) -> Result<(), InvocationError> {
+    if command.is_empty() {
+        return Err(InvocationError::EmptyCommand);
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Err(InvocationError::CommandTooLarge { len: command.len() });
+    }
+    Ok(())
+}
+
+/// One call of the shim over SSH: what the exec request says, what the channel's data
+/// carries, and the token the shim's header must echo.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The exec request: `exec sh -c '<stub>' opmark <script length> c=<token> VERB
+    /// ARGS...`, a few hundred bytes whatever the command.
+    pub exec: String,
+    /// The channel's data, then EOF: `c=<token>` and a newline, the script, the verb's
+    /// input (the command), the stdin.
+    pub data: Vec<u8>,
+    /// 128 random bits in hex, fresh per call. Text the login shell printed before the
+    /// shim (even a copy of an old header) never carries it.
+    pub token: String,
+}
+
+impl Invocation {
+    /// The invocation of `verb`, with `stdin` (already spooled) after its input.
+    pub fn new(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut exec = format!("exec sh -c '{STUB}' opmark {} c={token}", SCRIPT.len());
+        for arg in verb.args() {
+            exec.push(' ');
+            exec.push_str(&quote(&arg));
+        }
+        let input = verb.input();
+        let stdin = stdin.unwrap_or_default();
+        let mut data =
+            Vec::with_capacity(token.len() + 3 + SCRIPT.len() + input.len() + stdin.len());
+        data.extend_from_slice(b"c=");
+        data.extend_from_slice(token.as_bytes());
+        data.push(b'\n');
+        data.extend_from_slice(SCRIPT.as_bytes());
+        data.extend_from_slice(input);
+        data.extend_from_slice(stdin);
+        Invocation { exec, data, token }
+    }
 }
 
 /// The same call run locally by `shell` (tests, and hosts reached by other means):
-/// `shell -c SCRIPT opmark-shim SCRIPT VERB ARGS...`.
+/// `shell -c SCRIPT opmark-shim SCRIPT VERB ARGS...`, with [`local_data`] on its stdin.
 pub fn local_args(verb: &Verb) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "-c".into(),
@@ -212,8 +293,16 @@ pub fn local_args(verb: &Verb) -> Vec<OsString> {
     args
 }
 
+/// What a local call's stdin must carry: the verb's input, then the stdin.
+pub fn local_data(verb: &Verb, stdin: &[u8]) -> Vec<u8> {
+    let mut data = verb.input().to_vec();
+    data.extend_from_slice(stdin);
+    data
+}
+
 /// A `std::process::Command` running the shim locally under `shell`, with the
-/// supervisor and the command run by the same shell (`OPMARK_SH`).
+/// supervisor and the command run by the same shell (`OPMARK_SH`). Feed it
+/// [`local_data`] on stdin.
 pub fn local_command(shell: &Path, verb: &Verb) -> std::process::Command {
     let mut cmd = std::process::Command::new(shell);
     cmd.args(local_args(verb)).env("OPMARK_SH", shell);
@@ -262,10 +351,62 @@ mod tests {
         assert_eq!(args[5], "1");
         assert_eq!(args[7], "3");
         assert_eq!(args[9], "1");
-        assert_eq!(args[10], "echo 'hi'");
+        assert_eq!(args[10], "9", "the command's length; the command is data");
         assert_eq!(args.len(), 11);
-        let remote = remote_command(&verb);
-        assert!(remote.starts_with("OPMARK_S='"));
-        assert!(remote.ends_with("'echo '\\''hi'\\'''"));
+        assert_eq!(verb.input(), b"echo 'hi'");
+    }
+
+    #[test]
+    fn the_exec_request_is_one_plain_line_whatever_the_command() {
+        let op = OpId::parse("deploy:1.a-b").unwrap();
+        let command = format!("echo '{}' !x \\ \n", "y".repeat(1 << 20));
+        let fp = "ab".repeat(32);
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "at-0123456789abcdef",
+            host_fingerprint: &fp,
+            family: Family::AppendOnly,
+            timeout: Some(Duration::from_secs(5)),
+            output_cap: DEFAULT_OUTPUT_CAP,
+            stdin: Some(StdinSpec {
+                len: 2,
+                sha256_hex: "cd".repeat(32),
+            }),
+            supersede_interrupted: false,
+            command: &command,
+        });
+        let call = Invocation::new(&verb, Some(b"in"));
+        assert!(call.exec.len() < 512, "{}", call.exec);
+        // What fish and tcsh need to take single quotes literally: no newline, no
+        // backslash, no history `!`, and quotes only as delimiters.
+        assert!(!call.exec.contains(['\n', '\\', '!']), "{}", call.exec);
+        assert!(!STUB.contains('\''));
+        for arg in verb.args() {
+            assert!(
+                arg.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._:=-".contains(c)),
+                "{arg}"
+            );
+        }
+        let head = format!("c={}\n", call.token);
+        assert!(call.data.starts_with(head.as_bytes()));
+        let rest = &call.data[head.len()..];
+        assert!(rest.starts_with(SCRIPT.as_bytes()));
+        assert!(rest[SCRIPT.len()..].starts_with(command.as_bytes()));
+        assert!(rest.ends_with(b"in"));
+        assert_eq!(call.token.len(), 32);
+        assert_ne!(call.token, Invocation::new(&verb, None).token);
+    }
+
+    #[test]
+    fn commands_beyond_the_limit_or_empty_are_refused_before_sending() {
+        assert_eq!(check_command(""), Err(InvocationError::EmptyCommand));
+        assert!(check_command(&"x".repeat(MAX_COMMAND_BYTES)).is_ok());
+        let too_big = check_command(&"x".repeat(MAX_COMMAND_BYTES + 1)).unwrap_err();
+        let message = too_big.to_string();
+        assert!(
+            message.contains("16 MiB") && message.contains("--stdin"),
+            "{message}"
+        );
     }
 }

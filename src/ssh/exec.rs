@@ -80,6 +80,9 @@ impl Drop for Exec {
 impl Session {
     /// Opens a channel and sends `command` as an exec request (no pty, ever), then feeds
     /// `stdin` followed by EOF (EOF at once when `None`, so readers of stdin do not hang).
+    /// The data follows the request at once, without waiting for the host's answer (sshd
+    /// holds it until the command starts, and drops it if the request is refused): a
+    /// command reading its input costs no extra round trip.
     ///
     /// Returns once the host accepted the request. `NotSent` means nothing can run;
     /// `Lost` means the request left and the answer did not come back.
@@ -111,27 +114,6 @@ impl Session {
             .await
             .map_err(|e| ExecError::NotSent(format!("sending the exec request failed: {e}")))?;
 
-        // The request has left. Wait for the host's answer: a refusal means nothing ran.
-        let mut pending = VecDeque::new();
-        loop {
-            match read.wait().await {
-                Some(ChannelMsg::Success) => break,
-                Some(ChannelMsg::Failure) => {
-                    return Err(ExecError::NotSent(
-                        "the host refused the exec request (nothing ran)".into(),
-                    ))
-                }
-                Some(ChannelMsg::WindowAdjusted { .. }) => {}
-                Some(other) => pending.push_back(other),
-                None => {
-                    let why = settle_lost_reason(&inner.shared)
-                        .await
-                        .unwrap_or_else(|| "the channel ended before the host answered".into());
-                    return Err(ExecError::Lost(why));
-                }
-            }
-        }
-
         let writer = tokio::spawn(async move {
             if let Some(bytes) = stdin {
                 if let Err(e) = write.data(&bytes[..]).await {
@@ -143,6 +125,29 @@ impl Session {
                 tracing::debug!("stdin EOF not sent: {e}");
             }
         });
+
+        // The request has left. Wait for the host's answer: a refusal means nothing ran.
+        let mut pending = VecDeque::new();
+        loop {
+            match read.wait().await {
+                Some(ChannelMsg::Success) => break,
+                Some(ChannelMsg::Failure) => {
+                    writer.abort();
+                    return Err(ExecError::NotSent(
+                        "the host refused the exec request (nothing ran)".into(),
+                    ));
+                }
+                Some(ChannelMsg::WindowAdjusted { .. }) => {}
+                Some(other) => pending.push_back(other),
+                None => {
+                    writer.abort();
+                    let why = settle_lost_reason(&inner.shared)
+                        .await
+                        .unwrap_or_else(|| "the channel ended before the host answered".into());
+                    return Err(ExecError::Lost(why));
+                }
+            }
+        }
 
         Ok(Exec {
             read,

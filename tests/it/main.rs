@@ -5,6 +5,7 @@ mod support;
 mod cancel;
 mod chaos;
 mod cli;
+mod hosts;
 mod integrity;
 mod ledger;
 mod operators;

@@ -10,7 +10,7 @@ use opmark::family::Family;
 use opmark::ledger::fingerprint::{ledger_fingerprint, Intent};
 use opmark::ledger::{Durability, Event, Ledger, OpKey};
 use opmark::op_id::OpId;
-use opmark::shim::{self, Verb};
+use opmark::shim::Verb;
 use opmark::vocab::{Boundary, RetryReason};
 use serde_json::Value;
 
@@ -413,14 +413,14 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
         "ended_at",
     );
     let op = OpId::parse("old-fenced").unwrap();
-    let fence = support::ssh(&lab)
-        .arg("target1")
-        .arg(shim::remote_command(&Verb::Fence {
+    let fence = support::ssh_shim(
+        &lab,
+        "target1",
+        &Verb::Fence {
             op: &op,
             force: false,
-        }))
-        .output()
-        .unwrap();
+        },
+    );
     assert!(fence.status.success(), "{}", text(&fence.stderr));
     age_record(
         &marker(&lab, "target1", "old-fenced").join("fenced"),

@@ -154,12 +154,28 @@ impl Host {
         cmd
     }
 
+    /// The shim for `verb` with its stdin already holding the verb's input (the
+    /// command), as the channel's data would after the script. Its output must go to
+    /// pipes: the shim does nothing when its replies cannot reach a client.
     fn command(&self, verb: &Verb) -> Command {
-        self.command_with_args(verb.args())
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static SEQ: AtomicUsize = AtomicUsize::new(0);
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shim-data");
+        std::fs::create_dir_all(&dir).unwrap();
+        let data = dir.join(format!(
+            "{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&data, shim::local_data(verb, b"")).unwrap();
+        let mut cmd = self.command_with_args(verb.args());
+        cmd.stdin(std::fs::File::open(&data).unwrap());
+        cmd
     }
 
+    /// The shim for `verb`, fed the verb's input and then `stdin`, run to its end.
     fn call(&self, verb: &Verb, stdin: &[u8]) -> Outcome {
-        self.call_args(verb.args(), stdin)
+        self.call_args(verb.args(), &shim::local_data(verb, stdin))
     }
 
     fn call_args(&self, args: Vec<String>, stdin: &[u8]) -> Outcome {
@@ -407,7 +423,6 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     command: &cmd,
                 });
                 host.command(&verb)
-                    .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .spawn()
@@ -464,9 +479,8 @@ fn killing_the_foreground_does_not_stop_the_command() {
             use std::os::unix::process::CommandExt;
             host.command(&verb)
                 .process_group(0)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         };
@@ -518,9 +532,8 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 supersede_interrupted: false,
                 command: "sleep 60",
             }))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         host.wait_for_file(&host.marker(op).join("started"));
@@ -586,9 +599,8 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             supersede_interrupted: false,
             command: &cmd,
         }))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     host.wait_for_file(&host.marker("op").join("started"));
@@ -637,9 +649,8 @@ fn a_changed_boot_id_means_interrupted() {
             supersede_interrupted: false,
             command: "sleep 30",
         }))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     host.wait_for_file(&host.marker("op").join("started"));
@@ -1036,20 +1047,10 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         command: &cmd,
     });
     let ssh_call = |verb: &Verb| {
-        let out = crate::support::ssh(&lab)
-            .arg("target1")
-            .arg(shim::remote_command(verb))
-            .output()
-            .unwrap();
+        let out = crate::support::ssh_shim(&lab, "target1", verb);
         parse(&out.stdout, &out.stderr)
     };
-    let mut client = crate::support::ssh(&lab)
-        .arg("target1")
-        .arg(shim::remote_command(&run))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut client = crate::support::spawn_ssh_shim(&lab, "target1", &run);
     let out_file = target.marker_root().join("ops/over-ssh/out");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::fs::read(&out_file).map_or(true, |o| o != b"start\n") {

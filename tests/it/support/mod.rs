@@ -177,6 +177,36 @@ pub fn ssh(lab: &Lab) -> Command {
     cmd
 }
 
+/// One shim call through the OpenSSH client, sent as opmark sends it: the exec stub as
+/// the remote command, the call token, the script and the verb's input on stdin (then
+/// EOF). Output is piped; the caller waits (or kills the client mid-call).
+pub fn spawn_ssh_shim(lab: &Lab, alias: &str, verb: &opmark::shim::Verb) -> std::process::Child {
+    use std::io::Write;
+    let call = opmark::shim::Invocation::new(verb, None);
+    let mut child = ssh(lab)
+        .arg(alias)
+        .arg(&call.exec)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ssh");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(&call.data)
+        .expect("send the shim's data to ssh");
+    child
+}
+
+/// [`spawn_ssh_shim`], run to its end.
+pub fn ssh_shim(lab: &Lab, alias: &str, verb: &opmark::shim::Verb) -> std::process::Output {
+    spawn_ssh_shim(lab, alias, verb)
+        .wait_with_output()
+        .expect("wait for ssh")
+}
+
 /// A sealed environment for running the real `opmark` binary: its own HOME,
 /// XDG_STATE_HOME, XDG_CONFIG_HOME and ledger, nothing from the developer's setup.
 #[derive(Debug)]
