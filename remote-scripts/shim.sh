@@ -1156,20 +1156,21 @@ if [ "$verb" = supervise ]; then
 	supervise "$@"
 	exit 0
 fi
+# Act only when the replies reach the client (sshd gives pipes or sockets). A startup
+# file that sent our output elsewhere (`exec >/dev/null`) would let a claim happen that
+# the client never hears of, while a channel that closes without our header is its
+# evidence that nothing ran. (Checked before the header: after it, stdout is /dev/null
+# on purpose.)
+for tb in 1 2; do
+	[ -e "/dev/fd/$tb" ] || continue
+	[ -p "/dev/fd/$tb" ] || [ -S "/dev/fd/$tb" ] || exit 3
+done
 exec 3>&2 2>/dev/null
 new_nonce || {
 	printf 'opmark-shim: cannot read /dev/urandom\n' >&3
 	exit 3
 }
 hello
-# Act only when the replies reach the client (sshd gives pipes or sockets). A startup
-# file that sent our output elsewhere (`exec >/dev/null`) would let a claim happen that
-# the client never hears of, while a channel that closes without our header is its
-# evidence that nothing ran.
-for tb in 1 3; do
-	[ -e "/dev/fd/$tb" ] || continue
-	[ -p "/dev/fd/$tb" ] || [ -S "/dev/fd/$tb" ] || exit 3
-done
 case $verb in
 run) verb_run "$@" ;;
 probe) verb_probe "$@" ;;

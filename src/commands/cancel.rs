@@ -20,7 +20,7 @@ use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
 use crate::shim::{CancelOutcome, Frame, MarkerInfo, Verb};
-use crate::ssh::{self, Session};
+use crate::ssh::Session;
 
 /// Longest grace accepted: beyond it a "cancel" is a wait, and the caller's ssh session
 /// would sit idle for that long.
@@ -69,10 +69,14 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     let by = common::operator(args.by.as_deref());
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
-    let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest =
-        ssh::resolve(&spec).map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
-    let host = dest.display();
+    // The host the operation ran on, reached the way it was (SPEC section 9).
+    let (host, dest, recorded) = super::reconcile::reach_operation(
+        global,
+        &args.host,
+        &args.host_args,
+        op.as_str(),
+        &ledger,
+    )?;
     let key = OpKey::new(op.as_str(), host.clone());
     let grace_ms = u64::try_from(args.grace.as_millis()).unwrap_or(u64::MAX);
 
@@ -87,6 +91,16 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
                 ),
             )
         })?;
+        // Another key is another machine: cancelling (or fencing) there would stop or
+        // close the wrong thing.
+        recorded
+            .check(&host, op.as_str(), session.host_key().as_deref())
+            .map_err(|why| {
+                Error::new(
+                    ErrorKind::Unreachable,
+                    format!("{why} (host_key_mismatch); nothing was sent"),
+                )
+            })?;
         let verb = Verb::Cancel {
             op: &op,
             grace: args.grace,

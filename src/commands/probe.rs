@@ -10,7 +10,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::call::{call_shim, CallEnd, FramesOnly};
-use crate::operation::identity::{self, Recorded};
+use crate::operation::identity::Recorded;
 use crate::shim::{Frame, MarkerInfo, Verb};
 use crate::ssh::{self, Session};
 
@@ -26,31 +26,16 @@ struct ProbeReport<'a> {
 pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
-    ssh::check_destination(&args.host).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
-    let spec = common::host_spec(global, &args.host, &args.host_args);
-    let fresh = ssh::resolve(&spec);
-    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
-    // the ledger recorded.
-    if let Err(e) = &fresh {
-        if e.stage == ssh::ConnectStage::Config {
-            return Err(common::resolve_error(e.clone()));
-        }
-    }
-    // The ledger names the host as `run` did: what was typed, plus `:port` with -p.
-    let host = match (&fresh, args.host_args.port) {
-        (Ok(d), _) => d.display(),
-        (Err(_), Some(p)) => format!("{}:{p}", args.host),
-        (Err(_), None) => args.host.clone(),
-    };
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
+    let (host, dest, recorded) = super::reconcile::reach_operation(
+        global,
+        &args.host,
+        &args.host_args,
+        op.as_str(),
+        &ledger,
+    )?;
     let key = OpKey::new(op.as_str(), host.clone());
-    let recorded = identity::recorded(&ledger.events(&key)?);
-    let dest = match recorded.route.as_ref() {
-        Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
-        None => fresh,
-    }
-    .map_err(common::resolve_error)?;
     let runtime = common::runtime()?;
     let marker = runtime.block_on(probe_checked(&dest, &op, &host, &recorded))?;
     ledger.append(

@@ -11,8 +11,9 @@ use crate::cli::{GlobalArgs, HostArgs, ReconcileArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{ListFilter, OpKey, OperationRecord};
 use crate::op_id::OpId;
+use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::{self, Candidate, Outcome};
-use crate::ssh::{self, ConnectError, Destination, HostSpec, Route};
+use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Route};
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -184,6 +185,10 @@ pub(crate) fn reach(
     let overridden = args.port.is_some()
         || !args.identity.is_empty()
         || args.jump.is_some()
+        || args.login.is_some()
+        || !args.option.is_empty()
+        || args.ipv4
+        || args.ipv6
         || global
             .ssh_config
             .as_ref()
@@ -192,6 +197,40 @@ pub(crate) fn reach(
         Some(route) if !overridden => ssh::resolve_route(route),
         _ => resolve_ledger_host(global, host, args),
     }
+}
+
+/// Where an operator command (`probe`, `cancel`) reaches operation `op` on the host the
+/// user typed: the ledger's name for that host (as `run` recorded it: what was typed,
+/// plus `:port` with -p), the destination by the operation's recorded route (see
+/// [`reach`]), and what the ledger recorded of its host keys, to hold the host to.
+pub(crate) fn reach_operation(
+    global: &GlobalArgs,
+    typed: &str,
+    args: &HostArgs,
+    op: &str,
+    ledger: &crate::ledger::Ledger,
+) -> Result<(String, Destination, Recorded)> {
+    ssh::check_destination(typed).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
+    let fresh = ssh::resolve(&common::host_spec(global, typed, args));
+    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
+    // the ledger recorded.
+    if let Err(e) = &fresh {
+        if e.stage == ConnectStage::Config {
+            return Err(common::resolve_error(e.clone()));
+        }
+    }
+    let host = match (&fresh, args.port) {
+        (Ok(d), _) => d.display(),
+        (Err(_), Some(p)) => format!("{typed}:{p}"),
+        (Err(_), None) => typed.to_owned(),
+    };
+    let recorded = identity::recorded(&ledger.events(&OpKey::new(op, host.clone()))?);
+    let dest = match recorded.route.as_ref() {
+        Some(route) => reach(global, &host, args, Some(route)),
+        None => fresh,
+    }
+    .map_err(common::resolve_error)?;
+    Ok((host, dest, recorded))
 }
 
 /// Resolves a ledger host string for connecting.
