@@ -331,6 +331,7 @@ fn to_error(e: LabError) -> Error {
         | LabError::UnknownTarget { .. }
         | LabError::NotNetns { .. }
         | LabError::NotDocker { .. }
+        | LabError::NoImage(_)
         | LabError::BadKey(_) => ErrorKind::InvalidInput,
         LabError::MissingTool { .. }
         | LabError::Io { .. }

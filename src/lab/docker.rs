@@ -107,8 +107,12 @@ pub enum ImageSource {
 
 /// The tag of the lab's own image: `opmark-lab:<first 16 hex of the recipe's SHA-256>`.
 pub fn recipe_tag() -> String {
+    tag_of(RECIPE)
+}
+
+fn tag_of(recipe: &[(&str, &str)]) -> String {
     let mut h = Sha256::new();
-    for (k, v) in RECIPE {
+    for (k, v) in recipe {
         h.update(k.as_bytes());
         h.update(b"=");
         h.update(v.as_bytes());
@@ -364,14 +368,7 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
     sshd::require_on_path("ssh-keygen", "openssh-client")?;
     if let Some(image) = &options.image {
         if !image_exists(image) {
-            return Err(LabError::Command {
-                command: format!("docker image inspect {image}"),
-                detail: format!(
-                    "no local image {image:?}; the lab uses no registry: load or build it \
-                     first (docker load / docker import), or omit --image to let the lab \
-                     build its own"
-                ),
-            });
+            return Err(LabError::NoImage(image.clone()));
         }
     }
     let dir = prepare_dir(&spec.dir)?;
@@ -896,6 +893,17 @@ mod tests {
         let tag = recipe_tag();
         assert_eq!(tag, recipe_tag());
         assert!(tag.starts_with("opmark-lab:") && tag.len() == "opmark-lab:".len() + 16);
+    }
+
+    #[test]
+    fn a_changed_recipe_gets_another_tag_so_it_is_built_anew() {
+        let mut changed = RECIPE.to_vec();
+        for entry in &mut changed {
+            if entry.0 == "include" {
+                entry.1 = "openssh-server,busybox,procps,curl";
+            }
+        }
+        assert_ne!(tag_of(&changed), recipe_tag());
     }
 
     #[test]

@@ -145,6 +145,12 @@ pub enum LabError {
         /// The target.
         alias: String,
     },
+    /// `--image` names an image the engine does not have.
+    #[error(
+        "no local image {0:?}; the lab uses no registry: load or build it first (docker \
+         load, docker import), or omit --image to let the lab build its own"
+    )]
+    NoImage(String),
     /// authorize_key got something that is not one public key line.
     #[error("not a single OpenSSH public key line (expected `TYPE BASE64 [COMMENT]`): {0}")]
     BadKey(String),
