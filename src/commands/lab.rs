@@ -252,6 +252,8 @@ fn describe(lab: &Lab) -> serde_json::Value {
                 "user": t.user,
                 "state_home": t.state_home,
                 "marker_root": t.marker_root(),
+                // Where the markers are on this machine (a docker target's volume).
+                "markers_on_host": lab.marker_root_on_host(&t.alias).ok(),
                 "netns": t.netns,
                 "container": lab.container(&t.alias).ok(),
                 "log": t.log,
