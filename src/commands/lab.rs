@@ -269,6 +269,11 @@ fn describe(lab: &Lab) -> serde_json::Value {
         "known_hosts": lab.known_hosts(),
         "client_key": lab.client_key(),
         "image": lab.image().map(|(i, _)| i),
+        "image_source": lab.image().and_then(|(_, source)| source).map(|s| match s {
+            ImageSource::Cached => "cached",
+            ImageSource::Built(_) => "built",
+            ImageSource::Given => "given",
+        }),
         "targets": targets,
     })
 }

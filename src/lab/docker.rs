@@ -594,9 +594,13 @@ fn wait_all_ready(lab: &Lab) -> Result<(), LabError> {
             .state
             .targets
             .iter()
-            .map(|t| {
+            .zip(docker_nodes(lab))
+            .map(|(t, n)| {
                 let cfg = &cfg;
-                s.spawn(move || sshd::wait_ready(t, cfg, deadline))
+                s.spawn(move || {
+                    wait_listening(t, n, deadline)?;
+                    sshd::wait_ready(t, cfg, deadline)
+                })
             })
             .collect();
         handles
@@ -612,6 +616,41 @@ fn wait_all_ready(lab: &Lab) -> Result<(), LabError> {
             .collect::<Result<Vec<()>, LabError>>()
     })?;
     Ok(())
+}
+
+/// Waits until the container's port 22 accepts TCP; a container that exits first (an
+/// image without sshd, a config its sshd refuses) fails at once with its output, rather
+/// than at the deadline.
+fn wait_listening(t: &Target, n: &Node, deadline: Instant) -> Result<(), LabError> {
+    let addr = std::net::SocketAddr::new(t.addr, t.port);
+    loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+            return Ok(());
+        }
+        let state = docker(&["inspect", "--format", "{{.State.Status}}", &n.container])
+            .unwrap_or_else(|e| e.to_string());
+        if state != "running" && state != "created" {
+            let logs = run(Command::new("docker").args(["logs", "--tail", "20", &n.container]))
+                .map(|o| {
+                    format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                })
+                .unwrap_or_default();
+            return Err(t.start_failed(format!(
+                "container {} is {state} (its image needs /bin/sh and /usr/sbin/sshd); its \
+                 output: {}",
+                n.container,
+                logs.trim()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(t.start_failed("port 22 not listening before the deadline".into()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Removes every container, volume and the network labelled with this lab id. Missing
@@ -714,6 +753,7 @@ impl Lab {
     }
 
     /// The image the lab's containers run, and whether this start built it (docker).
+    /// The source is known only to the process that started the lab.
     pub fn image(&self) -> Option<(&str, Option<ImageSource>)> {
         self.state
             .docker

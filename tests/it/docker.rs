@@ -507,6 +507,24 @@ fn image_option_without_docker_placement_or_unknown_image_is_refused_with_the_fi
         "{}",
         text(&out.stderr)
     );
+    // The docker-only fault verbs on a loopback target: a usage problem with the fix.
+    if let Some(lab) = crate::loopback_lab!(1) {
+        for verb in ["pause", "resume", "crash"] {
+            let out = env
+                .opmark()
+                .args(["lab", verb, "target1", "--dir"])
+                .arg(lab.dir())
+                .output()
+                .unwrap();
+            assert_eq!(out.status.code(), Some(245), "{verb}");
+            assert!(
+                text(&out.stderr).contains("--placement docker"),
+                "{verb}: {}",
+                text(&out.stderr)
+            );
+        }
+        assert!(lab.target_running("target1"), "nothing was done to it");
+    }
     if !docker_ready(name) {
         return;
     }
@@ -531,4 +549,111 @@ fn image_option_without_docker_placement_or_unknown_image_is_refused_with_the_fi
         "{err}"
     );
     assert_eq!(objects_of(&dir), "", "nothing started");
+}
+
+/// Removes the named images (test-made tags) when the test ends, even by a panic.
+struct Images(Vec<String>);
+
+impl Drop for Images {
+    fn drop(&mut self) {
+        for image in &self.0 {
+            let _ = Command::new("docker").args(["image", "rm", image]).output();
+        }
+    }
+}
+
+fn docker_ok(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn a_users_own_image_gets_keys_and_config_injected_and_is_never_purged() {
+    let name = crate::test_name!();
+    // Makes sure the lab's image exists; the user's images are made from it.
+    let Some(lab) = docker_lab(name, 1) else {
+        return;
+    };
+    drop(lab);
+    let env = Sealed::new(name);
+    let own = format!("opmark-test-own-{}:1", std::process::id());
+    let no_sshd = format!("opmark-test-no-sshd-{}:1", std::process::id());
+    let _cleanup = Images(vec![own.clone(), no_sshd.clone()]);
+    docker_ok(&["tag", &recipe_tag(), &own]);
+    let maker = format!("opmark-test-no-sshd-{}", std::process::id());
+    docker_ok(&[
+        "run",
+        "--name",
+        &maker,
+        &recipe_tag(),
+        "rm",
+        "/usr/sbin/sshd",
+    ]);
+    docker_ok(&["commit", &maker, &no_sshd]);
+    docker_ok(&["rm", &maker]);
+
+    let dir = env.root.join("lab");
+    let out = env
+        .opmark()
+        .args([
+            "lab",
+            "up",
+            "--placement",
+            "docker",
+            "--image",
+            &own,
+            "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains(&format!("image {own} (given with --image)")),
+        "{}",
+        text(&out.stdout)
+    );
+    let lab = Lab::load(&dir).unwrap();
+    let (code, doc) = run_json(&env, &lab, &["target1", "--op", "own-1", "--", "hostname"]);
+    assert_eq!(doc["verdict"], "completed", "{doc}");
+    assert_eq!(code, Some(0));
+    assert_eq!(doc["stdout"], "target1\n");
+    let out = env
+        .opmark()
+        .args(["lab", "down", "--purge-image", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(objects_of(&dir), "");
+    docker_ok(&["image", "inspect", &own]); // still there: not the lab's to remove
+
+    // An image without sshd fails at start with the container's own words, and leaves
+    // nothing behind.
+    let out = env
+        .opmark()
+        .args([
+            "lab",
+            "up",
+            "--placement",
+            "docker",
+            "--image",
+            &no_sshd,
+            "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("target1 did not start") && err.contains("/usr/sbin/sshd: not found"),
+        "{err}"
+    );
+    assert_eq!(objects_of(&dir), "", "a failed start left docker objects");
 }
