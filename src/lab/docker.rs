@@ -827,9 +827,15 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The readiness check reads a `fatal:` in the log as a dead sshd (there is no pid
+        // file outside the container); connections cut short before the crash may have
+        // written one. The old log is kept beside the new.
+        let _ = std::fs::rename(&t.log, t.log.with_extension("log.before-crash"));
         docker(&["start", &n.container])
             .map_err(|e| t.start_failed(format!("docker start failed: {e}")))?;
-        sshd::wait_ready(t, &self.state.ssh_config, Instant::now() + READY_TIMEOUT)
+        let deadline = Instant::now() + READY_TIMEOUT;
+        wait_listening(t, n, deadline)?;
+        sshd::wait_ready(t, &self.state.ssh_config, deadline)
     }
 
     /// The pid (in this machine's namespace) of the container's init, for nsenter.
