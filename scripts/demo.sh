@@ -12,6 +12,8 @@
 # As root the disconnect is a silent network cut (the target sits in its own network
 # namespace); otherwise the opmark client is killed with SIGKILL mid-command. Environment:
 #   OPMARK_DEMO_DISCONNECT=cut|kill   force one kind of disconnect (cut needs root)
+#   OPMARK_DEMO_PLACEMENT=docker      the target is a container (a Docker engine is needed;
+#                                     the first run builds its image, about two minutes)
 #   OPMARK_DEMO_KEEP=1                leave the lab running at the end, to explore it
 set -euo pipefail
 
@@ -29,6 +31,11 @@ fi
 case $mode in
 cut | kill) ;;
 *) die "OPMARK_DEMO_DISCONNECT must be cut or kill, not '$mode'" ;;
+esac
+placement=${OPMARK_DEMO_PLACEMENT:-}
+case $placement in
+'' | docker) ;;
+*) die "OPMARK_DEMO_PLACEMENT must be docker or unset, not '$placement'" ;;
 esac
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -105,7 +112,17 @@ mid_command() {
 }
 
 say "a. start a disposable SSH target: a real OpenSSH sshd on this machine (opmark lab up)"
-if [[ $mode == cut ]]; then
+if [[ $placement == docker ]]; then
+  "$opmark" lab up 1 --placement docker --dir "$lab" ||
+    die "the docker target did not start (is the Docker engine running? see above)"
+  # The container's HOME is inside it; its marker volume is readable from here, so the
+  # effect goes there.
+  markers=$("$opmark" --json lab status --dir "$lab" | grep -o '"markers_on_host":"[^"]*"' | head -n 1 | cut -d'"' -f4)
+  [[ -n $markers ]] || die "lab status did not say where the target's markers are"
+  effect=$(dirname "$markers")/deploy.log
+  # shellcheck disable=SC2016 # expanded on the target, not here
+  cmd='echo "release 42 deployed" >> "$XDG_STATE_HOME/deploy.log"; for i in 1 2 3 4; do echo "step $i/4"; sleep 1; done; echo done; exit 3'
+elif [[ $mode == cut ]]; then
   if ! "$opmark" lab up 1 --placement netns --dir "$lab"; then
     why="network namespaces are not available here"
     echo "($why: falling back to killing the client)"
@@ -113,7 +130,7 @@ if [[ $mode == cut ]]; then
     mode="kill"
   fi
 fi
-if [[ $mode == kill ]]; then
+if [[ $mode == kill && $placement != docker ]]; then
   "$opmark" lab up 1 --dir "$lab"
 fi
 

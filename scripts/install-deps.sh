@@ -3,18 +3,22 @@
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
 # busybox) and the login shells its exec stub must work through (zsh, fish, tcsh), a
 # linter (shellcheck), iproute2 + nftables (network-namespace targets and link cuts),
-# e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests), a C
-# compiler (bundled SQLite, ring) and Rust via rustup when cargo is missing.
+# e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests),
+# debootstrap (builds the image of docker lab targets; the Docker engine itself is
+# expected to be installed and running already), a C compiler (bundled SQLite, ring) and
+# Rust via rustup when cargo is missing.
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
 set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
-  procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh)
+  procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
+  debootstrap)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
-  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh)
+  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
+  /usr/sbin/debootstrap)
 
 have() {
   if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi

@@ -418,6 +418,9 @@ pub enum PlacementArg {
     Loopback,
     /// Each target in its own network namespace behind a veth pair (root only).
     Netns,
+    /// Each target a container with its own sshd, on a bridge network of the lab
+    /// (needs a Docker engine; the image is built once with debootstrap, or --image).
+    Docker,
 }
 
 /// `opmark lab` actions.
@@ -431,15 +434,23 @@ pub enum LabAction {
         /// Where they listen.
         #[arg(long, value_enum, default_value = "loopback")]
         placement: PlacementArg,
+        /// With --placement docker: a local image with sshd at /usr/sbin/sshd to use
+        /// instead of the lab's own (keys and sshd_config are injected at start).
+        #[arg(long, value_name = "IMG")]
+        image: Option<String>,
         /// Lab directory (default ${XDG_STATE_HOME:-~/.local/state}/opmark/lab).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
-    /// Stop the targets and remove the lab directory.
+    /// Stop the targets and remove the lab directory (docker: containers, network and
+    /// marker volumes; the cached image stays unless --purge-image).
     Down {
         /// Lab directory.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Docker labs: also remove the image built from the lab's recipe.
+        #[arg(long)]
+        purge_image: bool,
     },
     /// Print the targets of a running lab and how to reach them.
     Status {
@@ -447,7 +458,7 @@ pub enum LabAction {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
-    /// Silently drop all packets to and from a namespace target (no RST, no FIN).
+    /// Silently drop all packets to and from a netns or docker target (no RST, no FIN).
     Cut {
         /// Target alias (e.g. target1).
         target: String,
@@ -455,8 +466,33 @@ pub enum LabAction {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
-    /// Restore a cut namespace target's link.
+    /// Restore a cut target's link.
     Restore {
+        /// Target alias.
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Freeze every process of a docker target (docker pause): a hung host.
+    Pause {
+        /// Target alias.
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Unfreeze a paused docker target.
+    Resume {
+        /// Target alias.
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Kill every process of a docker target and start it again: markers persist, the
+    /// running command does not.
+    Crash {
         /// Target alias.
         target: String,
         /// Lab directory.

@@ -1,11 +1,12 @@
-//! `opmark lab up|down|status|cut|restore`: disposable local sshd targets for trying
-//! opmark (see `crate::lab`). `up` leaves the servers running after opmark exits.
+//! `opmark lab up|down|status|cut|restore|pause|resume|crash`: disposable local sshd
+//! targets for trying opmark (see `crate::lab`). `up` leaves the servers running after
+//! opmark exits.
 
 use std::path::{Path, PathBuf};
 
 use crate::cli::{GlobalArgs, LabAction, LabArgs, PlacementArg};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::lab::{Lab, LabError, LabSpec, Placement};
+use crate::lab::{DockerSpec, ImageSource, Lab, LabError, LabSpec, Placement};
 
 /// Runs one `opmark lab` action; returns the exit code.
 pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
@@ -13,9 +14,18 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
         LabAction::Up {
             count,
             placement,
+            image,
             dir,
-        } => up(global, *count, *placement, &lab_dir(dir.as_deref())?),
-        LabAction::Down { dir } => down(global, &lab_dir(dir.as_deref())?),
+        } => up(
+            global,
+            *count,
+            *placement,
+            image.as_deref(),
+            &lab_dir(dir.as_deref())?,
+        ),
+        LabAction::Down { dir, purge_image } => {
+            down(global, &lab_dir(dir.as_deref())?, *purge_image)
+        }
         LabAction::Status { dir } => status(global, &lab_dir(dir.as_deref())?),
         LabAction::Cut { target, dir } => {
             let dir = lab_dir(dir.as_deref())?;
@@ -33,19 +43,66 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             eprintln!("opmark: {target}: link restored");
             Ok(exit_code::OK)
         }
+        LabAction::Pause { target, dir } => {
+            let dir = lab_dir(dir.as_deref())?;
+            Lab::load(&dir)
+                .and_then(|lab| lab.pause(target))
+                .map_err(to_error)?;
+            eprintln!("opmark: {target}: paused (every process frozen); undo with `opmark lab resume {target}{}`", dir_flag(&dir));
+            Ok(exit_code::OK)
+        }
+        LabAction::Resume { target, dir } => {
+            let dir = lab_dir(dir.as_deref())?;
+            Lab::load(&dir)
+                .and_then(|lab| lab.resume(target))
+                .map_err(to_error)?;
+            eprintln!("opmark: {target}: resumed");
+            Ok(exit_code::OK)
+        }
+        LabAction::Crash { target, dir } => {
+            let dir = lab_dir(dir.as_deref())?;
+            Lab::load(&dir)
+                .and_then(|lab| lab.crash(target))
+                .map_err(to_error)?;
+            eprintln!("opmark: {target}: crashed (every process killed) and started again; markers kept, running commands gone");
+            Ok(exit_code::OK)
+        }
     }
 }
 
-fn up(global: &GlobalArgs, count: usize, placement: PlacementArg, dir: &Path) -> Result<u8> {
+fn up(
+    global: &GlobalArgs,
+    count: usize,
+    placement: PlacementArg,
+    image: Option<&str>,
+    dir: &Path,
+) -> Result<u8> {
     let placement = match placement {
         PlacementArg::Loopback => Placement::Loopback,
         PlacementArg::Netns => Placement::Netns,
+        PlacementArg::Docker => Placement::Docker,
     };
-    let mut lab = Lab::start(&LabSpec {
+    if image.is_some() && placement != Placement::Docker {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--image applies to docker targets only: add `--placement docker`, or drop --image",
+        ));
+    }
+    let spec = LabSpec {
         count,
         placement,
         dir: dir.to_path_buf(),
-    })
+    };
+    let mut lab = if placement == Placement::Docker {
+        Lab::start_docker(
+            &spec,
+            &DockerSpec {
+                image: image.map(str::to_owned),
+            },
+        )
+    } else {
+        Lab::start(&spec)
+    }
     .map_err(to_error)?;
     lab.set_stop_on_drop(false); // the point of `up`: the servers outlive this process
     if global.json {
@@ -60,32 +117,74 @@ fn up(global: &GlobalArgs, count: usize, placement: PlacementArg, dir: &Path) ->
         placement_name(lab.placement()),
         lab.dir().display()
     );
+    if let Some((image, source)) = lab.image() {
+        // Said on stdout: whether this `up` built the image is part of its result.
+        match source {
+            Some(ImageSource::Cached) => println!("image {image} (cached: nothing built)"),
+            Some(ImageSource::Built(took)) => {
+                println!("image {image} (built in {} s)", took.as_secs())
+            }
+            _ => println!("image {image} (given with --image)"),
+        }
+    }
     print_targets(&lab);
     println!("\nTry:");
     println!("  ssh -F {cfg} target1 'echo hello from $XDG_STATE_HOME'");
     println!("  opmark -F {cfg} run target1 -- echo hello");
-    if lab.placement() == Placement::Netns {
+    if matches!(lab.placement(), Placement::Netns | Placement::Docker) {
         println!("  opmark lab cut target1{flag}      # drop its packets silently");
         println!("  opmark lab restore target1{flag}");
+    }
+    if lab.placement() == Placement::Docker {
+        println!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
+        println!("  opmark lab crash target1{flag}    # kill all its processes, start it again");
     }
     println!("Stop and remove with:\n  opmark lab down{flag}");
     Ok(exit_code::OK)
 }
 
-fn down(global: &GlobalArgs, dir: &Path) -> Result<u8> {
+fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
     let lab = Lab::load(dir).map_err(to_error)?;
     let n = lab.targets().len();
+    if purge_image && lab.placement() != Placement::Docker {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--purge-image applies to docker labs only; this lab has no image",
+        ));
+    }
+    // The image outlives the lab (it is the slow part); removed only when asked, and
+    // only the lab's own (never a user's --image).
+    let purge = if purge_image { lab.own_image() } else { None };
+    let image = lab.image().map(|(i, _)| i.to_owned());
     let stopped = lab.stop();
     // Remove the files even if some process would not die: the next `up` needs a clean dir.
     crate::lab::remove_lab_dir(dir).map_err(to_error)?;
     stopped.map_err(to_error)?;
+    if let Some(tag) = &purge {
+        crate::lab::remove_image(tag).map_err(to_error)?;
+    }
     if global.json {
-        println!("{}", serde_json::json!({ "stopped": n, "dir": dir }));
+        println!(
+            "{}",
+            serde_json::json!({
+                "stopped": n,
+                "dir": dir,
+                "image": image,
+                "image_removed": purge.is_some(),
+            })
+        );
     } else {
         eprintln!(
             "opmark: lab in {} stopped and removed ({n} target(s))",
             dir.display()
         );
+        match (&image, &purge) {
+            (_, Some(tag)) => eprintln!("opmark: image {tag} removed"),
+            (Some(tag), None) => eprintln!(
+                "opmark: image {tag} kept for the next `lab up` (remove it with `lab down --purge-image`, or `docker image rm {tag}`)"
+            ),
+            (None, None) => {}
+        }
     }
     Ok(exit_code::OK)
 }
@@ -114,16 +213,21 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
 
 fn print_targets(lab: &Lab) {
     for t in lab.targets() {
-        let state = if t.sshd_pid().is_none() {
+        let paused = lab.placement() == Placement::Docker
+            && lab.container_state(&t.alias).is_ok_and(|s| s == "paused");
+        let state = if !lab.target_running(&t.alias) {
             "stopped"
-        } else if t.netns.is_some() && lab.is_cut(&t.alias).unwrap_or(false) {
+        } else if paused {
+            "paused"
+        } else if can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false) {
             "cut"
         } else {
             "running"
         };
-        let place = match &t.netns {
-            Some(ns) => format!("  netns {ns}"),
-            None => String::new(),
+        let place = match (&t.netns, lab.container(&t.alias)) {
+            (Some(ns), _) => format!("  netns {ns}"),
+            (None, Ok(container)) => format!("  container {container}"),
+            (None, Err(_)) => String::new(),
         };
         println!(
             "  {:<9} {:<26} {:<8} markers in {}{place}",
@@ -148,10 +252,13 @@ fn describe(lab: &Lab) -> serde_json::Value {
                 "user": t.user,
                 "state_home": t.state_home,
                 "marker_root": t.marker_root(),
+                // Where the markers are on this machine (a docker target's volume).
+                "markers_on_host": lab.marker_root_on_host(&t.alias).ok(),
                 "netns": t.netns,
+                "container": lab.container(&t.alias).ok(),
                 "log": t.log,
-                "running": t.sshd_pid().is_some(),
-                "cut": t.netns.is_some() && lab.is_cut(&t.alias).unwrap_or(false),
+                "running": lab.target_running(&t.alias),
+                "cut": can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false),
             })
         })
         .collect();
@@ -161,14 +268,26 @@ fn describe(lab: &Lab) -> serde_json::Value {
         "ssh_config": lab.ssh_config(),
         "known_hosts": lab.known_hosts(),
         "client_key": lab.client_key(),
+        "image": lab.image().map(|(i, _)| i),
+        "image_source": lab.image().and_then(|(_, source)| source).map(|s| match s {
+            ImageSource::Cached => "cached",
+            ImageSource::Built(_) => "built",
+            ImageSource::Given => "given",
+        }),
         "targets": targets,
     })
+}
+
+/// True when the target can be cut (a namespace or a running container).
+fn can_cut(lab: &Lab, t: &crate::lab::Target) -> bool {
+    t.netns.is_some() || lab.placement() == Placement::Docker && lab.target_running(&t.alias)
 }
 
 fn placement_name(p: Placement) -> &'static str {
     match p {
         Placement::Loopback => "loopback",
         Placement::Netns => "netns",
+        Placement::Docker => "docker",
     }
 }
 
@@ -217,6 +336,8 @@ fn to_error(e: LabError) -> Error {
         | LabError::NoLab(_)
         | LabError::UnknownTarget { .. }
         | LabError::NotNetns { .. }
+        | LabError::NotDocker { .. }
+        | LabError::NoImage(_)
         | LabError::BadKey(_) => ErrorKind::InvalidInput,
         LabError::MissingTool { .. }
         | LabError::Io { .. }

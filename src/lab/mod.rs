@@ -15,10 +15,16 @@
 //! Lab targets are disposable (SPEC 3): they die with the machine and are never
 //! restarted after a reboot, so their sshd tells the host shim so
 //! (`OPMARK_ALLOW_VOLATILE_ROOT=1`), and a lab works from any directory, `/tmp` included.
+//!
+//! Docker targets (`docker.rs`) keep only keys, sshd_config and sshd.log in targetN/;
+//! their markers live on a docker volume.
 
+mod docker;
 mod netns;
 mod proc;
 mod sshd;
+
+pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource};
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
@@ -121,12 +127,28 @@ pub enum LabError {
     /// cut/restore asked of a loopback target.
     #[error(
         "target {alias} listens on loopback; cut/restore need a network-namespace target \
-         (start the lab with `--placement netns`, as root)"
+         (start the lab with `--placement netns`, as root) or a container \
+         (`--placement docker`)"
     )]
     NotNetns {
         /// The target.
         alias: String,
     },
+    /// pause/resume/crash asked of a target that is not a container.
+    #[error(
+        "target {alias} is not a container; pause, resume and crash need a docker target \
+         (start the lab with `--placement docker`)"
+    )]
+    NotDocker {
+        /// The target.
+        alias: String,
+    },
+    /// `--image` names an image the engine does not have.
+    #[error(
+        "no local image {0:?}; the lab uses no registry: load or build it first (docker \
+         load, docker import), or omit --image to let the lab build its own"
+    )]
+    NoImage(String),
     /// authorize_key got something that is not one public key line.
     #[error("not a single OpenSSH public key line (expected `TYPE BASE64 [COMMENT]`): {0}")]
     BadKey(String),
@@ -141,6 +163,9 @@ pub enum Placement {
     /// Each target in its own network namespace behind a veth pair, port 22. Root only;
     /// allows `cut`/`restore`.
     Netns,
+    /// Each target a container on a bridge network of the lab, port 22; allows every
+    /// fault verb (see `docker.rs`).
+    Docker,
 }
 
 /// What to start.
@@ -261,6 +286,9 @@ struct LabState {
     known_hosts: PathBuf,
     client_key: PathBuf,
     targets: Vec<Target>,
+    /// Containers, volumes and network of a docker lab.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    docker: Option<docker::DockerLab>,
 }
 
 /// A running lab. Dropping a lab made by [`Lab::start`] stops it (kills every sshd and
@@ -282,6 +310,9 @@ impl Lab {
     pub fn start(spec: &LabSpec) -> Result<Lab, LabError> {
         if spec.count == 0 || spec.count > MAX_TARGETS {
             return Err(LabError::BadCount(spec.count));
+        }
+        if spec.placement == Placement::Docker {
+            return Lab::start_docker(spec, &DockerSpec::default());
         }
         let uid = effective_uid();
         if spec.placement == Placement::Netns && uid != 0 {
@@ -311,6 +342,7 @@ impl Lab {
                 known_hosts: dir.join("known_hosts"),
                 client_key,
                 targets: Vec::new(),
+                docker: None,
             },
             dir: dir.clone(),
             sshd,
@@ -388,24 +420,45 @@ impl Lab {
 
     /// True when every target's sshd is running.
     pub fn is_running(&self) -> bool {
-        self.state.targets.iter().all(|t| t.sshd_pid().is_some())
+        self.state
+            .targets
+            .iter()
+            .all(|t| self.target_running(&t.alias))
+    }
+
+    /// True when the target's sshd (or, for docker, its container) is running.
+    pub fn target_running(&self, alias: &str) -> bool {
+        match (&self.state.docker, self.target(alias)) {
+            (Some(_), Some(_)) => self.docker_running(alias),
+            (None, Some(t)) => t.sshd_pid().is_some(),
+            (_, None) => false,
+        }
     }
 
     /// Silently drops every packet to and from a namespace target (no RST, FIN or
     /// ICMP): established connections hang, new connects time out.
     pub fn cut(&self, alias: &str) -> Result<(), LabError> {
+        if self.state.docker.is_some() {
+            return self.docker_cut(alias);
+        }
         let (ns, ns_if) = self.netns_of(alias)?;
         netns::cut(ns, ns_if)
     }
 
     /// Undoes [`Lab::cut`]. Idempotent.
     pub fn restore(&self, alias: &str) -> Result<(), LabError> {
+        if self.state.docker.is_some() {
+            return self.docker_restore(alias);
+        }
         let (ns, _) = self.netns_of(alias)?;
         netns::restore(ns)
     }
 
     /// True when the target's link is cut.
     pub fn is_cut(&self, alias: &str) -> Result<bool, LabError> {
+        if self.state.docker.is_some() {
+            return self.docker_is_cut(alias);
+        }
         let (ns, _) = self.netns_of(alias)?;
         Ok(netns::is_cut(ns))
     }
@@ -577,6 +630,9 @@ impl Lab {
     }
 
     fn stop_all(&self) -> Result<(), LabError> {
+        if let Some(d) = &self.state.docker {
+            return docker::stop_all(d);
+        }
         let procs = proc::all();
         let mut victims = std::collections::BTreeSet::new();
         for t in &self.state.targets {
@@ -669,6 +725,8 @@ impl Lab {
         };
         match self.state.placement {
             Placement::Loopback => target.port = free_port()?,
+            // Containers are prepared by docker.rs; this is never reached for them.
+            Placement::Docker => {}
             Placement::Netns => {
                 let slot = netns::create()?;
                 target.addr = netns::ip(&slot);
@@ -834,7 +892,12 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
     }
     if dir.join("lab.json").exists() {
         let old = Lab::load(&dir)?;
-        if old.state.targets.iter().any(|t| t.sshd_pid().is_some()) {
+        if old
+            .state
+            .targets
+            .iter()
+            .any(|t| old.target_running(&t.alias))
+        {
             return Err(LabError::AlreadyRunning(dir));
         }
         let _ = old.stop_all(); // stale: clear namespaces a crashed run left behind

@@ -5,6 +5,7 @@ mod support;
 mod cancel;
 mod chaos;
 mod cli;
+mod docker;
 mod hosts;
 mod integrity;
 mod ledger;

@@ -49,7 +49,13 @@ fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {
 /// Records, straight through the library, an operation whose attempt was dispatched but
 /// never answered: what a client that crashed (or lost its link) right after dispatch
 /// leaves behind. Nothing is sent to the host.
-fn record_lost_dispatch(env: &Sealed, host: &str, op: &str, command: &str, dispatched: bool) {
+pub(crate) fn record_lost_dispatch(
+    env: &Sealed,
+    host: &str,
+    op: &str,
+    command: &str,
+    dispatched: bool,
+) {
     let mut ledger = Ledger::open(&env.ledger).unwrap();
     let key = ledger.key().clone();
     let intent = Intent {

@@ -1,0 +1,974 @@
+//! Docker placement: each target is a container running a real OpenSSH sshd, on a
+//! user-defined bridge network of the lab with a fixed address, its markers on a named
+//! volume that outlives the container's processes. The image is built here, without any
+//! registry (debootstrap of a minimal Debian, then `docker import`), and cached under a
+//! tag derived from the hash of its recipe; `--image` uses one the user already has.
+//! Keys and sshd_config are injected at start through a bind mount of the target's
+//! directory, so any image with an sshd works. Faults: `cut`/`restore` (nftables inside
+//! the container's network namespace: a silent drop, where `docker network disconnect`
+//! would reset connections), `pause`/`resume` (docker pause: a frozen host) and `crash`
+//! (every process killed, container started again: markers stay, the command does not).
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, IsTerminal, Write as _};
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::sshd::{self, run};
+use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
+use super::{Target, READY_TIMEOUT};
+
+/// What the built image is made of. Any change here changes the tag, so a new recipe is
+/// built once and an old image is never mistaken for it.
+const RECIPE: &[(&str, &str)] = &[
+    ("recipe", "2"),
+    ("suite", "bookworm"),
+    ("variant", "minbase"),
+    // sshd; busybox so the shim can be tried under ash too; procps to look around.
+    ("include", "openssh-server,busybox,procps"),
+    // Host keys made by the package's postinst would be shared by every container.
+    (
+        "strip",
+        "etc/ssh/ssh_host_* var/cache/apt/archives/*.deb var/lib/apt/lists/*",
+    ),
+    ("cmd", START_SSHD),
+];
+/// Where debootstrap fetches packages (not part of the recipe: any mirror gives the same
+/// packages).
+const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+/// Repository of the built image; the tag is the recipe hash.
+const IMAGE_REPO: &str = "opmark-lab";
+/// Where the target's directory (keys, sshd_config, log) is mounted in the container.
+const INJECT_DIR: &str = "/opmark-lab";
+/// Where the marker volume is mounted; it is the commands' XDG_STATE_HOME, so the marker
+/// root is `<it>/opmark`, a disk-backed path the shim accepts.
+const STATE_HOME: &str = "/var/lib/opmark-lab";
+/// The container's command: the privilege-separation dir is not in every image, and sshd
+/// in the foreground is the container's life.
+const START_SSHD: &str =
+    "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -f /opmark-lab/sshd_config -E /opmark-lab/sshd.log";
+/// nftables table of a cut, inside the container's network namespace.
+const CUT_TABLE: &str = "opmark_lab_cut";
+/// First host number given to a target in the lab's subnet (.1 is the bridge).
+const FIRST_HOST: u32 = 10;
+
+/// Options only the docker placement has.
+#[derive(Debug, Clone, Default)]
+pub struct DockerSpec {
+    /// An image the user already has, with sshd at /usr/sbin/sshd; None builds (or reuses)
+    /// the lab's own image.
+    pub image: Option<String>,
+}
+
+/// The docker side of a lab, kept in lab.json.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct DockerLab {
+    /// Lab id: names of the network, containers and volumes start with `opmark-lab-<id>`.
+    id: String,
+    /// The lab's bridge network.
+    network: String,
+    /// Its subnet (fixed, so a restarted container keeps its address).
+    subnet: String,
+    /// The image the targets run.
+    pub(crate) image: String,
+    /// True when the image is the lab's own (built from the recipe), which `down
+    /// --purge-image` may remove; never a user's `--image`.
+    own_image: bool,
+    /// One entry per target, in target order.
+    nodes: Vec<Node>,
+    /// How the image was obtained by this start (for `lab up`'s report); not saved.
+    #[serde(skip)]
+    pub(crate) image_source: Option<ImageSource>,
+}
+
+/// One target's container and volume.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Node {
+    alias: String,
+    container: String,
+    volume: String,
+}
+
+/// Where the image of a lab came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Found under its recipe tag: nothing was built.
+    Cached,
+    /// Built now, taking this long.
+    Built(Duration),
+    /// The user's `--image`.
+    Given,
+}
+
+/// The tag of the lab's own image: `opmark-lab:<first 16 hex of the recipe's SHA-256>`.
+pub fn recipe_tag() -> String {
+    tag_of(RECIPE)
+}
+
+fn tag_of(recipe: &[(&str, &str)]) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in recipe {
+        h.update(k.as_bytes());
+        h.update(b"=");
+        h.update(v.as_bytes());
+        h.update(b"\n");
+    }
+    format!("{IMAGE_REPO}:{}", &hex::encode(h.finalize())[..16])
+}
+
+fn recipe(key: &str) -> &'static str {
+    RECIPE
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| *v)
+        .unwrap_or("")
+}
+
+fn docker(args: &[&str]) -> Result<String, LabError> {
+    run(Command::new("docker").args(args))
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+/// Docker on PATH and its engine answering, or a clear error with the fix.
+pub(crate) fn require_engine() -> Result<(), LabError> {
+    sshd::require_on_path("docker", "docker.io")?;
+    docker(&["version", "--format", "{{.Server.Version}}"]).map_err(|e| LabError::MissingTool {
+        tool: "a running Docker engine".into(),
+        fix: format!(
+            "start it (e.g. `systemctl start docker`) and make sure this user may use it \
+             (root or the docker group); docker said: {e}"
+        ),
+    })?;
+    Ok(())
+}
+
+/// True when the image exists locally.
+fn image_exists(image: &str) -> bool {
+    docker(&["image", "inspect", "--format", "{{.Id}}", image]).is_ok()
+}
+
+/// The lab's own image, built when no image carries the recipe's tag. One builder at a
+/// time per user (a lock file), so parallel `lab up`s and tests build it once.
+pub fn ensure_image(scratch: &Path) -> Result<(String, ImageSource), LabError> {
+    let tag = recipe_tag();
+    if image_exists(&tag) {
+        return Ok((tag, ImageSource::Cached));
+    }
+    let lock_path =
+        std::env::temp_dir().join(format!("opmark-lab-image-{}.lock", super::effective_uid()));
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| LabError::Io {
+            path: lock_path.clone(),
+            source,
+        })?;
+    lock.lock().map_err(|source| LabError::Io {
+        path: lock_path.clone(),
+        source,
+    })?;
+    // Another builder may have finished while this one waited for the lock.
+    if image_exists(&tag) {
+        return Ok((tag, ImageSource::Cached));
+    }
+    let started = Instant::now();
+    build_image(&tag, scratch)?;
+    Ok((tag, ImageSource::Built(started.elapsed())))
+}
+
+fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
+    let uid = super::effective_uid();
+    if uid != 0 {
+        return Err(LabError::MissingTool {
+            tool: "root (to build the lab image with debootstrap)".into(),
+            fix: format!(
+                "run `opmark lab up --placement docker` once as root (running as uid {uid}; \
+                 the image {tag} is cached afterwards), or pass --image IMG with an image \
+                 you have that contains sshd"
+            ),
+        });
+    }
+    sshd::require_on_path("debootstrap", "debootstrap")?;
+    sshd::require_on_path("tar", "tar")?;
+    let rootfs = scratch.join("rootfs");
+    let _ = std::fs::remove_dir_all(&rootfs);
+    mkdir(scratch, 0o700)?;
+    let result = debootstrap(&rootfs, tag).and_then(|()| import(&rootfs, tag));
+    let _ = std::fs::remove_dir_all(scratch);
+    result
+}
+
+/// Runs debootstrap, showing its progress: a line rewritten in place on a terminal,
+/// otherwise a start line and the elapsed time at the end.
+fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
+    let tty = std::io::stderr().is_terminal();
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
+        "opmark: building the lab image {tag} with debootstrap (once; about a minute, then cached)"
+    );
+    let mirror = std::env::var("OPMARK_LAB_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into());
+    let mut child = Command::new("debootstrap")
+        .arg(format!("--variant={}", recipe("variant")))
+        .arg(format!("--include={}", recipe("include")))
+        .arg(recipe("suite"))
+        .arg(rootfs)
+        .arg(&mirror)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| LabError::Command {
+            command: "debootstrap".into(),
+            detail: e.to_string(),
+        })?;
+    let started = Instant::now();
+    let stderr = child.stderr.take();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut s) = stderr {
+            let _ = std::io::Read::read_to_string(&mut s, &mut text);
+        }
+        text
+    });
+    let mut tail: Vec<String> = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tty {
+                let shown: String = line.chars().take(60).collect();
+                let _ = write!(
+                    err,
+                    "\r\x1b[Kopmark: building image: {:>3} s  {shown}",
+                    started.elapsed().as_secs()
+                );
+                let _ = err.flush();
+            }
+            tail.push(line);
+            if tail.len() > 20 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child.wait().map_err(|e| LabError::Command {
+        command: "debootstrap".into(),
+        detail: e.to_string(),
+    })?;
+    let stderr_text = stderr_reader.join().unwrap_or_default();
+    if tty {
+        let _ = write!(err, "\r\x1b[K");
+    }
+    if !status.success() {
+        let log = rootfs.join("debootstrap/debootstrap.log");
+        return Err(LabError::Command {
+            command: format!("debootstrap ... {} {}", rootfs.display(), mirror),
+            detail: format!(
+                "{status}; is {mirror} reachable (set OPMARK_LAB_MIRROR to another Debian \
+                 mirror)?\n{}\n{}\n{}",
+                tail.join("\n"),
+                stderr_text.trim(),
+                sshd::log_tail(&log, 15)
+            ),
+        });
+    }
+    let _ = writeln!(
+        err,
+        "opmark: debootstrap done in {} s; importing into docker",
+        started.elapsed().as_secs()
+    );
+    Ok(())
+}
+
+/// Strips what must not be shared, then `tar -C rootfs -c . | docker import`.
+fn import(rootfs: &Path, tag: &str) -> Result<(), LabError> {
+    for pattern in recipe("strip").split_whitespace() {
+        let (dir, name) = pattern.rsplit_once('/').unwrap_or(("", pattern));
+        let (pre, post) = name.split_once('*').unwrap_or((name, ""));
+        let Ok(entries) = std::fs::read_dir(rootfs.join(dir)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let file = e.file_name();
+            let file = file.to_string_lossy();
+            let matches = if name.contains('*') {
+                file.starts_with(pre) && file.ends_with(post)
+            } else {
+                file == name
+            };
+            if matches && e.path().is_file() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let cmd_json = serde_json::to_string(&["/bin/sh", "-c", START_SSHD]).unwrap_or_default();
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["-c", "."])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| LabError::Command {
+            command: "tar".into(),
+            detail: e.to_string(),
+        })?;
+    let tar_out = tar
+        .stdout
+        .take()
+        .map(Stdio::from)
+        .unwrap_or_else(Stdio::null);
+    let imported = Command::new("docker")
+        .args(["import", "-c", &format!("CMD {cmd_json}"), "-"])
+        .arg(tag)
+        .stdin(tar_out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| LabError::Command {
+            command: "docker import".into(),
+            detail: e.to_string(),
+        })?;
+    let tar_status = tar.wait_with_output();
+    if !imported.status.success() {
+        return Err(LabError::Command {
+            command: format!("docker import - {tag}"),
+            detail: String::from_utf8_lossy(&imported.stderr).trim().to_string(),
+        });
+    }
+    match tar_status {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(LabError::Command {
+            command: format!("tar -C {} -c .", rootfs.display()),
+            detail: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        }),
+        Err(e) => Err(LabError::Command {
+            command: "tar".into(),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+/// The lab id: a hash of the lab directory, so a lab's docker objects can be found from
+/// its directory even when lab.json is gone.
+fn lab_id(dir: &Path) -> String {
+    hex::encode(Sha256::digest(dir.as_os_str().as_encoded_bytes()))[..10].to_string()
+}
+
+/// Starts a docker lab (called by [`Lab::start`] and [`Lab::start_docker`]).
+pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
+    require_engine()?;
+    sshd::require_on_path("ssh", "openssh-client")?;
+    sshd::require_on_path("ssh-keygen", "openssh-client")?;
+    if let Some(image) = &options.image {
+        if !image_exists(image) {
+            return Err(LabError::NoImage(image.clone()));
+        }
+    }
+    let dir = prepare_dir(&spec.dir)?;
+    let (image, source) = match &options.image {
+        Some(i) => (i.clone(), ImageSource::Given),
+        None => ensure_image(&dir.join("image-build"))?,
+    };
+    let id = lab_id(&dir);
+    // Leftovers of a crashed lab in this directory would hold the names.
+    remove_objects(&id);
+
+    let client_key = dir.join("client_ed25519");
+    sshd::generate_keys(&[("ed25519", client_key.clone())], "opmark-lab-client")?;
+    let client_pub = read(&client_key.with_extension("pub"))?;
+    let network = format!("opmark-lab-{id}");
+    let mut lab = Lab {
+        state: LabState {
+            placement: Placement::Docker,
+            ssh_config: dir.join("ssh_config"),
+            known_hosts: dir.join("known_hosts"),
+            client_key,
+            targets: Vec::new(),
+            docker: Some(DockerLab {
+                id: id.clone(),
+                network: network.clone(),
+                subnet: String::new(),
+                image: image.clone(),
+                own_image: options.image.is_none(),
+                nodes: Vec::new(),
+                image_source: Some(source),
+            }),
+        },
+        dir: dir.clone(),
+        sshd: PathBuf::from("/usr/sbin/sshd"),
+        owned: true, // from here on, an error drops the lab and removes what started
+    };
+    let (subnet, base) = create_network(&network, &id, &dir)?;
+    if let Some(d) = lab.state.docker.as_mut() {
+        d.subnet = subnet;
+    }
+    lab.save()?;
+    for i in 1..=spec.count {
+        let addr = Ipv4Addr::from(u32::from(base) + FIRST_HOST + i as u32 - 1);
+        let (target, node) = prepare_target(&lab, i, addr, &client_pub)?;
+        lab.state.targets.push(target);
+        if let Some(d) = lab.state.docker.as_mut() {
+            d.nodes.push(node);
+        }
+        lab.save()?;
+    }
+    lab.write_client_files()?;
+    for (t, n) in lab.state.targets.iter().zip(docker_nodes(&lab)) {
+        run_container(&lab, t, n)?;
+    }
+    wait_all_ready(&lab)?;
+    Ok(lab)
+}
+
+fn docker_nodes(lab: &Lab) -> Vec<&Node> {
+    lab.state
+        .docker
+        .as_ref()
+        .map(|d| d.nodes.iter().collect())
+        .unwrap_or_default()
+}
+
+/// Creates the lab's network with a subnet of its own. Docker picks a free one (it avoids
+/// the host's routes and other networks); the network is then made again with that
+/// subnet stated, because only a stated subnet lets a container keep a fixed address
+/// across a restart (the crash verb) instead of taking the next free one.
+fn create_network(name: &str, id: &str, dir: &Path) -> Result<(String, Ipv4Addr), LabError> {
+    let label_id = format!("opmark.lab.id={id}");
+    let label_dir = format!("opmark.lab.dir={}", dir.display());
+    let mut last = None;
+    for _ in 0..5 {
+        docker(&["network", "create", "--label", &label_id, name])?;
+        let subnet = docker(&[
+            "network",
+            "inspect",
+            "--format",
+            "{{range .IPAM.Config}}{{.Subnet}} {{end}}",
+            name,
+        ]);
+        let _ = docker(&["network", "rm", name]);
+        let subnet = subnet?;
+        let Some((base, prefix)) = subnet
+            .split_whitespace()
+            .find_map(|s| parse_v4_subnet(s).filter(|(_, p)| *p <= 24))
+        else {
+            return Err(LabError::Command {
+                command: format!("docker network inspect {name}"),
+                detail: format!("no IPv4 subnet of /24 or larger: {subnet:?}"),
+            });
+        };
+        let cidr = format!("{base}/{prefix}");
+        match docker(&[
+            "network", "create", "--driver", "bridge", "--subnet", &cidr, "--label", &label_id,
+            "--label", &label_dir, name,
+        ]) {
+            Ok(_) => return Ok((cidr, base)),
+            // Another network took the subnet in between: ask again.
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| LabError::Command {
+        command: "docker network create".into(),
+        detail: "no free subnet".into(),
+    }))
+}
+
+fn parse_v4_subnet(s: &str) -> Option<(Ipv4Addr, u32)> {
+    let (addr, prefix) = s.split_once('/')?;
+    Some((addr.parse().ok()?, prefix.parse().ok()?))
+}
+
+fn prepare_target(
+    lab: &Lab,
+    index: usize,
+    addr: Ipv4Addr,
+    client_pub: &str,
+) -> Result<(Target, Node), LabError> {
+    let alias = format!("target{index}");
+    let dir = lab.dir.join(&alias);
+    mkdir(&dir, 0o700)?;
+    let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+        .iter()
+        .map(|(kind, file)| (*kind, dir.join(file)))
+        .collect();
+    sshd::generate_keys(&keys, &format!("opmark-lab-{alias}"))?;
+    let target = Target {
+        alias: alias.clone(),
+        addr: IpAddr::V4(addr),
+        port: 22,
+        user: "root".into(),
+        state_home: PathBuf::from(STATE_HOME),
+        home: PathBuf::from("/root"),
+        netns: None,
+        log: dir.join("sshd.log"),
+        dir,
+        ns_if: None,
+        host_if: None,
+        // Its markers live on the container's volume, not under a volatile path; a
+        // container is erased with the lab all the same.
+        disposable: true,
+    };
+    write(&target.authorized_keys(), client_pub, 0o600)?;
+    write(&target.sshd_config(), &config_text(&alias), 0o600)?;
+    let id = &lab.docker()?.id;
+    let node = Node {
+        container: format!("opmark-lab-{id}-{alias}"),
+        volume: format!("opmark-lab-{id}-{alias}-markers"),
+        alias,
+    };
+    Ok((target, node))
+}
+
+/// The sshd_config as the container sees it (paths inside the container).
+fn config_text(alias: &str) -> String {
+    let mut c = String::new();
+    let _ = writeln!(c, "# opmark lab docker target {alias} (generated)");
+    c.push_str("ListenAddress 0.0.0.0:22\n");
+    for (_, file) in sshd::HOST_KEYS {
+        let _ = writeln!(c, "HostKey {INJECT_DIR}/{file}");
+    }
+    // Not in the bind mount: a pid of the container's namespace means nothing outside.
+    c.push_str("PidFile /run/sshd.pid\n");
+    let _ = writeln!(c, "AuthorizedKeysFile {INJECT_DIR}/authorized_keys");
+    // The injected files belong to whoever ran the lab, not to root in the container.
+    c.push_str("StrictModes no\nUsePAM no\n");
+    c.push_str("PubkeyAuthentication yes\nPasswordAuthentication no\n");
+    c.push_str("KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n");
+    // Tests open many connections at once; the default 10:30:100 drops them (FINDINGS).
+    c.push_str("MaxStartups 200:30:400\nMaxSessions 200\n");
+    c.push_str("ClientAliveInterval 1\nClientAliveCountMax 3\n");
+    c.push_str("LogLevel VERBOSE\nUseDNS no\nPrintMotd no\nPrintLastLog no\n");
+    c.push_str("X11Forwarding no\nAllowTcpForwarding yes\n");
+    // The markers live on the volume: they survive a crash of the container.
+    let _ = writeln!(c, "SetEnv XDG_STATE_HOME={STATE_HOME}");
+    c
+}
+
+fn run_container(lab: &Lab, t: &Target, n: &Node) -> Result<(), LabError> {
+    let d = lab.docker()?;
+    let label_id = format!("opmark.lab.id={}", d.id);
+    let label_dir = format!("opmark.lab.dir={}", lab.dir.display());
+    let _ = std::fs::remove_file(&t.log);
+    docker(&[
+        "volume", "create", "--label", &label_id, "--label", &label_dir, &n.volume,
+    ])?;
+    let ip = t.addr.to_string();
+    let inject = format!("{}:{INJECT_DIR}", t.dir.display());
+    let markers = format!("{}:{STATE_HOME}", n.volume);
+    docker(&[
+        "run",
+        "-d",
+        "--name",
+        &n.container,
+        "--hostname",
+        &t.alias,
+        "--network",
+        &d.network,
+        "--ip",
+        &ip,
+        "--label",
+        &label_id,
+        "--label",
+        &label_dir,
+        "-v",
+        &inject,
+        "-v",
+        &markers,
+        &d.image,
+        "/bin/sh",
+        "-c",
+        START_SSHD,
+    ])
+    .map_err(|e| t.start_failed(format!("docker run failed: {e}")))?;
+    Ok(())
+}
+
+fn wait_all_ready(lab: &Lab) -> Result<(), LabError> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let cfg = lab.state.ssh_config.clone();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = lab
+            .state
+            .targets
+            .iter()
+            .zip(docker_nodes(lab))
+            .map(|(t, n)| {
+                let cfg = &cfg;
+                s.spawn(move || {
+                    wait_listening(t, n, deadline)?;
+                    // A fresh log per lab: all of it is this start's.
+                    sshd::wait_ready(t, cfg, deadline, 0)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(LabError::Command {
+                        command: "readiness check".into(),
+                        detail: "its thread panicked".into(),
+                    })
+                })
+            })
+            .collect::<Result<Vec<()>, LabError>>()
+    })?;
+    Ok(())
+}
+
+/// Waits until the container's port 22 accepts TCP; a container that exits first (an
+/// image without sshd, a config its sshd refuses) fails at once with its output, rather
+/// than at the deadline.
+fn wait_listening(t: &Target, n: &Node, deadline: Instant) -> Result<(), LabError> {
+    let addr = std::net::SocketAddr::new(t.addr, t.port);
+    loop {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
+            return Ok(());
+        }
+        let state = docker(&["inspect", "--format", "{{.State.Status}}", &n.container])
+            .unwrap_or_else(|e| e.to_string());
+        if state != "running" && state != "created" {
+            let logs = run(Command::new("docker").args(["logs", "--tail", "20", &n.container]))
+                .map(|o| {
+                    format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&o.stdout),
+                        String::from_utf8_lossy(&o.stderr)
+                    )
+                })
+                .unwrap_or_default();
+            return Err(t.start_failed(format!(
+                "container {} is {state} (its image needs /bin/sh and /usr/sbin/sshd); its \
+                 output: {}",
+                n.container,
+                logs.trim()
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(t.start_failed("port 22 not listening before the deadline".into()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Removes every container, volume and the network labelled with this lab id. Missing
+/// objects are fine.
+fn remove_objects(id: &str) -> bool {
+    let filter = format!("label=opmark.lab.id={id}");
+    let mut ok = true;
+    if let Ok(ids) = docker(&["ps", "-aq", "--filter", &filter]) {
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f", "-v"];
+            args.extend(ids);
+            ok &= docker(&args).is_ok();
+        }
+    }
+    if let Ok(vols) = docker(&["volume", "ls", "-q", "--filter", &filter]) {
+        let vols: Vec<&str> = vols.split_whitespace().collect();
+        if !vols.is_empty() {
+            let mut args = vec!["volume", "rm", "-f"];
+            args.extend(vols);
+            ok &= docker(&args).is_ok();
+        }
+    }
+    if let Ok(nets) = docker(&["network", "ls", "-q", "--filter", &filter]) {
+        for net in nets.split_whitespace() {
+            ok &= docker(&["network", "rm", net]).is_ok();
+        }
+    }
+    ok
+}
+
+/// Removes the lab's containers (and so everything that ran in them), volumes and network.
+pub(crate) fn stop_all(d: &DockerLab) -> Result<(), LabError> {
+    if remove_objects(&d.id) {
+        Ok(())
+    } else {
+        Err(LabError::Command {
+            command: format!("docker rm/volume rm/network rm (lab {})", d.id),
+            detail: "some docker objects of the lab could not be removed; see `docker ps -a \
+                     --filter label=opmark.lab.id=<id>`"
+                .replace("<id>", &d.id),
+        })
+    }
+}
+
+/// The nftables ruleset of a cut: drop everything on the container's eth0 before
+/// connection tracking (priority raw), so nothing answers: no RST, FIN or ICMP.
+fn cut_rules() -> String {
+    format!(
+        "table inet {CUT_TABLE} {{\n\
+         \tchain input {{ type filter hook input priority raw; policy accept; iifname \"eth0\" drop; }}\n\
+         \tchain output {{ type filter hook output priority raw; policy accept; oifname \"eth0\" drop; }}\n\
+         }}\n"
+    )
+}
+
+impl Lab {
+    /// Starts a docker lab with docker-only options (`--image`). Blocking; builds the
+    /// lab image first when it is not cached.
+    pub fn start_docker(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
+        if spec.count == 0 || spec.count > super::MAX_TARGETS {
+            return Err(LabError::BadCount(spec.count));
+        }
+        let mut spec = spec.clone();
+        spec.placement = Placement::Docker;
+        start(&spec, options)
+    }
+
+    pub(crate) fn docker(&self) -> Result<&DockerLab, LabError> {
+        self.state
+            .docker
+            .as_ref()
+            .ok_or_else(|| LabError::NotDocker {
+                alias: self
+                    .state
+                    .targets
+                    .first()
+                    .map(|t| t.alias.clone())
+                    .unwrap_or_default(),
+            })
+    }
+
+    fn node(&self, alias: &str) -> Result<&Node, LabError> {
+        self.get(alias)?;
+        self.state
+            .docker
+            .as_ref()
+            .and_then(|d| d.nodes.iter().find(|n| n.alias == alias))
+            .ok_or_else(|| LabError::NotDocker {
+                alias: alias.to_string(),
+            })
+    }
+
+    /// The container running target `alias` (docker placement).
+    pub fn container(&self, alias: &str) -> Result<String, LabError> {
+        Ok(self.node(alias)?.container.clone())
+    }
+
+    /// The image the lab's containers run, and whether this start built it (docker).
+    /// The source is known only to the process that started the lab.
+    pub fn image(&self) -> Option<(&str, Option<ImageSource>)> {
+        self.state
+            .docker
+            .as_ref()
+            .map(|d| (d.image.as_str(), d.image_source))
+    }
+
+    /// Where the target's marker root is on this machine: for a docker target the
+    /// marker volume's directory, otherwise [`Target::marker_root`].
+    pub fn marker_root_on_host(&self, alias: &str) -> Result<PathBuf, LabError> {
+        let t = self.get(alias)?;
+        match self.state.docker.as_ref() {
+            None => Ok(t.marker_root()),
+            Some(_) => {
+                let n = self.node(alias)?;
+                let mount = docker(&[
+                    "volume",
+                    "inspect",
+                    "--format",
+                    "{{.Mountpoint}}",
+                    &n.volume,
+                ])?;
+                Ok(PathBuf::from(mount).join("opmark"))
+            }
+        }
+    }
+
+    /// `running`, `paused`, `exited`... of the target's container (docker placement).
+    pub fn container_state(&self, alias: &str) -> Result<String, LabError> {
+        let n = self.node(alias)?;
+        docker(&["inspect", "--format", "{{.State.Status}}", &n.container])
+    }
+
+    /// Freezes every process of the target (docker pause): connections stay open, nothing
+    /// answers.
+    pub fn pause(&self, alias: &str) -> Result<(), LabError> {
+        let n = self.node(alias)?;
+        if self.container_state(alias)? != "paused" {
+            docker(&["pause", &n.container])?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Lab::pause`]. Idempotent.
+    pub fn resume(&self, alias: &str) -> Result<(), LabError> {
+        let n = self.node(alias)?;
+        if self.container_state(alias)? == "paused" {
+            docker(&["unpause", &n.container])?;
+        }
+        Ok(())
+    }
+
+    /// Kills every process of the target at once (SIGKILL to the container's init takes
+    /// its whole pid namespace), then starts it again at the same address and waits until
+    /// it answers SSH. The marker volume keeps every record; the running command is gone,
+    /// and the host's boot id is unchanged, as after a crash of the service, not a reboot.
+    pub fn crash(&self, alias: &str) -> Result<(), LabError> {
+        let n = self.node(alias)?;
+        let t = self.get(alias)?;
+        if self.container_state(alias)? == "paused" {
+            docker(&["unpause", &n.container])?;
+        }
+        let _ = docker(&["kill", "--signal", "KILL", &n.container]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while docker(&["inspect", "--format", "{{.State.Running}}", &n.container])? == "true" {
+            if Instant::now() > deadline {
+                return Err(LabError::Command {
+                    command: format!("docker kill {}", n.container),
+                    detail: "the container still runs 20 s after SIGKILL".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // The readiness check reads a `fatal:` in the log as a dead sshd (there is no pid
+        // file outside the container); connections cut short before the crash may have
+        // written one. The old log is kept beside the new.
+        let _ = std::fs::rename(&t.log, t.log.with_extension("log.before-crash"));
+        docker(&["start", &n.container])
+            .map_err(|e| t.start_failed(format!("docker start failed: {e}")))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        wait_listening(t, n, deadline)?;
+        // The old log was moved aside: the new one holds this start's lines only.
+        sshd::wait_ready(t, &self.state.ssh_config, deadline, 0)
+    }
+
+    /// The pid (in this machine's namespace) of the container's init, for nsenter.
+    fn container_pid(&self, alias: &str) -> Result<String, LabError> {
+        let n = self.node(alias)?;
+        let pid = docker(&["inspect", "--format", "{{.State.Pid}}", &n.container])?;
+        if pid.is_empty() || pid == "0" {
+            return Err(LabError::Command {
+                command: format!("docker inspect {}", n.container),
+                detail: format!(
+                    "target {alias} is not running; start it again with `opmark lab crash {alias}` \
+                     (which restarts it) or `opmark lab up`"
+                ),
+            });
+        }
+        Ok(pid)
+    }
+
+    fn nft_in_container(&self, alias: &str, script: &str) -> Result<String, LabError> {
+        sshd::require_on_path("nsenter", "util-linux")?;
+        sshd::require_on_path("nft", "nftables")?;
+        let pid = self.container_pid(alias)?;
+        let mut child = Command::new("nsenter")
+            .args(["-t", &pid, "-n", "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| LabError::Command {
+                command: "nsenter nft".into(),
+                detail: e.to_string(),
+            })?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(script.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|e| LabError::Command {
+            command: "nsenter nft".into(),
+            detail: e.to_string(),
+        })?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(LabError::Command {
+                command: format!("nsenter -t {pid} -n nft -f -"),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            })
+        }
+    }
+
+    pub(crate) fn docker_cut(&self, alias: &str) -> Result<(), LabError> {
+        let _ = self.docker_restore(alias);
+        self.nft_in_container(alias, &cut_rules()).map(|_| ())
+    }
+
+    pub(crate) fn docker_restore(&self, alias: &str) -> Result<(), LabError> {
+        if self.docker_is_cut(alias)? {
+            self.nft_in_container(alias, &format!("delete table inet {CUT_TABLE}\n"))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn docker_is_cut(&self, alias: &str) -> Result<bool, LabError> {
+        Ok(self
+            .nft_in_container(alias, "list tables\n")?
+            .contains(CUT_TABLE))
+    }
+
+    /// True when the target's container runs (paused counts as running: it is frozen,
+    /// not gone).
+    pub(crate) fn docker_running(&self, alias: &str) -> bool {
+        self.node(alias)
+            .and_then(|n| docker(&["inspect", "--format", "{{.State.Running}}", &n.container]))
+            .is_ok_and(|s| s == "true")
+    }
+
+    /// The lab's own image (built from the recipe), which `lab down --purge-image`
+    /// removes; None for a user's `--image` (never removed) and other placements.
+    pub fn own_image(&self) -> Option<String> {
+        self.state
+            .docker
+            .as_ref()
+            .filter(|d| d.own_image)
+            .map(|d| d.image.clone())
+    }
+}
+
+/// Removes an image (after its lab's containers are gone); an absent one is fine.
+pub fn remove_image(image: &str) -> Result<(), LabError> {
+    if image_exists(image) {
+        docker(&["image", "rm", image])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipe_tag_is_stable_and_names_the_repository() {
+        let tag = recipe_tag();
+        assert_eq!(tag, recipe_tag());
+        assert!(tag.starts_with("opmark-lab:") && tag.len() == "opmark-lab:".len() + 16);
+    }
+
+    #[test]
+    fn a_changed_recipe_gets_another_tag_so_it_is_built_anew() {
+        let mut changed = RECIPE.to_vec();
+        for entry in &mut changed {
+            if entry.0 == "include" {
+                entry.1 = "openssh-server,busybox,procps,curl";
+            }
+        }
+        assert_ne!(tag_of(&changed), recipe_tag());
+    }
+
+    #[test]
+    fn container_sshd_config_keeps_markers_on_the_volume_and_allows_concurrency() {
+        let c = config_text("target1");
+        assert!(c.contains("SetEnv XDG_STATE_HOME=/var/lib/opmark-lab\n"));
+        assert!(c.contains("MaxStartups 200:30:400\nMaxSessions 200\n"));
+        assert!(c.contains("HostKey /opmark-lab/ssh_host_ed25519_key\n"));
+    }
+
+    #[test]
+    fn subnets_parse_only_when_ipv4_with_a_prefix() {
+        assert_eq!(
+            parse_v4_subnet("172.18.0.0/16"),
+            Some((Ipv4Addr::new(172, 18, 0, 0), 16))
+        );
+        assert_eq!(parse_v4_subnet("fd00::/64"), None);
+        assert_eq!(parse_v4_subnet("172.18.0.0"), None);
+    }
+}
