@@ -69,6 +69,18 @@ impl ErrorKind {
             ErrorKind::Internal => exit_code::INTERNAL,
         }
     }
+
+    /// The reason code of an error of this kind when no cause names a finer one.
+    pub fn reason_code(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Config => "config_invalid",
+            ErrorKind::Unreachable => "unreachable",
+            ErrorKind::LocalIo => "local_io",
+            ErrorKind::NotImplemented => "not_implemented",
+            ErrorKind::Internal => "internal",
+        }
+    }
 }
 
 /// An error at the CLI edge: a kind for the exit code and a message for people.
@@ -79,6 +91,9 @@ pub struct Error {
     pub kind: ErrorKind,
     /// Says what went wrong and how to fix it. Never holds a secret.
     pub message: String,
+    /// A finer stable reason code than the kind's (`unknown_operation`,
+    /// `host_key_rejected`...), for the JSON error document.
+    pub code: Option<&'static str>,
 }
 
 impl Error {
@@ -87,7 +102,25 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            code: None,
         }
+    }
+
+    /// The same error with a finer reason code than its kind's.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The stable snake_case reason code an agent branches on (SPEC section 6).
+    pub fn reason_code(&self) -> &'static str {
+        self.code.unwrap_or(self.kind.reason_code())
+    }
+
+    /// True only when the same command may succeed later without a human: a host that
+    /// may come back. Everything else needs a fix first.
+    pub fn retryable(&self) -> bool {
+        matches!(self.reason_code(), "connect_failed" | "unreachable")
     }
 
     /// The subcommand exists in the CLI but is not built yet.

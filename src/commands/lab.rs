@@ -49,7 +49,7 @@ fn up(global: &GlobalArgs, count: usize, placement: PlacementArg, dir: &Path) ->
     .map_err(to_error)?;
     lab.set_stop_on_drop(false); // the point of `up`: the servers outlive this process
     if global.json {
-        println!("{}", describe(&lab));
+        super::common::print_json(&describe(&lab))?;
         return Ok(exit_code::OK);
     }
     let cfg = lab.ssh_config().display().to_string();
@@ -80,7 +80,7 @@ fn down(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     crate::lab::remove_lab_dir(dir).map_err(to_error)?;
     stopped.map_err(to_error)?;
     if global.json {
-        println!("{}", serde_json::json!({ "stopped": n, "dir": dir }));
+        super::common::print_json(&serde_json::json!({ "stopped": n, "dir": dir }))?;
     } else {
         eprintln!(
             "opmark: lab in {} stopped and removed ({n} target(s))",
@@ -94,7 +94,7 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     let lab = Lab::load(dir).map_err(to_error)?;
     let all_up = lab.is_running();
     if global.json {
-        println!("{}", describe(&lab));
+        super::common::print_json(&describe(&lab))?;
     } else {
         println!(
             "opmark lab in {} ({}), ssh config {}",

@@ -9,18 +9,18 @@ use crate::cli::{Cli, Command};
 use crate::error::Result;
 
 mod audit;
-mod cancel;
-mod common;
+pub mod cancel;
+pub mod common;
 mod config;
 mod doctor;
 mod gc;
 mod ledger;
-mod list;
-mod probe;
-mod reconcile;
+pub mod list;
+pub mod probe;
+pub mod reconcile;
 mod resolve;
-mod run;
-mod show;
+pub mod run;
+pub mod show;
 mod stats;
 
 /// Runs the parsed command line; returns the process exit code.

@@ -5,6 +5,7 @@ mod support;
 mod cancel;
 mod chaos;
 mod cli;
+mod json;
 mod ledger;
 mod operators;
 mod policy;
