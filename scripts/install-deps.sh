@@ -2,17 +2,21 @@
 # Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
 # busybox), shellcheck, iproute2 + nftables (network-namespace targets and link cuts),
-# a C compiler (bundled SQLite, ring) and Rust via rustup when cargo is missing.
+# a C compiler (bundled SQLite, ring), Python with the official MCP SDK (the real MCP
+# client tests/it/mcp.rs drives `opmark mcp` with) and jsonschema (checks
+# schemas/run.schema.json against real output), and Rust via rustup when cargo is missing.
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
 set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
-  procps util-linux ca-certificates curl gcc libc6-dev)
+  procps util-linux ca-certificates curl gcc libc6-dev python3 python3-pip)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
-  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h)
+  /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h python3 pip3)
+# Python packages, pinned: the MCP client the tests use must not move under them.
+python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 
 have() {
   if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
@@ -39,6 +43,13 @@ if [[ ${1:-} == --always || $missing -eq 1 ]]; then
   as_root apt-get update -q
   # The package's own sshd service is not used (and may not start in a container).
   as_root apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+
+if ! python3 -c 'import mcp, jsonschema' >/dev/null 2>&1 || [[ ${1:-} == --always ]]; then
+  # --break-system-packages: CI images mark the system Python as externally managed;
+  # these are test tools, not part of opmark.
+  python3 -m pip install -q "${python_packages[@]}" ||
+    python3 -m pip install -q --break-system-packages "${python_packages[@]}"
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"

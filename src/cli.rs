@@ -216,6 +216,18 @@ pub enum Command {
     Cancel(CancelArgs),
     /// Print how HOST resolves through the ssh config, in `ssh -G` style.
     Config(ConfigArgs),
+    /// Serve the Model Context Protocol on stdio: tools run, probe, show, list,
+    /// reconcile, cancel, for agent frameworks (never prompts, never approves).
+    Mcp(McpArgs),
+}
+
+/// `opmark mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Command output kept in a tool result, per stream (bytes, or k/m/g); the rest is
+    /// counted, digested and readable with `opmark show`.
+    #[arg(long = "max-output", value_parser = parse_size, default_value = "16k", value_name = "SIZE")]
+    pub max_output: u64,
 }
 
 /// `opmark config`.

@@ -142,3 +142,46 @@ impl std::error::Error for Error {}
 
 /// Result alias for the CLI edge.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_reason_codes_are_retryable_only_for_a_host_that_may_come_back() {
+        let table = [
+            (
+                Error::new(ErrorKind::InvalidInput, "x"),
+                "invalid_input",
+                false,
+            ),
+            (Error::new(ErrorKind::Config, "x"), "config_invalid", false),
+            (Error::new(ErrorKind::Unreachable, "x"), "unreachable", true),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("connect_failed"),
+                "connect_failed",
+                true,
+            ),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("host_key_rejected"),
+                "host_key_rejected",
+                false,
+            ),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("auth_refused"),
+                "auth_refused",
+                false,
+            ),
+            (Error::new(ErrorKind::LocalIo, "x"), "local_io", false),
+            (
+                Error::new(ErrorKind::NotImplemented, "x"),
+                "not_implemented",
+                false,
+            ),
+            (Error::new(ErrorKind::Internal, "x"), "internal", false),
+        ];
+        for (e, code, retryable) in table {
+            assert_eq!((e.reason_code(), e.retryable()), (code, retryable), "{e:?}");
+        }
+    }
+}

@@ -16,6 +16,7 @@ mod doctor;
 mod gc;
 mod ledger;
 pub mod list;
+mod mcp;
 pub mod probe;
 pub mod reconcile;
 mod resolve;
@@ -42,5 +43,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),
+        Command::Mcp(args) => mcp::run(&global, &args),
     }
 }

@@ -7,6 +7,7 @@ mod chaos;
 mod cli;
 mod json;
 mod ledger;
+mod mcp;
 mod operators;
 mod policy;
 mod run;
