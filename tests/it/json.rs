@@ -510,3 +510,66 @@ fn encrypted_key_without_agent_fails_fast_under_a_pty_with_batch_mode() {
     let transcript = under_pty(&env, &cfg, "");
     assert_auth_refused_without_prompt(&transcript);
 }
+
+/// The interpreter behind `python3`, by its real path: a pyenv shim would not work
+/// under a sealed HOME. None (after a skip, locally) without python3.
+pub(crate) fn real_python(test: &str) -> Option<PathBuf> {
+    let found = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(text(&o.stdout).trim()));
+    if found.is_none() {
+        support::skip_or_fail(test, "python3");
+    }
+    found
+}
+
+#[test]
+fn agent_loop_example_runs_once_replays_and_recovers_a_lost_op_id() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(python) = real_python(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let count = fresh_dir(crate::test_name!()).join("count");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/agent_loop.py");
+    let sealed = env.opmark();
+    let agent = |op: &str, command: &str| {
+        Command::new(&python)
+            .arg(&script)
+            .args(["target1", op, "--", command])
+            .env_clear()
+            .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env("OPMARK", env!("CARGO_BIN_EXE_opmark"))
+            .env("OPMARK_SSH_CONFIG", lab.ssh_config())
+            .output()
+            .unwrap()
+    };
+    let command = format!("echo ran >> {}; echo hello", count.display());
+
+    let first = agent("ex-1", &command);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(text(&first.stdout), "hello\n");
+    assert!(text(&first.stderr).contains("agent: completed exit 0"));
+
+    // The agent crashed and lost its op id: "-" finds it in `list --json` by host and
+    // command, and the rerun replays instead of running again.
+    let again = agent("-", &command);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("agent: op ex-1"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(text(&again.stderr).contains("agent: replayed exit 0"));
+    assert_eq!(text(&again.stdout), "hello\n");
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "ran\n");
+
+    let blocked = agent("ex-2", "mkfs.ext4 /dev/nothing-here");
+    assert_eq!(blocked.status.code(), Some(3), "{}", text(&blocked.stderr));
+    assert!(text(&blocked.stderr).contains("approval_required"));
+}

@@ -10,22 +10,22 @@ use serde_json::Value;
 use crate::json::variant_of_target1;
 use crate::support::{fresh_dir, skip_or_fail, text, Sealed};
 
-/// The interpreter behind `python3` when it can `import mcp` (its real path: a pyenv
-/// shim would not work under the sealed HOME); else None after a skip (locally).
+/// The real interpreter behind `python3` when it can `import mcp`; else None after a
+/// skip (locally).
 fn python_with_mcp(test: &str) -> Option<PathBuf> {
-    let found = Command::new("python3")
-        .args(["-c", "import mcp, sys; print(sys.executable)"])
+    let python = crate::json::real_python(test)?;
+    let has_mcp = Command::new(&python)
+        .args(["-c", "import mcp"])
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(text(&o.stdout).trim()));
-    if found.is_none() {
+        .is_ok_and(|o| o.status.success());
+    if !has_mcp {
         skip_or_fail(
             test,
             "python3 with the `mcp` package (scripts/install-deps.sh)",
         );
+        return None;
     }
-    found
+    Some(python)
 }
 
 #[test]
