@@ -13,6 +13,8 @@
 //! - a progress notification every few seconds while a tool runs, when the client asked
 //!   for progress (a long `run` is not mistaken for a hung server).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum as _;
@@ -51,6 +53,25 @@ pub struct Server {
     max_output: usize,
     /// The tools, built by rmcp's macros from the `#[tool]` methods below.
     tool_router: ToolRouter<Server>,
+    /// Tool threads still running: on SIGINT/SIGTERM the server waits for them (each run
+    /// hears the signal too and records how far it got) before it exits.
+    busy: Arc<AtomicUsize>,
+}
+
+/// Counts a tool thread as busy from creation until it ends, however it ends.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn new(count: &Arc<AtomicUsize>) -> Busy {
+        count.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(count))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Arguments of the `run` tool.
@@ -131,6 +152,7 @@ impl Server {
             global,
             max_output: usize::try_from(max_output).unwrap_or(usize::MAX),
             tool_router: Self::tool_router(),
+            busy: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -293,9 +315,11 @@ impl Server {
     ) -> CallToolResult {
         let global = self.global.clone();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let busy = Busy::new(&self.busy);
         let spawned = std::thread::Builder::new()
             .name("opmark-mcp-tool".into())
             .spawn(move || {
+                let _busy = busy;
                 let _ = tx.send(common::capture_json(|| command(&global)));
             });
         if let Err(e) = spawned {
@@ -453,24 +477,51 @@ fn cut_output(mut result: CallToolResult, max: usize) -> CallToolResult {
     result
 }
 
-/// Serves MCP on stdin/stdout until the client closes the stream.
+/// How long a signalled server waits for its running tools to record how far they got.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves MCP on stdin/stdout until the client closes the stream, or SIGINT/SIGTERM.
 pub async fn serve(global: GlobalArgs, max_output: u64) -> Result<()> {
     use rmcp::ServiceExt as _;
-    let service = Server::new(global, max_output)
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| {
+    use tokio::signal::unix::{signal, SignalKind};
+    let server = Server::new(global, max_output);
+    let busy = Arc::clone(&server.busy);
+    // Listening here keeps a signal from killing a run mid-record; the runs' own
+    // handlers hear it too and answer `client_interrupted` with what they reached.
+    let listen = |kind| {
+        signal(kind).map_err(|e| {
             Error::new(
                 ErrorKind::Internal,
-                format!("the MCP session could not start: {e}"),
+                format!("cannot install the signal handlers: {e}"),
             )
-        })?;
-    service.waiting().await.map_err(|e| {
+        })
+    };
+    let (mut int, mut term) = (
+        listen(SignalKind::interrupt())?,
+        listen(SignalKind::terminate())?,
+    );
+    let service = server.serve(rmcp::transport::stdio()).await.map_err(|e| {
         Error::new(
             ErrorKind::Internal,
-            format!("the MCP session ended abnormally: {e}"),
+            format!("the MCP session could not start: {e}"),
         )
     })?;
+    tokio::select! {
+        ended = service.waiting() => {
+            ended.map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("the MCP session ended abnormally: {e}"),
+                )
+            })?;
+        }
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    let deadline = Instant::now() + SHUTDOWN_GRACE;
+    while busy.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 
