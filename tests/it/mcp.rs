@@ -242,3 +242,90 @@ fn mcp_server_still_stops_on_sigterm_after_a_run() {
     drop(stdin);
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn python_sdk_client_hears_the_honest_verdict_of_a_link_cut_mid_run() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let Some(lab) = crate::support::netns_lab(1) else {
+        return;
+    };
+    let Some(python) = python_with_mcp(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let cfg = crate::support::fast_loss_config(&lab, &dir);
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops")
+        .join("lost-1");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
+    let sealed = env.opmark();
+    let client = Command::new(python)
+        .arg(&script)
+        .arg("--lost")
+        .arg(env!("CARGO_BIN_EXE_opmark"))
+        .arg(&cfg)
+        .arg(&dir)
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.join("started").exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.cut("target1").unwrap();
+    // Restored only once the command has finished on the host, unseen by the client.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.join("exit").exists() {
+        assert!(Instant::now() < deadline, "no exit record on the host");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The first answer must be in before the link comes back: wait for the verdict in
+    // the ledger (the client's first call has returned once it is recorded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = env
+            .opmark()
+            .args(["--json", "list", "--unresolved"])
+            .output()
+            .unwrap();
+        if text(&out.stdout).contains("\"verdict\":\"indeterminate\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no verdict recorded for the cut run"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lab.restore("target1").unwrap();
+    std::fs::write(dir.join("restored"), "").unwrap();
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cut = &r["during_cut"];
+    // The command may have run: the tool says so, with no invented exit code.
+    assert_eq!(cut["verdict"], "indeterminate", "{cut}");
+    assert_eq!(cut["exit_code"], Value::Null, "{cut}");
+    assert_eq!(cut["retryable"], true, "{cut}");
+    assert_eq!(cut["_is_error"], false);
+    let after = &r["after_restore"];
+    assert_eq!(after["verdict"], "replayed", "{after}");
+    assert_eq!(after["exit_code"], 4, "{after}");
+    let record = std::fs::read_to_string(marker.join("exit")).unwrap();
+    assert!(record.contains("code=4"), "{record}");
+}

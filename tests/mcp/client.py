@@ -2,6 +2,8 @@
 this project did not write. Run by tests/it/mcp.rs against a real sshd lab target.
 
 usage: client.py OPMARK SSH_CONFIG COUNT_FILE
+       client.py --lost OPMARK SSH_CONFIG DIR   (the test cuts the link mid-run, then
+       creates DIR/restored once it is back; the same op id is run again after that)
 
 Prints one JSON report on stdout: what the server answered at each step. The Rust test
 asserts on it; this script only fails on protocol errors.
@@ -96,5 +98,23 @@ async def main(opmark, ssh_config, count_file):
     print(json.dumps(report))
 
 
+async def lost(opmark, ssh_config, directory):
+    server = StdioServerParameters(command=opmark, args=["-F", ssh_config, "mcp"], env=dict(os.environ))
+    run = {"host": "target1", "op_id": "lost-1", "command": "sleep 2; exit 4", "wait": "3s"}
+    report = {}
+    async with stdio_client(server) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+            report["during_cut"] = result_doc(await session.call_tool("run", run))
+            restored = os.path.join(directory, "restored")
+            while not os.path.exists(restored):
+                await asyncio.sleep(0.1)
+            report["after_restore"] = result_doc(await session.call_tool("run", run))
+    print(json.dumps(report))
+
+
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:4]))
+    if sys.argv[1] == "--lost":
+        asyncio.run(lost(*sys.argv[2:5]))
+    else:
+        asyncio.run(main(*sys.argv[1:4]))
