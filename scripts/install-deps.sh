@@ -5,8 +5,10 @@
 # linter (shellcheck), iproute2 + nftables (network-namespace targets and link cuts),
 # e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests),
 # debootstrap (builds the image of docker lab targets; the Docker engine itself is
-# expected to be installed and running already), a C compiler (bundled SQLite, ring) and
-# Rust via rustup when cargo is missing.
+# expected to be installed and running already), a C compiler (bundled SQLite, ring),
+# Python with the official MCP SDK (the real MCP client tests/it/mcp.rs drives
+# `opmark mcp` with) and jsonschema (checks schemas/run.schema.json against real
+# output), and Rust via rustup when cargo is missing.
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
@@ -14,11 +16,13 @@ set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  debootstrap)
+  debootstrap python3 python3-pip)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  /usr/sbin/debootstrap)
+  /usr/sbin/debootstrap python3 pip3)
+# Python packages, pinned: the MCP client the tests use must not move under them.
+python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 
 have() {
   if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
@@ -45,6 +49,13 @@ if [[ ${1:-} == --always || $missing -eq 1 ]]; then
   as_root apt-get update -q
   # The package's own sshd service is not used (and may not start in a container).
   as_root apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+
+if ! python3 -c 'import mcp, jsonschema' >/dev/null 2>&1 || [[ ${1:-} == --always ]]; then
+  # --break-system-packages: CI images mark the system Python as externally managed;
+  # these are test tools, not part of opmark.
+  python3 -m pip install -q "${python_packages[@]}" ||
+    python3 -m pip install -q --break-system-packages "${python_packages[@]}"
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"

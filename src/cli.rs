@@ -49,6 +49,36 @@ doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 went away, as for a tool that SIGPIPE ended (`opmark list | head`).
 With --json the JSON document on stdout is authoritative.";
 
+/// What `opmark run --help` ends with: an agent learns the exit codes and the reason
+/// codes it branches on from the tool itself. Kept in step with `vocab::ReasonCode` by a
+/// test that looks for every code here.
+const RUN_HELP: &str = "\
+Exit status: the command's own for `completed` and `replayed`; otherwise
+  240 in_progress    241 not_applied    242 indeterminate
+  243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
+  246 malformed configuration   248 local ledger/file error   250 internal error
+  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
+  host; rerun with the same --op to follow it, `opmark cancel HOST OP` to stop it)
+
+With --json, stdout is one JSON line (schema opmark/1) with `verdict`, `reason_code` and
+`retryable`; branch on those. retryable=true: rerun with the SAME --op later.
+Reason codes (retryable marked *):
+  completed      command_exited
+  replayed       replayed_from_host, replayed_from_ledger, resolved_applied
+  in_progress    still_running*, client_interrupted*
+  not_applied    connect_failed*, client_interrupted*, name_unresolvable,
+                 host_key_rejected, auth_refused, fenced, shim_cannot_start,
+                 resolved_not_applied, resolved_abandoned
+  indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
+                 attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch
+  conflict       conflict_on_host, conflict_in_ledger
+  blocked        approval_required (a human reruns with --approve NOTE)
+  refused        policy_denied, invalid_input
+Errors outside a verdict are {\"error\": {reason_code, message, retryable}}.
+
+Without a terminal on stdin (or with -o BatchMode=yes) opmark never prompts: a key that
+needs a passphrase and no agent fails at once with auth_refused.";
+
 /// Run remote commands over SSH so that one logical operation executes at most once.
 #[derive(Debug, Parser)]
 #[command(name = "opmark", version, about, after_long_help = EXIT_CODES_HELP)]
@@ -75,7 +105,7 @@ pub fn forget_empty_env() {
 }
 
 /// Options every subcommand accepts, each with an environment fallback.
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
     /// ssh_config file to resolve host aliases from (default ~/.ssh/config, then
     /// /etc/ssh/ssh_config; with -F only that file, as ssh; `none` for no file).
@@ -105,6 +135,9 @@ pub struct GlobalArgs {
     /// Print one JSON document on stdout; it is authoritative over the exit status.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Quiet: no `opmark:` lines on stderr (the command's own output still flows).
+    #[arg(short = 'q', long = "quiet", env = "OPMARK_QUIET", global = true)]
+    pub quiet: bool,
     /// Verbose tracing on stderr (-v info, -vv debug, -vvv trace).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
@@ -165,6 +198,7 @@ pub enum Resolution {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD on HOST as one operation (at most one execution per op id and host).
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show the state of an operation's marker on its host (absent, running, completed,
     /// interrupted, fenced).
@@ -196,6 +230,18 @@ pub enum Command {
     Cancel(CancelArgs),
     /// Print how HOST resolves through the ssh config, in `ssh -G` style.
     Config(ConfigArgs),
+    /// Serve the Model Context Protocol on stdio: tools run, probe, show, list,
+    /// reconcile, cancel, for agent frameworks (never prompts, never approves).
+    Mcp(McpArgs),
+}
+
+/// `opmark mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Command output kept in a tool result, per stream (bytes, or k/m/g); the rest is
+    /// counted, digested and readable with `opmark show`.
+    #[arg(long = "max-output", value_parser = parse_size, default_value = "16k", value_name = "SIZE")]
+    pub max_output: u64,
 }
 
 /// `opmark config`.

@@ -72,6 +72,18 @@ impl ErrorKind {
             ErrorKind::Internal => exit_code::INTERNAL,
         }
     }
+
+    /// The reason code of an error of this kind when no cause names a finer one.
+    pub fn reason_code(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Config => "config_invalid",
+            ErrorKind::Unreachable => "unreachable",
+            ErrorKind::LocalIo => "local_io",
+            ErrorKind::NotImplemented => "not_implemented",
+            ErrorKind::Internal => "internal",
+        }
+    }
 }
 
 /// An error at the CLI edge: a kind for the exit code and a message for people.
@@ -82,6 +94,9 @@ pub struct Error {
     pub kind: ErrorKind,
     /// Says what went wrong and how to fix it. Never holds a secret.
     pub message: String,
+    /// A finer stable reason code than the kind's (`unknown_operation`,
+    /// `host_key_rejected`...), for the JSON error document.
+    pub code: Option<&'static str>,
 }
 
 impl Error {
@@ -90,7 +105,25 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            code: None,
         }
+    }
+
+    /// The same error with a finer reason code than its kind's.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The stable snake_case reason code an agent branches on (SPEC section 6).
+    pub fn reason_code(&self) -> &'static str {
+        self.code.unwrap_or(self.kind.reason_code())
+    }
+
+    /// True only when the same command may succeed later without a human: a host that
+    /// may come back. Everything else needs a fix first.
+    pub fn retryable(&self) -> bool {
+        matches!(self.reason_code(), "connect_failed" | "unreachable")
     }
 
     /// The subcommand exists in the CLI but is not built yet.
@@ -112,3 +145,46 @@ impl std::error::Error for Error {}
 
 /// Result alias for the CLI edge.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_reason_codes_are_retryable_only_for_a_host_that_may_come_back() {
+        let table = [
+            (
+                Error::new(ErrorKind::InvalidInput, "x"),
+                "invalid_input",
+                false,
+            ),
+            (Error::new(ErrorKind::Config, "x"), "config_invalid", false),
+            (Error::new(ErrorKind::Unreachable, "x"), "unreachable", true),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("connect_failed"),
+                "connect_failed",
+                true,
+            ),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("host_key_rejected"),
+                "host_key_rejected",
+                false,
+            ),
+            (
+                Error::new(ErrorKind::Unreachable, "x").with_code("auth_refused"),
+                "auth_refused",
+                false,
+            ),
+            (Error::new(ErrorKind::LocalIo, "x"), "local_io", false),
+            (
+                Error::new(ErrorKind::NotImplemented, "x"),
+                "not_implemented",
+                false,
+            ),
+            (Error::new(ErrorKind::Internal, "x"), "internal", false),
+        ];
+        for (e, code, retryable) in table {
+            assert_eq!((e.reason_code(), e.retryable()), (code, retryable), "{e:?}");
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
 //! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.
 //! - [`lab`]: disposable local sshd targets for tests, demos and users.
+//! - [`mcp`]: `opmark mcp`, the Model Context Protocol server over the commands.
 
 pub mod cli;
 pub mod commands;
@@ -19,6 +20,7 @@ pub mod family;
 pub mod lab;
 pub mod ledger;
 pub mod logging;
+pub mod mcp;
 pub mod op_id;
 pub mod operation;
 pub mod policy;

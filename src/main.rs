@@ -21,11 +21,21 @@ fn main() -> ExitCode {
             } else {
                 exit_code::OK
             };
+            if err.use_stderr() && asks_for_json() {
+                let usage = opmark::error::Error::new(
+                    opmark::error::ErrorKind::InvalidInput,
+                    err.kind().to_string(),
+                )
+                .with_code("usage");
+                println!("{}", opmark::commands::common::error_document(&usage));
+            }
             let _ = err.print();
             return ExitCode::from(code);
         }
     };
     opmark::logging::init(cli.global.verbose);
+    opmark::logging::set_quiet(cli.global.quiet);
+    let json = cli.global.json;
     let policy_path = cli.global.policy.clone();
     let outcome = match panic::catch_unwind(AssertUnwindSafe(|| opmark::commands::dispatch(cli))) {
         Ok(outcome) => outcome,
@@ -36,11 +46,22 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
-        Err(err) => {
+        Err(mut err) => {
             // Last line of defence: a message may quote input that holds a secret.
-            let message = opmark::commands::redactor_for_errors(policy_path.as_deref())
+            err.message = opmark::commands::redactor_for_errors(policy_path.as_deref())
                 .redact_owned(&err.message);
-            let _ = writeln!(std::io::stderr(), "opmark: error: {message}");
+            // SPEC 6: with --json an error is a document on stdout too.
+            if json {
+                let _ = writeln!(
+                    std::io::stdout(),
+                    "{}",
+                    opmark::commands::common::error_document(&err)
+                );
+            }
+            // Like ssh -q, quiet still reports a fatal error, unless the document did.
+            if !(json && opmark::logging::quiet()) {
+                let _ = writeln!(std::io::stderr(), "opmark: error: {}", err.message);
+            }
             ExitCode::from(err.kind.exit_code())
         }
     }
@@ -71,4 +92,12 @@ fn is_broken_pipe(payload: &(dyn Any + Send)) -> bool {
 /// The message std's print macros panic with when the stream is a closed pipe.
 fn is_broken_pipe_message(message: &str) -> bool {
     message.starts_with("failed printing to std") && message.contains("os error 32")
+}
+
+/// `--json` among the options (before `--`), for usage errors clap could not parse.
+fn asks_for_json() -> bool {
+    std::env::args()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }

@@ -37,7 +37,7 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
             "first_mismatch": report.first_mismatch,
             "ledger": path,
         });
-        println!("{doc}");
+        super::common::print_json(&doc)?;
     } else {
         match (&report.first_break, &report.first_mismatch) {
             (Some(b), _) => println!("chain broken at event #{}: {}", b.seq, b.problem),

@@ -179,11 +179,9 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
             by: &by,
             message: &message,
         };
-        let text = serde_json::to_string(&doc)
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
-        println!("{text}");
+        super::common::print_json(&doc)?;
     } else if still {
-        eprintln!("opmark: {message}");
+        crate::logging::say(format_args!("opmark: {message}"));
     } else {
         println!("{message}");
     }

@@ -1,7 +1,7 @@
 //! `opmark classify`: the family of a command and the rule that decided each part.
 
 use crate::cli::{ClassifyArgs, GlobalArgs};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::ledger::Redactor;
 use crate::policy::{Classification, Policy};
 
@@ -22,9 +22,7 @@ pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
     }
     let command = redactor.redact_owned(&command);
     if global.json {
-        let text = serde_json::to_string_pretty(&c)
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
-        println!("{text}");
+        super::common::print_json(&c)?;
     } else {
         print!("{}", render(&command, &c, policy.origin()));
     }

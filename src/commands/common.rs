@@ -42,15 +42,19 @@ pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
     }
 }
 
-/// A host that could not be resolved: a config problem is a config error (exit 246),
-/// anything else leaves the host unreachable (exit 247).
+/// A host that could not be resolved or reached: a config problem is a config error
+/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
+/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
 pub fn resolve_error(e: ConnectError) -> Error {
-    let kind = if e.stage == ConnectStage::Config {
-        ErrorKind::Config
+    let (kind, code) = if e.stage == ConnectStage::Config {
+        (ErrorKind::Config, "config_invalid")
     } else {
-        ErrorKind::Unreachable
+        (
+            ErrorKind::Unreachable,
+            crate::operation::connect_code(&e).as_str(),
+        )
     };
-    Error::new(kind, e.to_string())
+    Error::new(kind, e.to_string()).with_code(code)
 }
 
 /// A tokio runtime for commands that talk to hosts.
@@ -104,10 +108,73 @@ fn passwd_name() -> Option<String> {
     })
 }
 
-/// Prints one JSON document on stdout.
-pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)
+/// The `schema` field of every JSON document (SPEC section 6); bumped only when a field
+/// changes meaning or disappears.
+pub const SCHEMA: &str = "opmark/1";
+
+/// `value` as the contract's document: a JSON object with `schema` set, ready to print.
+pub fn json_document(value: &impl serde::Serialize) -> Result<serde_json::Value> {
+    let mut doc = serde_json::to_value(value)
         .map_err(|e| Error::new(ErrorKind::Internal, format!("cannot encode JSON: {e}")))?;
-    println!("{text}");
-    Ok(())
+    match &mut doc {
+        serde_json::Value::Object(map) => {
+            map.insert("schema".to_owned(), SCHEMA.into());
+        }
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a JSON document must be an object (opmark bug)",
+            ))
+        }
+    }
+    Ok(doc)
+}
+
+/// Prints one JSON document on stdout: compact, one line, ending in a newline, with
+/// `schema` (SPEC section 6), so a caller can read it with one `readline`.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let doc = json_document(value)?;
+    let kept = CAPTURED.with(|c| c.borrow_mut().as_mut().map(|docs| docs.push(doc.clone())));
+    match kept {
+        Some(()) => Ok(()),
+        None => write_line(&doc),
+    }
+}
+
+thread_local! {
+    /// The documents printed on this thread while [`capture_json`] runs.
+    static CAPTURED: std::cell::RefCell<Option<Vec<serde_json::Value>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs a command on this thread with its `--json` document kept instead of printed:
+/// `opmark mcp` calls the very code the CLI runs and hands the document to its client
+/// (stdout is the MCP stream there). Returns the last document and the command's result.
+pub fn capture_json<T>(f: impl FnOnce() -> Result<T>) -> (Option<serde_json::Value>, Result<T>) {
+    CAPTURED.with(|c| *c.borrow_mut() = Some(Vec::new()));
+    let result = f();
+    let docs = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    (docs.into_iter().last(), result)
+}
+
+fn write_line(doc: &serde_json::Value) -> Result<()> {
+    // A closed stdout is the caller's business (EPIPE handling lives in main), not a panic.
+    let mut out = std::io::stdout().lock();
+    use std::io::Write as _;
+    writeln!(out, "{doc}")
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::new(ErrorKind::LocalIo, format!("cannot write to stdout: {e}")))
+}
+
+/// The JSON document of an error at the CLI edge: `error.reason_code`, `error.message`
+/// and `error.retryable`; the exit code stays the kind's.
+pub fn error_document(err: &Error) -> serde_json::Value {
+    serde_json::json!({
+        "schema": SCHEMA,
+        "error": {
+            "reason_code": err.reason_code(),
+            "message": err.message,
+            "retryable": err.retryable(),
+        }
+    })
 }

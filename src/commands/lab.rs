@@ -106,7 +106,7 @@ fn up(
     .map_err(to_error)?;
     lab.set_stop_on_drop(false); // the point of `up`: the servers outlive this process
     if global.json {
-        println!("{}", describe(&lab));
+        super::common::print_json(&describe(&lab))?;
         return Ok(exit_code::OK);
     }
     let cfg = lab.ssh_config().display().to_string();
@@ -164,15 +164,12 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
         crate::lab::remove_image(tag).map_err(to_error)?;
     }
     if global.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "stopped": n,
-                "dir": dir,
-                "image": image,
-                "image_removed": purge.is_some(),
-            })
-        );
+        super::common::print_json(&serde_json::json!({
+            "stopped": n,
+            "dir": dir,
+            "image": image,
+            "image_removed": purge.is_some(),
+        }))?;
     } else {
         eprintln!(
             "opmark: lab in {} stopped and removed ({n} target(s))",
@@ -193,7 +190,7 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     let lab = Lab::load(dir).map_err(to_error)?;
     let all_up = lab.is_running();
     if global.json {
-        println!("{}", describe(&lab));
+        super::common::print_json(&describe(&lab))?;
     } else {
         println!(
             "opmark lab in {} ({}), ssh config {}",

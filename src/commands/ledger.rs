@@ -21,7 +21,7 @@ fn keygen(global: &GlobalArgs, path: &std::path::Path) -> Result<u8> {
                     "schema": "opmark/1",
                     "key": key.path(),
                 });
-                println!("{doc}");
+                super::common::print_json(&doc)?;
             } else {
                 println!("wrote a new installation key to {}", key.path().display());
             }

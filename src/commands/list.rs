@@ -20,8 +20,7 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
         None => Vec::new(),
     };
     if global.json {
-        let doc = serde_json::json!({ "operations": ops });
-        println!("{doc}");
+        super::common::print_json(&serde_json::json!({ "operations": ops }))?;
     } else {
         print!("{}", table(&ops, args.unresolved));
     }

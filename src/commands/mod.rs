@@ -9,18 +9,19 @@ use crate::cli::{Cli, Command};
 use crate::error::Result;
 
 mod audit;
-mod cancel;
-mod common;
+pub mod cancel;
+pub mod common;
 mod config;
 mod doctor;
 mod gc;
 mod ledger;
-mod list;
-mod probe;
-mod reconcile;
+pub mod list;
+mod mcp;
+pub mod probe;
+pub mod reconcile;
 mod resolve;
-mod run;
-mod show;
+pub mod run;
+pub mod show;
 mod stats;
 
 /// The redactor for messages that may quote the user's input: the built-in rules plus
@@ -52,5 +53,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),
+        Command::Mcp(args) => mcp::run(&global, &args),
     }
 }

@@ -14,12 +14,23 @@ use crate::operation::identity::Recorded;
 use crate::shim::{Frame, MarkerInfo, Verb};
 use crate::ssh::{self, Session};
 
+/// `probe --json`: the marker's fields under the contract's names (SPEC 6): the host's
+/// plain digest is `host_fingerprint`; `fingerprint` is the ledger's HMAC, as in `run`
+/// and `list`, and null when this ledger never ran the operation.
 #[derive(Serialize)]
 struct ProbeReport<'a> {
     op_id: &'a str,
     host: &'a str,
-    #[serde(flatten)]
-    marker: &'a MarkerInfo,
+    state: &'a str,
+    why: Option<&'a str>,
+    attempt_id: Option<&'a str>,
+    fingerprint: Option<&'a str>,
+    host_fingerprint: Option<&'a str>,
+    family: Option<&'a str>,
+    exit_code: Option<i32>,
+    timed_out: bool,
+    out_bytes: Option<u64>,
+    err_bytes: Option<u64>,
 }
 
 /// Probes and prints the state.
@@ -50,10 +61,20 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
         Durability::Normal,
     )?;
     if global.json {
+        let record = ledger.operation(&key)?;
         common::print_json(&ProbeReport {
             op_id: op.as_str(),
             host: &host,
-            marker: &marker,
+            state: marker.state.as_str(),
+            why: marker.why.as_deref(),
+            attempt_id: marker.attempt.as_deref(),
+            fingerprint: record.as_ref().map(|r| r.fingerprint.as_str()),
+            host_fingerprint: marker.fingerprint.as_deref(),
+            family: marker.family.as_deref(),
+            exit_code: marker.exit_code,
+            timed_out: marker.timed_out,
+            out_bytes: marker.out_bytes,
+            err_bytes: marker.err_bytes,
         })?;
     } else {
         println!("{}", marker.summary());
@@ -71,7 +92,7 @@ async fn probe_checked(
 ) -> Result<MarkerInfo> {
     let session = Session::connect(dest)
         .await
-        .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
+        .map_err(common::resolve_error)?;
     recorded
         .check(host, op.as_str(), session.host_key().as_deref())
         .map_err(|why| {
@@ -79,6 +100,7 @@ async fn probe_checked(
                 ErrorKind::Unreachable,
                 format!("{why} (host_key_mismatch); nothing was probed"),
             )
+            .with_code("host_key_mismatch")
         })?;
     match call_shim(&session, &Verb::Probe(op), None, &mut FramesOnly).await {
         CallEnd::Finished(frames) => {

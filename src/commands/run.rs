@@ -1,6 +1,6 @@
 //! `opmark run`: one operation end to end (the lifecycle itself is in `operation/`).
 
-use std::io::{Read, Write as _};
+use std::io::Read;
 
 use serde::Serialize;
 
@@ -17,6 +17,12 @@ use crate::vocab::{ReasonCode, Verdict};
 
 /// Runs the command; the exit status is the command's own or the verdict's reserved code.
 pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
+    run_with(global, args, None)
+}
+
+/// [`run`] with the bytes to forward given by the caller instead of read from stdin
+/// (`opmark mcp`, whose stdin is the protocol stream); `given` implies `--stdin`.
+pub fn run_with(global: &GlobalArgs, args: RunArgs, given: Option<Vec<u8>>) -> Result<u8> {
     let (op, minted) = match &args.op {
         Some(text) => match OpId::parse(text) {
             Ok(op) => (op, false),
@@ -52,7 +58,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         );
     }
     let runtime = common::runtime()?;
-    let status = runtime.block_on(run_operation(global, args, op, minted, command));
+    let status = runtime.block_on(run_operation(global, args, op, minted, command, given));
     // A stdin reader still blocked on a terminal after an interrupt must not hold the exit.
     runtime.shutdown_background();
     status
@@ -66,6 +72,7 @@ async fn run_operation(
     op: OpId,
     minted: bool,
     command: String,
+    given: Option<Vec<u8>>,
 ) -> Result<u8> {
     let interrupts = Interrupts::install().map_err(|e| {
         Error::new(
@@ -77,7 +84,9 @@ async fn run_operation(
     let mut ledger = common::open_ledger(global, &policy)?;
     // The key is the ledger's own (checked when it was opened), never the config dir's.
     let key = ledger.key().clone();
-    let stdin = if args.stdin {
+    let stdin = if given.is_some() {
+        given
+    } else if args.stdin {
         // Off the runtime's threads, so that Ctrl-C while stdin is a terminal still works.
         let reader = tokio::task::spawn_blocking(|| {
             let mut buf = Vec::new();
@@ -102,7 +111,7 @@ async fn run_operation(
     };
     if minted {
         // Before dispatch, so a caller that loses us can retry with the same id.
-        eprintln!("opmark: op {op}");
+        crate::logging::say(format_args!("opmark: op {op}"));
     }
     let op_text = op.to_string();
     let input = RunInput {
@@ -146,12 +155,10 @@ async fn run_operation(
             common::print_json(&report)?;
         }
         // After SIGHUP the terminal may be gone: a failed write must not turn into a panic.
-        let _ = writeln!(
-            std::io::stderr(),
+        crate::logging::say(format_args!(
             "opmark: {}: {}",
-            report.verdict,
-            report.reason
-        );
+            report.verdict, report.reason
+        ));
         return Ok(signal.exit_code());
     }
     let key = OpKey::new(report.op_id.clone(), report.host.clone());
@@ -161,19 +168,19 @@ async fn run_operation(
             .find(|r| r.host == now.host)
             .map_or(0, |r| r.contradictions);
         if now.contradictions > before {
-            eprintln!(
+            crate::logging::say(format_args!(
                 "opmark: CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {}); see `opmark show {}`",
                 now.exit_code.map_or("unknown".to_owned(), |c| c.to_string()),
                 report.op_id
-            );
+            ));
         }
     }
     if let Some(failed) = &report.ledger_error {
         // The verdict stands on the host's evidence; only its record here is missing.
-        eprintln!(
+        crate::logging::say(format_args!(
             "opmark: the ledger could not record this verdict ({}: {}); the host keeps the outcome, so rerunning with the same op id ({}) replays it without running the command again",
             failed.reason_code, failed.message, report.op_id
-        );
+        ));
     }
     if global.json {
         warn_if_truncated(&report);
@@ -181,11 +188,13 @@ async fn run_operation(
     } else {
         warn_if_truncated(&report);
         if report.timed_out {
-            eprintln!("opmark: the command was killed at its --timeout");
+            crate::logging::say(format_args!(
+                "opmark: the command was killed at its --timeout"
+            ));
         }
         match report.verdict {
             Verdict::Completed => {}
-            other => eprintln!("opmark: {other}: {}", report.reason),
+            other => crate::logging::say(format_args!("opmark: {other}: {}", report.reason)),
         }
     }
     Ok(report.exit_status())
@@ -207,9 +216,9 @@ fn warn_if_truncated(report: &operation::RunReport) {
     ];
     for (stream, kept, dropped) in streams {
         if dropped > 0 {
-            eprintln!(
+            crate::logging::say(format_args!(
                 "opmark: {replayed}{stream} was capped at {kept} bytes; {dropped} bytes were not kept"
-            );
+            ));
         }
     }
 }
@@ -248,7 +257,7 @@ fn refuse_before_anything(global: &GlobalArgs, op: Option<&str>, reason: &str) -
             retryable: false,
         })?;
     } else {
-        eprintln!("opmark: refused: {reason}");
+        crate::logging::say(format_args!("opmark: refused: {reason}"));
     }
     Ok(Verdict::Refused.reserved_exit_code().unwrap_or(245))
 }
@@ -269,10 +278,6 @@ fn interrupted_before_anything(global: &GlobalArgs, op: &OpId, signal: ClientSig
             retryable: ReasonCode::ClientInterrupted.retryable(),
         })?;
     }
-    let _ = writeln!(
-        std::io::stderr(),
-        "opmark: {}: {reason}",
-        Verdict::NotApplied
-    );
+    crate::logging::say(format_args!("opmark: {}: {reason}", Verdict::NotApplied));
     Ok(signal.exit_code())
 }

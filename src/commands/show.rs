@@ -38,6 +38,7 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
                 path.display()
             ),
         )
+        .with_code("unknown_operation")
     };
     let Some(ledger) = ledger else {
         return Err(redacted_error(not_found()));
@@ -81,7 +82,7 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
             "contradictions": contradictions(&events),
             "events": events,
         });
-        println!("{doc}");
+        super::common::print_json(&doc)?;
     } else {
         print!("{}", render(&key, record.as_ref(), &events));
     }

@@ -17,10 +17,7 @@ pub fn run(global: &GlobalArgs) -> Result<u8> {
         None => Stats::default(),
     };
     if global.json {
-        println!(
-            "{}",
-            serde_json::to_string(&stats).expect("stats serialize")
-        );
+        super::common::print_json(&stats)?;
     } else {
         print!("{}", text(&stats));
     }
@@ -46,7 +43,8 @@ fn text(s: &Stats) -> String {
         ("verdicts", counts(&s.verdicts)),
         ("unknown outcomes", s.unknown_outcomes.to_string()),
         ("reconciliations", s.reconciliations.to_string()),
-        ("conflicts refused", s.conflicts_refused.to_string()),
+        // Only conflicts found on the host are recorded (see `Stats::conflicts_on_host`).
+        ("conflicts on host", s.conflicts_on_host.to_string()),
         ("approvals asked", s.approvals_asked.to_string()),
         ("operator decisions", s.operator_decisions.to_string()),
         (

@@ -188,8 +188,10 @@ pub struct Stats {
     pub unknown_outcomes: u64,
     /// Reconcile decisions recorded.
     pub reconciliations: u64,
-    /// `conflict` verdicts given.
-    pub conflicts_refused: u64,
+    /// `conflict` verdicts recorded: op ids the host's marker binds to another intent.
+    /// A conflict with this ledger's own record is answered before anything is written
+    /// (the operation's history belongs to its first intent), so it is not counted here.
+    pub conflicts_on_host: u64,
     /// `blocked` verdicts given (approval asked).
     pub approvals_asked: u64,
     /// Operator decisions recorded.
@@ -297,7 +299,7 @@ impl Ledger {
             binding::bind(tx, path, key, found_version)
         })?;
         if let Some(notice) = &bound.notice {
-            eprintln!("{notice}");
+            crate::logging::say(format_args!("{notice}"));
         }
         Ok(Ledger {
             conn,
@@ -616,7 +618,7 @@ impl Ledger {
             by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
             unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved = 1")?,
             unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-            conflicts_refused: verdicts.get("conflict").copied().unwrap_or(0),
+            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
             approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
             verdicts,
             reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,

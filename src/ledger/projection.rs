@@ -292,6 +292,16 @@ pub(crate) fn fold(
     rec.updated_at = at.to_owned();
     rec.last_seq = seq;
     match event {
+        // A completed marker's exit is the host's record of the outcome: until a verdict
+        // settles it, it is the best exit the ledger knows (so `list` shows what a
+        // reconcile settled on, not null). A settled exit is never rewritten by a probe.
+        Event::Probed {
+            state,
+            exit_code: Some(code),
+            ..
+        } if state == "completed" && !contradicts && settled_exit(&rec).is_none() => {
+            rec.exit_code = Some(*code);
+        }
         Event::SessionStarted { .. } | Event::Probed { .. } | Event::Connected { .. } => {}
         Event::Intended {
             session,

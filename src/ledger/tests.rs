@@ -734,3 +734,39 @@ fn a_ledger_whose_key_check_was_deleted_is_refused_not_rebound() {
     let err = Ledger::open(&s.db()).unwrap_err().to_string();
     assert!(err.contains("edited outside opmark"), "{err}");
 }
+
+#[test]
+fn a_reconcile_that_settles_a_completed_marker_keeps_its_exit_code() {
+    let s = Scratch::new("reconciled-exit");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(
+        &k,
+        &verdict(Verdict::Indeterminate, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    // What `reconcile` appends when the marker holds exit 0: the probe, then its decision.
+    l.append(&k, &probed("completed", Some(0)), Durability::Normal)
+        .unwrap();
+    l.append(
+        &k,
+        &Event::Reconciled {
+            decision: "completed".into(),
+            detail: "the marker holds the exit".into(),
+        },
+        Durability::Normal,
+    )
+    .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!((r.exit_code, r.unresolved), (Some(0), false));
+    let listed = l.list(&ListFilter::default()).unwrap();
+    assert_eq!(listed[0].exit_code, Some(0));
+    assert!(l.verify_chain().unwrap().intact());
+}

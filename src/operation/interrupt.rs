@@ -6,7 +6,6 @@
 //! with nothing recorded and nothing said, while the detached command ran on.
 
 use std::fmt;
-use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 
 use tokio::signal::unix::{signal, SignalKind};
@@ -80,10 +79,9 @@ impl Interrupts {
                     tx.send_replace(Some(got));
                     // Said at once: recording may wait on a busy ledger. Write errors are
                     // ignored (after SIGHUP the terminal may be gone).
-                    let _ = writeln!(
-                        std::io::stderr(),
+                    crate::logging::say(format_args!(
                         "opmark: {got}: recording how far the operation got, then exiting ({got} again exits at once)"
-                    );
+                    ));
                     continue;
                 }
                 // The caller insists: no more ledger writes or network waits.
@@ -93,10 +91,7 @@ impl Interrupts {
                     .unwrap_or_default()
                     .map(|c| format!("; {c}"))
                     .unwrap_or_default();
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "opmark: {got} again: exiting at once{about}"
-                );
+                crate::logging::say(format_args!("opmark: {got} again: exiting at once{about}"));
                 std::process::exit(i32::from(got.exit_code()));
             }
         });

@@ -1538,7 +1538,7 @@ enum Followed {
 }
 
 /// The reason code of a connection that could not be made.
-fn connect_code(e: &ConnectError) -> ReasonCode {
+pub fn connect_code(e: &ConnectError) -> ReasonCode {
     match e.stage {
         ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
         ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
@@ -1652,7 +1652,7 @@ pub fn new_attempt_id() -> String {
 
 /// opmark's own progress line on stderr.
 pub fn progress(message: &str) {
-    eprintln!("opmark: {message}");
+    crate::logging::say(format_args!("opmark: {message}"));
 }
 
 /// Streams a run call: output to the caller, `started` to the ledger as soon as seen.

@@ -16,6 +16,24 @@ use super::{ConnectError, ConnectStage};
 
 type Agent = AgentClient<tokio::net::UnixStream>;
 
+/// Set by `opmark mcp`: a server has no person at a terminal, whatever its stdin is.
+static NEVER_PROMPT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// No passphrase prompt for the rest of the process (`opmark mcp`).
+pub fn forbid_prompts() {
+    NEVER_PROMPT.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A passphrase may be asked only when a person can answer (SPEC 6): a terminal on
+/// stdin and `BatchMode` off. An agent running opmark with piped stdin, or under a pty
+/// with `BatchMode yes`, must get an answer at once, never a prompt that hangs it.
+fn may_prompt(dest: &Destination) -> bool {
+    use std::io::IsTerminal as _;
+    !dest.batch_mode
+        && !NEVER_PROMPT.load(std::sync::atomic::Ordering::Relaxed)
+        && std::io::stdin().is_terminal()
+}
+
 /// Tries the destination's identities in OpenSSH's spirit: identity files first (through
 /// the agent when it holds the key, so an encrypted key needs no prompt), then, unless
 /// `IdentitiesOnly`, the agent's other keys.
@@ -76,7 +94,7 @@ pub(crate) async fn authenticate(
             }
             continue;
         }
-        match load_private(path).await {
+        match load_private(path, may_prompt(dest)).await {
             Ok(key) => {
                 if let Some(agent_key) = agent_keys
                     .iter()
@@ -242,8 +260,8 @@ fn read_public(path: &Path) -> Option<PublicKey> {
 }
 
 /// Loads a private key; an encrypted one is decrypted with a passphrase typed at the
-/// controlling terminal, if there is one. The error says why it is unusable.
-async fn load_private(path: &Path) -> Result<PrivateKey, String> {
+/// controlling terminal when `prompt` allows it. The error says why it is unusable.
+async fn load_private(path: &Path, prompt: bool) -> Result<PrivateKey, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("unreadable: {e}"))?;
     match russh::keys::decode_secret_key(&text, None) {
         Ok(key) => return Ok(key),
@@ -251,6 +269,13 @@ async fn load_private(path: &Path) -> Result<PrivateKey, String> {
         // PKCS#8 encrypted keys decode as a DER error instead of KeyIsEncrypted (FINDINGS).
         Err(_) if text.contains("ENCRYPTED") => {}
         Err(e) => return Err(format!("not a usable private key: {e}")),
+    }
+    if !prompt {
+        return Err(
+            "encrypted, not in ssh-agent, and no prompt allowed (stdin is not a \
+            terminal, BatchMode is on, or opmark mcp); add it with ssh-add"
+                .to_string(),
+        );
     }
     let shown = path.display().to_string();
     let passphrase = tokio::task::spawn_blocking(move || prompt_passphrase(&shown))

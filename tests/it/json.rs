@@ -1,0 +1,575 @@
+//! The JSON contract `opmark/1` (SPEC section 6) and opmark's manners with machines:
+//! one compact line with `schema` from every command, errors as documents, the same field
+//! meaning the same thing everywhere, `-q`, and no prompt that could hang an agent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::lab::Lab;
+use serde_json::Value;
+
+use crate::support::{self, fresh_dir, text, Sealed};
+
+/// The one document on stdout: exactly one line, ending in a newline, a JSON object with
+/// `"schema": "opmark/1"`. Panics naming the command otherwise.
+pub(crate) fn document(what: &str, out: &Output) -> Value {
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.ends_with('\n') && stdout.matches('\n').count() == 1,
+        "{what}: stdout is not exactly one line: {stdout:?}\nstderr: {}",
+        text(&out.stderr)
+    );
+    let doc: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {stdout}"));
+    assert_eq!(doc["schema"], "opmark/1", "{what}: {doc}");
+    doc
+}
+
+/// A lab target's `Host` block under another alias, with another identity file and/or
+/// known_hosts file: how a test makes a key the host refuses or a host key nobody knows.
+pub(crate) fn variant_of_target1(
+    lab: &Lab,
+    alias: &str,
+    identity: Option<&Path>,
+    known_hosts: Option<&Path>,
+) -> String {
+    let t = &lab.targets()[0];
+    let cfg = std::fs::read_to_string(lab.ssh_config()).unwrap();
+    let line = |key: &str| {
+        cfg.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the lab config"))
+            .trim()
+            .to_owned()
+    };
+    let identity = identity.map_or_else(|| line("IdentityFile "), |p| p.display().to_string());
+    let known =
+        known_hosts.map_or_else(|| line("UserKnownHostsFile "), |p| p.display().to_string());
+    format!(
+        "Host {alias}\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {identity}\n  IdentitiesOnly yes\n  UserKnownHostsFile {known}\n  StrictHostKeyChecking yes\n",
+        t.addr, t.port, t.user
+    )
+}
+
+fn run_out(cmd: &mut Command) -> Output {
+    cmd.output().expect("opmark runs")
+}
+
+#[test]
+fn every_subcommand_answers_one_line_with_the_schema() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let om = || env.opmark_with_lab(&lab);
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "run",
+            vec!["run", "target1", "--op", "doc-1", "--", "echo", "hi"],
+        ),
+        (
+            "run replay",
+            vec!["run", "target1", "--op", "doc-1", "--", "echo", "hi"],
+        ),
+        ("probe", vec!["probe", "target1", "doc-1"]),
+        ("list", vec!["list"]),
+        ("list --unresolved", vec!["list", "--unresolved"]),
+        ("show", vec!["show", "doc-1"]),
+        ("reconcile", vec!["reconcile"]),
+        ("stats", vec!["stats"]),
+        ("classify", vec!["classify", "--", "rm", "-rf", "/tmp/x"]),
+        ("audit verify", vec!["audit", "verify"]),
+        ("config", vec!["config", "target1"]),
+        ("doctor", vec!["doctor", "target1"]),
+        ("gc", vec!["gc", "target1", "--older-than", "3650d"]),
+        ("cancel", vec!["cancel", "target1", "doc-1"]),
+        (
+            "resolve",
+            vec![
+                "resolve", "doc-1", "--host", "target1", "--as", "applied", "--note", "t",
+            ],
+        ),
+    ];
+    for (what, args) in cases {
+        let out = run_out(om().arg("--json").args(&args));
+        document(what, &out);
+    }
+    let key = env.root.join("other.key");
+    let out = run_out(env.opmark().args(["--json", "ledger", "keygen"]).arg(&key));
+    document("ledger keygen", &out);
+}
+
+#[test]
+fn every_error_is_a_document_with_a_reason_code() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let empty_known = dir.join("known_hosts");
+    std::fs::write(&empty_known, "").unwrap();
+    let stranger = dir.join("ssh_config");
+    std::fs::write(
+        &stranger,
+        variant_of_target1(&lab, "stranger", None, Some(&empty_known)),
+    )
+    .unwrap();
+    let bad_policy = dir.join("policy.toml");
+    std::fs::write(&bad_policy, "[[rule]]\nfamily = \"sideways\"\n").unwrap();
+    // A directory where the ledger file should be: it cannot be opened.
+    let not_a_ledger = dir.join("ledger-dir");
+    std::fs::create_dir(&not_a_ledger).unwrap();
+
+    // (what, command, exit code, reason_code, retryable)
+    type Case<'a> = (&'a str, Command, i32, &'a str, bool);
+    let mut cases: Vec<Case> = Vec::new();
+    let mut c = env.opmark();
+    c.args(["--json", "show", "nosuchop"]);
+    cases.push(("unknown op", c, 245, "unknown_operation", false));
+    let mut c = env.opmark();
+    c.args(["--json", "-F", "none", "probe", "nohost.invalid", "X"]);
+    cases.push(("unresolvable host", c, 247, "name_unresolvable", false));
+    let mut c = env.opmark();
+    c.args(["--json", "probe", "target1", "bad op id"]);
+    cases.push(("bad op id", c, 245, "invalid_input", false));
+    let mut c = env.opmark();
+    c.arg("--json").arg("-F").arg(&stranger);
+    c.args(["probe", "stranger", "op-1"]);
+    cases.push(("unknown host key", c, 247, "host_key_rejected", false));
+    let mut c = env.opmark_with_lab(&lab);
+    c.arg("--json").arg("--policy").arg(&bad_policy);
+    c.args(["classify", "--", "ls"]);
+    cases.push(("malformed policy", c, 246, "config_invalid", false));
+    let mut c = env.opmark_with_lab(&lab);
+    c.arg("--json").arg("--ledger").arg(&not_a_ledger);
+    c.args(["probe", "target1", "op-1"]);
+    cases.push(("ledger failure", c, 248, "local_io", false));
+    let mut c = env.opmark();
+    c.args(["--json", "run", "target1"]);
+    cases.push(("usage error", c, 2, "usage", false));
+
+    for (what, mut cmd, code, reason, retryable) in cases {
+        let out = run_out(&mut cmd);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{what}: {}",
+            text(&out.stderr)
+        );
+        let doc = document(what, &out);
+        assert_eq!(doc["error"]["reason_code"], reason, "{what}: {doc}");
+        assert_eq!(doc["error"]["retryable"], retryable, "{what}: {doc}");
+        let message = doc["error"]["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty(), "{what}: {doc}");
+    }
+}
+
+#[test]
+fn run_help_lists_every_reason_code_with_its_retryable_flag() {
+    let out = run_out(
+        Sealed::new(crate::test_name!())
+            .opmark()
+            .args(["run", "--help"]),
+    );
+    let help = text(&out.stdout);
+    for code in ["240", "241", "242", "243", "244", "245"] {
+        assert!(help.contains(code), "exit code {code} missing:\n{help}");
+    }
+    // The table an agent reads: every reason code, `*` exactly on the retryable ones.
+    let table = help
+        .split("Reason codes")
+        .nth(1)
+        .expect("a reason code table in run --help");
+    let listed: Vec<(String, bool)> = table
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .map(|w| {
+            let w = w.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '*');
+            (w.trim_end_matches('*').to_owned(), w.ends_with('*'))
+        })
+        .filter(|(w, _)| w.parse::<opmark::vocab::ReasonCode>().is_ok())
+        .collect();
+    for code in ALL_REASON_CODES {
+        let rows: Vec<_> = listed.iter().filter(|(w, _)| w == code.as_str()).collect();
+        assert!(!rows.is_empty(), "{code} not in run --help:\n{help}");
+        for (_, starred) in rows {
+            assert_eq!(
+                *starred,
+                code.retryable(),
+                "{code}: run --help says retryable={starred}"
+            );
+        }
+    }
+}
+
+/// Every reason code, with the `retryable` SPEC section 2 gives it.
+const ALL_REASON_CODES: [opmark::vocab::ReasonCode; 24] = {
+    use opmark::vocab::ReasonCode as R;
+    [
+        R::CommandExited,
+        R::ReplayedFromHost,
+        R::ReplayedFromLedger,
+        R::StillRunning,
+        R::ConnectFailed,
+        R::NameUnresolvable,
+        R::HostKeyRejected,
+        R::AuthRefused,
+        R::Fenced,
+        R::ShimCannotStart,
+        R::ConflictOnHost,
+        R::ConflictInLedger,
+        R::PolicyDenied,
+        R::InvalidInput,
+        R::ApprovalRequired,
+        R::InterruptedNeedsApproval,
+        R::UnreachableAfterDispatch,
+        R::EarlierDispatchUnknown,
+        R::AttemptBudgetSpent,
+        R::ResolvedApplied,
+        R::ResolvedNotApplied,
+        R::ResolvedAbandoned,
+        R::HostKeyMismatch,
+        R::ClientInterrupted,
+    ]
+};
+
+#[test]
+fn retryable_is_right_for_each_reason_code() {
+    use opmark::vocab::ReasonCode as R;
+    // SPEC 2: true only when a rerun with the same op id may change the outcome without
+    // a human; permanent causes are false.
+    let table: [(R, bool); 24] = [
+        (R::CommandExited, false),
+        (R::ReplayedFromHost, false),
+        (R::ReplayedFromLedger, false),
+        (R::StillRunning, true),
+        (R::ConnectFailed, true),
+        (R::NameUnresolvable, false),
+        (R::HostKeyRejected, false),
+        (R::AuthRefused, false),
+        (R::Fenced, false),
+        (R::ShimCannotStart, false),
+        (R::ConflictOnHost, false),
+        (R::ConflictInLedger, false),
+        (R::PolicyDenied, false),
+        (R::InvalidInput, false),
+        (R::ApprovalRequired, false),
+        (R::InterruptedNeedsApproval, false),
+        (R::UnreachableAfterDispatch, true),
+        (R::EarlierDispatchUnknown, true),
+        (R::AttemptBudgetSpent, true),
+        (R::ResolvedApplied, false),
+        (R::ResolvedNotApplied, false),
+        (R::ResolvedAbandoned, false),
+        (R::HostKeyMismatch, false),
+        (R::ClientInterrupted, true),
+    ];
+    for (code, retryable) in table {
+        assert_eq!(code.retryable(), retryable, "{code}");
+    }
+    assert_eq!(table.map(|(c, _)| c), ALL_REASON_CODES);
+}
+
+#[test]
+fn probe_calls_the_hosts_digest_host_fingerprint_and_the_ledgers_fingerprint() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let run = run_out(env.opmark_with_lab(&lab).args([
+        "--json", "run", "target1", "--op", "fp-1", "--", "echo", "hi",
+    ]));
+    let run = document("run", &run);
+    let probe = run_out(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "probe", "target1", "fp-1"]),
+    );
+    let probe = document("probe", &probe);
+    let list = document("list", &run_out(env.opmark().args(["--json", "list"])));
+    assert_eq!(probe["fingerprint"], run["fingerprint"], "{probe} {run}");
+    assert_eq!(list["operations"][0]["fingerprint"], run["fingerprint"]);
+    let host_fp = probe["host_fingerprint"].as_str().unwrap_or_default();
+    assert_eq!(host_fp.len(), 64, "{probe}");
+    assert_ne!(probe["host_fingerprint"], probe["fingerprint"]);
+}
+
+#[test]
+fn stats_says_which_conflicts_it_counts() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let run = |word: &str| {
+        run_out(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "same-1", "--", "echo", word,
+        ]))
+    };
+    assert_eq!(document("first", &run("a"))["verdict"], "completed");
+    for _ in 0..2 {
+        let doc = document("other intent", &run("b"));
+        assert_eq!(doc["verdict"], "conflict");
+        assert_eq!(doc["reason_code"], "conflict_in_ledger");
+    }
+    let stats = text(&run_out(env.opmark().arg("stats")).stdout);
+    assert!(
+        !stats.contains("conflicts refused"),
+        "stats claims to count refused conflicts, which are not recorded:\n{stats}"
+    );
+    assert!(stats.contains("conflicts on host"), "{stats}");
+    let doc = document("stats", &run_out(env.opmark().args(["--json", "stats"])));
+    assert_eq!(doc["conflicts_on_host"], 0, "{doc}");
+}
+
+#[test]
+fn run_document_matches_the_published_json_schema() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    crate::require_tool!("python3");
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let mut docs = Vec::new();
+    for args in [
+        vec![
+            "--op", "sch-1", "--", "echo", "out;", "echo", "err", ">&2;", "exit", "3",
+        ],
+        vec![
+            "--op", "sch-1", "--", "echo", "out;", "echo", "err", ">&2;", "exit", "3",
+        ],
+        vec!["--op", "sch 2", "--", "true"],
+        vec!["--op", "sch-3", "--", "mkfs.ext4", "/dev/nothing-here"],
+    ] {
+        let out = run_out(
+            env.opmark_with_lab(&lab)
+                .args(["--json", "run", "target1"])
+                .args(&args),
+        );
+        docs.push(document("run", &out));
+    }
+    let verdicts: Vec<_> = docs.iter().map(|d| d["verdict"].clone()).collect();
+    assert_eq!(
+        verdicts,
+        ["completed", "replayed", "refused", "blocked"],
+        "{docs:?}"
+    );
+    let file = dir.join("docs.json");
+    std::fs::write(&file, serde_json::to_string(&docs).unwrap()).unwrap();
+    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/run.schema.json");
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sys\n\
+             try:\n    import jsonschema\n\
+             except ImportError:\n    sys.exit(77)\n\
+             schema = json.load(open(sys.argv[1]))\n\
+             jsonschema.Draft202012Validator.check_schema(schema)\n\
+             for doc in json.load(open(sys.argv[2])):\n    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)\n",
+        )
+        .arg(&schema)
+        .arg(&file)
+        .output()
+        .unwrap();
+    if out.status.code() == Some(77) {
+        support::skip_or_fail(crate::test_name!(), "python3 module jsonschema");
+        return;
+    }
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn quiet_silences_opmarks_lines_but_not_the_commands_output() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    // No --op: opmark mints one and says so on stderr, unless quiet.
+    let cmd = [
+        "run", "target1", "--", "echo", "out;", "echo", "err", ">&2;", "exit", "3",
+    ];
+    let loud = run_out(env.opmark_with_lab(&lab).args(cmd));
+    assert!(
+        text(&loud.stderr).contains("opmark:"),
+        "{}",
+        text(&loud.stderr)
+    );
+    let quiet = run_out(env.opmark_with_lab(&lab).arg("-q").args(cmd));
+    assert_eq!(quiet.status.code(), Some(3));
+    assert_eq!(text(&quiet.stdout), "out\n");
+    assert_eq!(text(&quiet.stderr), "err\n");
+}
+
+/// A copy of the lab's setup whose only identity is a passphrase-protected key, and no
+/// agent: authentication can only succeed by asking for the passphrase.
+fn encrypted_key_config(lab: &Lab, dir: &Path, batch_mode: bool) -> PathBuf {
+    let key = dir.join("id_encrypted");
+    let made = Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "correct horse",
+            "-C",
+            "enc",
+            "-f",
+        ])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let cfg = dir.join("ssh_config");
+    let mut text = variant_of_target1(lab, "locked", Some(&key), None);
+    if batch_mode {
+        text.push_str("  BatchMode yes\n");
+    }
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// Runs `opmark run locked ...` under `script` (a pty, so /dev/tty is there to prompt
+/// on), with script's own stdin an open pipe nobody writes to: a prompt would wait
+/// forever. `inner_stdin` is a shell redirection for opmark itself ("" keeps the pty).
+/// Returns the transcript, or panics when the watchdog fires.
+fn under_pty(env: &Sealed, cfg: &Path, inner_stdin: &str) -> String {
+    let line = format!(
+        "{} -F {} --json run locked --op pty-1 -- true {inner_stdin}",
+        env!("CARGO_BIN_EXE_opmark"),
+        cfg.display()
+    );
+    // opmark's sealed environment, for script and so for opmark under it.
+    let sealed = env.opmark();
+    let mut child = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script runs");
+    let keep_open = child.stdin.take();
+    // A generous watchdog, not a speed assertion: the bug it catches waits forever.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "opmark still waiting after 60 s (a prompt?): {}",
+                text(&out.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(keep_open);
+    let out = child.wait_with_output().unwrap();
+    let mut transcript = text(&out.stdout);
+    transcript.push_str(&text(&out.stderr));
+    transcript
+}
+
+fn assert_auth_refused_without_prompt(transcript: &str) {
+    assert!(
+        !transcript.contains("Enter passphrase"),
+        "prompted:\n{transcript}"
+    );
+    let doc: Value = transcript
+        .lines()
+        .find_map(|l| serde_json::from_str(l.trim()).ok())
+        .unwrap_or_else(|| panic!("no JSON document:\n{transcript}"));
+    assert_eq!(doc["verdict"], "not_applied", "{doc}");
+    assert_eq!(doc["reason_code"], "auth_refused", "{doc}");
+    assert_eq!(doc["retryable"], false, "{doc}");
+}
+
+#[test]
+fn encrypted_key_without_agent_fails_fast_when_stdin_is_not_a_terminal() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    crate::require_tool!("script");
+    let env = Sealed::new(crate::test_name!());
+    let cfg = encrypted_key_config(&lab, &fresh_dir(crate::test_name!()), false);
+    // A terminal is attached (the pty), but opmark's stdin is a pipe: an agent's setup.
+    let transcript = under_pty(&env, &cfg, "< /dev/null");
+    assert_auth_refused_without_prompt(&transcript);
+}
+
+#[test]
+fn encrypted_key_without_agent_fails_fast_under_a_pty_with_batch_mode() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    crate::require_tool!("script");
+    let env = Sealed::new(crate::test_name!());
+    let cfg = encrypted_key_config(&lab, &fresh_dir(crate::test_name!()), true);
+    let transcript = under_pty(&env, &cfg, "");
+    assert_auth_refused_without_prompt(&transcript);
+}
+
+/// The interpreter behind `python3`, by its real path: a pyenv shim would not work
+/// under a sealed HOME. None (after a skip, locally) without python3.
+pub(crate) fn real_python(test: &str) -> Option<PathBuf> {
+    let found = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(text(&o.stdout).trim()));
+    if found.is_none() {
+        support::skip_or_fail(test, "python3");
+    }
+    found
+}
+
+#[test]
+fn agent_loop_example_runs_once_replays_and_recovers_a_lost_op_id() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(python) = real_python(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let count = fresh_dir(crate::test_name!()).join("count");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/agent_loop.py");
+    let sealed = env.opmark();
+    let agent = |op: &str, command: &str| {
+        Command::new(&python)
+            .arg(&script)
+            .args(["target1", op, "--", command])
+            .env_clear()
+            .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env("OPMARK", env!("CARGO_BIN_EXE_opmark"))
+            .env("OPMARK_SSH_CONFIG", lab.ssh_config())
+            .output()
+            .unwrap()
+    };
+    let command = format!("echo ran >> {}; echo hello", count.display());
+
+    let first = agent("ex-1", &command);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert_eq!(text(&first.stdout), "hello\n");
+    assert!(text(&first.stderr).contains("agent: completed exit 0"));
+
+    // The agent crashed and lost its op id: "-" finds it in `list --json` by host and
+    // command, and the rerun replays instead of running again.
+    let again = agent("-", &command);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("agent: op ex-1"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(text(&again.stderr).contains("agent: replayed exit 0"));
+    assert_eq!(text(&again.stdout), "hello\n");
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "ran\n");
+
+    let blocked = agent("ex-2", "mkfs.ext4 /dev/nothing-here");
+    assert_eq!(blocked.status.code(), Some(3), "{}", text(&blocked.stderr));
+    assert!(text(&blocked.stderr).contains("approval_required"));
+}

@@ -1,0 +1,331 @@
+//! `opmark mcp` driven by a real MCP client this project did not write: the official
+//! Python SDK (`mcp` from PyPI, pinned in scripts/install-deps.sh) runs
+//! tests/mcp/client.py against the server, which talks to a real sshd lab target.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::json::variant_of_target1;
+use crate::support::{fresh_dir, skip_or_fail, text, Sealed};
+
+/// The real interpreter behind `python3` when it can `import mcp`; else None after a
+/// skip (locally).
+fn python_with_mcp(test: &str) -> Option<PathBuf> {
+    let python = crate::json::real_python(test)?;
+    let has_mcp = Command::new(&python)
+        .args(["-c", "import mcp"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_mcp {
+        skip_or_fail(
+            test,
+            "python3 with the `mcp` package (scripts/install-deps.sh)",
+        );
+        return None;
+    }
+    Some(python)
+}
+
+#[test]
+fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(python) = python_with_mcp(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    // The lab's targets plus `stranger`: target1 under a host key nobody knows.
+    let empty_known = dir.join("known_hosts");
+    std::fs::write(&empty_known, "").unwrap();
+    let cfg = dir.join("ssh_config");
+    std::fs::write(
+        &cfg,
+        // Include first: after a `Host` line it would belong to that block.
+        format!(
+            "Include {}\n{}",
+            lab.ssh_config().display(),
+            variant_of_target1(&lab, "stranger", None, Some(&empty_known)),
+        ),
+    )
+    .unwrap();
+    // Written on the target by the command: loopback targets share this filesystem.
+    let count = dir.join("count");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
+    // The sealed environment opmark runs in, for the client and so for its server.
+    let sealed = env.opmark();
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_opmark"))
+        .arg(&cfg)
+        .arg(&count)
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("report is not JSON ({e}): {}", text(&out.stdout)));
+    let stderr = text(&out.stderr);
+
+    assert_eq!(r["server_name"], "opmark");
+    let tools = &r["tools"];
+    for name in ["run", "probe", "show", "list", "reconcile", "cancel"] {
+        assert!(tools[name].is_object(), "tool {name} missing: {tools}");
+    }
+    assert_eq!(tools["run"]["annotations"]["idempotent_hint"], true);
+    for name in ["probe", "show", "list"] {
+        assert_eq!(tools[name]["annotations"]["read_only_hint"], true, "{name}");
+    }
+    let run_required = tools["run"]["required"].as_array().unwrap();
+    for field in ["host", "op_id", "command"] {
+        assert!(run_required.contains(&field.into()), "{run_required:?}");
+    }
+    // Approval is a human's act: the run tool has no way to give it.
+    assert!(
+        !tools["run"]["properties"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().contains("approv")),
+        "{}",
+        tools["run"]
+    );
+
+    let first = &r["first"];
+    assert_eq!(first["schema"], "opmark/1", "{first}");
+    assert_eq!(first["verdict"], "completed", "{first}\n{stderr}");
+    assert_eq!(first["exit_code"], 0);
+    assert_eq!(first["_is_error"], false);
+    assert_eq!(first["_text_matches"], true);
+    // 3000 x's and a newline, cut to --max-output 1k with counts, digest and the way on.
+    assert_eq!(first["stdout_bytes"], 3001, "{first}");
+    assert_eq!(first["stdout_truncated"], true);
+    assert_eq!(first["stdout"].as_str().unwrap().len(), 1024);
+    assert_eq!(first["stdout_sha256"].as_str().unwrap().len(), 64);
+    assert!(first["output_rest"].as_str().unwrap().contains("mcp-1"));
+    assert!(
+        !r["progress"].as_array().unwrap().is_empty(),
+        "no progress notification during a 3 s run: {}",
+        r["progress"]
+    );
+
+    let second = &r["second"];
+    assert_eq!(second["verdict"], "replayed", "{second}");
+    assert_eq!(second["fingerprint"], first["fingerprint"]);
+    assert_eq!(second["stdout_sha256"], first["stdout_sha256"]);
+    let ran = std::fs::read_to_string(&count).unwrap();
+    assert_eq!(
+        ran,
+        "ran\n",
+        "the command ran {} times",
+        ran.lines().count()
+    );
+
+    for step in ["blocked", "blocked_again"] {
+        let b = &r[step];
+        assert_eq!(b["verdict"], "blocked", "{step}: {b}");
+        assert_eq!(b["reason_code"], "approval_required");
+        assert_eq!(b["retryable"], false);
+    }
+
+    let stranger = &r["stranger"];
+    assert_eq!(stranger["verdict"], "not_applied", "{stranger}");
+    assert_eq!(stranger["reason_code"], "host_key_rejected");
+    assert_eq!(stranger["retryable"], false);
+
+    assert_eq!(r["bad_op"]["verdict"], "refused", "{}", r["bad_op"]);
+    assert_eq!(r["bad_op"]["reason_code"], "invalid_input");
+
+    assert_eq!(r["probe"]["state"], "completed", "{}", r["probe"]);
+    assert_eq!(r["probe"]["fingerprint"], first["fingerprint"]);
+    assert_eq!(r["show"]["operation"]["op_id"], "mcp-1", "{}", r["show"]);
+    let unknown = &r["show_unknown"];
+    assert_eq!(unknown["_is_error"], true, "{unknown}");
+    assert_eq!(unknown["error"]["reason_code"], "unknown_operation");
+    let listed: Vec<_> = r["list"]["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(listed.contains(&"mcp-1".to_owned()), "{listed:?}");
+    assert_eq!(r["reconcile"]["schema"], "opmark/1", "{}", r["reconcile"]);
+    assert_eq!(r["cancel"]["schema"], "opmark/1", "{}", r["cancel"]);
+}
+
+/// One JSON-RPC line to the server.
+fn send(stdin: &mut std::process::ChildStdin, msg: &Value) {
+    use std::io::Write as _;
+    writeln!(stdin, "{msg}").unwrap();
+    stdin.flush().unwrap();
+}
+
+/// Lines from the server until the response with `id`.
+fn response(lines: &mut impl Iterator<Item = std::io::Result<String>>, id: u64) -> Value {
+    for line in lines {
+        let msg: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if msg["id"] == id {
+            return msg;
+        }
+    }
+    panic!("the server closed stdout before answering request {id}");
+}
+
+#[test]
+fn mcp_server_still_stops_on_sigterm_after_a_run() {
+    use std::io::BufRead as _;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let mut server = env
+        .opmark_with_lab(&lab)
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = server.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    send(
+        &mut stdin,
+        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "opmark-test", "version": "0"}}}),
+    );
+    assert!(response(&mut lines, 1)["result"].is_object());
+    send(
+        &mut stdin,
+        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    send(
+        &mut stdin,
+        &serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "run", "arguments": {"host": "target1", "op_id": "sig-1", "command": "true"}}}),
+    );
+    let run = response(&mut lines, 2);
+    assert_eq!(
+        run["result"]["structuredContent"]["verdict"], "completed",
+        "{run}"
+    );
+    // A run installs signal handlers; the idle server must still obey SIGTERM.
+    let pid = server.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // A generous watchdog, not a speed assertion: the bug it catches never exits.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("opmark mcp ignored SIGTERM for 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(stdin);
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn python_sdk_client_hears_the_honest_verdict_of_a_link_cut_mid_run() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let Some(lab) = crate::support::netns_lab(1) else {
+        return;
+    };
+    let Some(python) = python_with_mcp(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let cfg = crate::support::fast_loss_config(&lab, &dir);
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops")
+        .join("lost-1");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
+    let sealed = env.opmark();
+    let client = Command::new(python)
+        .arg(&script)
+        .arg("--lost")
+        .arg(env!("CARGO_BIN_EXE_opmark"))
+        .arg(&cfg)
+        .arg(&dir)
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.join("started").exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.cut("target1").unwrap();
+    // Restored only once the command has finished on the host, unseen by the client.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !marker.join("exit").exists() {
+        assert!(Instant::now() < deadline, "no exit record on the host");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The first answer must be in before the link comes back: wait for the verdict in
+    // the ledger (the client's first call has returned once it is recorded).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = env
+            .opmark()
+            .args(["--json", "list", "--unresolved"])
+            .output()
+            .unwrap();
+        if text(&out.stdout).contains("\"verdict\":\"indeterminate\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no verdict recorded for the cut run"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    lab.restore("target1").unwrap();
+    std::fs::write(dir.join("restored"), "").unwrap();
+    let out = client.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cut = &r["during_cut"];
+    // The command may have run: the tool says so, with no invented exit code.
+    assert_eq!(cut["verdict"], "indeterminate", "{cut}");
+    assert_eq!(cut["exit_code"], Value::Null, "{cut}");
+    assert_eq!(cut["retryable"], true, "{cut}");
+    assert_eq!(cut["_is_error"], false);
+    let after = &r["after_restore"];
+    assert_eq!(after["verdict"], "replayed", "{after}");
+    assert_eq!(after["exit_code"], 4, "{after}");
+    let record = std::fs::read_to_string(marker.join("exit")).unwrap();
+    assert!(record.contains("code=4"), "{record}");
+}
