@@ -490,10 +490,16 @@ verb_run() {
 	# (busybox `head -c` reads ahead into the stdin that follows).
 	spool=
 	cmd_spool="$root/spool/$attempt.$$.cmd"
-	dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>/dev/null ||
+	if ! dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>/dev/null; then
+		# A full marker root is the host's state, not a bad request.
+		resource_cause
+		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
 		refuse "bad_command reason=read_failed"
+	fi
 	got=$(wc -c <"$cmd_spool")
 	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
+		resource_cause
+		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
 		refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=$((got + 0))"
 	fi
 	if [ "$in_bytes" != - ]; then

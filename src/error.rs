@@ -58,6 +58,9 @@ pub enum ErrorKind {
     NotImplemented,
     /// opmark bug or protocol violation.
     Internal,
+    /// Our stdout was closed by its reader (`opmark list --json | head -c 10`): exits
+    /// quietly with the status a shell gives a tool that SIGPIPE ended.
+    StdoutClosed,
 }
 
 impl ErrorKind {
@@ -70,6 +73,7 @@ impl ErrorKind {
             ErrorKind::LocalIo => exit_code::LOCAL_IO,
             ErrorKind::NotImplemented => exit_code::NOT_IMPLEMENTED,
             ErrorKind::Internal => exit_code::INTERNAL,
+            ErrorKind::StdoutClosed => exit_code::BROKEN_PIPE,
         }
     }
 
@@ -82,6 +86,7 @@ impl ErrorKind {
             ErrorKind::LocalIo => "local_io",
             ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::Internal => "internal",
+            ErrorKind::StdoutClosed => "stdout_closed",
         }
     }
 }

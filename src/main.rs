@@ -46,6 +46,10 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
+        // Nobody reads any more: nothing to say, and nowhere to say it.
+        Err(err) if err.kind == opmark::error::ErrorKind::StdoutClosed => {
+            ExitCode::from(err.kind.exit_code())
+        }
         Err(mut err) => {
             // Last line of defence: a message may quote input that holds a secret.
             err.message = opmark::commands::redactor_for_errors(policy_path.as_deref())

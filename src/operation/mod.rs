@@ -783,7 +783,7 @@ impl<'a> Runner<'a> {
         };
         self.boundary(attempt, Boundary::Refused, &refusal.reason)?;
         let marker = refusal.marker.clone();
-        Ok(match refusal.reason.as_str() {
+        let settled = match refusal.reason.as_str() {
             "running" => {
                 let holder = marker.as_ref().and_then(|m| m.attempt.clone());
                 progress(&format!(
@@ -879,7 +879,45 @@ impl<'a> Runner<'a> {
                     describe_fields(&refusal.fields)
                 ),
             )),
-        })
+        };
+        Ok(self.unless_an_earlier_attempt_may_have_run(attempt, settled))
+    }
+
+    /// A refusal says that *this* attempt ran nothing. When an earlier attempt of the
+    /// operation may have run (it was sent and never answered, or started), `not_applied`
+    /// would claim more than that: the operation's outcome is unknown. (A fence is the
+    /// exception: the shim fences only what never started.)
+    fn unless_an_earlier_attempt_may_have_run(&self, attempt: &str, settled: Settled) -> Settled {
+        let Settled::Verdict(answer) = settled else {
+            return settled;
+        };
+        if answer.verdict != Verdict::NotApplied || answer.code == ReasonCode::Fenced {
+            return Settled::Verdict(answer);
+        }
+        let earlier = self
+            .attempts
+            .iter()
+            .find(|a| {
+                a.attempt_id != attempt
+                    && matches!(
+                        a.boundary,
+                        Boundary::SentNoResponse | Boundary::Started | Boundary::ExitReceived
+                    )
+            })
+            .map(|a| a.attempt_id.clone())
+            .or_else(|| self.prior_dispatch.clone());
+        match earlier {
+            None => Settled::Verdict(answer),
+            Some(earlier) => Settled::Verdict(Answer::new(
+                Verdict::Indeterminate,
+                answer.attempt_id,
+                answer.code,
+                format!(
+                    "{}; but attempt {earlier} reached the host earlier and may have run, so the operation's outcome is unknown. Rerun with the same op id once this is fixed, or run `opmark reconcile`",
+                    answer.reason.trim_end_matches("; nothing ran. Check the host with `opmark doctor`")
+                ),
+            )),
+        }
     }
 
     fn after_interrupted_marker(&mut self, marker: Option<&MarkerInfo>, attempt: &str) -> Settled {

@@ -765,7 +765,6 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 supersede_interrupted: false,
                 command: LOOK_AROUND,
             }))
-            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -936,9 +935,9 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             supersede_interrupted: false,
             command: &cmd,
         }))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Pipes: the shim acts only when its replies can reach a client.
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     host.wait_for_file(&host.marker("unfollowed").join("started"));
@@ -1102,9 +1101,9 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             supersede_interrupted: false,
             command,
         }))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Pipes: the shim acts only when its replies can reach a client.
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     host.wait_for_file(ready);
