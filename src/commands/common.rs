@@ -163,7 +163,14 @@ fn write_line(doc: &serde_json::Value) -> Result<()> {
     use std::io::Write as _;
     writeln!(out, "{doc}")
         .and_then(|()| out.flush())
-        .map_err(|e| Error::new(ErrorKind::LocalIo, format!("cannot write to stdout: {e}")))
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                // The reader went away (`opmark --json list | head -c1`): end as print!
+                // does, which main turns into a quiet exit 141, not a local I/O error.
+                panic!("failed printing to stdout: {e}");
+            }
+            Error::new(ErrorKind::LocalIo, format!("cannot write to stdout: {e}"))
+        })
 }
 
 /// The JSON document of an error at the CLI edge: `error.reason_code`, `error.message`

@@ -155,7 +155,7 @@ fn policy_show_prints_the_policy_in_effect_with_its_source_and_it_loads_back_equ
         loaded == Policy::builtin(),
         "printed policy differs from the built-in one"
     );
-    assert!(printed.contains("name = \"read-only-tools\""), "{printed}");
+    assert!(printed.contains("name = \"shell-builtins\""), "{printed}");
 
     let json = ok(
         env.opmark()
