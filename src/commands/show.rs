@@ -178,7 +178,8 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             field(
                 &mut out,
                 "family",
-                &format!("{} (rule: {})", r.family, printable(&r.rule)),
+                // No parentheses around it: a named rule already ends in `(name)`.
+                &format!("{}, by {}", r.family, printable(&r.rule)),
             );
             let mut state = printable(&r.state);
             if let Some(v) = r.verdict {

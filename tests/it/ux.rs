@@ -219,7 +219,7 @@ fn rules_are_shown_by_name_and_an_unnamed_user_rule_by_number() {
         "classify",
     );
     assert!(out.contains("mine.toml rule #1 (listing)"), "{out}");
-    assert!(out.contains("mine.toml rule #2)"), "{out}");
+    assert!(out.contains("mine.toml rule #2]"), "{out}");
 
     let out = ok(
         env.opmark()
@@ -548,5 +548,36 @@ fn nothing_written_to_a_pipe_carries_colour_codes() {
     assert!(
         traced,
         "-vvv printed no trace lines, so nothing was checked"
+    );
+}
+
+#[test]
+fn a_run_records_the_rule_that_classified_it_by_name() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let out = ok(
+        env.opmark_with_lab(&lab)
+            .args([
+                "--json", "run", "target1", "--op", "named-1", "--", "echo", "hi",
+            ])
+            .output()
+            .unwrap(),
+        "run",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["verdict"], "completed");
+    let rule = "built-in command-classes.toml rule #10 (shell-builtins)";
+    assert_eq!(v["rule"], rule);
+    let page = ok(
+        env.opmark().args(["show", "named"]).output().unwrap(),
+        "show",
+    );
+    // The page wraps at 80 columns: compare with the line breaks taken out.
+    let unwrapped = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        unwrapped.contains(&format!("family read-only, by {rule}")),
+        "{page}"
     );
 }
