@@ -208,3 +208,29 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
     out.push('\n');
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_says_which_zone_the_times_are_in() {
+        let east = time::UtcOffset::from_hms(5, 30, 0).unwrap();
+        let west = time::UtcOffset::from_hms(-3, 0, 0).unwrap();
+        assert_eq!(Zone::Utc.label(), "UTC");
+        assert_eq!(Zone::Local(east).label(), "local, UTC+05:30");
+        assert_eq!(Zone::Local(west).label(), "local, UTC-03:00");
+        assert_eq!(Zone::Local(time::UtcOffset::UTC).label(), "local, UTC");
+        assert_eq!(Zone::UtcFallback.label(), "UTC; local offset unknown");
+    }
+
+    #[test]
+    fn times_are_shown_in_the_zone_and_odd_text_as_stored() {
+        let at = "2026-03-04T22:30:59.123456Z";
+        let east = time::UtcOffset::from_hms(5, 30, 0).unwrap();
+        assert_eq!(Zone::Utc.short(at), "03-04 22:30");
+        assert_eq!(Zone::UtcFallback.short(at), "03-04 22:30");
+        assert_eq!(Zone::Local(east).short(at), "03-05 04:00");
+        assert_eq!(Zone::Local(east).short("2026-03-04 garbage"), "03-04 garba");
+    }
+}
