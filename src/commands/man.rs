@@ -3,13 +3,19 @@
 
 use clap::CommandFactory as _;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 
-/// Writes opmark(1) on stdout.
-pub fn run() -> Result<u8> {
-    // print!, as every text command: a closed pipe then ends us quietly with 141.
-    print!("{}", String::from_utf8_lossy(&page()?));
+/// Writes opmark(1) on stdout; with `--json`, one document `{"format": "roff", "page"}`.
+pub fn run(global: &GlobalArgs) -> Result<u8> {
+    let page = page()?;
+    let page = String::from_utf8_lossy(&page);
+    if global.json {
+        super::common::print_json(&serde_json::json!({ "format": "roff", "page": page }))?;
+    } else {
+        // print!, as every text command: a closed pipe then ends us quietly with 141.
+        print!("{page}");
+    }
     Ok(exit_code::OK)
 }
 

@@ -58,7 +58,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Config(args) => config::run(&global, &args),
         Command::Mcp(args) => mcp::run(&global, &args),
         Command::Policy(args) => policy::run(&global, &args),
-        Command::Completions(args) => completions::run(&args),
-        Command::Man => man::run(),
+        Command::Completions(args) => completions::run(&global, &args),
+        Command::Man => man::run(&global),
     }
 }

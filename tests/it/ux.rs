@@ -67,6 +67,20 @@ fn completions_for_bash_zsh_and_fish_are_scripts_their_shell_parses() {
             text(&out.stderr)
         );
     }
+    // The JSON contract holds here too: one document with the same script.
+    let doc = ok(
+        env.opmark()
+            .args(["--json", "completions", "fish"])
+            .output()
+            .unwrap(),
+        "--json completions",
+    );
+    assert_eq!(doc.lines().count(), 1);
+    let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(v["schema"], "opmark/1");
+    assert_eq!(v["shell"], "fish");
+    let fish = env.opmark().args(["completions", "fish"]).output().unwrap();
+    assert_eq!(v["script"], text(&fish.stdout));
     let out = env.opmark().args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(
         out.status.code(),
@@ -95,6 +109,16 @@ fn the_man_page_has_every_subcommand_and_renders() {
         let heading = format!(".SH \"OPMARK {}\"", sub.to_uppercase());
         assert!(page.contains(&heading), "man page lacks {heading}");
     }
+    let doc = ok(
+        env.opmark().args(["--json", "man"]).output().unwrap(),
+        "--json man",
+    );
+    let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert_eq!(
+        (&v["schema"], &v["format"]),
+        (&"opmark/1".into(), &"roff".into())
+    );
+    assert_eq!(v["page"], page.as_str());
     if !crate::support::require_tool("groff") {
         return;
     }
