@@ -203,9 +203,11 @@ pub enum Command {
     /// Show the state of an operation's marker on its host (absent, running, completed,
     /// interrupted, fenced).
     Probe(ProbeArgs),
-    /// List operations in the ledger, newest first.
+    /// List operations in the ledger, most recently active first (whole op ids, local
+    /// times unless --utc).
     List(ListArgs),
-    /// One operation's timeline: intent, attempts, observations, verdict.
+    /// One operation's timeline: intent, attempts, observations, verdict (OP may be a
+    /// unique prefix of the op id).
     Show(ShowArgs),
     /// Probe every unresolved operation and settle what the evidence settles.
     Reconcile(ReconcileArgs),

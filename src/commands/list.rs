@@ -9,9 +9,6 @@ use crate::ledger::{Ledger, ListFilter, OperationRecord, Redactor};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
-    let (ledger, _path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
     if args.limit == Some(0) {
         return Err(Error::new(
             ErrorKind::InvalidInput,
@@ -32,6 +29,9 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
                 })
         })
         .transpose()?;
+    let (ledger, _path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
     // Without --since the ledger can stop at the limit; with it the cut-off is applied
     // here (on the projection's timestamps), then the limit.
     let filter = ListFilter {
