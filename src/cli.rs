@@ -203,9 +203,11 @@ pub enum Command {
     /// Show the state of an operation's marker on its host (absent, running, completed,
     /// interrupted, fenced).
     Probe(ProbeArgs),
-    /// List operations in the ledger, newest first.
+    /// List operations in the ledger, most recently active first (whole op ids, local
+    /// times unless --utc).
     List(ListArgs),
-    /// One operation's timeline: intent, attempts, observations, verdict.
+    /// One operation's timeline: intent, attempts, observations, verdict (OP may be a
+    /// unique prefix of the op id).
     Show(ShowArgs),
     /// Probe every unresolved operation and settle what the evidence settles.
     Reconcile(ReconcileArgs),
@@ -233,6 +235,48 @@ pub enum Command {
     /// Serve the Model Context Protocol on stdio: tools run, probe, show, list,
     /// reconcile, cancel, for agent frameworks (never prompts, never approves).
     Mcp(McpArgs),
+    /// The command-classes policy in effect.
+    Policy(PolicyArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completions(CompletionsArgs),
+    /// Print the manual page (roff) on stdout, e.g. for
+    /// `opmark man > ~/.local/share/man/man1/opmark.1`.
+    Man,
+}
+
+/// `opmark policy`.
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// The policy action.
+    #[command(subcommand)]
+    pub action: PolicyAction,
+}
+
+/// `opmark policy` actions.
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Print the policy in effect and where it comes from, as TOML that loads back to
+    /// the same policy (a starting point for your own file).
+    Show,
+}
+
+/// `opmark completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: ShellArg,
+}
+
+/// Shells `opmark completions` writes scripts for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    /// Bash (source it, or put it in ~/.local/share/bash-completion/completions/opmark).
+    Bash,
+    /// Zsh (put it as `_opmark` in a directory of your $fpath).
+    Zsh,
+    /// Fish (put it in ~/.config/fish/completions/opmark.fish).
+    Fish,
 }
 
 /// `opmark mcp`.
@@ -332,12 +376,21 @@ pub struct ListArgs {
     /// Only operations on this host.
     #[arg(long, value_name = "HOST")]
     pub host: Option<String>,
+    /// Only operations active within this long before now (e.g. 30m, 2h, 7d).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
+    /// At most this many operations (the most recently active).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Times in UTC instead of the local time zone.
+    #[arg(long)]
+    pub utc: bool,
 }
 
 /// `opmark show`.
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// Operation id.
+    /// Operation id, or a prefix of it that matches only one operation.
     pub op: String,
     /// The host, when the op id was used on several.
     #[arg(long, value_name = "HOST")]

@@ -33,8 +33,9 @@ pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
 fn render(command: &str, c: &Classification, origin: &str) -> String {
     let mut out = format!("{}: {command}\n", c.family);
     for part in &c.parts {
+        // Brackets, since a named rule already ends in `(name)`.
         out.push_str(&format!(
-            "  {:<12} {}  ({})\n",
+            "  {:<12} {}  [{}]\n",
             part.family.as_str(),
             part.command,
             part.rule

@@ -1,30 +1,118 @@
 //! `opmark list`: the ledger's operations, most recently active first. Unresolved
-//! operations are marked `!`, contradicted ones (SPEC section 3) `C`.
+//! operations are marked `!`, contradicted ones (SPEC section 3) `C`. Op ids are never
+//! shortened (people copy them into `show` and `run --op`); times are local unless
+//! `--utc`.
 
 use crate::cli::{GlobalArgs, ListArgs};
-use crate::error::{exit_code, Result};
+use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{Ledger, ListFilter, OperationRecord, Redactor};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
+    if args.limit == Some(0) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--limit 0 would list nothing; give at least 1, or leave --limit out for all",
+        ));
+    }
+    let cutoff = args
+        .since
+        .map(|since| {
+            time::Duration::try_from(since)
+                .ok()
+                .and_then(|d| time::OffsetDateTime::now_utc().checked_sub(d))
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidInput,
+                        "--since reaches back before any possible date; use a shorter duration such as 30d",
+                    )
+                })
+        })
+        .transpose()?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
+    // Without --since the ledger can stop at the limit; with it the cut-off is applied
+    // here (on the projection's timestamps), then the limit.
     let filter = ListFilter {
         unresolved: args.unresolved,
         host: args.host.clone(),
-        limit: None,
+        limit: if cutoff.is_none() { args.limit } else { None },
     };
-    let ops = match &ledger {
+    let mut ops = match &ledger {
         Some(l) => l.list(&filter).map_err(|e| redacted_error(e.into()))?,
         None => Vec::new(),
     };
+    if let Some(cutoff) = cutoff {
+        // A timestamp that does not parse is kept: hiding an operation is worse.
+        ops.retain(|o| parse_at(&o.updated_at).is_none_or(|at| at >= cutoff));
+        if let Some(limit) = args.limit {
+            ops.truncate(limit);
+        }
+    }
     if global.json {
         super::common::print_json(&serde_json::json!({ "operations": ops }))?;
     } else {
-        print!("{}", table(&ops, args.unresolved));
+        let zone = if args.utc { Zone::Utc } else { Zone::local() };
+        print!("{}", table(&ops, args.unresolved, zone));
     }
     Ok(exit_code::OK)
+}
+
+/// The time zone the table's times are shown in.
+#[derive(Debug, Clone, Copy)]
+enum Zone {
+    /// Asked for with `--utc`.
+    Utc,
+    /// The local offset, as the system reports it.
+    Local(time::UtcOffset),
+    /// Local time was wanted but the offset could not be determined safely (the `time`
+    /// crate refuses when it cannot rule out a race with another thread's setenv).
+    UtcFallback,
+}
+
+impl Zone {
+    fn local() -> Zone {
+        time::UtcOffset::current_local_offset().map_or(Zone::UtcFallback, Zone::Local)
+    }
+
+    fn offset(self) -> time::UtcOffset {
+        match self {
+            Zone::Local(offset) => offset,
+            Zone::Utc | Zone::UtcFallback => time::UtcOffset::UTC,
+        }
+    }
+
+    /// What the column header says about the times under it.
+    fn label(self) -> String {
+        match self {
+            Zone::Utc => "UTC".to_owned(),
+            Zone::UtcFallback => "UTC; local offset unknown".to_owned(),
+            Zone::Local(offset) if offset.is_utc() => "local, UTC".to_owned(),
+            Zone::Local(offset) => {
+                let (h, m, _) = offset.as_hms();
+                let sign = if offset.is_negative() { '-' } else { '+' };
+                format!(
+                    "local, UTC{sign}{:02}:{:02}",
+                    h.unsigned_abs(),
+                    m.unsigned_abs()
+                )
+            }
+        }
+    }
+
+    /// `2024-05-01T10:00:00.123Z` as `05-01 12:00` in this zone; unparseable text is
+    /// shown as stored, cut to the same shape.
+    fn short(self, at: &str) -> String {
+        let format = time::macros::format_description!("[month]-[day] [hour]:[minute]");
+        parse_at(at)
+            .and_then(|t| t.to_offset(self.offset()).format(&format).ok())
+            .unwrap_or_else(|| to_second(at).get(5..16).unwrap_or("").to_owned())
+    }
+}
+
+fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
 }
 
 /// Masks secrets in an error message at the command edge (errors may echo user input).
@@ -65,7 +153,7 @@ pub(crate) fn to_second(at: &str) -> String {
     at.get(..19).unwrap_or(at).replace('T', " ")
 }
 
-fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
+fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
     if ops.is_empty() {
         return if only_unresolved {
             "no unresolved operations\n".to_owned()
@@ -76,12 +164,19 @@ fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
     let col = |f: &dyn Fn(&OperationRecord) -> usize, min: usize, max: usize| {
         ops.iter().map(f).max().unwrap_or(0).clamp(min, max)
     };
-    let op_w = col(&|o| o.op_id.chars().count(), 5, 28);
-    let host_w = col(&|o| o.host.chars().count(), 4, 14);
+    // Op ids and hosts are never cut: a shortened id cannot be copied into `show` or
+    // `run --op` (minted ids are longer than any fixed column).
+    let op_w = col(&|o| printable(&o.op_id).chars().count(), 5, usize::MAX);
+    let host_w = col(&|o| printable(&o.host).chars().count(), 4, usize::MAX);
     let state_w = col(&|o| o.state.chars().count(), 5, 16);
     let mut out = format!(
-        "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED (UTC)\n",
-        "OP", "HOST", "FAMILY", "STATE", "EXIT"
+        "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED ({})\n",
+        "OP",
+        "HOST",
+        "FAMILY",
+        "STATE",
+        "EXIT",
+        zone.label()
     );
     for o in ops {
         let exit = o.exit_code.map_or("-".to_owned(), |c| c.to_string());
@@ -89,12 +184,12 @@ fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
             "{}{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {}\n",
             if o.unresolved { "!" } else { " " },
             if o.contradictions > 0 { "C" } else { " " },
-            fit(&printable(&o.op_id), op_w),
-            fit(&printable(&o.host), host_w),
+            printable(&o.op_id),
+            printable(&o.host),
             o.family.as_str(),
             fit(&printable(&o.state), state_w),
             exit,
-            to_second(&o.updated_at).get(5..16).unwrap_or(""),
+            zone.short(&o.updated_at),
         ));
     }
     let unresolved = ops.iter().filter(|o| o.unresolved).count();
@@ -112,4 +207,30 @@ fn table(ops: &[OperationRecord], only_unresolved: bool) -> String {
     }
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_says_which_zone_the_times_are_in() {
+        let east = time::UtcOffset::from_hms(5, 30, 0).unwrap();
+        let west = time::UtcOffset::from_hms(-3, 0, 0).unwrap();
+        assert_eq!(Zone::Utc.label(), "UTC");
+        assert_eq!(Zone::Local(east).label(), "local, UTC+05:30");
+        assert_eq!(Zone::Local(west).label(), "local, UTC-03:00");
+        assert_eq!(Zone::Local(time::UtcOffset::UTC).label(), "local, UTC");
+        assert_eq!(Zone::UtcFallback.label(), "UTC; local offset unknown");
+    }
+
+    #[test]
+    fn times_are_shown_in_the_zone_and_odd_text_as_stored() {
+        let at = "2026-03-04T22:30:59.123456Z";
+        let east = time::UtcOffset::from_hms(5, 30, 0).unwrap();
+        assert_eq!(Zone::Utc.short(at), "03-04 22:30");
+        assert_eq!(Zone::UtcFallback.short(at), "03-04 22:30");
+        assert_eq!(Zone::Local(east).short(at), "03-05 04:00");
+        assert_eq!(Zone::Local(east).short("2026-03-04 garbage"), "03-04 garba");
+    }
 }

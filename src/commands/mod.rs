@@ -3,7 +3,10 @@
 //! `dispatch` is the only place that maps a `Command` to its implementation.
 
 mod classify;
+mod completions;
 mod lab;
+mod man;
+mod policy;
 
 use crate::cli::{Cli, Command};
 use crate::error::Result;
@@ -54,5 +57,8 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),
         Command::Mcp(args) => mcp::run(&global, &args),
+        Command::Policy(args) => policy::run(&global, &args),
+        Command::Completions(args) => completions::run(&global, &args),
+        Command::Man => man::run(&global),
     }
 }

@@ -43,6 +43,10 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
     let Some(ledger) = ledger else {
         return Err(redacted_error(not_found()));
     };
+    let op = match complete_op_id(&ledger, &op, args.host.as_deref())? {
+        Some(full) => full,
+        None => return Err(redacted_error(not_found())),
+    };
     let host =
         match &args.host {
             Some(h) => h.clone(),
@@ -89,6 +93,60 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
     Ok(exit_code::OK)
 }
 
+/// The op id `given` stands for: itself when the ledger knows it, else the one recorded
+/// op id it is a prefix of (on `host`, when given); None when nothing matches. Several
+/// matches are an error listing them, since picking one would show the wrong operation.
+fn complete_op_id(ledger: &Ledger, given: &OpId, host: Option<&str>) -> Result<Option<OpId>> {
+    if !ledger
+        .hosts_of(given.as_str())
+        .map_err(|e| redacted_error(e.into()))?
+        .is_empty()
+    {
+        return Ok(Some(given.clone()));
+    }
+    let filter = crate::ledger::ListFilter {
+        host: host.map(str::to_owned),
+        ..Default::default()
+    };
+    let mut candidates: Vec<String> = ledger
+        .list(&filter)
+        .map_err(|e| redacted_error(e.into()))?
+        .into_iter()
+        .map(|o| o.op_id)
+        .filter(|id| id.starts_with(given.as_str()))
+        .collect();
+    candidates.sort();
+    candidates.dedup();
+    match candidates.as_slice() {
+        [] => Ok(None),
+        [one] => OpId::parse(one)
+            .map(Some)
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string())),
+        many => {
+            const SHOWN: usize = 10;
+            let mut listed = many
+                .iter()
+                .take(SHOWN)
+                .map(|id| printable(id))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if many.len() > SHOWN {
+                let _ = write!(listed, " and {} more", many.len() - SHOWN);
+            }
+            Err(redacted_error(
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "`{given}` is the start of {} operation ids ({listed}); give more of the id",
+                        many.len()
+                    ),
+                )
+                .with_code("ambiguous_operation"),
+            ))
+        }
+    }
+}
+
 /// The text form: header, then one line per event (wrapped to 80 columns).
 pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEvent]) -> String {
     let mut out = format!(
@@ -120,7 +178,8 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             field(
                 &mut out,
                 "family",
-                &format!("{} (rule: {})", r.family, printable(&r.rule)),
+                // No parentheses around it: a named rule already ends in `(name)`.
+                &format!("{}, by {}", r.family, printable(&r.rule)),
             );
             let mut state = printable(&r.state);
             if let Some(v) = r.verdict {

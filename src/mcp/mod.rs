@@ -246,6 +246,9 @@ impl Server {
         let args = ListArgs {
             unresolved: p.unresolved.unwrap_or(true),
             host: p.host,
+            since: None,
+            limit: None,
+            utc: true,
         };
         Ok(self
             .call(meta, peer, move |g| commands::list::run(g, &args))

@@ -8,6 +8,7 @@
 
 mod classify;
 mod raw;
+mod show;
 mod words;
 
 use std::collections::HashMap;
@@ -35,6 +36,8 @@ pub const BUILTIN_ORIGIN: &str = "built-in command-classes.toml";
 #[derive(Debug, Clone)]
 pub struct Policy {
     origin: String,
+    /// True for the compiled-in policy (its origin is a name, not a path).
+    builtin: bool,
     default_family: Family,
     families: [FamilyPolicy; 4],
     rules: Vec<Rule>,
@@ -73,6 +76,9 @@ pub enum AfterInterrupted {
 pub(crate) struct Rule {
     /// 1-based position in the file, as shown to users (`rule #12`).
     pub index: usize,
+    /// The rule's stable name (`name = "..."`), unique in its file; what a reader can
+    /// still find after rules were added above it and its number changed.
+    pub name: Option<String>,
     pub family: Family,
     /// Program basenames; empty means "any program" (pattern-only rule).
     pub programs: Vec<String>,
@@ -239,8 +245,10 @@ impl Policy {
         BUILTIN
             .get_or_init(|| {
                 // A unit test parses the shipped file, so this cannot fail in a release.
-                Policy::parse(BUILTIN_TEXT, BUILTIN_ORIGIN)
-                    .unwrap_or_else(|e| panic!("the built-in policy is invalid: {e}"))
+                let mut policy = Policy::parse(BUILTIN_TEXT, BUILTIN_ORIGIN)
+                    .unwrap_or_else(|e| panic!("the built-in policy is invalid: {e}"));
+                policy.builtin = true;
+                policy
             })
             .clone()
     }
@@ -351,10 +359,38 @@ impl Policy {
             .unwrap_or_else(|_| unreachable!("exactly four families were pushed"));
 
         let mut rules = Vec::with_capacity(raw.rule.len());
+        // Name to (rule number, line), to name both rules when a name is used twice.
+        let mut names: HashMap<&str, (usize, usize)> = HashMap::new();
         for (i, spanned) in raw.rule.iter().enumerate() {
             let index = i + 1;
             let r = spanned.get_ref();
             let key = |leaf: &str| format!("rule[{index}].{leaf}");
+            let name = match &r.name {
+                None => None,
+                Some(n) => {
+                    let text = n.get_ref().as_str();
+                    if !valid_rule_name(text) {
+                        return Err(check.err(
+                            n.span(),
+                            key("name"),
+                            format!("`{text}` is not a usable rule name"),
+                            "use 1 to 64 letters, digits, `-`, `_` or `.`, starting with a letter (e.g. \"apt-install\")",
+                        ));
+                    }
+                    let line = line_of(check.text, n.span().start);
+                    if let Some((first, first_line)) = names.insert(text, (index, line)) {
+                        return Err(check.err(
+                            n.span(),
+                            key("name"),
+                            format!(
+                                "the name `{text}` is used by rule[{first}] (line {first_line}) and rule[{index}] (line {line})"
+                            ),
+                            "give each rule its own name",
+                        ));
+                    }
+                    Some(text.to_owned())
+                }
+            };
             let family = match &r.family {
                 Some(v) => check.family(v, key("family"))?,
                 None => {
@@ -425,6 +461,7 @@ impl Policy {
             };
             rules.push(Rule {
                 index,
+                name,
                 family,
                 programs,
                 pattern,
@@ -475,6 +512,7 @@ impl Policy {
 
         Ok(Policy {
             origin: origin.to_string(),
+            builtin: false,
             default_family,
             families,
             rules,
@@ -528,10 +566,60 @@ impl Policy {
         self.program_rules.get(program).map(|&i| &self.rules[i])
     }
 
-    /// How rules are referred to in classification output: `<origin> rule #N`.
-    pub(crate) fn rule_name(&self, rule: &Rule) -> String {
-        format!("{} rule #{}", self.origin, rule.index)
+    /// Whether this is the compiled-in policy rather than a file.
+    pub fn is_builtin(&self) -> bool {
+        self.builtin
     }
+
+    /// How rules are referred to in classification output (and so in `run`'s `rule`
+    /// field and the ledger): `<origin> rule #N (name)`, or `<origin> rule #N` for a
+    /// rule without a name. The number says where it is today; the name is what still
+    /// finds it after the file changed.
+    pub(crate) fn rule_name(&self, rule: &Rule) -> String {
+        match &rule.name {
+            Some(name) => format!("{} rule #{} ({name})", self.origin, rule.index),
+            None => format!("{} rule #{}", self.origin, rule.index),
+        }
+    }
+}
+
+/// Equal when they classify and behave alike: the same families, rules (numbers,
+/// names, patterns as written) and redaction; where they were loaded from is not
+/// compared, so a policy printed by `opmark policy show` and loaded back is equal.
+impl PartialEq for Policy {
+    fn eq(&self, other: &Policy) -> bool {
+        self.default_family == other.default_family
+            && self.families == other.families
+            && self.rules == other.rules
+            && self.redact.len() == other.redact.len()
+            && self
+                .redact
+                .iter()
+                .zip(&other.redact)
+                .all(|(a, b)| a.as_str() == b.as_str())
+    }
+}
+
+impl PartialEq for Rule {
+    fn eq(&self, other: &Rule) -> bool {
+        self.index == other.index
+            && self.name == other.name
+            && self.family == other.family
+            && self.programs == other.programs
+            && self.pattern.as_ref().map(Regex::as_str) == other.pattern.as_ref().map(Regex::as_str)
+            && self.deny == other.deny
+            && self.approval == other.approval
+    }
+}
+
+/// A rule name is a word people can type and grep for, and never looks like a number
+/// reference (`#3`) or needs quoting in a message.
+fn valid_rule_name(name: &str) -> bool {
+    name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_alphabetic())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// `${XDG_CONFIG_HOME:-~/.config}/opmark/command-classes.toml`; a relative

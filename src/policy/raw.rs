@@ -33,6 +33,7 @@ pub(crate) struct RawFamily {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRule {
+    pub name: Option<Spanned<String>>,
     pub family: Option<Spanned<String>>,
     pub programs: Option<Spanned<Vec<Spanned<String>>>>,
     pub pattern: Option<Spanned<String>>,

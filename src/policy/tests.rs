@@ -26,6 +26,23 @@ fn builtin_policy_parses_and_has_the_documented_defaults() {
     assert!(!p.redact_patterns().is_empty());
 }
 
+#[test]
+fn every_shipped_rule_has_a_name() {
+    let p = Policy::builtin();
+    let unnamed: Vec<usize> = p
+        .rules
+        .iter()
+        .filter(|r| r.name.is_none())
+        .map(|r| r.index)
+        .collect();
+    assert!(unnamed.is_empty(), "rules without a name: {unnamed:?}");
+    let ls = p.classify("ls /srv");
+    assert_eq!(
+        ls.parts[0].rule,
+        "built-in command-classes.toml rule #12 (file-readers)"
+    );
+}
+
 /// Runs `f` on a thread with a 2 MiB stack, the size of tokio workers and test threads.
 fn on_small_stack(f: impl FnOnce() + Send + 'static) {
     std::thread::Builder::new()

@@ -162,6 +162,12 @@ fn a_reader_that_closes_early_ends_every_command_quietly_without_a_panic() {
         &["classify", "--", "ls", "&&", "rm", "-rf", "/tmp/x"],
         &["--json", "classify", "--", "ls"],
         &["stats"],
+        &["policy", "show"],
+        &["--json", "policy", "show"],
+        &["man"],
+        &["completions", "bash"],
+        &["list", "--since", "1h", "--limit", "1"],
+        &["show", "uptime"],
         &["policy-is-not-a-command"],
     ] {
         // The read end is closed before opmark starts: its first write meets EPIPE, as

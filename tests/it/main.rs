@@ -19,3 +19,4 @@ mod shim;
 mod ssh_config;
 mod targets;
 mod transport;
+mod ux;
