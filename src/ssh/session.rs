@@ -210,6 +210,8 @@ impl Client {
 struct Hop {
     handle: Handle<Client>,
     shared: Arc<Shared>,
+    /// The ProxyCommand carrying this hop, killed when the hop is dropped.
+    proxy: Option<tokio::process::Child>,
 }
 
 pub(crate) struct Inner {
@@ -218,6 +220,9 @@ pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     /// Jump connections, kept alive as long as the target's.
     jumps: Vec<Hop>,
+    /// The target's ProxyCommand, if any: held so that it lives exactly as long as the
+    /// session (kill on drop).
+    _proxy: Option<tokio::process::Child>,
     /// Bounds concurrent channels on this connection.
     pub(crate) channels: Arc<Semaphore>,
     pub(crate) dest: Destination,
@@ -266,6 +271,7 @@ impl Session {
                 handle: target.handle,
                 shared: target.shared,
                 jumps,
+                _proxy: target.proxy,
                 channels: Arc::new(Semaphore::new(max_channels.max(1))),
                 dest: dest.clone(),
             }),
@@ -354,7 +360,13 @@ async fn connect_one(
             ),
         )
     };
+    let mut proxy = None;
     let handshake = match via {
+        None if dest.proxy_command.is_some() => {
+            let (child, stream) = spawn_proxy(dest)?;
+            proxy = Some(child);
+            tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
+        }
         None => {
             let stream = tcp_connect(dest, deadline).await?;
             tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
@@ -395,6 +407,9 @@ async fn connect_one(
             {
                 return Err(ConnectError::new(stage, message));
             }
+            if let (Some(child), Some(pc)) = (proxy.as_mut(), dest.proxy_command.as_ref()) {
+                return Err(proxy_failure(child, pc, &dest.display(), &e.to_string()).await);
+            }
             let why = shared.lost_reason().unwrap_or_else(|| e.to_string());
             return Err(ConnectError::new(
                 ConnectStage::Connect,
@@ -404,7 +419,99 @@ async fn connect_one(
         Ok(Ok(handle)) => handle,
     };
     auth::authenticate(&mut handle, dest).await?;
-    Ok(Hop { handle, shared })
+    Ok(Hop {
+        handle,
+        shared,
+        proxy,
+    })
+}
+
+/// Starts `ProxyCommand` as ssh does (`exec` through the shell, so the command itself is
+/// the child and is what gets killed), with its stdin/stdout as the transport. Its
+/// stderr is opmark's, so the proxy's own complaints reach the user as under ssh.
+fn spawn_proxy(
+    dest: &Destination,
+) -> Result<
+    (
+        tokio::process::Child,
+        tokio::io::Join<tokio::process::ChildStdout, tokio::process::ChildStdin>,
+    ),
+    ConnectError,
+> {
+    let pc = dest
+        .proxy_command
+        .as_ref()
+        .ok_or_else(|| ConnectError::new(ConnectStage::Config, "no ProxyCommand"))?;
+    tracing::debug!("ProxyCommand for {}: {}", dest.display(), pc.command);
+    let mut child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("exec {}", pc.command))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            ConnectError::new(
+                ConnectStage::Connect,
+                format!("{}: cannot start ProxyCommand with /bin/sh: {e}", pc.origin),
+            )
+        })?;
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(ConnectError::new(
+            ConnectStage::Connect,
+            format!("{}: ProxyCommand started without pipes", pc.origin),
+        ));
+    };
+    Ok((child, tokio::io::join(stdout, stdin)))
+}
+
+/// Why the SSH handshake over a ProxyCommand failed. The proxy usually exited: exit 126
+/// or 127 means the shell could not run the command at all, a mistake in the config that
+/// no retry fixes (stage `Config`, exit 246); any other end is a connect failure (the
+/// proxy could not reach the host this time), retryable like a refused TCP connect.
+async fn proxy_failure(
+    child: &mut tokio::process::Child,
+    pc: &super::destination::ProxyCommand,
+    shown: &str,
+    why: &str,
+) -> ConnectError {
+    // The proxy's stdout closes a moment before its exit status is collectable.
+    let status = tokio::time::timeout(Duration::from_secs(1), child.wait())
+        .await
+        .ok()
+        .and_then(|r| r.ok());
+    match status.and_then(|s| s.code()) {
+        Some(code @ (126 | 127)) => ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{}: ProxyCommand `{}` could not run (exit {code}: {}); fix the command in \
+                 the config",
+                pc.origin,
+                pc.command,
+                if code == 127 {
+                    "command not found"
+                } else {
+                    "not executable"
+                }
+            ),
+        ),
+        Some(code) => ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "ProxyCommand `{}` ({}) exited with status {code} before the SSH handshake \
+                 with {shown} finished: {why}",
+                pc.command, pc.origin
+            ),
+        ),
+        None => ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "SSH handshake with {shown} over ProxyCommand `{}` ({}) failed: {why}",
+                pc.command, pc.origin
+            ),
+        ),
+    }
 }
 
 /// Resolves the host name (stage `Resolve`) and connects to the first address of the

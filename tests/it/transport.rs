@@ -760,3 +760,157 @@ fn cold_connect_and_exec_latency_against_openssh() {
         median(warm)
     );
 }
+
+/// `opmark --json -F cfg run ARGS`, parsed.
+fn run_json_with(env: &support::Sealed, cfg: &Path, args: &[&str]) -> serde_json::Value {
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(cfg)
+        .args(["--json", "run"])
+        .args(args)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}): {} / {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn proxy_command_nc_carries_the_run_and_the_replay() {
+    crate::require_tool!("nc");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    // The proxy logs the expanded tokens, so the test knows the connection went through it.
+    let proxy_log = dir.join("proxy.log");
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        t,
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand sh -c 'echo %h %p %r %n >> {}; exec nc %h %p'\n",
+            proxy_log.display()
+        ),
+    );
+    let env = support::Sealed::new(crate::test_name!());
+    let effects = dir.join("effects");
+    let cmd = format!("echo ran >> {}; echo via-proxy", effects.display());
+    let first = run_json_with(&env, &cfg, &["t", "--op", "proxied-1", "--", &cmd]);
+    assert_eq!(first["verdict"], "completed", "{first}");
+    assert_eq!(first["stdout"], "via-proxy\n");
+    let second = run_json_with(&env, &cfg, &["t", "--op", "proxied-1", "--", &cmd]);
+    assert_eq!(second["verdict"], "replayed", "{second}");
+    assert_eq!(second["stdout"], "via-proxy\n");
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
+    let log = std::fs::read_to_string(&proxy_log).unwrap();
+    let line = format!("{} {} {} t", t.addr, t.port, t.user);
+    assert!(
+        log.lines().count() >= 2 && log.lines().all(|l| l == line),
+        "every connection went through the ProxyCommand with %h %p %r %n expanded: {log}"
+    );
+}
+
+#[test]
+fn proxy_command_process_ends_with_the_session() {
+    crate::require_tool!("nc");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let pid_file = dir.join("proxy.pid");
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand sh -c 'echo $$ > {}; exec nc %h %p'\n",
+            pid_file.display()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo hi", None).await.stdout, b"hi\n");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        assert!(proc_dir.exists(), "the proxy runs while the session lives");
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // A reaped or zombie process no longer holds the transport.
+        let alive = || {
+            std::fs::read_to_string(proc_dir.join("stat"))
+                .map(|st| !st.contains(") Z "))
+                .unwrap_or(false)
+        };
+        while alive() {
+            assert!(
+                Instant::now() < deadline,
+                "ProxyCommand pid {pid} outlived its session"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+#[test]
+fn failing_proxy_command_is_not_applied_and_nothing_runs() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let env = support::Sealed::new(crate::test_name!());
+    let effects = dir.join("effects");
+    let cmd = format!("echo ran >> {}", effects.display());
+    // A proxy that cannot reach the host this time: a connect failure, worth a retry.
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        "  ProxyCommand sh -c 'echo proxy-says-no >&2; exit 1'\n",
+    );
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--json", "run", "t", "--op", "p-1", "--", &cmd])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "connect_failed", "{v}");
+    assert_eq!(v["retryable"], true, "{v}");
+    assert!(
+        text(&out.stderr).contains("proxy-says-no"),
+        "the proxy's stderr reaches opmark's: {}",
+        text(&out.stderr)
+    );
+    // A command that does not exist: the config is wrong, no retry can help.
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        "  ProxyCommand /nonexistent/proxy %h %p\n",
+    );
+    let v = run_json_with(&env, &cfg, &["t", "--op", "p-2", "--", &cmd]);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["retryable"], false, "{v}");
+    assert!(
+        v["reason"].as_str().unwrap_or("").contains("exit 127"),
+        "{v}"
+    );
+    assert!(!effects.exists(), "nothing ran");
+}
