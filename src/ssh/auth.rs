@@ -1,5 +1,7 @@
 //! Public-key authentication: identity files (ed25519, ECDSA, RSA with rsa-sha2-*),
-//! encrypted keys through ssh-agent or a terminal prompt, and the agent's own keys.
+//! encrypted keys through ssh-agent, `SSH_ASKPASS` or a terminal prompt, the agent's own
+//! keys, and OpenSSH user certificates (`CertificateFile`, `<key>-cert.pub`, or held by
+//! the agent), each tried before the plain key it certifies.
 //! A failure lists what was tried (paths, agent key comments), never key material.
 
 use std::path::{Path, PathBuf};
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use russh::client::{AuthResult, Handle};
 use russh::keys::agent::client::AgentClient;
 use russh::keys::agent::AgentIdentity;
-use russh::keys::{HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
+use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 
 use super::destination::Destination;
 use super::session::Client;
@@ -49,14 +51,20 @@ pub(crate) async fn authenticate(
     };
     let mut agent = None;
     let mut agent_keys: Vec<(PublicKey, String)> = Vec::new();
+    let mut agent_certs: Vec<(Certificate, String)> = Vec::new();
     if let Some(sock) = &dest.agent_socket {
         match AgentClient::connect_uds(sock).await {
             Ok(mut client) => match client.request_identities().await {
                 Ok(ids) => {
                     for id in ids {
-                        // Agent certificates are not offered: opmark does not do certificates.
-                        if let AgentIdentity::PublicKey { key, comment } = id {
-                            agent_keys.push((key, comment));
+                        match id {
+                            AgentIdentity::PublicKey { key, comment } => {
+                                agent_keys.push((key, comment))
+                            }
+                            AgentIdentity::Certificate {
+                                certificate,
+                                comment,
+                            } => agent_certs.push((certificate, comment)),
                         }
                     }
                     agent = Some(client);
@@ -71,6 +79,8 @@ pub(crate) async fn authenticate(
         }
     }
     let mut used_agent_keys: Vec<PublicKey> = Vec::new();
+    let mut used_agent_certs: Vec<Certificate> = Vec::new();
+    let file_certs = load_certificates(dest, &mut a.tried);
 
     for path in &dest.identities {
         if !path.exists() {
@@ -86,8 +96,28 @@ pub(crate) async fn authenticate(
                 .find(|(k, _)| k.key_data() == p.key_data())
                 .cloned()
         });
+        if let Some(agent) = agent.as_mut() {
+            // A certificate the agent holds for this key, as ssh-add loads `<key>-cert.pub`.
+            if let Some(p) = &public {
+                for (cert, comment) in agent_certs.iter().filter(|(c, _)| certifies(c, p)) {
+                    used_agent_certs.push(cert.clone());
+                    let label = format!("certificate \"{comment}\" in ssh-agent");
+                    if a.with_agent_cert(agent, cert.clone(), label).await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
         if let (Some((key, _)), Some(agent)) = (in_agent, agent.as_mut()) {
             used_agent_keys.push(key.clone());
+            for c in file_certs.iter().filter(|c| certifies(&c.cert, &key)) {
+                let label = format!("{} with {} (via ssh-agent)", c.path, path.display());
+                if a.with_file_cert_via_agent(agent, c.cert.clone(), &key, label)
+                    .await?
+                {
+                    return Ok(());
+                }
+            }
             let label = format!("{} (via ssh-agent)", path.display());
             if a.with_agent(agent, key, label).await? {
                 return Ok(());
@@ -102,6 +132,16 @@ pub(crate) async fn authenticate(
                 {
                     used_agent_keys.push(agent_key.0.clone());
                 }
+                let key = Arc::new(key);
+                for c in file_certs
+                    .iter()
+                    .filter(|c| certifies(&c.cert, key.public_key()))
+                {
+                    let label = format!("{} with {}", c.path, path.display());
+                    if a.with_cert(key.clone(), c.cert.clone(), label).await? {
+                        return Ok(());
+                    }
+                }
                 if a.with_key(key, path.display().to_string()).await? {
                     return Ok(());
                 }
@@ -112,12 +152,29 @@ pub(crate) async fn authenticate(
 
     if let Some(agent) = agent.as_mut() {
         if !dest.identities_only {
+            for (cert, comment) in agent_certs {
+                if used_agent_certs.contains(&cert) {
+                    continue;
+                }
+                let label = format!("certificate \"{comment}\" in ssh-agent");
+                if a.with_agent_cert(agent, cert, label).await? {
+                    return Ok(());
+                }
+            }
             for (key, comment) in agent_keys {
                 if used_agent_keys
                     .iter()
                     .any(|k| k.key_data() == key.key_data())
                 {
                     continue;
+                }
+                for c in file_certs.iter().filter(|c| certifies(&c.cert, &key)) {
+                    let label = format!("{} with ssh-agent key \"{comment}\"", c.path);
+                    if a.with_file_cert_via_agent(agent, c.cert.clone(), &key, label)
+                        .await?
+                    {
+                        return Ok(());
+                    }
                 }
                 let label = format!("ssh-agent key \"{comment}\"");
                 if a.with_agent(agent, key, label).await? {
@@ -152,8 +209,8 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    async fn hash_for(&mut self, key: &PublicKey) -> Result<Option<HashAlg>, ConnectError> {
-        if !key.algorithm().is_rsa() {
+    async fn hash_for(&mut self, algorithm: Algorithm) -> Result<Option<HashAlg>, ConnectError> {
+        if !algorithm.is_rsa() {
             return Ok(None);
         }
         if let Some(h) = self.rsa_hash {
@@ -191,17 +248,82 @@ impl Attempt<'_> {
         )
     }
 
-    async fn with_key(&mut self, key: PrivateKey, label: String) -> Result<bool, ConnectError> {
-        let hash = self.hash_for(key.public_key()).await?;
+    async fn with_key(
+        &mut self,
+        key: Arc<PrivateKey>,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(key.algorithm()).await?;
         let t = self.dest.connect_timeout;
         let user = self.dest.user.clone();
         let r = tokio::time::timeout(
             t,
             self.handle
-                .authenticate_publickey(user, PrivateKeyWithHashAlg::new(Arc::new(key), hash)),
+                .authenticate_publickey(user, PrivateKeyWithHashAlg::new(key, hash)),
         )
         .await;
         self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+    }
+
+    /// A certificate whose private key is loaded here.
+    async fn with_cert(
+        &mut self,
+        key: Arc<PrivateKey>,
+        cert: Certificate,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        let t = self.dest.connect_timeout;
+        let user = self.dest.user.clone();
+        let r =
+            tokio::time::timeout(t, self.handle.authenticate_openssh_cert(user, key, cert)).await;
+        self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+    }
+
+    /// A certificate the agent holds itself (it signs for the certificate blob).
+    async fn with_agent_cert(
+        &mut self,
+        agent: &mut Agent,
+        cert: Certificate,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(cert.algorithm()).await?;
+        let t = self.dest.connect_timeout;
+        let user = self.dest.user.clone();
+        let r = tokio::time::timeout(
+            t,
+            self.handle
+                .authenticate_certificate_with(user, cert, hash, agent),
+        )
+        .await;
+        self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+    }
+
+    /// A certificate from a file whose private key only the agent holds: the agent is
+    /// asked to sign with the plain key, which is what a certificate signature is.
+    async fn with_file_cert_via_agent(
+        &mut self,
+        agent: &mut Agent,
+        cert: Certificate,
+        key: &PublicKey,
+        label: String,
+    ) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(cert.algorithm()).await?;
+        let t = self.dest.connect_timeout;
+        let user = self.dest.user.clone();
+        let mut signer = PlainKeySigner {
+            agent,
+            key: AgentIdentity::PublicKey {
+                key: key.clone(),
+                comment: String::new(),
+            },
+        };
+        let r = tokio::time::timeout(
+            t,
+            self.handle
+                .authenticate_certificate_with(user, cert, hash, &mut signer),
+        )
+        .await;
+        self.outcome(r.map(|r| r.map_err(|e| e.0)), label)
     }
 
     async fn with_agent(
@@ -210,7 +332,7 @@ impl Attempt<'_> {
         key: PublicKey,
         label: String,
     ) -> Result<bool, ConnectError> {
-        let hash = self.hash_for(&key).await?;
+        let hash = self.hash_for(key.algorithm()).await?;
         let t = self.dest.connect_timeout;
         let user = self.dest.user.clone();
         let r = tokio::time::timeout(
@@ -249,6 +371,86 @@ impl Attempt<'_> {
             }
         }
     }
+}
+
+/// Signs a certificate authentication with the agent's plain key (the agent was given the
+/// key, not the certificate, so it would not recognise the certificate blob).
+struct PlainKeySigner<'a> {
+    agent: &'a mut Agent,
+    key: AgentIdentity,
+}
+
+/// Why the agent did not sign; a message only, never key material.
+struct SignError(String);
+
+impl From<russh::SendError> for SignError {
+    fn from(e: russh::SendError) -> Self {
+        SignError(e.to_string())
+    }
+}
+
+impl russh::Signer for PlainKeySigner<'_> {
+    type Error = SignError;
+
+    async fn auth_sign(
+        &mut self,
+        _certificate: &AgentIdentity,
+        hash_alg: Option<HashAlg>,
+        to_sign: Vec<u8>,
+    ) -> Result<Vec<u8>, SignError> {
+        self.agent
+            .sign_request(&self.key, hash_alg, to_sign)
+            .await
+            .map_err(|e| SignError(format!("ssh-agent did not sign: {e}")))
+    }
+}
+
+/// A user certificate from a file, with where it came from.
+struct FileCert {
+    cert: Certificate,
+    path: String,
+}
+
+/// True when `cert` certifies `key`.
+fn certifies(cert: &Certificate, key: &PublicKey) -> bool {
+    cert.public_key() == key.key_data()
+}
+
+/// The certificates to offer: every `CertificateFile` (a missing or unreadable one is
+/// listed in `tried`, as ssh warns), then `<identity>-cert.pub` beside each identity file.
+fn load_certificates(dest: &Destination, tried: &mut Vec<String>) -> Vec<FileCert> {
+    let mut out: Vec<FileCert> = Vec::new();
+    let mut add = |path: &Path, explicit: bool, tried: &mut Vec<String>| {
+        if !path.exists() {
+            if explicit {
+                tried.push(format!("certificate {} (no such file)", path.display()));
+            }
+            return;
+        }
+        match russh::keys::load_openssh_certificate(path) {
+            Ok(cert) => {
+                if !out.iter().any(|c| c.cert == cert) {
+                    out.push(FileCert {
+                        cert,
+                        path: format!("certificate {}", path.display()),
+                    });
+                }
+            }
+            Err(e) => tried.push(format!(
+                "certificate {} (not an OpenSSH certificate: {e})",
+                path.display()
+            )),
+        }
+    };
+    for path in &dest.certificate_files {
+        add(path, true, tried);
+    }
+    for path in &dest.identities {
+        let mut cert_path = path.as_os_str().to_owned();
+        cert_path.push("-cert.pub");
+        add(Path::new(&cert_path), false, tried);
+    }
+    out
 }
 
 /// The public half of an identity, from `PATH.pub`, so that the agent can be matched

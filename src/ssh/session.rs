@@ -11,7 +11,7 @@ use russh::{kex, Preferred};
 use tokio::sync::Semaphore;
 
 use super::destination::{Destination, StrictMode};
-use super::known_hosts::{self, fingerprint, KnownHosts, Verdict};
+use super::known_hosts::{self, fingerprint, CertVerdict, KnownHosts, Verdict};
 use super::{auth, ConnectError, ConnectStage};
 
 /// Channels one connection runs at once unless told otherwise: sshd's default
@@ -67,19 +67,27 @@ impl client::Handler for Client {
         server_public_key: &PublicKeyOrCertificate,
     ) -> Result<bool, Self::Error> {
         let key = match server_public_key {
-            PublicKeyOrCertificate::PublicKey { key, .. } => key,
-            PublicKeyOrCertificate::Certificate(_) => {
-                self.fail(format!(
-                    "{} presented a host certificate; opmark does not check host certificates",
-                    self.dest.known_hosts_name()
-                ));
-                return Ok(false);
-            }
+            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            PublicKeyOrCertificate::Certificate(cert) => match self.verify_certificate(cert) {
+                Ok(Some(fp)) => {
+                    if let Ok(mut slot) = self.shared.host_key.lock() {
+                        *slot = Some(fp);
+                    }
+                    return Ok(true);
+                }
+                // No CA line trusts its signer: the plain key inside must stand on its
+                // own in known_hosts, as OpenSSH retries it ("No matching CA found").
+                Ok(None) => russh::keys::PublicKey::new(cert.public_key().clone(), ""),
+                Err(message) => {
+                    self.fail(message);
+                    return Ok(false);
+                }
+            },
         };
-        match self.verify(key) {
+        match self.verify(&key) {
             Ok(()) => {
                 if let Ok(mut slot) = self.shared.host_key.lock() {
-                    *slot = Some(fingerprint(key));
+                    *slot = Some(fingerprint(&key));
                 }
                 Ok(true)
             }
@@ -129,6 +137,53 @@ impl Client {
     fn fail(&self, message: String) {
         if let Ok(mut slot) = self.shared.host_key_failure.lock() {
             *slot = Some((ConnectStage::HostKey, message));
+        }
+    }
+
+    /// A host certificate: `Ok(Some(fingerprint))` when an `@cert-authority` line for this
+    /// host trusts its signer and it is valid (the fingerprint is the certified host
+    /// key's, which identifies the machine); `Ok(None)` when no such line holds its
+    /// signer; an error when it is revoked or not acceptable.
+    fn verify_certificate(
+        &self,
+        cert: &russh::keys::Certificate,
+    ) -> Result<Option<String>, String> {
+        let name = self.dest.known_hosts_name();
+        let principal = self
+            .dest
+            .host_key_alias
+            .clone()
+            .unwrap_or_else(|| self.dest.hostname.clone());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let key = russh::keys::PublicKey::new(cert.public_key().clone(), "");
+        let fp = fingerprint(&key);
+        let ca_fp = cert
+            .signature_key()
+            .fingerprint(russh::keys::HashAlg::Sha256);
+        match self.known.check_certificate(&name, &principal, cert, now) {
+            CertVerdict::Trusted(at) => {
+                tracing::debug!(
+                    "host certificate for {name} (key {fp}, id \"{}\") signed by CA {ca_fp} trusted at {at}",
+                    cert.key_id()
+                );
+                Ok(Some(fp))
+            }
+            CertVerdict::Revoked(at) => Err(format!(
+                "the host certificate of {name} (key {fp}, CA {ca_fp}) uses a key marked @revoked \
+                 at {at}; refusing to connect"
+            )),
+            CertVerdict::Invalid(why) => Err(format!(
+                "the host certificate of {name} (key {fp}, CA {ca_fp}) is refused: {why}"
+            )),
+            CertVerdict::NoAuthority => {
+                tracing::debug!(
+                    "no @cert-authority line for {name} trusts CA {ca_fp}; checking the plain key"
+                );
+                Ok(None)
+            }
         }
     }
 
@@ -336,6 +391,13 @@ async fn connect_one(
         preferred: Preferred {
             kex: Cow::Borrowed(KEX_ORDER),
             key: Cow::Owned(known.preferred_algorithms(&name, &Preferred::DEFAULT.key)),
+            // Certificates are asked for only where an @cert-authority line can vouch for
+            // one; elsewhere a certificate would only hide the plain key known_hosts holds.
+            host_key_certificates: if known.has_authority_for(&name) {
+                Cow::Owned(Preferred::DEFAULT.key.to_vec())
+            } else {
+                Cow::Borrowed(&[])
+            },
             ..Preferred::DEFAULT
         },
         ..client::Config::default()

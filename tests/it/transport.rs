@@ -914,3 +914,113 @@ fn failing_proxy_command_is_not_applied_and_nothing_runs() {
     );
     assert!(!effects.exists(), "nothing ran");
 }
+
+/// Signs `pubkey` with the CA key `ca` (`ssh-keygen -s`): a user certificate for
+/// `principal`, or a host certificate (`-h`) when `host`.
+fn sign(ca: &Path, pubkey: &Path, principal: &str, host: bool) -> PathBuf {
+    let mut cmd = Command::new("ssh-keygen");
+    cmd.args(["-q", "-s"])
+        .arg(ca)
+        .args(["-I", "opmark-test", "-n", principal]);
+    if host {
+        cmd.arg("-h");
+    }
+    let out = cmd.arg(pubkey).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let name = pubkey
+        .to_string_lossy()
+        .trim_end_matches(".pub")
+        .to_string();
+    PathBuf::from(format!("{name}-cert.pub"))
+}
+
+/// Appends `lines` to a target's sshd_config and restarts its sshd.
+fn reconfigure_sshd(lab: &Lab, target: &Target, lines: &str) {
+    let mut config = std::fs::read_to_string(target.sshd_config()).unwrap();
+    config.push_str(lines);
+    std::fs::write(target.sshd_config(), config).unwrap();
+    lab.stop_sshd(&target.alias).unwrap();
+    lab.start_sshd(&target.alias).unwrap();
+}
+
+#[test]
+fn user_certificate_via_file_or_agent() {
+    crate::require_tool!("ssh-keygen", "ssh-agent", "ssh-add");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    let ca = dir.join("user_ca");
+    keygen(&ca, "");
+    reconfigure_sshd(
+        &lab,
+        t,
+        &format!("TrustedUserCAKeys {}.pub\n", ca.display()),
+    );
+    // A key the host does not list in authorized_keys: only its certificate can get in.
+    let key = dir.join("certified");
+    keygen(&key, "");
+    let config_for = |extra: &str| {
+        let cfg = custom_config(&lab, &dir, t, lab.known_hosts(), extra);
+        // The lab's key is in authorized_keys; use only the certified key here.
+        let text = std::fs::read_to_string(&cfg).unwrap().replace(
+            &lab.client_key().display().to_string(),
+            &key.display().to_string(),
+        );
+        std::fs::write(&cfg, text).unwrap();
+        cfg
+    };
+    let connects = |cfg: &Path, agent: Option<&Path>| {
+        let mut d = dest_in(cfg, "t");
+        d.agent_socket = agent.map(Path::to_path_buf);
+        rt().block_on(async {
+            match Session::connect(&d).await {
+                Ok(s) => {
+                    assert_eq!(run(&s, "echo in", None).await.stdout, b"in\n");
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+    };
+
+    // No certificate anywhere: the bare key is refused.
+    let e = connects(&config_for(""), None).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Auth, "{e}");
+
+    // `<key>-cert.pub` beside the identity.
+    let cert = sign(&ca, &key.with_extension("pub"), &t.user, false);
+    assert_eq!(cert, dir.join("certified-cert.pub"));
+    connects(&config_for(""), None).unwrap_or_else(|e| panic!("-cert.pub: {e}"));
+
+    // A CertificateFile elsewhere (the -cert.pub moved away).
+    let moved = dir.join("elsewhere.crt");
+    std::fs::rename(&cert, &moved).unwrap();
+    connects(&config_for(""), None).unwrap_err();
+    connects(
+        &config_for(&format!("  CertificateFile {}\n", moved.display())),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("CertificateFile: {e}"));
+
+    // The agent holding key and certificate (ssh-add loads `<key>-cert.pub`), with no
+    // key or certificate file left for opmark to read.
+    std::fs::rename(&moved, &cert).unwrap();
+    let agent = start_agent(&dir);
+    let out = Command::new("ssh-add")
+        .arg(&key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for f in [&key, &key.with_extension("pub"), &cert] {
+        std::fs::remove_file(f).unwrap();
+    }
+    let cfg_path = config_for("");
+    let cfg = std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .replace("IdentitiesOnly yes", "IdentitiesOnly no");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    connects(&cfg_path, Some(&agent.sock)).unwrap_or_else(|e| panic!("agent certificate: {e}"));
+}
