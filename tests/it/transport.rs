@@ -1024,3 +1024,95 @@ fn user_certificate_via_file_or_agent() {
     std::fs::write(&cfg_path, cfg).unwrap();
     connects(&cfg_path, Some(&agent.sock)).unwrap_or_else(|e| panic!("agent certificate: {e}"));
 }
+
+#[test]
+fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
+    crate::require_tool!("ssh-keygen");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    let ca = dir.join("host_ca");
+    keygen(&ca, "");
+    let ca_pub = std::fs::read_to_string(ca.with_extension("pub")).unwrap();
+    let ca_pub = ca_pub.trim();
+    let host_pub = t.dir.join("ssh_host_ed25519_key.pub");
+    let cert = sign(&ca, &host_pub, &t.addr.to_string(), true);
+    reconfigure_sshd(&lab, t, &format!("HostCertificate {}\n", cert.display()));
+    let host_key = std::fs::read_to_string(&host_pub).unwrap();
+    let host_key: Vec<&str> = host_key.split_whitespace().take(2).collect();
+    let host_key = host_key.join(" ");
+    let expected_fp = {
+        let out = Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(&host_pub)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    let with_known_hosts = |name: &str, lines: &str| {
+        let kh = dir.join(name);
+        std::fs::write(&kh, lines).unwrap();
+        custom_config(&lab, &dir, t, &kh, "")
+    };
+
+    // Only the CA is known, for a host pattern that covers the target.
+    let cfg = with_known_hosts(
+        "kh_ca",
+        &format!(
+            "@cert-authority {},other.example {ca_pub}\n",
+            t.known_hosts_host()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo certified", None).await.stdout, b"certified\n");
+        assert_eq!(s.host_key().as_deref(), Some(expected_fp.as_str()));
+    });
+
+    // The certified host key revoked: refused though the CA is trusted.
+    let cfg = with_known_hosts(
+        "kh_revoked",
+        &format!("@cert-authority * {ca_pub}\n@revoked * {host_key}\n"),
+    );
+    let marker = dir.join("ran-revoked");
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(
+        e.message.contains("@revoked") && e.message.contains("kh_revoked:2"),
+        "{e}"
+    );
+    assert!(!marker.exists());
+
+    // The CA revoked: refused too.
+    let cfg = with_known_hosts(
+        "kh_ca_revoked",
+        &format!("@cert-authority * {ca_pub}\n@revoked * {ca_pub}\n"),
+    );
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("kh_ca_revoked:2"), "{e}");
+
+    // A CA trusted only for other hosts vouches for nothing here: unknown host.
+    let cfg = with_known_hosts("kh_other", &format!("@cert-authority *.example {ca_pub}\n"));
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("no host key is known"), "{e}");
+
+    // A certificate for another principal is refused, naming why.
+    let wrong = sign(&ca, &host_pub, "someone-else.example", true);
+    assert_eq!(wrong, cert);
+    lab.stop_sshd(&t.alias).unwrap();
+    lab.start_sshd(&t.alias).unwrap();
+    let cfg = with_known_hosts("kh_ca2", &format!("@cert-authority * {ca_pub}\n"));
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("someone-else.example"), "{e}");
+    assert!(!marker.exists());
+}
