@@ -124,7 +124,7 @@ pub(crate) async fn authenticate(
             }
             continue;
         }
-        match load_private(path, may_prompt(dest)).await {
+        match load_private(path, Passphrase::for_dest(dest)).await {
             Ok(key) => {
                 if let Some(agent_key) = agent_keys
                     .iter()
@@ -461,9 +461,62 @@ fn read_public(path: &Path) -> Option<PublicKey> {
     russh::keys::load_public_key(PathBuf::from(pub_path)).ok()
 }
 
-/// Loads a private key; an encrypted one is decrypted with a passphrase typed at the
-/// controlling terminal when `prompt` allows it. The error says why it is unusable.
-async fn load_private(path: &Path, prompt: bool) -> Result<PrivateKey, String> {
+/// Where a passphrase for an encrypted key may come from, decided as OpenSSH's
+/// `read_passphrase` does (readpass.c), within opmark's no-prompt rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Passphrase {
+    /// Nobody may be asked (BatchMode, `opmark mcp`, or no terminal and no askpass).
+    Nowhere,
+    /// The terminal, with echo off.
+    Terminal,
+    /// The `SSH_ASKPASS` program.
+    Askpass(std::ffi::OsString),
+}
+
+impl Passphrase {
+    fn for_dest(dest: &Destination) -> Passphrase {
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        Passphrase::decide(
+            !dest.batch_mode && !NEVER_PROMPT.load(std::sync::atomic::Ordering::Relaxed),
+            may_prompt(dest),
+            env("SSH_ASKPASS"),
+            env("DISPLAY").or_else(|| env("WAYLAND_DISPLAY")).is_some(),
+            env("SSH_ASKPASS_REQUIRE")
+                .map(|v| v.to_string_lossy().to_ascii_lowercase())
+                .unwrap_or_default(),
+        )
+    }
+
+    /// `askpass` is used when a display is there (or `SSH_ASKPASS_REQUIRE=force`),
+    /// `SSH_ASKPASS_REQUIRE` is not `never`, and either no terminal prompt is possible or
+    /// `prefer`/`force` asks for it first. Without a program named in `SSH_ASKPASS`
+    /// nothing is run: opmark does not guess a default askpass path.
+    fn decide(
+        anyone: bool,
+        terminal: bool,
+        askpass: Option<std::ffi::OsString>,
+        display: bool,
+        require: String,
+    ) -> Passphrase {
+        if !anyone {
+            return Passphrase::Nowhere;
+        }
+        let allowed = (display || require == "force") && require != "never";
+        match askpass {
+            Some(program)
+                if allowed && (!terminal || require == "prefer" || require == "force") =>
+            {
+                Passphrase::Askpass(program)
+            }
+            _ if terminal => Passphrase::Terminal,
+            _ => Passphrase::Nowhere,
+        }
+    }
+}
+
+/// Loads a private key; an encrypted one is decrypted with a passphrase from where
+/// `from` says. The error says why it is unusable.
+async fn load_private(path: &Path, from: Passphrase) -> Result<PrivateKey, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("unreadable: {e}"))?;
     match russh::keys::decode_secret_key(&text, None) {
         Ok(key) => return Ok(key),
@@ -472,24 +525,53 @@ async fn load_private(path: &Path, prompt: bool) -> Result<PrivateKey, String> {
         Err(_) if text.contains("ENCRYPTED") => {}
         Err(e) => return Err(format!("not a usable private key: {e}")),
     }
-    if !prompt {
-        return Err(
-            "encrypted, not in ssh-agent, and no prompt allowed (stdin is not a \
-            terminal, BatchMode is on, or opmark mcp); add it with ssh-add"
-                .to_string(),
-        );
-    }
     let shown = path.display().to_string();
-    let passphrase = tokio::task::spawn_blocking(move || prompt_passphrase(&shown))
-        .await
-        .ok()
-        .flatten()
-        .ok_or(
-            "encrypted, not in ssh-agent, and no terminal to ask for its passphrase; \
+    let passphrase = match from {
+        Passphrase::Nowhere => {
+            return Err(
+                "encrypted, not in ssh-agent, and no prompt allowed (stdin is not a \
+                terminal and no SSH_ASKPASS with DISPLAY or SSH_ASKPASS_REQUIRE=force, \
+                BatchMode is on, or opmark mcp); add it with ssh-add"
+                    .to_string(),
+            )
+        }
+        Passphrase::Terminal => tokio::task::spawn_blocking(move || prompt_passphrase(&shown))
+            .await
+            .ok()
+            .flatten()
+            .ok_or(
+                "encrypted, not in ssh-agent, and no terminal to ask for its passphrase; \
                 add it with ssh-add",
-        )?;
+            )?,
+        Passphrase::Askpass(program) => {
+            let shown_program = std::path::PathBuf::from(&program).display().to_string();
+            tokio::task::spawn_blocking(move || askpass(&program, &shown))
+                .await
+                .map_err(|e| format!("SSH_ASKPASS {shown_program} failed: {e}"))?
+                .map_err(|why| format!("encrypted; SSH_ASKPASS {shown_program} {why}"))?
+        }
+    };
     russh::keys::decode_secret_key(&text, Some(&passphrase))
         .map_err(|_| "encrypted, and the passphrase did not decrypt it".to_string())
+}
+
+/// Runs the askpass program with the prompt as its argument, as ssh does, and reads the
+/// passphrase from its stdout. A non-zero exit is the user cancelling.
+fn askpass(program: &std::ffi::OsStr, path: &str) -> Result<String, String> {
+    use std::process::{Command, Stdio};
+    let out = Command::new(program)
+        .arg(format!("Enter passphrase for key '{path}': "))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not be run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("gave no passphrase ({})", out.status));
+    }
+    let text = String::from_utf8(out.stdout)
+        .map_err(|_| "printed a passphrase that is not UTF-8".to_string())?;
+    Ok(text.trim_end_matches(['\n', '\r']).to_string())
 }
 
 /// Asks for a passphrase on /dev/tty with echo off. `None` without a controlling terminal.
@@ -521,4 +603,36 @@ fn prompt_passphrase(path: &str) -> Option<String> {
     let _ = writeln!(tty);
     read.ok()?;
     Some(line.trim_end_matches(['\n', '\r']).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Passphrase::{self, Askpass, Nowhere, Terminal};
+
+    fn decide(anyone: bool, terminal: bool, display: bool, require: &str) -> Passphrase {
+        Passphrase::decide(anyone, terminal, Some("ap".into()), display, require.into())
+    }
+
+    #[test]
+    fn askpass_is_chosen_as_openssh_does() {
+        let ap = Askpass("ap".into());
+        // No terminal: askpass with a display, or when forced.
+        assert_eq!(decide(true, false, true, ""), ap);
+        assert_eq!(decide(true, false, false, ""), Nowhere);
+        assert_eq!(decide(true, false, false, "force"), ap);
+        assert_eq!(decide(true, false, true, "never"), Nowhere);
+        // A terminal wins unless askpass is preferred (with a display) or forced.
+        assert_eq!(decide(true, true, true, ""), Terminal);
+        assert_eq!(decide(true, true, true, "prefer"), ap);
+        assert_eq!(decide(true, true, false, "prefer"), Terminal);
+        assert_eq!(decide(true, true, false, "force"), ap);
+        assert_eq!(decide(true, true, true, "never"), Terminal);
+        // BatchMode or opmark mcp: nobody is asked, whatever the environment says.
+        assert_eq!(decide(false, true, true, "force"), Nowhere);
+        // No SSH_ASKPASS program: nothing to run.
+        assert_eq!(
+            Passphrase::decide(true, false, None, true, "force".into()),
+            Nowhere
+        );
+    }
 }

@@ -1116,3 +1116,89 @@ fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
     assert!(e.message.contains("someone-else.example"), "{e}");
     assert!(!marker.exists());
 }
+
+#[test]
+fn ssh_askpass_gives_the_passphrase_of_an_encrypted_key() {
+    crate::require_tool!("ssh-keygen");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let key = dir.join("encrypted");
+    keygen(&key, "s3cret phrase");
+    lab.authorize_key(&std::fs::read_to_string(key.with_extension("pub")).unwrap())
+        .unwrap();
+    let cfg = custom_config(&lab, &dir, &lab.targets()[0], lab.known_hosts(), "");
+    let text_cfg = std::fs::read_to_string(&cfg).unwrap().replace(
+        &lab.client_key().display().to_string(),
+        &key.display().to_string(),
+    );
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let log = dir.join("askpass.log");
+    let askpass = dir.join("askpass.sh");
+    std::fs::write(
+        &askpass,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$1\" >> {}\necho 's3cret phrase'\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&askpass, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let asks = || std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
+    let run_with = |op: &str, vars: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = env.opmark();
+        cmd.arg("-F").arg(&cfg).env("SSH_ASKPASS", &askpass);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .args(["--json", "run"])
+            .args(extra)
+            .args(["t", "--op", op, "--", "echo unlocked"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+        v
+    };
+
+    // stdin is not a terminal; a DISPLAY makes ssh (and opmark) use SSH_ASKPASS.
+    let v = run_with("ask-1", &[("DISPLAY", ":0")], &[]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(v["stdout"], "unlocked\n");
+    assert_eq!(asks(), 1);
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .starts_with(&format!("Enter passphrase for key '{}'", key.display())),
+        "the prompt names the key"
+    );
+    // SSH_ASKPASS_REQUIRE=force needs no display.
+    let v = run_with("ask-2", &[("SSH_ASKPASS_REQUIRE", "force")], &[]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(asks(), 2);
+
+    // never, BatchMode, or no display: refused without running the program.
+    for (op, vars, extra) in [
+        (
+            "ask-3",
+            &[("DISPLAY", ":0"), ("SSH_ASKPASS_REQUIRE", "never")][..],
+            &[][..],
+        ),
+        (
+            "ask-4",
+            &[("SSH_ASKPASS_REQUIRE", "force")][..],
+            &["-o", "BatchMode=yes"][..],
+        ),
+        ("ask-5", &[][..], &[][..]),
+    ] {
+        let v = run_with(op, vars, extra);
+        assert_eq!(v["verdict"], "not_applied", "{op}: {v}");
+        assert_eq!(v["reason_code"], "auth_refused", "{op}: {v}");
+        assert!(v["reason"].as_str().unwrap().contains("ssh-add"), "{v}");
+        assert_eq!(asks(), 2, "{op}: askpass must not run");
+    }
+}
