@@ -29,7 +29,7 @@ pub fn forbid_prompts() {
 /// A passphrase may be asked only when a person can answer (SPEC 6): a terminal on
 /// stdin and `BatchMode` off. An agent running opmark with piped stdin, or under a pty
 /// with `BatchMode yes`, must get an answer at once, never a prompt that hangs it.
-fn may_prompt(dest: &Destination) -> bool {
+pub(crate) fn may_prompt(dest: &Destination) -> bool {
     use std::io::IsTerminal as _;
     !dest.batch_mode
         && !NEVER_PROMPT.load(std::sync::atomic::Ordering::Relaxed)
@@ -572,6 +572,45 @@ fn askpass(program: &std::ffi::OsStr, path: &str) -> Result<String, String> {
     let text = String::from_utf8(out.stdout)
         .map_err(|_| "printed a passphrase that is not UTF-8".to_string())?;
     Ok(text.trim_end_matches(['\n', '\r']).to_string())
+}
+
+/// Asks `question` on /dev/tty until the answer is `yes`, `no` or `fingerprint` (which
+/// counts as yes), as ssh's host key confirmation does. False without a terminal or at EOF.
+pub(crate) fn confirm_on_tty(question: &str, fingerprint: &str) -> bool {
+    use std::io::{BufRead, Write};
+    // Several hosts connecting at once (a fleet run) ask one at a time, never interleaved.
+    static ONE_QUESTION_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_QUESTION_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let Ok(mut tty) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+    else {
+        return false;
+    };
+    let Ok(reader) = tty.try_clone() else {
+        return false;
+    };
+    let mut lines = std::io::BufReader::new(reader).lines();
+    if write!(tty, "{question}").and_then(|_| tty.flush()).is_err() {
+        return false;
+    }
+    loop {
+        let Some(Ok(answer)) = lines.next() else {
+            let _ = writeln!(tty);
+            return false;
+        };
+        match answer.trim() {
+            a if a.eq_ignore_ascii_case("yes") || a == fingerprint => return true,
+            a if a.eq_ignore_ascii_case("no") => return false,
+            _ => {
+                let _ = write!(tty, "Please type 'yes', 'no' or the fingerprint: ");
+                let _ = tty.flush();
+            }
+        }
+    }
 }
 
 /// Asks for a passphrase on /dev/tty with echo off. `None` without a controlling terminal.

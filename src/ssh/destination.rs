@@ -45,8 +45,11 @@ pub const SYSTEM_SSH_CONFIG_ENV: &str = "OPMARK_SYSTEM_SSH_CONFIG";
 /// How unknown host keys are treated (`StrictHostKeyChecking`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrictMode {
-    /// Refuse unknown keys (the default, and what `ask` means without a human).
+    /// Refuse unknown keys (the default).
     Yes,
+    /// Ask the person at the terminal about an unknown key and learn it on `yes`; where
+    /// nobody can answer (no terminal, BatchMode, `opmark mcp`) it is `Yes`.
+    Ask,
     /// Learn an unknown key by appending it; refuse a changed key.
     AcceptNew,
     /// Accept unknown keys without learning them; still refuse a changed key. Only when
@@ -59,6 +62,7 @@ impl StrictMode {
     pub fn as_str(self) -> &'static str {
         match self {
             StrictMode::Yes => "true",
+            StrictMode::Ask => "ask",
             StrictMode::AcceptNew => "accept-new",
             StrictMode::No => "false",
         }
@@ -695,8 +699,9 @@ pub fn resolve_with(
             StrictMode::Yes
         }
         Some(v) => match v.as_str() {
-            // `ask` needs a human; without one it is `yes` (SPEC §6).
-            "yes" | "ask" | "true" => StrictMode::Yes,
+            "yes" | "true" => StrictMode::Yes,
+            // `ask` needs a human; without one it acts as `yes` (SPEC §6, session.rs).
+            "ask" => StrictMode::Ask,
             "accept-new" => StrictMode::AcceptNew,
             "no" | "off" | "false" => StrictMode::No,
             other => {

@@ -43,6 +43,10 @@ pub(crate) struct Shared {
     pub(crate) lost: Mutex<Option<String>>,
     /// The fingerprint (`SHA256:...`) of the host key this connection accepted.
     pub(crate) host_key: Mutex<Option<String>>,
+    /// A person is being asked about the host key right now.
+    pub(crate) prompting: std::sync::atomic::AtomicBool,
+    /// Time spent waiting for that person, which ConnectTimeout does not count.
+    pub(crate) prompt_spent: Mutex<Duration>,
 }
 
 impl Shared {
@@ -84,7 +88,7 @@ impl client::Handler for Client {
                 }
             },
         };
-        match self.verify(&key) {
+        match self.verify(&key).await {
             Ok(()) => {
                 if let Ok(mut slot) = self.shared.host_key.lock() {
                     *slot = Some(fingerprint(&key));
@@ -188,8 +192,9 @@ impl Client {
     }
 
     /// The OpenSSH rules: a known key passes, a revoked or changed key never does, an
-    /// unknown key passes only with `accept-new` (learned) or an explicit `no`.
-    fn verify(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
+    /// unknown key passes only with `accept-new` (learned), `ask` answered yes at the
+    /// terminal (learned), or an explicit `no`.
+    async fn verify(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
         let name = self.dest.known_hosts_name();
         let kind = key.algorithm().as_str().to_string();
         let fp = fingerprint(key);
@@ -218,9 +223,9 @@ impl Client {
                         at.join(", ")
                     ));
                 }
-                match self.dest.strict {
-                    StrictMode::Yes => Err(format!(
-                        "no host key is known for {name} ({kind} {fp}) and strict checking is on. \
+                let refuse = |extra: &str| {
+                    format!(
+                        "no host key is known for {name} ({kind} {fp}) and strict checking is on{extra}. \
                          Verify the fingerprint, then add the key to {} (ssh-keyscan) or set \
                          `StrictHostKeyChecking accept-new`",
                         self.dest
@@ -228,27 +233,24 @@ impl Client {
                             .first()
                             .map(|p| p.display().to_string())
                             .unwrap_or_else(|| "a UserKnownHostsFile".into())
+                    )
+                };
+                match self.dest.strict {
+                    StrictMode::Yes => Err(refuse("")),
+                    StrictMode::Ask if !auth::may_prompt(&self.dest) => Err(refuse(
+                        " (StrictHostKeyChecking ask, but nobody can answer: no terminal on \
+                         stdin, BatchMode, or opmark mcp)",
                     )),
-                    StrictMode::AcceptNew => {
-                        let Some(file) = self.dest.known_hosts.first() else {
-                            return Err(format!(
-                                "cannot learn the host key of {name}: UserKnownHostsFile is none"
-                            ));
-                        };
-                        known_hosts::learn(file, &name, key, self.dest.hash_known_hosts).map_err(
-                            |e| {
-                                format!(
-                                    "cannot add the host key of {name} to {}: {e}",
-                                    file.display()
-                                )
-                            },
-                        )?;
-                        tracing::warn!(
-                            "permanently added {kind} host key {fp} for {name} to {}",
-                            file.display()
-                        );
-                        Ok(())
+                    StrictMode::Ask => {
+                        if self.ask_user(&name, key).await {
+                            self.learn(&name, key)
+                        } else {
+                            Err(format!(
+                                "the {kind} host key {fp} of {name} was not accepted at the prompt"
+                            ))
+                        }
                     }
+                    StrictMode::AcceptNew => self.learn(&name, key),
                     StrictMode::No => {
                         tracing::warn!(
                             "accepting unknown host key {kind} {fp} for {name} (StrictHostKeyChecking no)"
@@ -258,6 +260,61 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Appends an accepted unknown key to the first UserKnownHostsFile, as ssh does.
+    fn learn(&self, name: &str, key: &russh::keys::PublicKey) -> Result<(), String> {
+        let kind = key.algorithm().as_str().to_string();
+        let fp = fingerprint(key);
+        let Some(file) = self.dest.known_hosts.first() else {
+            return Err(format!(
+                "cannot learn the host key of {name}: UserKnownHostsFile is none"
+            ));
+        };
+        known_hosts::learn(file, name, key, self.dest.hash_known_hosts).map_err(|e| {
+            format!(
+                "cannot add the host key of {name} to {}: {e}",
+                file.display()
+            )
+        })?;
+        tracing::warn!(
+            "permanently added {kind} host key {fp} for {name} to {}",
+            file.display()
+        );
+        Ok(())
+    }
+
+    /// Asks at the terminal, in ssh's words, whether to trust an unknown key. The time
+    /// spent waiting is kept out of ConnectTimeout (see `handshake_within`).
+    async fn ask_user(&self, name: &str, key: &russh::keys::PublicKey) -> bool {
+        use russh::keys::Algorithm;
+        let kind = match key.algorithm() {
+            Algorithm::Ed25519 => "ED25519".to_string(),
+            Algorithm::Ecdsa { .. } => "ECDSA".to_string(),
+            Algorithm::Rsa { .. } => "RSA".to_string(),
+            other => other.as_str().to_ascii_uppercase(),
+        };
+        let fp = fingerprint(key);
+        let question = format!(
+            "The authenticity of host '{name}' can't be established.\n\
+             {kind} key fingerprint is {fp}.\n\
+             This key is not known by any other names.\n\
+             Are you sure you want to continue connecting (yes/no/[fingerprint])? "
+        );
+        let started = std::time::Instant::now();
+        self.shared
+            .prompting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let yes = tokio::task::spawn_blocking(move || auth::confirm_on_tty(&question, &fp))
+            .await
+            .unwrap_or(false);
+        if let Ok(mut spent) = self.shared.prompt_spent.lock() {
+            *spent += started.elapsed();
+        }
+        self.shared
+            .prompting
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        yes
     }
 }
 
@@ -427,11 +484,21 @@ async fn connect_one(
         None if dest.proxy_command.is_some() => {
             let (child, stream) = spawn_proxy(dest)?;
             proxy = Some(child);
-            tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
+            handshake_within(
+                deadline,
+                &shared,
+                client::connect_stream(config, stream, handler),
+            )
+            .await
         }
         None => {
             let stream = tcp_connect(dest, deadline).await?;
-            tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
+            handshake_within(
+                deadline,
+                &shared,
+                client::connect_stream(config, stream, handler),
+            )
+            .await
         }
         Some(jump) => {
             let channel = tokio::time::timeout_at(
@@ -454,16 +521,17 @@ async fn connect_one(
                     ),
                 )
             })?;
-            tokio::time::timeout_at(
+            handshake_within(
                 deadline,
+                &shared,
                 client::connect_stream(config, channel.into_stream(), handler),
             )
             .await
         }
     };
     let mut handle = match handshake {
-        Err(_) => return Err(timeout_err("key exchange with")),
-        Ok(Err(e)) => {
+        None => return Err(timeout_err("key exchange with")),
+        Some(Err(e)) => {
             if let Some((stage, message)) =
                 shared.host_key_failure.lock().ok().and_then(|g| g.clone())
             {
@@ -478,7 +546,7 @@ async fn connect_one(
                 format!("SSH handshake with {} failed: {why}", dest.display()),
             ));
         }
-        Ok(Ok(handle)) => handle,
+        Some(Ok(handle)) => handle,
     };
     auth::authenticate(&mut handle, dest).await?;
     Ok(Hop {
@@ -486,6 +554,34 @@ async fn connect_one(
         shared,
         proxy,
     })
+}
+
+/// Runs the banner and key exchange until `deadline`, not counting the time a person
+/// spends answering the host key question (`StrictHostKeyChecking ask`): ssh's
+/// ConnectTimeout does not run while it waits for the user either. `None` on timeout.
+async fn handshake_within<F: std::future::Future>(
+    deadline: tokio::time::Instant,
+    shared: &Shared,
+    handshake: F,
+) -> Option<F::Output> {
+    tokio::pin!(handshake);
+    let mut until = deadline;
+    loop {
+        match tokio::time::timeout_at(until, &mut handshake).await {
+            Ok(v) => return Some(v),
+            Err(_) if shared.prompting.load(std::sync::atomic::Ordering::Relaxed) => {
+                until = tokio::time::Instant::now() + Duration::from_millis(200);
+            }
+            Err(_) => {
+                let spent = shared.prompt_spent.lock().map(|g| *g).unwrap_or_default();
+                let extended = deadline + spent;
+                if spent.is_zero() || extended <= tokio::time::Instant::now() {
+                    return None;
+                }
+                until = extended;
+            }
+        }
+    }
 }
 
 /// Starts `ProxyCommand` as ssh does (`exec` through the shell, so the command itself is

@@ -185,16 +185,10 @@ fn compare(
     if defaults.iter().any(|d| d == "stricthostkeychecking") {
         check("stricthostkeychecking (unset)", "ask".into(), strict);
     } else {
-        // `ask` needs a human; opmark treats it as yes (SPEC §6).
-        let theirs = if strict == "ask" {
-            "true".into()
-        } else {
-            strict
-        };
         check(
             "stricthostkeychecking",
             j["stricthostkeychecking"].as_str().unwrap().into(),
-            theirs,
+            strict,
         );
     }
     check(

@@ -1202,3 +1202,131 @@ fn ssh_askpass_gives_the_passphrase_of_an_encrypted_key() {
         assert_eq!(asks(), 2, "{op}: askpass must not run");
     }
 }
+
+/// Runs `opmark -F cfg --json run t --op OP -- echo on-tty` under `script`, so that it has
+/// a terminal, typing `typed` at it. Returns everything the terminal showed.
+fn run_on_tty(env: &support::Sealed, cfg: &Path, op: &str, typed: &str) -> String {
+    use std::io::{Read, Write};
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let line = [
+        env!("CARGO_BIN_EXE_opmark"),
+        "-F",
+        &cfg.display().to_string(),
+        "--json",
+        "run",
+        "t",
+        "--op",
+        op,
+        "--",
+        "echo on-tty",
+    ]
+    .iter()
+    .map(|a| quote(a))
+    .collect::<Vec<_>>()
+    .join(" ");
+    let template = env.opmark();
+    let mut cmd = Command::new("script");
+    cmd.env_clear();
+    for (k, v) in template.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until opmark is done: script ends the session when its input ends.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(typed.as_bytes()).unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("opmark under script did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    text(&reader.join().unwrap()).replace('\r', "")
+}
+
+/// The JSON verdict at the end of a terminal transcript.
+fn last_json(transcript: &str) -> serde_json::Value {
+    let line = transcript
+        .lines()
+        .rev()
+        .find_map(|l| l.find("{\"").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no JSON in: {transcript}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {transcript}"))
+}
+
+#[test]
+fn strict_ask_prompts_on_a_tty_and_learns_the_key_on_yes() {
+    crate::require_tool!("script");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let kh = dir.join("kh_ask");
+    std::fs::write(&kh, "").unwrap();
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        &kh,
+        "  StrictHostKeyChecking ask\n",
+    );
+    let env = support::Sealed::new(crate::test_name!());
+    let question = "Are you sure you want to continue connecting (yes/no/[fingerprint])?";
+
+    // Nobody at a terminal: `ask` is `yes`, the unknown key refused, nothing asked.
+    let v = run_json_with(&env, &cfg, &["t", "--op", "ask-0", "--", "echo on-tty"]);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("nobody can answer"),
+        "{v}"
+    );
+
+    // On a terminal, answered no (after one answer that is neither).
+    let shown = run_on_tty(&env, &cfg, "ask-1", "maybe\nno\n");
+    assert!(shown.contains(question), "{shown}");
+    assert!(
+        shown.contains("ED25519 key fingerprint is SHA256:"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("Please type 'yes', 'no' or the fingerprint:"),
+        "{shown}"
+    );
+    let v = last_json(&shown);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(&kh).unwrap(),
+        "",
+        "nothing learned on no"
+    );
+
+    // Answered yes: the command runs and the key is added to known_hosts.
+    let shown = run_on_tty(&env, &cfg, "ask-2", "yes\n");
+    assert!(shown.contains(question), "{shown}");
+    let v = last_json(&shown);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(v["stdout"], "on-tty\n");
+    assert_eq!(std::fs::read_to_string(&kh).unwrap().lines().count(), 1);
+
+    // Known now: no question, no terminal needed.
+    let v = run_json_with(&env, &cfg, &["t", "--op", "ask-3", "--", "echo on-tty"]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+}
