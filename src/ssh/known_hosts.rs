@@ -492,6 +492,19 @@ mod tests {
     }
 
     #[test]
+    fn cert_authority_key_is_never_trusted_as_a_plain_host_key() {
+        let k = kh(&format!("@cert-authority *.lab,!evil.lab {ED1}\n"));
+        assert_eq!(
+            k.check("a.lab", &key(ED1)),
+            Verdict::Unknown { others: vec![] }
+        );
+        assert!(k.has_authority_for("a.lab"));
+        assert!(!k.has_authority_for("evil.lab"));
+        assert!(!k.has_authority_for("a.example"));
+        assert!(k.skipped.is_empty(), "{:?}", k.skipped);
+    }
+
+    #[test]
     fn bad_lines_are_skipped_not_fatal() {
         let k = kh(&format!(
             "garbage\nh ssh-ed25519 !!!notbase64\n@weird h {ED2}\nh {ED1}\n"

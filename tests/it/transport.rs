@@ -1330,3 +1330,34 @@ fn strict_ask_prompts_on_a_tty_and_learns_the_key_on_yes() {
     let v = run_json_with(&env, &cfg, &["t", "--op", "ask-3", "--", "echo on-tty"]);
     assert_eq!(v["verdict"], "completed", "{v}");
 }
+
+#[test]
+fn proxy_command_ssh_w_reaches_a_host_through_an_openssh_bastion() {
+    crate::require_tool!("ssh");
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let target = &lab.targets()[1];
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        target,
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand ssh -F {} -o BatchMode=yes -W %h:%p target1\n",
+            lab.ssh_config().display()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo via-ssh-w", None).await.stdout, b"via-ssh-w\n");
+    });
+    // Without the bastion there is no way in: a connect failure, nothing sent.
+    lab.stop_sshd("target1").unwrap();
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Connect, "{e}");
+    assert!(e.message.contains("ProxyCommand"), "{e}");
+    lab.start_sshd("target1").unwrap();
+}
