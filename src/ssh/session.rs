@@ -1,5 +1,7 @@
-//! One authenticated SSH connection (possibly through ProxyJump hops): connecting with
-//! bounded timeouts, the host key check, keepalives, and remembering why it was lost.
+//! One authenticated SSH connection (directly, through ProxyJump hops, or over a
+//! ProxyCommand's stdio): connecting with bounded timeouts, the host key or host
+//! certificate check (with ssh's `ask` question on a terminal), keepalives, and
+//! remembering why it was lost.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
