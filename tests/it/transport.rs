@@ -918,8 +918,14 @@ fn failing_proxy_command_is_not_applied_and_nothing_runs() {
 /// Signs `pubkey` with the CA key `ca` (`ssh-keygen -s`): a user certificate for
 /// `principal`, or a host certificate (`-h`) when `host`.
 fn sign(ca: &Path, pubkey: &Path, principal: &str, host: bool) -> PathBuf {
+    sign_with(ca, pubkey, principal, host, &[])
+}
+
+/// As [`sign`], with more `ssh-keygen` options (`-V` validity...).
+fn sign_with(ca: &Path, pubkey: &Path, principal: &str, host: bool, extra: &[&str]) -> PathBuf {
     let mut cmd = Command::new("ssh-keygen");
-    cmd.args(["-q", "-s"])
+    cmd.args(extra)
+        .args(["-q", "-s"])
         .arg(ca)
         .args(["-I", "opmark-test", "-n", principal]);
     if host {
@@ -1114,6 +1120,19 @@ fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
     let e = rt().block_on(connect_and_touch(&cfg, &marker));
     assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
     assert!(e.message.contains("someone-else.example"), "{e}");
+
+    // Expired, or a user certificate where a host certificate belongs: refused.
+    for (extra, host, why) in [
+        (&["-V", "-2d:-1d"][..], true, "expired"),
+        (&[][..], false, "user certificate"),
+    ] {
+        sign_with(&ca, &host_pub, &t.addr.to_string(), host, extra);
+        lab.stop_sshd(&t.alias).unwrap();
+        lab.start_sshd(&t.alias).unwrap();
+        let e = rt().block_on(connect_and_touch(&cfg, &marker));
+        assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+        assert!(e.message.contains(why), "{why}: {e}");
+    }
     assert!(!marker.exists());
 }
 
