@@ -1317,6 +1317,20 @@ fn strict_ask_prompts_on_a_tty_and_learns_the_key_on_yes() {
         "{v}"
     );
 
+    // A terminal but BatchMode: nobody is asked either.
+    let batch = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        &kh,
+        "  StrictHostKeyChecking ask\n  BatchMode yes\n",
+    );
+    let shown = run_on_tty(&env, &batch, "ask-b", "yes\n");
+    assert!(!shown.contains(question), "{shown}");
+    let v = last_json(&shown);
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert_eq!(std::fs::read_to_string(&kh).unwrap(), "");
+
     // On a terminal, answered no (after one answer that is neither).
     let shown = run_on_tty(&env, &cfg, "ask-1", "maybe\nno\n");
     assert!(shown.contains(question), "{shown}");
