@@ -265,18 +265,26 @@ impl Attempt<'_> {
         self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
     }
 
-    /// A certificate whose private key is loaded here.
+    /// A certificate whose private key is loaded here. Signed through a [`LocalKeySigner`]
+    /// rather than russh's `authenticate_openssh_cert`, which names an RSA certificate
+    /// `ssh-rsa-cert-v01` (SHA-1), refused by OpenSSH since 8.8.
     async fn with_cert(
         &mut self,
         key: Arc<PrivateKey>,
         cert: Certificate,
         label: String,
     ) -> Result<bool, ConnectError> {
+        let hash = self.hash_for(cert.algorithm()).await?;
         let t = self.dest.connect_timeout;
         let user = self.dest.user.clone();
-        let r =
-            tokio::time::timeout(t, self.handle.authenticate_openssh_cert(user, key, cert)).await;
-        self.outcome(r.map(|r| r.map_err(|e| e.to_string())), label)
+        let mut signer = LocalKeySigner { key };
+        let r = tokio::time::timeout(
+            t,
+            self.handle
+                .authenticate_certificate_with(user, cert, hash, &mut signer),
+        )
+        .await;
+        self.outcome(r.map(|r| r.map_err(|e| e.0)), label)
     }
 
     /// A certificate the agent holds itself (it signs for the certificate blob).
@@ -402,6 +410,37 @@ impl russh::Signer for PlainKeySigner<'_> {
             .sign_request(&self.key, hash_alg, to_sign)
             .await
             .map_err(|e| SignError(format!("ssh-agent did not sign: {e}")))
+    }
+}
+
+/// Signs a certificate authentication with a private key loaded in this process, with
+/// the RSA hash the server accepts.
+struct LocalKeySigner {
+    key: Arc<PrivateKey>,
+}
+
+impl russh::Signer for LocalKeySigner {
+    type Error = SignError;
+
+    async fn auth_sign(
+        &mut self,
+        _certificate: &AgentIdentity,
+        hash_alg: Option<HashAlg>,
+        mut to_sign: Vec<u8>,
+    ) -> Result<Vec<u8>, SignError> {
+        use russh::keys::signature::Signer as _;
+        use russh::keys::ssh_key::encoding::Encode as _;
+        use russh::keys::ssh_key::private::KeypairData;
+        let signature = match self.key.key_data() {
+            KeypairData::Rsa(rsa) => (rsa, hash_alg).try_sign(&to_sign),
+            keypair => keypair.try_sign(&to_sign),
+        }
+        .map_err(|e| SignError(format!("cannot sign with the key: {e}")))?;
+        // The request is followed by the signature as one SSH string, as the agent's is.
+        signature
+            .encode_prefixed(&mut to_sign)
+            .map_err(|e| SignError(format!("cannot encode the signature: {e}")))?;
+        Ok(to_sign)
     }
 }
 

@@ -1010,6 +1010,22 @@ fn user_certificate_via_file_or_agent() {
     )
     .unwrap_or_else(|e| panic!("CertificateFile: {e}"));
 
+    // An RSA certificate: signed with rsa-sha2 (OpenSSH refuses ssh-rsa-cert-v01).
+    let rsa = dir.join("certified_rsa");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "rsa", "-b", "2048", "-N", "", "-f"])
+        .arg(&rsa)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    sign(&ca, &rsa.with_extension("pub"), &t.user, false);
+    let rsa_cfg = config_for("");
+    let rsa_text = std::fs::read_to_string(&rsa_cfg)
+        .unwrap()
+        .replace(&key.display().to_string(), &rsa.display().to_string());
+    std::fs::write(&rsa_cfg, rsa_text).unwrap();
+    connects(&rsa_cfg, None).unwrap_or_else(|e| panic!("RSA certificate: {e}"));
+
     // The agent holding key and certificate (ssh-add loads `<key>-cert.pub`), with no
     // key or certificate file left for opmark to read.
     std::fs::rename(&moved, &cert).unwrap();
