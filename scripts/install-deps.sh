@@ -2,7 +2,8 @@
 # Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
 # busybox) and the login shells its exec stub must work through (zsh, fish, tcsh), a
-# linter (shellcheck), iproute2 + nftables (network-namespace targets and link cuts),
+# linter (shellcheck), netcat (a ProxyCommand `nc %h %p` in the transport tests),
+# iproute2 + nftables (network-namespace targets and link cuts),
 # e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests), groff
 # (renders the generated man page in tests/it/ux.rs), debootstrap (builds the image of
 # docker lab targets; the Docker engine itself is expected to be installed and running
@@ -17,11 +18,11 @@ set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip)
+  groff-base debootstrap python3 python3-pip netcat-openbsd)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3)
+  groff /usr/sbin/debootstrap python3 pip3 nc)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 

@@ -36,6 +36,7 @@ struct Report {
     hostkeyalias: Option<String>,
     known_hosts_name: String,
     proxyjump: Option<String>,
+    proxycommand: Option<String>,
     jumps: Vec<Hop>,
     addressfamily: &'static str,
     connectionattempts: u32,
@@ -70,6 +71,7 @@ fn report(d: &Destination) -> Report {
         hostkeyalias: d.host_key_alias.clone(),
         known_hosts_name: d.known_hosts_name(),
         proxyjump: d.proxy_jump.clone(),
+        proxycommand: d.proxy_command.as_ref().map(|p| p.raw.clone()),
         jumps: d
             .jumps
             .iter()
@@ -118,6 +120,9 @@ fn render(r: &Report) -> String {
     }
     if let Some(j) = &r.proxyjump {
         line("proxyjump", j);
+    }
+    if let Some(c) = &r.proxycommand {
+        line("proxycommand", c);
     }
     line("addressfamily", r.addressfamily);
     line("connectionattempts", &r.connectionattempts.to_string());

@@ -195,6 +195,7 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         "pkcs11provider" | "smartcarddevice" => Refused("opmark cannot use PKCS#11 keys"),
         "securitykeyprovider" => Refused("opmark cannot use a security key middleware"),
         "knownhostscommand" => Refused("opmark does not run a KnownHostsCommand to find host keys"),
+        "proxyusefdpass" => Refused("opmark uses the ProxyCommand's stdin and stdout as the connection; it cannot take a file descriptor passed by the proxy"),
         "revokedhostkeys" => Refused("opmark does not read a RevokedHostKeys file; put revoked keys in known_hosts as @revoked lines"),
         "canonicaldomains" | "canonicalizepermittedcnames" => {
             Refused("opmark does not canonicalize host names")
@@ -210,8 +211,8 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         | "tisauthentication" | "dsaauthentication" | "localcommand" | "localforward"
         | "loglevel" | "logverbose" | "nohostauthenticationforlocalhost"
         | "numberofpasswordprompts" | "passwordauthentication" | "permitlocalcommand"
-        | "permitremoteopen" | "preferredauthentications" | "protocol" | "proxyusefdpass"
-        | "rekeylimit" | "remoteforward" | "requesttty" | "requiredrsasize" | "sendenv"
+        | "permitremoteopen" | "preferredauthentications" | "protocol" | "rekeylimit"
+        | "remoteforward" | "requesttty" | "requiredrsasize" | "sendenv"
         | "stdinnull" | "streamlocalbindmask" | "streamlocalbindunlink" | "syslogfacility"
         | "tcpkeepalive" | "keepalive" | "tunneldevice" | "updatehostkeys" | "verifyhostkeydns"
         | "visualhostkey" | "xauthlocation" => Ignored,
@@ -240,7 +241,9 @@ pub fn keyword_role(key: &str) -> Option<Role> {
 fn harmless_value(key: &str, value: &str) -> bool {
     let v = value.to_ascii_lowercase();
     match key {
-        "hostbasedauthentication" | "tunnel" => matches!(v.as_str(), "no" | "false"),
+        "hostbasedauthentication" | "tunnel" | "proxyusefdpass" => {
+            matches!(v.as_str(), "no" | "false")
+        }
         "pubkeyauthentication" => matches!(v.as_str(), "yes" | "true" | "unbound" | "host-bound"),
         "remotecommand"
         | "pkcs11provider"
@@ -1337,6 +1340,29 @@ mod tests {
         let e = c.apply(&ctx, &mut o).unwrap_err().to_string();
         assert!(e.starts_with("cfg:3:") && e.contains("bindaddress"), "{e}");
         // Only where it applies.
+        let ctx = MatchContext {
+            host_arg: "b".into(),
+            local_user: "me".into(),
+        };
+        c.apply(&ctx, &mut HostOptions::default()).unwrap();
+        // A proxy passing a file descriptor would hand opmark a connection it cannot use.
+        let c = SshConfig::parse(
+            "Host b\n ProxyUseFdpass no\nHost a\n ProxyUseFdpass yes\n",
+            Path::new("cfg"),
+        )
+        .unwrap();
+        let ctx = MatchContext {
+            host_arg: "a".into(),
+            local_user: "me".into(),
+        };
+        let e = c
+            .apply(&ctx, &mut HostOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("cfg:4:") && e.contains("proxyusefdpass"),
+            "{e}"
+        );
         let ctx = MatchContext {
             host_arg: "b".into(),
             local_user: "me".into(),

@@ -45,8 +45,11 @@ pub const SYSTEM_SSH_CONFIG_ENV: &str = "OPMARK_SYSTEM_SSH_CONFIG";
 /// How unknown host keys are treated (`StrictHostKeyChecking`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StrictMode {
-    /// Refuse unknown keys (the default, and what `ask` means without a human).
+    /// Refuse unknown keys (the default).
     Yes,
+    /// Ask the person at the terminal about an unknown key and learn it on `yes`; where
+    /// nobody can answer (no terminal, BatchMode, `opmark mcp`) it is `Yes`.
+    Ask,
     /// Learn an unknown key by appending it; refuse a changed key.
     AcceptNew,
     /// Accept unknown keys without learning them; still refuse a changed key. Only when
@@ -59,6 +62,7 @@ impl StrictMode {
     pub fn as_str(self) -> &'static str {
         match self {
             StrictMode::Yes => "true",
+            StrictMode::Ask => "ask",
             StrictMode::AcceptNew => "accept-new",
             StrictMode::No => "false",
         }
@@ -170,6 +174,8 @@ pub struct Destination {
     pub batch_mode: bool,
     /// `ProxyJump` as written (after `-J`), for display; `None` when unset or `none`.
     pub proxy_jump: Option<String>,
+    /// `ProxyCommand` with its `%` tokens expanded; `None` when unset or `none`.
+    pub proxy_command: Option<ProxyCommand>,
     /// Options where opmark applies its own default because nothing set them and ssh's
     /// default differs (`connecttimeout`, `serveraliveinterval`, `stricthostkeychecking`).
     pub opmark_defaults: Vec<&'static str>,
@@ -272,11 +278,25 @@ impl Destination {
     /// The key identifying one SSH connection: user, address, port and jump path.
     pub fn connection_key(&self) -> String {
         let mut key = format!("{}@{}:{}", self.user, self.hostname, self.port);
+        if let Some(p) = &self.proxy_command {
+            key.push_str(&format!(" proxy {}", p.command));
+        }
         for j in &self.jumps {
             key.push_str(&format!(" via {}@{}:{}", j.user, j.hostname, j.port));
         }
         key
     }
+}
+
+/// A `ProxyCommand` ready to run: `sh -c` with its stdin/stdout as the SSH transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyCommand {
+    /// The command line with `%h %n %p %r %%` expanded.
+    pub command: String,
+    /// As written in the config (what `ssh -G` prints).
+    pub raw: String,
+    /// `file:line` of the config line, for errors.
+    pub origin: String,
 }
 
 /// Maximum ProxyJump recursion (a hop whose own config names further hops).
@@ -549,14 +569,6 @@ pub fn resolve_with(
         .apply(&ctx, &mut o)
         .map_err(|e| config_fail(e.to_string()))?;
 
-    if let Some(pc) = o.get("proxycommand") {
-        if !pc.raw.eq_ignore_ascii_case("none") {
-            return Err(config_fail(format!(
-                "{}: `ProxyCommand {}` is not supported by opmark yet; use ProxyJump, or -J",
-                pc.origin, pc.raw
-            )));
-        }
-    }
     if let Some(v) = o.value("canonicalizehostname") {
         if !matches!(v.to_ascii_lowercase().as_str(), "no" | "false") {
             return Err(config_fail(format!(
@@ -687,8 +699,9 @@ pub fn resolve_with(
             StrictMode::Yes
         }
         Some(v) => match v.as_str() {
-            // `ask` needs a human; without one it is `yes` (SPEC §6).
-            "yes" | "ask" | "true" => StrictMode::Yes,
+            "yes" | "true" => StrictMode::Yes,
+            // `ask` needs a human; without one it acts as `yes` (SPEC §6, session.rs).
+            "ask" => StrictMode::Ask,
             "accept-new" => StrictMode::AcceptNew,
             "no" | "off" | "false" => StrictMode::No,
             other => {
@@ -786,6 +799,29 @@ pub fn resolve_with(
     let proxy_jump = o
         .value("proxyjump")
         .filter(|t| !t.eq_ignore_ascii_case("none"));
+    // `ProxyCommand none` is no proxy; the config layer already made ProxyJump and
+    // ProxyCommand exclude each other (first one set wins, as in readconf.c).
+    let proxy_command = match o.get("proxycommand") {
+        Some(line) if !line.raw.trim().eq_ignore_ascii_case("none") => {
+            let port_text = port.to_string();
+            let command = expand_percent(
+                line.raw.trim(),
+                &[
+                    ('h', hostname.as_str()),
+                    ('n', alias.as_str()),
+                    ('p', port_text.as_str()),
+                    ('r', user.as_str()),
+                ],
+            )
+            .map_err(|e| config_fail(format!("{}: ProxyCommand {e}", line.origin)))?;
+            Some(ProxyCommand {
+                command,
+                raw: line.raw.trim().to_string(),
+                origin: line.origin.to_string(),
+            })
+        }
+        _ => None,
+    };
     let jump_spec = proxy_jump.clone();
     let mut jumps = Vec::new();
     if let Some(text) = &proxy_jump {
@@ -854,6 +890,7 @@ pub fn resolve_with(
         connection_attempts,
         batch_mode: flag("batchmode")?,
         proxy_jump,
+        proxy_command,
         opmark_defaults,
     })
 }
@@ -1167,7 +1204,7 @@ mod tests {
     fn bad_or_unsupported_command_line_options_are_config_errors() {
         for (opt, word) in [
             ("Frobnicate=1", "frobnicate"),
-            ("ProxyCommand=nc %h %p", "ProxyCommand"),
+            ("RemoteCommand=ls", "remotecommand"),
             ("BindAddress=10.0.0.1", "bindaddress"),
             ("Match all", "match"),
         ] {
@@ -1186,18 +1223,20 @@ mod tests {
     }
 
     #[test]
-    fn proxy_command_and_canonicalization_are_refused_with_file_and_line() {
-        let c = cfg("Host a\n ProxyCommand nc %h %p\nHost b\n CanonicalizeHostname yes\n");
-        let e = resolve_with(&c, &spec("a"), 0).unwrap_err();
+    fn proxy_command_expands_tokens_and_canonicalization_is_refused() {
+        let c = cfg("Host a\n HostName real.a\n Port 2200\n User u\n \
+                     ProxyCommand nc -q0 %h %p %r %n %%\n\
+                     Host b\n CanonicalizeHostname yes\nHost n\n ProxyCommand none\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        let pc = d.proxy_command.expect("ProxyCommand resolved");
+        assert_eq!(pc.command, "nc -q0 real.a 2200 u a %");
+        assert_eq!(pc.raw, "nc -q0 %h %p %r %n %%");
+        assert!(pc.origin.starts_with("cfg:5"), "{}", pc.origin);
+        assert_eq!(resolve_with(&c, &spec("n"), 0).unwrap().proxy_command, None);
+        let e = resolve_with(&c, &spec("b"), 0).unwrap_err();
         assert_eq!(e.stage, ConnectStage::Config);
         assert!(
-            e.message.starts_with("cfg:2:") && e.message.contains("ProxyCommand"),
-            "{}",
-            e.message
-        );
-        let e = resolve_with(&c, &spec("b"), 0).unwrap_err();
-        assert!(
-            e.message.starts_with("cfg:4:") && e.message.contains("CanonicalizeHostname"),
+            e.message.starts_with("cfg:7:") && e.message.contains("CanonicalizeHostname"),
             "{}",
             e.message
         );

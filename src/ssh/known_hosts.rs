@@ -1,6 +1,7 @@
 //! Host key verification against OpenSSH known_hosts files: plain, hashed (`|1|`),
 //! `[host]:port`, comma lists with wildcards and negation, several keys per host,
-//! `@revoked`; learning a key for `accept-new`.
+//! `@revoked`, host certificates signed by an `@cert-authority` key; learning a key for
+//! `accept-new`.
 //!
 //! Written here because russh's `check_known_hosts_path` reads tab-separated lines as
 //! unknown, ignores `@revoked`, treats a second key of one type as a change and aborts on
@@ -12,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use russh::keys::ssh_key::{HashAlg, PublicKey};
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::ssh_key::{Certificate, HashAlg, PublicKey};
 use russh::keys::Algorithm;
 
 /// One usable known_hosts entry.
@@ -29,6 +31,7 @@ struct Entry {
 enum Marker {
     None,
     Revoked,
+    CertAuthority,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +75,20 @@ pub enum Verdict {
         /// Entries for this host with other key types.
         others: Vec<Location>,
     },
+}
+
+/// The answer for one presented host certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertVerdict {
+    /// Signed by a CA an `@cert-authority` line trusts for this host, and valid now.
+    Trusted(Location),
+    /// The CA key, or the host key inside the certificate, is marked `@revoked`.
+    Revoked(Location),
+    /// A trusted CA signed it, but it is not acceptable; the text says why.
+    Invalid(String),
+    /// No `@cert-authority` line for this host holds the certificate's signing key
+    /// (ssh then checks the plain key inside it).
+    NoAuthority,
 }
 
 /// The known_hosts files for one destination, parsed.
@@ -121,17 +138,13 @@ impl KnownHosts {
             let line = index + 1;
             match parse_line(raw) {
                 Ok(None) => {}
-                Ok(Some((marker, hosts, key))) => {
-                    if let Some(marker) = marker {
-                        self.entries.push(Entry {
-                            marker,
-                            hosts,
-                            key,
-                            path: path.to_path_buf(),
-                            line,
-                        });
-                    }
-                }
+                Ok(Some((marker, hosts, key))) => self.entries.push(Entry {
+                    marker,
+                    hosts,
+                    key,
+                    path: path.to_path_buf(),
+                    line,
+                }),
                 Err(why) => self
                     .skipped
                     .push(format!("{}:{line}: {why}", path.display())),
@@ -171,6 +184,72 @@ impl KnownHosts {
             Some(expected) => Verdict::Changed { expected },
             None => Verdict::Unknown { others },
         }
+    }
+
+    /// True when some `@cert-authority` line applies to `name`: only then is it worth
+    /// asking the host for a certificate.
+    pub fn has_authority_for(&self, name: &str) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.marker == Marker::CertAuthority && e.hosts.matches(name))
+    }
+
+    /// Checks a host certificate presented by the host known as `name` (see
+    /// [`lookup_name`]) whose certificate must name `principal` (`HostKeyAlias`, else
+    /// the host name, as OpenSSH's `check_host_cert`), at Unix time `now`.
+    pub fn check_certificate(
+        &self,
+        name: &str,
+        principal: &str,
+        cert: &Certificate,
+        now: u64,
+    ) -> CertVerdict {
+        let revoked = |key: &russh::keys::ssh_key::public::KeyData| {
+            self.entries
+                .iter()
+                .find(|e| e.marker == Marker::Revoked && e.key.key_data() == key)
+        };
+        // Revocation wins over any trust: the CA itself, or the host key it certified.
+        if let Some(e) = revoked(cert.signature_key()).or_else(|| revoked(cert.public_key())) {
+            return CertVerdict::Revoked(e.location());
+        }
+        let Some(ca) = self.entries.iter().find(|e| {
+            e.marker == Marker::CertAuthority
+                && e.key.key_data() == cert.signature_key()
+                && e.hosts.matches(name)
+        }) else {
+            return CertVerdict::NoAuthority;
+        };
+        let at = ca.location();
+        if cert.cert_type() != CertType::Host {
+            return CertVerdict::Invalid(format!(
+                "it is a user certificate, not a host certificate (CA trusted at {at})"
+            ));
+        }
+        let ca_fp = ca.key.fingerprint(HashAlg::Sha256);
+        if cert.validate_at(now, [&ca_fp]).is_err() {
+            let why = if now < cert.valid_after() {
+                "it is not valid yet"
+            } else if now >= cert.valid_before() {
+                "it has expired"
+            } else {
+                "its signature does not verify"
+            };
+            return CertVerdict::Invalid(format!("{why} (CA trusted at {at})"));
+        }
+        let principals = cert.valid_principals();
+        if !principals.is_empty() && !principals.iter().any(|p| p == principal) {
+            return CertVerdict::Invalid(format!(
+                "it names principals {} but not `{principal}` (CA trusted at {at})",
+                principals.join(",")
+            ));
+        }
+        if !cert.critical_options().is_empty() {
+            return CertVerdict::Invalid(format!(
+                "it carries critical options, which host certificates must not (CA trusted at {at})"
+            ));
+        }
+        CertVerdict::Trusted(at)
     }
 
     /// Host-key algorithms to prefer for `name`: the types known for it first (so a host
@@ -214,10 +293,9 @@ fn hmac_sha1(key: &[u8], data: &[u8]) -> Vec<u8> {
     ring::hmac::sign(&key, data).as_ref().to_vec()
 }
 
-type Parsed = (Option<Marker>, HostField, PublicKey);
+type Parsed = (Marker, HostField, PublicKey);
 
-/// Parses one line. `Ok(None)` for blank/comment lines; a `None` marker for lines that
-/// parse but are not used (`@cert-authority`: opmark does not do host certificates).
+/// Parses one line. `Ok(None)` for blank/comment lines.
 fn parse_line(raw: &str) -> Result<Option<Parsed>, String> {
     let line = raw.trim();
     if line.is_empty() || line.starts_with('#') {
@@ -225,11 +303,11 @@ fn parse_line(raw: &str) -> Result<Option<Parsed>, String> {
     }
     let mut fields = line.split_whitespace();
     let mut first = fields.next().unwrap_or_default();
-    let mut marker = Some(Marker::None);
+    let mut marker = Marker::None;
     if let Some(m) = first.strip_prefix('@') {
         marker = match m {
-            "revoked" => Some(Marker::Revoked),
-            "cert-authority" => None,
+            "revoked" => Marker::Revoked,
+            "cert-authority" => Marker::CertAuthority,
             other => return Err(format!("unknown marker `@{other}`")),
         };
         first = fields.next().ok_or("marker without host list")?;
@@ -411,6 +489,19 @@ mod tests {
     fn revoked_key_is_refused_even_when_also_listed() {
         let k = kh(&format!("h {ED1}\n@revoked * {ED1}\n"));
         assert_eq!(k.check("h", &key(ED1)), Verdict::Revoked(loc(2)));
+    }
+
+    #[test]
+    fn cert_authority_key_is_never_trusted_as_a_plain_host_key() {
+        let k = kh(&format!("@cert-authority *.lab,!evil.lab {ED1}\n"));
+        assert_eq!(
+            k.check("a.lab", &key(ED1)),
+            Verdict::Unknown { others: vec![] }
+        );
+        assert!(k.has_authority_for("a.lab"));
+        assert!(!k.has_authority_for("evil.lab"));
+        assert!(!k.has_authority_for("a.example"));
+        assert!(k.skipped.is_empty(), "{:?}", k.skipped);
     }
 
     #[test]

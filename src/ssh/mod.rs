@@ -1,6 +1,7 @@
-//! The SSH transport on russh: host resolution from ssh config, host key checks against
-//! known_hosts, authentication, exec channels with streamed output, keepalive-based loss
-//! detection, and a per-host connection pool.
+//! The SSH transport on russh: host resolution from ssh config, TCP, ProxyJump or
+//! ProxyCommand, host key and host certificate checks against known_hosts,
+//! authentication (keys, agent, user certificates), exec channels with streamed output,
+//! keepalive-based loss detection, and a per-host connection pool.
 //!
 //! Every failure before the exec request leaves is a [`ConnectError`] (boundary
 //! `not_sent`); [`Session::exec`] says whether the request left ([`ExecError`]); a lost

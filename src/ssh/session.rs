@@ -1,5 +1,7 @@
-//! One authenticated SSH connection (possibly through ProxyJump hops): connecting with
-//! bounded timeouts, the host key check, keepalives, and remembering why it was lost.
+//! One authenticated SSH connection (directly, through ProxyJump hops, or over a
+//! ProxyCommand's stdio): connecting with bounded timeouts, the host key or host
+//! certificate check (with ssh's `ask` question on a terminal), keepalives, and
+//! remembering why it was lost.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use russh::{kex, Preferred};
 use tokio::sync::Semaphore;
 
 use super::destination::{Destination, StrictMode};
-use super::known_hosts::{self, fingerprint, KnownHosts, Verdict};
+use super::known_hosts::{self, fingerprint, CertVerdict, KnownHosts, Verdict};
 use super::{auth, ConnectError, ConnectStage};
 
 /// Channels one connection runs at once unless told otherwise: sshd's default
@@ -43,6 +45,10 @@ pub(crate) struct Shared {
     pub(crate) lost: Mutex<Option<String>>,
     /// The fingerprint (`SHA256:...`) of the host key this connection accepted.
     pub(crate) host_key: Mutex<Option<String>>,
+    /// A person is being asked about the host key right now.
+    pub(crate) prompting: std::sync::atomic::AtomicBool,
+    /// Time spent waiting for that person, which ConnectTimeout does not count.
+    pub(crate) prompt_spent: Mutex<Duration>,
 }
 
 impl Shared {
@@ -67,19 +73,27 @@ impl client::Handler for Client {
         server_public_key: &PublicKeyOrCertificate,
     ) -> Result<bool, Self::Error> {
         let key = match server_public_key {
-            PublicKeyOrCertificate::PublicKey { key, .. } => key,
-            PublicKeyOrCertificate::Certificate(_) => {
-                self.fail(format!(
-                    "{} presented a host certificate; opmark does not check host certificates",
-                    self.dest.known_hosts_name()
-                ));
-                return Ok(false);
-            }
+            PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            PublicKeyOrCertificate::Certificate(cert) => match self.verify_certificate(cert) {
+                Ok(Some(fp)) => {
+                    if let Ok(mut slot) = self.shared.host_key.lock() {
+                        *slot = Some(fp);
+                    }
+                    return Ok(true);
+                }
+                // No CA line trusts its signer: the plain key inside must stand on its
+                // own in known_hosts, as OpenSSH retries it ("No matching CA found").
+                Ok(None) => russh::keys::PublicKey::new(cert.public_key().clone(), ""),
+                Err(message) => {
+                    self.fail(message);
+                    return Ok(false);
+                }
+            },
         };
-        match self.verify(key) {
+        match self.verify(&key).await {
             Ok(()) => {
                 if let Ok(mut slot) = self.shared.host_key.lock() {
-                    *slot = Some(fingerprint(key));
+                    *slot = Some(fingerprint(&key));
                 }
                 Ok(true)
             }
@@ -132,9 +146,57 @@ impl Client {
         }
     }
 
+    /// A host certificate: `Ok(Some(fingerprint))` when an `@cert-authority` line for this
+    /// host trusts its signer and it is valid (the fingerprint is the certified host
+    /// key's, which identifies the machine); `Ok(None)` when no such line holds its
+    /// signer; an error when it is revoked or not acceptable.
+    fn verify_certificate(
+        &self,
+        cert: &russh::keys::Certificate,
+    ) -> Result<Option<String>, String> {
+        let name = self.dest.known_hosts_name();
+        let principal = self
+            .dest
+            .host_key_alias
+            .clone()
+            .unwrap_or_else(|| self.dest.hostname.clone());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let key = russh::keys::PublicKey::new(cert.public_key().clone(), "");
+        let fp = fingerprint(&key);
+        let ca_fp = cert
+            .signature_key()
+            .fingerprint(russh::keys::HashAlg::Sha256);
+        match self.known.check_certificate(&name, &principal, cert, now) {
+            CertVerdict::Trusted(at) => {
+                tracing::debug!(
+                    "host certificate for {name} (key {fp}, id \"{}\") signed by CA {ca_fp} trusted at {at}",
+                    cert.key_id()
+                );
+                Ok(Some(fp))
+            }
+            CertVerdict::Revoked(at) => Err(format!(
+                "the host certificate of {name} (key {fp}, CA {ca_fp}) uses a key marked @revoked \
+                 at {at}; refusing to connect"
+            )),
+            CertVerdict::Invalid(why) => Err(format!(
+                "the host certificate of {name} (key {fp}, CA {ca_fp}) is refused: {why}"
+            )),
+            CertVerdict::NoAuthority => {
+                tracing::debug!(
+                    "no @cert-authority line for {name} trusts CA {ca_fp}; checking the plain key"
+                );
+                Ok(None)
+            }
+        }
+    }
+
     /// The OpenSSH rules: a known key passes, a revoked or changed key never does, an
-    /// unknown key passes only with `accept-new` (learned) or an explicit `no`.
-    fn verify(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
+    /// unknown key passes only with `accept-new` (learned), `ask` answered yes at the
+    /// terminal (learned), or an explicit `no`.
+    async fn verify(&self, key: &russh::keys::PublicKey) -> Result<(), String> {
         let name = self.dest.known_hosts_name();
         let kind = key.algorithm().as_str().to_string();
         let fp = fingerprint(key);
@@ -163,9 +225,9 @@ impl Client {
                         at.join(", ")
                     ));
                 }
-                match self.dest.strict {
-                    StrictMode::Yes => Err(format!(
-                        "no host key is known for {name} ({kind} {fp}) and strict checking is on. \
+                let refuse = |extra: &str| {
+                    format!(
+                        "no host key is known for {name} ({kind} {fp}) and strict checking is on{extra}. \
                          Verify the fingerprint, then add the key to {} (ssh-keyscan) or set \
                          `StrictHostKeyChecking accept-new`",
                         self.dest
@@ -173,27 +235,24 @@ impl Client {
                             .first()
                             .map(|p| p.display().to_string())
                             .unwrap_or_else(|| "a UserKnownHostsFile".into())
+                    )
+                };
+                match self.dest.strict {
+                    StrictMode::Yes => Err(refuse("")),
+                    StrictMode::Ask if !auth::may_prompt(&self.dest) => Err(refuse(
+                        " (StrictHostKeyChecking ask, but nobody can answer: no terminal on \
+                         stdin, BatchMode, or opmark mcp)",
                     )),
-                    StrictMode::AcceptNew => {
-                        let Some(file) = self.dest.known_hosts.first() else {
-                            return Err(format!(
-                                "cannot learn the host key of {name}: UserKnownHostsFile is none"
-                            ));
-                        };
-                        known_hosts::learn(file, &name, key, self.dest.hash_known_hosts).map_err(
-                            |e| {
-                                format!(
-                                    "cannot add the host key of {name} to {}: {e}",
-                                    file.display()
-                                )
-                            },
-                        )?;
-                        tracing::warn!(
-                            "permanently added {kind} host key {fp} for {name} to {}",
-                            file.display()
-                        );
-                        Ok(())
+                    StrictMode::Ask => {
+                        if self.ask_user(&name, key).await {
+                            self.learn(&name, key)
+                        } else {
+                            Err(format!(
+                                "the {kind} host key {fp} of {name} was not accepted at the prompt"
+                            ))
+                        }
                     }
+                    StrictMode::AcceptNew => self.learn(&name, key),
                     StrictMode::No => {
                         tracing::warn!(
                             "accepting unknown host key {kind} {fp} for {name} (StrictHostKeyChecking no)"
@@ -204,12 +263,69 @@ impl Client {
             }
         }
     }
+
+    /// Appends an accepted unknown key to the first UserKnownHostsFile, as ssh does.
+    fn learn(&self, name: &str, key: &russh::keys::PublicKey) -> Result<(), String> {
+        let kind = key.algorithm().as_str().to_string();
+        let fp = fingerprint(key);
+        let Some(file) = self.dest.known_hosts.first() else {
+            return Err(format!(
+                "cannot learn the host key of {name}: UserKnownHostsFile is none"
+            ));
+        };
+        known_hosts::learn(file, name, key, self.dest.hash_known_hosts).map_err(|e| {
+            format!(
+                "cannot add the host key of {name} to {}: {e}",
+                file.display()
+            )
+        })?;
+        tracing::warn!(
+            "permanently added {kind} host key {fp} for {name} to {}",
+            file.display()
+        );
+        Ok(())
+    }
+
+    /// Asks at the terminal, in ssh's words, whether to trust an unknown key. The time
+    /// spent waiting is kept out of ConnectTimeout (see `handshake_within`).
+    async fn ask_user(&self, name: &str, key: &russh::keys::PublicKey) -> bool {
+        use russh::keys::Algorithm;
+        let kind = match key.algorithm() {
+            Algorithm::Ed25519 => "ED25519".to_string(),
+            Algorithm::Ecdsa { .. } => "ECDSA".to_string(),
+            Algorithm::Rsa { .. } => "RSA".to_string(),
+            other => other.as_str().to_ascii_uppercase(),
+        };
+        let fp = fingerprint(key);
+        let question = format!(
+            "The authenticity of host '{name}' can't be established.\n\
+             {kind} key fingerprint is {fp}.\n\
+             This key is not known by any other names.\n\
+             Are you sure you want to continue connecting (yes/no/[fingerprint])? "
+        );
+        let started = std::time::Instant::now();
+        self.shared
+            .prompting
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let yes = tokio::task::spawn_blocking(move || auth::confirm_on_tty(&question, &fp))
+            .await
+            .unwrap_or(false);
+        if let Ok(mut spent) = self.shared.prompt_spent.lock() {
+            *spent += started.elapsed();
+        }
+        self.shared
+            .prompting
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        yes
+    }
 }
 
 /// One hop's live connection.
 struct Hop {
     handle: Handle<Client>,
     shared: Arc<Shared>,
+    /// The ProxyCommand carrying this hop, killed when the hop is dropped.
+    proxy: Option<tokio::process::Child>,
 }
 
 pub(crate) struct Inner {
@@ -218,6 +334,9 @@ pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     /// Jump connections, kept alive as long as the target's.
     jumps: Vec<Hop>,
+    /// The target's ProxyCommand, if any: held so that it lives exactly as long as the
+    /// session (kill on drop).
+    _proxy: Option<tokio::process::Child>,
     /// Bounds concurrent channels on this connection.
     pub(crate) channels: Arc<Semaphore>,
     pub(crate) dest: Destination,
@@ -266,6 +385,7 @@ impl Session {
                 handle: target.handle,
                 shared: target.shared,
                 jumps,
+                _proxy: target.proxy,
                 channels: Arc::new(Semaphore::new(max_channels.max(1))),
                 dest: dest.clone(),
             }),
@@ -330,6 +450,13 @@ async fn connect_one(
         preferred: Preferred {
             kex: Cow::Borrowed(KEX_ORDER),
             key: Cow::Owned(known.preferred_algorithms(&name, &Preferred::DEFAULT.key)),
+            // Certificates are asked for only where an @cert-authority line can vouch for
+            // one; elsewhere a certificate would only hide the plain key known_hosts holds.
+            host_key_certificates: if known.has_authority_for(&name) {
+                Cow::Owned(Preferred::DEFAULT.key.to_vec())
+            } else {
+                Cow::Borrowed(&[])
+            },
             ..Preferred::DEFAULT
         },
         ..client::Config::default()
@@ -354,10 +481,26 @@ async fn connect_one(
             ),
         )
     };
+    let mut proxy = None;
     let handshake = match via {
+        None if dest.proxy_command.is_some() => {
+            let (child, stream) = spawn_proxy(dest)?;
+            proxy = Some(child);
+            handshake_within(
+                deadline,
+                &shared,
+                client::connect_stream(config, stream, handler),
+            )
+            .await
+        }
         None => {
             let stream = tcp_connect(dest, deadline).await?;
-            tokio::time::timeout_at(deadline, client::connect_stream(config, stream, handler)).await
+            handshake_within(
+                deadline,
+                &shared,
+                client::connect_stream(config, stream, handler),
+            )
+            .await
         }
         Some(jump) => {
             let channel = tokio::time::timeout_at(
@@ -380,20 +523,24 @@ async fn connect_one(
                     ),
                 )
             })?;
-            tokio::time::timeout_at(
+            handshake_within(
                 deadline,
+                &shared,
                 client::connect_stream(config, channel.into_stream(), handler),
             )
             .await
         }
     };
     let mut handle = match handshake {
-        Err(_) => return Err(timeout_err("key exchange with")),
-        Ok(Err(e)) => {
+        None => return Err(timeout_err("key exchange with")),
+        Some(Err(e)) => {
             if let Some((stage, message)) =
                 shared.host_key_failure.lock().ok().and_then(|g| g.clone())
             {
                 return Err(ConnectError::new(stage, message));
+            }
+            if let (Some(child), Some(pc)) = (proxy.as_mut(), dest.proxy_command.as_ref()) {
+                return Err(proxy_failure(child, pc, &dest.display(), &e.to_string()).await);
             }
             let why = shared.lost_reason().unwrap_or_else(|| e.to_string());
             return Err(ConnectError::new(
@@ -401,10 +548,130 @@ async fn connect_one(
                 format!("SSH handshake with {} failed: {why}", dest.display()),
             ));
         }
-        Ok(Ok(handle)) => handle,
+        Some(Ok(handle)) => handle,
     };
     auth::authenticate(&mut handle, dest).await?;
-    Ok(Hop { handle, shared })
+    Ok(Hop {
+        handle,
+        shared,
+        proxy,
+    })
+}
+
+/// Runs the banner and key exchange until `deadline`, not counting the time a person
+/// spends answering the host key question (`StrictHostKeyChecking ask`): ssh's
+/// ConnectTimeout does not run while it waits for the user either. `None` on timeout.
+async fn handshake_within<F: std::future::Future>(
+    deadline: tokio::time::Instant,
+    shared: &Shared,
+    handshake: F,
+) -> Option<F::Output> {
+    tokio::pin!(handshake);
+    let mut until = deadline;
+    loop {
+        match tokio::time::timeout_at(until, &mut handshake).await {
+            Ok(v) => return Some(v),
+            Err(_) if shared.prompting.load(std::sync::atomic::Ordering::Relaxed) => {
+                until = tokio::time::Instant::now() + Duration::from_millis(200);
+            }
+            Err(_) => {
+                let spent = shared.prompt_spent.lock().map(|g| *g).unwrap_or_default();
+                let extended = deadline + spent;
+                if spent.is_zero() || extended <= tokio::time::Instant::now() {
+                    return None;
+                }
+                until = extended;
+            }
+        }
+    }
+}
+
+/// Starts `ProxyCommand` as ssh does (`exec` through the shell, so the command itself is
+/// the child and is what gets killed), with its stdin/stdout as the transport. Its
+/// stderr is opmark's, so the proxy's own complaints reach the user as under ssh.
+fn spawn_proxy(
+    dest: &Destination,
+) -> Result<
+    (
+        tokio::process::Child,
+        tokio::io::Join<tokio::process::ChildStdout, tokio::process::ChildStdin>,
+    ),
+    ConnectError,
+> {
+    let pc = dest
+        .proxy_command
+        .as_ref()
+        .ok_or_else(|| ConnectError::new(ConnectStage::Config, "no ProxyCommand"))?;
+    tracing::debug!("ProxyCommand for {}: {}", dest.display(), pc.command);
+    let mut child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(format!("exec {}", pc.command))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            ConnectError::new(
+                ConnectStage::Connect,
+                format!("{}: cannot start ProxyCommand with /bin/sh: {e}", pc.origin),
+            )
+        })?;
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(ConnectError::new(
+            ConnectStage::Connect,
+            format!("{}: ProxyCommand started without pipes", pc.origin),
+        ));
+    };
+    Ok((child, tokio::io::join(stdout, stdin)))
+}
+
+/// Why the SSH handshake over a ProxyCommand failed. The proxy usually exited: exit 126
+/// or 127 means the shell could not run the command at all, a mistake in the config that
+/// no retry fixes (stage `Config`, exit 246); any other end is a connect failure (the
+/// proxy could not reach the host this time), retryable like a refused TCP connect.
+async fn proxy_failure(
+    child: &mut tokio::process::Child,
+    pc: &super::destination::ProxyCommand,
+    shown: &str,
+    why: &str,
+) -> ConnectError {
+    // The proxy's stdout closes a moment before its exit status is collectable.
+    let status = tokio::time::timeout(Duration::from_secs(1), child.wait())
+        .await
+        .ok()
+        .and_then(|r| r.ok());
+    match status.and_then(|s| s.code()) {
+        Some(code @ (126 | 127)) => ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{}: ProxyCommand `{}` could not run (exit {code}: {}); fix the command in \
+                 the config",
+                pc.origin,
+                pc.command,
+                if code == 127 {
+                    "command not found"
+                } else {
+                    "not executable"
+                }
+            ),
+        ),
+        Some(code) => ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "ProxyCommand `{}` ({}) exited with status {code} before the SSH handshake \
+                 with {shown} finished: {why}",
+                pc.command, pc.origin
+            ),
+        ),
+        None => ConnectError::new(
+            ConnectStage::Connect,
+            format!(
+                "SSH handshake with {shown} over ProxyCommand `{}` ({}) failed: {why}",
+                pc.command, pc.origin
+            ),
+        ),
+    }
 }
 
 /// Resolves the host name (stage `Resolve`) and connects to the first address of the

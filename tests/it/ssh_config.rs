@@ -185,16 +185,10 @@ fn compare(
     if defaults.iter().any(|d| d == "stricthostkeychecking") {
         check("stricthostkeychecking (unset)", "ask".into(), strict);
     } else {
-        // `ask` needs a human; opmark treats it as yes (SPEC §6).
-        let theirs = if strict == "ask" {
-            "true".into()
-        } else {
-            strict
-        };
         check(
             "stricthostkeychecking",
             j["stricthostkeychecking"].as_str().unwrap().into(),
-            theirs,
+            strict,
         );
     }
     check(
@@ -207,7 +201,11 @@ fn compare(
         j["proxyjump"].as_str().unwrap_or("").into(),
         gv("proxyjump"),
     );
-    check("proxycommand", String::new(), gv("proxycommand"));
+    check(
+        "proxycommand",
+        j["proxycommand"].as_str().unwrap_or("").into(),
+        gv("proxycommand"),
+    );
     if defaults.iter().any(|d| d == "connecttimeout") {
         check(
             "connecttimeout (unset)",
@@ -470,7 +468,7 @@ fn unsupported_match_and_options_exit_246_naming_file_and_line() {
     for (text_cfg, needle, line) in [
         ("Host a\n Port 1\nMatch final\n User x\n", "Match final", 3),
         ("Host a\n BindAddress 10.0.0.1\n", "bindaddress", 2),
-        ("Host a\n ProxyCommand nc %h %p\n", "ProxyCommand", 2),
+        ("Host a\n RemoteCommand ls\n", "remotecommand", 2),
         ("\n\nHost a\n Tunnel yes\n", "tunnel", 4),
     ] {
         let cfg = dir.join("cfg");

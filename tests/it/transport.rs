@@ -760,3 +760,653 @@ fn cold_connect_and_exec_latency_against_openssh() {
         median(warm)
     );
 }
+
+/// `opmark --json -F cfg run ARGS`, parsed.
+fn run_json_with(env: &support::Sealed, cfg: &Path, args: &[&str]) -> serde_json::Value {
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(cfg)
+        .args(["--json", "run"])
+        .args(args)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not one JSON document ({e}): {} / {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn proxy_command_nc_carries_the_run_and_the_replay() {
+    crate::require_tool!("nc");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    // The proxy logs the expanded tokens, so the test knows the connection went through it.
+    let proxy_log = dir.join("proxy.log");
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        t,
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand sh -c 'echo %h %p %r %n >> {}; exec nc %h %p'\n",
+            proxy_log.display()
+        ),
+    );
+    let env = support::Sealed::new(crate::test_name!());
+    let effects = dir.join("effects");
+    let cmd = format!("echo ran >> {}; echo via-proxy", effects.display());
+    let first = run_json_with(&env, &cfg, &["t", "--op", "proxied-1", "--", &cmd]);
+    assert_eq!(first["verdict"], "completed", "{first}");
+    assert_eq!(first["stdout"], "via-proxy\n");
+    let second = run_json_with(&env, &cfg, &["t", "--op", "proxied-1", "--", &cmd]);
+    assert_eq!(second["verdict"], "replayed", "{second}");
+    assert_eq!(second["stdout"], "via-proxy\n");
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
+    let log = std::fs::read_to_string(&proxy_log).unwrap();
+    let line = format!("{} {} {} t", t.addr, t.port, t.user);
+    assert!(
+        log.lines().count() >= 2 && log.lines().all(|l| l == line),
+        "every connection went through the ProxyCommand with %h %p %r %n expanded: {log}"
+    );
+}
+
+#[test]
+fn proxy_command_process_ends_with_the_session() {
+    crate::require_tool!("nc");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let pid_file = dir.join("proxy.pid");
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand sh -c 'echo $$ > {}; exec nc %h %p'\n",
+            pid_file.display()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo hi", None).await.stdout, b"hi\n");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .to_string();
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        assert!(proc_dir.exists(), "the proxy runs while the session lives");
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // A reaped or zombie process no longer holds the transport.
+        let alive = || {
+            std::fs::read_to_string(proc_dir.join("stat"))
+                .map(|st| !st.contains(") Z "))
+                .unwrap_or(false)
+        };
+        while alive() {
+            assert!(
+                Instant::now() < deadline,
+                "ProxyCommand pid {pid} outlived its session"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
+
+#[test]
+fn failing_proxy_command_is_not_applied_and_nothing_runs() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let env = support::Sealed::new(crate::test_name!());
+    let effects = dir.join("effects");
+    let cmd = format!("echo ran >> {}", effects.display());
+    // A proxy that cannot reach the host this time: a connect failure, worth a retry.
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        "  ProxyCommand sh -c 'echo proxy-says-no >&2; exit 1'\n",
+    );
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args(["--json", "run", "t", "--op", "p-1", "--", &cmd])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "connect_failed", "{v}");
+    assert_eq!(v["retryable"], true, "{v}");
+    assert!(
+        text(&out.stderr).contains("proxy-says-no"),
+        "the proxy's stderr reaches opmark's: {}",
+        text(&out.stderr)
+    );
+    // A command that does not exist: the config is wrong, no retry can help.
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        lab.known_hosts(),
+        "  ProxyCommand /nonexistent/proxy %h %p\n",
+    );
+    let v = run_json_with(&env, &cfg, &["t", "--op", "p-2", "--", &cmd]);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["retryable"], false, "{v}");
+    assert!(
+        v["reason"].as_str().unwrap_or("").contains("exit 127"),
+        "{v}"
+    );
+    assert!(!effects.exists(), "nothing ran");
+}
+
+/// Signs `pubkey` with the CA key `ca` (`ssh-keygen -s`): a user certificate for
+/// `principal`, or a host certificate (`-h`) when `host`.
+fn sign(ca: &Path, pubkey: &Path, principal: &str, host: bool) -> PathBuf {
+    sign_with(ca, pubkey, principal, host, &[])
+}
+
+/// As [`sign`], with more `ssh-keygen` options (`-V` validity...).
+fn sign_with(ca: &Path, pubkey: &Path, principal: &str, host: bool, extra: &[&str]) -> PathBuf {
+    let mut cmd = Command::new("ssh-keygen");
+    cmd.args(extra)
+        .args(["-q", "-s"])
+        .arg(ca)
+        .args(["-I", "opmark-test", "-n", principal]);
+    if host {
+        cmd.arg("-h");
+    }
+    let out = cmd.arg(pubkey).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let name = pubkey
+        .to_string_lossy()
+        .trim_end_matches(".pub")
+        .to_string();
+    PathBuf::from(format!("{name}-cert.pub"))
+}
+
+/// Appends `lines` to a target's sshd_config and restarts its sshd.
+fn reconfigure_sshd(lab: &Lab, target: &Target, lines: &str) {
+    let mut config = std::fs::read_to_string(target.sshd_config()).unwrap();
+    config.push_str(lines);
+    std::fs::write(target.sshd_config(), config).unwrap();
+    lab.stop_sshd(&target.alias).unwrap();
+    lab.start_sshd(&target.alias).unwrap();
+}
+
+#[test]
+fn user_certificate_via_file_or_agent() {
+    crate::require_tool!("ssh-keygen", "ssh-agent", "ssh-add");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    let ca = dir.join("user_ca");
+    keygen(&ca, "");
+    reconfigure_sshd(
+        &lab,
+        t,
+        &format!("TrustedUserCAKeys {}.pub\n", ca.display()),
+    );
+    // A key the host does not list in authorized_keys: only its certificate can get in.
+    let key = dir.join("certified");
+    keygen(&key, "");
+    let config_for = |extra: &str| {
+        let cfg = custom_config(&lab, &dir, t, lab.known_hosts(), extra);
+        // The lab's key is in authorized_keys; use only the certified key here.
+        let text = std::fs::read_to_string(&cfg).unwrap().replace(
+            &lab.client_key().display().to_string(),
+            &key.display().to_string(),
+        );
+        std::fs::write(&cfg, text).unwrap();
+        cfg
+    };
+    let connects = |cfg: &Path, agent: Option<&Path>| {
+        let mut d = dest_in(cfg, "t");
+        d.agent_socket = agent.map(Path::to_path_buf);
+        rt().block_on(async {
+            match Session::connect(&d).await {
+                Ok(s) => {
+                    assert_eq!(run(&s, "echo in", None).await.stdout, b"in\n");
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+    };
+
+    // No certificate anywhere: the bare key is refused.
+    let e = connects(&config_for(""), None).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Auth, "{e}");
+
+    // `<key>-cert.pub` beside the identity.
+    let cert = sign(&ca, &key.with_extension("pub"), &t.user, false);
+    assert_eq!(cert, dir.join("certified-cert.pub"));
+    connects(&config_for(""), None).unwrap_or_else(|e| panic!("-cert.pub: {e}"));
+
+    // A CertificateFile elsewhere (the -cert.pub moved away).
+    let moved = dir.join("elsewhere.crt");
+    std::fs::rename(&cert, &moved).unwrap();
+    connects(&config_for(""), None).unwrap_err();
+    connects(
+        &config_for(&format!("  CertificateFile {}\n", moved.display())),
+        None,
+    )
+    .unwrap_or_else(|e| panic!("CertificateFile: {e}"));
+
+    // An RSA certificate: signed with rsa-sha2 (OpenSSH refuses ssh-rsa-cert-v01).
+    let rsa = dir.join("certified_rsa");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "rsa", "-b", "2048", "-N", "", "-f"])
+        .arg(&rsa)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    sign(&ca, &rsa.with_extension("pub"), &t.user, false);
+    let rsa_cfg = config_for("");
+    let rsa_text = std::fs::read_to_string(&rsa_cfg)
+        .unwrap()
+        .replace(&key.display().to_string(), &rsa.display().to_string());
+    std::fs::write(&rsa_cfg, rsa_text).unwrap();
+    connects(&rsa_cfg, None).unwrap_or_else(|e| panic!("RSA certificate: {e}"));
+
+    // The agent holding key and certificate (ssh-add loads `<key>-cert.pub`), with no
+    // key or certificate file left for opmark to read.
+    std::fs::rename(&moved, &cert).unwrap();
+    let agent = start_agent(&dir);
+    let out = Command::new("ssh-add")
+        .arg(&key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for f in [&key, &key.with_extension("pub"), &cert] {
+        std::fs::remove_file(f).unwrap();
+    }
+    let cfg_path = config_for("");
+    let cfg = std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .replace("IdentitiesOnly yes", "IdentitiesOnly no");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    connects(&cfg_path, Some(&agent.sock)).unwrap_or_else(|e| panic!("agent certificate: {e}"));
+}
+
+#[test]
+fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
+    crate::require_tool!("ssh-keygen");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    let ca = dir.join("host_ca");
+    keygen(&ca, "");
+    let ca_pub = std::fs::read_to_string(ca.with_extension("pub")).unwrap();
+    let ca_pub = ca_pub.trim();
+    let host_pub = t.dir.join("ssh_host_ed25519_key.pub");
+    let cert = sign(&ca, &host_pub, &t.addr.to_string(), true);
+    reconfigure_sshd(&lab, t, &format!("HostCertificate {}\n", cert.display()));
+    let host_key = std::fs::read_to_string(&host_pub).unwrap();
+    let host_key: Vec<&str> = host_key.split_whitespace().take(2).collect();
+    let host_key = host_key.join(" ");
+    let expected_fp = {
+        let out = Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(&host_pub)
+            .output()
+            .unwrap();
+        text(&out.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    let with_known_hosts = |name: &str, lines: &str| {
+        let kh = dir.join(name);
+        std::fs::write(&kh, lines).unwrap();
+        custom_config(&lab, &dir, t, &kh, "")
+    };
+
+    // Only the CA is known, for a host pattern that covers the target.
+    let cfg = with_known_hosts(
+        "kh_ca",
+        &format!(
+            "@cert-authority {},other.example {ca_pub}\n",
+            t.known_hosts_host()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo certified", None).await.stdout, b"certified\n");
+        assert_eq!(s.host_key().as_deref(), Some(expected_fp.as_str()));
+    });
+
+    // The certified host key revoked: refused though the CA is trusted.
+    let cfg = with_known_hosts(
+        "kh_revoked",
+        &format!("@cert-authority * {ca_pub}\n@revoked * {host_key}\n"),
+    );
+    let marker = dir.join("ran-revoked");
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(
+        e.message.contains("@revoked") && e.message.contains("kh_revoked:2"),
+        "{e}"
+    );
+    assert!(!marker.exists());
+
+    // The CA revoked: refused too.
+    let cfg = with_known_hosts(
+        "kh_ca_revoked",
+        &format!("@cert-authority * {ca_pub}\n@revoked * {ca_pub}\n"),
+    );
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("kh_ca_revoked:2"), "{e}");
+
+    // A CA trusted only for other hosts vouches for nothing here: unknown host.
+    let cfg = with_known_hosts("kh_other", &format!("@cert-authority *.example {ca_pub}\n"));
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("no host key is known"), "{e}");
+
+    // A certificate for another principal is refused, naming why.
+    let wrong = sign(&ca, &host_pub, "someone-else.example", true);
+    assert_eq!(wrong, cert);
+    lab.stop_sshd(&t.alias).unwrap();
+    lab.start_sshd(&t.alias).unwrap();
+    let cfg = with_known_hosts("kh_ca2", &format!("@cert-authority * {ca_pub}\n"));
+    let e = rt().block_on(connect_and_touch(&cfg, &marker));
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(e.message.contains("someone-else.example"), "{e}");
+
+    // Expired, or a user certificate where a host certificate belongs: refused.
+    for (extra, host, why) in [
+        (&["-V", "-2d:-1d"][..], true, "expired"),
+        (&[][..], false, "user certificate"),
+    ] {
+        sign_with(&ca, &host_pub, &t.addr.to_string(), host, extra);
+        lab.stop_sshd(&t.alias).unwrap();
+        lab.start_sshd(&t.alias).unwrap();
+        let e = rt().block_on(connect_and_touch(&cfg, &marker));
+        assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+        assert!(e.message.contains(why), "{why}: {e}");
+    }
+    assert!(!marker.exists());
+}
+
+#[test]
+fn ssh_askpass_gives_the_passphrase_of_an_encrypted_key() {
+    crate::require_tool!("ssh-keygen");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let key = dir.join("encrypted");
+    keygen(&key, "s3cret phrase");
+    lab.authorize_key(&std::fs::read_to_string(key.with_extension("pub")).unwrap())
+        .unwrap();
+    let cfg = custom_config(&lab, &dir, &lab.targets()[0], lab.known_hosts(), "");
+    let text_cfg = std::fs::read_to_string(&cfg).unwrap().replace(
+        &lab.client_key().display().to_string(),
+        &key.display().to_string(),
+    );
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let log = dir.join("askpass.log");
+    let askpass = dir.join("askpass.sh");
+    std::fs::write(
+        &askpass,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$1\" >> {}\necho 's3cret phrase'\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&askpass, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    let asks = || std::fs::read_to_string(&log).map_or(0, |t| t.lines().count());
+    let run_with = |op: &str, vars: &[(&str, &str)], extra: &[&str]| {
+        let mut cmd = env.opmark();
+        cmd.arg("-F").arg(&cfg).env("SSH_ASKPASS", &askpass);
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .args(["--json", "run"])
+            .args(extra)
+            .args(["t", "--op", op, "--", "echo unlocked"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stderr)));
+        v
+    };
+
+    // stdin is not a terminal; a DISPLAY makes ssh (and opmark) use SSH_ASKPASS.
+    let v = run_with("ask-1", &[("DISPLAY", ":0")], &[]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(v["stdout"], "unlocked\n");
+    assert_eq!(asks(), 1);
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .starts_with(&format!("Enter passphrase for key '{}'", key.display())),
+        "the prompt names the key"
+    );
+    // SSH_ASKPASS_REQUIRE=force needs no display.
+    let v = run_with("ask-2", &[("SSH_ASKPASS_REQUIRE", "force")], &[]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(asks(), 2);
+
+    // never, BatchMode, or no display: refused without running the program.
+    for (op, vars, extra) in [
+        (
+            "ask-3",
+            &[("DISPLAY", ":0"), ("SSH_ASKPASS_REQUIRE", "never")][..],
+            &[][..],
+        ),
+        (
+            "ask-4",
+            &[("SSH_ASKPASS_REQUIRE", "force")][..],
+            &["-o", "BatchMode=yes"][..],
+        ),
+        ("ask-5", &[][..], &[][..]),
+    ] {
+        let v = run_with(op, vars, extra);
+        assert_eq!(v["verdict"], "not_applied", "{op}: {v}");
+        assert_eq!(v["reason_code"], "auth_refused", "{op}: {v}");
+        assert!(v["reason"].as_str().unwrap().contains("ssh-add"), "{v}");
+        assert_eq!(asks(), 2, "{op}: askpass must not run");
+    }
+}
+
+/// Runs `opmark -F cfg --json run t --op OP -- echo on-tty` under `script`, so that it has
+/// a terminal, typing `typed` at it. Returns everything the terminal showed.
+fn run_on_tty(env: &support::Sealed, cfg: &Path, op: &str, typed: &str) -> String {
+    use std::io::{Read, Write};
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let line = [
+        env!("CARGO_BIN_EXE_opmark"),
+        "-F",
+        &cfg.display().to_string(),
+        "--json",
+        "run",
+        "t",
+        "--op",
+        op,
+        "--",
+        "echo on-tty",
+    ]
+    .iter()
+    .map(|a| quote(a))
+    .collect::<Vec<_>>()
+    .join(" ");
+    let template = env.opmark();
+    let mut cmd = Command::new("script");
+    cmd.env_clear();
+    for (k, v) in template.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .args(["-q", "-e", "-c", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kept open until opmark is done: script ends the session when its input ends.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(typed.as_bytes()).unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("opmark under script did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    text(&reader.join().unwrap()).replace('\r', "")
+}
+
+/// The JSON verdict at the end of a terminal transcript.
+fn last_json(transcript: &str) -> serde_json::Value {
+    let line = transcript
+        .lines()
+        .rev()
+        .find_map(|l| l.find("{\"").map(|i| &l[i..]))
+        .unwrap_or_else(|| panic!("no JSON in: {transcript}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {transcript}"))
+}
+
+#[test]
+fn strict_ask_prompts_on_a_tty_and_learns_the_key_on_yes() {
+    crate::require_tool!("script");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let kh = dir.join("kh_ask");
+    std::fs::write(&kh, "").unwrap();
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        &kh,
+        "  StrictHostKeyChecking ask\n",
+    );
+    let env = support::Sealed::new(crate::test_name!());
+    let question = "Are you sure you want to continue connecting (yes/no/[fingerprint])?";
+
+    // Nobody at a terminal: `ask` is `yes`, the unknown key refused, nothing asked.
+    let v = run_json_with(&env, &cfg, &["t", "--op", "ask-0", "--", "echo on-tty"]);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("nobody can answer"),
+        "{v}"
+    );
+
+    // A terminal but BatchMode: nobody is asked either.
+    let batch = custom_config(
+        &lab,
+        &dir,
+        &lab.targets()[0],
+        &kh,
+        "  StrictHostKeyChecking ask\n  BatchMode yes\n",
+    );
+    let shown = run_on_tty(&env, &batch, "ask-b", "yes\n");
+    assert!(!shown.contains(question), "{shown}");
+    let v = last_json(&shown);
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert_eq!(std::fs::read_to_string(&kh).unwrap(), "");
+
+    // On a terminal, answered no (after one answer that is neither).
+    let shown = run_on_tty(&env, &cfg, "ask-1", "maybe\nno\n");
+    assert!(shown.contains(question), "{shown}");
+    assert!(
+        shown.contains("ED25519 key fingerprint is SHA256:"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("Please type 'yes', 'no' or the fingerprint:"),
+        "{shown}"
+    );
+    let v = last_json(&shown);
+    assert_eq!(v["verdict"], "not_applied", "{v}");
+    assert_eq!(v["reason_code"], "host_key_rejected", "{v}");
+    assert_eq!(
+        std::fs::read_to_string(&kh).unwrap(),
+        "",
+        "nothing learned on no"
+    );
+
+    // Answered yes: the command runs and the key is added to known_hosts.
+    let shown = run_on_tty(&env, &cfg, "ask-2", "yes\n");
+    assert!(shown.contains(question), "{shown}");
+    let v = last_json(&shown);
+    assert_eq!(v["verdict"], "completed", "{v}");
+    assert_eq!(v["stdout"], "on-tty\n");
+    assert_eq!(std::fs::read_to_string(&kh).unwrap().lines().count(), 1);
+
+    // Known now: no question, no terminal needed.
+    let v = run_json_with(&env, &cfg, &["t", "--op", "ask-3", "--", "echo on-tty"]);
+    assert_eq!(v["verdict"], "completed", "{v}");
+}
+
+#[test]
+fn proxy_command_ssh_w_reaches_a_host_through_an_openssh_bastion() {
+    crate::require_tool!("ssh");
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let target = &lab.targets()[1];
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        target,
+        lab.known_hosts(),
+        &format!(
+            "  ProxyCommand ssh -F {} -o BatchMode=yes -W %h:%p target1\n",
+            lab.ssh_config().display()
+        ),
+    );
+    let d = dest_in(&cfg, "t");
+    rt().block_on(async {
+        let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo via-ssh-w", None).await.stdout, b"via-ssh-w\n");
+    });
+    // Without the bastion there is no way in: a connect failure, nothing sent.
+    lab.stop_sshd("target1").unwrap();
+    let e = rt().block_on(Session::connect(&d)).unwrap_err();
+    assert_eq!(e.stage, ConnectStage::Connect, "{e}");
+    assert!(e.message.contains("ProxyCommand"), "{e}");
+    lab.start_sshd("target1").unwrap();
+}
