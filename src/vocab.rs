@@ -140,6 +140,15 @@ pub enum ReasonCode {
     /// `not_applied`: the host has no util-linux `setsid -f` (busybox's has no `-f`),
     /// which the shim needs to detach the command; nothing ran.
     HostMissingSetsid,
+    /// `not_applied` (fleet runs): this host was never dispatched because `--max-failures`
+    /// hosts had already ended badly; nothing was sent to it.
+    NotDispatchedMaxFailures,
+    /// `not_applied` (fleet runs): this host was never dispatched because an earlier
+    /// `--serial` batch did not complete cleanly; nothing was sent to it.
+    NotDispatchedBatchFailed,
+    /// `in_progress`: `--detach`: the shim acknowledged the claim and the command runs
+    /// on; `opmark run` with the same op id follows or replays it.
+    Detached,
 }
 
 impl ReasonCode {
@@ -154,6 +163,9 @@ impl ReasonCode {
                 | ReasonCode::EarlierDispatchUnknown
                 | ReasonCode::AttemptBudgetSpent
                 | ReasonCode::ClientInterrupted
+                | ReasonCode::NotDispatchedMaxFailures
+                | ReasonCode::NotDispatchedBatchFailed
+                | ReasonCode::Detached
         )
     }
 }
@@ -240,6 +252,9 @@ names!(ReasonCode {
     HostDiskFull => "host_disk_full",
     ShimDidNotStart => "shim_did_not_start",
     HostMissingSetsid => "host_missing_setsid",
+    NotDispatchedMaxFailures => "not_dispatched_max_failures",
+    NotDispatchedBatchFailed => "not_dispatched_batch_failed",
+    Detached => "detached",
 });
 
 impl Verdict {
@@ -292,6 +307,9 @@ mod tests {
             ReasonCode::HostDiskFull,
             ReasonCode::ShimDidNotStart,
             ReasonCode::HostMissingSetsid,
+            ReasonCode::NotDispatchedMaxFailures,
+            ReasonCode::NotDispatchedBatchFailed,
+            ReasonCode::Detached,
         ]
         .into_iter()
         .filter(|c| c.retryable())
@@ -305,7 +323,10 @@ mod tests {
                 "unreachable_after_dispatch",
                 "earlier_dispatch_unknown",
                 "attempt_budget_spent",
-                "client_interrupted"
+                "client_interrupted",
+                "not_dispatched_max_failures",
+                "not_dispatched_batch_failed",
+                "detached"
             ]
         );
     }
