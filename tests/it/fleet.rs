@@ -107,7 +107,12 @@ fn every_host_runs_once_and_a_rerun_replays_on_all() {
     };
     let env = Sealed::new("fleet-once");
     let hosts = aliases(&lab);
-    let cmd = ["--op", "deploy-1", "--", "echo ran >> \"$HOME/effect\"; echo done"];
+    let cmd = [
+        "--op",
+        "deploy-1",
+        "--",
+        "echo ran >> \"$HOME/effect\"; echo done",
+    ];
     let first = run_fleet(&env, &lab, &hosts, &cmd);
     assert_eq!(first.status, 0, "{first:?}");
     assert_eq!(first.json["schema"], "opmark/1");
@@ -242,7 +247,16 @@ fn max_failures_stops_new_dispatches_and_reports_the_rest_as_not_dispatched() {
         &env,
         &lab,
         &hosts,
-        &["--forks", "1", "--max-failures", "1", "--op", "budget-1", "--", cmd],
+        &[
+            "--forks",
+            "1",
+            "--max-failures",
+            "1",
+            "--op",
+            "budget-1",
+            "--",
+            cmd,
+        ],
     );
     let docs = a.hosts();
     assert_eq!(docs["target1"]["verdict"], "completed", "{a:?}");
@@ -264,7 +278,10 @@ fn max_failures_stops_new_dispatches_and_reports_the_rest_as_not_dispatched() {
     let rest = run_fleet(&env, &lab, &hosts, &["--op", "budget-1", "--", cmd]);
     assert_eq!(rest.verdict("target1"), "replayed", "{rest:?}");
     assert_eq!(rest.verdict("target2"), "replayed", "{rest:?}");
-    assert_eq!(rest.status, 1, "a replayed exit 3 among clean hosts: {rest:?}");
+    assert_eq!(
+        rest.status, 1,
+        "a replayed exit 3 among clean hosts: {rest:?}"
+    );
     for host in &hosts {
         assert_eq!(lines_in(&in_home(&lab, host, "effect")), 1, "{host}");
     }
@@ -281,7 +298,12 @@ fn serial_batches_start_only_after_the_previous_batch_completed_cleanly() {
     // not a synchronisation: the assertions read recorded times.
     let cmd = "date +%s%N > \"$HOME/start\"; sleep 0.3; date +%s%N > \"$HOME/end\"; if [ -e \"$HOME/fail\" ]; then exit 2; fi";
     let six = &hosts[..6];
-    let a = run_fleet(&env, &lab, six, &["--serial", "2", "--op", "roll-1", "--", cmd]);
+    let a = run_fleet(
+        &env,
+        &lab,
+        six,
+        &["--serial", "2", "--op", "roll-1", "--", cmd],
+    );
     assert_eq!(a.status, 0, "{a:?}");
     let time = |host: &str, name: &str| -> u128 {
         std::fs::read_to_string(in_home(&lab, host, name))
@@ -302,7 +324,12 @@ fn serial_batches_start_only_after_the_previous_batch_completed_cleanly() {
 
     // A batch that did not complete cleanly stops the roll.
     std::fs::write(in_home(&lab, "target4", "fail"), "").unwrap();
-    let b = run_fleet(&env, &lab, &hosts, &["--serial", "2", "--op", "roll-2", "--", cmd]);
+    let b = run_fleet(
+        &env,
+        &lab,
+        &hosts,
+        &["--serial", "2", "--op", "roll-2", "--", cmd],
+    );
     let docs = b.hosts();
     assert_eq!(docs["target4"]["exit_code"], 2, "{b:?}");
     for host in &hosts[4..] {
@@ -335,9 +362,7 @@ fn one_host_cut_mid_run_is_indeterminate_while_the_others_complete() {
             .args(["--op", "cut-1", "--wait", "3s", "--", cmd]),
     );
     wait_for("every command to start", Duration::from_secs(30), || {
-        hosts
-            .iter()
-            .all(|h| in_home(&lab, h, "started").exists())
+        hosts.iter().all(|h| in_home(&lab, h, "started").exists())
     });
     lab.cut("target2").unwrap();
     for host in ["target1", "target3"] {
@@ -346,7 +371,11 @@ fn one_host_cut_mid_run_is_indeterminate_while_the_others_complete() {
     let a = Fleet::of(child.wait_with_output().unwrap());
     let docs = a.hosts();
     assert_eq!(docs["target2"]["verdict"], "indeterminate", "{a:?}");
-    assert_eq!(docs["target2"]["exit_code"], Value::Null, "unknown is not zero");
+    assert_eq!(
+        docs["target2"]["exit_code"],
+        Value::Null,
+        "unknown is not zero"
+    );
     for host in ["target1", "target3"] {
         assert_eq!(docs[host]["verdict"], "completed", "{host}: {a:?}");
         assert_eq!(docs[host]["exit_code"], 0, "{host}: {a:?}");
@@ -421,7 +450,11 @@ fn bad_hosts_file_lines_are_refused_naming_the_line_and_nothing_is_sent() {
     let env = Sealed::new("fleet-file");
     let dir = fresh_dir("fleet-file");
     let file = dir.join("hosts");
-    std::fs::write(&file, "# web tier\ntarget1\n\ntarget2 # second\n-oProxyCommand=x\n").unwrap();
+    std::fs::write(
+        &file,
+        "# web tier\ntarget1\n\ntarget2 # second\n-oProxyCommand=x\n",
+    )
+    .unwrap();
     let cmd = "echo ran >> \"$HOME/effect\"";
     let out = env
         .opmark_with_lab(&lab)
@@ -452,4 +485,63 @@ fn bad_hosts_file_lines_are_refused_naming_the_line_and_nothing_is_sent() {
     );
     assert_eq!(good.status, 0, "{good:?}");
     assert_eq!(good.hosts().len(), 2, "{good:?}");
+}
+
+#[test]
+fn sigint_during_a_fleet_run_answers_every_host_first_then_exits_130() {
+    let Some(lab) = support::loopback_lab(4) else {
+        return;
+    };
+    let env = Sealed::new("fleet-sigint");
+    let hosts = aliases(&lab);
+    let cmd = "touch \"$HOME/started\"; while [ ! -e \"$HOME/gate\" ]; do sleep 0.05; done; echo ran >> \"$HOME/effect\"";
+    // Three forks for four hosts: the fourth waits for a free fork it never gets.
+    let child = spawn(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "run"])
+            .args(&hosts)
+            .args(["--forks", "3", "--op", "int-1", "--", cmd]),
+    );
+    wait_for("three commands to start", Duration::from_secs(30), || {
+        hosts[..3]
+            .iter()
+            .all(|h| in_home(&lab, h, "started").exists())
+    });
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let a = Fleet::of(child.wait_with_output().unwrap());
+    assert_eq!(a.status, 130, "{a:?}");
+    let docs = a.hosts();
+    for host in &hosts[..3] {
+        assert_eq!(docs[host]["verdict"], "in_progress", "{host}: {a:?}");
+        assert_eq!(docs[host]["reason_code"], "client_interrupted", "{a:?}");
+    }
+    assert_eq!(docs["target4"]["verdict"], "not_applied", "{a:?}");
+    assert_eq!(
+        docs["target4"]["reason_code"], "client_interrupted",
+        "{a:?}"
+    );
+    assert_eq!(docs["target4"]["retryable"], true, "{a:?}");
+    assert!(
+        a.stderr
+            .contains("`opmark run` with op id int-1 follows or replays it"),
+        "{a:?}"
+    );
+    // Detached by design: the started commands finish without their client, once.
+    for host in &hosts {
+        std::fs::write(in_home(&lab, host, "gate"), "").unwrap();
+    }
+    let again = run_fleet(
+        &env,
+        &lab,
+        &hosts,
+        &["--wait", "60s", "--op", "int-1", "--", cmd],
+    );
+    assert_eq!(again.status, 0, "{again:?}");
+    for host in &hosts {
+        assert_eq!(lines_in(&in_home(&lab, host, "effect")), 1, "{host}");
+    }
 }
