@@ -545,3 +545,88 @@ fn sigint_during_a_fleet_run_answers_every_host_first_then_exits_130() {
         assert_eq!(lines_in(&in_home(&lab, host, "effect")), 1, "{host}");
     }
 }
+
+/// The hosts of unresolved operations in the ledger.
+fn unresolved_hosts(env: &Sealed) -> Vec<String> {
+    let out = env
+        .opmark()
+        .args(["--json", "list", "--unresolved"])
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    doc["operations"]
+        .as_array()
+        .map(|ops| {
+            ops.iter()
+                .filter_map(|o| o["host"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn reconcile_records_each_host_as_it_answers_while_a_hung_host_is_still_pending() {
+    let Some(lab) = support::loopback_lab(3) else {
+        return;
+    };
+    let env = Sealed::new("fleet-reconcile");
+    let dir = fresh_dir("fleet-reconcile");
+    // A hung host is given a minute to answer: long past the point the others settle.
+    let cfg = dir.join("ssh_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "ConnectTimeout 60\nInclude {}\n",
+            lab.ssh_config().display()
+        ),
+    )
+    .unwrap();
+    let hosts = aliases(&lab);
+    // A client killed once the command started leaves each operation unresolved.
+    for host in &hosts {
+        let status = env
+            .opmark()
+            .arg("-F")
+            .arg(&cfg)
+            .env("OPMARK_FAULT", "after_started")
+            .args(["run", host, "--op", "rec-1", "--", "true"])
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the fault point killed the client");
+    }
+    let mut pending = unresolved_hosts(&env);
+    pending.sort();
+    assert_eq!(pending, hosts);
+    // target3's sshd stopped: the TCP connection is accepted by the kernel, the SSH
+    // banner never comes.
+    let sshd = lab.target("target3").unwrap().sshd_pid().unwrap();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &sshd.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    let mut reconcile = spawn(
+        env.opmark()
+            .arg("-F")
+            .arg(&cfg)
+            .args(["--json", "reconcile"]),
+    );
+    wait_for(
+        "target1 and target2 to be settled",
+        Duration::from_secs(40),
+        || unresolved_hosts(&env) == ["target3"],
+    );
+    let still_running = reconcile.try_wait().unwrap().is_none();
+    signal("-CONT");
+    let out = reconcile.wait_with_output().unwrap();
+    assert!(
+        still_running,
+        "reconcile had already ended: {}",
+        text(&out.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["operations"].as_array().unwrap().len(), 3, "{doc}");
+}
