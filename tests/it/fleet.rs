@@ -145,6 +145,26 @@ fn every_host_runs_once_and_a_rerun_replays_on_all() {
             "{host} ran exactly once"
         );
     }
+
+    // `show` without --host: every host of the op, grouped.
+    let shown = env.opmark().args(["show", "deploy-1"]).output().unwrap();
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let shown = text(&shown.stdout);
+    for host in &hosts {
+        assert!(
+            shown.contains(&format!("operation deploy-1 on {host}\n")),
+            "{host} missing: {shown}"
+        );
+    }
+    let doc: Value = serde_json::from_slice(
+        &env.opmark()
+            .args(["--json", "show", "deploy-1"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(doc["hosts"].as_array().unwrap().len(), 8, "{doc}");
 }
 
 #[test]
