@@ -650,3 +650,46 @@ fn reconcile_records_each_host_as_it_answers_while_a_hung_host_is_still_pending(
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["operations"].as_array().unwrap().len(), 3, "{doc}");
 }
+
+#[test]
+fn a_progress_line_is_drawn_only_when_stderr_is_a_terminal() {
+    let Some(lab) = support::loopback_lab(2) else {
+        return;
+    };
+    if !support::require_tool("script") {
+        return;
+    }
+    let env = Sealed::new("fleet-progress");
+    let line = format!(
+        "{} -F {} run target1 target2 --op prog-1 -- true < /dev/null",
+        env!("CARGO_BIN_EXE_opmark"),
+        lab.ssh_config().display()
+    );
+    // opmark's sealed environment, for script and so for opmark under it.
+    let sealed = env.opmark();
+    let out = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::null())
+        .output()
+        .expect("script runs");
+    let transcript = text(&out.stdout);
+    assert!(
+        transcript.contains("opmark: 2/2 done, 0 running, 0 failed"),
+        "{transcript}"
+    );
+
+    // Not a terminal: no progress line, only the summary.
+    let piped = env
+        .opmark_with_lab(&lab)
+        .args(["run", "target1", "target2", "--op", "prog-2", "--", "true"])
+        .output()
+        .unwrap();
+    let stderr = text(&piped.stderr);
+    assert!(!stderr.contains(" done, "), "{stderr}");
+    assert!(
+        stderr.contains("opmark: target2: completed, exit 0"),
+        "{stderr}"
+    );
+}
