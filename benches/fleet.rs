@@ -78,8 +78,8 @@ fn opmark_binary() -> PathBuf {
     }
 }
 
-/// Peak resident memory of one run, from GNU time's `Maximum resident set size`.
-fn peak_kib(cmd: &Command) -> Option<u64> {
+/// Peak resident memory (KiB) and CPU time (user + system) of one run, from GNU time.
+fn peak_and_cpu(cmd: &Command) -> Option<(u64, f64)> {
     let mut timed = Command::new("/usr/bin/time");
     timed.arg("-v").arg(cmd.get_program()).args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
@@ -88,11 +88,17 @@ fn peak_kib(cmd: &Command) -> Option<u64> {
         }
     }
     let out = timed.stdin(Stdio::null()).output().ok()?;
-    String::from_utf8_lossy(&out.stderr).lines().find_map(|l| {
-        l.trim()
-            .strip_prefix("Maximum resident set size (kbytes):")
-            .and_then(|v| v.trim().parse().ok())
-    })
+    let report = String::from_utf8_lossy(&out.stderr).into_owned();
+    let field = |name: &str| -> Option<f64> {
+        report.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix(name)
+                .and_then(|v| v.trim().parse().ok())
+        })
+    };
+    let peak = field("Maximum resident set size (kbytes):")?;
+    let cpu = field("User time (seconds):")? + field("System time (seconds):")?;
+    Some((peak as u64, cpu))
 }
 
 fn main() {
@@ -130,7 +136,7 @@ fn main() {
     };
     let mut rows: Vec<(&str, Option<Duration>)> = Vec::new();
     rows.push(("opmark run (20 hosts)", Some(time(opmark_cmd))));
-    let peak = peak_kib(&opmark_cmd(usize::MAX - 1));
+    let peak = peak_and_cpu(&opmark_cmd(usize::MAX - 1));
 
     rows.push((
         "xargs -P20 ssh",
@@ -200,8 +206,8 @@ fn main() {
         }
     }
     match peak {
-        Some(kib) => println!(
-            "  peak memory of the 20-host opmark run: {:.1} MiB",
+        Some((kib, cpu)) => println!(
+            "  the 20-host opmark run: peak memory {:.1} MiB, CPU {cpu:.2} s (user + system)",
             kib as f64 / 1024.0
         ),
         None => println!("  peak memory: skipped (/usr/bin/time -v unavailable)"),
