@@ -319,7 +319,11 @@ async fn run_on_hosts(
     let policy = common::load_policy(global)?;
     // Opened here once so that a ledger problem is one error before any host is tried;
     // the host tasks open their own handles.
-    let key = common::open_ledger(global, &policy)?.key().clone();
+    let ledger = common::open_ledger(global, &policy)?;
+    let key = ledger.key().clone();
+    // To tell the caller about evidence this run found contradicting the ledger.
+    let known = ledger.operations_by_id(op.as_str())?;
+    drop(ledger);
     let stdin = match spool_stdin(global, &args, &op, given, &interrupts).await? {
         Ok(stdin) => stdin,
         Err(status) => return Ok(status),
@@ -386,6 +390,24 @@ async fn run_on_hosts(
     }
     for result in &results {
         summary_line(result);
+    }
+    if let Ok(now) = common::open_ledger(global, shared.policy.as_ref())
+        .and_then(|l| Ok(l.operations_by_id(op.as_str())?))
+    {
+        for record in now {
+            let before = known
+                .iter()
+                .find(|r| r.host == record.host)
+                .map_or(0, |r| r.contradictions);
+            if record.contradictions > before {
+                crate::logging::say(format_args!(
+                    "opmark: {}: CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {}); see `opmark show {op} --host {}`",
+                    record.host,
+                    record.exit_code.map_or("unknown".to_owned(), |c| c.to_string()),
+                    record.host
+                ));
+            }
+        }
     }
     if let Some(signal) = interrupts.received() {
         return Ok(signal.exit_code());
