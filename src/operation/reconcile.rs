@@ -377,11 +377,13 @@ type HostWork = (Result<Destination, ConnectError>, Vec<HostOp>);
 
 /// Reconciles `candidates`: contacts their hosts (reached by `resolve`, given the
 /// candidate and the route its events record), records what the evidence settles, and
-/// returns one row each, in the order given.
+/// returns one row each, in the order given. `progress` is told (operations recorded,
+/// operations in all) each time a host's findings are recorded.
 pub async fn reconcile(
     ledger: &mut Ledger,
     candidates: Vec<Candidate>,
     resolve: impl Fn(&Candidate, Option<&crate::ssh::Route>) -> Result<Destination, ConnectError>,
+    mut progress: impl FnMut(usize, usize),
 ) -> Result<Vec<Outcome>, Error> {
     // Group by host and route: one connection per way of reaching a host, hosts in
     // parallel.
@@ -438,6 +440,10 @@ pub async fn reconcile(
                 for (i, ev) in found {
                     outcomes[i] = Some(record(ledger, i, &ev)?);
                 }
+                progress(
+                    outcomes.iter().filter(|o| o.is_some()).count(),
+                    candidates.len(),
+                );
             }
             Ok::<(), Error>(())
         })

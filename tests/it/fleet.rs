@@ -693,3 +693,50 @@ fn a_progress_line_is_drawn_only_when_stderr_is_a_terminal() {
         "{stderr}"
     );
 }
+
+#[test]
+fn reconcile_draws_its_progress_only_on_a_terminal() {
+    let Some(lab) = support::loopback_lab(2) else {
+        return;
+    };
+    if !support::require_tool("script") {
+        return;
+    }
+    let env = Sealed::new("fleet-reconcile-progress");
+    let hosts = aliases(&lab);
+    let leave_unresolved = |op: &str| {
+        for host in &hosts {
+            let status = env
+                .opmark_with_lab(&lab)
+                .env("OPMARK_FAULT", "after_started")
+                .args(["run", host, "--op", op, "--", "true"])
+                .status()
+                .unwrap();
+            assert!(!status.success(), "the fault point killed the client");
+        }
+    };
+    leave_unresolved("recp-1");
+    let line = format!(
+        "{} -F {} reconcile < /dev/null",
+        env!("CARGO_BIN_EXE_opmark"),
+        lab.ssh_config().display()
+    );
+    let sealed = env.opmark();
+    let out = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(Stdio::null())
+        .output()
+        .expect("script runs");
+    let transcript = text(&out.stdout);
+    assert!(
+        transcript.contains("opmark: reconciled 2/2 operations"),
+        "{transcript}"
+    );
+
+    leave_unresolved("recp-2");
+    let piped = env.opmark_with_lab(&lab).arg("reconcile").output().unwrap();
+    let all = text(&piped.stdout) + &text(&piped.stderr);
+    assert!(!all.contains("reconciled 2/2"), "{all}");
+}
