@@ -65,16 +65,25 @@ With --json, stdout is one JSON line (schema opmark/1) with `verdict`, `reason_c
 Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
-  in_progress    still_running*, client_interrupted*
-  not_applied    connect_failed*, client_interrupted*, name_unresolvable,
+  in_progress    still_running*, client_interrupted*, detached*
+  not_applied    connect_failed*, client_interrupted*, not_dispatched_max_failures*,
+                 not_dispatched_batch_failed*, name_unresolvable,
                  host_key_rejected, auth_refused, fenced, shim_cannot_start,
+                 shim_did_not_start, host_missing_setsid, host_disk_full,
                  resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
-                 attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch
+                 attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch,
+                 host_disk_full
   conflict       conflict_on_host, conflict_in_ledger
   blocked        approval_required (a human reruns with --approve NOTE)
   refused        policy_denied, invalid_input
 Errors outside a verdict are {\"error\": {reason_code, message, retryable}}.
+
+Several hosts (or --hosts-file): one operation per host under the same op id. Exit 0
+when every host completed or replayed with exit 0; else the reserved code of the most
+severe verdict (indeterminate > conflict > blocked > not_applied > in_progress >
+refused); 1 when all completed or replayed but some exit status was non-zero. --json
+prints {\"schema\",\"hosts\":[one run document per host],\"summary\"}.
 
 Without a terminal on stdin (or with -o BatchMode=yes) opmark never prompts: a key that
 needs a passphrase and no agent fails at once with auth_refused.";
@@ -143,6 +152,45 @@ pub struct GlobalArgs {
     pub verbose: u8,
 }
 
+/// How `run` spreads one operation over several hosts (SPEC section 11), and `--detach`.
+#[derive(Debug, Args, Clone)]
+pub struct FleetArgs {
+    /// Read more hosts from FILE: one a line, `#` comments and blank lines ignored.
+    #[arg(long = "hosts-file", value_name = "FILE")]
+    pub hosts_file: Option<PathBuf>,
+    /// Run at most N hosts at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub forks: usize,
+    /// Stop dispatching to new hosts once N hosts ended in anything but completed or
+    /// replayed with exit 0 (hosts already dispatched finish and are reported).
+    #[arg(long = "max-failures", value_name = "N")]
+    pub max_failures: Option<usize>,
+    /// Rolling batches of N hosts: the next batch starts only when every host of the
+    /// previous one completed or replayed with exit 0.
+    #[arg(long, value_name = "N")]
+    pub serial: Option<usize>,
+    /// Do not prefix output lines with `host: ` when several hosts run.
+    #[arg(long = "no-prefix")]
+    pub no_prefix: bool,
+    /// Return `in_progress` (reason code `detached`) as soon as the host acknowledged the
+    /// claim; the command runs on, and `opmark run` with the same op id follows or replays.
+    #[arg(long)]
+    pub detach: bool,
+}
+
+impl Default for FleetArgs {
+    fn default() -> Self {
+        FleetArgs {
+            hosts_file: None,
+            forks: 32,
+            max_failures: None,
+            serial: None,
+            no_prefix: false,
+            detach: false,
+        }
+    }
+}
+
 /// Where to connect, OpenSSH style, shared by every subcommand that talks to a host.
 #[derive(Debug, Args, Clone, Default)]
 pub struct HostArgs {
@@ -197,7 +245,7 @@ pub enum Resolution {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run CMD on HOST as one operation (at most one execution per op id and host).
+    /// Run CMD on each HOST as one operation (at most one execution per op id and host).
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show the state of an operation's marker on its host (absent, running, completed,
@@ -301,8 +349,10 @@ pub struct ConfigArgs {
 /// `opmark run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Host alias from the ssh config, or [user@]host.
-    pub host: String,
+    /// Host alias from the ssh config, or [user@]host; several for a fleet run (one
+    /// operation per host, same op id).
+    #[arg(value_name = "HOST", required_unless_present = "hosts_file")]
+    pub hosts: Vec<String>,
     /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent.
     #[arg(long = "op", value_name = "ID")]
     pub op: Option<String>,
@@ -332,6 +382,9 @@ pub struct RunArgs {
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,
+    /// Several hosts at once, and detaching.
+    #[command(flatten)]
+    pub fleet: FleetArgs,
     /// The command; its words are joined by spaces and run by `sh -c` on the host, as ssh does.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -140,6 +140,15 @@ pub enum ReasonCode {
     /// `not_applied`: the host has no util-linux `setsid -f` (busybox's has no `-f`),
     /// which the shim needs to detach the command; nothing ran.
     HostMissingSetsid,
+    /// `not_applied` (fleet runs): this host was never dispatched because `--max-failures`
+    /// hosts had already ended badly; nothing was sent to it.
+    NotDispatchedMaxFailures,
+    /// `not_applied` (fleet runs): this host was never dispatched because an earlier
+    /// `--serial` batch did not complete cleanly; nothing was sent to it.
+    NotDispatchedBatchFailed,
+    /// `in_progress`: `--detach`: the shim acknowledged the claim and the command runs
+    /// on; `opmark run` with the same op id follows or replays it.
+    Detached,
 }
 
 impl ReasonCode {
@@ -154,6 +163,9 @@ impl ReasonCode {
                 | ReasonCode::EarlierDispatchUnknown
                 | ReasonCode::AttemptBudgetSpent
                 | ReasonCode::ClientInterrupted
+                | ReasonCode::NotDispatchedMaxFailures
+                | ReasonCode::NotDispatchedBatchFailed
+                | ReasonCode::Detached
         )
     }
 }
@@ -161,6 +173,9 @@ impl ReasonCode {
 macro_rules! names {
     ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$(<$ty>::$variant),+];
+
             /// The snake_case name used in JSON, the ledger and messages.
             pub fn as_str(self) -> &'static str {
                 match self { $(<$ty>::$variant => $name),+ }
@@ -240,6 +255,9 @@ names!(ReasonCode {
     HostDiskFull => "host_disk_full",
     ShimDidNotStart => "shim_did_not_start",
     HostMissingSetsid => "host_missing_setsid",
+    NotDispatchedMaxFailures => "not_dispatched_max_failures",
+    NotDispatchedBatchFailed => "not_dispatched_batch_failed",
+    Detached => "detached",
 });
 
 impl Verdict {
@@ -264,39 +282,11 @@ mod tests {
 
     #[test]
     fn only_causes_that_can_pass_without_a_human_are_retryable() {
-        let retryable: Vec<&str> = [
-            ReasonCode::CommandExited,
-            ReasonCode::ReplayedFromHost,
-            ReasonCode::ReplayedFromLedger,
-            ReasonCode::StillRunning,
-            ReasonCode::ConnectFailed,
-            ReasonCode::NameUnresolvable,
-            ReasonCode::HostKeyRejected,
-            ReasonCode::AuthRefused,
-            ReasonCode::Fenced,
-            ReasonCode::ShimCannotStart,
-            ReasonCode::ConflictOnHost,
-            ReasonCode::ConflictInLedger,
-            ReasonCode::PolicyDenied,
-            ReasonCode::InvalidInput,
-            ReasonCode::ApprovalRequired,
-            ReasonCode::InterruptedNeedsApproval,
-            ReasonCode::UnreachableAfterDispatch,
-            ReasonCode::EarlierDispatchUnknown,
-            ReasonCode::AttemptBudgetSpent,
-            ReasonCode::ResolvedApplied,
-            ReasonCode::ResolvedNotApplied,
-            ReasonCode::ResolvedAbandoned,
-            ReasonCode::HostKeyMismatch,
-            ReasonCode::ClientInterrupted,
-            ReasonCode::HostDiskFull,
-            ReasonCode::ShimDidNotStart,
-            ReasonCode::HostMissingSetsid,
-        ]
-        .into_iter()
-        .filter(|c| c.retryable())
-        .map(ReasonCode::as_str)
-        .collect();
+        let retryable: Vec<&str> = ReasonCode::ALL
+            .iter()
+            .filter(|c| c.retryable())
+            .map(|c| c.as_str())
+            .collect();
         assert_eq!(
             retryable,
             [
@@ -305,7 +295,10 @@ mod tests {
                 "unreachable_after_dispatch",
                 "earlier_dispatch_unknown",
                 "attempt_budget_spent",
-                "client_interrupted"
+                "client_interrupted",
+                "not_dispatched_max_failures",
+                "not_dispatched_batch_failed",
+                "detached"
             ]
         );
     }

@@ -3,6 +3,8 @@
 //! Contradicted operations (SPEC section 3) in scope are reported too, and keep the exit
 //! status at 1: evidence that disagrees is never settled away.
 
+use std::io::{IsTerminal, Write};
+
 use serde::Serialize;
 
 use super::common;
@@ -101,9 +103,24 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
         Vec::new()
     } else {
         let runtime = common::runtime()?;
-        runtime.block_on(reconcile::reconcile(&mut ledger, candidates, |c, route| {
-            reach(global, &c.record.host, &HostArgs::default(), route)
-        }))?
+        // Drawn only for a person watching: a pipe or a JSON reader gets the answer only.
+        let show_progress = !global.json && std::io::stderr().is_terminal();
+        let outcomes = runtime.block_on(reconcile::reconcile(
+            &mut ledger,
+            candidates,
+            |c, route| reach(global, &c.record.host, &HostArgs::default(), route),
+            |done, total| {
+                if show_progress {
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(err, "\r\x1b[Kopmark: reconciled {done}/{total} operations")
+                        .and_then(|()| err.flush());
+                }
+            },
+        ))?;
+        if show_progress {
+            let _ = write!(std::io::stderr(), "\r\x1b[K");
+        }
+        outcomes
     };
     let contradicted: Vec<Contradicted> = ledger
         .list(&ListFilter {

@@ -47,28 +47,20 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
         Some(full) => full,
         None => return Err(redacted_error(not_found())),
     };
-    let host =
-        match &args.host {
-            Some(h) => h.clone(),
-            None => {
-                let hosts = ledger
-                    .hosts_of(op.as_str())
-                    .map_err(|e| redacted_error(e.into()))?;
-                match hosts.as_slice() {
-                    [] => return Err(redacted_error(not_found())),
-                    [one] => one.clone(),
-                    many => {
-                        return Err(redacted_error(Error::new(
-                            ErrorKind::InvalidInput,
-                            format!(
-                            "operation `{op}` exists on several hosts ({}); pick one with --host",
-                            many.iter().map(|h| printable(h)).collect::<Vec<_>>().join(", ")
-                        ),
-                        )))
-                    }
-                }
+    let host = match &args.host {
+        Some(h) => h.clone(),
+        None => {
+            let hosts = ledger
+                .hosts_of(op.as_str())
+                .map_err(|e| redacted_error(e.into()))?;
+            match hosts.as_slice() {
+                [] => return Err(redacted_error(not_found())),
+                [one] => one.clone(),
+                // A fleet run's op id (SPEC section 11): every host's timeline.
+                many => return show_hosts(global, &ledger, &op, many),
             }
-        };
+        }
+    };
     let key = OpKey::new(op.as_str(), host);
     let record = ledger
         .operation(&key)
@@ -145,6 +137,41 @@ fn complete_op_id(ledger: &Ledger, given: &OpId, host: Option<&str>) -> Result<O
             ))
         }
     }
+}
+
+/// Every host of an operation run on several hosts, grouped: the text timelines one
+/// after the other, or `{"op_id", "hosts": [<the one-host document>...]}`.
+fn show_hosts(global: &GlobalArgs, ledger: &Ledger, op: &OpId, hosts: &[String]) -> Result<u8> {
+    let mut docs = Vec::new();
+    let mut text = String::new();
+    for host in hosts {
+        let key = OpKey::new(op.as_str(), host.clone());
+        let record = ledger
+            .operation(&key)
+            .map_err(|e| redacted_error(e.into()))?;
+        let events = ledger.events(&key).map_err(|e| redacted_error(e.into()))?;
+        if global.json {
+            docs.push(serde_json::json!({
+                "operation": record,
+                "outcome": outcome(record.as_ref(), &events),
+                "attempts": attempts(&events),
+                "observations": observations(&events),
+                "contradictions": contradictions(&events),
+                "events": events,
+            }));
+        } else {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&render(&key, record.as_ref(), &events));
+        }
+    }
+    if global.json {
+        super::common::print_json(&serde_json::json!({ "op_id": op.as_str(), "hosts": docs }))?;
+    } else {
+        print!("{text}");
+    }
+    Ok(exit_code::OK)
 }
 
 /// The text form: header, then one line per event (wrapped to 80 columns).

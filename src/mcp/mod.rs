@@ -31,8 +31,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::cli::{
-    CancelArgs, FamilyArg, GlobalArgs, HostArgs, ListArgs, ProbeArgs, ReconcileArgs, RunArgs,
-    ShowArgs,
+    CancelArgs, FamilyArg, FleetArgs, GlobalArgs, HostArgs, ListArgs, ProbeArgs, ReconcileArgs,
+    RunArgs, ShowArgs,
 };
 use crate::commands::{self, common};
 use crate::duration::parse_duration;
@@ -416,7 +416,7 @@ fn run_args(p: &RunParams) -> Result<RunArgs> {
         })
         .transpose()?;
     Ok(RunArgs {
-        host: p.host.clone(),
+        hosts: vec![p.host.clone()],
         op: Some(p.op_id.clone()),
         class,
         stdin: p.stdin.is_some(),
@@ -426,6 +426,7 @@ fn run_args(p: &RunParams) -> Result<RunArgs> {
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
         host_args: HostArgs::default(),
+        fleet: FleetArgs::default(),
         command: vec![p.command.clone()],
     })
 }

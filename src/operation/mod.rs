@@ -6,8 +6,11 @@
 //! - [`interrupt`]: SIGINT/SIGTERM/SIGHUP to the client, answered by [`run_interruptible`].
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
 //! - [`identity`]: which machine an operation ran on, and the host key check.
+//! - [`fleet`]: one operation on many hosts (SPEC section 11): forks, failure budget,
+//!   rolling batches, the combined answer.
 
 pub mod call;
+pub mod fleet;
 pub mod identity;
 pub mod interrupt;
 pub mod output;
@@ -63,6 +66,11 @@ pub struct RunInput {
     pub live_output: bool,
     /// Per-stream output cap on the host.
     pub output_cap: u64,
+    /// Live output lines start with this (`host: `) when several hosts run.
+    pub prefix: Option<String>,
+    /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
+    /// acknowledged the claim, leaving the command running.
+    pub detach: bool,
 }
 
 /// What the process using the library shares with a run.
@@ -208,6 +216,8 @@ pub async fn run_interruptible(
     };
     let key = OpKey::new(input.op.as_str(), host_name.clone());
     let family_policy = env.policy.family(family).clone();
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let detach = input.detach;
     let mut runner = Runner {
         ledger: RunLedger::new(env.ledger),
         pool: env.pool,
@@ -222,7 +232,10 @@ pub async fn run_interruptible(
         attempts: Vec::new(),
         budget: input.attempts.unwrap_or(family_policy.attempts).max(1),
         after_interrupted: family_policy.after_interrupted,
-        output: Output::new(input.live_output),
+        output: match (&input.prefix, input.live_output) {
+            (Some(prefix), true) => Output::prefixed(prefix.clone()),
+            _ => Output::new(input.live_output),
+        },
         exit: None,
         attempt_base: 0,
         prior_dispatch: None,
@@ -232,6 +245,7 @@ pub async fn run_interruptible(
         interrupts: interrupts.clone(),
         in_flight: None,
         dispatched: false,
+        started: started.clone(),
         input,
     };
 
@@ -337,13 +351,16 @@ pub async fn run_interruptible(
     }
     runner.begin(first_reason, first_parent)?;
     // Biased: once a signal is in, the run is never polled again, so nothing more leaves.
+    // `--detach` leaves at the claim acknowledgement, which the observer announces.
     let driven = tokio::select! {
         biased;
-        signal = interrupts.wait() => Err(signal),
+        signal = interrupts.wait() => Err(Some(signal)),
         report = runner.drive(&dest) => Ok(report),
+        () = started.notified(), if detach => Err(None),
     };
     match driven {
-        Err(signal) => runner.interrupted(signal),
+        Err(Some(signal)) => runner.interrupted(signal),
+        Err(None) => runner.detached(),
         // After dispatch with a ledger that stopped taking writes (a retry could not be
         // recorded, so it was not sent): the caller still gets a verdict, and it claims
         // no more than the evidence.
@@ -399,6 +416,8 @@ struct Runner<'a> {
     in_flight: Option<Boundary>,
     /// A `run` request of this invocation may have reached the host.
     dispatched: bool,
+    /// Notified when the shim acknowledges a claim of this invocation (for `--detach`).
+    started: std::sync::Arc<tokio::sync::Notify>,
     input: RunInput,
 }
 
@@ -537,6 +556,7 @@ impl<'a> Runner<'a> {
                     attempts: &mut self.attempts,
                     output: &mut self.output,
                     in_flight: &mut self.in_flight,
+                    started: &self.started,
                     error: None,
                 };
                 let end = call_shim(&session, &verb, stdin, &mut observer).await;
@@ -1534,6 +1554,19 @@ impl<'a> Runner<'a> {
         self.finish(answer)
     }
 
+    /// `--detach`: the shim acknowledged the claim (recorded as `started`); the command
+    /// runs on, detached by design, and the verdict says exactly that.
+    fn detached(&mut self) -> Result<RunReport, Error> {
+        let attempt = self.attempts.last().map(|a| a.attempt_id.clone());
+        let op = &self.key.op_id;
+        let host = &self.key.host;
+        let reason = format!(
+            "detached: the shim claimed the marker and started the command, which keeps running on {host}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+        );
+        let answer = Answer::new(Verdict::InProgress, attempt, ReasonCode::Detached, reason);
+        self.finish(answer)
+    }
+
     fn report(&self, answer: Answer) -> RunReport {
         RunReport {
             op_id: self.key.op_id.clone(),
@@ -1702,6 +1735,8 @@ struct RunObserver<'r, 'a> {
     output: &'r mut Output,
     /// Raised to `started` on the claim acknowledgement, for an interruption mid-call.
     in_flight: &'r mut Option<Boundary>,
+    /// Told of the claim acknowledgement once it is recorded (for `--detach`).
+    started: &'r tokio::sync::Notify,
     error: Option<LedgerError>,
 }
 
@@ -1726,8 +1761,13 @@ impl CallObserver for RunObserver<'_, '_> {
                 Boundary::Started,
                 "the shim claimed the marker and started the command",
             );
-            if let Err(e) = result {
-                self.error.get_or_insert(e);
+            match result {
+                // Only a recorded `started` may end a detached run: the ledger must know
+                // the command may be running before the caller is told it is.
+                Ok(()) => self.started.notify_one(),
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                }
             }
             fault_point("after_started");
         }

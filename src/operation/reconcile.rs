@@ -1,6 +1,8 @@
 //! Reconcile: probe the hosts of unresolved operations and settle what the evidence
 //! settles (SPEC sections 3 and 8). Host work runs concurrently (one connection per host,
-//! a bounded number of hosts at once); the decisions are made by [`settle`], a pure
+//! a bounded number of hosts at once), and each host's findings are recorded as soon as
+//! that host answers, so a slow or dead host holds up no other host's records (SPEC
+//! section 11); the decisions are made by [`settle`], a pure
 //! function of the operation's events and what its host said, so they can be tested
 //! without a host.
 //!
@@ -38,8 +40,9 @@ use crate::vocab::Boundary;
 use super::call::{call_shim, CallEnd, FramesOnly};
 use super::identity::{self, Recorded};
 
-/// Hosts worked on at once.
-pub const HOST_CONCURRENCY: usize = 8;
+/// Hosts worked on at once: as `run --forks` by default. A dead host holds one slot for
+/// its connect timeout; with few slots a handful of dead hosts would stall the rest.
+pub const HOST_CONCURRENCY: usize = 32;
 /// Shim calls in flight at once on one host's connection.
 pub const CALLS_PER_HOST: usize = 4;
 
@@ -374,19 +377,29 @@ type HostWork = (Result<Destination, ConnectError>, Vec<HostOp>);
 
 /// Reconciles `candidates`: contacts their hosts (reached by `resolve`, given the
 /// candidate and the route its events record), records what the evidence settles, and
-/// returns one row each, in the order given.
+/// returns one row each, in the order given. `progress` is told (operations recorded,
+/// operations in all) each time a host's findings are recorded.
 pub async fn reconcile(
     ledger: &mut Ledger,
     candidates: Vec<Candidate>,
     resolve: impl Fn(&Candidate, Option<&crate::ssh::Route>) -> Result<Destination, ConnectError>,
+    mut progress: impl FnMut(usize, usize),
 ) -> Result<Vec<Outcome>, Error> {
     // Group by host and route: one connection per way of reaching a host, hosts in
     // parallel.
     let mut by_host: BTreeMap<(String, String), HostWork> = BTreeMap::new();
-    let mut evidence: Vec<Option<Evidence>> = vec![None; candidates.len()];
+    let mut outcomes: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
+    // Settles one operation and records it at once.
+    let record = |ledger: &mut Ledger, i: usize, ev: &Evidence| -> Result<Outcome, Error> {
+        let c = &candidates[i];
+        let s = settle(c, ev);
+        let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
+        ledger.append_many(&key, &s.events, Durability::Normal)?;
+        Ok(s.outcome)
+    };
     for (i, c) in candidates.iter().enumerate() {
         if !needs_host(&c.events) {
-            evidence[i] = Some(Evidence::NotContacted);
+            outcomes[i] = Some(record(ledger, i, &Evidence::NotContacted)?);
             continue;
         }
         let op = OpId::parse(&c.record.op_id).map_err(|e| {
@@ -425,21 +438,24 @@ pub async fn reconcile(
                     Error::new(ErrorKind::Internal, format!("a reconcile task failed: {e}"))
                 })?;
                 for (i, ev) in found {
-                    evidence[i] = Some(ev);
+                    outcomes[i] = Some(record(ledger, i, &ev)?);
                 }
+                progress(
+                    outcomes.iter().filter(|o| o.is_some()).count(),
+                    candidates.len(),
+                );
             }
             Ok::<(), Error>(())
         })
         .await?;
-    let mut outcomes = Vec::with_capacity(candidates.len());
-    for (c, ev) in candidates.iter().zip(evidence) {
-        let ev = ev.unwrap_or_else(|| Evidence::Unreachable("no answer".into()));
-        let s = settle(c, &ev);
-        let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
-        ledger.append_many(&key, &s.events, Durability::Normal)?;
-        outcomes.push(s.outcome);
+    let mut rows = Vec::with_capacity(candidates.len());
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        rows.push(match outcome {
+            Some(o) => o,
+            None => record(ledger, i, &Evidence::Unreachable("no answer".into()))?,
+        });
     }
-    Ok(outcomes)
+    Ok(rows)
 }
 
 /// Probes (and fences when due) every operation of one host over one connection, each

@@ -190,7 +190,7 @@ fn run_help_lists_every_reason_code_with_its_retryable_flag() {
         })
         .filter(|(w, _)| w.parse::<opmark::vocab::ReasonCode>().is_ok())
         .collect();
-    for code in ALL_REASON_CODES {
+    for &code in opmark::vocab::ReasonCode::ALL {
         let rows: Vec<_> = listed.iter().filter(|(w, _)| w == code.as_str()).collect();
         assert!(!rows.is_empty(), "{code} not in run --help:\n{help}");
         for (_, starred) in rows {
@@ -203,43 +203,12 @@ fn run_help_lists_every_reason_code_with_its_retryable_flag() {
     }
 }
 
-/// Every reason code, with the `retryable` SPEC section 2 gives it.
-const ALL_REASON_CODES: [opmark::vocab::ReasonCode; 24] = {
-    use opmark::vocab::ReasonCode as R;
-    [
-        R::CommandExited,
-        R::ReplayedFromHost,
-        R::ReplayedFromLedger,
-        R::StillRunning,
-        R::ConnectFailed,
-        R::NameUnresolvable,
-        R::HostKeyRejected,
-        R::AuthRefused,
-        R::Fenced,
-        R::ShimCannotStart,
-        R::ConflictOnHost,
-        R::ConflictInLedger,
-        R::PolicyDenied,
-        R::InvalidInput,
-        R::ApprovalRequired,
-        R::InterruptedNeedsApproval,
-        R::UnreachableAfterDispatch,
-        R::EarlierDispatchUnknown,
-        R::AttemptBudgetSpent,
-        R::ResolvedApplied,
-        R::ResolvedNotApplied,
-        R::ResolvedAbandoned,
-        R::HostKeyMismatch,
-        R::ClientInterrupted,
-    ]
-};
-
 #[test]
 fn retryable_is_right_for_each_reason_code() {
     use opmark::vocab::ReasonCode as R;
     // SPEC 2: true only when a rerun with the same op id may change the outcome without
     // a human; permanent causes are false.
-    let table: [(R, bool); 24] = [
+    let table = [
         (R::CommandExited, false),
         (R::ReplayedFromHost, false),
         (R::ReplayedFromLedger, false),
@@ -264,11 +233,18 @@ fn retryable_is_right_for_each_reason_code() {
         (R::ResolvedAbandoned, false),
         (R::HostKeyMismatch, false),
         (R::ClientInterrupted, true),
+        (R::HostDiskFull, false),
+        (R::ShimDidNotStart, false),
+        (R::HostMissingSetsid, false),
+        (R::NotDispatchedMaxFailures, true),
+        (R::NotDispatchedBatchFailed, true),
+        (R::Detached, true),
     ];
     for (code, retryable) in table {
         assert_eq!(code.retryable(), retryable, "{code}");
     }
-    assert_eq!(table.map(|(c, _)| c), ALL_REASON_CODES);
+    // A new code must come with its row here (and in run --help and the schema).
+    assert_eq!(table.map(|(c, _)| c).as_slice(), R::ALL);
 }
 
 #[test]
@@ -323,6 +299,27 @@ fn stats_says_which_conflicts_it_counts() {
 
 #[test]
 fn run_document_matches_the_published_json_schema() {
+    // The schema names every reason code there is, and nothing else.
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/run.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut in_schema: Vec<&str> = schema["properties"]["reason_code"]["enum"]
+        .as_array()
+        .expect("a reason_code enum in the schema")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let mut all: Vec<&str> = opmark::vocab::ReasonCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    in_schema.sort_unstable();
+    all.sort_unstable();
+    assert_eq!(in_schema, all);
     let Some(lab) = crate::loopback_lab!(1) else {
         return;
     };

@@ -6,6 +6,7 @@ mod cancel;
 mod chaos;
 mod cli;
 mod docker;
+mod fleet;
 mod hosts;
 mod integrity;
 mod json;

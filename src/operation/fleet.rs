@@ -1,0 +1,460 @@
+//! One operation on many hosts (SPEC section 11): each host runs its own operation (same
+//! op id, its own marker and ledger key) through [`super::run_interruptible`], up to
+//! `--forks` at once in this process's runtime, with a failure budget (`--max-failures`)
+//! and rolling batches (`--serial`). Hosts never dispatched get a `not_applied` verdict
+//! that says why, with nothing recorded or sent for them.
+//!
+//! Each host task opens its own ledger handle: the per-host lifecycle writes its intent
+//! and attempt durably before its dispatch exactly as a single `run` does, and SQLite
+//! serialises the writers (`BEGIN IMMEDIATE`), so no host waits on another's network.
+//! The host tasks are local to one thread (a `LocalSet`): a lifecycle holds its SQLite
+//! connection, which is not `Sync`, across awaits. The SSH sessions' own tasks still run
+//! on the runtime's workers, and the hosts' waiting is what overlaps.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::task::JoinSet;
+
+use crate::error::Error;
+use crate::ledger::fingerprint::{self, InstallationKey, Intent};
+use crate::ledger::Ledger;
+use crate::policy::Policy;
+use crate::ssh::Pool;
+use crate::vocab::{ReasonCode, Verdict};
+
+use super::interrupt::Interrupts;
+use super::{RunEnv, RunInput, RunReport};
+
+/// How the hosts are scheduled.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Hosts running at once (at least 1).
+    pub forks: usize,
+    /// Stop dispatching after this many hosts ended badly.
+    pub max_failures: Option<usize>,
+    /// Rolling batches of this many hosts; the next starts only after a clean batch.
+    pub serial: Option<usize>,
+}
+
+/// What every host's operation shares: the policy, the fingerprint key, the session and
+/// the connection pool; `open_ledger` gives each host task its own ledger handle.
+pub struct Shared {
+    /// The policy in effect for every host.
+    pub policy: Arc<Policy>,
+    /// The per-installation fingerprint key.
+    pub key: InstallationKey,
+    /// This session's id.
+    pub session_id: String,
+    /// SSH connections of this process.
+    pub pool: Arc<Pool>,
+    /// Opens a ledger handle (one per host task).
+    pub open_ledger: Arc<dyn Fn() -> Result<Ledger, Error> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("session_id", &self.session_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One host's end: its run document, or opmark's own failure for that host (a ledger
+/// that could not be opened or written, a malformed ssh config).
+#[derive(Debug)]
+pub struct HostResult {
+    /// The host as given.
+    pub host: String,
+    /// The verdict, or the error that stopped this host's run.
+    pub outcome: Result<RunReport, Error>,
+}
+
+impl HostResult {
+    /// Completed or replayed with exit 0: the only outcome that does not count against
+    /// `--max-failures` and lets the next `--serial` batch start.
+    pub fn is_clean(&self) -> bool {
+        matches!(&self.outcome, Ok(r) if matches!(r.verdict, Verdict::Completed | Verdict::Replayed)
+            && r.exit_code.unwrap_or(0) == 0)
+    }
+}
+
+/// Counts for a progress line: hosts finished, running now, finished badly.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    /// Hosts with an answer.
+    pub done: usize,
+    /// Hosts dispatched and not yet answered.
+    pub running: usize,
+    /// Hosts answered with anything but completed/replayed with exit 0.
+    pub failed: usize,
+    /// Every host of the run.
+    pub total: usize,
+}
+
+/// Runs `inputs` (one per host, in the given order) under `plan`; answers one result per
+/// host in the same order. `progress` is told after every change of the counts.
+pub async fn run_fleet(
+    shared: &Shared,
+    inputs: Vec<RunInput>,
+    plan: Plan,
+    interrupts: &Interrupts,
+    progress: impl FnMut(Progress),
+) -> Vec<HostResult> {
+    tokio::task::LocalSet::new()
+        .run_until(schedule(shared, inputs, plan, interrupts, progress))
+        .await
+}
+
+async fn schedule(
+    shared: &Shared,
+    inputs: Vec<RunInput>,
+    plan: Plan,
+    interrupts: &Interrupts,
+    mut progress: impl FnMut(Progress),
+) -> Vec<HostResult> {
+    let total = inputs.len();
+    let mut results: Vec<Option<HostResult>> = (0..total).map(|_| None).collect();
+    let batch_len = plan.serial.unwrap_or(total).max(1);
+    let forks = plan.forks.max(1);
+    let mut counts = Progress {
+        total,
+        ..Progress::default()
+    };
+    // Why the rest is not dispatched, once something says stop.
+    let mut stop: Option<ReasonCode> = None;
+    let mut queue = inputs.into_iter().enumerate().peekable();
+    while queue.peek().is_some() {
+        let batch: Vec<(usize, RunInput)> = queue.by_ref().take(batch_len).collect();
+        let mut batch_clean = true;
+        let mut pending = batch.into_iter();
+        let mut running: JoinSet<(usize, HostResult)> = JoinSet::new();
+        loop {
+            if interrupts.received().is_some() {
+                stop.get_or_insert(ReasonCode::ClientInterrupted);
+            }
+            while stop.is_none() && running.len() < forks {
+                let Some((index, input)) = pending.next() else {
+                    break;
+                };
+                spawn_host(&mut running, shared, index, input, interrupts.clone());
+                counts.running += 1;
+                progress(counts);
+            }
+            if stop.is_some() {
+                for (index, input) in pending.by_ref() {
+                    results[index] = Some(not_dispatched(
+                        shared,
+                        &input,
+                        stop.unwrap_or(ReasonCode::ClientInterrupted),
+                    ));
+                }
+            }
+            // A signal must stop new dispatches at once, not after the running hosts end.
+            let joined = tokio::select! {
+                joined = running.join_next() => joined,
+                _ = interrupts.wait(), if stop.is_none() => continue,
+            };
+            let Some(joined) = joined else { break };
+            let (index, result) = match joined {
+                Ok(done) => done,
+                // A host task panicked: an opmark bug, surfaced as such.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            };
+            counts.running -= 1;
+            counts.done += 1;
+            if !result.is_clean() {
+                counts.failed += 1;
+                batch_clean = false;
+                if plan.max_failures.is_some_and(|max| counts.failed >= max) {
+                    stop.get_or_insert(ReasonCode::NotDispatchedMaxFailures);
+                }
+            }
+            progress(counts);
+            results[index] = Some(result);
+        }
+        if !batch_clean && plan.serial.is_some() {
+            stop.get_or_insert(ReasonCode::NotDispatchedBatchFailed);
+        }
+        if let Some(code) = stop {
+            for (index, input) in queue.by_ref() {
+                results[index] = Some(not_dispatched(shared, &input, code));
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every host gets an answer (fleet bug)"))
+        .collect()
+}
+
+fn spawn_host(
+    running: &mut JoinSet<(usize, HostResult)>,
+    shared: &Shared,
+    index: usize,
+    input: RunInput,
+    interrupts: Interrupts,
+) {
+    let policy = shared.policy.clone();
+    let pool = shared.pool.clone();
+    let key = shared.key.clone();
+    let session_id = shared.session_id.clone();
+    let open_ledger = shared.open_ledger.clone();
+    let host = input.host.host.clone();
+    running.spawn_local(async move {
+        let outcome = async {
+            let mut ledger = open_ledger()?;
+            super::run_interruptible(
+                RunEnv {
+                    ledger: &mut ledger,
+                    policy: &policy,
+                    key: &key,
+                    session_id,
+                    pool: &pool,
+                },
+                input,
+                &interrupts,
+            )
+            .await
+        }
+        .await;
+        // An error names no host of its own; among many, the caller needs to know which.
+        let outcome = outcome.map_err(|mut e| {
+            e.message = format!("{host}: {}", e.message);
+            e
+        });
+        (index, HostResult { host, outcome })
+    });
+}
+
+/// The answer for a host never dispatched: `not_applied`, nothing recorded or sent, and
+/// a rerun with the same op id runs it (at most once).
+fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostResult {
+    let why = match code {
+        ReasonCode::NotDispatchedMaxFailures => "--max-failures hosts had already ended badly",
+        ReasonCode::NotDispatchedBatchFailed => {
+            "an earlier --serial batch did not complete cleanly"
+        }
+        _ => "the client was interrupted",
+    };
+    let host = input.host.host.clone();
+    let reason = format!(
+        "not dispatched: {why}; nothing was recorded or sent for {host}. `opmark run` with op id {} runs it (at most once)",
+        input.op
+    );
+    let classification = shared.policy.classify(&input.command);
+    let mut family = classification.family;
+    if let Some(class) = input.class {
+        family = family.max(class);
+    }
+    let rule = classification
+        .parts
+        .iter()
+        .find(|p| p.family == classification.family)
+        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
+    let stdin_sha = input.stdin.as_ref().map(|s| {
+        let d: [u8; 32] = Sha256::digest(s).into();
+        d
+    });
+    let intent = Intent {
+        command: &input.command,
+        stdin_sha256: stdin_sha,
+    };
+    HostResult {
+        host: host.clone(),
+        outcome: Ok(RunReport {
+            op_id: input.op.to_string(),
+            host,
+            attempt_id: None,
+            family,
+            verdict: Verdict::NotApplied,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            attempts: Vec::new(),
+            fingerprint: fingerprint::ledger_fingerprint(&intent, &shared.key),
+            reason,
+            reason_code: code,
+            retryable: code.retryable(),
+            rule,
+            timed_out: false,
+            dropped: (0, 0),
+            ledger_error: None,
+            truncated: false,
+            kept: (0, 0),
+        }),
+    }
+}
+
+/// The `summary` of the fleet document: how many hosts, how many clean, and the count
+/// of each verdict.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    /// Hosts in the run.
+    pub hosts: usize,
+    /// Completed or replayed with exit 0.
+    pub ok: usize,
+    /// Anything else (errors included).
+    pub failed: usize,
+    /// Hosts never dispatched (a subset of `failed`).
+    pub not_dispatched: usize,
+    /// Hosts per verdict (`error` for opmark's own failures).
+    pub verdicts: BTreeMap<String, usize>,
+    /// The process exit status.
+    pub exit_status: u8,
+}
+
+impl Summary {
+    /// The summary of `results`.
+    pub fn of(results: &[HostResult]) -> Summary {
+        let mut verdicts = BTreeMap::new();
+        let mut ok = 0;
+        let mut not_dispatched = 0;
+        for r in results {
+            ok += usize::from(r.is_clean());
+            let name = match &r.outcome {
+                Ok(report) => {
+                    if matches!(
+                        report.reason_code,
+                        ReasonCode::NotDispatchedMaxFailures | ReasonCode::NotDispatchedBatchFailed
+                    ) {
+                        not_dispatched += 1;
+                    }
+                    report.verdict.to_string()
+                }
+                Err(_) => "error".to_owned(),
+            };
+            *verdicts.entry(name).or_insert(0) += 1;
+        }
+        Summary {
+            hosts: results.len(),
+            ok,
+            failed: results.len() - ok,
+            not_dispatched,
+            verdicts,
+            exit_status: exit_status(results),
+        }
+    }
+}
+
+/// SPEC section 11: 0 when every host completed or replayed with exit 0; else the
+/// reserved code of the most severe verdict; 1 when every verdict is completed or
+/// replayed but some exit status was not 0. opmark's own failure on a host (ledger,
+/// config) outranks every verdict: its exit code names what to fix here first.
+pub fn exit_status(results: &[HostResult]) -> u8 {
+    if let Some(e) = results.iter().find_map(|r| r.outcome.as_ref().err()) {
+        return e.kind.exit_code();
+    }
+    let worst = results
+        .iter()
+        .filter_map(|r| r.outcome.as_ref().ok())
+        .map(|r| r.verdict)
+        .max_by_key(|v| severity(*v));
+    match worst {
+        Some(v) if severity(v) > 0 => v.reserved_exit_code().unwrap_or(1),
+        _ if results.iter().all(HostResult::is_clean) => 0,
+        _ => 1,
+    }
+}
+
+/// The order of SPEC section 11: indeterminate > conflict > blocked > not_applied >
+/// in_progress > refused; completed and replayed rank below every other verdict.
+fn severity(v: Verdict) -> u8 {
+    match v {
+        Verdict::Completed | Verdict::Replayed => 0,
+        Verdict::Refused => 1,
+        Verdict::InProgress => 2,
+        Verdict::NotApplied => 3,
+        Verdict::Blocked => 4,
+        Verdict::Conflict => 5,
+        Verdict::Indeterminate => 6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use crate::family::Family;
+
+    fn host(verdict: Verdict, exit_code: Option<i32>) -> HostResult {
+        HostResult {
+            host: "h".into(),
+            outcome: Ok(RunReport {
+                op_id: "op".into(),
+                host: "h".into(),
+                attempt_id: None,
+                family: Family::ReadOnly,
+                verdict,
+                exit_code,
+                stdout: String::new(),
+                stderr: String::new(),
+                attempts: Vec::new(),
+                fingerprint: String::new(),
+                reason: String::new(),
+                reason_code: ReasonCode::CommandExited,
+                retryable: false,
+                rule: String::new(),
+                timed_out: false,
+                dropped: (0, 0),
+                ledger_error: None,
+                truncated: false,
+                kept: (0, 0),
+            }),
+        }
+    }
+
+    #[test]
+    fn every_host_clean_exits_zero() {
+        let all = [
+            host(Verdict::Completed, Some(0)),
+            host(Verdict::Replayed, Some(0)),
+        ];
+        assert_eq!(exit_status(&all), 0);
+    }
+
+    #[test]
+    fn a_nonzero_command_exit_among_clean_verdicts_exits_one() {
+        let all = [
+            host(Verdict::Completed, Some(0)),
+            host(Verdict::Replayed, Some(3)),
+        ];
+        assert_eq!(exit_status(&all), 1);
+    }
+
+    #[test]
+    fn the_most_severe_verdict_decides_the_exit_status() {
+        let order = [
+            Verdict::Refused,
+            Verdict::InProgress,
+            Verdict::NotApplied,
+            Verdict::Blocked,
+            Verdict::Conflict,
+            Verdict::Indeterminate,
+        ];
+        for (i, worst) in order.iter().enumerate() {
+            let mut all: Vec<HostResult> = order[..=i].iter().map(|v| host(*v, None)).collect();
+            all.push(host(Verdict::Completed, Some(7)));
+            all.reverse();
+            assert_eq!(
+                exit_status(&all),
+                worst.reserved_exit_code().unwrap(),
+                "worst {worst}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_on_one_host_outranks_every_verdict() {
+        let all = [
+            host(Verdict::Indeterminate, None),
+            HostResult {
+                host: "h".into(),
+                outcome: Err(Error::new(ErrorKind::Config, "bad")),
+            },
+        ];
+        assert_eq!(exit_status(&all), ErrorKind::Config.exit_code());
+    }
+}
