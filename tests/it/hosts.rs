@@ -154,6 +154,8 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             .arg(&call.exec)
             .env("XDG_STATE_HOME", &state)
             .env("HOME", &state)
+            // A disposable test host, whose state may be under /tmp (a clone there).
+            .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
             .current_dir(&state)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
