@@ -1161,15 +1161,15 @@ new_nonce || {
 	printf 'opmark-shim: cannot read /dev/urandom\n' >&3
 	exit 3
 }
-hello
 # Act only when the replies reach the client (sshd gives pipes or sockets). A startup
 # file that sent our output elsewhere (`exec >/dev/null`) would let a claim happen that
 # the client never hears of, while a channel that closes without our header is its
-# evidence that nothing ran.
+# evidence that nothing ran. Checked before hello, which points stdout at /dev/null.
 for tb in 1 3; do
 	[ -e "/dev/fd/$tb" ] || continue
 	[ -p "/dev/fd/$tb" ] || [ -S "/dev/fd/$tb" ] || exit 3
 done
+hello
 case $verb in
 run) verb_run "$@" ;;
 probe) verb_probe "$@" ;;
