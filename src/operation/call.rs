@@ -140,11 +140,15 @@ pub async fn call_shim(
     let mut replies = Vec::new();
     let mut finished = false;
     let mut exit_status = None;
+    let mut exited = false;
     loop {
         let event = exec.next().await;
-        if let ExecEvent::ExitStatus(s) = event {
-            exit_status = Some(s);
+        match &event {
+            ExecEvent::ExitStatus(s) => exit_status = Some(*s),
+            ExecEvent::ExitSignal { .. } => exited = true,
+            _ => {}
         }
+        exited |= exit_status.is_some();
         let pushed = match &event {
             ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
             ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
@@ -170,6 +174,12 @@ pub async fn call_shim(
                     frames.push(f);
                 }
             }
+        }
+        if finished && exited {
+            // The outcome is known and the shim is gone: nothing after this can change
+            // it. Waiting for sshd's EOF and close costs a round trip (and, with sshd's
+            // Nagle, a delayed-ACK stall); dropping the channel abandons it instead.
+            return CallEnd::Finished(frames);
         }
         match event {
             ExecEvent::Closed => {
