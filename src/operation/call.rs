@@ -112,114 +112,153 @@ fn without_digests(text: &str) -> String {
 }
 
 /// Runs `verb` through the shim on `session`, streaming to `observer`.
+///
+/// The first try runs the host's cached shim, so the common call sends no script. A host
+/// without a good copy answers that it needs the script, having run nothing (not even
+/// the shim: no claim, no frame), and the call is made again with the script, which the
+/// host then keeps: one more exchange, on the first call to a host (or every call where
+/// neither `sha256sum` nor `shasum` exists to check a copy).
 pub async fn call_shim(
     session: &Session,
     verb: &Verb<'_>,
     stdin: Option<Vec<u8>>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
+    let cached = Invocation::cached(verb, stdin.as_deref());
+    match exchange(session, verb, cached, true, observer).await {
+        Exchange::End(end) => return end,
+        Exchange::NeedScript => tracing::debug!("the host has no usable cached shim; sending it"),
+    }
     let call = Invocation::new(verb, stdin.as_deref());
     drop(stdin);
-    let mut exec = match session.exec(&call.exec, Some(call.data)).await {
-        Ok(exec) => exec,
-        Err(ExecError::NotSent(why)) => return CallEnd::NotSent(why),
-        Err(ExecError::Lost(why)) => {
-            return CallEnd::Lost {
-                frames: Vec::new(),
-                shim_started: false,
-                reason: why,
-                never_started: None,
+    match exchange(session, verb, call, false, observer).await {
+        Exchange::End(end) => end,
+        Exchange::NeedScript => unreachable!("only a cached call can ask for the script"),
+    }
+}
+
+/// How one exchange with the stub ended.
+enum Exchange {
+    End(CallEnd),
+    /// The stub found no good cached shim and ran nothing.
+    NeedScript,
+}
+
+/// One exec of the stub; `cached` when the data does not carry the script.
+async fn exchange(
+    session: &Session,
+    verb: &Verb<'_>,
+    mut call: Invocation,
+    cached: bool,
+    observer: &mut dyn CallObserver,
+) -> Exchange {
+    let data = std::mem::take(&mut call.data);
+    let end = 'call: {
+        let mut exec = match session.exec(&call.exec, Some(data)).await {
+            Ok(exec) => exec,
+            Err(ExecError::NotSent(why)) => break 'call CallEnd::NotSent(why),
+            Err(ExecError::Lost(why)) => {
+                break 'call CallEnd::Lost {
+                    frames: Vec::new(),
+                    shim_started: false,
+                    reason: why,
+                    never_started: None,
+                }
+            }
+        };
+        if let Verb::Run(_) = verb {
+            super::fault_point("after_dispatch");
+        }
+        let mut parser = ReplyParser::expecting(&call.token);
+        let mut frames = Vec::new();
+        let mut replies = Vec::new();
+        let mut finished = false;
+        let mut exit_status = None;
+        let mut exited = false;
+        loop {
+            let event = exec.next().await;
+            match &event {
+                ExecEvent::ExitStatus(s) => exit_status = Some(*s),
+                ExecEvent::ExitSignal { .. } => exited = true,
+                _ => {}
+            }
+            exited |= exit_status.is_some();
+            let pushed = match &event {
+                ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
+                ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
+                _ => Ok(()),
+            };
+            if let Err(e) = pushed {
+                // A reply we cannot read is as good as a lost one: the evidence must come from
+                // a probe, never from a guess.
+                break 'call CallEnd::Lost {
+                    frames,
+                    shim_started: parser.shim_started(),
+                    reason: e.to_string(),
+                    never_started: None,
+                };
+            }
+            for reply in replies.drain(..) {
+                match reply {
+                    Reply::Stdout(b) => observer.stdout(&b),
+                    Reply::Stderr(b) => observer.stderr(&b),
+                    Reply::Frame(f) => {
+                        observer.frame(&f);
+                        finished |= f.is_final();
+                        frames.push(f);
+                    }
+                }
+            }
+            if finished && exited {
+                // The outcome is known and the shim is gone: nothing after this can change
+                // it. Waiting for sshd's EOF and close costs a round trip (and, with sshd's
+                // Nagle, a delayed-ACK stall); dropping the channel abandons it instead.
+                break 'call CallEnd::Finished(frames);
+            }
+            match event {
+                ExecEvent::Closed => {
+                    break 'call if finished {
+                        CallEnd::Finished(frames)
+                    } else if !parser.header_seen() {
+                        if cached && call.asked_for_script(&parser.preamble(4096).0) {
+                            return Exchange::NeedScript;
+                        }
+                        // An orderly close delivers everything the host wrote; the shim writes
+                        // its header before it touches anything (and stops if its output goes
+                        // elsewhere), so no header means no claim.
+                        let never = NeverStarted::new(exit_status, &parser);
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: false,
+                            reason: never.describe(),
+                            never_started: Some(never),
+                        }
+                    } else {
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: parser.shim_started(),
+                            reason: "the channel closed before the shim's final frame".into(),
+                            never_started: None,
+                        }
+                    };
+                }
+                ExecEvent::Lost(why) => {
+                    break 'call if finished {
+                        CallEnd::Finished(frames)
+                    } else {
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: parser.shim_started(),
+                            reason: why,
+                            never_started: None,
+                        }
+                    };
+                }
+                _ => {}
             }
         }
     };
-    if let Verb::Run(_) = verb {
-        super::fault_point("after_dispatch");
-    }
-    let mut parser = ReplyParser::expecting(&call.token);
-    let mut frames = Vec::new();
-    let mut replies = Vec::new();
-    let mut finished = false;
-    let mut exit_status = None;
-    let mut exited = false;
-    loop {
-        let event = exec.next().await;
-        match &event {
-            ExecEvent::ExitStatus(s) => exit_status = Some(*s),
-            ExecEvent::ExitSignal { .. } => exited = true,
-            _ => {}
-        }
-        exited |= exit_status.is_some();
-        let pushed = match &event {
-            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
-            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
-            _ => Ok(()),
-        };
-        if let Err(e) = pushed {
-            // A reply we cannot read is as good as a lost one: the evidence must come from
-            // a probe, never from a guess.
-            return CallEnd::Lost {
-                frames,
-                shim_started: parser.shim_started(),
-                reason: e.to_string(),
-                never_started: None,
-            };
-        }
-        for reply in replies.drain(..) {
-            match reply {
-                Reply::Stdout(b) => observer.stdout(&b),
-                Reply::Stderr(b) => observer.stderr(&b),
-                Reply::Frame(f) => {
-                    observer.frame(&f);
-                    finished |= f.is_final();
-                    frames.push(f);
-                }
-            }
-        }
-        if finished && exited {
-            // The outcome is known and the shim is gone: nothing after this can change
-            // it. Waiting for sshd's EOF and close costs a round trip (and, with sshd's
-            // Nagle, a delayed-ACK stall); dropping the channel abandons it instead.
-            return CallEnd::Finished(frames);
-        }
-        match event {
-            ExecEvent::Closed => {
-                return if finished {
-                    CallEnd::Finished(frames)
-                } else if !parser.header_seen() {
-                    // An orderly close delivers everything the host wrote; the shim writes
-                    // its header before it touches anything (and stops if its output goes
-                    // elsewhere), so no header means no claim.
-                    let never = NeverStarted::new(exit_status, &parser);
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: false,
-                        reason: never.describe(),
-                        never_started: Some(never),
-                    }
-                } else {
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: parser.shim_started(),
-                        reason: "the channel closed before the shim's final frame".into(),
-                        never_started: None,
-                    }
-                };
-            }
-            ExecEvent::Lost(why) => {
-                return if finished {
-                    CallEnd::Finished(frames)
-                } else {
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: parser.shim_started(),
-                        reason: why,
-                        never_started: None,
-                    }
-                };
-            }
-            _ => {}
-        }
-    }
+    Exchange::End(end)
 }
 
 /// An observer that keeps frames only (probe, fence, gc, doctor).
