@@ -1,7 +1,8 @@
 # shellcheck shell=sh
 # opmark host shim: claims an operation marker atomically, runs the command detached,
-# records its exit status durably, and answers probes. Delivered by the opmark client on
-# every call (nothing is installed on the host); runs under dash, bash and busybox ash.
+# records its exit status durably, and answers probes. Delivered by the opmark client
+# (nothing is installed on the host by hand) and kept by the host in its marker root
+# under its sha256 (see Invocation); runs under dash, bash and busybox ash.
 #
 # Invocation (built by src/shim/mod.rs): the exec request is a one-line stub that any
 # login shell can run (sh, bash, zsh, fish, tcsh). Usually it runs this script from the
