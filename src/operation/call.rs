@@ -212,7 +212,14 @@ async fn exchange(
             if finished && exited {
                 // The outcome is known and the shim is gone: nothing after this can change
                 // it. Waiting for sshd's EOF and close costs a round trip (and, with sshd's
-                // Nagle, a delayed-ACK stall); dropping the channel abandons it instead.
+                // Nagle, a delayed-ACK stall), so the caller does not. The channel is
+                // drained in the background instead of dropped: it keeps its place under
+                // the connection's channel limit until sshd has closed it, so a pooled
+                // connection never opens more channels than sshd's MaxSessions. A process
+                // that exits now simply drops the task.
+                tokio::spawn(async move {
+                    while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
+                });
                 break 'call CallEnd::Finished(frames);
             }
             match event {
