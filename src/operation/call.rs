@@ -3,7 +3,7 @@
 //! call ended (final frame, never sent, lost on the way, or a shim that never started).
 
 use crate::shim::{Frame, Invocation, Reply, ReplyParser, Verb};
-use crate::ssh::{ExecError, ExecEvent, Session};
+use crate::ssh::{Exec, ExecError, ExecEvent, Session};
 
 /// Receives a call's output and frames as they arrive.
 pub trait CallObserver {
@@ -217,10 +217,19 @@ async fn exchange(
                 // the connection's channel limit until sshd has closed it, so a pooled
                 // connection never opens more channels than sshd's MaxSessions. A process
                 // that exits now simply drops the task.
-                tokio::spawn(async move {
-                    while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
-                });
+                drain_in_background(exec);
                 break 'call CallEnd::Finished(frames);
+            }
+            // The stub asked for the script and exited, having run nothing: no need to wait
+            // for the close either (a process the login shell left holding the session's
+            // pipes would hold it).
+            if cached
+                && exited
+                && !parser.header_seen()
+                && call.asked_for_script(&parser.preamble(4096).0)
+            {
+                drain_in_background(exec);
+                return Exchange::NeedScript;
             }
             match event {
                 ExecEvent::Closed => {
@@ -266,6 +275,15 @@ async fn exchange(
         }
     };
     Exchange::End(end)
+}
+
+/// Reads a channel whose outcome is known until sshd closes it, without anyone waiting:
+/// it keeps its place under the connection's channel limit until then. A process that
+/// exits first simply drops the task.
+fn drain_in_background(mut exec: Exec) {
+    tokio::spawn(async move {
+        while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
+    });
 }
 
 /// An observer that keeps frames only (probe, fence, gc, doctor).

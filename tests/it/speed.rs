@@ -87,3 +87,37 @@ fn a_tampered_cached_shim_is_never_run_and_is_replaced() {
     run_true(&env, &lab, "after-one-byte");
     assert_is_the_shipped_shim(&cache);
 }
+
+#[test]
+fn a_run_ends_at_its_exit_frame_while_the_channel_is_still_held_open() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    // A process the login shell leaves behind with the session's stdout and stderr: sshd
+    // sends the exit status when the session's shell exits, but closes the channel only
+    // once every holder of its pipes is gone.
+    let holder = lab.targets()[0].dir.join("holders");
+    std::fs::write(
+        lab.targets()[0].home.join(".bashrc"),
+        format!("sleep 120 & echo $! >> '{}'\n", holder.display()),
+    )
+    .unwrap();
+    let env = Sealed::new(crate::test_name!());
+    // The first call to this host also asks for the shim: two sessions, two holders.
+    let doc = run_true(&env, &lab, "held-open");
+    assert_eq!(doc["exit_code"], 0, "{doc}");
+    let pids = std::fs::read_to_string(&holder).expect("the login shell ran .bashrc");
+    let pids: Vec<&str> = pids.split_whitespace().collect();
+    let alive: Vec<bool> = pids
+        .iter()
+        .map(|pid| Path::new("/proc").join(pid).exists())
+        .collect();
+    for pid in &pids {
+        let _ = std::process::Command::new("kill").arg(pid).status();
+    }
+    assert!(!pids.is_empty());
+    assert!(
+        alive.iter().all(|&a| a),
+        "the run waited for a channel to close, i.e. for its holder to end: {pids:?} {alive:?}"
+    );
+}
