@@ -1,13 +1,19 @@
 # shellcheck shell=sh
 # opmark host shim: claims an operation marker atomically, runs the command detached,
-# records its exit status durably, and answers probes. Delivered by the opmark client on
-# every call (nothing is installed on the host); runs under dash, bash and busybox ash.
+# records its exit status durably, and answers probes. Delivered by the opmark client
+# (nothing is installed on the host by hand) and kept by the host in its marker root
+# under its sha256 (see Invocation); runs under dash, bash and busybox ash.
 #
 # Invocation (built by src/shim/mod.rs): the exec request is a one-line stub that any
-# login shell can run (sh, bash, zsh, fish, tcsh); it reads this script from the
-# channel's data and runs  sh -c "$SHIM" opmark-shim "$SHIM" [c=TOKEN] VERB ARGS...
-# The script receives its own text as $1 so that it can start its detached supervisor
-# with the same code (`setsid -f sh -c "$SHIM" ... supervise`). TOKEN is the client's
+# login shell can run (sh, bash, zsh, fish, tcsh). Usually it runs this script from the
+# host's cache, $root/shim/<sha256>.sh, once the hash of the file matches:
+#   sh FILE FILE c=TOKEN VERB ARGS...
+# When the file is missing or differs, the stub asks for the text (nothing else runs),
+# and the client calls again with the text in the channel's data; the stub then runs
+#   sh -c "$SHIM" opmark-shim "$SHIM" c=TOKEN h=SHA256 VERB ARGS...
+# and setup_root keeps the text in the cache. The script receives itself (file or text)
+# as $1 so that it can start its detached supervisor with the same code (`setsid -f sh
+# FILE ... supervise` or `setsid -f sh -c "$SHIM" ... supervise`). TOKEN is the client's
 # per-call token, echoed in the header so that text printed by the login shell's startup
 # files (even a copy of a header) is never taken for the shim's reply. The rest of the
 # channel's data is the verb's input: for run, the command (exactly its byte count), then
@@ -47,6 +53,12 @@
 OPMARK_SHIM_VERSION=1
 OPMARK_SHIM_SELF=$1
 shift
+# Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
+# file: the supervisor starts from it too. Otherwise $1 is the text itself.
+shim_file=
+case $OPMARK_SHIM_SELF in
+/*) shim_file=1 ;;
+esac
 call_token=
 case ${1:-} in
 c=*)
@@ -57,6 +69,18 @@ esac
 case $call_token in
 *[!0-9a-f]*) call_token= ;;
 esac
+# h=SHA256: the text came in the channel's data because the cache lacked it; keep it.
+shim_hash=
+case ${1:-} in
+h=*)
+	shim_hash=${1#h=}
+	shift
+	;;
+esac
+case $shim_hash in
+*[!0-9a-f]*) shim_hash= ;;
+esac
+[ "${#shim_hash}" -eq 64 ] || shim_hash=
 umask 077
 LC_ALL=C
 export LC_ALL
@@ -227,6 +251,26 @@ setup_root() {
 	fi
 	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
 	true 2>>"$root/shim.log" && exec 2>>"$root/shim.log"
+	[ -n "$shim_hash" ] && [ -z "$shim_file" ] && cache_self
+	true
+}
+
+# Keeps this script's text as $root/shim/<sha256>.sh so that later calls send only its
+# hash. Only a copy whose content hashes to the name the stub will check gets there (the
+# $(...) that received the text dropped its final newline; printf puts it back), and only
+# into a directory of ours. No fsync: a copy lost or torn in a crash fails the stub's
+# hash check and is sent again, never run.
+cache_self() {
+	sc=$root/shim
+	[ -d "$sc" ] || mkdir "$sc" 2>/dev/null
+	[ -O "$sc" ] || return 0
+	st=$sc/.$$.tmp
+	if printf '%s\n' "$OPMARK_SHIM_SELF" >"$st" 2>/dev/null &&
+		[ "$( (sha256sum || shasum -a 256) <"$st" 2>/dev/null)" = "$shim_hash  -" ]; then
+		mv -f "$st" "$sc/$shim_hash.sh"
+	else
+		rm -f "$st"
+	fi
 }
 
 # state OP: sets st (absent|fenced|completed|running|interrupted) and why.
@@ -557,8 +601,15 @@ boot=$boot"
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	if ! setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-		supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-; then
+	if [ -n "$shim_file" ]; then
+		setsid -f "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" \
+			supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-
+	else
+		setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
+			supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-
+	fi
+	# shellcheck disable=SC2181 # the two ways to start the same supervisor share one check
+	if [ $? -ne 0 ]; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
 		# so a late supervisor cannot start either, then release the op id.
 		mkdir "$m/started" 2>/dev/null

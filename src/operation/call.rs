@@ -3,7 +3,7 @@
 //! call ended (final frame, never sent, lost on the way, or a shim that never started).
 
 use crate::shim::{Frame, Invocation, Reply, ReplyParser, Verb};
-use crate::ssh::{ExecError, ExecEvent, Session};
+use crate::ssh::{Exec, ExecError, ExecEvent, Session};
 
 /// Receives a call's output and frames as they arrive.
 pub trait CallObserver {
@@ -112,104 +112,178 @@ fn without_digests(text: &str) -> String {
 }
 
 /// Runs `verb` through the shim on `session`, streaming to `observer`.
+///
+/// The first try runs the host's cached shim, so the common call sends no script. A host
+/// without a good copy answers that it needs the script, having run nothing (not even
+/// the shim: no claim, no frame), and the call is made again with the script, which the
+/// host then keeps: one more exchange, on the first call to a host (or every call where
+/// neither `sha256sum` nor `shasum` exists to check a copy).
 pub async fn call_shim(
     session: &Session,
     verb: &Verb<'_>,
     stdin: Option<Vec<u8>>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
+    let cached = Invocation::cached(verb, stdin.as_deref());
+    match exchange(session, verb, cached, true, observer).await {
+        Exchange::End(end) => return end,
+        Exchange::NeedScript => tracing::debug!("the host has no usable cached shim; sending it"),
+    }
     let call = Invocation::new(verb, stdin.as_deref());
     drop(stdin);
-    let mut exec = match session.exec(&call.exec, Some(call.data)).await {
-        Ok(exec) => exec,
-        Err(ExecError::NotSent(why)) => return CallEnd::NotSent(why),
-        Err(ExecError::Lost(why)) => {
-            return CallEnd::Lost {
-                frames: Vec::new(),
-                shim_started: false,
-                reason: why,
-                never_started: None,
+    match exchange(session, verb, call, false, observer).await {
+        Exchange::End(end) => end,
+        Exchange::NeedScript => unreachable!("only a cached call can ask for the script"),
+    }
+}
+
+/// How one exchange with the stub ended.
+enum Exchange {
+    End(CallEnd),
+    /// The stub found no good cached shim and ran nothing.
+    NeedScript,
+}
+
+/// One exec of the stub; `cached` when the data does not carry the script.
+async fn exchange(
+    session: &Session,
+    verb: &Verb<'_>,
+    mut call: Invocation,
+    cached: bool,
+    observer: &mut dyn CallObserver,
+) -> Exchange {
+    let data = std::mem::take(&mut call.data);
+    let end = 'call: {
+        let mut exec = match session.exec(&call.exec, Some(data)).await {
+            Ok(exec) => exec,
+            Err(ExecError::NotSent(why)) => break 'call CallEnd::NotSent(why),
+            Err(ExecError::Lost(why)) => {
+                break 'call CallEnd::Lost {
+                    frames: Vec::new(),
+                    shim_started: false,
+                    reason: why,
+                    never_started: None,
+                }
+            }
+        };
+        if let Verb::Run(_) = verb {
+            super::fault_point("after_dispatch");
+        }
+        let mut parser = ReplyParser::expecting(&call.token);
+        let mut frames = Vec::new();
+        let mut replies = Vec::new();
+        let mut finished = false;
+        let mut exit_status = None;
+        let mut exited = false;
+        loop {
+            let event = exec.next().await;
+            match &event {
+                ExecEvent::ExitStatus(s) => exit_status = Some(*s),
+                ExecEvent::ExitSignal { .. } => exited = true,
+                _ => {}
+            }
+            exited |= exit_status.is_some();
+            let pushed = match &event {
+                ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
+                ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
+                _ => Ok(()),
+            };
+            if let Err(e) = pushed {
+                // A reply we cannot read is as good as a lost one: the evidence must come from
+                // a probe, never from a guess.
+                break 'call CallEnd::Lost {
+                    frames,
+                    shim_started: parser.shim_started(),
+                    reason: e.to_string(),
+                    never_started: None,
+                };
+            }
+            for reply in replies.drain(..) {
+                match reply {
+                    Reply::Stdout(b) => observer.stdout(&b),
+                    Reply::Stderr(b) => observer.stderr(&b),
+                    Reply::Frame(f) => {
+                        observer.frame(&f);
+                        finished |= f.is_final();
+                        frames.push(f);
+                    }
+                }
+            }
+            if finished && exited {
+                // The outcome is known and the shim is gone: nothing after this can change
+                // it. Waiting for sshd's EOF and close costs a round trip (and, with sshd's
+                // Nagle, a delayed-ACK stall), so the caller does not. The channel is
+                // drained in the background instead of dropped: it keeps its place under
+                // the connection's channel limit until sshd has closed it, so a pooled
+                // connection never opens more channels than sshd's MaxSessions. A process
+                // that exits now simply drops the task.
+                drain_in_background(exec);
+                break 'call CallEnd::Finished(frames);
+            }
+            // The stub asked for the script and exited, having run nothing: no need to wait
+            // for the close either (a process the login shell left holding the session's
+            // pipes would hold it).
+            if cached
+                && exited
+                && !parser.header_seen()
+                && call.asked_for_script(&parser.preamble(4096).0)
+            {
+                drain_in_background(exec);
+                return Exchange::NeedScript;
+            }
+            match event {
+                ExecEvent::Closed => {
+                    break 'call if finished {
+                        CallEnd::Finished(frames)
+                    } else if !parser.header_seen() {
+                        if cached && call.asked_for_script(&parser.preamble(4096).0) {
+                            return Exchange::NeedScript;
+                        }
+                        // An orderly close delivers everything the host wrote; the shim writes
+                        // its header before it touches anything (and stops if its output goes
+                        // elsewhere), so no header means no claim.
+                        let never = NeverStarted::new(exit_status, &parser);
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: false,
+                            reason: never.describe(),
+                            never_started: Some(never),
+                        }
+                    } else {
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: parser.shim_started(),
+                            reason: "the channel closed before the shim's final frame".into(),
+                            never_started: None,
+                        }
+                    };
+                }
+                ExecEvent::Lost(why) => {
+                    break 'call if finished {
+                        CallEnd::Finished(frames)
+                    } else {
+                        CallEnd::Lost {
+                            frames,
+                            shim_started: parser.shim_started(),
+                            reason: why,
+                            never_started: None,
+                        }
+                    };
+                }
+                _ => {}
             }
         }
     };
-    if let Verb::Run(_) = verb {
-        super::fault_point("after_dispatch");
-    }
-    let mut parser = ReplyParser::expecting(&call.token);
-    let mut frames = Vec::new();
-    let mut replies = Vec::new();
-    let mut finished = false;
-    let mut exit_status = None;
-    loop {
-        let event = exec.next().await;
-        if let ExecEvent::ExitStatus(s) = event {
-            exit_status = Some(s);
-        }
-        let pushed = match &event {
-            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
-            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
-            _ => Ok(()),
-        };
-        if let Err(e) = pushed {
-            // A reply we cannot read is as good as a lost one: the evidence must come from
-            // a probe, never from a guess.
-            return CallEnd::Lost {
-                frames,
-                shim_started: parser.shim_started(),
-                reason: e.to_string(),
-                never_started: None,
-            };
-        }
-        for reply in replies.drain(..) {
-            match reply {
-                Reply::Stdout(b) => observer.stdout(&b),
-                Reply::Stderr(b) => observer.stderr(&b),
-                Reply::Frame(f) => {
-                    observer.frame(&f);
-                    finished |= f.is_final();
-                    frames.push(f);
-                }
-            }
-        }
-        match event {
-            ExecEvent::Closed => {
-                return if finished {
-                    CallEnd::Finished(frames)
-                } else if !parser.header_seen() {
-                    // An orderly close delivers everything the host wrote; the shim writes
-                    // its header before it touches anything (and stops if its output goes
-                    // elsewhere), so no header means no claim.
-                    let never = NeverStarted::new(exit_status, &parser);
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: false,
-                        reason: never.describe(),
-                        never_started: Some(never),
-                    }
-                } else {
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: parser.shim_started(),
-                        reason: "the channel closed before the shim's final frame".into(),
-                        never_started: None,
-                    }
-                };
-            }
-            ExecEvent::Lost(why) => {
-                return if finished {
-                    CallEnd::Finished(frames)
-                } else {
-                    CallEnd::Lost {
-                        frames,
-                        shim_started: parser.shim_started(),
-                        reason: why,
-                        never_started: None,
-                    }
-                };
-            }
-            _ => {}
-        }
-    }
+    Exchange::End(end)
+}
+
+/// Reads a channel whose outcome is known until sshd closes it, without anyone waiting:
+/// it keeps its place under the connection's channel limit until then. A process that
+/// exits first simply drops the task.
+fn drain_in_background(mut exec: Exec) {
+    tokio::spawn(async move {
+        while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
+    });
 }
 
 /// An observer that keeps frames only (probe, fence, gc, doctor).

@@ -2,16 +2,23 @@
 //! invocation of it (the exec request, all quoting, and the channel data), and its
 //! framed replies ([`frames`]).
 //!
-//! Nothing is installed on a host. Every call's exec request is a one-line stub that any
-//! login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes only, no
-//! `!`, no newline); the stub reads the script from the channel's data and runs
-//! `sh -c SCRIPT opmark-shim SCRIPT c=TOKEN VERB ARGS...`. The verb's input follows the
-//! script in the same data (for `run`: the command, then the stdin), so neither the
-//! script nor the command is ever an argument: their size does not matter (one argument
-//! is capped at 128 KiB on Linux) and `ps` on the host does not show them. The data is
-//! sent right behind the exec request, without waiting for the host: one round trip, as
-//! before. The script gets its own text as its first argument so that it can start its
-//! detached supervisor with the same code.
+//! Nothing is installed on a host by hand. Every call's exec request is a one-line stub
+//! that any login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes
+//! only, no `!`, no newline). The script is shipped once: the host keeps it in its marker
+//! root as `shim/<sha256>.sh` (directory 0700, file 0600), and a call normally carries
+//! only its hash; the stub runs `sh FILE FILE c=TOKEN VERB ARGS...` if the file hashes to
+//! its name, and otherwise runs nothing and answers [`need_line`]. The client then calls
+//! again with the script in the channel's data (`sh -c SCRIPT opmark-shim SCRIPT c=TOKEN
+//! h=SHA256 VERB ARGS...`), and the shim stores it. So the common call costs no extra
+//! round trip, the first call to a host (or one whose copy was damaged) one more exchange,
+//! and a copy that fails its hash check is replaced, never run.
+//!
+//! The verb's input follows in the same data (for `run`: the command, then the stdin), so
+//! neither the script nor the command is ever an argument: their size does not matter
+//! (one argument is capped at 128 KiB on Linux) and `ps` on the host does not show them.
+//! The data is sent right behind the exec request, without waiting for the host. The
+//! script gets itself (its file, or its text) as its first argument so that it can start
+//! its detached supervisor with the same code.
 
 pub mod frames;
 
@@ -27,7 +34,7 @@ pub use frames::{
     ReplyParser,
 };
 
-/// The shim's source, delivered with every call.
+/// The shim's source, delivered on the first call to a host and then cached there.
 pub const SCRIPT: &str = include_str!("../../remote-scripts/shim.sh");
 
 /// The largest command opmark sends. Not a transport limit (the command travels in the
@@ -35,12 +42,43 @@ pub const SCRIPT: &str = include_str!("../../remote-scripts/shim.sh");
 /// this size belongs in a file sent with `--stdin` (`opmark run HOST --stdin -- sh -s`).
 pub const MAX_COMMAND_BYTES: usize = 16 << 20;
 
-/// What the exec request runs: reads the call token line and the script from the
-/// channel's data (exactly, never past them: the command and stdin follow), then runs
-/// the script. `$1` is the script's length, `$2` `c=TOKEN`. A login shell's startup file
-/// that read from stdin would shift the data: the token line no longer matches, and
-/// nothing runs. Single quotes around it must be enough for every shell (see module doc).
-const STUB: &str = "read -r t&&[ \"$t\" = \"$2\" ]&&s=$(dd bs=$1 count=1 iflag=fullblock 2>/dev/null)&&shift&&exec sh -c \"$s\" opmark-shim \"$s\" \"$@\"";
+/// What the exec request runs. `$1` is the script's SHA-256, `$2` its length in the
+/// channel's data or `-` when the data does not carry it, `$3` `c=TOKEN`. It first reads
+/// the call token line (a login shell's startup file that read from stdin would shift
+/// the data: the line no longer matches, and nothing runs). Without the script in the
+/// data it runs the host's cached copy, `<marker root>/shim/<sha256>.sh` (the root found
+/// as the shim's `setup_root` finds it), only if that file and its directory are the
+/// login user's and the file's content hashes to the name; otherwise it prints
+/// [`need_line`] and ends, having run nothing. With the script it reads exactly the
+/// script (never past it: the command and stdin follow) and runs it with `h=SHA256` so
+/// that the shim fills the cache. Single quotes around it must be enough for every shell
+/// (see module doc).
+const STUB: &str = concat!(
+    "read -r t&&[ \"$t\" = \"$3\" ]||exit 9;",
+    "h=$1;f=${OPMARK_ROOT:-${XDG_STATE_HOME:-$HOME/.local/state}/opmark}/shim/$h.sh;",
+    "if [ \"$2\" = - ];then ",
+    "[ -O \"${f%/*}\" ]&&[ -O \"$f\" ]&&",
+    "[ \"$( (sha256sum||shasum -a 256)<\"$f\" 2>/dev/null)\" = \"$h  -\" ]",
+    "||{ echo \"opmark-shim need $t\";exit 0;};",
+    "shift 3;exec sh \"$f\" \"$f\" \"$t\" \"$@\";fi;",
+    "s=$(dd bs=$2 count=1 iflag=fullblock 2>/dev/null)&&shift 3&&",
+    "exec sh -c \"$s\" opmark-shim \"$s\" \"$t\" \"h=$h\" \"$@\""
+);
+
+/// Lower-case hex SHA-256 of [`SCRIPT`]: the name of the host's cached copy.
+pub fn script_sha256() -> &'static str {
+    static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HASH.get_or_init(|| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(SCRIPT.as_bytes()))
+    })
+}
+
+/// What the stub prints on stdout, instead of running anything, when the host has no
+/// good cached copy of the script: the call must be made again with the text.
+pub fn need_line(token: &str) -> String {
+    format!("opmark-shim need c={token}")
+}
 
 /// The shim protocol version this client speaks (the `H v=` field).
 pub const PROTOCOL_VERSION: &str = "1";
@@ -246,11 +284,11 @@ pub fn check_command(command: &str) -> Result<(), InvocationError> {
 /// carries, and the token the shim's header must echo.
 #[derive(Debug, Clone)]
 pub struct Invocation {
-    /// The exec request: `exec sh -c '<stub>' opmark <script length> c=<token> VERB
-    /// ARGS...`, a few hundred bytes whatever the command.
+    /// The exec request: `exec sh -c '<stub>' opmark <script sha256> <script length or
+    /// -> c=<token> VERB ARGS...`, well under 1 KiB whatever the command.
     pub exec: String,
-    /// The channel's data, then EOF: `c=<token>` and a newline, the script, the verb's
-    /// input (the command), the stdin.
+    /// The channel's data, then EOF: `c=<token>` and a newline, the script (unless the
+    /// call runs the cached one), the verb's input (the command), the stdin.
     pub data: Vec<u8>,
     /// 128 random bits in hex, fresh per call. Text the login shell printed before the
     /// shim (even a copy of an old header) never carries it.
@@ -258,10 +296,40 @@ pub struct Invocation {
 }
 
 impl Invocation {
-    /// The invocation of `verb`, with `stdin` (already spooled) after its input.
+    /// The invocation of `verb` carrying the script, with `stdin` (already spooled) after
+    /// its input. The host keeps the script for later [`Invocation::cached`] calls.
     pub fn new(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
+        Invocation::build(verb, stdin, true)
+    }
+
+    /// The invocation of `verb` that runs the host's cached script: the data carries only
+    /// the token line, the verb's input and `stdin`. When the host lacks the script the
+    /// reply is [`need_line`] and nothing ran; call again with [`Invocation::new`].
+    pub fn cached(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
+        Invocation::build(verb, stdin, false)
+    }
+
+    /// Whether a call that ended without the shim's header was the stub asking for the
+    /// script (`stdout` is what the host printed before any header).
+    pub fn asked_for_script(&self, stdout: &[u8]) -> bool {
+        let need = need_line(&self.token);
+        stdout
+            .split(|&b| b == b'\n')
+            .any(|line| line.trim_ascii() == need.as_bytes())
+    }
+
+    fn build(verb: &Verb, stdin: Option<&[u8]>, with_script: bool) -> Invocation {
         let token = format!("{:032x}", rand::random::<u128>());
-        let mut exec = format!("exec sh -c '{STUB}' opmark {} c={token}", SCRIPT.len());
+        let script: &[u8] = if with_script { SCRIPT.as_bytes() } else { b"" };
+        let len = if with_script {
+            SCRIPT.len().to_string()
+        } else {
+            "-".to_owned()
+        };
+        let mut exec = format!(
+            "exec sh -c '{STUB}' opmark {} {len} c={token}",
+            script_sha256()
+        );
         for arg in verb.args() {
             exec.push(' ');
             exec.push_str(&quote(&arg));
@@ -269,11 +337,11 @@ impl Invocation {
         let input = verb.input();
         let stdin = stdin.unwrap_or_default();
         let mut data =
-            Vec::with_capacity(token.len() + 3 + SCRIPT.len() + input.len() + stdin.len());
+            Vec::with_capacity(token.len() + 3 + script.len() + input.len() + stdin.len());
         data.extend_from_slice(b"c=");
         data.extend_from_slice(token.as_bytes());
         data.push(b'\n');
-        data.extend_from_slice(SCRIPT.as_bytes());
+        data.extend_from_slice(script);
         data.extend_from_slice(input);
         data.extend_from_slice(stdin);
         Invocation { exec, data, token }
@@ -376,10 +444,19 @@ mod tests {
             command: &command,
         });
         let call = Invocation::new(&verb, Some(b"in"));
-        assert!(call.exec.len() < 512, "{}", call.exec);
-        // What fish and tcsh need to take single quotes literally: no newline, no
-        // backslash, no history `!`, and quotes only as delimiters.
-        assert!(!call.exec.contains(['\n', '\\', '!']), "{}", call.exec);
+        let cached = Invocation::cached(&verb, Some(b"in"));
+        for exec in [&call.exec, &cached.exec] {
+            assert!(exec.len() < 1024, "{exec}");
+            // What fish and tcsh need to take single quotes literally: no newline, no
+            // backslash, no history `!`, and quotes only as delimiters.
+            assert!(!exec.contains(['\n', '\\', '!']), "{exec}");
+        }
+        let cached_head = format!("c={}\n", cached.token);
+        assert_eq!(
+            cached.data,
+            [cached_head.as_bytes(), command.as_bytes(), b"in"].concat(),
+            "a cached call sends no script"
+        );
         assert!(!STUB.contains('\''));
         for arg in verb.args() {
             assert!(
@@ -396,6 +473,19 @@ mod tests {
         assert!(rest.ends_with(b"in"));
         assert_eq!(call.token.len(), 32);
         assert_ne!(call.token, Invocation::new(&verb, None).token);
+    }
+
+    #[test]
+    fn the_cached_copy_is_the_script_byte_for_byte_as_the_shim_writes_it() {
+        // The shim receives its text through `$(...)`, which drops trailing newlines, and
+        // writes it back with one: the hash names that file only if the script ends so.
+        assert!(SCRIPT.ends_with('\n') && !SCRIPT.ends_with("\n\n"));
+        assert_eq!(script_sha256().len(), 64);
+        let call = Invocation::cached(&Verb::Doctor, None);
+        let need = format!("noise\n{}\n", need_line(&call.token));
+        assert!(call.asked_for_script(need.as_bytes()));
+        let other = Invocation::cached(&Verb::Doctor, None);
+        assert!(!call.asked_for_script(need_line(&other.token).as_bytes()));
     }
 
     #[test]

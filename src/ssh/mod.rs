@@ -14,6 +14,7 @@ pub mod exec;
 pub mod known_hosts;
 pub mod pool;
 pub mod session;
+mod socket;
 
 use std::fmt;
 

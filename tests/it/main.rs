@@ -17,6 +17,7 @@ mod policy;
 mod redaction;
 mod run;
 mod shim;
+mod speed;
 mod ssh_config;
 mod targets;
 mod transport;
