@@ -209,7 +209,7 @@ rc=0
 json=$("$opmark" --json run target1 --op "$op" -- "$cmd") || rc=$?
 printf '%s\n' "$json"
 [[ $rc -eq 3 ]] || die "the JSON run exited $rc, expected 3"
-grep -q '"verdict": "replayed"' <<<"$json" || die "the JSON verdict is not replayed"
+grep -Eq '"verdict": ?"replayed"' <<<"$json" || die "the JSON verdict is not replayed"
 [[ $(wc -l <"$effect") -eq 1 ]] || die "the effect file grew after the JSON run"
 
 say "f. what an operator sees: the operation's investigation page (attempts, probes, verdicts)"
