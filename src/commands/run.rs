@@ -12,7 +12,7 @@ use super::common;
 use crate::cli::{FamilyArg, GlobalArgs, RunArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::ledger::OpKey;
+use crate::ledger::{OpKey, OperationRecord};
 use crate::op_id::OpId;
 use crate::operation::fleet::{self, HostResult, Plan, Progress, Shared, Summary};
 use crate::operation::interrupt::{ClientSignal, Interrupts};
@@ -192,12 +192,7 @@ async fn run_operation(
     command: String,
     given: Option<Vec<u8>>,
 ) -> Result<u8> {
-    let interrupts = Interrupts::install().map_err(|e| {
-        Error::new(
-            ErrorKind::Internal,
-            format!("cannot install the signal handlers: {e}; nothing was sent"),
-        )
-    })?;
+    let interrupts = install_interrupts()?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     // The key is the ledger's own (checked when it was opened), never the config dir's.
@@ -260,19 +255,8 @@ async fn run_operation(
         return Ok(signal.exit_code());
     }
     let key = OpKey::new(report.op_id.clone(), report.host.clone());
-    if let Some(now) = ledger.operation(&key).ok().flatten() {
-        let before = known
-            .iter()
-            .find(|r| r.host == now.host)
-            .map_or(0, |r| r.contradictions);
-        if now.contradictions > before {
-            crate::logging::say(format_args!(
-                "opmark: CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {}); see `opmark show {}`",
-                now.exit_code.map_or("unknown".to_owned(), |c| c.to_string()),
-                report.op_id
-            ));
-        }
-    }
+    let now: Vec<_> = ledger.operation(&key).ok().flatten().into_iter().collect();
+    say_new_contradictions(&known, &now, false);
     if let Some(failed) = &report.ledger_error {
         // The verdict stands on the host's evidence; only its record here is missing.
         crate::logging::say(format_args!(
@@ -310,12 +294,7 @@ async fn run_on_hosts(
     command: String,
     given: Option<Vec<u8>>,
 ) -> Result<u8> {
-    let interrupts = Interrupts::install().map_err(|e| {
-        Error::new(
-            ErrorKind::Internal,
-            format!("cannot install the signal handlers: {e}; nothing was sent"),
-        )
-    })?;
+    let interrupts = install_interrupts()?;
     let policy = common::load_policy(global)?;
     // Opened here once so that a ledger problem is one error before any host is tried;
     // the host tasks open their own handles.
@@ -394,25 +373,52 @@ async fn run_on_hosts(
     if let Ok(now) = common::open_ledger(global, shared.policy.as_ref())
         .and_then(|l| Ok(l.operations_by_id(op.as_str())?))
     {
-        for record in now {
-            let before = known
-                .iter()
-                .find(|r| r.host == record.host)
-                .map_or(0, |r| r.contradictions);
-            if record.contradictions > before {
-                crate::logging::say(format_args!(
-                    "opmark: {}: CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {}); see `opmark show {op} --host {}`",
-                    record.host,
-                    record.exit_code.map_or("unknown".to_owned(), |c| c.to_string()),
-                    record.host
-                ));
-            }
-        }
+        say_new_contradictions(&known, &now, true);
     }
     if let Some(signal) = interrupts.received() {
         return Ok(signal.exit_code());
     }
     Ok(status)
+}
+
+/// The signal handlers of a run: from here on a signal is answered, never the silent
+/// default death.
+fn install_interrupts() -> Result<Interrupts> {
+    Interrupts::install().map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("cannot install the signal handlers: {e}; nothing was sent"),
+        )
+    })
+}
+
+/// Says on stderr which operations' host evidence contradicts the ledger since `known`
+/// was read (before this run): a contradiction is recorded and never silent. With
+/// `per_host`, each line names its host (a fleet run).
+fn say_new_contradictions(known: &[OperationRecord], now: &[OperationRecord], per_host: bool) {
+    for record in now {
+        let before = known
+            .iter()
+            .find(|r| r.host == record.host)
+            .map_or(0, |r| r.contradictions);
+        if record.contradictions <= before {
+            continue;
+        }
+        let exit = record
+            .exit_code
+            .map_or("unknown".to_owned(), |c| c.to_string());
+        let (who, show) = if per_host {
+            (
+                format!("{}: ", record.host),
+                format!("{} --host {}", record.op_id, record.host),
+            )
+        } else {
+            (String::new(), record.op_id.clone())
+        };
+        crate::logging::say(format_args!(
+            "opmark: {who}CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {exit}); see `opmark show {show}`"
+        ));
+    }
 }
 
 /// `opmark: 3/20 done, 5 running, 1 failed`, redrawn in place.

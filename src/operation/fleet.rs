@@ -15,11 +15,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
-use crate::ledger::fingerprint::{self, InstallationKey, Intent};
+use crate::ledger::fingerprint::{self, InstallationKey};
 use crate::ledger::Ledger;
 use crate::policy::Policy;
 use crate::ssh::Pool;
@@ -244,24 +243,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
         "not dispatched: {why}; nothing was recorded or sent for {host}. `opmark run` with op id {} runs it (at most once)",
         input.op
     );
-    let classification = shared.policy.classify(&input.command);
-    let mut family = classification.family;
-    if let Some(class) = input.class {
-        family = family.max(class);
-    }
-    let rule = classification
-        .parts
-        .iter()
-        .find(|p| p.family == classification.family)
-        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
-    let stdin_sha = input.stdin.as_ref().map(|s| {
-        let d: [u8; 32] = Sha256::digest(s).into();
-        d
-    });
-    let intent = Intent {
-        command: &input.command,
-        stdin_sha256: stdin_sha,
-    };
+    let (family, rule) = super::family_and_rule(&shared.policy.classify(&input.command), input);
     HostResult {
         host: host.clone(),
         outcome: Ok(RunReport {
@@ -274,7 +256,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             stdout: String::new(),
             stderr: String::new(),
             attempts: Vec::new(),
-            fingerprint: fingerprint::ledger_fingerprint(&intent, &shared.key),
+            fingerprint: fingerprint::ledger_fingerprint(&input.intent(), &shared.key),
             reason,
             reason_code: code,
             retryable: code.retryable(),

@@ -27,7 +27,7 @@ use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, Redactor, StoredEvent};
 use crate::op_id::OpId;
-use crate::policy::{AfterInterrupted, Policy};
+use crate::policy::{AfterInterrupted, Classification, Policy};
 use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
 use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, Session};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
@@ -71,6 +71,33 @@ pub struct RunInput {
     /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
     /// acknowledged the claim, leaving the command running.
     pub detach: bool,
+}
+
+impl RunInput {
+    /// The canonical intent: the command and the digest of the stdin it is given.
+    pub fn intent(&self) -> Intent<'_> {
+        Intent {
+            command: &self.command,
+            stdin_sha256: self.stdin.as_ref().map(|s| Sha256::digest(s).into()),
+        }
+    }
+}
+
+/// The family a run uses and the rule that decided it: the policy's, made stricter (never
+/// milder) by `--class`.
+pub(crate) fn family_and_rule(
+    classification: &Classification,
+    input: &RunInput,
+) -> (Family, String) {
+    let family = input.class.map_or(classification.family, |class| {
+        classification.family.max(class)
+    });
+    let rule = classification
+        .parts
+        .iter()
+        .find(|p| p.family == classification.family)
+        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
+    (family, rule)
 }
 
 /// What the process using the library shares with a run.
@@ -178,26 +205,10 @@ pub async fn run_interruptible(
     interrupts: &Interrupts,
 ) -> Result<RunReport, Error> {
     let classification = env.policy.classify(&input.command);
-    let mut family = classification.family;
-    if let Some(class) = input.class {
-        // `--class` may make a command stricter, never less strict.
-        family = family.max(class);
-    }
-    let rule = classification
-        .parts
-        .iter()
-        .find(|p| p.family == classification.family)
-        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
+    let (family, rule) = family_and_rule(&classification, &input);
     let redactor = Redactor::new(env.policy.redact_patterns());
     let display = redactor.redact_owned(&input.command);
-    let stdin_sha = input.stdin.as_ref().map(|s| {
-        let d: [u8; 32] = Sha256::digest(s).into();
-        d
-    });
-    let intent = Intent {
-        command: &input.command,
-        stdin_sha256: stdin_sha,
-    };
+    let intent = input.intent();
     let host_fp = fingerprint::host_fingerprint(&intent);
     let ledger_fp = fingerprint::ledger_fingerprint(&intent, env.key);
 

@@ -4,61 +4,13 @@
 //! loop-mounted ext4 file systems mounted as the target's marker root.
 
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use opmark::lab::{Lab, Target};
-use serde_json::Value;
 
 use crate::support::disk::{needs_loop_mounts, SmallDisk};
-use crate::support::{fresh_dir, text, Sealed};
-
-/// A verdict document and the process status.
-struct Answer {
-    json: Value,
-    status: i32,
-    stderr: String,
-}
-
-impl Answer {
-    fn verdict(&self) -> &str {
-        self.json["verdict"].as_str().unwrap_or("<none>")
-    }
-    fn reason_code(&self) -> &str {
-        self.json["reason_code"].as_str().unwrap_or("<none>")
-    }
-    fn exit_code(&self) -> Option<i64> {
-        self.json["exit_code"].as_i64()
-    }
-    fn stdout(&self) -> &str {
-        self.json["stdout"].as_str().unwrap_or("")
-    }
-}
-
-impl std::fmt::Debug for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "status {} json {} stderr {}",
-            self.status, self.json, self.stderr
-        )
-    }
-}
-
-fn answer(out: Output) -> Answer {
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}): {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    });
-    Answer {
-        json,
-        status: out.status.code().unwrap_or(-1),
-        stderr: text(&out.stderr),
-    }
-}
+use crate::support::{answer, fresh_dir, text, Answer, Sealed};
 
 fn run_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) -> Answer {
     answer(

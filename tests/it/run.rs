@@ -7,60 +7,7 @@ use std::time::{Duration, Instant};
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
-
-/// A JSON verdict and the process status.
-struct Answer {
-    json: Value,
-    status: i32,
-    stderr: String,
-}
-
-impl Answer {
-    fn verdict(&self) -> &str {
-        self.json["verdict"].as_str().unwrap_or("<none>")
-    }
-    fn exit_code(&self) -> Option<i64> {
-        self.json["exit_code"].as_i64()
-    }
-    fn stdout(&self) -> &str {
-        self.json["stdout"].as_str().unwrap_or("")
-    }
-    /// `(reason_code, retryable)`: what an agent branches on besides the verdict.
-    fn code(&self) -> (&str, bool) {
-        (
-            self.json["reason_code"].as_str().unwrap_or("<none>"),
-            self.json["retryable"]
-                .as_bool()
-                .unwrap_or_else(|| panic!("no retryable field: {self:?}")),
-        )
-    }
-}
-
-impl std::fmt::Debug for Answer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "status {} json {} stderr {}",
-            self.status, self.json, self.stderr
-        )
-    }
-}
-
-fn answer(out: Output) -> Answer {
-    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}): {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    });
-    Answer {
-        json,
-        status: out.status.code().unwrap_or(-1),
-        stderr: text(&out.stderr),
-    }
-}
+use crate::support::{self, answer, fast_loss_config, fresh_dir, text, Answer, Sealed};
 
 /// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
 fn spawn(cmd: &mut Command, args: &[&str]) -> Child {

@@ -346,3 +346,63 @@ impl StderrLines {
         self.seen.join("\n")
     }
 }
+
+/// A run's JSON verdict document and the process status, as a test reads them.
+pub struct Answer {
+    /// The one JSON document on stdout.
+    pub json: serde_json::Value,
+    /// The process exit status (-1 when killed by a signal).
+    pub status: i32,
+    /// opmark's and the command's stderr.
+    pub stderr: String,
+}
+
+impl Answer {
+    pub fn verdict(&self) -> &str {
+        self.json["verdict"].as_str().unwrap_or("<none>")
+    }
+    pub fn reason_code(&self) -> &str {
+        self.json["reason_code"].as_str().unwrap_or("<none>")
+    }
+    pub fn exit_code(&self) -> Option<i64> {
+        self.json["exit_code"].as_i64()
+    }
+    pub fn stdout(&self) -> &str {
+        self.json["stdout"].as_str().unwrap_or("")
+    }
+    /// `(reason_code, retryable)`: what an agent branches on besides the verdict.
+    pub fn code(&self) -> (&str, bool) {
+        (
+            self.reason_code(),
+            self.json["retryable"]
+                .as_bool()
+                .unwrap_or_else(|| panic!("no retryable field: {self:?}")),
+        )
+    }
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "status {} json {} stderr {}",
+            self.status, self.json, self.stderr
+        )
+    }
+}
+
+/// Reads a finished `opmark --json run`: its stdout must be one JSON document.
+pub fn answer(out: std::process::Output) -> Answer {
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}): {}\nstderr: {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    Answer {
+        json,
+        status: out.status.code().unwrap_or(-1),
+        stderr: text(&out.stderr),
+    }
+}
