@@ -633,25 +633,18 @@ impl Lab {
         if let Some(d) = &self.state.docker {
             return docker::stop_all(d);
         }
-        let procs = proc::all();
-        let mut victims = std::collections::BTreeSet::new();
-        for t in &self.state.targets {
-            if let Some(listener) = proc::read_pid_file(&t.pid_file()) {
-                // Only if it still is an sshd: the pid may have been reused.
-                if procs
-                    .iter()
-                    .any(|p| p.pid == listener && p.comm.starts_with("sshd"))
-                {
-                    victims.extend(proc::descendants(&procs, listener));
-                }
+        // Several rounds, because one snapshot of /proc can miss a process: one forked
+        // while the snapshot was taken, or one in the middle of execve, whose environment
+        // reads as empty for an instant (seen in CI: a detached `sleep` survived the drop).
+        let mut all_gone = true;
+        for _round in 0..5 {
+            let victims = self.processes_of_targets();
+            if victims.is_empty() {
+                break;
             }
-            let env = format!("XDG_STATE_HOME={}", t.state_home.display());
-            victims.extend(proc::with_env(&procs, &env));
-            if let Some(ns) = &t.netns {
-                victims.extend(netns::pids(ns));
-            }
+            all_gone = proc::kill_all(&victims, Duration::from_secs(5));
+            std::thread::sleep(Duration::from_millis(20));
         }
-        let all_gone = proc::kill_all(&victims, Duration::from_secs(5));
         for t in &self.state.targets {
             let _ = std::fs::remove_file(t.pid_file());
             if let Some(ns) = &t.netns {
@@ -666,6 +659,31 @@ impl Lab {
                 detail: "some lab processes did not exit within 5 s".into(),
             })
         }
+    }
+
+    /// Every live process of the lab's targets: each sshd listener (while it still is
+    /// one: pids get reused) and its descendants, every command started through a target
+    /// (found by the XDG_STATE_HOME that sshd's SetEnv gives it, even once detached), and
+    /// everything in a target's network namespace.
+    fn processes_of_targets(&self) -> std::collections::BTreeSet<i32> {
+        let procs = proc::all();
+        let mut victims = std::collections::BTreeSet::new();
+        for t in &self.state.targets {
+            if let Some(listener) = proc::read_pid_file(&t.pid_file()) {
+                if procs
+                    .iter()
+                    .any(|p| p.pid == listener && p.comm.starts_with("sshd"))
+                {
+                    victims.extend(proc::descendants(&procs, listener));
+                }
+            }
+            let env = format!("XDG_STATE_HOME={}", t.state_home.display());
+            victims.extend(proc::with_env(&procs, &env));
+            if let Some(ns) = &t.netns {
+                victims.extend(netns::pids(ns));
+            }
+        }
+        victims
     }
 
     fn get(&self, alias: &str) -> Result<&Target, LabError> {
