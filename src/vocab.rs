@@ -61,9 +61,6 @@ pub enum RetryReason {
     /// The previous attempt was dispatched, the connection was lost, and a probe found
     /// the marker absent.
     ResponseLostAfterDispatch,
-    /// The previous attempt's connection was lost while the command ran; this attempt
-    /// re-attaches to it.
-    Reattach,
     /// The marker was interrupted and the family allows an automatic re-run.
     InterruptedRerun,
     /// An operator approved superseding an interrupted or blocked operation.
@@ -222,7 +219,6 @@ names!(RetryReason {
     CallerRerun => "caller_rerun",
     ConnectionNotEstablished => "connection_not_established",
     ResponseLostAfterDispatch => "response_lost_after_dispatch",
-    Reattach => "reattach",
     InterruptedRerun => "interrupted_rerun",
     OperatorApproved => "operator_approved",
 });

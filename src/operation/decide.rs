@@ -1,0 +1,2447 @@
+//! The run's decision table (SPEC sections 2, 4, 8 and 10): a pure function of what the
+//! run knows ([`Facts`]) and what it just observed, answering with what to record
+//! ([`Effect`]) and what to do next ([`Action`], [`ProbeAction`]). No I/O happens here:
+//! the driver ([`super::driver`]) connects, calls the shim, writes the ledger and sleeps,
+//! then asks this file what the evidence means. Every row below is a unit test.
+//!
+//! SPEC section 4, after dispatch nothing is retried without a probe
+//! ([`after_probe`], [`after_follow`]):
+//!
+//! | probe says | action | code |
+//! |---|---|---|
+//! | `completed` | attach from byte 0, which replays the kept output and the exit: `replayed` (`completed` when this invocation's attempt ran it) | [`after_probe`] → [`ProbeAction::Attach`], [`after_follow`] |
+//! | `running` | attach and keep streaming from the last offset seen (when the attempt is ours), up to `--wait`; then `in_progress` | [`ProbeAction::Attach`] (`resume`), [`Followed::StillRunning`] |
+//! | `running`/`completed` with another fingerprint | `conflict` | [`after_probe`] |
+//! | `absent` | retry with the same op id, within the attempt budget | [`Action::Retry`] (`response_lost_after_dispatch`) |
+//! | `interrupted`, family `read-only`/`convergent` (policy `rerun`) | supersede and re-run | [`Action::Supersede`] (`interrupted_rerun`) |
+//! | `interrupted`, `append-only`/`destructive`, no `--approve` | `indeterminate` (`interrupted_needs_approval`) | [`after_interrupted`] |
+//! | `interrupted`, `--approve` | supersede and re-run | [`Action::Supersede`] (`operator_approved`) |
+//! | `fenced` | `not_applied` (`fenced`) | [`after_probe`] |
+//! | probe unreachable, `--wait` left | probe again after a pause | [`ProbeAction::Wait`] |
+//! | probe unreachable, `--wait` spent | `indeterminate` (`unreachable_after_dispatch`) | [`after_probe`] |
+//! | another host key | `indeterminate` (`host_key_mismatch`): nothing concluded | [`after_probe`] |
+//! | connection lost while following | probe again (same window) or `indeterminate` | [`after_follow`] |
+//!
+//! Before a probe: what one dispatch ended with ([`after_dispatch`], [`after_reply`]):
+//!
+//! | observation | action |
+//! |---|---|
+//! | connect failed before dispatch, budget left | record `not_sent`, back off, retry (`connection_not_established`) |
+//! | connect failed finally (key, auth, name, timeout) or budget spent | `not_applied` with the connect's code, or `indeterminate` (`earlier_dispatch_unknown`) when an earlier attempt was dispatched |
+//! | the host presents another key than the operation ran against | record `not_sent`, `indeterminate` (`host_key_mismatch`) |
+//! | the shim never started (orderly close, no header) | `not_applied` (`shim_did_not_start`), or `indeterminate` after an earlier dispatch |
+//! | reply lost after dispatch | record `started`/`sent_no_response` ("response lost"), then probe |
+//! | exit frame | `completed` when ours, `replayed` when an earlier attempt's (a refusal before it records `refused`) |
+//! | refused `running` | record `refused`, probe and follow |
+//! | refused `interrupted` | as the probe row; `indeterminate` (`host_disk_full`) when superseding found no room |
+//! | refused `fenced` | `not_applied` (`fenced`) |
+//! | refused `conflict` | `conflict` (`conflict_on_host`) |
+//! | refused `root_unusable` (full disk) / `cannot_start` (no `setsid -f`) / other | `not_applied` with the cause, `indeterminate` when this call had superseded a claim |
+//! | refused as invalid (`invalid_op_id`, `bad_args`) | `refused` (`invalid_input`) |
+//!
+//! Verdict rules (SPEC sections 2, 8 and 10):
+//! - no `not_applied` without proof: a refusal or a connect failure says *this* attempt
+//!   ran nothing; when an earlier attempt (of this run, or an earlier invocation's) was
+//!   dispatched and is unknown, the answer is `indeterminate` ([`earlier_may_have_run`]).
+//!   A fence is the exception: the shim fences only what never started.
+//! - a retry past the attempt budget is `indeterminate` (`attempt_budget_spent`).
+//! - the ledger already holds the exit: never claim again; a marker that is gone (or
+//!   another machine under the name) replays from the ledger ([`start`], [`conclude`]).
+//! - policy denies → `refused`; approval needed without `--approve` → `blocked`; another
+//!   intent under the op id in the ledger → `conflict` ([`policy_gate`], [`ledger_conflict`]).
+//! - an operator's decision is terminal ([`operator_decided`]).
+//! - a signal answers `in_progress` when something may have reached the host, else
+//!   `not_applied` ([`client_interrupted`]); `--detach` answers `in_progress` ([`detached`]).
+
+use std::time::Duration;
+
+use crate::family::Family;
+use crate::ledger::{Event, OperationRecord, StoredEvent};
+use crate::policy::AfterInterrupted;
+use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
+use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
+
+use super::interrupt::ClientSignal;
+pub use super::reply::{RefusalReason, Refused, RunReply};
+use super::AttemptSummary;
+
+/// What a run knows when it decides.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    /// The operation id.
+    pub op: &'a str,
+    /// The host as the ledger names it.
+    pub host: &'a str,
+    /// The family the run uses.
+    pub family: Family,
+    /// The family's policy for an interrupted claim.
+    pub after_interrupted: AfterInterrupted,
+    /// `--approve` was given.
+    pub approved: bool,
+    /// The plain SHA-256 intent fingerprint the host marker holds.
+    pub host_fp: &'a str,
+    /// This invocation's attempts, oldest first; the last is the current one.
+    pub attempts: &'a [AttemptSummary],
+    /// `--attempts` (or the family's budget).
+    pub budget: u32,
+    /// An earlier invocation's attempt that may have reached the host.
+    pub prior_dispatch: Option<&'a str>,
+    /// The exit code the ledger recorded when the operation already completed.
+    pub ledger_exit: Option<i32>,
+    /// `--wait`.
+    pub wait: Duration,
+}
+
+impl Facts<'_> {
+    /// The attempt being made now.
+    pub fn current(&self) -> String {
+        self.attempts
+            .last()
+            .map(|a| a.attempt_id.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether `attempt` is one of this invocation's.
+    pub fn ours(&self, attempt: &str) -> bool {
+        self.attempts.iter().any(|a| a.attempt_id == attempt)
+    }
+
+    /// The family's policy or the operator allow moving an interrupted claim aside.
+    pub fn may_supersede(&self) -> bool {
+        self.after_interrupted == AfterInterrupted::Rerun || self.approved
+    }
+
+    fn spent(&self) -> bool {
+        self.attempts.len() as u32 >= self.budget
+    }
+}
+
+/// Where the verdict's exit status comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExitEvidence {
+    /// None: the exit status is not known.
+    #[default]
+    None,
+    /// The host's exit trailer (this attempt's, or an earlier one's replayed).
+    Host(ExitFrame),
+    /// The ledger (the marker is gone, or an operator vouched for it).
+    Ledger(Option<i32>),
+}
+
+/// A verdict with what it rests on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The attempt it is about.
+    pub attempt_id: Option<String>,
+    /// The machine-readable reason.
+    pub code: ReasonCode,
+    /// The words for people.
+    pub reason: String,
+    /// Where its exit status comes from.
+    pub exit: ExitEvidence,
+}
+
+impl Answer {
+    /// An answer without an exit status.
+    pub fn new(
+        verdict: Verdict,
+        attempt_id: Option<String>,
+        code: ReasonCode,
+        reason: impl Into<String>,
+    ) -> Self {
+        Answer {
+            verdict,
+            attempt_id,
+            code,
+            reason: reason.into(),
+            exit: ExitEvidence::None,
+        }
+    }
+
+    fn with_exit(mut self, exit: ExitEvidence) -> Self {
+        self.exit = exit;
+        self
+    }
+}
+
+/// What the driver does next, outside a probe window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send the current attempt.
+    Dispatch,
+    /// Record a new attempt for this reason (durably, before it leaves), then send it.
+    Retry(RetryReason),
+    /// A new attempt whose claim moves the interrupted one aside (the run request asks
+    /// the shim to supersede), recorded with this reason.
+    Supersede(RetryReason),
+    /// Wait (growing backoff), then retry: the last attempt never got a connection.
+    Backoff,
+    /// Open a probe window of `--wait`: probe the marker, then follow or decide.
+    Probe,
+    /// The verdict.
+    Answer(Answer),
+}
+
+/// What the driver does next inside a probe window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeAction {
+    /// Pause (growing), then probe again.
+    Wait,
+    /// Probe again at once (the connection dropped while following).
+    Again,
+    /// Attach to the marker and stream its output until it exits or `--wait` passes.
+    Attach {
+        /// The attempt holding the claim.
+        holder: String,
+        /// Continue from the bytes this invocation already delivered (its own attempt);
+        /// else from byte 0 (an earlier invocation's output, replayed in full).
+        resume: bool,
+    },
+    /// Leave the window.
+    Then(Action),
+}
+
+/// Evidence the driver records before it acts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// The current attempt reached this boundary.
+    Boundary {
+        /// How far it got.
+        boundary: Boundary,
+        /// Why, in words.
+        detail: String,
+    },
+    /// This call moved an interrupted claim aside.
+    Superseded {
+        /// Who allowed it.
+        note: &'static str,
+    },
+    /// What the marker looked like.
+    Probed(MarkerInfo),
+    /// The host could not be probed.
+    Unreachable(String),
+    /// A progress line on stderr (not evidence; shown to the person waiting).
+    Progress(String),
+}
+
+/// One decision: what to record, in order, then what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step<A> {
+    /// Recorded first.
+    pub record: Vec<Effect>,
+    /// Then done.
+    pub then: A,
+}
+
+impl<A> Step<A> {
+    fn just(then: A) -> Self {
+        Step {
+            record: Vec::new(),
+            then,
+        }
+    }
+
+    fn after(record: Vec<Effect>, then: A) -> Self {
+        Step { record, then }
+    }
+}
+
+/// How one dispatch of the current attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatched {
+    /// No connection, or the exec request never left.
+    NotSent {
+        /// What went wrong.
+        why: String,
+        /// The reason code if this is the last word.
+        code: ReasonCode,
+        /// Retrying will not change it (host key, auth, name, connect timeout).
+        final_failure: bool,
+    },
+    /// The connection reached another machine than the operation ran on.
+    KeyMismatch(String),
+    /// The channel closed in order before the shim said anything (described).
+    NeverStarted(String),
+    /// The request left and the reply ended early.
+    Lost {
+        /// The shim had acknowledged the claim.
+        started: bool,
+        /// What the transport said.
+        reason: String,
+    },
+    /// The shim answered in full.
+    Replied(Box<RunReply>),
+}
+
+/// The shim's names for a marker root that ran out of room (`root_unusable reason=...`).
+fn is_resource_cause(reason: &str) -> bool {
+    matches!(reason, "no_space" | "no_inodes" | "quota_exceeded")
+}
+
+/// What a probe window saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeSeen {
+    /// No connection.
+    ConnectFailed {
+        /// The full problem, for the record and the verdict.
+        problem: String,
+        /// The short message, for the progress line.
+        message: String,
+    },
+    /// Connected to another machine.
+    KeyMismatch(String),
+    /// Connected, but the probe got no answer.
+    NoAnswer(String),
+    /// The marker.
+    Marker(MarkerInfo),
+}
+
+/// How following (attaching to) a marker ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// The command exited.
+    Exit(ExitFrame),
+    /// The command vanished without an exit record.
+    Interrupted(MarkerInfo),
+    /// `--wait` passed while it ran.
+    StillRunning,
+    /// The connection dropped (or the attach was refused).
+    Lost(String),
+}
+
+/// The time a probe window has left, and the pause before the next probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Until the window closes.
+    pub left: Duration,
+    /// The next pause.
+    pub pause: Duration,
+}
+
+/// The first move of a run whose attempt is recorded: dispatch it, or, when the ledger
+/// already holds the exit, probe to replay (never claim again).
+pub fn start(facts: &Facts<'_>) -> Step<Action> {
+    if facts.ledger_exit.is_some() {
+        return Step::after(
+            vec![Effect::Boundary {
+                boundary: Boundary::Refused,
+                detail:
+                    "not claimed: the ledger already holds this operation's exit; probing to replay"
+                        .into(),
+            }],
+            Action::Probe,
+        );
+    }
+    Step::just(Action::Dispatch)
+}
+
+/// After one dispatch of the current attempt.
+pub fn after_dispatch(facts: &Facts<'_>, seen: Dispatched) -> Step<Action> {
+    let attempt = facts.current();
+    match seen {
+        Dispatched::NotSent {
+            why,
+            code,
+            final_failure,
+        } => {
+            let then = match not_sent(facts, &why, code, final_failure) {
+                Some(answer) => Action::Answer(answer),
+                None => Action::Backoff,
+            };
+            Step::after(
+                vec![Effect::Boundary {
+                    boundary: Boundary::NotSent,
+                    detail: why,
+                }],
+                then,
+            )
+        }
+        Dispatched::KeyMismatch(why) => Step::after(
+            vec![Effect::Boundary {
+                boundary: Boundary::NotSent,
+                detail: why.clone(),
+            }],
+            Action::Answer(key_mismatch(&attempt, why)),
+        ),
+        Dispatched::NeverStarted(described) => {
+            // Nothing of the shim ran, so this attempt claimed nothing: no probe needed,
+            // and retrying would meet the same host.
+            let answer = never_started(facts, &attempt, &described);
+            Step::after(
+                vec![Effect::Boundary {
+                    boundary: Boundary::SentNoResponse,
+                    detail: described,
+                }],
+                Action::Answer(answer),
+            )
+        }
+        Dispatched::Lost { started, reason } => Step::after(
+            vec![
+                // The loss itself is evidence worth keeping (SPEC 7: "response lost").
+                Effect::Boundary {
+                    boundary: if started {
+                        Boundary::Started
+                    } else {
+                        Boundary::SentNoResponse
+                    },
+                    detail: format!("response lost: {reason}"),
+                },
+                Effect::Progress(format!(
+                    "connection to {} lost after dispatch ({reason}); probing the marker before anything else",
+                    facts.host
+                )),
+            ],
+            Action::Probe,
+        ),
+        Dispatched::Replied(reply) => after_reply(facts, *reply),
+    }
+}
+
+/// An attempt that never left: `None` to back off and retry, or the final verdict.
+pub fn not_sent(
+    facts: &Facts<'_>,
+    why: &str,
+    code: ReasonCode,
+    final_failure: bool,
+) -> Option<Answer> {
+    if !final_failure && !facts.spent() {
+        return None;
+    }
+    let attempt = facts.current();
+    // This attempt never left, but an earlier one did and its outcome is not known
+    // here: claiming `not_applied` for the operation would claim more than we know.
+    let earlier = facts
+        .attempts
+        .iter()
+        .find(|a| a.boundary != Boundary::NotSent)
+        .map(|a| a.attempt_id.clone())
+        .or_else(|| facts.prior_dispatch.map(str::to_owned));
+    if let Some(earlier) = earlier {
+        return Some(Answer::new(
+            Verdict::Indeterminate,
+            Some(attempt),
+            ReasonCode::EarlierDispatchUnknown,
+            format!(
+                "{why}; this attempt was not sent, but attempt {earlier} was dispatched earlier and its outcome is unknown. Retry with the same op id when the host is reachable, or run `opmark reconcile`"
+            ),
+        ));
+    }
+    let advice = if code.retryable() {
+        "safe to retry with the same op id"
+    } else {
+        "retrying will not help until this is fixed; then retry with the same op id"
+    };
+    Some(Answer::new(
+        Verdict::NotApplied,
+        Some(attempt),
+        code,
+        format!(
+            "{why}; nothing was sent after {} attempt(s); {advice}",
+            facts.attempts.len()
+        ),
+    ))
+}
+
+/// This attempt's shim never started. `not_applied` unless an earlier attempt left and
+/// its outcome is unknown (that one may still have run).
+fn never_started(facts: &Facts<'_>, attempt: &str, described: &str) -> Answer {
+    let earlier = facts
+        .attempts
+        .iter()
+        .find(|a| a.attempt_id != attempt && a.boundary != Boundary::NotSent)
+        .map(|a| a.attempt_id.clone())
+        .or_else(|| facts.prior_dispatch.map(str::to_owned));
+    match earlier {
+        Some(earlier) => Answer::new(
+            Verdict::Indeterminate,
+            Some(attempt.to_owned()),
+            ReasonCode::EarlierDispatchUnknown,
+            format!(
+                "{described}; attempt {earlier} was dispatched earlier and its outcome is unknown. Run `opmark reconcile` once the host is fixed"
+            ),
+        ),
+        None => Answer::new(
+            Verdict::NotApplied,
+            Some(attempt.to_owned()),
+            ReasonCode::ShimDidNotStart,
+            described,
+        ),
+    }
+}
+
+/// The shim answered a `run` call in full.
+pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
+    let attempt = facts.current();
+    let mut record = Vec::new();
+    if reply.superseded {
+        record.push(Effect::Superseded {
+            note: if facts.approved {
+                "operator approved superseding the interrupted claim"
+            } else {
+                "policy reruns interrupted operations of this family"
+            },
+        });
+    }
+    if let Some(x) = reply.exit {
+        if reply.refusal.is_some() {
+            record.push(Effect::Boundary {
+                boundary: Boundary::Refused,
+                detail: "already completed on the host".into(),
+            });
+        }
+        let cancelled = reply
+            .refusal
+            .as_ref()
+            .and_then(|r| r.marker.as_ref())
+            .is_some_and(MarkerInfo::cancelled);
+        let mut answer = exit_answer(facts, x);
+        if cancelled {
+            answer
+                .reason
+                .push_str("; it had been stopped by `opmark cancel`");
+        }
+        return Step::after(record, Action::Answer(answer));
+    }
+    let Some(refusal) = reply.refusal else {
+        // The supervisor vanished without an exit record while the call followed it.
+        let marker = reply.interrupted;
+        if let Some(m) = &marker {
+            record.push(Effect::Probed(m.clone()));
+        }
+        let then = conclude(facts, after_interrupted(facts, marker.as_ref()));
+        return Step::after(record, then);
+    };
+    record.push(Effect::Boundary {
+        boundary: Boundary::Refused,
+        detail: refusal.reason.word().to_owned(),
+    });
+    let then = match refusal.reason {
+        RefusalReason::Running => {
+            let holder = refusal.marker.as_ref().and_then(|m| m.attempt.clone());
+            record.push(Effect::Progress(format!(
+                "op {} is already running on {} (attempt {}); following it for up to {}s",
+                facts.op,
+                facts.host,
+                holder.as_deref().unwrap_or("?"),
+                facts.wait.as_secs()
+            )));
+            // A probe window answers `fenced` as its only `not_applied`, which the
+            // earlier-attempt rule below leaves alone: nothing to re-check after it.
+            return Step::after(record, Action::Probe);
+        }
+        // Superseding needs room for the new claim; the old evidence stays in place.
+        RefusalReason::Interrupted if refusal.supersede_failed.is_some() => {
+            let why = refusal
+                .marker
+                .as_ref()
+                .and_then(|m| m.why.clone())
+                .unwrap_or_else(|| "unknown".into());
+            Action::Answer(Answer::new(
+                Verdict::Indeterminate,
+                Some(attempt.clone()),
+                ReasonCode::HostDiskFull,
+                format!(
+                    "the operation was interrupted on the host ({why}) and may have had effects; it could not be re-run because the host's marker root is full ({}); its evidence is kept. Free space on the host, then rerun with the same op id",
+                    refusal.supersede_failed.as_deref().unwrap_or_default()
+                ),
+            ))
+        }
+        RefusalReason::Interrupted => conclude(facts, after_interrupted(facts, refusal.marker.as_ref())),
+        RefusalReason::Fenced => Action::Answer(Answer::new(
+            Verdict::NotApplied,
+            Some(attempt.clone()),
+            ReasonCode::Fenced,
+            "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id",
+        )),
+        RefusalReason::Conflict => Action::Answer(Answer::new(
+            Verdict::Conflict,
+            Some(attempt.clone()),
+            ReasonCode::ConflictOnHost,
+            format!(
+                "the host's marker binds op {} to a different command or stdin; nothing ran. For the same effect resend exactly that command and stdin; a new op id only for a different effect",
+                facts.op
+            ),
+        )),
+        // This call moved an interrupted claim aside before its own start failed: the
+        // earlier attempt may have run.
+        RefusalReason::RootUnusable if reply.superseded => Action::Answer(Answer::new(
+            Verdict::Indeterminate,
+            Some(attempt.clone()),
+            ReasonCode::HostDiskFull,
+            format!(
+                "an interrupted claim was superseded, then the new attempt could not start ({}); the earlier attempt may have had effects. Free space on the host, then rerun with the same op id",
+                refusal.detail
+            ),
+        )),
+        RefusalReason::RootUnusable
+            if refusal.cause.as_deref().is_some_and(is_resource_cause) =>
+        {
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::HostDiskFull,
+                format!(
+                    "the host's marker root is full ({}): the operation's records could not be written before the command started, so the claim was undone and nothing ran. Free space on the host (see `opmark doctor`), then retry with the same op id",
+                    refusal.cause.as_deref().unwrap_or_default()
+                ),
+            ))
+        }
+        RefusalReason::CannotStart
+            if matches!(
+                refusal.cause.as_deref(),
+                Some("no_setsid" | "setsid_without_f")
+            ) =>
+        {
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::HostMissingSetsid,
+                "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
+            ))
+        }
+        RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
+            Verdict::Refused,
+            Some(attempt.clone()),
+            ReasonCode::InvalidInput,
+            format!(
+                "the host shim refused the request as invalid ({})",
+                refusal.detail
+            ),
+        )),
+        other => Action::Answer(Answer::new(
+            Verdict::NotApplied,
+            Some(attempt.clone()),
+            ReasonCode::ShimCannotStart,
+            format!(
+                "the host shim could not start the command ({}: {}); nothing ran. Check the host with `opmark doctor`",
+                other.word(),
+                refusal.detail
+            ),
+        )),
+    };
+    let then = match then {
+        Action::Answer(answer) => Action::Answer(earlier_may_have_run(facts, &attempt, answer)),
+        other => other,
+    };
+    Step::after(record, then)
+}
+
+/// A refusal says that *this* attempt ran nothing. When an earlier attempt of the
+/// operation may have run (it was sent and never answered, or started), `not_applied`
+/// would claim more than that: the operation's outcome is unknown. (A fence is the
+/// exception: the shim fences only what never started.)
+pub fn earlier_may_have_run(facts: &Facts<'_>, attempt: &str, answer: Answer) -> Answer {
+    if answer.verdict != Verdict::NotApplied || answer.code == ReasonCode::Fenced {
+        return answer;
+    }
+    let earlier = facts
+        .attempts
+        .iter()
+        .find(|a| {
+            a.attempt_id != attempt
+                && matches!(
+                    a.boundary,
+                    Boundary::SentNoResponse | Boundary::Started | Boundary::ExitReceived
+                )
+        })
+        .map(|a| a.attempt_id.clone())
+        .or_else(|| facts.prior_dispatch.map(str::to_owned));
+    match earlier {
+        None => answer,
+        Some(earlier) => Answer::new(
+            Verdict::Indeterminate,
+            answer.attempt_id,
+            answer.code,
+            format!(
+                "{}; but attempt {earlier} reached the host earlier and may have run, so the operation's outcome is unknown. Rerun with the same op id once this is fixed, or run `opmark reconcile`",
+                answer
+                    .reason
+                    .trim_end_matches("; nothing ran. Check the host with `opmark doctor`")
+            ),
+        ),
+    }
+}
+
+/// The marker is interrupted (or was fenced while followed): supersede when the policy
+/// or the operator allows, else `indeterminate` until someone decides.
+pub fn after_interrupted(facts: &Facts<'_>, marker: Option<&MarkerInfo>) -> Action {
+    let attempt = facts.current();
+    if marker.is_some_and(|m| m.state == MarkerState::Fenced) {
+        // Fenced while followed (`opmark cancel` before the command started): nothing
+        // ran and nothing can; superseding would only be refused.
+        return Action::Answer(Answer::new(
+            Verdict::NotApplied,
+            Some(attempt),
+            ReasonCode::Fenced,
+            "the marker was fenced before the command started (opmark cancel or resolve); nothing ran and nothing can run under this op id",
+        ));
+    }
+    if facts.may_supersede() {
+        return Action::Supersede(if facts.approved {
+            RetryReason::OperatorApproved
+        } else {
+            RetryReason::InterruptedRerun
+        });
+    }
+    let why = marker
+        .and_then(|m| m.why.clone())
+        .unwrap_or_else(|| "unknown".into());
+    Action::Answer(Answer::new(
+        Verdict::Indeterminate,
+        Some(attempt),
+        ReasonCode::InterruptedNeedsApproval,
+        format!(
+            "the operation was interrupted on the host ({why}) and may have had effects; {} commands are not re-run automatically: check the host, then rerun with --approve NOTE or record a decision with `opmark resolve`",
+            facts.family
+        ),
+    ))
+}
+
+/// What a probe window saw, decided.
+pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<ProbeAction> {
+    let attempt = facts.current();
+    match seen {
+        ProbeSeen::ConnectFailed { problem, message } => {
+            if window.pause >= window.left {
+                return Step::after(
+                    vec![Effect::Unreachable(problem.clone())],
+                    ProbeAction::Then(Action::Answer(unreachable(facts, &problem))),
+                );
+            }
+            Step::after(
+                vec![
+                    Effect::Unreachable(problem),
+                    Effect::Progress(format!(
+                        "{} unreachable ({message}); probing again",
+                        facts.host
+                    )),
+                ],
+                ProbeAction::Wait,
+            )
+        }
+        ProbeSeen::NoAnswer(problem) => {
+            let then = if window.pause >= window.left {
+                ProbeAction::Then(Action::Answer(unreachable(facts, &problem)))
+            } else {
+                ProbeAction::Wait
+            };
+            Step::after(vec![Effect::Unreachable(problem)], then)
+        }
+        ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(conclude(
+            facts,
+            Action::Answer(key_mismatch(&attempt, why)),
+        ))),
+        ProbeSeen::Marker(marker) => {
+            let record = vec![Effect::Probed(marker.clone())];
+            let then = match marker.state {
+                MarkerState::Absent => ProbeAction::Then(conclude(
+                    facts,
+                    Action::Retry(RetryReason::ResponseLostAfterDispatch),
+                )),
+                MarkerState::Fenced => ProbeAction::Then(Action::Answer(Answer::new(
+                    Verdict::NotApplied,
+                    Some(attempt),
+                    ReasonCode::Fenced,
+                    "the marker is fenced: the operation was closed as not applied; nothing ran",
+                ))),
+                MarkerState::Interrupted => {
+                    ProbeAction::Then(conclude(facts, after_interrupted(facts, Some(&marker))))
+                }
+                MarkerState::Running | MarkerState::Completed
+                    if marker
+                        .fingerprint
+                        .as_deref()
+                        .is_some_and(|fp| fp != facts.host_fp) =>
+                {
+                    ProbeAction::Then(Action::Answer(Answer::new(
+                        Verdict::Conflict,
+                        Some(attempt),
+                        ReasonCode::ConflictOnHost,
+                        "the host's marker binds this op id to a different command or stdin",
+                    )))
+                }
+                MarkerState::Running | MarkerState::Completed => {
+                    let holder = marker.attempt.clone().unwrap_or_default();
+                    ProbeAction::Attach {
+                        resume: facts.ours(&holder),
+                        holder,
+                    }
+                }
+            };
+            Step::after(record, then)
+        }
+    }
+}
+
+/// How following `holder`'s marker ended, decided.
+pub fn after_follow(
+    facts: &Facts<'_>,
+    holder: &str,
+    followed: Followed,
+    window: Window,
+) -> Step<ProbeAction> {
+    match followed {
+        Followed::Exit(x) => Step::just(ProbeAction::Then(Action::Answer(exit_answer(facts, x)))),
+        Followed::Interrupted(m) => {
+            let then = conclude(facts, after_interrupted(facts, Some(&m)));
+            Step::after(vec![Effect::Probed(m)], ProbeAction::Then(then))
+        }
+        Followed::StillRunning => Step::just(ProbeAction::Then(Action::Answer(Answer::new(
+            Verdict::InProgress,
+            Some(holder.to_owned()),
+            ReasonCode::StillRunning,
+            format!(
+                "attempt {holder} holds the claim and is still running after waiting {}s; run again with the same op id to follow it",
+                facts.wait.as_secs()
+            ),
+        )))),
+        Followed::Lost(why) => {
+            let record = vec![Effect::Progress(format!(
+                "lost {} again while following ({why}); probing",
+                facts.host
+            ))];
+            if window.left.is_zero() {
+                let answer = unreachable(facts, &why);
+                return Step::after(record, ProbeAction::Then(Action::Answer(answer)));
+            }
+            Step::after(record, ProbeAction::Again)
+        }
+    }
+}
+
+/// The rules every retry and every verdict leaving a probe pass through: a ledger that
+/// already holds the exit is never claimed against (a marker gone, or another machine
+/// under the name, replays from the ledger), and no retry is made past the budget.
+pub fn conclude(facts: &Facts<'_>, action: Action) -> Action {
+    let attempt = facts.current();
+    if let Some(code) = facts.ledger_exit {
+        match &action {
+            // Another machine answers under this name: the ledger's record stands.
+            Action::Answer(answer) if answer.code == ReasonCode::HostKeyMismatch => {
+                let reason = format!(
+                    "the ledger recorded this operation completed with exit {code}; nothing ran again, and the output is not available: {}",
+                    answer.reason
+                );
+                return Action::Answer(
+                    Answer::new(
+                        Verdict::Replayed,
+                        Some(attempt),
+                        ReasonCode::ReplayedFromLedger,
+                        reason,
+                    )
+                    .with_exit(ExitEvidence::Ledger(Some(code))),
+                );
+            }
+            // Absent (or superseded), though the ledger saw it complete: the marker was
+            // removed. Running it again would be a second execution.
+            Action::Retry(_) | Action::Supersede(_) | Action::Backoff | Action::Dispatch => {
+                let reason = format!(
+                    "the ledger recorded this operation completed with exit {code}, but its marker is gone from the host (gc?); nothing ran again, and the output is no longer available"
+                );
+                return Action::Answer(
+                    Answer::new(
+                        Verdict::Replayed,
+                        Some(attempt),
+                        ReasonCode::ReplayedFromLedger,
+                        reason,
+                    )
+                    .with_exit(ExitEvidence::Ledger(Some(code))),
+                );
+            }
+            _ => {}
+        }
+    }
+    match action {
+        Action::Retry(reason) | Action::Supersede(reason) if facts.spent() => {
+            Action::Answer(Answer::new(
+                Verdict::Indeterminate,
+                Some(attempt),
+                ReasonCode::AttemptBudgetSpent,
+                format!(
+                    "a retry was needed ({}) but the attempt budget ({}) is spent; retry with the same op id (the atomic claim makes it safe), or run `opmark reconcile`",
+                    reason, facts.budget
+                ),
+            ))
+        }
+        other => other,
+    }
+}
+
+/// The exit trailer: `completed` when one of this invocation's attempts ran it,
+/// `replayed` when an earlier one did.
+fn exit_answer(facts: &Facts<'_>, x: ExitFrame) -> Answer {
+    let attempt = x.attempt.clone();
+    let answer = if facts.ours(&x.attempt) {
+        Answer::new(
+            Verdict::Completed,
+            Some(attempt),
+            ReasonCode::CommandExited,
+            format!(
+                "attempt {} ran the command and its exit status was received",
+                x.attempt
+            ),
+        )
+    } else {
+        Answer::new(
+            Verdict::Replayed,
+            Some(attempt),
+            ReasonCode::ReplayedFromHost,
+            format!(
+                "the operation had already run on the host (attempt {}); its recorded exit status and output are returned, nothing ran again",
+                x.attempt
+            ),
+        )
+    };
+    answer.with_exit(ExitEvidence::Host(x))
+}
+
+fn unreachable(facts: &Facts<'_>, problem: &str) -> Answer {
+    Answer::new(
+        Verdict::Indeterminate,
+        Some(facts.current()),
+        ReasonCode::UnreachableAfterDispatch,
+        format!(
+            "the request was dispatched, then {} could not be probed within {}s ({problem}); the command may have run. Run `opmark reconcile` when the host is back",
+            facts.host,
+            facts.wait.as_secs()
+        ),
+    )
+}
+
+/// The host presents another key than the operation ran against: nothing is concluded
+/// there. Something of this operation reached the original machine (that is how its
+/// key is known), so its outcome is not known here.
+fn key_mismatch(attempt: &str, why: String) -> Answer {
+    Answer::new(
+        Verdict::Indeterminate,
+        Some(attempt.to_owned()),
+        ReasonCode::HostKeyMismatch,
+        why,
+    )
+}
+
+/// The policy's word before anything is recorded or sent: `refused` when it denies the
+/// command, `blocked` when it needs an approval that was not given.
+pub fn policy_gate(deny: Option<&str>, approval: Option<&str>, approved: bool) -> Option<Answer> {
+    if let Some(rule) = deny {
+        return Some(Answer::new(
+            Verdict::Refused,
+            None,
+            ReasonCode::PolicyDenied,
+            format!(
+                "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
+            ),
+        ));
+    }
+    match approval {
+        Some(rule) if !approved => Some(Answer::new(
+            Verdict::Blocked,
+            None,
+            ReasonCode::ApprovalRequired,
+            format!(
+                "policy requires approval for this command ({rule}); rerun with --approve NOTE"
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// The ledger binds the op id to another intent: `conflict`, before anything is sent.
+pub fn ledger_conflict(
+    op: &str,
+    host: &str,
+    existing: &OperationRecord,
+    ledger_fp: &str,
+) -> Option<Answer> {
+    (existing.fingerprint != ledger_fp).then(|| {
+        Answer::new(
+            Verdict::Conflict,
+            None,
+            ReasonCode::ConflictInLedger,
+            format!(
+                "operation {op} on {host} is already bound to a different command or stdin (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
+                existing.created_at
+            ),
+        )
+    })
+}
+
+/// What earlier invocations left that this run's decisions depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    /// Why this run's first attempt is made.
+    pub first_reason: RetryReason,
+    /// The attempt it retries.
+    pub first_parent: Option<String>,
+    /// Attempts the ledger already holds.
+    pub attempt_base: u32,
+    /// An earlier attempt that may have reached the host.
+    pub prior_dispatch: Option<String>,
+    /// The exit the ledger recorded when the operation already completed.
+    pub ledger_exit: Option<i32>,
+}
+
+/// Reads the operation's projection row (if any) into [`Earlier`].
+pub fn earlier(existing: Option<&OperationRecord>, approved: bool) -> Earlier {
+    let (first_reason, first_parent) = match existing.and_then(|r| r.last_attempt.clone()) {
+        Some(parent) if approved => (RetryReason::OperatorApproved, Some(parent)),
+        Some(parent) => (RetryReason::CallerRerun, Some(parent)),
+        None => (RetryReason::FirstAttempt, None),
+    };
+    Earlier {
+        first_reason,
+        first_parent,
+        attempt_base: existing.map_or(0, |r| r.attempts),
+        // An earlier invocation's attempt left this machine unless the operation was
+        // closed as not applied since.
+        prior_dispatch: existing
+            .filter(|r| r.verdict != Some(Verdict::NotApplied) || r.unresolved)
+            .and_then(|r| r.last_attempt.clone()),
+        // The ledger already holds this operation's exit: never claim again, even if the
+        // host marker has since been removed (gc, a wiped host); look, then replay.
+        ledger_exit: existing
+            .filter(|r| matches!(r.verdict, Some(Verdict::Completed | Verdict::Replayed)))
+            .and_then(|r| r.exit_code),
+    }
+}
+
+/// An operator's decision that settles an operation for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// `applied`, `not_applied` or `abandoned`.
+    pub decision: String,
+    /// Who decided.
+    pub by: String,
+    /// Their note.
+    pub note: String,
+    /// `resolve --exit N`.
+    pub exit_code: Option<i32>,
+}
+
+/// The latest terminal operator decision among `events`, if any (SPEC section 2).
+pub fn terminal_decision(events: &[StoredEvent]) -> Option<Decision> {
+    events.iter().rev().find_map(|e| match &e.event {
+        Event::OperatorDecision {
+            by,
+            decision,
+            note,
+            exit_code,
+        } if matches!(
+            decision.as_str(),
+            "applied" | "not_applied" | "not-applied" | "abandoned"
+        ) =>
+        {
+            Some(Decision {
+                decision: decision.replace('-', "_"),
+                by: by.clone(),
+                note: note.clone(),
+                exit_code: *exit_code,
+            })
+        }
+        _ => None,
+    })
+}
+
+/// The answer to a `run` of an operation an operator has decided: final, nothing is
+/// contacted.
+pub fn operator_decided(d: &Decision) -> Answer {
+    let by = format!(
+        "operator {} resolved this operation as {} ({})",
+        d.by,
+        d.decision.replace('_', "-"),
+        d.note
+    );
+    if d.decision == "applied" {
+        let exit = d
+            .exit_code
+            .map_or_else(|| "no exit status".to_owned(), |c| format!("exit {c}"));
+        Answer::new(
+            Verdict::Replayed,
+            None,
+            ReasonCode::ResolvedApplied,
+            format!("{by}, with {exit}; that decision is final: nothing ran again"),
+        )
+        .with_exit(ExitEvidence::Ledger(d.exit_code))
+    } else if d.decision == "abandoned" {
+        // Abandoned says nothing about whether it ran: only that nothing runs again.
+        Answer::new(
+            Verdict::NotApplied,
+            None,
+            ReasonCode::ResolvedAbandoned,
+            format!("{by}; that decision is final: whether it ever ran is not known, and nothing runs under this op id now. Use a new op id"),
+        )
+    } else {
+        Answer::new(
+            Verdict::NotApplied,
+            None,
+            ReasonCode::ResolvedNotApplied,
+            format!("{by}; that decision is final: it did not apply, the marker is fenced, and nothing runs under this op id. Use a new op id"),
+        )
+    }
+}
+
+/// What a signal to the client makes of the run (SPEC section 10).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interruption {
+    /// What the `client_interrupted` event says was seen.
+    pub detail: String,
+    /// The answer.
+    pub answer: Answer,
+    /// Whether the verdict goes to the ledger: not when nothing was sent now but an
+    /// earlier run's attempt (or exit) stands, since a `not_applied` there would close an
+    /// operation this invocation knows nothing of.
+    pub record_verdict: bool,
+}
+
+/// A signal stopped the run at `boundary`: `in_progress` when a request of this
+/// invocation may have reached the host (the command, if it started, keeps running,
+/// detached by design); `not_applied` when nothing was sent.
+pub fn client_interrupted(
+    facts: &Facts<'_>,
+    signal: ClientSignal,
+    dispatched: bool,
+    boundary: Boundary,
+) -> Interruption {
+    let attempt = facts.attempts.last().map(|a| a.attempt_id.clone());
+    let op = facts.op;
+    let host = facts.host;
+    if dispatched {
+        let seen = match boundary {
+            Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet): if the command started, it keeps running there, detached by design",
+            Boundary::Started => "the shim had claimed the marker and started the command: it keeps running on the host, detached by design",
+            Boundary::Refused => "another attempt holds the claim and was running: it keeps running on the host, detached by design",
+            Boundary::NotSent => "this attempt was not sent, but an earlier attempt of this run was dispatched: if its command started, it keeps running on the host, detached by design",
+            Boundary::ExitReceived => "the exit status had been received",
+        };
+        return Interruption {
+            detail: seen.to_owned(),
+            answer: Answer::new(
+                Verdict::InProgress,
+                attempt,
+                ReasonCode::ClientInterrupted,
+                format!(
+                    "interrupted by {signal} at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                ),
+            ),
+            record_verdict: true,
+        };
+    }
+    let earlier_note = facts
+        .prior_dispatch
+        .map(|a| {
+            format!(" (attempt {a} of an earlier run was dispatched; this says nothing about it)")
+        })
+        .unwrap_or_default();
+    Interruption {
+        detail: "nothing was sent by this invocation".to_owned(),
+        answer: Answer::new(
+            Verdict::NotApplied,
+            attempt,
+            ReasonCode::ClientInterrupted,
+            format!(
+                "interrupted by {signal} before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. `opmark run` with op id {op} runs it (at most once)"
+            ),
+        ),
+        record_verdict: facts.prior_dispatch.is_none() && facts.ledger_exit.is_none(),
+    }
+}
+
+/// `--detach`: the shim acknowledged the claim (recorded as `started`); the command runs
+/// on, detached by design, and the verdict says exactly that.
+pub fn detached(facts: &Facts<'_>) -> Answer {
+    let attempt = facts.attempts.last().map(|a| a.attempt_id.clone());
+    let (op, host) = (facts.op, facts.host);
+    Answer::new(
+        Verdict::InProgress,
+        attempt,
+        ReasonCode::Detached,
+        format!(
+            "detached: the shim claimed the marker and started the command, which keeps running on {host}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+        ),
+    )
+}
+
+/// The ledger stopped taking writes after dispatch, so a needed retry could not be
+/// recorded (and was not sent): the answer claims no more than that.
+pub fn ledger_failed_after_dispatch(facts: &Facts<'_>, message: &str) -> Answer {
+    Answer::new(
+        Verdict::Indeterminate,
+        Some(facts.current()),
+        ReasonCode::EarlierDispatchUnknown,
+        format!(
+            "{message}; an attempt was dispatched before that, so the command may have run. Rerun with the same op id once the ledger can be written: the host marker decides"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    //! One test per row of the tables in the header, named for the scenario it proves.
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::shim::Refusal;
+
+    const FP: &str = "fp-of-this-intent";
+
+    /// An attempt of this invocation, how far it got.
+    fn attempt(id: &str, boundary: Boundary) -> AttemptSummary {
+        AttemptSummary {
+            attempt_id: id.into(),
+            number: 1,
+            parent: None,
+            reason: RetryReason::FirstAttempt,
+            boundary,
+        }
+    }
+
+    /// A run of `family` whose attempts so far are `attempts` (the last is current).
+    fn facts(family: Family, attempts: &[AttemptSummary]) -> Facts<'_> {
+        Facts {
+            op: "op-1",
+            host: "web1",
+            family,
+            after_interrupted: if family <= Family::Convergent {
+                AfterInterrupted::Rerun
+            } else {
+                AfterInterrupted::Block
+            },
+            approved: false,
+            host_fp: FP,
+            attempts,
+            budget: 3,
+            prior_dispatch: None,
+            ledger_exit: None,
+            wait: Duration::from_secs(30),
+        }
+    }
+
+    fn marker(state: MarkerState, holder: Option<&str>) -> MarkerInfo {
+        MarkerInfo {
+            state,
+            why: (state == MarkerState::Interrupted).then(|| "reboot".into()),
+            attempt: holder.map(Into::into),
+            fingerprint: holder.map(|_| FP.into()),
+            family: None,
+            exit_code: (state == MarkerState::Completed).then_some(0),
+            timed_out: false,
+            out_bytes: None,
+            err_bytes: None,
+            fields: BTreeMap::new(),
+        }
+    }
+
+    fn exit(by: &str, code: i32) -> ExitFrame {
+        ExitFrame {
+            code,
+            out_bytes: 0,
+            err_bytes: 0,
+            timed_out: false,
+            kept_out: None,
+            kept_err: None,
+            dropped_out: 0,
+            dropped_err: 0,
+            attempt: by.into(),
+        }
+    }
+
+    fn refusal(word: &str, fields: &[(&str, &str)], marker: Option<MarkerInfo>) -> Refused {
+        Refused::from(&Refusal {
+            reason: word.into(),
+            marker,
+            fields: fields
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        })
+    }
+
+    fn replied(reply: RunReply) -> Dispatched {
+        Dispatched::Replied(Box::new(reply))
+    }
+
+    fn refused_reply(r: Refused) -> Dispatched {
+        replied(RunReply {
+            superseded: false,
+            exit: None,
+            refusal: Some(r),
+            interrupted: None,
+        })
+    }
+
+    const TIME_LEFT: Window = Window {
+        left: Duration::from_secs(10),
+        pause: Duration::from_millis(250),
+    };
+    const SPENT: Window = Window {
+        left: Duration::from_millis(100),
+        pause: Duration::from_millis(250),
+    };
+
+    fn answer<A: std::fmt::Debug + Into<Option<Answer>>>(then: A) -> Answer {
+        let shown = format!("{then:?}");
+        then.into()
+            .unwrap_or_else(|| panic!("expected an answer, got {shown}"))
+    }
+
+    impl From<Action> for Option<Answer> {
+        fn from(a: Action) -> Self {
+            match a {
+                Action::Answer(answer) => Some(answer),
+                _ => None,
+            }
+        }
+    }
+
+    impl From<ProbeAction> for Option<Answer> {
+        fn from(a: ProbeAction) -> Self {
+            match a {
+                ProbeAction::Then(Action::Answer(answer)) => Some(answer),
+                _ => None,
+            }
+        }
+    }
+
+    fn verdict_of(a: &Answer) -> (Verdict, ReasonCode) {
+        (a.verdict, a.code)
+    }
+
+    // --- SPEC section 4: what the probe says ---
+
+    #[test]
+    fn probe_finds_completed_by_an_earlier_invocation_then_attach_replays_it() {
+        let ours = [attempt("at-2", Boundary::SentNoResponse)];
+        let f = facts(Family::AppendOnly, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Completed, Some("at-1"))),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.record,
+            vec![Effect::Probed(marker(MarkerState::Completed, Some("at-1")))]
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Attach {
+                holder: "at-1".into(),
+                resume: false
+            }
+        );
+        let step = after_follow(&f, "at-1", Followed::Exit(exit("at-1", 4)), TIME_LEFT);
+        let a = answer(step.then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ReplayedFromHost)
+        );
+        assert_eq!(a.exit, ExitEvidence::Host(exit("at-1", 4)));
+        assert_eq!(a.attempt_id.as_deref(), Some("at-1"));
+    }
+
+    #[test]
+    fn probe_finds_our_own_attempt_running_then_attach_resumes_and_answers_completed() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Destructive, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Running, Some("at-1"))),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Attach {
+                holder: "at-1".into(),
+                resume: true
+            },
+            "our own attempt's output continues from the last byte delivered"
+        );
+        let a = answer(after_follow(&f, "at-1", Followed::Exit(exit("at-1", 0)), TIME_LEFT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Completed, ReasonCode::CommandExited)
+        );
+        assert_eq!(a.exit, ExitEvidence::Host(exit("at-1", 0)));
+    }
+
+    #[test]
+    fn probe_finds_an_earlier_invocations_attempt_running_then_its_exit_is_a_replay() {
+        let ours = [attempt("at-2", Boundary::Refused)];
+        let f = facts(Family::Convergent, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Running, Some("at-1"))),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Attach {
+                holder: "at-1".into(),
+                resume: false
+            }
+        );
+        let a = answer(after_follow(&f, "at-1", Followed::Exit(exit("at-1", 0)), TIME_LEFT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ReplayedFromHost)
+        );
+    }
+
+    #[test]
+    fn still_running_when_wait_passes_is_in_progress_about_the_holder_and_retryable() {
+        let ours = [attempt("at-2", Boundary::Refused)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(after_follow(&f, "at-1", Followed::StillRunning, SPENT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::InProgress, ReasonCode::StillRunning)
+        );
+        assert_eq!(a.attempt_id.as_deref(), Some("at-1"));
+        assert!(a.code.retryable());
+    }
+
+    #[test]
+    fn probe_finds_a_marker_with_another_fingerprint_is_a_conflict_not_a_replay() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::ReadOnly, &ours);
+        let mut m = marker(MarkerState::Completed, Some("at-0"));
+        m.fingerprint = Some("someone-elses".into());
+        let a = answer(after_probe(&f, ProbeSeen::Marker(m), TIME_LEFT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Conflict, ReasonCode::ConflictOnHost)
+        );
+    }
+
+    #[test]
+    fn probe_finds_absent_after_a_lost_dispatch_then_retry_with_the_same_op_id() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::Destructive, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Absent, None)),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Then(Action::Retry(RetryReason::ResponseLostAfterDispatch))
+        );
+    }
+
+    #[test]
+    fn probe_finds_absent_but_the_attempt_budget_is_spent_then_indeterminate() {
+        let ours = [
+            attempt("at-1", Boundary::SentNoResponse),
+            attempt("at-2", Boundary::SentNoResponse),
+            attempt("at-3", Boundary::SentNoResponse),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_probe(
+                &f,
+                ProbeSeen::Marker(marker(MarkerState::Absent, None)),
+                TIME_LEFT,
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::AttemptBudgetSpent)
+        );
+        assert_eq!(a.attempt_id.as_deref(), Some("at-3"));
+    }
+
+    #[test]
+    fn interrupted_and_convergent_then_supersede_and_rerun() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Convergent, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Interrupted, Some("at-1"))),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Then(Action::Supersede(RetryReason::InterruptedRerun))
+        );
+    }
+
+    #[test]
+    fn interrupted_and_read_only_then_supersede_and_rerun() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::ReadOnly, &ours);
+        assert_eq!(
+            after_interrupted(&f, Some(&marker(MarkerState::Interrupted, Some("at-1")))),
+            Action::Supersede(RetryReason::InterruptedRerun)
+        );
+    }
+
+    #[test]
+    fn interrupted_and_append_only_without_approve_then_indeterminate_until_an_operator_decides() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::AppendOnly, &ours);
+        let a = answer(after_interrupted(
+            &f,
+            Some(&marker(MarkerState::Interrupted, Some("at-1"))),
+        ));
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::InterruptedNeedsApproval)
+        );
+        assert!(!a.code.retryable());
+        assert!(
+            a.reason.contains("(reboot)") && a.reason.contains("append-only"),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn interrupted_and_destructive_with_approve_then_supersede_as_operator_approved() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let mut f = facts(Family::Destructive, &ours);
+        f.approved = true;
+        assert_eq!(
+            after_interrupted(&f, Some(&marker(MarkerState::Interrupted, Some("at-1")))),
+            Action::Supersede(RetryReason::OperatorApproved)
+        );
+    }
+
+    #[test]
+    fn interrupted_and_supersede_wanted_but_the_budget_is_spent_then_indeterminate() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let mut f = facts(Family::ReadOnly, &ours);
+        f.budget = 1;
+        let a = answer(
+            after_probe(
+                &f,
+                ProbeSeen::Marker(marker(MarkerState::Interrupted, Some("at-1"))),
+                TIME_LEFT,
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::AttemptBudgetSpent)
+        );
+    }
+
+    #[test]
+    fn probe_finds_fenced_then_not_applied_even_after_a_dispatch() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::Destructive, &ours);
+        let a = answer(
+            after_probe(
+                &f,
+                ProbeSeen::Marker(marker(MarkerState::Fenced, None)),
+                TIME_LEFT,
+            )
+            .then,
+        );
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
+    }
+
+    #[test]
+    fn probe_unreachable_with_wait_left_then_record_it_and_probe_again_after_a_pause() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::AppendOnly, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::ConnectFailed {
+                problem: "connect: refused".into(),
+                message: "refused".into(),
+            },
+            TIME_LEFT,
+        );
+        assert_eq!(step.then, ProbeAction::Wait);
+        assert_eq!(
+            step.record[0],
+            Effect::Unreachable("connect: refused".into())
+        );
+        assert!(matches!(&step.record[1], Effect::Progress(p) if p.contains("probing again")));
+    }
+
+    #[test]
+    fn probe_unreachable_until_wait_is_spent_then_indeterminate_never_not_applied() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::ConnectFailed {
+                problem: "connect: timed out".into(),
+                message: "timed out".into(),
+            },
+            SPENT,
+        );
+        assert_eq!(
+            step.record,
+            vec![Effect::Unreachable("connect: timed out".into())]
+        );
+        let a = answer(step.then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::UnreachableAfterDispatch)
+        );
+        assert!(a.reason.contains("connect: timed out"), "{a:?}");
+    }
+
+    #[test]
+    fn probe_gets_no_answer_then_wait_or_indeterminate_by_the_time_left() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::ReadOnly, &ours);
+        let seen = ProbeSeen::NoAnswer("lost".into());
+        assert_eq!(
+            after_probe(&f, seen.clone(), TIME_LEFT).then,
+            ProbeAction::Wait
+        );
+        let a = answer(after_probe(&f, seen, SPENT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::UnreachableAfterDispatch)
+        );
+    }
+
+    #[test]
+    fn probe_reaches_a_host_with_another_key_then_nothing_is_concluded() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_probe(
+            &f,
+            ProbeSeen::KeyMismatch("another machine".into()),
+            TIME_LEFT,
+        );
+        assert!(
+            step.record.is_empty(),
+            "nothing probed there, nothing recorded"
+        );
+        let a = answer(step.then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::HostKeyMismatch)
+        );
+    }
+
+    #[test]
+    fn connection_lost_while_following_then_probe_again_at_once_or_indeterminate_when_wait_is_spent(
+    ) {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_follow(&f, "at-1", Followed::Lost("reset".into()), TIME_LEFT);
+        assert_eq!(step.then, ProbeAction::Again);
+        let none_left = Window {
+            left: Duration::ZERO,
+            pause: Duration::from_millis(250),
+        };
+        let a = answer(after_follow(&f, "at-1", Followed::Lost("reset".into()), none_left).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::UnreachableAfterDispatch)
+        );
+    }
+
+    #[test]
+    fn command_vanishes_while_followed_then_recorded_as_probed_and_decided_as_interrupted() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::AppendOnly, &ours);
+        let m = marker(MarkerState::Interrupted, Some("at-1"));
+        let step = after_follow(&f, "at-1", Followed::Interrupted(m.clone()), TIME_LEFT);
+        assert_eq!(step.record, vec![Effect::Probed(m)]);
+        assert_eq!(
+            verdict_of(&answer(step.then)),
+            (Verdict::Indeterminate, ReasonCode::InterruptedNeedsApproval)
+        );
+    }
+
+    #[test]
+    fn fenced_while_followed_then_not_applied_and_no_supersede() {
+        let ours = [attempt("at-1", Boundary::Refused)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(after_interrupted(
+            &f,
+            Some(&marker(MarkerState::Fenced, None)),
+        ));
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
+    }
+
+    // --- the ledger already holds the exit ---
+
+    #[test]
+    fn ledger_holds_the_exit_then_never_claim_again_but_probe_to_replay() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let mut f = facts(Family::AppendOnly, &ours);
+        f.ledger_exit = Some(7);
+        let step = start(&f);
+        assert_eq!(step.then, Action::Probe);
+        assert!(matches!(
+            &step.record[..],
+            [Effect::Boundary {
+                boundary: Boundary::Refused,
+                ..
+            }]
+        ));
+        assert_eq!(
+            start(&facts(Family::AppendOnly, &ours)).then,
+            Action::Dispatch
+        );
+    }
+
+    #[test]
+    fn ledger_holds_the_exit_and_the_marker_is_gone_then_replayed_from_the_ledger_not_rerun() {
+        let ours = [attempt("at-2", Boundary::Refused)];
+        let mut f = facts(Family::AppendOnly, &ours);
+        f.ledger_exit = Some(7);
+        let a = answer(
+            after_probe(
+                &f,
+                ProbeSeen::Marker(marker(MarkerState::Absent, None)),
+                TIME_LEFT,
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ReplayedFromLedger)
+        );
+        assert_eq!(a.exit, ExitEvidence::Ledger(Some(7)));
+    }
+
+    #[test]
+    fn ledger_holds_the_exit_and_another_machine_answers_then_the_ledgers_record_stands() {
+        let ours = [attempt("at-2", Boundary::Refused)];
+        let mut f = facts(Family::AppendOnly, &ours);
+        f.ledger_exit = Some(0);
+        let a = answer(after_probe(&f, ProbeSeen::KeyMismatch("other key".into()), TIME_LEFT).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ReplayedFromLedger)
+        );
+        assert!(a.reason.ends_with("other key"), "{a:?}");
+    }
+
+    // --- one dispatch, before any probe ---
+
+    #[test]
+    fn connect_fails_before_dispatch_with_budget_left_then_record_not_sent_and_back_off() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(
+            &f,
+            Dispatched::NotSent {
+                why: "refused".into(),
+                code: ReasonCode::ConnectFailed,
+                final_failure: false,
+            },
+        );
+        assert_eq!(step.then, Action::Backoff);
+        assert_eq!(
+            step.record,
+            vec![Effect::Boundary {
+                boundary: Boundary::NotSent,
+                detail: "refused".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn connect_fails_until_the_budget_is_spent_and_nothing_left_then_not_applied_and_retryable() {
+        let ours = [
+            attempt("at-1", Boundary::NotSent),
+            attempt("at-2", Boundary::NotSent),
+            attempt("at-3", Boundary::NotSent),
+        ];
+        let f = facts(Family::Destructive, &ours);
+        let a = answer(not_sent(&f, "refused", ReasonCode::ConnectFailed, false));
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ConnectFailed)
+        );
+        assert!(a.code.retryable());
+        assert!(a.reason.contains("after 3 attempt(s)"), "{a:?}");
+    }
+
+    #[test]
+    fn connect_fails_after_an_earlier_dispatch_of_this_run_then_indeterminate_never_not_applied() {
+        let ours = [
+            attempt("at-1", Boundary::SentNoResponse),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let mut f = facts(Family::ReadOnly, &ours);
+        f.budget = 2;
+        let a = answer(not_sent(&f, "refused", ReasonCode::ConnectFailed, false));
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::EarlierDispatchUnknown)
+        );
+        assert!(a.reason.contains("at-1"), "{a:?}");
+    }
+
+    #[test]
+    fn connect_fails_after_an_earlier_invocation_dispatched_then_indeterminate() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let mut f = facts(Family::ReadOnly, &ours);
+        f.prior_dispatch = Some("at-1");
+        let a = answer(not_sent(&f, "bad key", ReasonCode::HostKeyRejected, true));
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::EarlierDispatchUnknown)
+        );
+    }
+
+    #[test]
+    fn host_key_rejected_on_the_first_attempt_then_not_applied_at_once_and_not_retryable() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                Dispatched::NotSent {
+                    why: "unknown host key".into(),
+                    code: ReasonCode::HostKeyRejected,
+                    final_failure: true,
+                },
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::HostKeyRejected)
+        );
+        assert!(!a.code.retryable());
+        assert!(a.reason.contains("retrying will not help"), "{a:?}");
+    }
+
+    #[test]
+    fn connected_to_another_machine_than_the_operation_ran_on_then_not_sent_and_indeterminate() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(&f, Dispatched::KeyMismatch("key changed".into()));
+        assert!(matches!(
+            &step.record[..],
+            [Effect::Boundary {
+                boundary: Boundary::NotSent,
+                ..
+            }]
+        ));
+        assert_eq!(
+            verdict_of(&answer(step.then)),
+            (Verdict::Indeterminate, ReasonCode::HostKeyMismatch)
+        );
+    }
+
+    #[test]
+    fn shim_never_started_then_not_applied_or_indeterminate_after_an_earlier_dispatch() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(&f, Dispatched::NeverStarted("login shell exited".into()));
+        assert!(matches!(
+            &step.record[..],
+            [Effect::Boundary {
+                boundary: Boundary::SentNoResponse,
+                ..
+            }]
+        ));
+        assert_eq!(
+            verdict_of(&answer(step.then)),
+            (Verdict::NotApplied, ReasonCode::ShimDidNotStart)
+        );
+        let ours = [
+            attempt("at-1", Boundary::Started),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(after_dispatch(&f, Dispatched::NeverStarted("exited".into())).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::EarlierDispatchUnknown)
+        );
+    }
+
+    #[test]
+    fn response_lost_after_the_claim_ack_then_record_started_and_probe_before_anything_else() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Destructive, &ours);
+        let step = after_dispatch(
+            &f,
+            Dispatched::Lost {
+                started: true,
+                reason: "keepalive timeout".into(),
+            },
+        );
+        assert_eq!(step.then, Action::Probe);
+        assert_eq!(
+            step.record[0],
+            Effect::Boundary {
+                boundary: Boundary::Started,
+                detail: "response lost: keepalive timeout".into()
+            }
+        );
+    }
+
+    #[test]
+    fn response_lost_before_the_claim_ack_then_record_sent_no_response_and_probe() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(
+            &f,
+            Dispatched::Lost {
+                started: false,
+                reason: "reset".into(),
+            },
+        );
+        assert_eq!(step.then, Action::Probe);
+        assert!(matches!(
+            &step.record[0],
+            Effect::Boundary {
+                boundary: Boundary::SentNoResponse,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn exit_received_for_our_attempt_then_completed_with_its_status() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(
+            &f,
+            replied(RunReply {
+                superseded: false,
+                exit: Some(exit("at-1", 3)),
+                refusal: None,
+                interrupted: None,
+            }),
+        );
+        assert!(
+            step.record.is_empty(),
+            "exit_received is recorded with the verdict"
+        );
+        let a = answer(step.then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Completed, ReasonCode::CommandExited)
+        );
+        assert_eq!(a.exit, ExitEvidence::Host(exit("at-1", 3)));
+    }
+
+    #[test]
+    fn claim_finds_completed_then_refused_boundary_and_replayed_noting_a_cancel() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let mut m = marker(MarkerState::Completed, Some("at-1"));
+        m.fields.insert("cancelled".into(), "1".into());
+        let step = after_dispatch(
+            &f,
+            replied(RunReply {
+                superseded: false,
+                exit: Some(exit("at-1", 143)),
+                refusal: Some(refusal("completed", &[("replay", "1")], Some(m))),
+                interrupted: None,
+            }),
+        );
+        assert_eq!(
+            step.record,
+            vec![Effect::Boundary {
+                boundary: Boundary::Refused,
+                detail: "already completed on the host".into()
+            }]
+        );
+        let a = answer(step.then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ReplayedFromHost)
+        );
+        assert!(a.reason.ends_with("stopped by `opmark cancel`"), "{a:?}");
+    }
+
+    #[test]
+    fn a_call_that_superseded_records_who_allowed_it_before_the_verdict() {
+        let ours = [attempt("at-2", Boundary::Started)];
+        let reply = RunReply {
+            superseded: true,
+            exit: Some(exit("at-2", 0)),
+            refusal: None,
+            interrupted: None,
+        };
+        let f = facts(Family::Convergent, &ours);
+        let step = after_reply(&f, reply.clone());
+        assert_eq!(
+            step.record,
+            vec![Effect::Superseded {
+                note: "policy reruns interrupted operations of this family"
+            }]
+        );
+        let mut f = facts(Family::Destructive, &ours);
+        f.approved = true;
+        assert_eq!(
+            after_reply(&f, reply).record,
+            vec![Effect::Superseded {
+                note: "operator approved superseding the interrupted claim"
+            }]
+        );
+    }
+
+    #[test]
+    fn claim_finds_another_attempt_running_then_refused_boundary_and_follow_it() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let step = after_dispatch(
+            &f,
+            refused_reply(refusal(
+                "running",
+                &[("state", "running")],
+                Some(marker(MarkerState::Running, Some("at-1"))),
+            )),
+        );
+        assert_eq!(step.then, Action::Probe);
+        assert_eq!(
+            step.record[0],
+            Effect::Boundary {
+                boundary: Boundary::Refused,
+                detail: "running".into()
+            }
+        );
+        assert!(matches!(&step.record[1], Effect::Progress(p) if p.contains("attempt at-1")));
+    }
+
+    #[test]
+    fn claim_finds_interrupted_and_append_only_then_indeterminate() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::AppendOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "interrupted",
+                    &[("state", "interrupted")],
+                    Some(marker(MarkerState::Interrupted, Some("at-1"))),
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::InterruptedNeedsApproval)
+        );
+    }
+
+    #[test]
+    fn claim_finds_interrupted_and_convergent_then_supersede() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::Convergent, &ours);
+        let step = after_dispatch(
+            &f,
+            refused_reply(refusal(
+                "interrupted",
+                &[("state", "interrupted")],
+                Some(marker(MarkerState::Interrupted, Some("at-1"))),
+            )),
+        );
+        assert_eq!(step.then, Action::Supersede(RetryReason::InterruptedRerun));
+    }
+
+    #[test]
+    fn superseding_finds_the_host_disk_full_then_indeterminate_and_evidence_kept() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::Convergent, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "interrupted",
+                    &[("state", "interrupted"), ("supersede_failed", "no_space")],
+                    Some(marker(MarkerState::Interrupted, Some("at-1"))),
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::HostDiskFull)
+        );
+        assert!(a.reason.contains("(no_space)"), "{a:?}");
+    }
+
+    #[test]
+    fn claim_finds_fenced_then_not_applied_even_after_an_earlier_dispatch() {
+        let ours = [
+            attempt("at-1", Boundary::SentNoResponse),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal("fenced", &[("state", "fenced")], None)),
+            )
+            .then,
+        );
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
+    }
+
+    #[test]
+    fn claim_finds_another_fingerprint_then_conflict_on_host() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(after_dispatch(&f, refused_reply(refusal("conflict", &[], None))).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Conflict, ReasonCode::ConflictOnHost)
+        );
+        assert!(!a.code.retryable());
+    }
+
+    #[test]
+    fn marker_root_full_then_not_applied_host_disk_full() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal("root_unusable", &[("reason", "no_inodes")], None)),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::HostDiskFull)
+        );
+    }
+
+    #[test]
+    fn marker_root_full_after_superseding_then_indeterminate_since_the_old_attempt_may_have_run() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_reply(
+                &f,
+                RunReply {
+                    superseded: true,
+                    exit: None,
+                    refusal: Some(refusal("root_unusable", &[("reason", "no_space")], None)),
+                    interrupted: None,
+                },
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::HostDiskFull)
+        );
+    }
+
+    #[test]
+    fn marker_root_unusable_for_another_cause_then_shim_cannot_start() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "root_unusable",
+                    &[("reason", "not_writable")],
+                    None,
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(
+            a.reason.contains("root_unusable: reason=not_writable"),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn host_without_setsid_f_then_not_applied_naming_the_package() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        for cause in ["no_setsid", "setsid_without_f"] {
+            let a = answer(
+                after_dispatch(
+                    &f,
+                    refused_reply(refusal("cannot_start", &[("reason", cause)], None)),
+                )
+                .then,
+            );
+            assert_eq!(
+                verdict_of(&a),
+                (Verdict::NotApplied, ReasonCode::HostMissingSetsid)
+            );
+        }
+    }
+
+    #[test]
+    fn shim_refuses_the_request_as_invalid_then_refused_invalid_input() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        for word in ["invalid_op_id", "bad_args"] {
+            let a = answer(
+                after_dispatch(
+                    &f,
+                    refused_reply(refusal(word, &[("reason", "offset")], None)),
+                )
+                .then,
+            );
+            assert_eq!(verdict_of(&a), (Verdict::Refused, ReasonCode::InvalidInput));
+        }
+    }
+
+    #[test]
+    fn a_refusal_after_an_earlier_attempt_started_then_indeterminate_not_not_applied() {
+        let ours = [
+            attempt("at-1", Boundary::Started),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal("bad_stdin", &[("reason", "digest_mismatch")], None)),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::ShimCannotStart)
+        );
+        assert!(
+            a.reason.contains("attempt at-1 reached the host earlier"),
+            "{a:?}"
+        );
+        assert!(!a.reason.contains("Check the host with"), "{a:?}");
+    }
+
+    #[test]
+    fn a_refusal_after_an_earlier_attempt_was_only_not_sent_stays_not_applied() {
+        let ours = [
+            attempt("at-1", Boundary::NotSent),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal("bad_stdin", &[("reason", "digest_mismatch")], None)),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+    }
+
+    #[test]
+    fn the_command_vanishes_during_the_call_then_recorded_as_probed_and_decided_as_interrupted() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Destructive, &ours);
+        let m = marker(MarkerState::Interrupted, Some("at-1"));
+        let step = after_reply(
+            &f,
+            RunReply {
+                superseded: false,
+                exit: None,
+                refusal: None,
+                interrupted: Some(m.clone()),
+            },
+        );
+        assert_eq!(step.record, vec![Effect::Probed(m)]);
+        assert_eq!(
+            verdict_of(&answer(step.then)),
+            (Verdict::Indeterminate, ReasonCode::InterruptedNeedsApproval)
+        );
+    }
+
+    // --- verdicts before anything is sent (SPEC section 2) ---
+
+    #[test]
+    fn policy_denies_then_refused_and_approval_needed_without_approve_then_blocked() {
+        let a = policy_gate(Some("rule #3"), None, true).unwrap();
+        assert_eq!(verdict_of(&a), (Verdict::Refused, ReasonCode::PolicyDenied));
+        let a = policy_gate(None, Some("rule #4"), false).unwrap();
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Blocked, ReasonCode::ApprovalRequired)
+        );
+        assert_eq!(policy_gate(None, Some("rule #4"), true), None);
+        assert_eq!(policy_gate(None, None, false), None);
+    }
+
+    fn record(fingerprint: &str, verdict: Option<Verdict>, exit: Option<i32>) -> OperationRecord {
+        OperationRecord {
+            op_id: "op-1".into(),
+            host: "web1".into(),
+            family: Family::ReadOnly,
+            display: "true".into(),
+            fingerprint: fingerprint.into(),
+            rule: String::new(),
+            session: String::new(),
+            state: String::new(),
+            verdict,
+            exit_code: exit,
+            attempts: 2,
+            last_attempt: Some("at-2".into()),
+            unresolved: false,
+            created_at: "then".into(),
+            updated_at: String::new(),
+            first_seq: 1,
+            last_seq: 2,
+            contradictions: 0,
+            settled_attempt: None,
+        }
+    }
+
+    #[test]
+    fn the_ledger_binds_the_op_id_to_another_intent_then_conflict_before_anything_is_sent() {
+        let existing = record("hmac-a", None, None);
+        let a = ledger_conflict("op-1", "web1", &existing, "hmac-b").unwrap();
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Conflict, ReasonCode::ConflictInLedger)
+        );
+        assert_eq!(ledger_conflict("op-1", "web1", &existing, "hmac-a"), None);
+    }
+
+    #[test]
+    fn a_rerun_names_its_parent_and_reason_and_knows_what_earlier_runs_left() {
+        let e = earlier(None, false);
+        assert_eq!(
+            (e.first_reason, e.first_parent),
+            (RetryReason::FirstAttempt, None)
+        );
+        let done = record("fp", Some(Verdict::Completed), Some(5));
+        let e = earlier(Some(&done), false);
+        assert_eq!(e.first_reason, RetryReason::CallerRerun);
+        assert_eq!(e.first_parent.as_deref(), Some("at-2"));
+        assert_eq!((e.attempt_base, e.ledger_exit), (2, Some(5)));
+        assert_eq!(e.prior_dispatch.as_deref(), Some("at-2"));
+        assert_eq!(
+            earlier(Some(&done), true).first_reason,
+            RetryReason::OperatorApproved
+        );
+        // Closed as not applied: its attempt is known not to have run.
+        let closed = record("fp", Some(Verdict::NotApplied), None);
+        assert_eq!(earlier(Some(&closed), false).prior_dispatch, None);
+    }
+
+    fn decided(decision: &str, exit_code: Option<i32>) -> StoredEvent {
+        StoredEvent {
+            seq: 1,
+            op_id: "op".into(),
+            host: "h".into(),
+            at: String::new(),
+            event: Event::OperatorDecision {
+                by: "alice".into(),
+                decision: decision.into(),
+                note: "n".into(),
+                exit_code,
+            },
+            prev_hash: String::new(),
+            hash: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_latest_settling_decision_is_terminal_and_an_approval_is_not() {
+        assert_eq!(terminal_decision(&[decided("approved", None)]), None);
+        let d = terminal_decision(&[
+            decided("abandoned", None),
+            decided("applied", Some(3)),
+            decided("approved", None),
+        ])
+        .unwrap();
+        assert_eq!((d.decision.as_str(), d.exit_code), ("applied", Some(3)));
+        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
+        assert_eq!(d.decision, "not_applied");
+    }
+
+    #[test]
+    fn resolved_applied_then_replayed_with_the_operators_exit_and_nothing_contacted() {
+        let d = terminal_decision(&[decided("applied", Some(3))]).unwrap();
+        let a = operator_decided(&d);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Replayed, ReasonCode::ResolvedApplied)
+        );
+        assert_eq!(a.exit, ExitEvidence::Ledger(Some(3)));
+        let d = terminal_decision(&[decided("applied", None)]).unwrap();
+        assert_eq!(operator_decided(&d).exit, ExitEvidence::Ledger(None));
+    }
+
+    #[test]
+    fn resolved_not_applied_or_abandoned_then_not_applied_for_good() {
+        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
+        assert_eq!(
+            verdict_of(&operator_decided(&d)),
+            (Verdict::NotApplied, ReasonCode::ResolvedNotApplied)
+        );
+        let d = terminal_decision(&[decided("abandoned", None)]).unwrap();
+        let a = operator_decided(&d);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ResolvedAbandoned)
+        );
+        assert!(!a.code.retryable());
+    }
+
+    // --- interruptions of the client (SPEC section 10) ---
+
+    #[test]
+    fn signal_after_the_claim_ack_then_in_progress_and_the_verdict_is_recorded() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::ReadOnly, &ours);
+        let i = client_interrupted(&f, ClientSignal::Int, true, Boundary::Started);
+        assert_eq!(
+            verdict_of(&i.answer),
+            (Verdict::InProgress, ReasonCode::ClientInterrupted)
+        );
+        assert!(i.record_verdict);
+        assert!(i.answer.reason.contains("opmark cancel web1 op-1"), "{i:?}");
+    }
+
+    #[test]
+    fn signal_before_anything_was_sent_then_not_applied_unless_an_earlier_run_stands() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let i = client_interrupted(&f, ClientSignal::Term, false, Boundary::NotSent);
+        assert_eq!(
+            verdict_of(&i.answer),
+            (Verdict::NotApplied, ReasonCode::ClientInterrupted)
+        );
+        assert!(i.record_verdict);
+        let mut f = facts(Family::ReadOnly, &ours);
+        f.prior_dispatch = Some("at-1");
+        let i = client_interrupted(&f, ClientSignal::Term, false, Boundary::NotSent);
+        assert!(
+            !i.record_verdict,
+            "a not_applied in the ledger would close an operation an earlier run dispatched"
+        );
+        assert!(
+            i.answer.reason.contains("attempt at-1 of an earlier run"),
+            "{i:?}"
+        );
+    }
+
+    #[test]
+    fn detach_after_the_claim_ack_then_in_progress_detached() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let a = detached(&facts(Family::ReadOnly, &ours));
+        assert_eq!(verdict_of(&a), (Verdict::InProgress, ReasonCode::Detached));
+        assert_eq!(a.attempt_id.as_deref(), Some("at-1"));
+    }
+
+    #[test]
+    fn the_ledger_fails_after_dispatch_then_indeterminate_pointing_at_the_marker() {
+        let ours = [attempt("at-1", Boundary::SentNoResponse)];
+        let a = ledger_failed_after_dispatch(&facts(Family::ReadOnly, &ours), "disk full");
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Indeterminate, ReasonCode::EarlierDispatchUnknown)
+        );
+        assert!(a.reason.starts_with("disk full;"), "{a:?}");
+    }
+}
