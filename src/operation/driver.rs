@@ -107,7 +107,7 @@ impl<'a> Runner<'a> {
     pub(crate) async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
         let mut backoff = Duration::from_millis(200);
         let step = decide::start(&self.facts());
-        let mut next = self.record(step)?;
+        let mut next = self.apply(step)?;
         loop {
             next = match next {
                 Action::Answer(answer) => return self.finish(answer),
@@ -115,7 +115,7 @@ impl<'a> Runner<'a> {
                     Sent::Stopped(report) => return Ok(*report),
                     Sent::Seen(seen) => {
                         let step = decide::after_dispatch(&self.facts(), seen);
-                        self.record(step)?
+                        self.apply(step)?
                     }
                 },
                 Action::Retry(reason) | Action::Supersede(reason) => {
@@ -136,7 +136,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Records a decision's evidence, in order, and hands back what to do next.
-    fn record<A>(&mut self, step: Step<A>) -> Result<A, Error> {
+    fn apply<A>(&mut self, step: Step<A>) -> Result<A, Error> {
         let attempt = self.current_attempt();
         for effect in step.record {
             match effect {
@@ -268,7 +268,7 @@ impl<'a> Runner<'a> {
                 last_problem.clone_from(problem);
             }
             let step = decide::after_probe(&self.facts(), seen, window(pause));
-            let mut next = self.record(step)?;
+            let mut next = self.apply(step)?;
             if let (ProbeAction::Attach { holder, resume }, Some(session)) = (&next, session) {
                 let (out_off, err_off) = if *resume {
                     (self.output.out_bytes(), self.output.err_bytes())
@@ -281,7 +281,7 @@ impl<'a> Runner<'a> {
                     last_problem.clone_from(why);
                 }
                 let step = decide::after_follow(&self.facts(), holder, followed, window(pause));
-                next = self.record(step)?;
+                next = self.apply(step)?;
             }
             match next {
                 ProbeAction::Then(action) => return Ok(action),
@@ -601,7 +601,7 @@ impl<'a> Runner<'a> {
                 final_failure: true,
             },
         );
-        match self.record(step)? {
+        match self.apply(step)? {
             Action::Answer(answer) => self.finish(answer),
             _ => Err(Error::new(
                 ErrorKind::Internal,
