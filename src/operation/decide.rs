@@ -1,8 +1,10 @@
 //! The run's decision table (SPEC sections 2, 4, 8 and 10): a pure function of what the
 //! run knows ([`Facts`]) and what it just observed, answering with what to record
 //! ([`Effect`]) and what to do next ([`Action`], [`ProbeAction`]). No I/O happens here:
-//! the driver ([`super::driver`]) connects, calls the shim, writes the ledger and sleeps,
-//! then asks this file what the evidence means. Every row below is a unit test.
+//! the driver (`driver.rs`) connects, calls the shim, writes the ledger and sleeps,
+//! then asks this file what the evidence means. Every row below is a unit test named
+//! for its row (`probe_finds_absent_...`, `interrupted_and_convergent_...`,
+//! `claim_finds_fenced_...`, `connect_fails_after_an_earlier_dispatch_...`, ...).
 //!
 //! SPEC section 4, after dispatch nothing is retried without a probe
 //! ([`after_probe`], [`after_follow`]):

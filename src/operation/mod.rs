@@ -7,7 +7,7 @@
 //! - [`decide`]: THE decision table. Every retry and every verdict is decided there, by
 //!   pure functions of what the run knows and what it just observed; its header maps
 //!   SPEC section 4's rows and the verdict rules to code, and each is a unit test;
-//! - [`driver`]: the I/O around the table (connect, call the shim, probe, follow, record
+//! - `driver`: the I/O around the table (connect, call the shim, probe, follow, record
 //!   in the ledger, pause), which asks [`decide`] at every step;
 //! - [`call`]: one shim call over SSH, streamed to an observer;
 //! - [`reply`]: the shim's answer to a `run` call, read once into types (refusal reasons
