@@ -61,6 +61,7 @@ use crate::family::Family;
 use crate::ledger::{Event, OperationRecord, StoredEvent};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
+use crate::ssh::{ConnectError, ConnectStage};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use super::interrupt::ClientSignal;
@@ -320,6 +321,29 @@ pub struct Window {
     pub left: Duration,
     /// The next pause.
     pub pause: Duration,
+}
+
+/// The reason code of a connection that could not be made.
+pub fn connect_code(e: &ConnectError) -> ReasonCode {
+    match e.stage {
+        ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
+        ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
+        ConnectStage::HostKey => ReasonCode::HostKeyRejected,
+        ConnectStage::Auth => ReasonCode::AuthRefused,
+    }
+}
+
+/// Host key and authentication failures will not change by retrying; a connect that
+/// used up its ConnectTimeout is one attempt, as in ssh (the caller may rerun).
+pub fn connect_is_final(e: &ConnectError) -> bool {
+    matches!(
+        e.stage,
+        ConnectStage::HostKey
+            | ConnectStage::Auth
+            | ConnectStage::Resolve
+            | ConnectStage::Config
+            | ConnectStage::Timeout
+    )
 }
 
 /// The first move of a run whose attempt is recorded: dispatch it, or, when the ledger
@@ -1787,6 +1811,33 @@ mod tests {
         assert_eq!(
             verdict_of(&a),
             (Verdict::Indeterminate, ReasonCode::EarlierDispatchUnknown)
+        );
+    }
+
+    #[test]
+    fn connect_failures_that_retrying_cannot_fix_are_final_and_a_refused_connect_is_retried() {
+        let stage = |stage| ConnectError::new(stage, "x");
+        for final_stage in [
+            ConnectStage::HostKey,
+            ConnectStage::Auth,
+            ConnectStage::Resolve,
+            ConnectStage::Config,
+            ConnectStage::Timeout,
+        ] {
+            assert!(connect_is_final(&stage(final_stage)), "{final_stage:?}");
+        }
+        assert!(!connect_is_final(&stage(ConnectStage::Connect)));
+        assert_eq!(
+            connect_code(&stage(ConnectStage::HostKey)),
+            ReasonCode::HostKeyRejected
+        );
+        assert_eq!(
+            connect_code(&stage(ConnectStage::Auth)),
+            ReasonCode::AuthRefused
+        );
+        assert_eq!(
+            connect_code(&stage(ConnectStage::Timeout)),
+            ReasonCode::ConnectFailed
         );
     }
 

@@ -25,17 +25,14 @@ use crate::vocab::{Boundary, RetryReason};
 
 use super::call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use super::decide::{
-    self, Action, Answer, Dispatched, Effect, ExitEvidence, Facts, Followed, ProbeAction,
-    ProbeSeen, RunReply, Step, Window,
+    self, connect_code, connect_is_final, Action, Answer, Dispatched, Effect, ExitEvidence, Facts,
+    Followed, ProbeAction, ProbeSeen, RunReply, Step, Window,
 };
 use super::identity::Recorded;
 use super::interrupt::{ClientSignal, Interrupts};
 use super::output::Output;
 use super::record::{self, RunLedger};
-use super::{
-    connect_code, connect_is_final, fault_point, new_attempt_id, progress, AttemptSummary,
-    RunInput, RunReport,
-};
+use super::{fault_point, new_attempt_id, progress, AttemptSummary, RunInput, RunReport};
 
 /// The state of one `run`.
 pub(crate) struct Runner<'a> {

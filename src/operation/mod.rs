@@ -43,7 +43,7 @@ use crate::ledger::fingerprint::{self, InstallationKey, Intent};
 use crate::ledger::{Durability, Event, Ledger, OpKey, Redactor};
 use crate::op_id::OpId;
 use crate::policy::{Classification, Policy};
-use crate::ssh::{self, ConnectError, ConnectStage, HostSpec, Pool};
+use crate::ssh::{self, ConnectStage, HostSpec, Pool};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
 use driver::Runner;
@@ -52,7 +52,7 @@ use interrupt::Interrupts;
 use output::Output;
 use record::{LedgerWriteError, RunLedger};
 
-pub use decide::{terminal_decision, Decision};
+pub use decide::{connect_code, terminal_decision, Decision};
 
 /// What the caller asked `opmark run` to do.
 #[derive(Debug, Clone)]
@@ -331,42 +331,31 @@ pub async fn run_interruptible(
     // `--detach` leaves at the claim acknowledgement, which the observer announces.
     let driven = tokio::select! {
         biased;
-        signal = interrupts.wait() => Err(Some(signal)),
-        report = runner.drive(&dest) => Ok(report),
-        () = started.notified(), if detach => Err(None),
+        signal = interrupts.wait() => Driven::Signalled(signal),
+        report = runner.drive(&dest) => Driven::Done(Box::new(report)),
+        () = started.notified(), if detach => Driven::Detached,
     };
     match driven {
-        Err(Some(signal)) => runner.interrupted(signal),
-        Err(None) => runner.detached(),
+        Driven::Signalled(signal) => runner.interrupted(signal),
+        Driven::Detached => runner.detached(),
         // After dispatch with a ledger that stopped taking writes (a retry could not be
         // recorded, so it was not sent): the caller still gets a verdict, and it claims
         // no more than the evidence.
-        Ok(Err(e)) if runner.ledger.failed().is_some() => Ok(runner.ledger_failed(&e.message)),
-        Ok(other) => other,
+        Driven::Done(done) => match *done {
+            Err(e) if runner.ledger.failed().is_some() => Ok(runner.ledger_failed(&e.message)),
+            other => other,
+        },
     }
 }
 
-/// The reason code of a connection that could not be made.
-pub fn connect_code(e: &ConnectError) -> ReasonCode {
-    match e.stage {
-        ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
-        ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
-        ConnectStage::HostKey => ReasonCode::HostKeyRejected,
-        ConnectStage::Auth => ReasonCode::AuthRefused,
-    }
-}
-
-/// Host key and authentication failures will not change by retrying; a connect that
-/// used up its ConnectTimeout is one attempt, as in ssh (the caller may rerun).
-pub(crate) fn connect_is_final(e: &ConnectError) -> bool {
-    matches!(
-        e.stage,
-        ConnectStage::HostKey
-            | ConnectStage::Auth
-            | ConnectStage::Resolve
-            | ConnectStage::Config
-            | ConnectStage::Timeout
-    )
+/// How driving a run ended.
+enum Driven {
+    /// The decisions reached a verdict (or opmark itself failed).
+    Done(Box<Result<RunReport, Error>>),
+    /// A signal stopped the client first.
+    Signalled(interrupt::ClientSignal),
+    /// `--detach`, and the shim acknowledged the claim.
+    Detached,
 }
 
 /// A fresh attempt id: `at-<16 hex>` (same charset as op ids, safe on the host).
