@@ -3,9 +3,9 @@
 
 use crate::cli::{GlobalArgs, HostArgs};
 use crate::error::{Error, ErrorKind, Result};
+use crate::host::{HostSpec, ReachError};
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
-use crate::ssh::{ConnectError, ConnectStage, HostSpec};
 
 /// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
 pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
@@ -42,19 +42,18 @@ pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
     }
 }
 
-/// A host that could not be resolved or reached: a config problem is a config error
-/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
-/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
-pub fn resolve_error(e: ConnectError) -> Error {
-    let (kind, code) = if e.stage == ConnectStage::Config {
-        (ErrorKind::Config, "config_invalid")
-    } else {
-        (
+/// A host that could not be reached for a call: a connect failure as [`Error`]'s
+/// `From<ConnectError>` says; a host presenting another key than the operation ran
+/// against is another machine (`host_key_mismatch`), and `nothing` says what was not done.
+pub fn reach_error(e: ReachError, nothing: &str) -> Error {
+    match e {
+        ReachError::Connect(e) => e.into(),
+        ReachError::KeyMismatch(why) => Error::new(
             ErrorKind::Unreachable,
-            crate::operation::connect_code(&e).as_str(),
+            format!("{why} (host_key_mismatch); {nothing}"),
         )
-    };
-    Error::new(kind, e.to_string()).with_code(code)
+        .with_code("host_key_mismatch"),
+    }
 }
 
 /// A tokio runtime for commands that talk to hosts.
@@ -106,6 +105,12 @@ fn passwd_name() -> Option<String> {
         let found = fields.nth(1)? == uid;
         (found && !name.is_empty()).then(|| name.to_owned())
     })
+}
+
+/// Masks secrets in an error message at the command edge (errors may echo user input).
+pub fn redacted_error(mut e: crate::error::Error) -> crate::error::Error {
+    e.message = Redactor::default().redact_owned(&e.message);
+    e
 }
 
 /// The `schema` field of every JSON document (SPEC section 6); bumped only when a field

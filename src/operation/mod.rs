@@ -2,14 +2,12 @@
 //! shim, and, after a lost connection, probe the marker before anything else (SPEC
 //! sections 2 and 4). Every retry decision is made in this file, in [`Runner::drive`].
 //!
-//! - [`call`]: one shim call over SSH, streamed to an observer.
 //! - [`interrupt`]: SIGINT/SIGTERM/SIGHUP to the client, answered by [`run_interruptible`].
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests).
 //! - [`identity`]: which machine an operation ran on, and the host key check.
 //! - [`fleet`]: one operation on many hosts (SPEC section 11): forks, failure budget,
 //!   rolling batches, the combined answer.
 
-pub mod call;
 pub mod fleet;
 pub mod identity;
 pub mod interrupt;
@@ -24,15 +22,16 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
+use crate::host::{ExitFrame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, Redactor, StoredEvent};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, Classification, Policy};
-use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
+use crate::shim::Frame;
 use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Pool, Session};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
 
-use call::{call_shim, CallEnd, CallObserver, FramesOnly};
+use crate::host::{self, call_shim, CallEnd, CallObserver};
 use identity::Recorded;
 use interrupt::{ClientSignal, Interrupts};
 use output::Output;
@@ -606,9 +605,9 @@ impl<'a> Runner<'a> {
                 }
                 CallEnd::Lost {
                     frames,
-                    shim_started: _,
                     reason,
                     never_started: None,
+                    ..
                 } => {
                     let started = frames.iter().any(|f| matches!(f, Frame::Started { .. }));
                     let boundary = if started {
@@ -716,7 +715,7 @@ impl<'a> Runner<'a> {
 
     /// This attempt's shim never started. `not_applied` unless an earlier attempt left
     /// and its outcome is unknown (that one may still have run).
-    fn never_started_answer(&self, attempt: &str, never: &call::NeverStarted) -> Answer {
+    fn never_started_answer(&self, attempt: &str, never: &host::NeverStarted) -> Answer {
         let earlier = self
             .attempts
             .iter()
@@ -812,7 +811,7 @@ impl<'a> Runner<'a> {
                 "the shim ended its reply without an exit or a refusal",
             ));
         };
-        self.boundary(attempt, Boundary::Refused, &refusal.reason)?;
+        self.boundary(attempt, Boundary::Refused, refusal.reason.as_str())?;
         let marker = refusal.marker.clone();
         let settled = match refusal.reason.as_str() {
             "running" => {
@@ -1035,18 +1034,11 @@ impl<'a> Runner<'a> {
             let left = deadline
                 .saturating_duration_since(Instant::now())
                 .max(Duration::from_millis(500));
-            let probe = tokio::time::timeout(
-                left,
-                call_shim(&session, &Verb::Probe(&self.op), None, &mut FramesOnly),
-            )
-            .await;
+            let probe = tokio::time::timeout(left, host::probe(&session, &self.op)).await;
             let marker = match probe {
-                Ok(CallEnd::Finished(frames)) => frames.into_iter().find_map(|f| match f {
-                    Frame::Probe(m) => Some(m),
-                    _ => None,
-                }),
-                Ok(CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. }) => {
-                    last_problem = why;
+                Ok(Ok(m)) => Some(m),
+                Ok(Err(e)) => {
+                    last_problem = e.to_string();
                     None
                 }
                 Err(_) => {
@@ -1140,36 +1132,21 @@ impl<'a> Runner<'a> {
         err_offset: u64,
         limit: Duration,
     ) -> Result<Followed, Error> {
-        let verb = Verb::Attach {
-            op: &self.op,
-            out_offset,
-            err_offset,
-        };
         let mut observer = OutputObserver {
             output: &mut self.output,
         };
-        let end = match tokio::time::timeout(limit, call_shim(session, &verb, None, &mut observer))
-            .await
-        {
-            Ok(end) => end,
-            Err(_) => return Ok(Followed::StillRunning),
-        };
-        Ok(match end {
-            CallEnd::Finished(frames) => {
-                let mut result = Followed::Lost("attach ended without an answer".into());
-                for f in frames {
-                    match f {
-                        Frame::Exit(x) => result = Followed::Exit(x),
-                        Frame::Interrupted(m) => result = Followed::Interrupted(m),
-                        Frame::Refused(r) => {
-                            result = Followed::Lost(format!("attach refused: {}", r.reason))
-                        }
-                        _ => {}
-                    }
-                }
-                result
+        let attach = host::attach(session, &self.op, out_offset, err_offset, &mut observer);
+        Ok(match tokio::time::timeout(limit, attach).await {
+            Err(_) => Followed::StillRunning,
+            Ok(Ok(host::Attached::Exit(x))) => Followed::Exit(x),
+            Ok(Ok(host::Attached::Interrupted(m))) => Followed::Interrupted(m),
+            Ok(Err(host::CallError::Refused(r))) => {
+                Followed::Lost(format!("attach refused: {}", r.reason))
             }
-            CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Followed::Lost(why),
+            Ok(Err(host::CallError::NoAnswer(_))) => {
+                Followed::Lost("attach ended without an answer".into())
+            }
+            Ok(Err(e)) => Followed::Lost(e.to_string()),
         })
     }
 
@@ -1621,12 +1598,7 @@ enum Followed {
 
 /// The reason code of a connection that could not be made.
 pub fn connect_code(e: &ConnectError) -> ReasonCode {
-    match e.stage {
-        ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
-        ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
-        ConnectStage::HostKey => ReasonCode::HostKeyRejected,
-        ConnectStage::Auth => ReasonCode::AuthRefused,
-    }
+    e.reason_code()
 }
 
 /// Host key and authentication failures will not change by retrying; a connect that
@@ -1785,18 +1757,8 @@ impl CallObserver for RunObserver<'_, '_> {
     }
 }
 
-/// Fault injection for the crash tests: `OPMARK_FAULT=<point>` makes this process
-/// SIGKILL itself at that point (`before_dispatch`, `after_dispatch`, `after_started`,
-/// `after_exit`), as a crash or `kill -9` would. Never set outside tests.
-pub(crate) fn fault_point(point: &str) {
-    if std::env::var("OPMARK_FAULT").is_ok_and(|p| p == point) {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &std::process::id().to_string()])
-            .status();
-        // kill(1) missing: die without cleanup all the same.
-        std::process::abort();
-    }
-}
+/// Fault points of the crash tests: see [`crate::fault`].
+pub(crate) use crate::fault::point as fault_point;
 
 struct OutputObserver<'r> {
     output: &'r mut Output,
