@@ -75,8 +75,7 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     let key = OpKey::new(op.as_str(), host.clone());
     let grace_ms = u64::try_from(args.grace.as_millis()).unwrap_or(u64::MAX);
 
-    let runtime = common::runtime()?;
-    let answer = runtime.block_on(async {
+    let answer = common::block_on(async {
         // Another key is another machine: cancelling (or fencing) there would stop or
         // close the wrong thing.
         let reached =
@@ -92,7 +91,7 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
             mismatch => common::reach_error(mismatch, "nothing was sent"),
         })?;
         Ok::<_, Error>(target.cancel(&op, args.grace).await)
-    })?;
+    })??;
     let Cancelled { outcome, marker } = match answer {
         Ok(done) => done,
         Err(CallError::NotSent(why)) => {

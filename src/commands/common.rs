@@ -56,18 +56,37 @@ pub fn reach_error(e: ReachError, nothing: &str) -> Error {
     }
 }
 
-/// A tokio runtime for commands that talk to hosts.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!("cannot start the async runtime: {e}"),
-            )
-        })
+/// The process's one tokio runtime, for commands that talk to hosts. Built on first use,
+/// not up front, so that commands that stay local (list, show, classify...) never start
+/// its threads; `opmark mcp`'s tool threads share the server's. Never dropped: the
+/// process exits with whatever it still runs (a channel drained in the background, a
+/// tool thread blocked on a host), without waiting for it.
+static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+
+/// Runs `future` to completion on the process's runtime (from any thread that is not
+/// itself one of the runtime's).
+pub fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    if RUNTIME.get().is_none() {
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("cannot start the async runtime: {e}"),
+                )
+            })?;
+        // A thread that lost the race drops its own copy; both are fine to use.
+        let _ = RUNTIME.set(built);
+    }
+    let runtime = RUNTIME.get().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Internal,
+            "the async runtime vanished (opmark bug)",
+        )
+    })?;
+    Ok(runtime.block_on(future))
 }
 
 /// The session id: `OPMARK_SESSION` when the caller sets one, else a fresh one.
@@ -97,7 +116,7 @@ pub fn operator(by: Option<&str>) -> String {
 /// The name /etc/passwd gives the effective uid, if it has one. Read from the file, not
 /// through NSS, to stay free of unsafe code; a directory-service user sets $USER anyway.
 fn passwd_name() -> Option<String> {
-    let uid = crate::lab::effective_uid().to_string();
+    let uid = rustix::process::geteuid().as_raw().to_string();
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let mut fields = line.split(':');

@@ -96,11 +96,10 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                 "resolve",
                 format!("{}@{}:{}", dest.user, dest.hostname, dest.port),
             ));
-            let runtime = common::runtime()?;
-            let answer = runtime.block_on(async {
+            let answer = common::block_on(async {
                 let target = Host::connect(&dest).await?;
                 Ok::<_, ConnectError>(target.doctor().await)
-            });
+            })?;
             match answer {
                 Err(e) => {
                     let (name, fix) = match e.stage {

@@ -65,8 +65,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         Some(route) => reach(global, &host, &args.host_args, Some(route)),
         None => fresh,
     }?;
-    let runtime = common::runtime()?;
-    let report = runtime.block_on(async {
+    let report = common::block_on(async {
         let reached = Host::connect_checked(&dest, |key| recorded.check(&host, &op, key)).await;
         let target = reached.map_err(|e| common::reach_error(e, "nothing was removed"))?;
         target.gc(args.older_than, args.dry_run).await.map_err(|e| match e {
@@ -86,7 +85,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
                 format!("gc on {host} lost its answer ({lost}); some markers may have been removed. Run it again with --dry-run to see what is left"),
             ),
         })
-    })?;
+    })??;
     let (removed, kept) = (report.removed, report.kept);
     if global.json {
         common::print_json(&Report {

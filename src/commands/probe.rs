@@ -40,8 +40,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let (host, dest, recorded) =
         super::reach::reach_operation(global, &args.host, &args.host_args, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
-    let runtime = common::runtime()?;
-    let marker = runtime.block_on(probe_checked(&dest, &op, &host, &recorded))?;
+    let marker = common::block_on(probe_checked(&dest, &op, &host, &recorded))??;
     ledger.append(
         &key,
         &Event::Probed {

@@ -101,10 +101,9 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     let outcomes = if candidates.is_empty() {
         Vec::new()
     } else {
-        let runtime = common::runtime()?;
         // Drawn only for a person watching: a pipe or a JSON reader gets the answer only.
         let show_progress = !global.json && std::io::stderr().is_terminal();
-        let outcomes = runtime.block_on(reconcile::reconcile(
+        let outcomes = common::block_on(reconcile::reconcile(
             &mut ledger,
             candidates,
             |c, route| reach(global, &c.record.host, &HostArgs::default(), route),
@@ -115,7 +114,7 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
                         .and_then(|()| err.flush());
                 }
             },
-        ))?;
+        ))??;
         if show_progress {
             let _ = write!(std::io::stderr(), "\r\x1b[K");
         }

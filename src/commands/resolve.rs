@@ -175,9 +175,8 @@ fn fence(
                 ),
             )
         })?;
-    let runtime = common::runtime()?;
     let host = printable(&args.host);
-    let answer = runtime.block_on(async {
+    let answer = common::block_on(async {
         let reached =
             Host::connect_checked(&dest, |key| recorded.check(&args.host, op.as_str(), key)).await;
         let target = reached.map_err(|e| match e {
@@ -190,7 +189,7 @@ fn fence(
             mismatch => common::reach_error(mismatch, "nothing was fenced or recorded"),
         })?;
         Ok::<_, Error>(target.fence(op, true).await)
-    })?;
+    })??;
     let refusal = match answer {
         Ok(fenced) => return Ok(format!("{} ({})", fenced.outcome, fenced.marker.summary())),
         Err(CallError::Refused(r)) => r,

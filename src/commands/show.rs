@@ -624,7 +624,7 @@ pub struct AttemptView {
     /// From dispatch to the last event about it, in milliseconds.
     pub duration_ms: Option<u64>,
     /// How it reached the host, when it connected (SPEC section 9).
-    pub route: Option<crate::ssh::Route>,
+    pub route: Option<crate::host::Route>,
     /// The host key fingerprint it saw (`SHA256:...`), when it connected.
     pub host_key: Option<String>,
 }

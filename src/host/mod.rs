@@ -9,6 +9,9 @@
 //! - The one-answer verbs, typed: [`probe`], [`fence`], [`gc`], [`doctor`], [`cancel`],
 //!   and [`attach`]'s end. Each returns its answer or a [`CallError`].
 //! - [`Host`]: a connected host, reached with [`Host::connect_checked`].
+//! - What the commands need of [`crate::ssh`] to name and reach a host (resolve a
+//!   destination, the connection pool, no prompts under MCP), re-exported so that this
+//!   module is their one door to hosts.
 //!
 //! Below it, [`crate::shim`] owns the wire: the script, the verb table ([`shim::VERBS`],
 //! mirrored by `shim.sh`'s header), the exec request and the frame parser, which checks
@@ -28,6 +31,7 @@ pub use crate::shim::{
     MarkerState, ProtocolError, Refusal, RefusalReason, RunRequest, StdinSpec, Verb,
     DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
 };
+pub use crate::ssh::auth::forbid_prompts;
 pub use crate::ssh::{
     check_destination, resolve, resolve_route, ConnectError, ConnectStage, Destination, HostSpec,
     Pool, Route,
