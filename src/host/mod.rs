@@ -258,6 +258,45 @@ pub async fn attach(
     })
 }
 
+/// The `run` verb's reply, read from a finished call's frames: what the shim did with
+/// the claim. Output went to the call's observer as it arrived.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReply {
+    /// `S`: this attempt's claim is durable and the command started.
+    pub started: Option<String>,
+    /// `U`: an interrupted claim was moved aside for this attempt.
+    pub superseded: bool,
+    /// `R`: the claim was refused (for a `completed` marker, with its replay following).
+    pub refusal: Option<Refusal>,
+    /// `X`: the command's exit (this attempt's, or the replayed one).
+    pub exit: Option<ExitFrame>,
+    /// `I`: the supervisor vanished without an exit record while followed.
+    pub interrupted: Option<MarkerInfo>,
+}
+
+impl RunReply {
+    /// Reads the frames of a `run` call (finished or not: a lost call's frames say how far
+    /// it got). The first frame of each kind counts.
+    pub fn from_frames(frames: &[Frame]) -> RunReply {
+        let mut reply = RunReply::default();
+        for f in frames {
+            match f {
+                Frame::Started { attempt } if reply.started.is_none() => {
+                    reply.started = Some(attempt.clone())
+                }
+                Frame::Superseded { .. } => reply.superseded = true,
+                Frame::Refused(r) if reply.refusal.is_none() => reply.refusal = Some(r.clone()),
+                Frame::Exit(x) if reply.exit.is_none() => reply.exit = Some(x.clone()),
+                Frame::Interrupted(m) if reply.interrupted.is_none() => {
+                    reply.interrupted = Some(m.clone())
+                }
+                _ => {}
+            }
+        }
+        reply
+    }
+}
+
 /// A session to a host, connected and, where an operation's identity is known, checked
 /// to be the machine the operation ran on.
 #[derive(Debug)]
@@ -378,6 +417,38 @@ mod tests {
             matches!(none, Err(CallError::NoAnswer("probe"))),
             "{none:?}"
         );
+    }
+
+    #[test]
+    fn a_run_reply_says_what_the_shim_did_with_the_claim() {
+        let CallEnd::Finished(frames) = finished(&[
+            "U superseded_by=a2",
+            "S attempt=a2",
+            "X code=4 out=0 err=0 attempt=a2",
+        ]) else {
+            unreachable!()
+        };
+        let reply = RunReply::from_frames(&frames);
+        assert!(reply.superseded && reply.refusal.is_none() && reply.interrupted.is_none());
+        assert_eq!(reply.started.as_deref(), Some("a2"));
+        assert_eq!(
+            reply.exit.map(|x| (x.code, x.attempt)),
+            Some((4, "a2".into()))
+        );
+        let CallEnd::Finished(frames) = finished(&[
+            "R completed replay=1 state=completed code=0 attempt=a1",
+            "X code=0 out=0 err=0 attempt=a1",
+        ]) else {
+            unreachable!()
+        };
+        let replay = RunReply::from_frames(&frames);
+        let refusal = replay.refusal.expect("a refusal");
+        assert!(refusal.replay);
+        assert_eq!(
+            refusal.reason,
+            RefusalReason::Marker(MarkerState::Completed)
+        );
+        assert!(replay.exit.is_some() && replay.started.is_none());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
-use crate::host::{ExitFrame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
+use crate::host::{ExitFrame, MarkerInfo, MarkerState, RefusalReason, RunRequest, StdinSpec, Verb};
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, Redactor, StoredEvent};
 use crate::op_id::OpId;
@@ -593,7 +593,10 @@ impl<'a> Runner<'a> {
                         None => continue,
                     }
                 }
-                CallEnd::Finished(frames) => self.settle_reply(dest, &attempt, frames).await?,
+                CallEnd::Finished(frames) => {
+                    let reply = host::RunReply::from_frames(&frames);
+                    self.settle_reply(dest, &attempt, reply).await?
+                }
                 CallEnd::Lost {
                     never_started: Some(never),
                     ..
@@ -609,7 +612,7 @@ impl<'a> Runner<'a> {
                     never_started: None,
                     ..
                 } => {
-                    let started = frames.iter().any(|f| matches!(f, Frame::Started { .. }));
+                    let started = host::RunReply::from_frames(&frames).started.is_some();
                     let boundary = if started {
                         Boundary::Started
                     } else {
@@ -750,33 +753,25 @@ impl<'a> Runner<'a> {
         &mut self,
         dest: &Destination,
         attempt: &str,
-        frames: Vec<Frame>,
+        reply: host::RunReply,
     ) -> Result<Settled, Error> {
-        for f in &frames {
-            if let Frame::Superseded { .. } = f {
-                let note = if self.input.approve.is_some() {
-                    "operator approved superseding the interrupted claim"
-                } else {
-                    "policy reruns interrupted operations of this family"
-                };
-                self.ledger.append(
-                    &self.key,
-                    &Event::Superseded {
-                        attempt_id: attempt.to_owned(),
-                        note: note.into(),
-                    },
-                    Durability::Normal,
-                )?;
-            }
+        if reply.superseded {
+            let note = if self.input.approve.is_some() {
+                "operator approved superseding the interrupted claim"
+            } else {
+                "policy reruns interrupted operations of this family"
+            };
+            self.ledger.append(
+                &self.key,
+                &Event::Superseded {
+                    attempt_id: attempt.to_owned(),
+                    note: note.into(),
+                },
+                Durability::Normal,
+            )?;
         }
-        let exit = frames.iter().find_map(|f| match f {
-            Frame::Exit(x) => Some(x.clone()),
-            _ => None,
-        });
-        let refusal = frames.iter().find_map(|f| match f {
-            Frame::Refused(r) => Some(r.clone()),
-            _ => None,
-        });
+        let exit = reply.exit;
+        let refusal = reply.refusal;
         if let Some(x) = exit {
             let by_us = self.ours(&x.attempt);
             let boundary = if refusal.is_some() {
@@ -799,10 +794,7 @@ impl<'a> Runner<'a> {
         }
         let Some(refusal) = refusal else {
             // The supervisor vanished without an exit record while we followed it.
-            if let Some(m) = frames.iter().find_map(|f| match f {
-                Frame::Interrupted(m) => Some(m.clone()),
-                _ => None,
-            }) {
+            if let Some(m) = reply.interrupted {
                 self.record_probe(attempt, &m)?;
                 return Ok(self.after_interrupted_marker(Some(&m), attempt));
             }
@@ -813,8 +805,8 @@ impl<'a> Runner<'a> {
         };
         self.boundary(attempt, Boundary::Refused, refusal.reason.as_str())?;
         let marker = refusal.marker.clone();
-        let settled = match refusal.reason.as_str() {
-            "running" => {
+        let settled = match refusal.reason {
+            RefusalReason::Marker(MarkerState::Running) => {
                 let holder = marker.as_ref().and_then(|m| m.attempt.clone());
                 progress(&format!(
                     "op {} is already running on {} (attempt {}); following it for up to {}s",
@@ -826,7 +818,7 @@ impl<'a> Runner<'a> {
                 self.probe_and_follow(dest, attempt).await?
             }
             // Superseding needs room for the new claim; the old evidence stays in place.
-            "interrupted" if refusal.fields.contains_key("supersede_failed") => {
+            RefusalReason::Marker(MarkerState::Interrupted) if refusal.fields.contains_key("supersede_failed") => {
                 let why = marker
                     .as_ref()
                     .and_then(|m| m.why.clone())
@@ -841,14 +833,14 @@ impl<'a> Runner<'a> {
                     ),
                 ))
             }
-            "interrupted" => self.after_interrupted_marker(marker.as_ref(), attempt),
-            "fenced" => Settled::Verdict(Answer::new(
+            RefusalReason::Marker(MarkerState::Interrupted) => self.after_interrupted_marker(marker.as_ref(), attempt),
+            RefusalReason::Marker(MarkerState::Fenced) => Settled::Verdict(Answer::new(
                 Verdict::NotApplied,
                 Some(attempt.to_owned()),
                 ReasonCode::Fenced,
                 "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id",
             )),
-            "conflict" => Settled::Verdict(Answer::new(
+            RefusalReason::Conflict => Settled::Verdict(Answer::new(
                 Verdict::Conflict,
                 Some(attempt.to_owned()),
                 ReasonCode::ConflictOnHost,
@@ -859,7 +851,7 @@ impl<'a> Runner<'a> {
             )),
             // This call moved an interrupted claim aside before its own start failed: the
             // earlier attempt may have run.
-            "root_unusable" if frames.iter().any(|f| matches!(f, Frame::Superseded { .. })) => {
+            RefusalReason::RootUnusable if reply.superseded => {
                 Settled::Verdict(Answer::new(
                     Verdict::Indeterminate,
                     Some(attempt.to_owned()),
@@ -870,7 +862,7 @@ impl<'a> Runner<'a> {
                     ),
                 ))
             }
-            "root_unusable" if refusal.fields.get("reason").is_some_and(|r| is_resource_cause(r)) => {
+            RefusalReason::RootUnusable if refusal.fields.get("reason").is_some_and(|r| is_resource_cause(r)) => {
                 Settled::Verdict(Answer::new(
                     Verdict::NotApplied,
                     Some(attempt.to_owned()),
@@ -881,7 +873,7 @@ impl<'a> Runner<'a> {
                     ),
                 ))
             }
-            "cannot_start"
+            RefusalReason::CannotStart
                 if matches!(
                     refusal.fields.get("reason").map(String::as_str),
                     Some("no_setsid" | "setsid_without_f")
@@ -894,7 +886,7 @@ impl<'a> Runner<'a> {
                     "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
                 ))
             }
-            "invalid_op_id" | "bad_args" => Settled::Verdict(Answer::new(
+            RefusalReason::InvalidOpId | RefusalReason::BadArgs => Settled::Verdict(Answer::new(
                 Verdict::Refused,
                 Some(attempt.to_owned()),
                 ReasonCode::InvalidInput,

@@ -1,6 +1,8 @@
-//! The host shim: the embedded `remote-scripts/shim.sh`, the one place that builds the
-//! invocation of it (the exec request, all quoting, and the channel data), and its
-//! framed replies ([`frames`]).
+//! The host shim's wire: the embedded `remote-scripts/shim.sh`, its verbs and their
+//! positional parameters ([`VERBS`], the same table as the script's header), the one
+//! place that builds the invocation of it (the exec request, all quoting, and the channel
+//! data), and its framed replies ([`frames`]). Callers do not use this directly: they go
+//! through [`crate::host`], which calls a verb and reads its typed answer.
 //!
 //! Nothing is installed on a host by hand. Every call's exec request is a one-line stub
 //! that any login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes
