@@ -299,7 +299,7 @@ impl RunReply {
 
 /// A session to a host, connected and, where an operation's identity is known, checked
 /// to be the machine the operation ran on.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Host {
     session: Session,
 }
@@ -332,6 +332,11 @@ impl Host {
         let host = Host::connect(dest).await?;
         check(host.session.host_key().as_deref()).map_err(ReachError::KeyMismatch)?;
         Ok(host)
+    }
+
+    /// The host key the host presented, as the ledger records it.
+    pub fn host_key(&self) -> Option<String> {
+        self.session.host_key()
     }
 
     /// [`probe`] on this host.

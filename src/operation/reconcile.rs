@@ -31,10 +31,9 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
-use crate::host::{self, CallError, ConnectError, Destination, MarkerInfo, MarkerState};
+use crate::host::{CallError, ConnectError, Destination, Host, MarkerInfo, MarkerState};
 use crate::ledger::{Durability, Event, Ledger, OpKey, OperationRecord, StoredEvent};
 use crate::op_id::OpId;
-use crate::ssh::Session;
 use crate::vocab::Boundary;
 
 use super::identity::{self, Recorded};
@@ -465,7 +464,7 @@ async fn host_job(
     ops: Vec<HostOp>,
 ) -> Vec<(usize, Evidence)> {
     let session = match dest {
-        Ok(d) => Session::connect(&d).await,
+        Ok(d) => Host::connect(&d).await,
         Err(e) => Err(e),
     };
     let session = match session {
@@ -502,8 +501,8 @@ async fn host_job(
 }
 
 /// Probe one marker; fence it when it is absent and `fence` says that is safe.
-async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
-    let probe = match host::probe(session, op).await {
+async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
+    let probe = match session.probe(op).await {
         Ok(m) => m,
         Err(CallError::Refused(r)) => {
             return Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
@@ -519,7 +518,7 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
             fence: None,
         };
     }
-    let result = match host::fence(session, op, false).await {
+    let result = match session.fence(op, false).await {
         Ok(fenced) => FenceResult::Fenced(fenced.marker),
         Err(CallError::Refused(r)) => match r.marker {
             Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),

@@ -516,11 +516,6 @@ impl ReplyParser {
         (cut(&self.stdout_pre), err)
     }
 
-    /// Whether the stderr header (and so the nonce) has been seen: the shim started.
-    pub fn shim_started(&self) -> bool {
-        self.stderr_open
-    }
-
     /// Command stdout bytes delivered so far.
     pub fn stdout_bytes(&self) -> u64 {
         self.stdout_bytes
