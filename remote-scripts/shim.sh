@@ -19,6 +19,19 @@
 # channel's data is the verb's input: for run, the command (exactly its byte count), then
 # the spooled stdin, if any, up to EOF.
 #
+# Verbs and their positional parameters, in order. The client builds every call from its
+# own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
+# verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
+# protocol version the client checks: bump it with any change here or to the frames.
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE CMD_BYTES
+#   verb: probe OP
+#   verb: attach OP OUT_OFFSET ERR_OFFSET
+#   verb: fence OP FORCE
+#   verb: supersede OP BY_ATTEMPT
+#   verb: gc AGE_S DRY_RUN
+#   verb: doctor
+#   verb: cancel OP GRACE_MS
+#
 # Replies. stdout: a header line only (then the foreground lets go of the channel's
 # stdout). stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "O <n>" or
 # "E <n>" is followed by exactly n raw bytes of the command's stdout or stderr and then a

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::family::Family;
+
 use crate::duration::parse_duration;
 
 /// Parses `65536`, `64k`, `8m` or `1g` (binary multiples) into bytes; at least 1 KiB.
@@ -45,7 +47,7 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
 doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,
-249 not implemented yet, 250 internal error; 141 (quietly) when the reader of stdout
+250 internal error; 141 (quietly) when the reader of stdout
 went away, as for a tool that SIGPIPE ended (`opmark list | head`).
 With --json the JSON document on stdout is authoritative.";
 
@@ -218,19 +220,6 @@ pub struct HostArgs {
     pub ipv6: bool,
 }
 
-/// Command families of SPEC section 5, least to most dangerous.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum)]
-pub enum FamilyArg {
-    /// Reads only.
-    ReadOnly,
-    /// Running it twice has the same effect as once.
-    Convergent,
-    /// Each run adds something.
-    AppendOnly,
-    /// Each run may destroy or change something irreversibly.
-    Destructive,
-}
-
 /// The operator's decision recorded by `opmark resolve`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Resolution {
@@ -358,7 +347,7 @@ pub struct RunArgs {
     pub op: Option<String>,
     /// Treat the command as at least this family (stricter only, never less strict).
     #[arg(long = "class", value_enum, value_name = "FAMILY")]
-    pub class: Option<FamilyArg>,
+    pub class: Option<Family>,
     /// Forward opmark's stdin to the command (spooled locally so a retry can resend it).
     #[arg(long)]
     pub stdin: bool,

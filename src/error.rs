@@ -34,8 +34,6 @@ pub mod exit_code {
     pub const UNREACHABLE: u8 = 247;
     /// The local ledger or a local file could not be read or written.
     pub const LOCAL_IO: u8 = 248;
-    /// The feature is declared in the CLI but not built yet.
-    pub const NOT_IMPLEMENTED: u8 = 249;
     /// A bug in opmark or an answer from the host that breaks the protocol.
     pub const INTERNAL: u8 = 250;
     /// Stdout or stderr was a pipe whose reader went away (`opmark list | head`): the
@@ -54,8 +52,6 @@ pub enum ErrorKind {
     Unreachable,
     /// Local ledger or file I/O.
     LocalIo,
-    /// Declared but not built yet.
-    NotImplemented,
     /// opmark bug or protocol violation.
     Internal,
     /// Our stdout was closed by its reader (`opmark list --json | head -c 10`): exits
@@ -71,7 +67,6 @@ impl ErrorKind {
             ErrorKind::Config => exit_code::CONFIG,
             ErrorKind::Unreachable => exit_code::UNREACHABLE,
             ErrorKind::LocalIo => exit_code::LOCAL_IO,
-            ErrorKind::NotImplemented => exit_code::NOT_IMPLEMENTED,
             ErrorKind::Internal => exit_code::INTERNAL,
             ErrorKind::StdoutClosed => exit_code::BROKEN_PIPE,
         }
@@ -84,7 +79,6 @@ impl ErrorKind {
             ErrorKind::Config => "config_invalid",
             ErrorKind::Unreachable => "unreachable",
             ErrorKind::LocalIo => "local_io",
-            ErrorKind::NotImplemented => "not_implemented",
             ErrorKind::Internal => "internal",
             ErrorKind::StdoutClosed => "stdout_closed",
         }
@@ -130,13 +124,19 @@ impl Error {
     pub fn retryable(&self) -> bool {
         matches!(self.reason_code(), "connect_failed" | "unreachable")
     }
+}
 
-    /// The subcommand exists in the CLI but is not built yet.
-    pub fn not_implemented(what: &str) -> Self {
-        Error::new(
-            ErrorKind::NotImplemented,
-            format!("`opmark {what}` is not implemented yet in this version; nothing was done"),
-        )
+/// A host that could not be resolved or reached: a config problem is a config error
+/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
+/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
+impl From<crate::ssh::ConnectError> for Error {
+    fn from(e: crate::ssh::ConnectError) -> Self {
+        let (kind, code) = if e.stage == crate::ssh::ConnectStage::Config {
+            (ErrorKind::Config, "config_invalid")
+        } else {
+            (ErrorKind::Unreachable, e.reason_code().as_str())
+        };
+        Error::new(kind, e.to_string()).with_code(code)
     }
 }
 
@@ -181,11 +181,6 @@ mod tests {
                 false,
             ),
             (Error::new(ErrorKind::LocalIo, "x"), "local_io", false),
-            (
-                Error::new(ErrorKind::NotImplemented, "x"),
-                "not_implemented",
-                false,
-            ),
             (Error::new(ErrorKind::Internal, "x"), "internal", false),
         ];
         for (e, code, retryable) in table {

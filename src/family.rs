@@ -7,7 +7,20 @@ use serde::{Deserialize, Serialize};
 
 /// What a command does to the world, which decides what may happen after an unknown
 /// outcome. The order is the danger order: `ReadOnly < Convergent < AppendOnly < Destructive`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// Also the values of `--class` (clap's kebab-case names are [`Family::as_str`]'s).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "kebab-case")]
 pub enum Family {
     /// Reads only; running it again changes nothing.

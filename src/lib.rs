@@ -4,19 +4,24 @@
 //! Module map (see README "Architecture"):
 //! - [`cli`], [`commands`]: the command line and one file per subcommand.
 //! - [`error`]: error kinds and the reserved exit codes.
-//! - [`shim`]: the host shim (`remote-scripts/shim.sh`), how it is invoked, its framed replies.
+//! - [`host`]: the host protocol: connect, call one shim verb, read its typed answer.
+//! - [`shim`]: the wire below it: the script (`remote-scripts/shim.sh`), its verb table,
+//!   the exec request, the frame parser.
 //! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
 //! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
 //! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.
 //! - [`lab`]: disposable local sshd targets for tests, demos and users.
 //! - [`mcp`]: `opmark mcp`, the Model Context Protocol server over the commands.
+//! - [`fault`]: crash points for the tests (feature `test-hooks`; nothing otherwise).
 
 pub mod cli;
 pub mod commands;
 pub mod duration;
 pub mod error;
 pub mod family;
+pub mod fault;
+pub mod host;
 pub mod lab;
 pub mod ledger;
 pub mod logging;

@@ -1,7 +1,8 @@
 //! `opmark audit verify`: walk the ledger's keyed hash chain and name the first broken
 //! event, then replay the projection and name the first operation row that differs.
 
-use super::list::{printable, redacted_error};
+use super::common::redacted_error;
+use super::render::printable;
 use crate::cli::{AuditAction, AuditArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::Ledger;

@@ -13,14 +13,14 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::common;
-use super::list::printable;
+use super::render::printable;
 use crate::cli::{CancelArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::host::{
+    CallError, CancelOutcome, Cancelled, Host, MarkerInfo, ReachError, RefusalReason,
+};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
-use crate::operation::call::{call_shim, CallEnd, FramesOnly};
-use crate::shim::{CancelOutcome, Frame, MarkerInfo, Verb};
-use crate::ssh::Session;
 
 /// Longest grace accepted: beyond it a "cancel" is a wait, and the caller's ssh session
 /// would sit idle for that long.
@@ -70,46 +70,31 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     // The host the operation ran on, reached the way it was (SPEC section 9).
-    let (host, dest, recorded) = super::reconcile::reach_operation(
-        global,
-        &args.host,
-        &args.host_args,
-        op.as_str(),
-        &ledger,
-    )?;
+    let (host, dest, recorded) =
+        super::reach::reach_operation(global, &args.host, &args.host_args, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
     let grace_ms = u64::try_from(args.grace.as_millis()).unwrap_or(u64::MAX);
 
-    let runtime = common::runtime()?;
-    let end = runtime.block_on(async {
-        let session = Session::connect(&dest).await.map_err(|e| {
-            Error::new(
+    let answer = common::block_on(async {
+        // Another key is another machine: cancelling (or fencing) there would stop or
+        // close the wrong thing.
+        let reached =
+            Host::connect_checked(&dest, |key| recorded.check(&host, op.as_str(), key)).await;
+        let target = reached.map_err(|e| match e {
+            ReachError::Connect(e) => Error::new(
                 ErrorKind::Unreachable,
                 format!(
                     "cannot cancel {op} on {}: {e}; nothing was sent",
                     printable(&host)
                 ),
-            )
+            ),
+            mismatch => common::reach_error(mismatch, "nothing was sent"),
         })?;
-        // Another key is another machine: cancelling (or fencing) there would stop or
-        // close the wrong thing.
-        recorded
-            .check(&host, op.as_str(), session.host_key().as_deref())
-            .map_err(|why| {
-                Error::new(
-                    ErrorKind::Unreachable,
-                    format!("{why} (host_key_mismatch); nothing was sent"),
-                )
-            })?;
-        let verb = Verb::Cancel {
-            op: &op,
-            grace: args.grace,
-        };
-        Ok::<_, Error>(call_shim(&session, &verb, None, &mut FramesOnly).await)
-    })?;
-    let frames = match end {
-        CallEnd::Finished(frames) => frames,
-        CallEnd::NotSent(why) => {
+        Ok::<_, Error>(target.cancel(&op, args.grace).await)
+    })??;
+    let Cancelled { outcome, marker } = match answer {
+        Ok(done) => done,
+        Err(CallError::NotSent(why)) => {
             return Err(Error::new(
                 ErrorKind::Unreachable,
                 format!(
@@ -118,7 +103,7 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
                 ),
             ))
         }
-        CallEnd::Lost { reason, .. } => {
+        Err(CallError::Lost { reason, .. }) => {
             // The TERM may have gone out: what was asked is evidence worth keeping.
             ledger.append(
                 &key,
@@ -140,8 +125,14 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
                 ),
             ));
         }
+        Err(refused @ CallError::Refused(_)) => return Err(refusal_error(&op, &host, &refused)),
+        Err(CallError::NoAnswer(_)) => {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "the shim answered the cancel without a cancel frame",
+            ))
+        }
     };
-    let (outcome, marker) = answer(&op, &host, frames)?;
     let message = message(&op, &host, &outcome, &marker, args.grace);
     let result = match &outcome {
         CancelOutcome::Fenced { was } => format!("fenced:{was}"),
@@ -179,7 +170,7 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
             by: &by,
             message: &message,
         };
-        super::common::print_json(&doc)?;
+        common::print_json(&doc)?;
     } else if still {
         crate::logging::say(format_args!("opmark: {message}"));
     } else {
@@ -192,36 +183,27 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     })
 }
 
-/// The shim's `C` frame, or the error its refusal means.
-fn answer(op: &OpId, host: &str, frames: Vec<Frame>) -> Result<(CancelOutcome, MarkerInfo)> {
-    for f in frames {
-        match f {
-            Frame::Cancel { outcome, marker } => return Ok((outcome, marker)),
-            Frame::Refused(r) => {
-                let seen = r
-                    .marker
-                    .as_ref()
-                    .map(|m| m.summary())
-                    .unwrap_or_else(|| r.reason.clone());
-                let kind = match r.reason.as_str() {
-                    "invalid_op_id" | "bad_args" => ErrorKind::InvalidInput,
-                    _ => ErrorKind::Unreachable,
-                };
-                return Err(Error::new(
-                    kind,
-                    format!(
-                        "the host shim refused to cancel {op} on {} ({seen}); nothing was signalled. Check the host with `opmark doctor`",
-                        printable(host)
-                    ),
-                ));
-            }
-            _ => {}
+/// The error a refused cancel means: the shim did nothing.
+fn refusal_error(op: &OpId, host: &str, refused: &CallError) -> Error {
+    let kind = match refused {
+        CallError::Refused(r)
+            if matches!(
+                r.reason,
+                RefusalReason::InvalidOpId | RefusalReason::BadArgs
+            ) =>
+        {
+            ErrorKind::InvalidInput
         }
-    }
-    Err(Error::new(
-        ErrorKind::Internal,
-        "the shim answered the cancel without a cancel frame",
-    ))
+        _ => ErrorKind::Unreachable,
+    };
+    Error::new(
+        kind,
+        format!(
+            "the host shim refused to cancel {op} on {} ({}); nothing was signalled. Check the host with `opmark doctor`",
+            printable(host),
+            refused.seen()
+        ),
+    )
 }
 
 /// One sentence for people: what happened and what a later `run` of the op id does.

@@ -3,9 +3,9 @@
 
 use crate::cli::{GlobalArgs, HostArgs};
 use crate::error::{Error, ErrorKind, Result};
+use crate::host::{HostSpec, ReachError};
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
-use crate::ssh::{ConnectError, ConnectStage, HostSpec};
 
 /// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
 pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
@@ -42,33 +42,51 @@ pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
     }
 }
 
-/// A host that could not be resolved or reached: a config problem is a config error
-/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
-/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
-pub fn resolve_error(e: ConnectError) -> Error {
-    let (kind, code) = if e.stage == ConnectStage::Config {
-        (ErrorKind::Config, "config_invalid")
-    } else {
-        (
+/// A host that could not be reached for a call: a connect failure as [`Error`]'s
+/// `From<ConnectError>` says; a host presenting another key than the operation ran
+/// against is another machine (`host_key_mismatch`), and `nothing` says what was not done.
+pub fn reach_error(e: ReachError, nothing: &str) -> Error {
+    match e {
+        ReachError::Connect(e) => e.into(),
+        ReachError::KeyMismatch(why) => Error::new(
             ErrorKind::Unreachable,
-            crate::operation::connect_code(&e).as_str(),
+            format!("{why} (host_key_mismatch); {nothing}"),
         )
-    };
-    Error::new(kind, e.to_string()).with_code(code)
+        .with_code("host_key_mismatch"),
+    }
 }
 
-/// A tokio runtime for commands that talk to hosts.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!("cannot start the async runtime: {e}"),
-            )
-        })
+/// The process's one tokio runtime, for commands that talk to hosts. Built on first use,
+/// not up front, so that commands that stay local (list, show, classify...) never start
+/// its threads; `opmark mcp`'s tool threads share the server's. Never dropped: the
+/// process exits with whatever it still runs (a channel drained in the background, a
+/// tool thread blocked on a host), without waiting for it.
+static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+
+/// Runs `future` to completion on the process's runtime (from any thread that is not
+/// itself one of the runtime's).
+pub fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    if RUNTIME.get().is_none() {
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("cannot start the async runtime: {e}"),
+                )
+            })?;
+        // A thread that lost the race drops its own copy; both are fine to use.
+        let _ = RUNTIME.set(built);
+    }
+    let runtime = RUNTIME.get().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Internal,
+            "the async runtime vanished (opmark bug)",
+        )
+    })?;
+    Ok(runtime.block_on(future))
 }
 
 /// The session id: `OPMARK_SESSION` when the caller sets one, else a fresh one.
@@ -98,7 +116,7 @@ pub fn operator(by: Option<&str>) -> String {
 /// The name /etc/passwd gives the effective uid, if it has one. Read from the file, not
 /// through NSS, to stay free of unsafe code; a directory-service user sets $USER anyway.
 fn passwd_name() -> Option<String> {
-    let uid = crate::lab::effective_uid().to_string();
+    let uid = rustix::process::geteuid().as_raw().to_string();
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let mut fields = line.split(':');
@@ -106,6 +124,12 @@ fn passwd_name() -> Option<String> {
         let found = fields.nth(1)? == uid;
         (found && !name.is_empty()).then(|| name.to_owned())
     })
+}
+
+/// Masks secrets in an error message at the command edge (errors may echo user input).
+pub fn redacted_error(mut e: crate::error::Error) -> crate::error::Error {
+    e.message = Redactor::default().redact_owned(&e.message);
+    e
 }
 
 /// The `schema` field of every JSON document (SPEC section 6); bumped only when a field

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::common;
 use crate::cli::{ConfigArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ssh::{self, ConnectStage, Destination};
+use crate::host::{resolve, ConnectStage, Destination};
 
 /// One resolved hop of a ProxyJump chain.
 #[derive(Debug, Serialize)]
@@ -141,7 +141,7 @@ fn render(r: &Report) -> String {
 /// Resolves and prints; a config problem exits 246, a bad host argument 245.
 pub fn run(global: &GlobalArgs, args: &ConfigArgs) -> Result<u8> {
     let spec = common::host_spec(global, &args.host, &args.host_args);
-    let dest = ssh::resolve(&spec).map_err(|e| {
+    let dest = resolve(&spec).map_err(|e| {
         let kind = match e.stage {
             ConnectStage::Config => ErrorKind::Config,
             _ => ErrorKind::InvalidInput,

@@ -9,12 +9,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::common;
-use super::list::printable;
+use super::render::printable;
 use crate::cli::{DoctorArgs, GlobalArgs};
 use crate::error::{exit_code, Result};
-use crate::operation::call::{call_shim, CallEnd, FramesOnly};
-use crate::shim::{Frame, Verb};
-use crate::ssh::{self, ConnectStage, Session};
+use crate::host::{resolve, CallError, ConnectError, ConnectStage, Host};
 
 /// Least free space wanted under the marker root (captured output lives there).
 pub const MIN_AVAIL_KIB: u64 = 100 * 1024;
@@ -83,7 +81,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
     let mut checks = Vec::new();
     let mut facts = BTreeMap::new();
     let host = printable(&args.host);
-    match ssh::resolve(&spec) {
+    match resolve(&spec) {
         Err(e) => {
             checks.push(fail(
                 "resolve",
@@ -98,13 +96,10 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                 "resolve",
                 format!("{}@{}:{}", dest.user, dest.hostname, dest.port),
             ));
-            let runtime = common::runtime()?;
-            let answer = runtime.block_on(async {
-                let session = Session::connect(&dest).await?;
-                Ok::<_, ssh::ConnectError>(
-                    call_shim(&session, &Verb::Doctor, None, &mut FramesOnly).await,
-                )
-            });
+            let answer = common::block_on(async {
+                let target = Host::connect(&dest).await?;
+                Ok::<_, ConnectError>(target.doctor().await)
+            })?;
             match answer {
                 Err(e) => {
                     let (name, fix) = match e.stage {
@@ -125,31 +120,18 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                     checks.push(fail(name, e.message.clone(), fix));
                     checks.extend(skipped(HOST_CHECKS, "no SSH session"));
                 }
-                Ok(end) => {
+                Ok(answer) => {
                     checks.push(pass(
                         "connect",
                         "host key known and authentication accepted".into(),
                     ));
-                    let mut never_started = None;
-                    let frames = match end {
-                        CallEnd::Finished(frames) => Some(frames),
-                        CallEnd::Lost { frames, .. } if !frames.is_empty() => Some(frames),
-                        CallEnd::Lost {
-                            never_started: Some(never),
-                            ..
-                        } => {
-                            never_started = Some(never);
-                            None
-                        }
-                        _ => None,
+                    let (done, never_started) = match answer {
+                        Ok(all) => (Some(all), None),
+                        Err((_, CallError::Lost { never_started, .. })) => (None, never_started),
+                        Err(_) => (None, None),
                     };
-                    for f in frames.iter().flatten() {
-                        if let Frame::Doctor(fields) = f {
-                            facts.extend(fields.clone());
-                        }
-                    }
-                    if facts.contains_key("done") {
-                        facts.remove("done");
+                    if let Some(all) = done {
+                        facts = all;
                         checks.extend(host_checks(&facts));
                     } else if let Some(never) = never_started {
                         checks.push(fail(

@@ -10,35 +10,23 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::common;
-use super::list::printable;
+use super::reach::{ledger_name, reach};
+use super::render::printable;
 use crate::cli::{GcArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
+use crate::host::{CallError, GcRemoved, Host};
 use crate::ledger::{ListFilter, OpKey};
-use crate::operation::call::{call_shim, CallEnd, FramesOnly};
 use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::unix_utc;
 use crate::policy::Policy;
-use crate::shim::{Frame, Verb};
-use crate::ssh::{self, Session};
-
-/// One marker gc removed (or would remove).
-#[derive(Debug, Clone, Serialize)]
-pub struct Removed {
-    /// Operation id.
-    pub op: String,
-    /// `completed` or `fenced`.
-    pub state: String,
-    /// Unix time of its exit or fence record.
-    pub at: u64,
-}
 
 #[derive(Serialize)]
 struct Report<'a> {
     host: &'a str,
     older_than_secs: u64,
     dry_run: bool,
-    removed: &'a [Removed],
+    removed: &'a [GcRemoved],
     kept: u64,
 }
 
@@ -71,80 +59,34 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             ),
         ));
     }
-    ssh::check_destination(&args.host).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
-    let spec = common::host_spec(global, &args.host, &args.host_args);
-    let fresh = ssh::resolve(&spec);
-    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
-    // the ledger recorded.
-    if let Err(e) = &fresh {
-        if e.stage == ssh::ConnectStage::Config {
-            return Err(common::resolve_error(e.clone()));
-        }
-    }
-    let host = match (&fresh, args.host_args.port) {
-        (Ok(d), _) => d.display(),
-        (Err(_), Some(p)) => format!("{}:{p}", args.host),
-        (Err(_), None) => args.host.clone(),
-    };
+    let (host, fresh) = ledger_name(global, &args.host, &args.host_args)?;
     let (op, recorded) = latest_identity(global, &host)?;
     let dest = match recorded.route.as_ref() {
-        Some(route) => super::reconcile::reach(global, &host, &args.host_args, Some(route)),
+        Some(route) => reach(global, &host, &args.host_args, Some(route)),
         None => fresh,
-    }
-    .map_err(common::resolve_error)?;
-    let runtime = common::runtime()?;
-    let verb = Verb::Gc {
-        older_than: args.older_than,
-        dry_run: args.dry_run,
-    };
-    let frames = runtime.block_on(async {
-        let session = Session::connect(&dest)
-            .await
-            .map_err(|e| Error::new(ErrorKind::Unreachable, e.to_string()))?;
-        recorded
-            .check(&host, &op, session.host_key().as_deref())
-            .map_err(|why| {
-                Error::new(
-                    ErrorKind::Unreachable,
-                    format!("{why} (host_key_mismatch); nothing was removed"),
-                )
-            })?;
-        match call_shim(&session, &verb, None, &mut FramesOnly).await {
-            CallEnd::Finished(frames) => Ok(frames),
-            CallEnd::NotSent(why) => Err(Error::new(
+    }?;
+    let report = common::block_on(async {
+        let reached = Host::connect_checked(&dest, |key| recorded.check(&host, &op, key)).await;
+        let target = reached.map_err(|e| common::reach_error(e, "nothing was removed"))?;
+        target.gc(args.older_than, args.dry_run).await.map_err(|e| match e {
+            CallError::NotSent(why) => Error::new(
                 ErrorKind::Unreachable,
                 format!("gc on {host} was not sent ({why}); nothing was removed"),
-            )),
-            CallEnd::Lost { reason, .. } => Err(Error::new(
+            ),
+            CallError::Refused(r) => Error::new(
                 ErrorKind::Unreachable,
-                format!("gc on {host} lost its answer ({reason}); some markers may have been removed. Run it again with --dry-run to see what is left"),
-            )),
-        }
-    })?;
-    let mut removed = Vec::new();
-    let mut kept = 0;
-    for f in frames {
-        match f {
-            Frame::Gc { action, fields } if action == "remove" => removed.push(Removed {
-                op: fields.get("op").cloned().unwrap_or_default(),
-                state: fields.get("state").cloned().unwrap_or_default(),
-                at: fields.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
-            }),
-            Frame::Gc { action, fields } if action == "done" => {
-                kept = fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0);
-            }
-            Frame::Refused(r) => {
-                return Err(Error::new(
-                    ErrorKind::Unreachable,
-                    format!(
+                format!(
                     "the host shim refused gc on {host} ({}); check the host with `opmark doctor`",
                     r.reason
                 ),
-                ))
-            }
-            _ => {}
-        }
-    }
+            ),
+            lost => Error::new(
+                ErrorKind::Unreachable,
+                format!("gc on {host} lost its answer ({lost}); some markers may have been removed. Run it again with --dry-run to see what is left"),
+            ),
+        })
+    })??;
+    let (removed, kept) = (report.removed, report.kept);
     if global.json {
         common::print_json(&Report {
             host: &host,

@@ -3,9 +3,11 @@
 //! shortened (people copy them into `show` and `run --op`); times are local unless
 //! `--utc`.
 
+use super::common::redacted_error;
+use super::render::{fit, parse_at, printable, to_second};
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{Ledger, ListFilter, OperationRecord, Redactor};
+use crate::ledger::{Ledger, ListFilter, OperationRecord};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
@@ -109,48 +111,6 @@ impl Zone {
             .and_then(|t| t.to_offset(self.offset()).format(&format).ok())
             .unwrap_or_else(|| to_second(at).get(5..16).unwrap_or("").to_owned())
     }
-}
-
-fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
-}
-
-/// Masks secrets in an error message at the command edge (errors may echo user input).
-pub(crate) fn redacted_error(mut e: crate::error::Error) -> crate::error::Error {
-    e.message = Redactor::default().redact_owned(&e.message);
-    e
-}
-
-/// `s` with control characters escaped, so stored text cannot drive the terminal.
-pub(crate) fn printable(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_owned();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-/// Cuts `s` to `width` characters, marking the cut with `…`.
-pub(crate) fn fit(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        s.to_owned()
-    } else {
-        let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
-        out.push('…');
-        out
-    }
-}
-
-/// `2024-05-01T10:00:00.123456Z` → `2024-05-01 10:00:00`.
-pub(crate) fn to_second(at: &str) -> String {
-    at.get(..19).unwrap_or(at).replace('T', " ")
 }
 
 fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {

@@ -7,10 +7,9 @@ use crate::error::{exit_code, Result};
 /// Serves until the client closes stdin.
 pub fn run(global: &GlobalArgs, args: &McpArgs) -> Result<u8> {
     // stdin is the protocol stream and nobody sits at a terminal: never ask.
-    crate::ssh::auth::forbid_prompts();
-    let runtime = common::runtime()?;
-    runtime.block_on(crate::mcp::serve(global.clone(), args.max_output))?;
-    // Tool threads blocked on a host must not hold the exit once the client is gone.
-    runtime.shutdown_background();
+    crate::host::forbid_prompts();
+    // Tool threads blocked on a host do not hold the exit once the client is gone: the
+    // runtime is never dropped, so nothing waits for them.
+    common::block_on(crate::mcp::serve(global.clone(), args.max_output))??;
     Ok(exit_code::OK)
 }

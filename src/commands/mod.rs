@@ -1,6 +1,10 @@
 //! One file per subcommand: each takes its parsed args and returns an exit code.
 //!
-//! `dispatch` is the only place that maps a `Command` to its implementation.
+//! `dispatch` is the only place that maps a `Command` to its implementation. Commands
+//! never import each other; what several need lives in `common` (policy, ledger, the
+//! process's one runtime, JSON documents), `render` (text for people) and `reach` (an
+//! operation's host by its recorded route). They talk to hosts only through
+//! [`crate::host`].
 
 mod classify;
 mod completions;
@@ -21,7 +25,9 @@ mod ledger;
 pub mod list;
 mod mcp;
 pub mod probe;
+mod reach;
 pub mod reconcile;
+pub mod render;
 mod resolve;
 pub mod run;
 pub mod show;

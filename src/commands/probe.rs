@@ -7,12 +7,10 @@ use serde::Serialize;
 use super::common;
 use crate::cli::{GlobalArgs, ProbeArgs};
 use crate::error::{Error, ErrorKind, Result};
+use crate::host::{CallError, Destination, Host, MarkerInfo};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
-use crate::operation::call::{call_shim, CallEnd, FramesOnly};
 use crate::operation::identity::Recorded;
-use crate::shim::{Frame, MarkerInfo, Verb};
-use crate::ssh::{self, Session};
 
 /// `probe --json`: the marker's fields under the contract's names (SPEC 6): the host's
 /// plain digest is `host_fingerprint`; `fingerprint` is the ledger's HMAC, as in `run`
@@ -39,16 +37,10 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
-    let (host, dest, recorded) = super::reconcile::reach_operation(
-        global,
-        &args.host,
-        &args.host_args,
-        op.as_str(),
-        &ledger,
-    )?;
+    let (host, dest, recorded) =
+        super::reach::reach_operation(global, &args.host, &args.host_args, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
-    let runtime = common::runtime()?;
-    let marker = runtime.block_on(probe_checked(&dest, &op, &host, &recorded))?;
+    let marker = common::block_on(probe_checked(&dest, &op, &host, &recorded))??;
     ledger.append(
         &key,
         &Event::Probed {
@@ -85,48 +77,28 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
 /// One probe over a fresh connection, only on a host presenting a key the operation ran
 /// against; transport failures are `Unreachable` errors.
 async fn probe_checked(
-    dest: &ssh::Destination,
+    dest: &Destination,
     op: &OpId,
     host: &str,
     recorded: &Recorded,
 ) -> Result<MarkerInfo> {
-    let session = Session::connect(dest)
-        .await
-        .map_err(common::resolve_error)?;
-    recorded
-        .check(host, op.as_str(), session.host_key().as_deref())
-        .map_err(|why| {
-            Error::new(
-                ErrorKind::Unreachable,
-                format!("{why} (host_key_mismatch); nothing was probed"),
-            )
-            .with_code("host_key_mismatch")
-        })?;
-    match call_shim(&session, &Verb::Probe(op), None, &mut FramesOnly).await {
-        CallEnd::Finished(frames) => {
-            for f in frames {
-                match f {
-                    Frame::Probe(m) => return Ok(m),
-                    Frame::Refused(r) => {
-                        return Err(Error::new(
-                            ErrorKind::Unreachable,
-                            format!(
-                                "the host shim refused the probe: {} {:?}",
-                                r.reason, r.fields
-                            ),
-                        ))
-                    }
-                    _ => {}
-                }
-            }
-            Err(Error::new(
-                ErrorKind::Internal,
-                "the shim answered without a probe frame",
-            ))
-        }
-        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Err(Error::new(
+    let reached = Host::connect_checked(dest, |key| recorded.check(host, op.as_str(), key)).await;
+    let host = reached.map_err(|e| common::reach_error(e, "nothing was probed"))?;
+    host.probe(op).await.map_err(|e| match e {
+        CallError::Refused(r) => Error::new(
             ErrorKind::Unreachable,
-            format!("probe of {} failed: {why}", dest.display()),
-        )),
-    }
+            format!(
+                "the host shim refused the probe: {} {:?}",
+                r.reason, r.fields
+            ),
+        ),
+        CallError::NoAnswer(_) => Error::new(
+            ErrorKind::Internal,
+            "the shim answered without a probe frame",
+        ),
+        e => Error::new(
+            ErrorKind::Unreachable,
+            format!("probe of {} failed: {e}", dest.display()),
+        ),
+    })
 }

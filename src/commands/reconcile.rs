@@ -8,14 +8,13 @@ use std::io::{IsTerminal, Write};
 use serde::Serialize;
 
 use super::common;
-use super::list::{fit, printable};
+use super::reach::reach;
+use super::render::{fit, printable};
 use crate::cli::{GlobalArgs, HostArgs, ReconcileArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{ListFilter, OpKey, OperationRecord};
 use crate::op_id::OpId;
-use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::{self, Candidate, Outcome};
-use crate::ssh::{self, ConnectError, ConnectStage, Destination, HostSpec, Route};
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -102,10 +101,9 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     let outcomes = if candidates.is_empty() {
         Vec::new()
     } else {
-        let runtime = common::runtime()?;
         // Drawn only for a person watching: a pipe or a JSON reader gets the answer only.
         let show_progress = !global.json && std::io::stderr().is_terminal();
-        let outcomes = runtime.block_on(reconcile::reconcile(
+        let outcomes = common::block_on(reconcile::reconcile(
             &mut ledger,
             candidates,
             |c, route| reach(global, &c.record.host, &HostArgs::default(), route),
@@ -116,7 +114,7 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
                         .and_then(|()| err.flush());
                 }
             },
-        ))?;
+        ))??;
         if show_progress {
             let _ = write!(std::io::stderr(), "\r\x1b[K");
         }
@@ -171,92 +169,6 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     } else {
         exit_code::FINDINGS
     })
-}
-
-/// The connection spec for a host string as the ledger records it
-/// (`Destination::display()`: what the user typed, plus `:port` when `-p` was given).
-/// An explicit `-p` wins over a recorded port.
-pub(crate) fn ledger_host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
-    let mut spec = common::host_spec(global, host, args);
-    if let Some((name, port)) = host.rsplit_once(':') {
-        if let Ok(port) = port.parse::<u16>() {
-            if !name.is_empty() && !name.contains(':') {
-                spec.host = name.to_owned();
-                spec.port = args.port.or(Some(port));
-            }
-        }
-    }
-    spec
-}
-
-/// Where to reach an operation's host (SPEC section 9): the route its attempts took,
-/// recorded in the ledger, so a changed default (another `~/.ssh/config`, a missing
-/// `-i`) cannot send the probe elsewhere. An explicit `-p`, `-i`, `-J`, or a `-F` other
-/// than the recorded config overrides it; the host key check applies either way.
-pub(crate) fn reach(
-    global: &GlobalArgs,
-    host: &str,
-    args: &HostArgs,
-    route: Option<&Route>,
-) -> std::result::Result<Destination, ConnectError> {
-    let overridden = args.port.is_some()
-        || !args.identity.is_empty()
-        || args.jump.is_some()
-        || args.login.is_some()
-        || !args.option.is_empty()
-        || args.ipv4
-        || args.ipv6
-        || global
-            .ssh_config
-            .as_ref()
-            .is_some_and(|f| route.is_none_or(|r| r.config.as_ref() != Some(f)));
-    match route {
-        Some(route) if !overridden => ssh::resolve_route(route),
-        _ => resolve_ledger_host(global, host, args),
-    }
-}
-
-/// Where an operator command (`probe`, `cancel`) reaches operation `op` on the host the
-/// user typed: the ledger's name for that host (as `run` recorded it: what was typed,
-/// plus `:port` with -p), the destination by the operation's recorded route (see
-/// [`reach`]), and what the ledger recorded of its host keys, to hold the host to.
-pub(crate) fn reach_operation(
-    global: &GlobalArgs,
-    typed: &str,
-    args: &HostArgs,
-    op: &str,
-    ledger: &crate::ledger::Ledger,
-) -> Result<(String, Destination, Recorded)> {
-    ssh::check_destination(typed).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
-    let fresh = ssh::resolve(&common::host_spec(global, typed, args));
-    // A malformed or unsupported ssh config is the user's to fix (exit 246), whatever
-    // the ledger recorded.
-    if let Err(e) = &fresh {
-        if e.stage == ConnectStage::Config {
-            return Err(common::resolve_error(e.clone()));
-        }
-    }
-    let host = match (&fresh, args.port) {
-        (Ok(d), _) => d.display(),
-        (Err(_), Some(p)) => format!("{typed}:{p}"),
-        (Err(_), None) => typed.to_owned(),
-    };
-    let recorded = identity::recorded(&ledger.events(&OpKey::new(op, host.clone()))?);
-    let dest = match recorded.route.as_ref() {
-        Some(route) => reach(global, &host, args, Some(route)),
-        None => fresh,
-    }
-    .map_err(common::resolve_error)?;
-    Ok((host, dest, recorded))
-}
-
-/// Resolves a ledger host string for connecting.
-pub(crate) fn resolve_ledger_host(
-    global: &GlobalArgs,
-    host: &str,
-    args: &HostArgs,
-) -> std::result::Result<Destination, ConnectError> {
-    ssh::resolve(&ledger_host_spec(global, host, args))
 }
 
 fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String {

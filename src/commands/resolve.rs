@@ -8,16 +8,14 @@
 use serde::Serialize;
 
 use super::common;
-use super::list::printable;
-use super::reconcile::reach;
+use super::reach::reach;
+use super::render::printable;
 use crate::cli::{GlobalArgs, Resolution, ResolveArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
-use crate::operation::call::{call_shim, CallEnd, FramesOnly};
 use crate::operation::identity::{self, Recorded};
-use crate::shim::{Frame, MarkerState, Verb};
-use crate::ssh::Session;
 
 #[derive(Serialize)]
 struct Report<'a> {
@@ -177,63 +175,48 @@ fn fence(
                 ),
             )
         })?;
-    let runtime = common::runtime()?;
-    let frames = runtime.block_on(async {
-        let session = Session::connect(&dest).await.map_err(|e| {
-            Error::new(
+    let host = printable(&args.host);
+    let answer = common::block_on(async {
+        let reached =
+            Host::connect_checked(&dest, |key| recorded.check(&args.host, op.as_str(), key)).await;
+        let target = reached.map_err(|e| match e {
+            ReachError::Connect(e) => Error::new(
                 ErrorKind::Unreachable,
                 format!(
-                    "cannot fence {op} on {}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run",
-                    printable(&args.host)
+                    "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
                 ),
-            )
+            ),
+            mismatch => common::reach_error(mismatch, "nothing was fenced or recorded"),
         })?;
-        recorded
-            .check(&args.host, op.as_str(), session.host_key().as_deref())
-            .map_err(|why| {
-                Error::new(
-                    ErrorKind::Unreachable,
-                    format!("{why} (host_key_mismatch); nothing was fenced or recorded"),
-                )
-            })?;
-        match call_shim(&session, &Verb::Fence { op, force: true }, None, &mut FramesOnly).await {
-            CallEnd::Finished(frames) => Ok(frames),
-            CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Err(Error::new(
+        Ok::<_, Error>(target.fence(op, true).await)
+    })??;
+    let refusal = match answer {
+        Ok(fenced) => return Ok(format!("{} ({})", fenced.outcome, fenced.marker.summary())),
+        Err(CallError::Refused(r)) => r,
+        Err(CallError::NoAnswer(_)) => {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "the shim answered the fence without a fence frame; nothing was recorded",
+            ))
+        }
+        Err(e) => {
+            return Err(Error::new(
                 ErrorKind::Unreachable,
-                format!("the fence of {op} on {} got no answer ({why}); nothing was recorded. Probe it, then retry", printable(&args.host)),
-            )),
+                format!("the fence of {op} on {host} got no answer ({e}); nothing was recorded. Probe it, then retry"),
+            ))
         }
-    })?;
-    for f in frames {
-        match f {
-            Frame::Fence { outcome, marker } => {
-                return Ok(format!("{outcome} ({})", marker.summary()))
-            }
-            Frame::Refused(r) => {
-                let state = r.marker.as_ref().map(|m| m.state);
-                let seen = r
-                    .marker
-                    .as_ref()
-                    .map(|m| m.summary())
-                    .unwrap_or_else(|| r.reason.clone());
-                let message = match state {
-                    Some(MarkerState::Completed) => format!(
-                        "the host says {op} completed ({seen}): that contradicts not-applied; nothing was recorded. Use --as applied, or investigate with `opmark show {op}`"
-                    ),
-                    Some(MarkerState::Running) => format!(
-                        "the host says {op} is running ({seen}): it cannot be declared not applied; nothing was recorded. Wait for it, then `opmark reconcile`"
-                    ),
-                    _ => format!(
-                        "the host refused to fence {op} ({seen}); nothing was recorded. Check the host with `opmark doctor`"
-                    ),
-                };
-                return Err(Error::new(ErrorKind::InvalidInput, message));
-            }
-            _ => {}
-        }
-    }
-    Err(Error::new(
-        ErrorKind::Internal,
-        "the shim answered the fence without a fence frame; nothing was recorded",
-    ))
+    };
+    let seen = CallError::Refused(refusal.clone()).seen();
+    let message = match refusal.reason {
+        RefusalReason::Marker(MarkerState::Completed) => format!(
+            "the host says {op} completed ({seen}): that contradicts not-applied; nothing was recorded. Use --as applied, or investigate with `opmark show {op}`"
+        ),
+        RefusalReason::Marker(MarkerState::Running) => format!(
+            "the host says {op} is running ({seen}): it cannot be declared not applied; nothing was recorded. Wait for it, then `opmark reconcile`"
+        ),
+        _ => format!(
+            "the host refused to fence {op} ({seen}); nothing was recorded. Check the host with `opmark doctor`"
+        ),
+    };
+    Err(Error::new(ErrorKind::InvalidInput, message))
 }

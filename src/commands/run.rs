@@ -9,15 +9,14 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::common;
-use crate::cli::{FamilyArg, GlobalArgs, RunArgs};
+use crate::cli::{GlobalArgs, RunArgs};
 use crate::error::{Error, ErrorKind, Result};
-use crate::family::Family;
+use crate::host::Pool;
 use crate::ledger::{OpKey, OperationRecord};
 use crate::op_id::OpId;
 use crate::operation::fleet::{self, HostResult, Plan, Progress, Shared, Summary};
 use crate::operation::interrupt::{ClientSignal, Interrupts};
 use crate::operation::{self, RunEnv, RunInput};
-use crate::ssh::Pool;
 use crate::vocab::{ReasonCode, Verdict};
 
 /// Runs the command; the exit status is the command's own or the verdict's reserved code.
@@ -67,27 +66,26 @@ pub fn run_with(global: &GlobalArgs, args: RunArgs, given: Option<Vec<u8>>) -> R
             "the command is empty; nothing was sent",
         );
     }
-    if let Err(e) = crate::shim::check_command(&command) {
+    if let Err(e) = crate::host::check_command(&command) {
         return refuse_before_anything(
             global,
             Some(op.as_str()),
             &format!("{e}; nothing was sent"),
         );
     }
-    let runtime = common::runtime()?;
     let status = if let [host] = hosts.as_slice() {
         let host = host.clone();
-        runtime.block_on(run_operation(
+        common::block_on(run_operation(
             global, args, host, op, minted, command, given,
         ))
     } else {
-        runtime.block_on(run_on_hosts(
+        common::block_on(run_on_hosts(
             global, args, hosts, op, minted, command, given,
         ))
     };
-    // A stdin reader still blocked on a terminal after an interrupt must not hold the exit.
-    runtime.shutdown_background();
-    status
+    // A stdin reader still blocked on a terminal after an interrupt does not hold the
+    // exit: the process's runtime is never dropped, so nothing waits for it.
+    status?
 }
 
 /// The hosts named on the command line, then those of `--hosts-file`, each checked as a
@@ -97,7 +95,7 @@ fn all_hosts(args: &RunArgs) -> std::result::Result<Vec<String>, String> {
     for host in &args.hosts {
         // A host that cannot be a destination is bad input: refused before the ledger,
         // which would otherwise have to refuse to record it.
-        crate::ssh::check_destination(host)?;
+        crate::host::check_destination(host)?;
         hosts.push(host.clone());
     }
     if let Some(file) = &args.fleet.hosts_file {
@@ -140,7 +138,7 @@ fn hosts_from_file(file: &Path) -> std::result::Result<Vec<String>, String> {
                 at()
             ));
         }
-        crate::ssh::check_destination(line).map_err(|why| format!("{}: {why}", at()))?;
+        crate::host::check_destination(line).map_err(|why| format!("{}: {why}", at()))?;
         hosts.push(line.to_owned());
     }
     Ok(hosts)
@@ -210,7 +208,7 @@ async fn run_operation(
         host: common::host_spec(global, &host, &args.host_args),
         op,
         command,
-        class: args.class.map(family_of),
+        class: args.class,
         stdin,
         timeout: args.timeout,
         attempts: args.attempts,
@@ -321,7 +319,7 @@ async fn run_on_hosts(
             host: common::host_spec(global, host, &args.host_args),
             op: op.clone(),
             command: command.clone(),
-            class: args.class.map(family_of),
+            class: args.class,
             stdin: stdin.clone(),
             timeout: args.timeout,
             attempts: args.attempts,
@@ -511,15 +509,6 @@ fn warn_if_truncated(report: &operation::RunReport) {
                 "opmark: {replayed}{stream} was capped at {kept} bytes; {dropped} bytes were not kept"
             ));
         }
-    }
-}
-
-fn family_of(arg: FamilyArg) -> Family {
-    match arg {
-        FamilyArg::ReadOnly => Family::ReadOnly,
-        FamilyArg::Convergent => Family::Convergent,
-        FamilyArg::AppendOnly => Family::AppendOnly,
-        FamilyArg::Destructive => Family::Destructive,
     }
 }
 

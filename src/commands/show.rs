@@ -8,15 +8,14 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::list::{printable, redacted_error, to_second};
+use super::common::redacted_error;
+use super::render::{parse_at, printable, to_second, wrap_into};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::projection::unresolved_after;
 use crate::ledger::{Event, Ledger, OpKey, OperationRecord, Redactor, StoredEvent};
 use crate::op_id::OpId;
 use crate::vocab::{Boundary, RetryReason};
-
-const WIDTH: usize = 80;
 
 /// Prints the header and the timeline, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
@@ -501,48 +500,6 @@ fn short_hash(h: &str) -> &str {
     h.get(..12).unwrap_or(h)
 }
 
-/// Appends `prefix` + `text`, wrapping at [`WIDTH`] with continuation lines aligned under
-/// the text's first column. Words longer than a line are split.
-fn wrap_into(out: &mut String, prefix: &str, text: &str) {
-    let indent = prefix.chars().count();
-    let room = WIDTH.saturating_sub(indent).max(20);
-    let mut line = String::new();
-    let mut lines = Vec::new();
-    for word in text.split(' ') {
-        let mut word: String = word.to_owned();
-        loop {
-            let used = line.chars().count();
-            let wlen = word.chars().count();
-            let need = if used == 0 { wlen } else { used + 1 + wlen };
-            if need <= room {
-                if used > 0 {
-                    line.push(' ');
-                }
-                line.push_str(&word);
-                break;
-            }
-            if used > 0 {
-                lines.push(std::mem::take(&mut line));
-                continue;
-            }
-            // A single word longer than the room: split it.
-            let head: String = word.chars().take(room).collect();
-            lines.push(head);
-            word = word.chars().skip(room).collect();
-        }
-    }
-    lines.push(line);
-    for (i, l) in lines.iter().enumerate() {
-        if i == 0 {
-            out.push_str(prefix);
-        } else {
-            out.push_str(&" ".repeat(indent));
-        }
-        out.push_str(l);
-        out.push('\n');
-    }
-}
-
 /// The operation's outcome, as the events settle it.
 #[derive(Debug, Clone, Serialize)]
 pub struct OutcomeLine {
@@ -667,7 +624,7 @@ pub struct AttemptView {
     /// From dispatch to the last event about it, in milliseconds.
     pub duration_ms: Option<u64>,
     /// How it reached the host, when it connected (SPEC section 9).
-    pub route: Option<crate::ssh::Route>,
+    pub route: Option<crate::host::Route>,
     /// The host key fingerprint it saw (`SHA256:...`), when it connected.
     pub host_key: Option<String>,
 }
@@ -862,10 +819,6 @@ pub fn contradictions(events: &[StoredEvent]) -> Vec<ContradictionView> {
             _ => None,
         })
         .collect()
-}
-
-fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
 }
 
 fn millis_between(from: &str, to: &str) -> Option<u64> {

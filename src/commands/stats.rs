@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::list::redacted_error;
+use super::common::redacted_error;
 use crate::cli::GlobalArgs;
 use crate::error::{exit_code, Result};
 use crate::ledger::{Ledger, Stats};

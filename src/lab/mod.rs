@@ -28,7 +28,7 @@ pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource};
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -977,11 +977,9 @@ fn free_port() -> Result<u16, LabError> {
         })
 }
 
-/// The effective uid (owner of /proc/self), without unsafe code.
+/// The effective uid; geteuid cannot fail (rustix: no unsafe code here).
 pub fn effective_uid() -> u32 {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(u32::MAX)
+    rustix::process::geteuid().as_raw()
 }
 
 /// The login name of the effective user.

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::ValueEnum as _;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
@@ -31,8 +30,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::cli::{
-    CancelArgs, FamilyArg, FleetArgs, GlobalArgs, HostArgs, ListArgs, ProbeArgs, ReconcileArgs,
-    RunArgs, ShowArgs,
+    CancelArgs, FleetArgs, GlobalArgs, HostArgs, ListArgs, ProbeArgs, ReconcileArgs, RunArgs,
+    ShowArgs,
 };
 use crate::commands::{self, common};
 use crate::duration::parse_duration;
@@ -407,7 +406,7 @@ fn run_args(p: &RunParams) -> Result<RunArgs> {
         .class
         .as_deref()
         .map(|c| {
-            FamilyArg::from_str(c, false).map_err(|_| {
+            c.parse::<crate::family::Family>().map_err(|_| {
                 Error::new(
                     ErrorKind::InvalidInput,
                     format!("class `{c}` is not a family; use read-only, convergent, append-only or destructive; nothing was sent"),

@@ -541,10 +541,10 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
     };
     record.push(Effect::Boundary {
         boundary: Boundary::Refused,
-        detail: refusal.reason.word().to_owned(),
+        detail: refusal.reason.as_str().to_owned(),
     });
     let then = match refusal.reason {
-        RefusalReason::Running => {
+        RefusalReason::Marker(MarkerState::Running) => {
             let holder = refusal.marker.as_ref().and_then(|m| m.attempt.clone());
             record.push(Effect::Progress(format!(
                 "op {} is already running on {} (attempt {}); following it for up to {}s",
@@ -558,7 +558,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
             return Step::after(record, Action::Probe);
         }
         // Superseding needs room for the new claim; the old evidence stays in place.
-        RefusalReason::Interrupted if refusal.supersede_failed.is_some() => {
+        RefusalReason::Marker(MarkerState::Interrupted) if refusal.supersede_failed.is_some() => {
             let why = refusal
                 .marker
                 .as_ref()
@@ -574,8 +574,8 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 ),
             ))
         }
-        RefusalReason::Interrupted => conclude(facts, after_interrupted(facts, refusal.marker.as_ref())),
-        RefusalReason::Fenced => Action::Answer(Answer::new(
+        RefusalReason::Marker(MarkerState::Interrupted) => conclude(facts, after_interrupted(facts, refusal.marker.as_ref())),
+        RefusalReason::Marker(MarkerState::Fenced) => Action::Answer(Answer::new(
             Verdict::NotApplied,
             Some(attempt.clone()),
             ReasonCode::Fenced,
@@ -642,7 +642,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
             ReasonCode::ShimCannotStart,
             format!(
                 "the host shim could not start the command ({}: {}); nothing ran. Check the host with `opmark doctor`",
-                other.word(),
+                other.as_str(),
                 refusal.detail
             ),
         )),
@@ -1276,7 +1276,8 @@ mod tests {
 
     fn refusal(word: &str, fields: &[(&str, &str)], marker: Option<MarkerInfo>) -> Refused {
         Refused::from(&Refusal {
-            reason: word.into(),
+            reason: RefusalReason::parse(word).expect("a shim word"),
+            replay: false,
             marker,
             fields: fields
                 .iter()

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
+use crate::host::{self, call_shim, CallEnd, CallObserver};
 use crate::ledger::{Durability, Event, LedgerError, OpKey};
 use crate::op_id::OpId;
 use crate::policy::AfterInterrupted;
@@ -23,7 +24,6 @@ use crate::shim::{ExitFrame, Frame, MarkerInfo, RunRequest, StdinSpec, Verb};
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
 
-use super::call::{call_shim, CallEnd, CallObserver, FramesOnly};
 use super::decide::{
     self, connect_code, connect_is_final, Action, Answer, Dispatched, Effect, ExitEvidence, Facts,
     Followed, ProbeAction, ProbeSeen, RunReply, Step, Window,
@@ -338,22 +338,11 @@ impl<'a> Runner<'a> {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(500));
-        let probe = tokio::time::timeout(
-            left,
-            call_shim(&session, &Verb::Probe(&self.op), None, &mut FramesOnly),
-        )
-        .await;
+        let probe = tokio::time::timeout(left, host::probe(&session, &self.op)).await;
         let seen = match probe {
-            Ok(CallEnd::Finished(frames)) => frames
-                .into_iter()
-                .find_map(|f| match f {
-                    Frame::Probe(m) => Some(ProbeSeen::Marker(m)),
-                    _ => None,
-                })
-                .unwrap_or_else(|| ProbeSeen::NoAnswer(last_problem.to_owned())),
-            Ok(CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. }) => {
-                ProbeSeen::NoAnswer(why)
-            }
+            Ok(Ok(m)) => ProbeSeen::Marker(m),
+            Ok(Err(host::CallError::NoAnswer(_))) => ProbeSeen::NoAnswer(last_problem.to_owned()),
+            Ok(Err(e)) => ProbeSeen::NoAnswer(e.to_string()),
             Err(_) => {
                 ProbeSeen::NoAnswer("the probe got no answer within the --wait budget".into())
             }
@@ -370,36 +359,21 @@ impl<'a> Runner<'a> {
         err_offset: u64,
         limit: Duration,
     ) -> Followed {
-        let verb = Verb::Attach {
-            op: &self.op,
-            out_offset,
-            err_offset,
-        };
         let mut observer = OutputObserver {
             output: &mut self.output,
         };
-        let end = match tokio::time::timeout(limit, call_shim(session, &verb, None, &mut observer))
-            .await
-        {
-            Ok(end) => end,
-            Err(_) => return Followed::StillRunning,
-        };
-        match end {
-            CallEnd::Finished(frames) => {
-                let mut result = Followed::Lost("attach ended without an answer".into());
-                for f in frames {
-                    match f {
-                        Frame::Exit(x) => result = Followed::Exit(x),
-                        Frame::Interrupted(m) => result = Followed::Interrupted(m),
-                        Frame::Refused(r) => {
-                            result = Followed::Lost(format!("attach refused: {}", r.reason))
-                        }
-                        _ => {}
-                    }
-                }
-                result
+        let attach = host::attach(session, &self.op, out_offset, err_offset, &mut observer);
+        match tokio::time::timeout(limit, attach).await {
+            Err(_) => Followed::StillRunning,
+            Ok(Ok(host::Attached::Exit(x))) => Followed::Exit(x),
+            Ok(Ok(host::Attached::Interrupted(m))) => Followed::Interrupted(m),
+            Ok(Err(host::CallError::Refused(r))) => {
+                Followed::Lost(format!("attach refused: {}", r.reason))
             }
-            CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Followed::Lost(why),
+            Ok(Err(host::CallError::NoAnswer(_))) => {
+                Followed::Lost("attach ended without an answer".into())
+            }
+            Ok(Err(e)) => Followed::Lost(e.to_string()),
         }
     }
 

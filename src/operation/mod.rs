@@ -7,9 +7,8 @@
 //! - [`decide`]: THE decision table. Every retry and every verdict is decided there, by
 //!   pure functions of what the run knows and what it just observed; its header maps
 //!   SPEC section 4's rows and the verdict rules to code, and each is a unit test;
-//! - `driver`: the I/O around the table (connect, call the shim, probe, follow, record
-//!   in the ledger, pause), which asks [`decide`] at every step;
-//! - [`call`]: one shim call over SSH, streamed to an observer;
+//! - `driver`: the I/O around the table (connect, call the shim through [`crate::host`],
+//!   probe, follow, record in the ledger, pause), which asks [`decide`] at every step;
 //! - [`reply`]: the shim's answer to a `run` call, read once into types (refusal reasons
 //!   as an enum) for [`decide`];
 //! - [`record`]: the ledger as a run writes it (strict before dispatch, verdict-preserving
@@ -21,7 +20,6 @@
 //!   rolling batches, the combined answer;
 //! - [`reconcile`]: what later evidence settles, for `opmark reconcile`.
 
-pub mod call;
 pub mod decide;
 mod driver;
 pub mod fleet;
@@ -368,15 +366,5 @@ pub fn progress(message: &str) {
     crate::logging::say(format_args!("opmark: {message}"));
 }
 
-/// Fault injection for the crash tests: `OPMARK_FAULT=<point>` makes this process
-/// SIGKILL itself at that point (`before_dispatch`, `after_dispatch`, `after_started`,
-/// `after_exit`), as a crash or `kill -9` would. Never set outside tests.
-pub(crate) fn fault_point(point: &str) {
-    if std::env::var("OPMARK_FAULT").is_ok_and(|p| p == point) {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", &std::process::id().to_string()])
-            .status();
-        // kill(1) missing: die without cleanup all the same.
-        std::process::abort();
-    }
-}
+/// Fault points of the crash tests: see [`crate::fault`].
+pub(crate) use crate::fault::point as fault_point;

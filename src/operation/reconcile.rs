@@ -31,13 +31,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
+use crate::host::{CallError, ConnectError, Destination, Host, MarkerInfo, MarkerState};
 use crate::ledger::{Durability, Event, Ledger, OpKey, OperationRecord, StoredEvent};
 use crate::op_id::OpId;
-use crate::shim::{Frame, MarkerInfo, MarkerState, Verb};
-use crate::ssh::{ConnectError, Destination, Session};
 use crate::vocab::Boundary;
 
-use super::call::{call_shim, CallEnd, FramesOnly};
 use super::identity::{self, Recorded};
 
 /// Hosts worked on at once: as `run --forks` by default. A dead host holds one slot for
@@ -466,7 +464,7 @@ async fn host_job(
     ops: Vec<HostOp>,
 ) -> Vec<(usize, Evidence)> {
     let session = match dest {
-        Ok(d) => Session::connect(&d).await,
+        Ok(d) => Host::connect(&d).await,
         Err(e) => Err(e),
     };
     let session = match session {
@@ -503,19 +501,16 @@ async fn host_job(
 }
 
 /// Probe one marker; fence it when it is absent and `fence` says that is safe.
-async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
-    let probe = match call_shim(session, &Verb::Probe(op), None, &mut FramesOnly).await {
-        CallEnd::Finished(frames) => frames.into_iter().find_map(|f| match f {
-            Frame::Probe(m) => Some(Ok(m)),
-            Frame::Refused(r) => Some(Err(format!("the shim refused the probe ({})", r.reason))),
-            _ => None,
-        }),
-        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => Some(Err(why)),
-    };
-    let probe = match probe {
-        Some(Ok(m)) => m,
-        Some(Err(why)) => return Evidence::Unreachable(why),
-        None => return Evidence::Unreachable("the shim answered without a probe frame".into()),
+async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
+    let probe = match session.probe(op).await {
+        Ok(m) => m,
+        Err(CallError::Refused(r)) => {
+            return Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
+        }
+        Err(CallError::NoAnswer(_)) => {
+            return Evidence::Unreachable("the shim answered without a probe frame".into())
+        }
+        Err(e) => return Evidence::Unreachable(e.to_string()),
     };
     if probe.state != MarkerState::Absent || !fence {
         return Evidence::Marker {
@@ -523,29 +518,14 @@ async fn examine(session: &Session, op: &OpId, fence: bool) -> Evidence {
             fence: None,
         };
     }
-    let verb = Verb::Fence { op, force: false };
-    let result = match call_shim(session, &verb, None, &mut FramesOnly).await {
-        CallEnd::Finished(frames)
-            if frames
-                .iter()
-                .any(|f| matches!(f, Frame::Fence { .. } | Frame::Refused(_))) =>
-        {
-            frames
-                .into_iter()
-                .find_map(|f| match f {
-                    Frame::Fence { marker, .. } => Some(FenceResult::Fenced(marker)),
-                    Frame::Refused(r) => Some(match r.marker {
-                        Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
-                        _ => {
-                            FenceResult::Failed(format!("the shim refused to fence ({})", r.reason))
-                        }
-                    }),
-                    _ => None,
-                })
-                .unwrap_or_else(|| FenceResult::Failed("no fence answer".into()))
-        }
-        CallEnd::Finished(_) => FenceResult::Failed("no fence answer".into()),
-        CallEnd::NotSent(why) | CallEnd::Lost { reason: why, .. } => FenceResult::Failed(why),
+    let result = match session.fence(op, false).await {
+        Ok(fenced) => FenceResult::Fenced(fenced.marker),
+        Err(CallError::Refused(r)) => match r.marker {
+            Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
+            _ => FenceResult::Failed(format!("the shim refused to fence ({})", r.reason)),
+        },
+        Err(CallError::NoAnswer(_)) => FenceResult::Failed("no fence answer".into()),
+        Err(e) => FenceResult::Failed(e.to_string()),
     };
     Evidence::Marker {
         probe: Box::new(probe),

@@ -1,9 +1,12 @@
-//! The shim's answer to a `run` call, read once into types at the boundary: which frames
-//! came (exit, refusal, interruption, supersede) and why a refusal refused, as an enum
-//! instead of the shim's words. [`super::decide`] decides from these, never from strings.
+//! The shim's answer to a `run` call as the decision table reads it: the protocol's
+//! [`host::RunReply`] (frames read once, refusal words already typed) narrowed to the
+//! answers that settle a call, with a refusal's cause and detail pulled out of its
+//! fields. [`super::decide`] decides from these, never from strings.
 
 use std::collections::BTreeMap;
 
+use crate::host;
+pub use crate::shim::RefusalReason;
 use crate::shim::{ExitFrame, Frame, MarkerInfo, Refusal};
 
 /// The shim's complete answer to a `run` call, read once from its frames.
@@ -23,94 +26,15 @@ impl RunReply {
     /// Reads a finished call's frames; `None` when they hold no exit, refusal or
     /// interruption (the shim broke its protocol).
     pub fn from_frames(frames: &[Frame]) -> Option<RunReply> {
-        let mut reply = RunReply {
-            superseded: false,
-            exit: None,
-            refusal: None,
-            interrupted: None,
-        };
-        for f in frames {
-            match f {
-                Frame::Superseded { .. } => reply.superseded = true,
-                Frame::Exit(x) if reply.exit.is_none() => reply.exit = Some(x.clone()),
-                Frame::Refused(r) if reply.refusal.is_none() => {
-                    reply.refusal = Some(Refused::from(r));
-                }
-                Frame::Interrupted(m) if reply.interrupted.is_none() => {
-                    reply.interrupted = Some(m.clone());
-                }
-                _ => {}
-            }
-        }
-        (reply.exit.is_some() || reply.refusal.is_some() || reply.interrupted.is_some())
-            .then_some(reply)
-    }
-}
-
-/// The shim's refusal words (`R <word> key=value...`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RefusalReason {
-    /// The marker completed (followed by a replay when the verb is `run`).
-    Completed,
-    /// Another attempt holds the claim and runs.
-    Running,
-    /// The claim was interrupted.
-    Interrupted,
-    /// The marker is fenced.
-    Fenced,
-    /// The marker binds the op id to another fingerprint.
-    Conflict,
-    /// The marker root cannot be used (full disk, permissions).
-    RootUnusable,
-    /// The command could not be started (no `setsid -f`, `setsid` failed).
-    CannotStart,
-    /// The op id failed the shim's own check.
-    InvalidOpId,
-    /// Malformed arguments.
-    BadArgs,
-    /// The command did not arrive intact.
-    BadCommand,
-    /// The stdin did not arrive intact.
-    BadStdin,
-    /// A word this client does not know.
-    Other(String),
-}
-
-impl RefusalReason {
-    /// Reads the shim's word.
-    pub fn parse(word: &str) -> RefusalReason {
-        match word {
-            "completed" => RefusalReason::Completed,
-            "running" => RefusalReason::Running,
-            "interrupted" => RefusalReason::Interrupted,
-            "fenced" => RefusalReason::Fenced,
-            "conflict" => RefusalReason::Conflict,
-            "root_unusable" => RefusalReason::RootUnusable,
-            "cannot_start" => RefusalReason::CannotStart,
-            "invalid_op_id" => RefusalReason::InvalidOpId,
-            "bad_args" => RefusalReason::BadArgs,
-            "bad_command" => RefusalReason::BadCommand,
-            "bad_stdin" => RefusalReason::BadStdin,
-            other => RefusalReason::Other(other.to_owned()),
-        }
-    }
-
-    /// The shim's word, as the ledger records it.
-    pub fn word(&self) -> &str {
-        match self {
-            RefusalReason::Completed => "completed",
-            RefusalReason::Running => "running",
-            RefusalReason::Interrupted => "interrupted",
-            RefusalReason::Fenced => "fenced",
-            RefusalReason::Conflict => "conflict",
-            RefusalReason::RootUnusable => "root_unusable",
-            RefusalReason::CannotStart => "cannot_start",
-            RefusalReason::InvalidOpId => "invalid_op_id",
-            RefusalReason::BadArgs => "bad_args",
-            RefusalReason::BadCommand => "bad_command",
-            RefusalReason::BadStdin => "bad_stdin",
-            RefusalReason::Other(word) => word,
-        }
+        let reply = host::RunReply::from_frames(frames);
+        (reply.exit.is_some() || reply.refusal.is_some() || reply.interrupted.is_some()).then(
+            || RunReply {
+                superseded: reply.superseded,
+                exit: reply.exit,
+                refusal: reply.refusal.as_ref().map(Refused::from),
+                interrupted: reply.interrupted,
+            },
+        )
     }
 }
 
@@ -132,7 +56,7 @@ pub struct Refused {
 impl From<&Refusal> for Refused {
     fn from(r: &Refusal) -> Self {
         Refused {
-            reason: RefusalReason::parse(&r.reason),
+            reason: r.reason,
             cause: r.fields.get("reason").cloned(),
             supersede_failed: r.fields.get("supersede_failed").cloned(),
             detail: describe_fields(&r.fields),
@@ -153,6 +77,7 @@ fn describe_fields(fields: &BTreeMap<String, String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shim::MarkerState;
 
     fn exit(by: &str) -> ExitFrame {
         ExitFrame {
@@ -170,38 +95,14 @@ mod tests {
 
     fn refusal(word: &str, fields: &[(&str, &str)]) -> Refusal {
         Refusal {
-            reason: word.into(),
+            reason: RefusalReason::parse(word).expect("a shim word"),
+            replay: false,
             marker: None,
             fields: fields
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         }
-    }
-
-    #[test]
-    fn refusal_words_are_read_once_into_the_enum_and_unknown_words_are_kept() {
-        for word in [
-            "completed",
-            "running",
-            "interrupted",
-            "fenced",
-            "conflict",
-            "root_unusable",
-            "cannot_start",
-            "invalid_op_id",
-            "bad_args",
-            "bad_command",
-            "bad_stdin",
-        ] {
-            let r = RefusalReason::parse(word);
-            assert!(!matches!(r, RefusalReason::Other(_)), "{word}");
-            assert_eq!(r.word(), word);
-        }
-        assert_eq!(
-            RefusalReason::parse("new_thing"),
-            RefusalReason::Other("new_thing".into())
-        );
     }
 
     #[test]
@@ -215,7 +116,7 @@ mod tests {
                 ("x", "y"),
             ],
         ));
-        assert_eq!(r.reason, RefusalReason::Interrupted);
+        assert_eq!(r.reason, RefusalReason::Marker(MarkerState::Interrupted));
         assert_eq!(r.cause.as_deref(), Some("no_space"));
         assert_eq!(r.supersede_failed.as_deref(), Some("no_inodes"));
         assert_eq!(r.detail, "reason=no_space state=interrupted");
@@ -241,7 +142,7 @@ mod tests {
         assert_eq!(reply.exit, Some(exit("at-1")));
         assert_eq!(
             reply.refusal.map(|r| r.reason),
-            Some(RefusalReason::Completed)
+            Some(RefusalReason::Marker(MarkerState::Completed))
         );
     }
 }

@@ -154,12 +154,79 @@ impl MarkerInfo {
     }
 }
 
+/// Why the shim refused: its first word of an `R` frame. The finer cause, when there is
+/// one, is in the frame's `reason=` field (`argument_count`, `no_space`...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The op id breaks the charset or length rules.
+    InvalidOpId,
+    /// An argument is malformed (a client and shim that disagree, or a bug).
+    BadArgs,
+    /// The command in the channel's data did not arrive whole.
+    BadCommand,
+    /// The stdin did not arrive whole or does not hash to what the client said.
+    BadStdin,
+    /// The marker root cannot be used (not writable, volatile, full...).
+    RootUnusable,
+    /// The command could not be started detached (no usable `setsid`).
+    CannotStart,
+    /// The marker binds the op id to another fingerprint.
+    Conflict,
+    /// The marker is in this state, so the verb did not act.
+    Marker(MarkerState),
+}
+
+impl RefusalReason {
+    /// The shim's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::InvalidOpId => "invalid_op_id",
+            RefusalReason::BadArgs => "bad_args",
+            RefusalReason::BadCommand => "bad_command",
+            RefusalReason::BadStdin => "bad_stdin",
+            RefusalReason::RootUnusable => "root_unusable",
+            RefusalReason::CannotStart => "cannot_start",
+            RefusalReason::Conflict => "conflict",
+            RefusalReason::Marker(state) => state.as_str(),
+        }
+    }
+
+    /// Reads the shim's word; None for a word this client does not know.
+    pub fn parse(word: &str) -> Option<RefusalReason> {
+        Some(match word {
+            "invalid_op_id" => RefusalReason::InvalidOpId,
+            "bad_args" => RefusalReason::BadArgs,
+            "bad_command" => RefusalReason::BadCommand,
+            "bad_stdin" => RefusalReason::BadStdin,
+            "root_unusable" => RefusalReason::RootUnusable,
+            "cannot_start" => RefusalReason::CannotStart,
+            "conflict" => RefusalReason::Conflict,
+            state => RefusalReason::Marker(MarkerState::parse(state)?),
+        })
+    }
+}
+
+impl std::fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compares with the shim's word (`reason == "conflict"`).
+impl PartialEq<&str> for RefusalReason {
+    fn eq(&self, word: &&str) -> bool {
+        self.as_str() == *word
+    }
+}
+
 /// A refusal: the shim did not run the command, and says why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// `invalid_op_id`, `bad_args`, `bad_stdin`, `root_unusable`, `cannot_start`,
-    /// `conflict`, or a marker state (`completed`, `running`, `interrupted`, `fenced`).
-    pub reason: String,
+    /// Why.
+    pub reason: RefusalReason,
+    /// A `completed` refusal of `run` that replays the recorded output and exit: the
+    /// reply goes on (output, then an `Exit` frame).
+    pub replay: bool,
     /// The marker's state when the refusal is about an existing marker.
     pub marker: Option<MarkerInfo>,
     /// Every field as sent.
@@ -219,22 +286,24 @@ pub enum Frame {
     Interrupted(MarkerInfo),
     /// `P`: probe answer.
     Probe(MarkerInfo),
-    /// `F`: fence answer (`fenced` or `already_fenced`).
+    /// `F`: fence answer.
     Fence {
-        /// `fenced` or `already_fenced`.
-        outcome: String,
+        /// What the fence did.
+        outcome: FenceOutcome,
         /// The marker afterwards.
         marker: MarkerInfo,
     },
-    /// `G`: a gc line (`remove` per marker, then `done`).
-    Gc {
-        /// `remove` or `done`.
-        action: String,
-        /// Its fields.
-        fields: BTreeMap<String, String>,
+    /// `G remove`: gc removed (or, in a dry run, would remove) one marker.
+    GcRemoved(GcRemoved),
+    /// `G done`: gc's last line.
+    GcDone {
+        /// Markers left in place (running, interrupted, or too young).
+        kept: u64,
     },
-    /// `K`: doctor facts.
+    /// `K`: doctor facts, `key=value` (a bare word is a key with an empty value).
     Doctor(BTreeMap<String, String>),
+    /// `K done`: the doctor's last line.
+    DoctorDone,
     /// `C`: what a cancel did, and the marker afterwards.
     Cancel {
         /// What happened.
@@ -242,6 +311,42 @@ pub enum Frame {
         /// The marker afterwards.
         marker: MarkerInfo,
     },
+}
+
+/// What the shim's `fence` verb did (its `F` frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceOutcome {
+    /// The tombstone is new.
+    Fenced,
+    /// It was already there: nothing changed.
+    AlreadyFenced,
+}
+
+impl FenceOutcome {
+    /// The shim's word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FenceOutcome::Fenced => "fenced",
+            FenceOutcome::AlreadyFenced => "already_fenced",
+        }
+    }
+}
+
+impl std::fmt::Display for FenceOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One marker gc removed (or would remove).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GcRemoved {
+    /// Operation id.
+    pub op: String,
+    /// `completed` or `fenced`.
+    pub state: String,
+    /// Unix time of its exit or fence record.
+    pub at: u64,
 }
 
 /// What the shim's `cancel` verb did (its `C` frame).
@@ -310,25 +415,47 @@ impl Frame {
             | Frame::Interrupted(_)
             | Frame::Probe(_)
             | Frame::Fence { .. }
-            | Frame::Cancel { .. } => true,
-            Frame::Refused(r) => !r.fields.contains_key("replay"),
-            Frame::Gc { action, .. } => action == "done",
-            Frame::Doctor(fields) => fields.contains_key("done"),
-            _ => false,
+            | Frame::Cancel { .. }
+            | Frame::GcDone { .. }
+            | Frame::DoctorDone => true,
+            Frame::Refused(r) => !r.replay,
+            Frame::Hello { .. }
+            | Frame::Started { .. }
+            | Frame::Attached(_)
+            | Frame::Superseded { .. }
+            | Frame::GcRemoved(_)
+            | Frame::Doctor(_) => false,
         }
     }
 }
 
 /// The reply broke the protocol: the client cannot trust the rest of it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed reply from the host shim: {0}")]
-pub struct ProtocolError(String);
+pub enum ProtocolError {
+    /// Bytes that are not what the protocol allows.
+    #[error("malformed reply from the host shim: {0}")]
+    Malformed(String),
+    /// The shim's header names another protocol version than this client speaks. The
+    /// shim is shipped by the client and cached under its hash, so this means a copy
+    /// that is not opmark's own, answering under its name.
+    #[error("the host shim speaks protocol version {host:?}, this opmark speaks version {client}: the reply cannot be read. Remove the host's cached shim (`<marker root>/shim/`) so that opmark sends its own again")]
+    VersionMismatch {
+        /// The version in the shim's header.
+        host: String,
+        /// [`PROTOCOL_VERSION`].
+        client: &'static str,
+    },
+}
 
 impl ProtocolError {
     fn new(msg: impl Into<String>) -> Self {
-        ProtocolError(msg.into())
+        ProtocolError::Malformed(msg.into())
     }
 }
+
+/// The shim protocol version this client speaks: the `v=` of the shim's header, its
+/// `OPMARK_SHIM_VERSION`. Bumped with any change to the verbs' arguments or frames.
+pub const PROTOCOL_VERSION: &str = "1";
 
 /// Which output stream a payload belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -388,11 +515,6 @@ impl ReplyParser {
             cut(&self.stderr_buf)
         };
         (cut(&self.stdout_pre), err)
-    }
-
-    /// Whether the stderr header (and so the nonce) has been seen: the shim started.
-    pub fn shim_started(&self) -> bool {
-        self.stderr_open
     }
 
     /// Command stdout bytes delivered so far.
@@ -462,6 +584,12 @@ impl ReplyParser {
                 }
             }
             let version = header_version(&self.stderr_buf[start..end]);
+            if version != PROTOCOL_VERSION {
+                return Err(ProtocolError::VersionMismatch {
+                    host: version,
+                    client: PROTOCOL_VERSION,
+                });
+            }
             self.nonce = Some(nonce);
             self.stderr_open = true;
             self.stderr_buf.drain(..end);
@@ -570,10 +698,11 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             attempt: fields.get("attempt").cloned().unwrap_or_default(),
         },
         "R" => {
-            let reason = words
+            let word = words
                 .first()
-                .ok_or_else(|| ProtocolError::new("refusal without a reason"))?
-                .to_string();
+                .ok_or_else(|| ProtocolError::new("refusal without a reason"))?;
+            let reason = RefusalReason::parse(word)
+                .ok_or_else(|| ProtocolError::new(format!("unknown refusal reason {word}")))?;
             let marker = if fields.contains_key("state") {
                 Some(MarkerInfo::from_fields(fields.clone())?)
             } else {
@@ -581,6 +710,7 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             };
             Frame::Refused(Refusal {
                 reason,
+                replay: fields.get("replay").is_some_and(|r| r == "1"),
                 marker,
                 fields,
             })
@@ -606,13 +736,25 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
         "I" => Frame::Interrupted(MarkerInfo::from_fields(fields)?),
         "P" => Frame::Probe(MarkerInfo::from_fields(fields)?),
         "F" => Frame::Fence {
-            outcome: words.first().map(|w| w.to_string()).unwrap_or_default(),
+            outcome: match words.first() {
+                Some(&"fenced") => FenceOutcome::Fenced,
+                Some(&"already_fenced") => FenceOutcome::AlreadyFenced,
+                _ => return Err(ProtocolError::new("fence answer without a known outcome")),
+            },
             marker: MarkerInfo::from_fields(fields)?,
         },
-        "G" => Frame::Gc {
-            action: words.first().map(|w| w.to_string()).unwrap_or_default(),
-            fields,
+        "G" => match words.first() {
+            Some(&"remove") => Frame::GcRemoved(GcRemoved {
+                op: fields.get("op").cloned().unwrap_or_default(),
+                state: fields.get("state").cloned().unwrap_or_default(),
+                at: fields.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+            }),
+            Some(&"done") => Frame::GcDone {
+                kept: fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0),
+            },
+            _ => return Err(ProtocolError::new("gc line without a known action")),
         },
+        "K" if words == ["done"] && fields.is_empty() => Frame::DoctorDone,
         "K" => {
             let mut fields = fields;
             for w in words {
@@ -694,6 +836,66 @@ mod tests {
             p.push_stdout(std::slice::from_ref(b), &mut out)?;
         }
         Ok(out)
+    }
+
+    #[test]
+    fn a_header_of_another_protocol_version_is_a_typed_error() {
+        let mut p = ReplyParser::new();
+        let mut out = Vec::new();
+        let err = p
+            .push_stderr(format!("OPMARK/1 {N} H v=2\n").as_bytes(), &mut out)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ProtocolError::VersionMismatch {
+                host: "2".into(),
+                client: PROTOCOL_VERSION
+            }
+        );
+        assert!(err.to_string().contains("version \"2\""), "{err}");
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn refusals_gc_doctor_and_fence_lines_are_typed() {
+        let stderr = format!(
+            "OPMARK/1 {N} H v=1\nOPMARK/1 {N} R completed replay=1 state=completed code=0\nOPMARK/1 {N} R bad_args reason=argument_count\nOPMARK/1 {N} G remove op=a state=fenced at=7\nOPMARK/1 {N} G done kept=3\nOPMARK/1 {N} K writable=yes\nOPMARK/1 {N} K done\nOPMARK/1 {N} F already_fenced state=fenced\n"
+        );
+        let replies = parse(b"", stderr.as_bytes()).unwrap();
+        let frames: Vec<&Frame> = replies
+            .iter()
+            .filter_map(|r| match r {
+                Reply::Frame(f) => Some(f),
+                _ => None,
+            })
+            .collect();
+        let Frame::Refused(replay) = frames[1] else {
+            panic!("{frames:?}")
+        };
+        assert_eq!(replay.reason, RefusalReason::Marker(MarkerState::Completed));
+        assert!(replay.replay && !frames[1].is_final());
+        let Frame::Refused(bad) = frames[2] else {
+            panic!("{frames:?}")
+        };
+        assert_eq!(bad.reason, "bad_args");
+        assert!(!bad.replay && frames[2].is_final());
+        assert!(matches!(frames[3], Frame::GcRemoved(r) if r.op == "a" && r.at == 7));
+        assert!(!frames[3].is_final());
+        assert_eq!(*frames[4], Frame::GcDone { kept: 3 });
+        assert!(frames[4].is_final());
+        assert!(matches!(frames[5], Frame::Doctor(k) if k["writable"] == "yes"));
+        assert!(!frames[5].is_final());
+        assert_eq!(*frames[6], Frame::DoctorDone);
+        assert!(frames[6].is_final());
+        assert!(matches!(
+            frames[7],
+            Frame::Fence {
+                outcome: FenceOutcome::AlreadyFenced,
+                ..
+            }
+        ));
+        let unknown = format!("OPMARK/1 {N} H v=1\nOPMARK/1 {N} R no_such_reason\n");
+        assert!(parse(b"", unknown.as_bytes()).is_err());
     }
 
     fn collect_stdout(replies: &[Reply]) -> Vec<u8> {

@@ -1,6 +1,8 @@
-//! The host shim: the embedded `remote-scripts/shim.sh`, the one place that builds the
-//! invocation of it (the exec request, all quoting, and the channel data), and its
-//! framed replies ([`frames`]).
+//! The host shim's wire: the embedded `remote-scripts/shim.sh`, its verbs and their
+//! positional parameters ([`VERBS`], the same table as the script's header), the one
+//! place that builds the invocation of it (the exec request, all quoting, and the channel
+//! data), and its framed replies ([`frames`]). Callers do not use this directly: they go
+//! through [`crate::host`], which calls a verb and reads its typed answer.
 //!
 //! Nothing is installed on a host by hand. Every call's exec request is a one-line stub
 //! that any login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes
@@ -22,16 +24,14 @@
 
 pub mod frames;
 
-use std::ffi::OsString;
-use std::path::Path;
 use std::time::Duration;
 
 use crate::family::Family;
 use crate::op_id::OpId;
 
 pub use frames::{
-    CancelOutcome, ExitFrame, Frame, MarkerInfo, MarkerState, ProtocolError, Refusal, Reply,
-    ReplyParser,
+    CancelOutcome, ExitFrame, FenceOutcome, Frame, GcRemoved, MarkerInfo, MarkerState,
+    ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
 };
 
 /// The shim's source, delivered on the first call to a host and then cached there.
@@ -79,9 +79,6 @@ pub fn script_sha256() -> &'static str {
 pub fn need_line(token: &str) -> String {
     format!("opmark-shim need c={token}")
 }
-
-/// The shim protocol version this client speaks (the `H v=` field).
-pub const PROTOCOL_VERSION: &str = "1";
 
 /// Default cap on captured output per stream on the host: beyond it, bytes are counted
 /// and dropped, and the trailer says how many.
@@ -173,58 +170,132 @@ pub enum Verb<'a> {
     },
 }
 
+/// The verbs and their positional parameters, in the order the shim's `verb_*` functions
+/// take them: the one definition of the call's arguments. `remote-scripts/shim.sh` has the
+/// same table in its header (`#   verb: NAME PARAM...`), and a unit test holds the two,
+/// and the shim's argument count checks, equal.
+pub const VERBS: &[(&str, &[&str])] = &[
+    (
+        "run",
+        &[
+            "OP",
+            "ATTEMPT",
+            "FP",
+            "FAMILY",
+            "TIMEOUT_S",
+            "CAP_BYTES",
+            "STDIN_BYTES",
+            "STDIN_SHA256",
+            "SUPERSEDE",
+            "CMD_BYTES",
+        ],
+    ),
+    ("probe", &["OP"]),
+    ("attach", &["OP", "OUT_OFFSET", "ERR_OFFSET"]),
+    ("fence", &["OP", "FORCE"]),
+    ("supersede", &["OP", "BY_ATTEMPT"]),
+    ("gc", &["AGE_S", "DRY_RUN"]),
+    ("doctor", &[]),
+    ("cancel", &["OP", "GRACE_MS"]),
+];
+
 impl Verb<'_> {
-    /// The verb's name and arguments, in the order the script expects. Every one is made
-    /// of `[A-Za-z0-9._:=-]` (ids, digests, numbers), so the stub's login shell, whatever
-    /// it is, passes them through unchanged.
-    pub fn args(&self) -> Vec<String> {
+    /// The verb's name, as the shim's dispatcher knows it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Verb::Run(_) => "run",
+            Verb::Probe(_) => "probe",
+            Verb::Attach { .. } => "attach",
+            Verb::Fence { .. } => "fence",
+            Verb::Supersede { .. } => "supersede",
+            Verb::Gc { .. } => "gc",
+            Verb::Doctor => "doctor",
+            Verb::Cancel { .. } => "cancel",
+        }
+    }
+
+    /// Each parameter's value, by its name in [`VERBS`].
+    fn values(&self) -> Vec<(&'static str, String)> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
         match self {
             Verb::Run(r) => vec![
-                "run".into(),
-                r.op.to_string(),
-                r.attempt_id.into(),
-                r.host_fingerprint.into(),
-                r.family.as_str().into(),
-                r.timeout.map_or(0, |t| t.as_secs().max(1)).to_string(),
-                r.output_cap.to_string(),
-                r.stdin.as_ref().map_or("-".into(), |s| s.len.to_string()),
-                r.stdin
-                    .as_ref()
-                    .map_or("-".into(), |s| s.sha256_hex.clone()),
-                flag(r.supersede_interrupted),
-                r.command.len().to_string(),
+                ("OP", r.op.to_string()),
+                ("ATTEMPT", r.attempt_id.into()),
+                ("FP", r.host_fingerprint.into()),
+                ("FAMILY", r.family.as_str().into()),
+                (
+                    "TIMEOUT_S",
+                    r.timeout.map_or(0, |t| t.as_secs().max(1)).to_string(),
+                ),
+                ("CAP_BYTES", r.output_cap.to_string()),
+                (
+                    "STDIN_BYTES",
+                    r.stdin.as_ref().map_or("-".into(), |s| s.len.to_string()),
+                ),
+                (
+                    "STDIN_SHA256",
+                    r.stdin
+                        .as_ref()
+                        .map_or("-".into(), |s| s.sha256_hex.clone()),
+                ),
+                ("SUPERSEDE", flag(r.supersede_interrupted)),
+                ("CMD_BYTES", r.command.len().to_string()),
             ],
-            Verb::Probe(op) => vec!["probe".into(), op.to_string()],
+            Verb::Probe(op) => vec![("OP", op.to_string())],
             Verb::Attach {
                 op,
                 out_offset,
                 err_offset,
             } => vec![
-                "attach".into(),
-                op.to_string(),
-                out_offset.to_string(),
-                err_offset.to_string(),
+                ("OP", op.to_string()),
+                ("OUT_OFFSET", out_offset.to_string()),
+                ("ERR_OFFSET", err_offset.to_string()),
             ],
-            Verb::Fence { op, force } => vec!["fence".into(), op.to_string(), flag(*force)],
+            Verb::Fence { op, force } => vec![("OP", op.to_string()), ("FORCE", flag(*force))],
             Verb::Supersede { op, by_attempt } => {
-                vec!["supersede".into(), op.to_string(), (*by_attempt).into()]
+                vec![("OP", op.to_string()), ("BY_ATTEMPT", (*by_attempt).into())]
             }
             Verb::Gc {
                 older_than,
                 dry_run,
             } => vec![
-                "gc".into(),
-                older_than.as_secs().to_string(),
-                flag(*dry_run),
+                ("AGE_S", older_than.as_secs().to_string()),
+                ("DRY_RUN", flag(*dry_run)),
             ],
-            Verb::Doctor => vec!["doctor".into()],
+            Verb::Doctor => Vec::new(),
             Verb::Cancel { op, grace } => vec![
-                "cancel".into(),
-                op.to_string(),
-                grace.as_millis().to_string(),
+                ("OP", op.to_string()),
+                ("GRACE_MS", grace.as_millis().to_string()),
             ],
         }
+    }
+
+    /// The verb's name and arguments, in the order [`VERBS`] gives. Every one is made of
+    /// `[A-Za-z0-9._:=-]` (ids, digests, numbers), so the stub's login shell, whatever it
+    /// is, passes them through unchanged.
+    pub fn args(&self) -> Vec<String> {
+        let name = self.name();
+        let params = VERBS
+            .iter()
+            .find(|(verb, _)| *verb == name)
+            .map(|(_, params)| *params)
+            .unwrap_or_default();
+        let mut values = self.values();
+        assert_eq!(
+            values.len(),
+            params.len(),
+            "verb {name}: its values and the VERBS table disagree (opmark bug)"
+        );
+        let mut args = Vec::with_capacity(params.len() + 1);
+        args.push(name.to_owned());
+        for param in params {
+            let at = values
+                .iter()
+                .position(|(p, _)| p == param)
+                .unwrap_or_else(|| panic!("verb {name} gives no {param} (opmark bug)"));
+            args.push(values.swap_remove(at).1);
+        }
+        args
     }
 }
 
@@ -348,20 +419,22 @@ impl Invocation {
     }
 }
 
-/// The same call run locally by `shell` (tests, and hosts reached by other means):
+/// The same call run locally by `shell`, for the tests (feature `test-hooks`):
 /// `shell -c SCRIPT opmark-shim SCRIPT VERB ARGS...`, with [`local_data`] on its stdin.
-pub fn local_args(verb: &Verb) -> Vec<OsString> {
-    let mut args: Vec<OsString> = vec![
+#[cfg(any(test, feature = "test-hooks"))]
+pub fn local_args(verb: &Verb) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec![
         "-c".into(),
         SCRIPT.into(),
         "opmark-shim".into(),
         SCRIPT.into(),
     ];
-    args.extend(verb.args().into_iter().map(OsString::from));
+    args.extend(verb.args().into_iter().map(std::ffi::OsString::from));
     args
 }
 
 /// What a local call's stdin must carry: the verb's input, then the stdin.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn local_data(verb: &Verb, stdin: &[u8]) -> Vec<u8> {
     let mut data = verb.input().to_vec();
     data.extend_from_slice(stdin);
@@ -371,7 +444,8 @@ pub fn local_data(verb: &Verb, stdin: &[u8]) -> Vec<u8> {
 /// A `std::process::Command` running the shim locally under `shell`, with the
 /// supervisor and the command run by the same shell (`OPMARK_SH`). Feed it
 /// [`local_data`] on stdin.
-pub fn local_command(shell: &Path, verb: &Verb) -> std::process::Command {
+#[cfg(any(test, feature = "test-hooks"))]
+pub fn local_command(shell: &std::path::Path, verb: &Verb) -> std::process::Command {
     let mut cmd = std::process::Command::new(shell);
     cmd.args(local_args(verb)).env("OPMARK_SH", shell);
     cmd
@@ -473,6 +547,85 @@ mod tests {
         assert!(rest.ends_with(b"in"));
         assert_eq!(call.token.len(), 32);
         assert_ne!(call.token, Invocation::new(&verb, None).token);
+    }
+
+    #[test]
+    fn the_verb_table_is_the_shims_and_its_version_is_the_clients() {
+        let shim_table: Vec<Vec<&str>> = SCRIPT
+            .lines()
+            .filter_map(|l| l.strip_prefix("#   verb: "))
+            .map(|l| l.split(' ').collect())
+            .collect();
+        let ours: Vec<Vec<&str>> = VERBS
+            .iter()
+            .map(|(name, params)| {
+                std::iter::once(*name)
+                    .chain(params.iter().copied())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(shim_table, ours, "shim.sh's verb table and VERBS differ");
+        for (name, params) in VERBS {
+            // Each verb's function checks its argument count against the table.
+            let body = SCRIPT
+                .split_once(&format!("\nverb_{name}() {{\n"))
+                .unwrap_or_else(|| panic!("shim.sh has no verb_{name}"))
+                .1;
+            let first = body.lines().next().unwrap_or_default();
+            if params.is_empty() {
+                assert!(!first.contains("\"$#\""), "{name}: {first}");
+            } else {
+                let check = format!("[ \"$#\" -eq {} ]", params.len());
+                assert!(
+                    first.contains(&check),
+                    "verb_{name} checks `{first}`, not {check}"
+                );
+            }
+            // And the dispatcher knows it.
+            assert!(
+                SCRIPT.contains(&format!("\n{name}) verb_{name} \"$@\" ;;")),
+                "{name}"
+            );
+        }
+        assert!(
+            SCRIPT.contains(&format!("\nOPMARK_SHIM_VERSION={PROTOCOL_VERSION}\n")),
+            "the shim's hello must carry the client's protocol version"
+        );
+        // Every variant's arguments come out in the table's order and number.
+        let op = OpId::parse("o").unwrap();
+        let verbs = [
+            Verb::Probe(&op),
+            Verb::Attach {
+                op: &op,
+                out_offset: 1,
+                err_offset: 2,
+            },
+            Verb::Fence {
+                op: &op,
+                force: true,
+            },
+            Verb::Supersede {
+                op: &op,
+                by_attempt: "a",
+            },
+            Verb::Gc {
+                older_than: Duration::from_secs(60),
+                dry_run: false,
+            },
+            Verb::Doctor,
+            Verb::Cancel {
+                op: &op,
+                grace: Duration::from_millis(1500),
+            },
+        ];
+        for verb in &verbs {
+            let args = verb.args();
+            let params = VERBS.iter().find(|(n, _)| *n == args[0]).unwrap().1;
+            assert_eq!(args.len(), params.len() + 1, "{args:?}");
+        }
+        assert_eq!(verbs[1].args(), ["attach", "o", "1", "2"]);
+        assert_eq!(verbs[6].args(), ["cancel", "o", "1500"]);
+        assert_eq!(verbs[4].args(), ["gc", "60", "0"]);
     }
 
     #[test]

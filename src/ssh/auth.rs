@@ -653,34 +653,10 @@ pub(crate) fn confirm_on_tty(question: &str, fingerprint: &str) -> bool {
 }
 
 /// Asks for a passphrase on /dev/tty with echo off. `None` without a controlling terminal.
+/// rpassword turns echo off with termios on the terminal itself and turns it back on when
+/// the read ends, however it ends (no `stty` processes, none missing, no echo left off).
 fn prompt_passphrase(path: &str) -> Option<String> {
-    use std::io::{BufRead, Write};
-    use std::process::{Command, Stdio};
-    let mut tty = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/tty")
-        .ok()?;
-    // stty on the terminal itself keeps this free of unsafe termios calls.
-    let stty = |arg: &str| {
-        std::fs::File::open("/dev/tty").ok().and_then(|t| {
-            Command::new("stty")
-                .arg(arg)
-                .stdin(t)
-                .stderr(Stdio::null())
-                .status()
-                .ok()
-        })
-    };
-    write!(tty, "Enter passphrase for key '{path}': ").ok()?;
-    tty.flush().ok()?;
-    stty("-echo");
-    let mut line = String::new();
-    let read = std::io::BufReader::new(tty.try_clone().ok()?).read_line(&mut line);
-    stty("echo");
-    let _ = writeln!(tty);
-    read.ok()?;
-    Some(line.trim_end_matches(['\n', '\r']).to_string())
+    rpassword::prompt_password(format!("Enter passphrase for key '{path}': ")).ok()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ mod socket;
 
 use std::fmt;
 
-use crate::vocab::Boundary;
+use crate::vocab::{Boundary, ReasonCode};
 
 pub use destination::{
     check_destination, resolve, resolve_route, AddressFamily, Destination, HostSpec, Route,
@@ -81,6 +81,16 @@ impl ConnectError {
     /// Always `not_sent`: a connect error happens before any exec request.
     pub fn boundary(&self) -> Boundary {
         Boundary::NotSent
+    }
+
+    /// The reason code a `run` verdict, or any command's JSON error, gives this failure.
+    pub fn reason_code(&self) -> ReasonCode {
+        match self.stage {
+            ConnectStage::Resolve | ConnectStage::Config => ReasonCode::NameUnresolvable,
+            ConnectStage::Connect | ConnectStage::Timeout => ReasonCode::ConnectFailed,
+            ConnectStage::HostKey => ReasonCode::HostKeyRejected,
+            ConnectStage::Auth => ReasonCode::AuthRefused,
+        }
     }
 }
 

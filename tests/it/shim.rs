@@ -370,7 +370,7 @@ fn every_verb_works_under_dash_bash_and_busybox_ash() {
         let removals = gc_dry
             .frames
             .iter()
-            .filter(|f| matches!(f, Frame::Gc { action, .. } if action == "remove"))
+            .filter(|f| matches!(f, Frame::GcRemoved(_)))
             .count();
         assert_eq!(removals, 2, "{name}: {:?}", gc_dry.frames);
         assert!(

@@ -1,8 +1,9 @@
 //! One call of the host shim over an SSH session: send the verb, feed the replies to the
 //! frame parser, hand output and frames to an observer as they arrive, and say how the
-//! call ended (final frame, never sent, lost on the way, or a shim that never started).
+//! call ended (final frame, never sent, lost on the way, a reply that broke the protocol,
+//! or a shim that never started). The only code that execs the shim.
 
-use crate::shim::{Frame, Invocation, Reply, ReplyParser, Verb};
+use crate::shim::{Frame, Invocation, ProtocolError, Reply, ReplyParser, Verb};
 use crate::ssh::{Exec, ExecError, ExecEvent, Session};
 
 /// Receives a call's output and frames as they arrive.
@@ -26,13 +27,14 @@ pub enum CallEnd {
     Lost {
         /// Frames seen before the loss.
         frames: Vec<Frame>,
-        /// Whether the shim's header arrived (the shim itself started).
-        shim_started: bool,
-        /// What the transport said.
+        /// What the transport said, or why the reply could not be read.
         reason: String,
         /// `Some` when the channel closed in order (every byte the host wrote arrived)
         /// without the shim's header: the shim never started, so it claimed nothing.
         never_started: Option<NeverStarted>,
+        /// `Some` when the reply broke the protocol (bytes that are not frames, a shim
+        /// speaking another protocol version): what the shim did is unknown.
+        protocol: Option<ProtocolError>,
     },
 }
 
@@ -160,14 +162,14 @@ async fn exchange(
             Err(ExecError::Lost(why)) => {
                 break 'call CallEnd::Lost {
                     frames: Vec::new(),
-                    shim_started: false,
                     reason: why,
                     never_started: None,
+                    protocol: None,
                 }
             }
         };
         if let Verb::Run(_) = verb {
-            super::fault_point("after_dispatch");
+            crate::fault::point("after_dispatch");
         }
         let mut parser = ReplyParser::expecting(&call.token);
         let mut frames = Vec::new();
@@ -193,9 +195,9 @@ async fn exchange(
                 // a probe, never from a guess.
                 break 'call CallEnd::Lost {
                     frames,
-                    shim_started: parser.shim_started(),
                     reason: e.to_string(),
                     never_started: None,
+                    protocol: Some(e),
                 };
             }
             for reply in replies.drain(..) {
@@ -245,16 +247,16 @@ async fn exchange(
                         let never = NeverStarted::new(exit_status, &parser);
                         CallEnd::Lost {
                             frames,
-                            shim_started: false,
                             reason: never.describe(),
                             never_started: Some(never),
+                            protocol: None,
                         }
                     } else {
                         CallEnd::Lost {
                             frames,
-                            shim_started: parser.shim_started(),
                             reason: "the channel closed before the shim's final frame".into(),
                             never_started: None,
+                            protocol: None,
                         }
                     };
                 }
@@ -264,9 +266,9 @@ async fn exchange(
                     } else {
                         CallEnd::Lost {
                             frames,
-                            shim_started: parser.shim_started(),
                             reason: why,
                             never_started: None,
+                            protocol: None,
                         }
                     };
                 }

@@ -1,0 +1,507 @@
+//! The host protocol: the one way opmark talks to a host's shim. Connect (holding the
+//! host to the key an operation ran against), call one verb, and read the reply as that
+//! verb's typed answer. Commands and the run/reconcile machinery come here; none of them
+//! builds a shim call, reads frames by the keys they carry, or matches a call's end by
+//! hand.
+//!
+//! - [`call`]: one call over an SSH session, streamed to an observer, and how it ended
+//!   ([`CallEnd`]). The `run` and `attach` verbs use it directly: their output streams.
+//! - The one-answer verbs, typed: [`probe`], [`fence`], [`gc`], [`doctor`], [`cancel`],
+//!   and [`attach`]'s end. Each returns its answer or a [`CallError`].
+//! - [`Host`]: a connected host, reached with [`Host::connect_checked`].
+//! - What the commands need of [`crate::ssh`] to name and reach a host (resolve a
+//!   destination, the connection pool, no prompts under MCP), re-exported so that this
+//!   module is their one door to hosts.
+//!
+//! Below it, [`crate::shim`] owns the wire: the script, the verb table ([`shim::VERBS`],
+//! mirrored by `shim.sh`'s header), the exec request and the frame parser, which checks
+//! the shim's protocol version ([`PROTOCOL_VERSION`]) in its header.
+
+pub mod call;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::op_id::OpId;
+use crate::shim::Frame;
+use crate::ssh::Session;
+
+pub use crate::shim::{
+    check_command, CancelOutcome, ExitFrame, FenceOutcome, GcRemoved, InvocationError, MarkerInfo,
+    MarkerState, ProtocolError, Refusal, RefusalReason, RunRequest, StdinSpec, Verb,
+    DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
+};
+pub use crate::ssh::auth::forbid_prompts;
+pub use crate::ssh::{
+    check_destination, resolve, resolve_route, ConnectError, ConnectStage, Destination, HostSpec,
+    Pool, Route,
+};
+pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
+
+/// A one-answer call that did not bring its answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// The exec request never left: the verb did nothing.
+    #[error("{0}")]
+    NotSent(String),
+    /// The request left but the answer did not come back: the verb may have acted.
+    #[error("{reason}")]
+    Lost {
+        /// What the transport said, or why the reply could not be read.
+        reason: String,
+        /// Set when the channel closed in order before the shim started: it did nothing.
+        never_started: Option<NeverStarted>,
+        /// Set when the reply broke the protocol (a version the client does not speak,
+        /// bytes that are not frames).
+        protocol: Option<ProtocolError>,
+    },
+    /// The shim refused: it did nothing, and says why.
+    #[error("refused: {}", refusal_summary(.0))]
+    Refused(Box<Refusal>),
+    /// The shim ended its reply without the verb's answer (a shim that is not opmark's).
+    #[error("the host shim ended its {0} reply without an answer")]
+    NoAnswer(&'static str),
+}
+
+fn refusal_summary(r: &Refusal) -> String {
+    r.marker
+        .as_ref()
+        .map(MarkerInfo::summary)
+        .unwrap_or_else(|| r.reason.to_string())
+}
+
+impl CallError {
+    /// What was seen, for a message: the marker's summary for a refusal about a marker,
+    /// the reason otherwise.
+    pub fn seen(&self) -> String {
+        match self {
+            CallError::Refused(r) => refusal_summary(r),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// Reads a finished call's frames as one verb's answer: the first frame `pick` takes, a
+/// refusal, or [`CallError::NoAnswer`]; a call that did not finish is its [`CallError`].
+/// The one place a call's end is matched.
+fn answer<T>(
+    end: CallEnd,
+    verb: &'static str,
+    mut pick: impl FnMut(Frame) -> Option<T>,
+) -> Result<T, CallError> {
+    let frames = match end {
+        CallEnd::Finished(frames) => frames,
+        CallEnd::NotSent(why) => return Err(CallError::NotSent(why)),
+        CallEnd::Lost {
+            reason,
+            never_started,
+            protocol,
+            ..
+        } => {
+            return Err(CallError::Lost {
+                reason,
+                never_started,
+                protocol,
+            })
+        }
+    };
+    for frame in frames {
+        if let Frame::Refused(r) = frame {
+            return Err(CallError::Refused(Box::new(r)));
+        }
+        if let Some(found) = pick(frame) {
+            return Ok(found);
+        }
+    }
+    Err(CallError::NoAnswer(verb))
+}
+
+/// The marker's state, read-only.
+pub async fn probe(session: &Session, op: &OpId) -> Result<MarkerInfo, CallError> {
+    let end = call_shim(session, &Verb::Probe(op), None, &mut FramesOnly).await;
+    answer(end, "probe", |f| match f {
+        Frame::Probe(m) => Some(m),
+        _ => None,
+    })
+}
+
+/// What a fence did, and the marker afterwards.
+#[derive(Debug, Clone)]
+pub struct Fenced {
+    /// New tombstone or an existing one.
+    pub outcome: FenceOutcome,
+    /// The marker afterwards.
+    pub marker: MarkerInfo,
+}
+
+/// Tombstones the op id; `force` fences an interrupted, started claim too. A marker that
+/// completed or runs is a [`CallError::Refused`] carrying it.
+pub async fn fence(session: &Session, op: &OpId, force: bool) -> Result<Fenced, CallError> {
+    let end = call_shim(session, &Verb::Fence { op, force }, None, &mut FramesOnly).await;
+    answer(end, "fence", |f| match f {
+        Frame::Fence { outcome, marker } => Some(Fenced { outcome, marker }),
+        _ => None,
+    })
+}
+
+/// What gc removed (or would remove) and how many markers it kept.
+#[derive(Debug, Clone, Default)]
+pub struct GcReport {
+    /// Removed markers, in the shim's order.
+    pub removed: Vec<GcRemoved>,
+    /// Markers left in place.
+    pub kept: u64,
+}
+
+/// Removes completed or fenced markers older than `older_than` (only reports, with
+/// `dry_run`). A lost answer may mean some were removed.
+pub async fn gc(
+    session: &Session,
+    older_than: Duration,
+    dry_run: bool,
+) -> Result<GcReport, CallError> {
+    let verb = Verb::Gc {
+        older_than,
+        dry_run,
+    };
+    let end = call_shim(session, &verb, None, &mut FramesOnly).await;
+    let mut report = GcReport::default();
+    answer(end, "gc", |f| match f {
+        Frame::GcRemoved(r) => {
+            report.removed.push(r);
+            None
+        }
+        Frame::GcDone { kept } => Some(kept),
+        _ => None,
+    })
+    .map(|kept| GcReport { kept, ..report })
+}
+
+/// The doctor's facts about the marker root and the tools (`K key=value`). When the
+/// reply is cut short, the facts that arrived come with the error.
+pub async fn doctor(
+    session: &Session,
+) -> Result<BTreeMap<String, String>, (BTreeMap<String, String>, CallError)> {
+    let end = call_shim(session, &Verb::Doctor, None, &mut FramesOnly).await;
+    let mut facts = BTreeMap::new();
+    let seen = match &end {
+        CallEnd::Lost { frames, .. } => frames.clone(),
+        _ => Vec::new(),
+    };
+    for f in seen {
+        if let Frame::Doctor(fields) = f {
+            facts.extend(fields);
+        }
+    }
+    let done = answer(end, "doctor", |f| match f {
+        Frame::Doctor(fields) => {
+            facts.extend(fields);
+            None
+        }
+        Frame::DoctorDone => Some(()),
+        _ => None,
+    });
+    match done {
+        Ok(()) => Ok(facts),
+        Err(e) => Err((facts, e)),
+    }
+}
+
+/// What a cancel did, and the marker afterwards.
+#[derive(Debug, Clone)]
+pub struct Cancelled {
+    /// What happened.
+    pub outcome: CancelOutcome,
+    /// The marker afterwards.
+    pub marker: MarkerInfo,
+}
+
+/// Stops the operation for good: TERM, KILL after `grace`, wait for the exit record; an
+/// absent, unstarted or interrupted marker is fenced. A lost answer means the signals
+/// may have gone out.
+pub async fn cancel(session: &Session, op: &OpId, grace: Duration) -> Result<Cancelled, CallError> {
+    let end = call_shim(session, &Verb::Cancel { op, grace }, None, &mut FramesOnly).await;
+    answer(end, "cancel", |f| match f {
+        Frame::Cancel { outcome, marker } => Some(Cancelled { outcome, marker }),
+        _ => None,
+    })
+}
+
+/// How an attach ended.
+#[derive(Debug, Clone)]
+pub enum Attached {
+    /// The command's exit, with the attempt that ran it.
+    Exit(ExitFrame),
+    /// The process vanished without an exit record while followed.
+    Interrupted(MarkerInfo),
+}
+
+/// Streams a marker's output from the given offsets to `observer` until the command
+/// exits or is found interrupted.
+pub async fn attach(
+    session: &Session,
+    op: &OpId,
+    out_offset: u64,
+    err_offset: u64,
+    observer: &mut dyn CallObserver,
+) -> Result<Attached, CallError> {
+    let verb = Verb::Attach {
+        op,
+        out_offset,
+        err_offset,
+    };
+    let end = call_shim(session, &verb, None, observer).await;
+    answer(end, "attach", |f| match f {
+        Frame::Exit(x) => Some(Attached::Exit(x)),
+        Frame::Interrupted(m) => Some(Attached::Interrupted(m)),
+        _ => None,
+    })
+}
+
+/// The `run` verb's reply, read from a finished call's frames: what the shim did with
+/// the claim. Output went to the call's observer as it arrived.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunReply {
+    /// `S`: this attempt's claim is durable and the command started.
+    pub started: Option<String>,
+    /// `U`: an interrupted claim was moved aside for this attempt.
+    pub superseded: bool,
+    /// `R`: the claim was refused (for a `completed` marker, with its replay following).
+    pub refusal: Option<Refusal>,
+    /// `X`: the command's exit (this attempt's, or the replayed one).
+    pub exit: Option<ExitFrame>,
+    /// `I`: the supervisor vanished without an exit record while followed.
+    pub interrupted: Option<MarkerInfo>,
+}
+
+impl RunReply {
+    /// Reads the frames of a `run` call (finished or not: a lost call's frames say how far
+    /// it got). The first frame of each kind counts.
+    pub fn from_frames(frames: &[Frame]) -> RunReply {
+        let mut reply = RunReply::default();
+        for f in frames {
+            match f {
+                Frame::Started { attempt } if reply.started.is_none() => {
+                    reply.started = Some(attempt.clone())
+                }
+                Frame::Superseded { .. } => reply.superseded = true,
+                Frame::Refused(r) if reply.refusal.is_none() => reply.refusal = Some(r.clone()),
+                Frame::Exit(x) if reply.exit.is_none() => reply.exit = Some(x.clone()),
+                Frame::Interrupted(m) if reply.interrupted.is_none() => {
+                    reply.interrupted = Some(m.clone())
+                }
+                _ => {}
+            }
+        }
+        reply
+    }
+}
+
+/// A session to a host, connected and, where an operation's identity is known, checked
+/// to be the machine the operation ran on.
+#[derive(Debug, Clone)]
+pub struct Host {
+    session: Session,
+}
+
+/// Why a host could not be reached for a call; nothing was sent.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReachError {
+    /// Resolving, connecting or authenticating failed.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The host presented another key than the one recorded: another machine.
+    #[error("{0}")]
+    KeyMismatch(String),
+}
+
+impl Host {
+    /// Connects to `dest`.
+    pub async fn connect(dest: &Destination) -> Result<Host, ConnectError> {
+        Ok(Host {
+            session: Session::connect(dest).await?,
+        })
+    }
+
+    /// Connects to `dest`, then hands the host key it presented to `check` (which says
+    /// why a key is not the machine's: see `operation::identity::Recorded::check`).
+    pub async fn connect_checked(
+        dest: &Destination,
+        check: impl FnOnce(Option<&str>) -> Result<(), String>,
+    ) -> Result<Host, ReachError> {
+        let host = Host::connect(dest).await?;
+        check(host.session.host_key().as_deref()).map_err(ReachError::KeyMismatch)?;
+        Ok(host)
+    }
+
+    /// The host key the host presented, as the ledger records it.
+    pub fn host_key(&self) -> Option<String> {
+        self.session.host_key()
+    }
+
+    /// [`probe`] on this host.
+    pub async fn probe(&self, op: &OpId) -> Result<MarkerInfo, CallError> {
+        probe(&self.session, op).await
+    }
+
+    /// [`fence`] on this host.
+    pub async fn fence(&self, op: &OpId, force: bool) -> Result<Fenced, CallError> {
+        fence(&self.session, op, force).await
+    }
+
+    /// [`gc`] on this host.
+    pub async fn gc(&self, older_than: Duration, dry_run: bool) -> Result<GcReport, CallError> {
+        gc(&self.session, older_than, dry_run).await
+    }
+
+    /// [`doctor`] on this host.
+    pub async fn doctor(
+        &self,
+    ) -> Result<BTreeMap<String, String>, (BTreeMap<String, String>, CallError)> {
+        doctor(&self.session).await
+    }
+
+    /// [`cancel`] on this host.
+    pub async fn cancel(&self, op: &OpId, grace: Duration) -> Result<Cancelled, CallError> {
+        cancel(&self.session, op, grace).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shim::frames::{Reply, ReplyParser};
+
+    const N: &str = "0123456789abcdef0123456789abcdef";
+
+    fn frames(stderr: &str) -> Vec<Frame> {
+        let mut p = ReplyParser::new();
+        let mut out = Vec::new();
+        p.push_stderr(stderr.as_bytes(), &mut out).unwrap();
+        out.into_iter()
+            .filter_map(|r| match r {
+                Reply::Frame(f) => Some(f),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn finished(lines: &[&str]) -> CallEnd {
+        let mut text = format!("OPMARK/1 {N} H v=1\n");
+        for l in lines {
+            text.push_str(&format!("OPMARK/1 {N} {l}\n"));
+        }
+        CallEnd::Finished(frames(&text))
+    }
+
+    #[test]
+    fn a_probe_answer_is_its_marker_and_a_refusal_is_typed() {
+        let m = answer(
+            finished(&["P state=completed code=3"]),
+            "probe",
+            |f| match f {
+                Frame::Probe(m) => Some(m),
+                _ => None,
+            },
+        )
+        .unwrap();
+        assert_eq!((m.state, m.exit_code), (MarkerState::Completed, Some(3)));
+        let refused = answer(finished(&["R invalid_op_id"]), "probe", |f| match f {
+            Frame::Probe(m) => Some(m),
+            _ => None,
+        });
+        let Err(CallError::Refused(r)) = refused else {
+            panic!("{refused:?}")
+        };
+        assert_eq!(r.reason, RefusalReason::InvalidOpId);
+        let none = answer(finished(&["S attempt=a1"]), "probe", |f| match f {
+            Frame::Probe(m) => Some(m),
+            _ => None,
+        });
+        assert!(
+            matches!(none, Err(CallError::NoAnswer("probe"))),
+            "{none:?}"
+        );
+    }
+
+    #[test]
+    fn a_run_reply_says_what_the_shim_did_with_the_claim() {
+        let CallEnd::Finished(frames) = finished(&[
+            "U superseded_by=a2",
+            "S attempt=a2",
+            "X code=4 out=0 err=0 attempt=a2",
+        ]) else {
+            unreachable!()
+        };
+        let reply = RunReply::from_frames(&frames);
+        assert!(reply.superseded && reply.refusal.is_none() && reply.interrupted.is_none());
+        assert_eq!(reply.started.as_deref(), Some("a2"));
+        assert_eq!(
+            reply.exit.map(|x| (x.code, x.attempt)),
+            Some((4, "a2".into()))
+        );
+        let CallEnd::Finished(frames) = finished(&[
+            "R completed replay=1 state=completed code=0 attempt=a1",
+            "X code=0 out=0 err=0 attempt=a1",
+        ]) else {
+            unreachable!()
+        };
+        let replay = RunReply::from_frames(&frames);
+        let refusal = replay.refusal.expect("a refusal");
+        assert!(refusal.replay);
+        assert_eq!(
+            refusal.reason,
+            RefusalReason::Marker(MarkerState::Completed)
+        );
+        assert!(replay.exit.is_some() && replay.started.is_none());
+    }
+
+    #[test]
+    fn gc_lines_are_collected_until_done() {
+        let end = finished(&[
+            "G remove op=a state=completed at=5",
+            "G remove op=b state=fenced at=6",
+            "G done removed=2 kept=4 dry_run=0",
+        ]);
+        let mut removed = Vec::new();
+        let kept = answer(end, "gc", |f| match f {
+            Frame::GcRemoved(r) => {
+                removed.push(r.op);
+                None
+            }
+            Frame::GcDone { kept } => Some(kept),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!((removed, kept), (vec!["a".to_owned(), "b".to_owned()], 4));
+    }
+
+    #[test]
+    fn an_unfinished_call_keeps_why() {
+        let lost = answer::<()>(
+            CallEnd::Lost {
+                frames: Vec::new(),
+                reason: "reset".into(),
+                never_started: None,
+                protocol: Some(ProtocolError::VersionMismatch {
+                    host: "2".into(),
+                    client: PROTOCOL_VERSION,
+                }),
+            },
+            "probe",
+            |_| None,
+        );
+        assert!(
+            matches!(
+                &lost,
+                Err(CallError::Lost {
+                    protocol: Some(ProtocolError::VersionMismatch { .. }),
+                    ..
+                })
+            ),
+            "{lost:?}"
+        );
+        let not_sent = answer::<()>(CallEnd::NotSent("no channel".into()), "probe", |_| None);
+        assert_eq!(not_sent.unwrap_err().to_string(), "no channel");
+    }
+}
