@@ -129,7 +129,7 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     }
     events.push(Event::OperatorDecision {
         by: by.clone(),
-        decision: decision.to_owned(),
+        decision: decision.into(),
         note: args.note.clone(),
         exit_code: args.exit,
     });

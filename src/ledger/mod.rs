@@ -4,6 +4,8 @@
 //! - [`event`]: the events (source of truth). [`chain`]: their hash chain and its check.
 //! - [`projection`]: the `operations` table folded from the events, and the one
 //!   "unresolved" rule. [`schema`]: migrations keyed by `user_version`.
+//! - [`words`]: the typed words of events and states (decisions, probe states, refusals).
+//!   [`history`]: one walk over an operation's events that every reader shares.
 //! - [`redact`]: secret masking, applied by the ledger itself to every free-text field.
 //! - [`fingerprint`]: canonical intent digests (plain for the host, HMAC for the ledger),
 //!   and the installation key. [`binding`]: how a ledger is bound to its key.
@@ -19,9 +21,11 @@ pub mod binding;
 pub mod chain;
 pub mod event;
 pub mod fingerprint;
+pub mod history;
 pub mod projection;
 pub mod redact;
 mod schema;
+pub mod words;
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -35,8 +39,10 @@ use serde::Serialize;
 pub use binding::key_path_beside;
 pub use chain::{ChainBreak, ChainReport, ProjectionMismatch};
 pub use event::{Event, Observed, StoredEvent};
+pub use history::History;
 pub use projection::OperationRecord;
 pub use redact::Redactor;
+pub use words::{Decision, OpState, ProbeState, Refusal};
 
 use crate::error::{Error, ErrorKind};
 use fingerprint::InstallationKey;

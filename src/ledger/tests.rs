@@ -89,7 +89,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
     assert_eq!(seqs, vec![1, 2]);
     let r = l.operation(&k).unwrap().unwrap();
     assert_eq!(
-        (r.state.as_str(), r.attempts, r.unresolved),
+        (r.state.to_string().as_str(), r.attempts, r.unresolved),
         ("dispatched", 1, true)
     );
     l.append(
@@ -98,6 +98,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
             attempt_id: "a1".into(),
             boundary: Boundary::SentNoResponse,
             detail: "connection lost".into(),
+            refusal: None,
         },
         Durability::Normal,
     )
@@ -133,7 +134,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
     .unwrap();
     let r = l.operation(&k).unwrap().unwrap();
     assert!(!r.unresolved);
-    assert_eq!(r.state, "resolved:applied");
+    assert_eq!(r.state.to_string(), "resolved:applied");
     assert!(l
         .list(&ListFilter {
             unresolved: true,
@@ -769,4 +770,61 @@ fn a_reconcile_that_settles_a_completed_marker_keeps_its_exit_code() {
     let listed = l.list(&ListFilter::default()).unwrap();
     assert_eq!(listed[0].exit_code, Some(0));
     assert!(l.verify_chain().unwrap().intact());
+}
+
+/// A ledger an older opmark wrote: an operator decision spelled `not-applied`, stored
+/// under that spelling in the event and in the row (which it settled). It reads as the
+/// typed `not_applied`, settles, and `audit verify` finds chain and projection whole.
+#[test]
+fn a_ledger_with_the_old_spelling_still_reads_and_verifies() {
+    let s = Scratch::new("oldspelling");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-old", "h1");
+    l.append_many(
+        &k,
+        &[intended("fp", "rm x"), dispatched("a1", 1)],
+        Durability::Normal,
+    )
+    .unwrap();
+    // Written as older opmark wrote it: the word itself, not this version's spelling.
+    l.append(
+        &k,
+        &Event::OperatorDecision {
+            by: "alice".into(),
+            decision: Decision::Other("not-applied".into()),
+            note: "checked".into(),
+            exit_code: None,
+        },
+        Durability::Normal,
+    )
+    .unwrap();
+    let payload: String = l
+        .conn
+        .query_row(
+            "SELECT payload FROM events WHERE kind = 'operator_decision'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        payload.contains("\"decision\":\"not-applied\""),
+        "{payload}"
+    );
+    // Older opmark counted `not-applied` as settling when it folded the row.
+    l.conn
+        .execute("UPDATE operations SET unresolved = 0", [])
+        .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!(r.state, OpState::Resolved(Decision::NotApplied));
+    assert!(!r.unresolved);
+    let events = l.events(&k).unwrap();
+    let d = History::of(&events).final_decision.unwrap();
+    assert_eq!(d.decision, Decision::NotApplied);
+    let report = l.verify_chain().unwrap();
+    assert!(report.first_break.is_none(), "{:?}", report.first_break);
+    assert!(
+        report.first_mismatch.is_none(),
+        "{:?}",
+        report.first_mismatch
+    );
 }

@@ -25,7 +25,10 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
-use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, Redactor, StoredEvent};
+use crate::ledger::history::FinalDecision;
+use crate::ledger::{
+    Decision, Durability, Event, History, Ledger, LedgerError, OpKey, Redactor, Refusal,
+};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, Classification, Policy};
 use crate::shim::{ExitFrame, Frame, MarkerInfo, MarkerState, RunRequest, StdinSpec, Verb};
@@ -329,7 +332,7 @@ pub async fn run_interruptible(
     if existing.is_some() {
         let events = runner.ledger.events(&runner.key)?;
         // An operator's decision is terminal (SPEC section 2): answer it, contact nothing.
-        if let Some(decision) = terminal_decision(&events) {
+        if let Some(decision) = History::of(&events).final_decision {
             let answer = runner.decided(&decision);
             return runner.finish(answer);
         }
@@ -471,9 +474,9 @@ impl<'a> Runner<'a> {
     async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
         if let Some(code) = self.ledger_exit {
             let attempt = self.current_attempt();
-            self.boundary(
+            self.refused(
                 &attempt,
-                Boundary::Refused,
+                Refusal::LedgerHoldsExit,
                 "not claimed: the ledger already holds this operation's exit; probing to replay",
             )?;
             return match self.probe_and_follow(dest, &attempt).await? {
@@ -786,7 +789,11 @@ impl<'a> Runner<'a> {
                 Boundary::ExitReceived
             };
             if boundary == Boundary::Refused {
-                self.boundary(attempt, Boundary::Refused, "already completed on the host")?;
+                self.refused(
+                    attempt,
+                    Refusal::AlreadyCompleted,
+                    "already completed on the host",
+                )?;
             }
             let mut settled = self.exit_verdict(x, by_us);
             if let (Settled::Verdict(answer), Some(m)) = (&mut settled, &refusal) {
@@ -812,7 +819,12 @@ impl<'a> Runner<'a> {
                 "the shim ended its reply without an exit or a refusal",
             ));
         };
-        self.boundary(attempt, Boundary::Refused, &refusal.reason)?;
+        // The shim's reason is a protocol word: it types the refusal.
+        self.refused(
+            attempt,
+            Refusal::from(refusal.reason.as_str()),
+            &refusal.reason,
+        )?;
         let marker = refusal.marker.clone();
         let settled = match refusal.reason.as_str() {
             "running" => {
@@ -1353,6 +1365,21 @@ impl<'a> Runner<'a> {
             &mut self.attempts,
             attempt,
             boundary,
+            None,
+            detail,
+        )?;
+        Ok(())
+    }
+
+    /// Records a `refused` boundary with its reason (what reconcile reads later).
+    fn refused(&mut self, attempt: &str, refusal: Refusal, detail: &str) -> Result<(), Error> {
+        record_boundary(
+            &mut self.ledger,
+            &self.key,
+            &mut self.attempts,
+            attempt,
+            Boundary::Refused,
+            Some(refusal),
             detail,
         )?;
         Ok(())
@@ -1400,14 +1427,14 @@ impl<'a> Runner<'a> {
     }
 
     /// The answer to a `run` of an operation an operator has decided.
-    fn decided(&mut self, d: &Decision) -> Answer {
+    fn decided(&mut self, d: &FinalDecision) -> Answer {
         let by = format!(
             "operator {} resolved this operation as {} ({})",
             d.by,
-            d.decision.replace('_', "-"),
+            d.decision.as_str().replace('_', "-"),
             d.note
         );
-        if d.decision == "applied" {
+        if d.decision == Decision::Applied {
             self.ledger_exit = d.exit_code;
             self.exit_from_ledger = true;
             let exit = d
@@ -1419,7 +1446,7 @@ impl<'a> Runner<'a> {
                 ReasonCode::ResolvedApplied,
                 format!("{by}, with {exit}; that decision is final: nothing ran again"),
             )
-        } else if d.decision == "abandoned" {
+        } else if d.decision == Decision::Abandoned {
             // Abandoned says nothing about whether it ran: only that nothing runs again.
             Answer::new(
                 Verdict::NotApplied,
@@ -1673,6 +1700,7 @@ fn record_boundary(
     attempts: &mut [AttemptSummary],
     attempt: &str,
     boundary: Boundary,
+    refusal: Option<Refusal>,
     detail: &str,
 ) -> Result<(), LedgerError> {
     ledger.append(
@@ -1681,6 +1709,7 @@ fn record_boundary(
             attempt_id: attempt.to_owned(),
             boundary,
             detail: detail.to_owned(),
+            refusal,
         },
         Durability::Normal,
     )?;
@@ -1688,43 +1717,6 @@ fn record_boundary(
         a.boundary = a.boundary.max(boundary);
     }
     Ok(())
-}
-
-/// An operator's decision that settles an operation for good.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// `applied`, `not_applied` or `abandoned`.
-    pub decision: String,
-    /// Who decided.
-    pub by: String,
-    /// Their note.
-    pub note: String,
-    /// `resolve --exit N`.
-    pub exit_code: Option<i32>,
-}
-
-/// The latest terminal operator decision among `events`, if any (SPEC section 2).
-pub fn terminal_decision(events: &[StoredEvent]) -> Option<Decision> {
-    events.iter().rev().find_map(|e| match &e.event {
-        Event::OperatorDecision {
-            by,
-            decision,
-            note,
-            exit_code,
-        } if matches!(
-            decision.as_str(),
-            "applied" | "not_applied" | "not-applied" | "abandoned"
-        ) =>
-        {
-            Some(Decision {
-                decision: decision.replace('-', "_"),
-                by: by.clone(),
-                note: note.clone(),
-                exit_code: *exit_code,
-            })
-        }
-        _ => None,
-    })
 }
 
 /// A fresh attempt id: `at-<16 hex>` (same charset as op ids, safe on the host).
@@ -1770,6 +1762,7 @@ impl CallObserver for RunObserver<'_, '_> {
                 self.attempts,
                 self.attempt,
                 Boundary::Started,
+                None,
                 "the shim claimed the marker and started the command",
             );
             match result {
@@ -1810,40 +1803,4 @@ impl CallObserver for OutputObserver<'_> {
         self.output.stderr(bytes);
     }
     fn frame(&mut self, _: &Frame) {}
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn decided(decision: &str, exit_code: Option<i32>) -> StoredEvent {
-        StoredEvent {
-            seq: 1,
-            op_id: "op".into(),
-            host: "h".into(),
-            at: String::new(),
-            event: Event::OperatorDecision {
-                by: "alice".into(),
-                decision: decision.into(),
-                note: "n".into(),
-                exit_code,
-            },
-            prev_hash: String::new(),
-            hash: String::new(),
-        }
-    }
-
-    #[test]
-    fn the_latest_settling_decision_is_terminal_and_an_approval_is_not() {
-        assert_eq!(terminal_decision(&[decided("approved", None)]), None);
-        let d = terminal_decision(&[
-            decided("abandoned", None),
-            decided("applied", Some(3)),
-            decided("approved", None),
-        ])
-        .unwrap();
-        assert_eq!((d.decision.as_str(), d.exit_code), ("applied", Some(3)));
-        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
-        assert_eq!(d.decision, "not_applied");
-    }
 }

@@ -98,6 +98,7 @@ fn write_operation(ledger: &mut Ledger, key: &OpKey, n: u64) -> Vec<u64> {
                     attempt_id: attempt.clone(),
                     boundary: Boundary::Started,
                     detail: String::new(),
+                    refusal: None,
                 },
                 Durability::Normal,
             )
@@ -496,6 +497,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             attempt_id: "a1".into(),
             boundary: Boundary::SentNoResponse,
             detail: "keepalive timeout after 3s".into(),
+            refusal: None,
         },
         Event::Probed {
             attempt_id: Some("a1".into()),
@@ -514,6 +516,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             attempt_id: "a2".into(),
             boundary: Boundary::SentNoResponse,
             detail: "keepalive timeout after 3s".into(),
+            refusal: None,
         },
         Event::Verdict {
             attempt_id: Some("a2".into()),
@@ -650,6 +653,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 attempt_id: a.clone(),
                 boundary: Boundary::Refused,
                 detail: secret.to_string(),
+                refusal: None,
             },
             Event::Probed {
                 attempt_id: Some(a.clone()),
