@@ -32,8 +32,8 @@ use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
 use crate::ledger::{
-    Decision, Durability, Event, History, Ledger, OpKey, OpState, OperationRecord, ProbeState,
-    StoredEvent,
+    Decision, Durability, Event, History, Ledger, LedgerError, OpKey, OpState, OperationRecord,
+    ProbeState, StoredEvent, UnlessSettledSince,
 };
 use crate::op_id::OpId;
 use crate::shim::{Frame, MarkerInfo, MarkerState, Verb};
@@ -353,8 +353,19 @@ pub async fn reconcile(
         let c = &candidates[i];
         let s = settle(c, ev);
         let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
-        ledger.append_many(&key, &s.events, Durability::Normal)?;
-        Ok(s.outcome)
+        // Conditional: another reconcile or an operator (on any machine sharing this
+        // ledger) may have settled it since the candidates were read.
+        let since = Some(UnlessSettledSince(c.record.last_seq));
+        match ledger.append_if(&key, &s.events, Durability::Normal, since) {
+            Ok(_) => Ok(s.outcome),
+            Err(e @ LedgerError::AlreadySettled(_)) => Ok(Outcome {
+                decision: Decision::AlreadySettled,
+                settled: true,
+                detail: e.to_string(),
+                ..s.outcome
+            }),
+            Err(e) => Err(e.into()),
+        }
     };
     for (i, c) in candidates.iter().enumerate() {
         if !needs_host(&c.events) {
