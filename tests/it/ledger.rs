@@ -1919,3 +1919,42 @@ fn postgres_reconcile_from_a_second_machine_settles_what_the_first_left() {
     );
     assert!(pg.open().verify_chain().unwrap().intact());
 }
+
+#[test]
+fn ledger_migrate_refuses_what_it_cannot_copy() {
+    let s = Scratch::new("migrate-bad");
+    let db = s.path("ledger.db");
+    // No ledger yet: nothing to copy.
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "migrate", "--to", "postgresql://u@h/db"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("no ledger at"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut ledger = Ledger::open(&db).unwrap();
+    write_operation(&mut ledger, &OpKey::new("op1", "h"), 1);
+    drop(ledger);
+    // The target must be PostgreSQL.
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", "/tmp/other.db"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("--to must be a PostgreSQL URL"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The source must be SQLite.
+    let out = opmark(
+        &s.0,
+        Path::new("postgresql://u:hunter2@h/db"),
+        &["ledger", "migrate", "--to", "postgresql://u@h/db2"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(err.contains("copies a SQLite ledger"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
