@@ -4,7 +4,9 @@
 # busybox) and the login shells its exec stub must work through (zsh, fish, tcsh), a
 # linter (shellcheck), netcat (a ProxyCommand `nc %h %p` in the transport tests),
 # iproute2 + nftables (network-namespace targets and link cuts),
-# e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests), groff
+# e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests),
+# postgresql (the shared-ledger tests start a throwaway cluster of their own with its
+# initdb and pg_ctl; the package's own cluster and service are not used), groff
 # (renders the generated man page in tests/it/ux.rs), debootstrap (builds the image of
 # docker lab targets; the Docker engine itself is expected to be installed and running
 # already), a C compiler (bundled SQLite, ring),
@@ -18,16 +20,19 @@ set -euo pipefail
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip netcat-openbsd)
+  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3 nc)
+  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 
 have() {
-  if [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
+  if [[ $1 == postgresql_initdb ]]; then
+    # Versioned directory: any /usr/lib/postgresql/*/bin/initdb will do.
+    compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+  elif [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
 }
 
 as_root() {

@@ -128,8 +128,9 @@ pub struct GlobalArgs {
         value_name = "PATH"
     )]
     pub ssh_config: Option<PathBuf>,
-    /// Ledger database (default ${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db).
-    #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH")]
+    /// Ledger: a SQLite file (default ${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db)
+    /// or a shared PostgreSQL ledger, `postgres://…`/`postgresql://…` (needs --ledger-key).
+    #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH|URL")]
     pub ledger: Option<PathBuf>,
     /// The ledger's installation key file (default: beside the ledger, `ledger.key` for
     /// `ledger.db`). Create one with `opmark ledger keygen PATH`.
@@ -515,6 +516,14 @@ pub enum LedgerAction {
     Keygen {
         /// Where to write the key.
         path: PathBuf,
+    },
+    /// Copy this SQLite ledger (--ledger, or the default) event for event into an empty
+    /// PostgreSQL ledger, then verify the chain there. The copy keeps this ledger's key:
+    /// use it with --ledger-key on every machine that shares the new ledger.
+    Migrate {
+        /// The PostgreSQL ledger: postgres://USER@HOST[:PORT]/DATABASE (empty database).
+        #[arg(long, value_name = "URL")]
+        to: String,
     },
 }
 

@@ -1,5 +1,6 @@
 //! `opmark audit verify`: walk the ledger's keyed hash chain and name the first broken
-//! event, then replay the projection and name the first operation row that differs.
+//! event, then replay the projection and name the first operation row that differs. The
+//! same checks and the same output on every ledger backend.
 
 use super::common::redacted_error;
 use super::render::printable;
@@ -36,7 +37,9 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
             "events": report.events,
             "first_break": report.first_break,
             "first_mismatch": report.first_mismatch,
-            "ledger": path,
+            // Not `path`: for PostgreSQL that is the URL as given, password and all.
+            "ledger": ledger.path(),
+            "backend": ledger.backend(),
         });
         super::common::print_json(&doc)?;
     } else {

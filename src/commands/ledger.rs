@@ -1,16 +1,77 @@
 //! `opmark ledger keygen PATH`: a new installation key for a ledger named with
-//! `--ledger-key` (SPEC section 14).
+//! `--ledger-key`; `opmark ledger migrate --to URL`: a SQLite ledger copied into
+//! PostgreSQL, chain re-verified there (SPEC section 14).
 
 use crate::cli::{GlobalArgs, LedgerAction, LedgerArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::fingerprint::InstallationKey;
-use crate::ledger::LedgerError;
+use crate::ledger::{is_postgres_url, Ledger, LedgerError};
 
 /// Writes the key; refuses (exit 245) when PATH already exists.
 pub fn run(global: &GlobalArgs, args: &LedgerArgs) -> Result<u8> {
     match &args.action {
         LedgerAction::Keygen { path } => keygen(global, path),
+        LedgerAction::Migrate { to } => migrate(global, to),
     }
+}
+
+fn migrate(global: &GlobalArgs, to: &str) -> Result<u8> {
+    if global.ledger.as_deref().is_some_and(is_postgres_url) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "`ledger migrate` copies a SQLite ledger; --ledger names a PostgreSQL one. Give --ledger PATH of the SQLite file (or leave it out for the default); nothing was copied",
+        ));
+    }
+    let (source, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
+    let Some(source) = source else {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no ledger at {}; give --ledger PATH of the SQLite ledger to copy. Nothing was copied",
+                path.display()
+            ),
+        ));
+    };
+    let report = source.migrate_to(to)?;
+    let target = crate::ledger::postgres::without_password(to);
+    let key = source.key().path().to_path_buf();
+    if let Some(b) = &report.first_break {
+        return Err(Error::new(
+            ErrorKind::LocalIo,
+            format!(
+                "copied, but the chain does not verify on {target} (event #{}: {}); do not use the copy",
+                b.seq, b.problem
+            ),
+        ));
+    }
+    if let Some(m) = &report.first_mismatch {
+        return Err(Error::new(
+            ErrorKind::LocalIo,
+            format!(
+                "copied, but the projection on {target} differs from its events ({}: {}); do not use the copy",
+                m.op_id, m.problem
+            ),
+        ));
+    }
+    if global.json {
+        super::common::print_json(&serde_json::json!({
+            "schema": "opmark/1",
+            "from": path,
+            "to": target,
+            "events": report.events,
+            "chain_intact": true,
+            "key": key,
+        }))?;
+    } else {
+        println!(
+            "copied {} events from {} to {target}; chain intact there. From now on use --ledger {target} --ledger-key {} (give every machine a copy of that key file)",
+            report.events,
+            path.display(),
+            key.display()
+        );
+    }
+    Ok(exit_code::OK)
 }
 
 fn keygen(global: &GlobalArgs, path: &std::path::Path) -> Result<u8> {

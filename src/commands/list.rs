@@ -128,7 +128,7 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
     // `run --op` (minted ids are longer than any fixed column).
     let op_w = col(&|o| printable(&o.op_id).chars().count(), 5, usize::MAX);
     let host_w = col(&|o| printable(&o.host).chars().count(), 4, usize::MAX);
-    let state_w = col(&|o| o.state.chars().count(), 5, 16);
+    let state_w = col(&|o| o.state.to_string().chars().count(), 5, 16);
     let mut out = format!(
         "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED ({})\n",
         "OP",
@@ -147,7 +147,7 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
             printable(&o.op_id),
             printable(&o.host),
             o.family.as_str(),
-            fit(&printable(&o.state), state_w),
+            fit(&printable(&o.state.to_string()), state_w),
             exit,
             zone.short(&o.updated_at),
         ));

@@ -181,7 +181,7 @@ fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String
     };
     let op_w = col(&|o| o.op_id.chars().count(), 2, 20);
     let host_w = col(&|o| o.host.chars().count(), 4, 12);
-    let before_w = col(&|o| o.before.chars().count(), 6, 14);
+    let before_w = col(&|o| o.before.to_string().chars().count(), 6, 14);
     let ev_w = col(&|o| o.evidence.chars().count(), 8, 22);
     let mut out = format!(
         "  {:op_w$} {:host_w$} {:before_w$} {:ev_w$} DECISION\n",
@@ -193,9 +193,9 @@ fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String
             if o.settled { " " } else { "!" },
             fit(&printable(&o.op_id), op_w),
             fit(&printable(&o.host), host_w),
-            fit(&printable(&o.before), before_w),
+            fit(&printable(&o.before.to_string()), before_w),
             fit(&printable(&o.evidence), ev_w),
-            printable(&o.decision),
+            printable(o.decision.as_str()),
         ));
     }
     let open: Vec<&&Outcome> = all.iter().filter(|o| !o.settled).collect();

@@ -13,7 +13,7 @@ use super::render::printable;
 use crate::cli::{GlobalArgs, Resolution, ResolveArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
-use crate::ledger::{Durability, Event, OpKey};
+use crate::ledger::{Durability, Event, History, OpKey, UnlessSettledSince};
 use crate::op_id::OpId;
 use crate::operation::identity::{self, Recorded};
 
@@ -76,7 +76,7 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     let policy = common::load_policy(global)?;
     let mut ledger = common::open_ledger(global, &policy)?;
     let key = OpKey::new(op.as_str(), args.host.clone());
-    if ledger.operation(&key)?.is_none() {
+    let Some(seen) = ledger.operation(&key)? else {
         let hosts = ledger.hosts_of(op.as_str())?;
         let hint = if hosts.is_empty() {
             "`opmark list` shows what is recorded".to_owned()
@@ -98,8 +98,24 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
                 ledger.path().display()
             ),
         ));
+    };
+    let history = ledger.events(&key)?;
+    // A final decision stands (SPEC section 2): a second one, from this machine or any
+    // other sharing the ledger, is refused, naming the first.
+    if let Some(d) = History::of(&history).final_decision {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "operation `{op}` on `{}` was already settled by operator {} at {} ({}); nothing was recorded. `opmark show {op} --host {}` shows it",
+                printable(&args.host),
+                printable(&d.by),
+                d.at,
+                d.decision,
+                printable(&args.host)
+            ),
+        ));
     }
-    let recorded = identity::recorded(&ledger.events(&key)?);
+    let recorded = identity::recorded(&history);
     let decision = decision_name(args.decision);
     let mut events = Vec::new();
     let mut fence_text = None;
@@ -127,11 +143,17 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     }
     events.push(Event::OperatorDecision {
         by: by.clone(),
-        decision: decision.to_owned(),
+        decision: decision.into(),
         note: args.note.clone(),
         exit_code: args.exit,
     });
-    let seqs = ledger.append_many(&key, &events, Durability::Full)?;
+    // Conditional on what was read above: of two operators deciding at once, one wins.
+    let seqs = ledger.append_if(
+        &key,
+        &events,
+        Durability::Full,
+        Some(UnlessSettledSince(seen.last_seq)),
+    )?;
     if global.json {
         common::print_json(&Report {
             op_id: op.as_str(),

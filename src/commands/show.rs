@@ -12,8 +12,11 @@ use super::common::redacted_error;
 use super::render::{parse_at, printable, to_second, wrap_into};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::history::Word;
 use crate::ledger::projection::unresolved_after;
-use crate::ledger::{Event, Ledger, OpKey, OperationRecord, Redactor, StoredEvent};
+use crate::ledger::{
+    Event, History, Ledger, OpKey, OpState, OperationRecord, Redactor, StoredEvent,
+};
 use crate::op_id::OpId;
 use crate::vocab::{Boundary, RetryReason};
 
@@ -207,9 +210,9 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                 // No parentheses around it: a named rule already ends in `(name)`.
                 &format!("{}, by {}", r.family, printable(&r.rule)),
             );
-            let mut state = printable(&r.state);
+            let mut state = printable(&r.state.to_string());
             if let Some(v) = r.verdict {
-                if r.state != v.as_str() {
+                if r.state != OpState::verdict(v) {
                     let _ = write!(state, ", last verdict {v}");
                 }
             }
@@ -380,7 +383,7 @@ fn describe(event: &Event) -> (usize, String) {
             detail,
             ..
         } => {
-            let mut s = format!("probe: marker {}", p(state));
+            let mut s = format!("probe: marker {}", p(state.as_str()));
             if let Some(c) = exit_code {
                 let _ = write!(s, ", exit {c}");
             }
@@ -391,7 +394,7 @@ fn describe(event: &Event) -> (usize, String) {
         }
         Event::Reconciled { decision, detail } => (
             0,
-            with_detail(&format!("reconciled: {}", p(decision)), detail),
+            with_detail(&format!("reconciled: {}", p(decision.as_str())), detail),
         ),
         Event::OperatorDecision {
             by,
@@ -399,7 +402,7 @@ fn describe(event: &Event) -> (usize, String) {
             note,
             exit_code,
         } => {
-            let mut s = format!("operator {} decided {}", p(by), p(decision));
+            let mut s = format!("operator {} decided {}", p(by), p(decision.as_str()));
             if let Some(c) = exit_code {
                 let _ = write!(s, ", exit {c}");
             }
@@ -515,63 +518,20 @@ pub struct OutcomeLine {
 
 /// What the events say about the outcome.
 pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> OutcomeLine {
-    let mut unresolved = false;
-    let mut last_word: Option<(String, String)> = None;
-    let mut exit_code = None;
-    for e in events {
-        unresolved = unresolved_after(unresolved, &e.event);
-        match &e.event {
-            Event::Verdict {
-                verdict,
-                exit_code: code,
-                ..
-            } => {
-                if code.is_some() {
-                    exit_code = *code;
-                }
-                last_word = Some((
-                    verdict.as_str().to_owned(),
-                    format!("verdict at {}", to_second(&e.at)),
-                ));
+    let h = History::of(events);
+    let mut unresolved = h.unresolved;
+    let mut exit_code = h.exit_code;
+    let last_word = h.last_word.map(|(word, at)| {
+        let by = match &word {
+            Word::Verdict(_) => format!("verdict at {}", to_second(&at)),
+            Word::Reconciled(_) => format!("reconcile at {}", to_second(&at)),
+            Word::Resolved { by, .. } => {
+                format!("operator {} at {}", printable(by), to_second(&at))
             }
-            Event::ExitReceived {
-                exit_code: code, ..
-            } => exit_code = code.or(exit_code),
-            Event::Probed {
-                state,
-                exit_code: Some(code),
-                ..
-            } if state == "completed" => exit_code = Some(*code),
-            Event::Reconciled { decision, .. } => {
-                last_word = Some((
-                    format!("reconciled:{decision}"),
-                    format!("reconcile at {}", to_second(&e.at)),
-                ));
-            }
-            Event::OperatorDecision { by, decision, .. } if decision != "approved" => {
-                last_word = Some((
-                    format!("resolved:{decision}"),
-                    format!("operator {} at {}", printable(by), to_second(&e.at)),
-                ));
-            }
-            Event::AttemptDispatched { .. } => last_word = None,
-            Event::Cancelled {
-                by,
-                result,
-                exit_code: code,
-                ..
-            } if result == "cancelled" || result.starts_with("fenced") => {
-                if code.is_some() {
-                    exit_code = *code;
-                }
-                last_word = Some((
-                    "cancelled".to_owned(),
-                    format!("cancel by {} at {}", printable(by), to_second(&e.at)),
-                ));
-            }
-            _ => {}
-        }
-    }
+            Word::Cancelled { by } => format!("cancel by {} at {}", printable(by), to_second(&at)),
+        };
+        (word.name(), by)
+    });
     if let Some(r) = record {
         // The projection is the authority on "unresolved"; the fold above only names why.
         unresolved = r.unresolved;
@@ -631,64 +591,23 @@ pub struct AttemptView {
 
 /// The attempts, in dispatch order.
 pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
-    let mut out: Vec<AttemptView> = Vec::new();
-    for e in events {
-        if let Event::AttemptDispatched {
-            attempt_id,
-            number,
-            parent,
-            reason,
-        } = &e.event
-        {
-            out.push(AttemptView {
-                number: *number,
-                attempt_id: attempt_id.clone(),
-                parent: parent.clone(),
-                reason: *reason,
-                boundary: None,
-                exit_code: None,
-                dispatched_at: e.at.clone(),
-                last_seen_at: e.at.clone(),
-                duration_ms: Some(0),
-                route: None,
-                host_key: None,
-            });
-            continue;
-        }
-        let Some(id) = e.event.attempt_id() else {
-            continue;
-        };
-        // Probes and verdicts name an attempt but are not part of it.
-        if matches!(e.event, Event::Probed { .. } | Event::Verdict { .. }) {
-            continue;
-        }
-        let Some(a) = out.iter_mut().rev().find(|a| a.attempt_id == id) else {
-            continue;
-        };
-        match &e.event {
-            Event::BoundaryReached { boundary, .. } => {
-                a.boundary = Some(a.boundary.map_or(*boundary, |b| b.max(*boundary)));
-            }
-            Event::ExitReceived { exit_code, .. } => {
-                a.boundary =
-                    Some(Boundary::ExitReceived.max(a.boundary.unwrap_or(Boundary::NotSent)));
-                a.exit_code = *exit_code;
-            }
-            Event::Connected {
-                route, host_key, ..
-            } => {
-                a.route = Some(route.clone());
-                a.host_key = Some(host_key.clone());
-            }
-            Event::ClientInterrupted { boundary, .. } => {
-                a.boundary = Some(a.boundary.map_or(*boundary, |b| b.max(*boundary)));
-            }
-            _ => {}
-        }
-        a.last_seen_at = e.at.clone();
-        a.duration_ms = millis_between(&a.dispatched_at, &e.at);
-    }
-    out
+    History::of(events)
+        .attempts
+        .into_iter()
+        .map(|a| AttemptView {
+            duration_ms: millis_between(&a.dispatched_at, &a.last_seen_at),
+            number: a.number,
+            attempt_id: a.attempt_id,
+            parent: a.parent,
+            reason: a.reason,
+            boundary: a.boundary,
+            exit_code: a.exit_code,
+            dispatched_at: a.dispatched_at,
+            last_seen_at: a.last_seen_at,
+            route: a.route,
+            host_key: a.host_key,
+        })
+        .collect()
 }
 
 /// One observation: a probe, a reconcile, an operator decision, a fence, a supersede.

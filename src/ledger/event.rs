@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
+use super::words::{Decision, ProbeState, Refusal};
 use crate::family::Family;
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
@@ -55,6 +56,10 @@ pub enum Event {
         boundary: Boundary,
         /// What was observed (redacted).
         detail: String,
+        /// Why it was refused (`refused` boundaries). Absent from other boundaries and from
+        /// events older opmark wrote, whose detail began with the reason instead.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refusal: Option<Refusal>,
     },
     /// The exit status of an attempt arrived.
     ExitReceived {
@@ -79,8 +84,8 @@ pub enum Event {
     Probed {
         /// The attempt the probe was about, if any.
         attempt_id: Option<String>,
-        /// absent, running, completed, interrupted, fenced.
-        state: String,
+        /// What the probe saw: a marker state, or `unreachable`.
+        state: ProbeState,
         /// Exit code recorded in the marker.
         exit_code: Option<i32>,
         /// What else was seen (redacted).
@@ -92,8 +97,8 @@ pub enum Event {
     },
     /// `reconcile` settled (or failed to settle) the operation.
     Reconciled {
-        /// The decision; see [`super::projection::decision_settles`].
-        decision: String,
+        /// The decision; see [`Decision::settles`].
+        decision: Decision,
         /// Why (redacted).
         detail: String,
     },
@@ -102,7 +107,7 @@ pub enum Event {
         /// Who decided.
         by: String,
         /// applied, not_applied, abandoned, approved, ...
-        decision: String,
+        decision: Decision,
         /// Why (redacted).
         note: String,
         /// `resolve --as applied --exit N`: the exit status the operator vouches for.
@@ -246,27 +251,35 @@ impl Event {
                 *rule = r(rule);
             }
             Event::AttemptDispatched { .. } | Event::Connected { .. } => {}
-            Event::BoundaryReached { detail, .. } | Event::Fenced { detail } => {
+            Event::BoundaryReached {
+                detail, refusal, ..
+            } => {
                 *detail = r(detail);
+                if let Some(Refusal::Other(s)) = refusal {
+                    *s = r(s);
+                }
             }
+            Event::Fenced { detail } => *detail = r(detail),
             Event::ExitReceived { signal, .. } => {
                 if let Some(s) = signal {
                     *s = r(s);
                 }
             }
             Event::Probed { state, detail, .. } => {
-                *state = r(state);
+                if let ProbeState::Other(s) = state {
+                    *s = r(s);
+                }
                 *detail = r(detail);
             }
             Event::Reconciled { decision, detail } => {
-                *decision = r(decision);
+                redact_decision(decision, redactor);
                 *detail = r(detail);
             }
             Event::OperatorDecision {
                 by, decision, note, ..
             } => {
                 *by = r(by);
-                *decision = r(decision);
+                redact_decision(decision, redactor);
                 *note = r(note);
             }
             Event::Superseded { note, .. } => *note = r(note),
@@ -298,6 +311,13 @@ impl Event {
             }
         }
         e
+    }
+}
+
+/// Only a word this version does not know can hold free text.
+fn redact_decision(decision: &mut Decision, redactor: &Redactor) {
+    if let Decision::Other(s) = decision {
+        *s = redactor.redact_owned(s);
     }
 }
 

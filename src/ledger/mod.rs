@@ -1,48 +1,54 @@
-//! The local ledger: an append-only, hash-chained SQLite record of what was intended, what
-//! left this machine and what evidence settled it (SPEC section 7).
+//! The ledger: an append-only, hash-chained record of what was intended, what left this
+//! machine and what evidence settled it (SPEC sections 7 and 14), in SQLite (the default)
+//! or PostgreSQL (a ledger shared by many machines).
 //!
 //! - [`event`]: the events (source of truth). [`chain`]: their hash chain and its check.
 //! - [`projection`]: the `operations` table folded from the events, and the one
 //!   "unresolved" rule. [`schema`]: migrations keyed by `user_version`.
+//! - [`words`]: the typed words of events and states (decisions, probe states, refusals).
+//!   [`history`]: one walk over an operation's events that every reader shares.
 //! - [`redact`]: secret masking, applied by the ledger itself to every free-text field.
 //! - [`fingerprint`]: canonical intent digests (plain for the host, HMAC for the ledger),
 //!   and the installation key. [`binding`]: how a ledger is bound to its key.
 //!
-//! Concurrency: every append is one short `BEGIN IMMEDIATE` transaction that reads the
-//! chain head, inserts the events, updates the projection and the head, and commits, so
-//! many opmark processes can write at once and the chain stays linear. WAL mode; commits
-//! are `synchronous=NORMAL` (survives `kill -9`) unless the caller asks for
-//! [`Durability::Full`] (also survives power loss), which `run` uses for the intent and
-//! the attempt before dispatch.
+//! - [`Ledger`] is the one interface; [`sqlite`] and [`postgres`] are its backends, chosen
+//!   by the location (`postgres://…`/`postgresql://…` or a file path). [`append`] is the
+//!   append algorithm both run under their chain-head lock, so both keep one linear chain
+//!   under concurrent writers and make settlements conditional ([`UnlessSettledSince`]).
+//!   Reads and `audit verify` go through the same [`Snapshot`] and checks on both.
+//! - The SQLite path stays synchronous rusqlite with no runtime; the PostgreSQL backend
+//!   runs tokio-postgres on a thread of its own (see [`postgres`]), so the SQLite path
+//!   pays nothing for it.
 
+mod append;
 pub mod binding;
 pub mod chain;
 pub mod event;
 pub mod fingerprint;
+pub mod history;
+pub mod postgres;
 pub mod projection;
 pub mod redact;
 mod schema;
+mod sqlite;
+pub mod words;
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 
+pub use append::UnlessSettledSince;
 pub use binding::key_path_beside;
 pub use chain::{ChainBreak, ChainReport, ProjectionMismatch};
 pub use event::{Event, Observed, StoredEvent};
+pub use history::History;
 pub use projection::OperationRecord;
 pub use redact::Redactor;
+pub use words::{Decision, OpState, ProbeState, Refusal};
 
 use crate::error::{Error, ErrorKind};
 use fingerprint::InstallationKey;
-
-/// How long a writer waits for another process's transaction before giving up.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Errors of the ledger. Messages never contain event contents (they may hold secrets the
 /// redactor missed), only paths, sequence numbers and ids.
@@ -60,6 +66,12 @@ pub enum LedgerError {
     /// SQLite failed.
     #[error("ledger database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL failed (the message names the server's complaint, never event content).
+    #[error("ledger database error (PostgreSQL): {0}")]
+    Postgres(String),
+    /// A conditional settlement found the operation settled by someone else first.
+    #[error("{0}")]
+    AlreadySettled(Box<SettledBy>),
     /// The ledger or a related file is unusable; the message says why and what to do.
     #[error("{message}")]
     Invalid {
@@ -100,10 +112,39 @@ impl LedgerError {
 impl From<LedgerError> for Error {
     fn from(e: LedgerError) -> Self {
         let kind = match e {
-            LedgerError::FingerprintConflict { .. } => ErrorKind::InvalidInput,
+            LedgerError::FingerprintConflict { .. } | LedgerError::AlreadySettled(_) => {
+                ErrorKind::InvalidInput
+            }
             _ => ErrorKind::LocalIo,
         };
         Error::new(kind, e.to_string())
+    }
+}
+
+/// Who settled an operation first, for [`LedgerError::AlreadySettled`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettledBy {
+    /// Operation id.
+    pub op_id: String,
+    /// Host.
+    pub host: String,
+    /// `operator NAME` or `reconcile`.
+    pub by: String,
+    /// When (UTC, RFC 3339).
+    pub at: String,
+    /// What was decided.
+    pub decision: Decision,
+    /// The settling event.
+    pub seq: u64,
+}
+
+impl std::fmt::Display for SettledBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "operation `{}` on `{}` was already settled by {} at {} ({}, event #{}); nothing was recorded. `opmark show {} --host {}` shows it",
+            self.op_id, self.host, self.by, self.at, self.decision, self.seq, self.op_id, self.host
+        )
     }
 }
 
@@ -206,12 +247,53 @@ pub struct Stats {
     pub retries_by_family: BTreeMap<String, u64>,
 }
 
-/// An open ledger (one SQLite connection) and its installation key.
+/// Everything `audit verify` (and `ledger migrate`) reads, in one consistent snapshot.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Snapshot {
+    pub head: Option<chain::Head>,
+    pub keyed_from: u64,
+    pub keyed_from_mac: Option<String>,
+    pub rows: Vec<chain::Row>,
+    pub projected: Vec<OperationRecord>,
+}
+
+/// The backend an open ledger runs on.
+#[derive(Debug)]
+enum Store {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PgStore),
+}
+
+/// Which backend: dispatches a call to whichever is open.
+macro_rules! with_store {
+    ($self:expr, $s:ident => $call:expr) => {
+        match &$self.store {
+            Store::Sqlite($s) => $call,
+            Store::Postgres($s) => $call,
+        }
+    };
+}
+
+/// An open ledger (a SQLite file or a PostgreSQL database) and its installation key.
 pub struct Ledger {
-    conn: Connection,
+    store: Store,
     path: PathBuf,
     redactor: Redactor,
     key: InstallationKey,
+}
+
+/// Is `location` a PostgreSQL URL (`postgres://…` or `postgresql://…`)?
+pub fn is_postgres_url(location: &Path) -> bool {
+    location
+        .to_str()
+        .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+}
+
+fn decode(seq: u64, payload: &str) -> Result<Event, LedgerError> {
+    serde_json::from_str(payload).map_err(|e| LedgerError::Corrupt {
+        seq,
+        why: format!("{:?} at column {}", e.classify(), e.column()),
+    })
 }
 
 impl std::fmt::Debug for Ledger {
@@ -229,13 +311,6 @@ fn now() -> String {
     time::OffsetDateTime::now_utc()
         .format(&fmt)
         .expect("UTC time formats")
-}
-
-fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-    )
 }
 
 impl Ledger {
@@ -262,48 +337,26 @@ impl Ledger {
         Ledger::open_with_key(path, None)
     }
 
-    /// Opens (creating when missing: file 0600, missing directories 0700), migrates, and
-    /// checks the installation key: `key` when named, else [`key_path_beside`] the ledger
-    /// (made with a fresh ledger only; see [`binding`]).
-    pub fn open_with_key(path: &Path, key: Option<&Path>) -> Result<Ledger, LedgerError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            fingerprint::create_private_dir(dir)?;
-        }
-        if path.is_dir() {
-            return Err(LedgerError::Invalid {
-                message: format!(
-                    "the ledger path {} is a directory; give a file path such as {}/ledger.db",
-                    path.display(),
-                    path.display()
-                ),
-            });
-        }
-        // Create the file ourselves so it is 0600 from the start; SQLite gives its -wal
-        // and -shm files the database file's mode.
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| LedgerError::Io {
-                what: format!("open the ledger {}", path.display()),
-                source,
-            })?;
-        let mut conn = Connection::open(path)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
-        set_wal(&conn, path)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        let bound = schema::migrate(&mut conn, |tx, found_version| {
-            binding::bind(tx, path, key, found_version)
-        })?;
+    /// Opens `location`: a PostgreSQL URL (see [`postgres`]: the key must be named), else a
+    /// SQLite file (created when missing: file 0600, missing directories 0700), migrates,
+    /// and checks the installation key: `key` when named, else [`key_path_beside`] the
+    /// SQLite ledger (made with a fresh ledger only; see [`binding`]).
+    pub fn open_with_key(location: &Path, key: Option<&Path>) -> Result<Ledger, LedgerError> {
+        let (store, bound, path) = if is_postgres_url(location) {
+            let url = location.to_str().unwrap_or_default();
+            let (store, bound) = postgres::PgStore::open(url, key)?;
+            let shown = PathBuf::from(postgres::without_password(url));
+            (Store::Postgres(store), bound, shown)
+        } else {
+            let (store, bound) = sqlite::SqliteStore::open(location, key)?;
+            (Store::Sqlite(store), bound, location.to_path_buf())
+        };
         if let Some(notice) = &bound.notice {
             crate::logging::say(format_args!("{notice}"));
         }
         Ok(Ledger {
-            conn,
-            path: path.to_path_buf(),
+            store,
+            path,
             redactor: Redactor::default(),
             key: bound.key,
         })
@@ -311,7 +364,8 @@ impl Ledger {
 
     /// Opens `path` only if it exists (read-only commands do not create a ledger).
     pub fn open_existing(path: &Path, key: Option<&Path>) -> Result<Option<Ledger>, LedgerError> {
-        if path.exists() {
+        // A database server is always "there": opening it is how to find out.
+        if is_postgres_url(path) || path.exists() {
             Ledger::open_with_key(path, key).map(Some)
         } else {
             Ok(None)
@@ -338,7 +392,7 @@ impl Ledger {
         self.redactor = redactor;
     }
 
-    /// The database file.
+    /// The database file, or for PostgreSQL the URL without its password (for messages).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -363,23 +417,24 @@ impl Ledger {
         events: &[Event],
         durability: Durability,
     ) -> Result<Vec<u64>, LedgerError> {
+        self.append_if(key, events, durability, None)
+    }
+
+    /// Like [`Ledger::append_many`], but only if `condition` holds under the chain-head
+    /// lock: a settlement (an operator decision, a reconcile) refused with
+    /// [`LedgerError::AlreadySettled`] when another writer settled the operation after
+    /// the caller read it.
+    pub fn append_if(
+        &mut self,
+        key: &OpKey,
+        events: &[Event],
+        durability: Durability,
+        condition: Option<UnlessSettledSince>,
+    ) -> Result<Vec<u64>, LedgerError> {
         key.check()?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let full = durability == Durability::Full;
-        if full {
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = self.append_tx(key, events);
-        if full {
-            // Best effort: a failure here only makes later commits stricter.
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
-    }
-
-    fn append_tx(&mut self, key: &OpKey, events: &[Event]) -> Result<Vec<u64>, LedgerError> {
         let redacted: Vec<(Event, String)> = events
             .iter()
             .map(|e| {
@@ -388,198 +443,65 @@ impl Ledger {
                 (e, payload)
             })
             .collect();
-        let (ikey, redactor) = (&self.key, &self.redactor);
-        // IMMEDIATE takes the write lock up front, so the head we read is the head we extend.
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let (mut seq, mut prev): (u64, String) = tx
-            .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
-            .optional()?
-            .unwrap_or((0, chain::GENESIS.to_owned()));
         let at = now();
-        let mut seqs = Vec::with_capacity(events.len());
-        for (event, payload) in &redacted {
-            let before = projection::load(&tx, key)?;
-            let contradiction = before
-                .as_ref()
-                .and_then(|rec| projection::contradiction(rec, event));
-            seq += 1;
-            prev = insert_event(&tx, ikey, key, seq, &prev, &at, event, payload)?;
-            match projection::fold(before, key, event, seq, &at) {
-                Ok(Some(rec)) => projection::store(&tx, &rec)?,
-                Ok(None) => {}
-                // Dropping `tx` rolls back everything of this append.
-                Err(projection::Refusal::FingerprintConflict) => {
-                    return Err(LedgerError::FingerprintConflict {
-                        op_id: key.op_id.clone(),
-                        host: key.host.clone(),
-                    })
-                }
+        let (ikey, redactor) = (&self.key, &self.redactor);
+        match &mut self.store {
+            Store::Sqlite(s) => {
+                s.append(ikey, redactor, key, &redacted, &at, durability, condition)
             }
-            seqs.push(seq);
-            if let Some((expected, seen)) = contradiction {
-                // Recorded by the ledger itself, right after the evidence, so no caller can
-                // forget it and no later evidence silently rewrites the settled truth.
-                let noted = Event::Contradiction {
-                    source: event.kind().to_owned(),
-                    evidence_seq: seq,
-                    expected,
-                    seen,
-                }
-                .redacted(redactor);
-                let noted_payload = serde_json::to_string(&noted).expect("events serialize");
-                let before = projection::load(&tx, key)?;
-                seq += 1;
-                prev = insert_event(&tx, ikey, key, seq, &prev, &at, &noted, &noted_payload)?;
-                if let Ok(Some(rec)) = projection::fold(before, key, &noted, seq, &at) {
-                    projection::store(&tx, &rec)?;
-                }
-            }
+            Store::Postgres(p) => p.append(ikey, redactor, key, redacted, at, condition),
         }
-        tx.execute(
-            "INSERT INTO chain_head (id, seq, hash, mac) VALUES (1, ?1, ?2, ?3) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
-            params![seq, prev, chain::head_mac(ikey, seq, &prev)],
-        )?;
-        tx.commit()?;
-        Ok(seqs)
     }
 
     /// The projection row of one operation.
     pub fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
-        Ok(self
-            .conn
-            .query_row(
-                &format!(
-                    "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
-                    projection::COLUMNS
-                ),
-                params![key.op_id, key.host],
-                projection::from_row,
-            )
-            .optional()?)
+        with_store!(self, s => s.operation(key))
     }
 
     /// Every operation with this id (one per host), most recently active first.
     pub fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {} FROM operations WHERE op_id = ?1 ORDER BY last_seq DESC",
-            projection::COLUMNS
-        ))?;
-        let rows = stmt.query_map(params![op_id], projection::from_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        with_store!(self, s => s.operations_by_id(op_id))
     }
 
     /// Operations, most recently active first, filtered.
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        let limit = filter.limit.map_or(-1, |l| l as i64);
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {} FROM operations
-             WHERE (?1 = 0 OR unresolved = 1) AND (?2 IS NULL OR host = ?2)
-             ORDER BY last_seq DESC LIMIT ?3",
-            projection::COLUMNS
-        ))?;
-        let rows = stmt.query_map(
-            params![filter.unresolved, filter.host, limit],
-            projection::from_row,
-        )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        with_store!(self, s => s.list(filter))
     }
 
     /// One operation's events in order.
     pub fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
-        let mut stmt = self.conn.prepare(
-            "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
-             WHERE op_id = ?1 AND host = ?2 ORDER BY seq",
-        )?;
-        let rows = stmt.query_map(params![key.op_id, key.host], |r| {
-            Ok((
-                r.get::<_, u64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, String>(6)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, op_id, host, at, payload, prev_hash, hash) = row?;
-            let event = serde_json::from_str(&payload).map_err(|e| LedgerError::Corrupt {
-                seq,
-                why: format!("{:?} at column {}", e.classify(), e.column()),
-            })?;
-            out.push(StoredEvent {
-                seq,
-                op_id,
-                host,
-                at,
-                event,
-                prev_hash,
-                hash,
-            });
-        }
-        Ok(out)
+        with_store!(self, s => s.events(key))
     }
 
     /// Hosts on which `op_id` has events (also those without an intent).
     pub fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT DISTINCT host FROM events WHERE op_id = ?1 ORDER BY host")?;
-        let rows = stmt.query_map(params![op_id], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        with_store!(self, s => s.hosts_of(op_id))
+    }
+
+    /// Which backend: `sqlite` or `postgresql`.
+    pub fn backend(&self) -> &'static str {
+        match self.store {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgresql",
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
+        with_store!(self, s => s.snapshot())
     }
 
     /// Walks the whole chain in one consistent snapshot and names the first broken event;
     /// when the chain is whole, replays every operation's events and names the first
-    /// projected row that differs from its replay (SPEC section 7).
+    /// projected row that differs from its replay (SPEC section 7). The same checks on
+    /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
-        let tx = self.conn.unchecked_transaction()?;
-        let head: Option<chain::Head> = tx
-            .query_row(
-                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
-                [],
-                |r| {
-                    Ok(chain::Head {
-                        seq: r.get(0)?,
-                        hash: r.get(1)?,
-                        mac: r.get(2)?,
-                    })
-                },
-            )
-            .optional()?;
-        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let rows: Vec<chain::Row> = {
-            let mut stmt = tx.prepare(
-                "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok(chain::Row {
-                    seq: r.get(0)?,
-                    prev_hash: r.get(1)?,
-                    hash: r.get(2)?,
-                    op_id: r.get(3)?,
-                    host: r.get(4)?,
-                    at: r.get(5)?,
-                    kind: r.get(6)?,
-                    payload: r.get(7)?,
-                })
-            })?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let projected: Vec<OperationRecord> = {
-            let mut stmt = tx.prepare(&format!(
-                "SELECT {} FROM operations ORDER BY op_id, host",
-                projection::COLUMNS
-            ))?;
-            let rows = stmt.query_map([], projection::from_row)?;
-            rows.collect::<Result<_, _>>()?
-        };
-        tx.finish()?;
+        let Snapshot {
+            head,
+            keyed_from,
+            keyed_from_mac,
+            rows,
+            projected,
+        } = self.snapshot()?;
         if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
         {
             return Ok(ChainReport {
@@ -598,90 +520,64 @@ impl Ledger {
         Ok(report)
     }
 
+    /// Copies this ledger, event for event (same seq, time, hash), into the empty
+    /// PostgreSQL ledger `target`, binding it to this ledger's key, then re-verifies the
+    /// chain on the target. Returns the target's report.
+    pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
+        let snapshot = self.snapshot()?;
+        let report = chain::verify(
+            snapshot.rows.iter().cloned(),
+            snapshot.head.clone(),
+            &self.key,
+            snapshot.keyed_from,
+        );
+        if let Some(b) = report.first_break {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} does not verify (event #{}: {}); fix or keep it as evidence, nothing was copied",
+                    self.path.display(),
+                    b.seq,
+                    b.problem
+                ),
+            });
+        }
+        if !is_postgres_url(Path::new(target)) {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "--to must be a PostgreSQL URL (postgres://USER@HOST/DB or postgresql://…), not `{}`; nothing was copied",
+                    postgres::without_password(target)
+                ),
+            });
+        }
+        let mut store = postgres::PgStore::open_for_import(target, &self.key)?;
+        store.import(&self.key, snapshot)?;
+        let copied = Ledger {
+            store: Store::Postgres(store),
+            path: PathBuf::from(postgres::without_password(target)),
+            redactor: self.redactor.clone(),
+            key: self.key.clone(),
+        };
+        copied.verify_chain()
+    }
+
     /// Counts for `opmark stats`.
     pub fn stats(&self) -> Result<Stats, LedgerError> {
-        let c = &self.conn;
-        let count =
-            |sql: &str| -> Result<u64, LedgerError> { Ok(c.query_row(sql, [], |r| r.get(0))?) };
-        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
-            let mut stmt = c.prepare(sql)?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        };
-        let verdicts = group(
-            "SELECT json_extract(payload, '$.verdict'), COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
-        )?;
-        Ok(Stats {
-            events: count("SELECT COUNT(*) FROM events")?,
-            operations: count("SELECT COUNT(*) FROM operations")?,
-            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
-            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
-            unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved = 1")?,
-            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
-            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
-            verdicts,
-            reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
-            operator_decisions: count(
-                "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
-            )?,
-            contradictions: count("SELECT COUNT(*) FROM events WHERE kind = 'contradiction'")?,
-            contradicted_operations: count(
-                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
-            )?,
-            attempts: count("SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'")?,
-            retries_by_family: group(
-                "SELECT o.family, COUNT(*) FROM events e
-                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                 WHERE e.kind = 'attempt_dispatched' AND json_extract(e.payload, '$.number') > 1
-                 GROUP BY o.family",
-            )?,
-        })
+        with_store!(self, s => s.stats())
     }
 }
 
-/// Inserts one event with its keyed hash; returns the hash.
-#[allow(clippy::too_many_arguments)]
-fn insert_event(
-    tx: &rusqlite::Transaction<'_>,
-    ikey: &InstallationKey,
-    key: &OpKey,
-    seq: u64,
-    prev: &str,
-    at: &str,
-    event: &Event,
-    payload: &str,
-) -> Result<String, LedgerError> {
-    let hash = chain::Link {
-        seq,
-        prev_hash: prev,
-        op_id: &key.op_id,
-        host: &key.host,
-        at,
-        kind: event.kind(),
-        payload,
-    }
-    .keyed_hash(ikey);
-    tx.execute(
-        "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        params![seq, key.op_id, key.host, at, event.kind(), payload, prev, hash],
-    )?;
-    Ok(hash)
-}
-
-/// Folds every operation's events again and compares with the stored projection; names
-/// the first row (by op id, host) that differs, is missing, or has no events.
-fn replay_mismatch(
+/// Folds every operation's events (as `audit verify` and `ledger migrate` do); names the
+/// first event that cannot be decoded.
+pub(crate) fn replay(
     rows: &[chain::Row],
-    projected: &[OperationRecord],
-) -> Option<ProjectionMismatch> {
+) -> Result<BTreeMap<OpKey, OperationRecord>, ProjectionMismatch> {
     let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
     for row in rows {
         let key = OpKey::new(row.op_id.clone(), row.host.clone());
         let event: Event = match serde_json::from_str(&row.payload) {
             Ok(e) => e,
             Err(e) => {
-                return Some(ProjectionMismatch {
+                return Err(ProjectionMismatch {
                     op_id: row.op_id.clone(),
                     host: row.host.clone(),
                     problem: format!(
@@ -708,6 +604,19 @@ fn replay_mismatch(
             }
         }
     }
+    Ok(replayed)
+}
+
+/// Folds every operation's events again and compares with the stored projection; names
+/// the first row (by op id, host) that differs, is missing, or has no events.
+fn replay_mismatch(
+    rows: &[chain::Row],
+    projected: &[OperationRecord],
+) -> Option<ProjectionMismatch> {
+    let replayed = match replay(rows) {
+        Ok(r) => r,
+        Err(m) => return Some(m),
+    };
     let mut stored: BTreeMap<OpKey, &OperationRecord> = projected
         .iter()
         .map(|r| (OpKey::new(r.op_id.clone(), r.host.clone()), r))
@@ -773,25 +682,13 @@ fn differing_columns(got: &OperationRecord, want: &OperationRecord) -> Vec<&'sta
     out
 }
 
-/// Switches to WAL. Done once per database (the mode is persistent); when several
-/// processes create the ledger at once the switch can report busy, so retry briefly.
-fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
-    let deadline = Instant::now() + BUSY_TIMEOUT;
-    loop {
-        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
-            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
-            Ok(mode) => {
-                return Err(LedgerError::Invalid {
-                    message: format!(
-                        "the ledger {} cannot use WAL journaling (SQLite kept `{mode}`); put it on a local filesystem",
-                        path.display()
-                    ),
-                })
-            }
-            Err(e) if is_busy(&e) && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => return Err(e.into()),
+#[cfg(test)]
+impl Ledger {
+    /// The SQLite connection, for tests that edit the file behind opmark's back.
+    fn conn(&self) -> &rusqlite::Connection {
+        match &self.store {
+            Store::Sqlite(s) => &s.conn,
+            Store::Postgres(_) => panic!("not a SQLite ledger"),
         }
     }
 }

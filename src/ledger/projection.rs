@@ -9,6 +9,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
 use super::event::{ClaimSeen, Event, Observed};
+use super::words::{OpState, ProbeState};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::Verdict;
@@ -33,7 +34,7 @@ pub struct OperationRecord {
     /// Lifecycle state: `intended`, `dispatched`, a boundary name, `exit_received`,
     /// `superseded`, `fenced`, a verdict name, `reconciled:<decision>`, `resolved:<decision>`,
     /// `client_interrupted`, `cancelled` (stopped or fenced by `opmark cancel`).
-    pub state: String,
+    pub state: OpState,
     /// The latest verdict.
     pub verdict: Option<Verdict>,
     /// The latest known exit code.
@@ -58,24 +59,6 @@ pub struct OperationRecord {
     pub settled_attempt: Option<String>,
 }
 
-/// Decisions (of `reconcile` or an operator) that settle an operation's outcome. Anything
-/// else (`approved`, `still_unknown`, a decision this version does not know) leaves it
-/// unresolved: a verdict never claims more than the evidence.
-const SETTLING_DECISIONS: &[&str] = &[
-    "applied",
-    "not_applied",
-    "not-applied",
-    "abandoned",
-    "completed",
-    "replayed",
-    "fenced",
-];
-
-/// Does `decision` settle the outcome?
-pub fn decision_settles(decision: &str) -> bool {
-    SETTLING_DECISIONS.contains(&decision)
-}
-
 /// THE unresolved rule. Given whether the operation was unresolved before `event`, is it
 /// unresolved after it?
 ///
@@ -89,7 +72,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
             matches!(verdict, Verdict::Indeterminate | Verdict::InProgress)
         }
         Event::Reconciled { decision, .. } | Event::OperatorDecision { decision, .. } => {
-            was_unresolved && !decision_settles(decision)
+            was_unresolved && !decision.settles()
         }
         Event::SessionStarted { .. }
         | Event::BoundaryReached { .. }
@@ -141,7 +124,7 @@ pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, 
         ..
     } = event
     {
-        if state == "completed" {
+        if *state == ProbeState::Completed {
             return Some((
                 Observed {
                     state: "a claim record with the exit record".to_owned(),
@@ -174,14 +157,14 @@ pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, 
                 (&holder, &rec.settled_attempt),
                 (Some(seen), Some(settled)) if seen != settled
             );
-            match state.as_str() {
-                "completed" if *exit_code != Some(settled) || other_attempt => Observed {
-                    state: state.clone(),
+            match state {
+                ProbeState::Completed if *exit_code != Some(settled) || other_attempt => Observed {
+                    state: state.to_string(),
                     exit_code: *exit_code,
                     attempt: holder,
                 },
-                "running" | "interrupted" => Observed {
-                    state: state.clone(),
+                ProbeState::Running | ProbeState::Interrupted => Observed {
+                    state: state.to_string(),
                     exit_code: *exit_code,
                     attempt: holder,
                 },
@@ -268,7 +251,7 @@ pub(crate) fn fold(
                 fingerprint: fingerprint.clone(),
                 rule: rule.clone(),
                 session: session.clone(),
-                state: "intended".to_owned(),
+                state: OpState::Intended,
                 verdict: None,
                 exit_code: None,
                 attempts: 0,
@@ -299,7 +282,7 @@ pub(crate) fn fold(
             state,
             exit_code: Some(code),
             ..
-        } if state == "completed" && !contradicts && settled_exit(&rec).is_none() => {
+        } if *state == ProbeState::Completed && !contradicts && settled_exit(&rec).is_none() => {
             rec.exit_code = Some(*code);
         }
         Event::SessionStarted { .. } | Event::Probed { .. } | Event::Connected { .. } => {}
@@ -319,33 +302,33 @@ pub(crate) fn fold(
             rec.family = *family;
             rec.display = display.clone();
             rec.rule = rule.clone();
-            rec.state = "intended".to_owned();
+            rec.state = OpState::Intended;
         }
         Event::AttemptDispatched { attempt_id, .. } => {
             rec.attempts += 1;
             rec.last_attempt = Some(attempt_id.clone());
-            rec.state = "dispatched".to_owned();
+            rec.state = OpState::Dispatched;
         }
-        Event::BoundaryReached { boundary, .. } => rec.state = boundary.as_str().to_owned(),
+        Event::BoundaryReached { boundary, .. } => rec.state = OpState::boundary(*boundary),
         Event::ExitReceived { .. } if contradicts => {}
         Event::ExitReceived { exit_code, .. } => {
-            rec.state = "exit_received".to_owned();
+            rec.state = OpState::ExitReceived;
             rec.exit_code = *exit_code;
         }
-        Event::Reconciled { decision, .. } => rec.state = format!("reconciled:{decision}"),
-        Event::OperatorDecision { decision, .. } => rec.state = format!("resolved:{decision}"),
-        Event::Fenced { .. } => rec.state = "fenced".to_owned(),
-        Event::Superseded { .. } => rec.state = "superseded".to_owned(),
+        Event::Reconciled { decision, .. } => rec.state = OpState::Reconciled(decision.clone()),
+        Event::OperatorDecision { decision, .. } => rec.state = OpState::Resolved(decision.clone()),
+        Event::Fenced { .. } => rec.state = OpState::Fenced,
+        Event::Superseded { .. } => rec.state = OpState::Superseded,
         Event::Contradiction { .. } => rec.contradictions += 1,
         // The verdict that follows says what the caller was told.
-        Event::ClientInterrupted { .. } => rec.state = "client_interrupted".to_owned(),
+        Event::ClientInterrupted { .. } => rec.state = OpState::ClientInterrupted,
         Event::Cancelled {
             result, exit_code, ..
         } => {
             // Only what changed the host shows as the state (killed, or fenced before it
             // could run); "already ..." is an observation.
             if result == "cancelled" || result.starts_with("fenced") {
-                rec.state = "cancelled".to_owned();
+                rec.state = OpState::Cancelled;
             }
             if exit_code.is_some() {
                 rec.exit_code = *exit_code;
@@ -370,7 +353,7 @@ pub(crate) fn fold(
                     // This verdict settles the exit: later evidence is checked against it.
                     rec.settled_attempt = attempt_id.clone();
                 }
-                rec.state = verdict.as_str().to_owned();
+                rec.state = OpState::verdict(*verdict);
                 rec.verdict = Some(*verdict);
                 if exit_code.is_some() {
                     rec.exit_code = *exit_code;
@@ -386,6 +369,7 @@ pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rul
 pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
     let family: String = row.get(2)?;
     let verdict: Option<String> = row.get(8)?;
+    let state: String = row.get(7)?;
     let bad = |col: usize, msg: String| {
         rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, msg.into())
     };
@@ -397,7 +381,7 @@ pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRec
         fingerprint: row.get(4)?,
         rule: row.get(5)?,
         session: row.get(6)?,
-        state: row.get(7)?,
+        state: state.parse().unwrap_or_else(|never| match never {}),
         verdict: verdict
             .map(|v| v.parse::<Verdict>())
             .transpose()
@@ -441,7 +425,7 @@ pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), Led
             r.fingerprint,
             r.rule,
             r.session,
-            r.state,
+            r.state.to_string(),
             r.verdict.map(Verdict::as_str),
             r.exit_code,
             r.attempts,
@@ -528,7 +512,7 @@ mod tests {
         assert!(!unresolved_after(false, &decided("approved")));
         let probe = Event::Probed {
             attempt_id: None,
-            state: "completed".into(),
+            state: ProbeState::Completed,
             exit_code: Some(0),
             detail: String::new(),
             claim: None,

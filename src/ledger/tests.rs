@@ -5,6 +5,7 @@ use std::os::unix::fs::PermissionsExt;
 use super::*;
 use crate::family::Family;
 use crate::vocab::{Boundary, RetryReason, Verdict};
+use rusqlite::params;
 
 struct Scratch(PathBuf);
 
@@ -68,7 +69,7 @@ fn creates_private_file_and_dir_and_migrates_once() {
     // Reopening does not re-run migration 1 (it would fail on CREATE TABLE).
     let l = Ledger::open(&s.db()).unwrap();
     let v: i64 = l
-        .conn
+        .conn()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, schema::CURRENT_VERSION);
@@ -89,7 +90,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
     assert_eq!(seqs, vec![1, 2]);
     let r = l.operation(&k).unwrap().unwrap();
     assert_eq!(
-        (r.state.as_str(), r.attempts, r.unresolved),
+        (r.state.to_string().as_str(), r.attempts, r.unresolved),
         ("dispatched", 1, true)
     );
     l.append(
@@ -98,6 +99,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
             attempt_id: "a1".into(),
             boundary: Boundary::SentNoResponse,
             detail: "connection lost".into(),
+            refusal: None,
         },
         Durability::Normal,
     )
@@ -133,7 +135,7 @@ fn projection_follows_the_events_and_the_unresolved_rule() {
     .unwrap();
     let r = l.operation(&k).unwrap().unwrap();
     assert!(!r.unresolved);
-    assert_eq!(r.state, "resolved:applied");
+    assert_eq!(r.state.to_string(), "resolved:applied");
     assert!(l
         .list(&ListFilter {
             unresolved: true,
@@ -229,7 +231,7 @@ fn chain_check_names_edited_deleted_and_swapped_events() {
     assert_eq!(l.verify_chain().unwrap().events, 6);
     let broken = |l: &Ledger| l.verify_chain().unwrap().first_break.unwrap().seq;
 
-    l.conn
+    l.conn()
         .execute("UPDATE events SET payload = replace(payload, '\"exit_code\":2', '\"exit_code\":0') WHERE seq = 3", [])
         .unwrap();
     assert_eq!(broken(&l), 3);
@@ -248,12 +250,12 @@ fn chain_check_names_a_deleted_middle_and_last_event() {
         )
         .unwrap();
     }
-    l.conn
+    l.conn()
         .execute("DELETE FROM events WHERE seq = 5", [])
         .unwrap();
     let b = l.verify_chain().unwrap().first_break.unwrap();
     assert_eq!(b.seq, 5, "{}", b.problem);
-    l.conn
+    l.conn()
         .execute("DELETE FROM events WHERE seq = 2", [])
         .unwrap();
     let b = l.verify_chain().unwrap().first_break.unwrap();
@@ -550,7 +552,7 @@ fn verify_names_a_projection_row_that_differs_from_its_events() {
     )
     .unwrap();
     assert!(l.verify_chain().unwrap().intact());
-    l.conn
+    l.conn()
         .execute(
             "UPDATE operations SET verdict = 'completed', exit_code = 0, display = 'echo harmless'",
             [],
@@ -569,7 +571,7 @@ fn verify_names_a_projection_row_that_differs_from_its_events() {
         "no stored values in the message"
     );
 
-    l.conn.execute("DELETE FROM operations", []).unwrap();
+    l.conn().execute("DELETE FROM operations", []).unwrap();
     let m = l.verify_chain().unwrap().first_mismatch.unwrap();
     assert!(m.problem.contains("missing"), "{}", m.problem);
 }
@@ -583,7 +585,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
         l.append(&k, &probed("absent", Some(i)), Durability::Normal)
             .unwrap();
     }
-    l.conn
+    l.conn()
         .execute_batch(
             "DELETE FROM events WHERE seq = 4;
              UPDATE chain_head SET seq = 3, hash = (SELECT hash FROM events WHERE seq = 3);",
@@ -596,7 +598,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
     // Recompute every hash and the head with the plain (unkeyed) scheme.
     let rows: Vec<(u64, String, String, String, String, String)> = {
         let mut st = l
-            .conn
+            .conn()
             .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
             .unwrap();
         let rows = st
@@ -625,7 +627,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
             payload,
         }
         .hash();
-        l.conn
+        l.conn()
             .execute(
                 "UPDATE events SET prev_hash = ?1, hash = ?2 WHERE seq = ?3",
                 params![prev, hash, seq],
@@ -633,7 +635,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
             .unwrap();
         prev = hash;
     }
-    l.conn
+    l.conn()
         .execute("UPDATE chain_head SET hash = ?1", params![prev])
         .unwrap();
     let b = l.verify_chain().unwrap().first_break.unwrap();
@@ -648,7 +650,7 @@ fn moving_the_keyed_switch_point_is_found() {
     let k = OpKey::new("op-1", "web1");
     l.append(&k, &probed("absent", None), Durability::Normal)
         .unwrap();
-    l.conn
+    l.conn()
         .execute(
             "UPDATE meta SET value = '99' WHERE name = 'chain_keyed_from'",
             [],
@@ -727,7 +729,7 @@ fn a_ledger_whose_key_check_was_deleted_is_refused_not_rebound() {
     {
         let mut l = Ledger::open(&s.db()).unwrap();
         completed_op(&mut l, &OpKey::new("op-1", "web1"), 0);
-        l.conn
+        l.conn()
             .execute("DELETE FROM meta WHERE name = 'key_check'", [])
             .unwrap();
     }
@@ -769,4 +771,61 @@ fn a_reconcile_that_settles_a_completed_marker_keeps_its_exit_code() {
     let listed = l.list(&ListFilter::default()).unwrap();
     assert_eq!(listed[0].exit_code, Some(0));
     assert!(l.verify_chain().unwrap().intact());
+}
+
+/// A ledger an older opmark wrote: an operator decision spelled `not-applied`, stored
+/// under that spelling in the event and in the row (which it settled). It reads as the
+/// typed `not_applied`, settles, and `audit verify` finds chain and projection whole.
+#[test]
+fn a_ledger_with_the_old_spelling_still_reads_and_verifies() {
+    let s = Scratch::new("oldspelling");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-old", "h1");
+    l.append_many(
+        &k,
+        &[intended("fp", "rm x"), dispatched("a1", 1)],
+        Durability::Normal,
+    )
+    .unwrap();
+    // Written as older opmark wrote it: the word itself, not this version's spelling.
+    l.append(
+        &k,
+        &Event::OperatorDecision {
+            by: "alice".into(),
+            decision: Decision::Other("not-applied".into()),
+            note: "checked".into(),
+            exit_code: None,
+        },
+        Durability::Normal,
+    )
+    .unwrap();
+    let payload: String = l
+        .conn()
+        .query_row(
+            "SELECT payload FROM events WHERE kind = 'operator_decision'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        payload.contains("\"decision\":\"not-applied\""),
+        "{payload}"
+    );
+    // Older opmark counted `not-applied` as settling when it folded the row.
+    l.conn()
+        .execute("UPDATE operations SET unresolved = 0", [])
+        .unwrap();
+    let r = l.operation(&k).unwrap().unwrap();
+    assert_eq!(r.state, OpState::Resolved(Decision::NotApplied));
+    assert!(!r.unresolved);
+    let events = l.events(&k).unwrap();
+    let d = History::of(&events).final_decision.unwrap();
+    assert_eq!(d.decision, Decision::NotApplied);
+    let report = l.verify_chain().unwrap();
+    assert!(report.first_break.is_none(), "{:?}", report.first_break);
+    assert!(
+        report.first_mismatch.is_none(),
+        "{:?}",
+        report.first_mismatch
+    );
 }

@@ -58,7 +58,8 @@
 use std::time::Duration;
 
 use crate::family::Family;
-use crate::ledger::{Event, OperationRecord, StoredEvent};
+use crate::ledger::history::FinalDecision;
+use crate::ledger::{Decision, OperationRecord, Refusal};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
@@ -216,6 +217,13 @@ pub enum Effect {
         /// Why, in words.
         detail: String,
     },
+    /// The current attempt was refused, for this typed reason (reconcile reads it).
+    Refused {
+        /// Why, as the ledger types it.
+        refusal: Refusal,
+        /// Why, in words.
+        detail: String,
+    },
     /// This call moved an interrupted claim aside.
     Superseded {
         /// Who allowed it.
@@ -351,8 +359,8 @@ pub fn connect_is_final(e: &ConnectError) -> bool {
 pub fn start(facts: &Facts<'_>) -> Step<Action> {
     if facts.ledger_exit.is_some() {
         return Step::after(
-            vec![Effect::Boundary {
-                boundary: Boundary::Refused,
+            vec![Effect::Refused {
+                refusal: Refusal::LedgerHoldsExit,
                 detail:
                     "not claimed: the ledger already holds this operation's exit; probing to replay"
                         .into(),
@@ -512,8 +520,8 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
     }
     if let Some(x) = reply.exit {
         if reply.refusal.is_some() {
-            record.push(Effect::Boundary {
-                boundary: Boundary::Refused,
+            record.push(Effect::Refused {
+                refusal: Refusal::AlreadyCompleted,
                 detail: "already completed on the host".into(),
             });
         }
@@ -539,8 +547,9 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
         let then = conclude(facts, after_interrupted(facts, marker.as_ref()));
         return Step::after(record, then);
     };
-    record.push(Effect::Boundary {
-        boundary: Boundary::Refused,
+    // The shim's reason is a protocol word: it types the refusal.
+    record.push(Effect::Refused {
+        refusal: Refusal::from(refusal.reason.as_str()),
         detail: refusal.reason.as_str().to_owned(),
     });
     let then = match refusal.reason {
@@ -1033,53 +1042,16 @@ pub fn earlier(existing: Option<&OperationRecord>, approved: bool) -> Earlier {
     }
 }
 
-/// An operator's decision that settles an operation for good.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    /// `applied`, `not_applied` or `abandoned`.
-    pub decision: String,
-    /// Who decided.
-    pub by: String,
-    /// Their note.
-    pub note: String,
-    /// `resolve --exit N`.
-    pub exit_code: Option<i32>,
-}
-
-/// The latest terminal operator decision among `events`, if any (SPEC section 2).
-pub fn terminal_decision(events: &[StoredEvent]) -> Option<Decision> {
-    events.iter().rev().find_map(|e| match &e.event {
-        Event::OperatorDecision {
-            by,
-            decision,
-            note,
-            exit_code,
-        } if matches!(
-            decision.as_str(),
-            "applied" | "not_applied" | "not-applied" | "abandoned"
-        ) =>
-        {
-            Some(Decision {
-                decision: decision.replace('-', "_"),
-                by: by.clone(),
-                note: note.clone(),
-                exit_code: *exit_code,
-            })
-        }
-        _ => None,
-    })
-}
-
 /// The answer to a `run` of an operation an operator has decided: final, nothing is
 /// contacted.
-pub fn operator_decided(d: &Decision) -> Answer {
+pub fn operator_decided(d: &FinalDecision) -> Answer {
     let by = format!(
         "operator {} resolved this operation as {} ({})",
         d.by,
-        d.decision.replace('_', "-"),
+        d.decision.as_str().replace('_', "-"),
         d.note
     );
-    if d.decision == "applied" {
+    if d.decision == Decision::Applied {
         let exit = d
             .exit_code
             .map_or_else(|| "no exit status".to_owned(), |c| format!("exit {c}"));
@@ -1090,7 +1062,7 @@ pub fn operator_decided(d: &Decision) -> Answer {
             format!("{by}, with {exit}; that decision is final: nothing ran again"),
         )
         .with_exit(ExitEvidence::Ledger(d.exit_code))
-    } else if d.decision == "abandoned" {
+    } else if d.decision == Decision::Abandoned {
         // Abandoned says nothing about whether it ran: only that nothing runs again.
         Answer::new(
             Verdict::NotApplied,
@@ -1209,6 +1181,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::ledger::{Event, History, StoredEvent};
     use crate::shim::Refusal;
 
     const FP: &str = "fp-of-this-intent";
@@ -1702,8 +1675,8 @@ mod tests {
         assert_eq!(step.then, Action::Probe);
         assert!(matches!(
             &step.record[..],
-            [Effect::Boundary {
-                boundary: Boundary::Refused,
+            [Effect::Refused {
+                refusal: crate::ledger::Refusal::LedgerHoldsExit,
                 ..
             }]
         ));
@@ -1995,8 +1968,8 @@ mod tests {
         );
         assert_eq!(
             step.record,
-            vec![Effect::Boundary {
-                boundary: Boundary::Refused,
+            vec![Effect::Refused {
+                refusal: crate::ledger::Refusal::AlreadyCompleted,
                 detail: "already completed on the host".into()
             }]
         );
@@ -2050,8 +2023,8 @@ mod tests {
         assert_eq!(step.then, Action::Probe);
         assert_eq!(
             step.record[0],
-            Effect::Boundary {
-                boundary: Boundary::Refused,
+            Effect::Refused {
+                refusal: crate::ledger::Refusal::Running,
                 detail: "running".into()
             }
         );
@@ -2334,7 +2307,7 @@ mod tests {
             fingerprint: fingerprint.into(),
             rule: String::new(),
             session: String::new(),
-            state: String::new(),
+            state: crate::ledger::OpState::Intended,
             verdict,
             exit_code: exit,
             attempts: 2,
@@ -2401,39 +2374,53 @@ mod tests {
 
     #[test]
     fn the_latest_settling_decision_is_terminal_and_an_approval_is_not() {
-        assert_eq!(terminal_decision(&[decided("approved", None)]), None);
-        let d = terminal_decision(&[
+        assert_eq!(
+            History::of(&[decided("approved", None)]).final_decision,
+            None
+        );
+        let d = History::of(&[
             decided("abandoned", None),
             decided("applied", Some(3)),
             decided("approved", None),
         ])
+        .final_decision
         .unwrap();
-        assert_eq!((d.decision.as_str(), d.exit_code), ("applied", Some(3)));
-        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
-        assert_eq!(d.decision, "not_applied");
+        assert_eq!((d.decision, d.exit_code), (Decision::Applied, Some(3)));
+        let d = History::of(&[decided("not-applied", None)])
+            .final_decision
+            .unwrap();
+        assert_eq!(d.decision, Decision::NotApplied);
     }
 
     #[test]
     fn resolved_applied_then_replayed_with_the_operators_exit_and_nothing_contacted() {
-        let d = terminal_decision(&[decided("applied", Some(3))]).unwrap();
+        let d = History::of(&[decided("applied", Some(3))])
+            .final_decision
+            .unwrap();
         let a = operator_decided(&d);
         assert_eq!(
             verdict_of(&a),
             (Verdict::Replayed, ReasonCode::ResolvedApplied)
         );
         assert_eq!(a.exit, ExitEvidence::Ledger(Some(3)));
-        let d = terminal_decision(&[decided("applied", None)]).unwrap();
+        let d = History::of(&[decided("applied", None)])
+            .final_decision
+            .unwrap();
         assert_eq!(operator_decided(&d).exit, ExitEvidence::Ledger(None));
     }
 
     #[test]
     fn resolved_not_applied_or_abandoned_then_not_applied_for_good() {
-        let d = terminal_decision(&[decided("not-applied", None)]).unwrap();
+        let d = History::of(&[decided("not-applied", None)])
+            .final_decision
+            .unwrap();
         assert_eq!(
             verdict_of(&operator_decided(&d)),
             (Verdict::NotApplied, ReasonCode::ResolvedNotApplied)
         );
-        let d = terminal_decision(&[decided("abandoned", None)]).unwrap();
+        let d = History::of(&[decided("abandoned", None)])
+            .final_decision
+            .unwrap();
         let a = operator_decided(&d);
         assert_eq!(
             verdict_of(&a),

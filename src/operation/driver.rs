@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::host::{self, call_shim, CallEnd, CallObserver};
-use crate::ledger::{Durability, Event, LedgerError, OpKey};
+use crate::ledger::{Durability, Event, LedgerError, OpKey, Refusal};
 use crate::op_id::OpId;
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, Frame, MarkerInfo, RunRequest, StdinSpec, Verb};
@@ -139,6 +139,17 @@ impl<'a> Runner<'a> {
             match effect {
                 Effect::Boundary { boundary, detail } => {
                     self.boundary(&attempt, boundary, &detail)?;
+                }
+                Effect::Refused { refusal, detail } => {
+                    record_boundary(
+                        &mut self.ledger,
+                        &self.key,
+                        &mut self.attempts,
+                        &attempt,
+                        Boundary::Refused,
+                        Some(refusal),
+                        &detail,
+                    )?;
                 }
                 Effect::Superseded { note } => self.ledger.append(
                     &self.key,
@@ -528,6 +539,7 @@ impl<'a> Runner<'a> {
             &mut self.attempts,
             attempt,
             boundary,
+            None,
             detail,
         )?;
         Ok(())
@@ -744,6 +756,7 @@ fn record_boundary(
     attempts: &mut [AttemptSummary],
     attempt: &str,
     boundary: Boundary,
+    refusal: Option<Refusal>,
     detail: &str,
 ) -> Result<(), LedgerError> {
     ledger.append(
@@ -752,6 +765,7 @@ fn record_boundary(
             attempt_id: attempt.to_owned(),
             boundary,
             detail: detail.to_owned(),
+            refusal,
         },
         Durability::Normal,
     )?;
@@ -794,6 +808,7 @@ impl CallObserver for RunObserver<'_, '_> {
                 self.attempts,
                 self.attempt,
                 Boundary::Started,
+                None,
                 "the shim claimed the marker and started the command",
             );
             match result {

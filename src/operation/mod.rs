@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
-use crate::ledger::{Durability, Event, Ledger, OpKey, Redactor};
+use crate::ledger::{Durability, Event, History, Ledger, OpKey, Redactor};
 use crate::op_id::OpId;
 use crate::policy::{Classification, Policy};
 use crate::ssh::{self, ConnectStage, HostSpec, Pool};
@@ -50,7 +50,7 @@ use interrupt::Interrupts;
 use output::Output;
 use record::{LedgerWriteError, RunLedger};
 
-pub use decide::{connect_code, terminal_decision, Decision};
+pub use decide::connect_code;
 
 /// What the caller asked `opmark run` to do.
 #[derive(Debug, Clone)]
@@ -299,7 +299,7 @@ pub async fn run_interruptible(
         }
         let events = runner.ledger.events(&runner.key)?;
         // An operator's decision is terminal (SPEC section 2): answer it, contact nothing.
-        if let Some(decision) = terminal_decision(&events) {
+        if let Some(decision) = History::of(&events).final_decision {
             return runner.finish(decide::operator_decided(&decision));
         }
         runner.identity = identity::recorded(&events);

@@ -25,16 +25,18 @@
 //! route, SPEC section 9) unless the caller overrides it, and every connection is held
 //! to the host key the operation ran against before anything is probed or fenced.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
 use crate::host::{CallError, ConnectError, Destination, Host, MarkerInfo, MarkerState};
-use crate::ledger::{Durability, Event, Ledger, OpKey, OperationRecord, StoredEvent};
+use crate::ledger::{
+    Decision, Durability, Event, History, Ledger, LedgerError, OpKey, OpState, OperationRecord,
+    ProbeState, StoredEvent, UnlessSettledSince,
+};
 use crate::op_id::OpId;
-use crate::vocab::Boundary;
 
 use super::identity::{self, Recorded};
 
@@ -91,11 +93,11 @@ pub struct Outcome {
     /// Host as the ledger names it.
     pub host: String,
     /// The operation's state before reconcile (the projection's `state`).
-    pub before: String,
+    pub before: OpState,
     /// What the host said, in one line.
     pub evidence: String,
     /// The decision recorded (or, when nothing was decided, why: `host_unreachable`).
-    pub decision: String,
+    pub decision: Decision,
     /// Whether the decision settles the operation.
     pub settled: bool,
     /// The recorded exit code, when the marker holds one.
@@ -113,56 +115,10 @@ pub struct Settlement {
     pub outcome: Outcome,
 }
 
-/// What the ledger says about an operation's attempts, for the decisions.
-#[derive(Debug, Default)]
-struct History {
-    attempts: BTreeSet<String>,
-    last_attempt: Option<String>,
-    /// An attempt of ours reached the marker (started, exit, refusal about an existing
-    /// marker) or an earlier probe saw one: if the marker is now absent, the evidence
-    /// was removed, not absent.
-    marker_seen: bool,
-}
-
-fn history(events: &[StoredEvent]) -> History {
-    let mut h = History::default();
-    for e in events {
-        match &e.event {
-            Event::AttemptDispatched { attempt_id, .. } => {
-                h.attempts.insert(attempt_id.clone());
-                h.last_attempt = Some(attempt_id.clone());
-            }
-            Event::BoundaryReached {
-                boundary, detail, ..
-            } => match boundary {
-                Boundary::Started | Boundary::ExitReceived => h.marker_seen = true,
-                Boundary::Refused => {
-                    let first = detail.split([' ', ':', ',']).next().unwrap_or("");
-                    if matches!(
-                        first,
-                        "running" | "completed" | "interrupted" | "conflict" | "already"
-                    ) {
-                        h.marker_seen = true;
-                    }
-                }
-                Boundary::NotSent | Boundary::SentNoResponse => {}
-            },
-            Event::ExitReceived { .. } => h.marker_seen = true,
-            Event::Probed { state, .. } => {
-                if matches!(state.as_str(), "running" | "completed" | "interrupted") {
-                    h.marker_seen = true;
-                }
-            }
-            _ => {}
-        }
-    }
-    h
-}
-
 /// Whether reconcile should fence this operation's marker if the probe finds it absent.
 pub fn fence_if_absent(events: &[StoredEvent]) -> bool {
-    let h = history(events);
-    !h.attempts.is_empty() && !h.marker_seen
+    let h = History::of(events);
+    h.dispatched() && !h.claim_seen
 }
 
 /// Whether the host must be contacted at all (some attempt was dispatched).
@@ -175,21 +131,22 @@ pub fn needs_host(events: &[StoredEvent]) -> bool {
 /// Decides what `evidence` settles for `candidate`. Pure: no I/O.
 pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
     let rec = &candidate.record;
-    let h = history(&candidate.events);
+    let h = History::of(&candidate.events);
     let mut outcome = Outcome {
         op_id: rec.op_id.clone(),
         host: rec.host.clone(),
         before: rec.state.clone(),
         evidence: String::new(),
-        decision: String::new(),
+        decision: Decision::Other(String::new()),
         settled: false,
         exit_code: None,
         detail: String::new(),
     };
     let mut events = Vec::new();
+    let last_attempt = h.last_attempt().map(str::to_owned);
     let probed = |m: &MarkerInfo, what: &str| Event::Probed {
-        attempt_id: h.last_attempt.clone(),
-        state: m.state.as_str().into(),
+        attempt_id: last_attempt.clone(),
+        state: m.state.into(),
         exit_code: m.exit_code,
         detail: format!("opmark reconcile {what}: {}", m.summary()),
         claim: super::record::claim_seen(m),
@@ -200,17 +157,17 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
             decide(
                 &mut outcome,
                 &mut events,
-                "not_applied",
+                Decision::NotApplied,
                 "the intent was recorded but no attempt was ever dispatched: nothing left this machine, so nothing can have run".into(),
             );
         }
         Evidence::Unreachable(why) => {
             outcome.evidence = format!("host unreachable: {why}");
-            outcome.decision = "host_unreachable".into();
+            outcome.decision = Decision::HostUnreachable;
             outcome.detail = "left open; run `opmark reconcile` again when the host is back".into();
             events.push(Event::Probed {
-                attempt_id: h.last_attempt.clone(),
-                state: "unreachable".into(),
+                attempt_id: last_attempt.clone(),
+                state: ProbeState::Unreachable,
                 exit_code: None,
                 detail: format!("opmark reconcile: {why}"),
                 claim: None,
@@ -218,7 +175,12 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         }
         Evidence::KeyMismatch(why) => {
             outcome.evidence = "host key mismatch: not probed".into();
-            decide(&mut outcome, &mut events, "host_key_mismatch", why.clone());
+            decide(
+                &mut outcome,
+                &mut events,
+                Decision::HostKeyMismatch,
+                why.clone(),
+            );
         }
         Evidence::Marker { probe, fence } => {
             events.push(probed(probe, "probe"));
@@ -238,7 +200,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                     decide(
                         &mut outcome,
                         &mut events,
-                        "not_applied",
+                        Decision::NotApplied,
                         "no marker on the host: the dispatched attempt never claimed it, and the op id is now fenced so it never can".into(),
                     );
                 }
@@ -252,12 +214,12 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                     decide(
                         &mut outcome,
                         &mut events,
-                        "absent_fence_failed",
+                        Decision::AbsentFenceFailed,
                         format!("no marker yet, but fencing failed ({why}); a delayed attempt could still arrive, so this stays open"),
                     );
                 }
                 (MarkerState::Absent, None) => {
-                    let detail = if h.attempts.is_empty() {
+                    let detail = if !h.dispatched() {
                         "no marker and no attempt recorded".to_owned()
                     } else {
                         "no marker on the host, but an attempt of this operation had reached it (started, exit or a refusal about its marker): the evidence was removed (gc, or another marker root). Decide with `opmark resolve`".to_owned()
@@ -265,7 +227,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                     decide(
                         &mut outcome,
                         &mut events,
-                        "marker_missing_needs_decision",
+                        Decision::MarkerMissingNeedsDecision,
                         detail,
                     );
                 }
@@ -279,7 +241,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
 /// Decision for a marker that exists (running, completed, interrupted, fenced).
 fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &MarkerInfo) {
     let holder = m.attempt.clone().unwrap_or_else(|| "?".into());
-    let ours = m.attempt.as_ref().is_some_and(|a| h.attempts.contains(a));
+    let ours = m.attempt.as_ref().is_some_and(|a| h.is_ours(a));
     match m.state {
         MarkerState::Completed if ours => {
             outcome.exit_code = m.exit_code;
@@ -289,7 +251,7 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
             decide(
                 outcome,
                 events,
-                "completed",
+                Decision::Completed,
                 format!(
                     "the host recorded exit {code}{} for attempt {holder}{}",
                     if m.timed_out { " (timed out)" } else { "" },
@@ -305,14 +267,14 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
             decide(
                 outcome,
                 events,
-                "foreign_attempt_needs_decision",
+                Decision::ForeignAttemptNeedsDecision,
                 format!("the marker was completed by attempt {holder}, which this ledger never made (another installation used this op id); compare with the other client, then `opmark resolve`"),
             );
         }
         MarkerState::Running => decide(
             outcome,
             events,
-            "still_running",
+            Decision::StillRunning,
             format!(
                 "attempt {holder}{} holds the claim and is running; reconcile again later",
                 if ours { "" } else { " (not from this ledger)" }
@@ -321,7 +283,7 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
         MarkerState::Interrupted => decide(
             outcome,
             events,
-            "interrupted_needs_decision",
+            Decision::InterruptedNeedsDecision,
             format!(
                 "attempt {holder} claimed the marker but its process is gone without an exit record ({}); it may have had effects. Check the host, then `opmark resolve --as applied|not-applied|abandoned`",
                 m.why.as_deref().unwrap_or("unknown")
@@ -330,26 +292,23 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
         MarkerState::Fenced => decide(
             outcome,
             events,
-            "fenced",
+            Decision::Fenced,
             "the marker is fenced: nothing ran under this op id after the fence, and nothing can".into(),
         ),
         MarkerState::Absent => decide(
             outcome,
             events,
-            "marker_missing_needs_decision",
+            Decision::MarkerMissingNeedsDecision,
             "no marker on the host".into(),
         ),
     }
 }
 
-fn decide(outcome: &mut Outcome, events: &mut Vec<Event>, decision: &str, detail: String) {
-    outcome.decision = decision.to_owned();
-    outcome.settled = crate::ledger::projection::decision_settles(decision);
+fn decide(outcome: &mut Outcome, events: &mut Vec<Event>, decision: Decision, detail: String) {
+    outcome.settled = decision.settles();
+    outcome.decision = decision.clone();
     outcome.detail = detail.clone();
-    events.push(Event::Reconciled {
-        decision: decision.to_owned(),
-        detail,
-    });
+    events.push(Event::Reconciled { decision, detail });
 }
 
 /// A marker's unix-time field as `2024-05-01 10:00:00 UTC` (as sent when unreadable).
@@ -392,8 +351,19 @@ pub async fn reconcile(
         let c = &candidates[i];
         let s = settle(c, ev);
         let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
-        ledger.append_many(&key, &s.events, Durability::Normal)?;
-        Ok(s.outcome)
+        // Conditional: another reconcile or an operator (on any machine sharing this
+        // ledger) may have settled it since the candidates were read.
+        let since = Some(UnlessSettledSince(c.record.last_seq));
+        match ledger.append_if(&key, &s.events, Durability::Normal, since) {
+            Ok(_) => Ok(s.outcome),
+            Err(e @ LedgerError::AlreadySettled(_)) => Ok(Outcome {
+                decision: Decision::AlreadySettled,
+                settled: true,
+                detail: e.to_string(),
+                ..s.outcome
+            }),
+            Err(e) => Err(e.into()),
+        }
     };
     for (i, c) in candidates.iter().enumerate() {
         if !needs_host(&c.events) {
@@ -537,7 +507,7 @@ async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
 mod tests {
     use super::*;
     use crate::family::Family;
-    use crate::vocab::RetryReason;
+    use crate::vocab::{Boundary, RetryReason};
 
     fn stored(seq: u64, event: Event) -> StoredEvent {
         StoredEvent {
@@ -578,6 +548,7 @@ mod tests {
                     attempt_id: "at-1".into(),
                     boundary: b,
                     detail: "x".into(),
+                    refusal: None,
                 },
             ));
         }
@@ -590,7 +561,7 @@ mod tests {
                 fingerprint: "f".into(),
                 rule: "r".into(),
                 session: "s".into(),
-                state: "started".into(),
+                state: OpState::Boundary(Boundary::Started),
                 verdict: None,
                 exit_code: None,
                 attempts: 1,
@@ -623,7 +594,7 @@ mod tests {
     }
 
     fn decision(s: &Settlement) -> &str {
-        &s.outcome.decision
+        s.outcome.decision.as_str()
     }
 
     #[test]
@@ -744,7 +715,9 @@ mod tests {
         let s = settle(&c, &Evidence::Unreachable("connect failed".into()));
         assert!(!s.outcome.settled);
         assert_eq!(s.events.len(), 1);
-        assert!(matches!(&s.events[0], Event::Probed { state, .. } if state == "unreachable"));
+        assert!(
+            matches!(&s.events[0], Event::Probed { state, .. } if *state == ProbeState::Unreachable)
+        );
         let s = settle(
             &c,
             &Evidence::Marker {

@@ -3,6 +3,11 @@
 //!
 //! Writer processes are this test binary re-executed with `--exact ledger::writer_process
 //! --ignored` and `OPMARK_TEST_LEDGER_ROLE` selecting what the child does.
+//!
+//! The CONFORMANCE SUITE (the functions named in `conformance!` below) runs every body once
+//! per backend, `ledger::sqlite::NAME` and `ledger::postgres::NAME`, against a [`Fixture`]:
+//! one set of tests, two backends. PostgreSQL runs on a throwaway cluster
+//! (`support::postgres`); without PostgreSQL those tests skip locally and fail in CI.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -21,6 +26,7 @@ const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
 const WRITER: &str = "OPMARK_TEST_LEDGER_WRITER";
 const OPS: &str = "OPMARK_TEST_LEDGER_OPS";
 const GO: &str = "OPMARK_TEST_LEDGER_GO";
+const KEY: &str = "OPMARK_TEST_LEDGER_KEY";
 
 /// A scratch directory removed on drop.
 struct Scratch(PathBuf);
@@ -98,6 +104,7 @@ fn write_operation(ledger: &mut Ledger, key: &OpKey, n: u64) -> Vec<u64> {
                     attempt_id: attempt.clone(),
                     boundary: Boundary::Started,
                     detail: String::new(),
+                    refusal: None,
                 },
                 Durability::Normal,
             )
@@ -153,7 +160,8 @@ fn writer_process() {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    let mut ledger = Ledger::open(&path).unwrap();
+    let key = std::env::var_os(KEY).map(PathBuf::from);
+    let mut ledger = Ledger::open_with_key(&path, key.as_deref()).unwrap();
     match role.as_str() {
         "fixed" => {
             let ops: u64 = std::env::var(OPS).unwrap().parse().unwrap();
@@ -198,16 +206,136 @@ fn writer_child(role: &str, ledger: &Path, writer: usize) -> Command {
     c
 }
 
-#[test]
-fn sixteen_writer_processes_keep_every_event_and_the_chain() {
+/// A ledger backend under test.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// One ledger on one backend, with what a test needs to reach it: the location for
+/// `--ledger`, the key for `--ledger-key` (named for PostgreSQL, beside the file for
+/// SQLite), and a scratch directory for HOMEs and files.
+struct Fixture {
+    scratch: Scratch,
+    location: PathBuf,
+    key: Option<PathBuf>,
+    pg: Option<(
+        &'static support::postgres::Cluster,
+        support::postgres::Database,
+    )>,
+}
+
+impl Fixture {
+    /// `None`: skipped (PostgreSQL missing, locally).
+    fn new(backend: Backend, name: &str) -> Option<Fixture> {
+        let scratch = Scratch::new(name);
+        match backend {
+            Backend::Sqlite => Some(Fixture {
+                location: scratch.path("ledger.db"),
+                key: None,
+                pg: None,
+                scratch,
+            }),
+            Backend::Postgres => {
+                let cluster = support::postgres::require(&format!("postgres::{name}"))?;
+                let db = cluster.database(name);
+                // A shared ledger's key is the operator's: made once, given to everyone.
+                let key = scratch.path("shared.key");
+                opmark::ledger::fingerprint::InstallationKey::generate(&key).unwrap();
+                Some(Fixture {
+                    location: PathBuf::from(&db.url),
+                    key: Some(key),
+                    pg: Some((cluster, db)),
+                    scratch,
+                })
+            }
+        }
+    }
+
+    fn open(&self) -> Ledger {
+        Ledger::open_with_key(&self.location, self.key.as_deref()).unwrap()
+    }
+
+    /// `opmark` with its own HOME (another "machine" when `home` differs) on this ledger.
+    fn opmark(&self, home: &Path) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_opmark"));
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", home)
+            .env("XDG_STATE_HOME", home.join("state"))
+            .env("XDG_CONFIG_HOME", home.join("config"))
+            .env("OPMARK_LEDGER", &self.location)
+            .stdin(Stdio::null());
+        if let Some(key) = &self.key {
+            c.env("OPMARK_LEDGER_KEY", key);
+        }
+        c
+    }
+
+    fn writer_child(&self, role: &str, writer: usize) -> Command {
+        let mut c = writer_child(role, &self.location, writer);
+        if let Some(key) = &self.key {
+            c.env(KEY, key);
+        }
+        c
+    }
+
+    /// Runs `sql` on the ledger's database behind opmark's back (tampering).
+    fn sql(&self, sql: &str) {
+        match &self.pg {
+            Some((cluster, db)) => {
+                cluster.psql(db.name(), sql).unwrap();
+            }
+            None => {
+                let conn = rusqlite::Connection::open(&self.location).unwrap();
+                conn.execute_batch(sql).unwrap();
+            }
+        }
+    }
+}
+
+/// Runs each named body once per backend: `ledger::sqlite::NAME`, `ledger::postgres::NAME`.
+macro_rules! conformance {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(f) = super::Fixture::new(super::Backend::Sqlite, stringify!($name)) {
+                        super::$name(&f);
+                    }
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(f) = super::Fixture::new(super::Backend::Postgres, stringify!($name)) {
+                        super::$name(&f);
+                    }
+                }
+            )+
+        }
+    };
+}
+
+conformance!(
+    sixteen_writer_processes_keep_every_event_and_the_chain,
+    two_concurrent_resolves_of_one_op_record_one_decision,
+    a_settlement_conditional_on_what_was_read_loses_to_an_earlier_one,
+    audit_verify_names_an_edited_and_a_deleted_event,
+    list_show_and_stats_read_the_same_projection,
+);
+
+fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     const PROCS: usize = 16;
     const OPS_EACH: u64 = 50;
-    let s = Scratch::new("concurrent");
-    let db = s.path("ledger.db");
-    let go = s.path("go");
+    let go = f.scratch.path("go");
     let children: Vec<_> = (0..PROCS)
         .map(|w| {
-            writer_child("fixed", &db, w)
+            f.writer_child("fixed", w)
                 .env(OPS, OPS_EACH.to_string())
                 .env(GO, &go)
                 .stdout(Stdio::null())
@@ -215,16 +343,17 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain() {
                 .unwrap()
         })
         .collect();
-    // Release them together so they really contend (some also race to create the file).
+    // Release them together so they really contend (some also race to create the ledger).
     std::thread::sleep(Duration::from_millis(200));
     std::fs::write(&go, b"").unwrap();
     for mut c in children {
         assert!(c.wait().unwrap().success(), "a writer process failed");
     }
 
-    let ledger = Ledger::open(&db).unwrap();
+    let ledger = f.open();
     let report = ledger.verify_chain().unwrap();
     assert_eq!(report.first_break, None);
+    assert_eq!(report.first_mismatch, None);
     assert_eq!(report.events, PROCS as u64 * OPS_EACH * 5);
     let ops = ledger.list(&ListFilter::default()).unwrap();
     assert_eq!(ops.len(), PROCS * OPS_EACH as usize);
@@ -250,12 +379,251 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain() {
             );
         }
     }
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(
         text(&out.stdout).trim(),
         "chain intact: 4000 events, projection equals their replay"
     );
+}
+
+/// An operation whose outcome is unknown: intent, attempt, `indeterminate`.
+fn unresolved_operation(ledger: &mut Ledger, key: &OpKey) {
+    ledger
+        .append_many(
+            key,
+            &[
+                Event::Intended {
+                    session: "s".into(),
+                    family: Family::Destructive,
+                    display: "systemctl restart app".into(),
+                    fingerprint: format!("fp-{}", key.op_id),
+                    rule: "test".into(),
+                },
+                Event::AttemptDispatched {
+                    attempt_id: "at-1".into(),
+                    number: 1,
+                    parent: None,
+                    reason: RetryReason::FirstAttempt,
+                },
+                Event::Verdict {
+                    attempt_id: Some("at-1".into()),
+                    verdict: Verdict::Indeterminate,
+                    exit_code: None,
+                    reason: "connection lost".into(),
+                },
+            ],
+            Durability::Full,
+        )
+        .unwrap();
+}
+
+fn decisions(ledger: &Ledger, key: &OpKey) -> Vec<String> {
+    ledger
+        .events(key)
+        .unwrap()
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::OperatorDecision { by, .. } => Some(by.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
+    let key = OpKey::new("restart-1", "web1");
+    unresolved_operation(&mut f.open(), &key);
+    // Two operators, each on their own "machine" (HOME), decide at the same moment.
+    let go = f.scratch.path("go");
+    let children: Vec<_> = ["alice", "bob"]
+        .iter()
+        .map(|who| {
+            let home = f.scratch.path(who);
+            std::fs::create_dir_all(&home).unwrap();
+            let script = format!(
+                "while [ ! -e {} ]; do sleep 0.005; done; exec \"$@\"",
+                go.display()
+            );
+            let mut c = f.opmark(&home);
+            let program = c.get_program().to_owned();
+            let mut sh = Command::new("sh");
+            sh.args(["-c", &script, "sh"])
+                .arg(program)
+                .args([
+                    "resolve",
+                    "restart-1",
+                    "--host",
+                    "web1",
+                    "--as",
+                    "applied",
+                    "--note",
+                    "checked the unit by hand",
+                    "--by",
+                    who,
+                ])
+                .env_clear()
+                .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            c = sh;
+            c.spawn().unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    std::fs::write(&go, b"").unwrap();
+    let outs: Vec<Output> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let won: Vec<&Output> = outs.iter().filter(|o| o.status.success()).collect();
+    let lost: Vec<&Output> = outs.iter().filter(|o| !o.status.success()).collect();
+    assert_eq!(won.len(), 1, "exactly one decision wins: {outs:?}");
+    assert_eq!(lost.len(), 1);
+    let ledger = f.open();
+    let recorded = decisions(&ledger, &key);
+    assert_eq!(recorded.len(), 1, "one decision recorded: {recorded:?}");
+    let winner = &recorded[0];
+    let err = text(&lost[0].stderr);
+    assert!(
+        err.contains(&format!("already settled by operator {winner} at 20")),
+        "the loser is told who settled it and when: {err}"
+    );
+    assert!(err.contains("nothing was recorded"), "{err}");
+    let report = ledger.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+}
+
+fn a_settlement_conditional_on_what_was_read_loses_to_an_earlier_one(f: &Fixture) {
+    let key = OpKey::new("deploy-7", "db1");
+    let mut first = f.open();
+    let mut second = f.open();
+    unresolved_operation(&mut first, &key);
+    // Both read the operation before either decides (two machines, one ledger).
+    let seen_first = first.operation(&key).unwrap().unwrap().last_seq;
+    let seen_second = second.operation(&key).unwrap().unwrap().last_seq;
+    let decide = |by: &str| Event::OperatorDecision {
+        by: by.into(),
+        decision: opmark::ledger::Decision::NotApplied,
+        note: "never ran".into(),
+        exit_code: None,
+    };
+    first
+        .append_if(
+            &key,
+            &[decide("alice")],
+            Durability::Full,
+            Some(opmark::ledger::UnlessSettledSince(seen_first)),
+        )
+        .unwrap();
+    let err = second
+        .append_if(
+            &key,
+            &[decide("bob")],
+            Durability::Full,
+            Some(opmark::ledger::UnlessSettledSince(seen_second)),
+        )
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, opmark::ledger::LedgerError::AlreadySettled(ref s) if s.by == "operator alice"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("already settled by operator alice at 20"),
+        "{msg}"
+    );
+    assert_eq!(decisions(&second, &key), ["alice"]);
+    // A reconcile settlement is held to the same rule.
+    let err = second
+        .append_if(
+            &key,
+            &[Event::Reconciled {
+                decision: opmark::ledger::Decision::Completed,
+                detail: "exit 0".into(),
+            }],
+            Durability::Normal,
+            Some(opmark::ledger::UnlessSettledSince(seen_second)),
+        )
+        .unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("already settled by operator alice"));
+    // Unconditional writes (observations) still go in.
+    second
+        .append(&key, &decide("carol"), Durability::Normal)
+        .unwrap();
+    assert!(second.verify_chain().unwrap().intact());
+}
+
+fn audit_verify_names_an_edited_and_a_deleted_event(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..3 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    let verify = || {
+        let out = f
+            .opmark(&f.scratch.0)
+            .args(["audit", "verify"])
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "chain intact: 15 events, projection equals their replay"
+    );
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 1', 'echo 9') WHERE seq = 6");
+    let (code, out, _) = verify();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #6:"), "{out}");
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 9', 'echo 1') WHERE seq = 6");
+    assert_eq!(verify().0, Some(0));
+    f.sql("DELETE FROM events WHERE seq = 8");
+    let (code, out, _) = verify();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #8:"), "{out}");
+    assert!(out.contains("missing (deleted)"), "{out}");
+}
+
+fn list_show_and_stats_read_the_same_projection(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("lost-1", "h"));
+    drop(ledger);
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = f
+            .opmark(&f.scratch.0)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let list = json(&["list"]);
+    assert_eq!(list["operations"].as_array().unwrap().len(), 5, "{list}");
+    let open = json(&["list", "--unresolved"]);
+    let open = open["operations"].as_array().unwrap();
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0]["op_id"], "lost-1");
+    assert_eq!(open[0]["state"], "indeterminate");
+    let show = json(&["show", "op2"]);
+    assert_eq!(show["hosts"].as_array().map_or(1, Vec::len), 1, "{show}");
+    let stats = json(&["stats"]);
+    assert_eq!(stats["events"], 23, "{stats}");
+    assert_eq!(stats["operations"], 5, "{stats}");
+    assert_eq!(stats["unresolved"], 1, "{stats}");
+    assert_eq!(stats["verdicts"]["completed"], 4, "{stats}");
+    assert_eq!(stats["attempts"], 5, "{stats}");
 }
 
 #[test]
@@ -496,6 +864,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             attempt_id: "a1".into(),
             boundary: Boundary::SentNoResponse,
             detail: "keepalive timeout after 3s".into(),
+            refusal: None,
         },
         Event::Probed {
             attempt_id: Some("a1".into()),
@@ -514,6 +883,7 @@ fn list_and_show_render_the_timeline_with_retries() {
             attempt_id: "a2".into(),
             boundary: Boundary::SentNoResponse,
             detail: "keepalive timeout after 3s".into(),
+            refusal: None,
         },
         Event::Verdict {
             attempt_id: Some("a2".into()),
@@ -650,6 +1020,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 attempt_id: a.clone(),
                 boundary: Boundary::Refused,
                 detail: secret.to_string(),
+                refusal: None,
             },
             Event::Probed {
                 attempt_id: Some(a.clone()),
@@ -1343,4 +1714,247 @@ fn a_completed_marker_whose_claim_record_was_removed_is_a_contradiction() {
         "{doc}"
     );
     assert_eq!(doc["operation"]["exit_code"], 4);
+}
+
+/// `opmark ledger migrate --to URL`: a SQLite ledger written by real commands is copied
+/// event for event into PostgreSQL; the chain verifies there under the same key, `show`
+/// reads the same history, new events extend the copied chain, and a second copy into the
+/// now non-empty database is refused.
+#[test]
+fn postgres_migrate_from_sqlite_keeps_the_chain() {
+    let Some(pg) = Fixture::new(Backend::Postgres, "migrate") else {
+        return;
+    };
+    let s = Scratch::new("migrate-src");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..5 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("lost-1", "h"));
+    ledger
+        .append(
+            &OpKey::new("lost-1", "h"),
+            &Event::OperatorDecision {
+                by: "alice".into(),
+                decision: opmark::ledger::Decision::Abandoned,
+                note: "host is gone".into(),
+                exit_code: None,
+            },
+            Durability::Full,
+        )
+        .unwrap();
+    drop(ledger);
+    let url = pg.location.to_str().unwrap();
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.starts_with("copied 29 events from"), "{said}");
+    assert!(said.contains("chain intact there"), "{said}");
+    assert!(
+        said.contains(&key_path_beside(&db).display().to_string()),
+        "names the key to use: {said}"
+    );
+
+    // The copy, opened with the SQLite ledger's key as every machine will.
+    let key = key_path_beside(&db);
+    let on_pg = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_opmark"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &s.0)
+            .args(["--ledger", url, "--ledger-key"])
+            .arg(&key)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = on_pg(&["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "chain intact: 29 events, projection equals their replay"
+    );
+    let from_sqlite = opmark(&s.0, &db, &["--json", "show", "lost-1"]);
+    let from_pg = on_pg(&["--json", "show", "lost-1"]);
+    let events = |o: &Output| {
+        let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        doc["events"].clone()
+    };
+    assert_eq!(events(&from_sqlite), events(&from_pg), "the same history");
+    let mut copied = Ledger::open_with_key(&pg.location, Some(&key)).unwrap();
+    write_operation(&mut copied, &OpKey::new("after-move", "h"), 9);
+    assert!(copied.verify_chain().unwrap().intact());
+    assert_eq!(copied.verify_chain().unwrap().events, 34);
+
+    // Another key cannot open it; a second copy into it is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_opmark"))
+        .env_clear()
+        .env("HOME", &s.0)
+        .args(["--ledger", url, "--ledger-key"])
+        .arg(pg.key.as_ref().unwrap())
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("is not the key of the ledger"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("already holds"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn postgres_ledger_needs_a_named_key_and_refuses_tls_it_cannot_do() {
+    let Some(pg) = Fixture::new(Backend::Postgres, "needkey") else {
+        return;
+    };
+    let s = Scratch::new("needkey");
+    let url = pg.location.to_str().unwrap();
+    let out = opmark(&s.0, Path::new(url), &["list"]);
+    // 248: the ledger cannot be used as given (as for a missing or wrong key file).
+    assert_eq!(out.status.code(), Some(248), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("needs its installation key named: give --ledger-key"),
+        "{}",
+        text(&out.stderr)
+    );
+    let tls = "postgresql://opmark:hunter2@db.invalid/ledger?sslmode=require";
+    let out = Command::new(env!("CARGO_BIN_EXE_opmark"))
+        .env_clear()
+        .env("HOME", &s.0)
+        .args(["--ledger", tls, "--ledger-key"])
+        .arg(pg.key.as_ref().unwrap())
+        .arg("list")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        err.contains("this opmark has no TLS for PostgreSQL"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "no password in messages: {err}");
+}
+
+/// Machine A's `run` is killed after the command started, leaving the operation
+/// unresolved in the shared ledger; machine B (its own HOME, its own copy of the ssh
+/// config) reconciles it from the host's marker, and A then sees it settled.
+#[test]
+fn postgres_reconcile_from_a_second_machine_settles_what_the_first_left() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let Some(pg) = Fixture::new(Backend::Postgres, "twomachines") else {
+        return;
+    };
+    let machine = |name: &str| {
+        let env = Sealed::new(&format!("twomachines-{name}"));
+        let config = env.root.join("ssh_config");
+        std::fs::copy(lab.ssh_config(), &config).unwrap();
+        (env, config)
+    };
+    let on = |m: &(Sealed, PathBuf)| {
+        let mut c = m.0.opmark();
+        c.env("OPMARK_LEDGER", &pg.location)
+            .env("OPMARK_LEDGER_KEY", pg.key.as_ref().unwrap())
+            .arg("-F")
+            .arg(&m.1);
+        c
+    };
+    let a = machine("a");
+    let b = machine("b");
+    let crashed = on(&a)
+        .env("OPMARK_FAULT", "after_started")
+        .args([
+            "--json",
+            "run",
+            "target1",
+            "--op",
+            "left-by-a",
+            "--",
+            "echo hi; exit 3",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), None, "killed by its fault point");
+    let open = on(&a)
+        .args(["--json", "list", "--unresolved"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&open.stdout).unwrap();
+    assert_eq!(doc["operations"][0]["op_id"], "left-by-a", "{doc}");
+
+    // B reconciles until the host's exit record is there (the command runs detached).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let settled = loop {
+        let out = on(&b).args(["--json", "reconcile"]).output().unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}{}", text(&out.stdout), text(&out.stderr)));
+        if doc["operations"][0]["decision"] == "completed" {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "never settled: {doc}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(settled["operations"][0]["exit_code"], 3, "{settled}");
+    let open = on(&a)
+        .args(["--json", "list", "--unresolved"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&open.stdout).unwrap();
+    assert_eq!(doc["operations"].as_array().unwrap().len(), 0, "{doc}");
+    let show = on(&a).args(["show", "left-by-a"]).output().unwrap();
+    assert!(
+        text(&show.stdout).contains("reconciled: completed"),
+        "{}",
+        text(&show.stdout)
+    );
+    assert!(pg.open().verify_chain().unwrap().intact());
+}
+
+#[test]
+fn ledger_migrate_refuses_what_it_cannot_copy() {
+    let s = Scratch::new("migrate-bad");
+    let db = s.path("ledger.db");
+    // No ledger yet: nothing to copy.
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "migrate", "--to", "postgresql://u@h/db"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("no ledger at"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut ledger = Ledger::open(&db).unwrap();
+    write_operation(&mut ledger, &OpKey::new("op1", "h"), 1);
+    drop(ledger);
+    // The target must be PostgreSQL.
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", "/tmp/other.db"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("--to must be a PostgreSQL URL"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The source must be SQLite.
+    let out = opmark(
+        &s.0,
+        Path::new("postgresql://u:hunter2@h/db"),
+        &["ledger", "migrate", "--to", "postgresql://u@h/db2"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    let err = text(&out.stderr);
+    assert!(err.contains("copies a SQLite ledger"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
 }

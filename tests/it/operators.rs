@@ -80,6 +80,7 @@ pub(crate) fn record_lost_dispatch(
             attempt_id: format!("at-lost-{op}"),
             boundary: Boundary::SentNoResponse,
             detail: "connection lost before the shim answered".into(),
+            refusal: None,
         });
     }
     ledger

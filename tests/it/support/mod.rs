@@ -8,6 +8,7 @@
 #![allow(dead_code)] // each test module uses a different part of the harness
 
 pub mod disk;
+pub mod postgres;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

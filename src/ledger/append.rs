@@ -1,0 +1,167 @@
+//! THE append algorithm, written once for every backend (SPEC sections 7 and 14).
+//!
+//! A backend opens a transaction that holds the chain head exclusively (SQLite:
+//! `BEGIN IMMEDIATE`; PostgreSQL: `SELECT … FOR UPDATE` on the head row) and hands it
+//! here as an [`AppendTx`]. Under that lock this module reads the head, checks the
+//! settlement condition, inserts each event with its keyed hash, folds the projection,
+//! records contradictions, and moves the head. So concurrent writers from any number of
+//! processes or machines extend one linear chain, and a conditional settlement sees every
+//! decision committed before it.
+
+use super::chain;
+use super::event::Event;
+use super::fingerprint::InstallationKey;
+use super::projection::{self, OperationRecord};
+use super::redact::Redactor;
+use super::words::Decision;
+use super::{LedgerError, OpKey};
+
+/// What a backend's head-locked transaction offers the append algorithm.
+pub(crate) trait AppendTx {
+    /// The chain head `(seq, hash)`; `(0, GENESIS)` before the first event.
+    fn head(&mut self) -> Result<(u64, String), LedgerError>;
+    /// The projection row of one operation.
+    fn load(&mut self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError>;
+    /// Inserts one event row.
+    fn insert(&mut self, row: &chain::Row) -> Result<(), LedgerError>;
+    /// Inserts or replaces one projection row.
+    fn store(&mut self, rec: &OperationRecord) -> Result<(), LedgerError>;
+    /// Moves the head.
+    fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError>;
+    /// `(seq, at, payload)` of the operation's events after `after`, in order.
+    fn events_after(
+        &mut self,
+        key: &OpKey,
+        after: u64,
+    ) -> Result<Vec<(u64, String, String)>, LedgerError>;
+}
+
+/// A conditional settlement: store the events only if no decision settled the operation
+/// after the caller read it (its `last_seq` then). Two operators, or an operator and a
+/// reconcile on another machine, settling one operation at once get one decision; the
+/// later writer gets [`LedgerError::AlreadySettled`] naming the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnlessSettledSince(pub u64);
+
+/// Who settled an operation, for [`LedgerError::AlreadySettled`].
+fn settled_by(event: &Event) -> Option<(String, Decision)> {
+    match event {
+        Event::OperatorDecision { by, decision, .. } if decision.settles() => {
+            Some((format!("operator {by}"), decision.clone()))
+        }
+        Event::Reconciled { decision, .. } if decision.settles() => {
+            Some(("reconcile".to_owned(), decision.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Appends `events` (already redacted, with their JSON payloads) for `key` in the open
+/// transaction; returns their sequence numbers. The caller commits (or drops the
+/// transaction on error, which stores nothing).
+pub(crate) fn append(
+    tx: &mut dyn AppendTx,
+    ikey: &InstallationKey,
+    redactor: &Redactor,
+    key: &OpKey,
+    events: &[(Event, String)],
+    at: &str,
+    condition: Option<UnlessSettledSince>,
+) -> Result<Vec<u64>, LedgerError> {
+    let (mut seq, mut prev) = tx.head()?;
+    if let Some(UnlessSettledSince(seen)) = condition {
+        for (eseq, eat, payload) in tx.events_after(key, seen)? {
+            let event: Event =
+                serde_json::from_str(&payload).map_err(|e| LedgerError::Corrupt {
+                    seq: eseq,
+                    why: format!("{:?} at column {}", e.classify(), e.column()),
+                })?;
+            if let Some((by, decision)) = settled_by(&event) {
+                return Err(LedgerError::AlreadySettled(Box::new(super::SettledBy {
+                    op_id: key.op_id.clone(),
+                    host: key.host.clone(),
+                    by,
+                    at: eat,
+                    decision,
+                    seq: eseq,
+                })));
+            }
+        }
+    }
+    let mut seqs = Vec::with_capacity(events.len());
+    for (event, payload) in events {
+        let before = tx.load(key)?;
+        let contradiction = before
+            .as_ref()
+            .and_then(|rec| projection::contradiction(rec, event));
+        seq += 1;
+        prev = insert(tx, ikey, key, seq, &prev, at, event, payload)?;
+        match projection::fold(before, key, event, seq, at) {
+            Ok(Some(rec)) => tx.store(&rec)?,
+            Ok(None) => {}
+            // The caller drops the transaction: nothing of this append is stored.
+            Err(projection::Refusal::FingerprintConflict) => {
+                return Err(LedgerError::FingerprintConflict {
+                    op_id: key.op_id.clone(),
+                    host: key.host.clone(),
+                })
+            }
+        }
+        seqs.push(seq);
+        if let Some((expected, seen)) = contradiction {
+            // Recorded by the ledger itself, right after the evidence, so no caller can
+            // forget it and no later evidence silently rewrites the settled truth.
+            let noted = Event::Contradiction {
+                source: event.kind().to_owned(),
+                evidence_seq: seq,
+                expected,
+                seen,
+            }
+            .redacted(redactor);
+            let noted_payload = serde_json::to_string(&noted).expect("events serialize");
+            let before = tx.load(key)?;
+            seq += 1;
+            prev = insert(tx, ikey, key, seq, &prev, at, &noted, &noted_payload)?;
+            if let Ok(Some(rec)) = projection::fold(before, key, &noted, seq, at) {
+                tx.store(&rec)?;
+            }
+        }
+    }
+    tx.set_head(seq, &prev, &chain::head_mac(ikey, seq, &prev))?;
+    Ok(seqs)
+}
+
+/// Inserts one event with its keyed hash; returns the hash.
+#[allow(clippy::too_many_arguments)]
+fn insert(
+    tx: &mut dyn AppendTx,
+    ikey: &InstallationKey,
+    key: &OpKey,
+    seq: u64,
+    prev: &str,
+    at: &str,
+    event: &Event,
+    payload: &str,
+) -> Result<String, LedgerError> {
+    let hash = chain::Link {
+        seq,
+        prev_hash: prev,
+        op_id: &key.op_id,
+        host: &key.host,
+        at,
+        kind: event.kind(),
+        payload,
+    }
+    .keyed_hash(ikey);
+    tx.insert(&chain::Row {
+        seq,
+        prev_hash: prev.to_owned(),
+        hash: hash.clone(),
+        op_id: key.op_id.clone(),
+        host: key.host.clone(),
+        at: at.to_owned(),
+        kind: event.kind().to_owned(),
+        payload: payload.to_owned(),
+    })?;
+    Ok(hash)
+}

@@ -1,0 +1,778 @@
+//! The PostgreSQL backend: one ledger shared by many machines (SPEC section 14).
+//!
+//! - Location: `postgres://…` or `postgresql://…` (`--ledger`, `OPMARK_LEDGER`), in
+//!   libpq's URL form; a unix socket is `postgresql://USER@%2Fpath%2Fto%2Fdir/DB` or
+//!   `?host=/path/to/dir`.
+//! - TLS: this build has no TLS connector (it would add a TLS stack to every opmark for
+//!   the sake of one backend). `sslmode=disable` and the default `prefer` connect in
+//!   plain text; `sslmode=require` (or stricter) is refused with a message saying so.
+//!   Reach a remote server over a unix socket, loopback, or an SSH tunnel
+//!   (`ssh -L 5432:localhost:5432 db-host`), which keeps the traffic encrypted.
+//! - Key: always operator-supplied (`--ledger-key PATH`, `opmark ledger keygen PATH`),
+//!   never generated per machine; the database stores its check value like SQLite's.
+//! - Schema: `migrations/postgres/*.sql`, applied in order under an advisory lock, the
+//!   version recorded in `opmark_schema`, so many machines opening a fresh database
+//!   migrate it once.
+//! - Appends: one READ COMMITTED transaction that first locks the single `chain_head`
+//!   row (`SELECT … FOR UPDATE`), then runs [`super::append`]: writers on any machine are
+//!   serialised on the head, and the commit is durable (`synchronous_commit` on) before
+//!   `run` dispatches.
+//! - Threading: tokio-postgres runs on a thread of its own with a current-thread runtime;
+//!   [`PgStore`] sends it jobs and waits. The ledger's API stays synchronous, callable
+//!   from async code like the SQLite path, without nesting runtimes, and opmark processes
+//!   on SQLite never start that thread.
+
+use std::path::Path;
+use std::sync::mpsc;
+
+use tokio_postgres::{Client, NoTls, Row};
+
+use super::append::{self, AppendTx, UnlessSettledSince};
+use super::binding::Bound;
+use super::chain;
+use super::event::{Event, StoredEvent};
+use super::fingerprint::InstallationKey;
+use super::projection::{self, OperationRecord};
+use super::redact::Redactor;
+use super::{decode, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+use crate::vocab::Verdict;
+
+/// The schema migrations, in order; migration `i` brings version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/postgres/0001_ledger.sql")];
+
+/// Arbitrary constant naming opmark's advisory lock for migrations.
+const MIGRATION_LOCK: i64 = 0x6f70_6d61_726b;
+
+impl From<tokio_postgres::Error> for LedgerError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        // The server's message (constraint names, connection problems), never a row.
+        let text = match e.as_db_error() {
+            Some(db) => format!("{}: {}", db.code().code(), db.message()),
+            None => e.to_string(),
+        };
+        LedgerError::Postgres(text)
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages and `Ledger::path`.
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    // A `password=` query parameter is a password too.
+    let tail: String = match tail.split_once('?') {
+        Some((path, query)) => {
+            let q: Vec<String> = query
+                .split('&')
+                .map(|kv| {
+                    if kv.starts_with("password=") {
+                        "password=***".to_owned()
+                    } else {
+                        kv.to_owned()
+                    }
+                })
+                .collect();
+            format!("{path}?{}", q.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// The connection, owned by the backend's thread.
+struct Conn {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+type Job = Box<dyn FnOnce(&mut Conn) + Send>;
+
+/// An open PostgreSQL ledger: a handle on its connection thread.
+#[derive(Debug)]
+pub(crate) struct PgStore {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl PgStore {
+    /// Connects, migrates and checks the key named by `key` (required).
+    pub(crate) fn open(url: &str, key: Option<&Path>) -> Result<(PgStore, Bound), LedgerError> {
+        let Some(key_path) = key else {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the PostgreSQL ledger {} needs its installation key named: give --ledger-key PATH (or OPMARK_LEDGER_KEY). For a new shared ledger create one with `opmark ledger keygen PATH` and give the same file to every machine",
+                    without_password(url)
+                ),
+            });
+        };
+        let key = InstallationKey::load(key_path).map_err(|e| match e {
+            LedgerError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                LedgerError::Invalid {
+                    message: format!(
+                        "no installation key at {} (named by --ledger-key / OPMARK_LEDGER_KEY) for the PostgreSQL ledger {}. Copy the shared ledger's key there, or for a new ledger create one with `opmark ledger keygen {}`",
+                        key_path.display(),
+                        without_password(url),
+                        key_path.display()
+                    ),
+                }
+            }
+            e => e,
+        })?;
+        let store = PgStore::connect(url)?;
+        let shown = without_password(url);
+        let check_key = key.clone();
+        store.call(move |c| c.migrate_and_bind(&check_key, &shown, false))?;
+        Ok((store, Bound { key, notice: None }))
+    }
+
+    /// Connects to an EMPTY ledger database for `ledger migrate`, binding it to `key`.
+    pub(crate) fn open_for_import(
+        url: &str,
+        key: &InstallationKey,
+    ) -> Result<PgStore, LedgerError> {
+        let store = PgStore::connect(url)?;
+        let shown = without_password(url);
+        let key = key.clone();
+        store.call(move |c| c.migrate_and_bind(&key, &shown, true))?;
+        Ok(store)
+    }
+
+    fn connect(url: &str) -> Result<PgStore, LedgerError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| LedgerError::Invalid {
+            message: format!(
+                "`{}` is not a PostgreSQL URL opmark can use ({e}); the form is postgresql://USER@HOST[:PORT]/DATABASE",
+                without_password(url)
+            ),
+        })?;
+        if !matches!(
+            config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable | tokio_postgres::config::SslMode::Prefer
+        ) {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "`{}` asks for TLS (sslmode=require or stricter), and this opmark has no TLS for PostgreSQL: connect over a unix socket, loopback or an SSH tunnel (ssh -L 5432:localhost:5432 DB-HOST) and drop sslmode, or use sslmode=disable",
+                    without_password(url)
+                ),
+            });
+        }
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), LedgerError>>();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let shown = without_password(url);
+        std::thread::Builder::new()
+            .name("opmark-ledger-pg".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(source) => {
+                        let _ = ready_tx.send(Err(LedgerError::Io {
+                            what: "start the PostgreSQL ledger's runtime".into(),
+                            source,
+                        }));
+                        return;
+                    }
+                };
+                let client = match rt.block_on(config.connect(NoTls)) {
+                    Ok((client, connection)) => {
+                        // Polled whenever a job blocks on the runtime.
+                        rt.spawn(connection);
+                        client
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(LedgerError::Postgres(format!(
+                            "cannot connect to {shown}: {e}; check that the server runs and the URL (user, host, port, database)"
+                        ))));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let mut conn = Conn { rt, client };
+                // Ends when the PgStore (the only sender) is dropped.
+                while let Ok(job) = queue.recv() {
+                    job(&mut conn);
+                }
+            })
+            .map_err(|source| LedgerError::Io {
+                what: "start the PostgreSQL ledger's thread".into(),
+                source,
+            })?;
+        ready_rx
+            .recv()
+            .map_err(|_| LedgerError::Postgres("the connection thread ended".into()))??;
+        Ok(PgStore { jobs })
+    }
+
+    /// Runs `f` on the connection thread and waits for its result.
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Conn) -> Result<R, LedgerError> + Send + 'static,
+    ) -> Result<R, LedgerError> {
+        let (tx, rx) = mpsc::channel();
+        self.jobs
+            .send(Box::new(move |c| {
+                let _ = tx.send(f(c));
+            }))
+            .map_err(|_| LedgerError::Postgres("the connection thread ended".into()))?;
+        rx.recv()
+            .map_err(|_| LedgerError::Postgres("the connection thread ended".into()))?
+    }
+
+    /// Appends in one head-locked transaction (see the module doc).
+    pub(crate) fn append(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        key: &OpKey,
+        events: Vec<(Event, String)>,
+        at: String,
+        condition: Option<UnlessSettledSince>,
+    ) -> Result<Vec<u64>, LedgerError> {
+        let (ikey, redactor, key) = (ikey.clone(), redactor.clone(), key.clone());
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            let mut ptx = PgTx { rt, tx };
+            let seqs = append::append(&mut ptx, &ikey, &redactor, &key, &events, &at, condition)?;
+            let PgTx { rt, tx } = ptx;
+            rt.block_on(tx.commit())?;
+            Ok(seqs)
+        })
+    }
+
+    pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE op_id = $1 AND host = $2",
+                projection::COLUMNS
+            );
+            let row = c.block(c.client.query_opt(&sql, &[&key.op_id, &key.host]))?;
+            row.as_ref().map(record_from).transpose()
+        })
+    }
+
+    pub(crate) fn operations_by_id(
+        &self,
+        op_id: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let op_id = op_id.to_owned();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE op_id = $1 ORDER BY last_seq DESC",
+                projection::COLUMNS
+            );
+            let rows = c.block(c.client.query(&sql, &[&op_id]))?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
+        let filter = filter.clone();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations
+                 WHERE ($1 = false OR unresolved) AND ($2::text IS NULL OR host = $2)
+                 ORDER BY last_seq DESC LIMIT $3",
+                projection::COLUMNS
+            );
+            let limit = filter.limit.map(|l| l as i64);
+            let rows = c.block(
+                c.client
+                    .query(&sql, &[&filter.unresolved, &filter.host, &limit]),
+            )?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    pub(crate) fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let rows = c.block(c.client.query(
+                "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
+                 WHERE op_id = $1 AND host = $2 ORDER BY seq",
+                &[&key.op_id, &key.host],
+            ))?;
+            rows.iter()
+                .map(|r| {
+                    let seq = r.get::<_, i64>(0) as u64;
+                    Ok(StoredEvent {
+                        seq,
+                        op_id: r.get(1),
+                        host: r.get(2),
+                        at: r.get(3),
+                        event: decode(seq, r.get(4))?,
+                        prev_hash: r.get(5),
+                        hash: r.get(6),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    pub(crate) fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
+        let op_id = op_id.to_owned();
+        self.call(move |c| {
+            let rows = c.block(c.client.query(
+                "SELECT DISTINCT host FROM events WHERE op_id = $1 ORDER BY host",
+                &[&op_id],
+            ))?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    /// Everything `audit verify` reads, in one REPEATABLE READ (snapshot) transaction.
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
+        self.call(|c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(
+                client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start(),
+            )?;
+            let head = rt
+                .block_on(tx.query_opt("SELECT seq, hash, mac FROM chain_head WHERE id = 1", &[]))?
+                .filter(|r| r.get::<_, i64>(0) > 0)
+                .map(|r| chain::Head {
+                    seq: r.get::<_, i64>(0) as u64,
+                    hash: r.get(1),
+                    mac: r.get(2),
+                });
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let rows = rt
+                .block_on(tx.query(
+                    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
+                    &[],
+                ))?
+                .iter()
+                .map(|r| chain::Row {
+                    seq: r.get::<_, i64>(0) as u64,
+                    prev_hash: r.get(1),
+                    hash: r.get(2),
+                    op_id: r.get(3),
+                    host: r.get(4),
+                    at: r.get(5),
+                    kind: r.get(6),
+                    payload: r.get(7),
+                })
+                .collect();
+            let sql = format!(
+                "SELECT {} FROM operations ORDER BY op_id, host",
+                projection::COLUMNS
+            );
+            let projected = rt
+                .block_on(tx.query(&sql, &[]))?
+                .iter()
+                .map(record_from)
+                .collect::<Result<_, _>>()?;
+            rt.block_on(tx.commit())?;
+            Ok(Snapshot {
+                head,
+                keyed_from,
+                keyed_from_mac,
+                rows,
+                projected,
+            })
+        })
+    }
+
+    /// Copies `snapshot` (a verified SQLite ledger's) into this empty ledger in one
+    /// head-locked transaction: the same rows, head and key facts, and the projection
+    /// replayed from the events.
+    pub(crate) fn import(
+        &mut self,
+        key: &InstallationKey,
+        snapshot: Snapshot,
+    ) -> Result<(), LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
+            let n: i64 = rt
+                .block_on(tx.query_one("SELECT COUNT(*) FROM events", &[]))?
+                .get(0);
+            if n > 0 {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the target ledger already holds {n} events; `ledger migrate` copies into an empty database only (create a new one, e.g. `createdb opmark_ledger`). Nothing was copied"
+                    ),
+                });
+            }
+            let insert = rt.block_on(tx.prepare(
+                "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            ))?;
+            for r in &snapshot.rows {
+                rt.block_on(tx.execute(
+                    &insert,
+                    &[
+                        &(r.seq as i64),
+                        &r.op_id,
+                        &r.host,
+                        &r.at,
+                        &r.kind,
+                        &r.payload,
+                        &r.prev_hash,
+                        &r.hash,
+                    ],
+                ))?;
+            }
+            if let Some(h) = &snapshot.head {
+                rt.block_on(tx.execute(
+                    "UPDATE chain_head SET seq = $1, hash = $2, mac = $3 WHERE id = 1",
+                    &[&(h.seq as i64), &h.hash, &chain::head_mac(&key, h.seq, &h.hash)],
+                ))?;
+            }
+            for (name, value) in [
+                ("chain_keyed_from", snapshot.keyed_from.to_string()),
+                (
+                    "chain_keyed_from_mac",
+                    chain::keyed_from_mac(&key, snapshot.keyed_from),
+                ),
+            ] {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[&name, &value],
+                ))?;
+            }
+            let records = super::replay(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+                message: format!(
+                    "the ledger's events cannot be replayed ({}: {}); nothing was copied",
+                    m.op_id, m.problem
+                ),
+            })?;
+            let mut ptx = PgTx { rt, tx };
+            for rec in records.values() {
+                ptx.store(rec)?;
+            }
+            let PgTx { rt, tx } = ptx;
+            rt.block_on(tx.commit())?;
+            Ok(())
+        })
+    }
+
+    pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
+        self.call(|c| {
+            let count = |sql: &str| -> Result<u64, LedgerError> {
+                Ok(c.block(c.client.query_one(sql, &[]))?.get::<_, i64>(0) as u64)
+            };
+            let group = |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                Ok(c
+                    .block(c.client.query(sql, &[]))?
+                    .iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                    .collect())
+            };
+            let verdicts = group(
+                "SELECT payload::jsonb ->> 'verdict', COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+            )?;
+            Ok(Stats {
+                events: count("SELECT COUNT(*) FROM events")?,
+                operations: count("SELECT COUNT(*) FROM operations")?,
+                by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
+                by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
+                unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved")?,
+                unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+                conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
+                approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+                verdicts,
+                reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
+                operator_decisions: count(
+                    "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
+                )?,
+                contradictions: count(
+                    "SELECT COUNT(*) FROM events WHERE kind = 'contradiction'",
+                )?,
+                contradicted_operations: count(
+                    "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
+                )?,
+                attempts: count(
+                    "SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'",
+                )?,
+                retries_by_family: group(
+                    "SELECT o.family, COUNT(*) FROM events e
+                     JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+                     WHERE e.kind = 'attempt_dispatched' AND (e.payload::jsonb ->> 'number')::bigint > 1
+                     GROUP BY o.family",
+                )?,
+            })
+        })
+    }
+}
+
+impl Conn {
+    fn block<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Applies missing migrations and checks (or, for an empty ledger, records) the key,
+    /// all in one transaction under the migration lock. `import`: the caller copies a
+    /// ledger in, so the database must hold no events (checked again under the head lock).
+    fn migrate_and_bind(
+        &mut self,
+        key: &InstallationKey,
+        shown: &str,
+        import: bool,
+    ) -> Result<(), LedgerError> {
+        let Conn { rt, client } = self;
+        let tx = rt.block_on(client.transaction())?;
+        rt.block_on(tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]))?;
+        rt.block_on(
+            tx.batch_execute("CREATE TABLE IF NOT EXISTS opmark_schema (version INTEGER NOT NULL)"),
+        )?;
+        let version: i32 = rt
+            .block_on(tx.query_opt("SELECT version FROM opmark_schema", &[]))?
+            .map_or(0, |r| r.get(0));
+        if version as usize > MIGRATIONS.len() {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {shown} was written by a newer opmark (schema version {version}, this opmark knows up to {}); upgrade opmark",
+                    MIGRATIONS.len()
+                ),
+            });
+        }
+        for sql in MIGRATIONS.iter().skip(version as usize) {
+            rt.block_on(tx.batch_execute(sql))?;
+        }
+        let now = MIGRATIONS.len() as i32;
+        if version == 0 {
+            rt.block_on(tx.execute("INSERT INTO opmark_schema (version) VALUES ($1)", &[&now]))?;
+        } else if version < now {
+            rt.block_on(tx.execute("UPDATE opmark_schema SET version = $1", &[&now]))?;
+        }
+        let check: Option<String> = rt
+            .block_on(tx.query_opt("SELECT value FROM meta WHERE name = 'key_check'", &[]))?
+            .map(|r| r.get(0));
+        let events: i64 = rt
+            .block_on(tx.query_one("SELECT COUNT(*) FROM events", &[]))?
+            .get(0);
+        match check {
+            Some(check) if check != key.check_value() => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the installation key {} is not the key of the ledger {shown} (the ledger's check value differs). Name the shared ledger's own key with --ledger-key PATH (OPMARK_LEDGER_KEY); nothing was done",
+                        key.path().display()
+                    ),
+                })
+            }
+            Some(_) if import && events > 0 => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the target ledger {shown} already holds {events} events; `ledger migrate` copies into an empty database only. Nothing was copied"
+                    ),
+                })
+            }
+            Some(_) => {}
+            None if events > 0 => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {shown} holds events but its key check record is gone: it was edited outside opmark. Restore it from a backup, or keep it as evidence and use another database"
+                    ),
+                })
+            }
+            None => {
+                for (name, value) in [
+                    ("key_check", key.check_value()),
+                    ("chain_keyed_from", "1".to_owned()),
+                    ("chain_keyed_from_mac", chain::keyed_from_mac(key, 1)),
+                ] {
+                    rt.block_on(tx.execute(
+                        "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                        &[&name, &value],
+                    ))?;
+                }
+            }
+        }
+        rt.block_on(tx.commit())?;
+        Ok(())
+    }
+}
+
+/// A head-locked transaction, seen by [`append::append`].
+struct PgTx<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    tx: tokio_postgres::Transaction<'a>,
+}
+
+impl AppendTx for PgTx<'_> {
+    fn head(&mut self) -> Result<(u64, String), LedgerError> {
+        let row = self.rt.block_on(self.tx.query_one(
+            "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE",
+            &[],
+        ))?;
+        Ok((row.get::<_, i64>(0) as u64, row.get(1)))
+    }
+
+    fn load(&mut self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        let sql = format!(
+            "SELECT {} FROM operations WHERE op_id = $1 AND host = $2",
+            projection::COLUMNS
+        );
+        let row = self
+            .rt
+            .block_on(self.tx.query_opt(&sql, &[&key.op_id, &key.host]))?;
+        row.as_ref().map(record_from).transpose()
+    }
+
+    fn insert(&mut self, r: &chain::Row) -> Result<(), LedgerError> {
+        self.rt.block_on(self.tx.execute(
+            "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[
+                &(r.seq as i64),
+                &r.op_id,
+                &r.host,
+                &r.at,
+                &r.kind,
+                &r.payload,
+                &r.prev_hash,
+                &r.hash,
+            ],
+        ))?;
+        Ok(())
+    }
+
+    fn store(&mut self, r: &OperationRecord) -> Result<(), LedgerError> {
+        let sql = format!(
+            "INSERT INTO operations ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+             ON CONFLICT (op_id, host) DO UPDATE SET
+               family = excluded.family, display = excluded.display,
+               fingerprint = excluded.fingerprint, rule = excluded.rule,
+               session = excluded.session, state = excluded.state, verdict = excluded.verdict,
+               exit_code = excluded.exit_code, attempts = excluded.attempts,
+               last_attempt = excluded.last_attempt, unresolved = excluded.unresolved,
+               created_at = excluded.created_at, updated_at = excluded.updated_at,
+               first_seq = excluded.first_seq, last_seq = excluded.last_seq,
+               contradictions = excluded.contradictions,
+               settled_attempt = excluded.settled_attempt",
+            projection::COLUMNS
+        );
+        self.rt.block_on(self.tx.execute(
+            &sql,
+            &[
+                &r.op_id,
+                &r.host,
+                &r.family.as_str(),
+                &r.display,
+                &r.fingerprint,
+                &r.rule,
+                &r.session,
+                &r.state.to_string(),
+                &r.verdict.map(Verdict::as_str),
+                &r.exit_code,
+                &i64::from(r.attempts),
+                &r.last_attempt,
+                &r.unresolved,
+                &r.created_at,
+                &r.updated_at,
+                &(r.first_seq as i64),
+                &(r.last_seq as i64),
+                &i64::from(r.contradictions),
+                &r.settled_attempt,
+            ],
+        ))?;
+        Ok(())
+    }
+
+    fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
+        self.rt.block_on(self.tx.execute(
+            "UPDATE chain_head SET seq = $1, hash = $2, mac = $3 WHERE id = 1",
+            &[&(seq as i64), &hash, &mac],
+        ))?;
+        Ok(())
+    }
+
+    fn events_after(
+        &mut self,
+        key: &OpKey,
+        after: u64,
+    ) -> Result<Vec<(u64, String, String)>, LedgerError> {
+        let rows = self.rt.block_on(self.tx.query(
+            "SELECT seq, at, payload FROM events WHERE op_id = $1 AND host = $2 AND seq > $3 ORDER BY seq",
+            &[&key.op_id, &key.host, &(after as i64)],
+        ))?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1), r.get(2)))
+            .collect())
+    }
+}
+
+/// A projection row from PostgreSQL (column order: [`projection::COLUMNS`]).
+fn record_from(row: &Row) -> Result<OperationRecord, LedgerError> {
+    let bad = |what: &str, e: String| LedgerError::Invalid {
+        message: format!(
+            "an operations row has an unreadable {what} ({e}); run `opmark audit verify`"
+        ),
+    };
+    let family: String = row.get(2);
+    let verdict: Option<String> = row.get(8);
+    let state: String = row.get(7);
+    Ok(OperationRecord {
+        op_id: row.get(0),
+        host: row.get(1),
+        family: family.parse().map_err(|e| bad("family", e))?,
+        display: row.get(3),
+        fingerprint: row.get(4),
+        rule: row.get(5),
+        session: row.get(6),
+        state: state.parse().unwrap_or_else(|never| match never {}),
+        verdict: verdict
+            .map(|v| v.parse::<Verdict>())
+            .transpose()
+            .map_err(|e| bad("verdict", e))?,
+        exit_code: row.get(9),
+        attempts: u32::try_from(row.get::<_, i64>(10))
+            .map_err(|e| bad("attempts", e.to_string()))?,
+        last_attempt: row.get(11),
+        unresolved: row.get(12),
+        created_at: row.get(13),
+        updated_at: row.get(14),
+        first_seq: row.get::<_, i64>(15) as u64,
+        last_seq: row.get::<_, i64>(16) as u64,
+        contradictions: u32::try_from(row.get::<_, i64>(17))
+            .map_err(|e| bad("contradictions", e.to_string()))?,
+        settled_attempt: row.get(18),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            without_password("postgresql://alice:s3cret@db:5432/ledger"),
+            "postgresql://alice:***@db:5432/ledger"
+        );
+        assert_eq!(
+            without_password("postgres://alice@db/ledger?password=s3cret&sslmode=disable"),
+            "postgres://alice@db/ledger?password=***&sslmode=disable"
+        );
+        assert_eq!(
+            without_password("postgresql://%2Ftmp%2Fpg/ledger"),
+            "postgresql://%2Ftmp%2Fpg/ledger"
+        );
+    }
+}

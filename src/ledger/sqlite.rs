@@ -1,0 +1,372 @@
+//! The SQLite backend (the default, zero set-up): one file in WAL mode.
+//!
+//! Concurrency: every append is one short `BEGIN IMMEDIATE` transaction, which takes the
+//! write lock up front, so the head it reads is the head it extends and many opmark
+//! processes can write at once. Commits are `synchronous=NORMAL` (survives `kill -9`)
+//! unless the caller asks for [`Durability::Full`] (also survives power loss), which `run`
+//! uses for the intent and the attempt before dispatch. Synchronous rusqlite calls: a
+//! cold `run` pays no connection set-up beyond opening the file.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::append::{self, AppendTx, UnlessSettledSince};
+use super::binding::{self, Bound};
+use super::chain;
+use super::event::{Event, StoredEvent};
+use super::fingerprint::{self, InstallationKey};
+use super::projection::{self, OperationRecord};
+use super::redact::Redactor;
+use super::{decode, schema, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+
+/// How long a writer waits for another process's transaction before giving up.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// An open SQLite ledger.
+#[derive(Debug)]
+pub(crate) struct SqliteStore {
+    pub(crate) conn: Connection,
+}
+
+struct Tx<'a, 'c>(&'a rusqlite::Transaction<'c>);
+
+impl AppendTx for Tx<'_, '_> {
+    fn head(&mut self) -> Result<(u64, String), LedgerError> {
+        Ok(self
+            .0
+            .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?
+            .unwrap_or((0, chain::GENESIS.to_owned())))
+    }
+
+    fn load(&mut self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        projection::load(self.0, key)
+    }
+
+    fn insert(&mut self, r: &chain::Row) -> Result<(), LedgerError> {
+        self.0.execute(
+            "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![r.seq, r.op_id, r.host, r.at, r.kind, r.payload, r.prev_hash, r.hash],
+        )?;
+        Ok(())
+    }
+
+    fn store(&mut self, rec: &OperationRecord) -> Result<(), LedgerError> {
+        projection::store(self.0, rec)
+    }
+
+    fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
+        self.0.execute(
+            "INSERT INTO chain_head (id, seq, hash, mac) VALUES (1, ?1, ?2, ?3) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
+            params![seq, hash, mac],
+        )?;
+        Ok(())
+    }
+
+    fn events_after(
+        &mut self,
+        key: &OpKey,
+        after: u64,
+    ) -> Result<Vec<(u64, String, String)>, LedgerError> {
+        let mut stmt = self.0.prepare(
+            "SELECT seq, at, payload FROM events WHERE op_id = ?1 AND host = ?2 AND seq > ?3 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![key.op_id, key.host, after], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing: file 0600, missing directories 0700), migrates, and
+    /// checks the installation key: `key` when named, else [`super::key_path_beside`] the
+    /// ledger (made with a fresh ledger only; see [`binding`]).
+    pub(crate) fn open(
+        path: &Path,
+        key: Option<&Path>,
+    ) -> Result<(SqliteStore, Bound), LedgerError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fingerprint::create_private_dir(dir)?;
+        }
+        if path.is_dir() {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger path {} is a directory; give a file path such as {}/ledger.db",
+                    path.display(),
+                    path.display()
+                ),
+            });
+        }
+        // Create the file ourselves so it is 0600 from the start; SQLite gives its -wal
+        // and -shm files the database file's mode.
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(|source| LedgerError::Io {
+                what: format!("open the ledger {}", path.display()),
+                source,
+            })?;
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        set_wal(&conn, path)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let bound = schema::migrate(&mut conn, |tx, found_version| {
+            binding::bind(tx, path, key, found_version)
+        })?;
+        Ok((SqliteStore { conn }, bound))
+    }
+
+    /// Appends in one `BEGIN IMMEDIATE` transaction.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn append(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        key: &OpKey,
+        events: &[(Event, String)],
+        at: &str,
+        durability: Durability,
+        condition: Option<UnlessSettledSince>,
+    ) -> Result<Vec<u64>, LedgerError> {
+        let full = durability == Durability::Full;
+        if full {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        let result = (|| {
+            let tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let seqs = append::append(&mut Tx(&tx), ikey, redactor, key, events, at, condition)?;
+            tx.commit()?;
+            Ok(seqs)
+        })();
+        if full {
+            // Best effort: a failure here only makes later commits stricter.
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
+    }
+
+    /// The projection row of one operation.
+    pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        Ok(self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
+                    projection::COLUMNS
+                ),
+                params![key.op_id, key.host],
+                projection::from_row,
+            )
+            .optional()?)
+    }
+
+    /// Every operation with this id (one per host), most recently active first.
+    pub(crate) fn operations_by_id(
+        &self,
+        op_id: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {} FROM operations WHERE op_id = ?1 ORDER BY last_seq DESC",
+            projection::COLUMNS
+        ))?;
+        let rows = stmt.query_map(params![op_id], projection::from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Operations, most recently active first, filtered.
+    pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
+        let limit = filter.limit.map_or(-1, |l| l as i64);
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {} FROM operations
+             WHERE (?1 = 0 OR unresolved = 1) AND (?2 IS NULL OR host = ?2)
+             ORDER BY last_seq DESC LIMIT ?3",
+            projection::COLUMNS
+        ))?;
+        let rows = stmt.query_map(
+            params![filter.unresolved, filter.host, limit],
+            projection::from_row,
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One operation's events in order.
+    pub(crate) fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
+             WHERE op_id = ?1 AND host = ?2 ORDER BY seq",
+        )?;
+        let rows = stmt.query_map(params![key.op_id, key.host], |r| {
+            Ok((
+                r.get::<_, u64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, String>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, op_id, host, at, payload, prev_hash, hash) = row?;
+            let event = decode(seq, &payload)?;
+            out.push(StoredEvent {
+                seq,
+                op_id,
+                host,
+                at,
+                event,
+                prev_hash,
+                hash,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Hosts on which `op_id` has events (also those without an intent).
+    pub(crate) fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT host FROM events WHERE op_id = ?1 ORDER BY host")?;
+        let rows = stmt.query_map(params![op_id], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Counts for `opmark stats`.
+    pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
+        let c = &self.conn;
+        let count =
+            |sql: &str| -> Result<u64, LedgerError> { Ok(c.query_row(sql, [], |r| r.get(0))?) };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let verdicts = group(
+            "SELECT json_extract(payload, '$.verdict'), COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+        )?;
+        Ok(Stats {
+            events: count("SELECT COUNT(*) FROM events")?,
+            operations: count("SELECT COUNT(*) FROM operations")?,
+            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
+            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
+            unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved = 1")?,
+            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
+            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+            verdicts,
+            reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
+            operator_decisions: count(
+                "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
+            )?,
+            contradictions: count("SELECT COUNT(*) FROM events WHERE kind = 'contradiction'")?,
+            contradicted_operations: count(
+                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
+            )?,
+            attempts: count("SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'")?,
+            retries_by_family: group(
+                "SELECT o.family, COUNT(*) FROM events e
+                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+                 WHERE e.kind = 'attempt_dispatched' AND json_extract(e.payload, '$.number') > 1
+                 GROUP BY o.family",
+            )?,
+        })
+    }
+
+    /// Everything `audit verify` checks, read in one consistent snapshot.
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let head: Option<chain::Head> = tx
+            .query_row(
+                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
+                [],
+                |r| {
+                    Ok(chain::Head {
+                        seq: r.get(0)?,
+                        hash: r.get(1)?,
+                        mac: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let rows: Vec<chain::Row> = {
+            let mut stmt = tx.prepare(
+                "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(chain::Row {
+                    seq: r.get(0)?,
+                    prev_hash: r.get(1)?,
+                    hash: r.get(2)?,
+                    op_id: r.get(3)?,
+                    host: r.get(4)?,
+                    at: r.get(5)?,
+                    kind: r.get(6)?,
+                    payload: r.get(7)?,
+                })
+            })?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let projected: Vec<OperationRecord> = {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT {} FROM operations ORDER BY op_id, host",
+                projection::COLUMNS
+            ))?;
+            let rows = stmt.query_map([], projection::from_row)?;
+            rows.collect::<Result<_, _>>()?
+        };
+        tx.finish()?;
+        Ok(Snapshot {
+            head,
+            keyed_from,
+            keyed_from_mac,
+            rows,
+            projected,
+        })
+    }
+}
+
+/// Switches to WAL. Done once per database (the mode is persistent); when several
+/// processes create the ledger at once the switch can report busy, so retry briefly.
+fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+            Ok(mode) => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {} cannot use WAL journaling (SQLite kept `{mode}`); put it on a local filesystem",
+                        path.display()
+                    ),
+                })
+            }
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
