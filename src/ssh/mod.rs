@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 pub mod destination;
 pub mod exec;
+pub mod keeper;
 pub mod known_hosts;
 pub mod pool;
 pub mod session;
