@@ -5,7 +5,8 @@
 //! - [`cli`], [`commands`]: the command line and one file per subcommand.
 //! - [`error`]: error kinds and the reserved exit codes.
 //! - [`shim`]: the host shim (`remote-scripts/shim.sh`), how it is invoked, its framed replies.
-//! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec.
+//! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec, and
+//!   the connection keeper that reuses connections across processes.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
 //! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
 //! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.

@@ -69,11 +69,14 @@ impl Pool {
                 });
                 Session::connect_with_limit(dest, self.max_channels).await
             }
-            // The keeper cannot ask anyone for a passphrase or about an unknown host key;
-            // this process can, when a person is at its terminal.
+            // The keeper asks nobody anything: no passphrase prompt, no SSH_ASKPASS (it
+            // keeps none of the caller's environment but paths), no host key question.
+            // This process may be able to, so an authentication it refused is tried here
+            // as it would have been without reuse; a host key only when a person is at
+            // this terminal to answer (otherwise the answer would be the same).
             Err(KeeperError::Connect(e))
-                if matches!(e.stage, ConnectStage::Auth | ConnectStage::HostKey)
-                    && super::auth::may_prompt(dest) =>
+                if e.stage == ConnectStage::Auth
+                    || (e.stage == ConnectStage::HostKey && super::auth::may_prompt(dest)) =>
             {
                 Session::connect_with_limit(dest, self.max_channels).await
             }

@@ -23,6 +23,22 @@ const START_WAIT: Duration = Duration::from_secs(5);
 /// How long a keeper has to answer `Hello` before it counts as hung.
 const HELLO_WAIT: Duration = Duration::from_secs(3);
 
+/// The environment a keeper keeps from the caller that starts it: paths for
+/// `ProxyCommand` and `~`, the locale, and where the user's files are. Every destination
+/// arrives fully resolved (agent socket included), so nothing else is needed.
+const KEEPER_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",
+];
+
 /// Why the keeper cannot be used; the caller connects directly instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable(pub String);
@@ -188,7 +204,16 @@ fn spawn_keeper(place: &Place, persist: Duration) -> Result<(), Unavailable> {
         ))
     })?;
     use std::os::unix::process::CommandExt as _;
-    let mut child = std::process::Command::new(exe)
+    let mut cmd = std::process::Command::new(exe);
+    // Only what connecting needs: a caller's other variables (tokens, anything) have no
+    // business living on in a background process.
+    cmd.env_clear();
+    for (k, v) in std::env::vars_os() {
+        if KEEPER_ENV.iter().any(|keep| k == *keep) {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
         .arg("mux")
         .arg("serve")
         .arg("--persist")

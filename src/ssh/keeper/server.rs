@@ -36,11 +36,15 @@ struct Held {
     used: AtomicU64,
 }
 
+/// The connections held for one connection key (more than one when `MaxSessions`
+/// would be exceeded); its async lock makes concurrent callers share one connect.
+type Slot = Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>;
+
 /// The keeper's state.
 struct Keeper {
     persist: Duration,
     uid: u32,
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>>>,
+    slots: Mutex<HashMap<String, Slot>>,
     callers: AtomicUsize,
     idle_since: Mutex<Instant>,
     stop: Notify,
@@ -234,7 +238,7 @@ impl Keeper {
         }
     }
 
-    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Vec<Arc<Held>>>> {
+    fn slot(&self, key: &str) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.entry(key.to_string()).or_default().clone()
     }
