@@ -412,3 +412,69 @@ fn mux_stop_ends_the_keeper_and_status_says_so() {
         !pid_alive(pid)
     });
 }
+
+#[test]
+fn a_connection_unused_for_the_persist_time_closes_while_the_keeper_serves_others() {
+    let Some(lab) = support::loopback_lab(2) else {
+        return;
+    };
+    let env = Sealed::new("keeper-expiry");
+    let run_on = |host: &str, op: &str| {
+        answer(
+            opmark(&env, &lab, "2s")
+                .args(["--json", "run", host, "--op", op, "--", "true"])
+                .output()
+                .unwrap(),
+        )
+    };
+    assert_eq!(run_on("target1", "expiry-1").verdict(), "completed");
+    let held = |env: &Sealed| -> Vec<String> {
+        let out = opmark(env, &lab, "2s")
+            .args(["--json", "mux", "status"])
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        doc["connections"]
+            .as_array()
+            .map(|c| {
+                c.iter()
+                    .map(|c| c["destination"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let pid = env.keeper_pid().expect("a keeper runs");
+    // Keep the keeper busy with target2 (never idle for 2 s) until target1's connection,
+    // unused since the first run, is gone.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut i = 0;
+    loop {
+        i += 1;
+        assert_eq!(
+            run_on("target2", &format!("expiry-2-{i}")).verdict(),
+            "completed"
+        );
+        let now = held(&env);
+        if !now.iter().any(|d| d.contains("target1")) {
+            assert!(now.iter().any(|d| d.contains("target2")), "{now:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "target1 is still held: {now:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(env.keeper_pid(), Some(pid), "the same keeper all along");
+}
+
+#[test]
+fn a_bad_persist_value_is_refused_with_the_accepted_forms() {
+    let env = Sealed::new("keeper-bad-persist");
+    let out = env
+        .opmark()
+        .args(["--persist", "five", "mux", "status"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains("--persist") && said.contains("5m"), "{said}");
+    assert!(env.keeper_pid().is_none());
+}

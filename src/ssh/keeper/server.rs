@@ -34,6 +34,28 @@ struct Held {
     session: Session,
     opened: Instant,
     used: AtomicU64,
+    /// When its last channel was opened: a connection unused for `persist` is closed
+    /// even while the keeper serves other hosts (SPEC 15: open "for a while after its
+    /// last use").
+    last_used: Mutex<Instant>,
+}
+
+impl Held {
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_used.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    fn expired(&self, persist: Duration) -> bool {
+        let busy = self.session.channel_use().is_some_and(|(n, _)| n > 0);
+        let idle = self
+            .last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        !busy && idle >= persist
+    }
 }
 
 /// The connections held for one connection key (more than one when `MaxSessions`
@@ -146,6 +168,7 @@ async fn run(place: Place, persist: Duration) -> Result<(), String> {
                 if ours.is_none() || ours != inode {
                     return Ok(());
                 }
+                keeper.close_unused();
                 if keeper.callers.load(Ordering::SeqCst) == 0 {
                     let idle = keeper.idle_since.lock().map(|t| t.elapsed()).unwrap_or_default();
                     if idle >= persist {
@@ -238,6 +261,18 @@ impl Keeper {
         }
     }
 
+    /// Closes the connections nobody used for `persist` (a slot busy connecting is
+    /// looked at on a later tick).
+    fn close_unused(&self) {
+        // Empty slots stay: a caller may hold one between looking it up and locking it.
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in slots.values() {
+            if let Ok(mut held) = slot.try_lock() {
+                held.retain(|h| !h.session.is_closed() && !h.expired(self.persist));
+            }
+        }
+    }
+
     fn slot(&self, key: &str) -> Slot {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.entry(key.to_string()).or_default().clone()
@@ -253,6 +288,7 @@ impl Keeper {
         let mut held = slot.lock().await;
         held.retain(|h| !h.session.is_closed());
         if let Some(h) = held.first() {
+            h.touch();
             return Ok(h.clone());
         }
         let h = self.open(dest).await?;
@@ -266,6 +302,7 @@ impl Keeper {
             session,
             opened: Instant::now(),
             used: AtomicU64::new(0),
+            last_used: Mutex::new(Instant::now()),
         }))
     }
 
@@ -342,6 +379,7 @@ impl Keeper {
             return;
         }
         held.used.fetch_add(1, Ordering::Relaxed);
+        held.touch();
         let stdin = (!stdin.is_empty()).then_some(stdin);
         let mut exec = match held.session.exec_permitted(permit, command, stdin).await {
             Ok(e) => e,
