@@ -478,3 +478,51 @@ fn a_bad_persist_value_is_refused_with_the_accepted_forms() {
     assert!(said.contains("--persist") && said.contains("5m"), "{said}");
     assert!(env.keeper_pid().is_none());
 }
+
+#[test]
+fn a_connection_is_never_reused_across_ssh_configs_or_changed_known_hosts() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("keeper-configs");
+    let dir = fresh_dir("keeper-configs-files");
+    // The same host through another config file: same destination, another config.
+    let other = dir.join("ssh_config");
+    std::fs::write(&other, format!("Include {}\n", lab.ssh_config().display())).unwrap();
+    let run_with = |cfg: &Path, op: &str| {
+        let mut cmd = env.opmark();
+        cmd.env("OPMARK_PERSIST", "5m")
+            .arg("-F")
+            .arg(cfg)
+            .args(["--json", "run", "target1", "--op", op, "--", "true"]);
+        let a = answer(cmd.output().unwrap());
+        assert_eq!(a.verdict(), "completed", "{a:?}");
+    };
+    let from = log_len(&lab);
+    run_with(lab.ssh_config(), "cfg-1");
+    run_with(lab.ssh_config(), "cfg-2");
+    assert_eq!(
+        authentications(&lab, from),
+        1,
+        "same config: one connection"
+    );
+    run_with(&other, "cfg-3");
+    assert_eq!(
+        authentications(&lab, from),
+        2,
+        "another ssh config never reuses the first config's connection"
+    );
+    run_with(lab.ssh_config(), "cfg-4");
+    assert_eq!(authentications(&lab, from), 2, "each config keeps its own");
+    // known_hosts rewritten (same content, new file): the host key is checked again.
+    let kh = lab.known_hosts();
+    let content = std::fs::read(kh).unwrap();
+    std::fs::remove_file(kh).unwrap();
+    std::fs::write(kh, content).unwrap();
+    run_with(lab.ssh_config(), "cfg-5");
+    assert_eq!(
+        authentications(&lab, from),
+        3,
+        "a changed known_hosts gets a connection checked against it"
+    );
+}
