@@ -526,3 +526,59 @@ fn a_connection_is_never_reused_across_ssh_configs_or_changed_known_hosts() {
         "a changed known_hosts gets a connection checked against it"
     );
 }
+
+#[test]
+fn megabytes_of_stdin_and_output_cross_the_keeper_intact() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("keeper-bytes");
+    let input: Vec<u8> = (0..1_500_000u32).map(|i| (i % 251) as u8).collect();
+    let digest = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(&input))
+    };
+    let mut child = opmark(&env, &lab, "5m")
+        .args([
+            "run",
+            "target1",
+            "--op",
+            "bytes-in",
+            "--stdin",
+            "--",
+            "sha256sum",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&input).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with(&digest),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = opmark(&env, &lab, "5m")
+        .args([
+            "run",
+            "target1",
+            "--op",
+            "bytes-out",
+            "--",
+            "head -c 3000000 /dev/zero | tr '\\0' a; echo; echo end >&2",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), 3_000_001);
+    assert!(out.stdout[..3_000_000].iter().all(|&b| b == b'a'));
+    assert!(text(&out.stderr).contains("end"), "{}", text(&out.stderr));
+    assert!(env.keeper_pid().is_some(), "both went through the keeper");
+}
