@@ -123,6 +123,8 @@ fn main() {
         c.arg("-F")
             .arg(&cfg)
             .env("OPMARK_LEDGER", base.join("ledger.db"))
+            // Cold figures: every run makes its own connections (reuse is benches/reuse.rs).
+            .env("OPMARK_PERSIST", "0")
             .env("XDG_CONFIG_HOME", base.join("config"))
             .arg("run")
             .args(&hosts)

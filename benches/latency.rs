@@ -233,6 +233,8 @@ fn main() {
         cmd.arg("-F")
             .arg(cfg)
             .env("OPMARK_LEDGER", base.join("ledger.db"))
+            // Cold figures: every run makes its own connection (reuse is benches/reuse.rs).
+            .env("OPMARK_PERSIST", "0")
             .env("XDG_CONFIG_HOME", base.join("config"))
             .args(["run", alias, "--op", op, "--", "true"]);
         cmd

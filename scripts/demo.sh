@@ -66,6 +66,8 @@ cleanup() {
     echo "   $opmark show $op"
     echo "   stop it with: $opmark lab down --dir $lab"
   else
+    # The connection keeper the runs started holds a connection to the lab's target.
+    "$opmark" mux stop >/dev/null 2>&1 || true
     "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
     echo "(the lab is stopped and removed; OPMARK_DEMO_KEEP=1 leaves it running to explore)"
   fi

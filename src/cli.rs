@@ -153,6 +153,18 @@ pub struct GlobalArgs {
     /// Verbose tracing on stderr (-v info, -vv debug, -vvv trace).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Keep connections open in a per-user background keeper for D after their last use,
+    /// so later opmark processes reuse them (like ssh's ControlPersist); 0 turns reuse
+    /// off and every run connects itself.
+    #[arg(
+        long,
+        env = "OPMARK_PERSIST",
+        global = true,
+        value_name = "D",
+        default_value = "5m",
+        value_parser = crate::ssh::keeper::parse_persist
+    )]
+    pub persist: Duration,
 }
 
 /// How `run` spreads one operation over several hosts (SPEC section 11), and `--detach`.
@@ -280,6 +292,34 @@ pub enum Command {
     /// Print the manual page (roff) on stdout, e.g. for
     /// `opmark man > ~/.local/share/man/man1/opmark.1`.
     Man,
+    /// The per-user connection keeper that lets later runs reuse connections
+    /// (see --persist): status, stop.
+    Mux(MuxArgs),
+}
+
+/// `opmark mux`.
+#[derive(Debug, Args)]
+pub struct MuxArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: MuxAction,
+}
+
+/// `opmark mux` actions.
+#[derive(Debug, Subcommand)]
+pub enum MuxAction {
+    /// Whether a keeper runs, and the connections it holds.
+    Status,
+    /// Stop the keeper: its connections close (a command running on one is seen by its
+    /// caller as a lost connection: probe, then decide).
+    Stop,
+    /// Run the keeper in the foreground (started by opmark itself when needed).
+    #[command(hide = true)]
+    Serve {
+        /// The keeper's 0700 directory (default $XDG_RUNTIME_DIR/opmark).
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// `opmark policy`.

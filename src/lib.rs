@@ -7,7 +7,8 @@
 //! - [`host`]: the host protocol: connect, call one shim verb, read its typed answer.
 //! - [`shim`]: the wire below it: the script (`remote-scripts/shim.sh`), its verb table,
 //!   the exec request, the frame parser.
-//! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec.
+//! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec, and
+//!   the connection keeper that reuses connections across processes.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
 //! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
 //! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.

@@ -24,6 +24,7 @@ mod gc;
 mod ledger;
 pub mod list;
 mod mcp;
+mod mux;
 pub mod probe;
 mod reach;
 pub mod reconcile;
@@ -46,6 +47,7 @@ pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::R
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {
     let global = cli.global;
+    crate::ssh::keeper::set_persist(global.persist);
     match cli.command {
         Command::Run(args) => run::run(&global, args),
         Command::Probe(args) => probe::run(&global, &args),
@@ -66,5 +68,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Policy(args) => policy::run(&global, &args),
         Command::Completions(args) => completions::run(&global, &args),
         Command::Man => man::run(&global),
+        Command::Mux(args) => mux::run(&global, &args),
     }
 }

@@ -43,7 +43,7 @@ pub const SYSTEM_SSH_CONFIG: &str = "/etc/ssh/ssh_config";
 pub const SYSTEM_SSH_CONFIG_ENV: &str = "OPMARK_SYSTEM_SSH_CONFIG";
 
 /// How unknown host keys are treated (`StrictHostKeyChecking`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StrictMode {
     /// Refuse unknown keys (the default).
     Yes,
@@ -70,7 +70,7 @@ impl StrictMode {
 }
 
 /// Which address families a connection may use (`AddressFamily`, `-4`, `-6`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum AddressFamily {
     /// IPv4 or IPv6.
     #[default]
@@ -121,7 +121,9 @@ pub const DEFAULT_IDENTITY_FILES: [&str; 7] = [
 ];
 
 /// A resolved destination: everything needed to connect, with no further config lookup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Serializable so that a calling process can hand it to the connection keeper
+/// (`ssh::keeper`), which connects with exactly the caller's resolved settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Destination {
     /// The host as the user typed it (alias, without `user@` or `ssh://`).
     pub alias: String,
@@ -178,6 +180,8 @@ pub struct Destination {
     pub proxy_command: Option<ProxyCommand>,
     /// Options where opmark applies its own default because nothing set them and ssh's
     /// default differs (`connecttimeout`, `serveraliveinterval`, `stricthostkeychecking`).
+    /// Not sent to the keeper: it only explains, it changes no connection.
+    #[serde(skip)]
     pub opmark_defaults: Vec<&'static str>,
 }
 
@@ -289,7 +293,7 @@ impl Destination {
 }
 
 /// A `ProxyCommand` ready to run: `sh -c` with its stdin/stdout as the SSH transport.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProxyCommand {
     /// The command line with `%h %n %p %r %%` expanded.
     pub command: String,

@@ -9,7 +9,7 @@ use thiserror::Error;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
-use super::session::{settle_lost_reason, Session, Shared};
+use super::session::{settle_lost_reason, Kind, Session, Shared};
 
 /// Why an exec did not start.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -49,9 +49,20 @@ pub enum ExecEvent {
     Lost(String),
 }
 
-/// A running exec channel. Dropping it abandons the channel (the remote side sees the
-/// channel end like a client that went away).
+/// A running exec channel, on this process's connection or through the keeper.
+/// Dropping it abandons the channel (the remote side sees the channel end like a client
+/// that went away).
 pub struct Exec {
+    kind: ExecKind,
+}
+
+enum ExecKind {
+    Direct(DirectExec),
+    Keeper(super::keeper::client::RemoteExec),
+}
+
+/// An exec channel on this process's own connection.
+pub(crate) struct DirectExec {
     read: ChannelReadHalf,
     pending: VecDeque<ChannelMsg>,
     shared: Arc<Shared>,
@@ -65,11 +76,14 @@ pub struct Exec {
 
 impl std::fmt::Debug for Exec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exec").field("end", &self.end).finish()
+        match &self.kind {
+            ExecKind::Direct(d) => f.debug_struct("Exec").field("end", &d.end).finish(),
+            ExecKind::Keeper(_) => f.debug_struct("Exec").field("via_keeper", &true).finish(),
+        }
     }
 }
 
-impl Drop for Exec {
+impl Drop for DirectExec {
     fn drop(&mut self) {
         if let Some(w) = self.writer.take() {
             w.abort();
@@ -87,13 +101,53 @@ impl Session {
     /// Returns once the host accepted the request. `NotSent` means nothing can run;
     /// `Lost` means the request left and the answer did not come back.
     pub async fn exec(&self, command: &str, stdin: Option<Vec<u8>>) -> Result<Exec, ExecError> {
-        let inner = &self.inner;
+        let inner = match &self.kind {
+            Kind::Direct(inner) => inner,
+            Kind::Keeper(remote) => {
+                return Ok(Exec {
+                    kind: ExecKind::Keeper(remote.exec(command, stdin).await?),
+                })
+            }
+        };
         let permit = inner
             .channels
             .clone()
             .acquire_owned()
             .await
             .map_err(|_| ExecError::NotSent("the session is shutting down".into()))?;
+        self.exec_permitted(permit, command, stdin).await
+    }
+
+    /// A free place under this connection's channel limit, without waiting (the keeper
+    /// opens another connection rather than queue behind sshd's `MaxSessions`).
+    pub(crate) fn try_channel(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.kind {
+            Kind::Direct(inner) => inner.channels.clone().try_acquire_owned().ok(),
+            Kind::Keeper(_) => None,
+        }
+    }
+
+    /// Waits for a place under this connection's channel limit.
+    pub(crate) async fn wait_channel(&self) -> Option<OwnedSemaphorePermit> {
+        match &self.kind {
+            Kind::Direct(inner) => inner.channels.clone().acquire_owned().await.ok(),
+            Kind::Keeper(_) => None,
+        }
+    }
+
+    /// [`Session::exec`] on this process's connection, the place under the channel
+    /// limit already taken.
+    pub(crate) async fn exec_permitted(
+        &self,
+        permit: OwnedSemaphorePermit,
+        command: &str,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<Exec, ExecError> {
+        let Kind::Direct(inner) = &self.kind else {
+            return Err(ExecError::NotSent(
+                "a keeper session has no local channel limit".into(),
+            ));
+        };
         if self.is_closed() {
             return Err(ExecError::NotSent(format!(
                 "the connection is closed: {}",
@@ -150,13 +204,15 @@ impl Session {
         }
 
         Ok(Exec {
-            read,
-            pending,
-            shared: inner.shared.clone(),
-            end: None,
-            writer: Some(writer),
-            _permit: permit,
-            _session: self.clone(),
+            kind: ExecKind::Direct(DirectExec {
+                read,
+                pending,
+                shared: inner.shared.clone(),
+                end: None,
+                writer: Some(writer),
+                _permit: permit,
+                _session: self.clone(),
+            }),
         })
     }
 }
@@ -165,6 +221,15 @@ impl Exec {
     /// The next event. Keeps reading after the exit status until the channel closes:
     /// the order of exit status and EOF varies, and output can follow either (FINDINGS).
     pub async fn next(&mut self) -> ExecEvent {
+        match &mut self.kind {
+            ExecKind::Direct(d) => d.next().await,
+            ExecKind::Keeper(k) => k.next().await,
+        }
+    }
+}
+
+impl DirectExec {
+    async fn next(&mut self) -> ExecEvent {
         loop {
             if let Some(end) = &self.end {
                 return end.clone();

@@ -1,7 +1,8 @@
 //! The SSH transport on russh: host resolution from ssh config, TCP, ProxyJump or
 //! ProxyCommand, host key and host certificate checks against known_hosts,
 //! authentication (keys, agent, user certificates), exec channels with streamed output,
-//! keepalive-based loss detection, and a per-host connection pool.
+//! keepalive-based loss detection, a per-host connection pool, and the per-user keeper
+//! that lets later processes reuse a connection (`keeper`, SPEC 15).
 //!
 //! Every failure before the exec request leaves is a [`ConnectError`] (boundary
 //! `not_sent`); [`Session::exec`] says whether the request left ([`ExecError`]); a lost
@@ -11,6 +12,7 @@ pub mod auth;
 pub mod config;
 pub mod destination;
 pub mod exec;
+pub mod keeper;
 pub mod known_hosts;
 pub mod pool;
 pub mod session;

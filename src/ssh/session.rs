@@ -1,7 +1,8 @@
 //! One authenticated SSH connection (directly, through ProxyJump hops, or over a
 //! ProxyCommand's stdio): connecting with bounded timeouts, the host key or host
 //! certificate check (with ssh's `ask` question on a terminal), keepalives, and
-//! remembering why it was lost.
+//! remembering why it was lost. A session may also stand for a connection the keeper
+//! holds (`ssh::keeper`): the same interface, another process's connection.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
@@ -340,20 +341,36 @@ pub(crate) struct Inner {
     _proxy: Option<tokio::process::Child>,
     /// Bounds concurrent channels on this connection.
     pub(crate) channels: Arc<Semaphore>,
+    /// The bound itself, for `opmark mux status`.
+    pub(crate) max_channels: usize,
     pub(crate) dest: Destination,
 }
 
 /// An authenticated connection to one destination. Cheap to clone; channels are
 /// opened per [`Session::exec`], at most `max_channels` at once.
+///
+/// The connection is either this process's own or one held by the per-user connection
+/// keeper (`ssh::keeper`, SPEC 15); callers cannot tell them apart, and need not: both
+/// report a lost connection the same way.
 #[derive(Clone)]
 pub struct Session {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) kind: Kind,
+}
+
+/// Whose connection a session is.
+#[derive(Clone)]
+pub(crate) enum Kind {
+    /// This process's own russh connection.
+    Direct(Arc<Inner>),
+    /// A connection held by the keeper, reached over its unix socket.
+    Keeper(Arc<super::keeper::client::Remote>),
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("dest", &self.inner.dest.display())
+            .field("dest", &self.destination().display())
+            .field("via_keeper", &self.via_keeper())
             .field("closed", &self.is_closed())
             .finish()
     }
@@ -381,54 +398,88 @@ impl Session {
             jumps.push(hop_conn);
         }
         let target = connect_one(dest, jumps.last().map(|h| &h.handle)).await?;
+        let max_channels = max_channels.max(1);
         Ok(Session {
-            inner: Arc::new(Inner {
+            kind: Kind::Direct(Arc::new(Inner {
                 handle: target.handle,
                 shared: target.shared,
                 jumps,
                 _proxy: target.proxy,
-                channels: Arc::new(Semaphore::new(max_channels.max(1))),
+                channels: Arc::new(Semaphore::new(max_channels)),
+                max_channels,
                 dest: dest.clone(),
-            }),
+            })),
         })
+    }
+
+    /// A session on a connection the keeper holds.
+    pub(crate) fn through_keeper(remote: super::keeper::client::Remote) -> Session {
+        Session {
+            kind: Kind::Keeper(Arc::new(remote)),
+        }
+    }
+
+    /// True when the connection is the keeper's, not this process's own.
+    pub fn via_keeper(&self) -> bool {
+        matches!(self.kind, Kind::Keeper(_))
     }
 
     /// True once the connection (or one of its jump hops) has ended; a pool replaces it.
     pub fn is_closed(&self) -> bool {
-        self.inner.handle.is_closed()
-            || self.inner.shared.lost_reason().is_some()
-            || self
-                .inner
-                .jumps
-                .iter()
-                .any(|h| h.handle.is_closed() || h.shared.lost_reason().is_some())
+        match &self.kind {
+            Kind::Direct(inner) => {
+                inner.handle.is_closed()
+                    || inner.shared.lost_reason().is_some()
+                    || inner
+                        .jumps
+                        .iter()
+                        .any(|h| h.handle.is_closed() || h.shared.lost_reason().is_some())
+            }
+            Kind::Keeper(remote) => remote.lost_reason().is_some(),
+        }
     }
 
     /// The destination this session is connected to.
     pub fn destination(&self) -> &Destination {
-        &self.inner.dest
+        match &self.kind {
+            Kind::Direct(inner) => &inner.dest,
+            Kind::Keeper(remote) => remote.destination(),
+        }
     }
 
     /// The fingerprint of the host key the target presented and this connection
     /// accepted, as OpenSSH prints it (`SHA256:...`): which machine this is.
     pub fn host_key(&self) -> Option<String> {
-        self.inner
-            .shared
-            .host_key
-            .lock()
-            .ok()
-            .and_then(|g| g.clone())
+        match &self.kind {
+            Kind::Direct(inner) => inner.shared.host_key.lock().ok().and_then(|g| g.clone()),
+            Kind::Keeper(remote) => remote.host_key(),
+        }
     }
 
     /// Why the connection ended, if it has.
     pub fn lost_reason(&self) -> Option<String> {
-        self.inner.shared.lost_reason().or_else(|| {
-            self.inner
-                .jumps
-                .iter()
-                .find_map(|h| h.shared.lost_reason())
-                .map(|r| format!("jump host: {r}"))
-        })
+        match &self.kind {
+            Kind::Direct(inner) => inner.shared.lost_reason().or_else(|| {
+                inner
+                    .jumps
+                    .iter()
+                    .find_map(|h| h.shared.lost_reason())
+                    .map(|r| format!("jump host: {r}"))
+            }),
+            Kind::Keeper(remote) => remote.lost_reason(),
+        }
+    }
+
+    /// Exec channels open on this connection now and the most it opens at once (the
+    /// keeper's status); `None` for a keeper session.
+    pub(crate) fn channel_use(&self) -> Option<(usize, usize)> {
+        match &self.kind {
+            Kind::Direct(inner) => Some((
+                inner.max_channels - inner.channels.available_permits(),
+                inner.max_channels,
+            )),
+            Kind::Keeper(_) => None,
+        }
     }
 }
 

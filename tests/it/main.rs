@@ -10,6 +10,7 @@ mod fleet;
 mod hosts;
 mod integrity;
 mod json;
+mod keeper;
 mod ledger;
 mod mcp;
 mod operators;

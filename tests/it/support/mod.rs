@@ -245,7 +245,8 @@ impl Sealed {
     }
 
     /// `opmark` with a controlled environment: cleared, then PATH (kept), HOME, USER,
-    /// LANG=C, XDG_STATE_HOME, XDG_CONFIG_HOME, XDG_RUNTIME_DIR and OPMARK_LEDGER.
+    /// LANG=C, XDG_STATE_HOME, XDG_CONFIG_HOME, XDG_RUNTIME_DIR, OPMARK_LEDGER and
+    /// OPMARK_PERSIST=0.
     /// No OPMARK_* from the caller, no SSH_AUTH_SOCK (no agent leaks in).
     pub fn opmark(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_opmark"));
@@ -261,8 +262,33 @@ impl Sealed {
             .env("XDG_CONFIG_HOME", &self.config)
             .env("XDG_RUNTIME_DIR", self.root.join("run"))
             .env("OPMARK_LEDGER", &self.ledger)
+            // Connection reuse off unless a test turns it on (`keeper.rs`): each test
+            // then proves what it proves about its own connections. A test that turns it
+            // on gets a keeper of its own (XDG_RUNTIME_DIR is per environment), stopped
+            // when the environment drops.
+            .env("OPMARK_PERSIST", "0")
             .stdin(std::process::Stdio::null());
         cmd
+    }
+
+    /// The keeper's directory in this environment (`$XDG_RUNTIME_DIR/opmark`).
+    pub fn keeper_dir(&self) -> PathBuf {
+        self.root.join("run").join("opmark")
+    }
+
+    /// The pid of this environment's keeper, if one runs.
+    pub fn keeper_pid(&self) -> Option<i32> {
+        let pid: i32 = std::fs::read_to_string(self.keeper_dir().join("keeper.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        // Only a keeper of this environment: the pid file could be stale and the pid
+        // reused by anything else.
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let dir = self.keeper_dir().display().to_string();
+        (cmdline.contains("mux serve") && cmdline.contains(&dir)).then_some(pid)
     }
 
     /// `opmark -F <lab ssh_config> ...` in this environment.
@@ -270,6 +296,17 @@ impl Sealed {
         let mut cmd = self.opmark();
         cmd.arg("-F").arg(lab.ssh_config());
         cmd
+    }
+}
+
+impl Drop for Sealed {
+    /// A keeper never outlives its test.
+    fn drop(&mut self) {
+        if let Some(pid) = self.keeper_pid() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
     }
 }
 

@@ -1,0 +1,107 @@
+//! `opmark mux`: the connection keeper (SPEC 15) for people: `status`, `stop`, and the
+//! hidden `serve` that opmark starts by itself. The keeper is `ssh::keeper`.
+
+use crate::cli::{GlobalArgs, MuxAction, MuxArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ssh::keeper::client::existing_link;
+use crate::ssh::keeper::wire::{Frame, Reply, Request};
+use crate::ssh::keeper::{server, Place, DEFAULT_PERSIST};
+
+/// Runs one `mux` action.
+pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
+    match &args.action {
+        MuxAction::Serve { dir } => {
+            let dir = match dir {
+                Some(d) => d.clone(),
+                None => Place::default_dir().map_err(local)?,
+            };
+            let persist = if global.persist.is_zero() {
+                DEFAULT_PERSIST
+            } else {
+                global.persist
+            };
+            server::serve(&dir, persist).map_err(local)?;
+            Ok(exit_code::OK)
+        }
+        MuxAction::Status => ask(global, Request::Status),
+        MuxAction::Stop => ask(global, Request::Stop),
+    }
+}
+
+fn local(message: String) -> Error {
+    Error::new(ErrorKind::LocalIo, message)
+}
+
+/// Sends `request` to a running keeper (never starts one) and prints the answer.
+fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
+    let place = Place::open_default().map_err(local)?;
+    let reply = super::common::block_on(async {
+        let Some(mut link) = existing_link(&place).await.map_err(|e| local(e.0))? else {
+            return Ok(None);
+        };
+        link.send(&[Frame::json(&request)])
+            .await
+            .map_err(|e| local(format!("the keeper went away: {e}")))?;
+        link.reply()
+            .await
+            .map(Some)
+            .map_err(|e| local(format!("the keeper went away: {e}")))
+    })??;
+    let stopping = matches!(request, Request::Stop);
+    if global.json {
+        let doc = match &reply {
+            None => serde_json::json!({ "running": false, "dir": place.dir }),
+            Some(Reply::Status {
+                pid,
+                persist_secs,
+                idle_secs,
+                callers,
+                connections,
+            }) => serde_json::json!({
+                "running": true, "dir": place.dir, "pid": pid, "persist_secs": persist_secs,
+                "idle_secs": idle_secs, "callers": callers, "connections": connections,
+            }),
+            Some(Reply::Stopping { pid }) => {
+                serde_json::json!({ "running": false, "stopped": true, "pid": pid })
+            }
+            Some(other) => serde_json::json!({ "running": true, "answer": format!("{other:?}") }),
+        };
+        super::common::print_json(&doc)?;
+        return Ok(exit_code::OK);
+    }
+    match reply {
+        None if stopping => println!("no connection keeper is running ({})", place.dir.display()),
+        None => println!(
+            "no connection keeper is running ({}); the next opmark run starts one",
+            place.dir.display()
+        ),
+        Some(Reply::Stopping { pid }) => println!("stopped the connection keeper (pid {pid})"),
+        Some(Reply::Status {
+            pid,
+            persist_secs,
+            idle_secs,
+            callers,
+            connections,
+        }) => {
+            println!(
+                "connection keeper pid {pid} at {}: persist {persist_secs}s, idle {idle_secs}s, \
+                 {callers} caller(s), {} connection(s)",
+                place.dir.display(),
+                connections.len()
+            );
+            for c in connections {
+                println!(
+                    "  {}  channels {}/{}  used {}  age {}s  host key {}",
+                    c.destination,
+                    c.channels,
+                    c.max_channels,
+                    c.used,
+                    c.age_secs,
+                    c.host_key.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        Some(other) => println!("the keeper answered {other:?}"),
+    }
+    Ok(exit_code::OK)
+}

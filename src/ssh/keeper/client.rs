@@ -1,0 +1,433 @@
+//! The calling side: reach the keeper (starting it when there is none, replacing a stale
+//! socket before anything is sent), and sessions and exec channels that live on the
+//! keeper's connections.
+//!
+//! Boundaries stay honest: everything up to the keeper's answer to `Hello` is "nothing
+//! sent" and a dead keeper found there is replaced silently; the keeper sends an exec
+//! request only after it has the caller's whole `Exec` message and stdin, so a write that
+//! fails means nothing left; once that write succeeded, a keeper that vanishes before
+//! answering is a connection lost after dispatch (the run path then probes).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::wire::{self, Frame, FrameReader, Reply, Request};
+use super::{connection_key, own_uid, persist, short_path, Place};
+use crate::ssh::{ConnectError, ConnectStage, Destination, ExecError, ExecEvent};
+
+/// How long a caller waits for a keeper it started to listen.
+const START_WAIT: Duration = Duration::from_secs(5);
+/// How long a keeper has to answer `Hello` before it counts as hung.
+const HELLO_WAIT: Duration = Duration::from_secs(3);
+
+/// The environment a keeper keeps from the caller that starts it: paths for
+/// `ProxyCommand` and `~`, the locale, and where the user's files are. Every destination
+/// arrives fully resolved (agent socket included), so nothing else is needed.
+const KEEPER_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "XDG_STATE_HOME",
+    "XDG_CONFIG_HOME",
+];
+
+/// Why the keeper cannot be used; the caller connects directly instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+/// How reaching a connection through the keeper failed.
+#[derive(Debug)]
+pub enum KeeperError {
+    /// No usable keeper (bad directory, cannot start): connect directly.
+    Unavailable(Unavailable),
+    /// The keeper tried and the host could not be reached or refused us: nothing sent.
+    Connect(ConnectError),
+}
+
+/// One conversation with the keeper.
+pub(crate) struct Link {
+    stream: UnixStream,
+    reader: FrameReader,
+    /// The keeper's pid, from its `Hello`.
+    pub(crate) pid: u32,
+}
+
+impl Link {
+    /// Sends frames in one write.
+    pub(crate) async fn send(&mut self, frames: &[Frame]) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        for f in frames {
+            buf.extend_from_slice(&f.encode());
+        }
+        self.stream.write_all(&buf).await
+    }
+
+    /// The next frame; `Err` when the keeper went away or spoke nonsense.
+    pub(crate) async fn recv(&mut self) -> Result<Frame, String> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.reader.next_frame() {
+                Ok(Some(f)) => return Ok(f),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+            match self.stream.read(&mut buf).await {
+                Ok(0) => return Err("the keeper closed the socket".into()),
+                Ok(n) => self.reader.push(&buf[..n]),
+                Err(e) => return Err(format!("reading the keeper's socket: {e}")),
+            }
+        }
+    }
+
+    /// The next control message.
+    pub(crate) async fn reply(&mut self) -> Result<Reply, String> {
+        self.recv().await?.parse().map_err(|e| e.to_string())
+    }
+}
+
+/// What trying the socket found.
+enum Try {
+    Ready(Link),
+    /// No keeper listens (no socket, refused, or it closed before answering `Hello`).
+    Stale(String),
+}
+
+/// A conversation with this user's keeper, starting one when none answers.
+pub(crate) async fn open_link(place: &Place, persist: Duration) -> Result<Link, Unavailable> {
+    match try_link(place).await? {
+        Try::Ready(link) => return Ok(link),
+        Try::Stale(why) => tracing::debug!("no keeper answers ({why}); starting one"),
+    }
+    spawn_keeper(place, persist)?;
+    let deadline = tokio::time::Instant::now() + START_WAIT;
+    let mut last;
+    loop {
+        match try_link(place).await? {
+            Try::Ready(link) => return Ok(link),
+            Try::Stale(why) => last = why,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Unavailable(format!(
+                "the connection keeper did not start within {} s ({last})",
+                START_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Connects to the socket and says hello, checking who listens.
+async fn try_link(place: &Place) -> Result<Try, Unavailable> {
+    if !place.check_socket().map_err(Unavailable)? {
+        return Ok(Try::Stale("no socket".into()));
+    }
+    let mut holder = None;
+    let path = short_path(&place.dir, &super::socket_name(), &mut holder)
+        .map_err(|e| Unavailable(format!("cannot open {}: {e}", place.dir.display())))?;
+    let stream = match UnixStream::connect(&path).await {
+        Ok(s) => s,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::ConnectionRefused
+                    // A listener being torn down (a keeper on its way out) resets.
+                    | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
+            return Ok(Try::Stale(format!("stale socket: {e}")))
+        }
+        Err(e) => {
+            return Err(Unavailable(format!(
+                "cannot reach the keeper at {}: {e}",
+                place.socket().display()
+            )))
+        }
+    };
+    drop(holder);
+    let me = own_uid().map_err(|e| Unavailable(format!("cannot tell this process's uid: {e}")))?;
+    let peer = stream
+        .peer_cred()
+        .map_err(|e| Unavailable(format!("cannot check who serves the keeper socket: {e}")))?;
+    if peer.uid() != me {
+        return Err(Unavailable(format!(
+            "the keeper socket {} is served by uid {}, not by you (uid {me}); refusing it",
+            place.socket().display(),
+            peer.uid()
+        )));
+    }
+    let mut link = Link {
+        stream,
+        reader: FrameReader::default(),
+        pid: 0,
+    };
+    let hello = async {
+        link.send(&[Frame::json(&Request::Hello {
+            version: wire::VERSION,
+        })])
+        .await
+        .map_err(|e| e.to_string())?;
+        link.reply().await
+    };
+    match tokio::time::timeout(HELLO_WAIT, hello).await {
+        Ok(Ok(Reply::Hello { version, pid })) if version == wire::VERSION => {
+            link.pid = pid;
+            Ok(Try::Ready(link))
+        }
+        Ok(Ok(Reply::Refused { message })) => Err(Unavailable(message)),
+        Ok(Ok(other)) => Err(Unavailable(format!(
+            "the keeper answered hello with {other:?}"
+        ))),
+        // A keeper on its way out closes without answering: start another.
+        Ok(Err(why)) => Ok(Try::Stale(why)),
+        Err(_) => Err(Unavailable(format!(
+            "the keeper did not answer within {} s",
+            HELLO_WAIT.as_secs()
+        ))),
+    }
+}
+
+/// Starts `opmark mux serve` detached: its own process group (a terminal's Ctrl-C is not
+/// for it), no inherited stdio (it must not hold a caller's pipes open), cwd `/`.
+fn spawn_keeper(place: &Place, persist: Duration) -> Result<(), Unavailable> {
+    let exe = std::env::current_exe().map_err(|e| {
+        Unavailable(format!(
+            "cannot find the opmark binary to start the keeper: {e}"
+        ))
+    })?;
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new(exe);
+    // Only what connecting needs: a caller's other variables (tokens, anything) have no
+    // business living on in a background process.
+    cmd.env_clear();
+    for (k, v) in std::env::vars_os() {
+        if KEEPER_ENV.iter().any(|keep| k == *keep) {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .arg("mux")
+        .arg("serve")
+        .arg("--persist")
+        .arg(format!("{}ms", persist.as_millis()))
+        .arg("--dir")
+        .arg(&place.dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .current_dir("/")
+        .process_group(0)
+        .spawn()
+        .map_err(|e| Unavailable(format!("cannot start the connection keeper: {e}")))?;
+    // Reap it if this process outlives it (a long-lived `opmark mcp`).
+    std::thread::spawn(move || child.wait());
+    Ok(())
+}
+
+/// A session on a connection the keeper holds for this caller's destination.
+pub struct Remote {
+    place: Place,
+    dest: Destination,
+    key: String,
+    host_key: Option<String>,
+    /// Set when a conversation on it broke: the pool then asks the keeper again (and
+    /// starts a new one if it is gone).
+    lost: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("dest", &self.dest.display())
+            .finish()
+    }
+}
+
+impl Remote {
+    /// Asks the keeper for a connection to `dest` (it connects, checks the host key and
+    /// authenticates with the caller's resolved settings when it holds none).
+    pub async fn connect(dest: &Destination) -> Result<Remote, KeeperError> {
+        let persist = persist().unwrap_or(super::DEFAULT_PERSIST);
+        let place = Place::open_default().map_err(|e| KeeperError::Unavailable(Unavailable(e)))?;
+        let mut link = open_link(&place, persist)
+            .await
+            .map_err(KeeperError::Unavailable)?;
+        let key = connection_key(dest);
+        let pid = link.pid;
+        let lost_keeper = |why: String| {
+            KeeperError::Connect(ConnectError::new(
+                ConnectStage::Connect,
+                format!(
+                    "the connection keeper (pid {}) went away while connecting to {}: {why}",
+                    pid,
+                    dest.display()
+                ),
+            ))
+        };
+        link.send(&[Frame::json(&Request::Connect {
+            key: key.clone(),
+            dest: Box::new(dest.clone()),
+        })])
+        .await
+        .map_err(|e| lost_keeper(e.to_string()))?;
+        match link.reply().await {
+            Ok(Reply::Connected { host_key }) => Ok(Remote {
+                place,
+                dest: dest.clone(),
+                key,
+                host_key,
+                lost: Mutex::new(None),
+            }),
+            Ok(Reply::ConnectFailed { stage, message }) => {
+                Err(KeeperError::Connect(wire::connect_error(&stage, message)))
+            }
+            Ok(other) => Err(lost_keeper(format!("unexpected answer {other:?}"))),
+            Err(why) => Err(lost_keeper(why)),
+        }
+    }
+
+    pub(crate) fn destination(&self) -> &Destination {
+        &self.dest
+    }
+
+    pub(crate) fn host_key(&self) -> Option<String> {
+        self.host_key.clone()
+    }
+
+    pub(crate) fn lost_reason(&self) -> Option<String> {
+        self.lost.lock().ok().and_then(|g| g.clone())
+    }
+
+    fn mark_lost(&self, why: &str) {
+        if let Ok(mut slot) = self.lost.lock() {
+            slot.get_or_insert_with(|| why.to_string());
+        }
+    }
+
+    /// Opens an exec channel through the keeper; see the module header for what each
+    /// failure means.
+    pub(crate) async fn exec(
+        self: &std::sync::Arc<Self>,
+        command: &str,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<RemoteExec, ExecError> {
+        let persist = persist().unwrap_or(super::DEFAULT_PERSIST);
+        let mut link = open_link(&self.place, persist).await.map_err(|e| {
+            self.mark_lost(&e.0);
+            ExecError::NotSent(format!("the connection keeper is unavailable: {}", e.0))
+        })?;
+        let mut frames = vec![Frame::json(&Request::Exec {
+            key: self.key.clone(),
+            dest: Box::new(self.dest.clone()),
+            host_key: self.host_key.clone(),
+            command: command.to_string(),
+        })];
+        for chunk in stdin.unwrap_or_default().chunks(256 * 1024) {
+            frames.push(Frame::Stdin(chunk.to_vec()));
+        }
+        frames.push(Frame::json(&Request::StdinEnd));
+        if let Err(e) = link.send(&frames).await {
+            let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
+            self.mark_lost(&why);
+            return Err(ExecError::NotSent(why));
+        }
+        match link.reply().await {
+            Ok(Reply::ExecStarted) => Ok(RemoteExec {
+                link,
+                remote: self.clone(),
+                end: None,
+            }),
+            Ok(Reply::ExecNotSent { message }) => Err(ExecError::NotSent(message)),
+            Ok(Reply::ExecLost { message }) => {
+                self.mark_lost(&message);
+                Err(ExecError::Lost(message))
+            }
+            Ok(other) => {
+                let why = format!("the keeper answered the exec request with {other:?}");
+                self.mark_lost(&why);
+                Err(ExecError::Lost(why))
+            }
+            Err(e) => {
+                let why = format!(
+                    "the connection keeper (pid {}) went away after taking the exec request: {e}",
+                    link.pid
+                );
+                self.mark_lost(&why);
+                Err(ExecError::Lost(why))
+            }
+        }
+    }
+}
+
+/// An exec channel on the keeper's connection.
+pub struct RemoteExec {
+    link: Link,
+    remote: std::sync::Arc<Remote>,
+    end: Option<ExecEvent>,
+}
+
+impl std::fmt::Debug for RemoteExec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteExec")
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+impl RemoteExec {
+    /// The next event, as [`crate::ssh::Exec::next`]: the keeper dying is `Lost`.
+    pub(crate) async fn next(&mut self) -> ExecEvent {
+        if let Some(end) = &self.end {
+            return end.clone();
+        }
+        let event = match self.link.recv().await {
+            Ok(Frame::Stdout(b)) => ExecEvent::Stdout(b),
+            Ok(Frame::Stderr(b)) => ExecEvent::Stderr(b),
+            Ok(f @ Frame::Json(_)) => match f.parse::<Reply>() {
+                Ok(Reply::ExitStatus { status }) => ExecEvent::ExitStatus(status),
+                Ok(Reply::ExitSignal {
+                    signal,
+                    core_dumped,
+                    message,
+                }) => ExecEvent::ExitSignal {
+                    signal,
+                    core_dumped,
+                    message,
+                },
+                Ok(Reply::Closed) => ExecEvent::Closed,
+                Ok(Reply::Lost { message }) => ExecEvent::Lost(message),
+                Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-channel")),
+                Err(e) => ExecEvent::Lost(e.to_string()),
+            },
+            Ok(Frame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
+            Err(why) => ExecEvent::Lost(format!(
+                "the connection keeper (pid {}) went away: {why}",
+                self.link.pid
+            )),
+        };
+        if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
+            if let ExecEvent::Lost(why) = &event {
+                self.remote.mark_lost(why);
+            }
+            self.end = Some(event.clone());
+        }
+        event
+    }
+}
+
+/// A conversation with a keeper that is already running, without starting one (for
+/// `opmark mux status` and `stop`); `None` when none answers.
+pub(crate) async fn existing_link(place: &Place) -> Result<Option<Link>, Unavailable> {
+    Ok(match try_link(place).await? {
+        Try::Ready(link) => Some(link),
+        Try::Stale(_) => None,
+    })
+}

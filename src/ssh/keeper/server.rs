@@ -1,0 +1,508 @@
+//! The keeper process (`opmark mux serve`): one per user and directory (an exclusive lock
+//! held for its whole life), serving only its own uid (`SO_PEERCRED` on every
+//! connection), holding connections keyed by the caller's connection key, several per
+//! key when sshd's `MaxSessions` would be exceeded, and exiting after `persist` with no
+//! caller or as soon as its socket is removed or replaced.
+//!
+//! It logs nothing: no stdio, no file. Whatever went wrong reaches a caller in its
+//! answer, and the caller decides what to say.
+
+use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
+
+use super::wire::{self, Frame, FrameReader, HeldConnection, Reply, Request};
+use super::{own_uid, short_path, Place};
+use crate::ssh::session::DEFAULT_MAX_CHANNELS;
+use crate::ssh::{Destination, ExecError, ExecEvent, Session};
+
+/// Connections held per key at most: beyond, callers wait for a free channel.
+const MAX_CONNECTIONS_PER_KEY: usize = 8;
+
+/// How long a starting keeper waits for the lock of one that is on its way out.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// One held connection.
+struct Held {
+    session: Session,
+    opened: Instant,
+    used: AtomicU64,
+    /// When its last channel was opened: a connection unused for `persist` is closed
+    /// even while the keeper serves other hosts (SPEC 15: open "for a while after its
+    /// last use").
+    last_used: Mutex<Instant>,
+}
+
+impl Held {
+    fn touch(&self) {
+        if let Ok(mut t) = self.last_used.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    fn expired(&self, persist: Duration) -> bool {
+        let busy = self.session.channel_use().is_some_and(|(n, _)| n > 0);
+        let idle = self
+            .last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default();
+        !busy && idle >= persist
+    }
+}
+
+/// The connections held for one connection key (more than one when `MaxSessions`
+/// would be exceeded); its async lock makes concurrent callers share one connect.
+type Slot = Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>;
+
+/// The keeper's state.
+struct Keeper {
+    persist: Duration,
+    uid: u32,
+    slots: Mutex<HashMap<String, Slot>>,
+    callers: AtomicUsize,
+    idle_since: Mutex<Instant>,
+    stop: Notify,
+}
+
+/// Counts a caller while it is connected.
+struct CallerGuard(Arc<Keeper>);
+
+impl Drop for CallerGuard {
+    fn drop(&mut self) {
+        if self.0.callers.fetch_sub(1, Ordering::SeqCst) == 1 {
+            if let Ok(mut t) = self.0.idle_since.lock() {
+                *t = Instant::now();
+            }
+        }
+    }
+}
+
+/// Runs the keeper for `dir` until it is idle for `persist`, stopped, or its socket is
+/// gone. Returns at once when another keeper holds the directory.
+pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
+    let place = Place::open(dir)?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(place.lock_file())
+        .map_err(|e| format!("cannot open {}: {e}", place.lock_file().display()))?;
+    let _ = lock.set_permissions(std::fs::Permissions::from_mode(0o600));
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Another keeper serves this directory.
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(()),
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", place.lock_file().display()))
+            }
+        }
+    }
+    // Nobody else may prompt from a background process.
+    crate::ssh::auth::forbid_prompts();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the keeper's runtime: {e}"))?;
+    let result = runtime.block_on(run(place.clone(), persist));
+    // Connections close with the runtime; the lock goes with the process.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    drop(lock);
+    result
+}
+
+async fn run(place: Place, persist: Duration) -> Result<(), String> {
+    let uid = own_uid().map_err(|e| format!("cannot tell this process's uid: {e}"))?;
+    let socket = place.socket();
+    // We hold the lock: whatever socket is there belongs to a keeper that is gone.
+    if place.check_socket()? {
+        let _ = std::fs::remove_file(&socket);
+    }
+    let mut holder = None;
+    let path = short_path(&place.dir, &super::socket_name(), &mut holder)
+        .map_err(|e| format!("cannot open {}: {e}", place.dir.display()))?;
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    drop(holder);
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", socket.display()))?;
+    let inode = std::fs::metadata(&socket).map(|m| m.ino()).ok();
+    let _ = std::fs::write(place.pid_file(), format!("{}\n", std::process::id()));
+
+    let keeper = Arc::new(Keeper {
+        persist,
+        uid,
+        slots: Mutex::new(HashMap::new()),
+        callers: AtomicUsize::new(0),
+        idle_since: Mutex::new(Instant::now()),
+        stop: Notify::new(),
+    });
+    let tick = persist
+        .min(Duration::from_secs(1))
+        .max(Duration::from_millis(50));
+    let mut ticker = tokio::time::interval(tick);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((stream, _)) = accepted {
+                    let k = keeper.clone();
+                    tokio::spawn(async move { k.serve_caller(stream).await });
+                }
+            }
+            _ = ticker.tick() => {
+                // Our socket removed or replaced: nobody can reach us any more.
+                let ours = std::fs::symlink_metadata(&socket).map(|m| m.ino()).ok();
+                if ours.is_none() || ours != inode {
+                    return Ok(());
+                }
+                keeper.close_unused();
+                if keeper.callers.load(Ordering::SeqCst) == 0 {
+                    let idle = keeper.idle_since.lock().map(|t| t.elapsed()).unwrap_or_default();
+                    if idle >= persist {
+                        break;
+                    }
+                }
+            }
+            _ = keeper.stop.notified() => break,
+        }
+    }
+    // Unlink first, so a caller arriving now starts a new keeper instead of finding ours.
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(place.pid_file());
+    Ok(())
+}
+
+impl Keeper {
+    async fn serve_caller(self: Arc<Self>, stream: UnixStream) {
+        // Only our own user, checked on every connection (the directory's mode is the
+        // first wall, this the second).
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == self.uid => {}
+            _ => return,
+        }
+        self.callers.fetch_add(1, Ordering::SeqCst);
+        let _guard = CallerGuard(self.clone());
+        let (read, write) = stream.into_split();
+        let mut conv = Conversation {
+            read,
+            reader: FrameReader::default(),
+            write,
+        };
+        match conv.request().await {
+            Some(Request::Hello { version }) if version == wire::VERSION => {}
+            Some(Request::Hello { version }) => {
+                let _ = conv
+                    .send(&Reply::Refused {
+                        message: format!(
+                            "the keeper speaks protocol {}, this opmark {version}",
+                            wire::VERSION
+                        ),
+                    })
+                    .await;
+                return;
+            }
+            _ => return,
+        }
+        if conv
+            .send(&Reply::Hello {
+                version: wire::VERSION,
+                pid: std::process::id(),
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        match conv.request().await {
+            Some(Request::Connect { key, dest }) => {
+                let reply = match self.connection(&key, &dest).await {
+                    Ok(held) => Reply::Connected {
+                        host_key: held.session.host_key(),
+                    },
+                    Err(e) => Reply::ConnectFailed {
+                        stage: wire::stage_name(e.stage).into(),
+                        message: e.message,
+                    },
+                };
+                let _ = conv.send(&reply).await;
+            }
+            Some(Request::Exec {
+                key,
+                dest,
+                host_key,
+                command,
+            }) => self.exec(conv, &key, &dest, host_key, &command).await,
+            Some(Request::Status) => {
+                let reply = self.status().await;
+                let _ = conv.send(&reply).await;
+            }
+            Some(Request::Stop) => {
+                let _ = conv
+                    .send(&Reply::Stopping {
+                        pid: std::process::id(),
+                    })
+                    .await;
+                self.stop.notify_one();
+            }
+            _ => {}
+        }
+    }
+
+    /// Closes the connections nobody used for `persist` (a slot busy connecting is
+    /// looked at on a later tick).
+    fn close_unused(&self) {
+        // Empty slots stay: a caller may hold one between looking it up and locking it.
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for slot in slots.values() {
+            if let Ok(mut held) = slot.try_lock() {
+                held.retain(|h| !h.session.is_closed() && !h.expired(self.persist));
+            }
+        }
+    }
+
+    fn slot(&self, key: &str) -> Slot {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.entry(key.to_string()).or_default().clone()
+    }
+
+    /// A live connection for `key`, connecting when none is held.
+    async fn connection(
+        &self,
+        key: &str,
+        dest: &Destination,
+    ) -> Result<Arc<Held>, crate::ssh::ConnectError> {
+        let slot = self.slot(key);
+        let mut held = slot.lock().await;
+        held.retain(|h| !h.session.is_closed());
+        if let Some(h) = held.first() {
+            h.touch();
+            return Ok(h.clone());
+        }
+        let h = self.open(dest).await?;
+        held.push(h.clone());
+        Ok(h)
+    }
+
+    async fn open(&self, dest: &Destination) -> Result<Arc<Held>, crate::ssh::ConnectError> {
+        let session = Session::connect_with_limit(dest, DEFAULT_MAX_CHANNELS).await?;
+        Ok(Arc::new(Held {
+            session,
+            opened: Instant::now(),
+            used: AtomicU64::new(0),
+            last_used: Mutex::new(Instant::now()),
+        }))
+    }
+
+    /// A connection with a free channel: a held one, else a new one (up to
+    /// [`MAX_CONNECTIONS_PER_KEY`]), else the first held one once a channel frees up.
+    async fn channel(
+        &self,
+        key: &str,
+        dest: &Destination,
+    ) -> Result<(Arc<Held>, tokio::sync::OwnedSemaphorePermit), String> {
+        let slot = self.slot(key);
+        let wait_on = {
+            let mut held = slot.lock().await;
+            held.retain(|h| !h.session.is_closed());
+            for h in held.iter() {
+                if let Some(permit) = h.session.try_channel() {
+                    return Ok((h.clone(), permit));
+                }
+            }
+            if held.len() < MAX_CONNECTIONS_PER_KEY {
+                let h = self.open(dest).await.map_err(|e| e.to_string())?;
+                held.push(h.clone());
+                let permit = h
+                    .session
+                    .try_channel()
+                    .ok_or("a new connection had no free channel")?;
+                return Ok((h, permit));
+            }
+            held.first().cloned()
+        };
+        let h = wait_on.ok_or("no connection")?;
+        let permit = h
+            .session
+            .wait_channel()
+            .await
+            .ok_or("the connection is shutting down")?;
+        Ok((h, permit))
+    }
+
+    async fn exec(
+        &self,
+        mut conv: Conversation,
+        key: &str,
+        dest: &Destination,
+        host_key: Option<String>,
+        command: &str,
+    ) {
+        // The whole request first: the exec request leaves only once the caller's stdin is
+        // all here, so a caller whose write failed knows nothing was sent.
+        let mut stdin = Vec::new();
+        loop {
+            match conv.frame().await {
+                Some(Frame::Stdin(b)) => stdin.extend_from_slice(&b),
+                Some(f @ Frame::Json(_)) if matches!(f.parse(), Ok(Request::StdinEnd)) => break,
+                _ => return,
+            }
+        }
+        let (held, permit) = match self.channel(key, dest).await {
+            Ok(c) => c,
+            Err(message) => {
+                let _ = conv.send(&Reply::ExecNotSent { message }).await;
+                return;
+            }
+        };
+        if host_key.is_some() && held.session.host_key() != host_key {
+            let message = format!(
+                "the keeper's connection to {} presents host key {}, not the {} this session \
+                 checked; nothing sent",
+                dest.display(),
+                held.session.host_key().unwrap_or_default(),
+                host_key.unwrap_or_default()
+            );
+            let _ = conv.send(&Reply::ExecNotSent { message }).await;
+            return;
+        }
+        held.used.fetch_add(1, Ordering::Relaxed);
+        held.touch();
+        let stdin = (!stdin.is_empty()).then_some(stdin);
+        let mut exec = match held.session.exec_permitted(permit, command, stdin).await {
+            Ok(e) => e,
+            Err(ExecError::NotSent(message)) => {
+                let _ = conv.send(&Reply::ExecNotSent { message }).await;
+                return;
+            }
+            Err(ExecError::Lost(message)) => {
+                let _ = conv.send(&Reply::ExecLost { message }).await;
+                return;
+            }
+        };
+        if conv.send(&Reply::ExecStarted).await.is_err() {
+            return drain(exec);
+        }
+        let Conversation {
+            mut read,
+            mut write,
+            ..
+        } = conv;
+        // The caller leaving (its socket closing) is noticed while events flow.
+        let gone = tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {}
+        });
+        tokio::pin!(gone);
+        loop {
+            let event = tokio::select! {
+                ev = exec.next() => ev,
+                _ = &mut gone => return drain(exec),
+            };
+            let last = matches!(event, ExecEvent::Closed | ExecEvent::Lost(_));
+            if write
+                .write_all(&wire::event_frame(event).encode())
+                .await
+                .is_err()
+            {
+                return drain(exec);
+            }
+            if last {
+                return;
+            }
+        }
+    }
+
+    async fn status(&self) -> Reply {
+        let slots: Vec<_> = {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            slots.values().cloned().collect()
+        };
+        let mut connections = Vec::new();
+        for slot in slots {
+            for h in slot.lock().await.iter() {
+                if h.session.is_closed() {
+                    continue;
+                }
+                let (channels, max_channels) = h.session.channel_use().unwrap_or_default();
+                connections.push(HeldConnection {
+                    destination: h.session.destination().display(),
+                    host_key: h.session.host_key(),
+                    channels,
+                    max_channels,
+                    used: h.used.load(Ordering::Relaxed),
+                    age_secs: h.opened.elapsed().as_secs(),
+                });
+            }
+        }
+        connections.sort_by(|a, b| a.destination.cmp(&b.destination));
+        let callers = self.callers.load(Ordering::SeqCst).saturating_sub(1);
+        Reply::Status {
+            pid: std::process::id(),
+            persist_secs: self.persist.as_secs(),
+            idle_secs: if callers == 0 {
+                self.idle_since
+                    .lock()
+                    .map(|t| t.elapsed().as_secs())
+                    .unwrap_or_default()
+            } else {
+                0
+            },
+            callers,
+            connections,
+        }
+    }
+}
+
+/// Reads a channel nobody listens to any more until sshd closes it: it keeps its place
+/// under the connection's channel limit until then, so the keeper never opens more
+/// channels than sshd's `MaxSessions`.
+fn drain(mut exec: crate::ssh::Exec) {
+    tokio::spawn(async move {
+        while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
+    });
+}
+
+/// The keeper's side of one socket connection.
+struct Conversation {
+    read: tokio::net::unix::OwnedReadHalf,
+    reader: FrameReader,
+    write: OwnedWriteHalf,
+}
+
+impl Conversation {
+    async fn frame(&mut self) -> Option<Frame> {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match self.reader.next_frame() {
+                Ok(Some(f)) => return Some(f),
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            match self.read.read(&mut buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.reader.push(&buf[..n]),
+            }
+        }
+    }
+
+    async fn request(&mut self) -> Option<Request> {
+        self.frame().await?.parse().ok()
+    }
+
+    async fn send(&mut self, reply: &Reply) -> std::io::Result<()> {
+        self.write.write_all(&Frame::json(reply).encode()).await
+    }
+}

@@ -1,0 +1,348 @@
+//! The keeper's protocol on its unix socket: length-prefixed frames, each a tag byte and
+//! a payload. Control messages are JSON (`J`); a channel's bytes travel raw (`O` stdout,
+//! `E` stderr, `I` stdin) so that output costs no encoding.
+//!
+//! One socket connection carries one conversation: `Hello`, then one request (`Connect`,
+//! `Exec`, `Status` or `Stop`) and its answers. An `Exec` is followed by the caller's
+//! stdin (`I` frames, then `StdinEnd`); the keeper answers `ExecStarted` (or why not) and
+//! then the channel's events until `Closed` or `Lost`. The parser has no I/O and is fed
+//! bytes in tests.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ssh::{ConnectError, ConnectStage, Destination, ExecEvent};
+
+/// Bumped whenever a message changes; the socket's name carries it, so a keeper started
+/// by an older binary is never spoken to in a newer dialect.
+pub const VERSION: u32 = 1;
+
+/// The largest frame either side accepts: bounds what a confused peer can make us hold.
+pub const MAX_FRAME: usize = 8 << 20;
+
+const TAG_JSON: u8 = b'J';
+const TAG_STDOUT: u8 = b'O';
+const TAG_STDERR: u8 = b'E';
+const TAG_STDIN: u8 = b'I';
+
+/// What a caller asks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Request {
+    /// First message of every conversation.
+    Hello {
+        /// The caller's [`VERSION`].
+        version: u32,
+    },
+    /// Make sure a connection to `dest` is held (connect, check the host key,
+    /// authenticate); answered by `Connected` or `ConnectFailed`.
+    Connect {
+        /// The caller's connection key (see `keeper::connection_key`).
+        key: String,
+        /// Everything the keeper needs to connect as the caller would.
+        dest: Box<Destination>,
+    },
+    /// Open an exec channel on a held connection (connecting when none is free).
+    Exec {
+        /// The caller's connection key.
+        key: String,
+        /// Where to, should a new connection be needed.
+        dest: Box<Destination>,
+        /// The host key the caller's session was opened with: a connection presenting
+        /// another is never used for it.
+        host_key: Option<String>,
+        /// The exec request.
+        command: String,
+    },
+    /// The caller's stdin is complete.
+    StdinEnd,
+    /// What the keeper holds, for `opmark mux status`.
+    Status,
+    /// Close every connection and exit.
+    Stop,
+}
+
+/// One held connection, as `opmark mux status` shows it (no secrets: the destination,
+/// its host key fingerprint and counts).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HeldConnection {
+    /// `user@host:port` and jumps.
+    pub destination: String,
+    /// The accepted host key's fingerprint.
+    pub host_key: Option<String>,
+    /// Exec channels open now.
+    pub channels: usize,
+    /// The most it opens at once.
+    pub max_channels: usize,
+    /// Channels opened on it so far.
+    pub used: u64,
+    /// Seconds since it was opened.
+    pub age_secs: u64,
+}
+
+/// What the keeper answers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// The answer to `Hello`.
+    Hello {
+        /// The keeper's [`VERSION`].
+        version: u32,
+        /// The keeper's process id.
+        pid: u32,
+    },
+    /// The request is not acceptable (wrong version, bad message).
+    Refused {
+        /// Why.
+        message: String,
+    },
+    /// A connection to the destination is held.
+    Connected {
+        /// Its host key fingerprint.
+        host_key: Option<String>,
+    },
+    /// Connecting failed; nothing was sent.
+    ConnectFailed {
+        /// The stage, as [`stage_name`] writes it.
+        stage: String,
+        /// What happened.
+        message: String,
+    },
+    /// The exec request never left, or the host refused it: nothing ran.
+    ExecNotSent {
+        /// Why.
+        message: String,
+    },
+    /// The exec request left and the connection was lost before the host answered.
+    ExecLost {
+        /// Why.
+        message: String,
+    },
+    /// The host accepted the exec request; events follow.
+    ExecStarted,
+    /// The command's exit status.
+    ExitStatus {
+        /// The status.
+        status: u32,
+    },
+    /// The command died of a signal.
+    ExitSignal {
+        /// Signal name without `SIG`.
+        signal: String,
+        /// Whether a core was dumped.
+        core_dumped: bool,
+        /// The host's message.
+        message: String,
+    },
+    /// The channel closed cleanly.
+    Closed,
+    /// The keeper's connection died before the channel closed.
+    Lost {
+        /// Why.
+        message: String,
+    },
+    /// The answer to `Status`.
+    Status {
+        /// The keeper's process id.
+        pid: u32,
+        /// Its idle limit in seconds.
+        persist_secs: u64,
+        /// Seconds since its last caller left (0 while one is connected).
+        idle_secs: u64,
+        /// Callers connected now.
+        callers: usize,
+        /// Connections held.
+        connections: Vec<HeldConnection>,
+    },
+    /// The answer to `Stop`: the keeper exits after sending it.
+    Stopping {
+        /// The keeper's process id.
+        pid: u32,
+    },
+}
+
+/// One frame, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// A control message, still JSON (the reader knows which type to expect).
+    Json(Vec<u8>),
+    /// Command stdout bytes.
+    Stdout(Vec<u8>),
+    /// Command stderr bytes.
+    Stderr(Vec<u8>),
+    /// Bytes for the command's stdin.
+    Stdin(Vec<u8>),
+}
+
+impl Frame {
+    /// A control message as a frame.
+    pub fn json<T: Serialize>(msg: &T) -> Frame {
+        Frame::Json(serde_json::to_vec(msg).unwrap_or_default())
+    }
+
+    /// The bytes on the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, body) = match self {
+            Frame::Json(b) => (TAG_JSON, b),
+            Frame::Stdout(b) => (TAG_STDOUT, b),
+            Frame::Stderr(b) => (TAG_STDERR, b),
+            Frame::Stdin(b) => (TAG_STDIN, b),
+        };
+        let mut out = Vec::with_capacity(5 + body.len());
+        out.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
+        out.push(tag);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Decodes a control message of type `T`.
+    pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> Result<T, WireError> {
+        match self {
+            Frame::Json(b) => serde_json::from_slice(b)
+                .map_err(|e| WireError(format!("unreadable control message: {e}"))),
+            _ => Err(WireError(
+                "expected a control message, got channel data".into(),
+            )),
+        }
+    }
+}
+
+/// A peer that does not speak the protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("keeper protocol error: {0}")]
+pub struct WireError(pub String);
+
+/// Splits a byte stream into frames.
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Adds bytes read from the socket.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, if the buffer holds one.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if len == 0 || len > MAX_FRAME {
+            return Err(WireError(format!("frame length {len} out of range")));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let tag = self.buf[4];
+        let body = self.buf[5..4 + len].to_vec();
+        self.buf.drain(..4 + len);
+        match tag {
+            TAG_JSON => Ok(Some(Frame::Json(body))),
+            TAG_STDOUT => Ok(Some(Frame::Stdout(body))),
+            TAG_STDERR => Ok(Some(Frame::Stderr(body))),
+            TAG_STDIN => Ok(Some(Frame::Stdin(body))),
+            other => Err(WireError(format!("unknown frame tag {other:#04x}"))),
+        }
+    }
+}
+
+/// The stable name of a connect stage on the wire (`Timeout` kept apart from `Connect`,
+/// which `ConnectStage::as_str` merges).
+pub fn stage_name(stage: ConnectStage) -> &'static str {
+    match stage {
+        ConnectStage::Config => "config",
+        ConnectStage::Resolve => "resolve",
+        ConnectStage::Connect => "connect",
+        ConnectStage::Timeout => "timeout",
+        ConnectStage::HostKey => "host_key",
+        ConnectStage::Auth => "auth",
+    }
+}
+
+/// A `ConnectFailed` back into the caller's error.
+pub fn connect_error(stage: &str, message: String) -> ConnectError {
+    let stage = match stage {
+        "config" => ConnectStage::Config,
+        "resolve" => ConnectStage::Resolve,
+        "timeout" => ConnectStage::Timeout,
+        "host_key" => ConnectStage::HostKey,
+        "auth" => ConnectStage::Auth,
+        _ => ConnectStage::Connect,
+    };
+    ConnectError::new(stage, message)
+}
+
+/// A channel event as a frame.
+pub fn event_frame(event: ExecEvent) -> Frame {
+    match event {
+        ExecEvent::Stdout(b) => Frame::Stdout(b),
+        ExecEvent::Stderr(b) => Frame::Stderr(b),
+        ExecEvent::ExitStatus(status) => Frame::json(&Reply::ExitStatus { status }),
+        ExecEvent::ExitSignal {
+            signal,
+            core_dumped,
+            message,
+        } => Frame::json(&Reply::ExitSignal {
+            signal,
+            core_dumped,
+            message,
+        }),
+        ExecEvent::Closed => Frame::json(&Reply::Closed),
+        ExecEvent::Lost(message) => Frame::json(&Reply::Lost { message }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_survive_being_fed_one_byte_at_a_time() {
+        let frames = vec![
+            Frame::json(&Reply::ExecStarted),
+            Frame::Stdout(b"hello\n".to_vec()),
+            Frame::Stderr(vec![0, 255, 10]),
+            Frame::json(&Reply::ExitStatus { status: 3 }),
+        ];
+        let wire: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
+        let mut reader = FrameReader::default();
+        let mut got = Vec::new();
+        for b in wire {
+            reader.push(&[b]);
+            while let Some(f) = reader.next_frame().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got, frames);
+        assert_eq!(
+            got[3].parse::<Reply>().unwrap(),
+            Reply::ExitStatus { status: 3 }
+        );
+    }
+
+    #[test]
+    fn oversized_or_unknown_frames_are_refused() {
+        let mut reader = FrameReader::default();
+        reader.push(&((MAX_FRAME + 1) as u32).to_be_bytes());
+        assert!(reader.next_frame().is_err());
+        let mut reader = FrameReader::default();
+        reader.push(&[0, 0, 0, 1, b'Z']);
+        assert!(reader.next_frame().is_err());
+    }
+
+    #[test]
+    fn every_connect_stage_crosses_the_wire_unchanged() {
+        for stage in [
+            ConnectStage::Config,
+            ConnectStage::Resolve,
+            ConnectStage::Connect,
+            ConnectStage::Timeout,
+            ConnectStage::HostKey,
+            ConnectStage::Auth,
+        ] {
+            assert_eq!(connect_error(stage_name(stage), String::new()).stage, stage);
+        }
+    }
+}
