@@ -348,6 +348,8 @@ pub async fn run_interruptible(
             return runner.finish(answer);
         }
     };
+    // The handshake overlaps the durable writes below; nothing is sent before them.
+    runner.pool.prewarm(&dest);
     if let Some(note) = runner.input.approve.clone() {
         runner.ledger.append(
             &runner.key,

@@ -1,5 +1,6 @@
 //! Connection reuse inside one process: one SSH connection per resolved destination,
-//! shared by every operation to it, replaced when it dies.
+//! shared by every operation to it, replaced when it dies. A connect may start early
+//! ([`Pool::prewarm`]) so that the handshake overlaps the ledger's durable writes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,6 +9,17 @@ use super::destination::Destination;
 use super::session::Session;
 use super::ConnectError;
 
+/// What a destination's slot holds.
+#[derive(Debug, Default)]
+enum Slot {
+    #[default]
+    Empty,
+    Ready(Session),
+    /// A prewarm's connect failed: the next caller gets this error instead of waiting for
+    /// a second connect to fail the same way (a dead host would cost its timeout twice).
+    Failed(ConnectError),
+}
+
 /// Sessions keyed by resolved destination (user, address, port, jump path). Each session
 /// runs at most `max_channels_per_host` exec channels at once; more wait their turn.
 #[derive(Debug)]
@@ -15,7 +27,7 @@ pub struct Pool {
     max_channels: usize,
     /// One slot per destination; the slot's async lock makes concurrent callers share one
     /// connect instead of racing several.
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Session>>>>>,
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
 }
 
 impl Pool {
@@ -28,22 +40,52 @@ impl Pool {
         }
     }
 
+    fn slot(&self, dest: &Destination) -> Arc<tokio::sync::Mutex<Slot>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.entry(dest.connection_key()).or_default().clone()
+    }
+
+    /// Starts connecting to `dest` in the background, when no session to it is up or
+    /// being made, so that a later [`Pool::session`] finds it ready (or its error). A
+    /// connection sends nothing that runs: callers may prewarm before their ledger
+    /// writes are durable, never dispatch before. Needs a tokio runtime; without one it
+    /// does nothing.
+    pub fn prewarm(&self, dest: &Destination) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut guard) = self.slot(dest).try_lock_owned() else {
+            return;
+        };
+        if matches!(&*guard, Slot::Ready(s) if !s.is_closed()) {
+            return;
+        }
+        let dest = dest.clone();
+        let max_channels = self.max_channels;
+        runtime.spawn(async move {
+            *guard = match Session::connect_with_limit(&dest, max_channels).await {
+                Ok(s) => Slot::Ready(s),
+                Err(e) => Slot::Failed(e),
+            };
+        });
+    }
+
     /// The live session for `dest`, connecting (or reconnecting, if the previous one
     /// died) when needed.
     pub async fn session(&self, dest: &Destination) -> Result<Session, ConnectError> {
-        let slot = {
-            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-            slots.entry(dest.connection_key()).or_default().clone()
-        };
+        let slot = self.slot(dest);
         let mut guard = slot.lock().await;
-        if let Some(s) = guard.as_ref() {
-            if !s.is_closed() {
-                return Ok(s.clone());
+        match std::mem::take(&mut *guard) {
+            Slot::Ready(s) if !s.is_closed() => {
+                *guard = Slot::Ready(s.clone());
+                return Ok(s);
             }
-            tracing::debug!("replacing dead session to {}", dest.display());
+            Slot::Ready(_) => tracing::debug!("replacing dead session to {}", dest.display()),
+            Slot::Failed(e) => return Err(e),
+            Slot::Empty => {}
         }
         let s = Session::connect_with_limit(dest, self.max_channels).await?;
-        *guard = Some(s.clone());
+        *guard = Slot::Ready(s.clone());
         Ok(s)
     }
 }
