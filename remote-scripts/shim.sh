@@ -555,13 +555,20 @@ verb_run() {
 	# (busybox `head -c` reads ahead into the stdin that follows).
 	spool=
 	cmd_spool="$root/spool/$attempt.$$.cmd"
-	if ! dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>/dev/null; then
+	# dd's own report says how many bytes it wrote ("N bytes ... copied" on its third
+	# line, GNU and busybox alike): no wc for that, unless the report is not that.
+	if ! got=$(dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>&1); then
 		# A full marker root is the host's state, not a bad request.
 		resource_cause
 		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
 		refuse "bad_command reason=read_failed"
 	fi
-	got=$(wc -c <"$cmd_spool")
+	got=${got#*records out
+}
+	case $got in
+	[0-9]*" bytes"*) got=${got%% *} ;;
+	*) got=$(wc -c <"$cmd_spool") ;;
+	esac
 	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
 		resource_cause
 		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
