@@ -3,7 +3,7 @@
 //! (Debian's `pssh`) and `ansible -m raw`. Prints medians, ratios to parallel-ssh, the
 //! peak memory of the 20-host opmark run (`/usr/bin/time -v`) and the machine's load.
 //! A peer that is not installed is skipped with a message. A benchmark, never a test
-//! (`cargo bench --bench fleet`).
+//! (`cargo bench --bench fleet`; `OPMARK_BENCH_BIN=PATH` times another opmark build).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -68,7 +68,12 @@ fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
 
+/// `OPMARK_BENCH_BIN` (another build, for before/after), else this tree's release build,
+/// else its debug build.
 fn opmark_binary() -> PathBuf {
+    if let Some(bin) = std::env::var_os("OPMARK_BENCH_BIN") {
+        return PathBuf::from(bin);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let release = root.join("target/release/opmark");
     if release.exists() {

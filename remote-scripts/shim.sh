@@ -208,10 +208,29 @@ read_boot() {
 # Framing
 
 new_nonce() {
-	# shellcheck disable=SC2046 # od prints the bytes as words; joining them is the point
-	set -- $(od -An -N16 -tx1 /dev/urandom)
 	nonce=
-	for nb in "$@"; do nonce=$nonce$nb; done
+	# Two of the kernel's random UUIDs, read by a builtin (no process): the first's 32 hex
+	# digits with its two fixed ones (version, variant) taken from the second, 128 random
+	# bits. od on /dev/urandom where the file is missing.
+	nn_a='' nn_b=''
+	read -r nn_a </proc/sys/kernel/random/uuid 2>/dev/null &&
+		read -r nn_b </proc/sys/kernel/random/uuid 2>/dev/null
+	case $nn_a$nn_b in
+	????????-????-????-????-????????????????????-????-????-????-????????????)
+		nn_ifs=$IFS
+		IFS=-
+		# shellcheck disable=SC2086 # splitting at the dashes is the point
+		set -- $nn_a $nn_b
+		IFS=$nn_ifs
+		nn_x=${6#?} nn_y=${6#??}
+		nonce=$1$2${6%"$nn_x"}${3#?}${nn_x%"$nn_y"}${4#?}$5
+		;;
+	*)
+		# shellcheck disable=SC2046 # od prints the bytes as words; joining them is the point
+		set -- $(od -An -N16 -tx1 /dev/urandom)
+		for nb in "$@"; do nonce=$nonce$nb; done
+		;;
+	esac
 	case $nonce in
 	'' | *[!0-9a-f]*) nonce= ;;
 	esac
@@ -364,6 +383,8 @@ describe() {
 sizes() {
 	so=0 se=0
 	[ -f "$m/out" ] && [ -f "$m/err" ] || return 0
+	# Nothing captured (most commands' stderr, `true`'s both): no wc.
+	[ -s "$m/out" ] || [ -s "$m/err" ] || return 0
 	# shellcheck disable=SC2046 # wc's words: count name count name total
 	set -- $(wc -c "$m/out" "$m/err")
 	so=$1 se=$3
@@ -547,13 +568,20 @@ verb_run() {
 	# (busybox `head -c` reads ahead into the stdin that follows).
 	spool=
 	cmd_spool="$root/spool/$attempt.$$.cmd"
-	if ! dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>/dev/null; then
+	# dd's own report says how many bytes it wrote ("N bytes ... copied" on its third
+	# line, GNU and busybox alike): no wc for that, unless the report is not that.
+	if ! got=$(dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>&1); then
 		# A full marker root is the host's state, not a bad request.
 		resource_cause
 		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
 		refuse "bad_command reason=read_failed"
 	fi
-	got=$(wc -c <"$cmd_spool")
+	got=${got#*records out
+}
+	case $got in
+	[0-9]*" bytes"*) got=${got%% *} ;;
+	*) got=$(wc -c <"$cmd_spool") ;;
+	esac
 	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
 		resource_cause
 		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
@@ -616,10 +644,10 @@ boot=$boot"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	if [ -n "$shim_file" ]; then
 		setsid -f "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	else
 		setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	fi
 	# shellcheck disable=SC2181 # the two ways to start the same supervisor share one check
 	if [ $? -ne 0 ]; then
@@ -754,11 +782,11 @@ supersede_marker() {
 	sync "$root/ops" "$root/superseded"
 }
 
-# supervise M TIMEOUT_S CAP: the detached supervisor (own session, started by
+# supervise M TIMEOUT_S CAP CMD_BYTES: the detached supervisor (own session, started by
 # `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
 # exit.
 supervise() {
-	m=$1 timeout=$2 cap=$3
+	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-}
 	# `true` first: a failed redirection of `exec` would end the shell before it can
 	# tell anyone (a full disk with no shim.log yet).
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
@@ -794,11 +822,20 @@ supervise() {
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
 	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
 	# and without showing it in `ps`: $0 is the shell, no positional parameters, no
-	# variable of ours (c is unset by the eval before the command's first word).
+	# variable of ours (c and l are unset by the eval before the command's first word).
+	# A short command is read by the shell's own `read` (no cat), a long one by cat
+	# (`read` takes a system call per byte).
+	sv_small=no
+	is_uint "$cmd_bytes" && [ "$cmd_bytes" -le 4096 ] && sv_small=yes
 	# shellcheck disable=SC2016 # expanded by the command's shell, not here
-	"$OPMARK_SHELL" -c 'c=$(cat -- "$1") || exit 126
-eval "unset c; set --; $c
-"' "$OPMARK_SHELL" "$m/cmd" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
+	"$OPMARK_SHELL" -c 'if [ "$2" = yes ]; then
+c= l=
+while IFS= read -r l; do c="$c$l
+"; done <"$1" || exit 126
+c=$c$l
+else c=$(cat -- "$1") || exit 126; fi
+eval "unset c l; set --; $c
+"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
 	code=$?
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
 	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
@@ -867,6 +904,8 @@ capture() {
 	# instead of being killed after the grace. (KILL still ends a capture left behind.)
 	trap '' TERM
 	capped_head "$2" >"$1"
+	# Nothing kept under a cap above 0: the stream ended empty (no wc for that).
+	[ "$2" -gt 0 ] && ! [ -s "$1" ] && return 0
 	# One wc, as counting the rest always cost: a short copy means the stream ended.
 	c_kept=$(wc -c <"$1")
 	[ "$((c_kept + 0))" -lt "$2" ] && return 0

@@ -312,6 +312,8 @@ pub async fn run_interruptible(
             return runner.unresolvable(&e.message);
         }
     };
+    // The handshake overlaps the durable writes below; nothing is sent before them.
+    runner.pool.prewarm(&dest);
     if let Some(note) = runner.input.approve.clone() {
         runner.ledger.append(
             &runner.key,

@@ -4,9 +4,11 @@
 //! Layers: `raw` mirrors the file (serde, unknown keys rejected); this module validates it
 //! (every error names the file, the line, the key and the fix); `classify` parses a
 //! command with brush-parser and applies the rules to each simple command in it; `words`
-//! turns shell words into the text the rules see.
+//! turns shell words into the text the rules see; `pattern` holds a rule's regex, compiled
+//! on first use behind a prefilter of its leading literals.
 
 mod classify;
+mod pattern;
 mod raw;
 mod show;
 mod words;
@@ -16,13 +18,14 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use regex::{Regex, RegexSet};
+use regex::Regex;
 use serde::Serialize;
 
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 
+use pattern::Pattern;
 use raw::{key_path_at, line_of, quoted_field, RawPolicy};
 
 /// The shipped default policy, compiled in so that opmark never runs without one.
@@ -31,8 +34,9 @@ pub const BUILTIN_TEXT: &str = include_str!("../../command-classes.toml");
 /// The origin name of the compiled-in policy, as it appears in rule references.
 pub const BUILTIN_ORIGIN: &str = "built-in command-classes.toml";
 
-/// A validated policy: every family has its behaviour, every rule is well formed and
-/// every regex compiled. Cheap to clone (compiled regexes are shared).
+/// A validated policy: every family has its behaviour and every rule is well formed (a
+/// file's regexes compiled at load; the compiled-in policy's when first needed, see
+/// `pattern`). Cheap to clone (compiled regexes are shared).
 #[derive(Debug, Clone)]
 pub struct Policy {
     origin: String,
@@ -43,8 +47,6 @@ pub struct Policy {
     rules: Vec<Rule>,
     /// Pattern rules (those with a `pattern`), indexes into `rules`, in file order.
     pattern_rules: Vec<usize>,
-    /// All patterns of `pattern_rules` in one set, so matching costs one pass.
-    pattern_set: RegexSet,
     /// Program basename to the first program-only rule listing it.
     program_rules: HashMap<String, usize>,
     redact: Vec<Regex>,
@@ -82,7 +84,7 @@ pub(crate) struct Rule {
     pub family: Family,
     /// Program basenames; empty means "any program" (pattern-only rule).
     pub programs: Vec<String>,
-    pub pattern: Option<Regex>,
+    pub pattern: Option<Pattern>,
     pub deny: bool,
     pub approval: bool,
 }
@@ -239,13 +241,14 @@ impl Policy {
         }
     }
 
-    /// The compiled-in default policy.
+    /// The compiled-in default policy. Its regexes are compiled when a command first
+    /// needs them: a unit test compiles every one of them.
     pub fn builtin() -> Policy {
         static BUILTIN: OnceLock<Policy> = OnceLock::new();
         BUILTIN
             .get_or_init(|| {
                 // A unit test parses the shipped file, so this cannot fail in a release.
-                let mut policy = Policy::parse(BUILTIN_TEXT, BUILTIN_ORIGIN)
+                let mut policy = Policy::parse_checked(BUILTIN_TEXT, BUILTIN_ORIGIN, false)
                     .unwrap_or_else(|e| panic!("the built-in policy is invalid: {e}"));
                 policy.builtin = true;
                 policy
@@ -255,6 +258,12 @@ impl Policy {
 
     /// Parses and validates policy `text`; `origin` names it in errors and rule references.
     pub fn parse(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        Policy::parse_checked(text, origin, true)
+    }
+
+    /// [`Policy::parse`]; `compile` false leaves the rules' regexes to their first use
+    /// (only for text already known to compile).
+    fn parse_checked(text: &str, origin: &str, compile: bool) -> Result<Policy, PolicyError> {
         let check = Checker { text, origin };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| toml_error(&check, &e))?;
 
@@ -426,14 +435,20 @@ impl Policy {
                 }
             }
             let pattern = match &r.pattern {
-                Some(p) => Some(Regex::new(p.get_ref()).map_err(|e| {
-                    check.err(
-                        p.span(),
-                        key("pattern"),
-                        format!("invalid regex: {}", regex_error_summary(&e)),
-                        "fix the regular expression (Rust regex syntax; no look-around or backreferences); use single quotes so backslashes stay literal",
-                    )
-                })?),
+                Some(p) => {
+                    let pattern = Pattern::new(p.get_ref());
+                    if compile {
+                        pattern.compile().map_err(|e| {
+                            check.err(
+                                p.span(),
+                                key("pattern"),
+                                format!("invalid regex: {}", regex_error_summary(&e)),
+                                "fix the regular expression (Rust regex syntax; no look-around or backreferences); use single quotes so backslashes stay literal",
+                            )
+                        })?;
+                    }
+                    Some(pattern)
+                }
                 None => None,
             };
             if programs.is_empty() && pattern.is_none() {
@@ -473,22 +488,6 @@ impl Policy {
         let pattern_rules: Vec<usize> = (0..rules.len())
             .filter(|&i| rules[i].pattern.is_some())
             .collect();
-        let pattern_set = RegexSet::new(
-            pattern_rules
-                .iter()
-                .filter_map(|&i| rules[i].pattern.as_ref().map(Regex::as_str)),
-        )
-        .map_err(|e| {
-            check.err(
-                0..0,
-                "rule".into(),
-                format!(
-                    "the patterns together are too large: {}",
-                    regex_error_summary(&e)
-                ),
-                "simplify or split the patterns",
-            )
-        })?;
         let mut program_rules = HashMap::new();
         for (i, rule) in rules.iter().enumerate() {
             if rule.pattern.is_none() {
@@ -517,7 +516,6 @@ impl Policy {
             families,
             rules,
             pattern_rules,
-            pattern_set,
             program_rules,
             redact,
         })
@@ -552,15 +550,12 @@ impl Policy {
     /// wrappers already removed) are joined in `text`. Pattern rules are tried first, in
     /// file order; then program-only rules, in file order.
     pub(crate) fn match_rule(&self, program: &str, text: &str) -> Option<&Rule> {
-        let matched = self.pattern_set.matches(text);
-        if matched.matched_any() {
-            for (set_index, &rule_index) in self.pattern_rules.iter().enumerate() {
-                if matched.matched(set_index) {
-                    let rule = &self.rules[rule_index];
-                    if rule.programs.is_empty() || rule.programs.iter().any(|p| p == program) {
-                        return Some(rule);
-                    }
-                }
+        for &i in &self.pattern_rules {
+            let rule = &self.rules[i];
+            if (rule.programs.is_empty() || rule.programs.iter().any(|p| p == program))
+                && rule.pattern.as_ref().is_some_and(|p| p.is_match(text))
+            {
+                return Some(rule);
             }
         }
         self.program_rules.get(program).map(|&i| &self.rules[i])
@@ -606,7 +601,8 @@ impl PartialEq for Rule {
             && self.name == other.name
             && self.family == other.family
             && self.programs == other.programs
-            && self.pattern.as_ref().map(Regex::as_str) == other.pattern.as_ref().map(Regex::as_str)
+            && self.pattern.as_ref().map(Pattern::as_str)
+                == other.pattern.as_ref().map(Pattern::as_str)
             && self.deny == other.deny
             && self.approval == other.approval
     }

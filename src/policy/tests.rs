@@ -74,3 +74,54 @@ fn hostile_nesting_and_long_chains_do_not_overflow_the_stack() {
         }
     });
 }
+
+#[test]
+fn the_shipped_patterns_are_prefiltered_and_answer_as_their_regexes() {
+    let p = Policy::parse(BUILTIN_TEXT, BUILTIN_ORIGIN).unwrap();
+    let patterns: Vec<&pattern::Pattern> =
+        p.rules.iter().filter_map(|r| r.pattern.as_ref()).collect();
+    let unfiltered: Vec<&str> = patterns
+        .iter()
+        .filter(|x| x.prefixes().is_none_or(|v| v.iter().any(String::is_empty)))
+        .map(|x| x.as_str())
+        .collect();
+    // A pattern without a prefilter is compiled for every command: keep them rare.
+    assert!(
+        unfiltered.len() <= 3,
+        "patterns without a prefilter: {unfiltered:#?}"
+    );
+    // Texts that reach into every pattern: its prefixes with and without more words.
+    let mut texts: Vec<String> = vec!["true".into(), "ls -la /".into(), String::new()];
+    for x in &patterns {
+        for prefix in x.prefixes().unwrap_or_default() {
+            for tail in ["", " ", " -x", " -rf /", " delete x", " --all", "x"] {
+                texts.push(format!("{prefix}{tail}"));
+            }
+        }
+    }
+    for x in &patterns {
+        let re = regex::Regex::new(x.as_str()).unwrap();
+        for t in &texts {
+            assert_eq!(x.is_match(t), re.is_match(t), "{} on {t:?}", x.as_str());
+        }
+    }
+}
+
+#[test]
+fn the_builtin_policy_compiles_only_what_a_command_needs() {
+    let p = Policy::parse_checked(BUILTIN_TEXT, BUILTIN_ORIGIN, false).unwrap();
+    assert_eq!(p.classify("true").family, Family::ReadOnly);
+    let compiled = |p: &Policy| {
+        p.rules
+            .iter()
+            .filter_map(|r| r.pattern.as_ref())
+            .filter(|x| x.is_compiled())
+            .count()
+    };
+    assert_eq!(compiled(&p), 0);
+    assert_eq!(
+        p.classify("systemctl restart nginx").family,
+        Family::Destructive
+    );
+    assert!(compiled(&p) < 10, "{} compiled", compiled(&p));
+}
