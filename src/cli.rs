@@ -129,7 +129,7 @@ pub struct GlobalArgs {
     )]
     pub ssh_config: Option<PathBuf>,
     /// Ledger: a SQLite file (default ${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db)
-    /// or a shared PostgreSQL ledger, `postgres://…`/`postgresql://…` (needs --ledger-key).
+    /// or a shared PostgreSQL ledger, `postgres://...`/`postgresql://...` (needs --ledger-key).
     #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH|URL")]
     pub ledger: Option<PathBuf>,
     /// The ledger's installation key file (default: beside the ledger, `ledger.key` for

@@ -247,6 +247,65 @@ pub struct Stats {
     pub retries_by_family: BTreeMap<String, u64>,
 }
 
+/// How a backend's SQL spells what `stats` reads beyond plain SQL: a JSON field of an
+/// event's payload, and a true boolean column.
+pub(crate) struct StatsDialect {
+    /// The `verdict` field of `payload`, as text.
+    pub verdict: &'static str,
+    /// The `number` field of `e.payload`, as an integer.
+    pub attempt_number: &'static str,
+    /// `operations.unresolved` is true.
+    pub unresolved: &'static str,
+}
+
+impl Stats {
+    /// The counts, from one backend's two query shapes (a single count, and counts by a
+    /// key): both backends ask the same questions, only the dialect differs.
+    pub(crate) fn query(
+        count: impl Fn(&str) -> Result<u64, LedgerError>,
+        group: impl Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>,
+        dialect: &StatsDialect,
+    ) -> Result<Stats, LedgerError> {
+        let events_of = |kind: &str| {
+            count(&format!(
+                "SELECT COUNT(*) FROM events WHERE kind = '{kind}'"
+            ))
+        };
+        let verdicts = group(&format!(
+            "SELECT {}, COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+            dialect.verdict
+        ))?;
+        Ok(Stats {
+            events: count("SELECT COUNT(*) FROM events")?,
+            operations: count("SELECT COUNT(*) FROM operations")?,
+            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
+            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
+            unresolved: count(&format!(
+                "SELECT COUNT(*) FROM operations WHERE {}",
+                dialect.unresolved
+            ))?,
+            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
+            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+            verdicts,
+            reconciliations: events_of("reconciled")?,
+            operator_decisions: events_of("operator_decision")?,
+            contradictions: events_of("contradiction")?,
+            contradicted_operations: count(
+                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
+            )?,
+            attempts: events_of("attempt_dispatched")?,
+            retries_by_family: group(&format!(
+                "SELECT o.family, COUNT(*) FROM events e
+                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+                 WHERE e.kind = 'attempt_dispatched' AND {} > 1
+                 GROUP BY o.family",
+                dialect.attempt_number
+            ))?,
+        })
+    }
+}
+
 /// Everything `audit verify` (and `ledger migrate`) reads, in one consistent snapshot.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Snapshot {

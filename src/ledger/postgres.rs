@@ -477,46 +477,22 @@ impl PgStore {
             let count = |sql: &str| -> Result<u64, LedgerError> {
                 Ok(c.block(c.client.query_one(sql, &[]))?.get::<_, i64>(0) as u64)
             };
-            let group = |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
-                Ok(c
-                    .block(c.client.query(sql, &[]))?
-                    .iter()
-                    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                    .collect())
-            };
-            let verdicts = group(
-                "SELECT payload::jsonb ->> 'verdict', COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
-            )?;
-            Ok(Stats {
-                events: count("SELECT COUNT(*) FROM events")?,
-                operations: count("SELECT COUNT(*) FROM operations")?,
-                by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
-                by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
-                unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved")?,
-                unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-                conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
-                approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
-                verdicts,
-                reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
-                operator_decisions: count(
-                    "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
-                )?,
-                contradictions: count(
-                    "SELECT COUNT(*) FROM events WHERE kind = 'contradiction'",
-                )?,
-                contradicted_operations: count(
-                    "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
-                )?,
-                attempts: count(
-                    "SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'",
-                )?,
-                retries_by_family: group(
-                    "SELECT o.family, COUNT(*) FROM events e
-                     JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                     WHERE e.kind = 'attempt_dispatched' AND (e.payload::jsonb ->> 'number')::bigint > 1
-                     GROUP BY o.family",
-                )?,
-            })
+            let group =
+                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                    Ok(c.block(c.client.query(sql, &[]))?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                        .collect())
+                };
+            Stats::query(
+                count,
+                group,
+                &super::StatsDialect {
+                    verdict: "payload::jsonb ->> 'verdict'",
+                    attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
+                    unresolved: "unresolved",
+                },
+            )
         })
     }
 }

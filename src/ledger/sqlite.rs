@@ -263,35 +263,15 @@ impl SqliteStore {
             let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
             Ok(rows.collect::<Result<_, _>>()?)
         };
-        let verdicts = group(
-            "SELECT json_extract(payload, '$.verdict'), COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
-        )?;
-        Ok(Stats {
-            events: count("SELECT COUNT(*) FROM events")?,
-            operations: count("SELECT COUNT(*) FROM operations")?,
-            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
-            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
-            unresolved: count("SELECT COUNT(*) FROM operations WHERE unresolved = 1")?,
-            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
-            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
-            verdicts,
-            reconciliations: count("SELECT COUNT(*) FROM events WHERE kind = 'reconciled'")?,
-            operator_decisions: count(
-                "SELECT COUNT(*) FROM events WHERE kind = 'operator_decision'",
-            )?,
-            contradictions: count("SELECT COUNT(*) FROM events WHERE kind = 'contradiction'")?,
-            contradicted_operations: count(
-                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
-            )?,
-            attempts: count("SELECT COUNT(*) FROM events WHERE kind = 'attempt_dispatched'")?,
-            retries_by_family: group(
-                "SELECT o.family, COUNT(*) FROM events e
-                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                 WHERE e.kind = 'attempt_dispatched' AND json_extract(e.payload, '$.number') > 1
-                 GROUP BY o.family",
-            )?,
-        })
+        Stats::query(
+            count,
+            group,
+            &super::StatsDialect {
+                verdict: "json_extract(payload, '$.verdict')",
+                attempt_number: "json_extract(e.payload, '$.number')",
+                unresolved: "unresolved = 1",
+            },
+        )
     }
 
     /// Everything `audit verify` checks, read in one consistent snapshot.
