@@ -47,7 +47,7 @@ pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::R
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {
     let global = cli.global;
-    crate::ssh::keeper::set_persist(global.persist);
+    crate::host::keeper::set_persist(global.persist);
     match cli.command {
         Command::Run(args) => run::run(&global, args),
         Command::Probe(args) => probe::run(&global, &args),

@@ -1,11 +1,9 @@
 //! `opmark mux`: the connection keeper (SPEC 15) for people: `status`, `stop`, and the
-//! hidden `serve` that opmark starts by itself. The keeper is `ssh::keeper`.
+//! hidden `serve` that opmark starts by itself, through [`crate::host::keeper`].
 
 use crate::cli::{GlobalArgs, MuxAction, MuxArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ssh::keeper::client::existing_link;
-use crate::ssh::keeper::wire::{Frame, Reply, Request};
-use crate::ssh::keeper::{server, Place, DEFAULT_PERSIST};
+use crate::host::keeper::{self, Place, Reply, Request, DEFAULT_PERSIST};
 
 /// Runs one `mux` action.
 pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
@@ -20,7 +18,7 @@ pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
             } else {
                 global.persist
             };
-            server::serve(&dir, persist).map_err(local)?;
+            keeper::serve(&dir, persist).map_err(local)?;
             Ok(exit_code::OK)
         }
         MuxAction::Status => ask(global, Request::Status),
@@ -35,18 +33,7 @@ fn local(message: String) -> Error {
 /// Sends `request` to a running keeper (never starts one) and prints the answer.
 fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
     let place = Place::open_default().map_err(local)?;
-    let reply = super::common::block_on(async {
-        let Some(mut link) = existing_link(&place).await.map_err(|e| local(e.0))? else {
-            return Ok(None);
-        };
-        link.send(&[Frame::json(&request)])
-            .await
-            .map_err(|e| local(format!("the keeper went away: {e}")))?;
-        link.reply()
-            .await
-            .map(Some)
-            .map_err(|e| local(format!("the keeper went away: {e}")))
-    })??;
+    let reply = super::common::block_on(keeper::control(&place, &request))?.map_err(local)?;
     let stopping = matches!(request, Request::Stop);
     if global.json {
         let doc = match &reply {

@@ -38,6 +38,16 @@ pub use crate::ssh::{
 };
 pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
 
+/// The connection keeper (SPEC 15) as commands see it: where it lives, whether reuse is
+/// on, its control requests and answers, and the hidden `serve` loop. The framing and the
+/// connections stay in `ssh::keeper`.
+pub mod keeper {
+    pub use crate::ssh::keeper::client::control;
+    pub use crate::ssh::keeper::server::serve;
+    pub use crate::ssh::keeper::wire::{Reply, Request};
+    pub use crate::ssh::keeper::{set_persist, Place, DEFAULT_PERSIST};
+}
+
 /// A one-answer call that did not bring its answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CallError {

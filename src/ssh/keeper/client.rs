@@ -423,6 +423,21 @@ impl RemoteExec {
     }
 }
 
+/// One control request (`status`, `stop`) to the keeper that is already running, never
+/// starting one: its answer, or `None` when none runs.
+pub async fn control(place: &Place, request: &Request) -> Result<Option<Reply>, String> {
+    let Some(mut link) = existing_link(place).await.map_err(|e| e.0)? else {
+        return Ok(None);
+    };
+    link.send(&[Frame::json(request)])
+        .await
+        .map_err(|e| format!("the keeper went away: {e}"))?;
+    link.reply()
+        .await
+        .map(Some)
+        .map_err(|e| format!("the keeper went away: {e}"))
+}
+
 /// A conversation with a keeper that is already running, without starting one (for
 /// `opmark mux status` and `stop`); `None` when none answers.
 pub(crate) async fn existing_link(place: &Place) -> Result<Option<Link>, Unavailable> {
