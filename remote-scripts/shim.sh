@@ -45,7 +45,8 @@
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
 #   claim     attempt, fingerprint, family, shim version, time, foreground identity
 #   proc      the supervisor's identity: pid, process start time, boot id
-#   started/  the start gate: the supervisor runs the command only if it creates it
+#   started   the start gate: the supervisor runs the command only if it creates it (an
+#             exclusive create, see take_gate; a directory in markers of older shims)
 #   cmd       the command text (run by the supervisor as `sh -c` would run it)
 #   stdin     the spooled stdin, out/err captured output (capped: the copy kept for
 #             replay), *.dropped the count of bytes beyond the cap, *.s.<n> spill
@@ -121,8 +122,23 @@ is_uint() {
 	return 0
 }
 
+# now: sets now to the time in seconds since the epoch without starting a process: the
+# kernel's boot time (btime in /proc/stat, kept current across clock changes) plus the
+# seconds since boot, both read by builtins. date(1) where /proc does not have them.
 now() {
-	date +%s
+	now='' nw_k='' nw_v='' nw_up=''
+	{
+		while read -r nw_k nw_v; do
+			[ "$nw_k" = btime ] && break
+		done </proc/stat
+		read -r nw_up _ </proc/uptime
+	} 2>/dev/null
+	nw_up=${nw_up%.*}
+	if [ "$nw_k" = btime ] && is_uint "$nw_v" && is_uint "$nw_up"; then
+		now=$((nw_v + nw_up))
+	else
+		now=$(date +%s)
+	fi
 }
 
 # durable_write DIR NAME CONTENT [MORE_DIRS...]: temp file, fsync, rename, fsync the
@@ -137,6 +153,17 @@ durable_write() {
 	mv -f "$dw_tmp" "$dw_file" || return 1
 	shift 3
 	sync "$dw_file" "$dw_dir" "$@"
+}
+
+# take_gate M: takes the start gate of marker M by creating M/started exclusively
+# (noclobber: O_EXCL, a builtin, so exactly one of any number of takers wins); false when
+# it was taken already (also by an older shim's directory there).
+take_gate() {
+	set -C
+	{ true >"$1/started"; } 2>/dev/null
+	tg_rc=$?
+	set +C
+	return "$tg_rc"
 }
 
 # rget FILE KEY: sets rv to the value of KEY=value in a record file ("" if absent).
@@ -305,6 +332,14 @@ cache_self() {
 	fi
 }
 
+# Records are written in place, with no temp file and rename (each would cost a process
+# on every run), so a reader may catch one half-written: a record counts only once its
+# last line is there. claimed, has_proc and exited say that the claim, the supervisor's
+# record and the exit record of $m are complete (and leave the last value in rv).
+claimed() { rget "$m/claim" boot; }
+has_proc() { rget "$m/proc" boot; }
+exited() { rget "$m/exit" cancelled; }
+
 # state OP: sets st (absent|fenced|completed|running|interrupted) and why.
 state() {
 	m="$root/ops/$1"
@@ -313,43 +348,43 @@ state() {
 		st=absent
 	elif [ -f "$m/fenced" ]; then
 		st=fenced
-	elif [ -f "$m/exit" ]; then
+	elif exited; then
 		st=completed
 	elif [ -f "$m/exit_write_failed" ]; then
 		# The command ended, but its exit record could not be written (a full disk).
 		st=interrupted why=exit_write_failed
-	elif [ -f "$m/proc" ]; then
+	elif has_proc; then
+		s_boot=$rv
 		rget "$m/proc" pid
 		s_pid=$rv
 		rget "$m/proc" start
 		s_start=$rv
-		rget "$m/proc" boot
 		read_boot
-		if [ "$rv" != "$boot" ]; then
+		if [ "$s_boot" != "$boot" ]; then
 			st=interrupted why=reboot
 		elif alive "$s_pid" "$s_start" || session_alive "$s_pid" "$s_start"; then
 			st=running
-		elif [ -f "$m/exit" ]; then
+		elif exited; then
 			st=completed
 		else
 			st=interrupted why=process_gone
 		fi
-	elif [ -f "$m/claim" ]; then
+	elif claimed; then
+		c_boot=$rv
 		rget "$m/claim" fg_pid
 		c_pid=$rv
 		rget "$m/claim" fg_start
 		c_start=$rv
-		rget "$m/claim" boot
 		read_boot
-		if [ "$rv" = "$boot" ] && alive "$c_pid" "$c_start"; then
+		if [ "$c_boot" = "$boot" ] && alive "$c_pid" "$c_start"; then
 			st=running why=starting
-		elif [ -f "$m/proc" ]; then
+		elif has_proc; then
 			state "$1"
 		else
 			st=interrupted why=never_started
 		fi
 	elif [ -n "$(find "$m" -prune -mmin -1 2>/dev/null)" ]; then
-		# Between a claimer's mkdir and its claim record: a few microseconds normally.
+		# Between a claimer's mkdir and its complete claim record: microseconds normally.
 		st=running why=claiming
 	else
 		st=interrupted why=never_started
@@ -477,7 +512,7 @@ follow() {
 			continue
 		fi
 		emit
-		if [ -f "$m/exit" ]; then
+		if exited; then
 			emit
 			trailer
 			# The spill segments a live follower streamed last (a short one at the end).
@@ -488,7 +523,7 @@ follow() {
 		fi
 		state "${m##*/}"
 		if [ "$st" != running ]; then
-			[ -f "$m/exit" ] && continue
+			exited && continue
 			frame "I $(describe)"
 			break
 		fi
@@ -508,7 +543,10 @@ follow() {
 # wait_wake: blocks until the supervisor writes "x" (exit record down) or a timer of
 # $iv seconds writes "t" (time to copy live output and check the process).
 wait_wake() {
+	# Without the channel's descriptors: a timer outliving us (a kill ends this subshell,
+	# not its sleep) must not hold the channel open.
 	(
+		exec </dev/null 3>&-
 		sleep "$iv"
 		printf 't\n' >&5
 	) &
@@ -526,7 +564,7 @@ wait_wake() {
 never_started() {
 	kill "$timer" 2>/dev/null
 	resource_cause
-	if [ -z "${superseded:-}" ] && ! [ -d "$m/started" ]; then
+	if [ -z "${superseded:-}" ] && ! [ -e "$m/started" ]; then
 		rm -rf "$m"
 		sync "$root/ops"
 	fi
@@ -566,26 +604,13 @@ verb_run() {
 	# lost halfway must not leave a claim whose command is cut short or would read half
 	# an input. dd with count_bytes,fullblock reads exactly CMD_BYTES and never past them
 	# (busybox `head -c` reads ahead into the stdin that follows).
-	spool=
-	cmd_spool="$root/spool/$attempt.$$.cmd"
-	# dd's own report says how many bytes it wrote ("N bytes ... copied" on its third
-	# line, GNU and busybox alike): no wc for that, unless the report is not that.
-	if ! got=$(dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>&1); then
-		# A full marker root is the host's state, not a bad request.
-		resource_cause
-		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
-		refuse "bad_command reason=read_failed"
-	fi
-	got=${got#*records out
-}
-	case $got in
-	[0-9]*" bytes"*) got=${got%% *} ;;
-	*) got=$(wc -c <"$cmd_spool") ;;
-	esac
-	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
-		resource_cause
-		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
-		refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=$((got + 0))"
+	spool='' cmd_spool='' cmd_text=''
+	if [ "$in_bytes" = - ] && [ "$cmd_bytes" -le 4096 ]; then
+		# A short command and nothing after it but EOF: read by the shell's own `read`
+		# (a system call per byte, nothing to start) and kept in memory until the claim.
+		read_short_command || refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=${#cmd_text}"
+	else
+		spool_command
 	fi
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
@@ -613,17 +638,18 @@ verb_run() {
 	proc_stat "$$"
 	fg_start=$ps_start
 	read_boot
+	now
 	claim_rec="cap=$cap
 attempt=$attempt
 fingerprint=$fp
 family=$family
 shim=$OPMARK_SHIM_VERSION
-claimed_at=$(now)
+claimed_at=$now
 fg_pid=$$
 fg_start=$fg_start
 boot=$boot"
 	if mkdir "$m" 2>/dev/null; then
-		if ! prepare_marker "$m" "$root/ops"; then
+		if ! prepare_marker "$m"; then
 			# Nothing can have started: take the claim back, so that no empty or
 			# half-written marker reads as running or interrupted later.
 			resource_cause
@@ -653,8 +679,9 @@ boot=$boot"
 	if [ $? -ne 0 ]; then
 		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
 		# so a late supervisor cannot start either, then release the op id.
-		mkdir "$m/started" 2>/dev/null
-		mv -f "$m" "$root/superseded/$op.$(now).$attempt.failed-start"
+		take_gate "$m"
+		now
+		mv -f "$m" "$root/superseded/$op.$now.$attempt.failed-start"
 		# busybox's setsid has no -f: a host to fix, not a failure to retry.
 		setsid -f true </dev/null >/dev/null 2>&1 || refuse "cannot_start reason=setsid_without_f"
 		refuse "cannot_start reason=setsid_failed"
@@ -664,16 +691,59 @@ boot=$boot"
 	follow "$m" 0 0 fresh
 }
 
-# prepare_marker DIR [MORE_DIRS_TO_SYNC...]: everything a claim needs in DIR, the claim
-# record durably first, then the command (moved in from its spool), the capture files, the empty file an unwritable exit record
-# is renamed from, and the FIFOs. Fails (leaving DIR for the caller to remove) when any
-# cannot be made: a claim either exists completely or not at all.
+# read_short_command: reads the command, the channel's data up to EOF, into cmd_text;
+# false unless it is exactly cmd_bytes bytes. (A final line without a newline is still
+# read: `read` fails at EOF but sets the variable.)
+read_short_command() {
+	cmd_text='' rs_l=''
+	while IFS= read -r rs_l; do
+		cmd_text="$cmd_text$rs_l
+"
+	done
+	cmd_text=$cmd_text$rs_l
+	[ "${#cmd_text}" -eq "$cmd_bytes" ]
+}
+
+# spool_command: receives exactly cmd_bytes bytes of the channel's data into an
+# unclaimed spool file ($cmd_spool), leaving what follows (the stdin) unread.
+spool_command() {
+	cmd_spool="$root/spool/$attempt.$$.cmd"
+	# dd's own report says how many bytes it wrote ("N bytes ... copied" on its third
+	# line, GNU and busybox alike): no wc for that, unless the report is not that.
+	if ! got=$(dd of="$cmd_spool" bs=65536 count="$cmd_bytes" iflag=count_bytes,fullblock 2>&1); then
+		# A full marker root is the host's state, not a bad request.
+		resource_cause
+		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
+		refuse "bad_command reason=read_failed"
+	fi
+	got=${got#*records out
+}
+	case $got in
+	[0-9]*" bytes"*) got=${got%% *} ;;
+	*) got=$(wc -c <"$cmd_spool") ;;
+	esac
+	if [ "$((got + 0))" -ne "$cmd_bytes" ]; then
+		resource_cause
+		[ "$cause" = write_failed ] || refuse "root_unusable reason=$cause"
+		refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=$((got + 0))"
+	fi
+}
+
+# prepare_marker DIR: everything a claim needs in DIR: the claim record first, then the
+# command (written from memory, or moved in from its spool), the capture files, the empty
+# file an unwritable exit record is renamed from, and the FIFOs. Fails (leaving DIR for
+# the caller to remove) when any cannot be made: a claim either exists completely or not
+# at all. Not synced here: the supervisor makes the claim durable before its start gate,
+# while its captures start (a superseding claim is synced before the old one moves).
 prepare_marker() {
 	pm_dir=$1
-	shift
 	# `true`, not `:`: a failed redirection of a special built-in ends the whole shell.
-	durable_write "$pm_dir" claim "$claim_rec" "$@" &&
-		mv -f "$cmd_spool" "$pm_dir/cmd" &&
+	printf '%s\n' "$claim_rec" >"$pm_dir/claim" &&
+		if [ -n "$cmd_spool" ]; then
+			mv -f "$cmd_spool" "$pm_dir/cmd"
+		else
+			printf '%s' "$cmd_text" >"$pm_dir/cmd"
+		fi &&
 		true >"$pm_dir/out" && true >"$pm_dir/err" && true >"$pm_dir/.noexit" &&
 		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
 } 2>/dev/null
@@ -706,7 +776,7 @@ answer_taken_claim() {
 	if [ "$st" = fenced ]; then
 		refuse "fenced $(describe)"
 	fi
-	if [ -f "$m/claim" ]; then
+	if claimed; then
 		rget "$m/claim" fingerprint
 		[ "$rv" = "$fp" ] || refuse "conflict $(describe)"
 	fi
@@ -745,21 +815,23 @@ supersede_marker() {
 		refuse "$st $(describe)"
 	fi
 	# Taking the start gate first means a supervisor that has not started yet never will.
-	mkdir "$m/started" 2>/dev/null
+	take_gate "$m"
 	state "$op"
 	if [ "$st" != interrupted ]; then
 		rmdir "$m/.superseding"
 		refuse "$st $(describe)"
 	fi
 	sm_next="$root/ops/.next.$$"
-	if ! mkdir "$sm_next" 2>/dev/null || ! prepare_marker "$sm_next"; then
+	if ! mkdir "$sm_next" 2>/dev/null || ! prepare_marker "$sm_next" ||
+		! sync "$sm_next/claim" "$sm_next"; then
 		resource_cause
 		rm -rf "$sm_next"
 		rmdir "$m/.superseding"
 		refuse "interrupted $(describe) supersede_failed=$cause"
 	fi
-	sm_aside="$root/superseded/$op.$(now).$1"
-	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$(now)" >"$m/superseded" 2>/dev/null
+	now
+	sm_aside="$root/superseded/$op.$now.$1"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$1" "$now" >"$m/superseded" 2>/dev/null
 	if ! mv "$m" "$sm_aside" 2>/dev/null; then
 		resource_cause
 		rm -rf "$sm_next"
@@ -792,13 +864,28 @@ supervise() {
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	proc_stat "$$"
 	read_boot
-	# If the marker was moved aside meanwhile, this write fails and nothing runs. No
-	# fsync: after a crash the boot id changes and this record is moot anyway.
-	if ! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/.proc.tmp" ||
-		! mv -f "$m/.proc.tmp" "$m/proc"; then
+	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ]; then
 		start_failed
 	fi
-	mkdir "$m/started" 2>/dev/null || start_failed
+	unbuffered=
+	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
+	# The captures start first: they only wait on their FIFOs while the claim is made
+	# durable, which takes the disk's time rather than the processor's.
+	capture "$m/out" "$cap" <"$m/.out.fifo" &
+	cap_out=$!
+	capture "$m/err" "$cap" <"$m/.err.fifo" &
+	cap_err=$!
+	# The claim is durable before anything can run (the foreground wrote it and went on
+	# to start us). Our record is complete before the start gate is taken, so whoever sees
+	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
+	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
+	# nothing runs: the captures, still waiting on their FIFOs, are ended with us.
+	if ! sync "$m/claim" "$m" "${m%/*}" ||
+		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
+		! take_gate "$m"; then
+		signal_session KILL "$$" "$$"
+		start_failed
+	fi
 	trap 'sv_term=1' TERM
 	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
 	# (always while the deadline killer swept the session). Caught, not ignored: the
@@ -811,13 +898,6 @@ supervise() {
 	fi
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
-	[ -p "$m/.out.fifo" ] && [ -p "$m/.err.fifo" ] || exit 1
-	unbuffered=
-	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
-	capture "$m/out" "$cap" <"$m/.out.fifo" &
-	cap_out=$!
-	capture "$m/err" "$cap" <"$m/.err.fifo" &
-	cap_err=$!
 	cd "${HOME:-/}" 2>/dev/null || cd /
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
 	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
@@ -858,17 +938,21 @@ eval "unset c l; set --; $c
 	[ -f "$m/timed_out" ] && timed_out=1
 	cancelled=0
 	[ -f "$m/cancelled" ] && cancelled=1
+	now
 	record="code=$code
 timed_out=$timed_out
-ended_at=$(now)
+ended_at=$now
 cancelled=$cancelled"
-	# A second try covers a helper (sync, mv) lost to a signal sweep under heavy load.
-	if ! durable_write "$m" exit "$record" && ! durable_write "$m" exit "$record"; then
+	# In place, then one sync for its data and its directory entry (readers count it once
+	# its last line is there, see exited). A second try covers a sync lost to a signal
+	# sweep under heavy load.
+	if ! write_exit && ! write_exit; then
 		# A full disk: renaming the file made before the claim counted needs no space, so
-		# the marker says interrupted and why, instead of looking like a lost process.
+		# the marker says interrupted and why, instead of looking like a lost process. A
+		# torn record goes, so that nothing reads a code that was never written whole.
+		exited || rm -f "$m/exit"
 		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
 		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
-		rm -f "$m/.exit.tmp.$$"
 	fi
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
@@ -882,6 +966,10 @@ cancelled=$cancelled"
 	fi
 	# Off the waiters' path: they are awake already.
 	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
+}
+
+write_exit() {
+	printf '%s\n' "$record" >"$m/exit" && sync "$m/exit" "$m"
 }
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
@@ -1016,12 +1104,12 @@ verb_cancel() {
 	completed) cancel_answer already_completed ;;
 	interrupted)
 		# Take the start gate: if the supervisor never started, now it never will.
-		mkdir "$m/started" 2>/dev/null
+		take_gate "$m"
 		cancel_fence "$1" interrupted
 		;;
 	esac
 	# Running. Whoever takes the start gate decides: if we do, the command never starts.
-	if mkdir "$m/started" 2>/dev/null; then
+	if take_gate "$m"; then
 		cancel_fence "$1" not_started
 	fi
 	# The gate is taken: the supervisor wrote its identity first (or a fence took it).
@@ -1039,7 +1127,8 @@ verb_cancel() {
 	rget "$m/proc" start
 	cn_start=$rv
 	is_uint "$cn_sid" || refuse "running $(describe)"
-	durable_write "$m" cancelled "cancelled_at=$(now)
+	now
+	durable_write "$m" cancelled "cancelled_at=$now
 grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
 	signal_session TERM "$cn_sid" "$$"
 	if ! cancel_wait "$(($2 / 100))"; then
@@ -1066,7 +1155,7 @@ grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
 cancel_wait() {
 	cw_left=$1
 	while :; do
-		[ -f "$m/exit" ] && return 0
+		exited && return 0
 		alive "$cn_sid" "$cn_start" || session_alive "$cn_sid" "$cn_start" || return 0
 		[ "$cw_left" -gt 0 ] || return 1
 		cw_left=$((cw_left - 1))
@@ -1076,9 +1165,10 @@ cancel_wait() {
 
 # cancel_fence OP WAS: tombstones the marker $m (its start gate taken) and answers.
 cancel_fence() {
-	mkdir "$m/started" 2>/dev/null
+	take_gate "$m"
 	sync "$root/ops"
-	durable_write "$m" fenced "fenced_at=$(now)
+	now
+	durable_write "$m" fenced "fenced_at=$now
 fenced_by=cancel" || refuse "root_unusable reason=fence_write_failed"
 	state "$1"
 	frame "N fenced was=$2 $(describe)"
@@ -1135,7 +1225,7 @@ verb_fence() {
 	setup_root
 	m="$root/ops/$1"
 	if mkdir "$m" 2>/dev/null; then
-		mkdir "$m/started"
+		take_gate "$m"
 	else
 		state "$1"
 		case $st in
@@ -1145,13 +1235,14 @@ verb_fence() {
 			;;
 		interrupted)
 			# Take the start gate: if the supervisor never started, now it never will.
-			mkdir "$m/started" 2>/dev/null || [ "$2" = 1 ] || refuse "$st $(describe)"
+			take_gate "$m" || [ "$2" = 1 ] || refuse "$st $(describe)"
 			;;
 		*) refuse "$st $(describe)" ;;
 		esac
 	fi
 	sync "$root/ops"
-	durable_write "$m" fenced "fenced_at=$(now)" || refuse "root_unusable reason=fence_write_failed"
+	now
+	durable_write "$m" fenced "fenced_at=$now" || refuse "root_unusable reason=fence_write_failed"
 	st=fenced why=
 	frame "F fenced $(describe)"
 }
@@ -1168,14 +1259,15 @@ verb_supersede() {
 		state "$op"
 		refuse "$st $(describe)"
 	fi
-	mkdir "$m/started" 2>/dev/null
+	take_gate "$m"
 	state "$op"
 	if [ "$st" != interrupted ]; then
 		rmdir "$m/.superseding"
 		refuse "$st $(describe)"
 	fi
-	sm_aside="$root/superseded/$op.$(now).$2"
-	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$2" "$(now)" >"$m/superseded" 2>/dev/null
+	now
+	sm_aside="$root/superseded/$op.$now.$2"
+	printf 'superseded_by=%s\nsuperseded_at=%s\n' "$2" "$now" >"$m/superseded" 2>/dev/null
 	if ! mv "$m" "$sm_aside" 2>/dev/null; then
 		rmdir "$m/.superseding"
 		refuse "$st $(describe)"
@@ -1191,7 +1283,8 @@ verb_gc() {
 	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
 	is_uint "$1" || refuse "bad_args reason=age"
 	setup_root
-	limit=$(($(now) - $1))
+	now
+	limit=$((now - $1))
 	removed=0 kept=0
 	for g in "$root"/ops/*; do
 		[ -d "$g" ] || continue

@@ -338,6 +338,12 @@ pub enum InvocationError {
     /// The command is empty (the shim would have nothing to run).
     #[error("the command is empty; give the command to run after `--`")]
     EmptyCommand,
+    /// The command holds a NUL byte, which no shell command can (`sh -c` stops there).
+    #[error("the command contains a NUL byte at byte {at}, which no shell command can hold; remove it, or send binary data as input with `--stdin`")]
+    NulByte {
+        /// Where the first NUL is, in bytes from the start.
+        at: usize,
+    },
 }
 
 /// Checks what cannot be sent, before anything is.
@@ -347,6 +353,9 @@ pub fn check_command(command: &str) -> Result<(), InvocationError> {
     }
     if command.len() > MAX_COMMAND_BYTES {
         return Err(InvocationError::CommandTooLarge { len: command.len() });
+    }
+    if let Some(at) = command.bytes().position(|b| b == 0) {
+        return Err(InvocationError::NulByte { at });
     }
     Ok(())
 }
@@ -651,5 +660,8 @@ mod tests {
             message.contains("16 MiB") && message.contains("--stdin"),
             "{message}"
         );
+        let nul = check_command("printf 'a\0b'").unwrap_err();
+        assert_eq!(nul, InvocationError::NulByte { at: 9 });
+        assert!(nul.to_string().contains("NUL byte at byte 9"), "{nul}");
     }
 }
