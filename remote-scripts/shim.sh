@@ -122,23 +122,30 @@ is_uint() {
 	return 0
 }
 
-# now: sets now to the time in seconds since the epoch without starting a process: the
-# kernel's boot time (btime in /proc/stat, kept current across clock changes) plus the
-# seconds since boot, both read by builtins. date(1) where /proc does not have them.
+# now: sets now to the time in seconds since the epoch, usually without starting a
+# process: the seconds since boot (/proc/uptime, read by a builtin) plus the epoch time of
+# the boot kept in $clock (the marker root's `clock`: boot id, that time, and the uptime it
+# was taken at). date(1) sets it again each boot and every 10 minutes, so a clock step
+# shows within 10 minutes; a missing, foreign or malformed file only costs the date.
+# (/proc/stat's btime would need no file, but the read builtin takes a system call per
+# byte and the line before it counts every interrupt: kilobytes on a large host.)
 now() {
-	now='' nw_k='' nw_v='' nw_up=''
-	{
-		while read -r nw_k nw_v; do
-			[ "$nw_k" = btime ] && break
-		done </proc/stat
-		read -r nw_up _ </proc/uptime
-	} 2>/dev/null
+	now='' nw_up='' nw_boot='' nw_base='' nw_set=''
+	read -r nw_up _ 2>/dev/null </proc/uptime
 	nw_up=${nw_up%.*}
-	if [ "$nw_k" = btime ] && is_uint "$nw_v" && is_uint "$nw_up"; then
-		now=$((nw_v + nw_up))
-	else
-		now=$(date +%s)
+	[ -n "${clock:-}" ] && read -r nw_boot nw_base nw_set _ 2>/dev/null <"$clock"
+	[ -n "${boot:-}" ] || read_boot
+	if is_uint "$nw_up" && is_uint "$nw_base" && is_uint "$nw_set" &&
+		[ "$nw_boot" = "$boot" ] && [ "$nw_up" -ge "$nw_set" ] &&
+		[ "$((nw_up - nw_set))" -lt 600 ]; then
+		now=$((nw_base + nw_up))
+		return 0
 	fi
+	now=$(date +%s)
+	if [ -n "${clock:-}" ] && is_uint "$nw_up" && is_uint "$now"; then
+		printf '%s %s %s\n' "$boot" "$((now - nw_up))" "$nw_up" >"$clock" 2>/dev/null
+	fi
+	return 0
 }
 
 # durable_write DIR NAME CONTENT [MORE_DIRS...]: temp file, fsync, rename, fsync the
@@ -231,6 +238,256 @@ read_boot() {
 	boot=${boot:-unknown}
 }
 
+# Records are written in place, with no temp file and rename (each would cost a process
+# on every run), so a reader may catch one half-written: a record counts only once its
+# last line is there. claimed, has_proc and exited say that the claim, the supervisor's
+# record and the exit record of $m are complete (and leave the last value in rv).
+claimed() { rget "$m/claim" boot; }
+has_proc() { rget "$m/proc" boot; }
+exited() { rget "$m/exit" cancelled; }
+
+# ---------------------------------------------------------------------------------------
+# The detached supervisor
+
+# supervise M TIMEOUT_S CAP CMD_BYTES: the detached supervisor (own session, started by
+# `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
+# exit.
+supervise() {
+	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-}
+	# `true` first: a failed redirection of `exec` would end the shell before it can
+	# tell anyone (a full disk with no shim.log yet).
+	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
+	clock=${m%/ops/*}/clock
+	proc_stat "$$"
+	read_boot
+	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ]; then
+		start_failed
+	fi
+	unbuffered=
+	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
+	# The captures start first: they only wait on their FIFOs while the claim is made
+	# durable, which takes the disk's time rather than the processor's.
+	capture "$m/out" "$cap" <"$m/.out.fifo" &
+	cap_out=$!
+	capture "$m/err" "$cap" <"$m/.err.fifo" &
+	cap_err=$!
+	# The claim is durable before anything can run (the foreground wrote it and went on
+	# to start us). Our record is complete before the start gate is taken, so whoever sees
+	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
+	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
+	# nothing runs: the captures, still waiting on their FIFOs, are ended with us.
+	if ! sync "$m/claim" "$m" "${m%/*}" ||
+		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
+		! take_gate "$m"; then
+		signal_session KILL "$$" "$$"
+		start_failed
+	fi
+	trap 'sv_term=1' TERM
+	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
+	# (always while the deadline killer swept the session). Caught, not ignored: the
+	# command still gets the default disposition (a handler resets on exec).
+	trap 'sv_pipe=1' PIPE HUP
+	killer=
+	if [ "$timeout" -gt 0 ]; then
+		kill_after "$timeout" "$$" "$m" &
+		killer=$!
+	fi
+	input=/dev/null
+	[ -f "$m/stdin" ] && input="$m/stdin"
+	cd "${HOME:-/}" 2>/dev/null || cd /
+	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
+	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
+	# and without showing it in `ps`: $0 is the shell, no positional parameters, no
+	# variable of ours (c and l are unset by the eval before the command's first word).
+	# A short command is read by the shell's own `read` (no cat), a long one by cat
+	# (`read` takes a system call per byte).
+	sv_small=no
+	is_uint "$cmd_bytes" && [ "$cmd_bytes" -le 4096 ] && sv_small=yes
+	# shellcheck disable=SC2016 # expanded by the command's shell, not here
+	"$OPMARK_SHELL" -c 'if [ "$2" = yes ]; then
+c= l=
+while IFS= read -r l; do c="$c$l
+"; done <"$1" || exit 126
+c=$c$l
+else c=$(cat -- "$1") || exit 126; fi
+eval "unset c l; set --; $c
+"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
+	code=$?
+	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
+	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
+	# cut short (leaving the command's children alive) nor hit our own helpers.
+	if [ -n "$killer" ]; then
+		kill -TERM "$killer" 2>/dev/null
+		while kill -0 "$killer" 2>/dev/null; do
+			wait "$killer"
+		done
+	fi
+	# The captures end when every writer of the FIFOs has closed them (the command and
+	# anything it left running with its output), as with ssh itself. A trapped TERM
+	# interrupts `wait`, hence the loop.
+	for cp in "$cap_out" "$cap_err"; do
+		while kill -0 "$cp" 2>/dev/null; do
+			wait "$cp"
+		done
+	done
+	timed_out=0
+	[ -f "$m/timed_out" ] && timed_out=1
+	cancelled=0
+	[ -f "$m/cancelled" ] && cancelled=1
+	now
+	record="code=$code
+timed_out=$timed_out
+ended_at=$now
+cancelled=$cancelled"
+	# In place, then one sync for its data and its directory entry (readers count it once
+	# its last line is there, see exited). A second try covers a sync lost to a signal
+	# sweep under heavy load.
+	if ! write_exit && ! write_exit; then
+		# A full disk: renaming the file made before the claim counted needs no space, so
+		# the marker says interrupted and why, instead of looking like a lost process. A
+		# torn record goes, so that nothing reads a code that was never written whole.
+		exited || rm -f "$m/exit"
+		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
+		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
+	fi
+	for w in "$m"/.w.*; do
+		[ -p "$w" ] && printf 'x\n' 1<>"$w"
+	done
+	# Spill segments nobody is left to stream (never part of the kept copy); a live
+	# follower removes what it streamed itself.
+	if ! followed; then
+		for sp in "$m"/out.s.* "$m"/err.s.*; do
+			[ -e "$sp" ] && rm -f "$sp"
+		done
+	fi
+	# Off the waiters' path: they are awake already.
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
+}
+
+write_exit() {
+	printf '%s\n' "$record" >"$m/exit" && sync "$m/exit" "$m"
+}
+
+# start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
+# the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
+start_failed() {
+	for w in "$m"/.w.*; do
+		[ -p "$w" ] && printf 'f\n' 1<>"$w"
+	done
+	exit 1
+}
+
+# capture FILE CAP: keeps the first CAP bytes in FILE (the copy kept for replay). Beyond
+# them, while a foreground follows, spills to segments FILE.s.<n> that the follower
+# streams and removes (when SPILL_WINDOW wait, the command waits too, as with a slow ssh
+# client); with nobody following, counts and drops. Always drains, so the command never
+# blocks for good nor dies of SIGPIPE. FILE.dropped: every byte beyond the cap.
+capture() {
+	# A cancel or deadline TERMs the session's processes: the capture must outlive the
+	# command, or a command that ignores TERM would die of SIGPIPE at its next write
+	# instead of being killed after the grace. (KILL still ends a capture left behind.)
+	trap '' TERM
+	capped_head "$2" >"$1"
+	# Nothing kept under a cap above 0: the stream ended empty (no wc for that).
+	[ "$2" -gt 0 ] && ! [ -s "$1" ] && return 0
+	# One wc, as counting the rest always cost: a short copy means the stream ended.
+	c_kept=$(wc -c <"$1")
+	[ "$((c_kept + 0))" -lt "$2" ] && return 0
+	c_n=0 c_beyond=0 c_ended=
+	while followed; do
+		c_seg="$1.s.$c_n"
+		c_ok=1
+		capped_head "$SPILL_SEG" >"$c_seg" || c_ok=
+		# Gone already: a follower streamed it, which it does only with a full segment.
+		c_size=$(wc -c <"$c_seg" 2>/dev/null) || c_size=$SPILL_SEG
+		c_size=$((c_size + 0))
+		# A segment that cannot be written (a full disk): what it took is counted, the
+		# rest is counted and dropped below.
+		[ -n "$c_ok" ] || {
+			c_beyond=$((c_beyond + c_size))
+			break
+		}
+		c_beyond=$((c_beyond + c_size))
+		if [ "$c_size" -lt "$SPILL_SEG" ]; then
+			c_ended=1
+			[ "$c_size" -gt 0 ] || rm -f "$c_seg"
+			break
+		fi
+		c_n=$((c_n + 1))
+		while [ -e "$1.s.$((c_n - SPILL_WINDOW))" ] && followed; do
+			sleep 0.05
+		done
+	done
+	if [ -z "$c_ended" ]; then
+		# Count and drop the rest (binary-safe, so wc rather than read).
+		c_rest=$(wc -c)
+		c_beyond=$((c_beyond + c_rest))
+	fi
+	[ "$c_beyond" -gt 0 ] && printf '%s\n' "$c_beyond" >"$1.dropped"
+	return 0
+}
+
+# capped_head N: copies N bytes of stdin (fewer at its end) to stdout as they come.
+capped_head() {
+	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
+	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
+	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
+	if [ -n "$unbuffered" ]; then
+		stdbuf -o0 head -c "$1"
+	else
+		head -c "$1"
+	fi
+}
+
+# followed: a live foreground follows this marker (a wake-up FIFO named by the pid and
+# start time of a process that still exists).
+followed() {
+	for fw in "$m"/.w.*; do
+		fw_id=${fw##*/.w.}
+		[ -p "$fw" ] && alive "${fw_id%.*}" "${fw_id#*.}" && return 0
+	done
+	return 1
+}
+
+# kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
+# but the supervisor and this killer, then KILL what is left after a grace period. The
+# supervisor is never signalled, so it always lives to write the exit record. (Sending
+# TERM to the whole process group lost a supervisor now and then under heavy load.)
+kill_after() {
+	sleep "$1" &
+	ka_sleep=$!
+	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
+	wait "$ka_sleep"
+	trap '' TERM
+	# A cancel is already stopping the command: it is not a timeout.
+	[ -f "$3/cancelled" ] && exit 0
+	true >"$3/timed_out"
+	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
+	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
+	signal_session TERM "$2" "$me"
+	sleep 2
+	signal_session KILL "$2" "$me"
+}
+
+# signal_session SIG SID SPARE: sends SIG to every live process of session SID except
+# its leader (the supervisor) and SPARE. Builtins only, so nothing it starts is hit.
+signal_session() {
+	for ka in /proc/[0-9]*/stat; do
+		ka_pid=${ka#/proc/}
+		ka_pid=${ka_pid%/stat}
+		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
+		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
+	done
+}
+
+# The supervisor needs nothing below: it stops reading the script here (dash reads a
+# script one command at a time), so only the foreground pays for parsing the rest.
+if [ "${1:-}" = supervise ]; then
+	shift
+	supervise "$@"
+	exit 0
+fi
+
 # ---------------------------------------------------------------------------------------
 # Framing
 
@@ -309,6 +566,7 @@ setup_root() {
 		chmod 700 "$root" 2>/dev/null
 	fi
 	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
+	clock=$root/clock
 	true 2>>"$root/shim.log" && exec 2>>"$root/shim.log"
 	[ -n "$shim_hash" ] && [ -z "$shim_file" ] && cache_self
 	true
@@ -331,14 +589,6 @@ cache_self() {
 		rm -f "$st"
 	fi
 }
-
-# Records are written in place, with no temp file and rename (each would cost a process
-# on every run), so a reader may catch one half-written: a record counts only once its
-# last line is there. claimed, has_proc and exited say that the claim, the supervisor's
-# record and the exit record of $m are complete (and leave the last value in rv).
-claimed() { rget "$m/claim" boot; }
-has_proc() { rget "$m/proc" boot; }
-exited() { rget "$m/exit" cancelled; }
 
 # state OP: sets st (absent|fenced|completed|running|interrupted) and why.
 state() {
@@ -854,236 +1104,6 @@ supersede_marker() {
 	sync "$root/ops" "$root/superseded"
 }
 
-# supervise M TIMEOUT_S CAP CMD_BYTES: the detached supervisor (own session, started by
-# `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
-# exit.
-supervise() {
-	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-}
-	# `true` first: a failed redirection of `exec` would end the shell before it can
-	# tell anyone (a full disk with no shim.log yet).
-	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
-	proc_stat "$$"
-	read_boot
-	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ]; then
-		start_failed
-	fi
-	unbuffered=
-	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
-	# The captures start first: they only wait on their FIFOs while the claim is made
-	# durable, which takes the disk's time rather than the processor's.
-	capture "$m/out" "$cap" <"$m/.out.fifo" &
-	cap_out=$!
-	capture "$m/err" "$cap" <"$m/.err.fifo" &
-	cap_err=$!
-	# The claim is durable before anything can run (the foreground wrote it and went on
-	# to start us). Our record is complete before the start gate is taken, so whoever sees
-	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
-	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
-	# nothing runs: the captures, still waiting on their FIFOs, are ended with us.
-	if ! sync "$m/claim" "$m" "${m%/*}" ||
-		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
-		! take_gate "$m"; then
-		signal_session KILL "$$" "$$"
-		start_failed
-	fi
-	trap 'sv_term=1' TERM
-	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
-	# (always while the deadline killer swept the session). Caught, not ignored: the
-	# command still gets the default disposition (a handler resets on exec).
-	trap 'sv_pipe=1' PIPE HUP
-	killer=
-	if [ "$timeout" -gt 0 ]; then
-		kill_after "$timeout" "$$" "$m" &
-		killer=$!
-	fi
-	input=/dev/null
-	[ -f "$m/stdin" ] && input="$m/stdin"
-	cd "${HOME:-/}" 2>/dev/null || cd /
-	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
-	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
-	# and without showing it in `ps`: $0 is the shell, no positional parameters, no
-	# variable of ours (c and l are unset by the eval before the command's first word).
-	# A short command is read by the shell's own `read` (no cat), a long one by cat
-	# (`read` takes a system call per byte).
-	sv_small=no
-	is_uint "$cmd_bytes" && [ "$cmd_bytes" -le 4096 ] && sv_small=yes
-	# shellcheck disable=SC2016 # expanded by the command's shell, not here
-	"$OPMARK_SHELL" -c 'if [ "$2" = yes ]; then
-c= l=
-while IFS= read -r l; do c="$c$l
-"; done <"$1" || exit 126
-c=$c$l
-else c=$(cat -- "$1") || exit 126; fi
-eval "unset c l; set --; $c
-"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
-	code=$?
-	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
-	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
-	# cut short (leaving the command's children alive) nor hit our own helpers.
-	if [ -n "$killer" ]; then
-		kill -TERM "$killer" 2>/dev/null
-		while kill -0 "$killer" 2>/dev/null; do
-			wait "$killer"
-		done
-	fi
-	# The captures end when every writer of the FIFOs has closed them (the command and
-	# anything it left running with its output), as with ssh itself. A trapped TERM
-	# interrupts `wait`, hence the loop.
-	for cp in "$cap_out" "$cap_err"; do
-		while kill -0 "$cp" 2>/dev/null; do
-			wait "$cp"
-		done
-	done
-	timed_out=0
-	[ -f "$m/timed_out" ] && timed_out=1
-	cancelled=0
-	[ -f "$m/cancelled" ] && cancelled=1
-	now
-	record="code=$code
-timed_out=$timed_out
-ended_at=$now
-cancelled=$cancelled"
-	# In place, then one sync for its data and its directory entry (readers count it once
-	# its last line is there, see exited). A second try covers a sync lost to a signal
-	# sweep under heavy load.
-	if ! write_exit && ! write_exit; then
-		# A full disk: renaming the file made before the claim counted needs no space, so
-		# the marker says interrupted and why, instead of looking like a lost process. A
-		# torn record goes, so that nothing reads a code that was never written whole.
-		exited || rm -f "$m/exit"
-		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
-		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
-	fi
-	for w in "$m"/.w.*; do
-		[ -p "$w" ] && printf 'x\n' 1<>"$w"
-	done
-	# Spill segments nobody is left to stream (never part of the kept copy); a live
-	# follower removes what it streamed itself.
-	if ! followed; then
-		for sp in "$m"/out.s.* "$m"/err.s.*; do
-			[ -e "$sp" ] && rm -f "$sp"
-		done
-	fi
-	# Off the waiters' path: they are awake already.
-	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
-}
-
-write_exit() {
-	printf '%s\n' "$record" >"$m/exit" && sync "$m/exit" "$m"
-}
-
-# start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
-# the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
-start_failed() {
-	for w in "$m"/.w.*; do
-		[ -p "$w" ] && printf 'f\n' 1<>"$w"
-	done
-	exit 1
-}
-
-# capture FILE CAP: keeps the first CAP bytes in FILE (the copy kept for replay). Beyond
-# them, while a foreground follows, spills to segments FILE.s.<n> that the follower
-# streams and removes (when SPILL_WINDOW wait, the command waits too, as with a slow ssh
-# client); with nobody following, counts and drops. Always drains, so the command never
-# blocks for good nor dies of SIGPIPE. FILE.dropped: every byte beyond the cap.
-capture() {
-	# A cancel or deadline TERMs the session's processes: the capture must outlive the
-	# command, or a command that ignores TERM would die of SIGPIPE at its next write
-	# instead of being killed after the grace. (KILL still ends a capture left behind.)
-	trap '' TERM
-	capped_head "$2" >"$1"
-	# Nothing kept under a cap above 0: the stream ended empty (no wc for that).
-	[ "$2" -gt 0 ] && ! [ -s "$1" ] && return 0
-	# One wc, as counting the rest always cost: a short copy means the stream ended.
-	c_kept=$(wc -c <"$1")
-	[ "$((c_kept + 0))" -lt "$2" ] && return 0
-	c_n=0 c_beyond=0 c_ended=
-	while followed; do
-		c_seg="$1.s.$c_n"
-		c_ok=1
-		capped_head "$SPILL_SEG" >"$c_seg" || c_ok=
-		# Gone already: a follower streamed it, which it does only with a full segment.
-		c_size=$(wc -c <"$c_seg" 2>/dev/null) || c_size=$SPILL_SEG
-		c_size=$((c_size + 0))
-		# A segment that cannot be written (a full disk): what it took is counted, the
-		# rest is counted and dropped below.
-		[ -n "$c_ok" ] || {
-			c_beyond=$((c_beyond + c_size))
-			break
-		}
-		c_beyond=$((c_beyond + c_size))
-		if [ "$c_size" -lt "$SPILL_SEG" ]; then
-			c_ended=1
-			[ "$c_size" -gt 0 ] || rm -f "$c_seg"
-			break
-		fi
-		c_n=$((c_n + 1))
-		while [ -e "$1.s.$((c_n - SPILL_WINDOW))" ] && followed; do
-			sleep 0.05
-		done
-	done
-	if [ -z "$c_ended" ]; then
-		# Count and drop the rest (binary-safe, so wc rather than read).
-		c_rest=$(wc -c)
-		c_beyond=$((c_beyond + c_rest))
-	fi
-	[ "$c_beyond" -gt 0 ] && printf '%s\n' "$c_beyond" >"$1.dropped"
-	return 0
-}
-
-# capped_head N: copies N bytes of stdin (fewer at its end) to stdout as they come.
-capped_head() {
-	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
-	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
-	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
-	if [ -n "$unbuffered" ]; then
-		stdbuf -o0 head -c "$1"
-	else
-		head -c "$1"
-	fi
-}
-
-# followed: a live foreground follows this marker (a wake-up FIFO named by the pid and
-# start time of a process that still exists).
-followed() {
-	for fw in "$m"/.w.*; do
-		fw_id=${fw##*/.w.}
-		[ -p "$fw" ] && alive "${fw_id%.*}" "${fw_id#*.}" && return 0
-	done
-	return 1
-}
-
-# kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
-# but the supervisor and this killer, then KILL what is left after a grace period. The
-# supervisor is never signalled, so it always lives to write the exit record. (Sending
-# TERM to the whole process group lost a supervisor now and then under heavy load.)
-kill_after() {
-	sleep "$1" &
-	ka_sleep=$!
-	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
-	wait "$ka_sleep"
-	trap '' TERM
-	# A cancel is already stopping the command: it is not a timeout.
-	[ -f "$3/cancelled" ] && exit 0
-	true >"$3/timed_out"
-	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
-	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
-	signal_session TERM "$2" "$me"
-	sleep 2
-	signal_session KILL "$2" "$me"
-}
-
-# signal_session SIG SID SPARE: sends SIG to every live process of session SID except
-# its leader (the supervisor) and SPARE. Builtins only, so nothing it starts is hit.
-signal_session() {
-	for ka in /proc/[0-9]*/stat; do
-		ka_pid=${ka#/proc/}
-		ka_pid=${ka_pid%/stat}
-		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
-		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
-	done
-}
-
 # cancel OP GRACE_MS: stops the operation for good. Absent: fenced, so a delayed attempt
 # can never run. Claimed but the command not started: the start gate is taken and the
 # marker fenced. Running: TERM to its session (never the supervisor, which must live to
@@ -1354,10 +1374,6 @@ verb_doctor() {
 
 verb=${1:-}
 [ "$#" -gt 0 ] && shift
-if [ "$verb" = supervise ]; then
-	supervise "$@"
-	exit 0
-fi
 # Act only when the replies reach the client (sshd gives pipes or sockets). A startup
 # file that sent our output elsewhere (`exec >/dev/null`) would let a claim happen that
 # the client never hears of, while a channel that closes without our header is its
