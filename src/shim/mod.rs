@@ -51,14 +51,15 @@ pub const MAX_COMMAND_BYTES: usize = 16 << 20;
 /// login user's and the file's content hashes to the name; otherwise it prints
 /// [`need_line`] and ends, having run nothing. With the script it reads exactly the
 /// script (never past it: the command and stdin follow) and runs it with `h=SHA256` so
-/// that the shim fills the cache. Single quotes around it must be enough for every shell
-/// (see module doc).
+/// that the shim fills the cache. The hash costs one process on every call: the command
+/// substitution's own fork execs `sha256sum` (`shasum -a 256` where it is missing).
+/// Single quotes around it must be enough for every shell (see module doc).
 const STUB: &str = concat!(
     "read -r t&&[ \"$t\" = \"$3\" ]||exit 9;",
     "h=$1;f=${OPMARK_ROOT:-${XDG_STATE_HOME:-$HOME/.local/state}/opmark}/shim/$h.sh;",
     "if [ \"$2\" = - ];then ",
     "[ -O \"${f%/*}\" ]&&[ -O \"$f\" ]&&",
-    "[ \"$( (sha256sum||shasum -a 256)<\"$f\" 2>/dev/null)\" = \"$h  -\" ]",
+    "[ \"$({ command -v sha256sum >/dev/null&&exec sha256sum;exec shasum -a 256;}<\"$f\" 2>/dev/null)\" = \"$h  -\" ]",
     "||{ echo \"opmark-shim need $t\";exit 0;};",
     "shift 3;exec sh \"$f\" \"$f\" \"$t\" \"$@\";fi;",
     "s=$(dd bs=$2 count=1 iflag=fullblock 2>/dev/null)&&shift 3&&",
