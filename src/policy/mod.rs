@@ -18,12 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use regex::Regex;
 use serde::Serialize;
 
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
+use crate::ledger::redact::ExtraPattern;
 
 use pattern::Pattern;
 use raw::{key_path_at, line_of, quoted_field, RawPolicy};
@@ -36,7 +36,7 @@ pub const BUILTIN_ORIGIN: &str = "built-in command-classes.toml";
 
 /// A validated policy: every family has its behaviour and every rule is well formed (a
 /// file's regexes compiled at load; the compiled-in policy's when first needed, see
-/// `pattern`). Cheap to clone (compiled regexes are shared).
+/// `pattern`, and its `redact` patterns when a text holds their leading literals). Cheap to clone (compiled regexes are shared).
 #[derive(Debug, Clone)]
 pub struct Policy {
     origin: String,
@@ -49,7 +49,7 @@ pub struct Policy {
     pattern_rules: Vec<usize>,
     /// Program basename to the first program-only rule listing it.
     program_rules: HashMap<String, usize>,
-    redact: Vec<Regex>,
+    redact: Vec<ExtraPattern>,
 }
 
 /// What a family's operations do when things go wrong.
@@ -261,8 +261,8 @@ impl Policy {
         Policy::parse_checked(text, origin, true)
     }
 
-    /// [`Policy::parse`]; `compile` false leaves the rules' regexes to their first use
-    /// (only for text already known to compile).
+    /// [`Policy::parse`]; `compile` false leaves the rules' and the `redact` regexes to
+    /// their first use (only for text already known to compile).
     fn parse_checked(text: &str, origin: &str, compile: bool) -> Result<Policy, PolicyError> {
         let check = Checker { text, origin };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| toml_error(&check, &e))?;
@@ -502,7 +502,15 @@ impl Policy {
 
         let mut redact = Vec::new();
         for p in raw.redact.iter().flatten() {
-            redact.push(Regex::new(p.get_ref()).map_err(|e| {
+            let source = p.get_ref();
+            if !compile {
+                redact.push(ExtraPattern::lazy(
+                    source,
+                    pattern::leading_literals(source),
+                ));
+                continue;
+            }
+            redact.push(ExtraPattern::compile(source).map_err(|e| {
                 check.err(
                     p.span(),
                     "redact".into(),
@@ -529,8 +537,9 @@ impl Policy {
         &self.families[f as usize]
     }
 
-    /// Extra redaction patterns for the ledger (top-level `redact`).
-    pub fn redact_patterns(&self) -> &[Regex] {
+    /// Extra redaction patterns for the ledger (top-level `redact`), for
+    /// [`crate::ledger::Redactor::with_patterns`].
+    pub fn redact_patterns(&self) -> &[ExtraPattern] {
         &self.redact
     }
 

@@ -74,6 +74,20 @@ impl Pattern {
     }
 }
 
+/// Literals one of which every match of `pattern` starts with (wherever in the text it
+/// starts), when each of its top-level alternatives begins (after an optional `^`) with
+/// a literal or a `(?:...)` group whose alternatives do; `None` when that is not certain
+/// or one of them may be empty. A policy's `redact` patterns are compiled only for text
+/// that holds one of them.
+pub(crate) fn leading_literals(pattern: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for alternative in split_alternatives(pattern.as_bytes())? {
+        let alternative = alternative.strip_prefix(b"^").unwrap_or(alternative);
+        out.extend(branch_prefixes(alternative)?);
+    }
+    (!out.iter().any(String::is_empty)).then_some(out)
+}
+
 /// The literals every match of `pattern` starts with at offset 0, when each of its
 /// top-level alternatives begins with `^` and then a literal or a `(?:...)` group whose
 /// alternatives do (recursively). `None` whenever that is not certain.
@@ -240,6 +254,37 @@ mod tests {
             "^a[bc",
         ] {
             assert_eq!(prefixes(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn leading_literals_are_prefixes_of_every_match_anywhere() {
+        let lits = |p: &str| leading_literals(p);
+        assert_eq!(lits("AKIA[0-9A-Z]{16}"), strings(&["AKIA"]));
+        assert_eq!(lits("sk_(?:live|test)_[A-Za-z0-9]{16,}"), strings(&["sk_"]));
+        assert_eq!(lits("^tok_|key-"), strings(&["tok_", "key-"]));
+        assert_eq!(lits("(?:ab|cd)x"), strings(&["ab", "cd"]));
+        for p in [
+            "", "[a-z]+", "(?i)tok_", "a?b", "(?:ab)?c", "tok|", "\\btok", "x*",
+        ] {
+            assert_eq!(lits(p), None, "{p}");
+        }
+        let texts = [
+            "tok_1",
+            "a key-2",
+            "AKIA1234567890ABCDEF",
+            "x ab",
+            "cdx",
+            "nothing",
+        ];
+        for p in ["^tok_|key-", "(?:ab|cd)x", "AKIA[0-9A-Z]{16}", "ke?y-"] {
+            let re = Regex::new(p).unwrap();
+            let lits = leading_literals(p).unwrap();
+            for t in texts {
+                if re.is_match(t) {
+                    assert!(lits.iter().any(|l| t.contains(l.as_str())), "{p} on {t}");
+                }
+            }
         }
     }
 

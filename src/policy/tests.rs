@@ -125,3 +125,24 @@ fn the_builtin_policy_compiles_only_what_a_command_needs() {
     );
     assert!(compiled(&p) < 10, "{} compiled", compiled(&p));
 }
+
+#[test]
+fn the_builtin_redact_patterns_are_filtered_and_compile_only_when_needed() {
+    let p = Policy::parse_checked(BUILTIN_TEXT, BUILTIN_ORIGIN, false).unwrap();
+    let patterns = p.redact_patterns();
+    assert!(!patterns.is_empty());
+    let red = crate::ledger::Redactor::with_patterns(patterns);
+    assert_eq!(
+        red.redact("systemctl restart nginx"),
+        "systemctl restart nginx"
+    );
+    assert!(patterns.iter().all(|x| !x.is_compiled()));
+    for x in patterns {
+        let literals = pattern::leading_literals(x.as_str());
+        assert!(literals.is_some(), "`{}` has no literal filter", x.as_str());
+        let re = regex::Regex::new(x.as_str()).unwrap();
+        for t in ["AKIAABCDEFGHIJKLMNOP", "glpat-abcdefghij0123456789", "true"] {
+            assert_eq!(x.is_match(t), re.is_match(t), "{} on {t}", x.as_str());
+        }
+    }
+}
