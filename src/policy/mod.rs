@@ -15,7 +15,7 @@ mod words;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -36,7 +36,9 @@ pub const BUILTIN_ORIGIN: &str = "built-in command-classes.toml";
 
 /// A validated policy: every family has its behaviour and every rule is well formed (a
 /// file's regexes compiled at load; the compiled-in policy's when first needed, see
-/// `pattern`, and its `redact` patterns when a text holds their leading literals). Cheap to clone (compiled regexes are shared).
+/// `pattern`, and its `redact` patterns when a text holds their leading literals).
+/// Cheap to clone: the rules and compiled regexes are shared (every `load` of the
+/// compiled-in policy is such a clone).
 #[derive(Debug, Clone)]
 pub struct Policy {
     origin: String,
@@ -44,11 +46,11 @@ pub struct Policy {
     builtin: bool,
     default_family: Family,
     families: [FamilyPolicy; 4],
-    rules: Vec<Rule>,
+    rules: Arc<[Rule]>,
     /// Pattern rules (those with a `pattern`), indexes into `rules`, in file order.
-    pattern_rules: Vec<usize>,
+    pattern_rules: Arc<[usize]>,
     /// Program basename to the first program-only rule listing it.
-    program_rules: HashMap<String, usize>,
+    program_rules: Arc<HashMap<String, usize>>,
     redact: Vec<ExtraPattern>,
 }
 
@@ -525,9 +527,9 @@ impl Policy {
             builtin: false,
             default_family,
             families,
-            rules,
-            pattern_rules,
-            program_rules,
+            rules: rules.into(),
+            pattern_rules: pattern_rules.into(),
+            program_rules: Arc::new(program_rules),
             redact,
         })
     }
@@ -562,7 +564,7 @@ impl Policy {
     /// wrappers already removed) are joined in `text`. Pattern rules are tried first, in
     /// file order; then program-only rules, in file order.
     pub(crate) fn match_rule(&self, program: &str, text: &str) -> Option<&Rule> {
-        for &i in &self.pattern_rules {
+        for &i in self.pattern_rules.iter() {
             let rule = &self.rules[i];
             if (rule.programs.is_empty() || rule.programs.iter().any(|p| p == program))
                 && rule.pattern.as_ref().is_some_and(|p| p.is_match(text))

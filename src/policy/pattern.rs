@@ -13,13 +13,15 @@ use std::sync::{Arc, OnceLock};
 
 use regex::Regex;
 
-/// A rule's regex with its prefilter. Cheap to clone: clones share the compiled regex.
+/// A rule's regex with its prefilter, both worked out when first needed (reading the
+/// prefixes of all ~160 shipped patterns at load cost more than the few a command
+/// reaches). Cheap to clone: clones share the compiled regex and the prefixes.
 #[derive(Debug, Clone)]
 pub(crate) struct Pattern {
     source: String,
     /// Every match starts at the beginning of the text with one of these; `None`: the
     /// pattern's text did not tell.
-    prefixes: Option<Vec<String>>,
+    prefixes: Arc<OnceLock<Option<Vec<String>>>>,
     compiled: Arc<OnceLock<Regex>>,
 }
 
@@ -28,9 +30,15 @@ impl Pattern {
     pub(crate) fn new(source: &str) -> Pattern {
         Pattern {
             source: source.to_owned(),
-            prefixes: anchored_prefixes(source),
+            prefixes: Arc::default(),
             compiled: Arc::default(),
         }
+    }
+
+    fn prefix_list(&self) -> Option<&[String]> {
+        self.prefixes
+            .get_or_init(|| anchored_prefixes(&self.source))
+            .as_deref()
     }
 
     /// Compiles the regex now (a policy file is checked whole at load, so that a bad
@@ -50,7 +58,7 @@ impl Pattern {
 
     /// Whether the regex matches `text` (the same answer as `Regex::is_match`).
     pub(crate) fn is_match(&self, text: &str) -> bool {
-        if let Some(prefixes) = &self.prefixes {
+        if let Some(prefixes) = self.prefix_list() {
             if !prefixes.iter().any(|p| text.starts_with(p.as_str())) {
                 return false;
             }
@@ -70,7 +78,7 @@ impl Pattern {
 
     #[cfg(test)]
     pub(crate) fn prefixes(&self) -> Option<&[String]> {
-        self.prefixes.as_deref()
+        self.prefix_list()
     }
 }
 
