@@ -146,3 +146,23 @@ fn the_builtin_redact_patterns_are_filtered_and_compile_only_when_needed() {
         }
     }
 }
+
+#[test]
+fn a_rule_name_used_twice_is_refused_naming_both_rules_and_lines() {
+    let text = "default_family = \"destructive\"\n\
+        [families.read-only]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+        [families.convergent]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+        [families.append-only]\nattempts = 1\nafter_interrupted = \"block\"\n\
+        [families.destructive]\nattempts = 1\nafter_interrupted = \"block\"\n\
+        [[rule]]\nname = \"ls\"\nfamily = \"read-only\"\nprograms = [\"ls\"]\n\
+        [[rule]]\nname = \"cat\"\nfamily = \"read-only\"\nprograms = [\"cat\"]\n\
+        [[rule]]\nname = \"ls\"\nfamily = \"read-only\"\nprograms = [\"dir\"]\n";
+    let e = Policy::parse(text, "p.toml").unwrap_err();
+    assert_eq!(e.line(), Some(23), "{e}");
+    assert_eq!(e.key(), Some("rule[3].name"), "{e}");
+    let message = e.to_string();
+    assert!(
+        message.contains("the name `ls` is used by rule[1] (line 15) and rule[3] (line 23)"),
+        "{message}"
+    );
+}
