@@ -13,7 +13,7 @@ pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
     let mut c = policy.classify(&command);
     // What is printed may end up in a terminal log or an agent's transcript: mask
     // secrets as the ledger does, each part with what the whole command reveals.
-    let redactor = Redactor::new(policy.redact_patterns());
+    let redactor = Redactor::with_patterns(policy.redact_patterns());
     for part in &mut c.parts {
         part.command = redactor.redact_part(&command, &part.command);
     }

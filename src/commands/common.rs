@@ -16,7 +16,7 @@ pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
 pub fn open_ledger(global: &GlobalArgs, policy: &Policy) -> Result<Ledger> {
     let mut ledger =
         Ledger::open_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
-    ledger.set_redactor(Redactor::new(policy.redact_patterns()));
+    ledger.set_redactor(Redactor::with_patterns(policy.redact_patterns()));
     Ok(ledger)
 }
 

@@ -41,7 +41,7 @@ pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::R
     let extra = crate::policy::Policy::load(policy)
         .map(|p| p.redact_patterns().to_vec())
         .unwrap_or_default();
-    crate::ledger::Redactor::new(&extra)
+    crate::ledger::Redactor::with_patterns(&extra)
 }
 
 /// Runs the parsed command line; returns the process exit code.

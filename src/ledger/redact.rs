@@ -15,10 +15,18 @@
 //! programs. Over-redaction is accepted: a display that hides a harmless value is better
 //! than a ledger that leaks, but common harmless forms (`ssh -p 22`, `mkdir -p`,
 //! `--password-stdin`, `--keyring=PATH`) stay readable.
+//!
+//! Nothing is compiled up front: compiling the table's regexes took ~2 ms of CPU in every
+//! process that redacts anything (every `run`), while most text holds no secret-looking
+//! word at all. Each regex row names the literal words every one of its matches holds
+//! (`authorization`, `://`, `curl` and `:`), and is compiled and run only on text that
+//! holds them, the way the scanners already skip text without their program's name.
+//! The check can only skip a regex that could not have matched, so the output is
+//! unchanged (tests below check the needles against every case).
 
 use std::borrow::Cow;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use regex::{Captures, Regex};
 
@@ -31,7 +39,12 @@ enum Find {
     /// masked; otherwise the whole match is. `keep` lets a row keep a match that only
     /// looks like a secret (`--password-stdin`).
     Pattern {
-        regex: Regex,
+        /// Every match holds, for each group here, one of its words (compared with the
+        /// text lowercased, see [`folded`]; so written in lowercase). The regex is
+        /// compiled and run only on text that does.
+        needles: Needles,
+        source: String,
+        regex: OnceLock<Regex>,
         keep: Option<fn(&Captures<'_>) -> bool>,
     },
     /// A scanner that returns the byte ranges of the secrets in the text. It runs only on
@@ -42,6 +55,9 @@ enum Find {
         scan: Box<Scanner>,
     },
 }
+
+/// Groups of words that all must be present (one word of each group).
+type Needles = &'static [&'static [&'static str]];
 
 /// Finds the byte ranges of secrets in a text.
 type Scanner = dyn Fn(&str) -> Vec<Range<usize>> + Send + Sync;
@@ -63,7 +79,81 @@ impl std::fmt::Debug for Rule {
 #[derive(Debug, Clone)]
 pub struct Redactor {
     /// Extra patterns from the policy file, applied after the built-in rules.
-    extra: Vec<Regex>,
+    extra: Vec<ExtraPattern>,
+}
+
+/// An extra redaction regex (the policy's `redact = [...]`): compiled already, or
+/// compiled the first time a text holds one of the literals its matches start with.
+/// Cheap to clone: clones share the compiled regex.
+#[derive(Debug, Clone)]
+pub struct ExtraPattern {
+    source: String,
+    /// Every match starts with one of these (case-sensitive); `None`: no filter.
+    literals: Option<Vec<String>>,
+    compiled: Arc<OnceLock<Regex>>,
+}
+
+impl ExtraPattern {
+    /// A pattern compiled now (no filter: the regex's own prefilter is as quick).
+    pub fn compile(source: &str) -> Result<ExtraPattern, regex::Error> {
+        Ok(ExtraPattern::from(Regex::new(source)?))
+    }
+
+    /// A pattern compiled when first needed. Only for text known to compile (the
+    /// compiled-in policy, whose patterns a unit test compiles); `literals`, when given,
+    /// must hold a prefix of every match, as `policy::pattern::leading_literals` reads.
+    pub(crate) fn lazy(source: &str, literals: Option<Vec<String>>) -> ExtraPattern {
+        ExtraPattern {
+            source: source.to_owned(),
+            literals,
+            compiled: Arc::default(),
+        }
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The compiled regex (compiling it now if needed).
+    pub fn regex(&self) -> &Regex {
+        self.compiled.get_or_init(|| {
+            Regex::new(&self.source).unwrap_or_else(|e| {
+                panic!(
+                    "the redaction pattern `{}` does not compile: {e}",
+                    self.source
+                )
+            })
+        })
+    }
+
+    /// Whether the regex matches somewhere in `text` (the same answer as `Regex::is_match`).
+    pub fn is_match(&self, text: &str) -> bool {
+        self.may_match(text) && self.regex().is_match(text)
+    }
+
+    /// False only when no match is possible in `text`.
+    fn may_match(&self, text: &str) -> bool {
+        match &self.literals {
+            Some(literals) => literals.iter().any(|l| text.contains(l.as_str())),
+            None => true,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_compiled(&self) -> bool {
+        self.compiled.get().is_some()
+    }
+}
+
+impl From<Regex> for ExtraPattern {
+    fn from(regex: Regex) -> ExtraPattern {
+        ExtraPattern {
+            source: regex.as_str().to_owned(),
+            literals: None,
+            compiled: Arc::new(OnceLock::from(regex)),
+        }
+    }
 }
 
 impl Default for Redactor {
@@ -88,10 +178,12 @@ const AT_PROGRAM: &str = r#"(?:^|[\s;&|(/'"`])"#;
 fn builtin_rules() -> &'static [Rule] {
     static RULES: OnceLock<Vec<Rule>> = OnceLock::new();
     RULES.get_or_init(|| {
-        let re = |name, pattern: &str, keep| Rule {
+        let re = |name, needles, pattern: &str, keep| Rule {
             name,
             find: Find::Pattern {
-                regex: Regex::new(pattern).expect("built-in redaction pattern is valid"),
+                needles,
+                source: pattern.to_owned(),
+                regex: OnceLock::new(),
                 keep,
             },
         };
@@ -114,6 +206,7 @@ fn builtin_rules() -> &'static [Rule] {
             // PEM private key blocks, also a truncated one without its END line.
             re(
                 "pem-private-key",
+                &[&["-----begin "]],
                 r"(?s)-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?P<s>.*?)(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\z)",
                 None,
             ),
@@ -123,30 +216,35 @@ fn builtin_rules() -> &'static [Rule] {
             // Authorization / Proxy-Authorization headers, with or without a scheme word.
             re(
                 "authorization-header",
+                &[&["authorization"]],
                 r#"(?i)\b(?:proxy-)?authorization\s*[:=]\s*(?:(?:bearer|basic|digest|token|negotiate|aws4-hmac-sha256)\s+)?(?P<s>[^\s'"]+)"#,
                 None,
             ),
             // Cookies are session credentials.
             re(
                 "cookie-header",
+                &[&["cookie"]],
                 r#"(?i)\b(?:set-)?cookie\s*:\s*(?P<s>[^'"\n]+)"#,
                 None,
             ),
             // X-Api-Key: ..., X-Auth-Token: ... and similar custom headers.
             re(
                 "secret-header",
+                &[&["x-"], &["token", "key", "secret", "auth", "password"]],
                 r#"(?i)\bx-[a-z0-9-]*(?:token|key|secret|auth|password)[a-z0-9-]*\s*:\s*(?P<s>[^\s'"]+)"#,
                 None,
             ),
             // A bare bearer token anywhere.
             re(
                 "bearer",
+                &[&["bearer"]],
                 r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/=-]+)",
                 None,
             ),
             // Credentials in URLs: scheme://user:secret@host (the last '@' before the path).
             re(
                 "url-credentials",
+                &[&["://"], &["@"]],
                 r#"(?i)\b[a-z][a-z0-9+.-]*://[^/\s:@'"]*:(?P<s>[^\s/'"]+)@"#,
                 None,
             ),
@@ -154,12 +252,14 @@ fn builtin_rules() -> &'static [Rule] {
             // Azure SAS `sig=`.
             re(
                 "url-query-secret",
+                &[&["?", "&"], &["="], &["token", "secret", "pass", "pwd", "key", "sig", "auth", "credential", "session", "sid"]],
                 r#"(?i)[?&](?:[a-z0-9_.-]*(?:token|secret|pass|pwd|api[-_]?key|apikey|key|signature|sig|auth|credential|session|sid)[a-z0-9_.-]*)=(?P<s>[^&#\s'"]+)"#,
                 None,
             ),
             // openssl's `-passin pass:SECRET` (env:, file:, fd: and stdin name no secret).
             re(
                 "openssl-pass-arg",
+                &[&["pass:"]],
                 r#"(?i)(?:^|[\s;&|(])-(?:pass|passin|passout|kpass|twopass|passphrase)\s+["']?pass:(?P<s>[^\s'"]+)"#,
                 None,
             ),
@@ -175,6 +275,7 @@ fn builtin_rules() -> &'static [Rule] {
             // --password=x, --password x, --db-pass x, --api-token=x, --client-secret x ...
             re(
                 "secret-option",
+                &[&["-"], &["pass", "secret", "token", "key", "credential"]],
                 &format!(
                     r"(?i)(?:^|[\s;&|(])(?P<opt>--?[a-z0-9_-]*(?:pass|passwd|password|secret|token|api[-_]?key|credential)[a-z0-9_-]*)(?P<sep>=|\s+)(?P<s>{VALUE})"
                 ),
@@ -184,6 +285,7 @@ fn builtin_rules() -> &'static [Rule] {
             // tool: a separate `-p WORD` makes mysql prompt, and WORD is the database.
             re(
                 "mysql-p",
+                &[&["mysql", "mariadb"], &["-p"]],
                 &format!(
                     r#"{AT_PROGRAM}(?:mysql[a-z_-]*|mariadb[a-z_-]*)\b[^;&|\n]*?\s-p(?P<s>'[^']*'|"[^"]*"|[^\s;&|'"`]+)"#
                 ),
@@ -269,6 +371,7 @@ fn builtin_rules() -> &'static [Rule] {
             // curl -u user:SECRET, --user, --proxy-user, -U, combined (-fsSu).
             re(
                 "curl-user",
+                &[&["curl"], &[":"]],
                 &format!(
                     r#"{AT_PROGRAM}curl{ARGS}\s+(?:-[a-zA-Z]*[uU]|--user|--proxy-user)(?:\s+|=)?(?:'[^':]*:(?P<s>[^']*)'|"[^":]*:(?P<s2>[^"]*)"|[^\s:;&|'"`]*:(?P<s3>{VALUE}))"#
                 ),
@@ -277,6 +380,7 @@ fn builtin_rules() -> &'static [Rule] {
             // smbclient -U user%SECRET (Samba's user%password form).
             re(
                 "samba-user-percent",
+                &[&["smbclient", "rpcclient", "smbcacls", "smbget", "smbtree", "net"], &["%"]],
                 &format!(
                     r#"{AT_PROGRAM}(?:smbclient|rpcclient|smbcacls|smbget|smbtree|net){ARGS}\s+(?:-U|--user)(?:\s+|=)?['"]?[^%\s'"]*%(?P<s>[^\s'";&|]+)"#
                 ),
@@ -285,6 +389,7 @@ fn builtin_rules() -> &'static [Rule] {
             // lftp -u user,SECRET.
             re(
                 "lftp-user-comma",
+                &[&["lftp"], &[","]],
                 &format!(r#"{AT_PROGRAM}lftp{ARGS}\s+-u\s+['"]?[^,\s'"]*,(?P<s>[^\s'";&|]+)"#),
                 None,
             ),
@@ -296,6 +401,7 @@ fn builtin_rules() -> &'static [Rule] {
             // .netrc lines: machine HOST login USER password SECRET.
             re(
                 "netrc-password",
+                &[&["login"], &["password"]],
                 &format!(r"(?i)\blogin\s+\S+\s+password\s+(?P<s>{VALUE})"),
                 None,
             ),
@@ -303,6 +409,7 @@ fn builtin_rules() -> &'static [Rule] {
             // bare `password=...` arguments, libpq `password=...`).
             re(
                 "secret-assignment",
+                &[&["="], &["pass", "secret", "token", "key", "credential", "auth", "_pwd"]],
                 &format!(
                     r"(?i)\b(?P<name>(?:[a-z_][a-z0-9_.-]*)?(?:pass|secret|token|key|credential|auth|_pwd\b)[a-z0-9_.-]*)=(?P<s>{VALUE})"
                 ),
@@ -311,38 +418,44 @@ fn builtin_rules() -> &'static [Rule] {
             // "password": "x" in JSON-looking text.
             re(
                 "json-secret",
+                &[&["\""], &[":"], &["pass", "secret", "token", "key", "credential", "auth"]],
                 r#"(?i)"[^"]*(?:pass|secret|token|key|credential|auth)[^"]*"\s*:\s*"(?P<s>[^"]*)""#,
                 None,
             ),
             // password: x in YAML-looking text (written to a config file by the command).
             re(
                 "yaml-secret",
+                &[&[":"], &["passw", "secret", "token", "key"]],
                 r#"(?i)\b[a-z0-9_.-]*(?:password|passwd|secret|token|api[-_]?key|apikey|private[-_]?key|access[-_]?key)\s*:[ \t]+(?P<s>[^\s'"]+)"#,
                 Some(keep_yaml_without_value),
             ),
             // Well-known token shapes: keep the prefix so the kind of token stays visible.
             re(
                 "aws-access-key",
+                &[&["akia", "asia", "abia", "acca"]],
                 r"\b(?:AKIA|ASIA|ABIA|ACCA)(?P<s>[0-9A-Z]{16})\b",
                 None,
             ),
             re(
                 "github-token",
+                &[&["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"]],
                 r"\b(?:gh[pousr]_(?P<s>[A-Za-z0-9]{20,})|github_pat_(?P<s2>[A-Za-z0-9_]{20,}))",
                 None,
             ),
-            re("gitlab-token", r"\bglpat-(?P<s>[A-Za-z0-9_-]{20,})", None),
-            re("slack-token", r"\bxox[abpr]-(?P<s>[A-Za-z0-9-]{10,})", None),
+            re("gitlab-token", &[&["glpat-"]], r"\bglpat-(?P<s>[A-Za-z0-9_-]{20,})", None),
+            re("slack-token", &[&["xoxa-", "xoxb-", "xoxp-", "xoxr-"]], r"\bxox[abpr]-(?P<s>[A-Za-z0-9-]{10,})", None),
             re(
                 "stripe-key",
+                &[&["_live_", "_test_"]],
                 r"\b(?:sk|rk)_(?:live|test)_(?P<s>[A-Za-z0-9]{16,})",
                 None,
             ),
-            re("google-api-key", r"\bAIza(?P<s>[0-9A-Za-z_-]{35})", None),
-            re("npm-token", r"\bnpm_(?P<s>[A-Za-z0-9]{36})\b", None),
+            re("google-api-key", &[&["aiza"]], r"\bAIza(?P<s>[0-9A-Za-z_-]{35})", None),
+            re("npm-token", &[&["npm_"]], r"\bnpm_(?P<s>[A-Za-z0-9]{36})\b", None),
             // A JSON Web Token: header.payload.signature, both first parts base64 of `{"`.
             re(
                 "jwt",
+                &[&["eyj"], &["."]],
                 r"\beyJ[A-Za-z0-9_-]{8,}\.(?P<s>eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+)",
                 None,
             ),
@@ -900,38 +1013,57 @@ fn merged(mut spans: Vec<Range<usize>>) -> Vec<Range<usize>> {
     out
 }
 
+/// `text` as the needles of [`Find::Pattern`] are looked for in: ASCII letters in
+/// lowercase, and the two other characters a case-insensitive regex takes for an ASCII
+/// letter (`\u{17F}` for `s`, `\u{212A}` for `k`) as that letter. Borrowed when that changes
+/// nothing (most text).
+fn folded(text: &str) -> Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_ascii_uppercase() || matches!(c, '\u{17F}' | '\u{212A}'))
+    {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| match c {
+                '\u{17F}' => 's',
+                '\u{212A}' => 'k',
+                c => c.to_ascii_lowercase(),
+            })
+            .collect(),
+    )
+}
+
+/// Whether `folded` holds a word of every group of `needles`.
+fn holds_needles(needles: Needles, folded: &str) -> bool {
+    needles
+        .iter()
+        .all(|group| group.iter().any(|n| folded.contains(n)))
+}
+
 /// Masks every secret `rule` finds in `text`, pushing what it masked onto `found`.
-fn apply<'a>(rule: &Rule, text: Cow<'a, str>, found: &mut Vec<String>) -> Cow<'a, str> {
+/// `folded` is [`folded`] of the text the first rule saw: masking only ever takes words
+/// out, so a needle missing from it is missing from `text` too.
+fn apply<'a>(
+    rule: &Rule,
+    text: Cow<'a, str>,
+    folded: &str,
+    found: &mut Vec<String>,
+) -> Cow<'a, str> {
     match &rule.find {
-        Find::Pattern { regex, keep } => {
-            if !regex.is_match(&text) {
+        Find::Pattern {
+            needles,
+            source,
+            regex,
+            keep,
+        } => {
+            if !holds_needles(needles, folded) {
                 return text;
             }
-            let replaced = regex.replace_all(&text, |caps: &Captures<'_>| {
-                let whole = caps.get(0).expect("group 0 always matches");
-                if keep.is_some_and(|k| k(caps)) {
-                    return whole.as_str().to_owned();
-                }
-                let secret = ["s", "s2", "s3"].iter().find_map(|n| caps.name(n));
-                match secret {
-                    Some(s) if !s.as_str().is_empty() && s.as_str() != MASK => {
-                        found.push(s.as_str().to_owned());
-                        let start = s.start() - whole.start();
-                        let end = s.end() - whole.start();
-                        format!(
-                            "{}{MASK}{}",
-                            &whole.as_str()[..start],
-                            &whole.as_str()[end..]
-                        )
-                    }
-                    Some(_) => whole.as_str().to_owned(),
-                    None => {
-                        found.push(whole.as_str().to_owned());
-                        MASK.to_owned()
-                    }
-                }
-            });
-            Cow::Owned(replaced.into_owned())
+            let regex = regex
+                .get_or_init(|| Regex::new(source).expect("built-in redaction pattern is valid"));
+            apply_regex(regex, *keep, text, found)
         }
         Find::Scan { needles, scan } => {
             let mut spans = Vec::new();
@@ -959,29 +1091,72 @@ fn apply<'a>(rule: &Rule, text: Cow<'a, str>, found: &mut Vec<String>) -> Cow<'a
     }
 }
 
+/// Masks every match of `regex` in `text` (its group `s`, `s2` or `s3` when one took
+/// part, else the whole match) that `keep` does not keep, pushing what it masked onto
+/// `found`.
+fn apply_regex<'a>(
+    regex: &Regex,
+    keep: Option<fn(&Captures<'_>) -> bool>,
+    text: Cow<'a, str>,
+    found: &mut Vec<String>,
+) -> Cow<'a, str> {
+    if !regex.is_match(&text) {
+        return text;
+    }
+    let replaced = regex.replace_all(&text, |caps: &Captures<'_>| {
+        let whole = caps.get(0).expect("group 0 always matches");
+        if keep.is_some_and(|k| k(caps)) {
+            return whole.as_str().to_owned();
+        }
+        let secret = ["s", "s2", "s3"].iter().find_map(|n| caps.name(n));
+        match secret {
+            Some(s) if !s.as_str().is_empty() && s.as_str() != MASK => {
+                found.push(s.as_str().to_owned());
+                let start = s.start() - whole.start();
+                let end = s.end() - whole.start();
+                format!(
+                    "{}{MASK}{}",
+                    &whole.as_str()[..start],
+                    &whole.as_str()[end..]
+                )
+            }
+            Some(_) => whole.as_str().to_owned(),
+            None => {
+                found.push(whole.as_str().to_owned());
+                MASK.to_owned()
+            }
+        }
+    });
+    Cow::Owned(replaced.into_owned())
+}
+
 impl Redactor {
     /// A redactor with the built-in rules plus `extra` patterns (from the policy). An extra
     /// pattern masks its whole match, or only its group named `s` when it has one.
     pub fn new(extra: &[Regex]) -> Self {
+        Redactor {
+            extra: extra.iter().cloned().map(ExtraPattern::from).collect(),
+        }
+    }
+
+    /// [`Redactor::new`] with the policy's patterns, which may not be compiled yet
+    /// ([`crate::policy::Policy::redact_patterns`]).
+    pub fn with_patterns(extra: &[ExtraPattern]) -> Self {
         Redactor {
             extra: extra.to_vec(),
         }
     }
 
     fn redact_into<'a>(&self, text: &'a str, found: &mut Vec<String>) -> Cow<'a, str> {
+        let folded = folded(text);
         let mut out = Cow::Borrowed(text);
         for rule in builtin_rules() {
-            out = apply(rule, out, found);
+            out = apply(rule, out, &folded, found);
         }
-        for regex in &self.extra {
-            let rule = Rule {
-                name: "policy",
-                find: Find::Pattern {
-                    regex: regex.clone(),
-                    keep: None,
-                },
-            };
-            out = apply(&rule, out, found);
+        for pattern in &self.extra {
+            if pattern.may_match(&out) {
+                out = apply_regex(pattern.regex(), None, out, found);
+            }
         }
         out
     }
@@ -1284,6 +1459,199 @@ mod tests {
             red.redact("use corp-123456 with pin:9999"),
             "use *** with pin:***"
         );
+    }
+
+    /// Every built-in regex, with its row's needles.
+    fn pattern_rows() -> Vec<(&'static str, Needles, Regex)> {
+        builtin_rules()
+            .iter()
+            .filter_map(|rule| match &rule.find {
+                Find::Pattern {
+                    needles, source, ..
+                } => Some((rule.name, *needles, Regex::new(source).unwrap())),
+                Find::Scan { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_builtin_regex_compiles_and_has_lowercase_needles() {
+        let rows = pattern_rows();
+        assert!(rows.len() > 20);
+        for (name, needles, _) in rows {
+            assert!(!needles.is_empty(), "{name}");
+            for word in needles.iter().flat_map(|g| g.iter()) {
+                assert!(
+                    !word.is_empty() && *word == word.to_ascii_lowercase() && !word.contains('*'),
+                    "{name}: {word:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn needles_never_skip_a_regex_that_matches() {
+        // The cases' texts, and each in upper case and with the two non-ASCII letters a
+        // case-insensitive regex takes for `s` and `k`.
+        let mut texts: Vec<String> = Vec::new();
+        for (_, input, expected) in CASES {
+            for t in [*input, *expected] {
+                texts.push(t.to_string());
+                texts.push(t.to_uppercase());
+                texts.push(t.replace('s', "\u{17F}").replace('k', "\u{212A}"));
+                texts.push(t.replace('S', "\u{17F}").replace('K', "\u{212A}"));
+            }
+        }
+        let mut matched = 0;
+        for (name, needles, regex) in pattern_rows() {
+            for t in &texts {
+                if regex.is_match(t) {
+                    matched += 1;
+                    assert!(
+                        holds_needles(needles, &folded(t)),
+                        "{name} matches {t:?} but its needles {needles:?} are missing"
+                    );
+                }
+            }
+        }
+        assert!(matched > 100, "{matched}");
+    }
+
+    #[test]
+    fn folding_covers_every_letter_a_case_insensitive_regex_takes_for_ascii() {
+        let letter = Regex::new("(?i)^[a-z]$").unwrap();
+        for c in (0..=0x10FFFF).filter_map(char::from_u32) {
+            let text = c.to_string();
+            if letter.is_match(&text) {
+                let f = folded(&text);
+                assert!(
+                    f.len() == 1 && f.as_bytes()[0].is_ascii_lowercase(),
+                    "{c:?} folds to {f:?}"
+                );
+                assert!(Regex::new(&format!("(?i)^{f}$")).unwrap().is_match(&text));
+            }
+        }
+    }
+
+    #[test]
+    fn ordinary_commands_reach_no_regex() {
+        for text in [
+            "true",
+            "systemctl restart nginx",
+            "apt-get install -y nginx && df -h",
+            "ls -la /srv/www; uptime",
+            "journalctl -u nginx --since today",
+        ] {
+            let reached: Vec<&str> = pattern_rows()
+                .into_iter()
+                .filter(|(_, needles, _)| holds_needles(needles, &folded(text)))
+                .map(|(name, _, _)| name)
+                .collect();
+            assert!(reached.is_empty(), "{text:?} reaches {reached:?}");
+        }
+    }
+
+    /// The table run with every regex row reached, as before the needles: a folded text
+    /// that holds every needle.
+    fn redact_unfiltered(text: &str) -> String {
+        let all_needles: String = builtin_rules()
+            .iter()
+            .filter_map(|rule| match &rule.find {
+                Find::Pattern { needles, .. } => Some(needles.iter().flat_map(|g| g.iter())),
+                Find::Scan { .. } => None,
+            })
+            .flatten()
+            .map(|n| format!("{n} "))
+            .collect();
+        let mut out = Cow::Borrowed(text);
+        for rule in builtin_rules() {
+            out = apply(rule, out, &all_needles, &mut Vec::new());
+        }
+        out.into_owned()
+    }
+
+    /// The cases' inputs and secret-looking fragments, in any case, glued by shell
+    /// punctuation.
+    fn secretish_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let mut words: Vec<&str> = CASES.iter().map(|(_, input, _)| *input).collect();
+        words.extend([
+            "curl",
+            "-u",
+            "admin:",
+            "S3cret",
+            "https://",
+            "bob:",
+            "@host",
+            "?token=",
+            "&sig=",
+            "Authorization:",
+            "Bearer",
+            "cookie:",
+            "X-Api-Key:",
+            "--password",
+            "--db-pass=",
+            "PASSWORD=",
+            "api_key=",
+            "\"pass\":",
+            "secret:",
+            "login",
+            "password",
+            "mysql",
+            "-pS3cret",
+            "smbclient",
+            "-U",
+            "bob%",
+            "lftp",
+            "bob,",
+            "-passin",
+            "pass:",
+            "AKIAIOSFODNN7EXAMPLE",
+            "glpat-",
+            "npm_",
+            "\u{17F}ecret=",
+            "to\u{212A}en:",
+            "x",
+        ]);
+        let word = prop::sample::select(words);
+        let glue = prop::sample::select(vec![" ", "", "'", "\"", " | ", "; ", "\n", "="]);
+        let case = prop::sample::select(vec![0u8, 1, 2]);
+        prop::collection::vec((word, glue, case), 0..8).prop_map(|parts| {
+            parts
+                .into_iter()
+                .map(|(w, g, case)| {
+                    let w = match case {
+                        0 => w.to_string(),
+                        1 => w.to_uppercase(),
+                        _ => w.replace('s', "\u{17F}").replace('k', "\u{212A}"),
+                    };
+                    format!("{w}{g}")
+                })
+                .collect()
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn needles_change_no_output(text in secretish_text()) {
+            proptest::prop_assert_eq!(r(&text), redact_unfiltered(&text));
+        }
+    }
+
+    #[test]
+    fn a_lazy_extra_pattern_compiles_only_for_text_with_its_literals() {
+        let lazy = ExtraPattern::lazy(r"corp-[0-9]{6}", Some(vec!["corp-".into()]));
+        let red = Redactor::with_patterns(std::slice::from_ref(&lazy));
+        assert_eq!(
+            red.redact("systemctl restart nginx"),
+            "systemctl restart nginx"
+        );
+        assert!(!lazy.is_compiled());
+        assert_eq!(red.redact("use corp-123456 now"), "use *** now");
+        assert!(lazy.is_compiled());
+        let unfiltered = ExtraPattern::lazy(r"pin:(?P<s>[0-9]+)", None);
+        assert!(unfiltered.is_match("pin:42"));
+        assert!(!unfiltered.is_match("pin:"));
     }
 
     #[test]

@@ -220,7 +220,7 @@ pub async fn run_interruptible(
 ) -> Result<RunReport, Error> {
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, &input);
-    let redactor = Redactor::new(env.policy.redact_patterns());
+    let redactor = Redactor::with_patterns(env.policy.redact_patterns());
     let display = redactor.redact_owned(&input.command);
     let intent = input.intent();
     let host_fp = fingerprint::host_fingerprint(&intent);

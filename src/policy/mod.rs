@@ -15,15 +15,15 @@ mod words;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use regex::Regex;
 use serde::Serialize;
 
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
+use crate::ledger::redact::ExtraPattern;
 
 use pattern::Pattern;
 use raw::{key_path_at, line_of, quoted_field, RawPolicy};
@@ -36,7 +36,9 @@ pub const BUILTIN_ORIGIN: &str = "built-in command-classes.toml";
 
 /// A validated policy: every family has its behaviour and every rule is well formed (a
 /// file's regexes compiled at load; the compiled-in policy's when first needed, see
-/// `pattern`). Cheap to clone (compiled regexes are shared).
+/// `pattern`, and its `redact` patterns when a text holds their leading literals).
+/// Cheap to clone: the rules and compiled regexes are shared (every `load` of the
+/// compiled-in policy is such a clone).
 #[derive(Debug, Clone)]
 pub struct Policy {
     origin: String,
@@ -44,12 +46,12 @@ pub struct Policy {
     builtin: bool,
     default_family: Family,
     families: [FamilyPolicy; 4],
-    rules: Vec<Rule>,
+    rules: Arc<[Rule]>,
     /// Pattern rules (those with a `pattern`), indexes into `rules`, in file order.
-    pattern_rules: Vec<usize>,
+    pattern_rules: Arc<[usize]>,
     /// Program basename to the first program-only rule listing it.
-    program_rules: HashMap<String, usize>,
-    redact: Vec<Regex>,
+    program_rules: Arc<HashMap<String, usize>>,
+    redact: Vec<ExtraPattern>,
 }
 
 /// What a family's operations do when things go wrong.
@@ -261,8 +263,8 @@ impl Policy {
         Policy::parse_checked(text, origin, true)
     }
 
-    /// [`Policy::parse`]; `compile` false leaves the rules' regexes to their first use
-    /// (only for text already known to compile).
+    /// [`Policy::parse`]; `compile` false leaves the rules' and the `redact` regexes to
+    /// their first use (only for text already known to compile).
     fn parse_checked(text: &str, origin: &str, compile: bool) -> Result<Policy, PolicyError> {
         let check = Checker { text, origin };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| toml_error(&check, &e))?;
@@ -368,7 +370,9 @@ impl Policy {
             .unwrap_or_else(|_| unreachable!("exactly four families were pushed"));
 
         let mut rules = Vec::with_capacity(raw.rule.len());
-        // Name to (rule number, line), to name both rules when a name is used twice.
+        // Name to (rule number, byte offset), to name both rules when a name is used
+        // twice. Lines are counted only then: counting them for every rule rescanned the
+        // file from its start each time (~2 ms of every run with the shipped policy).
         let mut names: HashMap<&str, (usize, usize)> = HashMap::new();
         for (i, spanned) in raw.rule.iter().enumerate() {
             let index = i + 1;
@@ -386,8 +390,9 @@ impl Policy {
                             "use 1 to 64 letters, digits, `-`, `_` or `.`, starting with a letter (e.g. \"apt-install\")",
                         ));
                     }
-                    let line = line_of(check.text, n.span().start);
-                    if let Some((first, first_line)) = names.insert(text, (index, line)) {
+                    if let Some((first, first_at)) = names.insert(text, (index, n.span().start)) {
+                        let first_line = line_of(check.text, first_at);
+                        let line = line_of(check.text, n.span().start);
                         return Err(check.err(
                             n.span(),
                             key("name"),
@@ -499,7 +504,15 @@ impl Policy {
 
         let mut redact = Vec::new();
         for p in raw.redact.iter().flatten() {
-            redact.push(Regex::new(p.get_ref()).map_err(|e| {
+            let source = p.get_ref();
+            if !compile {
+                redact.push(ExtraPattern::lazy(
+                    source,
+                    pattern::leading_literals(source),
+                ));
+                continue;
+            }
+            redact.push(ExtraPattern::compile(source).map_err(|e| {
                 check.err(
                     p.span(),
                     "redact".into(),
@@ -514,9 +527,9 @@ impl Policy {
             builtin: false,
             default_family,
             families,
-            rules,
-            pattern_rules,
-            program_rules,
+            rules: rules.into(),
+            pattern_rules: pattern_rules.into(),
+            program_rules: Arc::new(program_rules),
             redact,
         })
     }
@@ -526,8 +539,9 @@ impl Policy {
         &self.families[f as usize]
     }
 
-    /// Extra redaction patterns for the ledger (top-level `redact`).
-    pub fn redact_patterns(&self) -> &[Regex] {
+    /// Extra redaction patterns for the ledger (top-level `redact`), for
+    /// [`crate::ledger::Redactor::with_patterns`].
+    pub fn redact_patterns(&self) -> &[ExtraPattern] {
         &self.redact
     }
 
@@ -550,7 +564,7 @@ impl Policy {
     /// wrappers already removed) are joined in `text`. Pattern rules are tried first, in
     /// file order; then program-only rules, in file order.
     pub(crate) fn match_rule(&self, program: &str, text: &str) -> Option<&Rule> {
-        for &i in &self.pattern_rules {
+        for &i in self.pattern_rules.iter() {
             let rule = &self.rules[i];
             if (rule.programs.is_empty() || rule.programs.iter().any(|p| p == program))
                 && rule.pattern.as_ref().is_some_and(|p| p.is_match(text))

@@ -13,13 +13,15 @@ use std::sync::{Arc, OnceLock};
 
 use regex::Regex;
 
-/// A rule's regex with its prefilter. Cheap to clone: clones share the compiled regex.
+/// A rule's regex with its prefilter, both worked out when first needed (reading the
+/// prefixes of all ~160 shipped patterns at load cost more than the few a command
+/// reaches). Cheap to clone: clones share the compiled regex and the prefixes.
 #[derive(Debug, Clone)]
 pub(crate) struct Pattern {
     source: String,
     /// Every match starts at the beginning of the text with one of these; `None`: the
     /// pattern's text did not tell.
-    prefixes: Option<Vec<String>>,
+    prefixes: Arc<OnceLock<Option<Vec<String>>>>,
     compiled: Arc<OnceLock<Regex>>,
 }
 
@@ -28,9 +30,15 @@ impl Pattern {
     pub(crate) fn new(source: &str) -> Pattern {
         Pattern {
             source: source.to_owned(),
-            prefixes: anchored_prefixes(source),
+            prefixes: Arc::default(),
             compiled: Arc::default(),
         }
+    }
+
+    fn prefix_list(&self) -> Option<&[String]> {
+        self.prefixes
+            .get_or_init(|| anchored_prefixes(&self.source))
+            .as_deref()
     }
 
     /// Compiles the regex now (a policy file is checked whole at load, so that a bad
@@ -50,7 +58,7 @@ impl Pattern {
 
     /// Whether the regex matches `text` (the same answer as `Regex::is_match`).
     pub(crate) fn is_match(&self, text: &str) -> bool {
-        if let Some(prefixes) = &self.prefixes {
+        if let Some(prefixes) = self.prefix_list() {
             if !prefixes.iter().any(|p| text.starts_with(p.as_str())) {
                 return false;
             }
@@ -70,8 +78,22 @@ impl Pattern {
 
     #[cfg(test)]
     pub(crate) fn prefixes(&self) -> Option<&[String]> {
-        self.prefixes.as_deref()
+        self.prefix_list()
     }
+}
+
+/// Literals one of which every match of `pattern` starts with (wherever in the text it
+/// starts), when each of its top-level alternatives begins (after an optional `^`) with
+/// a literal or a `(?:...)` group whose alternatives do; `None` when that is not certain
+/// or one of them may be empty. A policy's `redact` patterns are compiled only for text
+/// that holds one of them.
+pub(crate) fn leading_literals(pattern: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for alternative in split_alternatives(pattern.as_bytes())? {
+        let alternative = alternative.strip_prefix(b"^").unwrap_or(alternative);
+        out.extend(branch_prefixes(alternative)?);
+    }
+    (!out.iter().any(String::is_empty)).then_some(out)
 }
 
 /// The literals every match of `pattern` starts with at offset 0, when each of its
@@ -240,6 +262,37 @@ mod tests {
             "^a[bc",
         ] {
             assert_eq!(prefixes(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn leading_literals_are_prefixes_of_every_match_anywhere() {
+        let lits = |p: &str| leading_literals(p);
+        assert_eq!(lits("AKIA[0-9A-Z]{16}"), strings(&["AKIA"]));
+        assert_eq!(lits("sk_(?:live|test)_[A-Za-z0-9]{16,}"), strings(&["sk_"]));
+        assert_eq!(lits("^tok_|key-"), strings(&["tok_", "key-"]));
+        assert_eq!(lits("(?:ab|cd)x"), strings(&["ab", "cd"]));
+        for p in [
+            "", "[a-z]+", "(?i)tok_", "a?b", "(?:ab)?c", "tok|", "\\btok", "x*",
+        ] {
+            assert_eq!(lits(p), None, "{p}");
+        }
+        let texts = [
+            "tok_1",
+            "a key-2",
+            "AKIA1234567890ABCDEF",
+            "x ab",
+            "cdx",
+            "nothing",
+        ];
+        for p in ["^tok_|key-", "(?:ab|cd)x", "AKIA[0-9A-Z]{16}", "ke?y-"] {
+            let re = Regex::new(p).unwrap();
+            let lits = leading_literals(p).unwrap();
+            for t in texts {
+                if re.is_match(t) {
+                    assert!(lits.iter().any(|l| t.contains(l.as_str())), "{p} on {t}");
+                }
+            }
         }
     }
 

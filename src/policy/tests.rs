@@ -125,3 +125,44 @@ fn the_builtin_policy_compiles_only_what_a_command_needs() {
     );
     assert!(compiled(&p) < 10, "{} compiled", compiled(&p));
 }
+
+#[test]
+fn the_builtin_redact_patterns_are_filtered_and_compile_only_when_needed() {
+    let p = Policy::parse_checked(BUILTIN_TEXT, BUILTIN_ORIGIN, false).unwrap();
+    let patterns = p.redact_patterns();
+    assert!(!patterns.is_empty());
+    let red = crate::ledger::Redactor::with_patterns(patterns);
+    assert_eq!(
+        red.redact("systemctl restart nginx"),
+        "systemctl restart nginx"
+    );
+    assert!(patterns.iter().all(|x| !x.is_compiled()));
+    for x in patterns {
+        let literals = pattern::leading_literals(x.as_str());
+        assert!(literals.is_some(), "`{}` has no literal filter", x.as_str());
+        let re = regex::Regex::new(x.as_str()).unwrap();
+        for t in ["AKIAABCDEFGHIJKLMNOP", "glpat-abcdefghij0123456789", "true"] {
+            assert_eq!(x.is_match(t), re.is_match(t), "{} on {t}", x.as_str());
+        }
+    }
+}
+
+#[test]
+fn a_rule_name_used_twice_is_refused_naming_both_rules_and_lines() {
+    let text = "default_family = \"destructive\"\n\
+        [families.read-only]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+        [families.convergent]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+        [families.append-only]\nattempts = 1\nafter_interrupted = \"block\"\n\
+        [families.destructive]\nattempts = 1\nafter_interrupted = \"block\"\n\
+        [[rule]]\nname = \"ls\"\nfamily = \"read-only\"\nprograms = [\"ls\"]\n\
+        [[rule]]\nname = \"cat\"\nfamily = \"read-only\"\nprograms = [\"cat\"]\n\
+        [[rule]]\nname = \"ls\"\nfamily = \"read-only\"\nprograms = [\"dir\"]\n";
+    let e = Policy::parse(text, "p.toml").unwrap_err();
+    assert_eq!(e.line(), Some(23), "{e}");
+    assert_eq!(e.key(), Some("rule[3].name"), "{e}");
+    let message = e.to_string();
+    assert!(
+        message.contains("the name `ls` is used by rule[1] (line 15) and rule[3] (line 23)"),
+        "{message}"
+    );
+}
