@@ -260,13 +260,17 @@ supervise() {
 	clock=${m%/ops/*}/clock
 	proc_stat "$$"
 	read_boot
-	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ]; then
+	# We hold the FIFOs' write ends (6, 7) until the command holds its own, so that the
+	# captures can open them at once and start (their processes, not their reading)
+	# while the claim is made durable, which takes the disk's time rather than the
+	# processor's; a capture that opened its FIFO before any writer would wait for the
+	# command instead. (`command` keeps a failed open from ending the shell.)
+	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ] ||
+		! { command exec 6<>"$m/.out.fifo" 7<>"$m/.err.fifo"; } 2>/dev/null; then
 		start_failed
 	fi
 	unbuffered=
 	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
-	# The captures start first: they only wait on their FIFOs while the claim is made
-	# durable, which takes the disk's time rather than the processor's.
 	capture "$m/out" "$cap" <"$m/.out.fifo" &
 	cap_out=$!
 	capture "$m/err" "$cap" <"$m/.err.fifo" &
@@ -275,11 +279,10 @@ supervise() {
 	# to start us). Our record is complete before the start gate is taken, so whoever sees
 	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
 	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
-	# nothing runs: the captures, still waiting on their FIFOs, are ended with us.
+	# nothing runs (the captures read EOF once we are gone).
 	if ! sync "$m/claim" "$m" "${m%/*}" ||
 		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
 		! take_gate "$m"; then
-		signal_session KILL "$$" "$$"
 		start_failed
 	fi
 	trap 'sv_term=1' TERM
@@ -311,8 +314,9 @@ while IFS= read -r l; do c="$c$l
 c=$c$l
 else c=$(cat -- "$1") || exit 126; fi
 eval "unset c l; set --; $c
-"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >"$m/.out.fifo" 2>"$m/.err.fifo"
+"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >&6 2>&7 6>&- 7>&-
 	code=$?
+	exec 6>&- 7>&-
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
 	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
 	# cut short (leaving the command's children alive) nor hit our own helpers.
@@ -383,6 +387,10 @@ start_failed() {
 # client); with nobody following, counts and drops. Always drains, so the command never
 # blocks for good nor dies of SIGPIPE. FILE.dropped: every byte beyond the cap.
 capture() {
+	# Not a writer of any capture's FIFO (the supervisor's 6 and 7): each must end when
+	# the command's side closes. (Closed by exec: a redirection on the call would only
+	# move them aside for the call's duration.)
+	exec 6>&- 7>&-
 	# A cancel or deadline TERMs the session's processes: the capture must outlive the
 	# command, or a command that ignores TERM would die of SIGPIPE at its next write
 	# instead of being killed after the grace. (KILL still ends a capture left behind.)
@@ -454,6 +462,7 @@ followed() {
 # supervisor is never signalled, so it always lives to write the exit record. (Sending
 # TERM to the whole process group lost a supervisor now and then under heavy load.)
 kill_after() {
+	exec 6>&- 7>&-
 	sleep "$1" &
 	ka_sleep=$!
 	trap 'kill "$ka_sleep" 2>/dev/null; exit 0' TERM
