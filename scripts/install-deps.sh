@@ -16,7 +16,21 @@
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
+#   bash scripts/install-deps.sh --bench   also the benchmarks' peers: pssh (parallel-ssh)
+#                                          and ansible (benches/fleet.rs skips what is missing)
 set -euo pipefail
+
+always=0 bench=0
+for arg in "$@"; do
+  case $arg in
+  --always) always=1 ;;
+  --bench) bench=1 ;;
+  *)
+    echo "install-deps: unknown option $arg (use --always and/or --bench)" >&2
+    exit 2
+    ;;
+  esac
+done
 
 packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
@@ -46,19 +60,24 @@ as_root() {
   fi
 }
 
+if [[ $bench -eq 1 ]]; then
+  packages+=(pssh ansible)
+  probes+=(parallel-ssh ansible)
+fi
+
 missing=0
 for probe in "${probes[@]}"; do
   have "$probe" || missing=1
 done
 
-if [[ ${1:-} == --always || $missing -eq 1 ]]; then
+if [[ $always -eq 1 || $missing -eq 1 ]]; then
   export DEBIAN_FRONTEND=noninteractive
   as_root apt-get update -q
   # The package's own sshd service is not used (and may not start in a container).
   as_root apt-get install -y -q --no-install-recommends "${packages[@]}"
 fi
 
-if ! python3 -c 'import mcp, jsonschema' >/dev/null 2>&1 || [[ ${1:-} == --always ]]; then
+if ! python3 -c 'import mcp, jsonschema' >/dev/null 2>&1 || [[ $always -eq 1 ]]; then
   # --break-system-packages: CI images mark the system Python as externally managed;
   # these are test tools, not part of opmark.
   python3 -m pip install -q "${python_packages[@]}" ||
