@@ -104,6 +104,12 @@ OPMARK_SHELL=${OPMARK_SH:-sh}
 # bytes; at most SPILL_WINDOW of them wait to be streamed.
 SPILL_SEG=1048576
 SPILL_WINDOW=4
+# Seconds a run's foreground waits for its supervisor's record before it takes the start
+# gate itself (see supervisor_overdue); tests shorten it.
+START_LIMIT=${OPMARK_START_LIMIT:-30}
+case $START_LIMIT in
+'' | *[!0-9]*) START_LIMIT=30 ;;
+esac
 
 # ---------------------------------------------------------------------------------------
 # Small helpers
@@ -781,6 +787,9 @@ follow() {
 			break
 		fi
 		state "${m##*/}"
+		if [ "$why" = starting ] && [ -n "${own_claim:-}" ]; then
+			supervisor_overdue
+		fi
 		if [ "$st" != running ]; then
 			exited && continue
 			frame "I $(describe)"
@@ -797,6 +806,23 @@ follow() {
 		fi
 		wait_wake
 	done
+}
+
+# supervisor_overdue: our own claim still has no supervisor record. A supervisor that
+# never came up (its shell missing, killed before its record: `setsid -f` cannot tell)
+# would leave us, and the client, waiting for good. After START_LIMIT seconds we take the
+# start gate ourselves, so that it can never start, set the claim aside and answer that
+# nothing ran. (A supervisor that took the gate first is running: we keep waiting.)
+supervisor_overdue() {
+	now
+	so_since=${so_since:-$now}
+	[ "$((now - so_since))" -ge "$START_LIMIT" ] || return 0
+	take_gate "$m" || return 0
+	kill "$timer" 2>/dev/null
+	rm -f "$wf"
+	mv -f "$m" "$root/superseded/$op.$now.$attempt.failed-start"
+	sync "$root/ops" "$root/superseded"
+	refuse "cannot_start reason=supervisor_lost"
 }
 
 # wait_wake: blocks until the supervisor writes "x" (exit record down) or a timer of
@@ -946,7 +972,7 @@ boot=$boot"
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
-	live=1
+	live=1 own_claim=1
 	follow "$m" 0 0 fresh
 }
 

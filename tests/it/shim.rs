@@ -1264,3 +1264,62 @@ fn cancel_of_a_claim_whose_command_has_not_started_takes_the_start_gate() {
     claimer.kill().unwrap();
     claimer.wait().unwrap();
 }
+
+#[test]
+fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited_for() {
+    for (name, shell) in shells() {
+        let host = Host::new("supervisor-lost", &shell);
+        let op = OpId::parse("lost-1").unwrap();
+        let fingerprint = fp("echo ran");
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::Destructive,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            command: "echo ran",
+        });
+        // The supervisor's shell does not exist: `setsid -f` forks and reports success,
+        // and the supervisor's exec then fails with nobody told.
+        let mut child = host
+            .command_with_args(verb.args())
+            .env("OPMARK_SH", host.state_home.join("no-such-shell"))
+            .env("OPMARK_START_LIMIT", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&shim::local_data(&verb, b""))
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let lost = parse(&out.stdout, &out.stderr);
+        assert!(lost.started(), "{name}: the claim was made: {lost:?}");
+        let refusal = lost.refusal().unwrap_or_else(|| panic!("{name}: {lost:?}"));
+        assert_eq!(refusal.reason, "cannot_start", "{name}: {refusal:?}");
+        assert_eq!(
+            refusal.fields.get("reason").map(String::as_str),
+            Some("supervisor_lost"),
+            "{name}"
+        );
+        // The claim went aside with its start gate taken: nothing can run under it, and
+        // the op id is free for a run whose supervisor does come up.
+        assert_eq!(host.probe("lost-1").state, MarkerState::Absent, "{name}");
+        let aside: Vec<_> = std::fs::read_dir(host.root().join("superseded"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(aside.len(), 1, "{name}: {aside:?}");
+        assert!(aside[0].join("started").exists(), "{name}: gate taken");
+        let rerun = host.run("lost-1", "a2", "echo ran");
+        assert_eq!(rerun.exit().map(|x| x.code), Some(0), "{name}: {rerun:?}");
+        assert_eq!(rerun.stdout, b"ran\n", "{name}");
+    }
+}
