@@ -244,10 +244,12 @@ read_boot() {
 	boot=${boot:-unknown}
 }
 
-# Records are written in place, with no temp file and rename (each would cost a process
-# on every run), so a reader may catch one half-written: a record counts only once its
-# last line is there. claimed, has_proc and exited say that the claim, the supervisor's
-# record and the exit record of $m are complete (and leave the last value in rv).
+# The claim and the supervisor's record are written in place, with no temp file and
+# rename (each would cost a process on every run), so a reader may catch one
+# half-written: a record counts only once its last line is there. claimed, has_proc and
+# exited say that the claim, the supervisor's record and the exit record of $m (renamed
+# into place whole, but checked the same way) are complete; they leave the last value
+# in rv.
 claimed() { rget "$m/claim" boot; }
 has_proc() { rget "$m/proc" boot; }
 exited() { rget "$m/exit" cancelled; }
@@ -349,16 +351,15 @@ eval "unset c l; set --; $c
 timed_out=$timed_out
 ended_at=$now
 cancelled=$cancelled"
-	# In place, then one sync for its data and its directory entry (readers count it once
-	# its last line is there, see exited). A second try covers a sync lost to a signal
-	# sweep under heavy load.
-	if ! write_exit && ! write_exit; then
+	# Temp file, rename, sync (SPEC 3: the exit record is never seen torn, even by a
+	# reader that does not check for its last line). A second try covers a helper (sync,
+	# mv) lost to a signal sweep under heavy load.
+	if ! durable_write "$m" exit "$record" && ! durable_write "$m" exit "$record"; then
 		# A full disk: renaming the file made before the claim counted needs no space, so
-		# the marker says interrupted and why, instead of looking like a lost process. A
-		# torn record goes, so that nothing reads a code that was never written whole.
-		exited || rm -f "$m/exit"
+		# the marker says interrupted and why, instead of looking like a lost process.
 		mv -f "$m/.noexit" "$m/exit_write_failed" && sync "$m"
 		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
+		rm -f "$m/.exit.tmp.$$"
 	fi
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
@@ -372,10 +373,6 @@ cancelled=$cancelled"
 	fi
 	# Off the waiters' path: they are awake already.
 	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
-}
-
-write_exit() {
-	printf '%s\n' "$record" >"$m/exit" && sync "$m/exit" "$m"
 }
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
