@@ -79,6 +79,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
         | Event::Connected { .. }
+        | Event::MarkerRoot { .. }
         | Event::Contradiction { .. }
         | Event::Fenced { .. }
         | Event::ClientInterrupted { .. } => was_unresolved,
@@ -285,7 +286,10 @@ pub(crate) fn fold(
         } if *state == ProbeState::Completed && !contradicts && settled_exit(&rec).is_none() => {
             rec.exit_code = Some(*code);
         }
-        Event::SessionStarted { .. } | Event::Probed { .. } | Event::Connected { .. } => {}
+        Event::SessionStarted { .. }
+        | Event::Probed { .. }
+        | Event::Connected { .. }
+        | Event::MarkerRoot { .. } => {}
         Event::Intended {
             session,
             family,

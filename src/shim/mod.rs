@@ -380,14 +380,31 @@ impl Invocation {
     /// The invocation of `verb` carrying the script, with `stdin` (already spooled) after
     /// its input. The host keeps the script for later [`Invocation::cached`] calls.
     pub fn new(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
-        Invocation::build(verb, stdin, true)
+        Invocation::build(verb, stdin, true, None)
+    }
+
+    /// [`Invocation::new`] for an operation whose attempts reached the marker root
+    /// `root` (SPEC 17): the shim refuses (`root_changed`) before acting when its root's
+    /// id is another; `None` is [`Invocation::new`].
+    pub fn new_expecting(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Invocation {
+        Invocation::build(verb, stdin, true, root)
+    }
+
+    /// [`Invocation::cached`], expecting the marker root `root` (see
+    /// [`Invocation::new_expecting`]).
+    pub fn cached_expecting(
+        verb: &Verb,
+        stdin: Option<&[u8]>,
+        root: Option<&str>,
+    ) -> Invocation {
+        Invocation::build(verb, stdin, false, root)
     }
 
     /// The invocation of `verb` that runs the host's cached script: the data carries only
     /// the token line, the verb's input and `stdin`. When the host lacks the script the
     /// reply is [`need_line`] and nothing ran; call again with [`Invocation::new`].
     pub fn cached(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
-        Invocation::build(verb, stdin, false)
+        Invocation::build(verb, stdin, false, None)
     }
 
     /// Whether a call that ended without the shim's header was the stub asking for the
@@ -399,7 +416,12 @@ impl Invocation {
             .any(|line| line.trim_ascii() == need.as_bytes())
     }
 
-    fn build(verb: &Verb, stdin: Option<&[u8]>, with_script: bool) -> Invocation {
+    fn build(
+        verb: &Verb,
+        stdin: Option<&[u8]>,
+        with_script: bool,
+        root: Option<&str>,
+    ) -> Invocation {
         let token = format!("{:032x}", rand::random::<u128>());
         let script: &[u8] = if with_script { SCRIPT.as_bytes() } else { b"" };
         let len = if with_script {
@@ -411,6 +433,16 @@ impl Invocation {
             "exec sh -c '{STUB}' opmark {} {len} c={token}",
             script_sha256()
         );
+        // Between the token and the verb, as the shim reads it (hex only: anything else
+        // is sent as `bad`, which no root's id is, so the shim refuses).
+        if let Some(root) = root {
+            let root = if !root.is_empty() && root.chars().all(|c| c.is_ascii_hexdigit()) {
+                root.to_ascii_lowercase()
+            } else {
+                "bad".to_owned()
+            };
+            exec.push_str(&format!(" r={root}"));
+        }
         for arg in verb.args() {
             exec.push(' ');
             exec.push_str(&quote(&arg));
