@@ -227,6 +227,11 @@ names!(RetryReason {
     OperatorApproved => "operator_approved",
 });
 
+/// How the reason of every `host_changed` verdict begins (SPEC 17). Such a verdict
+/// leaves the operation as unresolved (or settled) as it was: nothing was sent, and the
+/// outcome where its attempts went is no better known than before.
+pub const HOST_CHANGED_PREFIX: &str = "host changed: ";
+
 names!(ReasonCode {
     CommandExited => "command_exited",
     ReplayedFromHost => "replayed_from_host",

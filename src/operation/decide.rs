@@ -63,7 +63,7 @@ use crate::ledger::{Decision, OperationRecord, Refusal};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
-use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
+use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
 use super::interrupt::ClientSignal;
 pub use super::reply::{RefusalReason, Refused, RunReply};
@@ -947,6 +947,11 @@ fn unreachable(facts: &Facts<'_>, problem: &str) -> Answer {
 /// and the op id stays bound to the machine and store its attempts reached: `conflict`,
 /// `host_changed`, not retryable.
 fn key_mismatch(attempt: &str, why: String) -> Answer {
+    let why = if why.starts_with(HOST_CHANGED_PREFIX) {
+        why
+    } else {
+        format!("{HOST_CHANGED_PREFIX}{why}")
+    };
     Answer::new(
         Verdict::Conflict,
         Some(attempt.to_owned()),
@@ -1711,7 +1716,7 @@ mod tests {
         let a = answer(after_probe(&f, ProbeSeen::KeyMismatch("other key".into()), TIME_LEFT).then);
         assert_eq!(verdict_of(&a), (Verdict::Conflict, ReasonCode::HostChanged));
         assert_eq!(a.exit, ExitEvidence::None);
-        assert_eq!(a.reason, "other key");
+        assert_eq!(a.reason, "host changed: other key");
     }
 
     // --- one dispatch, before any probe ---
