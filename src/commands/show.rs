@@ -276,7 +276,11 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                 );
             }
             if let Some(root) = &a.root_id {
-                wrap_into(&mut out, "      ", &format!("marker root {}", printable(root)));
+                wrap_into(
+                    &mut out,
+                    "      ",
+                    &format!("marker root {}", printable(root)),
+                );
             }
         }
     }

@@ -261,7 +261,9 @@ impl Event {
                 *display = r(display);
                 *rule = r(rule);
             }
-            Event::AttemptDispatched { .. } | Event::Connected { .. } | Event::MarkerRoot { .. } => {}
+            Event::AttemptDispatched { .. }
+            | Event::Connected { .. }
+            | Event::MarkerRoot { .. } => {}
             Event::BoundaryReached {
                 detail, refusal, ..
             } => {

@@ -776,9 +776,9 @@ pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<P
             };
             Step::after(vec![Effect::Unreachable(problem)], then)
         }
-        ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(Action::Answer(
-            key_mismatch(&attempt, why),
-        ))),
+        ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(Action::Answer(key_mismatch(
+            &attempt, why,
+        )))),
         ProbeSeen::Marker(marker) => {
             let record = vec![Effect::Probed(marker.clone())];
             let then = match marker.state {

@@ -224,7 +224,14 @@ impl<'a> Runner<'a> {
                 root_seen: &mut root_seen,
                 error: None,
             };
-            let end = call_shim(&session, &verb, expect_root.as_deref(), stdin, &mut observer).await;
+            let end = call_shim(
+                &session,
+                &verb,
+                expect_root.as_deref(),
+                stdin,
+                &mut observer,
+            )
+            .await;
             if let Some(e) = observer.error {
                 return Err(e.into());
             }
@@ -367,7 +374,9 @@ impl<'a> Runner<'a> {
         let seen = match probe {
             Ok(Ok(m)) => ProbeSeen::Marker(m),
             Ok(Err(host::CallError::Refused(r))) if r.reason == RefusalReason::RootChanged => {
-                let why = self.identity.root_changed(&self.key.host, &self.key.op_id, &r);
+                let why = self
+                    .identity
+                    .root_changed(&self.key.host, &self.key.op_id, &r);
                 return (ProbeSeen::KeyMismatch(why), None);
             }
             Ok(Err(host::CallError::NoAnswer(_))) => ProbeSeen::NoAnswer(last_problem.to_owned()),
@@ -392,7 +401,14 @@ impl<'a> Runner<'a> {
             output: &mut self.output,
         };
         let root = self.identity.root();
-        let attach = host::attach(session, &self.op, out_offset, err_offset, root, &mut observer);
+        let attach = host::attach(
+            session,
+            &self.op,
+            out_offset,
+            err_offset,
+            root,
+            &mut observer,
+        );
         match tokio::time::timeout(limit, attach).await {
             Err(_) => Followed::StillRunning,
             Ok(Ok(host::Attached::Exit(x))) => Followed::Exit(x),
@@ -410,9 +426,10 @@ impl<'a> Runner<'a> {
     /// The message for a `run` call the shim refused as `root_changed` (SPEC 17).
     fn root_refusal(&self, frames: &[Frame]) -> Option<String> {
         frames.iter().find_map(|f| match f {
-            Frame::Refused(r) if r.reason == RefusalReason::RootChanged => {
-                Some(self.identity.root_changed(&self.key.host, &self.key.op_id, r))
-            }
+            Frame::Refused(r) if r.reason == RefusalReason::RootChanged => Some(
+                self.identity
+                    .root_changed(&self.key.host, &self.key.op_id, r),
+            ),
             _ => None,
         })
     }
@@ -580,10 +597,12 @@ impl<'a> Runner<'a> {
     fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<String>, Error> {
         let seen = session.host_key();
         let route = session.destination().route();
-        if let Err(why) =
-            self.identity
-                .check(&self.key.host, &self.key.op_id, seen.as_deref(), Some(&route))
-        {
+        if let Err(why) = self.identity.check(
+            &self.key.host,
+            &self.key.op_id,
+            seen.as_deref(),
+            Some(&route),
+        ) {
             return Ok(Some(why.message().to_owned()));
         }
         let Some(host_key) = seen else {

@@ -197,7 +197,8 @@ mod tests {
     fn another_user_with_the_same_key_is_another_store_named_with_the_route_before() {
         let mut r = with_keys(&["SHA256:a"]);
         r.route = Some(route("alice"));
-        r.roots.push(("at-0".into(), "0123456789abcdef0123456789abcdef".into()));
+        r.roots
+            .push(("at-0".into(), "0123456789abcdef0123456789abcdef".into()));
         assert_eq!(
             r.check("target1", "op-1", Some("SHA256:a"), Some(&route("alice"))),
             Ok(())
@@ -209,7 +210,8 @@ mod tests {
         };
         assert!(e.starts_with("host changed: target1 is now reached as user bob but operation op-1 ran as user alice"), "{e}");
         assert!(
-            e.contains("reached before as alice@127.0.0.1:2201") && e.contains("marker root 0123456789ab"),
+            e.contains("reached before as alice@127.0.0.1:2201")
+                && e.contains("marker root 0123456789ab"),
             "{e}"
         );
         assert_eq!(r.root(), Some("0123456789abcdef0123456789abcdef"));

@@ -153,7 +153,9 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         decision: Decision::Other(String::new()),
         settled: false,
         exit_code: None,
-        root_id: identity::recorded(&candidate.events).root().map(str::to_owned),
+        root_id: identity::recorded(&candidate.events)
+            .root()
+            .map(str::to_owned),
         detail: String::new(),
     };
     let mut events = Vec::new();

@@ -392,11 +392,7 @@ impl Invocation {
 
     /// [`Invocation::cached`], expecting the marker root `root` (see
     /// [`Invocation::new_expecting`]).
-    pub fn cached_expecting(
-        verb: &Verb,
-        stdin: Option<&[u8]>,
-        root: Option<&str>,
-    ) -> Invocation {
+    pub fn cached_expecting(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Invocation {
         Invocation::build(verb, stdin, false, root)
     }
 
@@ -668,6 +664,35 @@ mod tests {
         assert_eq!(verbs[1].args(), ["attach", "o", "1", "2"]);
         assert_eq!(verbs[6].args(), ["cancel", "o", "1500"]);
         assert_eq!(verbs[4].args(), ["gc", "60", "0"]);
+    }
+
+    #[test]
+    fn a_call_for_an_operation_with_attempts_names_its_marker_root_before_the_verb() {
+        let op = OpId::parse("o").unwrap();
+        let root = "0123456789abcdef0123456789ABCDEF";
+        let verb = Verb::Probe(&op);
+        for call in [
+            Invocation::cached_expecting(&verb, None, Some(root)),
+            Invocation::new_expecting(&verb, None, Some(root)),
+        ] {
+            assert!(
+                call.exec.ends_with(&format!(
+                    " c={} r=0123456789abcdef0123456789abcdef 'probe' 'o'",
+                    call.token
+                )),
+                "{}",
+                call.exec
+            );
+        }
+        // Anything but hex is sent as a word no root's id is: the shim refuses.
+        let odd = Invocation::cached_expecting(&verb, None, Some("x y"));
+        assert!(odd.exec.contains(" r=bad 'probe'"), "{}", odd.exec);
+        assert!(!Invocation::cached(&verb, None).exec.contains(" r="));
+        // The shim reads it between c=/h= and the verb, and checks it in setup_root.
+        assert!(SCRIPT.contains("\nr=*)\n\texpect_root=${1#r=}\n"));
+        assert!(SCRIPT.contains(
+            "refuse \"root_changed expected=$expect_root found=${rid:-none} root=$root\""
+        ));
     }
 
     #[test]

@@ -93,7 +93,11 @@ impl OtherUser {
                 .status()
                 .is_ok_and(|s| s.success());
         if !made {
-            let _ = Command::new("userdel").arg("-f").arg(&name).status();
+            let _ = Command::new("userdel")
+                .arg("-f")
+                .arg(&name)
+                .stderr(std::process::Stdio::null())
+                .status();
             support::skip_or_fail(
                 &support::current_test(),
                 "useradd could not create a second login user",
@@ -110,7 +114,11 @@ impl OtherUser {
 
 impl Drop for OtherUser {
     fn drop(&mut self) {
-        let _ = Command::new("userdel").arg("-f").arg(&self.name).status();
+        let _ = Command::new("userdel")
+            .arg("-f")
+            .arg(&self.name)
+            .stderr(std::process::Stdio::null())
+            .status();
     }
 }
 
@@ -141,9 +149,10 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
     assert_eq!(first.verdict(), "in_progress", "{first:?}");
 
     // The alias's User changes: same machine, same host key, another marker root.
-    let moved = answer(run(env.opmark().arg("-F").arg(&as_other).args([
-        "--json", "run", "target1", "--op", "user-1", "--", &command,
-    ])));
+    let moved =
+        answer(run(env.opmark().arg("-F").arg(&as_other).args([
+            "--json", "run", "target1", "--op", "user-1", "--", &command,
+        ])));
     assert_eq!(
         (moved.verdict(), moved.code()),
         ("conflict", ("host_changed", false)),
@@ -164,7 +173,10 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
         )),
         "the route it was reached by before: {reason}"
     );
-    assert_eq!(moved.json["attempts"][0]["boundary"], "not_sent", "{moved:?}");
+    assert_eq!(
+        moved.json["attempts"][0]["boundary"], "not_sent",
+        "{moved:?}"
+    );
     assert!(
         !other.marker_root().join("ops/user-1").exists(),
         "claimed in the other user's marker root"
@@ -172,6 +184,36 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
     // Still unresolved: nothing was concluded.
     let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
+    // The operator commands go no further as the other user.
+    let probed = run(env
+        .opmark()
+        .arg("-F")
+        .arg(&as_other)
+        .args(["--json", "probe", "target1", "user-1"]));
+    assert_eq!(probed.status.code(), Some(247), "{}", text(&probed.stderr));
+    assert!(
+        text(&probed.stdout).contains("host_changed")
+            || text(&probed.stderr).contains("host_changed"),
+        "{} {}",
+        text(&probed.stdout),
+        text(&probed.stderr)
+    );
+    let doc = json(&run(env
+        .opmark()
+        .arg("-F")
+        .arg(&as_other)
+        .args(["--json", "reconcile"])));
+    let row = &doc["operations"][0];
+    assert_eq!(row["decision"], "host_changed", "{doc}");
+    assert_eq!(row["settled"], false, "{doc}");
+    assert!(
+        row["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("ran as user {}", t.user)),
+        "{doc}"
+    );
+    assert!(!other.marker_root().join("ops/user-1").exists());
 
     // The way it ran before follows it to its end, in the root it claimed.
     let back = answer(run(env.opmark().arg("-F").arg(&as_lab_user).args([
@@ -217,9 +259,9 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     let exit = t.marker_root().join("ops/root-1/exit");
     wait_for("the exit record", Duration::from_secs(20), || exit.exists());
     std::fs::remove_dir_all(t.marker_root()).unwrap();
-    let again = answer(run(env.opmark_with_lab(&lab).args([
-        "--json", "run", "target1", "--op", "root-1", "--", &command,
-    ])));
+    let again = answer(run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "root-1", "--", &command])));
     assert_eq!(
         (again.verdict(), again.code()),
         ("conflict", ("host_changed", false)),
@@ -238,20 +280,22 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     );
 
     // Another operation makes the new root's id; the old operation is still held to its own.
-    let other = answer(run(env.opmark_with_lab(&lab).args([
-        "--json", "run", "target1", "--op", "root-2", "--", "true",
-    ])));
+    let other = answer(run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "root-2", "--", "true"])));
     assert_eq!(other.verdict(), "completed", "{other:?}");
     let new_id = std::fs::read_to_string(t.marker_root().join("root_id")).unwrap();
     let new_id = new_id.trim().to_owned();
     assert_ne!(new_id, root_id);
-    let again = answer(run(env.opmark_with_lab(&lab).args([
-        "--json", "run", "target1", "--op", "root-1", "--", &command,
-    ])));
+    let again = answer(run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "run", "target1", "--op", "root-1", "--", &command])));
     assert_eq!(again.code(), ("host_changed", false), "{again:?}");
     let reason = again.json["reason"].as_str().unwrap();
     assert!(
-        reason.contains(&format!("is marker root {new_id} but operation root-1 reached marker root {root_id}")),
+        reason.contains(&format!(
+            "is marker root {new_id} but operation root-1 reached marker root {root_id}"
+        )),
         "{reason}"
     );
     assert!(!t.marker_root().join("ops/root-1").exists());
@@ -282,7 +326,10 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
         "{}",
         text(&out.stdout)
     );
-    assert!(!t.marker_root().join("ops/root-1").exists(), "reconcile fenced in the new root");
+    assert!(
+        !t.marker_root().join("ops/root-1").exists(),
+        "reconcile fenced in the new root"
+    );
     assert_eq!(lines(&effect), 1, "the command ran once");
 }
 
@@ -301,17 +348,19 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     let lab_two = config(&lab, &dir, "target1", &b, &b.user);
     let effect = env.root.join("runs");
     let command = format!("echo ran >> {}", effect.display());
-    let done = answer(run(env.opmark().arg("-F").arg(&lab_one).args([
-        "--json", "run", "target1", "--op", "name-1", "--", &command,
-    ])));
+    let done =
+        answer(run(env.opmark().arg("-F").arg(&lab_one).args([
+            "--json", "run", "target1", "--op", "name-1", "--", &command,
+        ])));
     assert_eq!(done.verdict(), "completed", "{done:?}");
     // Even with the marker gone from the first machine the ledger's exit is about it,
     // not about the second.
     std::fs::remove_dir_all(a.marker_root().join("ops/name-1")).unwrap();
 
-    let there = answer(run(env.opmark().arg("-F").arg(&lab_two).args([
-        "--json", "run", "target1", "--op", "name-1", "--", &command,
-    ])));
+    let there =
+        answer(run(env.opmark().arg("-F").arg(&lab_two).args([
+            "--json", "run", "target1", "--op", "name-1", "--", &command,
+        ])));
     assert_eq!(
         (there.verdict(), there.code()),
         ("conflict", ("host_changed", false)),
@@ -321,7 +370,10 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     let reason = there.json["reason"].as_str().unwrap();
     assert!(
         reason.starts_with("host changed: host key for target1 is now SHA256:")
-            && reason.contains(&format!("reached before as {}@{}:{}", a.user, a.addr, a.port)),
+            && reason.contains(&format!(
+                "reached before as {}@{}:{}",
+                a.user, a.addr, a.port
+            )),
         "{reason}"
     );
     assert!(
@@ -331,9 +383,10 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     assert_eq!(lines(&effect), 1, "ran once, on the first machine");
 
     // On the first machine the ledger's memory still answers (its marker is gone).
-    let here = answer(run(env.opmark().arg("-F").arg(&lab_one).args([
-        "--json", "run", "target1", "--op", "name-1", "--", &command,
-    ])));
+    let here =
+        answer(run(env.opmark().arg("-F").arg(&lab_one).args([
+            "--json", "run", "target1", "--op", "name-1", "--", &command,
+        ])));
     assert_eq!(
         (here.verdict(), here.reason_code()),
         ("replayed", "replayed_from_ledger"),
