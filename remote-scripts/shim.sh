@@ -31,6 +31,10 @@
 #   verb: gc AGE_S DRY_RUN
 #   verb: doctor
 #   verb: cancel OP GRACE_MS
+# A call for an operation that has attempts puts r=ROOT_ID (the marker root id they
+# reached) between c=/h= and the verb; every verb that uses the marker root then answers
+# a frame "M root_id=ID" first, or refuses "root_changed expected=... found=..." before
+# acting when its root's id differs (found=none: the root has no id yet).
 #
 # Replies. stdout: a header line only (then the foreground lets go of the channel's
 # stdout). stderr (frames): lines "OPMARK/1 <nonce> <KIND> <fields>"; a frame "O <n>" or
@@ -64,7 +68,7 @@
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
-OPMARK_SHIM_VERSION=1
+OPMARK_SHIM_VERSION=2
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
@@ -95,6 +99,18 @@ case $shim_hash in
 *[!0-9a-f]*) shim_hash= ;;
 esac
 [ "${#shim_hash}" -eq 64 ] || shim_hash=
+# r=ROOT_ID: the marker root id this operation's attempts reached (SPEC 17); setup_root
+# refuses before acting when this root's id differs (or it has none).
+expect_root=
+case ${1:-} in
+r=*)
+	expect_root=${1#r=}
+	shift
+	;;
+esac
+case $expect_root in
+*[!0-9a-f]*) expect_root=bad ;;
+esac
 umask 077
 LC_ALL=C
 export LC_ALL
@@ -578,10 +594,47 @@ setup_root() {
 		chmod 700 "$root" 2>/dev/null
 	fi
 	[ -w "$root/ops" ] || refuse "root_unusable reason=not_writable"
+	root_id
 	clock=$root/clock
 	true 2>>"$root/shim.log" && exec 2>>"$root/shim.log"
 	[ -n "$shim_hash" ] && [ -z "$shim_file" ] && cache_self
 	true
+}
+
+# root_id: the marker root's id (SPEC 17), 128 random bits in hex made once with the
+# root and kept in $root/root_id: written to a temp file, synced, then hard-linked into
+# place (link(2) fails if the name exists, so of two first calls exactly one id wins,
+# and the other reads it), then the directory synced. Reported as "M root_id=ID"; a call
+# that expects another id (r=) is refused here, before the verb acts. A root that lost
+# its id (wiped, rebuilt, another user's) is another store of evidence.
+root_id() {
+	rid=
+	read -r rid 2>/dev/null <"$root/root_id"
+	if [ -z "$rid" ] && ! [ -e "$root/root_id" ] && [ -z "$expect_root" ]; then
+		ri_nonce=$nonce
+		new_nonce || refuse "root_unusable reason=no_random"
+		rid=$nonce nonce=$ri_nonce
+		ri_tmp=$root/.root_id.$$
+		if ! printf '%s\n' "$rid" >"$ri_tmp" || ! sync "$ri_tmp"; then
+			rm -f "$ri_tmp"
+			resource_cause
+			refuse "root_unusable reason=$cause"
+		fi
+		ln "$ri_tmp" "$root/root_id" 2>/dev/null
+		rm -f "$ri_tmp"
+		rid=
+		read -r rid 2>/dev/null <"$root/root_id"
+		sync "$root"
+	fi
+	case $rid in
+	'' | *[!0-9a-f]*) rid= ;;
+	esac
+	[ "${#rid}" -eq 32 ] || rid=
+	if [ -n "$expect_root" ] && [ "$expect_root" != "$rid" ]; then
+		refuse "root_changed expected=$expect_root found=${rid:-none} root=$root"
+	fi
+	[ -n "$rid" ] || refuse "root_unusable reason=root_id_unreadable"
+	frame "M root_id=$rid"
 }
 
 # Keeps this script's text as $root/shim/<sha256>.sh so that later calls send only its
@@ -1398,6 +1451,9 @@ verb_doctor() {
 	frame "K avail_kib=${avail:-unknown}"
 	read_boot
 	frame "K boot_id=$boot"
+	dr_rid=
+	read -r dr_rid 2>/dev/null <"$root/root_id"
+	frame "K root_id=${dr_rid:-none}"
 	frame "K done"
 }
 

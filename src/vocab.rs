@@ -122,6 +122,10 @@ pub enum ReasonCode {
     /// `indeterminate`: the host now presents another host key than the one the
     /// operation ran against: another machine (or a changed key); nothing concluded.
     HostKeyMismatch,
+    /// `conflict`: the host or store of evidence reached now is not the one the
+    /// operation's attempts reached (SPEC 17): another host key, another user, or another
+    /// marker root id (wiped, rebuilt, another `$HOME`); nothing sent, nothing concluded.
+    HostChanged,
     /// `in_progress` or `not_applied`: a signal (SIGINT, SIGTERM, SIGHUP) stopped this
     /// client; a command that started keeps running on the host, and a rerun with the
     /// same op id follows, replays or (when nothing was sent) runs it.
@@ -223,6 +227,11 @@ names!(RetryReason {
     OperatorApproved => "operator_approved",
 });
 
+/// How the reason of every `host_changed` verdict begins (SPEC 17). Such a verdict
+/// leaves the operation as unresolved (or settled) as it was: nothing was sent, and the
+/// outcome where its attempts went is no better known than before.
+pub const HOST_CHANGED_PREFIX: &str = "host changed: ";
+
 names!(ReasonCode {
     CommandExited => "command_exited",
     ReplayedFromHost => "replayed_from_host",
@@ -247,6 +256,7 @@ names!(ReasonCode {
     ResolvedNotApplied => "resolved_not_applied",
     ResolvedAbandoned => "resolved_abandoned",
     HostKeyMismatch => "host_key_mismatch",
+    HostChanged => "host_changed",
     ClientInterrupted => "client_interrupted",
     HostDiskFull => "host_disk_full",
     ShimDidNotStart => "shim_did_not_start",

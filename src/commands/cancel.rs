@@ -78,8 +78,10 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     let answer = common::block_on(async {
         // Another key is another machine: cancelling (or fencing) there would stop or
         // close the wrong thing.
-        let reached =
-            Host::connect_checked(&dest, |key| recorded.check(&host, op.as_str(), key)).await;
+        let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
+            recorded.check(&host, op.as_str(), key, Some(route))
+        })
+        .await;
         let target = reached.map_err(|e| match e {
             ReachError::Connect(e) => Error::new(
                 ErrorKind::Unreachable,

@@ -53,6 +53,11 @@ pub fn reach_error(e: ReachError, nothing: &str) -> Error {
             format!("{why} (host_key_mismatch); {nothing}"),
         )
         .with_code("host_key_mismatch"),
+        ReachError::HostChanged(why) => Error::new(
+            ErrorKind::Unreachable,
+            format!("{why} (host_changed); {nothing}"),
+        )
+        .with_code("host_changed"),
     }
 }
 

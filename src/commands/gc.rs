@@ -66,7 +66,10 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         None => fresh,
     }?;
     let report = common::block_on(async {
-        let reached = Host::connect_checked(&dest, |key| recorded.check(&host, &op, key)).await;
+        let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
+            recorded.check(&host, &op, key, Some(route))
+        })
+        .await;
         let target = reached.map_err(|e| common::reach_error(e, "nothing was removed"))?;
         target.gc(args.older_than, args.dry_run).await.map_err(|e| match e {
             CallError::NotSent(why) => Error::new(

@@ -82,7 +82,10 @@ async fn probe_checked(
     host: &str,
     recorded: &Recorded,
 ) -> Result<MarkerInfo> {
-    let reached = Host::connect_checked(dest, |key| recorded.check(host, op.as_str(), key)).await;
+    let reached = Host::connect_checked(dest, recorded.root(), |key, route| {
+        recorded.check(host, op.as_str(), key, Some(route))
+    })
+    .await;
     let host = reached.map_err(|e| common::reach_error(e, "nothing was probed"))?;
     host.probe(op).await.map_err(|e| match e {
         CallError::Refused(r) => Error::new(

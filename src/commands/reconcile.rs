@@ -14,6 +14,7 @@ use crate::cli::{GlobalArgs, HostArgs, ReconcileArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{ListFilter, OpKey, OperationRecord};
 use crate::op_id::OpId;
+use crate::operation::identity;
 use crate::operation::reconcile::{self, Candidate, Outcome};
 
 #[derive(Serialize)]
@@ -87,6 +88,7 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
                         decision: "already_settled".into(),
                         settled: true,
                         exit_code: r.exit_code,
+                        root_id: None,
                         detail: "the operation is already settled; nothing to do".into(),
                     });
                 }
@@ -200,8 +202,12 @@ fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String
     }
     let open: Vec<&&Outcome> = all.iter().filter(|o| !o.settled).collect();
     for o in &open {
+        // The store of evidence its attempts reached (in full in --json's root_id).
+        let root = o.root_id.as_deref().map_or_else(String::new, |r| {
+            format!(" [marker root {}]", printable(identity::short_root(r)))
+        });
         out.push_str(&format!(
-            "! {} on {}: {}\n",
+            "! {} on {}{root}: {}\n",
             printable(&o.op_id),
             printable(&o.host),
             printable(&o.detail)

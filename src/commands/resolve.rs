@@ -199,8 +199,10 @@ fn fence(
         })?;
     let host = printable(&args.host);
     let answer = common::block_on(async {
-        let reached =
-            Host::connect_checked(&dest, |key| recorded.check(&args.host, op.as_str(), key)).await;
+        let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
+            recorded.check(&args.host, op.as_str(), key, Some(route))
+        })
+        .await;
         let target = reached.map_err(|e| match e {
             ReachError::Connect(e) => Error::new(
                 ErrorKind::Unreachable,

@@ -275,6 +275,13 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                     &format!("reached {}", printable(&route.describe())),
                 );
             }
+            if let Some(root) = &a.root_id {
+                wrap_into(
+                    &mut out,
+                    "      ",
+                    &format!("marker root {}", printable(root)),
+                );
+            }
         }
     }
     let seen = observations(events);
@@ -418,6 +425,7 @@ fn describe(event: &Event) -> (usize, String) {
                 p(host_key)
             ),
         ),
+        Event::MarkerRoot { root_id, .. } => (2, format!("reached marker root {}", p(root_id))),
         Event::Fenced { detail } => (0, with_detail("fenced", detail)),
         Event::Superseded { attempt_id, note } => (
             2,
@@ -587,6 +595,8 @@ pub struct AttemptView {
     pub route: Option<crate::host::Route>,
     /// The host key fingerprint it saw (`SHA256:...`), when it connected.
     pub host_key: Option<String>,
+    /// The marker root id its shim reported (SPEC 17): the store of evidence it reached.
+    pub root_id: Option<String>,
 }
 
 /// The attempts, in dispatch order.
@@ -606,6 +616,7 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
             last_seen_at: a.last_seen_at,
             route: a.route,
             host_key: a.host_key,
+            root_id: a.root_id,
         })
         .collect()
 }

@@ -120,18 +120,22 @@ fn without_digests(text: &str) -> String {
 /// the shim: no claim, no frame), and the call is made again with the script, which the
 /// host then keeps: one more exchange, on the first call to a host (or every call where
 /// neither `sha256sum` nor `shasum` exists to check a copy).
+///
+/// `root`: the marker root id the operation's attempts reached (SPEC 17), when known: the
+/// shim refuses (`root_changed`) before acting when its root's is another.
 pub async fn call_shim(
     session: &Session,
     verb: &Verb<'_>,
+    root: Option<&str>,
     stdin: Option<Vec<u8>>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
-    let cached = Invocation::cached(verb, stdin.as_deref());
+    let cached = Invocation::cached_expecting(verb, stdin.as_deref(), root);
     match exchange(session, verb, cached, true, observer).await {
         Exchange::End(end) => return end,
         Exchange::NeedScript => tracing::debug!("the host has no usable cached shim; sending it"),
     }
-    let call = Invocation::new(verb, stdin.as_deref());
+    let call = Invocation::new_expecting(verb, stdin.as_deref(), root);
     drop(stdin);
     match exchange(session, verb, call, false, observer).await {
         Exchange::End(end) => end,

@@ -126,9 +126,15 @@ fn answer<T>(
     Err(CallError::NoAnswer(verb))
 }
 
-/// The marker's state, read-only.
-pub async fn probe(session: &Session, op: &OpId) -> Result<MarkerInfo, CallError> {
-    let end = call_shim(session, &Verb::Probe(op), None, &mut FramesOnly).await;
+/// The marker's state, read-only. `root`: the marker root id the operation's attempts
+/// reached, when known (a shim whose root has another id refuses, `root_changed`); the
+/// same for every verb below that takes one.
+pub async fn probe(
+    session: &Session,
+    op: &OpId,
+    root: Option<&str>,
+) -> Result<MarkerInfo, CallError> {
+    let end = call_shim(session, &Verb::Probe(op), root, None, &mut FramesOnly).await;
     answer(end, "probe", |f| match f {
         Frame::Probe(m) => Some(m),
         _ => None,
@@ -146,8 +152,14 @@ pub struct Fenced {
 
 /// Tombstones the op id; `force` fences an interrupted, started claim too. A marker that
 /// completed or runs is a [`CallError::Refused`] carrying it.
-pub async fn fence(session: &Session, op: &OpId, force: bool) -> Result<Fenced, CallError> {
-    let end = call_shim(session, &Verb::Fence { op, force }, None, &mut FramesOnly).await;
+pub async fn fence(
+    session: &Session,
+    op: &OpId,
+    force: bool,
+    root: Option<&str>,
+) -> Result<Fenced, CallError> {
+    let verb = Verb::Fence { op, force };
+    let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
     answer(end, "fence", |f| match f {
         Frame::Fence { outcome, marker } => Some(Fenced { outcome, marker }),
         _ => None,
@@ -169,12 +181,13 @@ pub async fn gc(
     session: &Session,
     older_than: Duration,
     dry_run: bool,
+    root: Option<&str>,
 ) -> Result<GcReport, CallError> {
     let verb = Verb::Gc {
         older_than,
         dry_run,
     };
-    let end = call_shim(session, &verb, None, &mut FramesOnly).await;
+    let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
     let mut report = GcReport::default();
     answer(end, "gc", |f| match f {
         Frame::GcRemoved(r) => {
@@ -192,7 +205,7 @@ pub async fn gc(
 pub async fn doctor(
     session: &Session,
 ) -> Result<BTreeMap<String, String>, (BTreeMap<String, String>, CallError)> {
-    let end = call_shim(session, &Verb::Doctor, None, &mut FramesOnly).await;
+    let end = call_shim(session, &Verb::Doctor, None, None, &mut FramesOnly).await;
     let mut facts = BTreeMap::new();
     let seen = match &end {
         CallEnd::Lost { frames, .. } => frames.clone(),
@@ -229,8 +242,14 @@ pub struct Cancelled {
 /// Stops the operation for good: TERM, KILL after `grace`, wait for the exit record; an
 /// absent, unstarted or interrupted marker is fenced. A lost answer means the signals
 /// may have gone out.
-pub async fn cancel(session: &Session, op: &OpId, grace: Duration) -> Result<Cancelled, CallError> {
-    let end = call_shim(session, &Verb::Cancel { op, grace }, None, &mut FramesOnly).await;
+pub async fn cancel(
+    session: &Session,
+    op: &OpId,
+    grace: Duration,
+    root: Option<&str>,
+) -> Result<Cancelled, CallError> {
+    let verb = Verb::Cancel { op, grace };
+    let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
     answer(end, "cancel", |f| match f {
         Frame::Cancel { outcome, marker } => Some(Cancelled { outcome, marker }),
         _ => None,
@@ -253,6 +272,7 @@ pub async fn attach(
     op: &OpId,
     out_offset: u64,
     err_offset: u64,
+    root: Option<&str>,
     observer: &mut dyn CallObserver,
 ) -> Result<Attached, CallError> {
     let verb = Verb::Attach {
@@ -260,7 +280,7 @@ pub async fn attach(
         out_offset,
         err_offset,
     };
-    let end = call_shim(session, &verb, None, observer).await;
+    let end = call_shim(session, &verb, root, None, observer).await;
     answer(end, "attach", |f| match f {
         Frame::Exit(x) => Some(Attached::Exit(x)),
         Frame::Interrupted(m) => Some(Attached::Interrupted(m)),
@@ -312,6 +332,8 @@ impl RunReply {
 #[derive(Debug, Clone)]
 pub struct Host {
     session: Session,
+    /// The marker root id the operation's attempts reached (SPEC 17): every call names it.
+    root: Option<String>,
 }
 
 /// Why a host could not be reached for a call; nothing was sent.
@@ -323,6 +345,38 @@ pub enum ReachError {
     /// The host presented another key than the one recorded: another machine.
     #[error("{0}")]
     KeyMismatch(String),
+    /// The same key, but reached as another user (another marker root): not the store of
+    /// evidence the operation's attempts reached (SPEC 17).
+    #[error("{0}")]
+    HostChanged(String),
+}
+
+/// Why a host reached for an operation is not where its attempts went (see
+/// `operation::identity::Recorded::check`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    /// Another host key: another machine, or a changed key.
+    Key(String),
+    /// The same key, another user (or another marker root).
+    Other(String),
+}
+
+impl Changed {
+    /// The message, naming what changed and how the operation was reached before.
+    pub fn message(&self) -> &str {
+        match self {
+            Changed::Key(m) | Changed::Other(m) => m,
+        }
+    }
+}
+
+impl From<Changed> for ReachError {
+    fn from(c: Changed) -> Self {
+        match c {
+            Changed::Key(m) => ReachError::KeyMismatch(m),
+            Changed::Other(m) => ReachError::HostChanged(m),
+        }
+    }
 }
 
 impl Host {
@@ -330,18 +384,33 @@ impl Host {
     pub async fn connect(dest: &Destination) -> Result<Host, ConnectError> {
         Ok(Host {
             session: Session::connect(dest).await?,
+            root: None,
         })
     }
 
-    /// Connects to `dest`, then hands the host key it presented to `check` (which says
-    /// why a key is not the machine's: see `operation::identity::Recorded::check`).
+    /// Connects to `dest`, then hands the host key it presented and the route taken to
+    /// `check` (which says why they are not where the operation ran: see
+    /// `operation::identity::Recorded::check`). The host's calls then name `root`, the
+    /// marker root id the operation's attempts reached, so that a shim whose root has
+    /// another id refuses before acting.
     pub async fn connect_checked(
         dest: &Destination,
-        check: impl FnOnce(Option<&str>) -> Result<(), String>,
+        root: Option<&str>,
+        check: impl FnOnce(Option<&str>, &Route) -> Result<(), Changed>,
     ) -> Result<Host, ReachError> {
-        let host = Host::connect(dest).await?;
-        check(host.session.host_key().as_deref()).map_err(ReachError::KeyMismatch)?;
+        let mut host = Host::connect(dest).await?;
+        check(host.session.host_key().as_deref(), &dest.route())?;
+        host.root = root.map(str::to_owned);
         Ok(host)
+    }
+
+    /// The same connection, its calls naming the marker root id `root` (SPEC 17): a
+    /// shim whose root has another id refuses (`root_changed`) before acting.
+    pub fn expecting_root(&self, root: Option<&str>) -> Host {
+        Host {
+            session: self.session.clone(),
+            root: root.map(str::to_owned),
+        }
     }
 
     /// The host key the host presented, as the ledger records it.
@@ -351,17 +420,17 @@ impl Host {
 
     /// [`probe`] on this host.
     pub async fn probe(&self, op: &OpId) -> Result<MarkerInfo, CallError> {
-        probe(&self.session, op).await
+        probe(&self.session, op, self.root.as_deref()).await
     }
 
     /// [`fence`] on this host.
     pub async fn fence(&self, op: &OpId, force: bool) -> Result<Fenced, CallError> {
-        fence(&self.session, op, force).await
+        fence(&self.session, op, force, self.root.as_deref()).await
     }
 
     /// [`gc`] on this host.
     pub async fn gc(&self, older_than: Duration, dry_run: bool) -> Result<GcReport, CallError> {
-        gc(&self.session, older_than, dry_run).await
+        gc(&self.session, older_than, dry_run, self.root.as_deref()).await
     }
 
     /// [`doctor`] on this host.
@@ -373,7 +442,7 @@ impl Host {
 
     /// [`cancel`] on this host.
     pub async fn cancel(&self, op: &OpId, grace: Duration) -> Result<Cancelled, CallError> {
-        cancel(&self.session, op, grace).await
+        cancel(&self.session, op, grace, self.root.as_deref()).await
     }
 }
 
@@ -397,7 +466,7 @@ mod tests {
     }
 
     fn finished(lines: &[&str]) -> CallEnd {
-        let mut text = format!("OPMARK/1 {N} H v=1\n");
+        let mut text = format!("OPMARK/1 {N} H v=2\n");
         for l in lines {
             text.push_str(&format!("OPMARK/1 {N} {l}\n"));
         }
@@ -494,7 +563,7 @@ mod tests {
                 reason: "reset".into(),
                 never_started: None,
                 protocol: Some(ProtocolError::VersionMismatch {
-                    host: "2".into(),
+                    host: "9".into(),
                     client: PROTOCOL_VERSION,
                 }),
             },

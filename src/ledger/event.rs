@@ -138,6 +138,15 @@ pub enum Event {
         /// The host key fingerprint accepted, as OpenSSH prints it (`SHA256:...`).
         host_key: String,
     },
+    /// The host's shim reported the id of the marker root an attempt reached (SPEC 17):
+    /// the store of evidence its claim lives in. Later calls for the operation name it,
+    /// and the shim refuses when its root has another id.
+    MarkerRoot {
+        /// The attempt.
+        attempt_id: String,
+        /// The root's id, 32 hex digits.
+        root_id: String,
+    },
     /// Two pieces of evidence disagree: a later observation says something other than the
     /// settled truth the ledger holds (SPEC section 3). Recorded by the ledger itself right
     /// after the disagreeing event; the projection keeps the first settled truth.
@@ -206,6 +215,7 @@ impl Event {
             Event::Fenced { .. } => "fenced",
             Event::Superseded { .. } => "superseded",
             Event::Connected { .. } => "connected",
+            Event::MarkerRoot { .. } => "marker_root",
             Event::Contradiction { .. } => "contradiction",
             Event::Verdict { .. } => "verdict",
             Event::ClientInterrupted { .. } => "client_interrupted",
@@ -220,7 +230,8 @@ impl Event {
             | Event::BoundaryReached { attempt_id, .. }
             | Event::ExitReceived { attempt_id, .. }
             | Event::Superseded { attempt_id, .. }
-            | Event::Connected { attempt_id, .. } => Some(attempt_id),
+            | Event::Connected { attempt_id, .. }
+            | Event::MarkerRoot { attempt_id, .. } => Some(attempt_id),
             Event::Probed { attempt_id, .. }
             | Event::Verdict { attempt_id, .. }
             | Event::ClientInterrupted { attempt_id, .. } => attempt_id.as_deref(),
@@ -250,7 +261,9 @@ impl Event {
                 *display = r(display);
                 *rule = r(rule);
             }
-            Event::AttemptDispatched { .. } | Event::Connected { .. } => {}
+            Event::AttemptDispatched { .. }
+            | Event::Connected { .. }
+            | Event::MarkerRoot { .. } => {}
             Event::BoundaryReached {
                 detail, refusal, ..
             } => {

@@ -39,6 +39,8 @@ pub struct Attempt {
     pub route: Option<Route>,
     /// The host key fingerprint it saw (`SHA256:...`), when it connected.
     pub host_key: Option<String>,
+    /// The marker root id its shim reported (SPEC 17), when it did.
+    pub root_id: Option<String>,
 }
 
 /// An operator's decision that settles an operation for good (SPEC section 2).
@@ -153,6 +155,7 @@ impl History {
                     last_seen_at: e.at.clone(),
                     route: None,
                     host_key: None,
+                    root_id: None,
                 });
                 self.last_word = None;
                 return;
@@ -262,6 +265,7 @@ impl History {
                 a.route = Some(route.clone());
                 a.host_key = Some(host_key.clone());
             }
+            Event::MarkerRoot { root_id, .. } => a.root_id = Some(root_id.clone()),
             _ => {}
         }
         a.last_seen_at = e.at.clone();

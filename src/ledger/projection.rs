@@ -12,7 +12,7 @@ use super::event::{ClaimSeen, Event, Observed};
 use super::words::{OpState, ProbeState};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
-use crate::vocab::Verdict;
+use crate::vocab::{Verdict, HOST_CHANGED_PREFIX};
 
 /// One operation's current state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,6 +68,13 @@ pub struct OperationRecord {
 pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
     match event {
         Event::Intended { .. } | Event::AttemptDispatched { .. } | Event::Superseded { .. } => true,
+        // Another machine, user or marker root (SPEC 17): nothing was sent, nothing is
+        // known better than before.
+        Event::Verdict {
+            verdict: Verdict::Conflict,
+            reason,
+            ..
+        } if reason.starts_with(HOST_CHANGED_PREFIX) => was_unresolved,
         Event::Verdict { verdict, .. } => {
             matches!(verdict, Verdict::Indeterminate | Verdict::InProgress)
         }
@@ -79,6 +86,7 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
         | Event::Connected { .. }
+        | Event::MarkerRoot { .. }
         | Event::Contradiction { .. }
         | Event::Fenced { .. }
         | Event::ClientInterrupted { .. } => was_unresolved,
@@ -285,7 +293,10 @@ pub(crate) fn fold(
         } if *state == ProbeState::Completed && !contradicts && settled_exit(&rec).is_none() => {
             rec.exit_code = Some(*code);
         }
-        Event::SessionStarted { .. } | Event::Probed { .. } | Event::Connected { .. } => {}
+        Event::SessionStarted { .. }
+        | Event::Probed { .. }
+        | Event::Connected { .. }
+        | Event::MarkerRoot { .. } => {}
         Event::Intended {
             session,
             family,
@@ -334,6 +345,13 @@ pub(crate) fn fold(
                 rec.exit_code = *exit_code;
             }
         }
+        // Nothing was sent or concluded (SPEC 17): the operation stays what it was, its
+        // exit (the ledger's memory that it ran) included.
+        Event::Verdict {
+            verdict: Verdict::Conflict,
+            reason,
+            ..
+        } if reason.starts_with(HOST_CHANGED_PREFIX) => {}
         Event::Verdict {
             attempt_id,
             verdict,
@@ -463,6 +481,20 @@ mod tests {
             note: String::new(),
             exit_code: None,
         }
+    }
+
+    #[test]
+    fn a_host_changed_conflict_leaves_the_operation_as_it_was() {
+        let changed = Event::Verdict {
+            attempt_id: None,
+            verdict: Verdict::Conflict,
+            exit_code: None,
+            reason: format!("{HOST_CHANGED_PREFIX}host key for h is now SHA256:b"),
+        };
+        assert!(unresolved_after(true, &changed));
+        assert!(!unresolved_after(false, &changed));
+        // Any other conflict is a final verdict, as before.
+        assert!(!unresolved_after(true, &verdict(Verdict::Conflict)));
     }
 
     #[test]

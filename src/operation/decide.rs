@@ -63,7 +63,7 @@ use crate::ledger::{Decision, OperationRecord, Refusal};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
-use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict};
+use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
 use super::interrupt::ClientSignal;
 pub use super::reply::{RefusalReason, Refused, RunReply};
@@ -271,8 +271,12 @@ pub enum Dispatched {
         /// Retrying will not change it (host key, auth, name, connect timeout).
         final_failure: bool,
     },
-    /// The connection reached another machine than the operation ran on.
+    /// The connection reached another machine (or user) than the operation ran on; nothing
+    /// was sent (SPEC 17).
     KeyMismatch(String),
+    /// The shim refused before acting: its marker root's id is not the one the
+    /// operation's attempts reached (SPEC 17). The message says what changed.
+    RootChanged(String),
     /// The channel closed in order before the shim said anything (described).
     NeverStarted(String),
     /// The request left and the reply ended early.
@@ -301,7 +305,8 @@ pub enum ProbeSeen {
         /// The short message, for the progress line.
         message: String,
     },
-    /// Connected to another machine.
+    /// Connected to another machine or user, or the shim's marker root is not the one
+    /// the operation's attempts reached (SPEC 17); the message says what changed.
     KeyMismatch(String),
     /// Connected, but the probe got no answer.
     NoAnswer(String),
@@ -395,6 +400,13 @@ pub fn after_dispatch(facts: &Facts<'_>, seen: Dispatched) -> Step<Action> {
         Dispatched::KeyMismatch(why) => Step::after(
             vec![Effect::Boundary {
                 boundary: Boundary::NotSent,
+                detail: why.clone(),
+            }],
+            Action::Answer(key_mismatch(&attempt, why)),
+        ),
+        Dispatched::RootChanged(why) => Step::after(
+            vec![Effect::Refused {
+                refusal: Refusal::from("root_changed"),
                 detail: why.clone(),
             }],
             Action::Answer(key_mismatch(&attempt, why)),
@@ -764,10 +776,9 @@ pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<P
             };
             Step::after(vec![Effect::Unreachable(problem)], then)
         }
-        ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(conclude(
-            facts,
-            Action::Answer(key_mismatch(&attempt, why)),
-        ))),
+        ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(Action::Answer(key_mismatch(
+            &attempt, why,
+        )))),
         ProbeSeen::Marker(marker) => {
             let record = vec![Effect::Probed(marker.clone())];
             let then = match marker.state {
@@ -847,28 +858,14 @@ pub fn after_follow(
 }
 
 /// The rules every retry and every verdict leaving a probe pass through: a ledger that
-/// already holds the exit is never claimed against (a marker gone, or another machine
-/// under the name, replays from the ledger), and no retry is made past the budget.
+/// already holds the exit is never claimed against (a marker gone replays from the
+/// ledger; another machine, user or marker root under the name is `host_changed`, never
+/// a replay: an outcome there is not an outcome here, SPEC 17), and no retry is made past
+/// the budget.
 pub fn conclude(facts: &Facts<'_>, action: Action) -> Action {
     let attempt = facts.current();
     if let Some(code) = facts.ledger_exit {
         match &action {
-            // Another machine answers under this name: the ledger's record stands.
-            Action::Answer(answer) if answer.code == ReasonCode::HostKeyMismatch => {
-                let reason = format!(
-                    "the ledger recorded this operation completed with exit {code}; nothing ran again, and the output is not available: {}",
-                    answer.reason
-                );
-                return Action::Answer(
-                    Answer::new(
-                        Verdict::Replayed,
-                        Some(attempt),
-                        ReasonCode::ReplayedFromLedger,
-                        reason,
-                    )
-                    .with_exit(ExitEvidence::Ledger(Some(code))),
-                );
-            }
             // Absent (or superseded), though the ledger saw it complete: the marker was
             // removed. Running it again would be a second execution.
             Action::Retry(_) | Action::Supersede(_) | Action::Backoff | Action::Dispatch => {
@@ -945,14 +942,20 @@ fn unreachable(facts: &Facts<'_>, problem: &str) -> Answer {
     )
 }
 
-/// The host presents another key than the operation ran against: nothing is concluded
-/// there. Something of this operation reached the original machine (that is how its
-/// key is known), so its outcome is not known here.
+/// The host presents another key than the operation ran against, is reached as another
+/// user, or its marker root has another id (SPEC 17): nothing is sent or concluded there,
+/// and the op id stays bound to the machine and store its attempts reached: `conflict`,
+/// `host_changed`, not retryable.
 fn key_mismatch(attempt: &str, why: String) -> Answer {
+    let why = if why.starts_with(HOST_CHANGED_PREFIX) {
+        why
+    } else {
+        format!("{HOST_CHANGED_PREFIX}{why}")
+    };
     Answer::new(
-        Verdict::Indeterminate,
+        Verdict::Conflict,
         Some(attempt.to_owned()),
-        ReasonCode::HostKeyMismatch,
+        ReasonCode::HostChanged,
         why,
     )
 }
@@ -1616,10 +1619,8 @@ mod tests {
             "nothing probed there, nothing recorded"
         );
         let a = answer(step.then);
-        assert_eq!(
-            verdict_of(&a),
-            (Verdict::Indeterminate, ReasonCode::HostKeyMismatch)
-        );
+        assert_eq!(verdict_of(&a), (Verdict::Conflict, ReasonCode::HostChanged));
+        assert!(!a.code.retryable());
     }
 
     #[test]
@@ -1707,16 +1708,15 @@ mod tests {
     }
 
     #[test]
-    fn ledger_holds_the_exit_and_another_machine_answers_then_the_ledgers_record_stands() {
+    fn ledger_holds_the_exit_and_another_machine_answers_then_host_changed_never_a_replay() {
+        // SPEC 17: a reused name is another machine; an outcome there is not one here.
         let ours = [attempt("at-2", Boundary::Refused)];
         let mut f = facts(Family::AppendOnly, &ours);
         f.ledger_exit = Some(0);
         let a = answer(after_probe(&f, ProbeSeen::KeyMismatch("other key".into()), TIME_LEFT).then);
-        assert_eq!(
-            verdict_of(&a),
-            (Verdict::Replayed, ReasonCode::ReplayedFromLedger)
-        );
-        assert!(a.reason.ends_with("other key"), "{a:?}");
+        assert_eq!(verdict_of(&a), (Verdict::Conflict, ReasonCode::HostChanged));
+        assert_eq!(a.exit, ExitEvidence::None);
+        assert_eq!(a.reason, "host changed: other key");
     }
 
     // --- one dispatch, before any probe ---
@@ -1839,7 +1839,7 @@ mod tests {
     }
 
     #[test]
-    fn connected_to_another_machine_than_the_operation_ran_on_then_not_sent_and_indeterminate() {
+    fn connected_to_another_machine_than_the_operation_ran_on_then_not_sent_and_host_changed() {
         let ours = [attempt("at-2", Boundary::NotSent)];
         let f = facts(Family::ReadOnly, &ours);
         let step = after_dispatch(&f, Dispatched::KeyMismatch("key changed".into()));
@@ -1852,7 +1852,16 @@ mod tests {
         ));
         assert_eq!(
             verdict_of(&answer(step.then)),
-            (Verdict::Indeterminate, ReasonCode::HostKeyMismatch)
+            (Verdict::Conflict, ReasonCode::HostChanged)
+        );
+        let step = after_dispatch(&f, Dispatched::RootChanged("root wiped".into()));
+        assert!(matches!(
+            &step.record[..],
+            [Effect::Refused { refusal, .. }] if refusal.as_str() == "root_changed"
+        ));
+        assert_eq!(
+            verdict_of(&answer(step.then)),
+            (Verdict::Conflict, ReasonCode::HostChanged)
         );
     }
 

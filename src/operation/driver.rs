@@ -20,7 +20,7 @@ use crate::host::{self, call_shim, CallEnd, CallObserver};
 use crate::ledger::{Durability, Event, LedgerError, OpKey, Refusal};
 use crate::op_id::OpId;
 use crate::policy::AfterInterrupted;
-use crate::shim::{ExitFrame, Frame, MarkerInfo, RunRequest, StdinSpec, Verb};
+use crate::shim::{ExitFrame, Frame, MarkerInfo, RefusalReason, RunRequest, StdinSpec, Verb};
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
 
@@ -60,7 +60,8 @@ pub(crate) struct Runner<'a> {
     /// The verdict's exit code comes from the ledger (the host marker is gone, or an
     /// operator vouched for it).
     pub(crate) exit_from_ledger: bool,
-    /// The host keys this operation's attempts saw: every connection is held to them.
+    /// The host keys, routes and marker roots this operation's attempts reached: every
+    /// connection and call is held to them (SPEC 17).
     pub(crate) identity: Recorded,
     /// Signals that stop this run.
     pub(crate) interrupts: Interrupts,
@@ -209,6 +210,8 @@ impl<'a> Runner<'a> {
         self.dispatched = true;
         self.ledger.dispatched = true;
         self.in_flight = Some(Boundary::SentNoResponse);
+        let expect_root = self.identity.root().map(str::to_owned);
+        let mut root_seen = None;
         let end = {
             let mut observer = RunObserver {
                 ledger: &mut self.ledger,
@@ -218,9 +221,17 @@ impl<'a> Runner<'a> {
                 output: &mut self.output,
                 in_flight: &mut self.in_flight,
                 started: &self.started,
+                root_seen: &mut root_seen,
                 error: None,
             };
-            let end = call_shim(&session, &verb, stdin, &mut observer).await;
+            let end = call_shim(
+                &session,
+                &verb,
+                expect_root.as_deref(),
+                stdin,
+                &mut observer,
+            )
+            .await;
             if let Some(e) = observer.error {
                 return Err(e.into());
             }
@@ -228,6 +239,14 @@ impl<'a> Runner<'a> {
         };
         // From here the call's end is recorded as the attempt's own boundary.
         self.in_flight = None;
+        if let Some(root) = root_seen {
+            self.identity.reached_root(&attempt, &root);
+        }
+        if let CallEnd::Finished(frames) = &end {
+            if let Some(why) = self.root_refusal(frames) {
+                return Ok(Sent::Seen(Dispatched::RootChanged(why)));
+            }
+        }
         Ok(Sent::Seen(match end {
             CallEnd::NotSent(why) => Dispatched::NotSent {
                 why,
@@ -343,15 +362,23 @@ impl<'a> Runner<'a> {
             &self.key.host,
             &self.key.op_id,
             session.host_key().as_deref(),
+            Some(&session.destination().route()),
         ) {
-            return (ProbeSeen::KeyMismatch(why), None);
+            return (ProbeSeen::KeyMismatch(why.message().to_owned()), None);
         }
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(500));
-        let probe = tokio::time::timeout(left, host::probe(&session, &self.op)).await;
+        let root = self.identity.root();
+        let probe = tokio::time::timeout(left, host::probe(&session, &self.op, root)).await;
         let seen = match probe {
             Ok(Ok(m)) => ProbeSeen::Marker(m),
+            Ok(Err(host::CallError::Refused(r))) if r.reason == RefusalReason::RootChanged => {
+                let why = self
+                    .identity
+                    .root_changed(&self.key.host, &self.key.op_id, &r);
+                return (ProbeSeen::KeyMismatch(why), None);
+            }
             Ok(Err(host::CallError::NoAnswer(_))) => ProbeSeen::NoAnswer(last_problem.to_owned()),
             Ok(Err(e)) => ProbeSeen::NoAnswer(e.to_string()),
             Err(_) => {
@@ -373,7 +400,15 @@ impl<'a> Runner<'a> {
         let mut observer = OutputObserver {
             output: &mut self.output,
         };
-        let attach = host::attach(session, &self.op, out_offset, err_offset, &mut observer);
+        let root = self.identity.root();
+        let attach = host::attach(
+            session,
+            &self.op,
+            out_offset,
+            err_offset,
+            root,
+            &mut observer,
+        );
         match tokio::time::timeout(limit, attach).await {
             Err(_) => Followed::StillRunning,
             Ok(Ok(host::Attached::Exit(x))) => Followed::Exit(x),
@@ -386,6 +421,17 @@ impl<'a> Runner<'a> {
             }
             Ok(Err(e)) => Followed::Lost(e.to_string()),
         }
+    }
+
+    /// The message for a `run` call the shim refused as `root_changed` (SPEC 17).
+    fn root_refusal(&self, frames: &[Frame]) -> Option<String> {
+        frames.iter().find_map(|f| match f {
+            Frame::Refused(r) if r.reason == RefusalReason::RootChanged => Some(
+                self.identity
+                    .root_changed(&self.key.host, &self.key.op_id, r),
+            ),
+            _ => None,
+        })
     }
 
     fn observe_unreachable(&mut self, attempt: &str, problem: &str) -> Result<(), Error> {
@@ -550,16 +596,18 @@ impl<'a> Runner<'a> {
     /// sent. `Some` says why it is another machine.
     fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<String>, Error> {
         let seen = session.host_key();
-        if let Err(why) = self
-            .identity
-            .check(&self.key.host, &self.key.op_id, seen.as_deref())
-        {
-            return Ok(Some(why));
+        let route = session.destination().route();
+        if let Err(why) = self.identity.check(
+            &self.key.host,
+            &self.key.op_id,
+            seen.as_deref(),
+            Some(&route),
+        ) {
+            return Ok(Some(why.message().to_owned()));
         }
         let Some(host_key) = seen else {
             return Ok(None);
         };
-        let route = session.destination().route();
         self.ledger.append(
             &self.key,
             &Event::Connected {
@@ -786,6 +834,8 @@ struct RunObserver<'r, 'a> {
     in_flight: &'r mut Option<Boundary>,
     /// Told of the claim acknowledgement once it is recorded (for `--detach`).
     started: &'r Notify,
+    /// The marker root id the shim reported (`M`), recorded as this attempt's.
+    root_seen: &'r mut Option<String>,
     error: Option<LedgerError>,
 }
 
@@ -799,6 +849,20 @@ impl CallObserver for RunObserver<'_, '_> {
     fn frame(&mut self, frame: &Frame) {
         if let Frame::Exit(_) = frame {
             fault_point("after_exit");
+        }
+        if let Frame::Root { id } = frame {
+            // Recorded before the claim's acknowledgement can be: a later call for this
+            // operation names the root its attempt reached (SPEC 17).
+            let event = Event::MarkerRoot {
+                attempt_id: self.attempt.to_owned(),
+                root_id: id.clone(),
+            };
+            match self.ledger.append(self.key, &event, Durability::Normal) {
+                Ok(_) => *self.root_seen = Some(id.clone()),
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                }
+            }
         }
         if let Frame::Started { .. } = frame {
             *self.in_flight = Some(Boundary::Started);

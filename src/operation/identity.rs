@@ -1,9 +1,12 @@
-//! Host identity (SPEC section 9): which machine an operation ran on, as its ledger
-//! events record it, and the one check every later look at that host goes through. An
-//! alias is only a name: a config edit, a DNS change or another `-F` can point it at
-//! another machine, and a probe there finds "absent" where the evidence is elsewhere.
-//! The host key the operation's attempts saw is what says "same machine".
+//! Evidence identity (SPEC sections 9 and 17): which machine, and which store of
+//! evidence on it, an operation's attempts reached, as its ledger events record it, and
+//! the one check every later look at that host goes through. An alias is only a name: a
+//! config edit, a DNS change or another `-F` can point it at another machine (or another
+//! user on the same one), and a probe there finds "absent" where the evidence is
+//! elsewhere. The host key the attempts saw says "same machine"; the user and the marker
+//! root id the shim reported say "same store of evidence".
 
+use crate::host::{Changed, Refusal};
 use crate::ledger::{Event, StoredEvent};
 use crate::ssh::Route;
 
@@ -14,23 +17,36 @@ pub struct Recorded {
     pub route: Option<Route>,
     /// `(attempt id, host key fingerprint)` of every attempt that connected, in order.
     pub keys: Vec<(String, String)>,
+    /// `(attempt id, marker root id)` of every attempt whose shim reported its root.
+    pub roots: Vec<(String, String)>,
 }
 
 /// Folds an operation's events into what they say about its host.
 pub fn recorded(events: &[StoredEvent]) -> Recorded {
     let mut r = Recorded::default();
     for e in events {
-        if let Event::Connected {
-            attempt_id,
-            route,
-            host_key,
-        } = &e.event
-        {
-            r.route = Some(route.clone());
-            r.keys.push((attempt_id.clone(), host_key.clone()));
+        match &e.event {
+            Event::Connected {
+                attempt_id,
+                route,
+                host_key,
+            } => {
+                r.route = Some(route.clone());
+                r.keys.push((attempt_id.clone(), host_key.clone()));
+            }
+            Event::MarkerRoot {
+                attempt_id,
+                root_id,
+            } => r.roots.push((attempt_id.clone(), root_id.clone())),
+            _ => {}
         }
     }
     r
+}
+
+/// A root id for people: its first 12 hex digits (the JSON carries it whole).
+pub fn short_root(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
 }
 
 impl Recorded {
@@ -40,20 +56,85 @@ impl Recorded {
         self.keys.push((attempt.to_owned(), host_key.to_owned()));
     }
 
-    /// `Err(message)` when the host now presents a key none of the operation's attempts
-    /// saw: another machine (or a changed key), so nothing may be concluded there. An
-    /// operation with no recorded key (older ledgers) cannot be checked and passes.
-    pub fn check(&self, host: &str, op: &str, seen: Option<&str>) -> Result<(), String> {
+    /// Notes the marker root an attempt of this invocation reached.
+    pub fn reached_root(&mut self, attempt: &str, root_id: &str) {
+        self.roots.push((attempt.to_owned(), root_id.to_owned()));
+    }
+
+    /// The marker root id the operation's attempts reached (the latest reported): every
+    /// call for the operation names it, and the shim refuses when its root's differs.
+    pub fn root(&self) -> Option<&str> {
+        self.roots.last().map(|(_, r)| r.as_str())
+    }
+
+    /// How the operation was reached before, for a message.
+    fn before(&self) -> String {
+        let route = self
+            .route
+            .as_ref()
+            .map_or_else(|| "an unrecorded route".to_owned(), Route::describe);
+        match self.root() {
+            Some(root) => format!("{route}, marker root {}", short_root(root)),
+            None => route,
+        }
+    }
+
+    /// `Err` when the host now presents a key none of the operation's attempts saw
+    /// (another machine, or a changed key), or is reached as another user than the
+    /// operation's latest attempt (another marker root): nothing may be concluded there.
+    /// An operation with no recorded key (older ledgers) cannot be checked and passes.
+    pub fn check(
+        &self,
+        host: &str,
+        op: &str,
+        seen: Option<&str>,
+        route: Option<&Route>,
+    ) -> Result<(), Changed> {
         let Some((_, expected)) = self.keys.last() else {
             return Ok(());
         };
         match seen {
-            Some(seen) if self.keys.iter().any(|(_, k)| k == seen) => Ok(()),
-            seen => Err(format!(
-                "host key for {host} is now {} but operation {op} ran against {expected}; this is another machine (or the key changed): nothing concluded. Reach the original machine (drop the -F/-p/-i/-J overrides to use the recorded route), or decide with `opmark resolve` once you know",
-                seen.unwrap_or("unknown")
-            )),
+            Some(seen) if self.keys.iter().any(|(_, k)| k == seen) => {}
+            seen => {
+                return Err(Changed::Key(format!(
+                    "host key for {host} is now {} but operation {op} ran against {expected}; this is another machine (or the key changed): nothing concluded. It was reached before as {}. Reach the original machine (drop the -F/-p/-i/-J overrides to use the recorded route), or decide with `opmark resolve` once you know",
+                    seen.unwrap_or("unknown"),
+                    self.before()
+                )))
+            }
         }
+        if let (Some(was), Some(now)) = (&self.route, route) {
+            if was.user != now.user {
+                return Err(Changed::Other(format!(
+                    "host changed: {host} is now reached as user {} but operation {op} ran as user {} (same host key, another marker root): its evidence is not there, nothing concluded. It was reached before as {}. Reach it as {} again (`-l {}`, or the alias's User), or decide with `opmark resolve` once you know",
+                    now.user,
+                    was.user,
+                    self.before(),
+                    was.user,
+                    was.user
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The message for a shim's `root_changed` refusal: the marker root reached is not
+    /// the one the operation's attempts reached (wiped, rebuilt, another `$HOME` or
+    /// `XDG_STATE_HOME`).
+    pub fn root_changed(&self, host: &str, op: &str, refusal: &Refusal) -> String {
+        let field = |k: &str| refusal.fields.get(k).map_or("?", String::as_str);
+        let found = field("found");
+        let found = if found == "none" {
+            "a root with no id (new, or wiped and rebuilt)".to_owned()
+        } else {
+            format!("marker root {found}")
+        };
+        format!(
+            "host changed: the marker root on {host} ({}) is {found} but operation {op} reached marker root {}: another store of evidence (wiped, rebuilt, or another user's), nothing sent and nothing concluded. It was reached before as {}. Restore the original root, or decide with `opmark resolve` once you know",
+            field("root"),
+            field("expected"),
+            self.before()
+        )
     }
 }
 
@@ -69,33 +150,79 @@ mod tests {
                 .enumerate()
                 .map(|(i, k)| (format!("at-{i}"), (*k).to_owned()))
                 .collect(),
+            roots: Vec::new(),
+        }
+    }
+
+    fn route(user: &str) -> Route {
+        Route {
+            alias: "target1".into(),
+            hostname: "127.0.0.1".into(),
+            port: 2201,
+            user: user.into(),
+            identities: Vec::new(),
+            jump: None,
+            jumps: Vec::new(),
+            config: None,
         }
     }
 
     #[test]
     fn the_key_the_operation_ran_against_passes() {
         assert_eq!(
-            with_keys(&["SHA256:a"]).check("h", "op", Some("SHA256:a")),
+            with_keys(&["SHA256:a"]).check("h", "op", Some("SHA256:a"), None),
             Ok(())
         );
     }
 
     #[test]
     fn another_key_is_another_machine_named_in_the_message() {
-        let e = with_keys(&["SHA256:a"])
-            .check("target1", "op-1", Some("SHA256:b"))
-            .unwrap_err();
+        let Err(Changed::Key(e)) =
+            with_keys(&["SHA256:a"]).check("target1", "op-1", Some("SHA256:b"), None)
+        else {
+            panic!("a key mismatch")
+        };
         assert!(
             e.starts_with(
                 "host key for target1 is now SHA256:b but operation op-1 ran against SHA256:a; this is another machine (or the key changed): nothing concluded"
             ),
             "{e}"
         );
-        assert!(with_keys(&["SHA256:a"]).check("h", "op", None).is_err());
+        assert!(with_keys(&["SHA256:a"])
+            .check("h", "op", None, None)
+            .is_err());
+    }
+
+    #[test]
+    fn another_user_with_the_same_key_is_another_store_named_with_the_route_before() {
+        let mut r = with_keys(&["SHA256:a"]);
+        r.route = Some(route("alice"));
+        r.roots
+            .push(("at-0".into(), "0123456789abcdef0123456789abcdef".into()));
+        assert_eq!(
+            r.check("target1", "op-1", Some("SHA256:a"), Some(&route("alice"))),
+            Ok(())
+        );
+        let Err(Changed::Other(e)) =
+            r.check("target1", "op-1", Some("SHA256:a"), Some(&route("bob")))
+        else {
+            panic!("a user change")
+        };
+        assert!(e.starts_with("host changed: target1 is now reached as user bob but operation op-1 ran as user alice"), "{e}");
+        assert!(
+            e.contains("reached before as alice@127.0.0.1:2201")
+                && e.contains("marker root 0123456789ab"),
+            "{e}"
+        );
+        assert_eq!(r.root(), Some("0123456789abcdef0123456789abcdef"));
     }
 
     #[test]
     fn nothing_recorded_cannot_be_checked() {
-        assert_eq!(with_keys(&[]).check("h", "op", Some("SHA256:b")), Ok(()));
+        assert_eq!(
+            with_keys(&[]).check("h", "op", Some("SHA256:b"), Some(&route("x"))),
+            Ok(())
+        );
+        assert_eq!(with_keys(&[]).root(), None);
     }
 }

@@ -20,6 +20,7 @@
 //! | marker absent, but an attempt of ours had reached it | `marker_missing_needs_decision` | no |
 //! | host unreachable | nothing but a `Probed{state: unreachable}` | no |
 //! | host presents another key than the operation ran against | `host_key_mismatch`: no probe, no fence | no |
+//! | same key, another user, or a marker root with another id (SPEC 17) | `host_changed`: no probe, no fence | no |
 //!
 //! Each operation's host is reached the way its attempts reached it (the recorded
 //! route, SPEC section 9) unless the caller overrides it, and every connection is held
@@ -31,7 +32,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::error::{Error, ErrorKind};
-use crate::host::{CallError, ConnectError, Destination, Host, MarkerInfo, MarkerState};
+use crate::host::{
+    CallError, Changed, ConnectError, Destination, Host, MarkerInfo, MarkerState, Refusal,
+    RefusalReason,
+};
 use crate::ledger::{
     Decision, Durability, Event, History, Ledger, LedgerError, OpKey, OpState, OperationRecord,
     ProbeState, StoredEvent, UnlessSettledSince,
@@ -65,6 +69,13 @@ pub enum Evidence {
     /// The host presents another host key than the operation ran against: another
     /// machine. Nothing was probed or fenced there.
     KeyMismatch(String),
+    /// The same machine, but another user or a marker root with another id than the
+    /// operation's attempts reached (SPEC 17): another store of evidence. The shim refused
+    /// before acting, or nothing was sent.
+    HostChanged(String),
+    /// The shim refused the probe (or the fence) before acting; read by the host job
+    /// into one of the others, never settled on.
+    Refused(Box<Refusal>),
     /// The probe's answer, and what fencing did when the marker was absent.
     Marker {
         /// The probe answer.
@@ -102,6 +113,8 @@ pub struct Outcome {
     pub settled: bool,
     /// The recorded exit code, when the marker holds one.
     pub exit_code: Option<i32>,
+    /// The marker root id the operation's attempts reached (SPEC 17), when recorded.
+    pub root_id: Option<String>,
     /// Why, in words for people (also the `Reconciled` event's detail).
     pub detail: String,
 }
@@ -140,6 +153,9 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
         decision: Decision::Other(String::new()),
         settled: false,
         exit_code: None,
+        root_id: identity::recorded(&candidate.events)
+            .root()
+            .map(str::to_owned),
         detail: String::new(),
     };
     let mut events = Vec::new();
@@ -161,7 +177,12 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                 "the intent was recorded but no attempt was ever dispatched: nothing left this machine, so nothing can have run".into(),
             );
         }
-        Evidence::Unreachable(why) => {
+        Evidence::Unreachable(_) | Evidence::Refused(_) => {
+            let why = match evidence {
+                Evidence::Refused(r) => format!("the shim refused the probe ({})", r.reason),
+                Evidence::Unreachable(why) => why.clone(),
+                _ => String::new(),
+            };
             outcome.evidence = format!("host unreachable: {why}");
             outcome.decision = Decision::HostUnreachable;
             outcome.detail = "left open; run `opmark reconcile` again when the host is back".into();
@@ -179,6 +200,15 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
                 &mut outcome,
                 &mut events,
                 Decision::HostKeyMismatch,
+                why.clone(),
+            );
+        }
+        Evidence::HostChanged(why) => {
+            outcome.evidence = "host changed: not probed".into();
+            decide(
+                &mut outcome,
+                &mut events,
+                Decision::from("host_changed"),
                 why.clone(),
             );
         }
@@ -433,6 +463,7 @@ async fn host_job(
     dest: Result<Destination, ConnectError>,
     ops: Vec<HostOp>,
 ) -> Vec<(usize, Evidence)> {
+    let route = dest.as_ref().ok().map(Destination::route);
     let session = match dest {
         Ok(d) => Host::connect(&d).await,
         Err(e) => Err(e),
@@ -451,15 +482,35 @@ async fn host_job(
     let mut tasks = tokio::task::JoinSet::new();
     let mut out = Vec::new();
     for (i, op, fence, recorded) in ops {
-        if let Err(why) = recorded.check(host, op.as_str(), seen.as_deref()) {
-            out.push((i, Evidence::KeyMismatch(why)));
-            continue;
+        match recorded.check(host, op.as_str(), seen.as_deref(), route.as_ref()) {
+            Ok(()) => {}
+            Err(Changed::Key(why)) => {
+                out.push((i, Evidence::KeyMismatch(why)));
+                continue;
+            }
+            Err(Changed::Other(why)) => {
+                out.push((i, Evidence::HostChanged(why)));
+                continue;
+            }
         }
-        let session = session.clone();
+        // Every call for the operation names the marker root its attempts reached.
+        let session = session.expecting_root(recorded.root());
         let calls = Arc::clone(&calls);
+        let host = host.to_owned();
         tasks.spawn_local(async move {
             let _permit = calls.acquire_owned().await;
-            (i, examine(&session, &op, fence).await)
+            let found = examine(&session, &op, fence).await;
+            // The shim refused before acting: another store of evidence.
+            let found = match found {
+                Evidence::Refused(r) if r.reason == RefusalReason::RootChanged => {
+                    Evidence::HostChanged(recorded.root_changed(&host, op.as_str(), &r))
+                }
+                Evidence::Refused(r) => {
+                    Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
+                }
+                other => other,
+            };
+            (i, found)
         });
     }
     while let Some(done) = tasks.join_next().await {
@@ -474,9 +525,7 @@ async fn host_job(
 async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
     let probe = match session.probe(op).await {
         Ok(m) => m,
-        Err(CallError::Refused(r)) => {
-            return Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
-        }
+        Err(CallError::Refused(r)) => return Evidence::Refused(r),
         Err(CallError::NoAnswer(_)) => {
             return Evidence::Unreachable("the shim answered without a probe frame".into())
         }
@@ -490,6 +539,9 @@ async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
     }
     let result = match session.fence(op, false).await {
         Ok(fenced) => FenceResult::Fenced(fenced.marker),
+        Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
+            return Evidence::Refused(r)
+        }
         Err(CallError::Refused(r)) => match r.marker {
             Some(m) if m.state != MarkerState::Absent => FenceResult::Claimed(m),
             _ => FenceResult::Failed(format!("the shim refused to fence ({})", r.reason)),

@@ -380,14 +380,27 @@ impl Invocation {
     /// The invocation of `verb` carrying the script, with `stdin` (already spooled) after
     /// its input. The host keeps the script for later [`Invocation::cached`] calls.
     pub fn new(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
-        Invocation::build(verb, stdin, true)
+        Invocation::build(verb, stdin, true, None)
+    }
+
+    /// [`Invocation::new`] for an operation whose attempts reached the marker root
+    /// `root` (SPEC 17): the shim refuses (`root_changed`) before acting when its root's
+    /// id is another; `None` is [`Invocation::new`].
+    pub fn new_expecting(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Invocation {
+        Invocation::build(verb, stdin, true, root)
+    }
+
+    /// [`Invocation::cached`], expecting the marker root `root` (see
+    /// [`Invocation::new_expecting`]).
+    pub fn cached_expecting(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Invocation {
+        Invocation::build(verb, stdin, false, root)
     }
 
     /// The invocation of `verb` that runs the host's cached script: the data carries only
     /// the token line, the verb's input and `stdin`. When the host lacks the script the
     /// reply is [`need_line`] and nothing ran; call again with [`Invocation::new`].
     pub fn cached(verb: &Verb, stdin: Option<&[u8]>) -> Invocation {
-        Invocation::build(verb, stdin, false)
+        Invocation::build(verb, stdin, false, None)
     }
 
     /// Whether a call that ended without the shim's header was the stub asking for the
@@ -399,7 +412,12 @@ impl Invocation {
             .any(|line| line.trim_ascii() == need.as_bytes())
     }
 
-    fn build(verb: &Verb, stdin: Option<&[u8]>, with_script: bool) -> Invocation {
+    fn build(
+        verb: &Verb,
+        stdin: Option<&[u8]>,
+        with_script: bool,
+        root: Option<&str>,
+    ) -> Invocation {
         let token = format!("{:032x}", rand::random::<u128>());
         let script: &[u8] = if with_script { SCRIPT.as_bytes() } else { b"" };
         let len = if with_script {
@@ -411,6 +429,16 @@ impl Invocation {
             "exec sh -c '{STUB}' opmark {} {len} c={token}",
             script_sha256()
         );
+        // Between the token and the verb, as the shim reads it (hex only: anything else
+        // is sent as `bad`, which no root's id is, so the shim refuses).
+        if let Some(root) = root {
+            let root = if !root.is_empty() && root.chars().all(|c| c.is_ascii_hexdigit()) {
+                root.to_ascii_lowercase()
+            } else {
+                "bad".to_owned()
+            };
+            exec.push_str(&format!(" r={root}"));
+        }
         for arg in verb.args() {
             exec.push(' ');
             exec.push_str(&quote(&arg));
@@ -636,6 +664,35 @@ mod tests {
         assert_eq!(verbs[1].args(), ["attach", "o", "1", "2"]);
         assert_eq!(verbs[6].args(), ["cancel", "o", "1500"]);
         assert_eq!(verbs[4].args(), ["gc", "60", "0"]);
+    }
+
+    #[test]
+    fn a_call_for_an_operation_with_attempts_names_its_marker_root_before_the_verb() {
+        let op = OpId::parse("o").unwrap();
+        let root = "0123456789abcdef0123456789ABCDEF";
+        let verb = Verb::Probe(&op);
+        for call in [
+            Invocation::cached_expecting(&verb, None, Some(root)),
+            Invocation::new_expecting(&verb, None, Some(root)),
+        ] {
+            assert!(
+                call.exec.ends_with(&format!(
+                    " c={} r=0123456789abcdef0123456789abcdef 'probe' 'o'",
+                    call.token
+                )),
+                "{}",
+                call.exec
+            );
+        }
+        // Anything but hex is sent as a word no root's id is: the shim refuses.
+        let odd = Invocation::cached_expecting(&verb, None, Some("x y"));
+        assert!(odd.exec.contains(" r=bad 'probe'"), "{}", odd.exec);
+        assert!(!Invocation::cached(&verb, None).exec.contains(" r="));
+        // The shim reads it between c=/h= and the verb, and checks it in setup_root.
+        assert!(SCRIPT.contains("\nr=*)\n\texpect_root=${1#r=}\n"));
+        assert!(SCRIPT.contains(
+            "refuse \"root_changed expected=$expect_root found=${rid:-none} root=$root\""
+        ));
     }
 
     #[test]

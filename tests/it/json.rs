@@ -232,6 +232,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::ResolvedNotApplied, false),
         (R::ResolvedAbandoned, false),
         (R::HostKeyMismatch, false),
+        (R::HostChanged, false),
         (R::ClientInterrupted, true),
         (R::HostDiskFull, false),
         (R::ShimDidNotStart, false),

@@ -8,6 +8,7 @@ mod cli;
 mod docker;
 mod fleet;
 mod hosts;
+mod identity;
 mod integrity;
 mod json;
 mod keeper;

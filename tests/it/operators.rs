@@ -822,13 +822,13 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     std::fs::remove_dir_all(&on_b).unwrap();
     assert!(!on_b.exists(), "resolve or probe touched B");
 
-    // A rerun through B is refused before anything is sent.
+    // A rerun through B is refused before anything is sent (SPEC 17: conflict).
     let out = run(env.opmark().arg("-F").arg(&to_b).args([
         "--json", "run", "target1", "--op", "moved-1", "--", &command,
     ]));
     let doc = json(&out);
-    assert_eq!(doc["verdict"], "indeterminate", "{doc}");
-    assert_eq!(doc["reason_code"], "host_key_mismatch", "{doc}");
+    assert_eq!(doc["verdict"], "conflict", "{doc}");
+    assert_eq!(doc["reason_code"], "host_changed", "{doc}");
     assert_eq!(doc["retryable"], false);
     assert_eq!(doc["attempts"][0]["boundary"], "not_sent", "{doc}");
     assert!(!on_b.exists(), "run claimed on B");
