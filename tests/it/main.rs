@@ -12,6 +12,7 @@ mod integrity;
 mod json;
 mod keeper;
 mod ledger;
+mod login;
 mod mcp;
 mod operators;
 mod policy;
