@@ -321,20 +321,30 @@ supervise() {
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
 	# The command runs as sshd runs one (session.c: `execve(shell, [basename, "-c",
-	# command])`): by the login shell, $SHELL as sshd set it from passwd, and /bin/sh
-	# where it is unset, relative or not executable, as sshd does for an empty passwd
-	# field; in the login directory (where sshd started the login shell, or where its
-	# startup files went: we never left it); with the login's environment, umask and
+	# command])`): by the login shell, i.e. $SHELL as sshd set it from passwd (no process
+	# to find it); where that is unset, not absolute or not executable (an sshd_config
+	# SetEnv or a startup file changed it), by the passwd entry's shell as sshd itself
+	# would (getent), and by /bin/sh where that is empty too, as sshd does for an empty
+	# passwd field. In the login directory (where sshd started the login shell, or where
+	# its startup files went: we never left it); with the login's environment, umask and
 	# LC_ALL (taken at the top), none of our variables, and positional parameters, $0
 	# and $SHELL as under ssh. All in a subshell that becomes the shell: the supervisor
 	# keeps its strict umask and C locale for the exit record.
 	sv_umask=${OPMARK_LOGIN_UMASK:-} sv_lc=${OPMARK_LOGIN_LC_ALL:--}
 	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL
-	sv_shell=${SHELL:-/bin/sh}
+	sv_shell=${SHELL:-}
 	case $sv_shell in
-	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell=/bin/sh ;;
-	*) sv_shell=/bin/sh ;;
+	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
+	*) sv_shell= ;;
 	esac
+	if [ -z "$sv_shell" ]; then
+		sv_shell=$(getent passwd "$(id -u)" 2>/dev/null)
+		sv_shell=${sv_shell##*:}
+		case $sv_shell in
+		/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell=/bin/sh ;;
+		*) sv_shell=/bin/sh ;;
+		esac
+	fi
 	sv_name=${sv_shell##*/}
 	# Shells of the sh family (sh, bash, dash, zsh, ksh, mksh, yash, posh, busybox ash)
 	# read the command from its file and eval it at the top level, as -c would run it:

@@ -107,6 +107,7 @@ touch "$HOME/made.f" && mkdir "$HOME/made.d"
 echo "modes=$(stat -c %a "$HOME/made.f" "$HOME/made.d" | tr '\n' ' ')"
 rm -rf "$HOME/made.f" "$HOME/made.d"
 env | grep '^OPMARK_' | sort
+echo "SHLVL=${SHLVL-unset}"
 echo end"#;
 
 /// Runs [`PROBE`] (and `extra`, each command on its own) over ssh and through opmark on
@@ -256,5 +257,39 @@ fn an_open_login_umask_reaches_the_command_but_not_the_shims_records() {
     for (path, mode) in all {
         let want = if path.is_dir() { 0o700 } else { 0o600 };
         assert_eq!(mode, want, "{} is {mode:o}", path.display());
+    }
+}
+
+#[test]
+fn a_session_whose_shell_variable_is_unusable_still_gets_the_passwd_login_shell() {
+    crate::require_tool!("dash");
+    let Some(lab) = lab_with_login(crate::test_name!()) else {
+        return;
+    };
+    // sshd's SetEnv comes after its own SHELL: the variable names no shell, while sshd
+    // still runs the passwd one (dash). opmark falls back to passwd too, not to sh.
+    add_session_env(&lab, "SHELL=/no/such/shell");
+    lab.set_login("target1", &tool_path("dash"), None).unwrap();
+    let env = Sealed::new("unusable-shell");
+    let cmd = "echo \"$0 $SHELL\"";
+    let by_ssh = over_ssh(&lab, cmd);
+    assert_eq!(by_ssh.stdout, "dash /no/such/shell\n", "{by_ssh:?}");
+    assert_eq!(over_opmark(&env, &lab, "unusable-shell", cmd), by_ssh);
+}
+
+#[test]
+fn bash_syntax_still_classifies_as_its_commands() {
+    let env = Sealed::new("classify-bash");
+    for (cmd, family) in [
+        ("[[ 1 == 1 ]] && echo ok", "read-only"),
+        ("[[ -f /etc/x ]] && rm -rf /tmp/y", "destructive"),
+    ] {
+        let out = env.opmark().args(["classify", "--", cmd]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {}", text(&out.stderr));
+        let first = text(&out.stdout);
+        assert!(
+            first.starts_with(&format!("{family}: {cmd}\n")),
+            "{cmd}: {first}"
+        );
     }
 }
