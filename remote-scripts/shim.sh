@@ -51,7 +51,7 @@
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started   the start gate: the supervisor runs the command only if it creates it (an
 #             exclusive create, see take_gate; a directory in markers of older shims)
-#   cmd       the command text (run by the supervisor as `sh -c` would run it)
+#   cmd       the command text (run by the supervisor as the login shell's -c would run it)
 #   stdin     the spooled stdin, out/err captured output (capped: the copy kept for
 #             replay), *.dropped the count of bytes beyond the cap, *.s.<n> spill
 #             segments beyond the cap, alive only until a following foreground sent them
@@ -111,6 +111,21 @@ esac
 case $expect_root in
 *[!0-9a-f]*) expect_root=bad ;;
 esac
+# The login's umask and LC_ALL, as sshd and the login shell's startup files left them:
+# the command gets them back (SPEC 3: it runs as `ssh HOST CMD` would), the shim's own
+# records keep the strict ones set below. They reach the supervisor in its environment
+# (OPMARK_LOGIN_UMASK; OPMARK_LOGIN_LC_ALL "-" when unset, "=VALUE" when set), which it
+# removes before the command starts. The umask is read from /proc by a builtin (no
+# process); `umask` answers where that line is missing. The supervisor, started under
+# our strict settings, keeps what it was given.
+if [ "${1:-}" != supervise ]; then
+	OPMARK_LOGIN_UMASK='' lu_key=''
+	{ read -r _ && read -r lu_key OPMARK_LOGIN_UMASK _; } 2>/dev/null </proc/$$/status
+	[ "$lu_key" = Umask: ] || OPMARK_LOGIN_UMASK=$(umask)
+	OPMARK_LOGIN_LC_ALL=-
+	[ -n "${LC_ALL+set}" ] && OPMARK_LOGIN_LC_ALL="=$LC_ALL"
+	export OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL
+fi
 umask 077
 LC_ALL=C
 export LC_ALL
@@ -321,24 +336,74 @@ supervise() {
 	fi
 	input=/dev/null
 	[ -f "$m/stdin" ] && input="$m/stdin"
-	cd "${HOME:-/}" 2>/dev/null || cd /
-	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF
-	# As `sh -c CMD` would run it, whatever its size (an argument is capped at 128 KiB)
-	# and without showing it in `ps`: $0 is the shell, no positional parameters, no
-	# variable of ours (c and l are unset by the eval before the command's first word).
-	# A short command is read by the shell's own `read` (no cat), a long one by cat
-	# (`read` takes a system call per byte).
+	# The command runs as sshd runs one (session.c: `execve(shell, [basename, "-c",
+	# command])`): by the login shell, i.e. $SHELL as sshd set it from passwd (no process
+	# to find it); where that is unset, not absolute or not executable (an sshd_config
+	# SetEnv or a startup file changed it), by the passwd entry's shell as sshd itself
+	# would (getent), and by /bin/sh where that is empty too, as sshd does for an empty
+	# passwd field. In the login directory (where sshd started the login shell, or where
+	# its startup files went: we never left it); with the login's environment, umask and
+	# LC_ALL (taken at the top), none of our variables, and positional parameters, $0
+	# and $SHELL as under ssh. All in a subshell that becomes the shell: the supervisor
+	# keeps its strict umask and C locale for the exit record.
+	sv_umask=${OPMARK_LOGIN_UMASK:-} sv_lc=${OPMARK_LOGIN_LC_ALL:--}
+	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL
+	sv_shell=${SHELL:-}
+	case $sv_shell in
+	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
+	*) sv_shell= ;;
+	esac
+	if [ -z "$sv_shell" ]; then
+		sv_shell=$(getent passwd "$(id -u)" 2>/dev/null)
+		sv_shell=${sv_shell##*:}
+		case $sv_shell in
+		/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell=/bin/sh ;;
+		*) sv_shell=/bin/sh ;;
+		esac
+	fi
+	sv_name=${sv_shell##*/}
+	# Shells of the sh family (sh, bash, dash, zsh, ksh, mksh, yash, posh, busybox ash)
+	# read the command from its file and eval it at the top level, as -c would run it:
+	# whatever its size (an argument is capped at 128 KiB) and without showing it in
+	# `ps`. A short command is read by the shell's own `read` (no cat), a long one by cat
+	# (`read` takes a system call per byte); the two variables are unset, and the
+	# positional parameters cleared, before the command's first word. Other shells (fish,
+	# tcsh/csh, anything unknown) take `-c` their own way and get the command as sshd
+	# gives it, as the argument: there it shows in `ps` and is limited to 128 KiB, as
+	# under ssh.
+	case $sv_name in
+	*csh | *fish*) sv_posix= ;;
+	*sh | *sh[0-9]* | *sh-* | busybox) sv_posix=1 ;;
+	*) sv_posix= ;;
+	esac
 	sv_small=no
 	is_uint "$cmd_bytes" && [ "$cmd_bytes" -le 4096 ] && sv_small=yes
-	# shellcheck disable=SC2016 # expanded by the command's shell, not here
-	"$OPMARK_SHELL" -c 'if [ "$2" = yes ]; then
-c= l=
-while IFS= read -r l; do c="$c$l
+	(
+		case $sv_umask in
+		'' | *[!0-7]*) ;;
+		*) umask "$sv_umask" ;;
+		esac
+		case $sv_lc in
+		=*)
+			LC_ALL=${sv_lc#=}
+			export LC_ALL
+			;;
+		*) unset LC_ALL ;;
+		esac
+		if [ -z "$sv_posix" ]; then
+			sv_text=$(cat -- "$m/cmd") || exit 126
+			exec "$sv_shell" -c "$sv_text"
+		fi
+		# shellcheck disable=SC2016 # expanded by the command's shell, not here
+		exec "$sv_shell" -c 'if [ "$2" = yes ]; then
+_om_c= _om_l=
+while IFS= read -r _om_l; do _om_c="$_om_c$_om_l
 "; done <"$1" || exit 126
-c=$c$l
-else c=$(cat -- "$1") || exit 126; fi
-eval "unset c l; set --; $c
-"' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >&6 2>&7 6>&- 7>&-
+_om_c=$_om_c$_om_l
+else _om_c=$(cat -- "$1") || exit 126; fi
+eval "unset _om_c _om_l; set --; $_om_c
+"' "$sv_name" "$m/cmd" "$sv_small"
+	) <"$input" >&6 2>&7 6>&- 7>&-
 	code=$?
 	exec 6>&- 7>&-
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already

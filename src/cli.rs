@@ -415,7 +415,7 @@ pub struct RunArgs {
     /// Several hosts at once, and detaching.
     #[command(flatten)]
     pub fleet: FleetArgs,
-    /// The command; its words are joined by spaces and run by `sh -c` on the host, as ssh does.
+    /// The command; its words are joined by spaces and run by the login shell with `-c` on the host, as ssh does.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }

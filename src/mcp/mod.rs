@@ -81,7 +81,7 @@ pub struct RunParams {
     /// The operation id: choose one per intended effect and keep it across retries; the
     /// same id never runs twice on a host (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$).
     pub op_id: String,
-    /// The command, run by `sh -c` on the host.
+    /// The command, run by the login shell with `-c` on the host, as ssh does.
     pub command: String,
     /// Bytes to forward to the command's stdin (part of the fingerprint).
     #[serde(default)]

@@ -115,8 +115,8 @@ pub struct RunRequest<'a> {
     /// Whether an interrupted claim may be moved aside and claimed again by this attempt
     /// (policy `rerun`, or an operator's approval).
     pub supersede_interrupted: bool,
-    /// The command string, run on the host as `sh -c` runs it (sent in the channel's
-    /// data, at most [`MAX_COMMAND_BYTES`]).
+    /// The command string, run on the host by the login shell with `-c`, as ssh runs it
+    /// (sent in the channel's data, at most [`MAX_COMMAND_BYTES`]).
     pub command: &'a str,
 }
 

@@ -58,11 +58,29 @@ fn doctor(env: &Sealed, lab: &Lab) -> (bool, Vec<String>, Value) {
 /// Runs a command twice under one op id: it ran once (one line in a file the command
 /// appends to), exited with its own status, and the second run replays it.
 fn assert_runs_once_and_replays(env: &Sealed, lab: &Lab, op: &str) {
+    assert_runs_once_and_replays_with(env, lab, op, ">&2");
+}
+
+/// [`assert_runs_once_and_replays`] with `to_stderr` as the redirection to stderr: the
+/// login shell runs the command, as ssh does, and csh has no `>&2`. What the command
+/// prints is what `ssh target1 CMD` prints (with what the login's startup files print for
+/// a command, as under ssh).
+fn assert_runs_once_and_replays_with(env: &Sealed, lab: &Lab, op: &str, to_stderr: &str) {
     let effects = fresh_dir(op).join("effects");
     let cmd = format!(
-        "echo ran >> {}; echo out; echo err >&2; exit 3",
+        "echo ran >> {}; echo out; echo err {to_stderr}; exit 3",
         effects.display()
     );
+    let by_ssh = support::ssh(lab)
+        .args(["-o", "ConnectTimeout=5", "target1", &cmd])
+        .output()
+        .unwrap();
+    let (out, err) = (text(&by_ssh.stdout), text(&by_ssh.stderr));
+    assert!(
+        out.ends_with("out\n") && err.ends_with("err\n") && by_ssh.status.code() == Some(3),
+        "over ssh: {by_ssh:?}"
+    );
+    std::fs::remove_file(&effects).unwrap();
     let (first, status) = run(env, lab, op, &[&cmd]);
     assert_eq!(first["verdict"], "completed", "{first}");
     assert_eq!(
@@ -70,8 +88,8 @@ fn assert_runs_once_and_replays(env: &Sealed, lab: &Lab, op: &str) {
         (Some(3), 3),
         "{first}"
     );
-    assert_eq!(first["stdout"], "out\n", "{first}");
-    assert_eq!(first["stderr"], "err\n", "{first}");
+    assert_eq!(first["stdout"], out, "{first}");
+    assert_eq!(first["stderr"], err, "{first}");
     let (again, status) = run(env, lab, op, &[&cmd]);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(
@@ -79,7 +97,7 @@ fn assert_runs_once_and_replays(env: &Sealed, lab: &Lab, op: &str) {
         (Some(3), 3),
         "{again}"
     );
-    assert_eq!(again["stdout"], "out\n", "{again}");
+    assert_eq!(again["stdout"], out, "{again}");
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
 }
 
@@ -154,6 +172,9 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             .arg(&call.exec)
             .env("XDG_STATE_HOME", &state)
             .env("HOME", &state)
+            // The command's shell is the login's $SHELL (as sshd sets it): pinned here so
+            // that this test is about the stub, whatever shell runs the tests.
+            .env("SHELL", "/bin/sh")
             // A disposable test host, whose state may be under /tmp (a clone there).
             .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
             .current_dir(&state)
@@ -298,7 +319,7 @@ fn tcsh_as_login_shell_works() {
     };
     lab.set_login("target1", &tool_path("tcsh"), None).unwrap();
     let env = Sealed::new("tcsh");
-    assert_runs_once_and_replays(&env, &lab, "tcsh-op");
+    assert_runs_once_and_replays_with(&env, &lab, "tcsh-op", ">/dev/stderr");
     let (ok, failed, doc) = doctor(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
 }
@@ -364,6 +385,9 @@ fn a_bashrc_printing_a_fake_header_does_not_fool_the_client() {
     )
     .unwrap();
     let env = Sealed::new("bashrc-header");
+    // The fake lines are the command's output too (bash reads ~/.bashrc for a command
+    // sshd starts, so ssh prints them): what counts is that the verdict, the exit code
+    // and the run-once hold.
     assert_runs_once_and_replays(&env, &lab, "fake-header");
     let (ok, failed, doc) = doctor(&env, &lab);
     assert!(ok, "{failed:?} {doc}");

@@ -13,6 +13,7 @@ mod integrity;
 mod json;
 mod keeper;
 mod ledger;
+mod login;
 mod mcp;
 mod operators;
 mod policy;

@@ -146,6 +146,9 @@ impl Host {
             .arg(shim::SCRIPT)
             .args(args)
             .env("OPMARK_SH", &self.shell)
+            // The command runs by the login shell ($SHELL, as sshd sets it): the shell
+            // under test plays that too, whatever shell runs the tests.
+            .env("SHELL", &self.shell)
             .env("XDG_STATE_HOME", &self.state_home)
             .env_remove("OPMARK_ROOT")
             // A test host is disposable, and its root is under /tmp in a clone there.

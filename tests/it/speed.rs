@@ -96,10 +96,16 @@ fn a_run_ends_at_its_exit_frame_while_the_channel_is_still_held_open() {
     // A process the login shell leaves behind with the session's stdout and stderr: sshd
     // sends the exit status when the session's shell exits, but closes the channel only
     // once every holder of its pipes is gone.
+    // Only the session's shell leaves one (its stdin is the channel): the command's own
+    // bash reads ~/.bashrc too, as under ssh, and a process left there holds the
+    // command's output, which opmark waits for as ssh does.
     let holder = lab.targets()[0].dir.join("holders");
     std::fs::write(
         lab.targets()[0].home.join(".bashrc"),
-        format!("sleep 120 & echo $! >> '{}'\n", holder.display()),
+        format!(
+            "[ \"$(readlink /proc/$$/fd/0)\" = /dev/null ] || {{ sleep 120 & echo $! >> '{}'; }}\n",
+            holder.display()
+        ),
     )
     .unwrap();
     let env = Sealed::new(crate::test_name!());
