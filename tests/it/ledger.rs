@@ -1255,6 +1255,62 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
     );
 }
 
+/// Issue 24 row 8 (names only; SPEC sections 13 and 17): two labs never name a target
+/// alike, so one ledger keeps their operations apart. The same op id run on each lab's
+/// first target is two operations, and the second runs on its own machine instead of
+/// replaying the first lab's exit. Inside one lab's ssh_config `target1` still reaches
+/// that lab's first target (OpenSSH and opmark alike), and known_hosts holds every key.
+#[test]
+fn two_labs_name_their_targets_uniquely_so_one_ledger_keeps_their_operations_apart() {
+    let Some(a) = support::loopback_lab_named("two-labs-a", 1) else {
+        return;
+    };
+    let Some(b) = support::loopback_lab_named("two-labs-b", 1) else {
+        return;
+    };
+    let (ta, tb) = (&a.targets()[0], &b.targets()[0]);
+    assert_ne!(ta.alias, tb.alias, "two labs, two names");
+    for (lab, t) in [(&a, ta), (&b, tb)] {
+        assert_eq!(t.short_name(), "target1");
+        assert!(
+            t.alias.ends_with("-target1") && t.alias.starts_with(lab.id()),
+            "{}",
+            t.alias
+        );
+        assert!(std::ptr::eq(lab.target("target1").unwrap(), t));
+        for name in [t.alias.as_str(), "target1"] {
+            let out = support::ssh(lab)
+                .args([name, "echo", "hi"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        }
+    }
+    let env = Sealed::new("two-labs");
+    let mut outcomes = Vec::new();
+    for (lab, t) in [(&a, ta), (&b, tb)] {
+        let out = env
+            .opmark_with_lab(lab)
+            .args(["--json", "run", &t.alias, "--op", "same-op", "--", "echo"])
+            .arg("ran on $XDG_STATE_HOME")
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{doc} {}", text(&out.stderr));
+        outcomes.push((doc["verdict"].clone(), doc["stdout"].clone()));
+    }
+    for (i, t) in [ta, tb].iter().enumerate() {
+        assert_eq!(outcomes[i].0, "completed", "{outcomes:?}");
+        assert_eq!(
+            outcomes[i].1.as_str().unwrap(),
+            format!("ran on {}\n", t.state_home.display()),
+            "each ran on its own target"
+        );
+    }
+    let ledger = Ledger::open(&env.ledger).unwrap();
+    assert_eq!(ledger.hosts_of("same-op").unwrap().len(), 2);
+}
+
 // --- The installation key belongs to the ledger (SPEC section 7) -------------------
 
 /// `opmark --json run target1 --op OP -- CMD` in `env` (any extra env applied first).
