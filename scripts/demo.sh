@@ -136,6 +136,11 @@ if [[ $mode == kill && $placement != docker ]]; then
   "$opmark" lab up 1 --dir "$lab"
 fi
 
+# The target's alias is unique per lab (<lab id>-target1), so operations on two labs never
+# share a ledger name; `target1` would work too, inside this lab's ssh_config only.
+host=$("$opmark" --json lab status --dir "$lab" | grep -o '"alias":"[^"]*"' | head -n 1 | cut -d'"' -f4)
+[[ -n $host ]] || die "lab status did not name the target"
+
 # A private ledger and policy dir for the demo, and an ssh config that notices a dead
 # link within ~3 s (keepalive every second, 2 unanswered tolerated) on top of the lab's.
 export OPMARK_LEDGER=$lab/ledger.db XDG_CONFIG_HOME=$lab/config
@@ -151,17 +156,17 @@ if [[ $mode == cut ]]; then
   echo " marker until the host answers, re-attaches and gets the command's true exit status)"
   (
     mid_command
-    "$opmark" lab cut target1 --dir "$lab"
+    "$opmark" lab cut "$host" --dir "$lab"
     # Held until the run reports the loss (a fixed 4 s against a 3 s budget could end
     # before a busy machine's keepalives fire); restored after 30 s at most either way.
     for _ in $(seq 300); do
       grep -q 'lost after dispatch' "$errlog" 2>/dev/null && break
       sleep 0.1
     done
-    "$opmark" lab restore target1 --dir "$lab"
+    "$opmark" lab restore "$host" --dir "$lab"
   ) &
   helper_pid=$!
-  shown run target1 --op "$op" -- "$cmd"
+  shown run "$host" --op "$op" -- "$cmd"
   wait "$helper_pid" || die "cutting or restoring the link failed"
   helper_pid=
   [[ $rc -eq 3 ]] || die "the interrupted run exited $rc, expected the command's own 3"
@@ -171,8 +176,8 @@ if [[ $mode == cut ]]; then
 else
   say "b+c. run an operation (appends a line, ~4 s, exits 3) and kill the opmark client with SIGKILL in the middle of it"
   echo "($why: the client's death stands in for the lost link)"
-  printf '%s &\n' "$(typed opmark run target1 --op "$op" -- "$cmd")"
-  "$opmark" run target1 --op "$op" -- "$cmd" &
+  printf '%s &\n' "$(typed opmark run "$host" --op "$op" -- "$cmd")"
+  "$opmark" run "$host" --op "$op" -- "$cmd" &
   helper_pid=$!
   mid_command
   kill -KILL "$helper_pid"
@@ -182,8 +187,8 @@ else
 fi
 
 say "d. probe the marker on the target: the evidence opmark consults before any retry"
-typed opmark probe target1 "$op"
-marker=$("$opmark" probe target1 "$op") || die "probe failed"
+typed opmark probe "$host" "$op"
+marker=$("$opmark" probe "$host" "$op") || die "probe failed"
 printf '%s\n' "$marker"
 case $mode:$marker in
 cut:"completed exit=3 "*) echo "-> completed with exit 3: the marker on the host recorded it" ;;
@@ -196,7 +201,7 @@ say "e. the replay: the same op id and command again (an agent retrying after th
 if [[ $mode == kill ]]; then
   echo "(if the command is still running, this run follows it instead of starting it again)"
 fi
-shown run target1 --op "$op" -- "$cmd"
+shown run "$host" --op "$op" -- "$cmd"
 [[ $rc -eq 3 ]] || die "the replay exited $rc, expected the recorded 3"
 grep -q '^opmark: replayed:' "$errlog" || die "the second run was not 'replayed'"
 lines=$(wc -l <"$effect")
@@ -206,9 +211,9 @@ sed 's/^/   /' "$effect"
 echo "-> exactly ONE line: the command ran once, although opmark was asked twice"
 
 say "f. what an agent sees: --json makes the verdict a document (stdout), exit status still 3"
-typed opmark --json run target1 --op "$op" -- "$cmd"
+typed opmark --json run "$host" --op "$op" -- "$cmd"
 rc=0
-json=$("$opmark" --json run target1 --op "$op" -- "$cmd") || rc=$?
+json=$("$opmark" --json run "$host" --op "$op" -- "$cmd") || rc=$?
 printf '%s\n' "$json"
 [[ $rc -eq 3 ]] || die "the JSON run exited $rc, expected 3"
 grep -Eq '"verdict": ?"replayed"' <<<"$json" || die "the JSON verdict is not replayed"

@@ -445,6 +445,11 @@ pub struct CancelArgs {
     /// Who cancels; recorded in the ledger (default $USER).
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
+    /// Cancel an op id this ledger has no record of on that host (started from another
+    /// machine, say). Without it such a cancel sends nothing: an absent op id would be
+    /// fenced for good, and a typo must not close an op id.
+    #[arg(long)]
+    pub force: bool,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

@@ -6,7 +6,9 @@
 //! a running command's session gets TERM, then KILL after the grace, and its supervisor
 //! (never signalled) writes the exit record marked `cancelled=1`, which every later `run`
 //! of the op id replays; an absent, unstarted or interrupted marker is fenced, so no
-//! delayed or repeated attempt can ever run it.
+//! delayed or repeated attempt can ever run it. An op id this ledger has no record of on
+//! that host is cancelled only with `--force`: nothing is sent without it, so a typo
+//! never fences an op id for good.
 
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{
     CallError, CancelOutcome, Cancelled, Host, MarkerInfo, ReachError, RefusalReason,
 };
-use crate::ledger::{Durability, Event, OpKey};
+use crate::ledger::{Durability, Event, Ledger, OpKey};
 use crate::op_id::OpId;
 
 /// Longest grace accepted: beyond it a "cancel" is a wait, and the caller's ssh session
@@ -73,6 +75,11 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     let (host, dest, recorded) =
         super::reach::reach_operation(global, &args.host, &args.host_args, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
+    // SPEC section 10: on an op id this ledger does not know, the shim would fence an
+    // absent marker for good; a typo must not close an op id.
+    if !args.force && ledger.events(&key)?.is_empty() {
+        return Err(unknown_op(&op, &host, &args.host, &ledger)?);
+    }
     let grace_ms = u64::try_from(args.grace.as_millis()).unwrap_or(u64::MAX);
 
     let answer = common::block_on(async {
@@ -183,6 +190,35 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
     } else {
         exit_code::OK
     })
+}
+
+/// The error for a cancel of an op id the ledger has no record of on that host.
+fn unknown_op(op: &OpId, host: &str, typed: &str, ledger: &Ledger) -> Result<Error> {
+    let hosts = ledger.hosts_of(op.as_str())?;
+    let known = if hosts.is_empty() {
+        format!(
+            "no operation `{op}` is in the ledger {}",
+            ledger.path().display()
+        )
+    } else {
+        format!(
+            "operation `{op}` is not recorded on `{}` in the ledger {} (it is on: {})",
+            printable(host),
+            ledger.path().display(),
+            hosts
+                .iter()
+                .map(|h| printable(h))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    Ok(Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "{known}; a cancel of an op id this ledger does not know fences it on the host for good if it is absent, and a typo must not close an op id. Nothing was sent. Check the op id with `opmark list`, or run `opmark cancel {} {op} --force` to cancel it anyway",
+            printable(typed)
+        ),
+    ))
 }
 
 /// The error a refused cancel means: the shim did nothing.

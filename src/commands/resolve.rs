@@ -2,8 +2,11 @@
 //! an operator's decision, recorded as an observation, and final: a later `run` of the op
 //! id answers it without contacting the host (SPEC section 2). `not-applied` first fences
 //! the marker on the host, and is refused when the host's evidence contradicts it or the
-//! host presents another key than the operation ran against; `abandoned` fences when it
-//! can. The host is reached by the operation's recorded route (SPEC section 9).
+//! host presents another key than the operation ran against. `abandoned` fences the same
+//! way and is refused the same way; only a host that cannot be reached lets it stand
+//! unfenced, recorded as a probe that found the host unreachable, so later evidence of the
+//! command shows as a contradiction. Nothing is recorded when a decision is refused. The
+//! host is reached by the operation's recorded route (SPEC section 9).
 
 use serde::Serialize;
 
@@ -13,7 +16,7 @@ use super::render::printable;
 use crate::cli::{GlobalArgs, Resolution, ResolveArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
-use crate::ledger::{Durability, Event, History, OpKey, UnlessSettledSince};
+use crate::ledger::{Durability, Event, History, OpKey, ProbeState, UnlessSettledSince};
 use crate::op_id::OpId;
 use crate::operation::identity::{self, Recorded};
 
@@ -121,15 +124,18 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     let mut fence_text = None;
     match args.decision {
         Resolution::NotApplied => {
-            let text = fence(global, args, &op, &recorded)?;
+            let text = fence(global, args, &op, &recorded).map_err(NotFenced::into_error)?;
             events.push(Event::Fenced {
                 detail: format!("opmark resolve --as not-applied by {by}: {text}"),
             });
             fence_text = Some(text);
         }
         // Abandoning is for operations nobody can check, often on a host that is gone:
-        // the decision stands without the fence (a later `run` answers from the ledger),
-        // but where the host is there, the fence keeps other clients off it too.
+        // only a host that cannot be reached lets the decision stand without the fence
+        // (a later `run` answers from the ledger), and the ledger records that the host
+        // was not reached, so a later probe that finds the command running or completed
+        // is a contradiction, never silent. A host that answers is heard: one that says
+        // the command is running or completed refuses the decision, as for not-applied.
         Resolution::Abandoned => match fence(global, args, &op, &recorded) {
             Ok(text) => {
                 events.push(Event::Fenced {
@@ -137,7 +143,21 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
                 });
                 fence_text = Some(text);
             }
-            Err(e) => fence_text = Some(format!("not fenced: {}", e.message)),
+            Err(NotFenced::Unreachable(e)) => {
+                let text = format!("not fenced: {}", e.message);
+                events.push(Event::Probed {
+                    attempt_id: None,
+                    state: ProbeState::Unreachable,
+                    exit_code: None,
+                    detail: format!(
+                        "opmark resolve --as abandoned by {by}: the host was not reached, so nothing on it was checked or fenced ({})",
+                        e.message
+                    ),
+                    claim: None,
+                });
+                fence_text = Some(text);
+            }
+            Err(refused) => return Err(refused.into_error()),
         },
         Resolution::Applied => {}
     }
@@ -178,6 +198,26 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     Ok(exit_code::OK)
 }
 
+/// Why the fence was not put in place. Every variant's error says that nothing was
+/// recorded and what to do.
+enum NotFenced {
+    /// The host could not be reached, or the fence's answer was lost: the host affirmed
+    /// nothing about the operation.
+    Unreachable(Error),
+    /// The host answered and refused (it says the command is running or completed, or
+    /// refused for another reason), or it presents another key than the operation ran
+    /// against (another machine), or the answer made no sense.
+    Refused(Error),
+}
+
+impl NotFenced {
+    fn into_error(self) -> Error {
+        match self {
+            NotFenced::Unreachable(e) | NotFenced::Refused(e) => e,
+        }
+    }
+}
+
 /// Fences the marker (force: an interrupted claim too). Refuses when the host says the
 /// command completed or is running (the evidence contradicts "not applied"), and when
 /// the host presents another key than the operation ran against (another machine).
@@ -186,61 +226,72 @@ fn fence(
     args: &ResolveArgs,
     op: &OpId,
     recorded: &Recorded,
-) -> Result<String> {
+) -> std::result::Result<String, NotFenced> {
     let dest =
         reach(global, &args.host, &args.host_args, recorded.route.as_ref()).map_err(|e| {
-            Error::new(
+            NotFenced::Refused(Error::new(
                 ErrorKind::Unreachable,
                 format!(
                     "cannot fence {op} on {}: {e}; nothing was recorded",
                     printable(&args.host)
                 ),
-            )
+            ))
         })?;
     let host = printable(&args.host);
-    let answer = common::block_on(async {
+    let reached = common::block_on(async {
         let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
             recorded.check(&args.host, op.as_str(), key, Some(route))
         })
         .await;
         let target = reached.map_err(|e| match e {
-            ReachError::Connect(e) => Error::new(
+            ReachError::Connect(e) => NotFenced::Unreachable(Error::new(
                 ErrorKind::Unreachable,
                 format!(
                     "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
                 ),
-            ),
-            mismatch => common::reach_error(mismatch, "nothing was fenced or recorded"),
+            )),
+            mismatch => NotFenced::Refused(common::reach_error(
+                mismatch,
+                "nothing was fenced or recorded",
+            )),
         })?;
-        Ok::<_, Error>(target.fence(op, true).await)
-    })??;
+        Ok::<_, NotFenced>(target.fence(op, true).await)
+    });
+    let answer = match reached {
+        Ok(answer) => answer?,
+        Err(e) => return Err(NotFenced::Refused(e)),
+    };
     let refusal = match answer {
         Ok(fenced) => return Ok(format!("{} ({})", fenced.outcome, fenced.marker.summary())),
         Err(CallError::Refused(r)) => r,
         Err(CallError::NoAnswer(_)) => {
-            return Err(Error::new(
+            return Err(NotFenced::Refused(Error::new(
                 ErrorKind::Internal,
                 "the shim answered the fence without a fence frame; nothing was recorded",
-            ))
+            )))
         }
         Err(e) => {
-            return Err(Error::new(
+            return Err(NotFenced::Unreachable(Error::new(
                 ErrorKind::Unreachable,
                 format!("the fence of {op} on {host} got no answer ({e}); nothing was recorded. Probe it, then retry"),
-            ))
+            )))
         }
     };
     let seen = CallError::Refused(refusal.clone()).seen();
+    let decision = decision_name(args.decision).replace('_', " ");
     let message = match refusal.reason {
         RefusalReason::Marker(MarkerState::Completed) => format!(
-            "the host says {op} completed ({seen}): that contradicts not-applied; nothing was recorded. Use --as applied, or investigate with `opmark show {op}`"
+            "the host says {op} completed ({seen}): that contradicts {decision}; nothing was recorded. Use --as applied, or investigate with `opmark show {op}`"
         ),
         RefusalReason::Marker(MarkerState::Running) => format!(
-            "the host says {op} is running ({seen}): it cannot be declared not applied; nothing was recorded. Wait for it, then `opmark reconcile`"
+            "the host says {op} is running ({seen}): it cannot be declared {decision}; nothing was recorded. Wait for it (or `opmark cancel {host} {op}`), then `opmark reconcile`"
         ),
         _ => format!(
             "the host refused to fence {op} ({seen}); nothing was recorded. Check the host with `opmark doctor`"
         ),
     };
-    Err(Error::new(ErrorKind::InvalidInput, message))
+    Err(NotFenced::Refused(Error::new(
+        ErrorKind::InvalidInput,
+        message,
+    )))
 }

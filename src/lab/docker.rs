@@ -386,6 +386,7 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
     let network = format!("opmark-lab-{id}");
     let mut lab = Lab {
         state: LabState {
+            id: super::new_lab_id(),
             placement: Placement::Docker,
             ssh_config: dir.join("ssh_config"),
             known_hosts: dir.join("known_hosts"),
@@ -490,8 +491,11 @@ fn prepare_target(
     addr: Ipv4Addr,
     client_pub: &str,
 ) -> Result<(Target, Node), LabError> {
-    let alias = format!("target{index}");
-    let dir = lab.dir.join(&alias);
+    let alias = super::alias_of(lab.id(), index);
+    // Directory, container, volume and hostname keep the short name: the lab's docker
+    // id already makes the container and volume names unique on this machine.
+    let short = format!("target{index}");
+    let dir = lab.dir.join(&short);
     mkdir(&dir, 0o700)?;
     let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
         .iter()
@@ -518,8 +522,8 @@ fn prepare_target(
     write(&target.sshd_config(), &config_text(&alias), 0o600)?;
     let id = &lab.docker()?.id;
     let node = Node {
-        container: format!("opmark-lab-{id}-{alias}"),
-        volume: format!("opmark-lab-{id}-{alias}-markers"),
+        container: format!("opmark-lab-{id}-{short}"),
+        volume: format!("opmark-lab-{id}-{short}-markers"),
         alias,
     };
     Ok((target, node))
@@ -567,7 +571,7 @@ fn run_container(lab: &Lab, t: &Target, n: &Node) -> Result<(), LabError> {
         "--name",
         &n.container,
         "--hostname",
-        &t.alias,
+        t.short_name(),
         "--network",
         &d.network,
         "--ip",
@@ -738,11 +742,11 @@ impl Lab {
     }
 
     fn node(&self, alias: &str) -> Result<&Node, LabError> {
-        self.get(alias)?;
+        let target = self.get(alias)?;
         self.state
             .docker
             .as_ref()
-            .and_then(|d| d.nodes.iter().find(|n| n.alias == alias))
+            .and_then(|d| d.nodes.iter().find(|n| n.alias == target.alias))
             .ok_or_else(|| LabError::NotDocker {
                 alias: alias.to_string(),
             })

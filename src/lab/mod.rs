@@ -5,12 +5,19 @@
 //! Layout of a lab directory:
 //! ```text
 //! lab.json            state, so `opmark lab down/status/cut` can find a running lab
-//! ssh_config          Host target1..targetN
+//! ssh_config          Host <id>-target1 target1 .. <id>-targetN targetN
 //! known_hosts         every target's host keys
 //! client_ed25519      the client key authorised on every target (+ .pub)
 //! targetN/            sshd_config, host keys, authorized_keys, sshd.log, sshd.pid,
 //!                     state/ (XDG_STATE_HOME of its commands), home/ (their HOME)
 //! ```
+//!
+//! Target names are unique per lab (SPEC 17): each lab draws a random id when it starts,
+//! and its targets' aliases are `<id>-target1`...: the ledger keys an operation by the
+//! host name the caller typed, so two labs (other host keys, other marker roots) must
+//! never share one. Inside one lab's ssh_config, `targetN` also matches its target, and
+//! every lab call ([`Lab::target`], cut, crash...) takes either form: a shorthand for one
+//! lab, which two labs sharing a ledger must not use (their `target1`s are one name).
 //!
 //! Lab targets are disposable (SPEC 3): they die with the machine and are never
 //! restarted after a reboot, so their sshd tells the host shim so
@@ -182,7 +189,8 @@ pub struct LabSpec {
 /// One target: an sshd and the directory it owns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Target {
-    /// ssh_config alias (`target1`...).
+    /// ssh_config alias, unique per lab (`<lab id>-target1`...; `target1`... in labs
+    /// made before lab ids). See [`Target::short_name`].
     pub alias: String,
     /// Address sshd listens on.
     pub addr: IpAddr,
@@ -216,6 +224,16 @@ fn yes() -> bool {
 }
 
 impl Target {
+    /// `targetN`: the alias without the lab id, also matched by the lab's ssh_config.
+    pub fn short_name(&self) -> &str {
+        short_of(&self.alias)
+    }
+
+    /// Is `name` this target's alias or its short name?
+    pub fn is_named(&self, name: &str) -> bool {
+        self.alias == name || self.short_name() == name
+    }
+
     /// The host marker root commands on this target use: `<state_home>/opmark`.
     pub fn marker_root(&self) -> PathBuf {
         self.state_home.join("opmark")
@@ -278,9 +296,41 @@ impl Target {
     }
 }
 
+/// `targetN` of an alias `<id>-targetN` (an alias without a lab id is its own).
+fn short_of(alias: &str) -> &str {
+    match alias.split_once('-') {
+        Some((_, short)) if short.starts_with("target") => short,
+        _ => alias,
+    }
+}
+
+/// A fresh lab id: 5 characters of `[a-z0-9]`, a letter first (about 2^25 ids), drawn
+/// at random, so two labs (even one after another in the same directory, with new host
+/// keys) never name a target alike.
+fn new_lab_id() -> String {
+    use rand::Rng as _;
+    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
+    const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    let mut id = String::with_capacity(5);
+    id.push(LETTERS[rng.random_range(0..LETTERS.len())] as char);
+    for _ in 0..4 {
+        id.push(ALNUM[rng.random_range(0..ALNUM.len())] as char);
+    }
+    id
+}
+
+/// The alias of target `index` in the lab `id`.
+pub(crate) fn alias_of(id: &str, index: usize) -> String {
+    format!("{id}-target{index}")
+}
+
 /// What lab.json holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct LabState {
+    /// The lab id in its targets' aliases (empty in labs made before lab ids).
+    #[serde(default)]
+    id: String,
     placement: Placement,
     ssh_config: PathBuf,
     known_hosts: PathBuf,
@@ -337,6 +387,7 @@ impl Lab {
 
         let mut lab = Lab {
             state: LabState {
+                id: new_lab_id(),
                 placement: spec.placement,
                 ssh_config: dir.join("ssh_config"),
                 known_hosts: dir.join("known_hosts"),
@@ -388,9 +439,14 @@ impl Lab {
         &self.state.targets
     }
 
-    /// The target with this alias.
+    /// The target with this alias, or this short name (`target1`).
     pub fn target(&self, alias: &str) -> Option<&Target> {
-        self.state.targets.iter().find(|t| t.alias == alias)
+        self.state.targets.iter().find(|t| t.is_named(alias))
+    }
+
+    /// The lab id in its targets' aliases (empty for a lab made before lab ids).
+    pub fn id(&self) -> &str {
+        &self.state.id
     }
 
     /// Where the targets listen.
@@ -526,7 +582,7 @@ impl Lab {
     pub fn set_disposable(&mut self, alias: &str, disposable: bool) -> Result<(), LabError> {
         self.stop_sshd(alias)?; // also checks the alias
         let version = sshd::sshd_version(&self.sshd);
-        if let Some(target) = self.state.targets.iter_mut().find(|t| t.alias == alias) {
+        if let Some(target) = self.state.targets.iter_mut().find(|t| t.is_named(alias)) {
             target.disposable = disposable;
             write(
                 &target.sshd_config(),
@@ -715,8 +771,8 @@ impl Lab {
         user: &str,
         client_pub: &str,
     ) -> Result<Target, LabError> {
-        let alias = format!("target{index}");
-        let dir = self.dir.join(&alias);
+        let alias = alias_of(&self.state.id, index);
+        let dir = self.dir.join(format!("target{index}"));
         mkdir(&dir, 0o700)?;
         let state_home = dir.join("state");
         let home = dir.join("home");
@@ -824,14 +880,22 @@ impl Lab {
 
     /// Writes ssh_config, known_hosts and lab.json from the current state.
     fn write_client_files(&self) -> Result<(), LabError> {
-        let mut cfg = String::from("# opmark lab (generated): one alias per target\n");
+        let mut cfg = String::from(
+            "# opmark lab (generated): one alias per target, unique per lab (<lab id>-targetN);\n\
+             # targetN is a shorthand inside this lab only: labs sharing a ledger need the full alias\n",
+        );
         let mut known = String::new();
         for t in &self.state.targets {
+            let names = if t.short_name() == t.alias {
+                t.alias.clone()
+            } else {
+                format!("{} {}", t.alias, t.short_name())
+            };
             let _ = write!(
                 cfg,
                 "\nHost {}\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n  \
                  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  StrictHostKeyChecking yes\n",
-                t.alias,
+                names,
                 t.addr,
                 t.port,
                 t.user,
@@ -1017,4 +1081,33 @@ fn write(path: &Path, text: &str, mode: u32) -> Result<(), LabError> {
             path: path.to_path_buf(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lab_ids_are_short_letter_first_and_differ() {
+        let ids: std::collections::BTreeSet<String> = (0..50).map(|_| new_lab_id()).collect();
+        assert!(ids.len() > 45, "ids repeat: {ids:?}");
+        for id in &ids {
+            assert_eq!(id.len(), 5, "{id}");
+            assert!(id.starts_with(|c: char| c.is_ascii_lowercase()), "{id}");
+            assert!(
+                id.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+                "{id}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_short_name_drops_the_lab_id_only() {
+        assert_eq!(short_of(&alias_of("k3x9q", 2)), "target2");
+        assert_eq!(alias_of("k3x9q", 2), "k3x9q-target2");
+        // Labs made before lab ids keep their aliases.
+        assert_eq!(short_of("target1"), "target1");
+        assert_eq!(short_of("web-1"), "web-1");
+    }
 }

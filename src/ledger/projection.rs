@@ -9,7 +9,7 @@ use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
 use super::event::{ClaimSeen, Event, Observed};
-use super::words::{OpState, ProbeState};
+use super::words::{Decision, OpState, ProbeState};
 use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::{Verdict, HOST_CHANGED_PREFIX};
@@ -124,7 +124,48 @@ fn settled_exit(rec: &OperationRecord) -> Option<i32> {
 ///   attempt): a later probe that finds the marker completed with another exit code or by
 ///   another attempt, or running or interrupted again, or an exit received with another
 ///   code. An `absent` marker is not a contradiction: `gc` removes finished markers.
+/// - Against an operator's `not_applied`/`abandoned` decision: a later probe that finds
+///   the op id claimed on the host (see [`decision_contradiction`]).
 pub fn contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
+    evidence_contradiction(rec, event).or_else(|| decision_contradiction(rec, event))
+}
+
+/// Against an operator's `not_applied` or `abandoned` decision (which may stand unfenced
+/// when the host could not be reached): a later probe that finds the op id claimed
+/// (running, completed or interrupted) on the host. Kept apart from
+/// [`evidence_contradiction`], which the fold also asks, so that the projection of
+/// ledgers written before this rule replays unchanged.
+fn decision_contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
+    let OpState::Resolved(decision) = &rec.state else {
+        return None;
+    };
+    if !matches!(decision, Decision::NotApplied | Decision::Abandoned) {
+        return None;
+    }
+    match event {
+        Event::Probed {
+            state,
+            exit_code,
+            claim,
+            ..
+        } if state.shows_claim() => Some((
+            Observed {
+                state: format!("resolved:{decision}"),
+                exit_code: None,
+                attempt: None,
+            },
+            Observed {
+                state: state.to_string(),
+                exit_code: *exit_code,
+                attempt: claim.as_ref().and_then(|c| c.attempt.clone()),
+            },
+        )),
+        _ => None,
+    }
+}
+
+/// Evidence against evidence: see [`contradiction`].
+fn evidence_contradiction(rec: &OperationRecord, event: &Event) -> Option<(Observed, Observed)> {
     if let Event::Probed {
         state,
         exit_code,
@@ -278,7 +319,7 @@ pub(crate) fn fold(
 
     // Evidence that contradicts the settled truth never rewrites it (its own
     // `contradiction` event follows it in the chain).
-    let contradicts = contradiction(&rec, event).is_some();
+    let contradicts = evidence_contradiction(&rec, event).is_some();
     rec.unresolved = unresolved_after(rec.unresolved, event);
     rec.updated_at = at.to_owned();
     rec.last_seq = seq;

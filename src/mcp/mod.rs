@@ -298,6 +298,9 @@ impl Server {
             op: p.op_id,
             grace: Duration::from_secs(10),
             by: Some("opmark-mcp".to_owned()),
+            // An agent cancels only what the ledger knows: closing an unknown op id for
+            // good is a human's call (`opmark cancel --force`).
+            force: false,
             host_args: HostArgs::default(),
         };
         Ok(self

@@ -511,23 +511,77 @@ fn cancel_of_an_absent_op_fences_it_so_a_later_run_is_not_applied() {
     };
     let env = Sealed::new("cancel-absent");
     let fx = fresh_dir("cancel-absent").join("effect");
+    let command = format!("echo ran >> {}", fx.display());
+    // The ledger knows the op (its attempt left, no answer came); the host has no marker.
+    crate::operators::record_lost_dispatch(&env, "target1", "ghost", &command, true);
     let (doc, code) = cancel(&env, &lab, "ghost", "1s");
     assert_eq!(code, Some(0), "{doc}");
     assert_eq!(doc["outcome"], "fenced", "{doc}");
     assert_eq!(doc["was"], "absent", "{doc}");
     assert_eq!(doc["state"], "fenced", "{doc}");
     // The delayed original arrives after the cancel: it cannot run.
-    let (late, code) = run_json(
-        &env,
-        &lab,
-        "ghost",
-        &format!("echo ran >> {}", fx.display()),
-    );
+    let (late, code) = run_json(&env, &lab, "ghost", &command);
     assert_eq!(late["verdict"], "not_applied", "{late}");
     assert_eq!(late["reason_code"], "fenced", "{late}");
     assert_eq!(code, Some(241));
     assert!(!fx.exists(), "nothing ran");
     assert!(show(&env, "ghost").contains("fenced:absent"));
+}
+
+fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
+    let out = env
+        .opmark_with_lab(lab)
+        .args(["--json", "probe", "target1", op])
+        .output()
+        .unwrap();
+    output_json(&out)["state"].as_str().unwrap_or("").to_owned()
+}
+
+/// SPEC section 10: a cancel of an op id this ledger does not know (a typo, say) sends
+/// nothing without --force, with an error naming the fix; the op id stays free on the
+/// host. With --force it is cancelled (fenced, being absent).
+#[test]
+fn cancel_of_an_op_id_the_ledger_does_not_know_needs_force_and_fences_only_with_it() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("cancel-unknown");
+    let (first, _) = run_json(&env, &lab, "deploy-42", "true");
+    assert_eq!(first["verdict"], "completed", "{first}");
+    // A typo of a known op id, and one recorded only on another host.
+    for (op, needle) in [
+        ("deploy-24", "no operation `deploy-24` is in the ledger"),
+        ("elsewhere", "is not recorded on `target1`"),
+    ] {
+        if op == "elsewhere" {
+            crate::operators::record_lost_dispatch(&env, "target9", op, "true", true);
+        }
+        let out = env
+            .opmark_with_lab(&lab)
+            .args(["cancel", "target1", op])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(245), "{op}: {err}");
+        assert!(err.contains(needle), "{op}: {err}");
+        assert!(err.contains("Nothing was sent"), "{err}");
+        assert!(
+            err.contains(&format!("opmark cancel target1 {op} --force")),
+            "{err}"
+        );
+        assert!(!marker(&lab, op).exists(), "{op}: nothing reached the host");
+        assert_eq!(probe_state(&env, &lab, op), "absent", "{op}");
+    }
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "cancel", "target1", "deploy-24", "--force"])
+        .output()
+        .unwrap();
+    let doc = output_json(&out);
+    assert_eq!(out.status.code(), Some(0), "{doc}");
+    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["was"], "absent", "{doc}");
+    assert_eq!(probe_state(&env, &lab, "deploy-24"), "fenced");
 }
 
 #[test]

@@ -327,6 +327,7 @@ conformance!(
     a_settlement_conditional_on_what_was_read_loses_to_an_earlier_one,
     audit_verify_names_an_edited_and_a_deleted_event,
     list_show_and_stats_read_the_same_projection,
+    fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
@@ -388,6 +389,136 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     assert_eq!(
         text(&out.stdout).trim(),
         "chain intact: 4000 events, projection equals their replay"
+    );
+}
+
+/// Issue 24 row 10: four processes each running a 4-host fleet and four single-host runs,
+/// all at once on one ledger, round after round, against real sshd targets. Every run
+/// must answer `completed` with exit status 0 and no `ledger_error`, every operation must
+/// hold its whole story (intent, attempt, exit, verdict) under its own key, the rows'
+/// `last_seq` must be their own last event, and `audit verify` must find the projection
+/// equal to the replay. (Before the fix, a fleet's per-host ledger opens closed a file
+/// descriptor on the SQLite database, which drops every POSIX lock this process held on
+/// it: another process then checkpointed and removed the WAL under the fleet's feet.)
+fn fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation(f: &Fixture) {
+    const ROUNDS: usize = 20;
+    const PROCS: usize = 4;
+    let Some(lab) = support::loopback_lab_named(
+        "fleets_and_single_runs_in_many_processes_keep_every_event",
+        4,
+    ) else {
+        return;
+    };
+    let hosts: Vec<String> = lab.targets().iter().map(|t| t.alias.clone()).collect();
+    let started = Instant::now();
+    let mut expected: Vec<OpKey> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut children = Vec::new();
+        for p in 0..PROCS {
+            let home = f.scratch.path(&format!("home-{p}"));
+            std::fs::create_dir_all(&home).unwrap();
+            let fleet_op = format!("fleet-r{round}-p{p}");
+            let mut fleet = f.opmark(&home);
+            fleet
+                .env("OPMARK_PERSIST", "0")
+                .arg("-F")
+                .arg(lab.ssh_config())
+                .args(["--json", "run"])
+                .args(&hosts)
+                .args(["--op", &fleet_op, "--", "true"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            children.push((fleet_op.clone(), true, fleet.spawn().unwrap()));
+            expected.extend(
+                hosts
+                    .iter()
+                    .map(|h| OpKey::new(fleet_op.clone(), h.clone())),
+            );
+            let single_op = format!("single-r{round}-p{p}");
+            let host = &hosts[p % hosts.len()];
+            let mut single = f.opmark(&home);
+            single
+                .env("OPMARK_PERSIST", "0")
+                .arg("-F")
+                .arg(lab.ssh_config())
+                .args(["--json", "run", host, "--op", &single_op, "--", "true"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            children.push((single_op.clone(), false, single.spawn().unwrap()));
+            expected.push(OpKey::new(single_op, host.clone()));
+        }
+        for (op, is_fleet, child) in children {
+            let out = child.wait_with_output().unwrap();
+            let doc: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "round {round} {op}: {doc} {}",
+                text(&out.stderr)
+            );
+            let docs: Vec<serde_json::Value> = if is_fleet {
+                doc["hosts"].as_array().cloned().unwrap_or_default()
+            } else {
+                vec![doc.clone()]
+            };
+            assert_eq!(docs.len(), if is_fleet { hosts.len() } else { 1 }, "{doc}");
+            for d in docs {
+                assert_eq!(d["verdict"], "completed", "round {round} {op}: {d}");
+                assert_eq!(d["exit_code"], 0, "round {round} {op}: {d}");
+                assert!(d.get("ledger_error").is_none(), "round {round} {op}: {d}");
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let ledger = f.open();
+    let mut counted = 0u64;
+    for key in &expected {
+        let events = ledger.events(key).unwrap();
+        counted += events.len() as u64;
+        let kinds: Vec<&str> = events.iter().map(|e| e.event.kind()).collect();
+        for want in ["intended", "attempt_dispatched", "exit_received", "verdict"] {
+            assert!(kinds.contains(&want), "{key:?} lacks {want}: {kinds:?}");
+        }
+        assert!(
+            matches!(
+                events.last().map(|e| &e.event),
+                Some(Event::Verdict {
+                    verdict: Verdict::Completed,
+                    exit_code: Some(0),
+                    ..
+                })
+            ),
+            "{key:?}: {kinds:?}"
+        );
+        let row = ledger.operation(key).unwrap().expect("a projection row");
+        assert_eq!(row.state.to_string(), "completed", "{key:?}");
+        assert_eq!(row.last_seq, events.last().unwrap().seq, "{key:?}");
+    }
+    let stats = ledger.stats().unwrap();
+    assert_eq!(stats.operations, expected.len() as u64);
+    assert_eq!(stats.events, counted, "no event under any other key");
+    let report = ledger.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["audit", "verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("projection equals their replay"),
+        "{}",
+        text(&out.stdout)
+    );
+    use std::io::Write as _;
+    let _ = writeln!(
+        std::io::stderr(),
+        "{ROUNDS} rounds of {PROCS} fleets x {} hosts + {PROCS} single runs: {} operations, {counted} events, {:.1} s",
+        hosts.len(),
+        expected.len(),
+        elapsed.as_secs_f64()
     );
 }
 
@@ -1122,6 +1253,62 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
         !contains_canary(&bytes),
         "secret found in the checkpointed database"
     );
+}
+
+/// Issue 24 row 8 (names only; SPEC sections 13 and 17): two labs never name a target
+/// alike, so one ledger keeps their operations apart. The same op id run on each lab's
+/// first target is two operations, and the second runs on its own machine instead of
+/// replaying the first lab's exit. Inside one lab's ssh_config `target1` still reaches
+/// that lab's first target (OpenSSH and opmark alike), and known_hosts holds every key.
+#[test]
+fn two_labs_name_their_targets_uniquely_so_one_ledger_keeps_their_operations_apart() {
+    let Some(a) = support::loopback_lab_named("two-labs-a", 1) else {
+        return;
+    };
+    let Some(b) = support::loopback_lab_named("two-labs-b", 1) else {
+        return;
+    };
+    let (ta, tb) = (&a.targets()[0], &b.targets()[0]);
+    assert_ne!(ta.alias, tb.alias, "two labs, two names");
+    for (lab, t) in [(&a, ta), (&b, tb)] {
+        assert_eq!(t.short_name(), "target1");
+        assert!(
+            t.alias.ends_with("-target1") && t.alias.starts_with(lab.id()),
+            "{}",
+            t.alias
+        );
+        assert!(std::ptr::eq(lab.target("target1").unwrap(), t));
+        for name in [t.alias.as_str(), "target1"] {
+            let out = support::ssh(lab)
+                .args([name, "echo", "hi"])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        }
+    }
+    let env = Sealed::new("two-labs");
+    let mut outcomes = Vec::new();
+    for (lab, t) in [(&a, ta), (&b, tb)] {
+        let out = env
+            .opmark_with_lab(lab)
+            .args(["--json", "run", &t.alias, "--op", "same-op", "--", "echo"])
+            .arg("ran on $XDG_STATE_HOME")
+            .output()
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.code(), Some(0), "{doc} {}", text(&out.stderr));
+        outcomes.push((doc["verdict"].clone(), doc["stdout"].clone()));
+    }
+    for (i, t) in [ta, tb].iter().enumerate() {
+        assert_eq!(outcomes[i].0, "completed", "{outcomes:?}");
+        assert_eq!(
+            outcomes[i].1.as_str().unwrap(),
+            format!("ran on {}\n", t.state_home.display()),
+            "each ran on its own target"
+        );
+    }
+    let ledger = Ledger::open(&env.ledger).unwrap();
+    assert_eq!(ledger.hosts_of("same-op").unwrap().len(), 2);
 }
 
 // --- The installation key belongs to the ledger (SPEC section 7) -------------------

@@ -704,6 +704,138 @@ fn after_resolve_not_applied_or_abandoned_a_run_is_not_applied_and_runs_nothing(
     assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
 }
 
+/// The projection row of `op` on target1, read straight from the ledger.
+fn row(env: &Sealed, op: &str) -> opmark::ledger::OperationRecord {
+    Ledger::open(&env.ledger)
+        .unwrap()
+        .operation(&OpKey::new(op, "target1"))
+        .unwrap()
+        .expect("the operation is recorded")
+}
+
+/// Issue 24 row 7: a host that affirms the command is running, or completed, refuses
+/// `resolve --as abandoned` and `--as not-applied`: the message says so, nothing is
+/// recorded and nothing is fenced, and the operation stays unresolved for reconcile.
+#[test]
+fn resolve_abandoned_or_not_applied_is_refused_while_the_host_says_running_or_completed() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let supervisor = start_detached(&env, &lab, "still-going");
+    let (status, doc) = run_op(&env, &lab, "finished", "true");
+    assert_eq!(
+        (status, doc["verdict"].as_str()),
+        (Some(0), Some("completed"))
+    );
+    for (op, says) in [("still-going", "is running"), ("finished", "completed")] {
+        for how in ["abandoned", "not-applied"] {
+            let before = event_count(&env, op);
+            let out = run(env.opmark_with_lab(&lab).args([
+                "resolve", op, "--host", "target1", "--as", how, "--note", "gave up",
+            ]));
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(245), "{op} {how}: {err}");
+            assert!(err.contains(&format!("the host says {op} {says}")), "{err}");
+            assert!(err.contains("nothing was recorded"), "{err}");
+            assert!(!text(&out.stdout).contains("recorded:"), "{op} {how}");
+            assert_eq!(
+                event_count(&env, op),
+                before,
+                "{op} {how}: nothing recorded"
+            );
+            assert!(
+                !marker(&lab, "target1", op).join("fenced").exists(),
+                "{op} {how}: nothing fenced"
+            );
+        }
+    }
+    assert!(
+        !row(&env, "still-going")
+            .state
+            .to_string()
+            .starts_with("resolved"),
+        "no decision in the projection"
+    );
+    // Later runs follow the running command rather than answer `not_applied`.
+    let doc = json(&run(env.opmark_with_lab(&lab).args([
+        "--json",
+        "run",
+        "target1",
+        "--op",
+        "still-going",
+        "--class",
+        "destructive",
+        "--wait",
+        "0s",
+        "--",
+        "sleep 60",
+    ])));
+    assert_eq!(doc["verdict"], "in_progress", "{doc}");
+    kill_group(supervisor);
+}
+
+/// Only an unreachable host lets `resolve --as abandoned` stand: recorded with a probe
+/// that says the host was not reached, and when the host is back and a probe finds the
+/// command running, that evidence is a contradiction of the decision, never silent.
+#[test]
+fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_contradicts_it() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let supervisor = start_detached(&env, &lab, "on-a-dead-host");
+    lab.stop_sshd("target1").unwrap();
+    let out = run(env.opmark_with_lab(&lab).args([
+        "--json",
+        "resolve",
+        "on-a-dead-host",
+        "--host",
+        "target1",
+        "--as",
+        "abandoned",
+        "--note",
+        "the host is gone",
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc = json(&out);
+    assert!(
+        doc["fence"].as_str().unwrap().starts_with("not fenced: "),
+        "{doc}"
+    );
+    let show = json(&run(env.opmark().args([
+        "--json",
+        "show",
+        "on-a-dead-host",
+    ])));
+    let kinds: Vec<&str> = show["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event"]["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.ends_with(&["probed", "operator_decision"]),
+        "{kinds:?}"
+    );
+    let probed = &show["events"].as_array().unwrap()[kinds.len() - 2]["event"];
+    assert_eq!(probed["state"], "unreachable", "{probed}");
+    assert_eq!(row(&env, "on-a-dead-host").contradictions, 0);
+
+    lab.start_sshd("target1").unwrap();
+    assert_eq!(probe_state(&env, &lab, "on-a-dead-host"), "running");
+    let rec = row(&env, "on-a-dead-host");
+    assert_eq!(rec.contradictions, 1, "{rec:?}");
+    assert_eq!(
+        rec.state.to_string(),
+        "resolved:abandoned",
+        "the decision stays"
+    );
+    let out = run(env.opmark().args(["audit", "verify"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    kill_group(supervisor);
+}
+
 /// An ssh config in which `alias` names the lab target `to`, with the lab's client key
 /// and known_hosts (which trusts every lab target's key).
 fn config_pointing(lab: &Lab, dir: &Path, alias: &str, to: &str) -> PathBuf {
