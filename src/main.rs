@@ -1,7 +1,6 @@
 //! The `opmark` binary: parse the command line, call the library, map errors to exit codes.
 
 use std::any::Any;
-use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
@@ -27,8 +26,12 @@ fn main() -> ExitCode {
                     err.kind().to_string(),
                 )
                 .with_code("usage");
-                println!("{}", opmark::commands::common::error_document(&usage));
+                let _ = opmark::commands::common::print_text(&format!(
+                    "{}\n",
+                    opmark::commands::common::error_document(&usage)
+                ));
             }
+            // clap's own print: a failed write is returned, not a panic.
             let _ = err.print();
             return ExitCode::from(code);
         }
@@ -44,10 +47,17 @@ fn main() -> ExitCode {
         }
         Err(payload) => panic::resume_unwind(payload),
     };
+    // A reader that went away mid-run (`opmark run … | head -2`): the run went on and its
+    // verdict is recorded; the status is the one a process that SIGPIPE ended would give.
+    if opmark::logging::closed_pipe() {
+        return ExitCode::from(exit_code::BROKEN_PIPE);
+    }
     match outcome {
         Ok(code) => ExitCode::from(code),
-        // Nobody reads any more: nothing to say, and nowhere to say it.
+        // Nobody can read the answer: a closed pipe leaves nothing to say and nowhere to
+        // say it; a full stdout is worth a line on stderr, if that takes it.
         Err(err) if err.kind == opmark::error::ErrorKind::StdoutClosed => {
+            opmark::logging::say(format_args!("opmark: error: {}", err.message));
             ExitCode::from(err.kind.exit_code())
         }
         Err(mut err) => {
@@ -56,15 +66,17 @@ fn main() -> ExitCode {
                 .redact_owned(&err.message);
             // SPEC 6: with --json an error is a document on stdout too.
             if json {
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "{}",
+                let _ = opmark::commands::common::print_text(&format!(
+                    "{}\n",
                     opmark::commands::common::error_document(&err)
-                );
+                ));
             }
             // Like ssh -q, quiet still reports a fatal error, unless the document did.
             if !(json && opmark::logging::quiet()) {
-                let _ = writeln!(std::io::stderr(), "opmark: error: {}", err.message);
+                let _ = opmark::logging::write_all(
+                    opmark::logging::Stream::Stderr,
+                    format!("opmark: error: {}\n", err.message).as_bytes(),
+                );
             }
             ExitCode::from(err.kind.exit_code())
         }

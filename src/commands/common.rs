@@ -182,19 +182,19 @@ pub fn capture_json<T>(f: impl FnOnce() -> Result<T>) -> (Option<serde_json::Val
 }
 
 fn write_line(doc: &serde_json::Value) -> Result<()> {
-    // A closed stdout is the caller's business (EPIPE handling lives in main), not a panic.
-    let mut out = std::io::stdout().lock();
-    use std::io::Write as _;
-    writeln!(out, "{doc}")
-        .and_then(|()| out.flush())
-        .map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::BrokenPipe {
-                ErrorKind::StdoutClosed
-            } else {
-                ErrorKind::LocalIo
-            };
-            Error::new(kind, format!("cannot write to stdout: {e}"))
-        })
+    print_text(&format!("{doc}\n"))
+}
+
+/// Prints `text` on stdout. A stdout that cannot take it (a closed pipe, a full disk) is
+/// [`ErrorKind::StdoutClosed`]: nobody can read the answer, so the process exits 141 as a
+/// process that SIGPIPE ended would (SPEC section 6); never a panic.
+pub fn print_text(text: &str) -> Result<()> {
+    crate::logging::print(text).map_err(|e| {
+        Error::new(
+            ErrorKind::StdoutClosed,
+            format!("cannot write to stdout: {e}"),
+        )
+    })
 }
 
 /// The JSON document of an error at the CLI edge: `error.reason_code`, `error.message`

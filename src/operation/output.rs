@@ -3,9 +3,9 @@
 //! counts and digests, never the output). With several hosts each line goes out whole,
 //! prefixed with its host, so that concurrent hosts never mix within a line.
 
-use std::io::Write;
-
 use sha2::{Digest, Sha256};
+
+use crate::logging::{self, Stream};
 
 /// The caller's view of the command's output, across attempts and re-attaches: the byte
 /// counts are the offsets a re-attach resumes from, so no byte is shown twice or missed.
@@ -55,9 +55,8 @@ impl Output {
         if self.live && self.prefix.is_some() {
             self.prefix_lines(0, bytes);
         } else if self.live {
-            let mut out = std::io::stdout().lock();
             // A closed stdout (the caller went away) must not stop the bookkeeping.
-            let _ = out.write_all(bytes).and_then(|()| out.flush());
+            let _ = logging::write_all(Stream::Stdout, bytes);
         } else {
             self.stdout.extend_from_slice(bytes);
         }
@@ -70,8 +69,7 @@ impl Output {
         if self.live && self.prefix.is_some() {
             self.prefix_lines(1, bytes);
         } else if self.live {
-            let mut err = std::io::stderr().lock();
-            let _ = err.write_all(bytes).and_then(|()| err.flush());
+            let _ = logging::write_all(Stream::Stderr, bytes);
         } else {
             self.stderr.extend_from_slice(bytes);
         }
@@ -154,11 +152,10 @@ impl Drop for Output {
 /// One write of whole lines to stdout (0) or stderr (1): the lock keeps other hosts'
 /// lines out of it. A closed stream (the caller went away) must not stop the run.
 fn write_whole(which: usize, block: &[u8]) {
-    if which == 0 {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(block).and_then(|()| out.flush());
+    let stream = if which == 0 {
+        Stream::Stdout
     } else {
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(block).and_then(|()| err.flush());
-    }
+        Stream::Stderr
+    };
+    let _ = logging::write_all(stream, block);
 }
