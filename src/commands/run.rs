@@ -239,6 +239,15 @@ async fn run_operation(
         &interrupts,
     )
     .await?;
+    tracing::info!(
+        "verdict {} ({}), exit {}: {}",
+        report.verdict,
+        report.reason_code,
+        report
+            .exit_code
+            .map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
+        report.reason
+    );
     if report.reason_code == ReasonCode::ClientInterrupted {
         let signal = interrupts.received().unwrap_or(ClientSignal::Int);
         // The document first (SPEC 10), then the words for a person at the terminal.
