@@ -85,6 +85,15 @@ pub fn say(line: std::fmt::Arguments<'_>) {
     }
 }
 
+/// `eprintln!` for opmark's own lines, through [`say`]: silenced by `-q`, and a stderr
+/// that cannot take the line costs the line, never a panic.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::logging::say(format_args!($($arg)*))
+    };
+}
+
 /// The tracing subscriber's stderr: a failed write is dropped (and a closed pipe
 /// remembered), so that `-vvv … | head -2` costs the trace, not the run.
 struct TraceWriter;

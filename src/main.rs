@@ -83,11 +83,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `println!` panics when its reader has gone (`opmark show X | head`): Rust ignores
-/// SIGPIPE, so the write fails with EPIPE instead of ending the process as it ends `cat`.
-/// Such a panic is not a bug: this hook keeps it silent, and `main` turns it into the
-/// status a shell reports for a tool that SIGPIPE ended (141). Restoring SIGPIPE's default
-/// instead would let a socket or a ProxyCommand pipe that closes kill a `run` mid-way.
+/// A backstop only: every print path of `run` and of most commands goes through
+/// `opmark::logging` / `out!`, which return a failed write as an error (see there). The
+/// few `println!` still in commands that other work is changing (show, reconcile,
+/// resolve, cancel, gc, doctor) panic when their reader has gone (Rust ignores SIGPIPE,
+/// so the write fails with EPIPE); this hook keeps that panic silent, and `main` turns it
+/// into 141. Those commands print after their ledger work is done, so nothing is left
+/// unsettled by it.
 fn quiet_on_broken_pipe() {
     let default = panic::take_hook();
     panic::set_hook(Box::new(move |info| {

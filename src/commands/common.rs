@@ -230,6 +230,24 @@ fn write_line(doc: &serde_json::Value) -> Result<()> {
     print_text(&format!("{doc}\n"))
 }
 
+/// `print!` for a command's answer, returning from the calling function with
+/// [`ErrorKind::StdoutClosed`] (exit 141) when stdout cannot take it, instead of the
+/// panic `print!` turns a closed pipe into.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::commands::common::print_text(&format!($($arg)*))?
+    };
+}
+
+/// `println!` as [`out!`](crate::out) does it.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::commands::common::print_text(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
 /// Prints `text` on stdout. A stdout that cannot take it (a closed pipe, a full disk) is
 /// [`ErrorKind::StdoutClosed`]: nobody can read the answer, so the process exits 141 as a
 /// process that SIGPIPE ended would (SPEC section 6); never a panic.
