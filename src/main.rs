@@ -47,17 +47,18 @@ fn main() -> ExitCode {
         }
         Err(payload) => panic::resume_unwind(payload),
     };
-    // A reader that went away mid-run (`opmark run … | head -2`): the run went on and its
-    // verdict is recorded; the status is the one a process that SIGPIPE ended would give.
-    if opmark::logging::closed_pipe() {
-        return ExitCode::from(exit_code::BROKEN_PIPE);
-    }
     match outcome {
+        // A reader that went away mid-run (`opmark run … | head -2`): the run went on and
+        // its verdict is recorded; the status is the one a process that SIGPIPE ended
+        // would give. (An error keeps its own status and message below.)
+        Ok(_) if opmark::logging::closed_pipe() => ExitCode::from(exit_code::BROKEN_PIPE),
         Ok(code) => ExitCode::from(code),
         // Nobody can read the answer: a closed pipe leaves nothing to say and nowhere to
         // say it; a full stdout is worth a line on stderr, if that takes it.
         Err(err) if err.kind == opmark::error::ErrorKind::StdoutClosed => {
-            opmark::logging::say(format_args!("opmark: error: {}", err.message));
+            if !opmark::logging::closed_pipe() {
+                opmark::logging::say(format_args!("opmark: error: {}", err.message));
+            }
             ExitCode::from(err.kind.exit_code())
         }
         Err(mut err) => {
