@@ -6,7 +6,8 @@
 //! shim's own cost (`dash SHIM run ... true` as the stub runs it vs `dash -c true`). Then
 //! peak memory of a cold run, and the same cold comparison through a relay that delays
 //! every chunk 25 ms each way (a 50 ms round trip: loopback has no netem), which also
-//! counts the round trips each client waits for. Prints medians and ratios; a benchmark,
+//! counts the round trips each client waits for, and peak memory of a `--json` run whose
+//! command writes 100 MB (spooled, not held: SPEC 7). Prints medians and ratios; a benchmark,
 //! never a test (`cargo bench --bench latency`; `OPMARK_BENCH_BIN` times another build).
 
 use std::io::{Read, Write};
@@ -191,7 +192,12 @@ fn peak_kib(cmd: &Command) -> Option<u64> {
             timed.env(k, v);
         }
     }
-    let out = timed.stdin(Stdio::null()).output().ok()?;
+    // The output goes nowhere: the figure is opmark's, not a reader's buffer.
+    let out = timed
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&out.stderr)
         .lines()
         .filter_map(|l| l.strip_prefix("peak-kib="))
@@ -311,6 +317,30 @@ fn main() {
     let peaks: Vec<u64> = (0..5)
         .filter_map(|i| peak_kib(&opmark_cmd(&cfg, "target1", &format!("mem-{i}-{pid}"))))
         .collect();
+    // `--json` with 100 MB of output (a megabyte kept in memory per stream, the rest in
+    // the spool): before spooling, the document held it twice (400 MB -> 796 MB RSS).
+    let big = |i: usize, json: bool| {
+        let mut cmd = Command::new(&opmark);
+        cmd.arg("-F")
+            .arg(&cfg)
+            .env("OPMARK_LEDGER", base.join("ledger.db"))
+            .env("OPMARK_PERSIST", "0")
+            .env("XDG_CONFIG_HOME", base.join("config"));
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.args([
+            "run",
+            "target1",
+            "--op",
+            &format!("big-{json}-{i}-{pid}"),
+            "--",
+        ])
+        .arg("head -c 100000000 /dev/zero | tr '\\0' a");
+        cmd
+    };
+    let json_peaks: Vec<u64> = (0..3).filter_map(|i| peak_kib(&big(i, true))).collect();
+    let plain_peaks: Vec<u64> = (0..3).filter_map(|i| peak_kib(&big(i, false))).collect();
 
     // Through the delaying relay: an alias for it that keeps the target's host key.
     let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
@@ -387,6 +417,14 @@ fn main() {
             *kib as f64 / 1024.0
         ),
         None => println!("  peak memory: /usr/bin/time not found"),
+    }
+    if let (Some(json), Some(plain)) = (json_peaks.iter().max(), plain_peaks.iter().max()) {
+        println!(
+            "  peak memory, 100 MB of output (max of {}): --json {:.1} MiB, streamed {:.1} MiB",
+            json_peaks.len(),
+            *json as f64 / 1024.0,
+            *plain as f64 / 1024.0
+        );
     }
     println!(
         "through a relay adding {} each way, {WAN_ROUNDS} pairs:",

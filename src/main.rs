@@ -1,7 +1,6 @@
 //! The `opmark` binary: parse the command line, call the library, map errors to exit codes.
 
 use std::any::Any;
-use std::io::Write;
 use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
@@ -27,8 +26,12 @@ fn main() -> ExitCode {
                     err.kind().to_string(),
                 )
                 .with_code("usage");
-                println!("{}", opmark::commands::common::error_document(&usage));
+                let _ = opmark::commands::common::print_text(&format!(
+                    "{}\n",
+                    opmark::commands::common::error_document(&usage)
+                ));
             }
+            // clap's own print: a failed write is returned, not a panic.
             let _ = err.print();
             return ExitCode::from(code);
         }
@@ -45,9 +48,17 @@ fn main() -> ExitCode {
         Err(payload) => panic::resume_unwind(payload),
     };
     match outcome {
+        // A reader that went away mid-run (`opmark run … | head -2`): the run went on and
+        // its verdict is recorded; the status is the one a process that SIGPIPE ended
+        // would give. (An error keeps its own status and message below.)
+        Ok(_) if opmark::logging::closed_pipe() => ExitCode::from(exit_code::BROKEN_PIPE),
         Ok(code) => ExitCode::from(code),
-        // Nobody reads any more: nothing to say, and nowhere to say it.
+        // Nobody can read the answer: a closed pipe leaves nothing to say and nowhere to
+        // say it; a full stdout is worth a line on stderr, if that takes it.
         Err(err) if err.kind == opmark::error::ErrorKind::StdoutClosed => {
+            if !opmark::logging::closed_pipe() {
+                opmark::logging::say(format_args!("opmark: error: {}", err.message));
+            }
             ExitCode::from(err.kind.exit_code())
         }
         Err(mut err) => {
@@ -56,26 +67,30 @@ fn main() -> ExitCode {
                 .redact_owned(&err.message);
             // SPEC 6: with --json an error is a document on stdout too.
             if json {
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "{}",
+                let _ = opmark::commands::common::print_text(&format!(
+                    "{}\n",
                     opmark::commands::common::error_document(&err)
-                );
+                ));
             }
             // Like ssh -q, quiet still reports a fatal error, unless the document did.
             if !(json && opmark::logging::quiet()) {
-                let _ = writeln!(std::io::stderr(), "opmark: error: {}", err.message);
+                let _ = opmark::logging::write_all(
+                    opmark::logging::Stream::Stderr,
+                    format!("opmark: error: {}\n", err.message).as_bytes(),
+                );
             }
             ExitCode::from(err.kind.exit_code())
         }
     }
 }
 
-/// `println!` panics when its reader has gone (`opmark show X | head`): Rust ignores
-/// SIGPIPE, so the write fails with EPIPE instead of ending the process as it ends `cat`.
-/// Such a panic is not a bug: this hook keeps it silent, and `main` turns it into the
-/// status a shell reports for a tool that SIGPIPE ended (141). Restoring SIGPIPE's default
-/// instead would let a socket or a ProxyCommand pipe that closes kill a `run` mid-way.
+/// A backstop only: every print path of `run` and of most commands goes through
+/// `opmark::logging` / `out!`, which return a failed write as an error (see there). The
+/// few `println!` still in commands that other work is changing (show, reconcile,
+/// resolve, cancel, gc, doctor) panic when their reader has gone (Rust ignores SIGPIPE,
+/// so the write fails with EPIPE); this hook keeps that panic silent, and `main` turns it
+/// into 141. Those commands print after their ledger work is done, so nothing is left
+/// unsettled by it.
 fn quiet_on_broken_pipe() {
     let default = panic::take_hook();
     panic::set_hook(Box::new(move |info| {

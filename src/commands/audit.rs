@@ -44,14 +44,14 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
         super::common::print_json(&doc)?;
     } else {
         match (&report.first_break, &report.first_mismatch) {
-            (Some(b), _) => println!("chain broken at event #{}: {}", b.seq, b.problem),
-            (None, Some(m)) => println!(
+            (Some(b), _) => crate::outln!("chain broken at event #{}: {}", b.seq, b.problem),
+            (None, Some(m)) => crate::outln!(
                 "projection differs from the events at operation `{}` on `{}`: {}; that row was changed outside opmark: trust the timeline of `opmark show` (the events), not its header or `list`",
                 printable(&m.op_id),
                 printable(&m.host),
                 m.problem
             ),
-            (None, None) => println!(
+            (None, None) => crate::outln!(
                 "chain intact: {} events, projection equals their replay",
                 report.events
             ),

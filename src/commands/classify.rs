@@ -24,7 +24,7 @@ pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
     if global.json {
         super::common::print_json(&c)?;
     } else {
-        print!("{}", render(&command, &c, policy.origin()));
+        crate::out!("{}", render(&command, &c, policy.origin()));
     }
     Ok(crate::error::exit_code::OK)
 }

@@ -170,6 +170,51 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
     }
 }
 
+/// Prints `run`'s document like [`print_json`], with `stdout` and `stderr` streamed from
+/// their spools instead of held in memory (SPEC 7: memory bounded by the caps, not by the
+/// output): the bytes are those `print_json` would print.
+pub fn print_run_json(report: &crate::operation::RunReport) -> Result<()> {
+    if CAPTURED.with(|c| c.borrow().is_some()) {
+        return print_json(report);
+    }
+    let mut light = report.clone();
+    light.stdout = Default::default();
+    light.stderr = Default::default();
+    let doc = json_document(&light)?;
+    let serde_json::Value::Object(map) = &doc else {
+        return Err(Error::new(
+            ErrorKind::Internal,
+            "a JSON document must be an object (opmark bug)",
+        ));
+    };
+    let write = || -> std::io::Result<()> {
+        use std::io::Write as _;
+        let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
+        out.write_all(b"{")?;
+        for (i, (key, value)) in map.iter().enumerate() {
+            if i > 0 {
+                out.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut out, key)?;
+            out.write_all(b":")?;
+            match key.as_str() {
+                "stdout" => report.stdout.write_json_string(&mut out)?,
+                "stderr" => report.stderr.write_json_string(&mut out)?,
+                _ => serde_json::to_writer(&mut out, value)?,
+            }
+        }
+        out.write_all(b"}\n")?;
+        out.flush()
+    };
+    write().map_err(|e| {
+        crate::logging::note(&e);
+        Error::new(
+            ErrorKind::StdoutClosed,
+            format!("cannot write to stdout: {e}"),
+        )
+    })
+}
+
 thread_local! {
     /// The documents printed on this thread while [`capture_json`] runs.
     static CAPTURED: std::cell::RefCell<Option<Vec<serde_json::Value>>> =
@@ -187,19 +232,37 @@ pub fn capture_json<T>(f: impl FnOnce() -> Result<T>) -> (Option<serde_json::Val
 }
 
 fn write_line(doc: &serde_json::Value) -> Result<()> {
-    // A closed stdout is the caller's business (EPIPE handling lives in main), not a panic.
-    let mut out = std::io::stdout().lock();
-    use std::io::Write as _;
-    writeln!(out, "{doc}")
-        .and_then(|()| out.flush())
-        .map_err(|e| {
-            let kind = if e.kind() == std::io::ErrorKind::BrokenPipe {
-                ErrorKind::StdoutClosed
-            } else {
-                ErrorKind::LocalIo
-            };
-            Error::new(kind, format!("cannot write to stdout: {e}"))
-        })
+    print_text(&format!("{doc}\n"))
+}
+
+/// `print!` for a command's answer, returning from the calling function with
+/// [`ErrorKind::StdoutClosed`] (exit 141) when stdout cannot take it, instead of the
+/// panic `print!` turns a closed pipe into.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::commands::common::print_text(&format!($($arg)*))?
+    };
+}
+
+/// `println!` as [`out!`](crate::out) does it.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::commands::common::print_text(&format!("{}\n", format_args!($($arg)*)))?
+    };
+}
+
+/// Prints `text` on stdout. A stdout that cannot take it (a closed pipe, a full disk) is
+/// [`ErrorKind::StdoutClosed`]: nobody can read the answer, so the process exits 141 as a
+/// process that SIGPIPE ended would (SPEC section 6); never a panic.
+pub fn print_text(text: &str) -> Result<()> {
+    crate::logging::print(text).map_err(|e| {
+        Error::new(
+            ErrorKind::StdoutClosed,
+            format!("cannot write to stdout: {e}"),
+        )
+    })
 }
 
 /// The JSON document of an error at the CLI edge: `error.reason_code`, `error.message`

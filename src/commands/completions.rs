@@ -21,9 +21,8 @@ pub fn run(global: &GlobalArgs, args: &CompletionsArgs) -> Result<u8> {
     if global.json {
         super::common::print_json(&serde_json::json!({ "shell": name, "script": script }))?;
     } else {
-        // print! so that a reader that went away ends us as quietly as any other command
-        // (main turns that panic into exit 141).
-        print!("{script}");
+        // A reader that went away ends us as quietly as any other command (exit 141).
+        crate::out!("{script}");
     }
     Ok(exit_code::OK)
 }

@@ -152,7 +152,7 @@ pub fn run(global: &GlobalArgs, args: &ConfigArgs) -> Result<u8> {
     if global.json {
         common::print_json(&r)?;
     } else {
-        print!("{}", render(&r));
+        crate::out!("{}", render(&r));
     }
     Ok(exit_code::OK)
 }

@@ -32,7 +32,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             Lab::load(&dir)
                 .and_then(|lab| lab.cut(target))
                 .map_err(to_error)?;
-            eprintln!("opmark: {target}: link cut (packets dropped both ways); undo with `opmark lab restore {target}{}`", dir_flag(&dir));
+            crate::say!("opmark: {target}: link cut (packets dropped both ways); undo with `opmark lab restore {target}{}`", dir_flag(&dir));
             Ok(exit_code::OK)
         }
         LabAction::Restore { target, dir } => {
@@ -40,7 +40,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             Lab::load(&dir)
                 .and_then(|lab| lab.restore(target))
                 .map_err(to_error)?;
-            eprintln!("opmark: {target}: link restored");
+            crate::say!("opmark: {target}: link restored");
             Ok(exit_code::OK)
         }
         LabAction::Pause { target, dir } => {
@@ -48,7 +48,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             Lab::load(&dir)
                 .and_then(|lab| lab.pause(target))
                 .map_err(to_error)?;
-            eprintln!("opmark: {target}: paused (every process frozen); undo with `opmark lab resume {target}{}`", dir_flag(&dir));
+            crate::say!("opmark: {target}: paused (every process frozen); undo with `opmark lab resume {target}{}`", dir_flag(&dir));
             Ok(exit_code::OK)
         }
         LabAction::Resume { target, dir } => {
@@ -56,7 +56,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             Lab::load(&dir)
                 .and_then(|lab| lab.resume(target))
                 .map_err(to_error)?;
-            eprintln!("opmark: {target}: resumed");
+            crate::say!("opmark: {target}: resumed");
             Ok(exit_code::OK)
         }
         LabAction::Crash { target, dir } => {
@@ -64,7 +64,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             Lab::load(&dir)
                 .and_then(|lab| lab.crash(target))
                 .map_err(to_error)?;
-            eprintln!("opmark: {target}: crashed (every process killed) and started again; markers kept, running commands gone");
+            crate::say!("opmark: {target}: crashed (every process killed) and started again; markers kept, running commands gone");
             Ok(exit_code::OK)
         }
     }
@@ -111,7 +111,7 @@ fn up(
     }
     let cfg = lab.ssh_config().display().to_string();
     let flag = dir_flag(lab.dir());
-    println!(
+    crate::outln!(
         "opmark lab: {} target(s) running ({}), lab dir {}",
         lab.targets().len(),
         placement_name(lab.placement()),
@@ -120,26 +120,28 @@ fn up(
     if let Some((image, source)) = lab.image() {
         // Said on stdout: whether this `up` built the image is part of its result.
         match source {
-            Some(ImageSource::Cached) => println!("image {image} (cached: nothing built)"),
+            Some(ImageSource::Cached) => crate::outln!("image {image} (cached: nothing built)"),
             Some(ImageSource::Built(took)) => {
-                println!("image {image} (built in {} s)", took.as_secs())
+                crate::outln!("image {image} (built in {} s)", took.as_secs())
             }
-            _ => println!("image {image} (given with --image)"),
+            _ => crate::outln!("image {image} (given with --image)"),
         }
     }
-    print_targets(&lab);
-    println!("\nTry:");
-    println!("  ssh -F {cfg} target1 'echo hello from $XDG_STATE_HOME'");
-    println!("  opmark -F {cfg} run target1 -- echo hello");
+    print_targets(&lab)?;
+    crate::outln!("\nTry:");
+    crate::outln!("  ssh -F {cfg} target1 'echo hello from $XDG_STATE_HOME'");
+    crate::outln!("  opmark -F {cfg} run target1 -- echo hello");
     if matches!(lab.placement(), Placement::Netns | Placement::Docker) {
-        println!("  opmark lab cut target1{flag}      # drop its packets silently");
-        println!("  opmark lab restore target1{flag}");
+        crate::outln!("  opmark lab cut target1{flag}      # drop its packets silently");
+        crate::outln!("  opmark lab restore target1{flag}");
     }
     if lab.placement() == Placement::Docker {
-        println!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
-        println!("  opmark lab crash target1{flag}    # kill all its processes, start it again");
+        crate::outln!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
+        crate::outln!(
+            "  opmark lab crash target1{flag}    # kill all its processes, start it again"
+        );
     }
-    println!("Stop and remove with:\n  opmark lab down{flag}");
+    crate::outln!("Stop and remove with:\n  opmark lab down{flag}");
     Ok(exit_code::OK)
 }
 
@@ -171,13 +173,13 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
             "image_removed": purge.is_some(),
         }))?;
     } else {
-        eprintln!(
+        crate::say!(
             "opmark: lab in {} stopped and removed ({n} target(s))",
             dir.display()
         );
         match (&image, &purge) {
-            (_, Some(tag)) => eprintln!("opmark: image {tag} removed"),
-            (Some(tag), None) => eprintln!(
+            (_, Some(tag)) => crate::say!("opmark: image {tag} removed"),
+            (Some(tag), None) => crate::say!(
                 "opmark: image {tag} kept for the next `lab up` (remove it with `lab down --purge-image`, or `docker image rm {tag}`)"
             ),
             (None, None) => {}
@@ -192,13 +194,13 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     if global.json {
         super::common::print_json(&describe(&lab))?;
     } else {
-        println!(
+        crate::outln!(
             "opmark lab in {} ({}), ssh config {}",
             lab.dir().display(),
             placement_name(lab.placement()),
             lab.ssh_config().display()
         );
-        print_targets(&lab);
+        print_targets(&lab)?;
     }
     // Stopped targets are a finding, like `doctor`'s failing checks.
     Ok(if all_up {
@@ -208,7 +210,7 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     })
 }
 
-fn print_targets(lab: &Lab) {
+fn print_targets(lab: &Lab) -> Result<()> {
     for t in lab.targets() {
         let paused = lab.placement() == Placement::Docker
             && lab.container_state(&t.alias).is_ok_and(|s| s == "paused");
@@ -226,7 +228,7 @@ fn print_targets(lab: &Lab) {
             (None, Ok(container)) => format!("  container {container}"),
             (None, Err(_)) => String::new(),
         };
-        println!(
+        crate::outln!(
             "  {:<9} {:<26} {:<8} markers in {}{place}",
             t.alias,
             format!("{}@{}", t.user, t.known_hosts_host()),
@@ -234,6 +236,7 @@ fn print_targets(lab: &Lab) {
             t.marker_root().display()
         );
     }
+    Ok(())
 }
 
 /// The lab as one JSON document (for `--json`).

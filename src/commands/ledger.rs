@@ -64,7 +64,7 @@ fn migrate(global: &GlobalArgs, to: &str) -> Result<u8> {
             "key": key,
         }))?;
     } else {
-        println!(
+        crate::outln!(
             "copied {} events from {} to {target}; chain intact there. From now on use --ledger {target} --ledger-key {} (give every machine a copy of that key file)",
             report.events,
             path.display(),
@@ -84,7 +84,7 @@ fn keygen(global: &GlobalArgs, path: &std::path::Path) -> Result<u8> {
                 });
                 super::common::print_json(&doc)?;
             } else {
-                println!("wrote a new installation key to {}", key.path().display());
+                crate::outln!("wrote a new installation key to {}", key.path().display());
             }
             Ok(exit_code::OK)
         }

@@ -56,7 +56,7 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
         super::common::print_json(&serde_json::json!({ "operations": ops }))?;
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
-        print!("{}", table(&ops, args.unresolved, zone));
+        crate::out!("{}", table(&ops, args.unresolved, zone));
     }
     Ok(exit_code::OK)
 }

@@ -13,8 +13,8 @@ pub fn run(global: &GlobalArgs) -> Result<u8> {
     if global.json {
         super::common::print_json(&serde_json::json!({ "format": "roff", "page": page }))?;
     } else {
-        // print!, as every text command: a closed pipe then ends us quietly with 141.
-        print!("{page}");
+        // As every text command: a closed pipe ends us quietly with 141.
+        crate::out!("{page}");
     }
     Ok(exit_code::OK)
 }

@@ -57,12 +57,14 @@ fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
         return Ok(exit_code::OK);
     }
     match reply {
-        None if stopping => println!("no connection keeper is running ({})", place.dir.display()),
-        None => println!(
+        None if stopping => {
+            crate::outln!("no connection keeper is running ({})", place.dir.display())
+        }
+        None => crate::outln!(
             "no connection keeper is running ({}); the next opmark run starts one",
             place.dir.display()
         ),
-        Some(Reply::Stopping { pid }) => println!("stopped the connection keeper (pid {pid})"),
+        Some(Reply::Stopping { pid }) => crate::outln!("stopped the connection keeper (pid {pid})"),
         Some(Reply::Status {
             pid,
             persist_secs,
@@ -70,14 +72,14 @@ fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
             callers,
             connections,
         }) => {
-            println!(
+            crate::outln!(
                 "connection keeper pid {pid} at {}: persist {persist_secs}s, idle {idle_secs}s, \
                  {callers} caller(s), {} connection(s)",
                 place.dir.display(),
                 connections.len()
             );
             for c in connections {
-                println!(
+                crate::outln!(
                     "  {}  channels {}/{}  used {}  age {}s  host key {}",
                     c.destination,
                     c.channels,
@@ -88,7 +90,7 @@ fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
                 );
             }
         }
-        Some(other) => println!("the keeper answered {other:?}"),
+        Some(other) => crate::outln!("the keeper answered {other:?}"),
     }
     Ok(exit_code::OK)
 }

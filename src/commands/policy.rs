@@ -30,7 +30,7 @@ fn show(global: &GlobalArgs) -> Result<u8> {
             || format!("the {}", crate::policy::BUILTIN_ORIGIN),
             |p| p.to_owned(),
         );
-        print!(
+        crate::out!(
             "# The command-classes policy in effect, from {from}.\n\
              # Rules are numbered from 1 in this order; a rule is referred to as `#N (name)`.\n\
              # Save this as ~/.config/opmark/command-classes.toml to start your own.\n\n{}",

@@ -69,7 +69,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
             err_bytes: marker.err_bytes,
         })?;
     } else {
-        println!("{}", marker.summary());
+        crate::outln!("{}", marker.summary());
     }
     Ok(0)
 }

@@ -239,11 +239,20 @@ async fn run_operation(
         &interrupts,
     )
     .await?;
+    tracing::info!(
+        "verdict {} ({}), exit {}: {}",
+        report.verdict,
+        report.reason_code,
+        report
+            .exit_code
+            .map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
+        report.reason
+    );
     if report.reason_code == ReasonCode::ClientInterrupted {
         let signal = interrupts.received().unwrap_or(ClientSignal::Int);
         // The document first (SPEC 10), then the words for a person at the terminal.
         if global.json {
-            common::print_json(&report)?;
+            common::print_run_json(&report)?;
         }
         // After SIGHUP the terminal may be gone: a failed write must not turn into a panic.
         crate::logging::say(format_args!(
@@ -264,7 +273,7 @@ async fn run_operation(
     }
     if global.json {
         warn_if_truncated(&report);
-        common::print_json(&report)?;
+        common::print_run_json(&report)?;
     } else {
         warn_if_truncated(&report);
         if report.timed_out {

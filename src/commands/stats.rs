@@ -19,7 +19,7 @@ pub fn run(global: &GlobalArgs) -> Result<u8> {
     if global.json {
         super::common::print_json(&stats)?;
     } else {
-        print!("{}", text(&stats));
+        crate::out!("{}", text(&stats));
     }
     Ok(exit_code::OK)
 }

@@ -154,7 +154,10 @@ pub(crate) fn bind(
                     "the ledger {} holds events but has no installation key: none at {} and none at the old location {}. Restore the key file to {} (or name it with --ledger-key PATH), or start a new ledger with --ledger NEW_PATH; nothing was done",
                     db.display(),
                     key_path.display(),
-                    legacy_key_path().display(),
+                    legacy_key_path().map_or_else(
+                        || "(none: no home directory)".to_owned(),
+                        |p| p.display().to_string()
+                    ),
                     key_path.display()
                 ),
             })?
@@ -206,8 +209,12 @@ fn adopt_old_key(
         // The operator named a key file that does not exist: adopt nothing silently.
         return Ok(None);
     }
-    let legacy = legacy_key_path();
-    let old = match InstallationKey::load(&legacy) {
+    let Some(legacy) = legacy_key_path() else {
+        return Ok(None);
+    };
+    // Read once to be copied (0600) beside the ledger, where every later open checks
+    // its mode; the old file is never read again.
+    let old = match InstallationKey::load_for_adoption(&legacy) {
         Ok(key) => key,
         Err(e) if is_not_found(&e) => return Ok(None),
         Err(e) => return Err(e),

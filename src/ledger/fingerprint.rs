@@ -82,26 +82,28 @@ impl std::fmt::Debug for InstallationKey {
     }
 }
 
-/// `${XDG_CONFIG_HOME:-~/.config}/opmark`.
-pub fn default_config_dir() -> PathBuf {
-    match std::env::var_os("XDG_CONFIG_HOME").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir).join("opmark"),
-        None => home_dir().join(".config").join("opmark"),
+/// `${XDG_CONFIG_HOME:-~/.config}/opmark`; `None` without any home (see
+/// [`super::home_dir`]).
+pub fn default_config_dir() -> Option<PathBuf> {
+    match super::absolute_env("XDG_CONFIG_HOME") {
+        Some(dir) => Some(dir.join("opmark")),
+        None => Some(super::home_dir()?.join(".config").join("opmark")),
     }
-}
-
-pub(crate) fn home_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
 }
 
 impl InstallationKey {
     /// Reads the key at `path` (32 bytes). A missing file is an [`LedgerError::Io`] whose
     /// source is `NotFound`, so callers can tell "absent" from "damaged".
+    /// A key file that group or others may read or write is refused, as ssh refuses such
+    /// a private key: whoever reads it can recompute the ledger's chain.
     pub fn load(path: &Path) -> Result<Self, LedgerError> {
-        read_key(path)
+        read_key(path, true)
+    }
+
+    /// Reads the old layout's key at `path` to copy it beside its ledger (whose copy is
+    /// 0600 and checked from then on), whatever its mode.
+    pub(crate) fn load_for_adoption(path: &Path) -> Result<Self, LedgerError> {
+        read_key(path, false)
     }
 
     /// Writes a NEW random key at `path` (file 0600, missing directories 0700); refuses to
@@ -119,7 +121,7 @@ impl InstallationKey {
     /// opmark processes create the same fresh ledger at once: the key is published with an
     /// exclusive link, so every process ends up with the same key.
     pub fn load_or_generate(path: &Path) -> Result<Self, LedgerError> {
-        match read_key(path) {
+        match read_key(path, true) {
             Err(LedgerError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound => {}
             other => return other,
@@ -128,7 +130,7 @@ impl InstallationKey {
             Err(LedgerError::Io { ref source, .. })
                 if source.kind() == std::io::ErrorKind::AlreadyExists =>
             {
-                read_key(path)
+                read_key(path, true)
             }
             other => other,
         }
@@ -171,8 +173,8 @@ impl InstallationKey {
 }
 
 /// Where the old layout kept the key, apart from the ledger: `${XDG_CONFIG_HOME:-~/.config}/opmark/installation.key`.
-pub fn legacy_key_path() -> PathBuf {
-    default_config_dir().join(LEGACY_KEY_FILE)
+pub fn legacy_key_path() -> Option<PathBuf> {
+    Some(default_config_dir()?.join(LEGACY_KEY_FILE))
 }
 
 /// Publishes `bytes` at `path` atomically and exclusively: written to a temp file,
@@ -217,11 +219,32 @@ fn publish(path: &Path, bytes: &[u8; KEY_LEN]) -> Result<(), LedgerError> {
     Ok(())
 }
 
-fn read_key(path: &Path) -> Result<InstallationKey, LedgerError> {
+fn read_key(path: &Path, private: bool) -> Result<InstallationKey, LedgerError> {
     let mut f = fs::File::open(path).map_err(|source| LedgerError::Io {
         what: format!("read the installation key {}", path.display()),
         source,
     })?;
+    if private {
+        // The mode of the file opened, not of whatever the path names a moment later.
+        let mode = f
+            .metadata()
+            .map_err(|source| LedgerError::Io {
+                what: format!("read the installation key {}", path.display()),
+                source,
+            })?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the installation key {} is open to group or others (mode {:04o}): whoever reads it can rewrite the ledger's history undetected. Make it private with `chmod 600 {}` (and, if others may have read it, treat the ledger's chain as unproven); nothing was done",
+                    path.display(),
+                    mode & 0o7777,
+                    path.display()
+                ),
+            });
+        }
+    }
     let mut buf = Vec::with_capacity(KEY_LEN + 1);
     Read::by_ref(&mut f)
         .take(KEY_LEN as u64 + 1)

@@ -363,6 +363,61 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
+/// The user's home: `$HOME` when set to an absolute path, else the home directory of the
+/// effective uid's passwd entry, as ssh finds it. Cron and systemd units run without
+/// `$HOME`; falling back to the current directory would give each working directory a
+/// ledger and a key of its own, silently. `None` when neither names one.
+pub fn home_dir() -> Option<PathBuf> {
+    absolute_env("HOME").or_else(passwd_home)
+}
+
+/// The environment variable `name` when it holds an absolute path. A relative or empty
+/// value is ignored, as the XDG Base Directory spec requires of `XDG_*_HOME` ("all paths
+/// set in these environment variables must be absolute; if an implementation encounters
+/// a relative path it should consider the path invalid and ignore it").
+pub fn absolute_env(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
+
+/// The refusal when no default path can be made: no home anywhere.
+fn no_home_error() -> LedgerError {
+    LedgerError::Invalid {
+        message: format!(
+            "no place for the ledger: HOME and XDG_STATE_HOME are unset (or not absolute) and the passwd entry of uid {} names no home directory; set HOME, or name the ledger with --ledger PATH (OPMARK_LEDGER) and its key with --ledger-key PATH; nothing was done",
+            rustix::process::geteuid().as_raw()
+        ),
+    }
+}
+
+/// The home directory of the effective uid's passwd entry: `/etc/passwd` first, then
+/// `getent passwd UID`, which also asks NSS (LDAP, sssd, systemd-homed users are not in
+/// the file). Both without unsafe code; only paid when `$HOME` is unset.
+fn passwd_home() -> Option<PathBuf> {
+    let uid = rustix::process::geteuid().as_raw().to_string();
+    let from_file = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| passwd.lines().find_map(|line| home_field(line, &uid)));
+    from_file.or_else(|| {
+        let out = std::process::Command::new("getent")
+            .args(["passwd", &uid])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        text.lines().find_map(|line| home_field(line, &uid))
+    })
+}
+
+/// The home field of a passwd line for `uid`, when it is an absolute path.
+fn home_field(line: &str, uid: &str) -> Option<PathBuf> {
+    let fields: Vec<&str> = line.split(':').collect();
+    let home = PathBuf::from(fields.get(5)?);
+    (fields.len() >= 6 && fields[2] == uid && home.is_absolute()).then_some(home)
+}
+
 fn now() -> String {
     let fmt = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
@@ -373,13 +428,17 @@ fn now() -> String {
 }
 
 impl Ledger {
-    /// `${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db`.
-    pub fn default_path() -> PathBuf {
-        let state = std::env::var_os("XDG_STATE_HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| fingerprint::home_dir().join(".local").join("state"));
-        state.join("opmark").join("ledger.db")
+    /// `${XDG_STATE_HOME:-~/.local/state}/opmark/ledger.db`, the home from [`home_dir`];
+    /// an error naming the fix when there is no home at all (never the current directory).
+    pub fn default_path() -> Result<PathBuf, LedgerError> {
+        let state = match absolute_env("XDG_STATE_HOME") {
+            Some(state) => state,
+            None => home_dir()
+                .ok_or_else(no_home_error)?
+                .join(".local")
+                .join("state"),
+        };
+        Ok(state.join("opmark").join("ledger.db"))
     }
 
     /// Opens `path` if given (`--ledger` / `OPMARK_LEDGER`), else the default path, with
@@ -387,7 +446,7 @@ impl Ledger {
     pub fn open_default_or(path: Option<&Path>, key: Option<&Path>) -> Result<Ledger, LedgerError> {
         match path {
             Some(p) => Ledger::open_with_key(p, key),
-            None => Ledger::open_with_key(&Ledger::default_path(), key),
+            None => Ledger::open_with_key(&Ledger::default_path()?, key),
         }
     }
 
@@ -437,7 +496,10 @@ impl Ledger {
         path: Option<&Path>,
         key: Option<&Path>,
     ) -> Result<(Option<Ledger>, PathBuf), LedgerError> {
-        let path = path.map_or_else(Ledger::default_path, Path::to_path_buf);
+        let path = match path {
+            Some(p) => p.to_path_buf(),
+            None => Ledger::default_path()?,
+        };
         Ok((Ledger::open_existing(&path, key)?, path))
     }
 

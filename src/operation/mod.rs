@@ -159,10 +159,11 @@ pub struct RunReport {
     pub verdict: Verdict,
     /// The command's exit status; null when unknown.
     pub exit_code: Option<i32>,
-    /// Captured stdout (lossy UTF-8; empty in plain mode, where it was streamed).
-    pub stdout: String,
+    /// Captured stdout (lossy UTF-8 in the document; empty in plain mode, where it was
+    /// streamed), spooled to a file beyond a megabyte.
+    pub stdout: output::Captured,
     /// Captured stderr.
-    pub stderr: String,
+    pub stderr: output::Captured,
     /// Every attempt this invocation made.
     pub attempts: Vec<AttemptSummary>,
     /// The ledger fingerprint of the intent.

@@ -1,11 +1,16 @@
-//! Where a run's command output goes: live to the terminal in plain mode, kept in memory
-//! for the JSON document with `--json`; counted and digested either way (the ledger keeps
-//! counts and digests, never the output). With several hosts each line goes out whole,
+//! Where a run's command output goes: live to the terminal in plain mode, kept for the
+//! JSON document with `--json`; counted and digested either way (the ledger keeps counts
+//! and digests, never the output). With several hosts each line goes out whole,
 //! prefixed with its host, so that concurrent hosts never mix within a line.
-
-use std::io::Write;
+//!
+//! Kept output ([`Captured`]) stays in memory up to [`SPILL`] bytes per stream, then goes
+//! to a spool file (mode 0600, unlinked at once: nothing is left behind, whatever ends
+//! the process), and the JSON document streams its string escape from there
+//! ([`Captured::write_json_string`]): memory stays bounded whatever the command writes.
 
 use sha2::{Digest, Sha256};
+
+use crate::logging::{self, Stream};
 
 /// The caller's view of the command's output, across attempts and re-attaches: the byte
 /// counts are the offsets a re-attach resumes from, so no byte is shown twice or missed.
@@ -17,8 +22,8 @@ pub struct Output {
     prefix: Option<String>,
     /// Bytes of the current unfinished line per stream, while prefixing.
     partial: [Vec<u8>; 2],
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
+    stdout: Captured,
+    stderr: Captured,
     out_bytes: u64,
     err_bytes: u64,
     out_digest: Sha256,
@@ -32,8 +37,8 @@ impl Output {
             live,
             prefix: None,
             partial: [Vec::new(), Vec::new()],
-            stdout: Vec::new(),
-            stderr: Vec::new(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
             out_bytes: 0,
             err_bytes: 0,
             out_digest: Sha256::new(),
@@ -55,11 +60,10 @@ impl Output {
         if self.live && self.prefix.is_some() {
             self.prefix_lines(0, bytes);
         } else if self.live {
-            let mut out = std::io::stdout().lock();
             // A closed stdout (the caller went away) must not stop the bookkeeping.
-            let _ = out.write_all(bytes).and_then(|()| out.flush());
+            let _ = logging::write_all(Stream::Stdout, bytes);
         } else {
-            self.stdout.extend_from_slice(bytes);
+            self.stdout.push(bytes);
         }
     }
 
@@ -70,10 +74,9 @@ impl Output {
         if self.live && self.prefix.is_some() {
             self.prefix_lines(1, bytes);
         } else if self.live {
-            let mut err = std::io::stderr().lock();
-            let _ = err.write_all(bytes).and_then(|()| err.flush());
+            let _ = logging::write_all(Stream::Stderr, bytes);
         } else {
-            self.stderr.extend_from_slice(bytes);
+            self.stderr.push(bytes);
         }
     }
 
@@ -133,13 +136,13 @@ impl Output {
     }
 
     /// The kept stdout (empty in live mode).
-    pub fn kept_stdout(&self) -> &[u8] {
-        &self.stdout
+    pub fn kept_stdout(&self) -> Captured {
+        self.stdout.clone()
     }
 
     /// The kept stderr (empty in live mode).
-    pub fn kept_stderr(&self) -> &[u8] {
-        &self.stderr
+    pub fn kept_stderr(&self) -> Captured {
+        self.stderr.clone()
     }
 }
 
@@ -154,11 +157,272 @@ impl Drop for Output {
 /// One write of whole lines to stdout (0) or stderr (1): the lock keeps other hosts'
 /// lines out of it. A closed stream (the caller went away) must not stop the run.
 fn write_whole(which: usize, block: &[u8]) {
-    if which == 0 {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(block).and_then(|()| out.flush());
+    let stream = if which == 0 {
+        Stream::Stdout
     } else {
-        let mut err = std::io::stderr().lock();
-        let _ = err.write_all(block).and_then(|()| err.flush());
+        Stream::Stderr
+    };
+    let _ = logging::write_all(stream, block);
+}
+
+/// Kept bytes beyond which a stream goes to its spool file.
+pub const SPILL: usize = 1 << 20;
+
+/// How much of a spool is read at a time when it is written out.
+const CHUNK: usize = 64 * 1024;
+
+/// One stream's kept output: the spool file's bytes (if it spilled), then the bytes in
+/// memory. Cloning shares the spool. Serialised (for `opmark mcp`, which hands the
+/// document over whole, and fleets) as [`String::from_utf8_lossy`] of the bytes; the CLI
+/// streams it with [`Captured::write_json_string`] instead, to the same bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Captured {
+    /// The spool and how many of its bytes are ours (appends past a failed write are
+    /// never counted).
+    spool: Option<(std::sync::Arc<std::fs::File>, u64)>,
+    /// The spool could not be made or written: keep the rest in memory (said once).
+    no_spool: bool,
+    /// Bytes after the spool's.
+    tail: Vec<u8>,
+}
+
+impl Captured {
+    /// Appends `bytes`.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() >= SPILL && !self.no_spool {
+            if let Err(e) = self.spill() {
+                self.no_spool = true;
+                crate::logging::say(format_args!(
+                    "opmark: cannot spool the command's output to a temporary file ({e}); keeping it in memory"
+                ));
+            }
+        }
+    }
+
+    /// Moves the bytes in memory to the end of the spool (made on first use).
+    fn spill(&mut self) -> std::io::Result<()> {
+        use std::io::Write as _;
+        if self.spool.is_none() {
+            self.spool = Some((std::sync::Arc::new(spool_file()?), 0));
+        }
+        if let Some((file, len)) = &mut self.spool {
+            (&**file).write_all(&self.tail)?;
+            *len += self.tail.len() as u64;
+            self.tail = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Bytes kept.
+    pub fn len(&self) -> u64 {
+        self.spool.as_ref().map_or(0, |(_, len)| *len) + self.tail.len() as u64
+    }
+
+    /// Nothing kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `each` with the kept bytes in order, in pieces of at most [`CHUNK`] from the
+    /// spool, then the bytes in memory.
+    fn for_each_piece(
+        &self,
+        mut each: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        if let Some((file, len)) = &self.spool {
+            let mut buf = vec![0u8; CHUNK];
+            let mut at = 0u64;
+            while at < *len {
+                let want = CHUNK.min((*len - at) as usize);
+                let n = file.read_at(&mut buf[..want], at)?;
+                if n == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the output spool is shorter than what was written to it",
+                    ));
+                }
+                each(&buf[..n])?;
+                at += n as u64;
+            }
+        }
+        each(&self.tail)
+    }
+
+    /// The bytes as text, invalid UTF-8 replaced as [`String::from_utf8_lossy`] does (in
+    /// memory: for documents handed over whole).
+    pub fn lossy_string(&self) -> String {
+        let mut out = Vec::new();
+        match self.write_json_string(&mut out) {
+            Ok(()) => serde_json::from_slice(&out).unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Writes the bytes as one JSON string, exactly as `serde_json` writes
+    /// `String::from_utf8_lossy(bytes)`, reading the spool piece by piece: a character
+    /// split between two pieces is joined, each invalid sequence becomes one U+FFFD.
+    pub fn write_json_string(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        out.write_all(b"\"")?;
+        let mut carry: Vec<u8> = Vec::new();
+        let total = self.len();
+        let mut seen = 0u64;
+        self.for_each_piece(|piece| {
+            seen += piece.len() as u64;
+            carry.extend_from_slice(piece);
+            let done = escape_valid(&carry, seen >= total, out)?;
+            carry.drain(..done);
+            Ok(())
+        })?;
+        // Whatever is left is an incomplete sequence at the very end.
+        if !carry.is_empty() {
+            escape_str("\u{FFFD}", out)?;
+        }
+        out.write_all(b"\"")
+    }
+}
+
+impl serde::Serialize for Captured {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.lossy_string())
+    }
+}
+
+/// Escapes the longest prefix of `bytes` that can be decided now (all of it at `end`,
+/// else up to an incomplete last character); returns how many bytes it consumed.
+fn escape_valid(bytes: &[u8], end: bool, out: &mut dyn std::io::Write) -> std::io::Result<usize> {
+    let mut at = 0;
+    loop {
+        match std::str::from_utf8(&bytes[at..]) {
+            Ok(text) => {
+                escape_str(text, out)?;
+                return Ok(bytes.len());
+            }
+            Err(e) => {
+                let valid = &bytes[at..at + e.valid_up_to()];
+                escape_str(std::str::from_utf8(valid).unwrap_or_default(), out)?;
+                at += e.valid_up_to();
+                match e.error_len() {
+                    Some(bad) => {
+                        escape_str("\u{FFFD}", out)?;
+                        at += bad;
+                    }
+                    // Cut by the end of the piece: the next piece may complete it.
+                    None if !end => return Ok(at),
+                    None => {
+                        escape_str("\u{FFFD}", out)?;
+                        return Ok(bytes.len());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `text` JSON-escaped, without the quotes (escaping is per character, so pieces cut at
+/// character boundaries escape to the escape of the whole).
+fn escape_str(text: &str, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    if text.is_empty() {
+        return Ok(());
+    }
+    let quoted = serde_json::to_vec(text).map_err(std::io::Error::other)?;
+    out.write_all(&quoted[1..quoted.len() - 1])
+}
+
+/// A new spool file: in the temp directory, mode 0600, unlinked at once so that only
+/// this process's descriptor reaches it and nothing outlives the process.
+fn spool_file() -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = std::env::temp_dir().join(format!(
+        ".opmark-output-{}-{:016x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `--json` printed before output was spooled: the lossy string, encoded whole.
+    fn expected(bytes: &[u8]) -> Vec<u8> {
+        serde_json::to_vec(&String::from_utf8_lossy(bytes)).unwrap()
+    }
+
+    fn streamed(captured: &Captured) -> Vec<u8> {
+        let mut out = Vec::new();
+        captured.write_json_string(&mut out).unwrap();
+        out
+    }
+
+    /// Multi-byte characters across every piece boundary (pushes, the spill, the spool's
+    /// read chunks), invalid bytes, control characters, quotes: the same JSON as before.
+    #[test]
+    fn spooled_output_encodes_to_exactly_the_lossy_json_string() {
+        let mut bytes = Vec::new();
+        let unit: &[u8] = "é€😀\"\\\n\t\u{1}a".as_bytes();
+        while bytes.len() < SPILL * 3 + 12_345 {
+            bytes.extend_from_slice(unit);
+            if bytes.len() % 7 == 0 {
+                // A lone continuation byte, a truncated 3-byte sequence, an invalid lead.
+                bytes.extend_from_slice(&[0x80, 0xe2, 0x82, b'x', 0xff]);
+            }
+        }
+        // An incomplete sequence at the very end.
+        bytes.extend_from_slice(&[0xf0, 0x9f, 0x98]);
+        for piece in [1, 2, 3, 4093, CHUNK - 1, CHUNK + 3] {
+            let mut captured = Captured::default();
+            for p in bytes.chunks(piece) {
+                captured.push(p);
+            }
+            assert!(captured.spool.is_some(), "piece {piece}: it spilled");
+            assert!(captured.tail.len() < SPILL, "piece {piece}: memory bounded");
+            assert_eq!(captured.len(), bytes.len() as u64);
+            assert!(
+                streamed(&captured) == expected(&bytes),
+                "piece {piece}: the streamed JSON differs from the lossy string's"
+            );
+            assert_eq!(captured.lossy_string(), String::from_utf8_lossy(&bytes));
+        }
+    }
+
+    #[test]
+    fn small_output_stays_in_memory_and_encodes_the_same() {
+        for bytes in [
+            &b""[..],
+            b"plain\n",
+            b"\xff\xfe",
+            "ünïcödé".as_bytes(),
+            b"\xe2\x82",
+            b"a\x00b",
+        ] {
+            let mut captured = Captured::default();
+            captured.push(bytes);
+            assert!(captured.spool.is_none());
+            assert_eq!(streamed(&captured), expected(bytes), "{bytes:?}");
+            assert_eq!(
+                serde_json::to_vec(&captured).unwrap(),
+                expected(bytes),
+                "{bytes:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_spool_is_unlinked_and_private() {
+        use std::os::unix::fs::MetadataExt as _;
+        let file = spool_file().unwrap();
+        let meta = file.metadata().unwrap();
+        assert_eq!(meta.nlink(), 0, "no name on disk");
+        assert_eq!(meta.mode() & 0o777, 0o600);
     }
 }

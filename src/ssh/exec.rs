@@ -101,6 +101,27 @@ impl Session {
     /// Returns once the host accepted the request. `NotSent` means nothing can run;
     /// `Lost` means the request left and the answer did not come back.
     pub async fn exec(&self, command: &str, stdin: Option<Vec<u8>>) -> Result<Exec, ExecError> {
+        // The caller's side, the same lines whichever way the connection goes (`-v`).
+        let via = if self.via_keeper() {
+            "through the keeper"
+        } else {
+            "direct"
+        };
+        tracing::debug!(
+            "exec on {} ({via}): {} bytes of request, {} of stdin",
+            self.destination().display(),
+            command.len(),
+            stdin.as_ref().map_or(0, Vec::len)
+        );
+        let started = self.exec_any(command, stdin).await;
+        match &started {
+            Ok(_) => tracing::debug!("the host accepted the exec request"),
+            Err(e) => tracing::info!("exec on {} ({via}): {e:?}", self.destination().display()),
+        }
+        started
+    }
+
+    async fn exec_any(&self, command: &str, stdin: Option<Vec<u8>>) -> Result<Exec, ExecError> {
         let inner = match &self.kind {
             Kind::Direct(inner) => inner,
             Kind::Keeper(remote) => {
@@ -221,10 +242,19 @@ impl Exec {
     /// The next event. Keeps reading after the exit status until the channel closes:
     /// the order of exit status and EOF varies, and output can follow either (FINDINGS).
     pub async fn next(&mut self) -> ExecEvent {
-        match &mut self.kind {
+        let event = match &mut self.kind {
             ExecKind::Direct(d) => d.next().await,
             ExecKind::Keeper(k) => k.next().await,
+        };
+        match &event {
+            ExecEvent::Stdout(b) => tracing::trace!("frame: {} bytes of stdout", b.len()),
+            ExecEvent::Stderr(b) => tracing::trace!("frame: {} bytes of stderr", b.len()),
+            ExecEvent::ExitStatus(status) => tracing::debug!("exit status {status}"),
+            ExecEvent::ExitSignal { signal, .. } => tracing::debug!("exit signal {signal}"),
+            ExecEvent::Closed => tracing::debug!("channel closed"),
+            ExecEvent::Lost(why) => tracing::info!("connection lost: {why}"),
         }
+        event
     }
 }
 

@@ -98,8 +98,23 @@ impl Pool {
 async fn open(dest: &Destination, max_channels: usize) -> Result<Session, ConnectError> {
     match super::keeper::persist() {
         Some(_) => through_keeper(dest, max_channels).await,
-        None => Session::connect_with_limit(dest, max_channels).await,
+        None => direct(dest, max_channels).await,
     }
+}
+
+/// A connection of this process's own, said at `-v` as the keeper's is.
+async fn direct(dest: &Destination, max_channels: usize) -> Result<Session, ConnectError> {
+    tracing::info!("connecting to {} directly", dest.display());
+    let session = Session::connect_with_limit(dest, max_channels).await;
+    match &session {
+        Ok(s) => tracing::info!(
+            "connected to {} directly, host key {}",
+            dest.display(),
+            s.host_key().as_deref().unwrap_or("unknown")
+        ),
+        Err(e) => tracing::info!("could not connect to {}: {e}", dest.display()),
+    }
+    session
 }
 
 /// A session on the keeper's connection, or a direct one when the keeper cannot serve
@@ -116,7 +131,7 @@ async fn through_keeper(dest: &Destination, max_channels: usize) -> Result<Sessi
                     why.0
                 ))
             });
-            Session::connect_with_limit(dest, max_channels).await
+            direct(dest, max_channels).await
         }
         // The keeper asks nobody anything: no passphrase prompt, no SSH_ASKPASS (it
         // keeps none of the caller's environment but paths), no host key question.
@@ -127,7 +142,7 @@ async fn through_keeper(dest: &Destination, max_channels: usize) -> Result<Sessi
             if e.stage == ConnectStage::Auth
                 || (e.stage == ConnectStage::HostKey && super::auth::may_prompt(dest)) =>
         {
-            Session::connect_with_limit(dest, max_channels).await
+            direct(dest, max_channels).await
         }
         Err(KeeperError::Connect(e)) => Err(e),
     }

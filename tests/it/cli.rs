@@ -343,3 +343,341 @@ fn resolve_refuses_when_nobody_can_be_named() {
     assert!(stderr.contains("--operator"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+// --- The client's environment (SPEC sections 6 and 7) ---------------------------------
+
+/// `operation.state` and `operation.exit_code` of `op` as `show --json` tells them.
+fn settled_state(env: &Sealed, op: &str) -> (String, serde_json::Value) {
+    let out = env.opmark().args(["--json", "show", op]).output().unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("show {op}: {e}: {}", text(&out.stderr)));
+    (
+        doc["operation"]["state"].as_str().unwrap_or("").to_owned(),
+        doc["operation"]["exit_code"].clone(),
+    )
+}
+
+fn line_count(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// The directory an opmark without HOME runs in: writable by anyone, so that a ledger
+/// or key made "relative to the current directory" would land here.
+fn open_cwd(name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let cwd = crate::support::fresh_dir(name).join("cwd");
+    std::fs::create_dir_all(&cwd).unwrap();
+    std::fs::set_permissions(&cwd, std::fs::Permissions::from_mode(0o777)).unwrap();
+    cwd
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `env.opmark()` as cron or a systemd unit runs it: no HOME, no XDG_STATE_HOME, no
+/// OPMARK_LEDGER, in `cwd`.
+fn without_home(env: &Sealed, cwd: &std::path::Path) -> Command {
+    let mut cmd = env.opmark();
+    cmd.env_remove("HOME")
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("XDG_CONFIG_HOME")
+        .env_remove("OPMARK_LEDGER")
+        .current_dir(cwd);
+    cmd
+}
+
+/// `inner` run through `wrapper` (`setpriv ...`, `unshare ...`), with exactly `inner`'s
+/// environment and directory.
+fn wrapped(wrapper: &[&str], inner: &Command) -> Command {
+    let mut cmd = Command::new(wrapper[0]);
+    cmd.args(&wrapper[1..])
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    if let Some(dir) = inner.get_current_dir() {
+        cmd.current_dir(dir);
+    }
+    cmd
+}
+
+/// The home directory /etc/passwd gives root.
+fn roots_passwd_home() -> Option<std::path::PathBuf> {
+    std::fs::read_to_string("/etc/passwd")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() > 5 && f[2] == "0").then(|| std::path::PathBuf::from(f[5]))
+        })
+}
+
+#[test]
+fn without_home_the_ledger_and_key_go_to_the_passwd_home_never_the_current_directory() {
+    let test = crate::test_name!();
+    if !crate::support::require_root(test)
+        || !crate::support::require_tools(test, &["unshare", "mount"])
+    {
+        return;
+    }
+    let Some(lab) = crate::support::loopback_lab(1) else {
+        return;
+    };
+    let Some(passwd_home) = roots_passwd_home() else {
+        panic!("{test}: /etc/passwd names no home for root");
+    };
+    let env = Sealed::new(test);
+    let cwd = open_cwd(test);
+    // Root's passwd home, replaced (in a mount namespace of its own) by an empty
+    // directory: where the ledger lands shows where opmark looked.
+    let fake_home = crate::support::fresh_dir(test).join("passwd-home");
+    std::fs::create_dir_all(&fake_home).unwrap();
+    let count = cwd.parent().unwrap().join("count");
+    let mut inner = without_home(&env, &cwd);
+    inner
+        .arg("-F")
+        .arg(lab.ssh_config())
+        .args([
+            "--json",
+            "run",
+            &lab.targets()[0].alias,
+            "--op",
+            "cron-1",
+            "--",
+        ])
+        .arg(format!("echo ran >> {}", count.display()));
+    let script = r#"mount --bind "$1" "$2" && shift 2 && exec "$@""#;
+    let (fake, real) = (
+        fake_home.display().to_string(),
+        passwd_home.display().to_string(),
+    );
+    let mut cmd = wrapped(
+        &[
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            &fake,
+            &real,
+        ],
+        &inner,
+    );
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(line_count(&count), 1);
+    let state = fake_home.join(".local/state/opmark");
+    assert!(
+        state.join("ledger.db").is_file(),
+        "the ledger is under the passwd home"
+    );
+    assert!(state.join("ledger.key").is_file(), "and its key beside it");
+    assert!(
+        entries(&cwd).is_empty(),
+        "nothing in the current directory: {:?}",
+        entries(&cwd)
+    );
+}
+
+#[test]
+fn without_any_home_the_ledger_is_refused_naming_the_fix_and_nothing_is_created() {
+    let test = crate::test_name!();
+    if !crate::support::require_root(test) || !crate::support::require_tools(test, &["setpriv"]) {
+        return;
+    }
+    let env = Sealed::new(test);
+    let cwd = open_cwd(test);
+    // A uid with no passwd entry (as in a container run with --user 54321).
+    let mut inner = without_home(&env, &cwd);
+    inner.args(["run", "somewhere", "--op", "nohome-1", "--", "true"]);
+    let mut as_nobody = wrapped(
+        &[
+            "setpriv",
+            "--reuid=54321",
+            "--regid=54321",
+            "--clear-groups",
+        ],
+        &inner,
+    );
+    let out = as_nobody.output().unwrap();
+    let said = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(248), "{said}");
+    assert!(
+        said.contains("set HOME") && said.contains("--ledger PATH"),
+        "the refusal names the fix: {said}"
+    );
+    assert!(entries(&cwd).is_empty(), "{:?}", entries(&cwd));
+    // A relative XDG_STATE_HOME is ignored, as the XDG spec says: not a ledger in ./rel.
+    // (The run itself fails: `somewhere` resolves nowhere; the ledger comes first.)
+    let out = without_home(&env, &cwd)
+        .env("HOME", &env.home)
+        .env("XDG_STATE_HOME", "rel")
+        .args(["run", "somewhere.invalid", "--op", "rel-1", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        env.home.join(".local/state/opmark/ledger.db").is_file(),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(entries(&cwd).is_empty(), "{:?}", entries(&cwd));
+}
+
+#[test]
+fn a_ledger_key_readable_by_others_is_refused_with_chmod_600_and_nothing_runs() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(lab) = crate::support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = crate::support::fresh_dir(crate::test_name!());
+    let count = dir.join("count");
+    let alias = lab.targets()[0].alias.clone();
+    let run = |op: &str| {
+        env.opmark_with_lab(&lab)
+            .args(["run", &alias, "--op", op, "--"])
+            .arg(format!("echo ran >> {}", count.display()))
+            .output()
+            .unwrap()
+    };
+    let first = run("key-mode-1");
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let key = opmark::ledger::key_path_beside(&env.ledger);
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "made private"
+    );
+    let secret = hex::encode(std::fs::read(&key).unwrap());
+    for mode in [0o644, 0o640, 0o604, 0o620] {
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        let out = run(&format!("key-mode-{mode:o}"));
+        let said = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(248), "mode {mode:o}: {said}");
+        let fix = format!("chmod 600 {}", key.display());
+        assert!(
+            said.contains(&fix),
+            "mode {mode:o}: names the path and the fix: {said}"
+        );
+        assert!(
+            !said.contains(&secret[..16]),
+            "no key material in the message"
+        );
+        assert_eq!(line_count(&count), 1, "mode {mode:o}: nothing ran");
+    }
+    // The same refusal for a key named with --ledger-key.
+    let out = env
+        .opmark()
+        .arg("--ledger-key")
+        .arg(&key)
+        .args(["list"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(248), "{}", text(&out.stderr));
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(run("key-mode-ok").status.success());
+    assert_eq!(line_count(&count), 2);
+}
+
+/// `-vvv run … 2>&1 | head -2`, stdout to a closed pipe, stderr to /dev/full: the run goes
+/// on, its verdict is recorded, the command ran once, and the exit status is 141 (a
+/// reader went away) or the verdict's own code (SPEC section 6).
+#[test]
+fn a_closed_or_full_stdout_or_stderr_never_aborts_a_run_and_the_verdict_is_recorded() {
+    use std::io::BufRead as _;
+    let Some(lab) = crate::support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = crate::support::fresh_dir(crate::test_name!());
+    let alias = lab.targets()[0].alias.clone();
+    let run = |op: &str, file: &str, extra: &[&str]| {
+        let mut cmd = env.opmark_with_lab(&lab);
+        cmd.args(extra)
+            .args(["run", &alias, "--op", op, "--"])
+            .arg(format!(
+                "echo ran >> {}; sleep 0.3; seq 1 2000; seq 1 2000 >&2; exit 3",
+                dir.join(file).display()
+            ));
+        cmd
+    };
+
+    // -vvv … 2>&1 | head -2: both streams on one pipe whose reader leaves after 2 lines.
+    let (reader, writer) = std::io::pipe().unwrap();
+    let mut child = run("head-2", "head", &["-vvv"])
+        .stdout(writer.try_clone().unwrap())
+        .stderr(writer)
+        .spawn()
+        .unwrap();
+    {
+        let mut lines = std::io::BufReader::new(reader).lines();
+        for _ in 0..2 {
+            lines.next().expect("two lines").unwrap();
+        }
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(141), "a reader that left: 141");
+    assert_eq!(line_count(&dir.join("head")), 1, "the command ran once");
+    let (state, exit) = settled_state(&env, "head-2");
+    assert_eq!(
+        state, "completed",
+        "the verdict is recorded, not left dispatched"
+    );
+    assert_eq!(exit, 3);
+
+    // stdout to a pipe closed before opmark starts, plain and --json.
+    for (op, extra) in [("closed-out", &[][..]), ("closed-json", &["--json"][..])] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = run(op, op, extra)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let said = text(&out.stderr);
+        assert!(!said.contains("panicked"), "{op}: {said}");
+        assert_eq!(out.status.code(), Some(141), "{op}: {said}");
+        assert_eq!(line_count(&dir.join(op)), 1, "{op}: ran once");
+        assert_eq!(settled_state(&env, op).0, "completed", "{op}");
+    }
+
+    // stderr to /dev/full, with tracing on: nothing is closed, the verdict's code stands.
+    for (op, extra) in [("full-err", &["-vvv"][..]), ("full-err-v", &["-v"][..])] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = run(op, op, extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(full)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(3), "{op}: the command's own status");
+        assert!(
+            text(&out.stdout).ends_with("2000\n"),
+            "{op}: stdout unharmed"
+        );
+        assert_eq!(line_count(&dir.join(op)), 1, "{op}: ran once");
+        assert_eq!(
+            settled_state(&env, op),
+            ("completed".into(), 3.into()),
+            "{op}"
+        );
+    }
+}

@@ -571,3 +571,65 @@ fn agent_loop_example_runs_once_replays_and_recovers_a_lost_op_id() {
     assert_eq!(blocked.status.code(), Some(3), "{}", text(&blocked.stderr));
     assert!(text(&blocked.stderr).contains("approval_required"));
 }
+
+/// Output past the in-memory megabyte goes to a spool and the document streams it back:
+/// still exactly what `String::from_utf8_lossy` of the bytes encodes to, with multi-byte
+/// characters across every boundary and invalid UTF-8 replaced as before, and the
+/// document still one line matching its schema.
+#[test]
+fn run_document_with_megabytes_of_mixed_utf8_output_is_exact_and_leaves_no_spool() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    // ~3 MB on stdout: multi-byte characters, a lone continuation byte, a truncated
+    // sequence, an invalid lead byte, quotes and control characters; ~1.5 MB on stderr
+    // ending in an incomplete sequence.
+    let unit = "é€😀\"\\\t\u{1}a";
+    let command = format!(
+        "i=0; while [ $i -lt 8 ]; do i=$((i+1)); yes '{unit}' | head -c 393216; printf '\\200\\342\\202x\\377'; done; \
+         yes 'ü' | head -c 1500001 >&2; printf '\\360\\237\\230' >&2"
+    );
+    let out = env
+        .opmark_with_lab(&lab)
+        .env("TMPDIR", &tmp)
+        .args([
+            "--json",
+            "run",
+            &lab.targets()[0].alias,
+            "--op",
+            "big-utf8",
+            "--",
+        ])
+        .arg(&command)
+        .output()
+        .unwrap();
+    let doc = document("run --json with megabytes", &out);
+    assert_eq!(doc["verdict"], "completed", "{}", text(&out.stderr));
+    // The same bytes straight from the host, through OpenSSH.
+    let raw = support::ssh(&lab)
+        .arg(&lab.targets()[0].alias)
+        .arg(&command)
+        .output()
+        .unwrap();
+    assert!(raw.stdout.len() > 3_000_000 && raw.stderr.len() > 1_500_000);
+    for (field, bytes) in [("stdout", &raw.stdout), ("stderr", &raw.stderr)] {
+        let want = serde_json::to_string(&String::from_utf8_lossy(bytes)).unwrap();
+        let got = serde_json::to_string(&doc[field]).unwrap();
+        assert!(
+            got == want,
+            "{field}: the document's string differs from the lossy bytes'"
+        );
+    }
+    // The document's text holds the encoding byte for byte (not just an equal value).
+    let line = text(&out.stdout);
+    let want_out = serde_json::to_string(&String::from_utf8_lossy(&raw.stdout)).unwrap();
+    assert!(line.contains(&format!("\"stdout\":{want_out}")));
+    assert!(
+        std::fs::read_dir(&tmp).unwrap().next().is_none(),
+        "the spool has no name left in TMPDIR"
+    );
+}

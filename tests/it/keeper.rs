@@ -194,7 +194,7 @@ fn a_stale_socket_is_replaced_before_anything_is_sent() {
     assert_eq!(run(&env, &lab, "stale-1", "true").verdict(), "completed");
     let pid = env.keeper_pid().expect("a keeper runs");
     kill9(pid);
-    let socket = env.keeper_dir().join("keeper-v1.sock");
+    let socket = env.keeper_dir().join("keeper-v2.sock");
     assert!(socket.exists(), "kill -9 leaves the socket behind");
     let a = run(&env, &lab, "stale-2", "echo fresh");
     assert_eq!(a.verdict(), "completed", "{a:?}");
@@ -228,7 +228,7 @@ fn a_keeper_directory_open_to_others_is_refused_and_the_run_connects_itself() {
         env.keeper_pid().is_none(),
         "no keeper in a directory open to others"
     );
-    assert!(!dir.join("keeper-v1.sock").exists());
+    assert!(!dir.join("keeper-v2.sock").exists());
 }
 
 #[test]
@@ -250,7 +250,7 @@ fn another_user_cannot_use_the_keeper() {
     // Open the walls on purpose (what a careless chmod would do), so that only the
     // keeper's SO_PEERCRED check stands between another user and the connection.
     let dir = env.keeper_dir();
-    let socket = dir.join("keeper-v1.sock");
+    let socket = dir.join("keeper-v2.sock");
     let mut p = dir.clone();
     while p != Path::new("/") {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
@@ -262,7 +262,7 @@ fn another_user_cannot_use_the_keeper() {
     let hello = r#"import socket,struct,sys
 s=socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
-body=b'J{"kind":"hello","version":1}'
+body=b'J{"kind":"hello","version":2}'
 try:
     s.sendall(struct.pack('>I',len(body))+body)
     s.settimeout(5)
@@ -331,7 +331,7 @@ fn the_keeper_exits_after_its_persist_time_idle() {
         !pid_alive(pid)
     });
     assert!(
-        !env.keeper_dir().join("keeper-v1.sock").exists(),
+        !env.keeper_dir().join("keeper-v2.sock").exists(),
         "it removes its socket"
     );
 }
@@ -581,4 +581,212 @@ fn megabytes_of_stdin_and_output_cross_the_keeper_intact() {
     assert!(out.stdout[..3_000_000].iter().all(|&b| b == b'a'));
     assert!(text(&out.stderr).contains("end"), "{}", text(&out.stderr));
     assert!(env.keeper_pid().is_some(), "both went through the keeper");
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to `pid`.
+fn signal(pid: i32, signal: &str) {
+    assert!(Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A stopped keeper, resumed whatever happens to the test (then killed with its
+/// environment).
+struct Stopped(i32);
+
+impl Stopped {
+    fn keeper(pid: i32) -> Stopped {
+        signal(pid, "STOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// `opmark -F <config detecting a dead link in 2 s>` with reuse on.
+fn fast_loss(env: &Sealed, lab: &Lab, dir: &Path) -> Command {
+    let mut cmd = env.opmark();
+    cmd.arg("-F")
+        .arg(support::fast_loss_config(lab, dir))
+        .env("OPMARK_PERSIST", "5m");
+    cmd
+}
+
+/// Waits for `child` at most `limit`; on a hang, kills it and fails naming `what`.
+fn finish_within(
+    mut child: std::process::Child,
+    limit: Duration,
+    what: &str,
+) -> std::process::Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still waiting after {limit:?}: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn a_stopped_keeper_mid_command_is_a_lost_connection_within_the_keepalive_budget() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("keeper-sigstop");
+    let dir = fresh_dir("keeper-sigstop-files");
+    let alias = lab.targets()[0].alias.clone();
+    let started = dir.join("started");
+    let count = dir.join("count");
+    // Silent while the keeper is stopped: only a deadline on the keeper link notices.
+    let command = format!(
+        "echo s >> {}; sleep 5; echo once >> {}; echo finished",
+        started.display(),
+        count.display()
+    );
+    let child = fast_loss(&env, &lab, &dir)
+        .args(["--json", "run", &alias, "--op", "stopped-keeper", "--"])
+        .arg(&command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(Duration::from_secs(10), "the command to start", || {
+        started.exists()
+    });
+    let pid = env.keeper_pid().expect("a keeper runs");
+    let stopped_at = Instant::now();
+    let _stopped = Stopped::keeper(pid);
+    // Budget 2 s (ServerAliveInterval 1, CountMax 1), a 3 s hello to the stopped keeper
+    // on the way to a direct connection, then the probe and the follow to the command's
+    // end (5 s after it started): well under 20 s; before the fix it waited for good.
+    let out = finish_within(
+        child,
+        Duration::from_secs(20),
+        "a caller of a stopped keeper",
+    );
+    let took = stopped_at.elapsed();
+    eprintln!("the caller answered {took:?} after the keeper was stopped");
+    let a = answer(out);
+    assert!(
+        matches!(a.verdict(), "completed" | "replayed"),
+        "the probe over a direct connection follows or replays: {a:?}"
+    );
+    assert_eq!(a.exit_code(), Some(0), "{a:?}");
+    assert_eq!(lines(&started), 1, "the command started once");
+    assert_eq!(lines(&count), 1, "the command ran to its end exactly once");
+    assert!(
+        a.stderr.contains("lost after dispatch") && a.stderr.contains("did not answer"),
+        "reported as a lost connection, naming the silent keeper: {}",
+        a.stderr
+    );
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    let attempts = a.json["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "never a second attempt: {a:?}");
+}
+
+#[test]
+fn a_stopped_keeper_before_dispatch_means_a_direct_connection_and_the_run_completes() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("keeper-sigstop-before");
+    let dir = fresh_dir("keeper-sigstop-before-files");
+    let alias = lab.targets()[0].alias.clone();
+    let first = answer(
+        fast_loss(&env, &lab, &dir)
+            .args(["--json", "run", &alias, "--op", "before-1", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    let pid = env.keeper_pid().expect("a keeper runs");
+    let _stopped = Stopped::keeper(pid);
+    let count = dir.join("count");
+    let child = fast_loss(&env, &lab, &dir)
+        .args(["--json", "run", &alias, "--op", "before-2", "--"])
+        .arg(format!("echo once >> {}; echo direct", count.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a = answer(finish_within(
+        child,
+        Duration::from_secs(15),
+        "a run while the keeper is stopped",
+    ));
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.stdout(), "direct\n");
+    assert_eq!(lines(&count), 1);
+    assert_eq!(a.json["attempts"].as_array().unwrap().len(), 1, "{a:?}");
+    assert!(
+        a.stderr.contains("connection reuse is off for this run"),
+        "the fallback is said: {}",
+        a.stderr
+    );
+}
+
+#[test]
+fn verbose_traces_the_callers_side_the_same_with_and_without_the_keeper() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("keeper-verbose");
+    let alias = lab.targets()[0].alias.clone();
+    // Direct, through a new keeper, through the same keeper again.
+    for (i, persist) in ["0", "5m", "5m"].into_iter().enumerate() {
+        let out = opmark(&env, &lab, persist)
+            .args([
+                "-vv",
+                "run",
+                &alias,
+                "--op",
+                &format!("verbose-{i}"),
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let said = text(&out.stderr);
+        for line in [
+            "connecting to",
+            "connected to",
+            "exec on",
+            "the host accepted the exec request",
+            "exit status 0",
+            "verdict completed",
+        ] {
+            assert!(
+                said.contains(line),
+                "persist {persist}: no `{line}` in: {said}"
+            );
+        }
+        if persist != "0" {
+            assert!(said.contains("through the keeper"), "{said}");
+        }
+    }
+    // -v alone: where it connected and the verdict.
+    let out = opmark(&env, &lab, "5m")
+        .args(["-v", "run", &alias, "--op", "verbose-v", "--", "true"])
+        .output()
+        .unwrap();
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("through the connection keeper") && said.contains("verdict completed"),
+        "{said}"
+    );
 }

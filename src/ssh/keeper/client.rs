@@ -16,7 +16,7 @@ use tokio::net::UnixStream;
 
 use super::wire::{self, Frame, FrameReader, Reply, Request};
 use super::{connection_key, own_uid, persist, short_path, Place};
-use crate::ssh::{ConnectError, ConnectStage, Destination, ExecError, ExecEvent};
+use crate::ssh::{ConnectError, Destination, ExecError, ExecEvent};
 
 /// How long a caller waits for a keeper it started to listen.
 const START_WAIT: Duration = Duration::from_secs(5);
@@ -58,6 +58,10 @@ pub(crate) struct Link {
     reader: FrameReader,
     /// The keeper's pid, from its `Hello`.
     pub(crate) pid: u32,
+    /// The longest silence allowed once a request is made: the destination's keepalive
+    /// budget, as on a direct connection (the keeper says [`Reply::Alive`] meanwhile).
+    /// `None`: no deadline (keepalives off, or a control request).
+    budget: Option<Duration>,
 }
 
 impl Link {
@@ -70,8 +74,33 @@ impl Link {
         self.stream.write_all(&buf).await
     }
 
-    /// The next frame; `Err` when the keeper went away or spoke nonsense.
+    /// The next frame, heartbeats skipped; `Err` when the keeper went away, spoke
+    /// nonsense, or said nothing for the whole budget (stopped, hung): a keeper that stops
+    /// answering is a lost connection like any other (SPEC 15).
     pub(crate) async fn recv(&mut self) -> Result<Frame, String> {
+        loop {
+            let frame = match self.budget {
+                Some(budget) => tokio::time::timeout(budget, self.next_frame())
+                    .await
+                    .map_err(|_| {
+                        format!(
+                            "the connection keeper (pid {}) did not answer for {} ms (stopped or hung; the keepalive budget of this destination)",
+                            self.pid,
+                            budget.as_millis()
+                        )
+                    })??,
+                None => self.next_frame().await?,
+            };
+            if is_alive(&frame) {
+                tracing::trace!("keeper (pid {}) is alive", self.pid);
+                continue;
+            }
+            return Ok(frame);
+        }
+    }
+
+    /// The next frame as it comes (cancel-safe: a read cut short consumed nothing).
+    async fn next_frame(&mut self) -> Result<Frame, String> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
@@ -91,6 +120,11 @@ impl Link {
     pub(crate) async fn reply(&mut self) -> Result<Reply, String> {
         self.recv().await?.parse().map_err(|e| e.to_string())
     }
+}
+
+/// Is `frame` the keeper's heartbeat?
+fn is_alive(frame: &Frame) -> bool {
+    matches!(frame, Frame::Json(b) if b.len() < 64) && frame.parse::<Reply>() == Ok(Reply::Alive)
 }
 
 /// What trying the socket found.
@@ -168,6 +202,7 @@ async fn try_link(place: &Place) -> Result<Try, Unavailable> {
         stream,
         reader: FrameReader::default(),
         pid: 0,
+        budget: None,
     };
     let hello = async {
         link.send(&[Frame::json(&Request::Hello {
@@ -262,15 +297,19 @@ impl Remote {
             .map_err(KeeperError::Unavailable)?;
         let key = connection_key(dest);
         let pid = link.pid;
+        link.budget = dest.loss_budget();
+        tracing::info!(
+            "connecting to {} through the connection keeper (pid {pid})",
+            dest.display()
+        );
+        // Nothing was sent to the host yet: a keeper that vanishes or stops answering
+        // here only costs the reuse, and the caller connects directly.
         let lost_keeper = |why: String| {
-            KeeperError::Connect(ConnectError::new(
-                ConnectStage::Connect,
-                format!(
-                    "the connection keeper (pid {}) went away while connecting to {}: {why}",
-                    pid,
-                    dest.display()
-                ),
-            ))
+            KeeperError::Unavailable(Unavailable(format!(
+                "the connection keeper (pid {}) failed while connecting to {}: {why}",
+                pid,
+                dest.display()
+            )))
         };
         link.send(&[Frame::json(&Request::Connect {
             key: key.clone(),
@@ -279,14 +318,25 @@ impl Remote {
         .await
         .map_err(|e| lost_keeper(e.to_string()))?;
         match link.reply().await {
-            Ok(Reply::Connected { host_key }) => Ok(Remote {
-                place,
-                dest: dest.clone(),
-                key,
-                host_key,
-                lost: Mutex::new(None),
-            }),
+            Ok(Reply::Connected { host_key }) => {
+                tracing::info!(
+                    "connected to {} through the keeper (pid {pid}), host key {}",
+                    dest.display(),
+                    host_key.as_deref().unwrap_or("unknown")
+                );
+                Ok(Remote {
+                    place,
+                    dest: dest.clone(),
+                    key,
+                    host_key,
+                    lost: Mutex::new(None),
+                })
+            }
             Ok(Reply::ConnectFailed { stage, message }) => {
+                tracing::info!(
+                    "the keeper could not connect to {} ({stage}): {message}",
+                    dest.display()
+                );
                 Err(KeeperError::Connect(wire::connect_error(&stage, message)))
             }
             Ok(other) => Err(lost_keeper(format!("unexpected answer {other:?}"))),
@@ -324,6 +374,8 @@ impl Remote {
             self.mark_lost(&e.0);
             ExecError::NotSent(format!("the connection keeper is unavailable: {}", e.0))
         })?;
+        link.budget = self.dest.loss_budget();
+        tracing::debug!("exec request to the connection keeper (pid {})", link.pid);
         let mut frames = vec![Frame::json(&Request::Exec {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),

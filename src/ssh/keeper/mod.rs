@@ -77,13 +77,17 @@ impl Place {
     /// `$XDG_RUNTIME_DIR/opmark` (per-user, tmpfs, gone at logout), else
     /// `${XDG_STATE_HOME:-~/.local/state}/opmark/mux`.
     pub fn default_dir() -> Result<PathBuf, String> {
-        if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
-            return Ok(PathBuf::from(run).join("opmark"));
+        // Relative XDG values are ignored, as the XDG spec says; without HOME the home
+        // comes from the passwd entry, never the current directory.
+        if let Some(run) = crate::ledger::absolute_env("XDG_RUNTIME_DIR") {
+            return Ok(run.join("opmark"));
         }
-        let state = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-            Some(s) => PathBuf::from(s),
-            None => super::config::home_dir()
-                .ok_or("neither XDG_RUNTIME_DIR nor HOME is set")?
+        let state = match crate::ledger::absolute_env("XDG_STATE_HOME") {
+            Some(s) => s,
+            None => crate::ledger::home_dir()
+                .ok_or(
+                    "neither XDG_RUNTIME_DIR nor HOME is set, and the passwd entry names no home",
+                )?
                 .join(".local/state"),
         };
         Ok(state.join("opmark").join("mux"))

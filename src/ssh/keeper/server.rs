@@ -228,7 +228,8 @@ impl Keeper {
         }
         match conv.request().await {
             Some(Request::Connect { key, dest }) => {
-                let reply = match self.connection(&key, &dest).await {
+                let connected = conv.alive_while(&dest, self.connection(&key, &dest)).await;
+                let reply = match connected {
                     Ok(held) => Reply::Connected {
                         host_key: held.session.host_key(),
                     },
@@ -360,7 +361,8 @@ impl Keeper {
                 _ => return,
             }
         }
-        let (held, permit) = match self.channel(key, dest).await {
+        let channel = conv.alive_while(dest, self.channel(key, dest)).await;
+        let (held, permit) = match channel {
             Ok(c) => c,
             Err(message) => {
                 let _ = conv.send(&Reply::ExecNotSent { message }).await;
@@ -381,7 +383,10 @@ impl Keeper {
         held.used.fetch_add(1, Ordering::Relaxed);
         held.touch();
         let stdin = (!stdin.is_empty()).then_some(stdin);
-        let mut exec = match held.session.exec_permitted(permit, command, stdin).await {
+        let started = conv
+            .alive_while(dest, held.session.exec_permitted(permit, command, stdin))
+            .await;
+        let mut exec = match started {
             Ok(e) => e,
             Err(ExecError::NotSent(message)) => {
                 let _ = conv.send(&Reply::ExecNotSent { message }).await;
@@ -406,10 +411,17 @@ impl Keeper {
             while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {}
         });
         tokio::pin!(gone);
+        let mut alive = heartbeat_ticker(dest);
         loop {
             let event = tokio::select! {
                 ev = exec.next() => ev,
                 _ = &mut gone => return drain(exec),
+                _ = alive.tick() => {
+                    if write.write_all(&Frame::json(&Reply::Alive).encode()).await.is_err() {
+                        return drain(exec);
+                    }
+                    continue;
+                }
             };
             let last = matches!(event, ExecEvent::Closed | ExecEvent::Lost(_));
             if write
@@ -505,4 +517,33 @@ impl Conversation {
     async fn send(&mut self, reply: &Reply) -> std::io::Result<()> {
         self.write.write_all(&Frame::json(reply).encode()).await
     }
+
+    /// Awaits `work` (a connect, an exec request on its way) while telling the caller
+    /// [`Reply::Alive`] every heartbeat. The work is never cut short: a caller that left
+    /// meanwhile finds out nothing, and the channel is drained as before.
+    async fn alive_while<T>(
+        &mut self,
+        dest: &Destination,
+        work: impl std::future::Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        let mut alive = heartbeat_ticker(dest);
+        let mut listening = true;
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = alive.tick(), if listening => {
+                    listening = self.send(&Reply::Alive).await.is_ok();
+                }
+            }
+        }
+    }
+}
+
+/// A ticker for [`Reply::Alive`] whose first tick is one heartbeat from now.
+fn heartbeat_ticker(dest: &Destination) -> tokio::time::Interval {
+    let every = wire::heartbeat(dest);
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker
 }

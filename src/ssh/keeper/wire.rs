@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::ssh::{ConnectError, ConnectStage, Destination, ExecEvent};
 
 /// Bumped whenever a message changes; the socket's name carries it, so a keeper started
-/// by an older binary is never spoken to in a newer dialect.
-pub const VERSION: u32 = 1;
+/// by an older binary is never spoken to in a newer dialect. 2: [`Reply::Alive`].
+pub const VERSION: u32 = 2;
 
 /// The largest frame either side accepts: bounds what a confused peer can make us hold.
 pub const MAX_FRAME: usize = 8 << 20;
@@ -158,6 +158,24 @@ pub enum Reply {
         /// The keeper's process id.
         pid: u32,
     },
+    /// "Still here": sent every [`heartbeat`] while a `Connect` or an `Exec` waits on the
+    /// host (a silent command, a slow connect), so that a caller can tell a keeper that
+    /// stopped answering (SIGSTOP, a hang) from a quiet one, within the same keepalive
+    /// budget as a direct connection. Callers skip it.
+    Alive,
+}
+
+/// How often the keeper says [`Reply::Alive`] on a conversation about `dest`: twice per
+/// keepalive interval, so that the caller's budget (interval x (count + 1)) never runs
+/// out on a keeper that answers.
+pub fn heartbeat(dest: &Destination) -> std::time::Duration {
+    let interval = dest
+        .keepalive_interval
+        .unwrap_or(crate::ssh::destination::DEFAULT_KEEPALIVE_INTERVAL);
+    (interval / 2).clamp(
+        std::time::Duration::from_millis(100),
+        std::time::Duration::from_secs(1),
+    )
 }
 
 /// One frame, decoded.
