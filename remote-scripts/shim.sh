@@ -221,20 +221,49 @@ alive() {
 }
 
 # session_alive SID START: some live process still belongs to the supervisor's session
-# (the command may outlive a killed supervisor).
+# (the command may outlive a killed supervisor). A session id is its leader's pid, which
+# the kernel hands out again only once the session has no member left: a process with
+# that pid and another start time means the recorded session is gone (pid reuse, e.g. in
+# a container's pid namespace after a crash), whatever is in the new one. A member older
+# than the recorded supervisor cannot be of its session either.
 session_alive() {
+	if proc_stat "$1" && [ "$ps_start" != "$2" ]; then
+		return 1
+	fi
 	for sa_stat in /proc/[0-9]*/stat; do
 		sa_pid=${sa_stat#/proc/}
 		sa_pid=${sa_pid%/stat}
 		proc_stat "$sa_pid" || continue
 		[ "$ps_session" = "$1" ] || continue
 		[ "$ps_state" != Z ] || continue
-		if [ "$sa_pid" = "$1" ] && [ "$ps_start" != "$2" ]; then
-			continue
-		fi
+		older_than "$ps_start" "$2" && continue
 		return 0
 	done
 	return 1
+}
+
+# older_than START1 START2: process start time START1 is before START2 (both numbers).
+older_than() {
+	is_uint "$1" && is_uint "$2" && [ "$1" -lt "$2" ]
+}
+
+# identity_readable: this shell can read its own process identity (its /proc entry, with
+# a start time, is its own) and the boot id. Without them (no /proc, a /proc of another
+# pid namespace, hidepid hiding our own processes) nobody's liveness can be told, and
+# "gone" would let a rerun supersede a live command (SPEC 3). Checked once per shell.
+identity_readable() {
+	if [ -z "${id_ok:-}" ]; then
+		id_ok=no ir_pid=
+		read_boot
+		# /proc/self, opened by this shell itself (a builtin's redirection), is $$ only
+		# in a /proc of our own pid namespace.
+		read -r ir_pid _ 2>/dev/null </proc/self/stat
+		if [ "$boot" != unknown ] && [ "$ir_pid" = "$$" ] &&
+			proc_stat "$$" && is_uint "$ps_start"; then
+			id_ok=yes
+		fi
+	fi
+	[ "$id_ok" = yes ]
 }
 
 # read_boot: sets boot to this boot's id (a reboot changes it).
@@ -257,40 +286,52 @@ exited() { rget "$m/exit" cancelled; }
 # ---------------------------------------------------------------------------------------
 # The detached supervisor
 
-# supervise M TIMEOUT_S CAP CMD_BYTES: the detached supervisor (own session, started by
-# `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
-# exit.
+# supervise M TIMEOUT_S CAP CMD_BYTES ATTEMPT: the detached supervisor (own session,
+# started by `setsid -f` so signals are normal). Runs the command in $M/cmd once and
+# records its exit, if $M still holds the claim of ATTEMPT.
 supervise() {
-	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-}
+	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-} sv_attempt=${5:-}
 	# `true` first: a failed redirection of `exec` would end the shell before it can
 	# tell anyone (a full disk with no shim.log yet).
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	clock=${m%/ops/*}/clock
+	# Only our own attempt's claim (SPEC 3): a supervisor that comes up late, after its
+	# foreground set the claim aside (and a rerun may have claimed the op id again), finds
+	# another claim at $m, or none, and leaves it alone. From the marker's directory every
+	# step up to the start gate goes through "." (that directory, wherever a rename takes
+	# it), so the gate can only be taken on the claim checked here.
+	cd "$m" 2>/dev/null || exit 0
+	rget claim attempt
+	if [ -z "$sv_attempt" ] || [ "$rv" != "$sv_attempt" ]; then
+		printf 'opmark-shim: %s: not the claim of attempt %s; left alone\n' "$m" "$sv_attempt" >&2
+		exit 0
+	fi
 	proc_stat "$$"
+	sv_start=$ps_start
 	read_boot
 	# We hold the FIFOs' write ends (6, 7) until the command holds its own, so that the
 	# captures can open them at once and start (their processes, not their reading)
 	# while the claim is made durable, which takes the disk's time rather than the
 	# processor's; a capture that opened its FIFO before any writer would wait for the
 	# command instead. (`command` keeps a failed open from ending the shell.)
-	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ] ||
-		! { command exec 6<>"$m/.out.fifo" 7<>"$m/.err.fifo"; } 2>/dev/null; then
+	if ! [ -p .out.fifo ] || ! [ -p .err.fifo ] ||
+		! { command exec 6<>.out.fifo 7<>.err.fifo; } 2>/dev/null; then
 		start_failed
 	fi
 	unbuffered=
 	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
-	capture "$m/out" "$cap" <"$m/.out.fifo" &
+	capture out "$cap" <.out.fifo &
 	cap_out=$!
-	capture "$m/err" "$cap" <"$m/.err.fifo" &
+	capture err "$cap" <.err.fifo &
 	cap_err=$!
 	# The claim is durable before anything can run (the foreground wrote it and went on
 	# to start us). Our record is complete before the start gate is taken, so whoever sees
 	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
 	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
 	# nothing runs (the captures read EOF once we are gone).
-	if ! sync "$m/claim" "$m" "${m%/*}" ||
-		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
-		! take_gate "$m"; then
+	if ! sync claim . .. ||
+		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$sv_start" "$boot" >proc ||
+		! take_gate .; then
 		start_failed
 	fi
 	trap 'sv_term=1' TERM
@@ -300,7 +341,7 @@ supervise() {
 	trap 'sv_pipe=1' PIPE HUP
 	killer=
 	if [ "$timeout" -gt 0 ]; then
-		kill_after "$timeout" "$$" "$m" &
+		kill_after "$timeout" "$$" "$m" "$sv_start" &
 		killer=$!
 	fi
 	input=/dev/null
@@ -324,6 +365,9 @@ else c=$(cat -- "$1") || exit 126; fi
 eval "unset c l; set --; $c
 "' "$OPMARK_SHELL" "$m/cmd" "$sv_small" <"$input" >&6 2>&7 6>&- 7>&-
 	code=$?
+	# Whether a cancel's signal was on its way before the command ended (SPEC 10).
+	sv_signalled=
+	[ -f "$m/signalled" ] && sv_signalled=1
 	exec 6>&- 7>&-
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
 	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
@@ -344,12 +388,22 @@ eval "unset c l; set --; $c
 	done
 	timed_out=0
 	[ -f "$m/timed_out" ] && timed_out=1
-	cancelled=0
-	[ -f "$m/cancelled" ] && cancelled=1
+	# Stopped by a cancel only when its signal went out before the command ended and the
+	# command died of it (TERM, or KILL after the grace); one that ended by itself while
+	# the cancel was pending keeps its own status, marked cancel_pending=1 (SPEC 10).
+	cancelled=0 cancel_pending=0
+	if [ -f "$m/cancelled" ]; then
+		if [ -n "$sv_signalled" ] && { [ "$code" = 143 ] || [ "$code" = 137 ]; }; then
+			cancelled=1
+		else
+			cancel_pending=1
+		fi
+	fi
 	now
 	record="code=$code
 timed_out=$timed_out
 ended_at=$now
+cancel_pending=$cancel_pending
 cancelled=$cancelled"
 	# Temp file, rename, sync (SPEC 3: the exit record is never seen torn, even by a
 	# reader that does not check for its last line). A second try covers a helper (sync,
@@ -377,8 +431,9 @@ cancelled=$cancelled"
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
 # the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
+# (Run in the marker's directory: its own claim's waiters, wherever it was moved.)
 start_failed() {
-	for w in "$m"/.w.*; do
+	for w in .w.*; do
 		[ -p "$w" ] && printf 'f\n' 1<>"$w"
 	done
 	exit 1
@@ -460,7 +515,7 @@ followed() {
 	return 1
 }
 
-# kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
+# kill_after SECONDS SID M START: at the deadline, TERM everything of the supervisor's session
 # but the supervisor and this killer, then KILL what is left after a grace period. The
 # supervisor is never signalled, so it always lives to write the exit record. (Sending
 # TERM to the whole process group lost a supervisor now and then under heavy load.)
@@ -476,19 +531,29 @@ kill_after() {
 	true >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
-	signal_session TERM "$2" "$me"
+	signal_session TERM "$2" "$me" "$4"
 	sleep 2
-	signal_session KILL "$2" "$me"
+	signal_session KILL "$2" "$me" "$4"
 }
 
-# signal_session SIG SID SPARE: sends SIG to every live process of session SID except
-# its leader (the supervisor) and SPARE. Builtins only, so nothing it starts is hit.
+# signal_session SIG SID SPARE START: sends SIG to every live process of session SID
+# except its leader (the supervisor, started at START) and SPARE; never to a process that
+# started before the supervisor, and to nothing when SID now names a process with another
+# start time (the session is gone and its id reused: SPEC 3). Builtins only, so nothing
+# it starts is hit.
 signal_session() {
+	if [ -n "$4" ] && proc_stat "$2" && [ "$ps_start" != "$4" ]; then
+		return 0
+	fi
 	for ka in /proc/[0-9]*/stat; do
 		ka_pid=${ka#/proc/}
 		ka_pid=${ka_pid%/stat}
 		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
-		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
+		proc_stat "$ka_pid" || continue
+		[ "$ps_session" = "$2" ] || continue
+		[ "$ps_state" != Z ] || continue
+		older_than "$ps_start" "$4" && continue
+		kill -"$1" "$ka_pid" 2>/dev/null
 	done
 }
 
@@ -615,6 +680,10 @@ state() {
 	elif [ -f "$m/exit_write_failed" ]; then
 		# The command ended, but its exit record could not be written (a full disk).
 		st=interrupted why=exit_write_failed
+	elif ! identity_readable; then
+		# No process identity can be read here: whether the claim's process lives cannot
+		# be told, and liveness is evidence, never a guess (SPEC 3).
+		st=running why=liveness_unknown
 	elif has_proc; then
 		s_boot=$rv
 		rget "$m/proc" pid
@@ -662,7 +731,7 @@ describe() {
 		rget "$m/claim" "$dk" && d="$d $dk=$rv"
 	done
 	if [ "$st" = completed ]; then
-		for dk in code timed_out ended_at cancelled; do
+		for dk in code timed_out ended_at cancel_pending cancelled; do
 			rget "$m/exit" "$dk" && d="$d $dk=$rv"
 		done
 	fi
@@ -880,6 +949,9 @@ verb_run() {
 		refuse "bad_args reason=command_bytes"
 	fi
 	command -v setsid >/dev/null 2>&1 || refuse "cannot_start reason=no_setsid"
+	# A claim whose process could not be told alive from gone would read running for good
+	# or, worse, gone while it runs: refuse before anything is claimed.
+	identity_readable || refuse "cannot_start reason=no_process_identity"
 	setup_root
 
 	# Receive the command, then stdin, into unclaimed spool files first: a connection
@@ -952,10 +1024,10 @@ boot=$boot"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	if [ -n "$shim_file" ]; then
 		setsid -f "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	else
 		setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	fi
 	# shellcheck disable=SC2181 # the two ways to start the same supervisor share one check
 	if [ $? -ne 0 ]; then
@@ -1170,7 +1242,8 @@ verb_cancel() {
 	fenced) cancel_answer already_fenced ;;
 	completed) cancel_answer already_completed ;;
 	interrupted) cancel_fence "$1" interrupted ;;
-	running) ;;
+	# Its processes cannot be seen here: nothing to signal, nothing asked.
+	running) [ "$why" = liveness_unknown ] && cancel_answer still_running ;;
 	# Moved aside by a concurrent supersede: say so rather than guess.
 	*) refuse "$st $(describe)" ;;
 	esac
@@ -1182,9 +1255,12 @@ verb_cancel() {
 	now
 	durable_write "$m" cancelled "cancelled_at=$now
 grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
-	signal_session TERM "$cn_sid" "$$"
+	# Just before the first signal: the supervisor reads it when the command ends, to
+	# tell a command the signal stopped from one that ended by itself (SPEC 10).
+	true >"$m/signalled"
+	signal_session TERM "$cn_sid" "$$" "$cn_start"
 	if ! cancel_wait "$(($2 / 100))"; then
-		signal_session KILL "$cn_sid" "$$"
+		signal_session KILL "$cn_sid" "$$" "$cn_start"
 		# The supervisor records the exit once its captures see the command gone.
 		cancel_wait 300
 	fi
@@ -1384,6 +1460,10 @@ verb_doctor() {
 		dr_missing="$dr_missing${dr_missing:+,}dd_count_bytes"
 	fi
 	frame "K missing=${dr_missing:-none}"
+	# Liveness is read from /proc: without it the shim refuses every run (SPEC 3).
+	dr_id=no
+	identity_readable && dr_id=yes
+	frame "K process_identity=$dr_id"
 	if mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
 		(: >"$root/.doctor.$$") 2>/dev/null; then
 		rm -f "$root/.doctor.$$"

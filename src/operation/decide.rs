@@ -636,6 +636,14 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
             ))
         }
+        RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_process_identity") => {
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::ShimCannotStart,
+                "the host gives the shim no readable process identity (no /proc, a /proc of another pid namespace, or hidepid hiding the user's own processes), so it could never tell a running command from a gone one; it claimed nothing and nothing ran. Mount /proc for the login user (see `opmark doctor`), then retry with the same op id",
+            ))
+        }
         RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
             Verdict::Refused,
             Some(attempt.clone()),
@@ -2199,6 +2207,29 @@ mod tests {
                 (Verdict::NotApplied, ReasonCode::HostMissingSetsid)
             );
         }
+    }
+
+    #[test]
+    fn host_without_process_identity_then_not_applied_naming_proc() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::Destructive, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "cannot_start",
+                    &[("reason", "no_process_identity")],
+                    None,
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(a.reason.contains("/proc"), "{a:?}");
+        assert!(a.reason.contains("nothing ran"), "{a:?}");
     }
 
     #[test]

@@ -117,6 +117,9 @@ impl MarkerInfo {
         if self.cancelled() {
             line.push_str(" cancelled");
         }
+        if self.cancel_pending() {
+            line.push_str(" ended_while_cancel_pending");
+        }
         for (key, value) in [
             ("why", &self.why),
             ("attempt", &self.attempt),
@@ -129,9 +132,22 @@ impl MarkerInfo {
         line
     }
 
-    /// The exit record says `opmark cancel` stopped the command (`cancelled=1`).
+    /// The exit record says `opmark cancel` stopped the command (`cancelled=1`): its
+    /// signal went out before the command ended and the command died of it.
     pub fn cancelled(&self) -> bool {
         self.fields.get("cancelled").is_some_and(|c| c == "1")
+    }
+
+    /// The command ended by itself, with its own status, while a cancel was pending
+    /// (`cancel_pending=1`): the cancel did not stop it (SPEC section 10).
+    pub fn cancel_pending(&self) -> bool {
+        self.fields.get("cancel_pending").is_some_and(|c| c == "1")
+    }
+
+    /// `running` only because the host cannot read process identity (no `/proc`): the
+    /// claim's process may be alive or gone; never taken for interrupted (SPEC 3).
+    pub fn liveness_unknown(&self) -> bool {
+        self.state == MarkerState::Running && self.why.as_deref() == Some("liveness_unknown")
     }
 
     fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
