@@ -28,7 +28,7 @@
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: fence OP FORCE
 #   verb: supersede OP BY_ATTEMPT
-#   verb: gc AGE_S DRY_RUN
+#   verb: gc AGE_S DRY_RUN TOMB_AGE_S
 #   verb: doctor
 #   verb: cancel OP GRACE_MS
 #
@@ -55,6 +55,8 @@
 #   cancelled the request of `opmark cancel` (the exit record then says cancelled=1)
 #   exit_write_failed  the exit record could not be written (a full disk): interrupted
 #   fenced    tombstone: this op id can never run
+#   collected gc reduced the marker to a tombstone (collected_at): the claim with its exit
+#             or fence record, no output; probe and claim still read completed/fenced
 #   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
 #             foreground's pid and start time, public anyway: never by anything secret)
 #
@@ -738,6 +740,7 @@ describe() {
 	if [ "$st" = fenced ]; then
 		rget "$m/fenced" fenced_at && d="$d fenced_at=$rv"
 	fi
+	[ -f "$m/collected" ] && d="$d output_collected=1"
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
 		sizes
 		d="$d out=$so err=$se"
@@ -816,7 +819,9 @@ trailer() {
 	rget "$m/exit" timed_out
 	t="$t out=$oo err=$eo kept_out=$so kept_err=$se timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
 	rget "$m/claim" attempt
-	frame "X code=$t attempt=$rv"
+	t="$t attempt=$rv"
+	[ -f "$m/collected" ] && t="$t output_collected=1"
+	frame "X code=$t"
 }
 
 # register_waiter DIR [MORE_FIFOS...]: a wake-up FIFO for this foreground in marker DIR
@@ -1405,18 +1410,24 @@ verb_supersede() {
 	frame "U superseded_by=$2"
 }
 
-# gc MAX_AGE_S DRY_RUN: removes completed or fenced markers whose record is older than
-# MAX_AGE_S; never a running or interrupted one.
+# gc MAX_AGE_S DRY_RUN TOMB_AGE_S: collects completed or fenced markers whose record is
+# older than MAX_AGE_S down to tombstones (see tombstone), never a running or interrupted
+# one; removes tombstones whose record is older than TOMB_AGE_S only when that is given
+# (`-`: tombstones are kept); reclaims failed-start leftovers and cached shims of other
+# versions older than MAX_AGE_S. gc never turns evidence into absence (SPEC 3).
 verb_gc() {
-	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 3 ] || refuse "bad_args reason=argument_count"
 	is_uint "$1" || refuse "bad_args reason=age"
+	[ "$3" = - ] || is_uint "$3" || refuse "bad_args reason=tombstone_age"
 	setup_root
 	now
 	limit=$((now - $1))
-	removed=0 kept=0
+	tomb_limit=
+	[ "$3" = - ] || tomb_limit=$((now - $3))
+	removed=0 kept=0 collected=0 tombs=0 reclaimed=0
 	for g in "$root"/ops/*; do
 		[ -d "$g" ] || continue
-		g_op=${g##*/}
+		g_op=${g##*/} g_at=
 		state "$g_op"
 		case $st in
 		completed) rget "$m/exit" ended_at && g_at=$rv ;;
@@ -1426,16 +1437,76 @@ verb_gc() {
 			continue
 			;;
 		esac
-		if is_uint "$g_at" && [ "$g_at" -le "$limit" ]; then
-			frame "G remove op=$g_op state=$st at=$g_at"
-			[ "$2" = 1 ] || rm -rf "$g"
-			removed=$((removed + 1))
+		if ! is_uint "$g_at"; then
+			kept=$((kept + 1))
+		elif [ -f "$g/collected" ]; then
+			if [ -n "$tomb_limit" ] && [ "$g_at" -le "$tomb_limit" ]; then
+				frame "G remove op=$g_op state=$st at=$g_at tombstone=1"
+				[ "$2" = 1 ] || rm -rf "$g"
+				removed=$((removed + 1))
+			else
+				tombs=$((tombs + 1))
+			fi
+		elif [ "$g_at" -le "$limit" ]; then
+			frame "G collect op=$g_op state=$st at=$g_at"
+			if [ "$2" = 1 ] || tombstone "$g"; then
+				collected=$((collected + 1))
+			else
+				kept=$((kept + 1))
+			fi
 		else
 			kept=$((kept + 1))
 		fi
 	done
-	[ "$2" = 1 ] || sync "$root/ops"
-	frame "G done removed=$removed kept=$kept dry_run=$2"
+	gc_reclaim "$1" "$2"
+	[ "$2" = 1 ] || sync "$root/ops" "$root/superseded"
+	frame "G done removed=$removed collected=$collected tombstones=$tombs reclaimed=$reclaimed kept=$kept dry_run=$2"
+}
+
+# tombstone M: reduces the finished marker M to what SPEC 3 keeps of it: the claim
+# (attempt, fingerprint, family, claim time) with the exit or fence record (status, end
+# time) and `collected`; the output, command, stdin and process records go. `collected`
+# is down first, so a reader that finds the output gone knows why.
+tombstone() {
+	durable_write "$1" collected "collected_at=$now" || return 1
+	for tf in "$1"/* "$1"/.[!.]*; do
+		[ -e "$tf" ] || continue
+		case ${tf##*/} in
+		claim | exit | fenced | started | collected) ;;
+		*) rm -rf "$tf" ;;
+		esac
+	done
+	sync "$1"
+}
+
+# gc_reclaim MAX_AGE_S DRY_RUN: what is no evidence of any operation: claims set aside
+# because their supervisor never started (their start gate taken, nothing ran), and
+# cached shims of other versions (a client still using one sends it again), older than
+# MAX_AGE_S (by modification time, in whole minutes).
+gc_reclaim() {
+	gr_min=$(($1 / 60))
+	gr_self=
+	if [ -n "$shim_file" ]; then
+		gr_self=${OPMARK_SHIM_SELF##*/}
+	elif [ -n "$shim_hash" ]; then
+		gr_self=$shim_hash.sh
+	fi
+	for gr in "$root"/superseded/*.failed-start "$root"/shim/*.sh; do
+		[ -e "$gr" ] || continue
+		case $gr in
+		"$root"/shim/*)
+			# Only when this call knows its own copy, which is never one to reclaim.
+			[ -n "$gr_self" ] || continue
+			[ "${gr##*/}" != "$gr_self" ] || continue
+			gr_what=shim
+			;;
+		*) gr_what=failed_start ;;
+		esac
+		[ -n "$(find "$gr" -prune -mmin +"$gr_min" 2>/dev/null)" ] || continue
+		frame "G reclaim what=$gr_what name=${gr##*/}"
+		[ "$2" = 1 ] || rm -rf "$gr"
+		reclaimed=$((reclaimed + 1))
+	done
 }
 
 # doctor: facts about the marker root for `opmark doctor`.

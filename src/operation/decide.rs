@@ -1043,9 +1043,11 @@ pub fn earlier(existing: Option<&OperationRecord>, approved: bool) -> Earlier {
             .filter(|r| r.verdict != Some(Verdict::NotApplied) || r.unresolved)
             .and_then(|r| r.last_attempt.clone()),
         // The ledger already holds this operation's exit: never claim again, even if the
-        // host marker has since been removed (gc, a wiped host); look, then replay.
+        // host marker has since been removed (gc, a wiped host); look, then replay. A
+        // probe that saw the marker completed (an exit code the projection took from it,
+        // for an operation not closed as not applied) counts too (SPEC 3).
         ledger_exit: existing
-            .filter(|r| matches!(r.verdict, Some(Verdict::Completed | Verdict::Replayed)))
+            .filter(|r| r.verdict != Some(Verdict::NotApplied))
             .and_then(|r| r.exit_code),
     }
 }
@@ -1252,6 +1254,7 @@ mod tests {
             dropped_out: 0,
             dropped_err: 0,
             attempt: by.into(),
+            output_collected: false,
         }
     }
 
@@ -2384,6 +2387,20 @@ mod tests {
         // Closed as not applied: its attempt is known not to have run.
         let closed = record("fp", Some(Verdict::NotApplied), None);
         assert_eq!(earlier(Some(&closed), false).prior_dispatch, None);
+    }
+
+    #[test]
+    fn a_probe_that_saw_completion_counts_as_the_ledger_holding_the_exit() {
+        // `run --detach` answered in_progress; a later probe saw the marker completed and
+        // the projection took its exit code: a rerun never claims again (SPEC 3).
+        let probed = record("fp", Some(Verdict::InProgress), Some(0));
+        assert_eq!(earlier(Some(&probed), false).ledger_exit, Some(0));
+        let unknown = record("fp", Some(Verdict::Indeterminate), Some(3));
+        assert_eq!(earlier(Some(&unknown), false).ledger_exit, Some(3));
+        let running = record("fp", Some(Verdict::InProgress), None);
+        assert_eq!(earlier(Some(&running), false).ledger_exit, None);
+        let closed = record("fp", Some(Verdict::NotApplied), Some(0));
+        assert_eq!(earlier(Some(&closed), false).ledger_exit, None);
     }
 
     fn decided(decision: &str, exit_code: Option<i32>) -> StoredEvent {

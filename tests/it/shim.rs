@@ -364,6 +364,7 @@ fn every_verb_works_under_dash_bash_and_busybox_ash() {
             &Verb::Gc {
                 older_than: Duration::ZERO,
                 dry_run: true,
+                tombstones_older_than: None,
             },
             b"",
         );
@@ -381,6 +382,22 @@ fn every_verb_works_under_dash_bash_and_busybox_ash() {
             &Verb::Gc {
                 older_than: Duration::ZERO,
                 dry_run: false,
+                tombstones_older_than: None,
+            },
+            b"",
+        );
+        // Collected down to tombstones: no output, still read as completed / fenced.
+        assert!(!host.marker("op-1").join("out").exists(), "{name}");
+        let tomb = host.probe("op-1");
+        assert_eq!(tomb.state, MarkerState::Completed, "{name}");
+        assert_eq!(tomb.exit_code, Some(3), "{name}");
+        assert!(tomb.output_collected(), "{name}: {tomb:?}");
+        assert_eq!(host.probe("never").state, MarkerState::Fenced, "{name}");
+        host.call(
+            &Verb::Gc {
+                older_than: Duration::ZERO,
+                dry_run: false,
+                tombstones_older_than: Some(Duration::ZERO),
             },
             b"",
         );
