@@ -28,7 +28,7 @@
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: fence OP FORCE
 #   verb: supersede OP BY_ATTEMPT
-#   verb: gc AGE_S DRY_RUN
+#   verb: gc AGE_S DRY_RUN TOMB_AGE_S
 #   verb: doctor
 #   verb: cancel OP GRACE_MS
 # A call for an operation that has attempts puts r=ROOT_ID (the marker root id they
@@ -59,6 +59,8 @@
 #   cancelled the request of `opmark cancel` (the exit record then says cancelled=1)
 #   exit_write_failed  the exit record could not be written (a full disk): interrupted
 #   fenced    tombstone: this op id can never run
+#   collected gc reduced the marker to a tombstone (collected_at): the claim with its exit
+#             or fence record, no output; probe and claim still read completed/fenced
 #   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
 #             foreground's pid and start time, public anyway: never by anything secret)
 #
@@ -252,20 +254,49 @@ alive() {
 }
 
 # session_alive SID START: some live process still belongs to the supervisor's session
-# (the command may outlive a killed supervisor).
+# (the command may outlive a killed supervisor). A session id is its leader's pid, which
+# the kernel hands out again only once the session has no member left: a process with
+# that pid and another start time means the recorded session is gone (pid reuse, e.g. in
+# a container's pid namespace after a crash), whatever is in the new one. A member older
+# than the recorded supervisor cannot be of its session either.
 session_alive() {
+	if proc_stat "$1" && [ "$ps_start" != "$2" ]; then
+		return 1
+	fi
 	for sa_stat in /proc/[0-9]*/stat; do
 		sa_pid=${sa_stat#/proc/}
 		sa_pid=${sa_pid%/stat}
 		proc_stat "$sa_pid" || continue
 		[ "$ps_session" = "$1" ] || continue
 		[ "$ps_state" != Z ] || continue
-		if [ "$sa_pid" = "$1" ] && [ "$ps_start" != "$2" ]; then
-			continue
-		fi
+		older_than "$ps_start" "$2" && continue
 		return 0
 	done
 	return 1
+}
+
+# older_than START1 START2: process start time START1 is before START2 (both numbers).
+older_than() {
+	is_uint "$1" && is_uint "$2" && [ "$1" -lt "$2" ]
+}
+
+# identity_readable: this shell can read its own process identity (its /proc entry, with
+# a start time, is its own) and the boot id. Without them (no /proc, a /proc of another
+# pid namespace, hidepid hiding our own processes) nobody's liveness can be told, and
+# "gone" would let a rerun supersede a live command (SPEC 3). Checked once per shell.
+identity_readable() {
+	if [ -z "${id_ok:-}" ]; then
+		id_ok=no ir_pid=
+		read_boot
+		# /proc/self, opened by this shell itself (a builtin's redirection), is $$ only
+		# in a /proc of our own pid namespace.
+		read -r ir_pid _ 2>/dev/null </proc/self/stat
+		if [ "$boot" != unknown ] && [ "$ir_pid" = "$$" ] &&
+			proc_stat "$$" && is_uint "$ps_start"; then
+			id_ok=yes
+		fi
+	fi
+	[ "$id_ok" = yes ]
 }
 
 # read_boot: sets boot to this boot's id (a reboot changes it).
@@ -288,40 +319,52 @@ exited() { rget "$m/exit" cancelled; }
 # ---------------------------------------------------------------------------------------
 # The detached supervisor
 
-# supervise M TIMEOUT_S CAP CMD_BYTES: the detached supervisor (own session, started by
-# `setsid -f` so signals are normal). Runs the command in $M/cmd once and records its
-# exit.
+# supervise M TIMEOUT_S CAP CMD_BYTES ATTEMPT: the detached supervisor (own session,
+# started by `setsid -f` so signals are normal). Runs the command in $M/cmd once and
+# records its exit, if $M still holds the claim of ATTEMPT.
 supervise() {
-	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-}
+	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-} sv_attempt=${5:-}
 	# `true` first: a failed redirection of `exec` would end the shell before it can
 	# tell anyone (a full disk with no shim.log yet).
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	clock=${m%/ops/*}/clock
+	# Only our own attempt's claim (SPEC 3): a supervisor that comes up late, after its
+	# foreground set the claim aside (and a rerun may have claimed the op id again), finds
+	# another claim at $m, or none, and leaves it alone. From the marker's directory every
+	# step up to the start gate goes through "." (that directory, wherever a rename takes
+	# it), so the gate can only be taken on the claim checked here.
+	cd "$m" 2>/dev/null || exit 0
+	rget claim attempt
+	if [ -z "$sv_attempt" ] || [ "$rv" != "$sv_attempt" ]; then
+		printf 'opmark-shim: %s: not the claim of attempt %s; left alone\n' "$m" "$sv_attempt" >&2
+		exit 0
+	fi
 	proc_stat "$$"
+	sv_start=$ps_start
 	read_boot
 	# We hold the FIFOs' write ends (6, 7) until the command holds its own, so that the
 	# captures can open them at once and start (their processes, not their reading)
 	# while the claim is made durable, which takes the disk's time rather than the
 	# processor's; a capture that opened its FIFO before any writer would wait for the
 	# command instead. (`command` keeps a failed open from ending the shell.)
-	if ! [ -p "$m/.out.fifo" ] || ! [ -p "$m/.err.fifo" ] ||
-		! { command exec 6<>"$m/.out.fifo" 7<>"$m/.err.fifo"; } 2>/dev/null; then
+	if ! [ -p .out.fifo ] || ! [ -p .err.fifo ] ||
+		! { command exec 6<>.out.fifo 7<>.err.fifo; } 2>/dev/null; then
 		start_failed
 	fi
 	unbuffered=
 	command -v stdbuf >/dev/null 2>&1 && unbuffered=1
-	capture "$m/out" "$cap" <"$m/.out.fifo" &
+	capture out "$cap" <.out.fifo &
 	cap_out=$!
-	capture "$m/err" "$cap" <"$m/.err.fifo" &
+	capture err "$cap" <.err.fifo &
 	cap_err=$!
 	# The claim is durable before anything can run (the foreground wrote it and went on
 	# to start us). Our record is complete before the start gate is taken, so whoever sees
 	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
 	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
 	# nothing runs (the captures read EOF once we are gone).
-	if ! sync "$m/claim" "$m" "${m%/*}" ||
-		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$ps_start" "$boot" >"$m/proc" ||
-		! take_gate "$m"; then
+	if ! sync claim . .. ||
+		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$sv_start" "$boot" >proc ||
+		! take_gate .; then
 		start_failed
 	fi
 	trap 'sv_term=1' TERM
@@ -331,7 +374,7 @@ supervise() {
 	trap 'sv_pipe=1' PIPE HUP
 	killer=
 	if [ "$timeout" -gt 0 ]; then
-		kill_after "$timeout" "$$" "$m" &
+		kill_after "$timeout" "$$" "$m" "$sv_start" &
 		killer=$!
 	fi
 	input=/dev/null
@@ -405,6 +448,9 @@ eval "unset _om_c _om_l; set --; $_om_c
 "' "$sv_name" "$m/cmd" "$sv_small"
 	) <"$input" >&6 2>&7 6>&- 7>&-
 	code=$?
+	# Whether a cancel's signal was on its way before the command ended (SPEC 10).
+	sv_signalled=
+	[ -f "$m/signalled" ] && sv_signalled=1
 	exec 6>&- 7>&-
 	# Settle the deadline killer before writing anything: asleep, TERM ends it; already
 	# sweeping (it ignores TERM then), let it finish, so that its sweep can neither be
@@ -425,12 +471,22 @@ eval "unset _om_c _om_l; set --; $_om_c
 	done
 	timed_out=0
 	[ -f "$m/timed_out" ] && timed_out=1
-	cancelled=0
-	[ -f "$m/cancelled" ] && cancelled=1
+	# Stopped by a cancel only when its signal went out before the command ended and the
+	# command died of it (TERM, or KILL after the grace); one that ended by itself while
+	# the cancel was pending keeps its own status, marked cancel_pending=1 (SPEC 10).
+	cancelled=0 cancel_pending=0
+	if [ -f "$m/cancelled" ]; then
+		if [ -n "$sv_signalled" ] && { [ "$code" = 143 ] || [ "$code" = 137 ]; }; then
+			cancelled=1
+		else
+			cancel_pending=1
+		fi
+	fi
 	now
 	record="code=$code
 timed_out=$timed_out
 ended_at=$now
+cancel_pending=$cancel_pending
 cancelled=$cancelled"
 	# Temp file, rename, sync (SPEC 3: the exit record is never seen torn, even by a
 	# reader that does not check for its last line). A second try covers a helper (sync,
@@ -458,8 +514,9 @@ cancelled=$cancelled"
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
 # the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
+# (Run in the marker's directory: its own claim's waiters, wherever it was moved.)
 start_failed() {
-	for w in "$m"/.w.*; do
+	for w in .w.*; do
 		[ -p "$w" ] && printf 'f\n' 1<>"$w"
 	done
 	exit 1
@@ -541,7 +598,7 @@ followed() {
 	return 1
 }
 
-# kill_after SECONDS SID M: at the deadline, TERM everything of the supervisor's session
+# kill_after SECONDS SID M START: at the deadline, TERM everything of the supervisor's session
 # but the supervisor and this killer, then KILL what is left after a grace period. The
 # supervisor is never signalled, so it always lives to write the exit record. (Sending
 # TERM to the whole process group lost a supervisor now and then under heavy load.)
@@ -557,19 +614,29 @@ kill_after() {
 	true >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
-	signal_session TERM "$2" "$me"
+	signal_session TERM "$2" "$me" "$4"
 	sleep 2
-	signal_session KILL "$2" "$me"
+	signal_session KILL "$2" "$me" "$4"
 }
 
-# signal_session SIG SID SPARE: sends SIG to every live process of session SID except
-# its leader (the supervisor) and SPARE. Builtins only, so nothing it starts is hit.
+# signal_session SIG SID SPARE START: sends SIG to every live process of session SID
+# except its leader (the supervisor, started at START) and SPARE; never to a process that
+# started before the supervisor, and to nothing when SID now names a process with another
+# start time (the session is gone and its id reused: SPEC 3). Builtins only, so nothing
+# it starts is hit.
 signal_session() {
+	if [ -n "$4" ] && proc_stat "$2" && [ "$ps_start" != "$4" ]; then
+		return 0
+	fi
 	for ka in /proc/[0-9]*/stat; do
 		ka_pid=${ka#/proc/}
 		ka_pid=${ka_pid%/stat}
 		[ "$ka_pid" = "$2" ] || [ "$ka_pid" = "$3" ] && continue
-		proc_stat "$ka_pid" && [ "$ps_session" = "$2" ] && kill -"$1" "$ka_pid" 2>/dev/null
+		proc_stat "$ka_pid" || continue
+		[ "$ps_session" = "$2" ] || continue
+		[ "$ps_state" != Z ] || continue
+		older_than "$ps_start" "$4" && continue
+		kill -"$1" "$ka_pid" 2>/dev/null
 	done
 }
 
@@ -733,6 +800,10 @@ state() {
 	elif [ -f "$m/exit_write_failed" ]; then
 		# The command ended, but its exit record could not be written (a full disk).
 		st=interrupted why=exit_write_failed
+	elif ! identity_readable; then
+		# No process identity can be read here: whether the claim's process lives cannot
+		# be told, and liveness is evidence, never a guess (SPEC 3).
+		st=running why=liveness_unknown
 	elif has_proc; then
 		s_boot=$rv
 		rget "$m/proc" pid
@@ -780,13 +851,14 @@ describe() {
 		rget "$m/claim" "$dk" && d="$d $dk=$rv"
 	done
 	if [ "$st" = completed ]; then
-		for dk in code timed_out ended_at cancelled; do
+		for dk in code timed_out ended_at cancel_pending cancelled; do
 			rget "$m/exit" "$dk" && d="$d $dk=$rv"
 		done
 	fi
 	if [ "$st" = fenced ]; then
 		rget "$m/fenced" fenced_at && d="$d fenced_at=$rv"
 	fi
+	[ -f "$m/collected" ] && d="$d output_collected=1"
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
 		sizes
 		d="$d out=$so err=$se"
@@ -865,7 +937,9 @@ trailer() {
 	rget "$m/exit" timed_out
 	t="$t out=$oo err=$eo kept_out=$so kept_err=$se timed_out=$rv dropped_out=$t_out dropped_err=$t_err"
 	rget "$m/claim" attempt
-	frame "X code=$t attempt=$rv"
+	t="$t attempt=$rv"
+	[ -f "$m/collected" ] && t="$t output_collected=1"
+	frame "X code=$t"
 }
 
 # register_waiter DIR [MORE_FIFOS...]: a wake-up FIFO for this foreground in marker DIR
@@ -998,6 +1072,9 @@ verb_run() {
 		refuse "bad_args reason=command_bytes"
 	fi
 	command -v setsid >/dev/null 2>&1 || refuse "cannot_start reason=no_setsid"
+	# A claim whose process could not be told alive from gone would read running for good
+	# or, worse, gone while it runs: refuse before anything is claimed.
+	identity_readable || refuse "cannot_start reason=no_process_identity"
 	setup_root
 
 	# Receive the command, then stdin, into unclaimed spool files first: a connection
@@ -1070,10 +1147,10 @@ boot=$boot"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	if [ -n "$shim_file" ]; then
 		setsid -f "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	else
 		setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" </dev/null >/dev/null 2>&1 3>&- 5>&-
+			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
 	fi
 	# shellcheck disable=SC2181 # the two ways to start the same supervisor share one check
 	if [ $? -ne 0 ]; then
@@ -1288,7 +1365,8 @@ verb_cancel() {
 	fenced) cancel_answer already_fenced ;;
 	completed) cancel_answer already_completed ;;
 	interrupted) cancel_fence "$1" interrupted ;;
-	running) ;;
+	# Its processes cannot be seen here: nothing to signal, nothing asked.
+	running) [ "$why" = liveness_unknown ] && cancel_answer still_running ;;
 	# Moved aside by a concurrent supersede: say so rather than guess.
 	*) refuse "$st $(describe)" ;;
 	esac
@@ -1300,9 +1378,12 @@ verb_cancel() {
 	now
 	durable_write "$m" cancelled "cancelled_at=$now
 grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
-	signal_session TERM "$cn_sid" "$$"
+	# Just before the first signal: the supervisor reads it when the command ends, to
+	# tell a command the signal stopped from one that ended by itself (SPEC 10).
+	true >"$m/signalled"
+	signal_session TERM "$cn_sid" "$$" "$cn_start"
 	if ! cancel_wait "$(($2 / 100))"; then
-		signal_session KILL "$cn_sid" "$$"
+		signal_session KILL "$cn_sid" "$$" "$cn_start"
 		# The supervisor records the exit once its captures see the command gone.
 		cancel_wait 300
 	fi
@@ -1447,18 +1528,24 @@ verb_supersede() {
 	frame "U superseded_by=$2"
 }
 
-# gc MAX_AGE_S DRY_RUN: removes completed or fenced markers whose record is older than
-# MAX_AGE_S; never a running or interrupted one.
+# gc MAX_AGE_S DRY_RUN TOMB_AGE_S: collects completed or fenced markers whose record is
+# older than MAX_AGE_S down to tombstones (see tombstone), never a running or interrupted
+# one; removes tombstones whose record is older than TOMB_AGE_S only when that is given
+# (`-`: tombstones are kept); reclaims failed-start leftovers and cached shims of other
+# versions older than MAX_AGE_S. gc never turns evidence into absence (SPEC 3).
 verb_gc() {
-	[ "$#" -eq 2 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 3 ] || refuse "bad_args reason=argument_count"
 	is_uint "$1" || refuse "bad_args reason=age"
+	[ "$3" = - ] || is_uint "$3" || refuse "bad_args reason=tombstone_age"
 	setup_root
 	now
 	limit=$((now - $1))
-	removed=0 kept=0
+	tomb_limit=
+	[ "$3" = - ] || tomb_limit=$((now - $3))
+	removed=0 kept=0 collected=0 tombs=0 reclaimed=0
 	for g in "$root"/ops/*; do
 		[ -d "$g" ] || continue
-		g_op=${g##*/}
+		g_op=${g##*/} g_at=
 		state "$g_op"
 		case $st in
 		completed) rget "$m/exit" ended_at && g_at=$rv ;;
@@ -1468,16 +1555,76 @@ verb_gc() {
 			continue
 			;;
 		esac
-		if is_uint "$g_at" && [ "$g_at" -le "$limit" ]; then
-			frame "G remove op=$g_op state=$st at=$g_at"
-			[ "$2" = 1 ] || rm -rf "$g"
-			removed=$((removed + 1))
+		if ! is_uint "$g_at"; then
+			kept=$((kept + 1))
+		elif [ -f "$g/collected" ]; then
+			if [ -n "$tomb_limit" ] && [ "$g_at" -le "$tomb_limit" ]; then
+				frame "G remove op=$g_op state=$st at=$g_at tombstone=1"
+				[ "$2" = 1 ] || rm -rf "$g"
+				removed=$((removed + 1))
+			else
+				tombs=$((tombs + 1))
+			fi
+		elif [ "$g_at" -le "$limit" ]; then
+			frame "G collect op=$g_op state=$st at=$g_at"
+			if [ "$2" = 1 ] || tombstone "$g"; then
+				collected=$((collected + 1))
+			else
+				kept=$((kept + 1))
+			fi
 		else
 			kept=$((kept + 1))
 		fi
 	done
-	[ "$2" = 1 ] || sync "$root/ops"
-	frame "G done removed=$removed kept=$kept dry_run=$2"
+	gc_reclaim "$1" "$2"
+	[ "$2" = 1 ] || sync "$root/ops" "$root/superseded"
+	frame "G done removed=$removed collected=$collected tombstones=$tombs reclaimed=$reclaimed kept=$kept dry_run=$2"
+}
+
+# tombstone M: reduces the finished marker M to what SPEC 3 keeps of it: the claim
+# (attempt, fingerprint, family, claim time) with the exit or fence record (status, end
+# time) and `collected`; the output, command, stdin and process records go. `collected`
+# is down first, so a reader that finds the output gone knows why.
+tombstone() {
+	durable_write "$1" collected "collected_at=$now" || return 1
+	for tf in "$1"/* "$1"/.[!.]*; do
+		[ -e "$tf" ] || continue
+		case ${tf##*/} in
+		claim | exit | fenced | started | collected) ;;
+		*) rm -rf "$tf" ;;
+		esac
+	done
+	sync "$1"
+}
+
+# gc_reclaim MAX_AGE_S DRY_RUN: what is no evidence of any operation: claims set aside
+# because their supervisor never started (their start gate taken, nothing ran), and
+# cached shims of other versions (a client still using one sends it again), older than
+# MAX_AGE_S (by modification time, in whole minutes).
+gc_reclaim() {
+	gr_min=$(($1 / 60))
+	gr_self=
+	if [ -n "$shim_file" ]; then
+		gr_self=${OPMARK_SHIM_SELF##*/}
+	elif [ -n "$shim_hash" ]; then
+		gr_self=$shim_hash.sh
+	fi
+	for gr in "$root"/superseded/*.failed-start "$root"/shim/*.sh; do
+		[ -e "$gr" ] || continue
+		case $gr in
+		"$root"/shim/*)
+			# Only when this call knows its own copy, which is never one to reclaim.
+			[ -n "$gr_self" ] || continue
+			[ "${gr##*/}" != "$gr_self" ] || continue
+			gr_what=shim
+			;;
+		*) gr_what=failed_start ;;
+		esac
+		[ -n "$(find "$gr" -prune -mmin +"$gr_min" 2>/dev/null)" ] || continue
+		frame "G reclaim what=$gr_what name=${gr##*/}"
+		[ "$2" = 1 ] || rm -rf "$gr"
+		reclaimed=$((reclaimed + 1))
+	done
 }
 
 # doctor: facts about the marker root for `opmark doctor`.
@@ -1502,6 +1649,10 @@ verb_doctor() {
 		dr_missing="$dr_missing${dr_missing:+,}dd_count_bytes"
 	fi
 	frame "K missing=${dr_missing:-none}"
+	# Liveness is read from /proc: without it the shim refuses every run (SPEC 3).
+	dr_id=no
+	identity_readable && dr_id=yes
+	frame "K process_identity=$dr_id"
 	if mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
 		(: >"$root/.doctor.$$") 2>/dev/null; then
 		rm -f "$root/.doctor.$$"

@@ -583,6 +583,10 @@ pub struct GcArgs {
     /// Print what would be removed; remove nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Also remove the tombstones (exit status, fingerprint, attempt, times: what stops a
+    /// late rerun from running again) of markers older than this. Without it they stay.
+    #[arg(long = "tombstones-older-than", value_parser = parse_duration, value_name = "DURATION")]
+    pub tombstones_older_than: Option<Duration>,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

@@ -260,6 +260,10 @@ fn message(
         CancelOutcome::Cancelled => format!(
             "cancelled {op} on {host}: the command was stopped, exit {exit}; `opmark run` with this op id replays this result and never runs it again"
         ),
+        // SPEC 10: its own status, not "stopped", when the signal did not end it.
+        CancelOutcome::AlreadyCompleted if marker.cancel_pending() => format!(
+            "{op} on {host} ended by itself, exit {exit}, while the cancel was pending: the cancel's signal did not stop it; `opmark run` with this op id replays this result"
+        ),
         CancelOutcome::AlreadyCompleted => format!(
             "{op} on {host} had already completed (exit {exit}); nothing was signalled, nothing changed"
         ),

@@ -1,7 +1,7 @@
 //! `opmark doctor HOST`: is this host usable? Each check is reported with a fix:
 //! resolvable, reachable with a known host key and working authentication, the shim
 //! starts through the login shell and runs under the host's `sh` with util-linux
-//! `setsid -f` and the tools it uses, and the marker root is writable, persistent (not
+//! `setsid -f` and the tools it uses, process identity is readable (liveness), and the marker root is writable, persistent (not
 //! tmpfs/ramfs, not a path a reboot clears) and has room.
 
 use std::collections::BTreeMap;
@@ -23,7 +23,7 @@ const VOLATILE_FS: &[&str] = &["tmpfs", "ramfs"];
 /// One check's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
-    /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`, `tools`,
+    /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`, `liveness`, `tools`,
     /// `writable`, `persistent`, `space`.
     pub name: &'static str,
     /// `pass`, `fail` or `skipped` (an earlier check failed).
@@ -73,7 +73,15 @@ fn skipped(names: &[&'static str], why: &str) -> Vec<Check> {
         .collect()
 }
 
-const HOST_CHECKS: &[&str] = &["shim", "setsid", "tools", "writable", "persistent", "space"];
+const HOST_CHECKS: &[&str] = &[
+    "shim",
+    "setsid",
+    "liveness",
+    "tools",
+    "writable",
+    "persistent",
+    "space",
+];
 
 /// Runs the checks; exit 0 when all pass, 1 otherwise.
 pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
@@ -196,6 +204,18 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
             setsid_fix.into(),
         ),
     });
+    out.push(if get("process_identity") == "yes" {
+        pass(
+            "liveness",
+            "process identity (pid, start time, boot id) is readable in /proc".into(),
+        )
+    } else {
+        fail(
+            "liveness",
+            "the shim cannot read process identity (no /proc, a /proc of another pid namespace, or hidepid hiding the user's own processes): it cannot tell a running command from a gone one, so it refuses every run (cannot_start, no_process_identity)".into(),
+            "mount /proc for the login user (a container: run it with /proc; hidepid: let the user see its own processes), then check again".into(),
+        )
+    });
     out.push(match get("missing") {
         "none" => pass("tools", "every tool the shim uses is there".into()),
         missing => fail(
@@ -292,6 +312,7 @@ mod tests {
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "yes"),
+            ("process_identity", "yes"),
             ("missing", "none"),
             ("writable", "no"),
             ("fstype", "tmpfs"),
@@ -314,6 +335,7 @@ mod tests {
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "no_f"),
+            ("process_identity", "yes"),
             ("missing", "mkfifo,dd_count_bytes"),
             ("writable", "yes"),
             ("fstype", "ext2/ext3"),
@@ -342,6 +364,7 @@ mod tests {
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "yes"),
+            ("process_identity", "yes"),
             ("missing", "none"),
             ("writable", "yes"),
             ("fstype", "ext2/ext3"),
@@ -351,12 +374,31 @@ mod tests {
     }
 
     #[test]
+    fn a_host_without_readable_process_identity_fails_liveness_with_a_fix() {
+        let checks = host_checks(&facts(&[
+            ("root", "/home/u/.local/state/opmark"),
+            ("shell", "sh"),
+            ("setsid", "yes"),
+            ("process_identity", "no"),
+            ("missing", "none"),
+            ("writable", "yes"),
+            ("fstype", "ext2/ext3"),
+            ("avail_kib", "5000000"),
+        ]));
+        let failed: Vec<_> = checks.iter().filter(|c| c.status == "fail").collect();
+        assert_eq!(failed.len(), 1, "{checks:?}");
+        assert_eq!(failed[0].name, "liveness");
+        assert!(failed[0].fix.contains("/proc"), "{failed:?}");
+    }
+
+    #[test]
     fn a_volatile_root_passes_only_on_a_target_that_declares_itself_disposable() {
         let facts_with = |allowed: &str| {
             facts(&[
                 ("root", "/tmp/lab/target1/state/opmark"),
                 ("shell", "sh"),
                 ("setsid", "yes"),
+                ("process_identity", "yes"),
                 ("writable", "yes"),
                 ("fstype", "tmpfs"),
                 ("avail_kib", "5000000"),

@@ -1,5 +1,11 @@
-//! `opmark gc HOST --older-than D [--dry-run]`: delete finished or fenced markers older
-//! than a retention period on a host. Never a running or interrupted one (the shim
+//! `opmark gc HOST --older-than D [--tombstones-older-than D] [--dry-run]`: reclaim the
+//! space of finished or fenced markers older than a retention period on a host (SPEC
+//! section 3). What stays of each is a tombstone (state, exit status, fingerprint,
+//! attempt, family, times; no output) that probe and a later claim read as before, so a
+//! rerun replays instead of running again; tombstones go only with
+//! `--tombstones-older-than`. Failed-start leftovers and cached shims of other versions
+//! go too. Before anything is collected, this ledger's unsettled operations on the host
+//! are settled as `reconcile` would. Never a running or interrupted marker (the shim
 //! decides per marker), never with a retention shorter than policy allows, and never on
 //! a machine other than the one the ledger's latest operation on that host ran on: the
 //! host is reached by that operation's recorded route and must present its host key
@@ -15,17 +21,22 @@ use super::render::printable;
 use crate::cli::{GcArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::host::{CallError, GcRemoved, Host};
+use crate::host::{CallError, GcAction, GcRemoved, Host};
 use crate::ledger::{ListFilter, OpKey};
 use crate::operation::identity::{self, Recorded};
-use crate::operation::reconcile::unix_utc;
+use crate::operation::reconcile::{self, unix_utc, Candidate, Outcome};
 use crate::policy::Policy;
 
 #[derive(Serialize)]
 struct Report<'a> {
     host: &'a str,
     older_than_secs: u64,
+    /// `null`: tombstones are kept.
+    tombstones_older_than_secs: Option<u64>,
     dry_run: bool,
+    /// This ledger's unsettled operations on the host, settled before anything went.
+    settled_first: &'a [Outcome],
+    /// Everything collected or reclaimed, each with its `action`.
     removed: &'a [GcRemoved],
     kept: u64,
 }
@@ -59,7 +70,20 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             ),
         ));
     }
+    if let Some(tombs) = args.tombstones_older_than.filter(|t| *t < min) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--tombstones-older-than {} is shorter than the policy's min_retention for {family} markers ({}); a tombstone is what keeps a late rerun from running again. Use --tombstones-older-than {} or more (policy: {}). Nothing was removed",
+                human(tombs),
+                human(min),
+                human(min),
+                policy.origin()
+            ),
+        ));
+    }
     let (host, fresh) = ledger_name(global, &args.host, &args.host_args)?;
+    let settled = settle_first(global, &host, args)?;
     let (op, recorded) = latest_identity(global, &host)?;
     let dest = match recorded.route.as_ref() {
         Some(route) => reach(global, &host, &args.host_args, Some(route)),
@@ -71,7 +95,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         })
         .await;
         let target = reached.map_err(|e| common::reach_error(e, "nothing was removed"))?;
-        target.gc(args.older_than, args.dry_run).await.map_err(|e| match e {
+        target.gc(args.older_than, args.dry_run, args.tombstones_older_than).await.map_err(|e| match e {
             CallError::NotSent(why) => Error::new(
                 ErrorKind::Unreachable,
                 format!("gc on {host} was not sent ({why}); nothing was removed"),
@@ -94,32 +118,89 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         common::print_json(&Report {
             host: &host,
             older_than_secs: args.older_than.as_secs(),
+            tombstones_older_than_secs: args.tombstones_older_than.map(|t| t.as_secs()),
             dry_run: args.dry_run,
+            settled_first: &settled,
             removed: &removed,
             kept,
         })?;
     } else {
-        let verb = if args.dry_run {
-            "would remove"
-        } else {
-            "removed"
-        };
-        for r in &removed {
+        for o in &settled {
             println!(
-                "{verb} {} ({}, recorded {})",
-                printable(&r.op),
-                r.state,
-                unix_utc(&r.at.to_string())
+                "settled first: {} ({}: {})",
+                printable(&o.op_id),
+                o.decision.as_str(),
+                printable(&o.evidence)
             );
         }
+        let would = if args.dry_run { "would be " } else { "" };
+        for r in &removed {
+            let what = match r.action {
+                GcAction::Collected => "output collected, tombstone kept",
+                GcAction::TombstoneRemoved => "tombstone removed",
+                GcAction::FailedStartReclaimed => "failed-start leftover reclaimed",
+                GcAction::ShimReclaimed => "cached shim of another version reclaimed",
+            };
+            if r.at == 0 {
+                println!("{would}{what}: {}", printable(&r.op));
+            } else {
+                println!(
+                    "{would}{what}: {} ({}, recorded {})",
+                    printable(&r.op),
+                    r.state,
+                    unix_utc(&r.at.to_string())
+                );
+            }
+        }
+        let count = |a: GcAction| removed.iter().filter(|r| r.action == a).count();
         println!(
-            "{host}: {verb} {} marker{}, kept {kept} (running, interrupted or newer than {})",
-            removed.len(),
-            if removed.len() == 1 { "" } else { "s" },
-            human(args.older_than)
+            "{host}: {would}collected {}, tombstones removed {}, leftovers reclaimed {}; kept {kept} (running, interrupted, newer than {}, or tombstones{})",
+            count(GcAction::Collected),
+            count(GcAction::TombstoneRemoved),
+            count(GcAction::FailedStartReclaimed) + count(GcAction::ShimReclaimed),
+            human(args.older_than),
+            if args.tombstones_older_than.is_none() {
+                ": those go only with --tombstones-older-than"
+            } else {
+                ""
+            }
         );
     }
     Ok(exit_code::OK)
+}
+
+/// SPEC 3: before anything is collected on `host`, this ledger's unsettled operations
+/// there are settled as `reconcile` would settle them (probe, then record what the
+/// evidence says), so that a completion the ledger never heard of is recorded while the
+/// host still holds its output.
+fn settle_first(global: &GlobalArgs, host: &str, args: &GcArgs) -> Result<Vec<Outcome>> {
+    let (existing, _) = crate::ledger::Ledger::open_existing_default_or(
+        global.ledger.as_deref(),
+        global.ledger_key.as_deref(),
+    )?;
+    let Some(mut ledger) = existing else {
+        return Ok(Vec::new());
+    };
+    let records = ledger.list(&ListFilter {
+        unresolved: true,
+        host: Some(host.to_owned()),
+        limit: None,
+    })?;
+    if records.is_empty() || args.dry_run {
+        // A dry run changes nothing, in the ledger either.
+        return Ok(Vec::new());
+    }
+    let mut candidates = Vec::with_capacity(records.len());
+    for record in records {
+        let events = ledger.events(&OpKey::new(record.op_id.clone(), record.host.clone()))?;
+        candidates.push(Candidate { record, events });
+    }
+    common::block_on(reconcile::reconcile(
+        &mut ledger,
+        candidates,
+        |c, route| reach(global, &c.record.host, &args.host_args, route),
+        |_, _| {},
+    ))?
 }
 
 /// The newest operation on `host` whose events record how it reached the host, and that

@@ -29,6 +29,8 @@ struct ProbeReport<'a> {
     timed_out: bool,
     out_bytes: Option<u64>,
     err_bytes: Option<u64>,
+    /// gc collected the output: the marker is a tombstone (SPEC 3).
+    output_collected: bool,
 }
 
 /// Probes and prints the state.
@@ -67,6 +69,7 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
             timed_out: marker.timed_out,
             out_bytes: marker.out_bytes,
             err_bytes: marker.err_bytes,
+            output_collected: marker.output_collected(),
         })?;
     } else {
         crate::outln!("{}", marker.summary());

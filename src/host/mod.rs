@@ -27,8 +27,8 @@ use crate::shim::Frame;
 use crate::ssh::Session;
 
 pub use crate::shim::{
-    check_command, CancelOutcome, ExitFrame, FenceOutcome, GcRemoved, InvocationError, MarkerInfo,
-    MarkerState, ProtocolError, Refusal, RefusalReason, RunRequest, StdinSpec, Verb,
+    check_command, CancelOutcome, ExitFrame, FenceOutcome, GcAction, GcRemoved, InvocationError,
+    MarkerInfo, MarkerState, ProtocolError, Refusal, RefusalReason, RunRequest, StdinSpec, Verb,
     DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
 };
 pub use crate::ssh::auth::forbid_prompts;
@@ -175,17 +175,20 @@ pub struct GcReport {
     pub kept: u64,
 }
 
-/// Removes completed or fenced markers older than `older_than` (only reports, with
-/// `dry_run`). A lost answer may mean some were removed.
+/// Collects completed or fenced markers older than `older_than` down to tombstones and
+/// removes tombstones older than `tombstones_older_than` when given (only reports, with
+/// `dry_run`). A lost answer may mean some were collected.
 pub async fn gc(
     session: &Session,
     older_than: Duration,
     dry_run: bool,
     root: Option<&str>,
+    tombstones_older_than: Option<Duration>,
 ) -> Result<GcReport, CallError> {
     let verb = Verb::Gc {
         older_than,
         dry_run,
+        tombstones_older_than,
     };
     let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
     let mut report = GcReport::default();
@@ -429,8 +432,20 @@ impl Host {
     }
 
     /// [`gc`] on this host.
-    pub async fn gc(&self, older_than: Duration, dry_run: bool) -> Result<GcReport, CallError> {
-        gc(&self.session, older_than, dry_run, self.root.as_deref()).await
+    pub async fn gc(
+        &self,
+        older_than: Duration,
+        dry_run: bool,
+        tombstones_older_than: Option<Duration>,
+    ) -> Result<GcReport, CallError> {
+        gc(
+            &self.session,
+            older_than,
+            dry_run,
+            self.root.as_deref(),
+            tombstones_older_than,
+        )
+        .await
     }
 
     /// [`doctor`] on this host.

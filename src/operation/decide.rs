@@ -648,6 +648,14 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
             ))
         }
+        RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_process_identity") => {
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::ShimCannotStart,
+                "the host gives the shim no readable process identity (no /proc, a /proc of another pid namespace, or hidepid hiding the user's own processes), so it could never tell a running command from a gone one; it claimed nothing and nothing ran. Mount /proc for the login user (see `opmark doctor`), then retry with the same op id",
+            ))
+        }
         RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
             Verdict::Refused,
             Some(attempt.clone()),
@@ -1038,9 +1046,11 @@ pub fn earlier(existing: Option<&OperationRecord>, approved: bool) -> Earlier {
             .filter(|r| r.verdict != Some(Verdict::NotApplied) || r.unresolved)
             .and_then(|r| r.last_attempt.clone()),
         // The ledger already holds this operation's exit: never claim again, even if the
-        // host marker has since been removed (gc, a wiped host); look, then replay.
+        // host marker has since been removed (gc, a wiped host); look, then replay. A
+        // probe that saw the marker completed (an exit code the projection took from it,
+        // for an operation not closed as not applied) counts too (SPEC 3).
         ledger_exit: existing
-            .filter(|r| matches!(r.verdict, Some(Verdict::Completed | Verdict::Replayed)))
+            .filter(|r| r.verdict != Some(Verdict::NotApplied))
             .and_then(|r| r.exit_code),
     }
 }
@@ -1247,6 +1257,7 @@ mod tests {
             dropped_out: 0,
             dropped_err: 0,
             attempt: by.into(),
+            output_collected: false,
         }
     }
 
@@ -2211,6 +2222,29 @@ mod tests {
     }
 
     #[test]
+    fn host_without_process_identity_then_not_applied_naming_proc() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::Destructive, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "cannot_start",
+                    &[("reason", "no_process_identity")],
+                    None,
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(a.reason.contains("/proc"), "{a:?}");
+        assert!(a.reason.contains("nothing ran"), "{a:?}");
+    }
+
+    #[test]
     fn shim_refuses_the_request_as_invalid_then_refused_invalid_input() {
         let ours = [attempt("at-1", Boundary::NotSent)];
         let f = facts(Family::ReadOnly, &ours);
@@ -2362,6 +2396,20 @@ mod tests {
         // Closed as not applied: its attempt is known not to have run.
         let closed = record("fp", Some(Verdict::NotApplied), None);
         assert_eq!(earlier(Some(&closed), false).prior_dispatch, None);
+    }
+
+    #[test]
+    fn a_probe_that_saw_completion_counts_as_the_ledger_holding_the_exit() {
+        // `run --detach` answered in_progress; a later probe saw the marker completed and
+        // the projection took its exit code: a rerun never claims again (SPEC 3).
+        let probed = record("fp", Some(Verdict::InProgress), Some(0));
+        assert_eq!(earlier(Some(&probed), false).ledger_exit, Some(0));
+        let unknown = record("fp", Some(Verdict::Indeterminate), Some(3));
+        assert_eq!(earlier(Some(&unknown), false).ledger_exit, Some(3));
+        let running = record("fp", Some(Verdict::InProgress), None);
+        assert_eq!(earlier(Some(&running), false).ledger_exit, None);
+        let closed = record("fp", Some(Verdict::NotApplied), Some(0));
+        assert_eq!(earlier(Some(&closed), false).ledger_exit, None);
     }
 
     fn decided(decision: &str, exit_code: Option<i32>) -> StoredEvent {

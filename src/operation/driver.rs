@@ -754,6 +754,13 @@ impl<'a> Runner<'a> {
     }
 
     pub(crate) fn report(&self, answer: Answer) -> RunReport {
+        let output_collected = self.exit.as_ref().is_some_and(|x| x.output_collected);
+        let mut answer = answer;
+        if output_collected {
+            answer.reason.push_str(
+                "; its output was collected by gc on the host (a tombstone keeps the exit status, nothing else), so none is replayed",
+            );
+        }
         RunReport {
             op_id: self.key.op_id.clone(),
             host: self.key.host.clone(),
@@ -783,6 +790,7 @@ impl<'a> Runner<'a> {
                     || self.output.err_bytes() < kept_err + x.dropped_err
             }),
             kept: self.exit.as_ref().map_or((0, 0), kept),
+            output_collected,
         }
     }
 }

@@ -266,6 +266,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             ledger_error: None,
             truncated: false,
             kept: (0, 0),
+            output_collected: false,
         }),
     }
 }
@@ -384,6 +385,7 @@ mod tests {
                 ledger_error: None,
                 truncated: false,
                 kept: (0, 0),
+                output_collected: false,
             }),
         }
     }

@@ -191,6 +191,9 @@ pub struct RunReport {
     /// replay was cut at.
     #[serde(skip)]
     pub kept: (u64, u64),
+    /// The replay came from a tombstone: gc collected the output on the host, only the
+    /// exit status is left (SPEC 3).
+    pub output_collected: bool,
 }
 
 impl RunReport {

@@ -90,6 +90,7 @@ mod tests {
             dropped_out: 0,
             dropped_err: 0,
             attempt: by.into(),
+            output_collected: false,
         }
     }
 

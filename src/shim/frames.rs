@@ -117,6 +117,12 @@ impl MarkerInfo {
         if self.cancelled() {
             line.push_str(" cancelled");
         }
+        if self.cancel_pending() {
+            line.push_str(" ended_while_cancel_pending");
+        }
+        if self.output_collected() {
+            line.push_str(" output_collected");
+        }
         for (key, value) in [
             ("why", &self.why),
             ("attempt", &self.attempt),
@@ -129,9 +135,30 @@ impl MarkerInfo {
         line
     }
 
-    /// The exit record says `opmark cancel` stopped the command (`cancelled=1`).
+    /// The exit record says `opmark cancel` stopped the command (`cancelled=1`): its
+    /// signal went out before the command ended and the command died of it.
     pub fn cancelled(&self) -> bool {
         self.fields.get("cancelled").is_some_and(|c| c == "1")
+    }
+
+    /// The command ended by itself, with its own status, while a cancel was pending
+    /// (`cancel_pending=1`): the cancel did not stop it (SPEC section 10).
+    pub fn cancel_pending(&self) -> bool {
+        self.fields.get("cancel_pending").is_some_and(|c| c == "1")
+    }
+
+    /// gc collected this marker's output: what is left is its tombstone (state, exit,
+    /// fingerprint, attempt, family, times), read as before (SPEC 3).
+    pub fn output_collected(&self) -> bool {
+        self.fields
+            .get("output_collected")
+            .is_some_and(|c| c == "1")
+    }
+
+    /// `running` only because the host cannot read process identity (no `/proc`): the
+    /// claim's process may be alive or gone; never taken for interrupted (SPEC 3).
+    pub fn liveness_unknown(&self) -> bool {
+        self.state == MarkerState::Running && self.why.as_deref() == Some("liveness_unknown")
     }
 
     fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
@@ -261,6 +288,8 @@ pub struct ExitFrame {
     pub dropped_err: u64,
     /// The attempt that ran the command.
     pub attempt: String,
+    /// gc collected the output: only the exit status is left to replay (SPEC 3).
+    pub output_collected: bool,
 }
 
 /// One frame.
@@ -349,15 +378,33 @@ impl std::fmt::Display for FenceOutcome {
     }
 }
 
-/// One marker gc removed (or would remove).
+/// One thing gc reclaimed (or would reclaim).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct GcRemoved {
-    /// Operation id.
+    /// Operation id (for a reclaimed leftover: its file name).
     pub op: String,
-    /// `completed` or `fenced`.
+    /// `completed` or `fenced` (empty for a leftover).
     pub state: String,
-    /// Unix time of its exit or fence record.
+    /// Unix time of its exit or fence record (0 for a leftover).
     pub at: u64,
+    /// What was done.
+    pub action: GcAction,
+}
+
+/// What gc did to one entry of the marker root (SPEC 3: evidence is never turned into
+/// absence except by an explicit tombstone removal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GcAction {
+    /// The marker's output was collected; its tombstone (state, exit, fingerprint,
+    /// attempt, family, times) stays and is read as before.
+    Collected,
+    /// A tombstone was removed (`--tombstones-older-than`).
+    TombstoneRemoved,
+    /// A claim set aside because its supervisor never started (nothing ran).
+    FailedStartReclaimed,
+    /// A cached shim of another version.
+    ShimReclaimed,
 }
 
 /// What the shim's `cancel` verb did (its `C` frame).
@@ -747,6 +794,7 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             dropped_out: num("dropped_out").unwrap_or(0),
             dropped_err: num("dropped_err").unwrap_or(0),
             attempt: fields.get("attempt").cloned().unwrap_or_default(),
+            output_collected: fields.get("output_collected").is_some_and(|v| v == "1"),
         }),
         "I" => Frame::Interrupted(MarkerInfo::from_fields(fields)?),
         "P" => Frame::Probe(MarkerInfo::from_fields(fields)?),
@@ -759,10 +807,25 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             marker: MarkerInfo::from_fields(fields)?,
         },
         "G" => match words.first() {
-            Some(&"remove") => Frame::GcRemoved(GcRemoved {
+            Some(&word @ ("remove" | "collect")) => Frame::GcRemoved(GcRemoved {
                 op: fields.get("op").cloned().unwrap_or_default(),
                 state: fields.get("state").cloned().unwrap_or_default(),
                 at: fields.get("at").and_then(|a| a.parse().ok()).unwrap_or(0),
+                action: if word == "collect" {
+                    GcAction::Collected
+                } else {
+                    GcAction::TombstoneRemoved
+                },
+            }),
+            Some(&"reclaim") => Frame::GcRemoved(GcRemoved {
+                op: fields.get("name").cloned().unwrap_or_default(),
+                state: String::new(),
+                at: 0,
+                action: if fields.get("what").is_some_and(|w| w == "shim") {
+                    GcAction::ShimReclaimed
+                } else {
+                    GcAction::FailedStartReclaimed
+                },
             }),
             Some(&"done") => Frame::GcDone {
                 kept: fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0),

@@ -30,7 +30,7 @@ use crate::family::Family;
 use crate::op_id::OpId;
 
 pub use frames::{
-    CancelOutcome, ExitFrame, FenceOutcome, Frame, GcRemoved, MarkerInfo, MarkerState,
+    CancelOutcome, ExitFrame, FenceOutcome, Frame, GcAction, GcRemoved, MarkerInfo, MarkerState,
     ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
 };
 
@@ -151,12 +151,15 @@ pub enum Verb<'a> {
         /// The attempt that will claim next.
         by_attempt: &'a str,
     },
-    /// Remove completed or fenced markers older than `older_than`.
+    /// Collect completed or fenced markers older than `older_than` down to tombstones;
+    /// remove tombstones older than `tombstones_older_than` (kept when `None`).
     Gc {
-        /// Retention.
+        /// Retention of the output.
         older_than: Duration,
         /// Report only.
         dry_run: bool,
+        /// Retention of the tombstones: `None` keeps them all (SPEC 3).
+        tombstones_older_than: Option<Duration>,
     },
     /// Facts about the marker root for `opmark doctor`.
     Doctor,
@@ -195,7 +198,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
     ("attach", &["OP", "OUT_OFFSET", "ERR_OFFSET"]),
     ("fence", &["OP", "FORCE"]),
     ("supersede", &["OP", "BY_ATTEMPT"]),
-    ("gc", &["AGE_S", "DRY_RUN"]),
+    ("gc", &["AGE_S", "DRY_RUN", "TOMB_AGE_S"]),
     ("doctor", &[]),
     ("cancel", &["OP", "GRACE_MS"]),
 ];
@@ -259,9 +262,14 @@ impl Verb<'_> {
             Verb::Gc {
                 older_than,
                 dry_run,
+                tombstones_older_than,
             } => vec![
                 ("AGE_S", older_than.as_secs().to_string()),
                 ("DRY_RUN", flag(*dry_run)),
+                (
+                    "TOMB_AGE_S",
+                    tombstones_older_than.map_or("-".into(), |t| t.as_secs().to_string()),
+                ),
             ],
             Verb::Doctor => Vec::new(),
             Verb::Cancel { op, grace } => vec![
@@ -649,6 +657,7 @@ mod tests {
             Verb::Gc {
                 older_than: Duration::from_secs(60),
                 dry_run: false,
+                tombstones_older_than: None,
             },
             Verb::Doctor,
             Verb::Cancel {
@@ -663,7 +672,7 @@ mod tests {
         }
         assert_eq!(verbs[1].args(), ["attach", "o", "1", "2"]);
         assert_eq!(verbs[6].args(), ["cancel", "o", "1500"]);
-        assert_eq!(verbs[4].args(), ["gc", "60", "0"]);
+        assert_eq!(verbs[4].args(), ["gc", "60", "0", "-"]);
     }
 
     #[test]

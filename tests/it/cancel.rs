@@ -656,3 +656,135 @@ fn cancel_refuses_bad_input_before_sending_anything() {
         "nothing reached the host"
     );
 }
+
+/// `opmark --json run target1 --op OP --detach -- CMD`: returns once the host claimed it.
+fn detach(env: &Sealed, lab: &Lab, op: &str, cmd: &str) {
+    let out = env
+        .opmark_with_lab(lab)
+        .args([
+            "--json", "run", "target1", "--op", op, "--detach", "--", cmd,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output_json(&out)["verdict"], "in_progress");
+}
+
+/// A `KEY=value` of a marker file of `op`.
+fn marker_value(lab: &Lab, op: &str, file: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(marker(lab, op).join(file)).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} missing in {text}"))
+        .to_owned()
+}
+
+#[test]
+fn a_crashed_ops_pid_reused_by_another_ops_supervisor_is_interrupted_and_cancel_leaves_that_op_alone(
+) {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("cancel-pid-reuse");
+    let dir = fresh_dir("cancel-pid-reuse");
+    let (ready, finished) = (dir.join("ready"), dir.join("finished"));
+    let live_cmd = format!(
+        "touch {}; sleep 3; touch {}",
+        ready.display(),
+        finished.display()
+    );
+    detach(&env, &lab, "live-1", &live_cmd);
+    wait_for_file(&ready);
+    let live_supervisor = marker_value(&lab, "live-1", "proc", "pid");
+
+    // The crashed op: ran once, then its host crashed mid-command (no exit record) and
+    // its supervisor's pid now belongs to the live op's supervisor, which leads a
+    // session of its own with a later start time: what a pid namespace restarted after
+    // a crash hands out. The test forges exactly that record.
+    let (done, _) = run_json(&env, &lab, "dead-1", "true");
+    assert_eq!(done["verdict"], "completed", "{done}");
+    let dead_supervisor = marker_value(&lab, "dead-1", "proc", "pid");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Path::new(&format!("/proc/{dead_supervisor}")).exists() {
+        assert!(Instant::now() < deadline, "the supervisor never exited");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    std::fs::remove_file(marker(&lab, "dead-1").join("exit")).unwrap();
+    std::fs::write(
+        marker(&lab, "dead-1").join("proc"),
+        format!("pid={live_supervisor}\nstart=1\nboot={}\n", boot.trim()),
+    )
+    .unwrap();
+
+    let probe = output_json(
+        &env.opmark_with_lab(&lab)
+            .args(["--json", "probe", "target1", "dead-1"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(probe["state"], "interrupted", "{probe}");
+    let (doc, code) = cancel(&env, &lab, "dead-1", "1s");
+    assert_eq!(code, Some(0), "{doc}");
+    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["was"], "interrupted", "{doc}");
+
+    // The other op was not signalled: a following run sees it end with its own exit.
+    let (live, code) = run_json(&env, &lab, "live-1", &live_cmd);
+    assert_eq!(live["exit_code"], 0, "{live}");
+    assert_eq!(code, Some(0), "{live}");
+    assert!(finished.exists(), "the live op's command did its work");
+    assert_eq!(record(&lab, "live-1", "cancelled").as_deref(), Some("0"));
+}
+
+#[test]
+fn a_cancel_racing_natural_completion_never_says_stopped_for_a_command_that_did_its_work() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("cancel-race");
+    let dir = fresh_dir("cancel-race");
+    let mut seen = std::collections::BTreeMap::<String, usize>::new();
+    for i in 0..10u64 {
+        let op = format!("race-{i}");
+        let (ready, end) = (dir.join(format!("ready-{i}")), dir.join(format!("end-{i}")));
+        let cmd = format!(
+            "touch {}; sleep 0.8; touch {}",
+            ready.display(),
+            end.display()
+        );
+        detach(&env, &lab, &op, &cmd);
+        wait_for_file(&ready);
+        // From inside the command's run to past its own end (a cancel takes a connection
+        // first): 0 to 900 ms after it is up.
+        std::thread::sleep(Duration::from_millis(100 * i));
+        let (doc, code) = cancel(&env, &lab, &op, "1s");
+        assert_eq!(code, Some(0), "{doc}");
+        let outcome = doc["outcome"].as_str().unwrap().to_owned();
+        let message = doc["message"].as_str().unwrap();
+        if outcome == "cancelled" {
+            assert!(
+                [143, 137].contains(&doc["exit_code"].as_i64().unwrap()),
+                "delay {i}: stopped means died of the cancel's signal: {doc}"
+            );
+            assert!(message.contains("was stopped"), "{doc}");
+        } else {
+            assert_eq!(outcome, "already_completed", "delay {i}: {doc}");
+            assert_eq!(doc["cancelled"], false, "{doc}");
+        }
+        if end.exists() && doc["exit_code"] == 0 {
+            assert_ne!(
+                outcome, "cancelled",
+                "delay {i}: a command that finished its work was called stopped: {doc}"
+            );
+            assert!(!message.contains("stopped, exit 0"), "{doc}");
+        }
+        let kind = if message.contains("ended by itself") {
+            "ended_by_itself_while_pending".to_owned()
+        } else {
+            outcome
+        };
+        *seen.entry(kind).or_default() += 1;
+    }
+    eprintln!("cancel race through sshd: {seen:?}");
+    assert!(seen.contains_key("cancelled"), "{seen:?}");
+}

@@ -492,8 +492,10 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     let doc = json(&out);
     assert_eq!(removed(&doc), ["old-done", "old-fenced"]);
     assert_eq!(doc["kept"], 3);
-    for op in ["old-done", "old-fenced"] {
-        assert!(!marker(&lab, "target1", op).exists(), "{op} kept");
+    // SPEC 3: what stays is a tombstone (no output), read as before.
+    for (op, state) in [("old-done", "completed"), ("old-fenced", "fenced")] {
+        assert!(!marker(&lab, "target1", op).join("out").exists(), "{op}");
+        assert_eq!(probe_state(&env, &lab, op), state, "{op}");
     }
     for op in ["still-running", "interrupted", "recent-done"] {
         assert!(marker(&lab, "target1", op).exists(), "{op} removed");
@@ -1047,4 +1049,212 @@ fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
         !ledger.windows(body.len()).any(|w| w == body),
         "key material in the ledger"
     );
+}
+
+/// `opmark --json gc target1 ARGS...`, its JSON document.
+fn gc_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Value {
+    let out = run(env
+        .opmark_with_lab(lab)
+        .args(["--json", "gc", "target1"])
+        .args(args));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    json(&out)
+}
+
+/// `(op, action)` of each entry a gc document lists.
+fn gc_actions(doc: &Value) -> Vec<(String, String)> {
+    let mut all: Vec<(String, String)> = doc["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["op"].as_str().unwrap().to_owned(),
+                r["action"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_runs_twice() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let count = support::fresh_dir(crate::test_name!()).join("count");
+    let cmd = format!("echo ran; echo x >> {}", count.display());
+    // Issue 24 row 1: `run --detach` completes on the host, the ledger never hears of it.
+    let out = run(env.opmark_with_lab(&lab).args([
+        "--json", "run", "target1", "--op", "det-1", "--detach", "--", &cmd,
+    ]));
+    assert_eq!(
+        json(&out)["verdict"],
+        "in_progress",
+        "{}",
+        text(&out.stderr)
+    );
+    let m = marker(&lab, "target1", "det-1");
+    wait_for("the exit record", Duration::from_secs(15), || {
+        m.join("exit").exists()
+    });
+    // Past every retention.
+    age_record(&m.join("exit"), "ended_at");
+
+    let doc = gc_json(&env, &lab, &["--older-than", "3650d"]);
+    let settled = doc["settled_first"].as_array().unwrap();
+    assert_eq!(settled.len(), 1, "{doc}");
+    assert_eq!(settled[0]["op_id"], "det-1", "{doc}");
+    assert_eq!(settled[0]["exit_code"], 0, "{doc}");
+    assert_eq!(
+        gc_actions(&doc),
+        [("det-1".to_owned(), "collected".to_owned())],
+        "{doc}"
+    );
+    assert!(!m.join("out").exists(), "the output was collected");
+
+    let (code, again) = run_op(&env, &lab, "det-1", &cmd);
+    assert_eq!(code, Some(0), "{again}");
+    assert_eq!(again["verdict"], "replayed", "{again}");
+    assert_eq!(again["exit_code"], 0, "{again}");
+    assert_eq!(again["output_collected"], true, "{again}");
+    assert_eq!(again["stdout"], "", "{again}");
+    assert!(
+        again["reason"]
+            .as_str()
+            .unwrap()
+            .contains("output was collected"),
+        "{again}"
+    );
+    assert_eq!(count_lines(&count), 1, "ran once");
+    // `show` keeps the first execution: the attempt that ran, and nothing after it that
+    // got past `refused` (the rerun is answered from evidence).
+    let shown = json(&run(env.opmark().args(["--json", "show", "det-1"])));
+    let attempts = shown["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["boundary"], "started", "{shown}");
+    assert_eq!(attempts[0]["reason"], "first_attempt", "{shown}");
+    assert!(
+        attempts[1..].iter().all(|a| a["boundary"] == "refused"),
+        "{shown}"
+    );
+    let probe = json(&run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "probe", "target1", "det-1"])));
+    assert_eq!(probe["state"], "completed", "{probe}");
+    assert_eq!(probe["output_collected"], true, "{probe}");
+}
+
+#[test]
+fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_than() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = support::fresh_dir(crate::test_name!());
+    let count = dir.join("count");
+    let cmd = format!("echo x >> {}; exit 4", count.display());
+    let (_, first) = run_op(&env, &lab, "tomb-1", &cmd);
+    assert_eq!(first["verdict"], "completed", "{first}");
+    let m = marker(&lab, "target1", "tomb-1");
+    age_record(&m.join("exit"), "ended_at");
+    // The shim's own gc, without `opmark gc` settling anything first: the tombstone alone
+    // must hold. A second ledger that never saw the run then reruns it.
+    let gc = support::ssh_shim(
+        &lab,
+        "target1",
+        &Verb::Gc {
+            older_than: Duration::from_secs(3650 * 86_400),
+            dry_run: false,
+            tombstones_older_than: None,
+        },
+    );
+    assert!(gc.status.success(), "{}", text(&gc.stderr));
+    assert!(m.join("claim").exists() && !m.join("out").exists());
+    let stranger = Sealed::new("tombstones-stranger");
+    let (code, again) = run_op(&stranger, &lab, "tomb-1", &cmd);
+    assert_eq!(again["verdict"], "replayed", "{again}");
+    assert_eq!(
+        (code, again["exit_code"].as_i64()),
+        (Some(4), Some(4)),
+        "{again}"
+    );
+    assert_eq!(again["output_collected"], true, "{again}");
+    assert_eq!(count_lines(&count), 1, "never ran twice");
+
+    // Failed-start leftovers and cached shims of other versions, long past retention.
+    let root = lab.target("target1").unwrap().marker_root();
+    let leftover = root.join("superseded/lost-1.100.at-x.failed-start");
+    std::fs::create_dir_all(&leftover).unwrap();
+    let old_shim = root.join("shim").join(format!("{}.sh", "0".repeat(64)));
+    std::fs::create_dir_all(old_shim.parent().unwrap()).unwrap();
+    std::fs::write(&old_shim, "# an older shim\n").unwrap();
+    let cached: Vec<PathBuf> = std::fs::read_dir(root.join("shim"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| *p != old_shim)
+        .collect();
+    for p in [&leftover, &old_shim] {
+        let st = Command::new("touch")
+            .args(["-d", "2000-01-01"])
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+
+    // A later gc keeps the tombstone, reclaims the leftovers, never the shim it runs.
+    let doc = gc_json(&env, &lab, &["--older-than", "3650d"]);
+    let actions = gc_actions(&doc);
+    assert!(
+        actions.contains(&(
+            "lost-1.100.at-x.failed-start".to_owned(),
+            "failed_start_reclaimed".to_owned()
+        )),
+        "{doc}"
+    );
+    assert!(
+        actions.contains(&(
+            format!("{}.sh", "0".repeat(64)),
+            "shim_reclaimed".to_owned()
+        )),
+        "{doc}"
+    );
+    assert!(!actions.iter().any(|(op, _)| op == "tomb-1"), "{doc}");
+    assert!(!leftover.exists() && !old_shim.exists());
+    assert!(cached.iter().all(|p| p.exists()), "the current shim stays");
+    assert_eq!(probe_state(&env, &lab, "tomb-1"), "completed");
+
+    // Shorter than policy: refused like --older-than.
+    let out = run(env.opmark_with_lab(&lab).args([
+        "gc",
+        "target1",
+        "--older-than",
+        "3650d",
+        "--tombstones-older-than",
+        "1s",
+    ]));
+    assert_eq!(out.status.code(), Some(245), "{}", text(&out.stderr));
+    assert!(m.exists());
+
+    let doc = gc_json(
+        &env,
+        &lab,
+        &["--older-than", "3650d", "--tombstones-older-than", "3650d"],
+    );
+    assert_eq!(
+        gc_actions(&doc),
+        [("tomb-1".to_owned(), "tombstone_removed".to_owned())],
+        "{doc}"
+    );
+    assert!(!m.exists(), "the tombstone went");
+    // The ledger that saw the run still holds its exit: replayed, not run.
+    let (_, after) = run_op(&env, &lab, "tomb-1", &cmd);
+    assert_eq!(after["verdict"], "replayed", "{after}");
+    assert_eq!(count_lines(&count), 1, "never ran twice");
+}
+
+fn count_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }

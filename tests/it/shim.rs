@@ -367,6 +367,7 @@ fn every_verb_works_under_dash_bash_and_busybox_ash() {
             &Verb::Gc {
                 older_than: Duration::ZERO,
                 dry_run: true,
+                tombstones_older_than: None,
             },
             b"",
         );
@@ -384,6 +385,22 @@ fn every_verb_works_under_dash_bash_and_busybox_ash() {
             &Verb::Gc {
                 older_than: Duration::ZERO,
                 dry_run: false,
+                tombstones_older_than: None,
+            },
+            b"",
+        );
+        // Collected down to tombstones: no output, still read as completed / fenced.
+        assert!(!host.marker("op-1").join("out").exists(), "{name}");
+        let tomb = host.probe("op-1");
+        assert_eq!(tomb.state, MarkerState::Completed, "{name}");
+        assert_eq!(tomb.exit_code, Some(3), "{name}");
+        assert!(tomb.output_collected(), "{name}: {tomb:?}");
+        assert_eq!(host.probe("never").state, MarkerState::Fenced, "{name}");
+        host.call(
+            &Verb::Gc {
+                older_than: Duration::ZERO,
+                dry_run: false,
+                tombstones_older_than: Some(Duration::ZERO),
             },
             b"",
         );
@@ -694,6 +711,7 @@ fn a_reused_pid_with_another_start_time_is_not_running() {
     let host = Host::new("pidreuse", shell);
     let done = host.run("op", "a1", "true");
     assert_eq!(done.exit().unwrap().code, 0);
+    wait_supervisor_gone(&host, "op");
     // Forge the aftermath of a crash whose pid now belongs to another live process:
     // the test process itself, with a start time that cannot match.
     let m = host.marker("op");
@@ -1325,4 +1343,503 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
         assert_eq!(rerun.exit().map(|x| x.code), Some(0), "{name}: {rerun:?}");
         assert_eq!(rerun.stdout, b"ran\n", "{name}");
     }
+}
+
+/// The shim call `args` with `stdin`, run in a mount namespace of its own where /proc is
+/// an empty tmpfs: a host (a container) without /proc, as far as the shim can tell.
+fn call_without_proc(host: &Host, args: Vec<String>, stdin: &[u8]) -> Outcome {
+    let mut child = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+        .arg("mount -t tmpfs none /proc && exec \"$@\"")
+        .arg("no-proc")
+        .arg(&host.shell)
+        .arg("-c")
+        .arg(shim::SCRIPT)
+        .arg("opmark-shim")
+        .arg(shim::SCRIPT)
+        .args(args)
+        .env("OPMARK_SH", &host.shell)
+        .env("XDG_STATE_HOME", &host.state_home)
+        .env_remove("OPMARK_ROOT")
+        .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
+        .current_dir(&host.state_home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let mut o = parse(&out.stdout, &out.stderr);
+    o.status = out.status.code();
+    o
+}
+
+/// Waits until the supervisor of `op` has exited: it syncs (and on a failed sync writes
+/// again) the exit record after the run's foreground already answered, so a test that
+/// edits the marker before then races it.
+fn wait_supervisor_gone(host: &Host, op: &str) {
+    let pid = host.record(op, "proc", "pid");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "supervisor {pid} of {op} never exited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Forges what a crash mid-command leaves of a finished op: no exit record, and a
+/// supervisor record naming a process that is gone (this boot).
+fn forge_crash(host: &Host, op: &str) {
+    wait_supervisor_gone(host, op);
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let m = host.marker(op);
+    std::fs::remove_file(m.join("exit")).unwrap();
+    std::fs::write(
+        m.join("proc"),
+        format!("pid={}\nstart=1\nboot={}\n", gone.id(), boot.trim()),
+    )
+    .unwrap();
+}
+
+/// Whether this machine lets a test hide /proc in a mount namespace (root, unshare).
+fn can_hide_proc(test: &str) -> bool {
+    if !is_root() || which("unshare").is_none() {
+        missing(&format!("root and unshare (for {test})"));
+        return false;
+    }
+    true
+}
+
+#[test]
+fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_never_interrupted() {
+    if !can_hide_proc("no-proc") {
+        return;
+    }
+    for (name, shell) in shells() {
+        let host = Host::new("no-proc", &shell);
+        let effect = host.state_home.join("ran");
+        let cmd = format!("touch {}", effect.display());
+        let op = OpId::parse("noproc-1").unwrap();
+        let fingerprint = fp(&cmd);
+        let req = RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::ReadOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: true,
+            command: &cmd,
+        };
+        let verb = Verb::Run(req.clone());
+        let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
+        assert!(!refused.started(), "{name}: {refused:?}");
+        let r = refused
+            .refusal()
+            .unwrap_or_else(|| panic!("{name}: {refused:?}"));
+        assert_eq!(r.reason, "cannot_start", "{name}: {r:?}");
+        assert_eq!(
+            r.fields.get("reason").map(String::as_str),
+            Some("no_process_identity"),
+            "{name}"
+        );
+        assert_eq!(host.probe("noproc-1").state, MarkerState::Absent, "{name}");
+        assert!(!effect.exists(), "{name}: nothing ran");
+
+        // A claim made while /proc was there, its exit not (yet) recorded: without /proc
+        // nobody can tell whether it runs, so it reads running ("liveness unknown"), and
+        // a rerun allowed to supersede an interrupted claim neither supersedes nor runs.
+        let done = host.run("old-1", "a1", "true");
+        assert_eq!(done.exit().map(|x| x.code), Some(0), "{name}");
+        forge_crash(&host, "old-1");
+        assert_eq!(
+            host.probe("old-1").state,
+            MarkerState::Interrupted,
+            "{name}: with /proc the forged crash reads interrupted"
+        );
+        let old = OpId::parse("old-1").unwrap();
+        let probe = call_without_proc(
+            &host,
+            Verb::Probe(&old).args(),
+            &shim::local_data(&Verb::Probe(&old), b""),
+        );
+        let m = probe.marker();
+        assert_eq!(m.state, MarkerState::Running, "{name}: {m:?}");
+        assert!(m.liveness_unknown(), "{name}: {m:?}");
+        assert!(m.summary().contains("liveness_unknown"), "{name}");
+        let true_fp = fp("true");
+        let rerun = Verb::Run(RunRequest {
+            op: &old,
+            attempt_id: "a2",
+            host_fingerprint: &true_fp,
+            command: "true",
+            ..req.clone()
+        });
+        let answer = call_without_proc(&host, rerun.args(), &shim::local_data(&rerun, b""));
+        assert!(!answer.started(), "{name}: {answer:?}");
+        assert_eq!(
+            answer.refusal().map(|r| r.reason.as_str()),
+            Some("cannot_start"),
+            "{name}: {answer:?}"
+        );
+        assert_eq!(
+            host.record("old-1", "claim", "attempt"),
+            "a1",
+            "{name}: the old claim stays where it was"
+        );
+        let aside = std::fs::read_dir(host.root().join("superseded"))
+            .unwrap()
+            .count();
+        assert_eq!(aside, 0, "{name}: nothing was superseded");
+    }
+}
+
+#[test]
+fn a_crashed_ops_pid_reused_by_another_ops_supervisor_reads_interrupted_and_cancel_signals_nothing()
+{
+    for (name, shell) in shells() {
+        let host = Host::new("pid-reuse-cancel", &shell);
+        // The other operation, running: its supervisor leads a session of its own.
+        let ready = host.state_home.join("live-ready");
+        let finished = host.state_home.join("live-finished");
+        let live_cmd = format!(
+            "touch {}; sleep 2; touch {}",
+            ready.display(),
+            finished.display()
+        );
+        let follower = start_in_background(&host, "live", &live_cmd, &ready);
+        let live_pid = host.record("live", "proc", "pid");
+        // The crashed operation: its recorded supervisor pid is now the live op's
+        // supervisor (with its own, later start time), as a pid namespace restarted
+        // after a crash hands it out. A test may forge exactly that state.
+        let done = host.run("dead", "a1", "true");
+        assert_eq!(done.exit().map(|x| x.code), Some(0), "{name}");
+        wait_supervisor_gone(&host, "dead");
+        let m = host.marker("dead");
+        std::fs::remove_file(m.join("exit")).unwrap();
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        std::fs::write(
+            m.join("proc"),
+            format!("pid={live_pid}\nstart=1\nboot={}\n", boot.trim()),
+        )
+        .unwrap();
+        let p = host.probe("dead");
+        assert_eq!(p.state, MarkerState::Interrupted, "{name}: {p:?}");
+        assert_eq!(p.why.as_deref(), Some("process_gone"), "{name}");
+
+        let (outcome, marker) = cancel_answer(&host, "dead", Duration::from_millis(500));
+        assert_eq!(
+            outcome,
+            shim::CancelOutcome::Fenced {
+                was: "interrupted".into()
+            },
+            "{name}: {marker:?}"
+        );
+        // The other operation was not touched: it finishes its work with its own exit.
+        let out = follower.wait_with_output().unwrap();
+        let live = parse(&out.stdout, &out.stderr);
+        assert_eq!(live.exit().map(|x| x.code), Some(0), "{name}: {live:?}");
+        assert!(
+            finished.exists(),
+            "{name}: the live op's command ran to its end"
+        );
+        assert_eq!(host.record("live", "exit", "cancelled"), "0", "{name}");
+    }
+}
+
+/// A shell for the supervisor that comes up `delay` late: `setsid -f` has returned long
+/// before, and the foreground's start limit passes meanwhile.
+fn late_shell(host: &Host, delay: &str) -> PathBuf {
+    let path = host.state_home.join("late-sh");
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\nsleep {delay}\nexec {} \"$@\"\n",
+            host.shell.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alone() {
+    for (name, shell) in shells() {
+        let host = Host::new("late-supervisor", &shell);
+        let count = host.state_home.join("count");
+        let cmd = format!("sleep 4; echo ran >> {}", count.display());
+        let op = OpId::parse("late-1").unwrap();
+        let fingerprint = fp(&cmd);
+        let req = RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::Destructive,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            command: &cmd,
+        };
+        let first = Verb::Run(req.clone());
+        let began = Instant::now();
+        let mut child = host
+            .command_with_args(first.args())
+            .env("OPMARK_SH", late_shell(&host, "3"))
+            .env("OPMARK_START_LIMIT", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&shim::local_data(&first, b""))
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let lost = parse(&out.stdout, &out.stderr);
+        assert_eq!(
+            lost.refusal().map(|r| r.reason.as_str()),
+            Some("cannot_start"),
+            "{name}: {lost:?}"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(3),
+            "{name}: answered before the late supervisor came up"
+        );
+        // Rerun at once: its own supervisor starts the command; the late one comes up
+        // while it runs and must leave this claim alone.
+        let rerun = host.run_with("late-1", "a2", &cmd, |r| r.family = Family::Destructive);
+        assert!(rerun.started(), "{name}: {rerun:?}");
+        assert_eq!(
+            rerun.exit().map(|x| x.code),
+            Some(0),
+            "{name}: the rerun ran and says so: {rerun:?}"
+        );
+        assert!(
+            began.elapsed() > Duration::from_secs(3),
+            "{name}: overlapped"
+        );
+        assert_eq!(count_lines(&count), 1, "{name}: ran once");
+        assert_eq!(host.record("late-1", "claim", "attempt"), "a2", "{name}");
+        let aside: Vec<_> = std::fs::read_dir(host.root().join("superseded"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(aside.len(), 1, "{name}: {aside:?}");
+        assert!(
+            !aside[0].join("proc").exists(),
+            "{name}: the late supervisor touched nothing, not even its own set-aside claim"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(count_lines(&count), 1, "{name}: still once");
+    }
+}
+
+#[test]
+fn a_cancel_racing_natural_completion_never_says_stopped_for_a_command_that_did_its_work() {
+    use shim::CancelOutcome;
+    let (name, shell) = &shells()[0];
+    let host = Host::new("cancel-race", shell);
+    let (mut stopped, mut ended_itself, mut before) = (0, 0, 0);
+    for i in 0..24u64 {
+        let op = format!("race-{i}");
+        let ready = host.state_home.join(format!("ready-{i}"));
+        let end = host.state_home.join(format!("end-{i}"));
+        let cmd = format!(
+            "touch {}; sleep 0.6; touch {}",
+            ready.display(),
+            end.display()
+        );
+        let mut follower = start_in_background(&host, &op, &cmd, &ready);
+        // From well inside the command's run to around its own end (a cancel call takes
+        // tens of milliseconds to reach its signal): 100 ms to 675 ms after it is up.
+        std::thread::sleep(Duration::from_millis(100 + 25 * i));
+        let (outcome, m) = cancel_answer(&host, &op, Duration::from_millis(500));
+        follower.wait().unwrap();
+        let did_its_work = end.exists();
+        match outcome {
+            CancelOutcome::Cancelled => {
+                stopped += 1;
+                assert!(
+                    matches!(m.exit_code, Some(143 | 137)),
+                    "{name} delay {i}: stopped means died of the cancel's signal: {m:?}"
+                );
+            }
+            CancelOutcome::AlreadyCompleted => {
+                assert!(!m.cancelled(), "{name} delay {i}: {m:?}");
+                if m.cancel_pending() {
+                    ended_itself += 1;
+                } else {
+                    before += 1;
+                }
+            }
+            other => panic!("{name} delay {i}: {other:?} {m:?}"),
+        }
+        if did_its_work && m.exit_code == Some(0) {
+            assert_ne!(
+                outcome,
+                CancelOutcome::Cancelled,
+                "{name} delay {i}: a command that finished its work was called stopped: {m:?}"
+            );
+        }
+        assert_eq!(
+            m.cancelled(),
+            host.record(&op, "exit", "cancelled") == "1",
+            "{name} delay {i}"
+        );
+    }
+    eprintln!("cancel race: stopped {stopped}, ended by itself while pending {ended_itself}, done before the cancel {before}");
+    assert!(stopped > 0, "the range reaches into the command's run");
+}
+
+/// Restarts a lab target's sshd in a mount namespace of its own where /proc is an empty
+/// tmpfs: every session it starts, and so the shim, runs on a host without /proc (as in
+/// a container started without it). sshd itself needs no /proc.
+fn restart_sshd_without_proc(lab: &opmark::lab::Lab, alias: &str) {
+    lab.stop_sshd(alias).unwrap();
+    let target = lab.target(alias).unwrap();
+    let sshd = which("sshd").unwrap_or_else(|| PathBuf::from("/usr/sbin/sshd"));
+    let status = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "/bin/sh", "-c"])
+        .arg("mount -t tmpfs none /proc && exec \"$@\"")
+        .arg("no-proc")
+        .arg(sshd)
+        .arg("-f")
+        .arg(target.sshd_config())
+        .arg("-E")
+        .arg(&target.log)
+        .status()
+        .unwrap();
+    assert!(status.success(), "sshd without /proc did not start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = crate::support::ssh(lab)
+            .arg(alias)
+            .arg("test -e /proc/self || echo no-proc")
+            .output()
+            .unwrap();
+        if seen.stdout == b"no-proc\n" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{seen:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn through_real_sshd_a_host_without_proc_runs_nothing_follows_old_claims_and_fails_doctor() {
+    if !can_hide_proc("sshd-no-proc") {
+        return;
+    }
+    let Some(lab) = crate::support::loopback_lab(1) else {
+        return;
+    };
+    let env = crate::support::Sealed::new("sshd-no-proc");
+    let work = crate::support::fresh_dir("sshd-no-proc");
+    let opmark = |args: &[&str]| {
+        env.opmark_with_lab(&lab)
+            .arg("--json")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // Claimed while /proc was there; its exit record gone, as a crash mid-command leaves
+    // it. Convergent: read as interrupted it would be superseded and run again.
+    let old_runs = work.join("old-runs");
+    let old_cmd = format!("echo x >> {}", old_runs.display());
+    let first = crate::support::answer(opmark(&[
+        "run",
+        "target1",
+        "--op",
+        "old-1",
+        "--class",
+        "convergent",
+        "--",
+        &old_cmd,
+    ]));
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    let root = lab.target("target1").unwrap().marker_root();
+    std::fs::remove_file(root.join("ops/old-1/exit")).unwrap();
+
+    restart_sshd_without_proc(&lab, "target1");
+
+    // Three runs at once of a command that takes a while: none claims, none runs.
+    let (start, end) = (work.join("start"), work.join("end"));
+    let cmd = format!(
+        "touch {}; sleep 8; touch {}",
+        start.display(),
+        end.display()
+    );
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            env.opmark_with_lab(&lab)
+                .args(["--json", "run", "target1", "--op", "trio-1", "--", &cmd])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for run in runs {
+        let a = crate::support::answer(run.wait_with_output().unwrap());
+        // A run that saw another one still in flight in the ledger cannot say more
+        // than indeterminate; none says it ran.
+        assert!(
+            ["not_applied", "indeterminate"].contains(&a.verdict()),
+            "{a:?}"
+        );
+        assert_eq!(a.reason_code(), "shim_cannot_start", "{a:?}");
+        let why = a.json["reason"].as_str().unwrap_or_default();
+        assert!(
+            why.contains("/proc") && why.contains("nothing ran"),
+            "{a:?}"
+        );
+    }
+    assert!(!start.exists(), "nothing ran");
+    assert!(!root.join("ops/trio-1").exists(), "nothing was claimed");
+
+    // The old claim: running, liveness unknown; a rerun follows it, never supersedes.
+    let probe = opmark(&["probe", "target1", "old-1"]);
+    let p: serde_json::Value = serde_json::from_slice(&probe.stdout).unwrap();
+    assert_eq!(p["state"], "running", "{p}");
+    assert_eq!(p["why"], "liveness_unknown", "{p}");
+    let rerun = crate::support::answer(opmark(&[
+        "run",
+        "target1",
+        "--op",
+        "old-1",
+        "--class",
+        "convergent",
+        "--wait",
+        "1s",
+        "--",
+        &old_cmd,
+    ]));
+    assert_eq!(rerun.verdict(), "in_progress", "{rerun:?}");
+    assert_eq!(count_lines(&old_runs), 1, "never run again");
+    assert!(!root.join("superseded").read_dir().unwrap().any(|_| true));
+
+    let doctor = opmark(&["doctor", "target1"]);
+    assert_ne!(doctor.status.code(), Some(0), "doctor must fail");
+    let d: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let liveness = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "liveness")
+        .unwrap_or_else(|| panic!("{d}"));
+    assert_eq!(liveness["status"], "fail", "{d}");
 }
