@@ -34,6 +34,21 @@ pub struct HostSpec {
     pub user: Option<String>,
     /// `-o Key=Value` options, in order; they win over the config files.
     pub options: Vec<String>,
+    /// Where `-l`, `-p` and `-J` stood among the `-o` options, so that the first value
+    /// given wins as in ssh (`-o User=a -l b` is `a`; `-l b -o User=a` is `b`).
+    pub flag_positions: FlagPositions,
+}
+
+/// For each of `-l`, `-p`, `-J`: how many of [`HostSpec::options`] came before it on
+/// the command line. The default (0) puts the flags before every `-o`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlagPositions {
+    /// `-l`.
+    pub user: usize,
+    /// `-p`.
+    pub port: usize,
+    /// `-J`.
+    pub jump: usize,
 }
 
 /// The system-wide ssh config read after the user's, unless `-F` is given.
@@ -367,6 +382,121 @@ pub fn check_destination(typed: &str) -> Result<(), String> {
     }
 }
 
+/// Characters OpenSSH's `ssh_valid_ruser` refuses anywhere in a user name.
+const FORBIDDEN_IN_USER: &str = "'`\";&<>|(){}";
+/// Characters OpenSSH's `ssh_valid_hostname` refuses anywhere in a host name.
+const FORBIDDEN_IN_HOST: &str = "'`\"$\\;&<>|(){},";
+
+/// OpenSSH's `ssh_valid_ruser` (readconf.c, the CVE-2023-51385 fix as this machine's
+/// ssh 9.2p1 Debian applies it): no leading `-`, no control character, none of
+/// [`FORBIDDEN_IN_USER`], no blank followed by `-`, no `\` at the end. `None` when valid,
+/// else what is wrong.
+pub fn user_problem(user: &str) -> Option<String> {
+    if user.is_empty() {
+        return Some("it is empty".into());
+    }
+    if user.starts_with('-') {
+        return Some("it starts with `-`".into());
+    }
+    let chars: Vec<char> = user.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_control() {
+            return Some(format!("it contains the control character {:?}", c));
+        }
+        if FORBIDDEN_IN_USER.contains(c) {
+            return Some(format!("it contains `{c}`"));
+        }
+        if c.is_whitespace() && chars.get(i + 1) == Some(&'-') {
+            return Some("it contains a blank followed by `-`".into());
+        }
+    }
+    if user.ends_with('\\') {
+        return Some("it ends in `\\`".into());
+    }
+    None
+}
+
+/// OpenSSH's `ssh_valid_hostname`: no leading `-`, no blank or control character, none
+/// of [`FORBIDDEN_IN_HOST`]. `None` when valid, else what is wrong.
+pub fn host_problem(host: &str) -> Option<String> {
+    if host.is_empty() {
+        return Some("it is empty".into());
+    }
+    if host.starts_with('-') {
+        return Some("it starts with `-`".into());
+    }
+    host.chars().find_map(|c| {
+        if c.is_whitespace() {
+            Some("it contains a blank".to_owned())
+        } else if c.is_control() {
+            Some(format!("it contains the control character {:?}", c))
+        } else if FORBIDDEN_IN_HOST.contains(c) {
+            Some(format!("it contains `{c}`"))
+        } else {
+            None
+        }
+    })
+}
+
+/// Refuses a remote user name that fails [`user_problem`], naming where it came from
+/// and the rule. Stage `Config`: refused before any ledger record, nothing run.
+fn check_user(user: &str, origin: &str) -> Result<(), ConnectError> {
+    match user_problem(user) {
+        None => Ok(()),
+        Some(problem) => Err(ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{origin}: remote user name \"{}\" contains invalid characters: {problem}. \
+                 As ssh does (\"remote username contains invalid characters\"), a user name \
+                 from the command line, a jump or a %-token may not start with `-`, end in \
+                 `\\`, hold a control character, a blank followed by `-`, or any of \
+                 {FORBIDDEN_IN_USER}; nothing was run or sent",
+                user.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// Refuses a host name that fails [`host_problem`], naming where it came from and the
+/// rule. Stage `Config`, as [`check_user`].
+fn check_host(host: &str, origin: &str) -> Result<(), ConnectError> {
+    match host_problem(host) {
+        None => Ok(()),
+        Some(problem) => Err(ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{origin}: host name \"{}\" contains invalid characters: {problem}. \
+                 As ssh does (\"hostname contains invalid characters\"), a host name from \
+                 the command line, a jump or a %-token may not start with `-` or hold a \
+                 blank, a control character or any of {FORBIDDEN_IN_HOST}; nothing was run \
+                 or sent",
+                host.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// A port as ssh's `a2port` reads it: a number from 1 to 65535, or a TCP service name
+/// from `/etc/services` (`ssh` is 22).
+pub fn parse_port(s: &str) -> Option<u16> {
+    if let Ok(n) = s.parse::<u16>() {
+        return (n > 0).then_some(n);
+    }
+    if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c == '#') {
+        return None;
+    }
+    let services = std::fs::read_to_string("/etc/services").ok()?;
+    services.lines().find_map(|line| {
+        let line = line.split('#').next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let name = words.next()?;
+        let (port, proto) = words.next()?.split_once('/')?;
+        (proto == "tcp" && (name == s || words.any(|alias| alias == s)))
+            .then(|| port.parse::<u16>().ok().filter(|p| *p > 0))
+            .flatten()
+    })
+}
+
 /// Resolves `spec` through the ssh configs. Errors have stage `Config` (a malformed or
 /// unsupported config or option) or `Resolve`; either way nothing was sent.
 pub fn resolve(spec: &HostSpec) -> Result<Destination, ConnectError> {
@@ -390,6 +520,7 @@ pub fn resolve_route(route: &Route) -> Result<Destination, ConnectError> {
         config_path: route.config.clone(),
         user: None,
         options: Vec::new(),
+        flag_positions: FlagPositions::default(),
     };
     let mut dest = resolve(&spec)?;
     dest.hostname = route.hostname.clone();
@@ -530,22 +661,50 @@ pub fn resolve_with(
         return Err(fail(format!("`{alias}` is not a valid host name")));
     }
 
-    // The command line comes first and wins, as in ssh: the flags, then `-o` in
-    // order, then the user and port of the host argument.
+    // The values of the command line that can reach a shell through %-tokens (a
+    // ProxyCommand, Match exec) or a jump are checked first, before any config is read
+    // or anything runs, as ssh's main() does (CVE-2023-51385).
+    if depth == 0 {
+        check_host(&alias, "the destination")?;
+        if let Some(u) = &spec.user {
+            check_user(u, "-l")?;
+        }
+        if let Some(u) = &arg.user {
+            check_user(u, if arg.uri { "the ssh:// destination" } else { "user@host" })?;
+        }
+        if let Some(j) = &spec.jump {
+            check_jump_syntax(j, "-J")?;
+        }
+    }
+
+    // The command line comes first and wins, as in ssh: the flags and the `-o` options
+    // in the order given (first value wins among them too), then the user and port of
+    // the host argument.
     let mut o = HostOptions::default();
     let take = |o: &mut HostOptions, line: &OptionLine| {
         o.take(line).map_err(|e| config_fail(e.to_string()))
     };
+    let mut flags: Vec<(usize, OptionLine)> = Vec::new();
     if let Some(u) = &spec.user {
-        take(&mut o, &synthetic("user", u, 0))?;
+        flags.push((spec.flag_positions.user, synthetic("user", u, 0)));
     }
     if let Some(p) = spec.port {
-        take(&mut o, &synthetic("port", &p.to_string(), 0))?;
+        flags.push((
+            spec.flag_positions.port,
+            synthetic("port", &p.to_string(), 0),
+        ));
     }
     if let Some(j) = &spec.jump {
-        take(&mut o, &synthetic("proxyjump", j, 0))?;
+        flags.push((spec.flag_positions.jump, synthetic("proxyjump", j, 0)));
     }
-    for (i, text) in spec.options.iter().enumerate() {
+    for i in 0..=spec.options.len() {
+        let last = i == spec.options.len();
+        for (_, line) in flags.iter().filter(|(at, _)| *at == i || (last && *at > i)) {
+            take(&mut o, line)?;
+        }
+        let Some(text) = spec.options.get(i) else {
+            break;
+        };
         let line =
             parse_command_line_option(text, i + 1).map_err(|e| config_fail(e.to_string()))?;
         if super::config::keyword_role(&line.key).is_none() {
@@ -553,6 +712,14 @@ pub fn resolve_with(
                 "{}: unknown ssh option `{}` in -o",
                 line.origin, line.key
             )));
+        }
+        match line.key.as_str() {
+            "user" => check_user(&line.value(), &format!("-o User= ({})", line.origin))?,
+            "proxyjump" => check_jump_syntax(
+                &line.value(),
+                &format!("-o ProxyJump= ({})", line.origin),
+            )?,
+            _ => {}
         }
         take(&mut o, &line)?;
     }
@@ -583,9 +750,9 @@ pub fn resolve_with(
     }
 
     let port = match o.value("port") {
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        Some(p) => parse_port(&p).ok_or_else(|| {
             config_fail(format!(
-                "{}: Port `{p}` is not a port number",
+                "{}: Port `{p}` is not a port number (1-65535) or a service name in /etc/services",
                 o.origin("port")
             ))
         })?,
@@ -622,11 +789,17 @@ pub fn resolve_with(
         .iter()
         .map(|p| PathBuf::from(expand_tilde(&p.to_string_lossy())))
         .collect();
+    // `IdentityFile none` names no file, and like any IdentityFile it keeps ssh's
+    // default files away: alone, it means no key files (the agent's keys still count).
+    let mut identities_explicit = !identities.is_empty();
     for line in &o.identity_files {
+        identities_explicit = true;
+        if line.value().eq_ignore_ascii_case("none") {
+            continue;
+        }
         identities.push(PathBuf::from(expand(line, &line.value())?));
     }
-    let identities_explicit = !identities.is_empty();
-    if identities.is_empty() {
+    if !identities_explicit {
         if let Some(home) = home_dir() {
             for name in DEFAULT_IDENTITY_FILES {
                 identities.push(home.join(".ssh").join(name));
@@ -808,6 +981,20 @@ pub fn resolve_with(
     let proxy_command = match o.get("proxycommand") {
         Some(line) if !line.raw.trim().eq_ignore_ascii_case("none") => {
             let port_text = port.to_string();
+            // The command runs under `sh -c`: a token value that could end the word it
+            // stands in is refused, whatever its source (ssh checks the command-line
+            // ones; a config's own literal User or HostName is checked here too).
+            let raw = line.raw.trim();
+            let at = |t: &str| format!("%{t} in the ProxyCommand at {}", line.origin);
+            if has_token(raw, 'h') {
+                check_host(&hostname, &at("h"))?;
+            }
+            if has_token(raw, 'n') {
+                check_host(&alias, &at("n"))?;
+            }
+            if has_token(raw, 'r') {
+                check_user(&user, &at("r"))?;
+            }
             let command = expand_percent(
                 line.raw.trim(),
                 &[
@@ -834,8 +1021,39 @@ pub fn resolve_with(
                 "ProxyJump chain deeper than {MAX_JUMP_DEPTH} hops at `{alias}` (a loop?)"
             )));
         }
+        let origin = match o.get("proxyjump") {
+            Some(l) if l.origin == Origin::command_line(0) => "-J".to_owned(),
+            Some(l) => format!("ProxyJump at {}", l.origin),
+            None => "ProxyJump".to_owned(),
+        };
+        let port_text = port.to_string();
+        // ssh turns a ProxyJump into a ProxyCommand whose %-tokens it expands: %h, %n,
+        // %p, %r of the destination (so `ProxyJump admin@%h` jumps through the host
+        // itself). Each hop, expanded, then passes ssh's command-line checks whatever
+        // file it came from: opmark resolves a hop like a destination typed by hand.
+        let tokens = [
+            ('h', hostname.as_str()),
+            ('n', alias.as_str()),
+            ('p', port_text.as_str()),
+            ('r', user.as_str()),
+        ];
         for (i, hop) in text.split(',').map(str::trim).enumerate() {
-            let (host, port) = split_hop(hop).map_err(config_fail)?;
+            let at = format!("{origin}, hop `{hop}`");
+            let h = parse_hop(hop).map_err(|m| config_fail(format!("{origin}: {m}")))?;
+            let expand = |s: &str| {
+                expand_percent(s, &tokens).map_err(|e| config_fail(format!("{at}: {e}")))
+            };
+            let host = expand(&h.host)?;
+            check_host(&host, &at)?;
+            let hop_user = h.user.as_deref().map(expand).transpose()?;
+            if let Some(u) = &hop_user {
+                check_user(u, &at)?;
+            }
+            let host = match hop_user {
+                Some(u) => format!("{u}@{host}"),
+                None => host,
+            };
+            let port = h.port;
             let hop_spec = HostSpec {
                 host,
                 port,
@@ -845,6 +1063,7 @@ pub fn resolve_with(
                 config_path: None,
                 user: None,
                 options: Vec::new(),
+                flag_positions: FlagPositions::default(),
             };
             let mut hop_dest = resolve_with(config, &hop_spec, depth + 1)?;
             jumps.append(&mut hop_dest.jumps);
@@ -899,6 +1118,20 @@ pub fn resolve_with(
     })
 }
 
+/// Whether `%t` occurs in `s` as a token (not as part of `%%`).
+fn has_token(s: &str, t: char) -> bool {
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.next() {
+                Some(n) if n == t => return true,
+                _ => {}
+            }
+        }
+    }
+    false
+}
+
 /// An OpenSSH time value: seconds, or a sum of `<n><unit>` with units s, m, h, d, w;
 /// `none` is no value (as 0).
 fn parse_config_time(s: &str) -> Option<u64> {
@@ -934,37 +1167,66 @@ fn parse_config_time(s: &str) -> Option<u64> {
     Some(total)
 }
 
-/// Splits a ProxyJump hop `[user@]host[:port]` (IPv6 as `[addr]:port`).
-fn split_hop(hop: &str) -> Result<(String, Option<u16>), String> {
+/// One ProxyJump hop: `[user@]host[:port]` (IPv6 as `[addr]:port`) or an `ssh://` URI.
+struct Hop {
+    user: Option<String>,
+    host: String,
+    port: Option<u16>,
+}
+
+/// Splits a ProxyJump hop as ssh's `parse_jump` does; the port may be a service name.
+fn parse_hop(hop: &str) -> Result<Hop, String> {
     if hop.is_empty() {
         return Err("empty ProxyJump hop; write [user@]host[:port][,...]".into());
     }
     if hop.starts_with("ssh://") {
-        return Ok((hop.to_string(), None));
+        let a = parse_host_arg(hop)?;
+        return Ok(Hop {
+            user: a.user,
+            host: a.host,
+            port: a.port,
+        });
     }
     let bad = || format!("ProxyJump hop `{hop}` has a bad port; write [user@]host[:port]");
     let (user, rest) = match hop.rsplit_once('@') {
-        Some((u, r)) => (Some(u), r),
+        Some((u, r)) => (Some(u.to_string()), r),
         None => (None, hop),
     };
     let (host, port) = if let Some(inner) = rest.strip_prefix('[') {
         let (h, after) = inner.split_once(']').ok_or_else(bad)?;
         match after.strip_prefix(':') {
-            Some(p) => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some(p) => (h, Some(parse_port(p).ok_or_else(bad)?)),
             None if after.is_empty() => (h, None),
             None => return Err(bad()),
         }
     } else {
         match rest.split_once(':') {
-            Some((h, p)) => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some((h, p)) => (h, Some(parse_port(p).ok_or_else(bad)?)),
             None => (rest, None),
         }
     };
-    let host = match user {
-        Some(u) => format!("{u}@{host}"),
-        None => host.to_string(),
-    };
-    Ok((host, port))
+    Ok(Hop {
+        user,
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// Checks a jump list given on the command line (`-J`, `-o ProxyJump=`) before anything
+/// else, as ssh's strict `parse_jump` does: every hop's host and user.
+fn check_jump_syntax(text: &str, origin: &str) -> Result<(), ConnectError> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(());
+    }
+    for hop in text.split(',').map(str::trim) {
+        let h = parse_hop(hop)
+            .map_err(|m| ConnectError::new(ConnectStage::Config, format!("{origin}: {m}")))?;
+        check_host(&h.host, &format!("{origin}, jump host"))?;
+        if let Some(u) = &h.user {
+            check_user(u, &format!("{origin}, jump user"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The local user name: `$USER`, `$LOGNAME`, else the passwd entry of our uid (services
