@@ -4,9 +4,9 @@
 use crate::cli::{GlobalArgs, HostArgs};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{HostSpec, ReachError};
-use crate::ssh::destination::FlagPositions;
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
+use crate::ssh::destination::FlagPositions;
 
 /// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
 pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
@@ -72,7 +72,10 @@ fn flag_positions(args: &HostArgs, offset: usize) -> FlagPositions {
     if !same {
         return positions;
     }
-    let options: Vec<usize> = m.indices_of("option").map(Iterator::collect).unwrap_or_default();
+    let options: Vec<usize> = m
+        .indices_of("option")
+        .map(Iterator::collect)
+        .unwrap_or_default();
     let before = |id: &str| {
         m.index_of(id)
             .map(|at| offset + options.iter().filter(|&&o| o < at).count())

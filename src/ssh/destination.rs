@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::algorithms::{Algorithms, Kind};
 use super::config::{
     expand_path, expand_percent, expand_tilde, home_dir, parse_command_line_option, ConfigError,
     ConfigKind, HostOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
@@ -198,6 +199,10 @@ pub struct Destination {
     /// Not sent to the keeper: it only explains, it changes no connection.
     #[serde(skip)]
     pub opmark_defaults: Vec<&'static str>,
+    /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs` as the config chose them
+    /// (`None` each: opmark's defaults), for russh's preferred lists.
+    #[serde(default)]
+    pub algorithms: Algorithms,
 }
 
 /// How an operation reached its host, as the ledger records it (SPEC section 9): enough
@@ -302,6 +307,10 @@ impl Destination {
         }
         for j in &self.jumps {
             key.push_str(&format!(" via {}@{}:{}", j.user, j.hostname, j.port));
+        }
+        // A connection negotiated under other algorithm choices is not this one.
+        if !self.algorithms.is_default() {
+            key.push_str(&format!(" algorithms {:?}", self.algorithms));
         }
         key
     }
@@ -670,7 +679,14 @@ pub fn resolve_with(
             check_user(u, "-l")?;
         }
         if let Some(u) = &arg.user {
-            check_user(u, if arg.uri { "the ssh:// destination" } else { "user@host" })?;
+            check_user(
+                u,
+                if arg.uri {
+                    "the ssh:// destination"
+                } else {
+                    "user@host"
+                },
+            )?;
         }
         if let Some(j) = &spec.jump {
             check_jump_syntax(j, "-J")?;
@@ -715,10 +731,9 @@ pub fn resolve_with(
         }
         match line.key.as_str() {
             "user" => check_user(&line.value(), &format!("-o User= ({})", line.origin))?,
-            "proxyjump" => check_jump_syntax(
-                &line.value(),
-                &format!("-o ProxyJump= ({})", line.origin),
-            )?,
+            "proxyjump" => {
+                check_jump_syntax(&line.value(), &format!("-o ProxyJump= ({})", line.origin))?
+            }
             _ => {}
         }
         take(&mut o, &line)?;
@@ -973,6 +988,34 @@ pub fn resolve_with(
         },
     };
 
+    let mut algorithms = Algorithms::default();
+    for (key, kind) in [
+        ("kexalgorithms", Kind::Kex),
+        ("hostkeyalgorithms", Kind::HostKey),
+        ("ciphers", Kind::Cipher),
+        ("macs", Kind::Mac),
+        ("pubkeyacceptedalgorithms", Kind::Pubkey),
+        ("pubkeyacceptedkeytypes", Kind::Pubkey),
+    ] {
+        let Some(line) = o.get(key) else {
+            continue;
+        };
+        let list = super::algorithms::resolve(kind, &line.value())
+            .map_err(|e| config_fail(format!("{}: {e}", line.origin)))?;
+        match kind {
+            Kind::Kex => algorithms.kex = Some(list),
+            Kind::HostKey => algorithms.host_key = Some(list),
+            Kind::Cipher => algorithms.ciphers = Some(list),
+            Kind::Mac => algorithms.macs = Some(list),
+            // Checked only: a list that allows every key opmark offers changes nothing.
+            Kind::Pubkey => {}
+        }
+    }
+    if let Some(line) = o.get("preferredauthentications") {
+        super::algorithms::check_preferred_authentications(&line.value())
+            .map_err(|e| config_fail(format!("{}: {e}", line.origin)))?;
+    }
+
     let proxy_jump = o
         .value("proxyjump")
         .filter(|t| !t.eq_ignore_ascii_case("none"));
@@ -1040,9 +1083,8 @@ pub fn resolve_with(
         for (i, hop) in text.split(',').map(str::trim).enumerate() {
             let at = format!("{origin}, hop `{hop}`");
             let h = parse_hop(hop).map_err(|m| config_fail(format!("{origin}: {m}")))?;
-            let expand = |s: &str| {
-                expand_percent(s, &tokens).map_err(|e| config_fail(format!("{at}: {e}")))
-            };
+            let expand =
+                |s: &str| expand_percent(s, &tokens).map_err(|e| config_fail(format!("{at}: {e}")));
             let host = expand(&h.host)?;
             check_host(&host, &at)?;
             let hop_user = h.user.as_deref().map(expand).transpose()?;
@@ -1115,6 +1157,7 @@ pub fn resolve_with(
         proxy_jump,
         proxy_command,
         opmark_defaults,
+        algorithms,
     })
 }
 
@@ -1354,9 +1397,17 @@ mod tests {
 
     #[test]
     fn bad_values_name_file_and_line() {
-        let c = cfg("Host a\n Port http\n");
+        let c = cfg("Host a\n Port nosuchservice\n");
         let e = resolve_with(&c, &spec("a"), 0).unwrap_err();
-        assert_eq!(e.message, "cfg:2: Port `http` is not a port number");
+        assert!(
+            e.message
+                .starts_with("cfg:2: Port `nosuchservice` is not a port number"),
+            "{}",
+            e.message
+        );
+        // A service name is a port, as in ssh.
+        let c = cfg("Host a\n Port ssh\n");
+        assert_eq!(resolve_with(&c, &spec("a"), 0).unwrap().port, 22);
         let c = cfg("Host a\n StrictHostKeyChecking maybe\n");
         assert!(resolve_with(&c, &spec("a"), 0)
             .unwrap_err()
@@ -1577,6 +1628,189 @@ mod tests {
         let d = resolve_with(&c, &s, 0).unwrap();
         assert_eq!((d.hostname.as_str(), d.port), ("sysalias", 1));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn shell_metacharacters_in_command_line_users_and_jumps_are_refused_as_ssh_does() {
+        let c = cfg("Host *\n ProxyCommand sh -c ': %r; exec nc %h %p'\n");
+        let cases: Vec<(HostSpec, &str)> = vec![
+            (
+                HostSpec {
+                    user: Some("a|id>/tmp/x".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("a$(touch /tmp/x)".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    options: vec!["User=b`touch${IFS}/tmp/x`".into()],
+                    ..spec("h")
+                },
+                "-o User=",
+            ),
+            (spec("a;b@h"), "user@host"),
+            (spec("ssh://a%7Cb@h"), "ssh://"),
+            (
+                HostSpec {
+                    jump: Some("j|id>/tmp/x".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    jump: Some("u$(x)@j".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    jump: Some("ok,k;x".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    user: Some("a\u{1}".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("-oProxyCommand=x".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("a -b".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (spec("h,x"), "the destination"),
+        ];
+        for (s, origin) in cases {
+            let e = resolve_with(&c, &s, 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{s:?}");
+            assert!(
+                e.message.contains(origin) && e.message.contains("contains invalid characters"),
+                "{s:?}: {}",
+                e.message
+            );
+        }
+        // What ssh accepts, opmark accepts: `$` alone and blanks in a user name.
+        for user in ["a$b", "first last", "dom\\user"] {
+            let s = HostSpec {
+                user: Some(user.into()),
+                ..spec("h")
+            };
+            assert_eq!(resolve_with(&c, &s, 0).unwrap().user, user);
+        }
+    }
+
+    #[test]
+    fn jump_values_are_checked_after_token_expansion_whatever_their_origin() {
+        // Tokens in a ProxyJump expand as ssh's implicit ProxyCommand expands them.
+        let c = cfg("Host t\n HostName 10.0.0.7\n User tu\n ProxyJump admin@%h:2022,%r@j2\n");
+        let d = resolve_with(&c, &spec("t"), 0).unwrap();
+        let hops: Vec<String> = d
+            .jumps
+            .iter()
+            .map(|j| format!("{}@{}:{}", j.user, j.hostname, j.port))
+            .collect();
+        assert_eq!(hops, vec!["admin@10.0.0.7:2022", "tu@j2:22"]);
+        // A config's own literal User is not checked (ssh trusts it) until a token puts it
+        // into a jump or a ProxyCommand.
+        let c = cfg("Host t\n User a;b\nHost u\n User a;b\n ProxyJump %r@j\n\
+                     Host v\n User a;b\n ProxyCommand nc %h %p %r\nHost w\n ProxyJump j;x\n\
+                     Host x\n ProxyJump j$(id)\n");
+        assert_eq!(resolve_with(&c, &spec("t"), 0).unwrap().user, "a;b");
+        for (host, needle) in [
+            ("u", "ProxyJump at cfg:5"),
+            ("v", "%r in the ProxyCommand at cfg:8"),
+            ("w", "ProxyJump at cfg:10"),
+            ("x", "ProxyJump at cfg:12"),
+        ] {
+            let e = resolve_with(&c, &spec(host), 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config);
+            assert!(e.message.contains(needle), "{host}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_first_value_given_wins_between_flags_and_o_options_as_in_ssh() {
+        let c = cfg("");
+        let s = HostSpec {
+            user: Some("bar".into()),
+            port: Some(2230),
+            options: vec!["User=foo".into(), "Port=2229".into()],
+            flag_positions: FlagPositions {
+                user: 1,
+                port: 2,
+                jump: 0,
+            },
+            ..spec("h")
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("foo", 2229));
+        let s = HostSpec {
+            flag_positions: FlagPositions::default(),
+            ..s
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("bar", 2230));
+    }
+
+    #[test]
+    fn identity_file_none_means_no_key_files_not_a_file_named_none() {
+        let d = resolve_with(&cfg("IdentityFile none\n"), &spec("h"), 0).unwrap();
+        assert!(
+            d.identities.is_empty() && d.identities_explicit,
+            "{:?}",
+            d.identities
+        );
+        let d = resolve_with(
+            &cfg("IdentityFile none\nIdentityFile /k/a\n"),
+            &spec("h"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(d.identities, vec![PathBuf::from("/k/a")]);
+    }
+
+    #[test]
+    fn algorithm_options_are_resolved_or_refused_with_their_line() {
+        let c = cfg("Host a\n HostKeyAlgorithms ssh-ed25519\n Ciphers -aes*\n\
+                     Host b\n KexAlgorithms nope\nHost c\n MACs umac-64@openssh.com\n\
+                     Host d\n PreferredAuthentications password\nHost e\n PubkeyAcceptedAlgorithms ssh-ed25519\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        assert_eq!(d.algorithms.host_key, Some(vec!["ssh-ed25519".to_string()]));
+        assert_eq!(
+            d.algorithms.ciphers,
+            Some(vec!["chacha20-poly1305@openssh.com".to_string()])
+        );
+        for (host, line) in [
+            ("b", "cfg:5:"),
+            ("c", "cfg:7:"),
+            ("d", "cfg:9:"),
+            ("e", "cfg:11:"),
+        ] {
+            let e = resolve_with(&c, &spec(host), 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{host}");
+            assert!(e.message.starts_with(line), "{host}: {}", e.message);
+        }
     }
 
     #[test]
