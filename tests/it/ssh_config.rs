@@ -273,12 +273,22 @@ fn compare(
     // ssh -G prints IdentityFile and CertificateFile unexpanded (it expands them only
     // when loading keys, with the same rules as UserKnownHostsFile): let ssh expand them
     // by asking for them as UserKnownHostsFile, which a first -o wins.
+    // `IdentityFile none` is a file ssh never finds (it names no key): no entry.
+    let is_id = |k: &str, v: &str| k == "identityfile" && !v.eq_ignore_ascii_case("none");
     let raw: Vec<String> = all
         .iter()
-        .filter(|(k, _)| k == "identityfile" || k == "certificatefile")
+        .filter(|(k, v)| is_id(k, v) || k == "certificatefile")
         .map(|(_, v)| v.clone())
         .collect();
-    let n_ids = all.iter().filter(|(k, _)| k == "identityfile").count();
+    let n_ids = all.iter().filter(|(k, v)| is_id(k, v)).count();
+    if raw.is_empty() && all.iter().any(|(k, _)| k == "identityfile") {
+        // Only `IdentityFile none`: no key files at all, and not ssh's defaults.
+        check(
+            "identityfile (none)",
+            strings(&j["identityfile"]).join(" "),
+            String::new(),
+        );
+    }
     if !raw.is_empty() {
         let list = raw
             .iter()
@@ -376,6 +386,16 @@ fn corpus_has_at_least_sixty_configs_covering_each_feature() {
         "*",
         "HostKeyAlias",
         "ProxyJump",
+        "IdentityFile none",
+        "Match host=",
+        "HostKeyAlgorithms",
+        "KexAlgorithms",
+        "Ciphers",
+        "MACs",
+        "PubkeyAcceptedAlgorithms",
+        "PreferredAuthentications",
+        "ProxyJump admin@%h",
+        "Port ssh",
     ] {
         assert!(all.contains(feature), "no case uses `{feature}`");
     }
