@@ -1448,17 +1448,19 @@ fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothi
     let marks = marker_dir(crate::test_name!());
     let m = |n: u32| marks.join(format!("m{n}")).display().to_string();
     // Every host goes through a ProxyCommand run by `sh -c`, with `%r` outside the inner
-    // quotes and `%h` inside them, as the configs of issue 25 had it.
+    // quotes and `%h` inside them, as the configs of issue 25 had it. Host names are
+    // lower-cased before `%h` (so `${IFS}` would not survive): `$(>file)` creates its
+    // file with no command name. With the checks disabled, m1-m5, m7, m9 and m10 appear.
     let cfg = lab.dir().join("ssh_config_injection");
     std::fs::write(
         &cfg,
         format!(
             "Host t\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {key}\n  \
              IdentitiesOnly yes\n  UserKnownHostsFile {kh}\n\
-             Host tokjump\n  HostName x$(touch${{IFS}}{m6})\n  ProxyJump admin@%h\n\
-             Host dollarjump\n  ProxyJump j$(touch${{IFS}}{m7})\n\
-             Host semijump\n  ProxyJump j;touch${{IFS}}{m8}\n\
-             Host tokhost\n  HostName x$(touch${{IFS}}{m9})\n\
+             Host tokjump\n  HostName x$(>{m6})\n  ProxyJump admin@%h\n\
+             Host dollarjump\n  ProxyJump j$(>{m7})\n\
+             Host semijump\n  ProxyJump j;>{m8}\n\
+             Host tokhost\n  HostName x$(>{m9})\n\
              Host tokuser\n  HostName {addr}\n  User a|touch${{IFS}}{m10}\n\
              Host *\n  ProxyCommand sh -c 'exec nc %h %p' %r\n",
             addr = t.addr,
@@ -1532,6 +1534,11 @@ fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothi
             .output()
             .unwrap();
         let err = text(&out.stderr);
+        assert!(
+            !Path::new(&m(*n)).exists(),
+            "{args:?} ran a local command: {} exists",
+            m(*n)
+        );
         assert_eq!(out.status.code(), Some(246), "{args:?}: {err}");
         assert!(
             err.contains(origin) && err.contains("contains invalid characters"),
