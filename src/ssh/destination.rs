@@ -1119,12 +1119,14 @@ pub fn resolve_with(
             .as_deref()
             .map(|u| format!("{u}@"))
             .unwrap_or_default();
+        // The port connected to (an earlier `-o Port=` wins over the URI's and `-p`).
         match spec.port.or(arg.port) {
-            Some(p) => format!("{user}{alias}:{p}"),
+            Some(_) => format!("{user}{alias}:{port}"),
             None => format!("{user}{alias}"),
         }
     } else {
-        match spec.port {
+        // `:port` when `-p` gave the port; not when an earlier `-o Port=` won over it.
+        match spec.port.filter(|p| *p == port) {
             Some(p) => format!("{typed}:{p}"),
             None => typed.to_string(),
         }

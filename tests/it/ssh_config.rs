@@ -763,3 +763,52 @@ fn config_prints_ssh_g_style_lines_and_marks_opmark_defaults() {
         assert!(lines.contains(want), "no `{want}` in:\n{lines}");
     }
 }
+
+#[test]
+fn first_value_wins_between_flags_and_o_and_match_key_value_on_a_real_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let dir = support::fresh_dir(crate::test_name!());
+    let cfg = dir.join("cfg");
+    // `Match originalhost=kv` (the `=` form was refused as an unknown criterion).
+    std::fs::write(
+        &cfg,
+        format!(
+            "Match originalhost=kv\n  HostName {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n",
+            t.addr,
+            lab.client_key().display(),
+            lab.known_hosts().display()
+        ),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    // `-o User=` and `-o Port=` come first, so they win over `-l` and `-p`, as in ssh;
+    // `-l`/`-p` used to win and sent the run to a user and port that do not exist.
+    let port = t.port.to_string();
+    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+        "--json",
+        "run",
+        "kv",
+        "-o",
+        &format!("User={}", t.user),
+        "-o",
+        &format!("Port={port}"),
+        "-l",
+        "nobody-here",
+        "-p",
+        "1",
+        "--op",
+        "first-wins-1",
+        "--",
+        "echo first-wins",
+    ]));
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("first-wins\n")),
+        "{j}"
+    );
+    // The ledger does not name the host by the `-p` that lost.
+    assert_eq!(j["host"], Value::from("kv"), "{j}");
+}
