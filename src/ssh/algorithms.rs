@@ -137,22 +137,35 @@ pub const DEFAULT_KEX: &[&str] = &[
     "diffie-hellman-group16-sha512",
     "diffie-hellman-group-exchange-sha256",
 ];
-const DEFAULT_CIPHERS: &[&str] = &[
+/// opmark's default ciphers (russh's), in order.
+pub const DEFAULT_CIPHERS: &[&str] = &[
     "chacha20-poly1305@openssh.com",
     "aes256-gcm@openssh.com",
     "aes256-ctr",
     "aes192-ctr",
     "aes128-ctr",
 ];
-const DEFAULT_MACS: &[&str] = &[
+/// opmark's default MACs (russh's safe set), in order.
+pub const DEFAULT_MACS: &[&str] = &[
     "hmac-sha2-512-etm@openssh.com",
     "hmac-sha2-256-etm@openssh.com",
     "hmac-sha2-512",
     "hmac-sha2-256",
 ];
-/// Host key algorithms russh verifies, plain; each may also be asked for as a
-/// certificate (`-cert-v01@openssh.com`).
+/// Host key algorithms opmark asks for by default, plain; each may also be asked for as
+/// a certificate (`-cert-v01@openssh.com`). Not `ssh-rsa` (SHA-1 signatures): ssh 9.2
+/// leaves it out of its defaults too.
 pub const DEFAULT_HOST_KEYS: &[&str] = &[
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "rsa-sha2-512",
+    "rsa-sha2-256",
+];
+/// Host key algorithms russh verifies: the defaults, and `ssh-rsa` when a config asks
+/// for it (`HostKeyAlgorithms +ssh-rsa`, as with ssh).
+const SUPPORTED_HOST_KEYS: &[&str] = &[
     "ssh-ed25519",
     "ecdsa-sha2-nistp256",
     "ecdsa-sha2-nistp384",
@@ -227,9 +240,24 @@ fn supported(kind: Kind, name: &str) -> bool {
         }
         Kind::Mac => name != "none" && russh::mac::Name::try_from(name).is_ok(),
         Kind::HostKey | Kind::Pubkey => {
-            DEFAULT_HOST_KEYS.contains(&name.strip_suffix(CERT_SUFFIX).unwrap_or(name))
+            SUPPORTED_HOST_KEYS.contains(&name.strip_suffix(CERT_SUFFIX).unwrap_or(name))
         }
     }
+}
+
+/// The lists opmark offers for `chosen` (its defaults where nothing was chosen), as
+/// comma-separated names in `ssh -G`'s order of keys: kex, host keys, ciphers, MACs.
+/// Host keys without a choice are the defaults before known_hosts reorders them.
+pub fn offered(chosen: &Algorithms) -> [String; 4] {
+    let or = |list: &Option<Vec<String>>, kind: Kind| {
+        list.clone().unwrap_or_else(|| defaults(kind)).join(",")
+    };
+    [
+        or(&chosen.kex, Kind::Kex),
+        or(&chosen.host_key, Kind::HostKey),
+        or(&chosen.ciphers, Kind::Cipher),
+        or(&chosen.macs, Kind::Mac),
+    ]
 }
 
 /// The option's name as ssh_config spells it.

@@ -503,11 +503,19 @@ fn preferred(dest: &Destination, known: &KnownHosts, name: &str) -> Preferred {
     // Certificates are asked for only where an @cert-authority line can vouch for one;
     // elsewhere a certificate would only hide the plain key known_hosts holds.
     let authority = known.has_authority_for(name);
+    // russh's defaults end in `ssh-rsa` (SHA-1 signatures), which ssh 9.2 no longer asks
+    // for unless a config adds it: opmark's defaults are ssh's.
+    let defaults: Vec<russh::keys::Algorithm> = Preferred::DEFAULT
+        .key
+        .iter()
+        .filter(|a| !matches!(a, russh::keys::Algorithm::Rsa { hash: None }))
+        .cloned()
+        .collect();
     let (key, host_key_certificates) = match &chosen.host_key {
         None => (
-            Cow::Owned(known.preferred_algorithms(name, &Preferred::DEFAULT.key)),
+            Cow::Owned(known.preferred_algorithms(name, &defaults)),
             if authority {
-                Cow::Owned(Preferred::DEFAULT.key.to_vec())
+                Cow::Owned(defaults.clone())
             } else {
                 Cow::Borrowed(&[][..])
             },

@@ -260,6 +260,27 @@ fn compare(
         j["connectionattempts"].to_string(),
         gv("connectionattempts"),
     );
+    // The algorithm lists: opmark never offers a name ssh would not (its defaults are a
+    // subset of ssh's; a config's list is narrowed to what russh does, never widened).
+    // mlkem768x25519-sha256 is newer than ssh 9.2.
+    for key in ["kexalgorithms", "hostkeyalgorithms", "ciphers", "macs"] {
+        let theirs = gv(key);
+        let theirs: Vec<&str> = theirs.split(',').collect();
+        let ours = j[key].as_str().unwrap_or("");
+        let beyond: Vec<&str> = ours
+            .split(',')
+            .filter(|n| !theirs.contains(n) && *n != "mlkem768x25519-sha256")
+            .collect();
+        check(
+            &format!("{key} (names opmark offers beyond ssh -G's list)"),
+            if ours.is_empty() {
+                "(empty)".to_string()
+            } else {
+                beyond.join(",")
+            },
+            String::new(),
+        );
+    }
     let agent = match g.get("identityagent").map(String::as_str) {
         None | Some("none") | Some("SSH_AUTH_SOCK") => String::new(),
         Some(a) => a.to_string(),
