@@ -327,6 +327,20 @@ fn assemble(kind: Kind, value: &str) -> Result<Vec<String>, String> {
     })
 }
 
+/// Checks the names of a list option as ssh does when it reads the line, whether or not
+/// the line applies to the host: an unknown name is an error.
+pub fn check_names(key: &str, value: &str) -> Result<(), String> {
+    let kind = match key {
+        "kexalgorithms" => Kind::Kex,
+        "hostkeyalgorithms" => Kind::HostKey,
+        "ciphers" => Kind::Cipher,
+        "macs" => Kind::Mac,
+        "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => Kind::Pubkey,
+        _ => return Ok(()),
+    };
+    assemble(kind, value).map(|_| ())
+}
+
 /// Resolves one list option to the names opmark will offer, in order; an error says
 /// what is wrong (the caller adds the file and line).
 pub fn resolve(kind: Kind, value: &str) -> Result<Vec<String>, String> {

@@ -926,7 +926,9 @@ impl HostOptions {
     /// names it.
     fn check_known(&self, line: &OptionLine) -> Result<(), ConfigError> {
         if keyword_role(&line.key).is_some() {
-            return Ok(());
+            // ssh refuses an unknown algorithm name on any line it reads.
+            return super::algorithms::check_names(&line.key, &line.value())
+                .map_err(|e| ConfigError::at(&line.origin, e));
         }
         if let Some(ignore) = self.first.get("ignoreunknown") {
             if pattern_list(&line.key, &ignore.value(), true) == 1 {
@@ -1384,6 +1386,23 @@ mod tests {
         // Options that do not change where or how: no error.
         let c = parse("ForwardAgent no\nLogLevel QUIET\nCompression yes\nSendEnv LANG\nGSSAPIAuthentication yes\n");
         lookup(&c, "a");
+    }
+
+    #[test]
+    fn unknown_algorithm_names_are_errors_even_where_the_block_does_not_apply() {
+        let c = parse("Host other\n Ciphers nonesuch\n");
+        let ctx = MatchContext {
+            host_arg: "a".into(),
+            local_user: "me".into(),
+        };
+        let e = c
+            .apply(&ctx, &mut HostOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("test_config:2:") && e.contains("nonesuch"),
+            "{e}"
+        );
     }
 
     #[test]

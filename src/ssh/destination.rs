@@ -1795,7 +1795,7 @@ mod tests {
     #[test]
     fn algorithm_options_are_resolved_or_refused_with_their_line() {
         let c = cfg("Host a\n HostKeyAlgorithms ssh-ed25519\n Ciphers -aes*\n\
-                     Host b\n KexAlgorithms nope\nHost c\n MACs umac-64@openssh.com\n\
+                     Host b\n KexAlgorithms -nope*\nHost c\n MACs umac-64@openssh.com\n\
                      Host d\n PreferredAuthentications password\nHost e\n PubkeyAcceptedAlgorithms ssh-ed25519\n");
         let d = resolve_with(&c, &spec("a"), 0).unwrap();
         assert_eq!(d.algorithms.host_key, Some(vec!["ssh-ed25519".to_string()]));
@@ -1803,12 +1803,17 @@ mod tests {
             d.algorithms.ciphers,
             Some(vec!["chacha20-poly1305@openssh.com".to_string()])
         );
-        for (host, line) in [
-            ("b", "cfg:5:"),
-            ("c", "cfg:7:"),
-            ("d", "cfg:9:"),
-            ("e", "cfg:11:"),
-        ] {
+        // `-` takes patterns, not names: nothing to refuse.
+        assert!(resolve_with(&c, &spec("b"), 0)
+            .unwrap()
+            .algorithms
+            .kex
+            .is_some());
+        // An unknown name: refused wherever it is written.
+        let bad = cfg("Host other\n KexAlgorithms nope\n");
+        let e = resolve_with(&bad, &spec("a"), 0).unwrap_err();
+        assert!(e.message.starts_with("cfg:2:"), "{}", e.message);
+        for (host, line) in [("c", "cfg:7:"), ("d", "cfg:9:"), ("e", "cfg:11:")] {
             let e = resolve_with(&c, &spec(host), 0).unwrap_err();
             assert_eq!(e.stage, ConnectStage::Config, "{host}");
             assert!(e.message.starts_with(line), "{host}: {}", e.message);
