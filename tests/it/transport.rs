@@ -1521,6 +1521,11 @@ fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothi
         (vec!["semijump".into()], "ProxyJump at", 8),
         (vec!["tokhost".into()], "%h in the ProxyCommand at", 9),
         (vec!["tokuser".into()], "%r in the ProxyCommand at", 10),
+        (
+            vec!["t".into(), "-o".into(), format!("ProxyJump=j$(>{})", m(11))],
+            "-o ProxyJump= (command-line option 1), jump host",
+            11,
+        ),
     ];
     for (args, origin, n) in &cases {
         let op = format!("inj-{n}");
@@ -1555,6 +1560,28 @@ fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothi
             m(*n)
         );
     }
+    // `user@host`: the destination check refuses it first (exit 245, bad input).
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args([
+            "run",
+            &format!("a|id>{}@t", m(12)),
+            "--op",
+            "inj-12",
+            "--",
+            "echo ran",
+        ])
+        .output()
+        .unwrap();
+    assert!(!Path::new(&m(12)).exists(), "user@host ran a local command");
+    assert!(!out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid host"),
+        "{}",
+        text(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_dir(&marks).unwrap().count(),
         0,
@@ -1564,7 +1591,7 @@ fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothi
     let list = env.opmark().args(["list", "--json"]).output().unwrap();
     let list = text(&list.stdout);
     assert!(list.contains("\"inj-ok\""), "{list}");
-    for n in 1..=10 {
+    for n in 1..=12 {
         assert!(
             !list.contains(&format!("\"inj-{n}\"")),
             "inj-{n} recorded: {list}"
