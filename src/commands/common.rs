@@ -6,6 +6,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::host::{HostSpec, ReachError};
 use crate::ledger::{Ledger, Redactor};
 use crate::policy::Policy;
+use crate::ssh::destination::FlagPositions;
 
 /// The policy named by `--policy`/`OPMARK_POLICY`, the user's file, or the built-in one.
 pub fn load_policy(global: &GlobalArgs) -> Result<Policy> {
@@ -28,6 +29,7 @@ pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
         (_, true) => Some("AddressFamily=inet6".to_owned()),
         _ => None,
     };
+    let offset = usize::from(family.is_some());
     HostSpec {
         host: host.to_owned(),
         port: args.port,
@@ -39,7 +41,50 @@ pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
             .into_iter()
             .chain(args.option.iter().cloned())
             .collect(),
+        flag_positions: flag_positions(args, offset),
     }
+}
+
+/// Where `-l`, `-p` and `-J` stood among the `-o` options of this process's command
+/// line (ssh takes the first value given, flag or `-o`), read back from the arguments
+/// with clap's indices. Flags first (the default) when `args` did not come from the
+/// command line (the MCP server builds its own).
+fn flag_positions(args: &HostArgs, offset: usize) -> FlagPositions {
+    use clap::CommandFactory;
+    let mut positions = FlagPositions::default();
+    let Ok(top) = crate::cli::Cli::command().try_get_matches_from(std::env::args_os()) else {
+        return positions;
+    };
+    let mut m = &top;
+    while m.try_get_raw("login").is_err() {
+        match m.subcommand() {
+            Some((_, sub)) => m = sub,
+            None => return positions,
+        }
+    }
+    let same = m.get_one::<String>("login") == args.login.as_ref()
+        && m.get_one::<String>("jump") == args.jump.as_ref()
+        && m.get_one::<u16>("port") == args.port.as_ref()
+        && m.get_many::<String>("option")
+            .map(|v| v.cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+            == args.option;
+    if !same {
+        return positions;
+    }
+    let options: Vec<usize> = m
+        .indices_of("option")
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let before = |id: &str| {
+        m.index_of(id)
+            .map(|at| offset + options.iter().filter(|&&o| o < at).count())
+            .unwrap_or(0)
+    };
+    positions.user = before("login");
+    positions.port = before("port");
+    positions.jump = before("jump");
+    positions
 }
 
 /// A host that could not be reached for a call: a connect failure as [`Error`]'s

@@ -44,6 +44,12 @@ struct Report {
     serveraliveinterval: u64,
     serveralivecountmax: usize,
     batchmode: bool,
+    /// The algorithm lists opmark offers (the config's `KexAlgorithms`,
+    /// `HostKeyAlgorithms`, `Ciphers`, `MACs`, else its defaults), comma-separated.
+    kexalgorithms: String,
+    hostkeyalgorithms: String,
+    ciphers: String,
+    macs: String,
     /// Options where opmark applies its own default because nothing set them (ssh's
     /// default differs: no connect timeout, no keepalives, `ask`).
     opmark_defaults: Vec<&'static str>,
@@ -54,6 +60,7 @@ fn paths(p: &[std::path::PathBuf]) -> Vec<String> {
 }
 
 fn report(d: &Destination) -> Report {
+    let algorithms = crate::ssh::algorithms::offered(&d.algorithms);
     Report {
         schema: "opmark/1",
         host: d.display(),
@@ -87,6 +94,10 @@ fn report(d: &Destination) -> Report {
         serveraliveinterval: d.keepalive_interval.map_or(0, |i| i.as_secs()),
         serveralivecountmax: d.keepalive_max,
         batchmode: d.batch_mode,
+        kexalgorithms: algorithms[0].clone(),
+        hostkeyalgorithms: algorithms[1].clone(),
+        ciphers: algorithms[2].clone(),
+        macs: algorithms[3].clone(),
         opmark_defaults: d.opmark_defaults.clone(),
     }
 }
@@ -128,6 +139,10 @@ fn render(r: &Report) -> String {
     line("connectionattempts", &r.connectionattempts.to_string());
     line("connecttimeout", &r.connecttimeout.to_string());
     line("serveraliveinterval", &r.serveraliveinterval.to_string());
+    line("kexalgorithms", &r.kexalgorithms);
+    line("hostkeyalgorithms", &r.hostkeyalgorithms);
+    line("ciphers", &r.ciphers);
+    line("macs", &r.macs);
     line("serveralivecountmax", &r.serveralivecountmax.to_string());
     line("batchmode", yes_no(r.batchmode));
     for k in &r.opmark_defaults {

@@ -190,16 +190,12 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         "tunnel" => Refused("opmark does not forward tun/tap devices"),
         "remotecommand" => Refused("opmark runs its own command; a RemoteCommand would replace it"),
         "sessiontype" => Refused("opmark always runs a command session"),
-        "setenv" => Refused("opmark does not send environment variables; the command would see a different environment than under ssh"),
         "pubkeyauthentication" => Refused("opmark authenticates only with public keys"),
         "pkcs11provider" | "smartcarddevice" => Refused("opmark cannot use PKCS#11 keys"),
         "securitykeyprovider" => Refused("opmark cannot use a security key middleware"),
         "knownhostscommand" => Refused("opmark does not run a KnownHostsCommand to find host keys"),
         "proxyusefdpass" => Refused("opmark uses the ProxyCommand's stdin and stdout as the connection; it cannot take a file descriptor passed by the proxy"),
         "revokedhostkeys" => Refused("opmark does not read a RevokedHostKeys file; put revoked keys in known_hosts as @revoked lines"),
-        "canonicaldomains" | "canonicalizepermittedcnames" => {
-            Refused("opmark does not canonicalize host names")
-        }
         // Accepted, no effect on where or how opmark connects.
         "addkeystoagent" | "canonicalizefallbacklocal" | "canonicalizemaxdots" | "checkhostip"
         | "clearallforwardings" | "compression" | "controlmaster" | "controlpath"
@@ -211,18 +207,27 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         | "tisauthentication" | "dsaauthentication" | "localcommand" | "localforward"
         | "loglevel" | "logverbose" | "nohostauthenticationforlocalhost"
         | "numberofpasswordprompts" | "passwordauthentication" | "permitlocalcommand"
-        | "permitremoteopen" | "preferredauthentications" | "protocol" | "rekeylimit"
-        | "remoteforward" | "requesttty" | "requiredrsasize" | "sendenv"
+        | "permitremoteopen" | "protocol" | "rekeylimit"
+        | "remoteforward" | "requesttty" | "requiredrsasize"
+        // Canonicalisation itself (CanonicalizeHostname) is refused unless off; with it
+        // off these have no effect in ssh either.
+        | "canonicaldomains" | "canonicalizepermittedcnames"
+        // opmark sends no environment variables, SendEnv's or SetEnv's: the command gets
+        // the environment the host's login gives it, as under ssh to a server whose
+        // AcceptEnv takes none of them (README, "SSH configuration").
+        | "sendenv" | "setenv"
         | "stdinnull" | "streamlocalbindmask" | "streamlocalbindunlink" | "syslogfacility"
         | "tcpkeepalive" | "keepalive" | "tunneldevice" | "updatehostkeys" | "verifyhostkeydns"
         | "visualhostkey" | "xauthlocation" => Ignored,
-        // Algorithm lists: opmark negotiates its own modern set (curve25519/ECDH kex,
-        // chacha20-poly1305/AES-GCM, Ed25519/ECDSA/RSA-SHA2 keys); distribution crypto
-        // policies set these in the system config for every host, so refusing them
-        // would make opmark unusable there.
-        "ciphers" | "macs" | "kexalgorithms" | "hostkeyalgorithms" | "casignaturealgorithms"
-        | "hostbasedacceptedalgorithms" | "hostbasedkeytypes" | "pubkeyacceptedalgorithms"
-        | "pubkeyacceptedkeytypes" => Ignored,
+        // The security choices, honoured through russh's preferred lists or refused
+        // (src/ssh/algorithms.rs): never dropped.
+        "ciphers" | "macs" | "kexalgorithms" | "hostkeyalgorithms" | "pubkeyacceptedalgorithms"
+        | "pubkeyacceptedkeytypes" | "preferredauthentications" => Used,
+        // Host-based authentication is refused above, so its algorithm lists choose
+        // nothing. CASignatureAlgorithms is accepted and not applied (README).
+        "casignaturealgorithms" | "hostbasedacceptedalgorithms" | "hostbasedkeytypes" => {
+            Ignored
+        }
         // GSSAPI (Debian's patch adds the kex ones; Debian's own ssh_config sets
         // GSSAPIAuthentication yes): an extra authentication method ssh may try.
         "gssapiauthentication" | "gssapidelegatecredentials" | "gssapikeyexchange"
@@ -245,14 +250,8 @@ fn harmless_value(key: &str, value: &str) -> bool {
             matches!(v.as_str(), "no" | "false")
         }
         "pubkeyauthentication" => matches!(v.as_str(), "yes" | "true" | "unbound" | "host-bound"),
-        "remotecommand"
-        | "pkcs11provider"
-        | "smartcarddevice"
-        | "knownhostscommand"
-        | "revokedhostkeys"
-        | "canonicaldomains"
-        | "canonicalizepermittedcnames"
-        | "setenv" => v == "none",
+        "remotecommand" | "pkcs11provider" | "smartcarddevice" | "knownhostscommand"
+        | "revokedhostkeys" => v == "none",
         "sessiontype" => v == "default",
         "securitykeyprovider" => v == "internal",
         _ => false,
@@ -499,7 +498,13 @@ fn parse_match(args: &[String], origin: &Origin) -> Result<Vec<Criterion>, Confi
     let mut attributes = 0;
     let mut i = 0;
     while i < args.len() {
-        let word = &args[i];
+        // `criterion=argument` is `criterion argument` (OpenSSH's own regress tests
+        // write `Match host=b`).
+        let (word, inline) = match args[i].split_once('=') {
+            Some((w, a)) => (w.to_string(), Some(a.to_string())),
+            None => (args[i].clone(), None),
+        };
+        let word = &word;
         let (negate, name) = match word.strip_prefix('!') {
             Some(rest) => (true, rest),
             None => (false, word.as_str()),
@@ -554,18 +559,18 @@ fn parse_match(args: &[String], origin: &Origin) -> Result<Vec<Criterion>, Confi
             }
         };
         attributes += 1;
-        let Some(arg) = args.get(i + 1) else {
+        let (arg, used) = match inline {
+            Some(a) => (Some(a), 1),
+            None => (args.get(i + 1).cloned(), 2),
+        };
+        let Some(arg) = arg.filter(|a| !a.is_empty()) else {
             return Err(ConfigError::at(
                 origin,
                 format!("`Match {name}` needs an argument"),
             ));
         };
-        criteria.push(Criterion {
-            negate,
-            kind,
-            arg: arg.clone(),
-        });
-        i += 2;
+        criteria.push(Criterion { negate, kind, arg });
+        i += used;
     }
     Ok(criteria)
 }
@@ -921,7 +926,9 @@ impl HostOptions {
     /// names it.
     fn check_known(&self, line: &OptionLine) -> Result<(), ConfigError> {
         if keyword_role(&line.key).is_some() {
-            return Ok(());
+            // ssh refuses an unknown algorithm name on any line it reads.
+            return super::algorithms::check_names(&line.key, &line.value())
+                .map_err(|e| ConfigError::at(&line.origin, e));
         }
         if let Some(ignore) = self.first.get("ignoreunknown") {
             if pattern_list(&line.key, &ignore.value(), true) == 1 {
@@ -1274,6 +1281,17 @@ mod tests {
     }
 
     #[test]
+    fn match_key_equals_value_is_the_same_as_key_space_value() {
+        let c = parse("Match host=b\n User mb\nMatch !host=b user=mb\n Port 2\nMatch exec=\"test %h = c\"\n Port 3\n");
+        assert_eq!(v(&lookup(&c, "b"), "user").as_deref(), Some("mb"));
+        assert_eq!(v(&lookup(&c, "b"), "port"), None);
+        assert_eq!(v(&lookup(&c, "c"), "port").as_deref(), Some("3"));
+        // An `=` inside an argument is part of it.
+        let c = parse("Match exec \"test x=x\"\n Port 4\n");
+        assert_eq!(v(&lookup(&c, "q"), "port").as_deref(), Some("4"));
+    }
+
+    #[test]
     fn match_criteria_combine_with_and_and_negation() {
         let c = parse("Match host a* !user root\n Port 7\n");
         assert_eq!(v(&lookup_as(&c, "ab", "me"), "port").as_deref(), Some("7"));
@@ -1368,6 +1386,23 @@ mod tests {
         // Options that do not change where or how: no error.
         let c = parse("ForwardAgent no\nLogLevel QUIET\nCompression yes\nSendEnv LANG\nGSSAPIAuthentication yes\n");
         lookup(&c, "a");
+    }
+
+    #[test]
+    fn unknown_algorithm_names_are_errors_even_where_the_block_does_not_apply() {
+        let c = parse("Host other\n Ciphers nonesuch\n");
+        let ctx = MatchContext {
+            host_arg: "a".into(),
+            local_user: "me".into(),
+        };
+        let e = c
+            .apply(&ctx, &mut HostOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("test_config:2:") && e.contains("nonesuch"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::algorithms::{Algorithms, Kind};
 use super::config::{
     expand_path, expand_percent, expand_tilde, home_dir, parse_command_line_option, ConfigError,
     ConfigKind, HostOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
@@ -34,6 +35,21 @@ pub struct HostSpec {
     pub user: Option<String>,
     /// `-o Key=Value` options, in order; they win over the config files.
     pub options: Vec<String>,
+    /// Where `-l`, `-p` and `-J` stood among the `-o` options, so that the first value
+    /// given wins as in ssh (`-o User=a -l b` is `a`; `-l b -o User=a` is `b`).
+    pub flag_positions: FlagPositions,
+}
+
+/// For each of `-l`, `-p`, `-J`: how many of [`HostSpec::options`] came before it on
+/// the command line. The default (0) puts the flags before every `-o`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlagPositions {
+    /// `-l`.
+    pub user: usize,
+    /// `-p`.
+    pub port: usize,
+    /// `-J`.
+    pub jump: usize,
 }
 
 /// The system-wide ssh config read after the user's, unless `-F` is given.
@@ -183,6 +199,10 @@ pub struct Destination {
     /// Not sent to the keeper: it only explains, it changes no connection.
     #[serde(skip)]
     pub opmark_defaults: Vec<&'static str>,
+    /// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers`, `MACs` as the config chose them
+    /// (`None` each: opmark's defaults), for russh's preferred lists.
+    #[serde(default)]
+    pub algorithms: Algorithms,
 }
 
 /// How an operation reached its host, as the ledger records it (SPEC section 9): enough
@@ -288,6 +308,10 @@ impl Destination {
         for j in &self.jumps {
             key.push_str(&format!(" via {}@{}:{}", j.user, j.hostname, j.port));
         }
+        // A connection negotiated under other algorithm choices is not this one.
+        if !self.algorithms.is_default() {
+            key.push_str(&format!(" algorithms {:?}", self.algorithms));
+        }
         key
     }
 }
@@ -367,6 +391,121 @@ pub fn check_destination(typed: &str) -> Result<(), String> {
     }
 }
 
+/// Characters OpenSSH's `ssh_valid_ruser` refuses anywhere in a user name.
+const FORBIDDEN_IN_USER: &str = "'`\";&<>|(){}";
+/// Characters OpenSSH's `ssh_valid_hostname` refuses anywhere in a host name.
+const FORBIDDEN_IN_HOST: &str = "'`\"$\\;&<>|(){},";
+
+/// OpenSSH's `ssh_valid_ruser` (readconf.c, the CVE-2023-51385 fix as this machine's
+/// ssh 9.2p1 Debian applies it): no leading `-`, no control character, none of
+/// [`FORBIDDEN_IN_USER`], no blank followed by `-`, no `\` at the end. `None` when valid,
+/// else what is wrong.
+pub fn user_problem(user: &str) -> Option<String> {
+    if user.is_empty() {
+        return Some("it is empty".into());
+    }
+    if user.starts_with('-') {
+        return Some("it starts with `-`".into());
+    }
+    let chars: Vec<char> = user.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_control() {
+            return Some(format!("it contains the control character {:?}", c));
+        }
+        if FORBIDDEN_IN_USER.contains(c) {
+            return Some(format!("it contains `{c}`"));
+        }
+        if c.is_whitespace() && chars.get(i + 1) == Some(&'-') {
+            return Some("it contains a blank followed by `-`".into());
+        }
+    }
+    if user.ends_with('\\') {
+        return Some("it ends in `\\`".into());
+    }
+    None
+}
+
+/// OpenSSH's `ssh_valid_hostname`: no leading `-`, no blank or control character, none
+/// of [`FORBIDDEN_IN_HOST`]. `None` when valid, else what is wrong.
+pub fn host_problem(host: &str) -> Option<String> {
+    if host.is_empty() {
+        return Some("it is empty".into());
+    }
+    if host.starts_with('-') {
+        return Some("it starts with `-`".into());
+    }
+    host.chars().find_map(|c| {
+        if c.is_whitespace() {
+            Some("it contains a blank".to_owned())
+        } else if c.is_control() {
+            Some(format!("it contains the control character {:?}", c))
+        } else if FORBIDDEN_IN_HOST.contains(c) {
+            Some(format!("it contains `{c}`"))
+        } else {
+            None
+        }
+    })
+}
+
+/// Refuses a remote user name that fails [`user_problem`], naming where it came from
+/// and the rule. Stage `Config`: refused before any ledger record, nothing run.
+fn check_user(user: &str, origin: &str) -> Result<(), ConnectError> {
+    match user_problem(user) {
+        None => Ok(()),
+        Some(problem) => Err(ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{origin}: remote user name \"{}\" contains invalid characters: {problem}. \
+                 As ssh does (\"remote username contains invalid characters\"), a user name \
+                 from the command line, a jump or a %-token may not start with `-`, end in \
+                 `\\`, hold a control character, a blank followed by `-`, or any of \
+                 {FORBIDDEN_IN_USER}; nothing was run or sent",
+                user.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// Refuses a host name that fails [`host_problem`], naming where it came from and the
+/// rule. Stage `Config`, as [`check_user`].
+fn check_host(host: &str, origin: &str) -> Result<(), ConnectError> {
+    match host_problem(host) {
+        None => Ok(()),
+        Some(problem) => Err(ConnectError::new(
+            ConnectStage::Config,
+            format!(
+                "{origin}: host name \"{}\" contains invalid characters: {problem}. \
+                 As ssh does (\"hostname contains invalid characters\"), a host name from \
+                 the command line, a jump or a %-token may not start with `-` or hold a \
+                 blank, a control character or any of {FORBIDDEN_IN_HOST}; nothing was run \
+                 or sent",
+                host.escape_debug()
+            ),
+        )),
+    }
+}
+
+/// A port as ssh's `a2port` reads it: a number from 1 to 65535, or a TCP service name
+/// from `/etc/services` (`ssh` is 22).
+pub fn parse_port(s: &str) -> Option<u16> {
+    if let Ok(n) = s.parse::<u16>() {
+        return (n > 0).then_some(n);
+    }
+    if s.is_empty() || s.chars().any(|c| c.is_whitespace() || c == '#') {
+        return None;
+    }
+    let services = std::fs::read_to_string("/etc/services").ok()?;
+    services.lines().find_map(|line| {
+        let line = line.split('#').next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        let name = words.next()?;
+        let (port, proto) = words.next()?.split_once('/')?;
+        (proto == "tcp" && (name == s || words.any(|alias| alias == s)))
+            .then(|| port.parse::<u16>().ok().filter(|p| *p > 0))
+            .flatten()
+    })
+}
+
 /// Resolves `spec` through the ssh configs. Errors have stage `Config` (a malformed or
 /// unsupported config or option) or `Resolve`; either way nothing was sent.
 pub fn resolve(spec: &HostSpec) -> Result<Destination, ConnectError> {
@@ -390,6 +529,7 @@ pub fn resolve_route(route: &Route) -> Result<Destination, ConnectError> {
         config_path: route.config.clone(),
         user: None,
         options: Vec::new(),
+        flag_positions: FlagPositions::default(),
     };
     let mut dest = resolve(&spec)?;
     dest.hostname = route.hostname.clone();
@@ -530,22 +670,57 @@ pub fn resolve_with(
         return Err(fail(format!("`{alias}` is not a valid host name")));
     }
 
-    // The command line comes first and wins, as in ssh: the flags, then `-o` in
-    // order, then the user and port of the host argument.
+    // The values of the command line that can reach a shell through %-tokens (a
+    // ProxyCommand, Match exec) or a jump are checked first, before any config is read
+    // or anything runs, as ssh's main() does (CVE-2023-51385).
+    if depth == 0 {
+        check_host(&alias, "the destination")?;
+        if let Some(u) = &spec.user {
+            check_user(u, "-l")?;
+        }
+        if let Some(u) = &arg.user {
+            check_user(
+                u,
+                if arg.uri {
+                    "the ssh:// destination"
+                } else {
+                    "user@host"
+                },
+            )?;
+        }
+        if let Some(j) = &spec.jump {
+            check_jump_syntax(j, "-J")?;
+        }
+    }
+
+    // The command line comes first and wins, as in ssh: the flags and the `-o` options
+    // in the order given (first value wins among them too), then the user and port of
+    // the host argument.
     let mut o = HostOptions::default();
     let take = |o: &mut HostOptions, line: &OptionLine| {
         o.take(line).map_err(|e| config_fail(e.to_string()))
     };
+    let mut flags: Vec<(usize, OptionLine)> = Vec::new();
     if let Some(u) = &spec.user {
-        take(&mut o, &synthetic("user", u, 0))?;
+        flags.push((spec.flag_positions.user, synthetic("user", u, 0)));
     }
     if let Some(p) = spec.port {
-        take(&mut o, &synthetic("port", &p.to_string(), 0))?;
+        flags.push((
+            spec.flag_positions.port,
+            synthetic("port", &p.to_string(), 0),
+        ));
     }
     if let Some(j) = &spec.jump {
-        take(&mut o, &synthetic("proxyjump", j, 0))?;
+        flags.push((spec.flag_positions.jump, synthetic("proxyjump", j, 0)));
     }
-    for (i, text) in spec.options.iter().enumerate() {
+    for i in 0..=spec.options.len() {
+        let last = i == spec.options.len();
+        for (_, line) in flags.iter().filter(|(at, _)| *at == i || (last && *at > i)) {
+            take(&mut o, line)?;
+        }
+        let Some(text) = spec.options.get(i) else {
+            break;
+        };
         let line =
             parse_command_line_option(text, i + 1).map_err(|e| config_fail(e.to_string()))?;
         if super::config::keyword_role(&line.key).is_none() {
@@ -553,6 +728,13 @@ pub fn resolve_with(
                 "{}: unknown ssh option `{}` in -o",
                 line.origin, line.key
             )));
+        }
+        match line.key.as_str() {
+            "user" => check_user(&line.value(), &format!("-o User= ({})", line.origin))?,
+            "proxyjump" => {
+                check_jump_syntax(&line.value(), &format!("-o ProxyJump= ({})", line.origin))?
+            }
+            _ => {}
         }
         take(&mut o, &line)?;
     }
@@ -583,9 +765,9 @@ pub fn resolve_with(
     }
 
     let port = match o.value("port") {
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+        Some(p) => parse_port(&p).ok_or_else(|| {
             config_fail(format!(
-                "{}: Port `{p}` is not a port number",
+                "{}: Port `{p}` is not a port number (1-65535) or a service name in /etc/services",
                 o.origin("port")
             ))
         })?,
@@ -622,11 +804,17 @@ pub fn resolve_with(
         .iter()
         .map(|p| PathBuf::from(expand_tilde(&p.to_string_lossy())))
         .collect();
+    // `IdentityFile none` names no file, and like any IdentityFile it keeps ssh's
+    // default files away: alone, it means no key files (the agent's keys still count).
+    let mut identities_explicit = !identities.is_empty();
     for line in &o.identity_files {
+        identities_explicit = true;
+        if line.value().eq_ignore_ascii_case("none") {
+            continue;
+        }
         identities.push(PathBuf::from(expand(line, &line.value())?));
     }
-    let identities_explicit = !identities.is_empty();
-    if identities.is_empty() {
+    if !identities_explicit {
         if let Some(home) = home_dir() {
             for name in DEFAULT_IDENTITY_FILES {
                 identities.push(home.join(".ssh").join(name));
@@ -800,6 +988,34 @@ pub fn resolve_with(
         },
     };
 
+    let mut algorithms = Algorithms::default();
+    for (key, kind) in [
+        ("kexalgorithms", Kind::Kex),
+        ("hostkeyalgorithms", Kind::HostKey),
+        ("ciphers", Kind::Cipher),
+        ("macs", Kind::Mac),
+        ("pubkeyacceptedalgorithms", Kind::Pubkey),
+        ("pubkeyacceptedkeytypes", Kind::Pubkey),
+    ] {
+        let Some(line) = o.get(key) else {
+            continue;
+        };
+        let list = super::algorithms::resolve(kind, &line.value())
+            .map_err(|e| config_fail(format!("{}: {e}", line.origin)))?;
+        match kind {
+            Kind::Kex => algorithms.kex = Some(list),
+            Kind::HostKey => algorithms.host_key = Some(list),
+            Kind::Cipher => algorithms.ciphers = Some(list),
+            Kind::Mac => algorithms.macs = Some(list),
+            // Checked only: a list that allows every key opmark offers changes nothing.
+            Kind::Pubkey => {}
+        }
+    }
+    if let Some(line) = o.get("preferredauthentications") {
+        super::algorithms::check_preferred_authentications(&line.value())
+            .map_err(|e| config_fail(format!("{}: {e}", line.origin)))?;
+    }
+
     let proxy_jump = o
         .value("proxyjump")
         .filter(|t| !t.eq_ignore_ascii_case("none"));
@@ -808,6 +1024,20 @@ pub fn resolve_with(
     let proxy_command = match o.get("proxycommand") {
         Some(line) if !line.raw.trim().eq_ignore_ascii_case("none") => {
             let port_text = port.to_string();
+            // The command runs under `sh -c`: a token value that could end the word it
+            // stands in is refused, whatever its source (ssh checks the command-line
+            // ones; a config's own literal User or HostName is checked here too).
+            let raw = line.raw.trim();
+            let at = |t: &str| format!("%{t} in the ProxyCommand at {}", line.origin);
+            if has_token(raw, 'h') {
+                check_host(&hostname, &at("h"))?;
+            }
+            if has_token(raw, 'n') {
+                check_host(&alias, &at("n"))?;
+            }
+            if has_token(raw, 'r') {
+                check_user(&user, &at("r"))?;
+            }
             let command = expand_percent(
                 line.raw.trim(),
                 &[
@@ -834,8 +1064,38 @@ pub fn resolve_with(
                 "ProxyJump chain deeper than {MAX_JUMP_DEPTH} hops at `{alias}` (a loop?)"
             )));
         }
+        let origin = match o.get("proxyjump") {
+            Some(l) if l.origin == Origin::command_line(0) => "-J".to_owned(),
+            Some(l) => format!("ProxyJump at {}", l.origin),
+            None => "ProxyJump".to_owned(),
+        };
+        let port_text = port.to_string();
+        // ssh turns a ProxyJump into a ProxyCommand whose %-tokens it expands: %h, %n,
+        // %p, %r of the destination (so `ProxyJump admin@%h` jumps through the host
+        // itself). Each hop, expanded, then passes ssh's command-line checks whatever
+        // file it came from: opmark resolves a hop like a destination typed by hand.
+        let tokens = [
+            ('h', hostname.as_str()),
+            ('n', alias.as_str()),
+            ('p', port_text.as_str()),
+            ('r', user.as_str()),
+        ];
         for (i, hop) in text.split(',').map(str::trim).enumerate() {
-            let (host, port) = split_hop(hop).map_err(config_fail)?;
+            let at = format!("{origin}, hop `{hop}`");
+            let h = parse_hop(hop).map_err(|m| config_fail(format!("{origin}: {m}")))?;
+            let expand =
+                |s: &str| expand_percent(s, &tokens).map_err(|e| config_fail(format!("{at}: {e}")));
+            let host = expand(&h.host)?;
+            check_host(&host, &at)?;
+            let hop_user = h.user.as_deref().map(expand).transpose()?;
+            if let Some(u) = &hop_user {
+                check_user(u, &at)?;
+            }
+            let host = match hop_user {
+                Some(u) => format!("{u}@{host}"),
+                None => host,
+            };
+            let port = h.port;
             let hop_spec = HostSpec {
                 host,
                 port,
@@ -845,6 +1105,7 @@ pub fn resolve_with(
                 config_path: None,
                 user: None,
                 options: Vec::new(),
+                flag_positions: FlagPositions::default(),
             };
             let mut hop_dest = resolve_with(config, &hop_spec, depth + 1)?;
             jumps.append(&mut hop_dest.jumps);
@@ -858,12 +1119,14 @@ pub fn resolve_with(
             .as_deref()
             .map(|u| format!("{u}@"))
             .unwrap_or_default();
+        // The port connected to (an earlier `-o Port=` wins over the URI's and `-p`).
         match spec.port.or(arg.port) {
-            Some(p) => format!("{user}{alias}:{p}"),
+            Some(_) => format!("{user}{alias}:{port}"),
             None => format!("{user}{alias}"),
         }
     } else {
-        match spec.port {
+        // `:port` when `-p` gave the port; not when an earlier `-o Port=` won over it.
+        match spec.port.filter(|p| *p == port) {
             Some(p) => format!("{typed}:{p}"),
             None => typed.to_string(),
         }
@@ -896,7 +1159,22 @@ pub fn resolve_with(
         proxy_jump,
         proxy_command,
         opmark_defaults,
+        algorithms,
     })
+}
+
+/// Whether `%t` occurs in `s` as a token (not as part of `%%`).
+fn has_token(s: &str, t: char) -> bool {
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            match chars.next() {
+                Some(n) if n == t => return true,
+                _ => {}
+            }
+        }
+    }
+    false
 }
 
 /// An OpenSSH time value: seconds, or a sum of `<n><unit>` with units s, m, h, d, w;
@@ -934,37 +1212,66 @@ fn parse_config_time(s: &str) -> Option<u64> {
     Some(total)
 }
 
-/// Splits a ProxyJump hop `[user@]host[:port]` (IPv6 as `[addr]:port`).
-fn split_hop(hop: &str) -> Result<(String, Option<u16>), String> {
+/// One ProxyJump hop: `[user@]host[:port]` (IPv6 as `[addr]:port`) or an `ssh://` URI.
+struct Hop {
+    user: Option<String>,
+    host: String,
+    port: Option<u16>,
+}
+
+/// Splits a ProxyJump hop as ssh's `parse_jump` does; the port may be a service name.
+fn parse_hop(hop: &str) -> Result<Hop, String> {
     if hop.is_empty() {
         return Err("empty ProxyJump hop; write [user@]host[:port][,...]".into());
     }
     if hop.starts_with("ssh://") {
-        return Ok((hop.to_string(), None));
+        let a = parse_host_arg(hop)?;
+        return Ok(Hop {
+            user: a.user,
+            host: a.host,
+            port: a.port,
+        });
     }
     let bad = || format!("ProxyJump hop `{hop}` has a bad port; write [user@]host[:port]");
     let (user, rest) = match hop.rsplit_once('@') {
-        Some((u, r)) => (Some(u), r),
+        Some((u, r)) => (Some(u.to_string()), r),
         None => (None, hop),
     };
     let (host, port) = if let Some(inner) = rest.strip_prefix('[') {
         let (h, after) = inner.split_once(']').ok_or_else(bad)?;
         match after.strip_prefix(':') {
-            Some(p) => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some(p) => (h, Some(parse_port(p).ok_or_else(bad)?)),
             None if after.is_empty() => (h, None),
             None => return Err(bad()),
         }
     } else {
         match rest.split_once(':') {
-            Some((h, p)) => (h, Some(p.parse().map_err(|_| bad())?)),
+            Some((h, p)) => (h, Some(parse_port(p).ok_or_else(bad)?)),
             None => (rest, None),
         }
     };
-    let host = match user {
-        Some(u) => format!("{u}@{host}"),
-        None => host.to_string(),
-    };
-    Ok((host, port))
+    Ok(Hop {
+        user,
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// Checks a jump list given on the command line (`-J`, `-o ProxyJump=`) before anything
+/// else, as ssh's strict `parse_jump` does: every hop's host and user.
+fn check_jump_syntax(text: &str, origin: &str) -> Result<(), ConnectError> {
+    if text.trim().eq_ignore_ascii_case("none") {
+        return Ok(());
+    }
+    for hop in text.split(',').map(str::trim) {
+        let h = parse_hop(hop)
+            .map_err(|m| ConnectError::new(ConnectStage::Config, format!("{origin}: {m}")))?;
+        check_host(&h.host, &format!("{origin}, jump host"))?;
+        if let Some(u) = &h.user {
+            check_user(u, &format!("{origin}, jump user"))?;
+        }
+    }
+    Ok(())
 }
 
 /// The local user name: `$USER`, `$LOGNAME`, else the passwd entry of our uid (services
@@ -1092,9 +1399,17 @@ mod tests {
 
     #[test]
     fn bad_values_name_file_and_line() {
-        let c = cfg("Host a\n Port http\n");
+        let c = cfg("Host a\n Port nosuchservice\n");
         let e = resolve_with(&c, &spec("a"), 0).unwrap_err();
-        assert_eq!(e.message, "cfg:2: Port `http` is not a port number");
+        assert!(
+            e.message
+                .starts_with("cfg:2: Port `nosuchservice` is not a port number"),
+            "{}",
+            e.message
+        );
+        // A service name is a port, as in ssh.
+        let c = cfg("Host a\n Port ssh\n");
+        assert_eq!(resolve_with(&c, &spec("a"), 0).unwrap().port, 22);
         let c = cfg("Host a\n StrictHostKeyChecking maybe\n");
         assert!(resolve_with(&c, &spec("a"), 0)
             .unwrap_err()
@@ -1315,6 +1630,194 @@ mod tests {
         let d = resolve_with(&c, &s, 0).unwrap();
         assert_eq!((d.hostname.as_str(), d.port), ("sysalias", 1));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn shell_metacharacters_in_command_line_users_and_jumps_are_refused_as_ssh_does() {
+        let c = cfg("Host *\n ProxyCommand sh -c ': %r; exec nc %h %p'\n");
+        let cases: Vec<(HostSpec, &str)> = vec![
+            (
+                HostSpec {
+                    user: Some("a|id>/tmp/x".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("a$(touch /tmp/x)".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    options: vec!["User=b`touch${IFS}/tmp/x`".into()],
+                    ..spec("h")
+                },
+                "-o User=",
+            ),
+            (spec("a;b@h"), "user@host"),
+            (spec("ssh://a%7Cb@h"), "ssh://"),
+            (
+                HostSpec {
+                    jump: Some("j|id>/tmp/x".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    jump: Some("u$(x)@j".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    jump: Some("ok,k;x".into()),
+                    ..spec("h")
+                },
+                "-J",
+            ),
+            (
+                HostSpec {
+                    user: Some("a\u{1}".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("-oProxyCommand=x".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (
+                HostSpec {
+                    user: Some("a -b".into()),
+                    ..spec("h")
+                },
+                "-l",
+            ),
+            (spec("h,x"), "the destination"),
+        ];
+        for (s, origin) in cases {
+            let e = resolve_with(&c, &s, 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{s:?}");
+            assert!(
+                e.message.contains(origin) && e.message.contains("contains invalid characters"),
+                "{s:?}: {}",
+                e.message
+            );
+        }
+        // What ssh accepts, opmark accepts: `$` alone and blanks in a user name.
+        for user in ["a$b", "first last", "dom\\user"] {
+            let s = HostSpec {
+                user: Some(user.into()),
+                ..spec("h")
+            };
+            assert_eq!(resolve_with(&c, &s, 0).unwrap().user, user);
+        }
+    }
+
+    #[test]
+    fn jump_values_are_checked_after_token_expansion_whatever_their_origin() {
+        // Tokens in a ProxyJump expand as ssh's implicit ProxyCommand expands them.
+        let c = cfg("Host t\n HostName 10.0.0.7\n User tu\n ProxyJump admin@%h:2022,%r@j2\n");
+        let d = resolve_with(&c, &spec("t"), 0).unwrap();
+        let hops: Vec<String> = d
+            .jumps
+            .iter()
+            .map(|j| format!("{}@{}:{}", j.user, j.hostname, j.port))
+            .collect();
+        assert_eq!(hops, vec!["admin@10.0.0.7:2022", "tu@j2:22"]);
+        // A config's own literal User is not checked (ssh trusts it) until a token puts it
+        // into a jump or a ProxyCommand.
+        let c = cfg("Host t\n User a;b\nHost u\n User a;b\n ProxyJump %r@j\n\
+                     Host v\n User a;b\n ProxyCommand nc %h %p %r\nHost w\n ProxyJump j;x\n\
+                     Host x\n ProxyJump j$(id)\n");
+        assert_eq!(resolve_with(&c, &spec("t"), 0).unwrap().user, "a;b");
+        for (host, needle) in [
+            ("u", "ProxyJump at cfg:5"),
+            ("v", "%r in the ProxyCommand at cfg:8"),
+            ("w", "ProxyJump at cfg:10"),
+            ("x", "ProxyJump at cfg:12"),
+        ] {
+            let e = resolve_with(&c, &spec(host), 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config);
+            assert!(e.message.contains(needle), "{host}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn the_first_value_given_wins_between_flags_and_o_options_as_in_ssh() {
+        let c = cfg("");
+        let s = HostSpec {
+            user: Some("bar".into()),
+            port: Some(2230),
+            options: vec!["User=foo".into(), "Port=2229".into()],
+            flag_positions: FlagPositions {
+                user: 1,
+                port: 2,
+                jump: 0,
+            },
+            ..spec("h")
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("foo", 2229));
+        let s = HostSpec {
+            flag_positions: FlagPositions::default(),
+            ..s
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("bar", 2230));
+    }
+
+    #[test]
+    fn identity_file_none_means_no_key_files_not_a_file_named_none() {
+        let d = resolve_with(&cfg("IdentityFile none\n"), &spec("h"), 0).unwrap();
+        assert!(
+            d.identities.is_empty() && d.identities_explicit,
+            "{:?}",
+            d.identities
+        );
+        let d = resolve_with(
+            &cfg("IdentityFile none\nIdentityFile /k/a\n"),
+            &spec("h"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(d.identities, vec![PathBuf::from("/k/a")]);
+    }
+
+    #[test]
+    fn algorithm_options_are_resolved_or_refused_with_their_line() {
+        let c = cfg("Host a\n HostKeyAlgorithms ssh-ed25519\n Ciphers -aes*\n\
+                     Host b\n KexAlgorithms -nope*\nHost c\n MACs umac-64@openssh.com\n\
+                     Host d\n PreferredAuthentications password\nHost e\n PubkeyAcceptedAlgorithms ssh-ed25519\n");
+        let d = resolve_with(&c, &spec("a"), 0).unwrap();
+        assert_eq!(d.algorithms.host_key, Some(vec!["ssh-ed25519".to_string()]));
+        assert_eq!(
+            d.algorithms.ciphers,
+            Some(vec!["chacha20-poly1305@openssh.com".to_string()])
+        );
+        // `-` takes patterns, not names: nothing to refuse.
+        assert!(resolve_with(&c, &spec("b"), 0)
+            .unwrap()
+            .algorithms
+            .kex
+            .is_some());
+        // An unknown name: refused wherever it is written.
+        let bad = cfg("Host other\n KexAlgorithms nope\n");
+        let e = resolve_with(&bad, &spec("a"), 0).unwrap_err();
+        assert!(e.message.starts_with("cfg:2:"), "{}", e.message);
+        for (host, line) in [("c", "cfg:7:"), ("d", "cfg:9:"), ("e", "cfg:11:")] {
+            let e = resolve_with(&c, &spec(host), 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{host}");
+            assert!(e.message.starts_with(line), "{host}: {}", e.message);
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! `not_sent`); [`Session::exec`] says whether the request left ([`ExecError`]); a lost
 //! connection mid-command is an [`ExecEvent::Lost`], distinct from a clean close.
 
+pub mod algorithms;
 pub mod auth;
 pub mod config;
 pub mod destination;

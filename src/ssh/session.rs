@@ -483,6 +483,92 @@ impl Session {
     }
 }
 
+/// russh's preferred lists for `dest`: opmark's defaults, or exactly what the config's
+/// `KexAlgorithms`, `HostKeyAlgorithms`, `Ciphers` and `MACs` chose (already narrowed to
+/// names russh implements, in the config's order; see `ssh::algorithms`).
+fn preferred(dest: &Destination, known: &KnownHosts, name: &str) -> Preferred {
+    let chosen = &dest.algorithms;
+    let kex = match &chosen.kex {
+        None => Cow::Borrowed(KEX_ORDER),
+        Some(list) => {
+            let mut v: Vec<kex::Name> = list
+                .iter()
+                .filter_map(|n| kex::Name::try_from(n.as_str()).ok())
+                .collect();
+            v.push(kex::EXTENSION_SUPPORT_AS_CLIENT);
+            v.push(kex::EXTENSION_OPENSSH_STRICT_KEX_AS_CLIENT);
+            Cow::Owned(v)
+        }
+    };
+    // Certificates are asked for only where an @cert-authority line can vouch for one;
+    // elsewhere a certificate would only hide the plain key known_hosts holds.
+    let authority = known.has_authority_for(name);
+    // russh's defaults end in `ssh-rsa` (SHA-1 signatures), which ssh 9.2 no longer asks
+    // for unless a config adds it: opmark's defaults are ssh's.
+    let defaults: Vec<russh::keys::Algorithm> = Preferred::DEFAULT
+        .key
+        .iter()
+        .filter(|a| !matches!(a, russh::keys::Algorithm::Rsa { hash: None }))
+        .cloned()
+        .collect();
+    let (key, host_key_certificates) = match &chosen.host_key {
+        None => (
+            Cow::Owned(known.preferred_algorithms(name, &defaults)),
+            if authority {
+                Cow::Owned(defaults.clone())
+            } else {
+                Cow::Borrowed(&[][..])
+            },
+        ),
+        // A pin is taken as written, in its order (as ssh: no known_hosts reordering).
+        Some(list) => {
+            let parse = |n: &str| n.parse::<russh::keys::Algorithm>().ok();
+            let plain: Vec<_> = list
+                .iter()
+                .filter(|n| !n.ends_with("-cert-v01@openssh.com"))
+                .filter_map(|n| parse(n))
+                .collect();
+            let certs: Vec<_> = list
+                .iter()
+                .filter_map(|n| n.strip_suffix("-cert-v01@openssh.com"))
+                .filter_map(parse)
+                .collect();
+            (
+                Cow::Owned(plain),
+                if authority {
+                    Cow::Owned(certs)
+                } else {
+                    Cow::Borrowed(&[][..])
+                },
+            )
+        }
+    };
+    let cipher = match &chosen.ciphers {
+        None => Preferred::DEFAULT.cipher,
+        Some(list) => Cow::Owned(
+            list.iter()
+                .filter_map(|n| russh::cipher::Name::try_from(n.as_str()).ok())
+                .collect(),
+        ),
+    };
+    let mac = match &chosen.macs {
+        None => Preferred::DEFAULT.mac,
+        Some(list) => Cow::Owned(
+            list.iter()
+                .filter_map(|n| russh::mac::Name::try_from(n.as_str()).ok())
+                .collect(),
+        ),
+    };
+    Preferred {
+        kex,
+        key,
+        host_key_certificates,
+        cipher,
+        mac,
+        ..Preferred::DEFAULT
+    }
+}
+
 /// Connects to `dest` directly or through `via` (a direct-tcpip channel of the previous
 /// hop), checks its key and authenticates.
 async fn connect_one(
@@ -499,18 +585,7 @@ async fn connect_one(
         keepalive_max: dest.keepalive_max,
         // Never inactivity_timeout: it kills healthy quiet commands (FINDINGS).
         inactivity_timeout: None,
-        preferred: Preferred {
-            kex: Cow::Borrowed(KEX_ORDER),
-            key: Cow::Owned(known.preferred_algorithms(&name, &Preferred::DEFAULT.key)),
-            // Certificates are asked for only where an @cert-authority line can vouch for
-            // one; elsewhere a certificate would only hide the plain key known_hosts holds.
-            host_key_certificates: if known.has_authority_for(&name) {
-                Cow::Owned(Preferred::DEFAULT.key.to_vec())
-            } else {
-                Cow::Borrowed(&[])
-            },
-            ..Preferred::DEFAULT
-        },
+        preferred: preferred(dest, &known, &name),
         ..client::Config::default()
     });
     let shared = Arc::new(Shared::default());

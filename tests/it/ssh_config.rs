@@ -260,6 +260,27 @@ fn compare(
         j["connectionattempts"].to_string(),
         gv("connectionattempts"),
     );
+    // The algorithm lists: opmark never offers a name ssh would not (its defaults are a
+    // subset of ssh's; a config's list is narrowed to what russh does, never widened).
+    // mlkem768x25519-sha256 is newer than ssh 9.2.
+    for key in ["kexalgorithms", "hostkeyalgorithms", "ciphers", "macs"] {
+        let theirs = gv(key);
+        let theirs: Vec<&str> = theirs.split(',').collect();
+        let ours = j[key].as_str().unwrap_or("");
+        let beyond: Vec<&str> = ours
+            .split(',')
+            .filter(|n| !theirs.contains(n) && *n != "mlkem768x25519-sha256")
+            .collect();
+        check(
+            &format!("{key} (names opmark offers beyond ssh -G's list)"),
+            if ours.is_empty() {
+                "(empty)".to_string()
+            } else {
+                beyond.join(",")
+            },
+            String::new(),
+        );
+    }
     let agent = match g.get("identityagent").map(String::as_str) {
         None | Some("none") | Some("SSH_AUTH_SOCK") => String::new(),
         Some(a) => a.to_string(),
@@ -273,12 +294,22 @@ fn compare(
     // ssh -G prints IdentityFile and CertificateFile unexpanded (it expands them only
     // when loading keys, with the same rules as UserKnownHostsFile): let ssh expand them
     // by asking for them as UserKnownHostsFile, which a first -o wins.
+    // `IdentityFile none` is a file ssh never finds (it names no key): no entry.
+    let is_id = |k: &str, v: &str| k == "identityfile" && !v.eq_ignore_ascii_case("none");
     let raw: Vec<String> = all
         .iter()
-        .filter(|(k, _)| k == "identityfile" || k == "certificatefile")
+        .filter(|(k, v)| is_id(k, v) || k == "certificatefile")
         .map(|(_, v)| v.clone())
         .collect();
-    let n_ids = all.iter().filter(|(k, _)| k == "identityfile").count();
+    let n_ids = all.iter().filter(|(k, v)| is_id(k, v)).count();
+    if raw.is_empty() && all.iter().any(|(k, _)| k == "identityfile") {
+        // Only `IdentityFile none`: no key files at all, and not ssh's defaults.
+        check(
+            "identityfile (none)",
+            strings(&j["identityfile"]).join(" "),
+            String::new(),
+        );
+    }
     if !raw.is_empty() {
         let list = raw
             .iter()
@@ -376,6 +407,16 @@ fn corpus_has_at_least_sixty_configs_covering_each_feature() {
         "*",
         "HostKeyAlias",
         "ProxyJump",
+        "IdentityFile none",
+        "Match host=",
+        "HostKeyAlgorithms",
+        "KexAlgorithms",
+        "Ciphers",
+        "MACs",
+        "PubkeyAcceptedAlgorithms",
+        "PreferredAuthentications",
+        "ProxyJump admin@%h",
+        "Port ssh",
     ] {
         assert!(all.contains(feature), "no case uses `{feature}`");
     }
@@ -742,4 +783,53 @@ fn config_prints_ssh_g_style_lines_and_marks_opmark_defaults() {
     ] {
         assert!(lines.contains(want), "no `{want}` in:\n{lines}");
     }
+}
+
+#[test]
+fn first_value_wins_between_flags_and_o_and_match_key_value_on_a_real_target() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let dir = support::fresh_dir(crate::test_name!());
+    let cfg = dir.join("cfg");
+    // `Match originalhost=kv` (the `=` form was refused as an unknown criterion).
+    std::fs::write(
+        &cfg,
+        format!(
+            "Match originalhost=kv\n  HostName {}\n  IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n",
+            t.addr,
+            lab.client_key().display(),
+            lab.known_hosts().display()
+        ),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    // `-o User=` and `-o Port=` come first, so they win over `-l` and `-p`, as in ssh;
+    // `-l`/`-p` used to win and sent the run to a user and port that do not exist.
+    let port = t.port.to_string();
+    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+        "--json",
+        "run",
+        "kv",
+        "-o",
+        &format!("User={}", t.user),
+        "-o",
+        &format!("Port={port}"),
+        "-l",
+        "nobody-here",
+        "-p",
+        "1",
+        "--op",
+        "first-wins-1",
+        "--",
+        "echo first-wins",
+    ]));
+    assert_eq!(
+        (&j["verdict"], &j["stdout"]),
+        (&Value::from("completed"), &Value::from("first-wins\n")),
+        "{j}"
+    );
+    // The ledger does not name the host by the `-p` that lost.
+    assert_eq!(j["host"], Value::from("kv"), "{j}");
 }

@@ -1410,3 +1410,275 @@ fn proxy_command_ssh_w_reaches_a_host_through_an_openssh_bastion() {
     assert!(e.message.contains("ProxyCommand"), "{e}");
     lab.start_sshd("target1").unwrap();
 }
+
+/// A directory for injection markers with a lower-case path (a host name is
+/// lower-cased before it reaches a ProxyCommand's `%h`), unique per test.
+fn marker_dir(test: &str) -> PathBuf {
+    let dir = PathBuf::from(format!(
+        "/tmp/opmark-inj-{}-{}",
+        std::process::id(),
+        test.to_ascii_lowercase()
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Percent-encodes every byte but letters and digits, for an `ssh://` user.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn user_jump_and_token_injections_into_a_proxy_command_are_refused_and_run_nothing() {
+    crate::require_tool!("nc");
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let t = &lab.targets()[0];
+    let marks = marker_dir(crate::test_name!());
+    let m = |n: u32| marks.join(format!("m{n}")).display().to_string();
+    // Every host goes through a ProxyCommand run by `sh -c`, with `%r` outside the inner
+    // quotes and `%h` inside them, as the configs of issue 25 had it. Host names are
+    // lower-cased before `%h` (so `${IFS}` would not survive): `$(>file)` creates its
+    // file with no command name. With the checks disabled, m1-m5, m7, m9 and m10 appear.
+    let cfg = lab.dir().join("ssh_config_injection");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host t\n  HostName {addr}\n  Port {port}\n  User {user}\n  IdentityFile {key}\n  \
+             IdentitiesOnly yes\n  UserKnownHostsFile {kh}\n\
+             Host tokjump\n  HostName x$(>{m6})\n  ProxyJump admin@%h\n\
+             Host dollarjump\n  ProxyJump j$(>{m7})\n\
+             Host semijump\n  ProxyJump j;>{m8}\n\
+             Host tokhost\n  HostName x$(>{m9})\n\
+             Host tokuser\n  HostName {addr}\n  User a|touch${{IFS}}{m10}\n\
+             Host *\n  ProxyCommand sh -c 'exec nc %h %p' %r\n",
+            addr = t.addr,
+            port = t.port,
+            user = t.user,
+            key = lab.client_key().display(),
+            kh = lab.known_hosts().display(),
+            m6 = m(6),
+            m7 = m(7),
+            m8 = m(8),
+            m9 = m(9),
+            m10 = m(10),
+        ),
+    )
+    .unwrap();
+    let env = support::Sealed::new(crate::test_name!());
+    // The proxy path works: a plain user goes through it.
+    let ok = run_json_with(
+        &env,
+        &cfg,
+        &["t", "-l", &t.user, "--op", "inj-ok", "--", "echo fine"],
+    );
+    assert_eq!(
+        (ok["verdict"].as_str(), ok["stdout"].as_str()),
+        (Some("completed"), Some("fine\n")),
+        "{ok}"
+    );
+
+    let uri = format!("ssh://{}@t", url_encode(&format!("a|id>{}", m(5))));
+    let cases: Vec<(Vec<String>, &str, u32)> = vec![
+        (
+            vec!["t".into(), "-l".into(), format!("a|id>{}", m(1))],
+            "-l: remote user name",
+            1,
+        ),
+        (
+            vec!["t".into(), "-l".into(), format!("a$(touch {})", m(2))],
+            "-l: remote user name",
+            2,
+        ),
+        (
+            vec![
+                "t".into(),
+                "-o".into(),
+                format!("User=b`touch${{IFS}}{}`", m(3)),
+            ],
+            "-o User= (command-line option 1): remote user name",
+            3,
+        ),
+        (
+            vec!["t".into(), "-J".into(), format!("j|id>{}", m(4))],
+            "-J, jump host",
+            4,
+        ),
+        (vec![uri], "the ssh:// destination: remote user name", 5),
+        (vec!["tokjump".into()], "ProxyJump at", 6),
+        (vec!["dollarjump".into()], "ProxyJump at", 7),
+        (vec!["semijump".into()], "ProxyJump at", 8),
+        (vec!["tokhost".into()], "%h in the ProxyCommand at", 9),
+        (vec!["tokuser".into()], "%r in the ProxyCommand at", 10),
+        (
+            vec!["t".into(), "-o".into(), format!("ProxyJump=j$(>{})", m(11))],
+            "-o ProxyJump= (command-line option 1), jump host",
+            11,
+        ),
+    ];
+    for (args, origin, n) in &cases {
+        let op = format!("inj-{n}");
+        let out = env
+            .opmark()
+            .arg("-F")
+            .arg(&cfg)
+            .arg("run")
+            .args(args)
+            .args(["--op", &op, "--", "echo ran"])
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(
+            !Path::new(&m(*n)).exists(),
+            "{args:?} ran a local command: {} exists",
+            m(*n)
+        );
+        assert_eq!(out.status.code(), Some(246), "{args:?}: {err}");
+        assert!(
+            err.contains(origin) && err.contains("contains invalid characters"),
+            "{args:?}: the refusal names where the value came from and the rule: {err}"
+        );
+        assert!(
+            !text(&out.stdout).contains("ran"),
+            "{args:?} ran: {}",
+            text(&out.stdout)
+        );
+        assert!(
+            !Path::new(&m(*n)).exists(),
+            "{args:?} ran a local command: {} exists",
+            m(*n)
+        );
+    }
+    // `user@host`: the destination check refuses it first (exit 245, bad input).
+    let out = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args([
+            "run",
+            &format!("a|id>{}@t", m(12)),
+            "--op",
+            "inj-12",
+            "--",
+            "echo ran",
+        ])
+        .output()
+        .unwrap();
+    assert!(!Path::new(&m(12)).exists(), "user@host ran a local command");
+    assert!(!out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("invalid host"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_dir(&marks).unwrap().count(),
+        0,
+        "nothing was created by any refused value"
+    );
+    // Nothing was recorded for the refused runs; the good one was.
+    let list = env.opmark().args(["list", "--json"]).output().unwrap();
+    let list = text(&list.stdout);
+    assert!(list.contains("\"inj-ok\""), "{list}");
+    for n in 1..=12 {
+        assert!(
+            !list.contains(&format!("\"inj-{n}\"")),
+            "inj-{n} recorded: {list}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&marks);
+}
+
+#[test]
+fn a_host_key_algorithms_pin_is_honoured_against_a_real_sshd() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    let keys = t.host_public_keys().unwrap();
+    let rsa = keys
+        .iter()
+        .find(|k| k.starts_with("ssh-rsa"))
+        .expect("the target has an RSA host key");
+    // The client knows only the RSA key. Without a pin opmark asks for it and connects.
+    let kh = dir.join(format!("rsa_only_{}", rand_suffix()));
+    std::fs::write(&kh, format!("{} {rsa}\n", t.known_hosts_host())).unwrap();
+    let cfg = custom_config(&lab, &dir, t, &kh, "");
+    rt().block_on(async {
+        let s = Session::connect(&dest_in(&cfg, "t"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+    });
+    // Pinned to ssh-ed25519: only that is asked for, the server proves itself with its
+    // Ed25519 key, which this client does not know: refused (it connected before, when
+    // the pin was dropped and known_hosts picked RSA).
+    let cfg = custom_config(&lab, &dir, t, &kh, "  HostKeyAlgorithms ssh-ed25519\n");
+    let e = rt()
+        .block_on(Session::connect(&dest_in(&cfg, "t")))
+        .unwrap_err();
+    assert_eq!(e.stage, ConnectStage::HostKey, "{e}");
+    assert!(
+        e.message.contains("ED25519") || e.message.contains("ed25519"),
+        "{e}"
+    );
+    // Pinned to what it knows: connects.
+    let cfg = custom_config(&lab, &dir, t, &kh, "  HostKeyAlgorithms rsa-sha2-512\n");
+    rt().block_on(async {
+        let s = Session::connect(&dest_in(&cfg, "t"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo pinned", None).await.stdout, b"pinned\n");
+    });
+}
+
+#[test]
+fn cipher_and_kex_lists_are_what_opmark_offers_to_a_real_sshd() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = lab.dir().to_path_buf();
+    let t = &lab.targets()[0];
+    // Lists sshd 9.2 accepts by default: the connection works with exactly them.
+    let cfg = custom_config(
+        &lab,
+        &dir,
+        t,
+        lab.known_hosts(),
+        "  Ciphers aes128-ctr\n  MACs hmac-sha2-256\n  KexAlgorithms ecdh-sha2-nistp256\n",
+    );
+    rt().block_on(async {
+        let s = Session::connect(&dest_in(&cfg, "t"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&s, "echo listed", None).await.stdout, b"listed\n");
+    });
+    // Lists sshd 9.2 does not enable by default: no common algorithm, nothing sent. Had
+    // opmark dropped the option (as it did), it would have connected with its defaults.
+    for extra in [
+        "  Ciphers aes128-cbc\n",
+        "  KexAlgorithms diffie-hellman-group1-sha1\n",
+    ] {
+        let cfg = custom_config(&lab, &dir, t, lab.known_hosts(), extra);
+        let e = rt()
+            .block_on(Session::connect(&dest_in(&cfg, "t")))
+            .unwrap_err();
+        assert_ne!(e.stage, ConnectStage::Auth, "{extra}: {e}");
+        assert!(
+            matches!(e.stage, ConnectStage::Connect | ConnectStage::HostKey),
+            "{extra}: {e:?}"
+        );
+    }
+}
