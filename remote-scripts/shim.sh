@@ -939,6 +939,7 @@ trailer() {
 	rget "$m/claim" attempt
 	t="$t attempt=$rv"
 	[ -f "$m/collected" ] && t="$t output_collected=1"
+	rget "$m/exit" cancelled && [ "$rv" = 1 ] && t="$t cancelled=1"
 	frame "X code=$t"
 }
 

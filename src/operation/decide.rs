@@ -537,18 +537,13 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 detail: "already completed on the host".into(),
             });
         }
-        let cancelled = reply
+        let mut x = x;
+        x.cancelled |= reply
             .refusal
             .as_ref()
             .and_then(|r| r.marker.as_ref())
             .is_some_and(MarkerInfo::cancelled);
-        let mut answer = exit_answer(facts, x);
-        if cancelled {
-            answer
-                .reason
-                .push_str("; it had been stopped by `opmark cancel`");
-        }
-        return Step::after(record, Action::Answer(answer));
+        return Step::after(record, Action::Answer(exit_answer(facts, x)));
     }
     let Some(refusal) = reply.refusal else {
         // The supervisor vanished without an exit record while the call followed it.
@@ -913,7 +908,7 @@ pub fn conclude(facts: &Facts<'_>, action: Action) -> Action {
 /// `replayed` when an earlier one did.
 fn exit_answer(facts: &Facts<'_>, x: ExitFrame) -> Answer {
     let attempt = x.attempt.clone();
-    let answer = if facts.ours(&x.attempt) {
+    let mut answer = if facts.ours(&x.attempt) {
         Answer::new(
             Verdict::Completed,
             Some(attempt),
@@ -934,6 +929,13 @@ fn exit_answer(facts: &Facts<'_>, x: ExitFrame) -> Answer {
             ),
         )
     };
+    // Whichever way the exit was reached (a claim refused as completed, or a follow
+    // after a probe), a replay of a cancelled command says so.
+    if x.cancelled && !facts.ours(&x.attempt) {
+        answer
+            .reason
+            .push_str("; it had been stopped by `opmark cancel`");
+    }
     answer.with_exit(ExitEvidence::Host(x))
 }
 
@@ -1258,6 +1260,7 @@ mod tests {
             dropped_err: 0,
             attempt: by.into(),
             output_collected: false,
+            cancelled: false,
         }
     }
 

@@ -91,6 +91,7 @@ mod tests {
             dropped_err: 0,
             attempt: by.into(),
             output_collected: false,
+            cancelled: false,
         }
     }
 

@@ -290,6 +290,8 @@ pub struct ExitFrame {
     pub attempt: String,
     /// gc collected the output: only the exit status is left to replay (SPEC 3).
     pub output_collected: bool,
+    /// The exit record says `opmark cancel`'s signal stopped the command.
+    pub cancelled: bool,
 }
 
 /// One frame.
@@ -795,6 +797,7 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
             dropped_err: num("dropped_err").unwrap_or(0),
             attempt: fields.get("attempt").cloned().unwrap_or_default(),
             output_collected: fields.get("output_collected").is_some_and(|v| v == "1"),
+            cancelled: fields.get("cancelled").is_some_and(|v| v == "1"),
         }),
         "I" => Frame::Interrupted(MarkerInfo::from_fields(fields)?),
         "P" => Frame::Probe(MarkerInfo::from_fields(fields)?),
