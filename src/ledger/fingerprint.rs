@@ -390,6 +390,8 @@ mod tests {
         let dir = scratch("damaged");
         create_private_dir(&dir).unwrap();
         fs::write(dir.join("k"), b"short").unwrap();
+        // Private, so that the length (not the mode, refused first) is what is wrong.
+        fs::set_permissions(dir.join("k"), fs::Permissions::from_mode(0o600)).unwrap();
         let err = InstallationKey::load_or_generate(&dir.join("k")).unwrap_err();
         assert!(err.to_string().contains("not 32 bytes"), "{err}");
         let _ = fs::remove_dir_all(&dir);
