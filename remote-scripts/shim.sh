@@ -333,6 +333,8 @@ supervise() {
 	# another claim at $m, or none, and leaves it alone. From the marker's directory every
 	# step up to the start gate goes through "." (that directory, wherever a rename takes
 	# it), so the gate can only be taken on the claim checked here.
+	# The login directory (we were started in it), for the command: back there below.
+	sv_login_dir=$PWD
 	cd "$m" 2>/dev/null || exit 0
 	rget claim attempt
 	if [ -z "$sv_attempt" ] || [ "$rv" != "$sv_attempt" ]; then
@@ -422,6 +424,7 @@ supervise() {
 	sv_small=no
 	is_uint "$cmd_bytes" && [ "$cmd_bytes" -le 4096 ] && sv_small=yes
 	(
+		cd "$sv_login_dir" 2>/dev/null || cd "${HOME:-/}" 2>/dev/null || cd /
 		case $sv_umask in
 		'' | *[!0-7]*) ;;
 		*) umask "$sv_umask" ;;
@@ -742,6 +745,11 @@ setup_root() {
 root_id() {
 	rid=
 	read -r rid 2>/dev/null <"$root/root_id"
+	# Another first call may link the id in between our read and the -e test: then read
+	# again rather than take its absence for an unreadable id.
+	if [ -z "$rid" ] && [ -e "$root/root_id" ]; then
+		read -r rid 2>/dev/null <"$root/root_id"
+	fi
 	if [ -z "$rid" ] && ! [ -e "$root/root_id" ] && [ -z "$expect_root" ]; then
 		ri_nonce=$nonce
 		new_nonce || refuse "root_unusable reason=no_random"
