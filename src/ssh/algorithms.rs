@@ -197,28 +197,22 @@ fn known(kind: Kind) -> &'static [&'static str] {
 }
 
 fn defaults(kind: Kind) -> Vec<String> {
-    let list: Vec<&str> = match kind {
-        Kind::Kex => DEFAULT_KEX.to_vec(),
-        Kind::Cipher => DEFAULT_CIPHERS.to_vec(),
-        Kind::Mac => DEFAULT_MACS.to_vec(),
-        Kind::HostKey => {
-            let mut out: Vec<String> = DEFAULT_HOST_KEYS
-                .iter()
-                .map(|k| format!("{k}{CERT_SUFFIX}"))
-                .collect();
-            out.extend(DEFAULT_HOST_KEYS.iter().map(|s| s.to_string()));
-            return out;
-        }
-        Kind::Pubkey => {
-            let mut out: Vec<String> = OFFERED_USER_KEYS
-                .iter()
-                .map(|k| format!("{k}{CERT_SUFFIX}"))
-                .collect();
-            out.extend(OFFERED_USER_KEYS.iter().map(|s| s.to_string()));
-            return out;
-        }
+    let list: &[&str] = match kind {
+        Kind::Kex => DEFAULT_KEX,
+        Kind::Cipher => DEFAULT_CIPHERS,
+        Kind::Mac => DEFAULT_MACS,
+        Kind::HostKey => return certificates_then_plain(DEFAULT_HOST_KEYS),
+        Kind::Pubkey => return certificates_then_plain(OFFERED_USER_KEYS),
     };
-    list.into_iter().map(str::to_string).collect()
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// Each key type's certificate form first, then the plain types, as ssh orders them.
+fn certificates_then_plain(keys: &[&str]) -> Vec<String> {
+    keys.iter()
+        .map(|k| format!("{k}{CERT_SUFFIX}"))
+        .chain(keys.iter().map(|k| k.to_string()))
+        .collect()
 }
 
 /// Whether russh can do `name` (a name ssh knows).

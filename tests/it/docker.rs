@@ -10,13 +10,13 @@
 //! two minutes, once: parallel tests wait on the build lock and then find it cached).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use opmark::lab::{recipe_tag, Lab, LabSpec, Placement};
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, json, text, wait_for, Sealed};
 
 /// A docker lab of `count` targets named after the test, or None (after SKIP) locally
 /// when docker, its engine or debootstrap is missing; panics in CI.
@@ -56,16 +56,6 @@ fn docker_ready(name: &str) -> bool {
 }
 
 /// The JSON document of a finished opmark command.
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    })
-}
-
 fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> (Option<i32>, Value) {
     let out = env
         .opmark_with_lab(lab)
@@ -85,14 +75,6 @@ fn spawn_run(cmd: &mut Command, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The marker directory of `op` on target1, seen from this machine (the volume).

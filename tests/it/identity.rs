@@ -6,33 +6,14 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opmark::lab::Target;
-use serde_json::Value;
 
-use crate::support::{self, answer, text, Lab, Sealed};
+use crate::support::{self, answer, json, text, wait_for, Lab, Sealed};
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("start opmark")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    })
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn lines(path: &Path) -> usize {

@@ -14,28 +14,10 @@ use opmark::shim::Verb;
 use opmark::vocab::{Boundary, RetryReason};
 use serde_json::Value;
 
-use crate::support::{self, text, Lab, Sealed};
+use crate::support::{self, json, text, wait_for, Lab, Sealed};
 
 fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("start opmark")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    })
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {

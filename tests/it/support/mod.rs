@@ -444,3 +444,26 @@ pub fn answer(out: std::process::Output) -> Answer {
         stderr: text(&out.stderr),
     }
 }
+
+/// The one JSON document a command printed on stdout; panics with both streams otherwise.
+pub fn json(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not one JSON document ({e}):\n{}\nstderr:\n{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    })
+}
+
+/// Polls `ok` every 50 ms until it holds; panics naming `what` after `limit`.
+pub fn wait_for(what: &str, limit: std::time::Duration, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
