@@ -335,9 +335,14 @@ fn resolve_refuses_when_nobody_can_be_named() {
     let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
     assert!(!passwd.lines().any(|l| l.split(':').nth(2) == Some("54321")));
     let env = sealed_with_one_operation("operator-nobody");
-    let out = resolve_as(&env, |c| {
-        c.uid(uid);
-    });
+    let mut inner = env.opmark();
+    inner.env_remove("USER").env_remove("LOGNAME").args([
+        "resolve", "uptime-1", "--host", "web1", "--as", "applied", "--note", "checked",
+    ]);
+    let out = crate::support::runnable_by_any_user(&inner)
+        .uid(uid)
+        .output()
+        .unwrap();
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(245), "{stderr}");
     assert!(stderr.contains("--operator"), "{stderr}");

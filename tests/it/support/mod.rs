@@ -467,3 +467,42 @@ pub fn wait_for(what: &str, limit: std::time::Duration, mut ok: impl FnMut() -> 
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A copy of the opmark binary that any uid can run. Tests that run opmark as another
+/// user (`Command::uid`) cannot exec the one under `target/` when the checkout sits in a
+/// 0700 directory (a `mktemp -d` clone): exec needs search permission on every parent.
+/// One fixed path, replaced by rename, so repeated runs leave one copy behind, not many.
+pub fn opmark_for_any_user() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let dir = std::env::temp_dir().join("opmark-it-any-user");
+        std::fs::create_dir_all(&dir).expect("create the shared binary directory");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .expect("open the shared binary directory");
+        let tmp = dir.join(format!(".opmark.{}", std::process::id()));
+        std::fs::copy(env!("CARGO_BIN_EXE_opmark"), &tmp).expect("copy the opmark binary");
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .expect("make the copy executable");
+        let bin = dir.join("opmark");
+        std::fs::rename(&tmp, &bin).expect("install the copy");
+        bin
+    })
+    .clone()
+}
+
+/// `inner` with [`opmark_for_any_user`] as its program: the same arguments, environment
+/// and directory.
+pub fn runnable_by_any_user(inner: &Command) -> Command {
+    let mut cmd = Command::new(opmark_for_any_user());
+    cmd.args(inner.get_args()).env_clear();
+    for (k, v) in inner.get_envs() {
+        if let Some(v) = v {
+            cmd.env(k, v);
+        }
+    }
+    if let Some(dir) = inner.get_current_dir() {
+        cmd.current_dir(dir);
+    }
+    cmd
+}
