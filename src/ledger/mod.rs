@@ -574,6 +574,50 @@ impl Ledger {
         }
     }
 
+    /// Appends many operations' events in ONE transaction, each operation's through the
+    /// same append algorithm as [`Ledger::append_many`] (redaction, keyed chain,
+    /// projection, contradictions): for imports and for building big ledgers in benches.
+    /// All or nothing; `Normal` durability.
+    pub fn append_batch(&mut self, ops: &[(OpKey, Vec<Event>)]) -> Result<(), LedgerError> {
+        let mut prepared = Vec::with_capacity(ops.len());
+        for (key, events) in ops {
+            key.check()?;
+            let redacted: Vec<(Event, String)> = events
+                .iter()
+                .map(|e| {
+                    let e = e.redacted(&self.redactor);
+                    let payload = serde_json::to_string(&e).expect("events serialize");
+                    (e, payload)
+                })
+                .collect();
+            prepared.push((key, redacted));
+        }
+        let at = now();
+        let (ikey, redactor) = (&self.key, &self.redactor);
+        match &mut self.store {
+            Store::Sqlite(s) => s.append_batch(ikey, redactor, &prepared, &at),
+            Store::Postgres(p) => {
+                for (key, redacted) in prepared {
+                    p.append(ikey, redactor, key, redacted, at.clone(), None)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Folds SQLite's write-ahead log into the database file (so its size is the
+    /// ledger's); nothing to do on PostgreSQL.
+    pub fn checkpoint(&self) -> Result<(), LedgerError> {
+        match &self.store {
+            Store::Sqlite(s) => {
+                s.conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                Ok(())
+            }
+            Store::Postgres(_) => Ok(()),
+        }
+    }
+
     /// The projection row of one operation.
     pub fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
         with_store!(self, s => s.operation(key))

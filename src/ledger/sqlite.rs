@@ -154,6 +154,24 @@ impl SqliteStore {
         result
     }
 
+    /// Appends many operations' events in one `BEGIN IMMEDIATE` transaction.
+    pub(crate) fn append_batch(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: &[(&OpKey, Vec<(Event, String)>)],
+        at: &str,
+    ) -> Result<(), LedgerError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for (key, events) in ops {
+            append::append(&mut Tx(&tx), ikey, redactor, key, events, at, None)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// The projection row of one operation.
     pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
         Ok(self
