@@ -63,7 +63,10 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
                     session: session.to_owned(),
                     family: Family::ReadOnly,
                     display: "true".into(),
-                    fingerprint: format!("{:064x}", u128::from(rand::random::<u64>()) << 64 | u128::from(n)),
+                    fingerprint: format!(
+                        "{:064x}",
+                        u128::from(rand::random::<u64>()) << 64 | u128::from(n)
+                    ),
                     rule: "builtin read_only: true".into(),
                 },
                 Event::AttemptDispatched {
@@ -330,8 +333,19 @@ fn main() {
     };
     println!(
         "{:>9} {:>9} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
-        "ops", "B/op", "build s", "list -l 20", "show", "reconcile 0", "reconcile10",
-        "stats", "stats 1h", "verify inc", "verify full", "full ev/s", "cold run"
+        "ops",
+        "B/op",
+        "build s",
+        "list -l 20",
+        "show",
+        "reconcile 0",
+        "reconcile10",
+        "stats",
+        "stats 1h",
+        "verify inc",
+        "verify full",
+        "full ev/s",
+        "cold run"
     );
     for &ops in &sizes {
         let dir = scratch(&format!("{ops}"));
@@ -354,7 +368,12 @@ fn main() {
         let stats = env.time(&settled, &["stats"], &[0], rounds);
         let stats_1h = env.time(&settled, &["stats", "--since", "1h"], &[0], rounds);
         // The first verify after building walks everything; later ones only what is new.
-        let full = env.time(&settled, &["audit", "verify", "--full"], &[0], rounds.min(3));
+        let full = env.time(
+            &settled,
+            &["audit", "verify", "--full"],
+            &[0],
+            rounds.min(3),
+        );
         let _ = env.time(&settled, &["audit", "verify"], &[0], 1);
         let inc = env.time(&settled, &["audit", "verify"], &[0], rounds);
         let events = ops * 9;
@@ -363,7 +382,12 @@ fn main() {
         // The same ledger with 10 unresolved operations added.
         let mut ledger = Ledger::open(&settled).expect("open ledger");
         let batch: Vec<(OpKey, Vec<Event>)> = (0..10)
-            .map(|n| (OpKey::new(format!("unres-{n}"), "dead"), unresolved_run(n, "sess-dead")))
+            .map(|n| {
+                (
+                    OpKey::new(format!("unres-{n}"), "dead"),
+                    unresolved_run(n, "sess-dead"),
+                )
+            })
             .collect();
         ledger.append_batch(&batch).expect("append batch");
         drop(ledger);

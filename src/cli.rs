@@ -272,7 +272,7 @@ pub enum Command {
     /// Delete finished or fenced markers older than a retention period on a host.
     Gc(GcArgs),
     /// Counts for a dashboard: operations by state and family, unknown outcomes, retries.
-    Stats,
+    Stats(StatsArgs),
     /// Check that a host is usable: reachable, key known, shim runs, marker root sound.
     Doctor(DoctorArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
@@ -467,12 +467,24 @@ pub struct ListArgs {
     /// Only operations active within this long before now (e.g. 30m, 2h, 7d).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
-    /// At most this many operations (the most recently active).
-    #[arg(long, value_name = "N")]
+    /// At most this many operations (the most recently active; default 50).
+    #[arg(long, value_name = "N", conflicts_with = "all")]
     pub limit: Option<usize>,
+    /// Every matching operation, not only the newest 50.
+    #[arg(long)]
+    pub all: bool,
     /// Times in UTC instead of the local time zone.
     #[arg(long)]
     pub utc: bool,
+}
+
+/// `opmark stats`.
+#[derive(Debug, Default, Args)]
+pub struct StatsArgs {
+    /// Only events recorded within this long before now, and the operations active in
+    /// that time (e.g. 1h, 7d). Without it: the whole ledger, from its counters.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
 }
 
 /// `opmark show`.
@@ -542,7 +554,16 @@ pub struct AuditArgs {
 #[derive(Debug, Subcommand)]
 pub enum AuditAction {
     /// Check the ledger's hash chain; name the first broken event.
-    Verify,
+    Verify(VerifyArgs),
+}
+
+/// `opmark audit verify`.
+#[derive(Debug, Default, Args)]
+pub struct VerifyArgs {
+    /// Walk the whole chain and replay every operation, not only what is new since the
+    /// last verified checkpoint.
+    #[arg(long)]
+    pub full: bool,
 }
 
 /// `opmark ledger`.

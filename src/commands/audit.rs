@@ -4,18 +4,18 @@
 
 use super::common::redacted_error;
 use super::render::printable;
-use crate::cli::{AuditAction, AuditArgs, GlobalArgs};
+use crate::cli::{AuditAction, AuditArgs, GlobalArgs, VerifyArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::Ledger;
 
 /// Exit 0 "chain intact: N events"; exit 1 naming the first broken event or row.
 pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
-    match args.action {
-        AuditAction::Verify => verify(global),
+    match &args.action {
+        AuditAction::Verify(v) => verify(global, v),
     }
 }
 
-fn verify(global: &GlobalArgs) -> Result<u8> {
+fn verify(global: &GlobalArgs, _args: &VerifyArgs) -> Result<u8> {
     let (ledger, path) =
         Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
@@ -37,6 +37,7 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
             "events": report.events,
             "first_break": report.first_break,
             "first_mismatch": report.first_mismatch,
+            "counters_mismatch": report.counters_mismatch,
             // Not `path`: for PostgreSQL that is the URL as given, password and all.
             "ledger": ledger.path(),
             "backend": ledger.backend(),
@@ -44,6 +45,10 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
         super::common::print_json(&doc)?;
     } else {
         match (&report.first_break, &report.first_mismatch) {
+            (None, None) if report.counters_mismatch.is_some() => crate::outln!(
+                "the `stats` counters differ from a recount of the events ({}); they were changed outside opmark: `opmark stats` is wrong, the events and `list` are not",
+                report.counters_mismatch.as_deref().unwrap_or_default()
+            ),
             (Some(b), _) => crate::outln!("chain broken at event #{}: {}", b.seq, b.problem),
             (None, Some(m)) => crate::outln!(
                 "projection differs from the events at operation `{}` on `{}`: {}; that row was changed outside opmark: trust the timeline of `opmark show` (the events), not its header or `list`",

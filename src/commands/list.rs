@@ -10,55 +10,94 @@ use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{Ledger, ListFilter, OperationRecord};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
+/// How many operations `list` shows unless given `--limit N` or `--all`: the newest page,
+/// as `git log` pages, so the answer costs the page and not the history.
+pub const DEFAULT_LIMIT: usize = 50;
+
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
     if args.limit == Some(0) {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "--limit 0 would list nothing; give at least 1, or leave --limit out for all",
+            "--limit 0 would list nothing; give at least 1, or --all for every operation",
         ));
     }
     let cutoff = args
         .since
         .map(|since| {
-            time::Duration::try_from(since)
-                .ok()
-                .and_then(|d| time::OffsetDateTime::now_utc().checked_sub(d))
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidInput,
-                        "--since reaches back before any possible date; use a shorter duration such as 30d",
-                    )
-                })
+            crate::ledger::stamp_before(since).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "--since reaches back before any possible date; use a shorter duration such as 30d",
+                )
+            })
         })
         .transpose()?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
-    // Without --since the ledger can stop at the limit; with it the cut-off is applied
-    // here (on the projection's timestamps), then the limit.
-    let filter = ListFilter {
-        unresolved: args.unresolved,
-        host: args.host.clone(),
-        limit: if cutoff.is_none() { args.limit } else { None },
+    let limit = match (args.all, args.limit) {
+        (true, _) => None,
+        (false, Some(n)) => Some(n),
+        (false, None) => Some(DEFAULT_LIMIT),
     };
-    let mut ops = match &ledger {
-        Some(l) => l.list(&filter).map_err(|e| redacted_error(e.into()))?,
-        None => Vec::new(),
+    let (ops, more) = match &ledger {
+        Some(l) => page(l, args, cutoff.as_deref(), limit).map_err(|e| redacted_error(e.into()))?,
+        None => (Vec::new(), None),
     };
-    if let Some(cutoff) = cutoff {
-        // A timestamp that does not parse is kept: hiding an operation is worse.
-        ops.retain(|o| parse_at(&o.updated_at).is_none_or(|at| at >= cutoff));
-        if let Some(limit) = args.limit {
-            ops.truncate(limit);
-        }
-    }
     if global.json {
         super::common::print_json(&serde_json::json!({ "operations": ops }))?;
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
         crate::out!("{}", table(&ops, args.unresolved, zone));
     }
+    match more {
+        Some(More::Counted(n)) => {
+            crate::logging::say(format_args!("{n} more not shown; use --all or --limit N"))
+        }
+        Some(More::Some) => {
+            crate::logging::say(format_args!("more not shown; use --all or --limit N"))
+        }
+        None => {}
+    }
     Ok(exit_code::OK)
+}
+
+/// Operations the page left out.
+enum More {
+    /// This many (the counters know it).
+    Counted(u64),
+    /// At least one.
+    Some,
+}
+
+/// The newest `limit` matching operations (one more is read to know whether the page
+/// left any out), and what it left out.
+fn page(
+    ledger: &Ledger,
+    args: &ListArgs,
+    cutoff: Option<&str>,
+    limit: Option<usize>,
+) -> std::result::Result<(Vec<OperationRecord>, Option<More>), crate::ledger::LedgerError> {
+    let mut filter = ListFilter {
+        unresolved: args.unresolved,
+        host: args.host.clone(),
+        limit: limit.map(|l| l + 1),
+        ..Default::default()
+    };
+    if let Some(cutoff) = cutoff {
+        // The window by sequence number: an index range, O(window).
+        filter.since_seq = Some(ledger.seq_since(cutoff)?);
+    }
+    let mut ops = ledger.list(&filter)?;
+    let Some(limit) = limit.filter(|l| ops.len() > *l) else {
+        return Ok((ops, None));
+    };
+    ops.truncate(limit);
+    let more = match ledger.count_hint(&filter)? {
+        Some(total) if total > limit as u64 => More::Counted(total - limit as u64),
+        _ => More::Some,
+    };
+    Ok((ops, Some(more)))
 }
 
 /// The time zone the table's times are shown in.

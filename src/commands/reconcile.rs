@@ -55,6 +55,7 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
             unresolved: true,
             host: args.host.clone(),
             limit: None,
+            ..Default::default()
         })?;
     } else {
         for op in &ops {
@@ -124,9 +125,11 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     };
     let contradicted: Vec<Contradicted> = ledger
         .list(&ListFilter {
-            unresolved: false,
+            // Through the partial index of contradicted rows: O(contradicted), not history.
+            contradicted: true,
             host: args.host.clone(),
             limit: None,
+            ..Default::default()
         })?
         .into_iter()
         .filter(|r| r.contradictions > 0)

@@ -3,17 +3,32 @@
 use std::collections::BTreeMap;
 
 use super::common::redacted_error;
-use crate::cli::GlobalArgs;
-use crate::error::{exit_code, Result};
+use crate::cli::{GlobalArgs, StatsArgs};
+use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{Ledger, Stats};
 
 /// Prints the counts as text, or one JSON document with `--json`.
-pub fn run(global: &GlobalArgs) -> Result<u8> {
+pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
+    let cutoff = args
+        .since
+        .map(|since| {
+            crate::ledger::stamp_before(since).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "--since reaches back before any possible date; use a shorter duration such as 30d",
+                )
+            })
+        })
+        .transpose()?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
     let stats = match &ledger {
-        Some(l) => l.stats().map_err(|e| redacted_error(e.into()))?,
+        Some(l) => match &cutoff {
+            None => l.stats(),
+            Some(cutoff) => l.stats_since(cutoff),
+        }
+        .map_err(|e| redacted_error(e.into()))?,
         None => Stats::default(),
     };
     if global.json {

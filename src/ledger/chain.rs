@@ -124,12 +124,19 @@ pub struct ChainReport {
     /// The first projected row that differs from the replay of its events, if any
     /// (checked only when the chain itself is whole).
     pub first_mismatch: Option<ProjectionMismatch>,
+    /// The `stats` counters that differ from a recount of the events, by name (checked
+    /// when the chain and the rows are whole; a `None` from a partial walk says nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counters_mismatch: Option<String>,
 }
 
 impl ChainReport {
-    /// True when the chain is whole and the projection equals its replay.
+    /// True when the chain is whole and the projection (rows and counters) equals its
+    /// replay.
     pub fn intact(&self) -> bool {
-        self.first_break.is_none() && self.first_mismatch.is_none()
+        self.first_break.is_none()
+            && self.first_mismatch.is_none()
+            && self.counters_mismatch.is_none()
     }
 }
 
@@ -306,5 +313,6 @@ fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {
         events,
         first_break,
         first_mismatch: None,
+        counters_mismatch: None,
     }
 }

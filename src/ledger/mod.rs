@@ -204,10 +204,70 @@ pub enum Durability {
 pub struct ListFilter {
     /// Only unresolved operations.
     pub unresolved: bool,
+    /// Only operations with at least one contradiction.
+    pub contradicted: bool,
     /// Only this host.
     pub host: Option<String>,
+    /// Only operations whose last event is at or after this sequence number (see
+    /// [`Ledger::seq_since`]).
+    pub since_seq: Option<u64>,
+    /// Only operations whose last event is before this sequence number: the next page
+    /// after a page whose oldest row had this `last_seq`.
+    pub before_seq: Option<u64>,
     /// At most this many.
     pub limit: Option<usize>,
+}
+
+/// A bound value of a query built by [`ListFilter::sql`].
+#[derive(Debug, Clone)]
+pub(crate) enum SqlArg {
+    Text(String),
+    Int(i64),
+}
+
+impl ListFilter {
+    /// The query (with `placeholder(i)` for the i-th bound value, from 1) and its values.
+    /// Plain conditions, no `(? = 0 OR …)` forms: those hide from the planner which index
+    /// fits, and it then scans every operation.
+    pub(crate) fn sql(
+        &self,
+        columns: &str,
+        unresolved: &str,
+        placeholder: impl Fn(usize) -> String,
+    ) -> (String, Vec<SqlArg>) {
+        let mut conds: Vec<String> = Vec::new();
+        let mut args = Vec::new();
+        let mut bind = |conds: &mut Vec<String>, cond: &str, arg: SqlArg| {
+            args.push(arg);
+            conds.push(cond.replace('?', &placeholder(args.len())));
+        };
+        if self.unresolved {
+            // The literal the partial index `operations_unresolved` is made on.
+            conds.push(unresolved.to_owned());
+        }
+        if self.contradicted {
+            conds.push("contradictions > 0".to_owned());
+        }
+        if let Some(host) = &self.host {
+            bind(&mut conds, "host = ?", SqlArg::Text(host.clone()));
+        }
+        if let Some(seq) = self.since_seq {
+            bind(&mut conds, "last_seq >= ?", SqlArg::Int(seq as i64));
+        }
+        if let Some(seq) = self.before_seq {
+            bind(&mut conds, "last_seq < ?", SqlArg::Int(seq as i64));
+        }
+        let mut sql = format!("SELECT {columns} FROM operations");
+        if !conds.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conds.join(" AND "));
+        }
+        sql.push_str(" ORDER BY last_seq DESC");
+        if let Some(limit) = self.limit {
+            sql.push_str(&format!(" LIMIT {limit}"));
+        }
+        (sql, args)
+    }
 }
 
 /// Counts for a dashboard (`opmark stats`).
@@ -256,34 +316,73 @@ pub(crate) struct StatsDialect {
     pub attempt_number: &'static str,
     /// `operations.unresolved` is true.
     pub unresolved: &'static str,
+    /// The placeholder of the window's first sequence number.
+    pub param: &'static str,
 }
 
 impl Stats {
-    /// The counts, from one backend's two query shapes (a single count, and counts by a
-    /// key): both backends ask the same questions, only the dialect differs.
-    pub(crate) fn query(
+    /// The counts from the counters every append keeps (see `append::count`).
+    pub(crate) fn from_counters(counters: &BTreeMap<String, i64>) -> Stats {
+        let get = |name: &str| counters.get(name).copied().unwrap_or(0).max(0) as u64;
+        let by = |prefix: &str| -> BTreeMap<String, u64> {
+            counters
+                .iter()
+                .filter_map(|(k, v)| {
+                    let key = k.strip_prefix(prefix)?.strip_prefix('/')?;
+                    (*v > 0).then(|| (key.to_owned(), *v as u64))
+                })
+                .collect()
+        };
+        let verdicts = by("verdict");
+        Stats {
+            events: get("events"),
+            operations: get("operations"),
+            by_state: by("state"),
+            by_family: by("family"),
+            unresolved: get("unresolved"),
+            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
+            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+            verdicts,
+            reconciliations: get("kind/reconciled"),
+            operator_decisions: get("kind/operator_decision"),
+            contradictions: get("kind/contradiction"),
+            contradicted_operations: get("contradicted"),
+            attempts: get("kind/attempt_dispatched"),
+            retries_by_family: by("retries"),
+        }
+    }
+
+    /// The counts over a window: the events from a sequence number on (`dialect.param`)
+    /// and the operations active in it. O(window) through the primary key and the
+    /// recency index.
+    pub(crate) fn query_window(
         count: impl Fn(&str) -> Result<u64, LedgerError>,
         group: impl Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>,
         dialect: &StatsDialect,
     ) -> Result<Stats, LedgerError> {
+        let p = dialect.param;
         let events_of = |kind: &str| {
             count(&format!(
-                "SELECT COUNT(*) FROM events WHERE kind = '{kind}'"
+                "SELECT COUNT(*) FROM events WHERE seq >= {p} AND kind = '{kind}'"
             ))
         };
+        let ops =
+            |cond: &str| format!("SELECT COUNT(*) FROM operations WHERE last_seq >= {p}{cond}");
         let verdicts = group(&format!(
-            "SELECT {}, COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+            "SELECT {}, COUNT(*) FROM events WHERE seq >= {p} AND kind = 'verdict' GROUP BY 1",
             dialect.verdict
         ))?;
         Ok(Stats {
-            events: count("SELECT COUNT(*) FROM events")?,
-            operations: count("SELECT COUNT(*) FROM operations")?,
-            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
-            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
-            unresolved: count(&format!(
-                "SELECT COUNT(*) FROM operations WHERE {}",
-                dialect.unresolved
+            events: count(&format!("SELECT COUNT(*) FROM events WHERE seq >= {p}"))?,
+            operations: count(&ops(""))?,
+            by_state: group(&format!(
+                "SELECT state, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY state"
             ))?,
+            by_family: group(&format!(
+                "SELECT family, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY family"
+            ))?,
+            unresolved: count(&ops(&format!(" AND {}", dialect.unresolved)))?,
             unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
             conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
             approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
@@ -291,14 +390,12 @@ impl Stats {
             reconciliations: events_of("reconciled")?,
             operator_decisions: events_of("operator_decision")?,
             contradictions: events_of("contradiction")?,
-            contradicted_operations: count(
-                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
-            )?,
+            contradicted_operations: count(&ops(" AND contradictions > 0"))?,
             attempts: events_of("attempt_dispatched")?,
             retries_by_family: group(&format!(
                 "SELECT o.family, COUNT(*) FROM events e
                  JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                 WHERE e.kind = 'attempt_dispatched' AND {} > 1
+                 WHERE e.seq >= {p} AND e.kind = 'attempt_dispatched' AND {} > 1
                  GROUP BY o.family",
                 dialect.attempt_number
             ))?,
@@ -314,6 +411,7 @@ pub(crate) struct Snapshot {
     pub keyed_from_mac: Option<String>,
     pub rows: Vec<chain::Row>,
     pub projected: Vec<OperationRecord>,
+    pub counters: BTreeMap<String, i64>,
 }
 
 /// The backend an open ledger runs on.
@@ -416,6 +514,19 @@ fn home_field(line: &str, uid: &str) -> Option<PathBuf> {
     let fields: Vec<&str> = line.split(':').collect();
     let home = PathBuf::from(fields.get(5)?);
     (fields.len() >= 6 && fields[2] == uid && home.is_absolute()).then_some(home)
+}
+
+/// The time `back` before now, as events are stamped (UTC RFC 3339, microseconds).
+/// `None` when that is before any representable date.
+pub fn stamp_before(back: std::time::Duration) -> Option<String> {
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    let d = time::Duration::try_from(back).ok()?;
+    time::OffsetDateTime::now_utc()
+        .checked_sub(d)?
+        .format(&fmt)
+        .ok()
 }
 
 fn now() -> String {
@@ -666,6 +777,7 @@ impl Ledger {
             keyed_from_mac,
             rows,
             projected,
+            counters,
         } = self.snapshot()?;
         if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
         {
@@ -676,11 +788,15 @@ impl Ledger {
                     problem: "the record of where the keyed chain starts was edited outside opmark (its MAC does not match): no event can be trusted".to_owned(),
                 }),
                 first_mismatch: None,
+                counters_mismatch: None,
             });
         }
         let mut report = chain::verify(rows.iter().cloned(), head, &self.key, keyed_from);
         if report.first_break.is_none() {
-            report.first_mismatch = replay_mismatch(&rows, &projected);
+            match replay_mismatch(&rows, &projected) {
+                Err(m) => report.first_mismatch = Some(m),
+                Ok(counts) => report.counters_mismatch = counters_mismatch(&counts, &counters),
+            }
         }
         Ok(report)
     }
@@ -725,18 +841,63 @@ impl Ledger {
         copied.verify_chain()
     }
 
-    /// Counts for `opmark stats`.
+    /// Counts for `opmark stats`, from the counters every append keeps: O(counters).
     pub fn stats(&self) -> Result<Stats, LedgerError> {
         with_store!(self, s => s.stats())
     }
+
+    /// Counts for `opmark stats --since D`: the events recorded at or after `cutoff`
+    /// (UTC RFC 3339, as events are stamped) and the operations active since.
+    pub fn stats_since(&self, cutoff: &str) -> Result<Stats, LedgerError> {
+        let from = self.seq_since(cutoff)?;
+        with_store!(self, s => s.stats_since(from))
+    }
+
+    /// The first sequence number whose event was recorded at or after `cutoff`, found by
+    /// bisection on the chain (a few dozen primary-key reads, whatever the history). Events
+    /// are stamped just before their transaction takes the head, so the stamps of
+    /// concurrent writers can be out of order by that much: the window's edge is exact to
+    /// within the time between stamping and committing.
+    pub fn seq_since(&self, cutoff: &str) -> Result<u64, LedgerError> {
+        let (mut lo, mut hi) = (1u64, with_store!(self, s => s.head_seq())? + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match with_store!(self, s => s.event_at_or_after(mid))? {
+                Some((_, at)) if at.as_str() >= cutoff => hi = mid,
+                Some((seq, _)) => lo = seq + 1,
+                None => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// How many operations `filter` matches, ignoring its limit, when the counters know
+    /// (all, or the unresolved ones); `None` for other filters.
+    pub fn count_hint(&self, filter: &ListFilter) -> Result<Option<u64>, LedgerError> {
+        if filter.host.is_some()
+            || filter.contradicted
+            || filter.since_seq.is_some()
+            || filter.before_seq.is_some()
+        {
+            return Ok(None);
+        }
+        let stats = self.stats()?;
+        Ok(Some(if filter.unresolved {
+            stats.unresolved
+        } else {
+            stats.operations
+        }))
+    }
 }
 
-/// Folds every operation's events (as `audit verify` and `ledger migrate` do); names the
-/// first event that cannot be decoded.
-pub(crate) fn replay(
+/// Folds every operation's events (as `audit verify` and `ledger migrate` do), also
+/// counting what the appends counted (`append::count`), so the stored counters can be
+/// checked or rebuilt; names the first event that cannot be decoded.
+pub(crate) fn replay_counting(
     rows: &[chain::Row],
-) -> Result<BTreeMap<OpKey, OperationRecord>, ProjectionMismatch> {
+) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
     let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
+    let mut counts = append::Counts::new();
     for row in rows {
         let key = OpKey::new(row.op_id.clone(), row.host.clone());
         let event: Event = match serde_json::from_str(&row.payload) {
@@ -758,30 +919,31 @@ pub(crate) fn replay(
         let had = before.clone();
         match projection::fold(before, &key, &event, row.seq, &row.at) {
             Ok(Some(rec)) => {
+                append::count(&mut counts, &event, had.as_ref(), Some(&rec));
                 replayed.insert(key, rec);
             }
-            Ok(None) => {}
+            Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
             // Refused appends were rolled back; a stored one is not what opmark wrote.
             Err(projection::Refusal::FingerprintConflict) => {
+                append::count(&mut counts, &event, had.as_ref(), None);
                 if let Some(rec) = had {
                     replayed.insert(key, rec);
                 }
             }
         }
     }
-    Ok(replayed)
+    counts.retain(|_, n| *n != 0);
+    Ok((replayed, counts))
 }
 
 /// Folds every operation's events again and compares with the stored projection; names
 /// the first row (by op id, host) that differs, is missing, or has no events.
+/// Whole: the recount of the counters, to compare with the stored ones.
 fn replay_mismatch(
     rows: &[chain::Row],
     projected: &[OperationRecord],
-) -> Option<ProjectionMismatch> {
-    let replayed = match replay(rows) {
-        Ok(r) => r,
-        Err(m) => return Some(m),
-    };
+) -> Result<append::Counts, ProjectionMismatch> {
+    let (replayed, counts) = replay_counting(rows)?;
     let mut stored: BTreeMap<OpKey, &OperationRecord> = projected
         .iter()
         .map(|r| (OpKey::new(r.op_id.clone(), r.host.clone()), r))
@@ -794,12 +956,12 @@ fn replay_mismatch(
         };
         match stored.remove(key) {
             None => {
-                return Some(mismatch(
+                return Err(mismatch(
                     "its row in `operations` is missing (deleted outside opmark)".to_owned(),
                 ))
             }
             Some(got) if got != want => {
-                return Some(mismatch(format!(
+                return Err(mismatch(format!(
                     "its row in `operations` differs from the replay of its events in {}",
                     differing_columns(got, want).join(", ")
                 )))
@@ -807,12 +969,27 @@ fn replay_mismatch(
             Some(_) => {}
         }
     }
-    stored.into_keys().next().map(|key| ProjectionMismatch {
-        op_id: key.op_id,
-        host: key.host,
-        problem: "its row in `operations` has no events behind it (added outside opmark)"
-            .to_owned(),
-    })
+    match stored.into_keys().next() {
+        Some(key) => Err(ProjectionMismatch {
+            op_id: key.op_id,
+            host: key.host,
+            problem: "its row in `operations` has no events behind it (added outside opmark)"
+                .to_owned(),
+        }),
+        None => Ok(counts),
+    }
+}
+
+/// The names of the counters whose stored value is not the recount (a missing counter
+/// counts as 0), or `None` when all agree.
+fn counters_mismatch(recount: &append::Counts, stored: &BTreeMap<String, i64>) -> Option<String> {
+    let names: std::collections::BTreeSet<&String> = recount.keys().chain(stored.keys()).collect();
+    let differ: Vec<&str> = names
+        .into_iter()
+        .filter(|n| recount.get(*n).copied().unwrap_or(0) != stored.get(*n).copied().unwrap_or(0))
+        .map(String::as_str)
+        .collect();
+    (!differ.is_empty()).then(|| differ.join(", "))
 }
 
 /// Names of the columns where `got` differs from `want` (names only: values may hold text

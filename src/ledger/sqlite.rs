@@ -77,6 +77,16 @@ impl AppendTx for Tx<'_, '_> {
         Ok(())
     }
 
+    fn add_counts(&mut self, deltas: &append::Counts) -> Result<(), LedgerError> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO counters (name, n) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
+        )?;
+        for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
+            stmt.execute(params![name, n])?;
+        }
+        Ok(())
+    }
+
     fn events_after(
         &mut self,
         key: &OpKey,
@@ -200,20 +210,73 @@ impl SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Operations, most recently active first, filtered.
+    /// Operations, most recently active first, filtered. Each filter is spelled so that
+    /// SQLite walks the index made for it (a partial one for unresolved and contradicted
+    /// rows) from the newest end and stops at the limit.
     pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        let limit = filter.limit.map_or(-1, |l| l as i64);
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {} FROM operations
-             WHERE (?1 = 0 OR unresolved = 1) AND (?2 IS NULL OR host = ?2)
-             ORDER BY last_seq DESC LIMIT ?3",
-            projection::COLUMNS
-        ))?;
+        let (sql, args) = filter.sql(projection::COLUMNS, "unresolved = 1", |i| format!("?{i}"));
+        let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map(
-            params![filter.unresolved, filter.host, limit],
+            rusqlite::params_from_iter(args.iter().map(|a| match a {
+                super::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
+                super::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
+            })),
             projection::from_row,
         )?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The counters `stats` reads.
+    pub(crate) fn counters(&self) -> Result<BTreeMap<String, i64>, LedgerError> {
+        let mut stmt = self.conn.prepare("SELECT name, n FROM counters")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The first stored event at or after `seq`: `(seq, at)`.
+    pub(crate) fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT seq, at FROM events WHERE seq >= ?1 ORDER BY seq LIMIT 1",
+                params![seq],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// The head's sequence number (0 before the first event).
+    pub(crate) fn head_seq(&self) -> Result<u64, LedgerError> {
+        Ok(self
+            .conn
+            .query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    /// `stats` over the events from `from_seq` on and the operations active since.
+    pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
+        let c = &self.conn;
+        let count = |sql: &str| -> Result<u64, LedgerError> {
+            Ok(c.query_row(sql, params![from_seq], |r| r.get(0))?)
+        };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let rows = stmt.query_map(params![from_seq], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        Stats::query_window(
+            count,
+            group,
+            &super::StatsDialect {
+                verdict: "json_extract(payload, '$.verdict')",
+                attempt_number: "json_extract(e.payload, '$.number')",
+                unresolved: "unresolved = 1",
+                param: "?1",
+            },
+        )
     }
 
     /// One operation's events in order.
@@ -259,25 +322,9 @@ impl SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Counts for `opmark stats`.
+    /// Counts for `opmark stats`, from the counters.
     pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
-        let c = &self.conn;
-        let count =
-            |sql: &str| -> Result<u64, LedgerError> { Ok(c.query_row(sql, [], |r| r.get(0))?) };
-        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
-            let mut stmt = c.prepare(sql)?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        };
-        Stats::query(
-            count,
-            group,
-            &super::StatsDialect {
-                verdict: "json_extract(payload, '$.verdict')",
-                attempt_number: "json_extract(e.payload, '$.number')",
-                unresolved: "unresolved = 1",
-            },
-        )
+        Ok(Stats::from_counters(&self.counters()?))
     }
 
     /// Everything `audit verify` checks, read in one consistent snapshot.
@@ -323,6 +370,11 @@ impl SqliteStore {
             let rows = stmt.query_map([], projection::from_row)?;
             rows.collect::<Result<_, _>>()?
         };
+        let counters: BTreeMap<String, i64> = {
+            let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
         tx.finish()?;
         Ok(Snapshot {
             head,
@@ -330,6 +382,7 @@ impl SqliteStore {
             keyed_from_mac,
             rows,
             projected,
+            counters,
         })
     }
 }

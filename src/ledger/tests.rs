@@ -829,3 +829,117 @@ fn a_ledger_with_the_old_spelling_still_reads_and_verifies() {
         report.first_mismatch
     );
 }
+
+/// Several operations in every shape `stats` counts: settled, retried, blocked,
+/// contradicted.
+fn varied_history(l: &mut Ledger) {
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(&k, &dispatched("a2", 2), Durability::Full)
+        .unwrap();
+    l.append(
+        &k,
+        &verdict(Verdict::Indeterminate, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    let k2 = OpKey::new("op-2", "web1");
+    l.append(&k2, &intended("fp2", "y"), Durability::Full)
+        .unwrap();
+    l.append(&k2, &verdict(Verdict::Blocked, None), Durability::Normal)
+        .unwrap();
+    let k3 = OpKey::new("op-3", "web2");
+    completed_op(l, &k3, 0);
+    l.append(&k3, &probed("completed", Some(3)), Durability::Normal)
+        .unwrap();
+}
+
+#[test]
+fn stats_come_from_counters_that_verify_recounts_and_an_edited_counter_is_found() {
+    let s = Scratch::new("counters");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let st = l.stats().unwrap();
+    assert_eq!(st.operations, 3);
+    assert_eq!(st.unresolved, 1);
+    assert_eq!(st.retries_by_family.get("destructive"), Some(&1));
+    assert_eq!(st.contradictions, 1);
+    assert_eq!(st.contradicted_operations, 1);
+    assert_eq!(st.by_state.values().sum::<u64>(), 3);
+    let events: u64 = l
+        .conn()
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(st.events, events);
+    let report = l.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+    // A dashboard number changed behind opmark's back is named, not trusted.
+    l.conn()
+        .execute(
+            "UPDATE counters SET n = n + 5 WHERE name = 'unresolved'",
+            [],
+        )
+        .unwrap();
+    let report = l.verify_chain().unwrap();
+    assert_eq!(report.counters_mismatch.as_deref(), Some("unresolved"));
+    assert!(!report.intact());
+}
+
+#[test]
+fn stats_since_counts_only_the_window() {
+    let s = Scratch::new("window");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let all = l.stats().unwrap();
+    let past = l.stats_since("2000-01-01T00:00:00.000000Z").unwrap();
+    assert_eq!(past, all);
+    let cutoff = now();
+    let k = OpKey::new("op-4", "web3");
+    l.append(&k, &intended("fp4", "z"), Durability::Full)
+        .unwrap();
+    l.append(&k, &verdict(Verdict::Blocked, None), Durability::Normal)
+        .unwrap();
+    let window = l.stats_since(&cutoff).unwrap();
+    assert_eq!(window.events, 2);
+    assert_eq!(window.operations, 1);
+    assert_eq!(window.approvals_asked, 1);
+    assert_eq!(window.by_family.get("destructive"), Some(&1));
+    let future = l.stats_since("2999-01-01T00:00:00.000000Z").unwrap();
+    assert_eq!(future.events, 0);
+    assert_eq!(future.operations, 0);
+}
+
+#[test]
+fn a_ledger_of_schema_version_2_migrates_counts_its_history_and_verifies() {
+    let s = Scratch::new("migrate3");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let before = l.stats().unwrap();
+    // Back to what opmark of schema version 2 left on disk.
+    l.conn()
+        .execute_batch(
+            "DROP TABLE counters;
+             DROP INDEX operations_unresolved;
+             DROP INDEX operations_contradicted;
+             DROP INDEX operations_by_host;
+             CREATE INDEX events_by_kind ON events (kind);
+             CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    drop(l);
+    let l = Ledger::open(&s.db()).unwrap();
+    let version: i64 = l
+        .conn()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::CURRENT_VERSION);
+    assert_eq!(l.stats().unwrap(), before);
+    let report = l.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+}

@@ -247,6 +247,7 @@ impl Server {
             host: p.host,
             since: None,
             limit: None,
+            all: false,
             utc: true,
         };
         Ok(self
