@@ -667,6 +667,7 @@ impl Ledger {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        append_barrier();
         let redacted: Vec<(Event, String)> = events
             .iter()
             .map(|e| {
@@ -889,6 +890,42 @@ impl Ledger {
         }))
     }
 }
+
+/// Test builds only: with `OPMARK_TEST_APPEND_BARRIER=DIR` and
+/// `OPMARK_TEST_APPEND_BARRIER_N=N`, the process's first append marks itself in DIR and
+/// waits (up to 30 s) until N processes have, so the concurrency tests know that N
+/// writers reached their append at once (e.g. both operators had read the operation
+/// before either decided) instead of hoping a sleep lined them up.
+#[cfg(feature = "test-hooks")]
+fn append_barrier() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    let (Some(dir), Some(n)) = (
+        std::env::var_os("OPMARK_TEST_APPEND_BARRIER"),
+        std::env::var("OPMARK_TEST_APPEND_BARRIER_N")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok()),
+    ) else {
+        return;
+    };
+    if DONE.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let dir = PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(std::process::id().to_string()), b"");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(&dir).map_or(0, |d| d.count()) < n
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Nothing: the append barrier exists only with the `test-hooks` feature.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn append_barrier() {}
 
 /// Folds every operation's events (as `audit verify` and `ledger migrate` do), also
 /// counting what the appends counted (`append::count`), so the stored counters can be

@@ -25,7 +25,6 @@ const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
 const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
 const WRITER: &str = "OPMARK_TEST_LEDGER_WRITER";
 const OPS: &str = "OPMARK_TEST_LEDGER_OPS";
-const GO: &str = "OPMARK_TEST_LEDGER_GO";
 const KEY: &str = "OPMARK_TEST_LEDGER_KEY";
 
 /// A scratch directory removed on drop.
@@ -154,12 +153,6 @@ fn writer_process() {
     };
     let path = PathBuf::from(std::env::var(PATH).unwrap());
     let writer = std::env::var(WRITER).unwrap();
-    if let Ok(go) = std::env::var(GO) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !Path::new(&go).exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
     let key = std::env::var_os(KEY).map(PathBuf::from);
     let mut ledger = Ledger::open_with_key(&path, key.as_deref()).unwrap();
     match role.as_str() {
@@ -333,20 +326,20 @@ conformance!(
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     const PROCS: usize = 16;
     const OPS_EACH: u64 = 50;
-    let go = f.scratch.path("go");
+    // Every writer's first append waits until all sixteen have reached theirs, so they
+    // are released together and really contend (no sleep hoping they line up).
+    let barrier = f.scratch.path("barrier");
     let children: Vec<_> = (0..PROCS)
         .map(|w| {
             f.writer_child("fixed", w)
                 .env(OPS, OPS_EACH.to_string())
-                .env(GO, &go)
+                .env("OPMARK_TEST_APPEND_BARRIER", &barrier)
+                .env("OPMARK_TEST_APPEND_BARRIER_N", PROCS.to_string())
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    // Release them together so they really contend (some also race to create the ledger).
-    std::thread::sleep(Duration::from_millis(200));
-    std::fs::write(&go, b"").unwrap();
     for mut c in children {
         assert!(c.wait().unwrap().success(), "a writer process failed");
     }
@@ -358,6 +351,23 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     assert_eq!(report.events, PROCS as u64 * OPS_EACH * 5);
     let ops = ledger.list(&ListFilter::default()).unwrap();
     assert_eq!(ops.len(), PROCS * OPS_EACH as usize);
+    // They contended: each writer's events span a range of the chain, and had the writers
+    // run one after another those ranges would be disjoint.
+    let span = |w: usize| {
+        let seqs: Vec<u64> = (0..OPS_EACH)
+            .flat_map(|n| {
+                let key = OpKey::new(format!("w{w}-op{n}"), format!("host{}", n % 3));
+                ledger.events(&key).unwrap().into_iter().map(|e| e.seq)
+            })
+            .collect();
+        (*seqs.iter().min().unwrap(), *seqs.iter().max().unwrap())
+    };
+    let spans: Vec<(u64, u64)> = (0..PROCS).map(span).collect();
+    let interleaved = spans
+        .iter()
+        .enumerate()
+        .any(|(i, a)| spans.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+    assert!(interleaved, "the writers never overlapped: {spans:?}");
     for w in 0..PROCS {
         for n in 0..OPS_EACH {
             let key = OpKey::new(format!("w{w}-op{n}"), format!("host{}", n % 3));
@@ -568,22 +578,17 @@ fn decisions(ledger: &Ledger, key: &OpKey) -> Vec<String> {
 fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
     let key = OpKey::new("restart-1", "web1");
     unresolved_operation(&mut f.open(), &key);
-    // Two operators, each on their own "machine" (HOME), decide at the same moment.
-    let go = f.scratch.path("go");
+    // Two operators, each on their own "machine" (HOME), decide at the same moment: each
+    // one's append waits until both have read the operation and reached theirs.
+    let barrier = f.scratch.path("barrier");
     let children: Vec<_> = ["alice", "bob"]
         .iter()
         .map(|who| {
             let home = f.scratch.path(who);
             std::fs::create_dir_all(&home).unwrap();
-            let script = format!(
-                "while [ ! -e {} ]; do sleep 0.005; done; exec \"$@\"",
-                go.display()
-            );
             let mut c = f.opmark(&home);
-            let program = c.get_program().to_owned();
-            let mut sh = Command::new("sh");
-            sh.args(["-c", &script, "sh"])
-                .arg(program)
+            c.env("OPMARK_TEST_APPEND_BARRIER", &barrier)
+                .env("OPMARK_TEST_APPEND_BARRIER_N", "2")
                 .args([
                     "resolve",
                     "restart-1",
@@ -596,16 +601,11 @@ fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
                     "--by",
                     who,
                 ])
-                .env_clear()
-                .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            c = sh;
             c.spawn().unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(100));
-    std::fs::write(&go, b"").unwrap();
     let outs: Vec<Output> = children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
@@ -624,6 +624,12 @@ fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
         "the loser is told who settled it and when: {err}"
     );
     assert!(err.contains("nothing was recorded"), "{err}");
+    // Lost under the chain-head lock, having read the operation unsettled: the
+    // conditional append's refusal names the winning event (the read-time one does not).
+    assert!(
+        err.contains(", event #"),
+        "the two decisions overlapped: {err}"
+    );
     let report = ledger.verify_chain().unwrap();
     assert!(report.intact(), "{report:?}");
 }
