@@ -354,12 +354,10 @@ fn main() {
         build(&settled, ops);
         let build_secs = start.elapsed().as_secs_f64();
         // Bytes after a checkpoint, so the WAL is folded into the file.
-        drop(
-            Ledger::open(&settled)
-                .expect("open")
-                .checkpoint()
-                .expect("checkpoint"),
-        );
+        Ledger::open(&settled)
+            .expect("open")
+            .checkpoint()
+            .expect("checkpoint");
         let bytes = file_bytes(&settled);
         let show_op = format!("op-{:08}", ops / 2);
         let list = env.time(&settled, &["list", "--limit", "20"], &[0], rounds);

@@ -560,8 +560,8 @@ pub enum AuditAction {
 /// `opmark audit verify`.
 #[derive(Debug, Default, Args)]
 pub struct VerifyArgs {
-    /// Walk the whole chain and replay every operation, not only what is new since the
-    /// last verified checkpoint.
+    /// Walk the whole chain and replay every operation. Every verify does so for now; the
+    /// flag is accepted so scripts can ask for the whole walk explicitly.
     #[arg(long)]
     pub full: bool,
 }

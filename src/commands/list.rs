@@ -211,6 +211,63 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ledger::{Durability, Event, OpKey};
+
+    fn args() -> ListArgs {
+        ListArgs {
+            unresolved: false,
+            host: None,
+            since: None,
+            limit: None,
+            all: false,
+            utc: true,
+        }
+    }
+
+    #[test]
+    fn list_pages_the_newest_and_says_how_many_more() {
+        let dir = std::env::temp_dir().join(format!(
+            "opmark-list-page-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let mut ledger = Ledger::open(&dir.join("ledger.db")).unwrap();
+        for n in 0..(DEFAULT_LIMIT + 7) {
+            let intent = Event::Intended {
+                session: "s".into(),
+                family: crate::family::Family::ReadOnly,
+                display: "true".into(),
+                fingerprint: format!("fp{n}"),
+                rule: "r".into(),
+            };
+            ledger
+                .append(
+                    &OpKey::new(format!("op-{n}"), "h"),
+                    &intent,
+                    Durability::Normal,
+                )
+                .unwrap();
+        }
+        let (ops, more) = page(&ledger, &args(), None, Some(DEFAULT_LIMIT)).unwrap();
+        assert_eq!(ops.len(), DEFAULT_LIMIT);
+        assert_eq!(
+            ops[0].op_id,
+            format!("op-{}", DEFAULT_LIMIT + 6),
+            "newest first"
+        );
+        assert!(matches!(more, Some(More::Counted(7))));
+        let (ops, more) = page(&ledger, &args(), None, None).unwrap();
+        assert_eq!(ops.len(), DEFAULT_LIMIT + 7);
+        assert!(more.is_none());
+        let host = ListArgs {
+            host: Some("h".into()),
+            ..args()
+        };
+        let (ops, more) = page(&ledger, &host, None, Some(5)).unwrap();
+        assert_eq!(ops.len(), 5);
+        assert!(matches!(more, Some(More::Some)));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_header_says_which_zone_the_times_are_in() {
