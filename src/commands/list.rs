@@ -87,6 +87,7 @@ fn page(
     if let Some(cutoff) = cutoff {
         // The window by sequence number: an index range, O(window).
         filter.since_seq = Some(ledger.seq_since(cutoff)?);
+        filter.since_at = Some(cutoff.to_owned());
     }
     let mut ops = ledger.list(&filter)?;
     let Some(limit) = limit.filter(|l| ops.len() > *l) else {

@@ -211,6 +211,9 @@ pub struct ListFilter {
     /// Only operations whose last event is at or after this sequence number (see
     /// [`Ledger::seq_since`]).
     pub since_seq: Option<u64>,
+    /// Only operations whose projected `updated_at` is at or after this stamp (checked on
+    /// the rows `since_seq` selects, so still O(window)).
+    pub since_at: Option<String>,
     /// Only operations whose last event is before this sequence number: the next page
     /// after a page whose oldest row had this `last_seq`.
     pub before_seq: Option<u64>,
@@ -253,6 +256,9 @@ impl ListFilter {
         }
         if let Some(seq) = self.since_seq {
             bind(&mut conds, "last_seq >= ?", SqlArg::Int(seq as i64));
+        }
+        if let Some(at) = &self.since_at {
+            bind(&mut conds, "updated_at >= ?", SqlArg::Text(at.clone()));
         }
         if let Some(seq) = self.before_seq {
             bind(&mut conds, "last_seq < ?", SqlArg::Int(seq as i64));
@@ -878,6 +884,7 @@ impl Ledger {
         if filter.host.is_some()
             || filter.contradicted
             || filter.since_seq.is_some()
+            || filter.since_at.is_some()
             || filter.before_seq.is_some()
         {
             return Ok(None);
