@@ -3,13 +3,13 @@
 //! big ones in batched transactions of that same algorithm), then for each size: bytes
 //! per operation and the wall time of the everyday commands, run as the real `opmark`
 //! binary against that ledger (`list --limit 20`, `show`, `reconcile` with nothing
-//! unresolved and with 10 unresolved, `stats`, `stats --since 1h`, `audit verify`
-//! incremental and `--full`), and the ledger time of a cold `run` (opening the ledger
+//! unresolved and with 10 unresolved, `stats`, `stats --since 1h`, `audit verify
+//! --incremental` (after the cold runs' few new operations) and `--full`), and the ledger time of a cold `run` (opening the ledger
 //! and the appends a simple run makes, with their durabilities).
 //!
 //! Run: `cargo bench --bench ledger_scale`. `OPMARK_BENCH_SIZES=1000,100000` picks the
 //! sizes (default 1000,100000,1000000); `OPMARK_BENCH_ROUNDS` the rounds per command
-//! (median, default 5). The 10 unresolved operations point at a closed loopback port, so
+//! (median, default 5); `OPMARK_BENCH_KEEP=1` keeps the ledgers and says where. The 10 unresolved operations point at a closed loopback port, so
 //! `reconcile` times the ledger and a refused connection, not a network.
 
 use std::path::{Path, PathBuf};
@@ -365,18 +365,18 @@ fn main() {
         let rec0 = env.time(&settled, &["reconcile"], &[0], rounds);
         let stats = env.time(&settled, &["stats"], &[0], rounds);
         let stats_1h = env.time(&settled, &["stats", "--since", "1h"], &[0], rounds);
-        // The first verify after building walks everything; later ones only what is new.
+        // The full walk records a checkpoint; the cold runs then add a few operations,
+        // and the incremental verify reads only those.
         let full = env.time(
             &settled,
             &["audit", "verify", "--full"],
             &[0],
             rounds.min(3),
         );
-        let _ = env.time(&settled, &["audit", "verify"], &[0], 1);
-        let inc = env.time(&settled, &["audit", "verify"], &[0], rounds);
         let events = ops * 9;
         let full_rate = full.map_or(0.0, |f| events as f64 / f.as_secs_f64());
         let cold = cold_run_ledger_time(&settled, rounds);
+        let inc = env.time(&settled, &["audit", "verify", "--incremental"], &[0], 1);
         // The same ledger with 10 unresolved operations added.
         let mut ledger = Ledger::open(&settled).expect("open ledger");
         let batch: Vec<(OpKey, Vec<Event>)> = (0..10)
@@ -404,7 +404,11 @@ fn main() {
             full_rate,
             ms(Some(cold)),
         );
-        let _ = std::fs::remove_dir_all(&dir);
+        if std::env::var_os("OPMARK_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", settled.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -560,10 +560,15 @@ pub enum AuditAction {
 /// `opmark audit verify`.
 #[derive(Debug, Default, Args)]
 pub struct VerifyArgs {
-    /// Walk the whole chain and replay every operation. Every verify does so for now; the
-    /// flag is accepted so scripts can ask for the whole walk explicitly.
-    #[arg(long)]
+    /// Walk the whole chain, replay every operation and recount the counters (the
+    /// default; for scripts that want to say so).
+    #[arg(long, conflicts_with = "incremental")]
     pub full: bool,
+    /// Read only the events after the last checkpoint a verify recorded (SQLite), and
+    /// replay only the operations they touch; says so. Edits before the checkpoint are
+    /// what the full walk is for. Without a checkpoint (and on PostgreSQL): the full walk.
+    #[arg(long)]
+    pub incremental: bool,
 }
 
 /// `opmark ledger`.

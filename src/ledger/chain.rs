@@ -128,6 +128,9 @@ pub struct ChainReport {
     /// when the chain and the rows are whole; a `None` from a partial walk says nothing).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub counters_mismatch: Option<String>,
+    /// The last event of a whole chain: `(seq, hash)`, where a later verify can start.
+    #[serde(skip)]
+    pub verified_head: Option<(u64, String)>,
 }
 
 impl ChainReport {
@@ -181,8 +184,30 @@ pub(crate) fn verify(
     key: &InstallationKey,
     keyed_from: u64,
 ) -> ChainReport {
-    let mut expected_seq = 1u64;
-    let mut prev_hash = GENESIS.to_owned();
+    verify_after(rows, head, key, keyed_from, 0, GENESIS)
+}
+
+/// The MAC of a verified checkpoint: `audit verify` found the chain whole up to `seq`,
+/// whose event carries `hash`.
+pub fn checkpoint_mac(key: &InstallationKey, seq: u64, hash: &str) -> String {
+    key.mac(
+        "opmark-verified-through",
+        &[seq.to_string().as_bytes(), hash.as_bytes()],
+    )
+}
+
+/// [`verify`] of the events after `after` (whose hash is `after_hash`, from a checkpoint
+/// already verified): `rows` start at `after + 1`.
+pub(crate) fn verify_after(
+    rows: impl Iterator<Item = Row>,
+    head: Option<Head>,
+    key: &InstallationKey,
+    keyed_from: u64,
+    after: u64,
+    after_hash: &str,
+) -> ChainReport {
+    let mut expected_seq = after + 1;
+    let mut prev_hash = after_hash.to_owned();
     let mut count = 0u64;
     let broken = |seq, problem: String| ChainBreak { seq, problem };
     for row in rows {
@@ -305,7 +330,9 @@ pub(crate) fn verify(
             )),
         );
     }
-    report(count, None)
+    let mut whole = report(count, None);
+    whole.verified_head = (last > 0).then(|| (last, prev_hash));
+    whole
 }
 
 fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {
@@ -314,5 +341,6 @@ fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {
         first_break,
         first_mismatch: None,
         counters_mismatch: None,
+        verified_head: None,
     }
 }

@@ -420,6 +420,39 @@ pub(crate) struct Snapshot {
     pub counters: BTreeMap<String, i64>,
 }
 
+/// What a routine `audit verify` reads (see `SqliteStore::snapshot_after_checkpoint`).
+#[derive(Debug, Clone)]
+pub(crate) struct Incremental {
+    /// The recorded checkpoint: seq, hash, MAC.
+    pub checkpoint: (u64, String, String),
+    /// The hash the event at the checkpoint's seq carries now.
+    pub stored_hash: Option<String>,
+    pub head: Option<chain::Head>,
+    pub keyed_from: u64,
+    pub keyed_from_mac: Option<String>,
+    /// The events after the checkpoint.
+    pub rows: Vec<chain::Row>,
+    /// Every event of the operations those touch, in chain order.
+    pub history: Vec<chain::Row>,
+    /// Those operations' projected rows.
+    pub projected: Vec<OperationRecord>,
+}
+
+/// How much of the chain a verify walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
+pub enum VerifyScope {
+    /// Every event, every operation, the counters.
+    Full,
+    /// Only the events after a checkpoint verified earlier, and the operations they touch.
+    SinceCheckpoint {
+        /// The checkpoint's sequence number.
+        checkpoint: u64,
+        /// Operations replayed.
+        operations: u64,
+    },
+}
+
 /// The backend an open ledger runs on.
 #[derive(Debug)]
 enum Store {
@@ -796,6 +829,7 @@ impl Ledger {
                 }),
                 first_mismatch: None,
                 counters_mismatch: None,
+                verified_head: None,
             });
         }
         let mut report = chain::verify(rows.iter().cloned(), head, &self.key, keyed_from);
@@ -806,6 +840,64 @@ impl Ledger {
             }
         }
         Ok(report)
+    }
+
+    /// `audit verify`: without `incremental`, without a usable checkpoint, or on
+    /// PostgreSQL, [`Ledger::verify_chain`]; else only the events after the last verified
+    /// checkpoint
+    /// (its MAC and its event's hash checked), and the replay of the operations they touch.
+    /// An intact result records a new checkpoint at the head (SQLite), so the next
+    /// routine verify reads only what was appended since.
+    pub fn verify(&self, incremental: bool) -> Result<(ChainReport, VerifyScope), LedgerError> {
+        let incremental = match (&self.store, incremental) {
+            (Store::Sqlite(s), true) => s.snapshot_after_checkpoint()?,
+            _ => None,
+        };
+        let usable = incremental.filter(|inc| {
+            let (seq, hash, mac) = &inc.checkpoint;
+            *mac == chain::checkpoint_mac(&self.key, *seq, hash)
+                && inc.stored_hash.as_deref() == Some(hash.as_str())
+                && inc.keyed_from_mac.as_deref()
+                    == Some(chain::keyed_from_mac(&self.key, inc.keyed_from).as_str())
+        });
+        let (report, scope) = match usable {
+            None => (self.verify_chain()?, VerifyScope::Full),
+            Some(inc) => {
+                let (seq, hash, _) = &inc.checkpoint;
+                let mut report = chain::verify_after(
+                    inc.rows.iter().cloned(),
+                    inc.head.clone(),
+                    &self.key,
+                    inc.keyed_from,
+                    *seq,
+                    hash,
+                );
+                if report.first_break.is_none() {
+                    report.first_mismatch = replay_mismatch(&inc.history, &inc.projected).err();
+                }
+                let operations = inc
+                    .rows
+                    .iter()
+                    .map(|r| (&r.op_id, &r.host))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as u64;
+                (
+                    report,
+                    VerifyScope::SinceCheckpoint {
+                        checkpoint: *seq,
+                        operations,
+                    },
+                )
+            }
+        };
+        if let (true, Store::Sqlite(s), Some((seq, hash))) =
+            (report.intact(), &self.store, &report.verified_head)
+        {
+            // Best effort: a ledger this user may read but not write (an auditor's copy)
+            // still verifies; its next verify walks from the older checkpoint.
+            let _ = s.record_checkpoint(*seq, hash, &chain::checkpoint_mac(&self.key, *seq, hash));
+        }
+        Ok((report, scope))
     }
 
     /// Copies this ledger, event for event (same seq, time, hash), into the empty

@@ -327,6 +327,135 @@ impl SqliteStore {
         Ok(Stats::from_counters(&self.counters()?))
     }
 
+    /// What a routine `audit verify` reads, in one consistent snapshot: the events after
+    /// the last verified checkpoint, and the whole history and row of each operation they
+    /// touch. `None` when no checkpoint was recorded.
+    pub(crate) fn snapshot_after_checkpoint(
+        &self,
+    ) -> Result<Option<super::Incremental>, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let get_meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            Ok(tx
+                .query_row(
+                    "SELECT value FROM meta WHERE name = ?1",
+                    params![name],
+                    |r| r.get(0),
+                )
+                .optional()?)
+        };
+        let (Some(at), Some(mac)) = (
+            get_meta("verified_through")?,
+            get_meta("verified_through_mac")?,
+        ) else {
+            return Ok(None);
+        };
+        let Some((seq, hash)) = at
+            .split_once(' ')
+            .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
+        else {
+            return Ok(None);
+        };
+        let stored_hash: Option<String> = tx
+            .query_row(
+                "SELECT hash FROM events WHERE seq = ?1",
+                params![seq],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let head: Option<chain::Head> = tx
+            .query_row(
+                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
+                [],
+                |r| {
+                    Ok(chain::Head {
+                        seq: r.get(0)?,
+                        hash: r.get(1)?,
+                        mac: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let select = "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+        let to_row = |r: &rusqlite::Row<'_>| {
+            Ok(chain::Row {
+                seq: r.get(0)?,
+                prev_hash: r.get(1)?,
+                hash: r.get(2)?,
+                op_id: r.get(3)?,
+                host: r.get(4)?,
+                at: r.get(5)?,
+                kind: r.get(6)?,
+                payload: r.get(7)?,
+            })
+        };
+        let rows: Vec<chain::Row> = {
+            let mut stmt = tx.prepare(&format!("{select} WHERE seq > ?1 ORDER BY seq"))?;
+            let rows = stmt.query_map(params![seq], to_row)?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let touched: std::collections::BTreeSet<OpKey> = rows
+            .iter()
+            .map(|r| OpKey::new(r.op_id.clone(), r.host.clone()))
+            .collect();
+        let mut history = Vec::new();
+        let mut projected = Vec::new();
+        {
+            let mut events = tx.prepare(&format!(
+                "{select} WHERE op_id = ?1 AND host = ?2 ORDER BY seq"
+            ))?;
+            let mut row = tx.prepare(&format!(
+                "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
+                projection::COLUMNS
+            ))?;
+            for key in &touched {
+                let evs = events.query_map(params![key.op_id, key.host], to_row)?;
+                for e in evs {
+                    history.push(e?);
+                }
+                if let Some(rec) = row
+                    .query_row(params![key.op_id, key.host], projection::from_row)
+                    .optional()?
+                {
+                    projected.push(rec);
+                }
+            }
+        }
+        history.sort_by_key(|r| r.seq);
+        tx.finish()?;
+        Ok(Some(super::Incremental {
+            checkpoint: (seq, hash, mac),
+            stored_hash,
+            head,
+            keyed_from,
+            keyed_from_mac,
+            rows,
+            history,
+            projected,
+        }))
+    }
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    pub(crate) fn record_checkpoint(
+        &self,
+        seq: u64,
+        hash: &str,
+        mac: &str,
+    ) -> Result<(), LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        for (name, value) in [
+            ("verified_through", format!("{seq} {hash}")),
+            ("verified_through_mac", mac.to_owned()),
+        ] {
+            tx.execute(
+                "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                params![name, value],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Everything `audit verify` checks, read in one consistent snapshot.
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;

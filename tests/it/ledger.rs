@@ -2151,3 +2151,49 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
     assert!(err.contains("copies a SQLite ledger"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 }
+
+/// Issue 30: a routine `audit verify --incremental` reads only the events after the
+/// checkpoint the last verify recorded, and says so; without a checkpoint it walks all.
+#[test]
+fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
+    let s = Scratch::new("incremental");
+    let db = tamper_fixture(&s);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 15 events, projection equals their replay\n",
+        "no checkpoint yet: the whole chain"
+    );
+    let mut ledger = Ledger::open(&db).unwrap();
+    ledger
+        .append(
+            &OpKey::new("later-op", "h"),
+            &Event::Fenced {
+                detail: "later".into(),
+            },
+            Durability::Normal,
+        )
+        .unwrap();
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with(
+            "chain intact: 1 new events after the checkpoint at event #15 (verified earlier), and the 1 operations they touch"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(
+        &opmark(&s.0, &db, &["--json", "audit", "verify", "--incremental"]).stdout,
+    )
+    .unwrap();
+    assert_eq!(doc["walked"]["scope"], "since_checkpoint", "{doc}");
+    assert_eq!(doc["walked"]["checkpoint"], 16, "{doc}");
+    let out = opmark(&s.0, &db, &["audit", "verify", "--full"]);
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 16 events, projection equals their replay\n"
+    );
+}
