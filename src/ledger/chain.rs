@@ -331,7 +331,7 @@ pub(crate) fn verify_after(
         );
     }
     let mut whole = report(count, None);
-    whole.verified_head = (last > 0).then(|| (last, prev_hash));
+    whole.verified_head = (last > 0).then_some((last, prev_hash));
     whole
 }
 
