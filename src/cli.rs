@@ -567,8 +567,12 @@ pub struct VerifyArgs {
     /// Read only the events after the last checkpoint a verify recorded (SQLite), and
     /// replay only the operations they touch; says so. Edits before the checkpoint are
     /// what the full walk is for. Without a checkpoint (and on PostgreSQL): the full walk.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "archive")]
     pub incremental: bool,
+    /// Also verify the archive `opmark ledger archive` wrote, up to the ledger's cut, as
+    /// one chain with the ledger.
+    #[arg(long, value_name = "FILE")]
+    pub archive: Option<PathBuf>,
 }
 
 /// `opmark ledger`.
@@ -595,6 +599,17 @@ pub enum LedgerAction {
         /// The PostgreSQL ledger: postgres://USER@HOST[:PORT]/DATABASE (empty database).
         #[arg(long, value_name = "URL")]
         to: String,
+    },
+    /// Move the settled operations finished more than D ago (the oldest stretch of the
+    /// chain, up to the first operation still unresolved or active) into the new archive
+    /// FILE; the ledger keeps the cut, and `audit verify --archive FILE` checks both as
+    /// one chain. Unresolved operations are never archived. SQLite only for now.
+    Archive {
+        /// How old an operation's last event must be (e.g. 90d).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        before: Duration,
+        /// The archive to write (a new file, mode 0600).
+        file: PathBuf,
     },
 }
 

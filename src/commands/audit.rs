@@ -28,9 +28,13 @@ fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
             ),
         ));
     };
-    let (report, scope) = ledger
-        .verify(args.incremental && !args.full)
-        .map_err(|e| redacted_error(e.into()))?;
+    let (report, scope) = match &args.archive {
+        Some(file) => ledger
+            .verify_with_archive(file)
+            .map(|r| (r, VerifyScope::Full)),
+        None => ledger.verify(args.incremental && !args.full),
+    }
+    .map_err(|e| redacted_error(e.into()))?;
     if global.json {
         let doc = serde_json::json!({
             "intact": report.intact(),
@@ -58,10 +62,16 @@ fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
                 m.problem
             ),
             (None, None) => match scope {
-                VerifyScope::Full => crate::outln!(
-                    "chain intact: {} events, projection equals their replay",
-                    report.events
-                ),
+                VerifyScope::Full => match report.archived_through {
+                    None => crate::outln!(
+                        "chain intact: {} events, projection equals their replay",
+                        report.events
+                    ),
+                    Some(cut) => crate::outln!(
+                        "chain intact: {} events after the archive cut at event #{cut}, projection equals their replay; events up to the cut are in the archive (`opmark audit verify --archive FILE` checks it too)",
+                        report.events
+                    ),
+                },
                 VerifyScope::SinceCheckpoint {
                     checkpoint,
                     operations,

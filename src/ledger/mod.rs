@@ -21,6 +21,7 @@
 //!   pays nothing for it.
 
 mod append;
+pub mod archive;
 pub mod binding;
 pub mod chain;
 pub mod event;
@@ -418,6 +419,10 @@ pub(crate) struct Snapshot {
     pub rows: Vec<chain::Row>,
     pub projected: Vec<OperationRecord>,
     pub counters: BTreeMap<String, i64>,
+    /// Where `ledger archive` cut the chain, and the cut's MAC.
+    pub cut: Option<(archive::Cut, Option<String>)>,
+    /// What the archived events counted, and its MAC.
+    pub archived_counts: Option<(String, Option<String>)>,
 }
 
 /// What a routine `audit verify` reads (see `SqliteStore::snapshot_after_checkpoint`).
@@ -818,6 +823,8 @@ impl Ledger {
             rows,
             projected,
             counters,
+            cut,
+            archived_counts,
         } = self.snapshot()?;
         if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
         {
@@ -829,16 +836,114 @@ impl Ledger {
                 }),
                 first_mismatch: None,
                 counters_mismatch: None,
+                archived_through: None,
                 verified_head: None,
             });
         }
-        let mut report = chain::verify(rows.iter().cloned(), head, &self.key, keyed_from);
+        let start = match &cut {
+            None => archive::Cut {
+                seq: 0,
+                hash: chain::GENESIS.to_owned(),
+            },
+            Some((c, mac)) if mac.as_deref() == Some(archive::cut_mac(&self.key, c).as_str()) => {
+                c.clone()
+            }
+            Some((c, _)) => {
+                return Ok(ChainReport {
+                    events: rows.len() as u64,
+                    first_break: Some(ChainBreak {
+                        seq: c.seq,
+                        problem: "the record of where `ledger archive` cut the chain was edited outside opmark (its MAC does not match): the events after it cannot be tied to the archive".to_owned(),
+                    }),
+                    first_mismatch: None,
+                    counters_mismatch: None,
+                    archived_through: None,
+                    verified_head: None,
+                })
+            }
+        };
+        let mut report =
+            chain::verify_after(&rows, head, &self.key, keyed_from, start.seq, &start.hash);
+        report.archived_through = cut.as_ref().map(|(c, _)| c.seq);
         if report.first_break.is_none() {
             match replay_mismatch(&rows, &projected) {
                 Err(m) => report.first_mismatch = Some(m),
-                Ok(counts) => report.counters_mismatch = counters_mismatch(&counts, &counters),
+                Ok(mut counts) => {
+                    if cut.is_some() {
+                        match archive::archived_counts(&self.key, archived_counts) {
+                            Some(archived) => {
+                                for (name, n) in archived {
+                                    *counts.entry(name).or_insert(0) += n;
+                                }
+                                counts.retain(|_, n| *n != 0);
+                            }
+                            None => {
+                                report.counters_mismatch =
+                                    Some("archive_counts (its MAC does not match)".to_owned());
+                                return Ok(report);
+                            }
+                        }
+                    }
+                    report.counters_mismatch = counters_mismatch(&counts, &counters);
+                }
             }
         }
+        Ok(report)
+    }
+
+    /// `opmark ledger archive --before D FILE`: moves the settled operations finished
+    /// before `cutoff` (the oldest stretch of the chain, up to the first event of an
+    /// operation that is unresolved or still active) into the new archive `file`, keeping
+    /// the cut (see [`archive`]). SQLite only.
+    pub fn archive_before(
+        &mut self,
+        cutoff: &str,
+        file: &Path,
+    ) -> Result<archive::ArchiveReport, LedgerError> {
+        let first = self.seq_since(cutoff)?;
+        let key = self.key.clone();
+        match &mut self.store {
+            Store::Sqlite(s) => s.archive(&key, first, file),
+            Store::Postgres(_) => Err(LedgerError::Invalid {
+                message:
+                    "`ledger archive` works on SQLite ledgers only for now; nothing was archived"
+                        .to_owned(),
+            }),
+        }
+    }
+
+    /// `audit verify --archive FILE`: the archive up to the ledger's cut, then the ledger
+    /// from it, as the one chain they were. The report counts the events of both.
+    pub fn verify_with_archive(&self, file: &Path) -> Result<ChainReport, LedgerError> {
+        let snapshot_cut = match &self.store {
+            Store::Sqlite(s) => archive::read_cut(&s.conn)?,
+            Store::Postgres(_) => None,
+        };
+        let Some((cut, mac)) = snapshot_cut else {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} was never archived: verify it without --archive",
+                    self.path.display()
+                ),
+            });
+        };
+        if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
+            return self.verify_chain();
+        }
+        let keyed_from = match &self.store {
+            Store::Sqlite(s) => {
+                let tx = s.conn.unchecked_transaction()?;
+                binding::keyed_from(&tx)?.0
+            }
+            Store::Postgres(_) => 1,
+        };
+        let archived = archive::verify_file(file, &self.key, &cut, keyed_from)?;
+        if archived.first_break.is_some() {
+            return Ok(archived);
+        }
+        let mut report = self.verify_chain()?;
+        report.events += archived.events;
+        report.archived_through = None;
         Ok(report)
     }
 
@@ -865,7 +970,7 @@ impl Ledger {
             Some(inc) => {
                 let (seq, hash, _) = &inc.checkpoint;
                 let mut report = chain::verify_after(
-                    inc.rows.iter().cloned(),
+                    &inc.rows,
                     inc.head.clone(),
                     &self.key,
                     inc.keyed_from,
@@ -906,7 +1011,7 @@ impl Ledger {
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
         let snapshot = self.snapshot()?;
         let report = chain::verify(
-            snapshot.rows.iter().cloned(),
+            &snapshot.rows,
             snapshot.head.clone(),
             &self.key,
             snapshot.keyed_from,
@@ -1034,9 +1139,11 @@ pub(crate) fn replay_counting(
 ) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
     let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
     let mut counts = append::Counts::new();
-    for row in rows {
-        let key = OpKey::new(row.op_id.clone(), row.host.clone());
-        let event: Event = match serde_json::from_str(&row.payload) {
+    for block in rows.chunks(chain::BLOCK) {
+        let decoded = chain::par_map(block, |row| serde_json::from_str::<Event>(&row.payload));
+        for (row, decoded) in block.iter().zip(decoded) {
+            let key = OpKey::new(row.op_id.clone(), row.host.clone());
+            let event: Event = match decoded {
             Ok(e) => e,
             Err(e) => {
                 return Err(ProjectionMismatch {
@@ -1051,19 +1158,20 @@ pub(crate) fn replay_counting(
                 })
             }
         };
-        let before = replayed.remove(&key);
-        let had = before.clone();
-        match projection::fold(before, &key, &event, row.seq, &row.at) {
-            Ok(Some(rec)) => {
-                append::count(&mut counts, &event, had.as_ref(), Some(&rec));
-                replayed.insert(key, rec);
-            }
-            Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
-            // Refused appends were rolled back; a stored one is not what opmark wrote.
-            Err(projection::Refusal::FingerprintConflict) => {
-                append::count(&mut counts, &event, had.as_ref(), None);
-                if let Some(rec) = had {
+            let before = replayed.remove(&key);
+            let had = before.clone();
+            match projection::fold(before, &key, &event, row.seq, &row.at) {
+                Ok(Some(rec)) => {
+                    append::count(&mut counts, &event, had.as_ref(), Some(&rec));
                     replayed.insert(key, rec);
+                }
+                Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
+                // Refused appends were rolled back; a stored one is not what opmark wrote.
+                Err(projection::Refusal::FingerprintConflict) => {
+                    append::count(&mut counts, &event, had.as_ref(), None);
+                    if let Some(rec) = had {
+                        replayed.insert(key, rec);
+                    }
                 }
             }
         }

@@ -462,6 +462,8 @@ impl PgStore {
                 rows,
                 projected,
                 counters,
+                cut: None,
+                archived_counts: None,
             })
         })
     }

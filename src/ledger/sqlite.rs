@@ -435,6 +435,16 @@ impl SqliteStore {
         }))
     }
 
+    /// See [`super::archive::archive`].
+    pub(crate) fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<super::archive::ArchiveReport, LedgerError> {
+        super::archive::archive(&mut self.conn, key, first_seq_at_cutoff, file)
+    }
+
     /// Records that the chain verified whole up to `seq` (whose event has `hash`).
     pub(crate) fn record_checkpoint(
         &self,
@@ -504,6 +514,8 @@ impl SqliteStore {
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
             rows.collect::<Result<_, _>>()?
         };
+        let cut = super::archive::read_cut(&tx)?;
+        let archived_counts = super::archive::read_counts(&tx)?;
         tx.finish()?;
         Ok(Snapshot {
             head,
@@ -512,6 +524,8 @@ impl SqliteStore {
             rows,
             projected,
             counters,
+            cut,
+            archived_counts,
         })
     }
 }
@@ -528,7 +542,7 @@ impl SqliteStore {
 /// remove the WAL under them: commits lost, or `disk I/O error` (issue 24 row 10). A file
 /// that did not exist a moment ago has no connection of this process on it, so closing
 /// the descriptor that created it releases nothing.
-fn create_private(path: &Path) -> Result<(), LedgerError> {
+pub(crate) fn create_private(path: &Path) -> Result<(), LedgerError> {
     // O_CREAT|O_EXCL: an existing file is refused by the kernel without being opened.
     match OpenOptions::new()
         .read(true)

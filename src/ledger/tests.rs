@@ -1037,3 +1037,108 @@ fn a_checkpoint_edited_outside_opmark_is_not_trusted() {
     );
     assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(2));
 }
+
+/// An archive of `l` cut before now: every settled operation, so everything but the
+/// unresolved `op-1` (and what came after its first event).
+fn archived(s: &Scratch, l: &mut Ledger) -> (PathBuf, archive::ArchiveReport) {
+    let file = s.0.join("archive.db");
+    let cutoff = now();
+    let report = l.archive_before(&cutoff, &file).unwrap();
+    (file, report)
+}
+
+#[test]
+fn an_archived_ledger_and_its_archive_verify_together_and_unresolved_operations_stay() {
+    let s = Scratch::new("archive");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    // Settled operations first, then the unresolved one, then more settled ones.
+    let k3 = OpKey::new("arch-3", "old1");
+    completed_op(&mut l, &k3, 0);
+    let k4 = OpKey::new("arch-4", "old1");
+    completed_op(&mut l, &k4, 0);
+    let cut_expected = l.operation(&k4).unwrap().unwrap().last_seq;
+    varied_history(&mut l);
+    let before = l.stats().unwrap();
+    let total: u64 = l
+        .conn()
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    let (file, report) = archived(&s, &mut l);
+    // The cut stops before the unresolved op-1 (and everything after its first event).
+    assert_eq!(report.cut, cut_expected);
+    assert_eq!(report.operations, 2);
+    assert!(
+        l.operation(&k3).unwrap().is_none(),
+        "moved out of the ledger"
+    );
+    assert!(
+        l.operation(&OpKey::new("op-1", "web1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    // `stats` still counts the whole history.
+    assert_eq!(l.stats().unwrap(), before);
+    let alone = l.verify_chain().unwrap();
+    assert!(alone.intact(), "{alone:?}");
+    assert_eq!(alone.events, total - report.events);
+    let both = l.verify_with_archive(&file).unwrap();
+    assert!(both.intact(), "{both:?}");
+    assert_eq!(both.events, total);
+    // Archiving again is refused, as is a file that exists.
+    let again = l
+        .archive_before(&now(), &s.0.join("second.db"))
+        .unwrap_err();
+    assert!(again.to_string().contains("archived before"), "{again}");
+}
+
+#[test]
+fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
+    let s = Scratch::new("archive-edit");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k3 = OpKey::new("arch-3", "old1");
+    completed_op(&mut l, &k3, 0);
+    varied_history(&mut l);
+    let (file, report) = archived(&s, &mut l);
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET payload = replace(payload, '\"exit_code\":0', '\"exit_code\":1') WHERE seq = ?1",
+            params![report.cut],
+        )
+        .unwrap();
+    let found = l.verify_with_archive(&file).unwrap();
+    let b = found.first_break.expect("the archive's edit is found");
+    assert_eq!(b.seq, report.cut, "{}", b.problem);
+    // Undo it; now edit the ledger right after the cut.
+    drop(archive);
+    std::fs::remove_file(&file).unwrap();
+    let s2 = Scratch::new("archive-edit2");
+    let mut l2 = Ledger::open(&s2.db()).unwrap();
+    completed_op(&mut l2, &k3, 0);
+    varied_history(&mut l2);
+    let (file2, report2) = archived(&s2, &mut l2);
+    l2.conn()
+        .execute(
+            "UPDATE events SET payload = payload || ' ' WHERE seq = ?1",
+            params![report2.cut + 1],
+        )
+        .unwrap();
+    let found = l2.verify_with_archive(&file2).unwrap();
+    assert_eq!(found.first_break.map(|b| b.seq), Some(report2.cut + 1));
+    // And a cut moved without the key is not trusted.
+    l2.conn()
+        .execute(
+            "UPDATE meta SET value = '1 ' || substr(value, instr(value, ' ') + 1) WHERE name = 'archive_cut'",
+            [],
+        )
+        .unwrap();
+    let found = l2.verify_chain().unwrap();
+    assert!(
+        found
+            .first_break
+            .as_ref()
+            .is_some_and(|b| b.problem.contains("cut the chain was edited")),
+        "{found:?}"
+    );
+}

@@ -320,6 +320,7 @@ conformance!(
     a_settlement_conditional_on_what_was_read_loses_to_an_earlier_one,
     audit_verify_names_an_edited_and_a_deleted_event,
     list_show_and_stats_read_the_same_projection,
+    a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies,
     fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
 );
 
@@ -2195,5 +2196,130 @@ fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
     assert_eq!(
         text(&out.stdout),
         "chain intact: 16 events, projection equals their replay\n"
+    );
+}
+
+/// Issue 30: a ledger written before the counters (SQLite schema 2, PostgreSQL schema 1)
+/// is migrated on open: its history is counted once, `stats` says what it said before,
+/// and the chain, the rows and the counters verify.
+fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..6 {
+        write_operation(
+            &mut ledger,
+            &OpKey::new(format!("old-{n}"), format!("host{}", n % 2)),
+            n,
+        );
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("old-unresolved", "host1"));
+    let before = ledger.stats().unwrap();
+    assert_eq!(before.operations, 7);
+    assert_eq!(before.unresolved, 1);
+    drop(ledger);
+    let rollback = if f.pg.is_some() {
+        "DROP TABLE counters;
+         DROP INDEX operations_unresolved;
+         DROP INDEX operations_contradicted;
+         DROP INDEX operations_by_host;
+         CREATE INDEX events_by_kind ON events (kind);
+         CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         UPDATE opmark_schema SET version = 1;"
+    } else {
+        "DROP TABLE counters;
+         DROP INDEX operations_unresolved;
+         DROP INDEX operations_contradicted;
+         DROP INDEX operations_by_host;
+         CREATE INDEX events_by_kind ON events (kind);
+         CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         PRAGMA user_version = 2;"
+    };
+    f.sql(rollback);
+    let ledger = f.open();
+    assert_eq!(ledger.stats().unwrap(), before);
+    let report = ledger.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["--json", "stats"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["operations"], 7, "{doc}");
+    assert_eq!(doc["unresolved"], 1, "{doc}");
+}
+
+/// Issue 30: `ledger archive --before D FILE` moves settled operations out (never an
+/// unresolved one), `audit verify` checks the ledger from the cut and says so, and
+/// `audit verify --archive FILE` checks both as one chain; an edit in the archive is found.
+#[test]
+fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
+    let s = Scratch::new("archive-cli");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    drop(ledger);
+    let file = s.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "archive", "--before", "0s", file_arg],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout)
+            .starts_with("moved 20 events of 4 settled operations (through event #20)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let ledger = Ledger::open(&db).unwrap();
+    assert!(ledger
+        .operation(&OpKey::new("done-0", "h1"))
+        .unwrap()
+        .is_none());
+    assert!(
+        ledger
+            .operation(&OpKey::new("open-1", "h1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    assert!(ledger
+        .operation(&OpKey::new("done-late", "h1"))
+        .unwrap()
+        .is_some());
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("after the archive cut at event #20"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("chain intact: "),
+        "{}",
+        text(&out.stdout)
+    );
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET at = '2020-01-01T00:00:00.000000Z' WHERE seq = 7",
+            [],
+        )
+        .unwrap();
+    drop(archive);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("chain broken at event #7"),
+        "{}",
+        text(&out.stdout)
     );
 }
