@@ -1096,6 +1096,16 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
         "{doc}"
     );
     assert!(!m.join("out").exists(), "the output was collected");
+    // Another ledger sharing the host (a colleague's, a CI runner's) never heard of the
+    // run: only what gc left on the host keeps its rerun from running the command again.
+    let stranger = Sealed::new("gc-detached-stranger");
+    let (_, theirs) = run_op(&stranger, &lab, "det-1", &cmd);
+    assert_eq!(count_lines(&count), 1, "ran again after gc: {theirs}");
+    assert_eq!(
+        (theirs["verdict"].as_str(), theirs["exit_code"].as_i64()),
+        (Some("replayed"), Some(0)),
+        "{theirs}"
+    );
 
     let (code, again) = run_op(&env, &lab, "det-1", &cmd);
     assert_eq!(code, Some(0), "{again}");
