@@ -82,3 +82,24 @@ pub fn answer(global: &GlobalArgs, op: &str, host: &str, e: Error) -> Result<u8>
         .reserved_exit_code()
         .unwrap_or(crate::error::exit_code::CONFLICT))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn another_key_reads_as_runs_host_changed_reason_and_is_not_retryable() {
+        let e = reach_error(
+            ReachError::KeyMismatch("host key for h is now SHA256:b".into()),
+            "nothing was probed",
+        );
+        assert_eq!(e.message, "host changed: host key for h is now SHA256:b");
+        assert_eq!((e.reason_code(), e.retryable()), ("host_changed", false));
+        // Already prefixed (a user or root change): kept as it is.
+        let e = reach_error(
+            ReachError::HostChanged("host changed: h is now reached as user b".into()),
+            "nothing was probed",
+        );
+        assert_eq!(e.message, "host changed: h is now reached as user b");
+    }
+}
