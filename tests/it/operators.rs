@@ -900,9 +900,11 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         "--note",
         "x",
     ]));
-    assert_eq!(out.status.code(), Some(247));
+    // As `run` answers it (SPEC 17): conflict, host_changed, exit 243.
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
+        text(&out.stderr)
+            .starts_with("opmark: conflict: host changed: host key for target1 is now"),
         "{}",
         text(&out.stderr)
     );
@@ -911,11 +913,12 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         .arg("-F")
         .arg(&to_b)
         .args(["--json", "probe", "target1", "moved-1"]));
-    assert_eq!(out.status.code(), Some(247));
-    assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
-        "{}",
-        text(&out.stderr)
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
+    let doc = json(&out);
+    assert_eq!(
+        (&doc["verdict"], &doc["reason_code"]),
+        (&"conflict".into(), &"host_changed".into()),
+        "{doc}"
     );
     assert_eq!(event_count(&env, "moved-1"), before);
     // gc holds the host to the key of the newest operation the ledger has on it.
@@ -928,9 +931,9 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
             .arg("-F")
             .arg(&to_b)
             .args(["gc", "target1", "--older-than", "3650d"]));
-    assert_eq!(out.status.code(), Some(247), "{}", text(&out.stdout));
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stdout));
     assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
+        text(&out.stderr).contains("host changed: host key for target1 is now"),
         "{}",
         text(&out.stderr)
     );
