@@ -7,18 +7,20 @@
 //! retention of one second while operations are unsettled, clients that reach a target
 //! as another user of the same machine (another marker root) or through an alias
 //! re-pointed at another target, a marker root whose id is replaced for a while, a
-//! target whose supervisors come up after the start limit, and connection reuse through
-//! a keeper that is stopped (SIGSTOP) mid-command and resumed. At the end every fault is
+//! target whose supervisors come up after the start limit, a crashed operation whose
+//! recorded supervisor pid now belongs to another operation's live supervisor (then an
+//! `opmark cancel` of the crashed one), and connection reuse through a keeper that is
+//! stopped (SIGSTOP) mid-command and resumed. At the end every fault is
 //! undone, `reconcile` runs, and every effect file is checked against every verdict: no
 //! operation executed twice, no verdict claimed more than the evidence (a completed or
 //! replayed one names the exit status and the very store of evidence, machine and user,
 //! where the command ran; another one is `conflict`/`host_changed`), no key problem ever
 //! reported as a `conflict`.
 //!
-//! Pid reuse is not among the faults: in these namespaces every process shares the
-//! machine's pid space, so a crashed supervisor's pid comes back only by chance; the
-//! container case that forces it is `tests/it/cancel.rs`
-//! (`a_crashed_ops_pid_reused_by_a_live_supervisor_...`).
+//! These namespaces share the machine's pid space, so a pid never comes back by itself
+//! here: the crash is real (the supervisor's session killed, no exit record) and the
+//! reuse is written into the crashed marker's process record, as in
+//! `tests/it/cancel.rs`; a restarted pid namespace would hand out exactly that.
 //!
 //! Seeds: one random seed per run; in CI also [`KNOWN_SEEDS`] first, so a regression
 //! they cover fails every build, not one in N. A failure names its seed and how to replay
