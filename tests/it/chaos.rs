@@ -954,18 +954,29 @@ fn reuse_a_crashed_pid(
             .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_owned))
     };
     let alive = |pid: &str| Path::new(&format!("/proc/{pid}")).exists();
+    let ours = |m: &Path| {
+        let id = m.file_name().and_then(|n| n.to_str());
+        ops.iter().any(|o| Some(o.id.as_str()) == id)
+    };
     for t in TARGETS {
         let root = lab.target(t).unwrap().marker_root();
         let Ok(dir) = std::fs::read_dir(root.join("ops")) else {
             continue;
         };
+        // Only this round's markers whose recorded supervisor is that very process (its
+        // start time, its own session): a stale record's pid may be anyone's by now, and
+        // nothing but that supervisor's session is ever killed here.
         let running: Vec<(PathBuf, String)> = dir
             .flatten()
             .map(|e| e.path())
+            .filter(|m| ours(m))
             .filter_map(|m| {
                 let pid = value(&m, "proc", "pid")?;
-                (m.join("started").exists() && !m.join("exit").exists() && alive(&pid))
-                    .then_some((m, pid))
+                let start = value(&m, "proc", "start")?;
+                (m.join("started").exists()
+                    && !m.join("exit").exists()
+                    && is_supervisor(&pid, &start))
+                .then_some((m, pid))
             })
             .collect();
         let [(crashed, dead), (_, live), ..] = running.as_slice() else {
@@ -978,28 +989,49 @@ fn reuse_a_crashed_pid(
         while alive(dead) && Instant::now() < gone {
             std::thread::sleep(Duration::from_millis(20));
         }
-        if crashed.join("exit").exists() || alive(dead) {
+        if crashed.join("exit").exists() {
             // It finished first: a completed op, not a crashed one.
             continue;
         }
-        let start = value(crashed, "proc", "start")?;
-        let boot = value(crashed, "proc", "boot")?;
-        let forged = crashed.join(".proc.chaos");
-        let done = std::fs::write(&forged, format!("pid={live}\nstart={start}\nboot={boot}\n"))
-            .is_ok()
-            && std::fs::rename(&forged, crashed.join("proc")).is_ok();
-        if done {
+        // Crashed either way; the reuse is written when the root takes it (a full disk
+        // leaves a plain crash).
+        let reused = (|| {
+            let start = value(crashed, "proc", "start")?;
+            let boot = value(crashed, "proc", "boot")?;
+            let forged = crashed.join(".proc.chaos");
+            std::fs::write(&forged, format!("pid={live}\nstart={start}\nboot={boot}\n")).ok()?;
+            std::fs::rename(&forged, crashed.join("proc")).ok()
+        })()
+        .is_some();
+        if reused {
             eprintln!("seed {seed}: {id} crashed; its supervisor pid is now {live}'s");
-            // Reached through its own name, or through the alias re-pointed at this target.
-            let via = if ops[i].target == t {
-                Via::Lab
-            } else {
-                Via::Repointed
-            };
-            return Some((i, ops[i].target, via, crashed.clone()));
+        } else {
+            eprintln!("seed {seed}: {id} crashed; its process record stays (a plain crash)");
         }
+        // Reached through its own name, or through the alias re-pointed at this target.
+        let via = if ops[i].target == t {
+            Via::Lab
+        } else {
+            Via::Repointed
+        };
+        return Some((i, ops[i].target, via, crashed.clone()));
     }
     None
+}
+
+/// `pid` is alive, not a zombie, started at `start` (clock ticks after boot, as the shim
+/// records it) and leads its own session: the supervisor a marker recorded, not a
+/// process that has its pid now.
+fn is_supervisor(pid: &str, start: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    // Fields from the state on: state (3), ..., session (6), ..., start time (22).
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields.len() > 19 && fields[0] != "Z" && fields[3] == pid && fields[19] == start
 }
 
 /// SIGKILLs every process of the session `sid` leads (a crash of that supervisor and its
