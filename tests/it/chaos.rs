@@ -56,7 +56,7 @@ const LATE_TARGET: &str = "target3";
 const OTHER_STATE: &str = "other-user";
 
 /// How a client reached its operation's target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Via {
     /// As the lab's user, through the lab's names.
     Lab,
