@@ -1,10 +1,11 @@
 #!/bin/sh
-# Rewrites the code's citations of the product specification ("SPEC section N", "SPEC N",
-# "SPEC §N", "SPEC sections N and M", "the SPEC's ...") and of the findings notes
-# ("(FINDINGS)") into citations of the docs/ anchors that cover them, in place. Neither
-# document is in the repository; docs/ is (see docs/README.md).
+# Rewrites, in place, the citations of the product specification ("SPEC section N",
+# "SPEC N", "SPEC §N", "SPEC sections N and M", "the SPEC's ...") and of the findings
+# notes ("(FINDINGS)") in the code and the README into citations of the docs/ anchors
+# that cover them. Neither document is in the repository; docs/ is (docs/README.md).
 #
-# Usage: scripts/cite-docs.sh [DIR...]   (default: src remote-scripts tests benches examples)
+# Usage: scripts/cite-docs.sh [PATH...]
+#        (default: src remote-scripts tests benches examples README.md)
 #
 # Run once from any directory, after the merges that touch those files; then remove the
 # #[ignore] of tests/it/architecture_docs.rs, which fails on any citation left over and on
@@ -18,7 +19,7 @@
 set -eu
 
 cd "$(dirname "$0")/.."
-[ "$#" -gt 0 ] || set -- src remote-scripts tests benches examples
+[ "$#" -gt 0 ] || set -- src remote-scripts tests benches examples README.md
 
 table=$(mktemp)
 trap 'rm -f "$table"' EXIT
@@ -42,6 +43,7 @@ s@SPEC section 4's rows@the rows of docs/decisions.md#after-a-lost-connection@g
 # --- several sections at once
 s@The client's environment \(SPEC sections 6 and 7\)@The client's environment (docs/ledger.md#where-the-ledger-lives)@g
 s@SPEC sections 2, 4, 8 and 10@docs/decisions.md@g
+s@SPEC sections 2, 4, 8, 10@docs/decisions.md@g
 s@SPEC sections 2, 8 and 10@docs/decisions.md#no-not-applied-without-proof and docs/guarantees.md#verdicts@g
 s@SPEC sections 2, 4 and 10@docs/decisions.md@g
 s@SPEC sections 3 and 8@docs/decisions.md#reconcile@g

@@ -1,8 +1,9 @@
 //! The design lives in `docs/`, and the code cites it there: no comment cites a document
 //! that is not in the repository (the product specification, the findings notes), and
 //! every `docs/<page>.md#<anchor>` that code, scripts, the README or the docs themselves
-//! cite names a page and a heading that exist. `scripts/cite-docs.sh` rewrote the old
-//! citations; renaming a heading means renaming its citations too.
+//! cite names a page and a heading that exist, and every file the docs and the README link
+//! to is there. `scripts/cite-docs.sh` rewrites the old citations; renaming a heading or
+//! moving a file means updating what cites it too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -201,6 +202,36 @@ fn the_docs_index_lists_every_page_and_every_anchor() {
     );
 }
 
+#[test]
+fn every_file_the_docs_and_the_readme_link_to_exists() {
+    let link = Regex::new(r"\]\(([^)#\s]+)(?:#[^)]*)?\)").unwrap();
+    let mut pages = texts(&["docs"]);
+    pages.extend(texts(&["README.md"]));
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for (path, text) in &pages {
+        let base = repo().join(path);
+        let base = base.parent().unwrap();
+        for c in link.captures_iter(text) {
+            let target = &c[1];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            seen += 1;
+            if !base.join(target).exists() {
+                let line = line_of(text, c.get(0).unwrap().start());
+                missing.push(format!("{path}:{line}: {target}"));
+            }
+        }
+    }
+    assert!(seen > 50, "only {seen} file links found");
+    assert!(
+        missing.is_empty(),
+        "links to files that do not exist (moved or renamed? link the new place):\n{}",
+        missing.join("\n")
+    );
+}
+
 /// Words that cite the absent documents: `SPEC` as a word, and `FINDINGS` other than the
 /// exit code of that name (`exit_code::FINDINGS`, `const FINDINGS`).
 fn absent_citations(text: &str) -> Vec<usize> {
@@ -248,7 +279,9 @@ fn the_check_for_absent_citations_finds_each_form_and_spares_the_exit_code() {
 #[ignore = "enabled after the citation sweep"]
 fn no_source_file_cites_the_absent_spec_or_findings() {
     let mut found = Vec::new();
-    for (path, text) in texts(SOURCES) {
+    let mut sources = texts(SOURCES);
+    sources.extend(texts(&["README.md"]));
+    for (path, text) in sources {
         if path == "scripts/cite-docs.sh" {
             continue;
         }
