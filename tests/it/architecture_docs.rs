@@ -232,6 +232,34 @@ fn every_file_the_docs_and_the_readme_link_to_exists() {
     );
 }
 
+#[test]
+fn every_row_test_of_the_decision_table_is_named_by_its_rule_in_the_docs() {
+    let code = std::fs::read_to_string(repo().join("src/operation/decide.rs")).unwrap();
+    let doc = std::fs::read_to_string(repo().join("docs/decisions.md")).unwrap();
+    let test = Regex::new(r"#\[test\]\s*fn ([a-z0-9_]+)\s*\(").unwrap();
+    let tests: BTreeSet<&str> = test
+        .captures_iter(&code)
+        .map(|c| c.get(1).unwrap().as_str())
+        .collect();
+    assert!(tests.len() > 40, "decide.rs has only {} tests", tests.len());
+    let undocumented: Vec<&&str> = tests
+        .iter()
+        .filter(|t| !doc.contains(&format!("`{t}`")))
+        .collect();
+    // A rule's test names read like `..._then_...`; every one the docs name must exist.
+    let named = Regex::new(r"`([a-z0-9]+(?:_[a-z0-9]+){4,})`").unwrap();
+    let gone: Vec<&str> = named
+        .captures_iter(&doc)
+        .map(|c| c.get(1).unwrap().as_str())
+        .filter(|n| n.contains("_then_") && !tests.contains(n))
+        .collect();
+    assert!(
+        undocumented.is_empty() && gone.is_empty(),
+        "docs/decisions.md and the tests of src/operation/decide.rs disagree: tests no rule \
+         names: {undocumented:?}; names of tests that do not exist: {gone:?}"
+    );
+}
+
 /// Words that cite the absent documents: `SPEC` as a word, and `FINDINGS` other than the
 /// exit code of that name (`exit_code::FINDINGS`, `const FINDINGS`).
 fn absent_citations(text: &str) -> Vec<usize> {
