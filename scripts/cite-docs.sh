@@ -25,8 +25,10 @@ table=$(mktemp)
 trap 'rm -f "$table"' EXIT
 
 cat >"$table" <<'SED'
-# --- a citation wrapped after "SPEC": keep the comment prefix, cite on the next line
-s@SPEC(\n[[:blank:]]*(//!|///|//|#)[[:blank:]]*)(sections? [0-9])@see\1SPEC \3@g
+# --- a citation wrapped after "SPEC" or "SPEC section": keep the comment prefix, cite on
+# the next line
+s@SPEC(\n[[:blank:]]*(//!|///|//|#)[[:blank:]]*)((sections? )?[0-9])@see\1SPEC \3@g
+s@SPEC (sections?)(\n[[:blank:]]*(//!|///|//|#)[[:blank:]]*)([0-9])@see\2SPEC \1 \4@g
 
 # --- wrapped citations whose next words name a narrower anchor
 s@SPEC section 3\)\. What stays@docs/host-protocol.md#tombstones). What stays@g
@@ -37,6 +39,7 @@ s@disposable(\n[[:blank:]]*//[[:blank:]]*)\(SPEC 3\)@disposable\1(docs/host-prot
 s@the SPEC's pattern@the pattern of docs/guarantees.md#operation-ids@g
 s@The SPEC's words as types@The words of docs/guarantees.md#vocabulary as types@g
 s@in the SPEC's vocabulary@in the vocabulary of docs/guarantees.md#vocabulary@g
+s@the SPEC's surface@the surface of docs/guarantees.md#the-command-line-contract@g
 s@describes SPEC section 6's surface@describes the surface of docs/guarantees.md#the-command-line-contract@g
 s@SPEC section 4's rows@the rows of docs/decisions.md#after-a-lost-connection@g
 
@@ -47,6 +50,7 @@ s@SPEC sections 2, 4, 8, 10@docs/decisions.md@g
 s@SPEC sections 2, 8 and 10@docs/decisions.md#no-not-applied-without-proof and docs/guarantees.md#verdicts@g
 s@SPEC sections 2, 4 and 10@docs/decisions.md@g
 s@SPEC sections 3 and 8@docs/decisions.md#reconcile@g
+s@SPEC sections 6 and 11@docs/guarantees.md#the-command-line-contract and docs/decisions.md#fleets@g
 s@SPEC sections 6 and 7@docs/ledger.md#writes-before-and-after-dispatch@g
 s@SPEC sections 7 and 14@docs/ledger.md#backends@g
 s@SPEC sections 9 and 17@docs/guarantees.md#evidence-identity@g
@@ -88,6 +92,8 @@ s@counts too \(SPEC 3\)@counts too (docs/decisions.md#what-earlier-runs-left)@g
 s@never claims again \(SPEC 3\)@never claims again (docs/decisions.md#ledger-holds-the-exit)@g
 s@issue 11, SPEC section 3@issue 11, docs/trust.md#the-host@g
 # --- section 3: contradictions between evidence
+# (also when wrapped: a citation in the same parenthesis as a word about contradictions)
+s@([Cc]ontradict[^()]{0,80}\((see[^()]{0,12})?)SPEC (section )?3\)@\1docs/ledger.md#contradictions)@g
 s@Contradictions between evidence recorded \(SPEC section 3\)@Contradictions between evidence recorded (docs/ledger.md#contradictions)@g
 s@the ledger holds \(SPEC section 3\)@the ledger holds (docs/ledger.md#contradictions)@g
 s@contradicted ones \(SPEC section 3\)@contradicted ones (docs/ledger.md#contradictions)@g
@@ -146,6 +152,7 @@ s@~630 ms; FINDINGS\)@~630 ms; docs/findings.md#key-exchange-cost)@g
 s@healthy quiet commands \(FINDINGS\)@healthy quiet commands (docs/findings.md#keepalives-detect-a-dead-link)@g
 s@one bad line \(FINDINGS\)@one bad line (docs/findings.md#russh-known-hosts-gaps)@g
 s@drops them \(FINDINGS\)@drops them (docs/findings.md#sshd-maxstartups)@g
+s@both ignored, for good \(FINDINGS\)@both ignored, for good (docs/findings.md#detaching-the-command)@g
 s@the protocol and FINDINGS\)@the protocol and docs/findings.md#speed)@g
 SED
 
