@@ -29,12 +29,20 @@ fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
         ));
     };
     let (report, scope) = match &args.archive {
+        // A wrong or missing FILE is the caller's to fix (exit 245), not the ledger's.
         Some(file) => ledger
             .verify_with_archive(file)
-            .map(|r| (r, VerifyScope::Full)),
-        None => ledger.verify(args.incremental && !args.full),
-    }
-    .map_err(|e| redacted_error(e.into()))?;
+            .map(|r| (r, VerifyScope::Full))
+            .map_err(|e| match e {
+                crate::ledger::LedgerError::Invalid { message } => {
+                    Error::new(ErrorKind::InvalidInput, message)
+                }
+                e => redacted_error(e.into()),
+            })?,
+        None => ledger
+            .verify(args.incremental && !args.full)
+            .map_err(|e| redacted_error(e.into()))?,
+    };
     if global.json {
         let doc = serde_json::json!({
             "intact": report.intact(),

@@ -34,6 +34,13 @@ pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
     if global.json {
         super::common::print_json(&stats)?;
     } else {
+        if let Some(cutoff) = &cutoff {
+            // Said first, so a window is never read as the whole ledger.
+            crate::outln!(
+                "{:<19} events since {cutoff}, operations active since",
+                "window"
+            );
+        }
         crate::out!("{}", text(&stats));
     }
     Ok(exit_code::OK)

@@ -2323,3 +2323,52 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
         text(&out.stdout)
     );
 }
+
+/// Issue 30's new options refuse bad input naming the problem and the way on.
+#[test]
+fn stats_since_and_ledger_archive_refuse_bad_input_with_the_fix() {
+    let s = Scratch::new("scale-bad-input");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["stats", "--since", "100000000d"]);
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        text(&out.stderr).contains("use a shorter duration"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Only an unresolved operation: nothing may be archived, and no file is written.
+    let file = s.path("archive.db");
+    let out = opmark(
+        &s.0,
+        &db,
+        &[
+            "ledger",
+            "archive",
+            "--before",
+            "0s",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(245), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("unresolved operations and those still active are never archived"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!file.exists());
+    let out = opmark(
+        &s.0,
+        &db,
+        &["audit", "verify", "--archive", file.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(245), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was never archived: verify it without --archive"),
+        "{}",
+        text(&out.stderr)
+    );
+}
