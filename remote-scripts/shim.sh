@@ -474,6 +474,16 @@ supervise() {
 		esac
 		if [ -z "$sv_posix" ]; then
 			sv_text=$(cat -- "$m/cmd") || exit 126
+			# Its $0 is its argv[0], which sshd makes the shell's base name: exec'd by
+			# that name when PATH finds this very shell (no other way in sh, and PATH
+			# must stay the login's), else by its path.
+			sv_found=$(command -v "$sv_name" 2>/dev/null)
+			# -ef (one file under two paths: /bin and /usr/bin merged) is in dash, bash,
+			# busybox; a test without it fails, which only costs the base name.
+			# shellcheck disable=SC3013
+			if [ "$sv_found" = "$sv_shell" ] || [ "$sv_found" -ef "$sv_shell" ]; then
+				exec "$sv_name" -c "$sv_text"
+			fi
 			exec "$sv_shell" -c "$sv_text"
 		fi
 		# shellcheck disable=SC2016 # expanded by the command's shell, not here

@@ -198,7 +198,10 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
         _ => {
             if super::effective_uid() != 0 {
                 return Err(LabError::MissingTool {
-                    tool: format!("root (to build the {} lab image: file owners)", kind.as_str()),
+                    tool: format!(
+                        "root (to build the {} lab image: file owners)",
+                        kind.as_str()
+                    ),
                     fix: "run it once as root; the image is cached afterwards".into(),
                 });
             }
@@ -608,30 +611,32 @@ fn run_container(lab: &Lab, t: &Target, n: &Node) -> Result<(), LabError> {
     let ip = t.addr.to_string();
     let inject = format!("{}:{INJECT_DIR}", t.dir.display());
     let markers = format!("{}:{STATE_HOME}", n.volume);
-    docker(&[
-        "run",
-        "-d",
-        "--name",
-        &n.container,
-        "--hostname",
-        t.short_name(),
-        "--network",
-        &d.network,
-        "--ip",
-        &ip,
-        "--label",
-        &label_id,
-        "--label",
-        &label_dir,
-        "-v",
-        &inject,
-        "-v",
-        &markers,
-        &d.image,
-    ]
-    .into_iter()
-    .chain(start_command(d.kind))
-    .collect::<Vec<_>>())
+    docker(
+        &[
+            "run",
+            "-d",
+            "--name",
+            &n.container,
+            "--hostname",
+            t.short_name(),
+            "--network",
+            &d.network,
+            "--ip",
+            &ip,
+            "--label",
+            &label_id,
+            "--label",
+            &label_dir,
+            "-v",
+            &inject,
+            "-v",
+            &markers,
+            &d.image,
+        ]
+        .into_iter()
+        .chain(start_command(d.kind))
+        .collect::<Vec<_>>(),
+    )
     .map_err(|e| t.start_failed(format!("docker run failed: {e}")))?;
     Ok(())
 }
@@ -1007,10 +1012,20 @@ mod tests {
             let mut changed = copy.clone();
             let other = format!("{}-changed", changed[i].1);
             changed[i].1 = &other;
-            assert_ne!(tag_of(&changed), tag, "changing {} kept the tag", RECIPE[i].0);
+            assert_ne!(
+                tag_of(&changed),
+                tag,
+                "changing {} kept the tag",
+                RECIPE[i].0
+            );
             let mut dropped = copy.clone();
             dropped.remove(i);
-            assert_ne!(tag_of(&dropped), tag, "dropping {} kept the tag", RECIPE[i].0);
+            assert_ne!(
+                tag_of(&dropped),
+                tag,
+                "dropping {} kept the tag",
+                RECIPE[i].0
+            );
         }
     }
 

@@ -171,7 +171,10 @@ fn recipe_lines(kind: HostKind, files: &[(PathBuf, String)]) -> Vec<String> {
                 .and_then(|m| m.modified().ok())
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_secs());
-            lines.push(format!("file={} as={inside} size={size} mtime={mtime}", p.display()));
+            lines.push(format!(
+                "file={} as={inside} size={size} mtime={mtime}",
+                p.display()
+            ));
         }
     }
     lines
@@ -200,9 +203,12 @@ fn start_script(kind: HostKind) -> String {
                 \tmkdir -p \"$h/.ssh\" && cp /opmark-lab/authorized_keys \"$h/.ssh/authorized_keys\"\n\
                 \tchown -R \"$u\" \"$h/.ssh\" && chmod 700 \"$h/.ssh\" && chmod 600 \"$h/.ssh/authorized_keys\"\n\
                 done\n";
+    // The volume's top, where root's marker root is (0700 itself), is also where tests
+    // leave files any user's command may append to.
+    let shared = "chmod 1777 /var/lib/opmark-lab\n";
     match kind {
         HostKind::Dropbear => format!(
-            "#!/bin/sh\n{keys}\
+            "#!/bin/sh\n{keys}{shared}\
              # dropbear has no SetEnv: the default marker root (~/.local/state) is the volume.\n\
              mkdir -p /root/.local /etc/dropbear && ln -sfn /var/lib/opmark-lab /root/.local/state\n\
              set --\n\
@@ -213,7 +219,7 @@ fn start_script(kind: HostKind) -> String {
              exec {DROPBEAR} -F -E -p 22 -K 1 \"$@\" 2>>/opmark-lab/sshd.log\n"
         ),
         _ => format!(
-            "#!/bin/sh\n{keys}mkdir -p /run/sshd && chmod 755 /run/sshd\n\
+            "#!/bin/sh\n{keys}{shared}mkdir -p /run/sshd && chmod 755 /run/sshd\n\
              exec {SSHD} -D -f /opmark-lab/sshd_config -E /opmark-lab/sshd.log\n"
         ),
     }
@@ -229,8 +235,20 @@ pub(crate) fn build(kind: HostKind, tag: &str, scratch: &Path) -> Result<(), Lab
         move |source| LabError::Io { path, source }
     };
     for dir in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "tmp", "run", "var/empty",
-        "var/lib/opmark-lab", "dev", "proc", "sys",
+        "bin",
+        "sbin",
+        "usr/bin",
+        "usr/sbin",
+        "etc",
+        "root",
+        "home",
+        "tmp",
+        "run",
+        "var/empty",
+        "var/lib/opmark-lab",
+        "dev",
+        "proc",
+        "sys",
     ] {
         let d = rootfs.join(dir);
         std::fs::create_dir_all(&d).map_err(io(&d))?;
@@ -303,6 +321,16 @@ pub(crate) fn build(kind: HostKind, tag: &str, scratch: &Path) -> Result<(), Lab
         std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755))
             .map_err(io(&home))?;
     }
+    if kind == HostKind::Busybox {
+        // A login that runs no commands: the matrix's refused cell.
+        let user = shell_user("false");
+        let _ = writeln!(passwd, "{user}:x:2999:2999::/home/{user}:/bin/false");
+        let _ = writeln!(group, "{user}:x:2999:");
+        let _ = writeln!(shadow, "{user}:*:19000:0:99999:7:::");
+        let home = rootfs.join("home").join(&user);
+        std::fs::create_dir_all(&home).map_err(io(&home))?;
+        std::os::unix::fs::chown(&home, Some(2999), Some(2999)).map_err(io(&home))?;
+    }
     let etc = rootfs.join("etc");
     for (name, text, mode) in [
         ("passwd", passwd.as_str(), 0o644),
@@ -370,6 +398,9 @@ mod tests {
         assert!(sshd.contains("/home/*"), "{sshd}");
         let db = start_script(HostKind::Dropbear);
         assert!(db.contains("exec /usr/sbin/dropbear -F -E"), "{db}");
-        assert!(db.contains("ln -sfn /var/lib/opmark-lab /root/.local/state"), "{db}");
+        assert!(
+            db.contains("ln -sfn /var/lib/opmark-lab /root/.local/state"),
+            "{db}"
+        );
     }
 }

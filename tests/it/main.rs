@@ -14,6 +14,7 @@ mod json;
 mod keeper;
 mod ledger;
 mod login;
+mod matrix;
 mod mcp;
 mod operators;
 mod policy;
