@@ -368,6 +368,40 @@ fn cancel_then_gc(c: &Cell) {
     );
 }
 
+/// `--timeout`: a command that ignores TERM is killed after the grace; what it wrote
+/// before reaches the caller (the sweeps spare the captures) and the record says so.
+fn timeout_keeps_what_was_written(c: &Cell) {
+    let cmd = match c.shell {
+        "tcsh" | "fish" => "echo early; sleep 30",
+        _ => "trap '' TERM; echo early; sleep 30; echo never",
+    };
+    let (_, doc) = c.run(&c.op("timeout"), &["--timeout", "1s"], cmd);
+    assert_eq!(doc["timed_out"], true, "{}: {doc}", c.label);
+    assert_eq!(doc["stdout"], "early\n", "{}: {doc}", c.label);
+}
+
+/// Output far past the cap: the live stream whole, the copy kept for replays exactly
+/// the cap (spill segments through the capture, dd per read where there is no stdbuf).
+fn big_output_is_whole_live_and_capped_for_replay(c: &Cell) {
+    let total = 3 * 1_048_576 + 4321;
+    let cmd = format!("head -c {total} /dev/zero | tr '\\0' a");
+    let op = c.op("big");
+    for (n, want) in [(0, total), (1, 65_536)] {
+        let (code, doc) = c.run(&op, &["--output-cap", "64k"], &cmd);
+        assert_eq!(
+            code,
+            Some(0),
+            "{}: {}",
+            c.label,
+            &doc.to_string()[..200.min(doc.to_string().len())]
+        );
+        let out = doc["stdout"].as_str().unwrap();
+        assert_eq!(out.len(), want, "{}: call {n}", c.label);
+        assert!(out.bytes().all(|b| b == b'a'), "{}", c.label);
+        assert_eq!(doc["dropped"][0], total - 65_536, "{}: call {n}", c.label);
+    }
+}
+
 fn doctor_passes(c: &Cell) -> Value {
     let out = c
         .opmark()
@@ -391,7 +425,9 @@ fn core_cases(c: &Cell, faults: bool) {
     run_replay_and_as_ssh_would(c);
     live_output(c);
     cancel_then_gc(c);
+    timeout_keeps_what_was_written(c);
     if faults {
+        big_output_is_whole_live_and_capped_for_replay(c);
         let cfg = fast_loss_config(c.lab, &fresh_dir(&format!("mx-cfg-{}", c.label)));
         // The chaos loop, small: every run frozen mid-command, each executed once.
         for n in 0..2 {
@@ -455,14 +491,19 @@ fn matrix_busybox_openssh_serves_every_login_shell() {
             );
         }
     }
-    // root (busybox ash) gets the fault cases; each login shell the rest.
+    // root (busybox ash) and dash get the fault cases, which freeze or crash the whole
+    // container, one after the other; then every other login shell the rest, side by
+    // side.
     core_cases(&cell(&lab, &env, HostKind::Busybox, "ash", true), true);
-    for (shell, _) in shells {
-        core_cases(
-            &cell(&lab, &env, HostKind::Busybox, shell, false),
-            shell == "dash",
-        );
-    }
+    core_cases(&cell(&lab, &env, HostKind::Busybox, "dash", false), true);
+    std::thread::scope(|scope| {
+        for (shell, _) in shells.iter().filter(|(s, _)| *s != "dash") {
+            let (lab, env) = (&lab, &env);
+            scope.spawn(move || {
+                core_cases(&cell(lab, env, HostKind::Busybox, shell, false), false);
+            });
+        }
+    });
     // The refused cell: a login shell that runs no commands. Refused before anything
     // ran, with the reason and the fix; doctor says which check and how to fix it.
     let c = cell(&lab, &env, HostKind::Busybox, "false", false);
