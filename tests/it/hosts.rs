@@ -556,3 +556,42 @@ fn a_login_shell_that_cannot_run_commands_fails_fast() {
     assert!(!ok);
     assert_eq!(failed, ["shim"]);
 }
+
+#[test]
+fn a_setsid_that_fails_runs_nothing_and_leaves_no_claim_or_leftover() {
+    let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
+        return;
+    };
+    // A setsid that cannot start anything (a broken install, a seccomp policy).
+    let bin = fresh_dir("setsid-fails").join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let setsid = bin.join("setsid");
+    std::fs::write(&setsid, "#!/bin/sh\necho 'setsid: failed' >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&setsid, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    lab.set_login("target1", Path::new("/bin/bash"), Some(&path))
+        .unwrap();
+    let env = Sealed::new("setsid-fails");
+    let (doc, cmd, effects) = assert_fails_fast(&env, &lab, "sf-op", "shim_cannot_start");
+    assert!(
+        doc["reason"].as_str().unwrap().contains("setsid_failed"),
+        "{doc}"
+    );
+    // Nothing ran and nothing can: no failed-start leftover for gc to find later.
+    let superseded = lab.targets()[0].marker_root().join("superseded");
+    let left: Vec<_> = std::fs::read_dir(&superseded)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // Fixed, the same op id runs.
+    lab.set_login("target1", Path::new("/bin/bash"), Some("/usr/bin:/bin"))
+        .unwrap();
+    let (fixed, status) = run(&env, &lab, "sf-op", &[&cmd]);
+    assert_eq!(
+        (fixed["verdict"].as_str(), status),
+        (Some("completed"), 0),
+        "{fixed}"
+    );
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
+}

@@ -4,9 +4,11 @@
 //! setsid -f, no stdbuf) with OpenSSH's sshd and one user per login shell, and the same
 //! userland with dropbear as the server. On every cell the core cases run: run and
 //! replay, the command's view as `ssh HOST CMD` gives it (umask, `$0`, file modes),
-//! live output, a frozen host (docker pause) mid-command then re-attach, a container
-//! crash read as interrupted, cancel, gc, probe and doctor, and a loop of runs each
-//! frozen mid-command, counting executions: never two. A cell the shim cannot serve is
+//! live output, `--timeout`, output far past the cap, cancel, gc, probe and doctor; and
+//! on one cell per host kind (two on busybox) the chaos test's docker variant: runs hit
+//! mid-command by a frozen host (docker pause), a silent link cut or a killed client,
+//! each re-attached or followed, counting executions (never two), and a container crash
+//! read as interrupted. A cell the shim cannot serve is
 //! refused before anything runs, with the reason and the fix.
 //!
 //! Tool rule: docker (and for the Debian cell debootstrap), busybox-static, sshd or
@@ -26,7 +28,7 @@ use crate::support::{self, fast_loss_config, fresh_dir, json, text, wait_for, Se
 
 /// A one-target docker lab of `kind`, or None (after SKIP) when a tool is missing.
 fn matrix_lab(name: &str, kind: HostKind) -> Option<Lab> {
-    let mut tools = vec!["docker", "ssh", "ssh-keygen", "ldd"];
+    let mut tools = vec!["docker", "ssh", "ssh-keygen", "ldd", "nsenter", "nft"];
     match kind {
         HostKind::Debian => tools.push("debootstrap"),
         HostKind::Busybox => tools.extend(["busybox", "sshd"]),
@@ -241,41 +243,71 @@ fn live_output(c: &Cell) {
     );
 }
 
-/// The host freezes mid-command (docker pause) longer than the client's keepalives
-/// allow; once it thaws the client (waiting, --wait) re-attaches and gets every byte
-/// once and the true status.
-fn pause_then_reattach(c: &Cell, cfg: &PathBuf, n: usize) {
-    let (fx, fx_here) = c.effect(&format!("pause{n}"));
+/// What happens to a run mid-command in [`chaos_round`].
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// The host freezes (docker pause) longer than the client's keepalives allow.
+    Pause,
+    /// The link drops silently (nftables in the container's namespace).
+    Cut,
+    /// The client dies (SIGKILL); a rerun of the same op id follows the command.
+    KillClient,
+}
+
+/// One run hit by `fault` mid-command: the client (waiting, --wait) re-attaches, or a
+/// rerun follows, and gets every byte once and the true status; the command ran once.
+fn chaos_round(c: &Cell, cfg: &PathBuf, n: usize, fault: Fault) {
+    let (fx, fx_here) = c.effect(&format!("chaos{n}"));
     let cmd = format!("echo ran >> {fx}; echo first; sleep 4; echo second; exit 6");
-    let op = c.op(&format!("pause{n}"));
-    let child = c.spawn(
-        Some(cfg),
-        &[
-            "--json", "run", &c.dest, "--op", &op, "--wait", "60s", "--", &cmd,
-        ],
-    );
+    let op = c.op(&format!("chaos{n}"));
+    let args = [
+        "--json", "run", &c.dest, "--op", &op, "--wait", "60s", "--", &cmd,
+    ];
+    let mut child = c.spawn(Some(cfg), &args);
     wait_for("the command to start", Duration::from_secs(20), || {
         lines(&fx_here) == 1
     });
-    c.lab.pause("target1").unwrap();
-    std::thread::sleep(Duration::from_secs(3));
-    c.lab.resume("target1").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = match fault {
+        Fault::Pause | Fault::Cut => {
+            if matches!(fault, Fault::Pause) {
+                c.lab.pause("target1").unwrap();
+            } else {
+                c.lab.cut("target1").unwrap();
+            }
+            std::thread::sleep(Duration::from_secs(3));
+            c.lab.resume("target1").unwrap();
+            c.lab.restore("target1").unwrap();
+            child.wait_with_output().unwrap()
+        }
+        Fault::KillClient => {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            c.spawn(Some(cfg), &args).wait_with_output().unwrap()
+        }
+    };
     let doc = json(&out);
-    assert_eq!(
-        doc["verdict"],
-        "completed",
-        "{}: {doc}\n{}",
+    let want = match fault {
+        Fault::KillClient => ["replayed", "completed"],
+        _ => ["completed", "completed"],
+    };
+    assert!(
+        want.contains(&doc["verdict"].as_str().unwrap_or_default()),
+        "{} {fault:?}: {doc}\n{}",
         c.label,
         text(&out.stderr)
     );
-    assert_eq!(doc["exit_code"], 6, "{}: {doc}", c.label);
+    assert_eq!(doc["exit_code"], 6, "{} {fault:?}: {doc}", c.label);
     assert_eq!(
         doc["stdout"], "first\nsecond\n",
-        "{}: every byte once: {doc}",
+        "{} {fault:?}: every byte once: {doc}",
         c.label
     );
-    assert_eq!(lines(&fx_here), 1, "{}: run {n} executed twice", c.label);
+    assert_eq!(
+        lines(&fx_here),
+        1,
+        "{} {fault:?}: run {n} executed twice",
+        c.label
+    );
 }
 
 /// A container crash (every process killed, started again) mid-command: interrupted,
@@ -429,9 +461,13 @@ fn core_cases(c: &Cell, faults: bool) {
     if faults {
         big_output_is_whole_live_and_capped_for_replay(c);
         let cfg = fast_loss_config(c.lab, &fresh_dir(&format!("mx-cfg-{}", c.label)));
-        // The chaos loop, small: every run frozen mid-command, each executed once.
-        for n in 0..2 {
-            pause_then_reattach(c, &cfg, n);
+        // The chaos test's docker variant, small: each run hit mid-command by another
+        // fault, each executed exactly once.
+        for (n, fault) in [Fault::Pause, Fault::Cut, Fault::KillClient]
+            .into_iter()
+            .enumerate()
+        {
+            chaos_round(c, &cfg, n, fault);
         }
         crash_reads_interrupted(c);
     }
