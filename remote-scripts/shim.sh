@@ -1739,9 +1739,15 @@ verb_doctor() {
 	frame "K root_absolute=$dr_abs"
 	# How runs detach their supervisor (see detach): a setsid of either kind, found on
 	# PATH or at its usual place. setsid= keeps its old meaning (yes: with -f).
-	dr_setsid=no dr_detach=none dr_kind=none
+	dr_setsid=no dr_detach=none dr_kind=none dr_path=none
 	if find_setsid; then
 		dr_detach=setsid_setsid
+		dr_path=$(command -v "$setsid_bin")
+		# A static busybox sh names its own applets without a path.
+		case $dr_path in
+		/*) ;;
+		*) dr_path=applet ;;
+		esac
 		if "$setsid_bin" -f true </dev/null >/dev/null 2>&1; then
 			dr_setsid=yes dr_kind=util-linux
 		else
@@ -1749,7 +1755,7 @@ verb_doctor() {
 		fi
 	fi
 	frame "K shell=$OPMARK_SHELL login_shell=${SHELL:-unknown} setsid=$dr_setsid"
-	frame "K detach=$dr_detach setsid_path=${setsid_bin:-none} setsid_kind=$dr_kind"
+	frame "K detach=$dr_detach setsid_path=${dr_path:-none} setsid_kind=$dr_kind"
 	dr_missing=
 	for dr_tool in cat date dd find head mkdir mkfifo mv od rm sleep sync tail wc; do
 		command -v "$dr_tool" >/dev/null 2>&1 || dr_missing="$dr_missing${dr_missing:+,}$dr_tool"

@@ -197,9 +197,12 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
     // Runs detach with `setsid setsid` (the shim's detach), which either kind of setsid
     // runs; only a host with none fails.
     let detach = |kind: &str| {
+        let found = match get("setsid_path") {
+            "applet" => "the host sh's own applet".to_owned(),
+            path => format!("at {path}"),
+        };
         format!(
-            "runs detach with `setsid setsid` ({kind} setsid at {}): the command keeps SIGINT and SIGQUIT as under ssh",
-            get("setsid_path")
+            "runs detach with `setsid setsid` ({kind} setsid, {found}): the command keeps SIGINT and SIGQUIT as under ssh"
         )
     };
     out.push(match get("setsid") {
