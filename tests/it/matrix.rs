@@ -373,6 +373,26 @@ fn cancel_then_gc(c: &Cell) {
         "{}: stopped before its second line",
         c.label
     );
+    // root's marker root is on the volume, seen from here: a failed-start leftover long
+    // past retention (what a supervisor that never came up leaves) for gc to reclaim,
+    // with the host's own find -mmin (busybox's on the busybox kinds).
+    let leftover = format!("{}.100.at-x.failed-start", c.op("lost"));
+    let root_cell = !c.dest.contains('@');
+    if root_cell {
+        let dir = c
+            .lab
+            .marker_root_on_host("target1")
+            .unwrap()
+            .join("superseded")
+            .join(&leftover);
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = Command::new("touch")
+            .args(["-d", "2000-01-01"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
     let out = c
         .opmark()
         .args(["--json", "gc", &c.dest, "--older-than", "3650d"])
@@ -392,10 +412,17 @@ fn cancel_then_gc(c: &Cell) {
         "{}: {gc}",
         c.label
     );
+    if root_cell {
+        assert!(
+            gc.to_string().contains(&leftover) && gc.to_string().contains("failed_start_reclaimed"),
+            "{}: the leftover reclaimed: {gc}",
+            c.label
+        );
+    }
     let probe = c.probe(&c.op("once"));
     assert_eq!(
         probe["state"], "completed",
-        "{}: a tombstone still says completed: {probe}",
+        "{}: a finished marker still says completed: {probe}",
         c.label
     );
 }
