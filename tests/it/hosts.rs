@@ -595,3 +595,31 @@ fn a_setsid_that_fails_runs_nothing_and_leaves_no_claim_or_leftover() {
     );
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
 }
+
+#[test]
+fn a_static_busybox_login_shell_on_a_full_host_runs_and_doctor_names_its_applet() {
+    crate::require_tool!("busybox");
+    let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
+        return;
+    };
+    // Debian's busybox-static as the login shell: it answers its own applets before PATH
+    // (`command -v setsid` says `setsid` with util-linux's installed), which once made the
+    // refusal ask for util-linux, installed all along.
+    let bin = fresh_dir("static-busybox-sh").join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(tool_path("busybox"), bin.join("sh")).unwrap();
+    lab.set_login("target1", &bin.join("sh"), Some("/usr/bin:/bin"))
+        .unwrap();
+    let env = Sealed::new("static-busybox-sh");
+    assert_runs_once_and_replays(&env, &lab, "sbb-op");
+    let (ok, failed, doc) = doctor(&env, &lab);
+    assert!(ok, "{failed:?} {doc}");
+    let applet = Command::new(tool_path("busybox"))
+        .args(["sh", "-c", "command -v setsid"])
+        .output()
+        .unwrap();
+    if text(&applet.stdout).trim() == "setsid" {
+        assert_eq!(doc["facts"]["setsid_path"], "applet", "{doc}");
+        assert_eq!(doc["facts"]["setsid_kind"], "busybox", "{doc}");
+    }
+}
