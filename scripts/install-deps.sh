@@ -2,7 +2,8 @@
 # Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
 # busybox-static: a static busybox is also what the host matrix's busybox images are
-# made of) and the login shells its exec stub must work through (zsh, fish, tcsh, mksh),
+# made of) and the login shells its exec stub must work through (zsh, fish, tcsh, and
+# for the matrix's users mksh, ksh93, yash, posh),
 # dropbear (the matrix's other SSH server, with dropbearconvert for the lab's host keys), a
 # linter (shellcheck), netcat (a ProxyCommand `nc %h %p` in the transport tests),
 # iproute2 + nftables (network-namespace targets and link cuts),
@@ -36,11 +37,11 @@ done
 
 packages=(openssh-server openssh-client dash busybox-static shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh dropbear-bin)
+  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh ksh yash posh dropbear-bin)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh /usr/sbin/dropbear)
+  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 

@@ -56,6 +56,9 @@ pub const LOGIN_SHELLS: &[(&str, &str, &[&str])] = &[
     ("dash", "/bin/dash", &["/usr/bin/dash", "/bin/dash"]),
     ("zsh", "/bin/zsh", &["/usr/bin/zsh", "/bin/zsh"]),
     ("mksh", "/bin/mksh", &["/usr/bin/mksh", "/bin/mksh"]),
+    ("ksh", "/bin/ksh", &["/usr/bin/ksh93", "/bin/ksh93"]),
+    ("yash", "/bin/yash", &["/usr/bin/yash", "/bin/yash"]),
+    ("posh", "/bin/posh", &["/usr/bin/posh", "/bin/posh"]),
     ("tcsh", "/bin/tcsh", &["/usr/bin/tcsh", "/bin/tcsh"]),
     ("fish", "/usr/bin/fish", &["/usr/bin/fish"]),
 ];
