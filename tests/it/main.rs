@@ -2,6 +2,7 @@
 
 mod support;
 
+mod architecture_docs;
 mod cancel;
 mod chaos;
 mod cli;
