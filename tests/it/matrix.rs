@@ -439,6 +439,17 @@ fn timeout_keeps_what_was_written(c: &Cell) {
     assert_eq!(doc["stdout"], "early\n", "{}: {doc}", c.label);
 }
 
+/// The `--timeout` sweeps (TERM, then KILL after the grace) spare the captures: output
+/// written after the KILL by a process the sweep cannot reach (one that made a session
+/// of its own, still holding the command's stdout) is captured, as ssh would deliver it.
+/// A capture killed by the sweep would lose it.
+fn timeout_sweep_spares_the_captures(c: &Cell) {
+    let cmd = "trap '' TERM; setsid sh -c 'sleep 4; echo late' & echo early; sleep 30";
+    let (_, doc) = c.run(&c.op("spare"), &["--timeout", "1s"], cmd);
+    assert_eq!(doc["timed_out"], true, "{}: {doc}", c.label);
+    assert_eq!(doc["stdout"], "early\nlate\n", "{}: {doc}", c.label);
+}
+
 /// Output far past the cap: the live stream whole, the copy kept for replays exactly
 /// the cap (spill segments through the capture, dd per read where there is no stdbuf).
 fn big_output_is_whole_live_and_capped_for_replay(c: &Cell) {
@@ -487,6 +498,7 @@ fn core_cases(c: &Cell, faults: bool) {
     timeout_keeps_what_was_written(c);
     if faults {
         big_output_is_whole_live_and_capped_for_replay(c);
+        timeout_sweep_spares_the_captures(c);
         let cfg = fast_loss_config(c.lab, &fresh_dir(&format!("mx-cfg-{}", c.label)));
         // The chaos test's docker variant, small: each run hit mid-command by another
         // fault, each executed exactly once.
