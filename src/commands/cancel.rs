@@ -97,12 +97,20 @@ pub fn run(global: &GlobalArgs, args: &CancelArgs) -> Result<u8> {
                     printable(&host)
                 ),
             ),
-            mismatch => common::reach_error(mismatch, "nothing was sent"),
+            changed => super::host_changed::reach_error(changed, "nothing was sent"),
         })?;
         Ok::<_, Error>(target.cancel(&op, args.grace).await)
-    })??;
+    })?;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) => return super::host_changed::answer(global, op.as_str(), &host, e),
+    };
     let Cancelled { outcome, marker } = match answer {
         Ok(done) => done,
+        Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
+            let e = super::host_changed::root_changed(&recorded, &host, op.as_str(), &r);
+            return super::host_changed::answer(global, op.as_str(), &host, e);
+        }
         Err(CallError::NotSent(why)) => {
             return Err(Error::new(
                 ErrorKind::Unreachable,

@@ -8,8 +8,9 @@
 //! are settled as `reconcile` would. Never a running or interrupted marker (the shim
 //! decides per marker), never with a retention shorter than policy allows, and never on
 //! a machine other than the one the ledger's latest operation on that host ran on: the
-//! host is reached by that operation's recorded route and must present its host key
-//! (SPEC section 9).
+//! host is reached by that operation's recorded route and must present its host key,
+//! user and marker root (SPEC sections 9 and 17; otherwise `conflict`/`host_changed`, as
+//! `run` answers).
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ use super::render::printable;
 use crate::cli::{GcArgs, GlobalArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::host::{CallError, GcAction, GcRemoved, Host};
+use crate::host::{CallError, GcAction, GcRemoved, Host, RefusalReason};
 use crate::ledger::{ListFilter, OpKey};
 use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::{self, unix_utc, Candidate, Outcome};
@@ -94,12 +95,16 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             recorded.check(&host, &op, key, Some(route))
         })
         .await;
-        let target = reached.map_err(|e| common::reach_error(e, "nothing was removed"))?;
+        let target =
+            reached.map_err(|e| super::host_changed::reach_error(e, "nothing was removed"))?;
         target.gc(args.older_than, args.dry_run, args.tombstones_older_than).await.map_err(|e| match e {
             CallError::NotSent(why) => Error::new(
                 ErrorKind::Unreachable,
                 format!("gc on {host} was not sent ({why}); nothing was removed"),
             ),
+            CallError::Refused(r) if r.reason == RefusalReason::RootChanged => {
+                super::host_changed::root_changed(&recorded, &host, &op, &r)
+            }
             CallError::Refused(r) => Error::new(
                 ErrorKind::Unreachable,
                 format!(
@@ -112,7 +117,11 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
                 format!("gc on {host} lost its answer ({lost}); some markers may have been removed. Run it again with --dry-run to see what is left"),
             ),
         })
-    })??;
+    })?;
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => return super::host_changed::answer(global, &op, &host, e),
+    };
     let (removed, kept) = (report.removed, report.kept);
     if global.json {
         common::print_json(&Report {

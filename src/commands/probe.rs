@@ -1,13 +1,15 @@
 //! `opmark probe HOST OP`: the marker's state on the host, read-only; the observation is
 //! recorded in the ledger. An operation the ledger knows is probed the way it ran (its
-//! recorded route) and only on a host presenting the key it ran against (SPEC section 9).
+//! recorded route) and only on a host presenting the key it ran against (SPEC section 9);
+//! another machine, user or marker root is answered as `run` answers it,
+//! `conflict`/`host_changed` (SPEC 17).
 
 use serde::Serialize;
 
 use super::common;
 use crate::cli::{GlobalArgs, ProbeArgs};
 use crate::error::{Error, ErrorKind, Result};
-use crate::host::{CallError, Destination, Host, MarkerInfo};
+use crate::host::{CallError, Destination, Host, MarkerInfo, RefusalReason};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::identity::Recorded;
@@ -42,7 +44,10 @@ pub fn run(global: &GlobalArgs, args: &ProbeArgs) -> Result<u8> {
     let (host, dest, recorded) =
         super::reach::reach_operation(global, &args.host, &args.host_args, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
-    let marker = common::block_on(probe_checked(&dest, &op, &host, &recorded))??;
+    let marker = match common::block_on(probe_checked(&dest, &op, &host, &recorded))? {
+        Ok(marker) => marker,
+        Err(e) => return super::host_changed::answer(global, op.as_str(), &host, e),
+    };
     ledger.append(
         &key,
         &Event::Probed {
@@ -89,8 +94,11 @@ async fn probe_checked(
         recorded.check(host, op.as_str(), key, Some(route))
     })
     .await;
-    let host = reached.map_err(|e| common::reach_error(e, "nothing was probed"))?;
-    host.probe(op).await.map_err(|e| match e {
+    let reached = reached.map_err(|e| super::host_changed::reach_error(e, "nothing was probed"))?;
+    reached.probe(op).await.map_err(|e| match e {
+        CallError::Refused(r) if r.reason == RefusalReason::RootChanged => {
+            super::host_changed::root_changed(recorded, host, op.as_str(), &r)
+        }
         CallError::Refused(r) => Error::new(
             ErrorKind::Unreachable,
             format!(

@@ -124,7 +124,17 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
     let mut fence_text = None;
     match args.decision {
         Resolution::NotApplied => {
-            let text = fence(global, args, &op, &recorded).map_err(NotFenced::into_error)?;
+            let text = match fence(global, args, &op, &recorded) {
+                Ok(text) => text,
+                Err(e) => {
+                    return super::host_changed::answer(
+                        global,
+                        op.as_str(),
+                        &args.host,
+                        e.into_error(),
+                    )
+                }
+            };
             events.push(Event::Fenced {
                 detail: format!("opmark resolve --as not-applied by {by}: {text}"),
             });
@@ -157,7 +167,14 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
                 });
                 fence_text = Some(text);
             }
-            Err(refused) => return Err(refused.into_error()),
+            Err(refused) => {
+                return super::host_changed::answer(
+                    global,
+                    op.as_str(),
+                    &args.host,
+                    refused.into_error(),
+                )
+            }
         },
         Resolution::Applied => {}
     }
@@ -250,8 +267,8 @@ fn fence(
                     "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
                 ),
             )),
-            mismatch => NotFenced::Refused(common::reach_error(
-                mismatch,
+            changed => NotFenced::Refused(super::host_changed::reach_error(
+                changed,
                 "nothing was fenced or recorded",
             )),
         })?;
@@ -277,6 +294,14 @@ fn fence(
             )))
         }
     };
+    if refusal.reason == RefusalReason::RootChanged {
+        return Err(NotFenced::Refused(super::host_changed::root_changed(
+            recorded,
+            &args.host,
+            op.as_str(),
+            &refusal,
+        )));
+    }
     let seen = CallError::Refused(refusal.clone()).seen();
     let decision = decision_name(args.decision).replace('_', " ");
     let message = match refusal.reason {
