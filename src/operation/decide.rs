@@ -640,7 +640,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 Verdict::NotApplied,
                 Some(attempt.clone()),
                 ReasonCode::HostMissingSetsid,
-                "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
+                "the host has no `setsid` (neither util-linux's nor busybox's, on PATH or in /usr/bin, /bin, /usr/sbin, /sbin), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`) or a busybox with its setsid applet, then retry with the same op id",
             ))
         }
         RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_process_identity") => {

@@ -15,6 +15,7 @@ mod json;
 mod keeper;
 mod ledger;
 mod login;
+mod matrix;
 mod mcp;
 mod operators;
 mod policy;
