@@ -126,20 +126,6 @@ impl Error {
     }
 }
 
-/// A host that could not be resolved or reached: a config problem is a config error
-/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
-/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
-impl From<crate::ssh::ConnectError> for Error {
-    fn from(e: crate::ssh::ConnectError) -> Self {
-        let (kind, code) = if e.stage == crate::ssh::ConnectStage::Config {
-            (ErrorKind::Config, "config_invalid")
-        } else {
-            (ErrorKind::Unreachable, e.reason_code().as_str())
-        };
-        Error::new(kind, e.to_string()).with_code(code)
-    }
-}
-
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)

@@ -16,33 +16,25 @@ use crate::cli::{Cli, Command};
 use crate::error::Result;
 
 mod audit;
-pub mod cancel;
+mod cancel;
 pub mod common;
 mod config;
 mod doctor;
 mod gc;
 mod ledger;
-pub mod list;
+mod list;
 mod mcp;
 mod mux;
-pub mod probe;
+mod probe;
 mod reach;
-pub mod reconcile;
+mod reconcile;
 pub mod render;
 mod resolve;
-pub mod run;
-pub mod show;
+mod run;
+mod show;
 mod stats;
 
-/// The redactor for messages that may quote the user's input: the built-in rules plus
-/// the policy's patterns when the policy loads (an error about the policy itself must
-/// still be shown, with the built-in rules).
-pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::Redactor {
-    let extra = crate::policy::Policy::load(policy)
-        .map(|p| p.redact_patterns().to_vec())
-        .unwrap_or_default();
-    crate::ledger::Redactor::with_patterns(&extra)
-}
+pub use crate::ops::redactor_for_errors;
 
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {
