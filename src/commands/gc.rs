@@ -126,7 +126,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
         })?;
     } else {
         for o in &settled {
-            println!(
+            crate::outln!(
                 "settled first: {} ({}: {})",
                 printable(&o.op_id),
                 o.decision.as_str(),
@@ -142,9 +142,9 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
                 GcAction::ShimReclaimed => "cached shim of another version reclaimed",
             };
             if r.at == 0 {
-                println!("{would}{what}: {}", printable(&r.op));
+                crate::outln!("{would}{what}: {}", printable(&r.op));
             } else {
-                println!(
+                crate::outln!(
                     "{would}{what}: {} ({}, recorded {})",
                     printable(&r.op),
                     r.state,
@@ -153,7 +153,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             }
         }
         let count = |a: GcAction| removed.iter().filter(|r| r.action == a).count();
-        println!(
+        crate::outln!(
             "{host}: {would}collected {}, tombstones removed {}, leftovers reclaimed {}; kept {kept} (running, interrupted, newer than {}, or tombstones{})",
             count(GcAction::Collected),
             count(GcAction::TombstoneRemoved),

@@ -187,9 +187,9 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
         })?;
     } else {
         if let Some(t) = &fence_text {
-            println!("fence on {}: {t}", printable(&args.host));
+            crate::outln!("fence on {}: {t}", printable(&args.host));
         }
-        println!(
+        crate::outln!(
             "recorded: {} decided {decision} for {op} on {}",
             printable(&by),
             printable(&args.host)
