@@ -25,3 +25,4 @@ mod ssh_config;
 mod targets;
 mod transport;
 mod ux;
+mod architecture;
