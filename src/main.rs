@@ -24,7 +24,7 @@ fn main() -> ExitCode {
                     opmark::error::ErrorKind::InvalidInput,
                     err.kind().to_string(),
                 )
-                .with_code("usage");
+                .with_code(opmark::vocab::ErrorCode::Usage);
                 let _ = Out.text(&format!("{}\n", error_document(&usage)));
             }
             // clap's own print: a failed write is returned, not a panic.

@@ -24,6 +24,7 @@ use crate::ledger::Ledger;
 use crate::redact::Redactor;
 use crate::policy::Policy;
 use crate::ssh::destination::FlagPositions;
+use crate::vocab::ReasonCode;
 
 /// Where an operation finds its configuration: the files the global options name (each
 /// None for the default).
@@ -121,12 +122,12 @@ pub fn reach_error(e: ReachError, nothing: &str) -> Error {
             ErrorKind::Unreachable,
             format!("{why} (host_key_mismatch); {nothing}"),
         )
-        .with_code("host_key_mismatch"),
+        .with_code(ReasonCode::HostKeyMismatch),
         ReachError::HostChanged(why) => Error::new(
             ErrorKind::Unreachable,
             format!("{why} (host_changed); {nothing}"),
         )
-        .with_code("host_changed"),
+        .with_code(ReasonCode::HostChanged),
     }
 }
 

@@ -14,7 +14,7 @@ use crate::ledger::{Event, History, Ledger, OpKey, OperationRecord, StoredEvent}
 use crate::redact::Redactor;
 use crate::op_id::OpId;
 use crate::text::{parse_at, printable, to_second};
-use crate::vocab::{Boundary, RetryReason};
+use crate::vocab::{Boundary, ErrorCode, RetryReason};
 
 /// Which operation.
 #[derive(Debug, Clone)]
@@ -108,7 +108,7 @@ pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
                 path.display()
             ),
         )
-        .with_code("unknown_operation")
+        .with_code(ErrorCode::UnknownOperation)
     };
     let Some(ledger) = ledger else {
         return Err(redacted_error(not_found()));
@@ -195,7 +195,7 @@ fn complete_op_id(ledger: &Ledger, given: &OpId, host: Option<&str>) -> Result<O
                         many.len()
                     ),
                 )
-                .with_code("ambiguous_operation"),
+                .with_code(ErrorCode::AmbiguousOperation),
             ))
         }
     }

@@ -22,7 +22,7 @@ mod socket;
 use std::fmt;
 
 use crate::error::{Error, ErrorKind};
-use crate::vocab::{Boundary, ReasonCode};
+use crate::vocab::{Boundary, ErrorCode, ReasonCode};
 
 pub use destination::{
     check_destination, resolve, resolve_route, AddressFamily, Destination, HostSpec, Route,
@@ -114,9 +114,9 @@ impl std::error::Error for ConnectError {}
 impl From<ConnectError> for Error {
     fn from(e: ConnectError) -> Self {
         let (kind, code) = if e.stage == ConnectStage::Config {
-            (ErrorKind::Config, "config_invalid")
+            (ErrorKind::Config, ErrorCode::ConfigInvalid)
         } else {
-            (ErrorKind::Unreachable, e.reason_code().as_str())
+            (ErrorKind::Unreachable, e.reason_code().into())
         };
         Error::new(kind, e.to_string()).with_code(code)
     }
