@@ -10,9 +10,7 @@ use crate::policy::Policy;
 use crate::ssh::destination::FlagPositions;
 
 pub use crate::ops::document::{error_document, json_document, SCHEMA};
-pub use crate::ops::{
-    block_on, operator, operator_name, reach_error, redacted_error, session_id,
-};
+pub use crate::ops::{block_on, operator, operator_name, reach_error, redacted_error, session_id};
 
 /// The library's context from the global options.
 pub fn context(global: &GlobalArgs) -> Context {

@@ -43,7 +43,11 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     } else {
         crate::out!(
             "{}",
-            table(&report.operations, &report.already_settled, report.unresolved)
+            table(
+                &report.operations,
+                &report.already_settled,
+                report.unresolved
+            )
         );
         for c in &report.contradicted {
             crate::outln!(

@@ -78,7 +78,6 @@ pub const WIDTH: usize = 80;
 
 pub use crate::text::{fit, parse_at, printable, to_second};
 
-
 /// Appends `prefix` + `text`, wrapping at [`WIDTH`] with continuation lines aligned under
 /// the text's first column. Words longer than a line are split.
 pub fn wrap_into(out: &mut String, prefix: &str, text: &str) {

@@ -12,9 +12,8 @@ use super::render::{printable, to_second, wrap_into};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Result};
 use crate::ledger::{Event, OpKey, OpState, OperationRecord, StoredEvent};
-use crate::ops::show::{
-    attempts, contradictions, observations, outcome, show, ShowRequest,
-};
+use crate::ops::show::{attempts, contradictions, observations, outcome, show, ShowRequest};
+use crate::text::Stamp;
 
 /// Prints the header and the timeline, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
@@ -103,7 +102,8 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
     let tries = attempts(events);
     if !tries.is_empty() {
         out.push_str("\nattempts:\n");
-        for a in &tries {
+        for view in &tries {
+            let a = &view.attempt;
             let head = match &a.parent {
                 Some(parent) => format!(
                     "{} retry of {} because {}",
@@ -119,7 +119,7 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
                 a.boundary.map_or("none recorded", |b| b.as_str()),
                 a.exit_code.map_or("unknown".to_owned(), |c| c.to_string())
             );
-            if let Some(d) = a.duration_ms {
+            if let Some(d) = view.duration_ms {
                 let _ = write!(line, ", seen for {}", seconds(d));
             }
             let _ = write!(
@@ -156,14 +156,15 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
     }
     out.push_str("\ntimeline (UTC):\n");
     let seq_w = events.last().map_or(1, |e| e.seq.to_string().len()).max(2);
-    let mut day = "";
+    let mut day = String::new();
     for e in events {
-        let this_day = e.at.get(..10).unwrap_or("");
+        let at = Stamp::of(&e.at);
+        let this_day = at.day();
         if this_day != day {
+            let _ = writeln!(out, "  {this_day}");
             day = this_day;
-            let _ = writeln!(out, "  {day}");
         }
-        let time = e.at.get(11..23).unwrap_or(&e.at);
+        let time = at.clock();
         let (indent, text) = describe(&e.event);
         let prefix = format!("  {time}  #{:<seq_w$} {}", e.seq, " ".repeat(indent * 2));
         wrap_into(&mut out, &prefix, &text);
@@ -374,8 +375,8 @@ fn short_hash(h: &str) -> &str {
 }
 
 /// `2024-05-01T10:00:00.123456Z` → `10:00:00.123`.
-fn clock(at: &str) -> &str {
-    at.get(11..23).unwrap_or(at)
+fn clock(at: &str) -> String {
+    Stamp::of(at).clock()
 }
 
 /// `1234` ms → `1.2s`; `65000` → `1m05s`.

@@ -678,7 +678,7 @@ pub(crate) fn replay(
             }
             Ok(None) => {}
             // Refused appends were rolled back; a stored one is not what opmark wrote.
-            Err(projection::Refusal::FingerprintConflict) => {
+            Err(projection::AppendRefused::FingerprintConflict) => {
                 if let Some(rec) = had {
                     replayed.insert(key, rec);
                 }

@@ -435,7 +435,9 @@ fn run_request(p: RunParams) -> Result<RunRequest> {
         hosts: vec![p.host],
         op: Some(p.op_id),
         class,
-        stdin: p.stdin.map_or(Stdin::None, |s| Stdin::Given(s.into_bytes())),
+        stdin: p
+            .stdin
+            .map_or(Stdin::None, |s| Stdin::Given(s.into_bytes())),
         attempts: None,
         output_cap: HOST_OUTPUT_CAP,
         approve: None,

@@ -21,8 +21,8 @@ use std::path::PathBuf;
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{HostSpec, ReachError};
 use crate::ledger::Ledger;
-use crate::redact::Redactor;
 use crate::policy::Policy;
+use crate::redact::Redactor;
 use crate::ssh::destination::FlagPositions;
 use crate::vocab::ReasonCode;
 

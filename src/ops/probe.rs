@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{block_on, open_ledger, load_policy, reach_error, Context, HostOptions};
+use super::{block_on, load_policy, open_ledger, reach_error, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{CallError, Destination, Host, MarkerInfo};
 use crate::ledger::{Durability, Event, OpKey};

@@ -219,7 +219,13 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     let (op, minted) = match &req.op {
         Some(text) => match OpId::parse(text) {
             Ok(op) => (op, false),
-            Err(e) => return Ok(refuse_before_anything(ctx, req.op.as_deref(), &e.to_string())),
+            Err(e) => {
+                return Ok(refuse_before_anything(
+                    ctx,
+                    req.op.as_deref(),
+                    &e.to_string(),
+                ))
+            }
         },
         None => (OpId::mint(), true),
     };

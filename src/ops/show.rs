@@ -8,13 +8,13 @@ use serde::Serialize;
 
 use super::{redacted_error, Context};
 use crate::error::{Error, ErrorKind, Result};
-use crate::ledger::history::Word;
+use crate::ledger::history::{Attempt, Word};
 use crate::ledger::projection::unresolved_after;
 use crate::ledger::{Event, History, Ledger, OpKey, OperationRecord, StoredEvent};
-use crate::redact::Redactor;
 use crate::op_id::OpId;
+use crate::redact::Redactor;
 use crate::text::{parse_at, printable, to_second};
-use crate::vocab::{Boundary, ErrorCode, RetryReason};
+use crate::vocab::ErrorCode;
 
 /// Which operation.
 #[derive(Debug, Clone)]
@@ -260,33 +260,15 @@ pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> Outc
     }
 }
 
-/// One attempt as the page shows it.
+/// One attempt as the page shows it: the ledger's own view of it (its events folded,
+/// [`Attempt`]) and how long it was seen for.
 #[derive(Debug, Clone, Serialize)]
 pub struct AttemptView {
-    /// 1, 2, ...
-    pub number: u32,
-    /// Attempt id.
-    pub attempt_id: String,
-    /// The attempt it retried.
-    pub parent: Option<String>,
-    /// Why it was made.
-    pub reason: RetryReason,
-    /// The furthest boundary observed.
-    pub boundary: Option<Boundary>,
-    /// Its exit code, when received.
-    pub exit_code: Option<i32>,
-    /// When it was dispatched.
-    pub dispatched_at: String,
-    /// The last event about it.
-    pub last_seen_at: String,
+    /// The attempt as its events tell it.
+    #[serde(flatten)]
+    pub attempt: Attempt,
     /// From dispatch to the last event about it, in milliseconds.
     pub duration_ms: Option<u64>,
-    /// How it reached the host, when it connected (SPEC section 9).
-    pub route: Option<crate::host::Route>,
-    /// The host key fingerprint it saw (`SHA256:...`), when it connected.
-    pub host_key: Option<String>,
-    /// The marker root id its shim reported (SPEC 17): the store of evidence it reached.
-    pub root_id: Option<String>,
 }
 
 /// The attempts, in dispatch order.
@@ -294,19 +276,9 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
     History::of(events)
         .attempts
         .into_iter()
-        .map(|a| AttemptView {
-            duration_ms: millis_between(&a.dispatched_at, &a.last_seen_at),
-            number: a.number,
-            attempt_id: a.attempt_id,
-            parent: a.parent,
-            reason: a.reason,
-            boundary: a.boundary,
-            exit_code: a.exit_code,
-            dispatched_at: a.dispatched_at,
-            last_seen_at: a.last_seen_at,
-            route: a.route,
-            host_key: a.host_key,
-            root_id: a.root_id,
+        .map(|attempt| AttemptView {
+            duration_ms: millis_between(&attempt.dispatched_at, &attempt.last_seen_at),
+            attempt,
         })
         .collect()
 }

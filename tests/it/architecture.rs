@@ -159,7 +159,9 @@ fn occurrences(files: &[PathBuf], needles: &[&str]) -> Vec<String> {
 fn top_level_modules_import_each_other_without_a_circle() {
     let graph = module_graph(&src());
     assert!(
-        graph.get("commands").is_some_and(|uses| uses.contains("cli")),
+        graph
+            .get("commands")
+            .is_some_and(|uses| uses.contains("cli")),
         "the graph was not read (no `commands -> cli`): {graph:?}"
     );
     if let Some(circle) = find_circle(&graph) {
@@ -177,7 +179,11 @@ fn a_circle_between_two_modules_is_found_and_named() {
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(root.join("b")).unwrap();
     std::fs::write(root.join("lib.rs"), "pub mod a; pub mod b; pub mod c;").unwrap();
-    std::fs::write(root.join("a.rs"), "use crate::b::Thing;\n// crate::d in a comment\n").unwrap();
+    std::fs::write(
+        root.join("a.rs"),
+        "use crate::b::Thing;\n// crate::d in a comment\n",
+    )
+    .unwrap();
     std::fs::write(root.join("b/mod.rs"), "fn f() { crate::c::g() }").unwrap();
     std::fs::write(root.join("c.rs"), "pub fn g() { $crate::a::h() }").unwrap();
     std::fs::write(root.join("d.rs"), "").unwrap();
@@ -189,7 +195,10 @@ fn a_circle_between_two_modules_is_found_and_named() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]),
         "{graph:?}"
     );
-    assert!(!graph["a"].contains("d"), "a comment is no import: {graph:?}");
+    assert!(
+        !graph["a"].contains("d"),
+        "a comment is no import: {graph:?}"
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod architecture;
 mod cancel;
 mod chaos;
 mod cli;
@@ -25,4 +26,3 @@ mod ssh_config;
 mod targets;
 mod transport;
 mod ux;
-mod architecture;
