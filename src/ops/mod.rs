@@ -7,7 +7,9 @@
 //! and policy), [`HostOptions`] (OpenSSH-style connection options), the policy and
 //! ledger opened with clear errors, the process's one runtime, and who is acting.
 
+pub mod audit;
 pub mod cancel;
+pub mod classify;
 pub mod document;
 pub mod list;
 pub mod probe;
@@ -15,6 +17,7 @@ pub mod reach;
 pub mod reconcile;
 pub mod run;
 pub mod show;
+pub mod stats;
 
 use std::path::PathBuf;
 
