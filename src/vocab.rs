@@ -44,6 +44,28 @@ pub mod exit_code {
     pub const BROKEN_PIPE: u8 = 141;
 }
 
+/// The operator's decision recorded by `opmark resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Resolution {
+    /// The effect happened.
+    Applied,
+    /// The effect did not happen; the marker is fenced so it never can.
+    NotApplied,
+    /// Nobody will find out; stop tracking it.
+    Abandoned,
+}
+
+impl Resolution {
+    /// The ledger's word for it (`applied`, `not_applied`, `abandoned`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Applied => "applied",
+            Resolution::NotApplied => "not_applied",
+            Resolution::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// How far one attempt got, as the client actually observed it (SPEC section 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,10 +1,10 @@
-//! One file per subcommand: each takes its parsed args and returns an exit code.
+//! One file per subcommand: each turns its parsed args into a request, calls one
+//! library operation ([`crate::ops`]) and renders the report; it returns an exit code.
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation. Commands
-//! never import each other; what several need lives in `common` (policy, ledger, the
-//! process's one runtime, JSON documents), `render` (text for people) and `reach` (an
-//! operation's host by its recorded route). They talk to hosts only through
-//! [`crate::host`].
+//! never import each other (tests/it/architecture.rs checks it); what several need
+//! lives in `common` (the library's context from the global options) and `render` (the
+//! one output object, [`render::Out`], and text for people).
 
 mod classify;
 mod completions;
@@ -26,7 +26,6 @@ mod list;
 mod mcp;
 mod mux;
 mod probe;
-mod reach;
 mod reconcile;
 pub mod render;
 mod resolve;
