@@ -165,12 +165,12 @@ fn settle_first(ctx: &Context, host: &str, args: &GcRequest) -> Result<Vec<Outco
         let events = ledger.events(&OpKey::new(record.op_id.clone(), record.host.clone()))?;
         candidates.push(Candidate { record, events });
     }
-    block_on(reconcile::reconcile(
+    Ok(block_on(reconcile::reconcile(
         &mut ledger,
         candidates,
         |c, route| reach(ctx, &c.record.host, &args.options, route),
         |_, _| {},
-    ))?
+    ))??)
 }
 
 /// The newest operation on `host` whose events record how it reached the host, and that

@@ -136,6 +136,18 @@ pub fn reach_error(e: ReachError, nothing: &str) -> Error {
     }
 }
 
+/// A reconcile (of `reconcile` or gc's settling first) that stopped: a ledger failure is
+/// the ledger's error (its kind and exit code); anything else is opmark's bug.
+impl From<crate::operation::reconcile::ReconcileError> for Error {
+    fn from(e: crate::operation::reconcile::ReconcileError) -> Self {
+        use crate::operation::reconcile::ReconcileError;
+        match e {
+            ReconcileError::Ledger(e) => e.into(),
+            other => Error::new(ErrorKind::Internal, other.to_string()),
+        }
+    }
+}
+
 /// The process's one tokio runtime, for operations that talk to hosts. Built on first
 /// use, not up front, so that operations that stay local (list, show, classify...) never
 /// start its threads; `opmark mcp`'s tool threads share the server's. Never dropped: the
