@@ -148,6 +148,19 @@ impl From<crate::operation::reconcile::ReconcileError> for Error {
     }
 }
 
+/// A run that stopped without a verdict: a ledger failure is the ledger's error (its kind
+/// and exit code), a malformed ssh config a config error, anything else opmark's bug.
+impl From<crate::operation::RunError> for Error {
+    fn from(e: crate::operation::RunError) -> Self {
+        use crate::operation::RunError;
+        match e {
+            RunError::Ledger(e) => e.into(),
+            RunError::Config(message) => Error::new(ErrorKind::Config, message),
+            RunError::Internal(message) => Error::new(ErrorKind::Internal, message),
+        }
+    }
+}
+
 /// The process's one tokio runtime, for operations that talk to hosts. Built on first
 /// use, not up front, so that operations that stay local (list, show, classify...) never
 /// start its threads; `opmark mcp`'s tool threads share the server's. Never dropped: the
