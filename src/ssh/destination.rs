@@ -1561,19 +1561,39 @@ mod tests {
         );
     }
 
+    /// A variable this process already has, holding a plain absolute path: read, never
+    /// set, because `set_var` races every other test thread that reads the environment.
+    fn a_set_variable_holding_a_path() -> (String, String) {
+        std::env::vars()
+            .filter(|(k, v)| {
+                k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && v.len() > 1
+                    && v.starts_with('/')
+                    && !v.ends_with('/')
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
+            })
+            .min()
+            .expect(
+                "a test process has some variable holding a path (HOME, PWD, CARGO_MANIFEST_DIR)",
+            )
+    }
+
     #[test]
     fn env_vars_and_tokens_expand_per_option() {
-        std::env::set_var("OPMARK_DEST_TEST_DIR", "/envdir");
-        let c = cfg("Host a\n HostName A.Example\n User r\n \
-                     IdentityFile ${OPMARK_DEST_TEST_DIR}/id_%r_%n\n \
-                     UserKnownHostsFile ${OPMARK_DEST_TEST_DIR}/kh_%h_%p\n \
-                     CertificateFile /c/%h-cert.pub\n IdentityAgent /a/%r.sock\n");
+        let (var, dir) = a_set_variable_holding_a_path();
+        let c = cfg(&format!(
+            "Host a\n HostName A.Example\n User r\n \
+             IdentityFile ${{{var}}}/id_%r_%n\n \
+             UserKnownHostsFile ${{{var}}}/kh_%h_%p\n \
+             CertificateFile /c/%h-cert.pub\n IdentityAgent /a/%r.sock\n"
+        ));
         let d = resolve_with(&c, &spec("a"), 0).unwrap();
         assert_eq!(d.hostname, "a.example");
-        assert_eq!(d.identities, vec![PathBuf::from("/envdir/id_r_a")]);
+        assert_eq!(d.identities, vec![PathBuf::from(format!("{dir}/id_r_a"))]);
         assert_eq!(
             d.known_hosts,
-            vec![PathBuf::from("/envdir/kh_a.example_22")]
+            vec![PathBuf::from(format!("{dir}/kh_a.example_22"))]
         );
         assert_eq!(
             d.certificate_files,

@@ -1,6 +1,8 @@
-//! The command line itself: every subcommand's help describes SPEC section 6's surface,
-//! and bad input is refused before anything happens.
+//! The command line itself: every subcommand's help describes the surface of
+//! docs/guarantees.md#the-command-line-contract, and bad input is refused before anything
+//! happens.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 
 use crate::support::{text, Sealed};
@@ -15,9 +17,28 @@ fn help(args: &[&str]) -> String {
     text(&out.stdout)
 }
 
+/// The entries of the top-level help's `Commands:` list: each subcommand with its summary.
+/// Only that list says which subcommands exist: the rest of the help (the exit-code text
+/// names `opmark run`, `opmark list | head` and the audit chain) mentions some of their names too.
+fn listed_subcommands(top: &str) -> BTreeMap<String, String> {
+    let list = top
+        .split("Commands:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Commands: list in the help:\n{top}"));
+    let list = list.split("\n\n").next().unwrap_or_default();
+    list.lines()
+        .filter_map(|l| {
+            let entry = l.strip_prefix("  ")?;
+            let (name, summary) = entry.split_once("  ")?;
+            (!name.is_empty()).then(|| (name.to_owned(), summary.trim().to_owned()))
+        })
+        .collect()
+}
+
 #[test]
 fn help_describes_every_subcommand_and_option_of_the_spec() {
     let top = help(&[]);
+    let listed = listed_subcommands(&top);
     for sub in [
         "run",
         "probe",
@@ -31,8 +52,17 @@ fn help_describes_every_subcommand_and_option_of_the_spec() {
         "stats",
         "doctor",
         "lab",
+        "cancel",
+        "mcp",
+        "completions",
+        "policy",
     ] {
-        assert!(top.contains(sub), "top-level help lacks {sub}");
+        let summary = listed.get(sub).map(String::as_str).unwrap_or_default();
+        assert!(
+            !summary.is_empty(),
+            "the top-level help's Commands: list lacks {sub} (listed: {:?})",
+            listed.keys()
+        );
     }
     for global in [
         "--ssh-config",
@@ -349,7 +379,7 @@ fn resolve_refuses_when_nobody_can_be_named() {
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
-// --- The client's environment (SPEC sections 6 and 7) ---------------------------------
+// --- The client's environment (docs/ledger.md#where-the-ledger-lives) -------------------
 
 /// `operation.state` and `operation.exit_code` of `op` as `show --json` tells them.
 fn settled_state(env: &Sealed, op: &str) -> (String, serde_json::Value) {
@@ -602,7 +632,7 @@ fn a_ledger_key_readable_by_others_is_refused_with_chmod_600_and_nothing_runs() 
 
 /// `-vvv run … 2>&1 | head -2`, stdout to a closed pipe, stderr to /dev/full: the run goes
 /// on, its verdict is recorded, the command ran once, and the exit status is 141 (a
-/// reader went away) or the verdict's own code (SPEC section 6).
+/// reader went away) or the verdict's own code (docs/guarantees.md#the-command-line-contract).
 #[test]
 fn a_closed_or_full_stdout_or_stderr_never_aborts_a_run_and_the_verdict_is_recorded() {
     use std::io::BufRead as _;

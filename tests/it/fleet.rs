@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, text, wait_for, Sealed};
 
 /// A fleet run's document and the process status.
 struct Fleet {
@@ -97,14 +97,6 @@ fn in_home(lab: &Lab, alias: &str, name: &str) -> PathBuf {
 
 fn lines_in(path: &std::path::Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn spawn(cmd: &mut Command) -> Child {

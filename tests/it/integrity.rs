@@ -5,12 +5,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opmark::lab::{Lab, Target};
 
 use crate::support::disk::{needs_loop_mounts, SmallDisk};
-use crate::support::{answer, fresh_dir, text, Answer, Sealed};
+use crate::support::{answer, fresh_dir, text, wait_for, Answer, Sealed};
 
 fn run_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) -> Answer {
     answer(
@@ -23,14 +23,6 @@ fn run_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) ->
             .output()
             .unwrap(),
     )
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn lines(path: &Path) -> usize {

@@ -3,6 +3,7 @@
 mod support;
 
 mod architecture;
+mod architecture_docs;
 mod cancel;
 mod chaos;
 mod cli;

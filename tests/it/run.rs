@@ -2,12 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, answer, fast_loss_config, fresh_dir, text, Answer, Sealed};
+use crate::support::{self, answer, fast_loss_config, fresh_dir, text, wait_for, Answer, Sealed};
 
 /// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
 fn spawn(cmd: &mut Command, args: &[&str]) -> Child {
@@ -310,14 +310,6 @@ fn a_client_killed_at_any_boundary_then_rerun_executes_once_with_the_true_status
             ["caller_rerun"],
             "{point}: the rerun names the crashed attempt"
         );
-    }
-}
-
-fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -157,20 +157,49 @@ fn host_known_only_by_its_rsa_or_ecdsa_key_negotiates_that_type() {
     };
     let dir = lab.dir().to_path_buf();
     let t = &lab.targets()[0];
+    let mut tried = Vec::new();
     for key in t.host_public_keys().unwrap() {
         if key.starts_with("ssh-ed25519") {
             continue;
         }
         let kh = dir.join(format!("only_{}", rand_suffix()));
         std::fs::write(&kh, format!("{} {key}\n", t.known_hosts_host())).unwrap();
+        // The fingerprint of the one key known_hosts holds, as OpenSSH prints it.
+        let listed = Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(&kh)
+            .output()
+            .unwrap();
+        assert!(listed.status.success(), "{}", text(&listed.stderr));
+        let want = text(&listed.stdout)
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        assert!(want.starts_with("SHA256:"), "ssh-keygen -lf: {want}");
         let cfg = custom_config(&lab, &dir, t, &kh, "");
-        rt().block_on(async {
+        let seen = rt().block_on(async {
             let s = Session::connect(&dest_in(&cfg, "t"))
                 .await
                 .unwrap_or_else(|e| panic!("known only by {}: {e}", &key[..12]));
             assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+            s.host_key()
         });
+        // The host presented that key, not its ed25519 one: the type was negotiated.
+        assert_eq!(
+            seen.as_deref(),
+            Some(want.as_str()),
+            "known only by {}",
+            &key[..12]
+        );
+        tried.push(key.split_whitespace().next().unwrap_or_default().to_owned());
     }
+    tried.sort();
+    assert_eq!(
+        tried,
+        ["ecdsa-sha2-nistp256", "ssh-rsa"],
+        "each of the target's other host key types was tried"
+    );
 }
 
 #[test]
