@@ -45,7 +45,8 @@ Exit status of `opmark run`: the command's own status for the verdicts `complete
   130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
   host; `opmark run` with the same op id follows it, `opmark cancel HOST OP` stops it)
 Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
-doctor check), 2 usage error, 245 invalid input, 246 malformed configuration,
+doctor check), 2 usage error, 243 conflict (host_changed: another machine, user or
+marker root than the operation's), 245 invalid input, 246 malformed configuration,
 247 host unreachable or not authenticated, 248 local ledger/file error,
 250 internal error; 141 (quietly) when the reader of stdout
 went away, as for a tool that SIGPIPE ended (`opmark list | head`).

@@ -9,10 +9,11 @@ use crate::error::{exit_code, Result};
 use crate::host::GcAction;
 use crate::operation::reconcile::unix_utc;
 use crate::ops::gc::{gc, human, GcRequest};
+use crate::ops::host_changed::Answered;
 
 /// Runs the shim's gc and prints what it removed.
 pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
-    let report = gc(
+    let report = match gc(
         &common::context(global),
         &GcRequest {
             host: args.host.clone(),
@@ -21,7 +22,10 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
             dry_run: args.dry_run,
             options: common::host_options(&args.host_args),
         },
-    )?;
+    )? {
+        Answered::Report(report) => report,
+        Answered::HostChanged(changed) => return super::host_changed::render(global, &changed),
+    };
     if global.json {
         common::print_json(&report)?;
     } else {

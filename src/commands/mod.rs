@@ -21,6 +21,7 @@ pub mod common;
 mod config;
 mod doctor;
 mod gc;
+mod host_changed;
 mod ledger;
 mod list;
 mod mcp;

@@ -6,11 +6,12 @@ use super::common;
 use super::render::printable;
 use crate::cli::{GlobalArgs, ResolveArgs};
 use crate::error::{exit_code, Result};
+use crate::ops::host_changed::Answered;
 use crate::ops::resolve::{resolve, ResolveRequest};
 
 /// Records the decision (after fencing, for not-applied) and says what was recorded.
 pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
-    let report = resolve(
+    let report = match resolve(
         &common::context(global),
         &ResolveRequest {
             op: args.op.clone(),
@@ -21,7 +22,10 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             by: args.by.clone(),
             options: common::host_options(&args.host_args),
         },
-    )?;
+    )? {
+        Answered::Report(report) => report,
+        Answered::HostChanged(changed) => return super::host_changed::render(global, &changed),
+    };
     if global.json {
         common::print_json(&report)?;
     } else {

@@ -33,6 +33,7 @@ use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ops::cancel::{cancel, CancelRequest};
 use crate::ops::document::{error_document, json_document};
+use crate::ops::host_changed::Answered;
 use crate::ops::list::{list, ListRequest};
 use crate::ops::probe::{probe, ProbeRequest};
 use crate::ops::reconcile::{reconcile, ReconcileRequest};
@@ -207,8 +208,9 @@ impl Server {
             options: HostOptions::default(),
         };
         Ok(self
-            .call(meta, peer, move |ctx| {
-                Ok((json_document(&probe(ctx, &request)?)?, 0))
+            .call(meta, peer, move |ctx| match probe(ctx, &request)? {
+                Answered::Report(report) => Ok((json_document(&report)?, 0)),
+                Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
             })
             .await)
     }
@@ -316,9 +318,9 @@ impl Server {
             options: HostOptions::default(),
         };
         Ok(self
-            .call(meta, peer, move |ctx| {
-                let report = cancel(ctx, &request)?;
-                Ok((json_document(&report)?, report.exit_status()))
+            .call(meta, peer, move |ctx| match cancel(ctx, &request)? {
+                Answered::Report(r) => Ok((json_document(&r)?, r.exit_status())),
+                Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
             })
             .await)
     }

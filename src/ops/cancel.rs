@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{block_on, load_policy, open_ledger, operator, reach_error, Context, HostOptions};
+use super::host_changed::{self, Answered};
+use super::{block_on, load_policy, open_ledger, operator, Context, HostOptions};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{
     CallError, CancelOutcome, Cancelled, Host, MarkerInfo, ReachError, RefusalReason,
@@ -83,8 +84,9 @@ impl CancelReport {
     }
 }
 
-/// Cancels on the host and records what happened.
-pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<CancelReport> {
+/// Cancels on the host and records what happened; another machine, user or marker root
+/// is answered as `run` answers it, `conflict`/`host_changed` (SPEC 17).
+pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelReport>> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     if args.grace > MAX_GRACE {
@@ -125,12 +127,20 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<CancelReport> {
                     printable(&host)
                 ),
             ),
-            mismatch => reach_error(mismatch, "nothing was sent"),
+            changed => host_changed::reach_error(changed, "nothing was sent"),
         })?;
         Ok::<_, Error>(target.cancel(&op, args.grace).await)
-    })??;
+    })?;
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(e) => return host_changed::answer(op.as_str(), &host, e),
+    };
     let Cancelled { outcome, marker } = match answer {
         Ok(done) => done,
+        Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
+            let e = host_changed::root_changed(&recorded, &host, op.as_str(), &r);
+            return host_changed::answer(op.as_str(), &host, e);
+        }
         Err(CallError::NotSent(why)) => {
             return Err(Error::new(
                 ErrorKind::Unreachable,
@@ -190,7 +200,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<CancelReport> {
         CancelOutcome::Fenced { was } => Some(was.clone()),
         _ => None,
     };
-    Ok(CancelReport {
+    Ok(Answered::Report(CancelReport {
         schema: "opmark/1",
         op_id: op.as_str().to_owned(),
         host,
@@ -205,7 +215,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<CancelReport> {
         by,
         message,
         still_running: matches!(outcome, CancelOutcome::Still { .. }),
-    })
+    }))
 }
 
 /// The error for a cancel of an op id the ledger has no record of on that host.

@@ -8,18 +8,20 @@
 //! are settled as `reconcile` would. Never a running or interrupted marker (the shim
 //! decides per marker), never with a retention shorter than policy allows, and never on
 //! a machine other than the one the ledger's latest operation on that host ran on: the
-//! host is reached by that operation's recorded route and must present its host key
-//! (SPEC section 9).
+//! host is reached by that operation's recorded route and must present its host key,
+//! user and marker root (SPEC sections 9 and 17; otherwise `conflict`/`host_changed`, as
+//! `run` answers).
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::host_changed::{self, Answered};
 use super::reach::{ledger_name, reach};
-use super::{block_on, load_policy, reach_error, Context, HostOptions};
+use super::{block_on, load_policy, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::host::{CallError, GcRemoved, Host};
+use crate::host::{CallError, GcRemoved, Host, RefusalReason};
 use crate::ledger::{ListFilter, OpKey};
 use crate::operation::identity::{self, Recorded};
 use crate::operation::reconcile::{self, Candidate, Outcome};
@@ -70,7 +72,7 @@ pub fn strictest_retention(policy: &Policy) -> (Family, Duration) {
 }
 
 /// Runs the shim's gc (after settling this ledger's unsettled operations on the host).
-pub fn gc(ctx: &Context, args: &GcRequest) -> Result<GcReport> {
+pub fn gc(ctx: &Context, args: &GcRequest) -> Result<Answered<GcReport>> {
     let policy = load_policy(ctx)?;
     let (family, min) = strictest_retention(&policy);
     if args.older_than < min {
@@ -109,12 +111,15 @@ pub fn gc(ctx: &Context, args: &GcRequest) -> Result<GcReport> {
             recorded.check(&host, &op, key, Some(route))
         })
         .await;
-        let target = reached.map_err(|e| reach_error(e, "nothing was removed"))?;
+        let target = reached.map_err(|e| host_changed::reach_error(e, "nothing was removed"))?;
         target.gc(args.older_than, args.dry_run, args.tombstones_older_than).await.map_err(|e| match e {
             CallError::NotSent(why) => Error::new(
                 ErrorKind::Unreachable,
                 format!("gc on {host} was not sent ({why}); nothing was removed"),
             ),
+            CallError::Refused(r) if r.reason == RefusalReason::RootChanged => {
+                host_changed::root_changed(&recorded, &host, &op, &r)
+            }
             CallError::Refused(r) => Error::new(
                 ErrorKind::Unreachable,
                 format!(
@@ -127,8 +132,12 @@ pub fn gc(ctx: &Context, args: &GcRequest) -> Result<GcReport> {
                 format!("gc on {host} lost its answer ({lost}); some markers may have been removed. Run it again with --dry-run to see what is left"),
             ),
         })
-    })??;
-    Ok(GcReport {
+    })?;
+    let report = match report {
+        Ok(report) => report,
+        Err(e) => return host_changed::answer(&op, &host, e),
+    };
+    Ok(Answered::Report(GcReport {
         host,
         older_than_secs: args.older_than.as_secs(),
         tombstones_older_than_secs: args.tombstones_older_than.map(|t| t.as_secs()),
@@ -136,7 +145,7 @@ pub fn gc(ctx: &Context, args: &GcRequest) -> Result<GcReport> {
         settled_first: settled,
         removed: report.removed,
         kept: report.kept,
-    })
+    }))
 }
 
 /// SPEC 3: before anything is collected on `host`, this ledger's unsettled operations

@@ -12,6 +12,7 @@ pub mod cancel;
 pub mod classify;
 pub mod document;
 pub mod gc;
+pub mod host_changed;
 pub mod list;
 pub mod probe;
 pub mod reach;

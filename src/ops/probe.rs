@@ -4,9 +4,10 @@
 
 use serde::Serialize;
 
-use super::{block_on, load_policy, open_ledger, reach_error, Context, HostOptions};
+use super::host_changed::{self, Answered};
+use super::{block_on, load_policy, open_ledger, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
-use crate::host::{CallError, Destination, Host, MarkerInfo};
+use crate::host::{CallError, Destination, Host, MarkerInfo, RefusalReason};
 use crate::ledger::{Durability, Event, OpKey};
 use crate::op_id::OpId;
 use crate::operation::identity::Recorded;
@@ -46,8 +47,9 @@ pub struct ProbeReport {
     pub summary: String,
 }
 
-/// Probes the marker and records the observation.
-pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<ProbeReport> {
+/// Probes the marker and records the observation; another machine, user or marker root
+/// is answered as `run` answers it, `conflict`/`host_changed` (SPEC 17).
+pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>> {
     let op =
         OpId::parse(&req.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let policy = load_policy(ctx)?;
@@ -55,7 +57,10 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<ProbeReport> {
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &req.host, &req.options, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
-    let marker = block_on(probe_checked(&dest, &op, &host, &recorded))??;
+    let marker = match block_on(probe_checked(&dest, &op, &host, &recorded))? {
+        Ok(marker) => marker,
+        Err(e) => return host_changed::answer(op.as_str(), &host, e),
+    };
     ledger.append(
         &key,
         &Event::Probed {
@@ -68,7 +73,7 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<ProbeReport> {
         Durability::Normal,
     )?;
     let record = ledger.operation(&key)?;
-    Ok(ProbeReport {
+    Ok(Answered::Report(ProbeReport {
         op_id: op.as_str().to_owned(),
         state: marker.state.as_str().to_owned(),
         why: marker.why.clone(),
@@ -83,7 +88,7 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<ProbeReport> {
         output_collected: marker.output_collected(),
         summary: marker.summary(),
         host,
-    })
+    }))
 }
 
 /// One probe over a fresh connection, only on a host presenting a key the operation ran
@@ -98,8 +103,11 @@ async fn probe_checked(
         recorded.check(host, op.as_str(), key, Some(route))
     })
     .await;
-    let host = reached.map_err(|e| reach_error(e, "nothing was probed"))?;
-    host.probe(op).await.map_err(|e| match e {
+    let reached = reached.map_err(|e| host_changed::reach_error(e, "nothing was probed"))?;
+    reached.probe(op).await.map_err(|e| match e {
+        CallError::Refused(r) if r.reason == RefusalReason::RootChanged => {
+            host_changed::root_changed(recorded, host, op.as_str(), &r)
+        }
         CallError::Refused(r) => Error::new(
             ErrorKind::Unreachable,
             format!(

@@ -9,8 +9,9 @@
 
 use serde::Serialize;
 
+use super::host_changed::{self, Answered};
 use super::reach::reach;
-use super::{block_on, load_policy, open_ledger, operator_name, reach_error, Context, HostOptions};
+use super::{block_on, load_policy, open_ledger, operator_name, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
 use crate::ledger::{Durability, Event, History, OpKey, ProbeState, UnlessSettledSince};
@@ -55,7 +56,7 @@ pub struct ResolveReport {
 }
 
 /// Records the decision (after fencing, for not-applied and abandoned).
-pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<ResolveReport> {
+pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveReport>> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     if args.note.trim().is_empty() {
@@ -134,7 +135,10 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<ResolveReport> {
     let mut fence_text = None;
     match args.decision {
         Resolution::NotApplied => {
-            let text = fence(ctx, args, &op, &recorded).map_err(NotFenced::into_error)?;
+            let text = match fence(ctx, args, &op, &recorded) {
+                Ok(text) => text,
+                Err(e) => return host_changed::answer(op.as_str(), &args.host, e.into_error()),
+            };
             events.push(Event::Fenced {
                 detail: format!("opmark resolve --as not-applied by {by}: {text}"),
             });
@@ -167,7 +171,9 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<ResolveReport> {
                 });
                 fence_text = Some(text);
             }
-            Err(refused) => return Err(refused.into_error()),
+            Err(refused) => {
+                return host_changed::answer(op.as_str(), &args.host, refused.into_error())
+            }
         },
         Resolution::Applied => {}
     }
@@ -184,7 +190,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<ResolveReport> {
         Durability::Full,
         Some(UnlessSettledSince(seen.last_seq)),
     )?;
-    Ok(ResolveReport {
+    Ok(Answered::Report(ResolveReport {
         op_id: op.as_str().to_owned(),
         host: args.host.clone(),
         decision,
@@ -193,7 +199,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<ResolveReport> {
         exit_code: args.exit,
         fence: fence_text,
         seqs,
-    })
+    }))
 }
 
 /// Why the fence was not put in place. Every variant's error says that nothing was
@@ -247,8 +253,8 @@ fn fence(
                     "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
                 ),
             )),
-            mismatch => NotFenced::Refused(reach_error(
-                mismatch,
+            changed => NotFenced::Refused(host_changed::reach_error(
+                changed,
                 "nothing was fenced or recorded",
             )),
         })?;
@@ -274,6 +280,14 @@ fn fence(
             )))
         }
     };
+    if refusal.reason == RefusalReason::RootChanged {
+        return Err(NotFenced::Refused(host_changed::root_changed(
+            recorded,
+            &args.host,
+            op.as_str(),
+            &refusal,
+        )));
+    }
     let seen = CallError::Refused(refusal.clone()).seen();
     let decision = args.decision.as_str().replace('_', " ");
     let message = match refusal.reason {

@@ -165,19 +165,31 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
     // Still unresolved: nothing was concluded.
     let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
-    // The operator commands go no further as the other user.
-    let probed = run(env
+    // The operator commands go no further as the other user, and say so as run does.
+    let ran_as = format!("ran as user {}", t.user);
+    let before = format!("reached before as {}@{}:{}", t.user, t.addr, t.port);
+    for command in operator_commands("user-1") {
+        let out = run(env
+            .opmark()
+            .arg("-F")
+            .arg(&as_other)
+            .arg("--json")
+            .args(&command));
+        assert_host_changed(&out, &command, "user-1", &[&ran_as, &before]);
+    }
+    let out = run(env
         .opmark()
         .arg("-F")
         .arg(&as_other)
-        .args(["--json", "probe", "target1", "user-1"]));
-    assert_eq!(probed.status.code(), Some(247), "{}", text(&probed.stderr));
+        .args(["probe", "target1", "user-1"]));
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     assert!(
-        text(&probed.stdout).contains("host_changed")
-            || text(&probed.stderr).contains("host_changed"),
-        "{} {}",
-        text(&probed.stdout),
-        text(&probed.stderr)
+        text(&out.stderr).starts_with(&format!(
+            "opmark: conflict: host changed: target1 is now reached as user {}",
+            other.name
+        )),
+        "{}",
+        text(&out.stderr)
     );
     let doc = json(&run(env
         .opmark()
@@ -258,6 +270,20 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     assert!(
         !t.marker_root().join("ops/root-1").exists(),
         "claimed in the new root"
+    );
+    // The operator commands refuse the same way before acting, and make no root id.
+    let expected = format!("reached marker root {root_id}");
+    for command in operator_commands("root-1") {
+        let out = run(env.opmark_with_lab(&lab).arg("--json").args(&command));
+        assert_host_changed(&out, &command, "root-1", &[&expected, "a root with no id"]);
+    }
+    assert!(
+        !t.marker_root().join("ops/root-1").exists(),
+        "fenced in the new root"
+    );
+    assert!(
+        !t.marker_root().join("root_id").exists(),
+        "a new root id was made"
     );
 
     // Another operation makes the new root's id; the old operation is still held to its own.
@@ -375,4 +401,63 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     );
     assert_eq!(here.exit_code(), Some(0));
     assert_eq!(lines(&effect), 1);
+}
+
+/// `probe`, `cancel`, `resolve` (both host-checked decisions) and `gc` of operation `op`
+/// on target1: every operator command that acts on host evidence.
+fn operator_commands(op: &str) -> Vec<Vec<String>> {
+    let words = |w: &[&str]| w.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    vec![
+        words(&["probe", "target1", op]),
+        words(&["cancel", "target1", op]),
+        words(&[
+            "resolve",
+            op,
+            "--host",
+            "target1",
+            "--as",
+            "not-applied",
+            "--note",
+            "chaos",
+        ]),
+        words(&[
+            "resolve",
+            op,
+            "--host",
+            "target1",
+            "--as",
+            "abandoned",
+            "--note",
+            "chaos",
+        ]),
+        words(&["gc", "target1", "--older-than", "3650d"]),
+    ]
+}
+
+/// `out` (a `--json` operator command) answered as `run` answers a host change: exit
+/// 243, `conflict`/`host_changed`, not retryable, a reason that holds every `needle`.
+fn assert_host_changed(out: &Output, command: &[String], op: &str, needles: &[&str]) {
+    let doc = json(out);
+    assert_eq!(
+        out.status.code(),
+        Some(243),
+        "{command:?}: {doc} {}",
+        text(&out.stderr)
+    );
+    assert_eq!(doc["verdict"], "conflict", "{command:?}: {doc}");
+    assert_eq!(doc["reason_code"], "host_changed", "{command:?}: {doc}");
+    assert_eq!(doc["retryable"], false, "{command:?}: {doc}");
+    assert_eq!(doc["op_id"], op, "{command:?}: {doc}");
+    assert!(doc["exit_code"].is_null(), "{command:?}: {doc}");
+    let reason = doc["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("host changed: "),
+        "{command:?}: {reason}"
+    );
+    for needle in needles {
+        assert!(
+            reason.contains(needle),
+            "{command:?}: no {needle:?} in {reason}"
+        );
+    }
 }

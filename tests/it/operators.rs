@@ -900,9 +900,11 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         "--note",
         "x",
     ]));
-    assert_eq!(out.status.code(), Some(247));
+    // As `run` answers it (SPEC 17): conflict, host_changed, exit 243.
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
+        text(&out.stderr)
+            .starts_with("opmark: conflict: host changed: host key for target1 is now"),
         "{}",
         text(&out.stderr)
     );
@@ -911,11 +913,12 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         .arg("-F")
         .arg(&to_b)
         .args(["--json", "probe", "target1", "moved-1"]));
-    assert_eq!(out.status.code(), Some(247));
-    assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
-        "{}",
-        text(&out.stderr)
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
+    let doc = json(&out);
+    assert_eq!(
+        (&doc["verdict"], &doc["reason_code"]),
+        (&"conflict".into(), &"host_changed".into()),
+        "{doc}"
     );
     assert_eq!(event_count(&env, "moved-1"), before);
     // gc holds the host to the key of the newest operation the ledger has on it.
@@ -928,9 +931,9 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
             .arg("-F")
             .arg(&to_b)
             .args(["gc", "target1", "--older-than", "3650d"]));
-    assert_eq!(out.status.code(), Some(247), "{}", text(&out.stdout));
+    assert_eq!(out.status.code(), Some(243), "{}", text(&out.stdout));
     assert!(
-        text(&out.stderr).contains("host_key_mismatch"),
+        text(&out.stderr).contains("host changed: host key for target1 is now"),
         "{}",
         text(&out.stderr)
     );
@@ -1096,6 +1099,16 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
         "{doc}"
     );
     assert!(!m.join("out").exists(), "the output was collected");
+    // Another ledger sharing the host (a colleague's, a CI runner's) never heard of the
+    // run: only what gc left on the host keeps its rerun from running the command again.
+    let stranger = Sealed::new("gc-detached-stranger");
+    let (_, theirs) = run_op(&stranger, &lab, "det-1", &cmd);
+    assert_eq!(count_lines(&count), 1, "ran again after gc: {theirs}");
+    assert_eq!(
+        (theirs["verdict"].as_str(), theirs["exit_code"].as_i64()),
+        (Some("replayed"), Some(0)),
+        "{theirs}"
+    );
 
     let (code, again) = run_op(&env, &lab, "det-1", &cmd);
     assert_eq!(code, Some(0), "{again}");
