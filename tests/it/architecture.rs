@@ -247,6 +247,9 @@ fn the_library_layer_and_mcp_know_nothing_of_clap_the_cli_or_the_commands() {
             "println!(",
             "crate::out!",
             "crate::outln!",
+            // Words for a person on stderr are the CLI's too (a run's watcher says them).
+            "logging::say",
+            "say!(",
         ],
     );
     assert!(
