@@ -234,16 +234,9 @@ pub struct HostArgs {
     pub ipv6: bool,
 }
 
-/// The operator's decision recorded by `opmark resolve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Resolution {
-    /// The effect happened.
-    Applied,
-    /// The effect did not happen; the marker is fenced so it never can.
-    NotApplied,
-    /// Nobody will find out; stop tracking it.
-    Abandoned,
-}
+// The operator's decision is the library's word (`ops::resolve` takes it); clap reads it
+// as `--as`'s values.
+pub use crate::vocab::Resolution;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]

@@ -1,12 +1,11 @@
 //! `opmark audit verify`: walk the ledger's keyed hash chain and name the first broken
 //! event, then replay the projection and name the first operation row that differs. The
-//! same checks and the same output on every ledger backend.
+//! same checks and the same output on every ledger backend (the work is
+//! [`crate::ops::audit`]'s).
 
-use super::common::redacted_error;
 use super::render::printable;
 use crate::cli::{AuditAction, AuditArgs, GlobalArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::Ledger;
+use crate::error::Result;
 
 /// Exit 0 "chain intact: N events"; exit 1 naming the first broken event or row.
 pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
@@ -16,32 +15,9 @@ pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
 }
 
 fn verify(global: &GlobalArgs) -> Result<u8> {
-    let (ledger, path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    let Some(ledger) = ledger else {
-        return Err(Error::new(
-            ErrorKind::LocalIo,
-            format!(
-                "no ledger at {}: nothing to verify (give the right file with --ledger or OPMARK_LEDGER)",
-                path.display()
-            ),
-        ));
-    };
-    let report = ledger
-        .verify_chain()
-        .map_err(|e| redacted_error(e.into()))?;
+    let report = crate::ops::audit::verify(&super::common::context(global))?;
     if global.json {
-        let doc = serde_json::json!({
-            "intact": report.intact(),
-            "events": report.events,
-            "first_break": report.first_break,
-            "first_mismatch": report.first_mismatch,
-            // Not `path`: for PostgreSQL that is the URL as given, password and all.
-            "ledger": ledger.path(),
-            "backend": ledger.backend(),
-        });
-        super::common::print_json(&doc)?;
+        super::common::print_json(&report)?;
     } else {
         match (&report.first_break, &report.first_mismatch) {
             (Some(b), _) => crate::outln!("chain broken at event #{}: {}", b.seq, b.problem),
@@ -57,9 +33,5 @@ fn verify(global: &GlobalArgs) -> Result<u8> {
             ),
         }
     }
-    Ok(if report.intact() {
-        exit_code::OK
-    } else {
-        exit_code::FINDINGS
-    })
+    Ok(report.exit_status())
 }

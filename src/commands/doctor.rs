@@ -173,7 +173,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             facts: &facts,
         })?;
     } else {
-        print!("{}", text(&host, &checks, ok));
+        crate::out!("{}", text(&host, &checks, ok));
     }
     Ok(if ok {
         exit_code::OK

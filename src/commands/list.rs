@@ -3,60 +3,29 @@
 //! shortened (people copy them into `show` and `run --op`); times are local unless
 //! `--utc`.
 
-use super::common::redacted_error;
+use super::common;
 use super::render::{fit, parse_at, printable, to_second};
 use crate::cli::{GlobalArgs, ListArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{Ledger, ListFilter, OperationRecord};
+use crate::error::{exit_code, Result};
+use crate::ledger::OperationRecord;
+use crate::ops::list::{list, ListRequest};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
-    if args.limit == Some(0) {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            "--limit 0 would list nothing; give at least 1, or leave --limit out for all",
-        ));
-    }
-    let cutoff = args
-        .since
-        .map(|since| {
-            time::Duration::try_from(since)
-                .ok()
-                .and_then(|d| time::OffsetDateTime::now_utc().checked_sub(d))
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidInput,
-                        "--since reaches back before any possible date; use a shorter duration such as 30d",
-                    )
-                })
-        })
-        .transpose()?;
-    let (ledger, _path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    // Without --since the ledger can stop at the limit; with it the cut-off is applied
-    // here (on the projection's timestamps), then the limit.
-    let filter = ListFilter {
-        unresolved: args.unresolved,
-        host: args.host.clone(),
-        limit: if cutoff.is_none() { args.limit } else { None },
-    };
-    let mut ops = match &ledger {
-        Some(l) => l.list(&filter).map_err(|e| redacted_error(e.into()))?,
-        None => Vec::new(),
-    };
-    if let Some(cutoff) = cutoff {
-        // A timestamp that does not parse is kept: hiding an operation is worse.
-        ops.retain(|o| parse_at(&o.updated_at).is_none_or(|at| at >= cutoff));
-        if let Some(limit) = args.limit {
-            ops.truncate(limit);
-        }
-    }
+    let report = list(
+        &common::context(global),
+        &ListRequest {
+            unresolved: args.unresolved,
+            host: args.host.clone(),
+            since: args.since,
+            limit: args.limit,
+        },
+    )?;
     if global.json {
-        super::common::print_json(&serde_json::json!({ "operations": ops }))?;
+        common::print_json(&report)?;
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
-        crate::out!("{}", table(&ops, args.unresolved, zone));
+        crate::out!("{}", table(&report.operations, args.unresolved, zone));
     }
     Ok(exit_code::OK)
 }

@@ -2,20 +2,14 @@
 
 use std::collections::BTreeMap;
 
-use super::common::redacted_error;
+use super::common;
 use crate::cli::GlobalArgs;
 use crate::error::{exit_code, Result};
-use crate::ledger::{Ledger, Stats};
+use crate::ledger::Stats;
 
-/// Prints the counts as text, or one JSON document with `--json`.
+/// Prints the counts ([`crate::ops::stats`]) as text, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs) -> Result<u8> {
-    let (ledger, _path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    let stats = match &ledger {
-        Some(l) => l.stats().map_err(|e| redacted_error(e.into()))?,
-        None => Stats::default(),
-    };
+    let stats = crate::ops::stats::stats(&common::context(global))?;
     if global.json {
         super::common::print_json(&stats)?;
     } else {

@@ -100,7 +100,7 @@ pub(crate) fn append(
             Ok(Some(rec)) => tx.store(&rec)?,
             Ok(None) => {}
             // The caller drops the transaction: nothing of this append is stored.
-            Err(projection::Refusal::FingerprintConflict) => {
+            Err(projection::AppendRefused::FingerprintConflict) => {
                 return Err(LedgerError::FingerprintConflict {
                     op_id: key.op_id.clone(),
                     host: key.host.clone(),

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod architecture;
 mod architecture_docs;
 mod cancel;
 mod chaos;
