@@ -937,6 +937,7 @@ describe() {
 	fi
 	if [ "$st" = fenced ]; then
 		rget "$m/fenced" fenced_at && d="$d fenced_at=$rv"
+		rget "$m/fenced" command_started && d="$d command_started=$rv"
 	fi
 	[ -f "$m/collected" ] && d="$d output_collected=1"
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
@@ -1447,8 +1448,9 @@ verb_cancel() {
 	fenced) cancel_answer already_fenced ;;
 	completed) cancel_answer already_completed ;;
 	interrupted)
-		# Take the start gate: if the supervisor never started, now it never will.
-		take_gate "$m"
+		# Take the start gate: if the supervisor never started, now it never will. If
+		# it had, the command may have had effects, and the fence must say so.
+		take_gate "$m" || cf_started=1
 		cancel_fence "$1" interrupted
 		;;
 	esac
@@ -1457,6 +1459,7 @@ verb_cancel() {
 		cancel_fence "$1" not_started
 	fi
 	# The gate is taken: the supervisor wrote its identity first (or a fence took it).
+	cf_started=1
 	state "$1"
 	case $st in
 	fenced) cancel_answer already_fenced ;;
@@ -1514,12 +1517,16 @@ cancel_wait() {
 }
 
 # cancel_fence OP WAS: tombstones the marker $m (its start gate taken) and answers.
+# cf_started=1: the supervisor had taken the gate first, so the command started and its
+# outcome is unknown; the record keeps that, so no later reader takes the fence for
+# "nothing ran".
 cancel_fence() {
 	take_gate "$m"
 	sync "$root/ops"
 	now
 	durable_write "$m" fenced "fenced_at=$now
-fenced_by=cancel" || refuse "root_unusable reason=fence_write_failed"
+fenced_by=cancel
+command_started=${cf_started:-0}" || refuse "root_unusable reason=fence_write_failed"
 	state "$1"
 	frame "N fenced was=$2 $(describe)"
 	exit 0
@@ -1585,14 +1592,20 @@ verb_fence() {
 			;;
 		interrupted)
 			# Take the start gate: if the supervisor never started, now it never will.
-			take_gate "$m" || [ "$2" = 1 ] || refuse "$st $(describe)"
+			# Forced over a started command (an operator's decision), the record says
+			# the command had started.
+			if ! take_gate "$m"; then
+				[ "$2" = 1 ] || refuse "$st $(describe)"
+				fe_started=1
+			fi
 			;;
 		*) refuse "$st $(describe)" ;;
 		esac
 	fi
 	sync "$root/ops"
 	now
-	durable_write "$m" fenced "fenced_at=$now" || refuse "root_unusable reason=fence_write_failed"
+	durable_write "$m" fenced "fenced_at=$now
+command_started=${fe_started:-0}" || refuse "root_unusable reason=fence_write_failed"
 	st=fenced why=
 	frame "F fenced $(describe)"
 }

@@ -76,7 +76,7 @@ Reason codes (retryable marked *):
                  resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
                  attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch,
-                 host_disk_full
+                 host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human reruns with --approve NOTE)
   refused        policy_denied, invalid_input

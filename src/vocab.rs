@@ -146,6 +146,10 @@ pub enum ReasonCode {
     AuthRefused,
     /// `not_applied`: the operation was closed (its marker is fenced).
     Fenced,
+    /// `indeterminate`: the marker is fenced, but its command had started before the
+    /// fence (`opmark cancel` of an interrupted operation, or a forced operator fence):
+    /// it may have had effects; nothing more can run under the op id.
+    FencedAfterStart,
     /// `not_applied`: the host shim could not start the command (unusable marker root,
     /// missing tools); nothing ran.
     ShimCannotStart,
@@ -378,6 +382,7 @@ names!(ReasonCode {
     HostKeyRejected => "host_key_rejected",
     AuthRefused => "auth_refused",
     Fenced => "fenced",
+    FencedAfterStart => "fenced_after_start",
     ShimCannotStart => "shim_cannot_start",
     ConflictOnHost => "conflict_on_host",
     ConflictInLedger => "conflict_in_ledger",

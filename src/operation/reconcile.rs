@@ -318,6 +318,16 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
                 m.why.as_deref().unwrap_or("unknown")
             ),
         ),
+        // A fence over a started command closed the op id but settled nothing about
+        // its effects: a human says what happened.
+        MarkerState::Fenced if m.started_before_fence() => decide(
+            outcome,
+            events,
+            Decision::InterruptedNeedsDecision,
+            format!(
+                "the marker is fenced, but attempt {holder}'s command had started before the fence; it may have had effects and nothing more can run under this op id. Check the host, then `opmark resolve --as applied|abandoned`"
+            ),
+        ),
         MarkerState::Fenced => decide(
             outcome,
             events,
@@ -788,5 +798,17 @@ mod tests {
         );
         assert_eq!(decision(&s), "fenced");
         assert!(s.outcome.settled);
+        // Fenced after its command had started: closed, but its effects are unknown.
+        let mut started = marker(MarkerState::Fenced, Some("at-1"), None);
+        started.fields.insert("command_started".into(), "1".into());
+        let s = settle(
+            &c,
+            &Evidence::Marker {
+                probe: Box::new(started),
+                fence: None,
+            },
+        );
+        assert_eq!(decision(&s), "interrupted_needs_decision");
+        assert!(!s.outcome.settled);
     }
 }
