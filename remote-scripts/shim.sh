@@ -12,8 +12,9 @@
 # and the client calls again with the text in the channel's data; the stub then runs
 #   sh -c "$SHIM" opmark-shim "$SHIM" c=TOKEN h=SHA256 VERB ARGS...
 # and setup_root keeps the text in the cache. The script receives itself (file or text)
-# as $1 so that it can start its detached supervisor with the same code (`setsid -f sh
-# FILE ... supervise` or `setsid -f sh -c "$SHIM" ... supervise`). TOKEN is the client's
+# as $1 so that it can start its detached supervisor with the same code (`setsid setsid
+# sh FILE ... supervise` or `setsid setsid sh -c "$SHIM" ... supervise`, see detach).
+# TOKEN is the client's
 # per-call token, echoed in the header so that text printed by the login shell's startup
 # files (even a copy of a header) is never taken for the shim's reply. The rest of the
 # channel's data is the verb's input: for run, the command (exactly its byte count), then
@@ -201,6 +202,40 @@ durable_write() {
 	sync "$dw_file" "$dw_dir" "$@"
 }
 
+# sync [FILE...]: fsyncs the files and directories named (coreutils, most busybox
+# builds). Some sync builds take no file arguments ("no arguments allowed"): there every
+# later call of this shell flushes everything with a plain sync, slower but as durable,
+# rather than every run failing as write_failed. (A sync that fails on `/` too is such a
+# build; one that syncs `/` but not the files named has met a real error.)
+sync() {
+	if [ -z "${sync_plain:-}" ]; then
+		command sync "$@" 2>/dev/null && return 0
+		[ "$#" -gt 0 ] || return 1
+		command sync / 2>/dev/null && return 1
+		sync_plain=1
+	fi
+	command sync
+}
+
+# find_setsid: sets setsid_bin to a setsid to detach with: the one on PATH, or one at its
+# usual absolute path when PATH lacks it (a startup file's PATH, a static busybox sh
+# that answers only its own applets). Either kind will do (see detach); false when the
+# host has none.
+find_setsid() {
+	setsid_bin=
+	if command -v setsid >/dev/null 2>&1; then
+		setsid_bin=setsid
+		return 0
+	fi
+	for fs_bin in /usr/bin/setsid /bin/setsid /usr/sbin/setsid /sbin/setsid; do
+		if [ -f "$fs_bin" ] && [ -x "$fs_bin" ]; then
+			setsid_bin=$fs_bin
+			return 0
+		fi
+	done
+	return 1
+}
+
 # take_gate M: takes the start gate of marker M by creating M/started exclusively
 # (noclobber: O_EXCL, a builtin, so exactly one of any number of takers wins); false when
 # it was taken already (also by an older shim's directory there).
@@ -228,8 +263,8 @@ rget() {
 	return 1
 }
 
-# proc_stat PID: sets ps_state, ps_session, ps_start from /proc/PID/stat (fields 3, 6
-# and 22, counted after the last ") " because the command name may hold spaces).
+# proc_stat PID: sets ps_state, ps_ppid, ps_session, ps_start from /proc/PID/stat
+# (fields 3, 4, 6 and 22, counted after the last ") " because the command name may hold spaces).
 proc_stat() {
 	ps_line=
 	read -r ps_line 2>/dev/null <"/proc/$1/stat" || return 1
@@ -240,6 +275,7 @@ proc_stat() {
 	set +f
 	[ "$#" -ge 20 ] || return 1
 	ps_state=$1
+	ps_ppid=$2
 	ps_session=$4
 	shift 19
 	ps_start=$1
@@ -320,7 +356,7 @@ exited() { rget "$m/exit" cancelled; }
 # The detached supervisor
 
 # supervise M TIMEOUT_S CAP CMD_BYTES ATTEMPT: the detached supervisor (own session,
-# started by `setsid -f` so signals are normal). Runs the command in $M/cmd once and
+# started by detach so signals are as under ssh). Runs the command in $M/cmd once and
 # records its exit, if $M still holds the claim of ATTEMPT.
 supervise() {
 	m=$1 timeout=$2 cap=$3 cmd_bytes=${4:-} sv_attempt=${5:-}
@@ -365,7 +401,7 @@ supervise() {
 	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
 	# nothing runs (the captures read EOF once we are gone).
 	if ! sync claim . .. ||
-		! printf 'pid=%s\nstart=%s\nboot=%s\n' "$$" "$sv_start" "$boot" >proc ||
+		! printf 'pid=%s\nstart=%s\ncaptures=%s,%s\nboot=%s\n' "$$" "$sv_start" "$cap_out" "$cap_err" "$boot" >proc ||
 		! take_gate .; then
 		start_failed
 	fi
@@ -376,7 +412,7 @@ supervise() {
 	trap 'sv_pipe=1' PIPE HUP
 	killer=
 	if [ "$timeout" -gt 0 ]; then
-		kill_after "$timeout" "$$" "$m" "$sv_start" &
+		kill_after "$timeout" "$$" "$m" "$sv_start" "$cap_out,$cap_err" &
 		killer=$!
 	fi
 	input=/dev/null
@@ -438,6 +474,16 @@ supervise() {
 		esac
 		if [ -z "$sv_posix" ]; then
 			sv_text=$(cat -- "$m/cmd") || exit 126
+			# Its $0 is its argv[0], which sshd makes the shell's base name: exec'd by
+			# that name when PATH finds this very shell (no other way in sh, and PATH
+			# must stay the login's), else by its path.
+			sv_found=$(command -v "$sv_name" 2>/dev/null)
+			# -ef (one file under two paths: /bin and /usr/bin merged) is in dash, bash,
+			# busybox; a test without it fails, which only costs the base name.
+			# shellcheck disable=SC3013
+			if [ "$sv_found" = "$sv_shell" ] || [ "$sv_found" -ef "$sv_shell" ]; then
+				exec "$sv_name" -c "$sv_text"
+			fi
 			exec "$sv_shell" -c "$sv_text"
 		fi
 		# shellcheck disable=SC2016 # expanded by the command's shell, not here
@@ -579,16 +625,33 @@ capture() {
 	return 0
 }
 
-# capped_head N: copies N bytes of stdin (fewer at its end) to stdout as they come.
+# capped_head N: copies N bytes of stdin (fewer at its end) to stdout, a file opened
+# fresh, as they come.
 capped_head() {
 	# head -c counts bytes exactly but holds a stdio buffer when writing to a file, which
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
 	if [ -n "$unbuffered" ]; then
 		stdbuf -o0 head -c "$1"
-	else
-		head -c "$1"
+		return
 	fi
+	# No stdbuf (a busybox userland): one dd per read of the FIFO, each writing at once
+	# what that one read(2) returned (at most 64 KiB, a pipe's capacity), while the count
+	# is the file's offset, read by a builtin from /proc/self/fdinfo/1 (this shell's
+	# stdout, shared with the dd it started): exact, never past N, nothing held back. A
+	# busy writer fills the pipe meanwhile, so the reads grow with the rate.
+	ch_pos=0
+	while [ "$ch_pos" -lt "$1" ]; do
+		ch_bs=$(($1 - ch_pos))
+		[ "$ch_bs" -le 65536 ] || ch_bs=65536
+		dd bs="$ch_bs" count=1 2>/dev/null || return 1
+		ch_key='' ch_at=''
+		{ read -r ch_key ch_at _; } 2>/dev/null </proc/self/fdinfo/1
+		[ "$ch_key" = pos: ] && is_uint "$ch_at" || return 1
+		# Nothing read: the stream ended.
+		[ "$ch_at" -gt "$ch_pos" ] || return 0
+		ch_pos=$ch_at
+	done
 }
 
 # followed: a live foreground follows this marker (a wake-up FIFO named by the pid and
@@ -601,8 +664,9 @@ followed() {
 	return 1
 }
 
-# kill_after SECONDS SID M START: at the deadline, TERM everything of the supervisor's session
-# but the supervisor and this killer, then KILL what is left after a grace period. The
+# kill_after SECONDS SID M START CAPTURES: at the deadline, TERM everything of the
+# supervisor's session but the supervisor, this killer and the captures (CAPTURES: their
+# pids, see signal_session), then KILL what is left after a grace period. The
 # supervisor is never signalled, so it always lives to write the exit record. (Sending
 # TERM to the whole process group lost a supervisor now and then under heavy load.)
 kill_after() {
@@ -617,20 +681,24 @@ kill_after() {
 	true >"$3/timed_out"
 	# shellcheck disable=SC2016 # $PPID belongs to the child shell: it names this process
 	me=$(exec "$OPMARK_SHELL" -c 'echo "$PPID"')
-	signal_session TERM "$2" "$me" "$4"
+	signal_session TERM "$2" "$me" "$4" "$5"
 	sleep 2
-	signal_session KILL "$2" "$me" "$4"
+	signal_session KILL "$2" "$me" "$4" "$5"
 }
 
-# signal_session SIG SID SPARE START: sends SIG to every live process of session SID
-# except its leader (the supervisor, started at START) and SPARE; never to a process that
-# started before the supervisor, and to nothing when SID now names a process with another
-# start time (the session is gone and its id reused: SPEC 3). Builtins only, so nothing
-# it starts is hit.
+# signal_session SIG SID SPARE START [CAPTURES]: sends SIG to every live process of
+# session SID except its leader (the supervisor, started at START), SPARE and the
+# captures (CAPTURES: their pids, comma-separated, and so the helpers they run: their
+# children and grandchildren); never to a process that started before the supervisor, and
+# to nothing when SID now names a process with another start time (the session is gone
+# and its id reused: SPEC 3). Builtins only, so nothing it starts is hit. A capture killed
+# would lose what it read and not yet wrote, output the caller is owed; it ends by itself
+# once the command's last writer is gone.
 signal_session() {
 	if [ -n "$4" ] && proc_stat "$2" && [ "$ps_start" != "$4" ]; then
 		return 0
 	fi
+	ss_caps=,${5:-},
 	for ka in /proc/[0-9]*/stat; do
 		ka_pid=${ka#/proc/}
 		ka_pid=${ka_pid%/stat}
@@ -639,6 +707,10 @@ signal_session() {
 		[ "$ps_session" = "$2" ] || continue
 		[ "$ps_state" != Z ] || continue
 		older_than "$ps_start" "$4" && continue
+		if [ "$ss_caps" != ,, ]; then
+			case $ss_caps in *",$ka_pid,"* | *",$ps_ppid,"*) continue ;; esac
+			proc_stat "$ps_ppid" && case $ss_caps in *",$ps_ppid,"*) continue ;; esac
+		fi
 		kill -"$1" "$ka_pid" 2>/dev/null
 	done
 }
@@ -865,6 +937,7 @@ describe() {
 	fi
 	if [ "$st" = fenced ]; then
 		rget "$m/fenced" fenced_at && d="$d fenced_at=$rv"
+		rget "$m/fenced" command_started && d="$d command_started=$rv"
 	fi
 	[ -f "$m/collected" ] && d="$d output_collected=1"
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
@@ -1007,7 +1080,7 @@ follow() {
 }
 
 # supervisor_overdue: our own claim still has no supervisor record. A supervisor that
-# never came up (its shell missing, killed before its record: `setsid -f` cannot tell)
+# never came up (its shell missing, killed before its record: detach cannot tell)
 # would leave us, and the client, waiting for good. After START_LIMIT seconds we take the
 # start gate ourselves, so that it can never start, set the claim aside and answer that
 # nothing ran. (A supervisor that took the gate first is running: we keep waiting.)
@@ -1080,7 +1153,7 @@ verb_run() {
 	if ! is_uint "$cmd_bytes" || [ "$cmd_bytes" -eq 0 ]; then
 		refuse "bad_args reason=command_bytes"
 	fi
-	command -v setsid >/dev/null 2>&1 || refuse "cannot_start reason=no_setsid"
+	find_setsid || refuse "cannot_start reason=no_setsid"
 	# A claim whose process could not be told alive from gone would read running for good
 	# or, worse, gone while it runs: refuse before anything is claimed.
 	identity_readable || refuse "cannot_start reason=no_process_identity"
@@ -1154,27 +1227,43 @@ boot=$boot"
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	if [ -n "$shim_file" ]; then
-		setsid -f "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
-	else
-		setsid -f "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" \
-			supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt" </dev/null >/dev/null 2>&1 3>&- 5>&-
-	fi
-	# shellcheck disable=SC2181 # the two ways to start the same supervisor share one check
-	if [ $? -ne 0 ]; then
-		# Nothing can have run: the supervisor never passed the start gate. Fence the gate
-		# so a late supervisor cannot start either, then release the op id.
+	if ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
+		# Nothing can have run: the supervisor never passed the start gate. Take the gate
+		# so a late supervisor cannot start either. A fresh claim is then taken back, as
+		# nothing ran and nothing can (a leftover would only wait for gc); one that
+		# replaced an interrupted claim stays, reading interrupted, since the old
+		# evidence moved aside under it.
 		take_gate "$m"
-		now
-		mv -f "$m" "$root/superseded/$op.$now.$attempt.failed-start"
-		# busybox's setsid has no -f: a host to fix, not a failure to retry.
-		setsid -f true </dev/null >/dev/null 2>&1 || refuse "cannot_start reason=setsid_without_f"
+		if [ -z "${superseded:-}" ]; then
+			rm -rf "$m"
+			sync "$root/ops"
+		fi
 		refuse "cannot_start reason=setsid_failed"
 	fi
 	frame "S attempt=$attempt"
 	live=1 own_claim=1
 	follow "$m" 0 0 fresh
+}
+
+# detach SHELL ARGS...: starts `SHELL <this script> ARGS...` in a session of its own, with
+# no descriptor of the channel, and returns at once. `setsid setsid CMD`, run in the
+# foreground: the first setsid (not a process-group leader: no job control here) makes
+# the new session itself and execs the second, which, now a group leader, forks; its
+# child makes the session the supervisor leads (its pid is the session id) and execs
+# it, while the parent returns. This works with util-linux's setsid and busybox's alike
+# (which has no -f), and, unlike a background `setsid CMD &`, leaves SIGINT and SIGQUIT
+# as the foreground had them, i.e. as under ssh: dash and busybox ash start `&`
+# children with both ignored, for good (FINDINGS).
+detach() {
+	dt_sh=$1
+	shift
+	if [ -n "$shim_file" ]; then
+		"$setsid_bin" "$setsid_bin" "$dt_sh" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" "$@" \
+			</dev/null >/dev/null 2>&1 3>&- 5>&-
+	else
+		"$setsid_bin" "$setsid_bin" "$dt_sh" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" "$@" \
+			</dev/null >/dev/null 2>&1 3>&- 5>&-
+	fi
 }
 
 # read_short_command: reads the command, the channel's data up to EOF, into cmd_text;
@@ -1359,8 +1448,9 @@ verb_cancel() {
 	fenced) cancel_answer already_fenced ;;
 	completed) cancel_answer already_completed ;;
 	interrupted)
-		# Take the start gate: if the supervisor never started, now it never will.
-		take_gate "$m"
+		# Take the start gate: if the supervisor never started, now it never will. If
+		# it had, the command may have had effects, and the fence must say so.
+		take_gate "$m" || cf_started=1
 		cancel_fence "$1" interrupted
 		;;
 	esac
@@ -1369,6 +1459,7 @@ verb_cancel() {
 		cancel_fence "$1" not_started
 	fi
 	# The gate is taken: the supervisor wrote its identity first (or a fence took it).
+	cf_started=1
 	state "$1"
 	case $st in
 	fenced) cancel_answer already_fenced ;;
@@ -1383,6 +1474,8 @@ verb_cancel() {
 	cn_sid=$rv
 	rget "$m/proc" start
 	cn_start=$rv
+	rget "$m/proc" captures
+	cn_caps=$rv
 	is_uint "$cn_sid" || refuse "running $(describe)"
 	now
 	durable_write "$m" cancelled "cancelled_at=$now
@@ -1390,9 +1483,9 @@ grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
 	# Just before the first signal: the supervisor reads it when the command ends, to
 	# tell a command the signal stopped from one that ended by itself (SPEC 10).
 	true >"$m/signalled"
-	signal_session TERM "$cn_sid" "$$" "$cn_start"
+	signal_session TERM "$cn_sid" "$$" "$cn_start" "$cn_caps"
 	if ! cancel_wait "$(($2 / 100))"; then
-		signal_session KILL "$cn_sid" "$$" "$cn_start"
+		signal_session KILL "$cn_sid" "$$" "$cn_start" "$cn_caps"
 		# The supervisor records the exit once its captures see the command gone.
 		cancel_wait 300
 	fi
@@ -1424,12 +1517,16 @@ cancel_wait() {
 }
 
 # cancel_fence OP WAS: tombstones the marker $m (its start gate taken) and answers.
+# cf_started=1: the supervisor had taken the gate first, so the command started and its
+# outcome is unknown; the record keeps that, so no later reader takes the fence for
+# "nothing ran".
 cancel_fence() {
 	take_gate "$m"
 	sync "$root/ops"
 	now
 	durable_write "$m" fenced "fenced_at=$now
-fenced_by=cancel" || refuse "root_unusable reason=fence_write_failed"
+fenced_by=cancel
+command_started=${cf_started:-0}" || refuse "root_unusable reason=fence_write_failed"
 	state "$1"
 	frame "N fenced was=$2 $(describe)"
 	exit 0
@@ -1495,14 +1592,20 @@ verb_fence() {
 			;;
 		interrupted)
 			# Take the start gate: if the supervisor never started, now it never will.
-			take_gate "$m" || [ "$2" = 1 ] || refuse "$st $(describe)"
+			# Forced over a started command (an operator's decision), the record says
+			# the command had started.
+			if ! take_gate "$m"; then
+				[ "$2" = 1 ] || refuse "$st $(describe)"
+				fe_started=1
+			fi
 			;;
 		*) refuse "$st $(describe)" ;;
 		esac
 	fi
 	sync "$root/ops"
 	now
-	durable_write "$m" fenced "fenced_at=$now" || refuse "root_unusable reason=fence_write_failed"
+	durable_write "$m" fenced "fenced_at=$now
+command_started=${fe_started:-0}" || refuse "root_unusable reason=fence_write_failed"
 	st=fenced why=
 	frame "F fenced $(describe)"
 }
@@ -1640,15 +1743,32 @@ gc_reclaim() {
 verb_doctor() {
 	root=${OPMARK_ROOT:-${XDG_STATE_HOME:-${HOME:-}/.local/state}/opmark}
 	frame "K root=$root"
-	# setsid must be util-linux's: busybox's has no -f, and the supervisor needs it.
-	if ! command -v setsid >/dev/null 2>&1; then
-		dr_setsid=no
-	elif setsid -f true </dev/null >/dev/null 2>&1; then
-		dr_setsid=yes
-	else
-		dr_setsid=no_f
+	# The marker root must be absolute (every verb refuses a relative one: not_absolute).
+	dr_abs=yes
+	case $root in
+	/*) ;;
+	*) dr_abs=no ;;
+	esac
+	frame "K root_absolute=$dr_abs"
+	# How runs detach their supervisor (see detach): a setsid of either kind, found on
+	# PATH or at its usual place. setsid= keeps its old meaning (yes: with -f).
+	dr_setsid=no dr_detach=none dr_kind=none dr_path=none
+	if find_setsid; then
+		dr_detach=setsid_setsid
+		dr_path=$(command -v "$setsid_bin")
+		# A static busybox sh names its own applets without a path.
+		case $dr_path in
+		/*) ;;
+		*) dr_path=applet ;;
+		esac
+		if "$setsid_bin" -f true </dev/null >/dev/null 2>&1; then
+			dr_setsid=yes dr_kind=util-linux
+		else
+			dr_setsid=no_f dr_kind=busybox
+		fi
 	fi
 	frame "K shell=$OPMARK_SHELL login_shell=${SHELL:-unknown} setsid=$dr_setsid"
+	frame "K detach=$dr_detach setsid_path=${dr_path:-none} setsid_kind=$dr_kind"
 	dr_missing=
 	for dr_tool in cat date dd find head mkdir mkfifo mv od rm sleep sync tail wc; do
 		command -v "$dr_tool" >/dev/null 2>&1 || dr_missing="$dr_missing${dr_missing:+,}$dr_tool"
@@ -1658,14 +1778,23 @@ verb_doctor() {
 		dr_missing="$dr_missing${dr_missing:+,}dd_count_bytes"
 	fi
 	frame "K missing=${dr_missing:-none}"
+	# How output is captured: through coreutils' stdbuf, or one dd per read without it.
+	dr_cap=dd_per_read
+	command -v stdbuf >/dev/null 2>&1 && dr_cap=stdbuf
+	frame "K capture=$dr_cap"
 	# Liveness is read from /proc: without it the shim refuses every run (SPEC 3).
 	dr_id=no
 	identity_readable && dr_id=yes
 	frame "K process_identity=$dr_id"
-	if mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
+	if [ "$dr_abs" = yes ] && mkdir -p "$root/ops" 2>/dev/null && [ -w "$root/ops" ] &&
 		(: >"$root/.doctor.$$") 2>/dev/null; then
+		# Whether sync takes the files it is to make durable; without, runs flush
+		# everything instead (see sync).
+		dr_sync=yes
+		command sync "$root/.doctor.$$" "$root" 2>/dev/null || dr_sync=no
 		rm -f "$root/.doctor.$$"
 		frame "K writable=yes"
+		frame "K sync_file=$dr_sync"
 	else
 		frame "K writable=no"
 	fi

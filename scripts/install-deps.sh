@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what opmark's demo and tests need on Debian/Ubuntu: OpenSSH server and client
 # (the lab targets are real sshd), the shells the host shim is tested under (dash,
-# busybox) and the login shells its exec stub must work through (zsh, fish, tcsh), a
+# busybox-static: a static busybox is also what the host matrix's busybox images are
+# made of) and the login shells its exec stub must work through (zsh, fish, tcsh, and
+# for the matrix's users mksh, ksh93, yash, posh),
+# dropbear (the matrix's other SSH server, with dropbearconvert for the lab's host keys), a
 # linter (shellcheck), netcat (a ProxyCommand `nc %h %p` in the transport tests),
 # iproute2 + nftables (network-namespace targets and link cuts),
 # e2fsprogs + mount (small loop-mounted marker roots for the disk-full tests),
@@ -32,13 +35,13 @@ for arg in "$@"; do
   esac
 done
 
-packages=(openssh-server openssh-client dash busybox shellcheck iproute2 nftables
+packages=(openssh-server openssh-client dash busybox-static shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql)
+  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh ksh yash posh dropbear-bin)
 # One probe per package above, in the same order: a missing probe means install.
-probes=(/usr/sbin/sshd ssh dash busybox shellcheck ip nft ps setsid
+probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb)
+  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0)
 
@@ -46,6 +49,9 @@ have() {
   if [[ $1 == postgresql_initdb ]]; then
     # Versioned directory: any /usr/lib/postgresql/*/bin/initdb will do.
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+  elif [[ $1 == busybox_static ]]; then
+    # busybox-static replaces the dynamic busybox (both install /bin/busybox).
+    dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed'
   elif [[ $1 == /* ]]; then [[ -e $1 ]]; else command -v "$1" >/dev/null 2>&1; fi
 }
 

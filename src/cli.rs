@@ -76,7 +76,7 @@ Reason codes (retryable marked *):
                  resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
                  attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch,
-                 host_disk_full
+                 host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human reruns with --approve NOTE)
   refused        policy_denied, invalid_input
@@ -234,16 +234,9 @@ pub struct HostArgs {
     pub ipv6: bool,
 }
 
-/// The operator's decision recorded by `opmark resolve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Resolution {
-    /// The effect happened.
-    Applied,
-    /// The effect did not happen; the marker is fenced so it never can.
-    NotApplied,
-    /// Nobody will find out; stop tracking it.
-    Abandoned,
-}
+// The operator's decision is the library's word (`ops::resolve` takes it); clap reads it
+// as `--as`'s values.
+pub use crate::vocab::Resolution;
 
 /// The subcommands.
 #[derive(Debug, Subcommand)]

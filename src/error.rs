@@ -7,39 +7,11 @@
 
 use std::fmt;
 
-/// Exit codes reserved by opmark. Stable: agents branch on them.
-pub mod exit_code {
-    /// Success for commands other than `run`.
-    pub const OK: u8 = 0;
-    /// A check found problems: `reconcile` left operations unresolved, `audit verify`
-    /// found a broken chain, `doctor` found a failing check.
-    pub const FINDINGS: u8 = 1;
-    /// Command-line usage error (unknown flag, missing argument). Nothing was sent.
-    pub const USAGE: u8 = 2;
-    /// `run` verdict `in_progress`: an earlier attempt holds the claim and is still running.
-    pub const IN_PROGRESS: u8 = 240;
-    /// `run` verdict `not_applied`: nothing ran and nothing can still run for this attempt.
-    pub const NOT_APPLIED: u8 = 241;
-    /// `run` verdict `indeterminate`: the command may have run; automatic retry blocked.
-    pub const INDETERMINATE: u8 = 242;
-    /// `run` verdict `conflict`: the op id is bound to a different fingerprint.
-    pub const CONFLICT: u8 = 243;
-    /// `run` verdict `blocked`: policy needs `--approve NOTE`.
-    pub const BLOCKED: u8 = 244;
-    /// `run` verdict `refused`, and any invalid input: nothing was sent.
-    pub const REFUSED: u8 = 245;
-    /// A configuration file (policy, ssh config, known_hosts) is malformed.
-    pub const CONFIG: u8 = 246;
-    /// The host could not be reached or authenticated (outside `run`, which gives a verdict).
-    pub const UNREACHABLE: u8 = 247;
-    /// The local ledger or a local file could not be read or written.
-    pub const LOCAL_IO: u8 = 248;
-    /// A bug in opmark or an answer from the host that breaks the protocol.
-    pub const INTERNAL: u8 = 250;
-    /// Stdout or stderr was a pipe whose reader went away (`opmark list | head`): the
-    /// status a shell reports for a tool that SIGPIPE ended (128 + 13), printed quietly.
-    pub const BROKEN_PIPE: u8 = 141;
-}
+// The exit codes are part of the contract's vocabulary (a verdict's reserved code is one
+// of them); they live in `vocab`, which depends on nothing, and are re-exported here
+// under the path callers and tests have always used.
+pub use crate::vocab::exit_code;
+use crate::vocab::{ErrorCode, ReasonCode};
 
 /// What kind of failure this is; decides the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,14 +45,14 @@ impl ErrorKind {
     }
 
     /// The reason code of an error of this kind when no cause names a finer one.
-    pub fn reason_code(self) -> &'static str {
+    pub fn reason_code(self) -> ErrorCode {
         match self {
-            ErrorKind::InvalidInput => "invalid_input",
-            ErrorKind::Config => "config_invalid",
-            ErrorKind::Unreachable => "unreachable",
-            ErrorKind::LocalIo => "local_io",
-            ErrorKind::Internal => "internal",
-            ErrorKind::StdoutClosed => "stdout_closed",
+            ErrorKind::InvalidInput => ErrorCode::Reason(ReasonCode::InvalidInput),
+            ErrorKind::Config => ErrorCode::ConfigInvalid,
+            ErrorKind::Unreachable => ErrorCode::Unreachable,
+            ErrorKind::LocalIo => ErrorCode::LocalIo,
+            ErrorKind::Internal => ErrorCode::Internal,
+            ErrorKind::StdoutClosed => ErrorCode::StdoutClosed,
         }
     }
 }
@@ -95,7 +67,7 @@ pub struct Error {
     pub message: String,
     /// A finer stable reason code than the kind's (`unknown_operation`,
     /// `host_key_rejected`...), for the JSON error document.
-    pub code: Option<&'static str>,
+    pub code: Option<ErrorCode>,
 }
 
 impl Error {
@@ -108,35 +80,27 @@ impl Error {
         }
     }
 
-    /// The same error with a finer reason code than its kind's.
-    pub fn with_code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
+    /// The same error with a finer reason code than its kind's (a verdict's
+    /// [`ReasonCode`](crate::vocab::ReasonCode) converts).
+    pub fn with_code(mut self, code: impl Into<ErrorCode>) -> Self {
+        self.code = Some(code.into());
         self
     }
 
-    /// The stable snake_case reason code an agent branches on (SPEC section 6).
-    pub fn reason_code(&self) -> &'static str {
+    /// The reason code an agent branches on (SPEC section 6).
+    pub fn code(&self) -> ErrorCode {
         self.code.unwrap_or(self.kind.reason_code())
+    }
+
+    /// The stable snake_case name of [`Error::code`].
+    pub fn reason_code(&self) -> &'static str {
+        self.code().as_str()
     }
 
     /// True only when the same command may succeed later without a human: a host that
     /// may come back. Everything else needs a fix first.
     pub fn retryable(&self) -> bool {
-        matches!(self.reason_code(), "connect_failed" | "unreachable")
-    }
-}
-
-/// A host that could not be resolved or reached: a config problem is a config error
-/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
-/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
-impl From<crate::ssh::ConnectError> for Error {
-    fn from(e: crate::ssh::ConnectError) -> Self {
-        let (kind, code) = if e.stage == crate::ssh::ConnectStage::Config {
-            (ErrorKind::Config, "config_invalid")
-        } else {
-            (ErrorKind::Unreachable, e.reason_code().as_str())
-        };
-        Error::new(kind, e.to_string()).with_code(code)
+        self.code().retryable()
     }
 }
 
@@ -166,17 +130,17 @@ mod tests {
             (Error::new(ErrorKind::Config, "x"), "config_invalid", false),
             (Error::new(ErrorKind::Unreachable, "x"), "unreachable", true),
             (
-                Error::new(ErrorKind::Unreachable, "x").with_code("connect_failed"),
+                Error::new(ErrorKind::Unreachable, "x").with_code(ReasonCode::ConnectFailed),
                 "connect_failed",
                 true,
             ),
             (
-                Error::new(ErrorKind::Unreachable, "x").with_code("host_key_rejected"),
+                Error::new(ErrorKind::Unreachable, "x").with_code(ReasonCode::HostKeyRejected),
                 "host_key_rejected",
                 false,
             ),
             (
-                Error::new(ErrorKind::Unreachable, "x").with_code("auth_refused"),
+                Error::new(ErrorKind::Unreachable, "x").with_code(ReasonCode::AuthRefused),
                 "auth_refused",
                 false,
             ),

@@ -2,7 +2,12 @@
 //! one execution on its host.
 //!
 //! Module map (see README "Architecture"):
-//! - [`cli`], [`commands`]: the command line and one file per subcommand.
+//! - [`ops`]: the library's operations (run, probe, show, list, reconcile, cancel...):
+//!   a typed request in, a typed report out, no printing; the CLI and MCP render them.
+//! - [`cli`], [`commands`]: the command line and one file per subcommand: args to a
+//!   request, one call into [`ops`], the report rendered (stdout only through
+//!   `commands::render::Out`).
+//! - [`text`]: stored text as people read it (escaped, cut, times to the second).
 //! - [`error`]: error kinds and the reserved exit codes.
 //! - [`host`]: the host protocol: connect, call one shim verb, read its typed answer.
 //! - [`shim`]: the wire below it: the script (`remote-scripts/shim.sh`), its verb table,
@@ -10,10 +15,12 @@
 //! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec, and
 //!   the connection keeper that reuses connections across processes.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
-//! - [`ledger`]: the local SQLite record: events, hash chain, redaction, fingerprints.
+//! - [`ledger`]: the local SQLite record: events, hash chain, fingerprints.
+//! - [`redact`]: secret masking, used by the ledger, `op_id`, `policy` and error messages.
+//! - [`paths`]: the user's home and XDG directories (the ledger's and the keeper's files).
 //! - [`operation`]: one operation's lifecycle: attempts, probes, retries, verdicts.
 //! - [`lab`]: disposable local sshd targets for tests, demos and users.
-//! - [`mcp`]: `opmark mcp`, the Model Context Protocol server over the commands.
+//! - [`mcp`]: `opmark mcp`, the Model Context Protocol server over [`ops`].
 //! - [`fault`]: crash points for the tests (feature `test-hooks`; nothing otherwise).
 
 pub mod cli;
@@ -29,7 +36,11 @@ pub mod logging;
 pub mod mcp;
 pub mod op_id;
 pub mod operation;
+pub mod ops;
+pub mod paths;
 pub mod policy;
+pub mod redact;
 pub mod shim;
 pub mod ssh;
+pub mod text;
 pub mod vocab;

@@ -1,15 +1,14 @@
 //! The `opmark` binary: parse the command line, call the library, map errors to exit codes.
 
-use std::any::Any;
-use std::panic::{self, AssertUnwindSafe};
 use std::process::ExitCode;
 
 use clap::Parser;
 
+use opmark::commands::render::Out;
 use opmark::error::exit_code;
+use opmark::ops::document::error_document;
 
 fn main() -> ExitCode {
-    quiet_on_broken_pipe();
     opmark::cli::forget_empty_env();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,
@@ -25,11 +24,8 @@ fn main() -> ExitCode {
                     opmark::error::ErrorKind::InvalidInput,
                     err.kind().to_string(),
                 )
-                .with_code("usage");
-                let _ = opmark::commands::common::print_text(&format!(
-                    "{}\n",
-                    opmark::commands::common::error_document(&usage)
-                ));
+                .with_code(opmark::vocab::ErrorCode::Usage);
+                let _ = Out.text(&format!("{}\n", error_document(&usage)));
             }
             // clap's own print: a failed write is returned, not a panic.
             let _ = err.print();
@@ -40,14 +36,10 @@ fn main() -> ExitCode {
     opmark::logging::set_quiet(cli.global.quiet);
     let json = cli.global.json;
     let policy_path = cli.global.policy.clone();
-    let outcome = match panic::catch_unwind(AssertUnwindSafe(|| opmark::commands::dispatch(cli))) {
-        Ok(outcome) => outcome,
-        Err(payload) if is_broken_pipe(payload.as_ref()) => {
-            return ExitCode::from(exit_code::BROKEN_PIPE)
-        }
-        Err(payload) => panic::resume_unwind(payload),
-    };
-    match outcome {
+    // Every answer goes through `Out`, which turns a closed stdout into
+    // `ErrorKind::StdoutClosed` (and remembers the `BrokenPipe` for `closed_pipe`), so no
+    // write here can panic.
+    match opmark::commands::dispatch(cli) {
         // A reader that went away mid-run (`opmark run … | head -2`): the run went on and
         // its verdict is recorded; the status is the one a process that SIGPIPE ended
         // would give. (An error keeps its own status and message below.)
@@ -63,14 +55,11 @@ fn main() -> ExitCode {
         }
         Err(mut err) => {
             // Last line of defence: a message may quote input that holds a secret.
-            err.message = opmark::commands::redactor_for_errors(policy_path.as_deref())
-                .redact_owned(&err.message);
+            err.message =
+                opmark::ops::redactor_for_errors(policy_path.as_deref()).redact_owned(&err.message);
             // SPEC 6: with --json an error is a document on stdout too.
             if json {
-                let _ = opmark::commands::common::print_text(&format!(
-                    "{}\n",
-                    opmark::commands::common::error_document(&err)
-                ));
+                let _ = Out.text(&format!("{}\n", error_document(&err)));
             }
             // Like ssh -q, quiet still reports a fatal error, unless the document did.
             if !(json && opmark::logging::quiet()) {
@@ -82,35 +71,6 @@ fn main() -> ExitCode {
             ExitCode::from(err.kind.exit_code())
         }
     }
-}
-
-/// A backstop only: every print path of `run` and of most commands goes through
-/// `opmark::logging` / `out!`, which return a failed write as an error (see there). The
-/// few `println!` still in commands that other work is changing (show, reconcile,
-/// resolve, cancel, gc, doctor) panic when their reader has gone (Rust ignores SIGPIPE,
-/// so the write fails with EPIPE); this hook keeps that panic silent, and `main` turns it
-/// into 141. Those commands print after their ledger work is done, so nothing is left
-/// unsettled by it.
-fn quiet_on_broken_pipe() {
-    let default = panic::take_hook();
-    panic::set_hook(Box::new(move |info| {
-        if !is_broken_pipe(info.payload()) {
-            default(info);
-        }
-    }));
-}
-
-fn is_broken_pipe(payload: &(dyn Any + Send)) -> bool {
-    payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())
-        .is_some_and(is_broken_pipe_message)
-}
-
-/// The message std's print macros panic with when the stream is a closed pipe.
-fn is_broken_pipe_message(message: &str) -> bool {
-    message.starts_with("failed printing to std") && message.contains("os error 32")
 }
 
 /// `--json` among the options (before `--`), for usage errors clap could not parse.

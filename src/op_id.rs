@@ -21,7 +21,7 @@ impl OpId {
             Ok(OpId(text.to_owned()))
         } else {
             // Redacted before escaping: escapes would hide a secret's shape.
-            let redacted = crate::ledger::Redactor::default().redact_owned(text);
+            let redacted = crate::redact::Redactor::default().redact_owned(text);
             Err(InvalidOpId {
                 shown: redacted.escape_debug().take(160).collect(),
             })

@@ -1,4 +1,6 @@
-//! The SPEC's words as types: attempt boundaries, verdicts, retry reasons.
+//! The SPEC's words as types: attempt boundaries, verdicts, retry reasons, reason codes
+//! (of verdicts and of errors) and the reserved exit codes. Depends on no other module:
+//! everything else speaks these words.
 //!
 //! Shared by the shim parser, the ledger and the operation state machine so that the
 //! code, the ledger and the docs say the same thing.
@@ -8,7 +10,61 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::exit_code;
+/// Exit codes reserved by opmark. Stable: agents branch on them.
+pub mod exit_code {
+    /// Success for commands other than `run`.
+    pub const OK: u8 = 0;
+    /// A check found problems: `reconcile` left operations unresolved, `audit verify`
+    /// found a broken chain, `doctor` found a failing check.
+    pub const FINDINGS: u8 = 1;
+    /// Command-line usage error (unknown flag, missing argument). Nothing was sent.
+    pub const USAGE: u8 = 2;
+    /// `run` verdict `in_progress`: an earlier attempt holds the claim and is still running.
+    pub const IN_PROGRESS: u8 = 240;
+    /// `run` verdict `not_applied`: nothing ran and nothing can still run for this attempt.
+    pub const NOT_APPLIED: u8 = 241;
+    /// `run` verdict `indeterminate`: the command may have run; automatic retry blocked.
+    pub const INDETERMINATE: u8 = 242;
+    /// `run` verdict `conflict`: the op id is bound to a different fingerprint.
+    pub const CONFLICT: u8 = 243;
+    /// `run` verdict `blocked`: policy needs `--approve NOTE`.
+    pub const BLOCKED: u8 = 244;
+    /// `run` verdict `refused`, and any invalid input: nothing was sent.
+    pub const REFUSED: u8 = 245;
+    /// A configuration file (policy, ssh config, known_hosts) is malformed.
+    pub const CONFIG: u8 = 246;
+    /// The host could not be reached or authenticated (outside `run`, which gives a verdict).
+    pub const UNREACHABLE: u8 = 247;
+    /// The local ledger or a local file could not be read or written.
+    pub const LOCAL_IO: u8 = 248;
+    /// A bug in opmark or an answer from the host that breaks the protocol.
+    pub const INTERNAL: u8 = 250;
+    /// Stdout or stderr was a pipe whose reader went away (`opmark list | head`): the
+    /// status a shell reports for a tool that SIGPIPE ended (128 + 13), printed quietly.
+    pub const BROKEN_PIPE: u8 = 141;
+}
+
+/// The operator's decision recorded by `opmark resolve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Resolution {
+    /// The effect happened.
+    Applied,
+    /// The effect did not happen; the marker is fenced so it never can.
+    NotApplied,
+    /// Nobody will find out; stop tracking it.
+    Abandoned,
+}
+
+impl Resolution {
+    /// The ledger's word for it (`applied`, `not_applied`, `abandoned`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Applied => "applied",
+            Resolution::NotApplied => "not_applied",
+            Resolution::Abandoned => "abandoned",
+        }
+    }
+}
 
 /// How far one attempt got, as the client actually observed it (SPEC section 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -90,6 +146,10 @@ pub enum ReasonCode {
     AuthRefused,
     /// `not_applied`: the operation was closed (its marker is fenced).
     Fenced,
+    /// `indeterminate`: the marker is fenced, but its command had started before the
+    /// fence (`opmark cancel` of an interrupted operation, or a forced operator fence):
+    /// it may have had effects; nothing more can run under the op id.
+    FencedAfterStart,
     /// `not_applied`: the host shim could not start the command (unusable marker root,
     /// missing tools); nothing ran.
     ShimCannotStart,
@@ -171,6 +231,86 @@ impl ReasonCode {
     }
 }
 
+/// The reason code of an error document (`{"error": {"reason_code", ...}}`, SPEC section
+/// 6): a verdict's [`ReasonCode`] when the error is one (a host key rejected before a
+/// probe), else a code of its own. Kept apart from [`ReasonCode`], which is the closed
+/// set a `run` verdict carries (its JSON schema and `run --help` list exactly those).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// A verdict's reason code.
+    Reason(ReasonCode),
+    /// The command line does not parse.
+    Usage,
+    /// A configuration file is malformed.
+    ConfigInvalid,
+    /// The host could not be reached.
+    Unreachable,
+    /// A local file or the ledger could not be read or written.
+    LocalIo,
+    /// An opmark bug or a protocol violation.
+    Internal,
+    /// Stdout was closed or full.
+    StdoutClosed,
+    /// No such operation in the ledger.
+    UnknownOperation,
+    /// An op id prefix that fits several operations.
+    AmbiguousOperation,
+}
+
+impl ErrorCode {
+    /// The stable snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::Reason(code) => code.as_str(),
+            ErrorCode::Usage => "usage",
+            ErrorCode::ConfigInvalid => "config_invalid",
+            ErrorCode::Unreachable => "unreachable",
+            ErrorCode::LocalIo => "local_io",
+            ErrorCode::Internal => "internal",
+            ErrorCode::StdoutClosed => "stdout_closed",
+            ErrorCode::UnknownOperation => "unknown_operation",
+            ErrorCode::AmbiguousOperation => "ambiguous_operation",
+        }
+    }
+
+    /// True only when the same command may succeed later without a human: a host that
+    /// may come back (`connect_failed`, `unreachable`). A verdict's code that is
+    /// retryable in a `run` (a claim still running) is not one an error can carry on
+    /// its own, so only the connect failure counts here.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Unreachable | ErrorCode::Reason(ReasonCode::ConnectFailed)
+        )
+    }
+}
+
+impl ErrorCode {
+    /// The codes an error has of its own (not a verdict's), in declaration order.
+    pub const OWN: &'static [ErrorCode] = &[
+        ErrorCode::Usage,
+        ErrorCode::ConfigInvalid,
+        ErrorCode::Unreachable,
+        ErrorCode::LocalIo,
+        ErrorCode::Internal,
+        ErrorCode::StdoutClosed,
+        ErrorCode::UnknownOperation,
+        ErrorCode::AmbiguousOperation,
+    ];
+}
+
+impl From<ReasonCode> for ErrorCode {
+    fn from(code: ReasonCode) -> Self {
+        ErrorCode::Reason(code)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 macro_rules! names {
     ($ty:ty { $($variant:ident => $name:literal),+ $(,)? }) => {
         impl $ty {
@@ -242,6 +382,7 @@ names!(ReasonCode {
     HostKeyRejected => "host_key_rejected",
     AuthRefused => "auth_refused",
     Fenced => "fenced",
+    FencedAfterStart => "fenced_after_start",
     ShimCannotStart => "shim_cannot_start",
     ConflictOnHost => "conflict_on_host",
     ConflictInLedger => "conflict_in_ledger",
@@ -285,6 +426,23 @@ impl Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_code_of_its_own_never_spells_a_verdicts_reason_code() {
+        // One word, one meaning: bad input is the verdict's `invalid_input` in both.
+        for code in ErrorCode::OWN {
+            assert!(
+                code.as_str().parse::<ReasonCode>().is_err(),
+                "{code} is also a ReasonCode: use ErrorCode::Reason for it"
+            );
+        }
+        assert_eq!(
+            ErrorCode::from(ReasonCode::InvalidInput).as_str(),
+            "invalid_input"
+        );
+        assert!(ErrorCode::from(ReasonCode::ConnectFailed).retryable());
+        assert!(!ErrorCode::from(ReasonCode::StillRunning).retryable());
+    }
 
     #[test]
     fn only_causes_that_can_pass_without_a_human_are_retryable() {

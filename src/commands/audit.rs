@@ -1,12 +1,13 @@
 //! `opmark audit verify`: walk the ledger's keyed hash chain and name the first broken
 //! event, then replay the projection and name the first operation row that differs. The
-//! same checks and the same output on every ledger backend.
+//! same checks and the same output on every ledger backend (the work is
+//! [`crate::ops::audit`]'s).
 
-use super::common::redacted_error;
 use super::render::printable;
 use crate::cli::{AuditAction, AuditArgs, GlobalArgs, VerifyArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{Ledger, VerifyScope};
+use crate::error::Result;
+use crate::ledger::VerifyScope;
+use crate::ops::audit::VerifyRequest;
 
 /// Exit 0 "chain intact: N events"; exit 1 naming the first broken event or row.
 pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
@@ -16,46 +17,15 @@ pub fn run(global: &GlobalArgs, args: &AuditArgs) -> Result<u8> {
 }
 
 fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
-    let (ledger, path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    let Some(ledger) = ledger else {
-        return Err(Error::new(
-            ErrorKind::LocalIo,
-            format!(
-                "no ledger at {}: nothing to verify (give the right file with --ledger or OPMARK_LEDGER)",
-                path.display()
-            ),
-        ));
-    };
-    let (report, scope) = match &args.archive {
-        // A wrong or missing FILE is the caller's to fix (exit 245), not the ledger's.
-        Some(file) => ledger
-            .verify_with_archive(file)
-            .map(|r| (r, VerifyScope::Full))
-            .map_err(|e| match e {
-                crate::ledger::LedgerError::Invalid { message } => {
-                    Error::new(ErrorKind::InvalidInput, message)
-                }
-                e => redacted_error(e.into()),
-            })?,
-        None => ledger
-            .verify(args.incremental && !args.full)
-            .map_err(|e| redacted_error(e.into()))?,
-    };
+    let report = crate::ops::audit::verify(
+        &super::common::context(global),
+        &VerifyRequest {
+            incremental: args.incremental && !args.full,
+            archive: args.archive.clone(),
+        },
+    )?;
     if global.json {
-        let doc = serde_json::json!({
-            "intact": report.intact(),
-            "events": report.events,
-            "first_break": report.first_break,
-            "first_mismatch": report.first_mismatch,
-            "counters_mismatch": report.counters_mismatch,
-            "walked": scope,
-            // Not `path`: for PostgreSQL that is the URL as given, password and all.
-            "ledger": ledger.path(),
-            "backend": ledger.backend(),
-        });
-        super::common::print_json(&doc)?;
+        super::common::print_json(&report)?;
     } else {
         match (&report.first_break, &report.first_mismatch) {
             (None, None) if report.counters_mismatch.is_some() => crate::outln!(
@@ -69,7 +39,7 @@ fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
                 printable(&m.host),
                 m.problem
             ),
-            (None, None) => match scope {
+            (None, None) => match report.walked {
                 VerifyScope::Full => match report.archived_through {
                     None => crate::outln!(
                         "chain intact: {} events, projection equals their replay",
@@ -90,9 +60,5 @@ fn verify(global: &GlobalArgs, args: &VerifyArgs) -> Result<u8> {
             },
         }
     }
-    Ok(if report.intact() {
-        exit_code::OK
-    } else {
-        exit_code::FINDINGS
-    })
+    Ok(report.exit_status())
 }

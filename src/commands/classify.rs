@@ -2,29 +2,19 @@
 
 use crate::cli::{ClassifyArgs, GlobalArgs};
 use crate::error::Result;
-use crate::ledger::Redactor;
-use crate::policy::{Classification, Policy};
+use crate::policy::Classification;
 
-/// Classifies the command words (joined by spaces, as `run` would send them) and prints
-/// the result; exit 0 even when the command would be denied (classifying is not running).
+/// Classifies the command words ([`crate::ops::classify`]) and prints the result; exit 0
+/// even when the command would be denied (classifying is not running).
 pub fn run(global: &GlobalArgs, args: &ClassifyArgs) -> Result<u8> {
-    let policy = Policy::load(global.policy.as_deref())?;
-    let command = args.command.join(" ");
-    let mut c = policy.classify(&command);
-    // What is printed may end up in a terminal log or an agent's transcript: mask
-    // secrets as the ledger does, each part with what the whole command reveals.
-    let redactor = Redactor::with_patterns(policy.redact_patterns());
-    for part in &mut c.parts {
-        part.command = redactor.redact_part(&command, &part.command);
-    }
-    if let Some(e) = &mut c.parse_error {
-        *e = redactor.redact_part(&command, e);
-    }
-    let command = redactor.redact_owned(&command);
+    let report = crate::ops::classify::classify(&super::common::context(global), &args.command)?;
     if global.json {
-        super::common::print_json(&c)?;
+        super::common::print_json(&report.classification)?;
     } else {
-        crate::out!("{}", render(&command, &c, policy.origin()));
+        crate::out!(
+            "{}",
+            render(&report.command, &report.classification, &report.origin)
+        );
     }
     Ok(crate::error::exit_code::OK)
 }

@@ -1,8 +1,10 @@
 //! `opmark doctor HOST`: is this host usable? Each check is reported with a fix:
 //! resolvable, reachable with a known host key and working authentication, the shim
-//! starts through the login shell and runs under the host's `sh` with util-linux
-//! `setsid -f` and the tools it uses, process identity is readable (liveness), and the marker root is writable, persistent (not
-//! tmpfs/ramfs, not a path a reboot clears) and has room.
+//! starts through the login shell and runs under the host's `sh` with a `setsid`
+//! (util-linux's or busybox's: which one, and so how runs detach, is said) and the tools
+//! it uses, process identity is readable (liveness), and the marker root is absolute,
+//! writable, durable through `sync` (with file arguments, or the plain fallback runs
+//! use), persistent (not tmpfs/ramfs, not a path a reboot clears) and has room.
 
 use std::collections::BTreeMap;
 
@@ -24,7 +26,7 @@ const VOLATILE_FS: &[&str] = &["tmpfs", "ramfs"];
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     /// Short name: `resolve`, `connect`, `host_key`, `auth`, `shim`, `setsid`, `liveness`, `tools`,
-    /// `writable`, `persistent`, `space`.
+    /// `root`, `writable`, `sync`, `persistent`, `space`.
     pub name: &'static str,
     /// `pass`, `fail` or `skipped` (an earlier check failed).
     pub status: &'static str,
@@ -78,7 +80,9 @@ const HOST_CHECKS: &[&str] = &[
     "setsid",
     "liveness",
     "tools",
+    "root",
     "writable",
+    "sync",
     "persistent",
     "space",
 ];
@@ -169,7 +173,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             facts: &facts,
         })?;
     } else {
-        print!("{}", text(&host, &checks, ok));
+        crate::out!("{}", text(&host, &checks, ok));
     }
     Ok(if ok {
         exit_code::OK
@@ -190,18 +194,24 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
             get("login_shell")
         ),
     )];
-    let setsid_fix = "install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`): commands are detached with its `setsid -f` so they survive a lost connection";
+    // Runs detach with `setsid setsid` (the shim's detach), which either kind of setsid
+    // runs; only a host with none fails.
+    let detach = |kind: &str| {
+        let found = match get("setsid_path") {
+            "applet" => "the host sh's own applet".to_owned(),
+            path => format!("at {path}"),
+        };
+        format!(
+            "runs detach with `setsid setsid` ({kind} setsid, {found}): the command keeps SIGINT and SIGQUIT as under ssh"
+        )
+    };
     out.push(match get("setsid") {
-        "yes" => pass("setsid", "setsid -f works".into()),
-        "no_f" => fail(
-            "setsid",
-            "setsid has no -f (busybox's setsid?)".into(),
-            setsid_fix.into(),
-        ),
+        "yes" => pass("setsid", detach("util-linux")),
+        "no_f" => pass("setsid", detach("busybox's (no -f)")),
         _ => fail(
             "setsid",
-            "setsid is not on the host's PATH".into(),
-            setsid_fix.into(),
+            "no setsid on the host's PATH nor in /usr/bin, /bin, /usr/sbin or /sbin".into(),
+            "install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`) or a busybox with its setsid applet: commands are detached with it so they survive a lost connection".into(),
         ),
     });
     out.push(if get("process_identity") == "yes" {
@@ -224,6 +234,15 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
             "install coreutils, findutils and util-linux (the shim needs POSIX tools plus dd with iflag=count_bytes, as in GNU coreutils or busybox 1.33+)".into(),
         ),
     });
+    out.push(if root.starts_with('/') {
+        pass("root", format!("{root} is absolute"))
+    } else {
+        fail(
+            "root",
+            format!("the marker root {root} is a relative path (XDG_STATE_HOME or OPMARK_ROOT is relative in the login's environment): every run would be refused (root_unusable, not_absolute)"),
+            "set XDG_STATE_HOME (or OPMARK_ROOT) to an absolute path where the login's environment is made (sshd_config SetEnv, ~/.ssh/environment, ~/.profile or ~/.bashrc), or unset it to use ~/.local/state".into(),
+        )
+    });
     out.push(if get("writable") == "yes" {
         pass("writable", format!("{root} is writable"))
     } else {
@@ -232,6 +251,19 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
             format!("the marker root {root} cannot be created or written"),
             format!("make {root} a directory the login user can write (mode 0700), or point XDG_STATE_HOME (or OPMARK_ROOT) at one"),
         )
+    });
+    out.push(match get("sync_file") {
+        "yes" => pass("sync", "sync FILE makes the records durable one by one".into()),
+        "no" => pass(
+            "sync",
+            "this sync takes no file arguments: runs make their records durable with a plain sync instead (everything the host has to write, so slower on a busy host)".into(),
+        ),
+        _ => Check {
+            name: "sync",
+            status: "skipped",
+            detail: "not checked: the marker root could not be written".into(),
+            fix: String::new(),
+        },
     });
     let fs = get("fstype");
     let volatile_path = ["/tmp/", "/dev/shm/", "/run/", "/var/run/"]
@@ -326,18 +358,20 @@ mod tests {
         assert_eq!(failed, ["writable", "persistent", "space"]);
         assert!(checks
             .iter()
-            .all(|c| c.status == "pass" || !c.fix.is_empty()));
+            .all(|c| c.status != "fail" || !c.fix.is_empty()));
     }
 
     #[test]
-    fn busybox_setsid_and_missing_tools_fail_with_a_fix() {
+    fn busybox_setsid_passes_saying_how_runs_detach_and_missing_tools_fail_with_a_fix() {
         let checks = host_checks(&facts(&[
             ("root", "/home/u/.local/state/opmark"),
             ("shell", "sh"),
             ("setsid", "no_f"),
+            ("setsid_path", "setsid"),
             ("process_identity", "yes"),
             ("missing", "mkfifo,dd_count_bytes"),
             ("writable", "yes"),
+            ("sync_file", "yes"),
             ("fstype", "ext2/ext3"),
             ("avail_kib", "5000000"),
         ]));
@@ -348,14 +382,40 @@ mod tests {
             .collect();
         assert_eq!(
             failed,
-            [
-                ("setsid", "setsid has no -f (busybox's setsid?)"),
-                ("tools", "missing on the host's PATH: mkfifo,dd_count_bytes")
-            ]
+            [("tools", "missing on the host's PATH: mkfifo,dd_count_bytes")]
         );
-        assert!(checks
-            .iter()
-            .all(|c| c.status == "pass" || c.fix.contains("util-linux")));
+        let setsid = checks.iter().find(|c| c.name == "setsid").unwrap();
+        assert!(setsid.detail.contains("busybox"), "{setsid:?}");
+        assert!(setsid.detail.contains("setsid setsid"), "{setsid:?}");
+    }
+
+    #[test]
+    fn no_setsid_at_all_fails_with_both_kinds_as_the_fix() {
+        let checks = host_checks(&facts(&[("root", "/r"), ("setsid", "no")]));
+        let setsid = checks.iter().find(|c| c.name == "setsid").unwrap();
+        assert_eq!(setsid.status, "fail");
+        assert!(setsid.fix.contains("util-linux") && setsid.fix.contains("busybox"));
+    }
+
+    #[test]
+    fn a_relative_marker_root_fails_with_the_fix() {
+        let checks = host_checks(&facts(&[
+            ("root", "state/opmark"),
+            ("setsid", "yes"),
+            ("writable", "no"),
+        ]));
+        let root = checks.iter().find(|c| c.name == "root").unwrap();
+        assert_eq!(root.status, "fail", "{root:?}");
+        assert!(root.detail.contains("relative"), "{root:?}");
+        assert!(root.fix.contains("absolute path"), "{root:?}");
+    }
+
+    #[test]
+    fn a_sync_without_file_arguments_passes_saying_runs_use_the_plain_one() {
+        let checks = host_checks(&facts(&[("root", "/r"), ("sync_file", "no")]));
+        let sync = checks.iter().find(|c| c.name == "sync").unwrap();
+        assert_eq!(sync.status, "pass");
+        assert!(sync.detail.contains("plain sync"), "{sync:?}");
     }
 
     #[test]
@@ -367,6 +427,7 @@ mod tests {
             ("process_identity", "yes"),
             ("missing", "none"),
             ("writable", "yes"),
+            ("sync_file", "yes"),
             ("fstype", "ext2/ext3"),
             ("avail_kib", "5000000"),
         ]));
@@ -382,6 +443,7 @@ mod tests {
             ("process_identity", "no"),
             ("missing", "none"),
             ("writable", "yes"),
+            ("sync_file", "yes"),
             ("fstype", "ext2/ext3"),
             ("avail_kib", "5000000"),
         ]));
@@ -400,6 +462,7 @@ mod tests {
                 ("setsid", "yes"),
                 ("process_identity", "yes"),
                 ("writable", "yes"),
+                ("sync_file", "yes"),
                 ("fstype", "tmpfs"),
                 ("avail_kib", "5000000"),
                 ("volatile_root_allowed", allowed),

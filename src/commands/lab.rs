@@ -98,6 +98,7 @@ fn up(
             &spec,
             &DockerSpec {
                 image: image.map(str::to_owned),
+                ..DockerSpec::default()
             },
         )
     } else {

@@ -3,102 +3,39 @@
 //! shortened (people copy them into `show` and `run --op`); times are local unless
 //! `--utc`.
 
-use super::common::redacted_error;
+use super::common;
 use super::render::{fit, parse_at, printable, to_second};
 use crate::cli::{GlobalArgs, ListArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{Ledger, ListFilter, OperationRecord};
+use crate::error::{exit_code, Result};
+use crate::ledger::OperationRecord;
+use crate::ops::list::{list, ListRequest};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
-/// How many operations `list` shows unless given `--limit N` or `--all`: the newest page,
-/// as `git log` pages, so the answer costs the page and not the history.
-pub const DEFAULT_LIMIT: usize = 50;
-
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
-    if args.limit == Some(0) {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            "--limit 0 would list nothing; give at least 1, or --all for every operation",
-        ));
-    }
-    let cutoff = args
-        .since
-        .map(|since| {
-            crate::ledger::stamp_before(since).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    "--since reaches back before any possible date; use a shorter duration such as 30d",
-                )
-            })
-        })
-        .transpose()?;
-    let (ledger, _path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    let limit = match (args.all, args.limit) {
-        (true, _) => None,
-        (false, Some(n)) => Some(n),
-        (false, None) => Some(DEFAULT_LIMIT),
-    };
-    let (ops, more) = match &ledger {
-        Some(l) => page(l, args, cutoff.as_deref(), limit).map_err(|e| redacted_error(e.into()))?,
-        None => (Vec::new(), None),
-    };
+    let report = list(
+        &common::context(global),
+        &ListRequest {
+            unresolved: args.unresolved,
+            host: args.host.clone(),
+            since: args.since,
+            limit: args.limit,
+            all: args.all,
+        },
+    )?;
     if global.json {
-        super::common::print_json(&serde_json::json!({ "operations": ops }))?;
+        common::print_json(&report)?;
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
-        crate::out!("{}", table(&ops, args.unresolved, zone));
+        crate::out!("{}", table(&report.operations, args.unresolved, zone));
     }
-    match more {
-        Some(More::Counted(n)) => {
+    match report.more {
+        Some(Some(n)) => {
             crate::logging::say(format_args!("{n} more not shown; use --all or --limit N"))
         }
-        Some(More::Some) => {
-            crate::logging::say(format_args!("more not shown; use --all or --limit N"))
-        }
+        Some(None) => crate::logging::say(format_args!("more not shown; use --all or --limit N")),
         None => {}
     }
     Ok(exit_code::OK)
-}
-
-/// Operations the page left out.
-enum More {
-    /// This many (the counters know it).
-    Counted(u64),
-    /// At least one.
-    Some,
-}
-
-/// The newest `limit` matching operations (one more is read to know whether the page
-/// left any out), and what it left out.
-fn page(
-    ledger: &Ledger,
-    args: &ListArgs,
-    cutoff: Option<&str>,
-    limit: Option<usize>,
-) -> std::result::Result<(Vec<OperationRecord>, Option<More>), crate::ledger::LedgerError> {
-    let mut filter = ListFilter {
-        unresolved: args.unresolved,
-        host: args.host.clone(),
-        limit: limit.map(|l| l + 1),
-        ..Default::default()
-    };
-    if let Some(cutoff) = cutoff {
-        // The window by sequence number: an index range, O(window).
-        filter.since_seq = Some(ledger.seq_since(cutoff)?);
-        filter.since_at = Some(cutoff.to_owned());
-    }
-    let mut ops = ledger.list(&filter)?;
-    let Some(limit) = limit.filter(|l| ops.len() > *l) else {
-        return Ok((ops, None));
-    };
-    ops.truncate(limit);
-    let more = match ledger.count_hint(&filter)? {
-        Some(total) if total > limit as u64 => More::Counted(total - limit as u64),
-        _ => More::Some,
-    };
-    Ok((ops, Some(more)))
 }
 
 /// The time zone the table's times are shown in.
@@ -212,63 +149,6 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{Durability, Event, OpKey};
-
-    fn args() -> ListArgs {
-        ListArgs {
-            unresolved: false,
-            host: None,
-            since: None,
-            limit: None,
-            all: false,
-            utc: true,
-        }
-    }
-
-    #[test]
-    fn list_pages_the_newest_and_says_how_many_more() {
-        let dir = std::env::temp_dir().join(format!(
-            "opmark-list-page-{}-{:08x}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let mut ledger = Ledger::open(&dir.join("ledger.db")).unwrap();
-        for n in 0..(DEFAULT_LIMIT + 7) {
-            let intent = Event::Intended {
-                session: "s".into(),
-                family: crate::family::Family::ReadOnly,
-                display: "true".into(),
-                fingerprint: format!("fp{n}"),
-                rule: "r".into(),
-            };
-            ledger
-                .append(
-                    &OpKey::new(format!("op-{n}"), "h"),
-                    &intent,
-                    Durability::Normal,
-                )
-                .unwrap();
-        }
-        let (ops, more) = page(&ledger, &args(), None, Some(DEFAULT_LIMIT)).unwrap();
-        assert_eq!(ops.len(), DEFAULT_LIMIT);
-        assert_eq!(
-            ops[0].op_id,
-            format!("op-{}", DEFAULT_LIMIT + 6),
-            "newest first"
-        );
-        assert!(matches!(more, Some(More::Counted(7))));
-        let (ops, more) = page(&ledger, &args(), None, None).unwrap();
-        assert_eq!(ops.len(), DEFAULT_LIMIT + 7);
-        assert!(more.is_none());
-        let host = ListArgs {
-            host: Some("h".into()),
-            ..args()
-        };
-        let (ops, more) = page(&ledger, &host, None, Some(5)).unwrap();
-        assert_eq!(ops.len(), 5);
-        assert!(matches!(more, Some(More::Some)));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[test]
     fn the_header_says_which_zone_the_times_are_in() {

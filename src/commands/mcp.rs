@@ -10,6 +10,6 @@ pub fn run(global: &GlobalArgs, args: &McpArgs) -> Result<u8> {
     crate::host::forbid_prompts();
     // Tool threads blocked on a host do not hold the exit once the client is gone: the
     // runtime is never dropped, so nothing waits for them.
-    common::block_on(crate::mcp::serve(global.clone(), args.max_output))??;
+    common::block_on(crate::mcp::serve(common::context(global), args.max_output))??;
     Ok(exit_code::OK)
 }

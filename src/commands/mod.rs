@@ -1,10 +1,10 @@
-//! One file per subcommand: each takes its parsed args and returns an exit code.
+//! One file per subcommand: each turns its parsed args into a request, calls one
+//! library operation ([`crate::ops`]) and renders the report; it returns an exit code.
 //!
 //! `dispatch` is the only place that maps a `Command` to its implementation. Commands
-//! never import each other; what several need lives in `common` (policy, ledger, the
-//! process's one runtime, JSON documents), `render` (text for people) and `reach` (an
-//! operation's host by its recorded route). They talk to hosts only through
-//! [`crate::host`].
+//! never import each other (tests/it/architecture.rs checks it); what several need
+//! lives in `common` (the library's context from the global options) and `render` (the
+//! one output object, [`render::Out`], and text for people).
 
 mod classify;
 mod completions;
@@ -16,34 +16,25 @@ use crate::cli::{Cli, Command};
 use crate::error::Result;
 
 mod audit;
-pub mod cancel;
+mod cancel;
 pub mod common;
 mod config;
 mod doctor;
 mod gc;
 mod host_changed;
 mod ledger;
-pub mod list;
+mod list;
 mod mcp;
 mod mux;
-pub mod probe;
-mod reach;
-pub mod reconcile;
+mod probe;
+mod reconcile;
 pub mod render;
 mod resolve;
-pub mod run;
-pub mod show;
+mod run;
+mod show;
 mod stats;
 
-/// The redactor for messages that may quote the user's input: the built-in rules plus
-/// the policy's patterns when the policy loads (an error about the policy itself must
-/// still be shown, with the built-in rules).
-pub fn redactor_for_errors(policy: Option<&std::path::Path>) -> crate::ledger::Redactor {
-    let extra = crate::policy::Policy::load(policy)
-        .map(|p| p.redact_patterns().to_vec())
-        .unwrap_or_default();
-    crate::ledger::Redactor::with_patterns(&extra)
-}
+pub use crate::ops::redactor_for_errors;
 
 /// Runs the parsed command line; returns the process exit code.
 pub fn dispatch(cli: Cli) -> Result<u8> {

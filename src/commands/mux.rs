@@ -3,7 +3,7 @@
 
 use crate::cli::{GlobalArgs, MuxAction, MuxArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::host::keeper::{self, Place, Reply, Request, DEFAULT_PERSIST};
+use crate::host::keeper::{self, KeeperReply, KeeperRequest, Place, DEFAULT_PERSIST};
 
 /// Runs one `mux` action.
 pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
@@ -21,8 +21,8 @@ pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
             keeper::serve(&dir, persist).map_err(local)?;
             Ok(exit_code::OK)
         }
-        MuxAction::Status => ask(global, Request::Status),
-        MuxAction::Stop => ask(global, Request::Stop),
+        MuxAction::Status => ask(global, KeeperRequest::Status),
+        MuxAction::Stop => ask(global, KeeperRequest::Stop),
     }
 }
 
@@ -31,14 +31,14 @@ fn local(message: String) -> Error {
 }
 
 /// Sends `request` to a running keeper (never starts one) and prints the answer.
-fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
+fn ask(global: &GlobalArgs, request: KeeperRequest) -> Result<u8> {
     let place = Place::open_default().map_err(local)?;
     let reply = super::common::block_on(keeper::control(&place, &request))?.map_err(local)?;
-    let stopping = matches!(request, Request::Stop);
+    let stopping = matches!(request, KeeperRequest::Stop);
     if global.json {
         let doc = match &reply {
             None => serde_json::json!({ "running": false, "dir": place.dir }),
-            Some(Reply::Status {
+            Some(KeeperReply::Status {
                 pid,
                 persist_secs,
                 idle_secs,
@@ -48,7 +48,7 @@ fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
                 "running": true, "dir": place.dir, "pid": pid, "persist_secs": persist_secs,
                 "idle_secs": idle_secs, "callers": callers, "connections": connections,
             }),
-            Some(Reply::Stopping { pid }) => {
+            Some(KeeperReply::Stopping { pid }) => {
                 serde_json::json!({ "running": false, "stopped": true, "pid": pid })
             }
             Some(other) => serde_json::json!({ "running": true, "answer": format!("{other:?}") }),
@@ -64,8 +64,10 @@ fn ask(global: &GlobalArgs, request: Request) -> Result<u8> {
             "no connection keeper is running ({}); the next opmark run starts one",
             place.dir.display()
         ),
-        Some(Reply::Stopping { pid }) => crate::outln!("stopped the connection keeper (pid {pid})"),
-        Some(Reply::Status {
+        Some(KeeperReply::Stopping { pid }) => {
+            crate::outln!("stopped the connection keeper (pid {pid})")
+        }
+        Some(KeeperReply::Status {
             pid,
             persist_secs,
             idle_secs,

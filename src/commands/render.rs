@@ -1,45 +1,82 @@
-//! Text for people, shared by the commands: stored text made safe for a terminal, cut or
-//! wrapped to a width, and the ledger's times shown to the second.
+//! The render layer: [`Out`], the one object through which every command's answer
+//! reaches stdout, and text for people shared by the commands (stored text made safe
+//! for a terminal, cut or wrapped to a width, the ledger's times shown to the second).
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::ops::document::json_document;
+
+/// This process's stdout, the one way a command's answer leaves it. A stdout that cannot
+/// take a write (a reader gone: [`std::io::ErrorKind::BrokenPipe`]; a full disk) is
+/// [`ErrorKind::StdoutClosed`]: nobody can read the answer, so the process exits 141 as
+/// one that SIGPIPE ended would (SPEC section 6); never a panic. A broken pipe is also
+/// remembered by [`crate::logging::closed_pipe`] for `main`.
+#[derive(Debug, Clone, Copy)]
+pub struct Out;
+
+impl Out {
+    /// `text` as it is.
+    pub fn text(self, text: &str) -> Result<()> {
+        crate::logging::print(text).map_err(stdout_failed)
+    }
+
+    /// One JSON document: compact, one line, ending in a newline, with `schema` (SPEC
+    /// section 6), so a caller can read it with one `readline`.
+    pub fn json(self, value: &impl serde::Serialize) -> Result<()> {
+        let doc = json_document(value)?;
+        self.text(&format!("{doc}\n"))
+    }
+
+    /// `run`'s document as [`Out::json`] prints it, with `stdout` and `stderr` streamed
+    /// from their spools instead of held in memory (SPEC 7: memory bounded by the caps,
+    /// not by the output): the bytes are those `json` would print.
+    pub fn run_json(self, report: &crate::operation::RunReport) -> Result<()> {
+        let mut light = report.clone();
+        light.stdout = Default::default();
+        light.stderr = Default::default();
+        let doc = json_document(&light)?;
+        let serde_json::Value::Object(map) = &doc else {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                "a JSON document must be an object (opmark bug)",
+            ));
+        };
+        let write = || -> std::io::Result<()> {
+            use std::io::Write as _;
+            let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout().lock());
+            out.write_all(b"{")?;
+            for (i, (key, value)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                serde_json::to_writer(&mut out, key)?;
+                out.write_all(b":")?;
+                match key.as_str() {
+                    "stdout" => report.stdout.write_json_string(&mut out)?,
+                    "stderr" => report.stderr.write_json_string(&mut out)?,
+                    _ => serde_json::to_writer(&mut out, value)?,
+                }
+            }
+            out.write_all(b"}\n")?;
+            out.flush()
+        };
+        write().map_err(|e| {
+            crate::logging::note(&e);
+            stdout_failed(e)
+        })
+    }
+}
+
+fn stdout_failed(e: std::io::Error) -> Error {
+    Error::new(
+        ErrorKind::StdoutClosed,
+        format!("cannot write to stdout: {e}"),
+    )
+}
 
 /// The width `show` wraps its timeline to.
 pub const WIDTH: usize = 80;
 
-/// `s` with control characters escaped, so stored text cannot drive the terminal.
-pub fn printable(s: &str) -> String {
-    if !s.chars().any(char::is_control) {
-        return s.to_owned();
-    }
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
-/// Cuts `s` to `width` characters, marking the cut with `…`.
-pub fn fit(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        s.to_owned()
-    } else {
-        let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
-        out.push('…');
-        out
-    }
-}
-
-/// `2024-05-01T10:00:00.123456Z` → `2024-05-01 10:00:00`.
-pub fn to_second(at: &str) -> String {
-    at.get(..19).unwrap_or(at).replace('T', " ")
-}
-
-/// An RFC 3339 time as the ledger stores it.
-pub fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
-}
+pub use crate::text::{fit, parse_at, printable, to_second};
 
 /// Appends `prefix` + `text`, wrapping at [`WIDTH`] with continuation lines aligned under
 /// the text's first column. Words longer than a line are split.

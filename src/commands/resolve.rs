@@ -1,322 +1,44 @@
 //! `opmark resolve OP --host H --as applied|not-applied|abandoned --note TEXT [--exit N]`:
-//! an operator's decision, recorded as an observation, and final: a later `run` of the op
-//! id answers it without contacting the host (SPEC section 2). `not-applied` first fences
-//! the marker on the host, and is refused when the host's evidence contradicts it or the
-//! host presents another key than the operation ran against. `abandoned` fences the same
-//! way and is refused the same way; only a host that cannot be reached lets it stand
-//! unfenced, recorded as a probe that found the host unreachable, so later evidence of the
-//! command shows as a contradiction. Nothing is recorded when a decision is refused. The
-//! host is reached by the operation's recorded route (SPEC section 9).
-
-use serde::Serialize;
+//! an operator's decision, recorded as an observation, and final (the work, and when it
+//! is refused, is [`crate::ops::resolve`]'s).
 
 use super::common;
-use super::reach::reach;
 use super::render::printable;
-use crate::cli::{GlobalArgs, Resolution, ResolveArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
-use crate::ledger::{Durability, Event, History, OpKey, ProbeState, UnlessSettledSince};
-use crate::op_id::OpId;
-use crate::operation::identity::{self, Recorded};
+use crate::cli::{GlobalArgs, ResolveArgs};
+use crate::error::{exit_code, Result};
+use crate::ops::host_changed::Answered;
+use crate::ops::resolve::{resolve, ResolveRequest};
 
-#[derive(Serialize)]
-struct Report<'a> {
-    op_id: &'a str,
-    host: &'a str,
-    decision: &'a str,
-    by: &'a str,
-    note: &'a str,
-    /// The exit status vouched for (`--exit`, applied only).
-    exit_code: Option<i32>,
-    /// What the fence did on the host (not-applied, abandoned).
-    fence: Option<String>,
-    /// Sequence numbers of the recorded events.
-    seqs: Vec<u64>,
-}
-
-/// The ledger's word for a resolution.
-pub fn decision_name(r: Resolution) -> &'static str {
-    match r {
-        Resolution::Applied => "applied",
-        Resolution::NotApplied => "not_applied",
-        Resolution::Abandoned => "abandoned",
-    }
-}
-
-/// Records the decision (after fencing, for not-applied).
+/// Records the decision (after fencing, for not-applied) and says what was recorded.
 pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
-    let op =
-        OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
-    if args.note.trim().is_empty() {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            "--note is empty; say why (it is recorded with the decision)",
-        ));
-    }
-    if let Some(code) = args.exit {
-        if args.decision != Resolution::Applied {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "--exit goes with --as applied only (an operation that did not apply has no exit status); nothing was recorded",
-            ));
-        }
-        if !(0..=255).contains(&code) {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                format!("--exit {code} is not an exit status (0 to 255); nothing was recorded"),
-            ));
-        }
-    }
-    // The decision is recorded under a name: never a made-up one.
-    let by = common::operator_name(args.by.as_deref()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidInput,
-            "cannot tell who is deciding: $USER and $LOGNAME are unset and the uid has no \
-             passwd entry; give --operator NAME. Nothing was recorded",
-        )
-    })?;
-    let policy = common::load_policy(global)?;
-    let mut ledger = common::open_ledger(global, &policy)?;
-    let key = OpKey::new(op.as_str(), args.host.clone());
-    let Some(seen) = ledger.operation(&key)? else {
-        let hosts = ledger.hosts_of(op.as_str())?;
-        let hint = if hosts.is_empty() {
-            "`opmark list` shows what is recorded".to_owned()
-        } else {
-            format!(
-                "it is recorded on: {}",
-                hosts
-                    .iter()
-                    .map(|h| printable(h))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "no operation `{op}` on host `{}` in the ledger {}; {hint}. Nothing was recorded",
-                printable(&args.host),
-                ledger.path().display()
-            ),
-        ));
-    };
-    let history = ledger.events(&key)?;
-    // A final decision stands (SPEC section 2): a second one, from this machine or any
-    // other sharing the ledger, is refused, naming the first.
-    if let Some(d) = History::of(&history).final_decision {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!(
-                "operation `{op}` on `{}` was already settled by operator {} at {} ({}); nothing was recorded. `opmark show {op} --host {}` shows it",
-                printable(&args.host),
-                printable(&d.by),
-                d.at,
-                d.decision,
-                printable(&args.host)
-            ),
-        ));
-    }
-    let recorded = identity::recorded(&history);
-    let decision = decision_name(args.decision);
-    let mut events = Vec::new();
-    let mut fence_text = None;
-    match args.decision {
-        Resolution::NotApplied => {
-            let text = match fence(global, args, &op, &recorded) {
-                Ok(text) => text,
-                Err(e) => {
-                    return super::host_changed::answer(
-                        global,
-                        op.as_str(),
-                        &args.host,
-                        e.into_error(),
-                    )
-                }
-            };
-            events.push(Event::Fenced {
-                detail: format!("opmark resolve --as not-applied by {by}: {text}"),
-            });
-            fence_text = Some(text);
-        }
-        // Abandoning is for operations nobody can check, often on a host that is gone:
-        // only a host that cannot be reached lets the decision stand without the fence
-        // (a later `run` answers from the ledger), and the ledger records that the host
-        // was not reached, so a later probe that finds the command running or completed
-        // is a contradiction, never silent. A host that answers is heard: one that says
-        // the command is running or completed refuses the decision, as for not-applied.
-        Resolution::Abandoned => match fence(global, args, &op, &recorded) {
-            Ok(text) => {
-                events.push(Event::Fenced {
-                    detail: format!("opmark resolve --as abandoned by {by}: {text}"),
-                });
-                fence_text = Some(text);
-            }
-            Err(NotFenced::Unreachable(e)) => {
-                let text = format!("not fenced: {}", e.message);
-                events.push(Event::Probed {
-                    attempt_id: None,
-                    state: ProbeState::Unreachable,
-                    exit_code: None,
-                    detail: format!(
-                        "opmark resolve --as abandoned by {by}: the host was not reached, so nothing on it was checked or fenced ({})",
-                        e.message
-                    ),
-                    claim: None,
-                });
-                fence_text = Some(text);
-            }
-            Err(refused) => {
-                return super::host_changed::answer(
-                    global,
-                    op.as_str(),
-                    &args.host,
-                    refused.into_error(),
-                )
-            }
+    let report = match resolve(
+        &common::context(global),
+        &ResolveRequest {
+            op: args.op.clone(),
+            host: args.host.clone(),
+            decision: args.decision,
+            note: args.note.clone(),
+            exit: args.exit,
+            by: args.by.clone(),
+            options: common::host_options(&args.host_args),
         },
-        Resolution::Applied => {}
-    }
-    events.push(Event::OperatorDecision {
-        by: by.clone(),
-        decision: decision.into(),
-        note: args.note.clone(),
-        exit_code: args.exit,
-    });
-    // Conditional on what was read above: of two operators deciding at once, one wins.
-    let seqs = ledger.append_if(
-        &key,
-        &events,
-        Durability::Full,
-        Some(UnlessSettledSince(seen.last_seq)),
-    )?;
+    )? {
+        Answered::Report(report) => report,
+        Answered::HostChanged(changed) => return super::host_changed::render(global, &changed),
+    };
     if global.json {
-        common::print_json(&Report {
-            op_id: op.as_str(),
-            host: &args.host,
-            decision,
-            by: &by,
-            note: &args.note,
-            exit_code: args.exit,
-            fence: fence_text,
-            seqs,
-        })?;
+        common::print_json(&report)?;
     } else {
-        if let Some(t) = &fence_text {
-            println!("fence on {}: {t}", printable(&args.host));
+        if let Some(t) = &report.fence {
+            crate::outln!("fence on {}: {t}", printable(&report.host));
         }
-        println!(
-            "recorded: {} decided {decision} for {op} on {}",
-            printable(&by),
-            printable(&args.host)
+        crate::outln!(
+            "recorded: {} decided {} for {} on {}",
+            printable(&report.by),
+            report.decision,
+            report.op_id,
+            printable(&report.host)
         );
     }
     Ok(exit_code::OK)
-}
-
-/// Why the fence was not put in place. Every variant's error says that nothing was
-/// recorded and what to do.
-enum NotFenced {
-    /// The host could not be reached, or the fence's answer was lost: the host affirmed
-    /// nothing about the operation.
-    Unreachable(Error),
-    /// The host answered and refused (it says the command is running or completed, or
-    /// refused for another reason), or it presents another key than the operation ran
-    /// against (another machine), or the answer made no sense.
-    Refused(Error),
-}
-
-impl NotFenced {
-    fn into_error(self) -> Error {
-        match self {
-            NotFenced::Unreachable(e) | NotFenced::Refused(e) => e,
-        }
-    }
-}
-
-/// Fences the marker (force: an interrupted claim too). Refuses when the host says the
-/// command completed or is running (the evidence contradicts "not applied"), and when
-/// the host presents another key than the operation ran against (another machine).
-fn fence(
-    global: &GlobalArgs,
-    args: &ResolveArgs,
-    op: &OpId,
-    recorded: &Recorded,
-) -> std::result::Result<String, NotFenced> {
-    let dest =
-        reach(global, &args.host, &args.host_args, recorded.route.as_ref()).map_err(|e| {
-            NotFenced::Refused(Error::new(
-                ErrorKind::Unreachable,
-                format!(
-                    "cannot fence {op} on {}: {e}; nothing was recorded",
-                    printable(&args.host)
-                ),
-            ))
-        })?;
-    let host = printable(&args.host);
-    let reached = common::block_on(async {
-        let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
-            recorded.check(&args.host, op.as_str(), key, Some(route))
-        })
-        .await;
-        let target = reached.map_err(|e| match e {
-            ReachError::Connect(e) => NotFenced::Unreachable(Error::new(
-                ErrorKind::Unreachable,
-                format!(
-                    "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
-                ),
-            )),
-            changed => NotFenced::Refused(super::host_changed::reach_error(
-                changed,
-                "nothing was fenced or recorded",
-            )),
-        })?;
-        Ok::<_, NotFenced>(target.fence(op, true).await)
-    });
-    let answer = match reached {
-        Ok(answer) => answer?,
-        Err(e) => return Err(NotFenced::Refused(e)),
-    };
-    let refusal = match answer {
-        Ok(fenced) => return Ok(format!("{} ({})", fenced.outcome, fenced.marker.summary())),
-        Err(CallError::Refused(r)) => r,
-        Err(CallError::NoAnswer(_)) => {
-            return Err(NotFenced::Refused(Error::new(
-                ErrorKind::Internal,
-                "the shim answered the fence without a fence frame; nothing was recorded",
-            )))
-        }
-        Err(e) => {
-            return Err(NotFenced::Unreachable(Error::new(
-                ErrorKind::Unreachable,
-                format!("the fence of {op} on {host} got no answer ({e}); nothing was recorded. Probe it, then retry"),
-            )))
-        }
-    };
-    if refusal.reason == RefusalReason::RootChanged {
-        return Err(NotFenced::Refused(super::host_changed::root_changed(
-            recorded,
-            &args.host,
-            op.as_str(),
-            &refusal,
-        )));
-    }
-    let seen = CallError::Refused(refusal.clone()).seen();
-    let decision = decision_name(args.decision).replace('_', " ");
-    let message = match refusal.reason {
-        RefusalReason::Marker(MarkerState::Completed) => format!(
-            "the host says {op} completed ({seen}): that contradicts {decision}; nothing was recorded. Use --as applied, or investigate with `opmark show {op}`"
-        ),
-        RefusalReason::Marker(MarkerState::Running) => format!(
-            "the host says {op} is running ({seen}): it cannot be declared {decision}; nothing was recorded. Wait for it (or `opmark cancel {host} {op}`), then `opmark reconcile`"
-        ),
-        _ => format!(
-            "the host refused to fence {op} ({seen}); nothing was recorded. Check the host with `opmark doctor`"
-        ),
-    };
-    Err(NotFenced::Refused(Error::new(
-        ErrorKind::InvalidInput,
-        message,
-    )))
 }

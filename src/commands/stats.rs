@@ -2,43 +2,23 @@
 
 use std::collections::BTreeMap;
 
-use super::common::redacted_error;
+use super::common;
 use crate::cli::{GlobalArgs, StatsArgs};
-use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::ledger::{Ledger, Stats};
+use crate::error::{exit_code, Result};
+use crate::ledger::Stats;
 
-/// Prints the counts as text, or one JSON document with `--json`.
+/// Prints the counts ([`crate::ops::stats`]) as text, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
-    let cutoff = args
-        .since
-        .map(|since| {
-            crate::ledger::stamp_before(since).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    "--since reaches back before any possible date; use a shorter duration such as 30d",
-                )
-            })
-        })
-        .transpose()?;
-    let (ledger, _path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?;
-    let stats = match &ledger {
-        Some(l) => match &cutoff {
-            None => l.stats(),
-            Some(cutoff) => l.stats_since(cutoff),
-        }
-        .map_err(|e| redacted_error(e.into()))?,
-        None => Stats::default(),
-    };
+    let stats = crate::ops::stats::stats(&common::context(global), args.since)?;
     if global.json {
         super::common::print_json(&stats)?;
     } else {
-        if let Some(cutoff) = &cutoff {
+        if let Some(since) = args.since {
             // Said first, so a window is never read as the whole ledger.
             crate::outln!(
-                "{:<19} events since {cutoff}, operations active since",
-                "window"
+                "{:<19} the last {}: events recorded in it, operations active in it",
+                "window",
+                humantime(since)
             );
         }
         crate::out!("{}", text(&stats));
@@ -81,4 +61,15 @@ fn text(s: &Stats) -> String {
         ("events", s.events.to_string()),
     ];
     rows.iter().map(|(k, v)| format!("{k:<19} {v}\n")).collect()
+}
+
+/// `3600s` as people wrote it: the largest whole unit.
+fn humantime(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len && s.is_multiple_of(len) {
+            return format!("{}{unit}", s / len);
+        }
+    }
+    format!("{s}s")
 }

@@ -44,7 +44,7 @@ pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
 pub mod keeper {
     pub use crate::ssh::keeper::client::control;
     pub use crate::ssh::keeper::server::serve;
-    pub use crate::ssh::keeper::wire::{Reply, Request};
+    pub use crate::ssh::keeper::wire::{KeeperReply, KeeperRequest};
     pub use crate::ssh::keeper::{set_persist, Place, DEFAULT_PERSIST};
 }
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::images::{self, HostKind};
 use super::sshd::{self, run};
 use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
 use super::{Target, READY_TIMEOUT};
@@ -61,8 +62,10 @@ const FIRST_HOST: u32 = 10;
 #[derive(Debug, Clone, Default)]
 pub struct DockerSpec {
     /// An image the user already has, with sshd at /usr/sbin/sshd; None builds (or reuses)
-    /// the lab's own image.
+    /// the lab's own image of `kind`.
     pub image: Option<String>,
+    /// The host kind of the lab's own image (ignored with `image`): Debian by default.
+    pub kind: HostKind,
 }
 
 /// The docker side of a lab, kept in lab.json.
@@ -81,6 +84,9 @@ pub(crate) struct DockerLab {
     own_image: bool,
     /// One entry per target, in target order.
     nodes: Vec<Node>,
+    /// The host kind its image is (how its containers start their SSH server).
+    #[serde(default)]
+    pub(crate) kind: HostKind,
     /// How the image was obtained by this start (for `lab up`'s report); not saved.
     #[serde(skip)]
     pub(crate) image_source: Option<ImageSource>,
@@ -154,13 +160,21 @@ fn image_exists(image: &str) -> bool {
 
 /// The lab's own image, built when no image carries the recipe's tag. One builder at a
 /// time per user (a lock file), so parallel `lab up`s and tests build it once.
-pub fn ensure_image(scratch: &Path) -> Result<(String, ImageSource), LabError> {
-    let tag = recipe_tag();
+/// The other kinds are built from this machine's own files (see `images`), in seconds
+/// and without network.
+pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageSource), LabError> {
+    let tag = match kind {
+        HostKind::Debian => recipe_tag(),
+        _ => images::recipe_tag(kind)?,
+    };
     if image_exists(&tag) {
         return Ok((tag, ImageSource::Cached));
     }
-    let lock_path =
-        std::env::temp_dir().join(format!("opmark-lab-image-{}.lock", super::effective_uid()));
+    let lock_path = std::env::temp_dir().join(format!(
+        "opmark-lab-image-{}-{}.lock",
+        kind.as_str(),
+        super::effective_uid()
+    ));
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -179,7 +193,22 @@ pub fn ensure_image(scratch: &Path) -> Result<(String, ImageSource), LabError> {
         return Ok((tag, ImageSource::Cached));
     }
     let started = Instant::now();
-    build_image(&tag, scratch)?;
+    match kind {
+        HostKind::Debian => build_image(&tag, scratch)?,
+        _ => {
+            if super::effective_uid() != 0 {
+                return Err(LabError::MissingTool {
+                    tool: format!(
+                        "root (to build the {} lab image: file owners)",
+                        kind.as_str()
+                    ),
+                    fix: "run it once as root; the image is cached afterwards".into(),
+                });
+            }
+            mkdir(scratch, 0o700)?;
+            images::build(kind, &tag, scratch)?
+        }
+    }
     Ok((tag, ImageSource::Built(started.elapsed())))
 }
 
@@ -306,7 +335,12 @@ fn import(rootfs: &Path, tag: &str) -> Result<(), LabError> {
             }
         }
     }
-    let cmd_json = serde_json::to_string(&["/bin/sh", "-c", START_SSHD]).unwrap_or_default();
+    import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD])
+}
+
+/// `tar -C rootfs -c . | docker import -c CMD - tag`.
+pub(crate) fn import_rootfs(rootfs: &Path, tag: &str, cmd: &[&str]) -> Result<(), LabError> {
+    let cmd_json = serde_json::to_string(cmd).unwrap_or_default();
     let mut tar = Command::new("tar")
         .arg("-C")
         .arg(rootfs)
@@ -374,7 +408,11 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
     let dir = prepare_dir(&spec.dir)?;
     let (image, source) = match &options.image {
         Some(i) => (i.clone(), ImageSource::Given),
-        None => ensure_image(&dir.join("image-build"))?,
+        None => ensure_image_of(options.kind, &dir.join("image-build"))?,
+    };
+    let kind = match options.image {
+        Some(_) => HostKind::Debian,
+        None => options.kind,
     };
     let id = lab_id(&dir);
     // Leftovers of a crashed lab in this directory would hold the names.
@@ -399,6 +437,7 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
                 image: image.clone(),
                 own_image: options.image.is_none(),
                 nodes: Vec::new(),
+                kind,
                 image_source: Some(source),
             }),
         },
@@ -539,7 +578,12 @@ fn config_text(alias: &str) -> String {
     }
     // Not in the bind mount: a pid of the container's namespace means nothing outside.
     c.push_str("PidFile /run/sshd.pid\n");
-    let _ = writeln!(c, "AuthorizedKeysFile {INJECT_DIR}/authorized_keys");
+    // The injected file is readable by root only; other users (one per login shell in the
+    // busybox image) get a copy in their home from the start script.
+    let _ = writeln!(
+        c,
+        "AuthorizedKeysFile {INJECT_DIR}/authorized_keys .ssh/authorized_keys"
+    );
     // The injected files belong to whoever ran the lab, not to root in the container.
     c.push_str("StrictModes no\nUsePAM no\n");
     c.push_str("PubkeyAuthentication yes\nPasswordAuthentication no\n");
@@ -549,8 +593,10 @@ fn config_text(alias: &str) -> String {
     c.push_str("ClientAliveInterval 1\nClientAliveCountMax 3\n");
     c.push_str("LogLevel VERBOSE\nUseDNS no\nPrintMotd no\nPrintLastLog no\n");
     c.push_str("X11Forwarding no\nAllowTcpForwarding yes\n");
-    // The markers live on the volume: they survive a crash of the container.
-    let _ = writeln!(c, "SetEnv XDG_STATE_HOME={STATE_HOME}");
+    // root's markers live on the volume: they survive a crash of the container (other
+    // users' stay in their homes, in the container's own layer, which a crash keeps too).
+    // Last: a Match block runs to the end of the file.
+    let _ = writeln!(c, "Match User root\n\tSetEnv XDG_STATE_HOME={STATE_HOME}");
     c
 }
 
@@ -565,32 +611,42 @@ fn run_container(lab: &Lab, t: &Target, n: &Node) -> Result<(), LabError> {
     let ip = t.addr.to_string();
     let inject = format!("{}:{INJECT_DIR}", t.dir.display());
     let markers = format!("{}:{STATE_HOME}", n.volume);
-    docker(&[
-        "run",
-        "-d",
-        "--name",
-        &n.container,
-        "--hostname",
-        t.short_name(),
-        "--network",
-        &d.network,
-        "--ip",
-        &ip,
-        "--label",
-        &label_id,
-        "--label",
-        &label_dir,
-        "-v",
-        &inject,
-        "-v",
-        &markers,
-        &d.image,
-        "/bin/sh",
-        "-c",
-        START_SSHD,
-    ])
+    docker(
+        &[
+            "run",
+            "-d",
+            "--name",
+            &n.container,
+            "--hostname",
+            t.short_name(),
+            "--network",
+            &d.network,
+            "--ip",
+            &ip,
+            "--label",
+            &label_id,
+            "--label",
+            &label_dir,
+            "-v",
+            &inject,
+            "-v",
+            &markers,
+            &d.image,
+        ]
+        .into_iter()
+        .chain(start_command(d.kind))
+        .collect::<Vec<_>>(),
+    )
     .map_err(|e| t.start_failed(format!("docker run failed: {e}")))?;
     Ok(())
+}
+
+/// The container's command: the Debian image's sshd line, or the other kinds' script.
+fn start_command(kind: HostKind) -> Vec<&'static str> {
+    match kind {
+        HostKind::Debian => vec!["/bin/sh", "-c", START_SSHD],
+        _ => vec!["/bin/sh", images::START_SCRIPT],
+    }
 }
 
 fn wait_all_ready(lab: &Lab) -> Result<(), LabError> {
@@ -941,10 +997,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recipe_tag_is_stable_and_names_the_repository() {
+    fn recipe_tag_is_the_hash_of_the_recipe_stable_and_names_the_repository() {
         let tag = recipe_tag();
-        assert_eq!(tag, recipe_tag());
         assert!(tag.starts_with("opmark-lab:") && tag.len() == "opmark-lab:".len() + 16);
+        // The same recipe, rebuilt as another value, gives the same tag: the cache hits.
+        let copy: Vec<(String, String)> = RECIPE
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let copy: Vec<(&str, &str)> = copy.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(tag_of(&copy), tag);
+        // Every entry counts: changing any one value, or dropping any entry, moves the tag.
+        for i in 0..RECIPE.len() {
+            let mut changed = copy.clone();
+            let other = format!("{}-changed", changed[i].1);
+            changed[i].1 = &other;
+            assert_ne!(
+                tag_of(&changed),
+                tag,
+                "changing {} kept the tag",
+                RECIPE[i].0
+            );
+            let mut dropped = copy.clone();
+            dropped.remove(i);
+            assert_ne!(
+                tag_of(&dropped),
+                tag,
+                "dropping {} kept the tag",
+                RECIPE[i].0
+            );
+        }
     }
 
     #[test]

@@ -27,11 +27,13 @@
 //! their markers live on a docker volume.
 
 mod docker;
+mod images;
 mod netns;
 mod proc;
 mod sshd;
 
 pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource};
+pub use images::{login_shells, shell_user, HostKind};
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};

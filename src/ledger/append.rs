@@ -155,7 +155,7 @@ pub(crate) fn append(
             }
             Ok(None) => count(&mut counts, event, before.as_ref(), None),
             // The caller drops the transaction: nothing of this append is stored.
-            Err(projection::Refusal::FingerprintConflict) => {
+            Err(projection::AppendRefused::FingerprintConflict) => {
                 return Err(LedgerError::FingerprintConflict {
                     op_id: key.op_id.clone(),
                     host: key.host.clone(),

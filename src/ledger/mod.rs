@@ -29,7 +29,9 @@ pub mod fingerprint;
 pub mod history;
 pub mod postgres;
 pub mod projection;
-pub mod redact;
+// Redaction is its own top-level module (`op_id` and `policy` use it too); re-exported
+// under its old path so the ledger's own `super::redact` imports stay.
+pub use crate::redact;
 mod schema;
 mod sqlite;
 pub mod words;
@@ -46,6 +48,9 @@ pub use event::{Event, Observed, StoredEvent};
 pub use history::History;
 pub use projection::OperationRecord;
 pub use redact::Redactor;
+// Path helpers of their own module now (the keeper needs them too, and `ssh` must not
+// depend on the ledger); re-exported for the ledger's callers.
+pub use crate::paths::{absolute_env, home_dir};
 pub use words::{Decision, OpState, ProbeState, Refusal};
 
 use crate::error::{Error, ErrorKind};
@@ -505,24 +510,6 @@ impl std::fmt::Debug for Ledger {
     }
 }
 
-/// The user's home: `$HOME` when set to an absolute path, else the home directory of the
-/// effective uid's passwd entry, as ssh finds it. Cron and systemd units run without
-/// `$HOME`; falling back to the current directory would give each working directory a
-/// ledger and a key of its own, silently. `None` when neither names one.
-pub fn home_dir() -> Option<PathBuf> {
-    absolute_env("HOME").or_else(passwd_home)
-}
-
-/// The environment variable `name` when it holds an absolute path. A relative or empty
-/// value is ignored, as the XDG Base Directory spec requires of `XDG_*_HOME` ("all paths
-/// set in these environment variables must be absolute; if an implementation encounters
-/// a relative path it should consider the path invalid and ignore it").
-pub fn absolute_env(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name)
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-}
-
 /// The refusal when no default path can be made: no home anywhere.
 fn no_home_error() -> LedgerError {
     LedgerError::Invalid {
@@ -531,33 +518,6 @@ fn no_home_error() -> LedgerError {
             rustix::process::geteuid().as_raw()
         ),
     }
-}
-
-/// The home directory of the effective uid's passwd entry: `/etc/passwd` first, then
-/// `getent passwd UID`, which also asks NSS (LDAP, sssd, systemd-homed users are not in
-/// the file). Both without unsafe code; only paid when `$HOME` is unset.
-fn passwd_home() -> Option<PathBuf> {
-    let uid = rustix::process::geteuid().as_raw().to_string();
-    let from_file = std::fs::read_to_string("/etc/passwd")
-        .ok()
-        .and_then(|passwd| passwd.lines().find_map(|line| home_field(line, &uid)));
-    from_file.or_else(|| {
-        let out = std::process::Command::new("getent")
-            .args(["passwd", &uid])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()?;
-        let text = String::from_utf8(out.stdout).ok()?;
-        text.lines().find_map(|line| home_field(line, &uid))
-    })
-}
-
-/// The home field of a passwd line for `uid`, when it is an absolute path.
-fn home_field(line: &str, uid: &str) -> Option<PathBuf> {
-    let fields: Vec<&str> = line.split(':').collect();
-    let home = PathBuf::from(fields.get(5)?);
-    (fields.len() >= 6 && fields[2] == uid && home.is_absolute()).then_some(home)
 }
 
 /// The time `back` before now, as events are stamped (UTC RFC 3339, microseconds).
@@ -1167,7 +1127,7 @@ pub(crate) fn replay_counting(
                 }
                 Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
                 // Refused appends were rolled back; a stored one is not what opmark wrote.
-                Err(projection::Refusal::FingerprintConflict) => {
+                Err(projection::AppendRefused::FingerprintConflict) => {
                     append::count(&mut counts, &event, had.as_ref(), None);
                     if let Some(rec) = had {
                         replayed.insert(key, rec);

@@ -102,7 +102,7 @@ fn cancel_settles(result: &str) -> bool {
 }
 
 /// Why an append was refused by the projection.
-pub(crate) enum Refusal {
+pub(crate) enum AppendRefused {
     /// The op id on this host is already bound to another fingerprint.
     FingerprintConflict,
 }
@@ -257,7 +257,7 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
                     rows.insert(key, rec);
                 }
                 Ok(None) => {}
-                Err(Refusal::FingerprintConflict) => {
+                Err(AppendRefused::FingerprintConflict) => {
                     if let Some(rec) = kept {
                         rows.insert(key, rec);
                     }
@@ -280,7 +280,7 @@ pub(crate) fn fold(
     event: &Event,
     seq: u64,
     at: &str,
-) -> Result<Option<OperationRecord>, Refusal> {
+) -> Result<Option<OperationRecord>, AppendRefused> {
     let Some(mut rec) = existing else {
         // Only an intent creates an operation; other events about an unknown operation
         // (a probe of a foreign op id, a session notice) stay in the event log only.
@@ -346,7 +346,7 @@ pub(crate) fn fold(
             rule,
         } => {
             if *fingerprint != rec.fingerprint {
-                return Err(Refusal::FingerprintConflict);
+                return Err(AppendRefused::FingerprintConflict);
             }
             // The same intent again (a new `run` of the same op id): keep the history,
             // take the newest policy decision.

@@ -1,10 +1,10 @@
 //! `opmark mcp`: the Model Context Protocol on stdio (SPEC section 12), on the official
 //! Rust SDK (`rmcp`).
 //!
-//! A thin layer: every tool calls the same command function the CLI runs (with `--json`),
-//! on a thread of its own, and hands the JSON document (schema `opmark/1`) to the client
-//! as structured content. So the policy, the ledger, the verdicts and the reason codes
-//! are the CLI's, exactly. What the layer adds:
+//! A thin layer: every tool calls the same operation the CLI runs ([`crate::ops`]), on a
+//! thread of its own, and hands its report as the JSON document the CLI's `--json`
+//! prints (schema `opmark/1`) to the client as structured content. So the policy, the
+//! ledger, the verdicts and the reason codes are the CLI's, exactly. What the layer adds:
 //! - no way to approve: the `run` tool has no `approve` argument, so `blocked` stays
 //!   blocked (approval is a human's act, `opmark run --approve` or `opmark resolve`);
 //! - no prompt ever: passphrase prompts are forbidden for the whole process;
@@ -29,13 +29,17 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::cli::{
-    CancelArgs, FleetArgs, GlobalArgs, HostArgs, ListArgs, ProbeArgs, ReconcileArgs, RunArgs,
-    ShowArgs,
-};
-use crate::commands::{self, common};
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::cancel::{cancel, CancelRequest};
+use crate::ops::document::{error_document, json_document};
+use crate::ops::host_changed::Answered;
+use crate::ops::list::{list, ListRequest};
+use crate::ops::probe::{probe, ProbeRequest};
+use crate::ops::reconcile::{reconcile, ReconcileRequest};
+use crate::ops::run::{run, FleetOptions, RunRequest, Stdin, Unwatched};
+use crate::ops::show::{show, ShowRequest};
+use crate::ops::{Context, HostOptions};
 
 /// How often a running tool reports progress to a client that asked for it.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -43,11 +47,12 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// The output kept on the host per stream by an MCP `run` (the CLI's default `--output-cap`).
 const HOST_OUTPUT_CAP: u64 = 8 << 20;
 
-/// The MCP server: the CLI's global options (ssh config, ledger, policy) for every tool.
+/// The MCP server: the ssh config, ledger and policy `opmark mcp` was started with, for
+/// every tool.
 #[derive(Debug, Clone)]
 pub struct Server {
-    /// The options `opmark mcp` was started with; `json` is always on.
-    global: GlobalArgs,
+    /// What the global options of `opmark mcp` named.
+    ctx: Context,
     /// Bytes of stdout and of stderr kept in a tool result.
     max_output: usize,
     /// The tools, built by rmcp's macros from the `#[tool]` methods below.
@@ -74,7 +79,7 @@ impl Drop for Busy {
 }
 
 /// Arguments of the `run` tool.
-#[derive(Debug, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct RunParams {
     /// Host alias from the ssh config, or [user@]host.
     pub host: String,
@@ -142,13 +147,11 @@ pub struct ReconcileParams {
 
 #[tool_router]
 impl Server {
-    /// A server for `global` (its ssh config, ledger and policy) keeping `max_output`
-    /// bytes per output stream in a result.
-    pub fn new(global: GlobalArgs, max_output: u64) -> Self {
-        let mut global = global;
-        global.json = true;
+    /// A server for `ctx` (its ssh config, ledger and policy) keeping `max_output` bytes
+    /// per output stream in a result.
+    pub fn new(ctx: Context, max_output: u64) -> Self {
         Server {
-            global,
+            ctx,
             max_output: usize::try_from(max_output).unwrap_or(usize::MAX),
             tool_router: Self::tool_router(),
             busy: Arc::new(AtomicUsize::new(0)),
@@ -173,13 +176,15 @@ impl Server {
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
         let max = self.max_output;
-        let args = match run_args(&p) {
-            Ok(args) => args,
+        let request = match run_request(p) {
+            Ok(request) => request,
             Err(e) => return Ok(error_result(&e)),
         };
-        let given = p.stdin.map(String::into_bytes);
         let result = self
-            .call(meta, peer, move |g| commands::run::run_with(g, args, given))
+            .call(meta, peer, move |ctx| {
+                let answer = run(ctx, request, &mut Unwatched)?;
+                Ok((answer.document()?, answer.exit_status()))
+            })
             .await;
         Ok(cut_output(result, max))
     }
@@ -197,13 +202,16 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let args = ProbeArgs {
+        let request = ProbeRequest {
             host: p.host,
             op: p.op_id,
-            host_args: HostArgs::default(),
+            options: HostOptions::default(),
         };
         Ok(self
-            .call(meta, peer, move |g| commands::probe::run(g, &args))
+            .call(meta, peer, move |ctx| match probe(ctx, &request)? {
+                Answered::Report(report) => Ok((json_document(&report)?, 0)),
+                Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
+            })
             .await)
     }
 
@@ -220,12 +228,14 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let args = ShowArgs {
+        let request = ShowRequest {
             op: p.op_id,
             host: p.host,
         };
         Ok(self
-            .call(meta, peer, move |g| commands::show::run(g, &args))
+            .call(meta, peer, move |ctx| {
+                Ok((json_document(&show(ctx, &request)?)?, 0))
+            })
             .await)
     }
 
@@ -242,16 +252,17 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let args = ListArgs {
+        let request = ListRequest {
             unresolved: p.unresolved.unwrap_or(true),
             host: p.host,
             since: None,
             limit: None,
             all: false,
-            utc: true,
         };
         Ok(self
-            .call(meta, peer, move |g| commands::list::run(g, &args))
+            .call(meta, peer, move |ctx| {
+                Ok((json_document(&list(ctx, &request)?)?, 0))
+            })
             .await)
     }
 
@@ -270,12 +281,15 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let args = ReconcileArgs {
+        let request = ReconcileRequest {
             ops: p.op_ids,
             host: p.host,
         };
         Ok(self
-            .call(meta, peer, move |g| commands::reconcile::run(g, &args))
+            .call(meta, peer, move |ctx| {
+                let report = reconcile(ctx, &request, |_, _| {})?;
+                Ok((json_document(&report)?, report.exit_status()))
+            })
             .await)
     }
 
@@ -294,7 +308,7 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let args = CancelArgs {
+        let request = CancelRequest {
             host: p.host,
             op: p.op_id,
             grace: Duration::from_secs(10),
@@ -302,31 +316,35 @@ impl Server {
             // An agent cancels only what the ledger knows: closing an unknown op id for
             // good is a human's call (`opmark cancel --force`).
             force: false,
-            host_args: HostArgs::default(),
+            options: HostOptions::default(),
         };
         Ok(self
-            .call(meta, peer, move |g| commands::cancel::run(g, &args))
+            .call(meta, peer, move |ctx| match cancel(ctx, &request)? {
+                Answered::Report(r) => Ok((json_document(&r)?, r.exit_status())),
+                Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
+            })
             .await)
     }
 }
 
 impl Server {
-    /// Runs a command function on its own thread (the commands build their own runtime
-    /// and block on it) with its JSON document captured, reporting progress meanwhile.
+    /// Runs an operation on its own thread (the operations block on the process's
+    /// runtime), reporting progress meanwhile; `operation` answers its document and the
+    /// exit status the CLI would give.
     async fn call(
         &self,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
-        command: impl FnOnce(&GlobalArgs) -> Result<u8> + Send + 'static,
+        operation: impl FnOnce(&Context) -> Result<(Value, u8)> + Send + 'static,
     ) -> CallToolResult {
-        let global = self.global.clone();
+        let ctx = self.ctx.clone();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let busy = Busy::new(&self.busy);
         let spawned = std::thread::Builder::new()
             .name("opmark-mcp-tool".into())
             .spawn(move || {
                 let _busy = busy;
-                let _ = tx.send(common::capture_json(|| command(&global)));
+                let _ = tx.send(operation(&ctx));
             });
         if let Err(e) = spawned {
             return error_result(&Error::new(
@@ -355,18 +373,14 @@ impl Server {
             }
         };
         match done {
-            Ok((Some(mut doc), Ok(status))) => {
+            Ok(Ok((mut doc, status))) => {
                 if let Value::Object(map) = &mut doc {
                     // The CLI's process exit status, so a client needs nothing else.
                     map.insert("exit_status".to_owned(), status.into());
                 }
                 CallToolResult::structured(doc)
             }
-            Ok((_, Err(e))) => error_result(&e),
-            Ok((None, Ok(_))) => error_result(&Error::new(
-                ErrorKind::Internal,
-                "the command gave no JSON document (opmark bug)",
-            )),
+            Ok(Err(e)) => error_result(&e),
             Err(_) => error_result(&Error::new(
                 ErrorKind::Internal,
                 "the tool's thread ended without an answer (opmark bug); `opmark list` shows what was recorded",
@@ -391,9 +405,9 @@ impl ServerHandler for Server {
     }
 }
 
-/// The CLI's `run` arguments from the tool's; bad input is an `invalid_input` error
+/// The run request from the tool's arguments; bad input is an `invalid_input` error
 /// before anything is recorded or sent.
-fn run_args(p: &RunParams) -> Result<RunArgs> {
+fn run_request(p: RunParams) -> Result<RunRequest> {
     let duration = |what: &str, text: &Option<String>| -> Result<Option<Duration>> {
         text.as_deref()
             .map(|t| {
@@ -418,25 +432,29 @@ fn run_args(p: &RunParams) -> Result<RunArgs> {
             })
         })
         .transpose()?;
-    Ok(RunArgs {
-        hosts: vec![p.host.clone()],
-        op: Some(p.op_id.clone()),
-        class,
-        stdin: p.stdin.is_some(),
+    Ok(RunRequest {
         timeout: duration("timeout", &p.timeout)?,
-        attempts: None,
         wait: duration("wait", &p.wait)?.unwrap_or(Duration::from_secs(30)),
+        hosts: vec![p.host],
+        op: Some(p.op_id),
+        class,
+        stdin: p
+            .stdin
+            .map_or(Stdin::None, |s| Stdin::Given(s.into_bytes())),
+        attempts: None,
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
-        host_args: HostArgs::default(),
-        fleet: FleetArgs::default(),
-        command: vec![p.command.clone()],
+        options: HostOptions::default(),
+        fleet: FleetOptions::default(),
+        command: vec![p.command],
+        // The client gets the output in the result; stdout is the protocol stream.
+        live_output: false,
     })
 }
 
 /// An error as the CLI's error document, marked as a tool error.
 fn error_result(e: &Error) -> CallToolResult {
-    CallToolResult::structured_error(common::error_document(e))
+    CallToolResult::structured_error(error_document(e))
 }
 
 /// Cuts `stdout` and `stderr` of a run document to `max` bytes each (at a character
@@ -488,10 +506,10 @@ fn cut_output(mut result: CallToolResult, max: usize) -> CallToolResult {
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves MCP on stdin/stdout until the client closes the stream, or SIGINT/SIGTERM.
-pub async fn serve(global: GlobalArgs, max_output: u64) -> Result<()> {
+pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
     use rmcp::ServiceExt as _;
     use tokio::signal::unix::{signal, SignalKind};
-    let server = Server::new(global, max_output);
+    let server = Server::new(ctx, max_output);
     let busy = Arc::clone(&server.busy);
     // Listening here keeps a signal from killing a run mid-record; the runs' own
     // handlers hear it too and answer `client_interrupted` with what they reached.
@@ -587,11 +605,16 @@ mod tests {
             wait: None,
             class: None,
         };
-        let e = run_args(&p).unwrap_err();
+        let again = RunParams {
+            timeout: None,
+            ..p.clone()
+        };
+        let e = run_request(p).unwrap_err();
         assert_eq!(e.reason_code(), "invalid_input");
         assert!(e.message.contains("timeout"), "{}", e.message);
-        let ok = run_args(&RunParams { timeout: None, ..p }).unwrap();
+        let ok = run_request(again).unwrap();
         assert_eq!(ok.approve, None);
-        assert!(!ok.stdin);
+        assert!(matches!(ok.stdin, Stdin::None));
+        assert!(!ok.live_output);
     }
 }

@@ -18,7 +18,7 @@
 //! | `interrupted`, family `read-only`/`convergent` (policy `rerun`) | supersede and re-run | [`Action::Supersede`] (`interrupted_rerun`) |
 //! | `interrupted`, `append-only`/`destructive`, no `--approve` | `indeterminate` (`interrupted_needs_approval`) | [`after_interrupted`] |
 //! | `interrupted`, `--approve` | supersede and re-run | [`Action::Supersede`] (`operator_approved`) |
-//! | `fenced` | `not_applied` (`fenced`) | [`after_probe`] |
+//! | `fenced` | `not_applied` (`fenced`); `indeterminate` (`fenced_after_start`) when its command had started | [`after_probe`] |
 //! | probe unreachable, `--wait` left | probe again after a pause | [`ProbeAction::Wait`] |
 //! | probe unreachable, `--wait` spent | `indeterminate` (`unreachable_after_dispatch`) | [`after_probe`] |
 //! | another host key | `indeterminate` (`host_key_mismatch`): nothing concluded | [`after_probe`] |
@@ -36,7 +36,7 @@
 //! | exit frame | `completed` when ours, `replayed` when an earlier attempt's (a refusal before it records `refused`) |
 //! | refused `running` | record `refused`, probe and follow |
 //! | refused `interrupted` | as the probe row; `indeterminate` (`host_disk_full`) when superseding found no room |
-//! | refused `fenced` | `not_applied` (`fenced`) |
+//! | refused `fenced` | `not_applied` (`fenced`); `indeterminate` (`fenced_after_start`) when its command had started |
 //! | refused `conflict` | `conflict` (`conflict_on_host`) |
 //! | refused `root_unusable` (full disk) / `cannot_start` (no `setsid -f`) / other | `not_applied` with the cause, `indeterminate` when this call had superseded a claim |
 //! | refused as invalid (`invalid_op_id`, `bad_args`) | `refused` (`invalid_input`) |
@@ -591,10 +591,9 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
             ))
         }
         RefusalReason::Marker(MarkerState::Interrupted) => conclude(facts, after_interrupted(facts, refusal.marker.as_ref())),
-        RefusalReason::Marker(MarkerState::Fenced) => Action::Answer(Answer::new(
-            Verdict::NotApplied,
-            Some(attempt.clone()),
-            ReasonCode::Fenced,
+        RefusalReason::Marker(MarkerState::Fenced) => Action::Answer(fenced(
+            &attempt,
+            refusal.marker.as_ref(),
             "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id",
         )),
         RefusalReason::Conflict => Action::Answer(Answer::new(
@@ -640,7 +639,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 Verdict::NotApplied,
                 Some(attempt.clone()),
                 ReasonCode::HostMissingSetsid,
-                "the host has no util-linux `setsid` with `-f` (busybox's setsid lacks it), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`), then retry with the same op id",
+                "the host has no `setsid` (neither util-linux's nor busybox's, on PATH or in /usr/bin, /bin, /usr/sbin, /sbin), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`) or a busybox with its setsid applet, then retry with the same op id",
             ))
         }
         RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_process_identity") => {
@@ -681,7 +680,8 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
 /// A refusal says that *this* attempt ran nothing. When an earlier attempt of the
 /// operation may have run (it was sent and never answered, or started), `not_applied`
 /// would claim more than that: the operation's outcome is unknown. (A fence is the
-/// exception: the shim fences only what never started.)
+/// exception: `not_applied`/`fenced` is given only for a fence over a command that never
+/// started; one over a started command is `indeterminate` already.)
 pub fn earlier_may_have_run(facts: &Facts<'_>, attempt: &str, answer: Answer) -> Answer {
     if answer.verdict != Verdict::NotApplied || answer.code == ReasonCode::Fenced {
         return answer;
@@ -714,17 +714,37 @@ pub fn earlier_may_have_run(facts: &Facts<'_>, attempt: &str, answer: Answer) ->
     }
 }
 
+/// A fenced marker's answer. `not_applied` only when the command never started: a fence
+/// taken over a started command (`opmark cancel` of an interrupted claim, a forced
+/// operator fence) closes the op id, but the command may have had effects, and "nothing
+/// ran" would claim more than the evidence.
+fn fenced(attempt: &str, marker: Option<&MarkerInfo>, never_started: &str) -> Answer {
+    if marker.is_some_and(MarkerInfo::started_before_fence) {
+        return Answer::new(
+            Verdict::Indeterminate,
+            Some(attempt.to_owned()),
+            ReasonCode::FencedAfterStart,
+            "the marker is fenced, but its command had started before the fence (opmark cancel of an interrupted operation, or a forced resolve): it may have had effects, and nothing more can run under this op id. Check the host, then record what happened with `opmark resolve --as applied` or `--as abandoned`",
+        );
+    }
+    Answer::new(
+        Verdict::NotApplied,
+        Some(attempt.to_owned()),
+        ReasonCode::Fenced,
+        never_started,
+    )
+}
+
 /// The marker is interrupted (or was fenced while followed): supersede when the policy
 /// or the operator allows, else `indeterminate` until someone decides.
 pub fn after_interrupted(facts: &Facts<'_>, marker: Option<&MarkerInfo>) -> Action {
     let attempt = facts.current();
     if marker.is_some_and(|m| m.state == MarkerState::Fenced) {
-        // Fenced while followed (`opmark cancel` before the command started): nothing
-        // ran and nothing can; superseding would only be refused.
-        return Action::Answer(Answer::new(
-            Verdict::NotApplied,
-            Some(attempt),
-            ReasonCode::Fenced,
+        // Fenced while followed: nothing more can run, and superseding would only be
+        // refused; whether anything ran is what the fence record says.
+        return Action::Answer(fenced(
+            &attempt,
+            marker,
             "the marker was fenced before the command started (opmark cancel or resolve); nothing ran and nothing can run under this op id",
         ));
     }
@@ -789,10 +809,9 @@ pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<P
                     facts,
                     Action::Retry(RetryReason::ResponseLostAfterDispatch),
                 )),
-                MarkerState::Fenced => ProbeAction::Then(Action::Answer(Answer::new(
-                    Verdict::NotApplied,
-                    Some(attempt),
-                    ReasonCode::Fenced,
+                MarkerState::Fenced => ProbeAction::Then(Action::Answer(fenced(
+                    &attempt,
+                    Some(&marker),
                     "the marker is fenced: the operation was closed as not applied; nothing ran",
                 ))),
                 MarkerState::Interrupted => {
@@ -2126,6 +2145,46 @@ mod tests {
             )
             .then,
         );
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
+    }
+
+    /// A fence taken over a started command (`opmark cancel` of an interrupted claim):
+    /// the op id is closed, but "nothing ran" would be false. From a claim, a probe and a
+    /// follow alike: unknown, not retryable, and never superseded.
+    #[test]
+    fn fenced_after_its_command_started_then_indeterminate_never_not_applied() {
+        let mut started = marker(MarkerState::Fenced, Some("at-1"));
+        started.fields.insert("command_started".into(), "1".into());
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::Convergent, &ours);
+        let claimed = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "fenced",
+                    &[("state", "fenced"), ("command_started", "1")],
+                    Some(started.clone()),
+                )),
+            )
+            .then,
+        );
+        let probed = answer(after_probe(&f, ProbeSeen::Marker(started.clone()), TIME_LEFT).then);
+        let Action::Answer(followed) = after_interrupted(&f, Some(&started)) else {
+            panic!("a fenced marker is answered, never superseded");
+        };
+        for a in [claimed, probed, followed] {
+            assert_eq!(
+                verdict_of(&a),
+                (Verdict::Indeterminate, ReasonCode::FencedAfterStart),
+                "{a:?}"
+            );
+            assert!(!a.code.retryable());
+            assert!(a.reason.contains("opmark resolve"), "{a:?}");
+        }
+        // The same fence over a command that never started stays not applied.
+        let mut never = started;
+        never.fields.insert("command_started".into(), "0".into());
+        let a = answer(after_probe(&f, ProbeSeen::Marker(never), TIME_LEFT).then);
         assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
     }
 

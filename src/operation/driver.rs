@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::host::{self, call_shim, CallEnd, CallObserver};
 use crate::ledger::{Durability, Event, LedgerError, OpKey, Refusal};
@@ -32,7 +31,7 @@ use super::identity::Recorded;
 use super::interrupt::{ClientSignal, Interrupts};
 use super::output::Output;
 use super::record::{self, RunLedger};
-use super::{fault_point, new_attempt_id, progress, AttemptSummary, RunInput, RunReport};
+use super::{fault_point, new_attempt_id, progress, AttemptSummary, RunError, RunInput, RunReport};
 
 /// The state of one `run`.
 pub(crate) struct Runner<'a> {
@@ -102,7 +101,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Runs the decided actions until one is the verdict (SPEC section 4).
-    pub(crate) async fn drive(&mut self, dest: &Destination) -> Result<RunReport, Error> {
+    pub(crate) async fn drive(&mut self, dest: &Destination) -> Result<RunReport, RunError> {
         let mut backoff = Duration::from_millis(200);
         let step = decide::start(&self.facts());
         let mut next = self.apply(step)?;
@@ -134,7 +133,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Records a decision's evidence, in order, and hands back what to do next.
-    fn apply<A>(&mut self, step: Step<A>) -> Result<A, Error> {
+    fn apply<A>(&mut self, step: Step<A>) -> Result<A, RunError> {
         let attempt = self.current_attempt();
         for effect in step.record {
             match effect {
@@ -169,7 +168,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Connects and sends the current attempt's `run` request; says how it ended.
-    async fn dispatch(&mut self, dest: &Destination) -> Result<Sent, Error> {
+    async fn dispatch(&mut self, dest: &Destination) -> Result<Sent, RunError> {
         let attempt = self.current_attempt();
         let session = match self.pool.session(dest).await {
             Ok(s) => s,
@@ -255,9 +254,8 @@ impl<'a> Runner<'a> {
             },
             CallEnd::Finished(frames) => {
                 let reply = RunReply::from_frames(&frames).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Internal,
-                        "the shim ended its reply without an exit or a refusal",
+                    RunError::Internal(
+                        "the shim ended its reply without an exit or a refusal".into(),
                     )
                 })?;
                 Dispatched::Replied(Box::new(reply))
@@ -280,7 +278,7 @@ impl<'a> Runner<'a> {
 
     /// One probe window of `--wait` (after a loss, or when another attempt holds the
     /// claim): probe, follow, probe again, until the decision leaves the window.
-    async fn probe_window(&mut self, dest: &Destination) -> Result<Action, Error> {
+    async fn probe_window(&mut self, dest: &Destination) -> Result<Action, RunError> {
         let deadline = Instant::now() + self.input.wait;
         let mut pause = Duration::from_millis(250);
         // A probe whose reply holds no answer reports the last problem seen before it.
@@ -318,9 +316,8 @@ impl<'a> Runner<'a> {
                 }
                 ProbeAction::Again => {}
                 ProbeAction::Attach { .. } => {
-                    return Err(Error::new(
-                        ErrorKind::Internal,
-                        "a probe decided to attach without a connection",
+                    return Err(RunError::Internal(
+                        "a probe decided to attach without a connection".into(),
                     ))
                 }
             }
@@ -434,7 +431,7 @@ impl<'a> Runner<'a> {
         })
     }
 
-    fn observe_unreachable(&mut self, attempt: &str, problem: &str) -> Result<(), Error> {
+    fn observe_unreachable(&mut self, attempt: &str, problem: &str) -> Result<(), RunError> {
         self.ledger.append(
             &self.key,
             &Event::Probed {
@@ -449,7 +446,7 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    fn record_probe(&mut self, attempt: &str, marker: &MarkerInfo) -> Result<(), Error> {
+    fn record_probe(&mut self, attempt: &str, marker: &MarkerInfo) -> Result<(), RunError> {
         let detail = format!(
             "marker {}{}{}",
             marker.state.as_str(),
@@ -501,7 +498,7 @@ impl<'a> Runner<'a> {
         &mut self,
         reason: RetryReason,
         parent: Option<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RunError> {
         let number = self.attempt_base + self.attempts.len() as u32 + 1;
         let attempt_id = new_attempt_id();
         let mut events = Vec::new();
@@ -552,7 +549,7 @@ impl<'a> Runner<'a> {
     }
 
     /// Denied or blocked: the intent and the verdict are recorded, nothing is sent.
-    pub(crate) fn record_closed_intent(&mut self, answer: &Answer) -> Result<(), Error> {
+    pub(crate) fn record_closed_intent(&mut self, answer: &Answer) -> Result<(), RunError> {
         let events = [
             self.intended(),
             Event::Verdict {
@@ -578,7 +575,7 @@ impl<'a> Runner<'a> {
         attempt: &str,
         boundary: Boundary,
         detail: &str,
-    ) -> Result<(), Error> {
+    ) -> Result<(), RunError> {
         record_boundary(
             &mut self.ledger,
             &self.key,
@@ -594,7 +591,7 @@ impl<'a> Runner<'a> {
     /// A connection for `attempt` is up: holds the host key to the one this operation
     /// ran against (SPEC section 9), then records the route and key before anything is
     /// sent. `Some` says why it is another machine.
-    fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<String>, Error> {
+    fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<String>, RunError> {
         let seen = session.host_key();
         let route = session.destination().route();
         if let Err(why) = self.identity.check(
@@ -623,7 +620,7 @@ impl<'a> Runner<'a> {
 
     /// The answer to an attempt that never left (the name did not resolve): records
     /// `not_sent` and answers.
-    pub(crate) fn unresolvable(&mut self, why: &str) -> Result<RunReport, Error> {
+    pub(crate) fn unresolvable(&mut self, why: &str) -> Result<RunReport, RunError> {
         let step = decide::after_dispatch(
             &self.facts(),
             Dispatched::NotSent {
@@ -634,15 +631,14 @@ impl<'a> Runner<'a> {
         );
         match self.apply(step)? {
             Action::Answer(answer) => self.finish(answer),
-            _ => Err(Error::new(
-                ErrorKind::Internal,
-                "a final connect failure decided no verdict",
+            _ => Err(RunError::Internal(
+                "a final connect failure decided no verdict".into(),
             )),
         }
     }
 
     /// Records the exit (if any) and the verdict; builds the report.
-    pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, Error> {
+    pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, RunError> {
         self.take_exit(&answer);
         let exit_code = self.exit_code();
         if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
@@ -712,7 +708,7 @@ impl<'a> Runner<'a> {
 
     /// A signal stopped this run: records how far the current attempt got and what the
     /// caller is told, then answers (the decision is [`decide::client_interrupted`]).
-    pub(crate) fn interrupted(&mut self, signal: ClientSignal) -> Result<RunReport, Error> {
+    pub(crate) fn interrupted(&mut self, signal: ClientSignal) -> Result<RunReport, RunError> {
         let boundary = self
             .attempts
             .last()
@@ -743,7 +739,7 @@ impl<'a> Runner<'a> {
     }
 
     /// `--detach`: the claim is acknowledged; answers `in_progress`.
-    pub(crate) fn detached(&mut self) -> Result<RunReport, Error> {
+    pub(crate) fn detached(&mut self) -> Result<RunReport, RunError> {
         let answer = decide::detached(&self.facts());
         self.finish(answer)
     }

@@ -217,6 +217,7 @@ fn spawn_host(
                 &interrupts,
             )
             .await
+            .map_err(Error::from)
         }
         .await;
         // An error names no host of its own; among many, the caller needs to know which.

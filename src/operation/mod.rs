@@ -35,10 +35,9 @@ use std::time::Duration;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, ErrorKind};
 use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
-use crate::ledger::{Durability, Event, History, Ledger, OpKey, Redactor};
+use crate::ledger::{Durability, Event, History, Ledger, LedgerError, OpKey, Redactor};
 use crate::op_id::OpId;
 use crate::policy::{Classification, Policy};
 use crate::ssh::{self, ConnectStage, HostSpec, Pool};
@@ -206,9 +205,26 @@ impl RunReport {
     }
 }
 
+/// Why a run stopped without a verdict (every other outcome, a lost connection included,
+/// is a verdict in the [`RunReport`]). Converted to the CLI's error at the edge (`ops`).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The ledger failed where the run cannot go on without it (before dispatch: a run
+    /// never sends what it could not record).
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The ssh config is malformed or unsupported: the user's to fix (exit 246), never a
+    /// "safe to retry" verdict.
+    #[error("{0}")]
+    Config(String),
+    /// A step the decisions rule out happened, or the shim broke the protocol.
+    #[error("{0}")]
+    Internal(String),
+}
+
 /// Runs one operation end to end. Errors are opmark's own failures (ledger, policy);
 /// every outcome about the operation, unknown included, is a verdict in the report.
-pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, Error> {
+pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, RunError> {
     run_interruptible(env, input, &Interrupts::never()).await
 }
 
@@ -221,7 +237,7 @@ pub async fn run_interruptible(
     env: RunEnv<'_>,
     input: RunInput,
     interrupts: &Interrupts,
-) -> Result<RunReport, Error> {
+) -> Result<RunReport, RunError> {
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, &input);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
@@ -236,7 +252,7 @@ pub async fn run_interruptible(
     // before any ledger record, never a "safe to retry" verdict.
     if let Err(e) = &resolved {
         if e.stage == ConnectStage::Config {
-            return Err(Error::new(ErrorKind::Config, e.to_string()));
+            return Err(RunError::Config(e.to_string()));
         }
     }
     let host_name = match &resolved {
@@ -346,7 +362,7 @@ pub async fn run_interruptible(
         // recorded, so it was not sent): the caller still gets a verdict, and it claims
         // no more than the evidence.
         Driven::Done(done) => match *done {
-            Err(e) if runner.ledger.failed().is_some() => Ok(runner.ledger_failed(&e.message)),
+            Err(e) if runner.ledger.failed().is_some() => Ok(runner.ledger_failed(&e.to_string())),
             other => other,
         },
     }
@@ -355,7 +371,7 @@ pub async fn run_interruptible(
 /// How driving a run ended.
 enum Driven {
     /// The decisions reached a verdict (or opmark itself failed).
-    Done(Box<Result<RunReport, Error>>),
+    Done(Box<Result<RunReport, RunError>>),
     /// A signal stopped the client first.
     Signalled(interrupt::ClientSignal),
     /// `--detach`, and the shim acknowledged the claim.

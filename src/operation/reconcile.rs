@@ -31,7 +31,6 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::error::{Error, ErrorKind};
 use crate::host::{
     CallError, Changed, ConnectError, Destination, Host, MarkerInfo, MarkerState, Refusal,
     RefusalReason,
@@ -319,6 +318,16 @@ fn by_marker(outcome: &mut Outcome, events: &mut Vec<Event>, h: &History, m: &Ma
                 m.why.as_deref().unwrap_or("unknown")
             ),
         ),
+        // A fence over a started command closed the op id but settled nothing about
+        // its effects: a human says what happened.
+        MarkerState::Fenced if m.started_before_fence() => decide(
+            outcome,
+            events,
+            Decision::InterruptedNeedsDecision,
+            format!(
+                "the marker is fenced, but attempt {holder}'s command had started before the fence; it may have had effects and nothing more can run under this op id. Check the host, then `opmark resolve --as applied|abandoned`"
+            ),
+        ),
         MarkerState::Fenced => decide(
             outcome,
             events,
@@ -362,6 +371,21 @@ type HostOp = (usize, OpId, bool, Recorded);
 /// One way of reaching one host, and the operations to examine there.
 type HostWork = (Result<Destination, ConnectError>, Vec<HostOp>);
 
+/// Why a reconcile stopped before every candidate was recorded (what was recorded until
+/// then stays recorded). Converted to the CLI's error at the edge (`ops`).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The ledger failed an append or a read.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// A candidate's op id does not parse: a ledger edited outside opmark.
+    #[error("the ledger holds an invalid op id: {0}")]
+    InvalidOpId(String),
+    /// A host's task panicked or was cancelled.
+    #[error("a reconcile task failed: {0}")]
+    Task(String),
+}
+
 /// Reconciles `candidates`: contacts their hosts (reached by `resolve`, given the
 /// candidate and the route its events record), records what the evidence settles, and
 /// returns one row each, in the order given. `progress` is told (operations recorded,
@@ -371,41 +395,38 @@ pub async fn reconcile(
     candidates: Vec<Candidate>,
     resolve: impl Fn(&Candidate, Option<&crate::ssh::Route>) -> Result<Destination, ConnectError>,
     mut progress: impl FnMut(usize, usize),
-) -> Result<Vec<Outcome>, Error> {
+) -> Result<Vec<Outcome>, ReconcileError> {
     // Group by host and route: one connection per way of reaching a host, hosts in
     // parallel.
     let mut by_host: BTreeMap<(String, String), HostWork> = BTreeMap::new();
     let mut outcomes: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
     // Settles one operation and records it at once.
-    let record = |ledger: &mut Ledger, i: usize, ev: &Evidence| -> Result<Outcome, Error> {
-        let c = &candidates[i];
-        let s = settle(c, ev);
-        let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
-        // Conditional: another reconcile or an operator (on any machine sharing this
-        // ledger) may have settled it since the candidates were read.
-        let since = Some(UnlessSettledSince(c.record.last_seq));
-        match ledger.append_if(&key, &s.events, Durability::Normal, since) {
-            Ok(_) => Ok(s.outcome),
-            Err(e @ LedgerError::AlreadySettled(_)) => Ok(Outcome {
-                decision: Decision::AlreadySettled,
-                settled: true,
-                detail: e.to_string(),
-                ..s.outcome
-            }),
-            Err(e) => Err(e.into()),
-        }
-    };
+    let record =
+        |ledger: &mut Ledger, i: usize, ev: &Evidence| -> Result<Outcome, ReconcileError> {
+            let c = &candidates[i];
+            let s = settle(c, ev);
+            let key = OpKey::new(c.record.op_id.clone(), c.record.host.clone());
+            // Conditional: another reconcile or an operator (on any machine sharing this
+            // ledger) may have settled it since the candidates were read.
+            let since = Some(UnlessSettledSince(c.record.last_seq));
+            match ledger.append_if(&key, &s.events, Durability::Normal, since) {
+                Ok(_) => Ok(s.outcome),
+                Err(e @ LedgerError::AlreadySettled(_)) => Ok(Outcome {
+                    decision: Decision::AlreadySettled,
+                    settled: true,
+                    detail: e.to_string(),
+                    ..s.outcome
+                }),
+                Err(e) => Err(e.into()),
+            }
+        };
     for (i, c) in candidates.iter().enumerate() {
         if !needs_host(&c.events) {
             outcomes[i] = Some(record(ledger, i, &Evidence::NotContacted)?);
             continue;
         }
-        let op = OpId::parse(&c.record.op_id).map_err(|e| {
-            Error::new(
-                ErrorKind::Internal,
-                format!("the ledger holds an invalid op id: {e}"),
-            )
-        })?;
+        let op =
+            OpId::parse(&c.record.op_id).map_err(|e| ReconcileError::InvalidOpId(e.to_string()))?;
         let recorded = identity::recorded(&c.events);
         let dest = resolve(c, recorded.route.as_ref());
         let via = dest
@@ -432,9 +453,7 @@ pub async fn reconcile(
                 });
             }
             while let Some(done) = tasks.join_next().await {
-                let found = done.map_err(|e| {
-                    Error::new(ErrorKind::Internal, format!("a reconcile task failed: {e}"))
-                })?;
+                let found = done.map_err(|e| ReconcileError::Task(e.to_string()))?;
                 for (i, ev) in found {
                     outcomes[i] = Some(record(ledger, i, &ev)?);
                 }
@@ -443,7 +462,7 @@ pub async fn reconcile(
                     candidates.len(),
                 );
             }
-            Ok::<(), Error>(())
+            Ok::<(), ReconcileError>(())
         })
         .await?;
     let mut rows = Vec::with_capacity(candidates.len());
@@ -779,5 +798,17 @@ mod tests {
         );
         assert_eq!(decision(&s), "fenced");
         assert!(s.outcome.settled);
+        // Fenced after its command had started: closed, but its effects are unknown.
+        let mut started = marker(MarkerState::Fenced, Some("at-1"), None);
+        started.fields.insert("command_started".into(), "1".into());
+        let s = settle(
+            &c,
+            &Evidence::Marker {
+                probe: Box::new(started),
+                fence: None,
+            },
+        );
+        assert_eq!(decision(&s), "interrupted_needs_decision");
+        assert!(!s.outcome.settled);
     }
 }

@@ -23,7 +23,7 @@ use serde::Serialize;
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind};
 use crate::family::Family;
-use crate::ledger::redact::ExtraPattern;
+use crate::redact::ExtraPattern;
 
 use pattern::Pattern;
 use raw::{key_path_at, line_of, quoted_field, RawPolicy};
@@ -540,7 +540,7 @@ impl Policy {
     }
 
     /// Extra redaction patterns for the ledger (top-level `redact`), for
-    /// [`crate::ledger::Redactor::with_patterns`].
+    /// [`crate::redact::Redactor::with_patterns`].
     pub fn redact_patterns(&self) -> &[ExtraPattern] {
         &self.redact
     }

@@ -131,7 +131,7 @@ fn the_builtin_redact_patterns_are_filtered_and_compile_only_when_needed() {
     let p = Policy::parse_checked(BUILTIN_TEXT, BUILTIN_ORIGIN, false).unwrap();
     let patterns = p.redact_patterns();
     assert!(!patterns.is_empty());
-    let red = crate::ledger::Redactor::with_patterns(patterns);
+    let red = crate::redact::Redactor::with_patterns(patterns);
     assert_eq!(
         red.redact("systemctl restart nginx"),
         "systemctl restart nginx"

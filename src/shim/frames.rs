@@ -104,6 +104,14 @@ pub struct MarkerInfo {
 }
 
 impl MarkerInfo {
+    /// A fenced marker whose command had started before the fence (the shim's
+    /// `command_started=1`): its outcome is unknown, not "nothing ran". Records from
+    /// shims that predate the field read as not started, as they were then taken.
+    pub fn started_before_fence(&self) -> bool {
+        self.state == MarkerState::Fenced
+            && self.fields.get("command_started").map(String::as_str) == Some("1")
+    }
+
     /// The report in one line for people and the ledger:
     /// `completed exit=5 attempt=at-... family=append-only`.
     pub fn summary(&self) -> String {

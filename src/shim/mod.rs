@@ -412,12 +412,14 @@ impl Invocation {
     }
 
     /// Whether a call that ended without the shim's header was the stub asking for the
-    /// script (`stdout` is what the host printed before any header).
+    /// script (`stdout` is what the host printed before any header). The request may
+    /// share its line with a startup file's banner printed without a newline
+    /// (`printf Welcome`): it ends the line, and its token is this call's own.
     pub fn asked_for_script(&self, stdout: &[u8]) -> bool {
         let need = need_line(&self.token);
         stdout
             .split(|&b| b == b'\n')
-            .any(|line| line.trim_ascii() == need.as_bytes())
+            .any(|line| line.trim_ascii_end().ends_with(need.as_bytes()))
     }
 
     fn build(
@@ -713,6 +715,8 @@ mod tests {
         let call = Invocation::cached(&Verb::Doctor, None);
         let need = format!("noise\n{}\n", need_line(&call.token));
         assert!(call.asked_for_script(need.as_bytes()));
+        let after_banner = format!("Welcome{}\n", need_line(&call.token));
+        assert!(call.asked_for_script(after_banner.as_bytes()));
         let other = Invocation::cached(&Verb::Doctor, None);
         assert!(!call.asked_for_script(need_line(&other.token).as_bytes()));
     }

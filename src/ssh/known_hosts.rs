@@ -59,7 +59,7 @@ impl fmt::Display for Location {
 
 /// The answer for one presented host key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum KeyCheck {
     /// A non-revoked entry for this host holds exactly this key.
     Trusted(Location),
     /// The key is marked `@revoked`.
@@ -79,7 +79,7 @@ pub enum Verdict {
 
 /// The answer for one presented host certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CertVerdict {
+pub enum CertCheck {
     /// Signed by a CA an `@cert-authority` line trusts for this host, and valid now.
     Trusted(Location),
     /// The CA key, or the host key inside the certificate, is marked `@revoked`.
@@ -159,20 +159,20 @@ impl KnownHosts {
     }
 
     /// Checks `key` presented by the host known as `name` (see [`lookup_name`]).
-    pub fn check(&self, name: &str, key: &PublicKey) -> Verdict {
+    pub fn check(&self, name: &str, key: &PublicKey) -> KeyCheck {
         // A revoked key is refused for every host, as OpenSSH does.
         if let Some(e) = self
             .entries
             .iter()
             .find(|e| e.marker == Marker::Revoked && e.key.key_data() == key.key_data())
         {
-            return Verdict::Revoked(e.location());
+            return KeyCheck::Revoked(e.location());
         }
         let mut same_type = None;
         let mut others = Vec::new();
         for e in self.entries_for(name) {
             if e.key.key_data() == key.key_data() {
-                return Verdict::Trusted(e.location());
+                return KeyCheck::Trusted(e.location());
             }
             if e.key.algorithm() == key.algorithm() {
                 same_type.get_or_insert_with(|| e.location());
@@ -181,8 +181,8 @@ impl KnownHosts {
             }
         }
         match same_type {
-            Some(expected) => Verdict::Changed { expected },
-            None => Verdict::Unknown { others },
+            Some(expected) => KeyCheck::Changed { expected },
+            None => KeyCheck::Unknown { others },
         }
     }
 
@@ -203,7 +203,7 @@ impl KnownHosts {
         principal: &str,
         cert: &Certificate,
         now: u64,
-    ) -> CertVerdict {
+    ) -> CertCheck {
         let revoked = |key: &russh::keys::ssh_key::public::KeyData| {
             self.entries
                 .iter()
@@ -211,18 +211,18 @@ impl KnownHosts {
         };
         // Revocation wins over any trust: the CA itself, or the host key it certified.
         if let Some(e) = revoked(cert.signature_key()).or_else(|| revoked(cert.public_key())) {
-            return CertVerdict::Revoked(e.location());
+            return CertCheck::Revoked(e.location());
         }
         let Some(ca) = self.entries.iter().find(|e| {
             e.marker == Marker::CertAuthority
                 && e.key.key_data() == cert.signature_key()
                 && e.hosts.matches(name)
         }) else {
-            return CertVerdict::NoAuthority;
+            return CertCheck::NoAuthority;
         };
         let at = ca.location();
         if cert.cert_type() != CertType::Host {
-            return CertVerdict::Invalid(format!(
+            return CertCheck::Invalid(format!(
                 "it is a user certificate, not a host certificate (CA trusted at {at})"
             ));
         }
@@ -235,21 +235,21 @@ impl KnownHosts {
             } else {
                 "its signature does not verify"
             };
-            return CertVerdict::Invalid(format!("{why} (CA trusted at {at})"));
+            return CertCheck::Invalid(format!("{why} (CA trusted at {at})"));
         }
         let principals = cert.valid_principals();
         if !principals.is_empty() && !principals.iter().any(|p| p == principal) {
-            return CertVerdict::Invalid(format!(
+            return CertCheck::Invalid(format!(
                 "it names principals {} but not `{principal}` (CA trusted at {at})",
                 principals.join(",")
             ));
         }
         if !cert.critical_options().is_empty() {
-            return CertVerdict::Invalid(format!(
+            return CertCheck::Invalid(format!(
                 "it carries critical options, which host certificates must not (CA trusted at {at})"
             ));
         }
-        CertVerdict::Trusted(at)
+        CertCheck::Trusted(at)
     }
 
     /// Host-key algorithms to prefer for `name`: the types known for it first (so a host
@@ -410,11 +410,11 @@ mod tests {
     #[test]
     fn plain_entry_with_tab_separator_is_trusted() {
         let k = kh(&format!("host1,10.0.0.1\t{}\n", ED1.replace(' ', "\t")));
-        assert_eq!(k.check("host1", &key(ED1)), Verdict::Trusted(loc(1)));
-        assert_eq!(k.check("10.0.0.1", &key(ED1)), Verdict::Trusted(loc(1)));
+        assert_eq!(k.check("host1", &key(ED1)), KeyCheck::Trusted(loc(1)));
+        assert_eq!(k.check("10.0.0.1", &key(ED1)), KeyCheck::Trusted(loc(1)));
         assert_eq!(
             k.check("host2", &key(ED1)),
-            Verdict::Unknown { others: vec![] }
+            KeyCheck::Unknown { others: vec![] }
         );
     }
 
@@ -430,11 +430,11 @@ mod tests {
         let k = kh(&line);
         assert_eq!(
             k.check("[target1]:2222", &key(ED1)),
-            Verdict::Trusted(loc(1))
+            KeyCheck::Trusted(loc(1))
         );
         assert!(matches!(
             k.check("target1", &key(ED1)),
-            Verdict::Unknown { .. }
+            KeyCheck::Unknown { .. }
         ));
     }
 
@@ -446,14 +446,14 @@ mod tests {
              |1|i351omG4L4wz/QmZtBCYkybUDc4=|B6+zpQwi3GHcFFY700EUnNNLMqw= {ED1}\n"
         );
         let k = kh(&text);
-        assert_eq!(k.check("example.com", &key(ED1)), Verdict::Trusted(loc(1)));
+        assert_eq!(k.check("example.com", &key(ED1)), KeyCheck::Trusted(loc(1)));
         assert_eq!(
             k.check(&lookup_name("Example.COM", 2222), &key(ED1)),
-            Verdict::Trusted(loc(2))
+            KeyCheck::Trusted(loc(2))
         );
         assert!(matches!(
             k.check("example.org", &key(ED1)),
-            Verdict::Unknown { .. }
+            KeyCheck::Unknown { .. }
         ));
     }
 
@@ -462,11 +462,11 @@ mod tests {
         let k = kh(&format!("[h]:2200 {ED1}\n"));
         assert_eq!(
             k.check(&lookup_name("h", 2200), &key(ED1)),
-            Verdict::Trusted(loc(1))
+            KeyCheck::Trusted(loc(1))
         );
         assert!(matches!(
             k.check(&lookup_name("h", 22), &key(ED1)),
-            Verdict::Unknown { .. }
+            KeyCheck::Unknown { .. }
         ));
     }
 
@@ -475,20 +475,20 @@ mod tests {
         let k = kh(&format!("# comment\nother {ED1}\nh {ED1}\n"));
         assert_eq!(
             k.check("h", &key(ED2)),
-            Verdict::Changed { expected: loc(3) }
+            KeyCheck::Changed { expected: loc(3) }
         );
     }
 
     #[test]
     fn two_keys_of_one_type_are_both_accepted() {
         let k = kh(&format!("h {ED1}\nh {ED2}\n"));
-        assert_eq!(k.check("h", &key(ED2)), Verdict::Trusted(loc(2)));
+        assert_eq!(k.check("h", &key(ED2)), KeyCheck::Trusted(loc(2)));
     }
 
     #[test]
     fn revoked_key_is_refused_even_when_also_listed() {
         let k = kh(&format!("h {ED1}\n@revoked * {ED1}\n"));
-        assert_eq!(k.check("h", &key(ED1)), Verdict::Revoked(loc(2)));
+        assert_eq!(k.check("h", &key(ED1)), KeyCheck::Revoked(loc(2)));
     }
 
     #[test]
@@ -496,7 +496,7 @@ mod tests {
         let k = kh(&format!("@cert-authority *.lab,!evil.lab {ED1}\n"));
         assert_eq!(
             k.check("a.lab", &key(ED1)),
-            Verdict::Unknown { others: vec![] }
+            KeyCheck::Unknown { others: vec![] }
         );
         assert!(k.has_authority_for("a.lab"));
         assert!(!k.has_authority_for("evil.lab"));
@@ -510,16 +510,16 @@ mod tests {
             "garbage\nh ssh-ed25519 !!!notbase64\n@weird h {ED2}\nh {ED1}\n"
         ));
         assert_eq!(k.skipped.len(), 3, "{:?}", k.skipped);
-        assert_eq!(k.check("h", &key(ED1)), Verdict::Trusted(loc(4)));
+        assert_eq!(k.check("h", &key(ED1)), KeyCheck::Trusted(loc(4)));
     }
 
     #[test]
     fn wildcard_and_negation_patterns() {
         let k = kh(&format!("*.lab,!evil.lab {ED1}\n"));
-        assert!(matches!(k.check("a.lab", &key(ED1)), Verdict::Trusted(_)));
+        assert!(matches!(k.check("a.lab", &key(ED1)), KeyCheck::Trusted(_)));
         assert!(matches!(
             k.check("evil.lab", &key(ED1)),
-            Verdict::Unknown { .. }
+            KeyCheck::Unknown { .. }
         ));
     }
 
@@ -542,9 +542,9 @@ mod tests {
         assert!(k.skipped.is_empty());
         assert!(matches!(
             k.check("[h]:2222", &key(ED1)),
-            Verdict::Trusted(_)
+            KeyCheck::Trusted(_)
         ));
-        assert!(matches!(k.check("plain", &key(ED2)), Verdict::Trusted(_)));
+        assert!(matches!(k.check("plain", &key(ED2)), KeyCheck::Trusted(_)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -21,7 +21,8 @@ mod socket;
 
 use std::fmt;
 
-use crate::vocab::{Boundary, ReasonCode};
+use crate::error::{Error, ErrorKind};
+use crate::vocab::{Boundary, ErrorCode, ReasonCode};
 
 pub use destination::{
     check_destination, resolve, resolve_route, AddressFamily, Destination, HostSpec, Route,
@@ -104,3 +105,19 @@ impl fmt::Display for ConnectError {
 }
 
 impl std::error::Error for ConnectError {}
+
+// Here rather than in `error`, so that `error` depends on nothing: the CLI's error type
+// is the edge every module converts to, never a module's dependency.
+/// A host that could not be resolved or reached: a config problem is a config error
+/// (exit 246), anything else leaves the host unreachable (exit 247); the reason code is
+/// the one a `run` verdict would give (`host_key_rejected`, `auth_refused`...).
+impl From<ConnectError> for Error {
+    fn from(e: ConnectError) -> Self {
+        let (kind, code) = if e.stage == ConnectStage::Config {
+            (ErrorKind::Config, ErrorCode::ConfigInvalid)
+        } else {
+            (ErrorKind::Unreachable, e.reason_code().into())
+        };
+        Error::new(kind, e.to_string()).with_code(code)
+    }
+}

@@ -14,7 +14,7 @@ use russh::{kex, Preferred};
 use tokio::sync::Semaphore;
 
 use super::destination::{Destination, StrictMode};
-use super::known_hosts::{self, fingerprint, CertVerdict, KnownHosts, Verdict};
+use super::known_hosts::{self, fingerprint, CertCheck, KeyCheck, KnownHosts};
 use super::socket::TunedStream;
 use super::{auth, ConnectError, ConnectStage};
 
@@ -172,21 +172,21 @@ impl Client {
             .signature_key()
             .fingerprint(russh::keys::HashAlg::Sha256);
         match self.known.check_certificate(&name, &principal, cert, now) {
-            CertVerdict::Trusted(at) => {
+            CertCheck::Trusted(at) => {
                 tracing::debug!(
                     "host certificate for {name} (key {fp}, id \"{}\") signed by CA {ca_fp} trusted at {at}",
                     cert.key_id()
                 );
                 Ok(Some(fp))
             }
-            CertVerdict::Revoked(at) => Err(format!(
+            CertCheck::Revoked(at) => Err(format!(
                 "the host certificate of {name} (key {fp}, CA {ca_fp}) uses a key marked @revoked \
                  at {at}; refusing to connect"
             )),
-            CertVerdict::Invalid(why) => Err(format!(
+            CertCheck::Invalid(why) => Err(format!(
                 "the host certificate of {name} (key {fp}, CA {ca_fp}) is refused: {why}"
             )),
-            CertVerdict::NoAuthority => {
+            CertCheck::NoAuthority => {
                 tracing::debug!(
                     "no @cert-authority line for {name} trusts CA {ca_fp}; checking the plain key"
                 );
@@ -203,21 +203,21 @@ impl Client {
         let kind = key.algorithm().as_str().to_string();
         let fp = fingerprint(key);
         match self.known.check(&name, key) {
-            Verdict::Trusted(at) => {
+            KeyCheck::Trusted(at) => {
                 tracing::debug!("host key {kind} {fp} for {name} matches {at}");
                 Ok(())
             }
-            Verdict::Revoked(at) => Err(format!(
+            KeyCheck::Revoked(at) => Err(format!(
                 "the {kind} host key {fp} of {name} is marked @revoked at {at}; refusing to connect"
             )),
-            Verdict::Changed { expected } => Err(format!(
+            KeyCheck::Changed { expected } => Err(format!(
                 "REMOTE HOST IDENTIFICATION HAS CHANGED for {name}: it offered {kind} key {fp}, \
                  but a different {kind} key is recorded at {expected}. Someone could be \
                  intercepting the connection, or the host key was replaced. If you have verified \
                  the new key, remove the old one with `ssh-keygen -R '{name}' -f {}`",
                 expected.path.display()
             )),
-            Verdict::Unknown { others } => {
+            KeyCheck::Unknown { others } => {
                 if !others.is_empty() && self.dest.strict != StrictMode::No {
                     let at: Vec<String> = others.iter().map(|l| l.to_string()).collect();
                     return Err(format!(

@@ -788,3 +788,77 @@ fn a_cancel_racing_natural_completion_never_says_stopped_for_a_command_that_did_
     eprintln!("cancel race through sshd: {seen:?}");
     assert!(seen.contains_key("cancelled"), "{seen:?}");
 }
+
+/// The host crashed under a running command (its supervisor's whole session died, no exit
+/// record), and `opmark cancel` then fenced the interrupted marker. The command had
+/// started, so the fence closes the op id without settling what it did: every later
+/// answer, from this ledger or a fresh one, is `indeterminate`/`fenced_after_start`,
+/// never `not_applied` "nothing ran"; reconcile asks a human, and `resolve --as applied`
+/// is the way out.
+#[test]
+fn a_cancel_that_fences_a_crashed_command_that_had_started_leaves_its_outcome_unknown() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("cancel-fence-started");
+    let dir = fresh_dir("cancel-fence-started");
+    let started = dir.join("started");
+    let cmd = format!("touch {}; sleep 60", started.display());
+    detach(&env, &lab, "crash-1", &cmd);
+    wait_for_file(&started);
+    let sid = marker_value(&lab, "crash-1", "proc", "pid");
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-s", &sid])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no process in session {sid}");
+    support::wait_for(
+        "the crashed op to read interrupted",
+        Duration::from_secs(20),
+        || probe_state(&env, &lab, "crash-1") == "interrupted",
+    );
+
+    let (doc, code) = cancel(&env, &lab, "crash-1", "1s");
+    assert_eq!(code, Some(0), "{doc}");
+    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["was"], "interrupted", "{doc}");
+
+    let fresh = Sealed::new("cancel-fence-started-fresh");
+    for (who, env) in [("this ledger", &env), ("a fresh ledger", &fresh)] {
+        let (doc, code) = run_json(env, &lab, "crash-1", &cmd);
+        assert_eq!(doc["verdict"], "indeterminate", "{who}: {doc}");
+        assert_eq!(doc["reason_code"], "fenced_after_start", "{who}: {doc}");
+        assert_eq!(doc["retryable"], false, "{who}: {doc}");
+        assert_eq!(code, Some(242), "{who}: {doc}");
+    }
+    let out = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "reconcile"])
+        .output()
+        .unwrap();
+    let rec = text(&out.stdout);
+    assert!(
+        rec.contains("crash-1") && rec.contains("interrupted_needs_decision"),
+        "{rec}"
+    );
+
+    // The operator's word settles it for this ledger.
+    let out = env
+        .opmark_with_lab(&lab)
+        .args([
+            "resolve",
+            "crash-1",
+            "--host",
+            "target1",
+            "--as",
+            "applied",
+            "--note",
+            "checked the host",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (doc, _) = run_json(&env, &lab, "crash-1", &cmd);
+    assert_eq!(doc["verdict"], "replayed", "{doc}");
+    assert_eq!(doc["reason_code"], "resolved_applied", "{doc}");
+}

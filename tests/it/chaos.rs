@@ -142,18 +142,12 @@ fn check_answer(seed: u64, op: &Op, lab: &Lab, via: Via, a: &Value, nth: usize) 
                 op.id
             );
         }
-        // KNOWN FALSE VERDICT, left to the shim and `decide` (reported with issue 24):
-        // a marker that `opmark cancel` fenced after its command had started (it read
-        // interrupted) answers every later run `not_applied`, "nothing ran", though the
-        // marker still says the command started. Only those answers are let through here,
-        // and counted, so the fault keeps proving the rest (the reused pid is never taken
-        // for the crashed op, the cancel never signals the op that owns the pid now).
-        "not_applied" if op.fenced_after_start.is_some_and(|n| nth >= n) => {
-            eprintln!(
-                "seed {seed}: {}: not_applied after a fence of a started command (known false verdict): {a}",
-                op.id
-            );
-        }
+        // A fence over a started command (the pid reuse fault's cancel) is unknown,
+        // never "nothing ran".
+        "not_applied" if op.fenced_after_start.is_some_and(|n| nth >= n) => panic!(
+            "seed {seed}: {}: not_applied after a fence of a started command: {a}",
+            op.id
+        ),
         // Closed as not applied: nothing ran, and the fence keeps it so.
         "not_applied" => assert!(
             ran.is_empty(),
@@ -857,7 +851,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
                         op.id
                     );
                 }
-                "not_applied" | "fenced" if op.fenced_after_start.is_none() => {
+                "not_applied" | "fenced" => {
                     assert_eq!(
                         runs, 0,
                         "seed {seed}: reconcile said {decision} for {}",

@@ -1,5 +1,6 @@
 //! Hosts opmark meets in the wild, as real sshd targets: login shells that are not POSIX
-//! (fish, tcsh), startup files that exit or print a fake header, a busybox-only host,
+//! (fish, tcsh), startup files that exit, print a fake header or a banner without a
+//! newline, a busybox-only host, a sync that takes no files, a relative XDG_STATE_HOME,
 //! and commands far beyond the host's argument limit. Each host either works (runs once,
 //! replays) or fails at once with `not_applied`, a reason code and `retryable: false`;
 //! `opmark doctor` tells which.
@@ -394,12 +395,13 @@ fn a_bashrc_printing_a_fake_header_does_not_fool_the_client() {
 }
 
 #[test]
-fn a_busybox_only_host_fails_fast_and_doctor_says_why() {
+fn a_busybox_only_host_runs_once_replays_and_doctor_says_how_it_detaches() {
     crate::require_tool!("busybox");
     let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
         return;
     };
-    // A PATH that holds only busybox applets, and busybox sh as the login shell.
+    // A PATH that holds only busybox applets (no util-linux setsid -f, no stdbuf), and
+    // busybox sh as the login shell.
     let bin = fresh_dir("busybox-only").join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let busybox = tool_path("busybox");
@@ -410,23 +412,134 @@ fn a_busybox_only_host_fails_fast_and_doctor_says_why() {
     lab.set_login("target1", &bin.join("sh"), Some(bin.to_str().unwrap()))
         .unwrap();
     let env = Sealed::new("busybox-only");
-    let (doc, cmd, effects) = assert_fails_fast(&env, &lab, "bb-op", "host_missing_setsid");
+    assert_runs_once_and_replays(&env, &lab, "bb-op");
+    let (ok, failed, doc) = doctor(&env, &lab);
+    assert!(ok, "{failed:?} {doc}");
+    assert_eq!(doc["facts"]["detach"], "setsid_setsid", "{doc}");
+    assert_eq!(
+        doc["facts"]["capture"], "dd_per_read",
+        "no stdbuf here: {doc}"
+    );
+    let setsid = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "setsid")
+        .unwrap();
     assert!(
-        doc["reason"].as_str().unwrap().contains("util-linux"),
+        setsid["detail"].as_str().unwrap().contains("busybox"),
         "{doc}"
     );
-    let (ok, failed, doc) = doctor(&env, &lab);
-    assert!(!ok);
-    assert_eq!(failed, ["setsid"], "{doc}");
-    // The same op id runs once the host is fixed: nothing was left claimed.
-    lab.set_login("target1", Path::new("/bin/bash"), Some("/usr/bin:/bin"))
+    // The capture without stdbuf keeps exact counts: the live stream whole, the copy
+    // kept for replays exactly the cap, the rest counted.
+    for attempt in ["first", "replay"] {
+        let out = env
+            .opmark_with_lab(&lab)
+            .args([
+                "--json",
+                "run",
+                "target1",
+                "--op",
+                "bb-cap",
+                "--output-cap",
+                "1k",
+                "--",
+            ])
+            .arg("head -c 5000 /dev/zero | tr '\\0' a")
+            .output()
+            .unwrap();
+        let doc = json(&out);
+        let want = if attempt == "first" { 5000 } else { 1024 };
+        assert_eq!(
+            doc["stdout"].as_str().map(str::len),
+            Some(want),
+            "{attempt}: {doc}"
+        );
+        assert_eq!(doc["dropped"][0], 5000 - 1024, "{attempt}: {doc}");
+    }
+}
+
+#[test]
+fn a_sync_that_takes_no_files_still_makes_runs_durable_and_doctor_says_how() {
+    let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
+        return;
+    };
+    // Some busybox builds: `sync` alone works, `sync FILE` is refused.
+    let bin = fresh_dir("sync-no-files").join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let sync = bin.join("sync");
+    std::fs::write(
+        &sync,
+        "#!/bin/sh\nif [ $# -gt 0 ]; then echo 'sync: no arguments allowed' >&2; exit 1; fi\nexec /bin/sync\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&sync, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    lab.set_login("target1", Path::new("/bin/bash"), Some(&path))
         .unwrap();
-    let (fixed, status) = run(&env, &lab, "bb-op", &[&cmd]);
-    assert_eq!(
-        (fixed["verdict"].as_str(), status),
-        (Some("completed"), 0),
-        "{fixed}"
+    let env = Sealed::new("sync-no-files");
+    assert_runs_once_and_replays(&env, &lab, "sync-op");
+    let (ok, failed, doc) = doctor(&env, &lab);
+    assert!(ok, "{failed:?} {doc}");
+    assert_eq!(doc["facts"]["sync_file"], "no", "{doc}");
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sync")
+        .unwrap();
+    assert!(
+        check["detail"].as_str().unwrap().contains("plain sync"),
+        "{doc}"
     );
+}
+
+#[test]
+fn a_relative_xdg_state_home_is_failed_by_doctor_with_the_fix() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let home = &lab.targets()[0].home;
+    std::fs::write(home.join(".bashrc"), "export XDG_STATE_HOME=state\n").unwrap();
+    let env = Sealed::new("relative-state");
+    let (ok, failed, doc) = doctor(&env, &lab);
+    assert!(!ok, "{doc}");
+    assert!(failed.contains(&"root".to_owned()), "{failed:?} {doc}");
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "root")
+        .unwrap();
+    assert!(
+        check["detail"].as_str().unwrap().contains("relative"),
+        "{doc}"
+    );
+    assert!(
+        check["fix"].as_str().unwrap().contains("absolute path"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn a_startup_banner_without_a_newline_does_not_stop_the_first_contact() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    // Printed before the stub's request for the script (the host has no cached copy yet)
+    // and before every header, on the same line.
+    let home = &lab.targets()[0].home;
+    std::fs::write(home.join(".bashrc"), "printf Welcome\n").unwrap();
+    let env = Sealed::new("banner");
+    let effects = fresh_dir("banner").join("effects");
+    let cmd = format!("echo ran >> {}; echo out; exit 3", effects.display());
+    let (doc, status) = run(&env, &lab, "banner-op", &[&cmd]);
+    assert_eq!(doc["verdict"], "completed", "{doc}");
+    assert_eq!(status, 3, "{doc}");
+    assert!(doc["stdout"].as_str().unwrap().ends_with("out\n"), "{doc}");
+    let (again, _) = run(&env, &lab, "banner-op", &[&cmd]);
+    assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
 }
 
@@ -442,4 +555,71 @@ fn a_login_shell_that_cannot_run_commands_fails_fast() {
     let (ok, failed, _) = doctor(&env, &lab);
     assert!(!ok);
     assert_eq!(failed, ["shim"]);
+}
+
+#[test]
+fn a_setsid_that_fails_runs_nothing_and_leaves_no_claim_or_leftover() {
+    let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
+        return;
+    };
+    // A setsid that cannot start anything (a broken install, a seccomp policy).
+    let bin = fresh_dir("setsid-fails").join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let setsid = bin.join("setsid");
+    std::fs::write(&setsid, "#!/bin/sh\necho 'setsid: failed' >&2\nexit 1\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&setsid, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    lab.set_login("target1", Path::new("/bin/bash"), Some(&path))
+        .unwrap();
+    let env = Sealed::new("setsid-fails");
+    let (doc, cmd, effects) = assert_fails_fast(&env, &lab, "sf-op", "shim_cannot_start");
+    assert!(
+        doc["reason"].as_str().unwrap().contains("setsid_failed"),
+        "{doc}"
+    );
+    // Nothing ran and nothing can: no failed-start leftover for gc to find later.
+    let superseded = lab.targets()[0].marker_root().join("superseded");
+    let left: Vec<_> = std::fs::read_dir(&superseded)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    // Fixed, the same op id runs.
+    lab.set_login("target1", Path::new("/bin/bash"), Some("/usr/bin:/bin"))
+        .unwrap();
+    let (fixed, status) = run(&env, &lab, "sf-op", &[&cmd]);
+    assert_eq!(
+        (fixed["verdict"].as_str(), status),
+        (Some("completed"), 0),
+        "{fixed}"
+    );
+    assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
+}
+
+#[test]
+fn a_static_busybox_login_shell_on_a_full_host_runs_and_doctor_names_its_applet() {
+    crate::require_tool!("busybox");
+    let Some(lab) = lab_for_host_kinds(crate::test_name!()) else {
+        return;
+    };
+    // Debian's busybox-static as the login shell: it answers its own applets before PATH
+    // (`command -v setsid` says `setsid` with util-linux's installed), which once made the
+    // refusal ask for util-linux, installed all along.
+    let bin = fresh_dir("static-busybox-sh").join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(tool_path("busybox"), bin.join("sh")).unwrap();
+    lab.set_login("target1", &bin.join("sh"), Some("/usr/bin:/bin"))
+        .unwrap();
+    let env = Sealed::new("static-busybox-sh");
+    assert_runs_once_and_replays(&env, &lab, "sbb-op");
+    let (ok, failed, doc) = doctor(&env, &lab);
+    assert!(ok, "{failed:?} {doc}");
+    let applet = Command::new(tool_path("busybox"))
+        .args(["sh", "-c", "command -v setsid"])
+        .output()
+        .unwrap();
+    if text(&applet.stdout).trim() == "setsid" {
+        assert_eq!(doc["facts"]["setsid_path"], "applet", "{doc}");
+        assert_eq!(doc["facts"]["setsid_kind"], "busybox", "{doc}");
+    }
 }

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod architecture;
 mod architecture_docs;
 mod cancel;
 mod chaos;
@@ -15,6 +16,7 @@ mod json;
 mod keeper;
 mod ledger;
 mod login;
+mod matrix;
 mod mcp;
 mod operators;
 mod policy;

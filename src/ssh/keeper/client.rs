@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use super::wire::{self, Frame, FrameReader, Reply, Request};
+use super::wire::{self, FrameReader, KeeperReply, KeeperRequest, MuxFrame};
 use super::{connection_key, own_uid, persist, short_path, Place};
 use crate::ssh::{ConnectError, Destination, ExecError, ExecEvent};
 
@@ -59,14 +59,14 @@ pub(crate) struct Link {
     /// The keeper's pid, from its `Hello`.
     pub(crate) pid: u32,
     /// The longest silence allowed once a request is made: the destination's keepalive
-    /// budget, as on a direct connection (the keeper says [`Reply::Alive`] meanwhile).
+    /// budget, as on a direct connection (the keeper says [`KeeperReply::Alive`] meanwhile).
     /// `None`: no deadline (keepalives off, or a control request).
     budget: Option<Duration>,
 }
 
 impl Link {
     /// Sends frames in one write.
-    pub(crate) async fn send(&mut self, frames: &[Frame]) -> std::io::Result<()> {
+    pub(crate) async fn send(&mut self, frames: &[MuxFrame]) -> std::io::Result<()> {
         let mut buf = Vec::new();
         for f in frames {
             buf.extend_from_slice(&f.encode());
@@ -77,7 +77,7 @@ impl Link {
     /// The next frame, heartbeats skipped; `Err` when the keeper went away, spoke
     /// nonsense, or said nothing for the whole budget (stopped, hung): a keeper that stops
     /// answering is a lost connection like any other (SPEC 15).
-    pub(crate) async fn recv(&mut self) -> Result<Frame, String> {
+    pub(crate) async fn recv(&mut self) -> Result<MuxFrame, String> {
         loop {
             let frame = match self.budget {
                 Some(budget) => tokio::time::timeout(budget, self.next_frame())
@@ -100,7 +100,7 @@ impl Link {
     }
 
     /// The next frame as it comes (cancel-safe: a read cut short consumed nothing).
-    async fn next_frame(&mut self) -> Result<Frame, String> {
+    async fn next_frame(&mut self) -> Result<MuxFrame, String> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
@@ -117,14 +117,15 @@ impl Link {
     }
 
     /// The next control message.
-    pub(crate) async fn reply(&mut self) -> Result<Reply, String> {
+    pub(crate) async fn reply(&mut self) -> Result<KeeperReply, String> {
         self.recv().await?.parse().map_err(|e| e.to_string())
     }
 }
 
 /// Is `frame` the keeper's heartbeat?
-fn is_alive(frame: &Frame) -> bool {
-    matches!(frame, Frame::Json(b) if b.len() < 64) && frame.parse::<Reply>() == Ok(Reply::Alive)
+fn is_alive(frame: &MuxFrame) -> bool {
+    matches!(frame, MuxFrame::Json(b) if b.len() < 64)
+        && frame.parse::<KeeperReply>() == Ok(KeeperReply::Alive)
 }
 
 /// What trying the socket found.
@@ -205,7 +206,7 @@ async fn try_link(place: &Place) -> Result<Try, Unavailable> {
         budget: None,
     };
     let hello = async {
-        link.send(&[Frame::json(&Request::Hello {
+        link.send(&[MuxFrame::json(&KeeperRequest::Hello {
             version: wire::VERSION,
         })])
         .await
@@ -213,11 +214,11 @@ async fn try_link(place: &Place) -> Result<Try, Unavailable> {
         link.reply().await
     };
     match tokio::time::timeout(HELLO_WAIT, hello).await {
-        Ok(Ok(Reply::Hello { version, pid })) if version == wire::VERSION => {
+        Ok(Ok(KeeperReply::Hello { version, pid })) if version == wire::VERSION => {
             link.pid = pid;
             Ok(Try::Ready(link))
         }
-        Ok(Ok(Reply::Refused { message })) => Err(Unavailable(message)),
+        Ok(Ok(KeeperReply::Refused { message })) => Err(Unavailable(message)),
         Ok(Ok(other)) => Err(Unavailable(format!(
             "the keeper answered hello with {other:?}"
         ))),
@@ -311,14 +312,14 @@ impl Remote {
                 dest.display()
             )))
         };
-        link.send(&[Frame::json(&Request::Connect {
+        link.send(&[MuxFrame::json(&KeeperRequest::Connect {
             key: key.clone(),
             dest: Box::new(dest.clone()),
         })])
         .await
         .map_err(|e| lost_keeper(e.to_string()))?;
         match link.reply().await {
-            Ok(Reply::Connected { host_key }) => {
+            Ok(KeeperReply::Connected { host_key }) => {
                 tracing::info!(
                     "connected to {} through the keeper (pid {pid}), host key {}",
                     dest.display(),
@@ -332,7 +333,7 @@ impl Remote {
                     lost: Mutex::new(None),
                 })
             }
-            Ok(Reply::ConnectFailed { stage, message }) => {
+            Ok(KeeperReply::ConnectFailed { stage, message }) => {
                 tracing::info!(
                     "the keeper could not connect to {} ({stage}): {message}",
                     dest.display()
@@ -376,29 +377,29 @@ impl Remote {
         })?;
         link.budget = self.dest.loss_budget();
         tracing::debug!("exec request to the connection keeper (pid {})", link.pid);
-        let mut frames = vec![Frame::json(&Request::Exec {
+        let mut frames = vec![MuxFrame::json(&KeeperRequest::Exec {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),
             host_key: self.host_key.clone(),
             command: command.to_string(),
         })];
         for chunk in stdin.unwrap_or_default().chunks(256 * 1024) {
-            frames.push(Frame::Stdin(chunk.to_vec()));
+            frames.push(MuxFrame::Stdin(chunk.to_vec()));
         }
-        frames.push(Frame::json(&Request::StdinEnd));
+        frames.push(MuxFrame::json(&KeeperRequest::StdinEnd));
         if let Err(e) = link.send(&frames).await {
             let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
             self.mark_lost(&why);
             return Err(ExecError::NotSent(why));
         }
         match link.reply().await {
-            Ok(Reply::ExecStarted) => Ok(RemoteExec {
+            Ok(KeeperReply::ExecStarted) => Ok(RemoteExec {
                 link,
                 remote: self.clone(),
                 end: None,
             }),
-            Ok(Reply::ExecNotSent { message }) => Err(ExecError::NotSent(message)),
-            Ok(Reply::ExecLost { message }) => {
+            Ok(KeeperReply::ExecNotSent { message }) => Err(ExecError::NotSent(message)),
+            Ok(KeeperReply::ExecLost { message }) => {
                 self.mark_lost(&message);
                 Err(ExecError::Lost(message))
             }
@@ -441,11 +442,11 @@ impl RemoteExec {
             return end.clone();
         }
         let event = match self.link.recv().await {
-            Ok(Frame::Stdout(b)) => ExecEvent::Stdout(b),
-            Ok(Frame::Stderr(b)) => ExecEvent::Stderr(b),
-            Ok(f @ Frame::Json(_)) => match f.parse::<Reply>() {
-                Ok(Reply::ExitStatus { status }) => ExecEvent::ExitStatus(status),
-                Ok(Reply::ExitSignal {
+            Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
+            Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
+            Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
+                Ok(KeeperReply::ExitStatus { status }) => ExecEvent::ExitStatus(status),
+                Ok(KeeperReply::ExitSignal {
                     signal,
                     core_dumped,
                     message,
@@ -454,12 +455,12 @@ impl RemoteExec {
                     core_dumped,
                     message,
                 },
-                Ok(Reply::Closed) => ExecEvent::Closed,
-                Ok(Reply::Lost { message }) => ExecEvent::Lost(message),
+                Ok(KeeperReply::Closed) => ExecEvent::Closed,
+                Ok(KeeperReply::Lost { message }) => ExecEvent::Lost(message),
                 Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-channel")),
                 Err(e) => ExecEvent::Lost(e.to_string()),
             },
-            Ok(Frame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
+            Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
             Err(why) => ExecEvent::Lost(format!(
                 "the connection keeper (pid {}) went away: {why}",
                 self.link.pid
@@ -477,11 +478,14 @@ impl RemoteExec {
 
 /// One control request (`status`, `stop`) to the keeper that is already running, never
 /// starting one: its answer, or `None` when none runs.
-pub async fn control(place: &Place, request: &Request) -> Result<Option<Reply>, String> {
+pub async fn control(
+    place: &Place,
+    request: &KeeperRequest,
+) -> Result<Option<KeeperReply>, String> {
     let Some(mut link) = existing_link(place).await.map_err(|e| e.0)? else {
         return Ok(None);
     };
-    link.send(&[Frame::json(request)])
+    link.send(&[MuxFrame::json(request)])
         .await
         .map_err(|e| format!("the keeper went away: {e}"))?;
     link.reply()

@@ -79,12 +79,12 @@ impl Place {
     pub fn default_dir() -> Result<PathBuf, String> {
         // Relative XDG values are ignored, as the XDG spec says; without HOME the home
         // comes from the passwd entry, never the current directory.
-        if let Some(run) = crate::ledger::absolute_env("XDG_RUNTIME_DIR") {
+        if let Some(run) = crate::paths::absolute_env("XDG_RUNTIME_DIR") {
             return Ok(run.join("opmark"));
         }
-        let state = match crate::ledger::absolute_env("XDG_STATE_HOME") {
+        let state = match crate::paths::absolute_env("XDG_STATE_HOME") {
             Some(s) => s,
-            None => crate::ledger::home_dir()
+            None => crate::paths::home_dir()
                 .ok_or(
                     "neither XDG_RUNTIME_DIR nor HOME is set, and the passwd entry names no home",
                 )?

@@ -18,7 +18,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
-use super::wire::{self, Frame, FrameReader, HeldConnection, Reply, Request};
+use super::wire::{self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame};
 use super::{own_uid, short_path, Place};
 use crate::ssh::session::DEFAULT_MAX_CHANNELS;
 use crate::ssh::{Destination, ExecError, ExecEvent, Session};
@@ -202,10 +202,10 @@ impl Keeper {
             write,
         };
         match conv.request().await {
-            Some(Request::Hello { version }) if version == wire::VERSION => {}
-            Some(Request::Hello { version }) => {
+            Some(KeeperRequest::Hello { version }) if version == wire::VERSION => {}
+            Some(KeeperRequest::Hello { version }) => {
                 let _ = conv
-                    .send(&Reply::Refused {
+                    .send(&KeeperReply::Refused {
                         message: format!(
                             "the keeper speaks protocol {}, this opmark {version}",
                             wire::VERSION
@@ -217,7 +217,7 @@ impl Keeper {
             _ => return,
         }
         if conv
-            .send(&Reply::Hello {
+            .send(&KeeperReply::Hello {
                 version: wire::VERSION,
                 pid: std::process::id(),
             })
@@ -227,32 +227,32 @@ impl Keeper {
             return;
         }
         match conv.request().await {
-            Some(Request::Connect { key, dest }) => {
+            Some(KeeperRequest::Connect { key, dest }) => {
                 let connected = conv.alive_while(&dest, self.connection(&key, &dest)).await;
                 let reply = match connected {
-                    Ok(held) => Reply::Connected {
+                    Ok(held) => KeeperReply::Connected {
                         host_key: held.session.host_key(),
                     },
-                    Err(e) => Reply::ConnectFailed {
+                    Err(e) => KeeperReply::ConnectFailed {
                         stage: wire::stage_name(e.stage).into(),
                         message: e.message,
                     },
                 };
                 let _ = conv.send(&reply).await;
             }
-            Some(Request::Exec {
+            Some(KeeperRequest::Exec {
                 key,
                 dest,
                 host_key,
                 command,
             }) => self.exec(conv, &key, &dest, host_key, &command).await,
-            Some(Request::Status) => {
+            Some(KeeperRequest::Status) => {
                 let reply = self.status().await;
                 let _ = conv.send(&reply).await;
             }
-            Some(Request::Stop) => {
+            Some(KeeperRequest::Stop) => {
                 let _ = conv
-                    .send(&Reply::Stopping {
+                    .send(&KeeperReply::Stopping {
                         pid: std::process::id(),
                     })
                     .await;
@@ -356,8 +356,10 @@ impl Keeper {
         let mut stdin = Vec::new();
         loop {
             match conv.frame().await {
-                Some(Frame::Stdin(b)) => stdin.extend_from_slice(&b),
-                Some(f @ Frame::Json(_)) if matches!(f.parse(), Ok(Request::StdinEnd)) => break,
+                Some(MuxFrame::Stdin(b)) => stdin.extend_from_slice(&b),
+                Some(f @ MuxFrame::Json(_)) if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) => {
+                    break
+                }
                 _ => return,
             }
         }
@@ -365,7 +367,7 @@ impl Keeper {
         let (held, permit) = match channel {
             Ok(c) => c,
             Err(message) => {
-                let _ = conv.send(&Reply::ExecNotSent { message }).await;
+                let _ = conv.send(&KeeperReply::ExecNotSent { message }).await;
                 return;
             }
         };
@@ -377,7 +379,7 @@ impl Keeper {
                 held.session.host_key().unwrap_or_default(),
                 host_key.unwrap_or_default()
             );
-            let _ = conv.send(&Reply::ExecNotSent { message }).await;
+            let _ = conv.send(&KeeperReply::ExecNotSent { message }).await;
             return;
         }
         held.used.fetch_add(1, Ordering::Relaxed);
@@ -389,15 +391,15 @@ impl Keeper {
         let mut exec = match started {
             Ok(e) => e,
             Err(ExecError::NotSent(message)) => {
-                let _ = conv.send(&Reply::ExecNotSent { message }).await;
+                let _ = conv.send(&KeeperReply::ExecNotSent { message }).await;
                 return;
             }
             Err(ExecError::Lost(message)) => {
-                let _ = conv.send(&Reply::ExecLost { message }).await;
+                let _ = conv.send(&KeeperReply::ExecLost { message }).await;
                 return;
             }
         };
-        if conv.send(&Reply::ExecStarted).await.is_err() {
+        if conv.send(&KeeperReply::ExecStarted).await.is_err() {
             return drain(exec);
         }
         let Conversation {
@@ -417,7 +419,7 @@ impl Keeper {
                 ev = exec.next() => ev,
                 _ = &mut gone => return drain(exec),
                 _ = alive.tick() => {
-                    if write.write_all(&Frame::json(&Reply::Alive).encode()).await.is_err() {
+                    if write.write_all(&MuxFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
                         return drain(exec);
                     }
                     continue;
@@ -437,7 +439,7 @@ impl Keeper {
         }
     }
 
-    async fn status(&self) -> Reply {
+    async fn status(&self) -> KeeperReply {
         let slots: Vec<_> = {
             let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             slots.values().cloned().collect()
@@ -461,7 +463,7 @@ impl Keeper {
         }
         connections.sort_by(|a, b| a.destination.cmp(&b.destination));
         let callers = self.callers.load(Ordering::SeqCst).saturating_sub(1);
-        Reply::Status {
+        KeeperReply::Status {
             pid: std::process::id(),
             persist_secs: self.persist.as_secs(),
             idle_secs: if callers == 0 {
@@ -495,7 +497,7 @@ struct Conversation {
 }
 
 impl Conversation {
-    async fn frame(&mut self) -> Option<Frame> {
+    async fn frame(&mut self) -> Option<MuxFrame> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
@@ -510,16 +512,16 @@ impl Conversation {
         }
     }
 
-    async fn request(&mut self) -> Option<Request> {
+    async fn request(&mut self) -> Option<KeeperRequest> {
         self.frame().await?.parse().ok()
     }
 
-    async fn send(&mut self, reply: &Reply) -> std::io::Result<()> {
-        self.write.write_all(&Frame::json(reply).encode()).await
+    async fn send(&mut self, reply: &KeeperReply) -> std::io::Result<()> {
+        self.write.write_all(&MuxFrame::json(reply).encode()).await
     }
 
     /// Awaits `work` (a connect, an exec request on its way) while telling the caller
-    /// [`Reply::Alive`] every heartbeat. The work is never cut short: a caller that left
+    /// [`KeeperReply::Alive`] every heartbeat. The work is never cut short: a caller that left
     /// meanwhile finds out nothing, and the channel is drained as before.
     async fn alive_while<T>(
         &mut self,
@@ -533,14 +535,14 @@ impl Conversation {
             tokio::select! {
                 done = &mut work => return done,
                 _ = alive.tick(), if listening => {
-                    listening = self.send(&Reply::Alive).await.is_ok();
+                    listening = self.send(&KeeperReply::Alive).await.is_ok();
                 }
             }
         }
     }
 }
 
-/// A ticker for [`Reply::Alive`] whose first tick is one heartbeat from now.
+/// A ticker for [`KeeperReply::Alive`] whose first tick is one heartbeat from now.
 fn heartbeat_ticker(dest: &Destination) -> tokio::time::Interval {
     let every = wire::heartbeat(dest);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::ssh::{ConnectError, ConnectStage, Destination, ExecEvent};
 
 /// Bumped whenever a message changes; the socket's name carries it, so a keeper started
-/// by an older binary is never spoken to in a newer dialect. 2: [`Reply::Alive`].
+/// by an older binary is never spoken to in a newer dialect. 2: [`KeeperReply::Alive`].
 pub const VERSION: u32 = 2;
 
 /// The largest frame either side accepts: bounds what a confused peer can make us hold.
@@ -27,7 +27,7 @@ const TAG_STDIN: u8 = b'I';
 /// What a caller asks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Request {
+pub enum KeeperRequest {
     /// First message of every conversation.
     Hello {
         /// The caller's [`VERSION`].
@@ -82,7 +82,7 @@ pub struct HeldConnection {
 /// What the keeper answers.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Reply {
+pub enum KeeperReply {
     /// The answer to `Hello`.
     Hello {
         /// The keeper's [`VERSION`].
@@ -165,7 +165,7 @@ pub enum Reply {
     Alive,
 }
 
-/// How often the keeper says [`Reply::Alive`] on a conversation about `dest`: twice per
+/// How often the keeper says [`KeeperReply::Alive`] on a conversation about `dest`: twice per
 /// keepalive interval, so that the caller's budget (interval x (count + 1)) never runs
 /// out on a keeper that answers.
 pub fn heartbeat(dest: &Destination) -> std::time::Duration {
@@ -180,7 +180,7 @@ pub fn heartbeat(dest: &Destination) -> std::time::Duration {
 
 /// One frame, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Frame {
+pub enum MuxFrame {
     /// A control message, still JSON (the reader knows which type to expect).
     Json(Vec<u8>),
     /// Command stdout bytes.
@@ -191,19 +191,19 @@ pub enum Frame {
     Stdin(Vec<u8>),
 }
 
-impl Frame {
+impl MuxFrame {
     /// A control message as a frame.
-    pub fn json<T: Serialize>(msg: &T) -> Frame {
-        Frame::Json(serde_json::to_vec(msg).unwrap_or_default())
+    pub fn json<T: Serialize>(msg: &T) -> MuxFrame {
+        MuxFrame::Json(serde_json::to_vec(msg).unwrap_or_default())
     }
 
     /// The bytes on the wire.
     pub fn encode(&self) -> Vec<u8> {
         let (tag, body) = match self {
-            Frame::Json(b) => (TAG_JSON, b),
-            Frame::Stdout(b) => (TAG_STDOUT, b),
-            Frame::Stderr(b) => (TAG_STDERR, b),
-            Frame::Stdin(b) => (TAG_STDIN, b),
+            MuxFrame::Json(b) => (TAG_JSON, b),
+            MuxFrame::Stdout(b) => (TAG_STDOUT, b),
+            MuxFrame::Stderr(b) => (TAG_STDERR, b),
+            MuxFrame::Stdin(b) => (TAG_STDIN, b),
         };
         let mut out = Vec::with_capacity(5 + body.len());
         out.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
@@ -215,7 +215,7 @@ impl Frame {
     /// Decodes a control message of type `T`.
     pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> Result<T, WireError> {
         match self {
-            Frame::Json(b) => serde_json::from_slice(b)
+            MuxFrame::Json(b) => serde_json::from_slice(b)
                 .map_err(|e| WireError(format!("unreadable control message: {e}"))),
             _ => Err(WireError(
                 "expected a control message, got channel data".into(),
@@ -242,7 +242,7 @@ impl FrameReader {
     }
 
     /// The next complete frame, if the buffer holds one.
-    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+    pub fn next_frame(&mut self) -> Result<Option<MuxFrame>, WireError> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -257,10 +257,10 @@ impl FrameReader {
         let body = self.buf[5..4 + len].to_vec();
         self.buf.drain(..4 + len);
         match tag {
-            TAG_JSON => Ok(Some(Frame::Json(body))),
-            TAG_STDOUT => Ok(Some(Frame::Stdout(body))),
-            TAG_STDERR => Ok(Some(Frame::Stderr(body))),
-            TAG_STDIN => Ok(Some(Frame::Stdin(body))),
+            TAG_JSON => Ok(Some(MuxFrame::Json(body))),
+            TAG_STDOUT => Ok(Some(MuxFrame::Stdout(body))),
+            TAG_STDERR => Ok(Some(MuxFrame::Stderr(body))),
+            TAG_STDIN => Ok(Some(MuxFrame::Stdin(body))),
             other => Err(WireError(format!("unknown frame tag {other:#04x}"))),
         }
     }
@@ -293,22 +293,22 @@ pub fn connect_error(stage: &str, message: String) -> ConnectError {
 }
 
 /// A channel event as a frame.
-pub fn event_frame(event: ExecEvent) -> Frame {
+pub fn event_frame(event: ExecEvent) -> MuxFrame {
     match event {
-        ExecEvent::Stdout(b) => Frame::Stdout(b),
-        ExecEvent::Stderr(b) => Frame::Stderr(b),
-        ExecEvent::ExitStatus(status) => Frame::json(&Reply::ExitStatus { status }),
+        ExecEvent::Stdout(b) => MuxFrame::Stdout(b),
+        ExecEvent::Stderr(b) => MuxFrame::Stderr(b),
+        ExecEvent::ExitStatus(status) => MuxFrame::json(&KeeperReply::ExitStatus { status }),
         ExecEvent::ExitSignal {
             signal,
             core_dumped,
             message,
-        } => Frame::json(&Reply::ExitSignal {
+        } => MuxFrame::json(&KeeperReply::ExitSignal {
             signal,
             core_dumped,
             message,
         }),
-        ExecEvent::Closed => Frame::json(&Reply::Closed),
-        ExecEvent::Lost(message) => Frame::json(&Reply::Lost { message }),
+        ExecEvent::Closed => MuxFrame::json(&KeeperReply::Closed),
+        ExecEvent::Lost(message) => MuxFrame::json(&KeeperReply::Lost { message }),
     }
 }
 
@@ -319,10 +319,10 @@ mod tests {
     #[test]
     fn frames_survive_being_fed_one_byte_at_a_time() {
         let frames = vec![
-            Frame::json(&Reply::ExecStarted),
-            Frame::Stdout(b"hello\n".to_vec()),
-            Frame::Stderr(vec![0, 255, 10]),
-            Frame::json(&Reply::ExitStatus { status: 3 }),
+            MuxFrame::json(&KeeperReply::ExecStarted),
+            MuxFrame::Stdout(b"hello\n".to_vec()),
+            MuxFrame::Stderr(vec![0, 255, 10]),
+            MuxFrame::json(&KeeperReply::ExitStatus { status: 3 }),
         ];
         let wire: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
         let mut reader = FrameReader::default();
@@ -335,8 +335,8 @@ mod tests {
         }
         assert_eq!(got, frames);
         assert_eq!(
-            got[3].parse::<Reply>().unwrap(),
-            Reply::ExitStatus { status: 3 }
+            got[3].parse::<KeeperReply>().unwrap(),
+            KeeperReply::ExitStatus { status: 3 }
         );
     }
 

@@ -3,8 +3,7 @@
 //! ledger (SPEC section 9), unless the user overrides it, and under the ledger's name for
 //! the host.
 
-use super::common;
-use crate::cli::{GlobalArgs, HostArgs};
+use super::{host_spec, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{
     check_destination, resolve, resolve_route, ConnectError, ConnectStage, Destination, HostSpec,
@@ -16,8 +15,8 @@ use crate::operation::identity::{self, Recorded};
 /// The connection spec for a host string as the ledger records it
 /// (`Destination::display()`: what the user typed, plus `:port` when `-p` was given).
 /// An explicit `-p` wins over a recorded port.
-pub(crate) fn ledger_host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
-    let mut spec = common::host_spec(global, host, args);
+pub fn ledger_host_spec(ctx: &Context, host: &str, args: &HostOptions) -> HostSpec {
+    let mut spec = host_spec(ctx, host, args);
     if let Some((name, port)) = host.rsplit_once(':') {
         if let Ok(port) = port.parse::<u16>() {
             if !name.is_empty() && !name.contains(':') {
@@ -33,26 +32,20 @@ pub(crate) fn ledger_host_spec(global: &GlobalArgs, host: &str, args: &HostArgs)
 /// recorded in the ledger, so a changed default (another `~/.ssh/config`, a missing
 /// `-i`) cannot send the probe elsewhere. An explicit `-p`, `-i`, `-J`, or a `-F` other
 /// than the recorded config overrides it; the host key check applies either way.
-pub(crate) fn reach(
-    global: &GlobalArgs,
+pub fn reach(
+    ctx: &Context,
     host: &str,
-    args: &HostArgs,
+    args: &HostOptions,
     route: Option<&Route>,
 ) -> std::result::Result<Destination, ConnectError> {
-    let overridden = args.port.is_some()
-        || !args.identity.is_empty()
-        || args.jump.is_some()
-        || args.login.is_some()
-        || !args.option.is_empty()
-        || args.ipv4
-        || args.ipv6
-        || global
+    let overridden = args.any()
+        || ctx
             .ssh_config
             .as_ref()
             .is_some_and(|f| route.is_none_or(|r| r.config.as_ref() != Some(f)));
     match route {
         Some(route) if !overridden => resolve_route(route),
-        _ => resolve_ledger_host(global, host, args),
+        _ => resolve_ledger_host(ctx, host, args),
     }
 }
 
@@ -60,17 +53,17 @@ pub(crate) fn reach(
 /// user typed: the ledger's name for that host (as `run` recorded it: what was typed,
 /// plus `:port` with -p), the destination by the operation's recorded route (see
 /// [`reach`]), and what the ledger recorded of its host keys, to hold the host to.
-pub(crate) fn reach_operation(
-    global: &GlobalArgs,
+pub fn reach_operation(
+    ctx: &Context,
     typed: &str,
-    args: &HostArgs,
+    args: &HostOptions,
     op: &str,
     ledger: &crate::ledger::Ledger,
 ) -> Result<(String, Destination, Recorded)> {
-    let (host, fresh) = ledger_name(global, typed, args)?;
+    let (host, fresh) = ledger_name(ctx, typed, args)?;
     let recorded = identity::recorded(&ledger.events(&OpKey::new(op, host.clone()))?);
     let dest = match recorded.route.as_ref() {
-        Some(route) => reach(global, &host, args, Some(route)),
+        Some(route) => reach(ctx, &host, args, Some(route)),
         None => fresh,
     }?;
     Ok((host, dest, recorded))
@@ -79,13 +72,13 @@ pub(crate) fn reach_operation(
 /// The ledger's name for the host the user typed (as `run` recorded it: what was typed,
 /// plus `:port` with -p), and where the typed host resolves now. A malformed or
 /// unsupported ssh config is the user's to fix (exit 246), whatever the ledger recorded.
-pub(crate) fn ledger_name(
-    global: &GlobalArgs,
+pub fn ledger_name(
+    ctx: &Context,
     typed: &str,
-    args: &HostArgs,
+    args: &HostOptions,
 ) -> Result<(String, std::result::Result<Destination, ConnectError>)> {
     check_destination(typed).map_err(|m| Error::new(ErrorKind::InvalidInput, m))?;
-    let fresh = resolve(&common::host_spec(global, typed, args));
+    let fresh = resolve(&host_spec(ctx, typed, args));
     if let Err(e) = &fresh {
         if e.stage == ConnectStage::Config {
             return Err(e.clone().into());
@@ -100,10 +93,10 @@ pub(crate) fn ledger_name(
 }
 
 /// Resolves a ledger host string for connecting.
-pub(crate) fn resolve_ledger_host(
-    global: &GlobalArgs,
+pub fn resolve_ledger_host(
+    ctx: &Context,
     host: &str,
-    args: &HostArgs,
+    args: &HostOptions,
 ) -> std::result::Result<Destination, ConnectError> {
-    resolve(&ledger_host_spec(global, host, args))
+    resolve(&ledger_host_spec(ctx, host, args))
 }

@@ -1,0 +1,166 @@
+//! Reconcile: probe the hosts of unresolved operations and record what the evidence
+//! settles (the decisions live in `operation::reconcile`). Contradicted operations (SPEC
+//! section 3) in scope are reported too: evidence that disagrees is never settled away.
+
+use serde::Serialize;
+
+use super::reach::reach;
+use super::{block_on, load_policy, open_ledger, Context, HostOptions};
+use crate::error::{exit_code, Error, ErrorKind, Result};
+use crate::ledger::{ListFilter, OpKey, OperationRecord};
+use crate::op_id::OpId;
+use crate::operation::reconcile::{self, Candidate, Outcome};
+use crate::text::printable;
+
+/// Which operations.
+#[derive(Debug, Clone, Default)]
+pub struct ReconcileRequest {
+    /// Only these op ids, unchecked (default: every unresolved one).
+    pub ops: Vec<String>,
+    /// Only operations on this host.
+    pub host: Option<String>,
+}
+
+/// What reconcile found and decided.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReconcileReport {
+    /// The operations contacted, with the evidence and the decision.
+    pub operations: Vec<Outcome>,
+    /// Named operations that were already settled (not contacted).
+    pub already_settled: Vec<Outcome>,
+    /// Operations still unresolved after this reconcile.
+    pub unresolved: usize,
+    /// Operations in scope whose evidence contradicts itself (a person must look).
+    pub contradicted: Vec<Contradicted>,
+}
+
+impl ReconcileReport {
+    /// 0 when everything in scope is settled and uncontradicted, else 1.
+    pub fn exit_status(&self) -> u8 {
+        if self.unresolved == 0 && self.contradicted.is_empty() {
+            exit_code::OK
+        } else {
+            exit_code::FINDINGS
+        }
+    }
+}
+
+/// An operation whose evidence disagrees with what the ledger settled.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contradicted {
+    pub op_id: String,
+    pub host: String,
+    pub contradictions: u32,
+    /// The exit code the ledger keeps (the first settled one).
+    pub exit_code: Option<i32>,
+}
+
+/// Reconciles; `progress(done, total)` is told after each operation.
+pub fn reconcile(
+    ctx: &Context,
+    req: &ReconcileRequest,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<ReconcileReport> {
+    let ops = req
+        .ops
+        .iter()
+        .map(|o| OpId::parse(o).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string())))
+        .collect::<Result<Vec<_>>>()?;
+    let policy = load_policy(ctx)?;
+    let mut ledger = open_ledger(ctx, &policy)?;
+
+    let mut records = Vec::new();
+    let mut already = Vec::new();
+    if ops.is_empty() {
+        records = ledger.list(&ListFilter {
+            unresolved: true,
+            host: req.host.clone(),
+            limit: None,
+            ..Default::default()
+        })?;
+    } else {
+        for op in &ops {
+            let found: Vec<_> = ledger
+                .operations_by_id(op.as_str())?
+                .into_iter()
+                .filter(|r| req.host.as_ref().is_none_or(|h| *h == r.host))
+                .collect();
+            if found.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "no operation `{op}`{} in the ledger {}; `opmark list` shows what is recorded. Nothing was reconciled",
+                        req.host
+                            .as_deref()
+                            .map(|h| format!(" on host `{}`", printable(h)))
+                            .unwrap_or_default(),
+                        ledger.path().display()
+                    ),
+                ));
+            }
+            for r in found {
+                if r.unresolved {
+                    records.push(r);
+                } else {
+                    already.push(Outcome {
+                        op_id: r.op_id.clone(),
+                        host: r.host.clone(),
+                        before: r.state.clone(),
+                        evidence: "not contacted".into(),
+                        decision: "already_settled".into(),
+                        settled: true,
+                        exit_code: r.exit_code,
+                        root_id: None,
+                        detail: "the operation is already settled; nothing to do".into(),
+                    });
+                }
+            }
+        }
+    }
+    let mut candidates = Vec::with_capacity(records.len());
+    for record in records {
+        let events = ledger.events(&OpKey::new(record.op_id.clone(), record.host.clone()))?;
+        candidates.push(Candidate { record, events });
+    }
+    let outcomes = if candidates.is_empty() {
+        Vec::new()
+    } else {
+        block_on(reconcile::reconcile(
+            &mut ledger,
+            candidates,
+            |c, route| reach(ctx, &c.record.host, &HostOptions::default(), route),
+            &mut progress,
+        ))??
+    };
+    let contradicted: Vec<Contradicted> = ledger
+        .list(&ListFilter {
+            // Through the partial index of contradicted rows: O(contradicted), not history.
+            contradicted: true,
+            host: req.host.clone(),
+            limit: None,
+            ..Default::default()
+        })?
+        .into_iter()
+        .filter(|r| r.contradictions > 0)
+        .filter(|r| ops.is_empty() || ops.iter().any(|o| o.as_str() == r.op_id))
+        .map(|r: OperationRecord| Contradicted {
+            op_id: r.op_id,
+            host: r.host,
+            contradictions: r.contradictions,
+            exit_code: r.exit_code,
+        })
+        .collect();
+    let mut unresolved = 0;
+    for o in &outcomes {
+        let key = OpKey::new(o.op_id.clone(), o.host.clone());
+        if ledger.operation(&key)?.is_some_and(|r| r.unresolved) {
+            unresolved += 1;
+        }
+    }
+    Ok(ReconcileReport {
+        operations: outcomes,
+        already_settled: already,
+        unresolved,
+        contradicted,
+    })
+}

@@ -1,0 +1,596 @@
+//! Run: one operation end to end (the lifecycle itself is in `operation/`), or one
+//! operation per host over several hosts (`operation/fleet.rs` schedules them). Input
+//! that cannot run is refused before anything is recorded or sent.
+
+use std::collections::BTreeSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::document::{error_document, json_document};
+use super::{
+    block_on, host_spec, load_policy, open_ledger, operator, redactor_for_errors, session_id,
+    Context, HostOptions,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::family::Family;
+use crate::host::Pool;
+use crate::ledger::{OpKey, OperationRecord};
+use crate::op_id::OpId;
+use crate::operation::fleet::{self, HostResult, Plan, Progress, Shared, Summary};
+use crate::operation::interrupt::{ClientSignal, Interrupts};
+use crate::operation::{self, RunEnv, RunInput, RunReport};
+use crate::vocab::{ReasonCode, Verdict};
+
+/// Where the bytes forwarded to the command's stdin come from.
+#[derive(Debug, Clone, Default)]
+pub enum Stdin {
+    /// Nothing is forwarded.
+    #[default]
+    None,
+    /// This process's stdin, read to its end before anything is sent.
+    Read,
+    /// These bytes (`opmark mcp`, whose stdin is the protocol stream).
+    Given(Vec<u8>),
+}
+
+/// How one operation spreads over several hosts (SPEC section 11).
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// More hosts, one a line.
+    pub hosts_file: Option<PathBuf>,
+    /// At most this many hosts at once.
+    pub forks: usize,
+    /// Stop dispatching once this many hosts failed.
+    pub max_failures: Option<usize>,
+    /// Batches of this many hosts, each after the previous one ended clean.
+    pub serial: Option<usize>,
+    /// Live output lines prefixed with their host.
+    pub prefix: bool,
+    /// Leave the command running on the host and answer `in_progress`.
+    pub detach: bool,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            hosts_file: None,
+            forks: 32,
+            max_failures: None,
+            serial: None,
+            prefix: true,
+            detach: false,
+        }
+    }
+}
+
+/// What to run, where.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// The hosts, as the user names them (at least one, with `fleet.hosts_file`).
+    pub hosts: Vec<String>,
+    /// The op id, unchecked; None mints one.
+    pub op: Option<String>,
+    /// Treat the command as at least this family.
+    pub class: Option<Family>,
+    /// The bytes to forward.
+    pub stdin: Stdin,
+    /// Kill the command on the host after this long.
+    pub timeout: Option<Duration>,
+    /// At most this many attempts.
+    pub attempts: Option<u32>,
+    /// How long to wait for a running operation before answering `in_progress`.
+    pub wait: Duration,
+    /// Output kept on the host per stream.
+    pub output_cap: u64,
+    /// The approval note of a blocked command (`--approve`).
+    pub approve: Option<String>,
+    /// Connection options.
+    pub options: HostOptions,
+    /// Several hosts.
+    pub fleet: FleetOptions,
+    /// The command's words, joined with spaces as ssh does.
+    pub command: Vec<String>,
+    /// Stream the command's output to this process's stdout/stderr while it runs.
+    pub live_output: bool,
+}
+
+/// Told while a run goes on (the answer itself is the [`RunAnswer`]).
+pub trait RunWatch {
+    /// The op id was minted: said before dispatch, so a caller that loses us can retry
+    /// with the same id.
+    fn minted(&mut self, _op: &OpId) {}
+    /// A fleet's counts changed.
+    fn progress(&mut self, _progress: Progress) {}
+}
+
+/// A watcher that hears nothing.
+#[derive(Debug)]
+pub struct Unwatched;
+
+impl RunWatch for Unwatched {}
+
+/// The answer given before anything was recorded or sent.
+#[derive(Debug, Clone, Serialize)]
+pub struct Early {
+    pub op_id: Option<String>,
+    pub verdict: Verdict,
+    pub exit_code: Option<i32>,
+    pub reason: String,
+    pub reason_code: ReasonCode,
+    pub retryable: bool,
+    /// The process exit status.
+    #[serde(skip)]
+    pub status: u8,
+}
+
+/// An operation whose host evidence contradicts the ledger since the run began.
+#[derive(Debug, Clone)]
+pub struct NewContradiction {
+    pub op_id: String,
+    pub host: String,
+    /// The exit code the ledger keeps.
+    pub exit_code: Option<i32>,
+}
+
+/// The answer of a run.
+#[derive(Debug)]
+pub enum RunAnswer {
+    /// Refused or interrupted before anything was recorded or sent.
+    Early(Early),
+    /// One host's verdict.
+    One {
+        report: Box<RunReport>,
+        /// The signal that interrupted it, answered `client_interrupted`.
+        interrupted: Option<ClientSignal>,
+        contradictions: Vec<NewContradiction>,
+    },
+    /// Several hosts' verdicts, in the order given.
+    Fleet {
+        results: Vec<HostResult>,
+        summary: Summary,
+        interrupted: Option<ClientSignal>,
+        contradictions: Vec<NewContradiction>,
+    },
+}
+
+impl RunAnswer {
+    /// The answer as the contract's JSON document (SPEC sections 6 and 11): the run
+    /// document of one host (with its whole output), or every host's and the summary.
+    pub fn document(&self) -> Result<serde_json::Value> {
+        match self {
+            RunAnswer::Early(early) => json_document(early),
+            RunAnswer::One { report, .. } => json_document(report.as_ref()),
+            RunAnswer::Fleet {
+                results, summary, ..
+            } => json_document(&FleetDocument::of(results, summary)?),
+        }
+    }
+
+    /// The process exit status: the command's own, or the verdict's reserved code.
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            RunAnswer::Early(early) => early.status,
+            RunAnswer::One {
+                interrupted: Some(signal),
+                ..
+            }
+            | RunAnswer::Fleet {
+                interrupted: Some(signal),
+                ..
+            } => signal.exit_code(),
+            RunAnswer::One { report, .. } => report.exit_status(),
+            RunAnswer::Fleet { summary, .. } => summary.exit_status,
+        }
+    }
+}
+
+/// The `--json` answer of a fleet run (SPEC section 11).
+#[derive(Serialize)]
+struct FleetDocument<'a> {
+    /// One run document per host (an error document, with `host`, for a host opmark
+    /// itself failed on), in the order the hosts were given.
+    hosts: Vec<serde_json::Value>,
+    summary: &'a Summary,
+}
+
+impl FleetDocument<'_> {
+    fn of<'a>(results: &[HostResult], summary: &'a Summary) -> Result<FleetDocument<'a>> {
+        let hosts = results
+            .iter()
+            .map(|r| match &r.outcome {
+                Ok(report) => json_document(report),
+                Err(e) => {
+                    let mut doc = error_document(e);
+                    doc["host"] = r.host.clone().into();
+                    Ok(doc)
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FleetDocument { hosts, summary })
+    }
+}
+
+/// Runs the command on each host as one operation.
+pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<RunAnswer> {
+    let (op, minted) = match &req.op {
+        Some(text) => match OpId::parse(text) {
+            Ok(op) => (op, false),
+            Err(e) => {
+                return Ok(refuse_before_anything(
+                    ctx,
+                    req.op.as_deref(),
+                    &e.to_string(),
+                ))
+            }
+        },
+        None => (OpId::mint(), true),
+    };
+    let hosts = match all_hosts(&req) {
+        Ok(hosts) => hosts,
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
+    };
+    for (option, value) in [
+        ("--forks", Some(req.fleet.forks)),
+        ("--serial", req.fleet.serial),
+        ("--max-failures", req.fleet.max_failures),
+    ] {
+        if value == Some(0) {
+            return Ok(refuse_before_anything(
+                ctx,
+                Some(op.as_str()),
+                &format!("{option} must be at least 1; nothing was sent"),
+            ));
+        }
+    }
+    if req.attempts == Some(0) {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            "--attempts must be at least 1; nothing was sent",
+        ));
+    }
+    let command = req.command.join(" ");
+    if command.trim().is_empty() {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            "the command is empty; nothing was sent",
+        ));
+    }
+    if let Err(e) = crate::host::check_command(&command) {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            &format!("{e}; nothing was sent"),
+        ));
+    }
+    let answer = if let [host] = hosts.as_slice() {
+        let host = host.clone();
+        block_on(run_operation(ctx, req, host, op, minted, command, watch))
+    } else {
+        block_on(run_on_hosts(ctx, req, hosts, op, minted, command, watch))
+    };
+    // A stdin reader still blocked on a terminal after an interrupt does not hold the
+    // exit: the process's runtime is never dropped, so nothing waits for it.
+    answer?
+}
+
+/// The hosts named in the request, then those of `--hosts-file`, each checked as a
+/// destination; a bad one is named (with its file and line) before anything is sent.
+fn all_hosts(req: &RunRequest) -> std::result::Result<Vec<String>, String> {
+    let mut hosts = Vec::new();
+    for host in &req.hosts {
+        // A host that cannot be a destination is bad input: refused before the ledger,
+        // which would otherwise have to refuse to record it.
+        crate::host::check_destination(host)?;
+        hosts.push(host.clone());
+    }
+    if let Some(file) = &req.fleet.hosts_file {
+        hosts.extend(hosts_from_file(file)?);
+    }
+    if hosts.is_empty() {
+        return Err(
+            "no hosts: name at least one HOST or a --hosts-file with hosts in it; nothing was sent"
+                .to_owned(),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    if let Some(twice) = hosts.iter().find(|h| !seen.insert(h.as_str())) {
+        // Twice the same host is twice the same operation: one would only follow the other.
+        return Err(format!(
+            "host `{twice}` is named twice; name each host once; nothing was sent"
+        ));
+    }
+    Ok(hosts)
+}
+
+/// `--hosts-file`: one host a line; `#` starts a comment; blank lines are skipped.
+fn hosts_from_file(file: &Path) -> std::result::Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| {
+        format!(
+            "cannot read the hosts file {}: {e}; nothing was sent",
+            file.display()
+        )
+    })?;
+    let mut hosts = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let at = || format!("{}:{}", file.display(), number + 1);
+        let line = line.split('#').next().unwrap_or_default().trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.split_whitespace().nth(1).is_some() {
+            return Err(format!(
+                "{}: `{line}` is not one host: write one host a line; nothing was sent",
+                at()
+            ));
+        }
+        crate::host::check_destination(line).map_err(|why| format!("{}: {why}", at()))?;
+        hosts.push(line.to_owned());
+    }
+    Ok(hosts)
+}
+
+/// Reads the bytes to forward off the runtime's threads, so that Ctrl-C while stdin is a
+/// terminal still works; `Err` carries the answer to an interruption.
+async fn spool_stdin(
+    stdin: Stdin,
+    op: &OpId,
+    interrupts: &Interrupts,
+) -> Result<std::result::Result<Option<Vec<u8>>, RunAnswer>> {
+    match stdin {
+        Stdin::Given(bytes) => return Ok(Ok(Some(bytes))),
+        Stdin::None => return Ok(Ok(None)),
+        Stdin::Read => {}
+    }
+    let reader = tokio::task::spawn_blocking(|| {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf).map(|_| buf)
+    });
+    let read = tokio::select! {
+        biased;
+        signal = interrupts.wait() => return Ok(Err(interrupted_before_anything(op, signal))),
+        read = reader => read,
+    };
+    let buf = read
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("the stdin reader failed: {e}")))?
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::LocalIo,
+                format!("cannot read stdin to forward it: {e}; nothing was sent"),
+            )
+        })?;
+    Ok(Ok(Some(buf)))
+}
+
+/// Everything from the first signal handler on: from here a signal is answered, never
+/// the silent default death.
+async fn run_operation(
+    ctx: &Context,
+    req: RunRequest,
+    host: String,
+    op: OpId,
+    minted: bool,
+    command: String,
+    watch: &mut dyn RunWatch,
+) -> Result<RunAnswer> {
+    let interrupts = install_interrupts()?;
+    let policy = load_policy(ctx)?;
+    let mut ledger = open_ledger(ctx, &policy)?;
+    // The key is the ledger's own (checked when it was opened), never the config dir's.
+    let key = ledger.key().clone();
+    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts).await? {
+        Ok(stdin) => stdin,
+        Err(answer) => return Ok(answer),
+    };
+    if minted {
+        watch.minted(&op);
+    }
+    let op_text = op.to_string();
+    let input = RunInput {
+        host: host_spec(ctx, &host, &req.options),
+        op,
+        command,
+        class: req.class,
+        stdin,
+        timeout: req.timeout,
+        attempts: req.attempts,
+        wait: req.wait,
+        approve: req.approve.clone(),
+        approver: operator(None),
+        live_output: req.live_output,
+        output_cap: req.output_cap,
+        prefix: None,
+        detach: req.fleet.detach,
+    };
+    // To tell the caller about evidence this run found contradicting the ledger.
+    let known = ledger.operations_by_id(input.op.as_str())?;
+    interrupts.set_context(format!(
+        "op {op} may be running on {host}: `opmark run` with --op {op} follows or replays it, `opmark cancel {host} {op}` stops it",
+        op = op_text,
+    ));
+    let pool = Pool::new(10);
+    let report = operation::run_interruptible(
+        RunEnv {
+            ledger: &mut ledger,
+            policy: &policy,
+            key: &key,
+            session_id: session_id(),
+            pool: &pool,
+        },
+        input,
+        &interrupts,
+    )
+    .await?;
+    tracing::info!(
+        "verdict {} ({}), exit {}: {}",
+        report.verdict,
+        report.reason_code,
+        report
+            .exit_code
+            .map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
+        report.reason
+    );
+    if report.reason_code == ReasonCode::ClientInterrupted {
+        let signal = interrupts.received().unwrap_or(ClientSignal::Int);
+        return Ok(RunAnswer::One {
+            report: Box::new(report),
+            interrupted: Some(signal),
+            contradictions: Vec::new(),
+        });
+    }
+    let key = OpKey::new(report.op_id.clone(), report.host.clone());
+    let now: Vec<_> = ledger.operation(&key).ok().flatten().into_iter().collect();
+    Ok(RunAnswer::One {
+        contradictions: new_contradictions(&known, &now),
+        report: Box::new(report),
+        interrupted: None,
+    })
+}
+
+/// Several hosts (SPEC section 11): one operation per host, scheduled by
+/// [`fleet::run_fleet`].
+async fn run_on_hosts(
+    ctx: &Context,
+    req: RunRequest,
+    hosts: Vec<String>,
+    op: OpId,
+    minted: bool,
+    command: String,
+    watch: &mut dyn RunWatch,
+) -> Result<RunAnswer> {
+    let interrupts = install_interrupts()?;
+    let policy = load_policy(ctx)?;
+    // Opened here once so that a ledger problem is one error before any host is tried;
+    // the host tasks open their own handles.
+    let ledger = open_ledger(ctx, &policy)?;
+    let key = ledger.key().clone();
+    // To tell the caller about evidence this run found contradicting the ledger.
+    let known = ledger.operations_by_id(op.as_str())?;
+    drop(ledger);
+    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts).await? {
+        Ok(stdin) => stdin,
+        Err(answer) => return Ok(answer),
+    };
+    if minted {
+        watch.minted(&op);
+    }
+    interrupts.set_context(format!(
+        "op {op} may be running on {} hosts: `opmark run` with --op {op} and the same hosts follows or replays it, `opmark cancel HOST {op}` stops it on one",
+        hosts.len()
+    ));
+    let prefix = req.fleet.prefix;
+    let inputs: Vec<RunInput> = hosts
+        .iter()
+        .map(|host| RunInput {
+            host: host_spec(ctx, host, &req.options),
+            op: op.clone(),
+            command: command.clone(),
+            class: req.class,
+            stdin: stdin.clone(),
+            timeout: req.timeout,
+            attempts: req.attempts,
+            wait: req.wait,
+            approve: req.approve.clone(),
+            approver: operator(None),
+            live_output: req.live_output,
+            output_cap: req.output_cap,
+            prefix: prefix.then(|| format!("{host}: ")),
+            detach: req.fleet.detach,
+        })
+        .collect();
+    let ledger_ctx = ctx.clone();
+    let ledger_policy = policy.clone();
+    let shared = Shared {
+        policy: Arc::new(policy),
+        key,
+        session_id: session_id(),
+        pool: Arc::new(Pool::new(10)),
+        open_ledger: Arc::new(move || open_ledger(&ledger_ctx, &ledger_policy)),
+    };
+    let plan = Plan {
+        forks: req.fleet.forks,
+        max_failures: req.fleet.max_failures,
+        serial: req.fleet.serial,
+    };
+    let results = fleet::run_fleet(&shared, inputs, plan, &interrupts, |p: Progress| {
+        watch.progress(p);
+    })
+    .await;
+    let summary = Summary::of(&results);
+    let contradictions = open_ledger(ctx, shared.policy.as_ref())
+        .and_then(|l| Ok(l.operations_by_id(op.as_str())?))
+        .map(|now| new_contradictions(&known, &now))
+        .unwrap_or_default();
+    Ok(RunAnswer::Fleet {
+        results,
+        summary,
+        interrupted: interrupts.received(),
+        contradictions,
+    })
+}
+
+/// The signal handlers of a run: from here on a signal is answered, never the silent
+/// default death.
+fn install_interrupts() -> Result<Interrupts> {
+    Interrupts::install().map_err(|e| {
+        Error::new(
+            ErrorKind::Internal,
+            format!("cannot install the signal handlers: {e}; nothing was sent"),
+        )
+    })
+}
+
+/// The operations whose host evidence contradicts the ledger since `known` was read
+/// (before this run): a contradiction is recorded and never silent.
+fn new_contradictions(known: &[OperationRecord], now: &[OperationRecord]) -> Vec<NewContradiction> {
+    now.iter()
+        .filter(|record| {
+            let before = known
+                .iter()
+                .find(|r| r.host == record.host)
+                .map_or(0, |r| r.contradictions);
+            record.contradictions > before
+        })
+        .map(|record| NewContradiction {
+            op_id: record.op_id.clone(),
+            host: record.host.clone(),
+            exit_code: record.exit_code,
+        })
+        .collect()
+}
+
+/// Invalid input: the verdict is `refused`, nothing is recorded or sent.
+fn refuse_before_anything(ctx: &Context, op: Option<&str>, reason: &str) -> RunAnswer {
+    // The reason may quote the input, and the input may hold a secret.
+    let reason = redactor_for_errors(ctx.policy.as_deref()).redact_owned(reason);
+    RunAnswer::Early(Early {
+        op_id: op.filter(|o| OpId::parse(o).is_ok()).map(str::to_owned),
+        verdict: Verdict::Refused,
+        exit_code: None,
+        reason,
+        reason_code: ReasonCode::InvalidInput,
+        retryable: false,
+        status: Verdict::Refused.reserved_exit_code().unwrap_or(245),
+    })
+}
+
+/// A signal before the operation was recorded (while stdin was read): nothing was
+/// recorded or sent, so nothing can run.
+fn interrupted_before_anything(op: &OpId, signal: ClientSignal) -> RunAnswer {
+    RunAnswer::Early(Early {
+        op_id: Some(op.as_str().to_owned()),
+        verdict: Verdict::NotApplied,
+        exit_code: None,
+        reason: format!(
+            "interrupted by {signal} before anything was recorded or sent; nothing ran. `opmark run` with op id {op} runs it (at most once)"
+        ),
+        reason_code: ReasonCode::ClientInterrupted,
+        retryable: ReasonCode::ClientInterrupted.retryable(),
+        status: signal.exit_code(),
+    })
+}

@@ -1,0 +1,419 @@
+//! Show: one operation's record, events and the views an investigator reads (outcome,
+//! attempts, observations, contradictions), from the local ledger. The page for people
+//! is drawn by `commands/show.rs` from this report.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{redacted_error, Context};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ledger::history::{Attempt, Word};
+use crate::ledger::projection::unresolved_after;
+use crate::ledger::{Event, History, Ledger, OpKey, OperationRecord, StoredEvent};
+use crate::op_id::OpId;
+use crate::redact::Redactor;
+use crate::text::{parse_at, printable, to_second};
+use crate::vocab::ErrorCode;
+
+/// Which operation.
+#[derive(Debug, Clone)]
+pub struct ShowRequest {
+    /// The op id, or the start of one, unchecked.
+    pub op: String,
+    /// The host, when the op id was used on several.
+    pub host: Option<String>,
+}
+
+/// One operation on one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page {
+    /// Which operation.
+    #[serde(skip)]
+    pub key: OpKey,
+    /// Its projection, when an intent was recorded.
+    pub operation: Option<OperationRecord>,
+    /// What the events settle.
+    pub outcome: OutcomeLine,
+    /// Its attempts, in dispatch order.
+    pub attempts: Vec<AttemptView>,
+    /// Its observations, in time order.
+    pub observations: Vec<Observation>,
+    /// Its contradictions, in time order.
+    pub contradictions: Vec<ContradictionView>,
+    /// Every event, in order.
+    pub events: Vec<StoredEvent>,
+}
+
+impl Page {
+    fn read(ledger: &Ledger, key: OpKey) -> Result<Page> {
+        let operation = ledger
+            .operation(&key)
+            .map_err(|e| redacted_error(e.into()))?;
+        let events = ledger.events(&key).map_err(|e| redacted_error(e.into()))?;
+        Ok(Page {
+            outcome: outcome(operation.as_ref(), &events),
+            attempts: attempts(&events),
+            observations: observations(&events),
+            contradictions: contradictions(&events),
+            key,
+            operation,
+            events,
+        })
+    }
+}
+
+/// One host's page, or every host's of an op id run on several (SPEC section 11).
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum ShowReport {
+    /// The op id on one host.
+    One(Box<Page>),
+    /// The op id on several hosts, in the ledger's order.
+    Hosts {
+        /// The whole op id.
+        op_id: String,
+        /// One page per host.
+        hosts: Vec<Page>,
+    },
+}
+
+impl ShowReport {
+    /// The pages, one per host.
+    pub fn pages(&self) -> &[Page] {
+        match self {
+            ShowReport::One(page) => std::slice::from_ref(page.as_ref()),
+            ShowReport::Hosts { hosts, .. } => hosts,
+        }
+    }
+}
+
+/// Reads the operation's page(s); an op id nobody recorded is `unknown_operation`.
+pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
+    let op = OpId::parse(&req.op)
+        .map_err(|e| redacted_error(Error::new(ErrorKind::InvalidInput, e.to_string())))?;
+    let (ledger, path) =
+        Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?;
+    let not_found = || {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no operation `{op}`{} in the ledger {}; `opmark list` shows what is recorded",
+                req.host
+                    .as_deref()
+                    // Redacted before escaping: escapes would hide a secret's shape.
+                    .map(|h| format!(" on host `{}`", printable(&Redactor::default().redact(h))))
+                    .unwrap_or_default(),
+                path.display()
+            ),
+        )
+        .with_code(ErrorCode::UnknownOperation)
+    };
+    let Some(ledger) = ledger else {
+        return Err(redacted_error(not_found()));
+    };
+    let op = match complete_op_id(&ledger, &op, req.host.as_deref())? {
+        Some(full) => full,
+        None => return Err(redacted_error(not_found())),
+    };
+    let host = match &req.host {
+        Some(h) => h.clone(),
+        None => {
+            let hosts = ledger
+                .hosts_of(op.as_str())
+                .map_err(|e| redacted_error(e.into()))?;
+            match hosts.as_slice() {
+                [] => return Err(redacted_error(not_found())),
+                [one] => one.clone(),
+                // A fleet run's op id (SPEC section 11): every host's timeline.
+                many => {
+                    let hosts = many
+                        .iter()
+                        .map(|host| Page::read(&ledger, OpKey::new(op.as_str(), host.clone())))
+                        .collect::<Result<Vec<_>>>()?;
+                    return Ok(ShowReport::Hosts {
+                        op_id: op.as_str().to_owned(),
+                        hosts,
+                    });
+                }
+            }
+        }
+    };
+    let page = Page::read(&ledger, OpKey::new(op.as_str(), host))?;
+    if page.operation.is_none() && page.events.is_empty() {
+        return Err(redacted_error(not_found()));
+    }
+    Ok(ShowReport::One(Box::new(page)))
+}
+
+/// The op id `given` stands for: itself when the ledger knows it, else the one recorded
+/// op id it is a prefix of (on `host`, when given); None when nothing matches. Several
+/// matches are an error listing them, since picking one would show the wrong operation.
+fn complete_op_id(ledger: &Ledger, given: &OpId, host: Option<&str>) -> Result<Option<OpId>> {
+    if !ledger
+        .hosts_of(given.as_str())
+        .map_err(|e| redacted_error(e.into()))?
+        .is_empty()
+    {
+        return Ok(Some(given.clone()));
+    }
+    let filter = crate::ledger::ListFilter {
+        host: host.map(str::to_owned),
+        ..Default::default()
+    };
+    let mut candidates: Vec<String> = ledger
+        .list(&filter)
+        .map_err(|e| redacted_error(e.into()))?
+        .into_iter()
+        .map(|o| o.op_id)
+        .filter(|id| id.starts_with(given.as_str()))
+        .collect();
+    candidates.sort();
+    candidates.dedup();
+    match candidates.as_slice() {
+        [] => Ok(None),
+        [one] => OpId::parse(one)
+            .map(Some)
+            .map_err(|e| Error::new(ErrorKind::Internal, e.to_string())),
+        many => {
+            const SHOWN: usize = 10;
+            let mut listed = many
+                .iter()
+                .take(SHOWN)
+                .map(|id| printable(id))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if many.len() > SHOWN {
+                let _ = write!(listed, " and {} more", many.len() - SHOWN);
+            }
+            Err(redacted_error(
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "`{given}` is the start of {} operation ids ({listed}); give more of the id",
+                        many.len()
+                    ),
+                )
+                .with_code(ErrorCode::AmbiguousOperation),
+            ))
+        }
+    }
+}
+
+/// The operation's outcome, as the events settle it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutcomeLine {
+    /// Still not settled by a verdict, a reconcile or an operator.
+    pub unresolved: bool,
+    /// The last word on it: a verdict, `reconciled:<decision>` or `resolved:<decision>`.
+    pub last_word: Option<String>,
+    /// The best-known exit code (received, recorded on the host, or in a verdict).
+    pub exit_code: Option<i32>,
+    /// One line for people.
+    pub text: String,
+}
+
+/// What the events say about the outcome.
+pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> OutcomeLine {
+    let h = History::of(events);
+    let mut unresolved = h.unresolved;
+    let mut exit_code = h.exit_code;
+    let last_word = h.last_word.map(|(word, at)| {
+        let by = match &word {
+            Word::Verdict(_) => format!("verdict at {}", to_second(&at)),
+            Word::Reconciled(_) => format!("reconcile at {}", to_second(&at)),
+            Word::Resolved { by, .. } => {
+                format!("operator {} at {}", printable(by), to_second(&at))
+            }
+            Word::Cancelled { by } => format!("cancel by {} at {}", printable(by), to_second(&at)),
+        };
+        (word.name(), by)
+    });
+    if let Some(r) = record {
+        // The projection is the authority on "unresolved"; the fold above only names why.
+        unresolved = r.unresolved;
+        if r.contradictions > 0 {
+            // Later evidence disagreed; the projection kept the first settled exit.
+            exit_code = r.exit_code;
+        }
+    }
+    let exit = exit_code.map(|c| format!(", exit {c}")).unwrap_or_default();
+    let text = match (&last_word, unresolved) {
+        (Some((word, by)), false) => {
+            let word = word.split_once(':').map_or(word.as_str(), |(_, d)| d);
+            format!("{word}{exit} (settled by {by} UTC)")
+        }
+        (Some((word, by)), true) => format!(
+            "UNRESOLVED: {word}{exit} ({by} UTC); next: `opmark reconcile`, or `opmark resolve` when only a person can tell"
+        ),
+        (None, true) => format!(
+            "UNRESOLVED: no verdict yet{exit}; next: `opmark reconcile`"
+        ),
+        (None, false) => format!("settled{exit}"),
+    };
+    OutcomeLine {
+        unresolved,
+        last_word: last_word.map(|(w, _)| w),
+        exit_code,
+        text,
+    }
+}
+
+/// One attempt as the page shows it: the ledger's own view of it (its events folded,
+/// [`Attempt`]) and how long it was seen for.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptView {
+    /// The attempt as its events tell it.
+    #[serde(flatten)]
+    pub attempt: Attempt,
+    /// From dispatch to the last event about it, in milliseconds.
+    pub duration_ms: Option<u64>,
+}
+
+/// The attempts, in dispatch order.
+pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
+    History::of(events)
+        .attempts
+        .into_iter()
+        .map(|attempt| AttemptView {
+            duration_ms: millis_between(&attempt.dispatched_at, &attempt.last_seen_at),
+            attempt,
+        })
+        .collect()
+}
+
+/// One observation: a probe, a reconcile, an operator decision, a fence, a supersede.
+#[derive(Debug, Clone, Serialize)]
+pub struct Observation {
+    /// When.
+    pub at: String,
+    /// `probe`, `reconcile`, `operator <name>`, `fence`, `supersede`.
+    pub what: String,
+    /// What it found or decided.
+    pub found: String,
+    /// What it changed: `settled`, `reopened`, `left open`, `no change`.
+    pub changed: String,
+}
+
+/// The observations, in time order.
+pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
+    let mut out = Vec::new();
+    let mut unresolved = false;
+    for e in events {
+        let before = unresolved;
+        unresolved = unresolved_after(unresolved, &e.event);
+        let (what, found) = match &e.event {
+            Event::Probed {
+                state,
+                exit_code,
+                detail,
+                ..
+            } => {
+                let mut f = format!("marker {state}");
+                if let Some(c) = exit_code {
+                    let _ = write!(f, ", exit {c}");
+                }
+                if !detail.is_empty() {
+                    let _ = write!(f, " ({detail})");
+                }
+                ("probe".to_owned(), f)
+            }
+            Event::Reconciled { decision, detail } => {
+                ("reconcile".to_owned(), format!("{decision}: {detail}"))
+            }
+            Event::OperatorDecision {
+                by, decision, note, ..
+            } => (format!("operator {by}"), format!("{decision}: {note}")),
+            Event::Fenced { detail } => ("fence".to_owned(), detail.clone()),
+            Event::Superseded { attempt_id, note } => (
+                "supersede".to_owned(),
+                format!("claim of {attempt_id} moved aside: {note}"),
+            ),
+            Event::Contradiction {
+                source,
+                evidence_seq,
+                expected,
+                seen,
+            } => (
+                "CONTRADICTION".to_owned(),
+                format!("{source} #{evidence_seq} saw {seen}, expected {expected}"),
+            ),
+            Event::Cancelled {
+                by,
+                result,
+                exit_code,
+                detail,
+                ..
+            } => {
+                let mut f = result.clone();
+                if let Some(c) = exit_code {
+                    let _ = write!(f, ", exit {c}");
+                }
+                if !detail.is_empty() {
+                    let _ = write!(f, " ({detail})");
+                }
+                (format!("cancel by {by}"), f)
+            }
+            _ => continue,
+        };
+        let changed = match (before, unresolved) {
+            (true, false) => "settled",
+            (false, true) => "reopened",
+            (true, true) => "left open",
+            (false, false) => "no change",
+        };
+        out.push(Observation {
+            at: e.at.clone(),
+            what,
+            found,
+            changed: changed.to_owned(),
+        });
+    }
+    out
+}
+
+/// One contradiction between evidence (SPEC section 3), as `show` lists it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContradictionView {
+    /// When it was recorded.
+    pub at: String,
+    /// Its own sequence number.
+    pub seq: u64,
+    /// Kind of the event that brought the disagreeing evidence.
+    pub source: String,
+    /// That event's sequence number.
+    pub evidence_seq: u64,
+    /// What the ledger held.
+    pub expected: crate::ledger::Observed,
+    /// What the evidence said.
+    pub seen: crate::ledger::Observed,
+}
+
+/// The contradictions, in time order.
+pub fn contradictions(events: &[StoredEvent]) -> Vec<ContradictionView> {
+    events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Contradiction {
+                source,
+                evidence_seq,
+                expected,
+                seen,
+            } => Some(ContradictionView {
+                at: e.at.clone(),
+                seq: e.seq,
+                source: source.clone(),
+                evidence_seq: *evidence_seq,
+                expected: expected.clone(),
+                seen: seen.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn millis_between(from: &str, to: &str) -> Option<u64> {
+    let d = parse_at(to)? - parse_at(from)?;
+    u64::try_from(d.whole_milliseconds()).ok()
+}

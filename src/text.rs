@@ -1,0 +1,110 @@
+//! Stored text as people read it, shared by the render layer and the reports that carry
+//! a line for people (`show`'s outcome, `cancel`'s message): text made safe for a
+//! terminal, cut to a width, and the ledger's RFC 3339 times read or shown to the second.
+
+/// `s` with control characters escaped, so stored text cannot drive the terminal.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Cuts `s` to `width` characters, marking the cut with `…`.
+pub fn fit(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
+        out.push('…');
+        out
+    }
+}
+
+/// `2024-05-01T10:00:00.123456Z` → `2024-05-01 10:00:00`.
+pub fn to_second(at: &str) -> String {
+    Stamp::of(at).second()
+}
+
+/// An RFC 3339 time as the ledger stores it.
+pub fn parse_at(at: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// A ledger time (RFC 3339, as the ledger writes it: UTC, microseconds), read once and
+/// shown in parts in UTC. Text that is not such a time (a row edited by hand, a future
+/// format) is shown cut by position as stored, so that nothing is hidden.
+#[derive(Debug, Clone)]
+pub struct Stamp<'a> {
+    raw: &'a str,
+    at: Option<time::OffsetDateTime>,
+}
+
+impl<'a> Stamp<'a> {
+    /// The time `raw` holds.
+    pub fn of(raw: &'a str) -> Stamp<'a> {
+        Stamp {
+            raw,
+            at: parse_at(raw).map(|t| t.to_offset(time::UtcOffset::UTC)),
+        }
+    }
+
+    fn shown(&self, format: &[time::format_description::BorrowedFormatItem<'_>]) -> Option<String> {
+        self.at.and_then(|t| t.format(format).ok())
+    }
+
+    /// `2024-05-01`.
+    pub fn day(&self) -> String {
+        self.shown(time::macros::format_description!("[year]-[month]-[day]"))
+            .unwrap_or_else(|| self.raw.get(..10).unwrap_or("").to_owned())
+    }
+
+    /// `2024-05-01 10:00:00`.
+    pub fn second(&self) -> String {
+        self.shown(time::macros::format_description!(
+            "[year]-[month]-[day] [hour]:[minute]:[second]"
+        ))
+        .unwrap_or_else(|| self.raw.get(..19).unwrap_or(self.raw).replace('T', " "))
+    }
+
+    /// `10:00:00.123`.
+    pub fn clock(&self) -> String {
+        self.shown(time::macros::format_description!(
+            "[hour]:[minute]:[second].[subsecond digits:3]"
+        ))
+        .unwrap_or_else(|| self.raw.get(11..23).unwrap_or(self.raw).to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ledger_time_is_shown_by_its_parts_in_utc() {
+        let at = Stamp::of("2026-03-04T22:30:59.123456Z");
+        assert_eq!(at.day(), "2026-03-04");
+        assert_eq!(at.second(), "2026-03-04 22:30:59");
+        assert_eq!(at.clock(), "22:30:59.123");
+        // Another offset is the same instant, shown in UTC (slicing showed 01:30).
+        let east = Stamp::of("2026-03-05T01:30:59.5+03:00");
+        assert_eq!(east.second(), "2026-03-04 22:30:59");
+        assert_eq!(east.clock(), "22:30:59.500");
+    }
+
+    #[test]
+    fn text_that_is_no_time_is_shown_as_stored() {
+        let odd = Stamp::of("2026-03-04 garbage here");
+        assert_eq!(odd.day(), "2026-03-04");
+        assert_eq!(odd.second(), "2026-03-04 garbage ");
+        assert_eq!(Stamp::of("soon").clock(), "soon");
+    }
+}

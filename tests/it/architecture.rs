@@ -1,0 +1,282 @@
+//! The layering, checked from the source: no import circle among the top-level modules
+//! of `src/`, no command importing another, the library layer (`ops`) and the MCP
+//! server free of clap and of the commands, and stdout written only by the render layer.
+//! Read from the `crate::…`/`super::…` paths of every `.rs` file (comments skipped), so
+//! `cargo test --test it -- architecture` is the command anyone can run to check it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The crate's `src/`.
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|x| x == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The file's text without its comments (`//` to the end of the line; doc comments
+/// name modules in prose, which is no dependency).
+fn code_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string ("http://...") is rare in this crate and only ever
+            // hides a dependency after it on the same line, never invents one.
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level module a file under `root` belongs to (`ledger` for
+/// `src/ledger/sqlite.rs`); None for the crate roots `lib.rs` and `main.rs`.
+fn top_module(root: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(root).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main")).then(|| name.to_owned())
+}
+
+/// The names `code` reaches as `crate::NAME`.
+fn crate_paths(code: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        // `$crate::` in a macro is the crate too; a longer identifier ending in `crate`
+        // is not.
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// Which top-level module uses which, for the tree at `root`.
+fn module_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let modules: BTreeSet<String> = rust_files(root)
+        .iter()
+        .filter_map(|f| top_module(root, f))
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in rust_files(root) {
+        let Some(from) = top_module(root, &file) else {
+            continue;
+        };
+        let uses: Vec<String> = crate_paths(&code_of(&file))
+            .into_iter()
+            // Macros exported at the crate root (`crate::out!`) are not modules.
+            .filter(|to| *to != from && modules.contains(to))
+            .collect();
+        graph.entry(from).or_default().extend(uses);
+    }
+    graph
+}
+
+/// One circle in `graph`, as the path that closes it (`a -> b -> a`), if there is one.
+fn find_circle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut circle = path[at..].to_vec();
+            circle.push(node.to_owned());
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, graph, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+/// True when `needle` occurs in `code` not as the tail of a longer name (`println!(` is
+/// not found in `eprintln!(`).
+fn contains_word(code: &str, needle: &str) -> bool {
+    code.match_indices(needle).any(|(at, _)| {
+        !code[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+/// Where in `files` one of `needles` occurs, as `file: needle` lines.
+fn occurrences(files: &[PathBuf], needles: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files {
+        let code = code_of(file);
+        for needle in needles {
+            if contains_word(&code, needle) {
+                found.push(format!("{}: {needle}", file.display()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn top_level_modules_import_each_other_without_a_circle() {
+    let graph = module_graph(&src());
+    assert!(
+        graph
+            .get("commands")
+            .is_some_and(|uses| uses.contains("cli")),
+        "the graph was not read (no `commands -> cli`): {graph:?}"
+    );
+    if let Some(circle) = find_circle(&graph) {
+        panic!(
+            "import circle among top-level modules: {}; move what both need into a module of its own, or convert at the edge",
+            circle.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn a_circle_between_two_modules_is_found_and_named() {
+    // The checker itself on a tree made for it: a -> b -> c -> a, and d on its own.
+    let root = std::env::temp_dir().join(format!("opmark-arch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("b")).unwrap();
+    std::fs::write(root.join("lib.rs"), "pub mod a; pub mod b; pub mod c;").unwrap();
+    std::fs::write(
+        root.join("a.rs"),
+        "use crate::b::Thing;\n// crate::d in a comment\n",
+    )
+    .unwrap();
+    std::fs::write(root.join("b/mod.rs"), "fn f() { crate::c::g() }").unwrap();
+    std::fs::write(root.join("c.rs"), "pub fn g() { $crate::a::h() }").unwrap();
+    std::fs::write(root.join("d.rs"), "").unwrap();
+    let graph = module_graph(&root);
+    let circle = find_circle(&graph);
+    std::fs::remove_dir_all(&root).unwrap();
+    assert_eq!(
+        circle,
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]),
+        "{graph:?}"
+    );
+    assert!(
+        !graph["a"].contains("d"),
+        "a comment is no import: {graph:?}"
+    );
+}
+
+#[test]
+fn no_command_imports_another_command() {
+    let dir = src().join("commands");
+    // What commands share is not a command: the args-to-context glue and the render
+    // layer (and `host_changed`, how an operator command renders a host change, where
+    // that work lands).
+    let shared = ["mod", "common", "render", "host_changed"];
+    let commands: Vec<String> = rust_files(&dir)
+        .iter()
+        .filter_map(|f| f.file_stem()?.to_str().map(str::to_owned))
+        .filter(|name| !shared.contains(&name.as_str()))
+        .collect();
+    assert!(commands.iter().any(|c| c == "run"), "{commands:?}");
+    let files: Vec<PathBuf> = rust_files(&dir)
+        .into_iter()
+        .filter(|f| f.file_stem().is_some_and(|s| s != "mod"))
+        .collect();
+    let needles: Vec<String> = commands
+        .iter()
+        .flat_map(|c| [format!("super::{c}::"), format!("crate::commands::{c}::")])
+        .collect();
+    let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+    let found = occurrences(&files, &needles);
+    assert!(
+        found.is_empty(),
+        "a command uses another (move the shared part into ops/ or commands/common.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_library_layer_and_mcp_know_nothing_of_clap_the_cli_or_the_commands() {
+    let mut files = rust_files(&src().join("ops"));
+    files.extend(rust_files(&src().join("mcp")));
+    assert!(files.len() > 5, "{files:?}");
+    let found = occurrences(
+        &files,
+        &[
+            "clap",
+            "crate::cli",
+            "crate::commands",
+            "capture_json",
+            "print!(",
+            "println!(",
+            "crate::out!",
+            "crate::outln!",
+            // Words for a person on stderr are the CLI's too (a run's watcher says them).
+            "logging::say",
+            "say!(",
+        ],
+    );
+    assert!(
+        found.is_empty(),
+        "ops/ and mcp/ take typed requests and return reports; rendering is the CLI's:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn only_the_render_layer_writes_to_stdout() {
+    let root = src();
+    let allowed = [
+        // The one output object.
+        root.join("commands/render.rs"),
+        // The raw write under it (and the live output of a running command, which is
+        // the remote command's own stdout, not opmark's answer).
+        root.join("logging.rs"),
+    ];
+    let files: Vec<PathBuf> = rust_files(&root)
+        .into_iter()
+        .filter(|f| !allowed.contains(f))
+        .collect();
+    let found = occurrences(&files, &["print!(", "println!(", "io::stdout()"]);
+    assert!(
+        found.is_empty(),
+        "write through commands::render::Out (out!/outln!), which turns a closed stdout into an error instead of a panic:\n{}",
+        found.join("\n")
+    );
+}
