@@ -218,6 +218,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::HostKeyRejected, false),
         (R::AuthRefused, false),
         (R::Fenced, false),
+        (R::FencedAfterStart, false),
         (R::ShimCannotStart, false),
         (R::ConflictOnHost, false),
         (R::ConflictInLedger, false),
