@@ -268,6 +268,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             truncated: false,
             kept: (0, 0),
             output_collected: false,
+            output_available: true,
         }),
     }
 }
@@ -387,6 +388,7 @@ mod tests {
                 truncated: false,
                 kept: (0, 0),
                 output_collected: false,
+                output_available: true,
             }),
         }
     }

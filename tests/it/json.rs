@@ -782,3 +782,38 @@ fn run_document_with_megabytes_of_mixed_utf8_output_is_exact_and_leaves_no_spool
         "the spool has no name left in TMPDIR"
     );
 }
+
+#[test]
+fn a_replay_from_the_ledger_says_its_output_is_not_available() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let run = || {
+        let out = run_out(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "gone-1", "--", "echo", "hi",
+        ]));
+        document("run", &out)
+    };
+    let first = run();
+    assert_eq!(first["stdout"], "hi\n", "{first}");
+    assert_eq!(first["output_available"], true, "{first}");
+    // The marker removed behind the ledger's back: only the ledger's exit status is left.
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/gone-1");
+    std::fs::remove_dir_all(&marker).unwrap();
+    let again = run();
+    assert_eq!(
+        (&again["verdict"], &again["reason_code"]),
+        (&"replayed".into(), &"replayed_from_ledger".into()),
+        "{again}"
+    );
+    assert_eq!(again["exit_code"], 0, "{again}");
+    // "" here is not "it printed nothing": the document must say the output is gone.
+    assert_eq!(again["stdout"], "", "{again}");
+    assert_eq!(again["output_available"], false, "{again}");
+    validate_against_schema(crate::test_name!(), &[("run", vec![first, again])]);
+}
