@@ -527,6 +527,41 @@ fn every_json_document_matches_its_published_schema() {
             ),
         ],
     ));
+    // Another marker root under the name (a reinstalled host): every command that acts
+    // on host evidence answers host_changed, in run's words (SPEC 17).
+    let root_id = lab.target(t1).unwrap().marker_root().join("root_id");
+    std::fs::write(&root_id, format!("{}\n", "0".repeat(32))).unwrap();
+    let changed = [
+        (
+            "run",
+            doc(
+                "run changed",
+                &["run", t1, "--op", "all-1", "--", "echo", "hi"],
+            ),
+        ),
+        ("probe", doc("probe changed", &["probe", t1, "all-1"])),
+        ("cancel", doc("cancel changed", &["cancel", t1, "all-1"])),
+        (
+            "resolve",
+            doc(
+                "resolve changed",
+                &[
+                    "resolve",
+                    "all-1",
+                    "--host",
+                    t1,
+                    "--as",
+                    "not-applied",
+                    "--note",
+                    "t",
+                ],
+            ),
+        ),
+    ];
+    for (name, d) in changed {
+        assert_eq!(d["reason_code"], "host_changed", "{name}: {d}");
+        sets.push((name, vec![d]));
+    }
     validate_against_schema(crate::test_name!(), &sets);
 }
 
