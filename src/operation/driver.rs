@@ -790,6 +790,7 @@ impl<'a> Runner<'a> {
             kept: self.exit.as_ref().map_or((0, 0), kept),
             output_collected,
             output_available,
+            cancelled: self.exit.as_ref().is_some_and(|x| x.cancelled),
         }
     }
 }

@@ -269,6 +269,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             kept: (0, 0),
             output_collected: false,
             output_available: true,
+            cancelled: false,
         }),
     }
 }
@@ -389,6 +390,7 @@ mod tests {
                 kept: (0, 0),
                 output_collected: false,
                 output_available: true,
+                cancelled: false,
             }),
         }
     }

@@ -198,6 +198,9 @@ pub struct RunReport {
     /// (`output_collected`). `stdout`/`stderr` are then empty and `truncated` says nothing:
     /// an empty string must not read as "it printed nothing".
     pub output_available: bool,
+    /// The host's exit record says `opmark cancel` stopped the command (its exit code is
+    /// then the signal's, 143 or 137, not the command's own).
+    pub cancelled: bool,
 }
 
 impl RunReport {

@@ -464,10 +464,18 @@ fn every_json_document_matches_its_published_schema() {
     ];
     assert_eq!(runs[3]["verdict"], "in_progress", "{}", runs[3]);
     let cancel = doc("cancel", &["cancel", t1, "all-2"]);
-    runs.push(doc(
+    let replay = doc(
         "run after cancel",
         &["run", t1, "--op", "all-2", "--", "sleep", "30"],
-    ));
+    );
+    // The 143 is the cancel's SIGTERM, and the document says so.
+    assert_eq!(
+        (&replay["exit_code"], &replay["cancelled"]),
+        (&143.into(), &true.into()),
+        "{replay}"
+    );
+    assert_eq!(runs[0]["cancelled"], false, "{}", runs[0]);
+    runs.push(replay);
     let mut fleet_args: Vec<&str> = vec!["run"];
     fleet_args.extend(hosts.iter().map(String::as_str));
     fleet_args.extend(["--op", "all-3", "--", "echo", "fleet"]);
