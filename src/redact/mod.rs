@@ -1661,6 +1661,30 @@ mod tests {
     }
 
     #[test]
+    fn text_the_shell_parser_refuses_is_still_redacted() {
+        // Why redaction keeps its own word scanner instead of the policy's brush-parser
+        // (docs/ledger.md#redaction): it must mask text that is no complete program.
+        for (text, shown) in [
+            ("sshpass -p 'secret ssh host", "sshpass -p ***"),
+            ("curl -H 'Authorization: Bearer abc123def456", "Bearer ***"),
+        ] {
+            let options = brush_parser::ParserOptions::default();
+            assert!(
+                brush_parser::Parser::new(text.as_bytes(), &options)
+                    .parse_program()
+                    .is_err(),
+                "the parser takes {text:?}: the reason for a scanner of our own is gone"
+            );
+            let out = r(text);
+            assert!(out.contains(shown), "{text:?} -> {out:?}");
+            assert!(
+                !out.contains("secret ") && !out.contains("abc123"),
+                "{out:?}"
+            );
+        }
+    }
+
+    #[test]
     fn redaction_is_idempotent() {
         let once = r("X_TOKEN=abc --password=p https://u:p@h AKIAIOSFODNN7EXAMPLE");
         assert_eq!(r(&once), once);

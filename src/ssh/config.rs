@@ -1479,24 +1479,6 @@ mod tests {
         assert!(!wildcard_match("?", ""));
     }
 
-    /// A variable this process already has, holding a plain absolute path: read, never
-    /// set, because `set_var` races every other test thread that reads the environment.
-    fn a_set_variable_holding_a_path() -> (String, String) {
-        std::env::vars()
-            .filter(|(k, v)| {
-                k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && v.len() > 1
-                    && v.starts_with('/')
-                    && !v.ends_with('/')
-                    && v.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
-            })
-            .min()
-            .expect(
-                "a test process has some variable holding a path (HOME, PWD, CARGO_MANIFEST_DIR)",
-            )
-    }
-
     #[test]
     fn tokens_and_env_expand_and_unknown_ones_are_refused() {
         let t = Tokens {
@@ -1513,7 +1495,7 @@ mod tests {
         );
         assert_eq!(expand_path("/k/%C", &t).unwrap().len(), 3 + 40);
         assert!(expand_path("%z", &t).unwrap_err().contains("%z"));
-        let (var, value) = a_set_variable_holding_a_path();
+        let (var, value) = crate::ssh::test_env::a_set_variable_holding_a_path();
         assert_eq!(
             expand_env(&format!("/a/${{{var}}}/b")).unwrap(),
             format!("/a/{value}/b")

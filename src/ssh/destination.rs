@@ -1561,27 +1561,9 @@ mod tests {
         );
     }
 
-    /// A variable this process already has, holding a plain absolute path: read, never
-    /// set, because `set_var` races every other test thread that reads the environment.
-    fn a_set_variable_holding_a_path() -> (String, String) {
-        std::env::vars()
-            .filter(|(k, v)| {
-                k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                    && v.len() > 1
-                    && v.starts_with('/')
-                    && !v.ends_with('/')
-                    && v.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
-            })
-            .min()
-            .expect(
-                "a test process has some variable holding a path (HOME, PWD, CARGO_MANIFEST_DIR)",
-            )
-    }
-
     #[test]
     fn env_vars_and_tokens_expand_per_option() {
-        let (var, dir) = a_set_variable_holding_a_path();
+        let (var, dir) = crate::ssh::test_env::a_set_variable_holding_a_path();
         let c = cfg(&format!(
             "Host a\n HostName A.Example\n User r\n \
              IdentityFile ${{{var}}}/id_%r_%n\n \

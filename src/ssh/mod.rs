@@ -18,6 +18,28 @@ pub mod known_hosts;
 pub mod pool;
 pub mod session;
 mod socket;
+#[cfg(test)]
+pub(crate) mod test_env {
+    //! What the unit tests of `config` and `destination` share.
+
+    /// A variable this process already has, holding a plain absolute path: read, never
+    /// set, because `set_var` races every other test thread that reads the environment.
+    pub fn a_set_variable_holding_a_path() -> (String, String) {
+        std::env::vars()
+            .filter(|(k, v)| {
+                k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && v.len() > 1
+                    && v.starts_with('/')
+                    && !v.ends_with('/')
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
+            })
+            .min()
+            .expect(
+                "a test process has some variable holding a path (HOME, PWD, CARGO_MANIFEST_DIR)",
+            )
+    }
+}
 
 use std::fmt;
 
