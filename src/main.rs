@@ -19,16 +19,28 @@ fn main() -> ExitCode {
             } else {
                 exit_code::OK
             };
+            let hint = err.use_stderr().then(|| dashes_hint(&err)).flatten();
             if err.use_stderr() && asks_for_json() {
-                let usage = opmark::error::Error::new(
-                    opmark::error::ErrorKind::InvalidInput,
-                    err.kind().to_string(),
-                )
-                .with_code(opmark::vocab::ErrorCode::Usage);
+                // clap's whole message (which argument, what was wrong, the usage line),
+                // not only its kind's "invalid value for one of the arguments".
+                let mut message = usage_message(&err);
+                if let Some(hint) = hint {
+                    message.push_str("; ");
+                    message.push_str(hint);
+                }
+                let usage =
+                    opmark::error::Error::new(opmark::error::ErrorKind::InvalidInput, message)
+                        .with_code(opmark::vocab::ErrorCode::Usage);
                 let _ = Out.text(&format!("{}\n", error_document(&usage)));
             }
             // clap's own print: a failed write is returned, not a panic.
             let _ = err.print();
+            if let Some(hint) = hint {
+                let _ = opmark::logging::write_all(
+                    opmark::logging::Stream::Stderr,
+                    format!("opmark: hint: {hint}\n").as_bytes(),
+                );
+            }
             return ExitCode::from(code);
         }
     };
@@ -79,4 +91,41 @@ fn asks_for_json() -> bool {
         .skip(1)
         .take_while(|a| a != "--")
         .any(|a| a == "--json")
+}
+
+/// clap's rendered error on one line, without colours, its `error: ` prefix or the
+/// "try --help" line: what was wrong with which argument, and the usage line.
+fn usage_message(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let mut what = Vec::new();
+    let mut usage = None;
+    for line in rendered.lines().map(str::trim) {
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u);
+        } else if !line.is_empty() && !line.starts_with("For more information") {
+            what.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    let mut text = String::new();
+    for part in what {
+        if !text.is_empty() {
+            text.push_str(if text.ends_with(':') { " " } else { "; " });
+        }
+        text.push_str(part);
+    }
+    if let Some(usage) = usage {
+        text.push_str(&format!(" (usage: {usage})"));
+    }
+    text
+}
+
+/// `opmark run HOST echo hi` reads `echo` and `hi` as more hosts and finds no command:
+/// the fix is `--`, which clap's message does not name.
+fn dashes_hint(err: &clap::Error) -> Option<&'static str> {
+    let missing = err.kind() == clap::error::ErrorKind::MissingRequiredArgument;
+    let in_run = err.render().to_string().contains("Usage: opmark run ");
+    let dashes = std::env::args().skip(1).any(|a| a == "--");
+    (missing && in_run && !dashes).then_some(
+        "the command goes after `--`: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)",
+    )
 }

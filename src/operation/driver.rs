@@ -751,6 +751,8 @@ impl<'a> Runner<'a> {
 
     pub(crate) fn report(&self, answer: Answer) -> RunReport {
         let output_collected = self.exit.as_ref().is_some_and(|x| x.output_collected);
+        let output_available =
+            !(output_collected || answer.code == crate::vocab::ReasonCode::ReplayedFromLedger);
         let mut answer = answer;
         if output_collected {
             answer.reason.push_str(
@@ -787,6 +789,8 @@ impl<'a> Runner<'a> {
             }),
             kept: self.exit.as_ref().map_or((0, 0), kept),
             output_collected,
+            output_available,
+            cancelled: self.exit.as_ref().is_some_and(|x| x.cancelled),
         }
     }
 }

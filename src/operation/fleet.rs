@@ -268,6 +268,8 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             truncated: false,
             kept: (0, 0),
             output_collected: false,
+            output_available: true,
+            cancelled: false,
         }),
     }
 }
@@ -387,6 +389,8 @@ mod tests {
                 truncated: false,
                 kept: (0, 0),
                 output_collected: false,
+                output_available: true,
+                cancelled: false,
             }),
         }
     }

@@ -193,6 +193,14 @@ pub struct RunReport {
     /// The replay came from a tombstone: gc collected the output on the host, only the
     /// exit status is left (SPEC 3).
     pub output_collected: bool,
+    /// False when the command ran but its output cannot be had: the ledger holds only the
+    /// exit status (the marker is gone, `replayed_from_ledger`) or gc collected it
+    /// (`output_collected`). `stdout`/`stderr` are then empty and `truncated` says nothing:
+    /// an empty string must not read as "it printed nothing".
+    pub output_available: bool,
+    /// The host's exit record says `opmark cancel` stopped the command (its exit code is
+    /// then the signal's, 143 or 137, not the command's own).
+    pub cancelled: bool,
 }
 
 impl RunReport {

@@ -327,7 +327,6 @@ fn run_document_matches_the_published_json_schema() {
     };
     crate::require_tool!("python3");
     let env = Sealed::new(crate::test_name!());
-    let dir = fresh_dir(crate::test_name!());
     let mut docs = Vec::new();
     for args in [
         vec![
@@ -352,28 +351,226 @@ fn run_document_matches_the_published_json_schema() {
         ["completed", "replayed", "refused", "blocked"],
         "{docs:?}"
     );
+    validate_against_schema(crate::test_name!(), &[("run", docs)]);
+}
+
+/// python3: validates `[{schema, docs}]` (argv[1]) with every schema in argv[2] registered
+/// under its `$id`, so `$ref`s between them resolve without a network.
+const VALIDATE_PY: &str = r#"
+import json, pathlib, sys
+try:
+    import jsonschema
+    from referencing import Registry, Resource
+except ImportError:
+    sys.exit(77)
+registry = Registry()
+for path in sorted(pathlib.Path(sys.argv[2]).glob("*.schema.json")):
+    schema = json.load(open(path))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    registry = registry.with_resource(schema["$id"], Resource.from_contents(schema))
+bad = 0
+for pair in json.load(open(sys.argv[1])):
+    schema = json.load(open(pair["schema"]))
+    validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    for doc in pair["docs"]:
+        for e in validator.iter_errors(doc):
+            bad += 1
+            where = "/".join(str(p) for p in e.absolute_path)
+            print(pathlib.Path(pair["schema"]).name, where, e.message[:300], "in", json.dumps(doc)[:300], file=sys.stderr)
+sys.exit(1 if bad else 0)
+"#;
+
+/// Validates each `(schema, documents)` pair against `schemas/<schema>.schema.json` with
+/// python3's `jsonschema` (Draft 2020-12, the schema itself checked first). Panics naming
+/// the schema, the document and the violation; a missing `jsonschema` module is a skip
+/// (false) locally and a failure in CI.
+fn validate_against_schema(test: &str, sets: &[(&str, Vec<Value>)]) -> bool {
+    let dir = fresh_dir(test);
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas");
+    let mut pairs = Vec::new();
+    for (name, docs) in sets {
+        let schema = root.join(format!("{name}.schema.json"));
+        assert!(schema.exists(), "no schema {}", schema.display());
+        pairs.push(serde_json::json!({ "schema": schema, "docs": docs }));
+    }
     let file = dir.join("docs.json");
-    std::fs::write(&file, serde_json::to_string(&docs).unwrap()).unwrap();
-    let schema = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("schemas/run.schema.json");
+    std::fs::write(&file, serde_json::to_string(&pairs).unwrap()).unwrap();
     let out = Command::new("python3")
         .arg("-c")
-        .arg(
-            "import json, sys\n\
-             try:\n    import jsonschema\n\
-             except ImportError:\n    sys.exit(77)\n\
-             schema = json.load(open(sys.argv[1]))\n\
-             jsonschema.Draft202012Validator.check_schema(schema)\n\
-             for doc in json.load(open(sys.argv[2])):\n    jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)\n",
-        )
-        .arg(&schema)
+        .arg(VALIDATE_PY)
         .arg(&file)
+        .arg(&root)
         .output()
         .unwrap();
     if out.status.code() == Some(77) {
-        support::skip_or_fail(crate::test_name!(), "python3 module jsonschema");
-        return;
+        support::skip_or_fail(test, "python3 module jsonschema");
+        return false;
     }
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        out.status.success(),
+        "documents that break their schema:\n{}",
+        text(&out.stderr)
+    );
+    true
+}
+
+#[test]
+fn every_json_document_matches_its_published_schema() {
+    // An error document may carry any verdict's reason code or one of the error codes.
+    let error_schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/error.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let codes = &error_schema["properties"]["error"]["properties"]["reason_code"]["enum"];
+    let own = opmark::vocab::ErrorCode::OWN.iter().map(|c| c.as_str());
+    for code in opmark::vocab::ReasonCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .chain(own)
+    {
+        assert!(
+            codes.as_array().unwrap().contains(&code.into()),
+            "{code} missing in error.schema.json"
+        );
+    }
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    crate::require_tool!("python3");
+    let env = Sealed::new(crate::test_name!());
+    let hosts: Vec<String> = lab.targets().iter().map(|t| t.alias.clone()).collect();
+    let t1 = hosts[0].as_str();
+    // `opmark --json ARGS` with the lab's config: its one document, whatever the status.
+    let doc = |what: &str, args: &[&str]| {
+        let out = run_out(env.opmark_with_lab(&lab).arg("--json").args(args));
+        document(what, &out)
+    };
+    let mut sets: Vec<(&str, Vec<Value>)> = Vec::new();
+
+    let mut runs = vec![
+        doc("run", &["run", t1, "--op", "all-1", "--", "echo", "hi"]),
+        doc("replay", &["run", t1, "--op", "all-1", "--", "echo", "hi"]),
+        doc(
+            "conflict",
+            &["run", t1, "--op", "all-1", "--", "echo", "ho"],
+        ),
+        doc(
+            "detach",
+            &["run", t1, "--op", "all-2", "--detach", "--", "sleep", "30"],
+        ),
+    ];
+    assert_eq!(runs[3]["verdict"], "in_progress", "{}", runs[3]);
+    let cancel = doc("cancel", &["cancel", t1, "all-2"]);
+    let replay = doc(
+        "run after cancel",
+        &["run", t1, "--op", "all-2", "--", "sleep", "30"],
+    );
+    // The 143 is the cancel's SIGTERM, and the document says so.
+    assert_eq!(
+        (&replay["exit_code"], &replay["cancelled"]),
+        (&143.into(), &true.into()),
+        "{replay}"
+    );
+    assert_eq!(runs[0]["cancelled"], false, "{}", runs[0]);
+    runs.push(replay);
+    let mut fleet_args: Vec<&str> = vec!["run"];
+    fleet_args.extend(hosts.iter().map(String::as_str));
+    fleet_args.extend(["--op", "all-3", "--", "echo", "fleet"]);
+    let fleet = doc("fleet run", &fleet_args);
+    assert!(fleet["hosts"].is_array(), "not a fleet document: {fleet}");
+    sets.push(("run", runs));
+    sets.push(("fleet", vec![fleet]));
+    sets.push((
+        "cancel",
+        vec![cancel, doc("cancel done", &["cancel", t1, "all-1"])],
+    ));
+    sets.push((
+        "probe",
+        vec![
+            doc("probe", &["probe", t1, "all-1"]),
+            doc("probe cancelled", &["probe", t1, "all-2"]),
+            doc("probe unknown", &["probe", t1, "never-ran"]),
+        ],
+    ));
+    sets.push((
+        "show",
+        vec![
+            doc("show", &["show", "all-1"]),
+            doc("show fleet", &["show", "all-3"]),
+        ],
+    ));
+    sets.push((
+        "list",
+        vec![
+            doc("list", &["list"]),
+            doc("list unresolved", &["list", "--unresolved"]),
+        ],
+    ));
+    sets.push(("reconcile", vec![doc("reconcile", &["reconcile"])]));
+    sets.push(("stats", vec![doc("stats", &["stats"])]));
+    sets.push((
+        "resolve",
+        vec![doc(
+            "resolve",
+            &[
+                "resolve", "all-2", "--host", t1, "--as", "applied", "--note", "test",
+            ],
+        )],
+    ));
+    sets.push((
+        "error",
+        vec![
+            doc("unknown op", &["show", "nosuchop"]),
+            doc("bad op id", &["probe", t1, "bad op id"]),
+            doc("usage", &["run", t1]),
+            doc("bad value", &["list", "--limit", "many"]),
+            doc(
+                "resolve unknown",
+                &[
+                    "resolve", "nosuchop", "--host", t1, "--as", "applied", "--note", "t",
+                ],
+            ),
+        ],
+    ));
+    // Another marker root under the name (a reinstalled host): every command that acts
+    // on host evidence answers host_changed, in run's words (SPEC 17).
+    let root_id = lab.target(t1).unwrap().marker_root().join("root_id");
+    std::fs::write(&root_id, format!("{}\n", "0".repeat(32))).unwrap();
+    let changed = [
+        (
+            "run",
+            doc(
+                "run changed",
+                &["run", t1, "--op", "all-1", "--", "echo", "hi"],
+            ),
+        ),
+        ("probe", doc("probe changed", &["probe", t1, "all-1"])),
+        ("cancel", doc("cancel changed", &["cancel", t1, "all-1"])),
+        (
+            "resolve",
+            doc(
+                "resolve changed",
+                &[
+                    "resolve",
+                    "all-1",
+                    "--host",
+                    t1,
+                    "--as",
+                    "not-applied",
+                    "--note",
+                    "t",
+                ],
+            ),
+        ),
+    ];
+    for (name, d) in changed {
+        assert_eq!(d["reason_code"], "host_changed", "{name}: {d}");
+        sets.push((name, vec![d]));
+    }
+    validate_against_schema(crate::test_name!(), &sets);
 }
 
 #[test]
@@ -633,4 +830,39 @@ fn run_document_with_megabytes_of_mixed_utf8_output_is_exact_and_leaves_no_spool
         std::fs::read_dir(&tmp).unwrap().next().is_none(),
         "the spool has no name left in TMPDIR"
     );
+}
+
+#[test]
+fn a_replay_from_the_ledger_says_its_output_is_not_available() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let run = || {
+        let out = run_out(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "gone-1", "--", "echo", "hi",
+        ]));
+        document("run", &out)
+    };
+    let first = run();
+    assert_eq!(first["stdout"], "hi\n", "{first}");
+    assert_eq!(first["output_available"], true, "{first}");
+    // The marker removed behind the ledger's back: only the ledger's exit status is left.
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/gone-1");
+    std::fs::remove_dir_all(&marker).unwrap();
+    let again = run();
+    assert_eq!(
+        (&again["verdict"], &again["reason_code"]),
+        (&"replayed".into(), &"replayed_from_ledger".into()),
+        "{again}"
+    );
+    assert_eq!(again["exit_code"], 0, "{again}");
+    // "" here is not "it printed nothing": the document must say the output is gone.
+    assert_eq!(again["stdout"], "", "{again}");
+    assert_eq!(again["output_available"], false, "{again}");
+    validate_against_schema(crate::test_name!(), &[("run", vec![first, again])]);
 }

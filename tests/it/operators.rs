@@ -1116,6 +1116,7 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
     assert_eq!(again["exit_code"], 0, "{again}");
     assert_eq!(again["output_collected"], true, "{again}");
     assert_eq!(again["stdout"], "", "{again}");
+    assert_eq!(again["output_available"], false, "{again}");
     assert!(
         again["reason"]
             .as_str()

@@ -605,3 +605,73 @@ fn a_run_records_the_rule_that_classified_it_by_name() {
         "{page}"
     );
 }
+
+/// `opmark --json ARGS`: exit 2, the usage error document on stdout, clap's text on stderr.
+fn usage_error(env: &Sealed, args: &[&str]) -> (String, String) {
+    let out = env.opmark().arg("--json").args(args).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{args:?}: {}",
+        text(&out.stderr)
+    );
+    let doc = crate::json::document(&format!("{args:?}"), &out);
+    assert_eq!(doc["error"]["reason_code"], "usage", "{doc}");
+    assert_eq!(doc["error"]["retryable"], false, "{doc}");
+    let message = doc["error"]["message"].as_str().unwrap().to_owned();
+    (message, text(&out.stderr))
+}
+
+#[test]
+fn a_usage_error_under_json_names_the_argument_and_what_was_wrong() {
+    let env = Sealed::new(crate::test_name!());
+    // (args, what the message must say)
+    let cases: [(&[&str], &[&str]); 4] = [
+        (&["list", "--limit", "many"], &["'many'", "--limit"]),
+        (
+            &["resolve", "op-1", "--as", "maybe", "--note", "n"],
+            &["'maybe'", "--as", "applied, not-applied, abandoned"],
+        ),
+        (&["run", "--bogus", "target1", "--", "true"], &["'--bogus'"]),
+        (&["show"], &["<OP>", "usage: opmark show"]),
+    ];
+    for (args, needles) in cases {
+        let (message, _) = usage_error(&env, args);
+        assert!(
+            !message.contains("for one of the arguments"),
+            "{args:?}: clap's kind, not its detail: {message}"
+        );
+        for needle in needles {
+            assert!(
+                message.contains(needle),
+                "{args:?}: no {needle} in {message}"
+            );
+        }
+        assert!(!message.contains('\n'), "{args:?}: {message:?}");
+    }
+}
+
+#[test]
+fn run_without_dashes_hints_that_the_command_goes_after_them() {
+    let env = Sealed::new(crate::test_name!());
+    let fix = "opmark run HOST [--op ID] -- CMD";
+    for args in [
+        &["run", "target1", "echo", "hi"][..],
+        &["run", "target1"][..],
+    ] {
+        let (message, stderr) = usage_error(&env, args);
+        assert!(message.contains("<CMD>"), "{args:?}: {message}");
+        assert!(message.contains(fix), "{args:?}: no hint in {message}");
+        assert!(
+            stderr.contains(fix),
+            "{args:?}: no hint on stderr: {stderr}"
+        );
+        // The person's screen has the hint too.
+        let out = env.opmark().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains(fix), "{}", text(&out.stderr));
+    }
+    // With `--` given the words after it are the command: no hint about it.
+    let (message, _) = usage_error(&env, &["run", "--op", "x", "--"]);
+    assert!(!message.contains(fix), "{message}");
+}
