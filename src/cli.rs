@@ -266,7 +266,7 @@ pub enum Command {
     /// Delete finished or fenced markers older than a retention period on a host.
     Gc(GcArgs),
     /// Counts for a dashboard: operations by state and family, unknown outcomes, retries.
-    Stats,
+    Stats(StatsArgs),
     /// Check that a host is usable: reachable, key known, shim runs, marker root sound.
     Doctor(DoctorArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
@@ -461,12 +461,24 @@ pub struct ListArgs {
     /// Only operations active within this long before now (e.g. 30m, 2h, 7d).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
-    /// At most this many operations (the most recently active).
-    #[arg(long, value_name = "N")]
+    /// At most this many operations (the most recently active; default 50).
+    #[arg(long, value_name = "N", conflicts_with = "all")]
     pub limit: Option<usize>,
+    /// Every matching operation, not only the newest 50.
+    #[arg(long)]
+    pub all: bool,
     /// Times in UTC instead of the local time zone.
     #[arg(long)]
     pub utc: bool,
+}
+
+/// `opmark stats`.
+#[derive(Debug, Default, Args)]
+pub struct StatsArgs {
+    /// Only events recorded within this long before now, and the operations active in
+    /// that time (e.g. 1h, 7d). Without it: the whole ledger, from its counters.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub since: Option<Duration>,
 }
 
 /// `opmark show`.
@@ -536,7 +548,25 @@ pub struct AuditArgs {
 #[derive(Debug, Subcommand)]
 pub enum AuditAction {
     /// Check the ledger's hash chain; name the first broken event.
-    Verify,
+    Verify(VerifyArgs),
+}
+
+/// `opmark audit verify`.
+#[derive(Debug, Default, Args)]
+pub struct VerifyArgs {
+    /// Walk the whole chain, replay every operation and recount the counters (the
+    /// default; for scripts that want to say so).
+    #[arg(long, conflicts_with = "incremental")]
+    pub full: bool,
+    /// Read only the events after the last checkpoint a verify recorded (SQLite), and
+    /// replay only the operations they touch; says so. Edits before the checkpoint are
+    /// what the full walk is for. Without a checkpoint (and on PostgreSQL): the full walk.
+    #[arg(long, conflicts_with = "archive")]
+    pub incremental: bool,
+    /// Also verify the archive `opmark ledger archive` wrote, up to the ledger's cut, as
+    /// one chain with the ledger.
+    #[arg(long, value_name = "FILE")]
+    pub archive: Option<PathBuf>,
 }
 
 /// `opmark ledger`.
@@ -563,6 +593,17 @@ pub enum LedgerAction {
         /// The PostgreSQL ledger: postgres://USER@HOST[:PORT]/DATABASE (empty database).
         #[arg(long, value_name = "URL")]
         to: String,
+    },
+    /// Move the settled operations finished more than D ago (the oldest stretch of the
+    /// chain, up to the first operation still unresolved or active) into the new archive
+    /// FILE; the ledger keeps the cut, and `audit verify --archive FILE` checks both as
+    /// one chain. Unresolved operations are never archived. SQLite only for now.
+    Archive {
+        /// How old an operation's last event must be (e.g. 90d).
+        #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+        before: Duration,
+        /// The archive to write (a new file, mode 0600).
+        file: PathBuf,
     },
 }
 

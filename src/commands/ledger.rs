@@ -12,7 +12,51 @@ pub fn run(global: &GlobalArgs, args: &LedgerArgs) -> Result<u8> {
     match &args.action {
         LedgerAction::Keygen { path } => keygen(global, path),
         LedgerAction::Migrate { to } => migrate(global, to),
+        LedgerAction::Archive { before, file } => archive(global, *before, file),
     }
+}
+
+fn archive(global: &GlobalArgs, before: std::time::Duration, file: &std::path::Path) -> Result<u8> {
+    let cutoff = crate::ledger::stamp_before(before).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "--before reaches back before any possible date; use a shorter duration such as 90d",
+        )
+    })?;
+    let (ledger, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
+    let Some(mut ledger) = ledger else {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no ledger at {}; give --ledger PATH of the ledger to archive. Nothing was archived",
+                path.display()
+            ),
+        ));
+    };
+    let report = ledger.archive_before(&cutoff, file).map_err(|e| match e {
+        LedgerError::Invalid { message } => Error::new(ErrorKind::InvalidInput, message),
+        e => e.into(),
+    })?;
+    if global.json {
+        super::common::print_json(&serde_json::json!({
+            "schema": "opmark/1",
+            "archive": file,
+            "cut": report.cut,
+            "events": report.events,
+            "operations": report.operations,
+        }))?;
+    } else {
+        crate::outln!(
+            "moved {} events of {} settled operations (through event #{}) to {}; the ledger keeps the cut. `opmark audit verify --archive {}` checks both as one chain",
+            report.events,
+            report.operations,
+            report.cut,
+            file.display(),
+            file.display()
+        );
+    }
+    Ok(exit_code::OK)
 }
 
 fn migrate(global: &GlobalArgs, to: &str) -> Result<u8> {

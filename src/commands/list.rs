@@ -19,6 +19,7 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
             host: args.host.clone(),
             since: args.since,
             limit: args.limit,
+            all: args.all,
         },
     )?;
     if global.json {
@@ -26,6 +27,13 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
         crate::out!("{}", table(&report.operations, args.unresolved, zone));
+    }
+    match report.more {
+        Some(Some(n)) => {
+            crate::logging::say(format_args!("{n} more not shown; use --all or --limit N"))
+        }
+        Some(None) => crate::logging::say(format_args!("more not shown; use --all or --limit N")),
+        None => {}
     }
     Ok(exit_code::OK)
 }

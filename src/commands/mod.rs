@@ -51,7 +51,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Audit(args) => audit::run(&global, &args),
         Command::Ledger(args) => ledger::run(&global, &args),
         Command::Gc(args) => gc::run(&global, &args),
-        Command::Stats => stats::run(&global),
+        Command::Stats(args) => stats::run(&global, &args),
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),

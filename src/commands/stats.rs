@@ -3,16 +3,24 @@
 use std::collections::BTreeMap;
 
 use super::common;
-use crate::cli::GlobalArgs;
+use crate::cli::{GlobalArgs, StatsArgs};
 use crate::error::{exit_code, Result};
 use crate::ledger::Stats;
 
 /// Prints the counts ([`crate::ops::stats`]) as text, or one JSON document with `--json`.
-pub fn run(global: &GlobalArgs) -> Result<u8> {
-    let stats = crate::ops::stats::stats(&common::context(global))?;
+pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
+    let stats = crate::ops::stats::stats(&common::context(global), args.since)?;
     if global.json {
         super::common::print_json(&stats)?;
     } else {
+        if let Some(since) = args.since {
+            // Said first, so a window is never read as the whole ledger.
+            crate::outln!(
+                "{:<19} the last {}: events recorded in it, operations active in it",
+                "window",
+                humantime(since)
+            );
+        }
         crate::out!("{}", text(&stats));
     }
     Ok(exit_code::OK)
@@ -53,4 +61,15 @@ fn text(s: &Stats) -> String {
         ("events", s.events.to_string()),
     ];
     rows.iter().map(|(k, v)| format!("{k:<19} {v}\n")).collect()
+}
+
+/// `3600s` as people wrote it: the largest whole unit.
+fn humantime(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    for (unit, len) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
+        if s >= len && s.is_multiple_of(len) {
+            return format!("{}{unit}", s / len);
+        }
+    }
+    format!("{s}s")
 }

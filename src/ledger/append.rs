@@ -8,6 +8,8 @@
 //! processes or machines extend one linear chain, and a conditional settlement sees every
 //! decision committed before it.
 
+use std::collections::BTreeMap;
+
 use super::chain;
 use super::event::Event;
 use super::fingerprint::InstallationKey;
@@ -28,12 +30,61 @@ pub(crate) trait AppendTx {
     fn store(&mut self, rec: &OperationRecord) -> Result<(), LedgerError>;
     /// Moves the head.
     fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError>;
+    /// Adds `deltas` to the named counters `stats` reads (creating missing ones).
+    fn add_counts(&mut self, deltas: &Counts) -> Result<(), LedgerError>;
     /// `(seq, at, payload)` of the operation's events after `after`, in order.
     fn events_after(
         &mut self,
         key: &OpKey,
         after: u64,
     ) -> Result<Vec<(u64, String, String)>, LedgerError>;
+}
+
+/// Changes to the `counters` table, by counter name (see [`count`]).
+pub(crate) type Counts = BTreeMap<String, i64>;
+
+/// What one stored event changes in the counters `stats` reads: the event itself (by
+/// kind, verdicts, retries by family) and the move of its operation's projected row from
+/// `before` to `after` (by state, family, unresolved, contradicted). Kept in the same
+/// transaction as the event, so `stats` costs the number of counters, not the history;
+/// `audit verify --full` recounts them from the events.
+pub(crate) fn count(
+    counts: &mut Counts,
+    event: &Event,
+    before: Option<&OperationRecord>,
+    after: Option<&OperationRecord>,
+) {
+    fn add(counts: &mut Counts, name: String, n: i64) {
+        *counts.entry(name).or_insert(0) += n;
+    }
+    fn side(counts: &mut Counts, rec: &OperationRecord, n: i64) {
+        add(counts, format!("state/{}", rec.state), n);
+        add(counts, "unresolved".into(), n * i64::from(rec.unresolved));
+        add(
+            counts,
+            "contradicted".into(),
+            n * i64::from(rec.contradictions > 0),
+        );
+    }
+    add(counts, "events".into(), 1);
+    add(counts, format!("kind/{}", event.kind()), 1);
+    if let Event::Verdict { verdict, .. } = event {
+        add(counts, format!("verdict/{}", verdict.as_str()), 1);
+    }
+    if let (Event::AttemptDispatched { number, .. }, Some(rec)) = (event, after.or(before)) {
+        if *number > 1 {
+            add(counts, format!("retries/{}", rec.family.as_str()), 1);
+        }
+    }
+    let Some(after) = after else { return };
+    match before {
+        Some(b) => side(counts, b, -1),
+        None => {
+            add(counts, "operations".into(), 1);
+            add(counts, format!("family/{}", after.family.as_str()), 1);
+        }
+    }
+    side(counts, after, 1);
 }
 
 /// A conditional settlement: store the events only if no decision settled the operation
@@ -89,6 +140,7 @@ pub(crate) fn append(
         }
     }
     let mut seqs = Vec::with_capacity(events.len());
+    let mut counts = Counts::new();
     for (event, payload) in events {
         let before = tx.load(key)?;
         let contradiction = before
@@ -96,9 +148,12 @@ pub(crate) fn append(
             .and_then(|rec| projection::contradiction(rec, event));
         seq += 1;
         prev = insert(tx, ikey, key, seq, &prev, at, event, payload)?;
-        match projection::fold(before, key, event, seq, at) {
-            Ok(Some(rec)) => tx.store(&rec)?,
-            Ok(None) => {}
+        match projection::fold(before.clone(), key, event, seq, at) {
+            Ok(Some(rec)) => {
+                count(&mut counts, event, before.as_ref(), Some(&rec));
+                tx.store(&rec)?
+            }
+            Ok(None) => count(&mut counts, event, before.as_ref(), None),
             // The caller drops the transaction: nothing of this append is stored.
             Err(projection::AppendRefused::FingerprintConflict) => {
                 return Err(LedgerError::FingerprintConflict {
@@ -122,11 +177,16 @@ pub(crate) fn append(
             let before = tx.load(key)?;
             seq += 1;
             prev = insert(tx, ikey, key, seq, &prev, at, &noted, &noted_payload)?;
-            if let Ok(Some(rec)) = projection::fold(before, key, &noted, seq, at) {
-                tx.store(&rec)?;
+            match projection::fold(before.clone(), key, &noted, seq, at) {
+                Ok(Some(rec)) => {
+                    count(&mut counts, &noted, before.as_ref(), Some(&rec));
+                    tx.store(&rec)?;
+                }
+                _ => count(&mut counts, &noted, before.as_ref(), None),
             }
         }
     }
+    tx.add_counts(&counts)?;
     tx.set_head(seq, &prev, &chain::head_mac(ikey, seq, &prev))?;
     Ok(seqs)
 }

@@ -21,6 +21,7 @@
 //!   pays nothing for it.
 
 mod append;
+pub mod archive;
 pub mod binding;
 pub mod chain;
 pub mod event;
@@ -209,10 +210,76 @@ pub enum Durability {
 pub struct ListFilter {
     /// Only unresolved operations.
     pub unresolved: bool,
+    /// Only operations with at least one contradiction.
+    pub contradicted: bool,
     /// Only this host.
     pub host: Option<String>,
+    /// Only operations whose last event is at or after this sequence number (see
+    /// [`Ledger::seq_since`]).
+    pub since_seq: Option<u64>,
+    /// Only operations whose projected `updated_at` is at or after this stamp (checked on
+    /// the rows `since_seq` selects, so still O(window)).
+    pub since_at: Option<String>,
+    /// Only operations whose last event is before this sequence number: the next page
+    /// after a page whose oldest row had this `last_seq`.
+    pub before_seq: Option<u64>,
     /// At most this many.
     pub limit: Option<usize>,
+}
+
+/// A bound value of a query built by [`ListFilter::sql`].
+#[derive(Debug, Clone)]
+pub(crate) enum SqlArg {
+    Text(String),
+    Int(i64),
+}
+
+impl ListFilter {
+    /// The query (with `placeholder(i)` for the i-th bound value, from 1) and its values.
+    /// Plain conditions, no `(? = 0 OR …)` forms: those hide from the planner which index
+    /// fits, and it then scans every operation.
+    pub(crate) fn sql(
+        &self,
+        columns: &str,
+        unresolved: &str,
+        placeholder: impl Fn(usize) -> String,
+    ) -> (String, Vec<SqlArg>) {
+        let mut conds: Vec<String> = Vec::new();
+        let mut args = Vec::new();
+        let mut bind = |conds: &mut Vec<String>, cond: &str, arg: SqlArg| {
+            args.push(arg);
+            conds.push(cond.replace('?', &placeholder(args.len())));
+        };
+        if self.unresolved {
+            // The literal the partial index `operations_unresolved` is made on.
+            conds.push(unresolved.to_owned());
+        }
+        if self.contradicted {
+            conds.push("contradictions > 0".to_owned());
+        }
+        if let Some(host) = &self.host {
+            bind(&mut conds, "host = ?", SqlArg::Text(host.clone()));
+        }
+        if let Some(seq) = self.since_seq {
+            bind(&mut conds, "last_seq >= ?", SqlArg::Int(seq as i64));
+        }
+        if let Some(at) = &self.since_at {
+            bind(&mut conds, "updated_at >= ?", SqlArg::Text(at.clone()));
+        }
+        if let Some(seq) = self.before_seq {
+            bind(&mut conds, "last_seq < ?", SqlArg::Int(seq as i64));
+        }
+        let mut sql = format!("SELECT {columns} FROM operations");
+        if !conds.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conds.join(" AND "));
+        }
+        sql.push_str(" ORDER BY last_seq DESC");
+        if let Some(limit) = self.limit {
+            sql.push_str(&format!(" LIMIT {limit}"));
+        }
+        (sql, args)
+    }
 }
 
 /// Counts for a dashboard (`opmark stats`).
@@ -261,34 +328,73 @@ pub(crate) struct StatsDialect {
     pub attempt_number: &'static str,
     /// `operations.unresolved` is true.
     pub unresolved: &'static str,
+    /// The placeholder of the window's first sequence number.
+    pub param: &'static str,
 }
 
 impl Stats {
-    /// The counts, from one backend's two query shapes (a single count, and counts by a
-    /// key): both backends ask the same questions, only the dialect differs.
-    pub(crate) fn query(
+    /// The counts from the counters every append keeps (see `append::count`).
+    pub(crate) fn from_counters(counters: &BTreeMap<String, i64>) -> Stats {
+        let get = |name: &str| counters.get(name).copied().unwrap_or(0).max(0) as u64;
+        let by = |prefix: &str| -> BTreeMap<String, u64> {
+            counters
+                .iter()
+                .filter_map(|(k, v)| {
+                    let key = k.strip_prefix(prefix)?.strip_prefix('/')?;
+                    (*v > 0).then(|| (key.to_owned(), *v as u64))
+                })
+                .collect()
+        };
+        let verdicts = by("verdict");
+        Stats {
+            events: get("events"),
+            operations: get("operations"),
+            by_state: by("state"),
+            by_family: by("family"),
+            unresolved: get("unresolved"),
+            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
+            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
+            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
+            verdicts,
+            reconciliations: get("kind/reconciled"),
+            operator_decisions: get("kind/operator_decision"),
+            contradictions: get("kind/contradiction"),
+            contradicted_operations: get("contradicted"),
+            attempts: get("kind/attempt_dispatched"),
+            retries_by_family: by("retries"),
+        }
+    }
+
+    /// The counts over a window: the events from a sequence number on (`dialect.param`)
+    /// and the operations active in it. O(window) through the primary key and the
+    /// recency index.
+    pub(crate) fn query_window(
         count: impl Fn(&str) -> Result<u64, LedgerError>,
         group: impl Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>,
         dialect: &StatsDialect,
     ) -> Result<Stats, LedgerError> {
+        let p = dialect.param;
         let events_of = |kind: &str| {
             count(&format!(
-                "SELECT COUNT(*) FROM events WHERE kind = '{kind}'"
+                "SELECT COUNT(*) FROM events WHERE seq >= {p} AND kind = '{kind}'"
             ))
         };
+        let ops =
+            |cond: &str| format!("SELECT COUNT(*) FROM operations WHERE last_seq >= {p}{cond}");
         let verdicts = group(&format!(
-            "SELECT {}, COUNT(*) FROM events WHERE kind = 'verdict' GROUP BY 1",
+            "SELECT {}, COUNT(*) FROM events WHERE seq >= {p} AND kind = 'verdict' GROUP BY 1",
             dialect.verdict
         ))?;
         Ok(Stats {
-            events: count("SELECT COUNT(*) FROM events")?,
-            operations: count("SELECT COUNT(*) FROM operations")?,
-            by_state: group("SELECT state, COUNT(*) FROM operations GROUP BY state")?,
-            by_family: group("SELECT family, COUNT(*) FROM operations GROUP BY family")?,
-            unresolved: count(&format!(
-                "SELECT COUNT(*) FROM operations WHERE {}",
-                dialect.unresolved
+            events: count(&format!("SELECT COUNT(*) FROM events WHERE seq >= {p}"))?,
+            operations: count(&ops(""))?,
+            by_state: group(&format!(
+                "SELECT state, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY state"
             ))?,
+            by_family: group(&format!(
+                "SELECT family, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY family"
+            ))?,
+            unresolved: count(&ops(&format!(" AND {}", dialect.unresolved)))?,
             unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
             conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
             approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
@@ -296,14 +402,12 @@ impl Stats {
             reconciliations: events_of("reconciled")?,
             operator_decisions: events_of("operator_decision")?,
             contradictions: events_of("contradiction")?,
-            contradicted_operations: count(
-                "SELECT COUNT(*) FROM operations WHERE contradictions > 0",
-            )?,
+            contradicted_operations: count(&ops(" AND contradictions > 0"))?,
             attempts: events_of("attempt_dispatched")?,
             retries_by_family: group(&format!(
                 "SELECT o.family, COUNT(*) FROM events e
                  JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                 WHERE e.kind = 'attempt_dispatched' AND {} > 1
+                 WHERE e.seq >= {p} AND e.kind = 'attempt_dispatched' AND {} > 1
                  GROUP BY o.family",
                 dialect.attempt_number
             ))?,
@@ -319,6 +423,44 @@ pub(crate) struct Snapshot {
     pub keyed_from_mac: Option<String>,
     pub rows: Vec<chain::Row>,
     pub projected: Vec<OperationRecord>,
+    pub counters: BTreeMap<String, i64>,
+    /// Where `ledger archive` cut the chain, and the cut's MAC.
+    pub cut: Option<(archive::Cut, Option<String>)>,
+    /// What the archived events counted, and its MAC.
+    pub archived_counts: Option<(String, Option<String>)>,
+}
+
+/// What a routine `audit verify` reads (see `SqliteStore::snapshot_after_checkpoint`).
+#[derive(Debug, Clone)]
+pub(crate) struct Incremental {
+    /// The recorded checkpoint: seq, hash, MAC.
+    pub checkpoint: (u64, String, String),
+    /// The hash the event at the checkpoint's seq carries now.
+    pub stored_hash: Option<String>,
+    pub head: Option<chain::Head>,
+    pub keyed_from: u64,
+    pub keyed_from_mac: Option<String>,
+    /// The events after the checkpoint.
+    pub rows: Vec<chain::Row>,
+    /// Every event of the operations those touch, in chain order.
+    pub history: Vec<chain::Row>,
+    /// Those operations' projected rows.
+    pub projected: Vec<OperationRecord>,
+}
+
+/// How much of the chain a verify walked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "scope", rename_all = "snake_case")]
+pub enum VerifyScope {
+    /// Every event, every operation, the counters.
+    Full,
+    /// Only the events after a checkpoint verified earlier, and the operations they touch.
+    SinceCheckpoint {
+        /// The checkpoint's sequence number.
+        checkpoint: u64,
+        /// Operations replayed.
+        operations: u64,
+    },
 }
 
 /// The backend an open ledger runs on.
@@ -376,6 +518,19 @@ fn no_home_error() -> LedgerError {
             rustix::process::geteuid().as_raw()
         ),
     }
+}
+
+/// The time `back` before now, as events are stamped (UTC RFC 3339, microseconds).
+/// `None` when that is before any representable date.
+pub fn stamp_before(back: std::time::Duration) -> Option<String> {
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+    );
+    let d = time::Duration::try_from(back).ok()?;
+    time::OffsetDateTime::now_utc()
+        .checked_sub(d)?
+        .format(&fmt)
+        .ok()
 }
 
 fn now() -> String {
@@ -516,6 +671,7 @@ impl Ledger {
         if events.is_empty() {
             return Ok(Vec::new());
         }
+        append_barrier();
         let redacted: Vec<(Event, String)> = events
             .iter()
             .map(|e| {
@@ -531,6 +687,50 @@ impl Ledger {
                 s.append(ikey, redactor, key, &redacted, &at, durability, condition)
             }
             Store::Postgres(p) => p.append(ikey, redactor, key, redacted, at, condition),
+        }
+    }
+
+    /// Appends many operations' events in ONE transaction, each operation's through the
+    /// same append algorithm as [`Ledger::append_many`] (redaction, keyed chain,
+    /// projection, contradictions): for imports and for building big ledgers in benches.
+    /// All or nothing; `Normal` durability.
+    pub fn append_batch(&mut self, ops: &[(OpKey, Vec<Event>)]) -> Result<(), LedgerError> {
+        let mut prepared = Vec::with_capacity(ops.len());
+        for (key, events) in ops {
+            key.check()?;
+            let redacted: Vec<(Event, String)> = events
+                .iter()
+                .map(|e| {
+                    let e = e.redacted(&self.redactor);
+                    let payload = serde_json::to_string(&e).expect("events serialize");
+                    (e, payload)
+                })
+                .collect();
+            prepared.push((key, redacted));
+        }
+        let at = now();
+        let (ikey, redactor) = (&self.key, &self.redactor);
+        match &mut self.store {
+            Store::Sqlite(s) => s.append_batch(ikey, redactor, &prepared, &at),
+            Store::Postgres(p) => {
+                for (key, redacted) in prepared {
+                    p.append(ikey, redactor, key, redacted, at.clone(), None)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Folds SQLite's write-ahead log into the database file (so its size is the
+    /// ledger's); nothing to do on PostgreSQL.
+    pub fn checkpoint(&self) -> Result<(), LedgerError> {
+        match &self.store {
+            Store::Sqlite(s) => {
+                s.conn
+                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+                Ok(())
+            }
+            Store::Postgres(_) => Ok(()),
         }
     }
 
@@ -582,6 +782,9 @@ impl Ledger {
             keyed_from_mac,
             rows,
             projected,
+            counters,
+            cut,
+            archived_counts,
         } = self.snapshot()?;
         if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
         {
@@ -592,13 +795,174 @@ impl Ledger {
                     problem: "the record of where the keyed chain starts was edited outside opmark (its MAC does not match): no event can be trusted".to_owned(),
                 }),
                 first_mismatch: None,
+                counters_mismatch: None,
+                archived_through: None,
+                verified_head: None,
             });
         }
-        let mut report = chain::verify(rows.iter().cloned(), head, &self.key, keyed_from);
+        let start = match &cut {
+            None => archive::Cut {
+                seq: 0,
+                hash: chain::GENESIS.to_owned(),
+            },
+            Some((c, mac)) if mac.as_deref() == Some(archive::cut_mac(&self.key, c).as_str()) => {
+                c.clone()
+            }
+            Some((c, _)) => {
+                return Ok(ChainReport {
+                    events: rows.len() as u64,
+                    first_break: Some(ChainBreak {
+                        seq: c.seq,
+                        problem: "the record of where `ledger archive` cut the chain was edited outside opmark (its MAC does not match): the events after it cannot be tied to the archive".to_owned(),
+                    }),
+                    first_mismatch: None,
+                    counters_mismatch: None,
+                    archived_through: None,
+                    verified_head: None,
+                })
+            }
+        };
+        let mut report =
+            chain::verify_after(&rows, head, &self.key, keyed_from, start.seq, &start.hash);
+        report.archived_through = cut.as_ref().map(|(c, _)| c.seq);
         if report.first_break.is_none() {
-            report.first_mismatch = replay_mismatch(&rows, &projected);
+            match replay_mismatch(&rows, &projected) {
+                Err(m) => report.first_mismatch = Some(m),
+                Ok(mut counts) => {
+                    if cut.is_some() {
+                        match archive::archived_counts(&self.key, archived_counts) {
+                            Some(archived) => {
+                                for (name, n) in archived {
+                                    *counts.entry(name).or_insert(0) += n;
+                                }
+                                counts.retain(|_, n| *n != 0);
+                            }
+                            None => {
+                                report.counters_mismatch =
+                                    Some("archive_counts (its MAC does not match)".to_owned());
+                                return Ok(report);
+                            }
+                        }
+                    }
+                    report.counters_mismatch = counters_mismatch(&counts, &counters);
+                }
+            }
         }
         Ok(report)
+    }
+
+    /// `opmark ledger archive --before D FILE`: moves the settled operations finished
+    /// before `cutoff` (the oldest stretch of the chain, up to the first event of an
+    /// operation that is unresolved or still active) into the new archive `file`, keeping
+    /// the cut (see [`archive`]). SQLite only.
+    pub fn archive_before(
+        &mut self,
+        cutoff: &str,
+        file: &Path,
+    ) -> Result<archive::ArchiveReport, LedgerError> {
+        let first = self.seq_since(cutoff)?;
+        let key = self.key.clone();
+        match &mut self.store {
+            Store::Sqlite(s) => s.archive(&key, first, file),
+            Store::Postgres(_) => Err(LedgerError::Invalid {
+                message:
+                    "`ledger archive` works on SQLite ledgers only for now; nothing was archived"
+                        .to_owned(),
+            }),
+        }
+    }
+
+    /// `audit verify --archive FILE`: the archive up to the ledger's cut, then the ledger
+    /// from it, as the one chain they were. The report counts the events of both.
+    pub fn verify_with_archive(&self, file: &Path) -> Result<ChainReport, LedgerError> {
+        let snapshot_cut = match &self.store {
+            Store::Sqlite(s) => archive::read_cut(&s.conn)?,
+            Store::Postgres(_) => None,
+        };
+        let Some((cut, mac)) = snapshot_cut else {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} was never archived: verify it without --archive",
+                    self.path.display()
+                ),
+            });
+        };
+        if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
+            return self.verify_chain();
+        }
+        let keyed_from = match &self.store {
+            Store::Sqlite(s) => {
+                let tx = s.conn.unchecked_transaction()?;
+                binding::keyed_from(&tx)?.0
+            }
+            Store::Postgres(_) => 1,
+        };
+        let archived = archive::verify_file(file, &self.key, &cut, keyed_from)?;
+        if archived.first_break.is_some() {
+            return Ok(archived);
+        }
+        let mut report = self.verify_chain()?;
+        report.events += archived.events;
+        report.archived_through = None;
+        Ok(report)
+    }
+
+    /// `audit verify`: without `incremental`, without a usable checkpoint, or on
+    /// PostgreSQL, [`Ledger::verify_chain`]; else only the events after the last verified
+    /// checkpoint
+    /// (its MAC and its event's hash checked), and the replay of the operations they touch.
+    /// An intact result records a new checkpoint at the head (SQLite), so the next
+    /// routine verify reads only what was appended since.
+    pub fn verify(&self, incremental: bool) -> Result<(ChainReport, VerifyScope), LedgerError> {
+        let incremental = match (&self.store, incremental) {
+            (Store::Sqlite(s), true) => s.snapshot_after_checkpoint()?,
+            _ => None,
+        };
+        let usable = incremental.filter(|inc| {
+            let (seq, hash, mac) = &inc.checkpoint;
+            *mac == chain::checkpoint_mac(&self.key, *seq, hash)
+                && inc.stored_hash.as_deref() == Some(hash.as_str())
+                && inc.keyed_from_mac.as_deref()
+                    == Some(chain::keyed_from_mac(&self.key, inc.keyed_from).as_str())
+        });
+        let (report, scope) = match usable {
+            None => (self.verify_chain()?, VerifyScope::Full),
+            Some(inc) => {
+                let (seq, hash, _) = &inc.checkpoint;
+                let mut report = chain::verify_after(
+                    &inc.rows,
+                    inc.head.clone(),
+                    &self.key,
+                    inc.keyed_from,
+                    *seq,
+                    hash,
+                );
+                if report.first_break.is_none() {
+                    report.first_mismatch = replay_mismatch(&inc.history, &inc.projected).err();
+                }
+                let operations = inc
+                    .rows
+                    .iter()
+                    .map(|r| (&r.op_id, &r.host))
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len() as u64;
+                (
+                    report,
+                    VerifyScope::SinceCheckpoint {
+                        checkpoint: *seq,
+                        operations,
+                    },
+                )
+            }
+        };
+        if let (true, Store::Sqlite(s), Some((seq, hash))) =
+            (report.intact(), &self.store, &report.verified_head)
+        {
+            // Best effort: a ledger this user may read but not write (an auditor's copy)
+            // still verifies; its next verify walks from the older checkpoint.
+            let _ = s.record_checkpoint(*seq, hash, &chain::checkpoint_mac(&self.key, *seq, hash));
+        }
+        Ok((report, scope))
     }
 
     /// Copies this ledger, event for event (same seq, time, hash), into the empty
@@ -607,7 +971,7 @@ impl Ledger {
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
         let snapshot = self.snapshot()?;
         let report = chain::verify(
-            snapshot.rows.iter().cloned(),
+            &snapshot.rows,
             snapshot.head.clone(),
             &self.key,
             snapshot.keyed_from,
@@ -641,21 +1005,105 @@ impl Ledger {
         copied.verify_chain()
     }
 
-    /// Counts for `opmark stats`.
+    /// Counts for `opmark stats`, from the counters every append keeps: O(counters).
     pub fn stats(&self) -> Result<Stats, LedgerError> {
         with_store!(self, s => s.stats())
     }
+
+    /// Counts for `opmark stats --since D`: the events recorded at or after `cutoff`
+    /// (UTC RFC 3339, as events are stamped) and the operations active since.
+    pub fn stats_since(&self, cutoff: &str) -> Result<Stats, LedgerError> {
+        let from = self.seq_since(cutoff)?;
+        with_store!(self, s => s.stats_since(from))
+    }
+
+    /// The first sequence number whose event was recorded at or after `cutoff`, found by
+    /// bisection on the chain (a few dozen primary-key reads, whatever the history). Events
+    /// are stamped just before their transaction takes the head, so the stamps of
+    /// concurrent writers can be out of order by that much: the window's edge is exact to
+    /// within the time between stamping and committing.
+    pub fn seq_since(&self, cutoff: &str) -> Result<u64, LedgerError> {
+        let (mut lo, mut hi) = (1u64, with_store!(self, s => s.head_seq())? + 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match with_store!(self, s => s.event_at_or_after(mid))? {
+                Some((_, at)) if at.as_str() >= cutoff => hi = mid,
+                Some((seq, _)) => lo = seq + 1,
+                None => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    /// How many operations `filter` matches, ignoring its limit, when the counters know
+    /// (all, or the unresolved ones); `None` for other filters.
+    pub fn count_hint(&self, filter: &ListFilter) -> Result<Option<u64>, LedgerError> {
+        if filter.host.is_some()
+            || filter.contradicted
+            || filter.since_seq.is_some()
+            || filter.since_at.is_some()
+            || filter.before_seq.is_some()
+        {
+            return Ok(None);
+        }
+        let stats = self.stats()?;
+        Ok(Some(if filter.unresolved {
+            stats.unresolved
+        } else {
+            stats.operations
+        }))
+    }
 }
 
-/// Folds every operation's events (as `audit verify` and `ledger migrate` do); names the
-/// first event that cannot be decoded.
-pub(crate) fn replay(
+/// Test builds only: with `OPMARK_TEST_APPEND_BARRIER=DIR` and
+/// `OPMARK_TEST_APPEND_BARRIER_N=N`, the process's first append marks itself in DIR and
+/// waits (up to 30 s) until N processes have, so the concurrency tests know that N
+/// writers reached their append at once (e.g. both operators had read the operation
+/// before either decided) instead of hoping a sleep lined them up.
+#[cfg(feature = "test-hooks")]
+fn append_barrier() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    let (Some(dir), Some(n)) = (
+        std::env::var_os("OPMARK_TEST_APPEND_BARRIER"),
+        std::env::var("OPMARK_TEST_APPEND_BARRIER_N")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok()),
+    ) else {
+        return;
+    };
+    if DONE.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let dir = PathBuf::from(dir);
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(dir.join(std::process::id().to_string()), b"");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::read_dir(&dir).map_or(0, |d| d.count()) < n
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Nothing: the append barrier exists only with the `test-hooks` feature.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+fn append_barrier() {}
+
+/// Folds every operation's events (as `audit verify` and `ledger migrate` do), also
+/// counting what the appends counted (`append::count`), so the stored counters can be
+/// checked or rebuilt; names the first event that cannot be decoded.
+pub(crate) fn replay_counting(
     rows: &[chain::Row],
-) -> Result<BTreeMap<OpKey, OperationRecord>, ProjectionMismatch> {
+) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
     let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
-    for row in rows {
-        let key = OpKey::new(row.op_id.clone(), row.host.clone());
-        let event: Event = match serde_json::from_str(&row.payload) {
+    let mut counts = append::Counts::new();
+    for block in rows.chunks(chain::BLOCK) {
+        let decoded = chain::par_map(block, |row| serde_json::from_str::<Event>(&row.payload));
+        for (row, decoded) in block.iter().zip(decoded) {
+            let key = OpKey::new(row.op_id.clone(), row.host.clone());
+            let event: Event = match decoded {
             Ok(e) => e,
             Err(e) => {
                 return Err(ProjectionMismatch {
@@ -670,34 +1118,36 @@ pub(crate) fn replay(
                 })
             }
         };
-        let before = replayed.remove(&key);
-        let had = before.clone();
-        match projection::fold(before, &key, &event, row.seq, &row.at) {
-            Ok(Some(rec)) => {
-                replayed.insert(key, rec);
-            }
-            Ok(None) => {}
-            // Refused appends were rolled back; a stored one is not what opmark wrote.
-            Err(projection::AppendRefused::FingerprintConflict) => {
-                if let Some(rec) = had {
+            let before = replayed.remove(&key);
+            let had = before.clone();
+            match projection::fold(before, &key, &event, row.seq, &row.at) {
+                Ok(Some(rec)) => {
+                    append::count(&mut counts, &event, had.as_ref(), Some(&rec));
                     replayed.insert(key, rec);
+                }
+                Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
+                // Refused appends were rolled back; a stored one is not what opmark wrote.
+                Err(projection::AppendRefused::FingerprintConflict) => {
+                    append::count(&mut counts, &event, had.as_ref(), None);
+                    if let Some(rec) = had {
+                        replayed.insert(key, rec);
+                    }
                 }
             }
         }
     }
-    Ok(replayed)
+    counts.retain(|_, n| *n != 0);
+    Ok((replayed, counts))
 }
 
 /// Folds every operation's events again and compares with the stored projection; names
 /// the first row (by op id, host) that differs, is missing, or has no events.
+/// Whole: the recount of the counters, to compare with the stored ones.
 fn replay_mismatch(
     rows: &[chain::Row],
     projected: &[OperationRecord],
-) -> Option<ProjectionMismatch> {
-    let replayed = match replay(rows) {
-        Ok(r) => r,
-        Err(m) => return Some(m),
-    };
+) -> Result<append::Counts, ProjectionMismatch> {
+    let (replayed, counts) = replay_counting(rows)?;
     let mut stored: BTreeMap<OpKey, &OperationRecord> = projected
         .iter()
         .map(|r| (OpKey::new(r.op_id.clone(), r.host.clone()), r))
@@ -710,12 +1160,12 @@ fn replay_mismatch(
         };
         match stored.remove(key) {
             None => {
-                return Some(mismatch(
+                return Err(mismatch(
                     "its row in `operations` is missing (deleted outside opmark)".to_owned(),
                 ))
             }
             Some(got) if got != want => {
-                return Some(mismatch(format!(
+                return Err(mismatch(format!(
                     "its row in `operations` differs from the replay of its events in {}",
                     differing_columns(got, want).join(", ")
                 )))
@@ -723,12 +1173,27 @@ fn replay_mismatch(
             Some(_) => {}
         }
     }
-    stored.into_keys().next().map(|key| ProjectionMismatch {
-        op_id: key.op_id,
-        host: key.host,
-        problem: "its row in `operations` has no events behind it (added outside opmark)"
-            .to_owned(),
-    })
+    match stored.into_keys().next() {
+        Some(key) => Err(ProjectionMismatch {
+            op_id: key.op_id,
+            host: key.host,
+            problem: "its row in `operations` has no events behind it (added outside opmark)"
+                .to_owned(),
+        }),
+        None => Ok(counts),
+    }
+}
+
+/// The names of the counters whose stored value is not the recount (a missing counter
+/// counts as 0), or `None` when all agree.
+fn counters_mismatch(recount: &append::Counts, stored: &BTreeMap<String, i64>) -> Option<String> {
+    let names: std::collections::BTreeSet<&String> = recount.keys().chain(stored.keys()).collect();
+    let differ: Vec<&str> = names
+        .into_iter()
+        .filter(|n| recount.get(*n).copied().unwrap_or(0) != stored.get(*n).copied().unwrap_or(0))
+        .map(String::as_str)
+        .collect();
+    (!differ.is_empty()).then(|| differ.join(", "))
 }
 
 /// Names of the columns where `got` differs from `want` (names only: values may hold text

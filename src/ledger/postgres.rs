@@ -38,7 +38,10 @@ use super::{decode, LedgerError, ListFilter, OpKey, Snapshot, Stats};
 use crate::vocab::Verdict;
 
 /// The schema migrations, in order; migration `i` brings version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/postgres/0001_ledger.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/postgres/0001_ledger.sql"),
+    include_str!("../../migrations/postgres/0002_counters.sql"),
+];
 
 /// Arbitrary constant naming opmark's advisory lock for migrations.
 const MIGRATION_LOCK: i64 = 0x6f70_6d61_726b;
@@ -279,20 +282,80 @@ impl PgStore {
     }
 
     pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        let filter = filter.clone();
+        let (sql, args) = filter.sql(projection::COLUMNS, "unresolved", |i| format!("${i}"));
         self.call(move |c| {
-            let sql = format!(
-                "SELECT {} FROM operations
-                 WHERE ($1 = false OR unresolved) AND ($2::text IS NULL OR host = $2)
-                 ORDER BY last_seq DESC LIMIT $3",
-                projection::COLUMNS
-            );
-            let limit = filter.limit.map(|l| l as i64);
-            let rows = c.block(
-                c.client
-                    .query(&sql, &[&filter.unresolved, &filter.host, &limit]),
-            )?;
+            let args: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = args
+                .into_iter()
+                .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+                    match a {
+                        super::SqlArg::Text(t) => Box::new(t),
+                        super::SqlArg::Int(n) => Box::new(n),
+                    }
+                })
+                .collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+                .iter()
+                .map(|a| a.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            let rows = c.block(c.client.query(&sql, &refs))?;
             rows.iter().map(record_from).collect()
+        })
+    }
+
+    pub(crate) fn counters(&self) -> Result<std::collections::BTreeMap<String, i64>, LedgerError> {
+        self.call(|c| {
+            Ok(
+                c.block(c.client.query("SELECT name, n FROM counters", &[]))?
+                    .iter()
+                    .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                    .collect(),
+            )
+        })
+    }
+
+    pub(crate) fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
+        self.call(move |c| {
+            Ok(c.block(c.client.query_opt(
+                "SELECT seq, at FROM events WHERE seq >= $1 ORDER BY seq LIMIT 1",
+                &[&(seq as i64)],
+            ))?
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+        })
+    }
+
+    pub(crate) fn head_seq(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            Ok(c.block(
+                c.client
+                    .query_opt("SELECT seq FROM chain_head WHERE id = 1", &[]),
+            )?
+            .map_or(0, |r| r.get::<_, i64>(0) as u64))
+        })
+    }
+
+    pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
+        self.call(move |c| {
+            let from = from_seq as i64;
+            let count = |sql: &str| -> Result<u64, LedgerError> {
+                Ok(c.block(c.client.query_one(sql, &[&from]))?.get::<_, i64>(0) as u64)
+            };
+            let group =
+                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                    Ok(c.block(c.client.query(sql, &[&from]))?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                        .collect())
+                };
+            Stats::query_window(
+                count,
+                group,
+                &super::StatsDialect {
+                    verdict: "payload::jsonb ->> 'verdict'",
+                    attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
+                    unresolved: "unresolved",
+                    param: "$1",
+                },
+            )
         })
     }
 
@@ -386,6 +449,11 @@ impl PgStore {
                 .iter()
                 .map(record_from)
                 .collect::<Result<_, _>>()?;
+            let counters = rt
+                .block_on(tx.query("SELECT name, n FROM counters", &[]))?
+                .iter()
+                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                .collect();
             rt.block_on(tx.commit())?;
             Ok(Snapshot {
                 head,
@@ -393,6 +461,9 @@ impl PgStore {
                 keyed_from_mac,
                 rows,
                 projected,
+                counters,
+                cut: None,
+                archived_counts: None,
             })
         })
     }
@@ -456,7 +527,7 @@ impl PgStore {
                     &[&name, &value],
                 ))?;
             }
-            let records = super::replay(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+            let (records, counts) = super::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
                 message: format!(
                     "the ledger's events cannot be replayed ({}: {}); nothing was copied",
                     m.op_id, m.problem
@@ -466,6 +537,9 @@ impl PgStore {
             for rec in records.values() {
                 ptx.store(rec)?;
             }
+            // The migration counted the empty ledger; count what was copied instead.
+            ptx.rt.block_on(ptx.tx.execute("DELETE FROM counters", &[]))?;
+            ptx.add_counts(&counts)?;
             let PgTx { rt, tx } = ptx;
             rt.block_on(tx.commit())?;
             Ok(())
@@ -473,27 +547,7 @@ impl PgStore {
     }
 
     pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
-        self.call(|c| {
-            let count = |sql: &str| -> Result<u64, LedgerError> {
-                Ok(c.block(c.client.query_one(sql, &[]))?.get::<_, i64>(0) as u64)
-            };
-            let group =
-                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
-                    Ok(c.block(c.client.query(sql, &[]))?
-                        .iter()
-                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                        .collect())
-                };
-            Stats::query(
-                count,
-                group,
-                &super::StatsDialect {
-                    verdict: "payload::jsonb ->> 'verdict'",
-                    attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
-                    unresolved: "unresolved",
-                },
-            )
-        })
+        Ok(Stats::from_counters(&self.counters()?))
     }
 }
 
@@ -592,6 +646,16 @@ struct PgTx<'a> {
 }
 
 impl AppendTx for PgTx<'_> {
+    fn add_counts(&mut self, deltas: &super::append::Counts) -> Result<(), LedgerError> {
+        for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
+            self.rt.block_on(self.tx.execute(
+                "INSERT INTO counters (name, n) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + excluded.n",
+                &[name, n],
+            ))?;
+        }
+        Ok(())
+    }
+
     fn head(&mut self) -> Result<(u64, String), LedgerError> {
         let row = self.rt.block_on(self.tx.query_one(
             "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE",

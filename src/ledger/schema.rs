@@ -75,6 +75,36 @@ const MIGRATIONS: &[&str] = &[
     -- The attempt whose exit the settling verdict returned (what later probes must agree with).
     ALTER TABLE operations ADD COLUMN settled_attempt TEXT;
     "#,
+    // 3: everyday commands cost what their answer costs (issue 30): counters kept by
+    // every append for `stats`, counted once here from the events already stored; the
+    // indexes `list --unresolved`, `reconcile`, `gc` and `list --host` walk. The index on
+    // `kind` served only `stats` and cost ~30 bytes an event.
+    r#"
+    CREATE TABLE counters (
+        name  TEXT PRIMARY KEY,
+        n     INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO counters SELECT 'events', COUNT(*) FROM events;
+    INSERT INTO counters SELECT 'operations', COUNT(*) FROM operations;
+    INSERT INTO counters SELECT 'unresolved', COUNT(*) FROM operations WHERE unresolved = 1;
+    INSERT INTO counters SELECT 'contradicted', COUNT(*) FROM operations WHERE contradictions > 0;
+    INSERT INTO counters SELECT 'state/' || state, COUNT(*) FROM operations GROUP BY state;
+    INSERT INTO counters SELECT 'family/' || family, COUNT(*) FROM operations GROUP BY family;
+    INSERT INTO counters SELECT 'kind/' || kind, COUNT(*) FROM events GROUP BY kind;
+    INSERT INTO counters
+        SELECT 'verdict/' || json_extract(payload, '$.verdict'), COUNT(*) FROM events
+        WHERE kind = 'verdict' GROUP BY 1;
+    INSERT INTO counters
+        SELECT 'retries/' || o.family, COUNT(*) FROM events e
+        JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+        WHERE e.kind = 'attempt_dispatched' AND json_extract(e.payload, '$.number') > 1
+        GROUP BY o.family;
+    DROP INDEX events_by_kind;
+    DROP INDEX operations_unresolved;
+    CREATE INDEX operations_unresolved ON operations (last_seq) WHERE unresolved = 1;
+    CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
+    CREATE INDEX operations_by_host ON operations (host, last_seq);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -77,6 +77,16 @@ impl AppendTx for Tx<'_, '_> {
         Ok(())
     }
 
+    fn add_counts(&mut self, deltas: &append::Counts) -> Result<(), LedgerError> {
+        let mut stmt = self.0.prepare_cached(
+            "INSERT INTO counters (name, n) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
+        )?;
+        for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
+            stmt.execute(params![name, n])?;
+        }
+        Ok(())
+    }
+
     fn events_after(
         &mut self,
         key: &OpKey,
@@ -154,6 +164,24 @@ impl SqliteStore {
         result
     }
 
+    /// Appends many operations' events in one `BEGIN IMMEDIATE` transaction.
+    pub(crate) fn append_batch(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: &[(&OpKey, Vec<(Event, String)>)],
+        at: &str,
+    ) -> Result<(), LedgerError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for (key, events) in ops {
+            append::append(&mut Tx(&tx), ikey, redactor, key, events, at, None)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// The projection row of one operation.
     pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
         Ok(self
@@ -182,20 +210,73 @@ impl SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Operations, most recently active first, filtered.
+    /// Operations, most recently active first, filtered. Each filter is spelled so that
+    /// SQLite walks the index made for it (a partial one for unresolved and contradicted
+    /// rows) from the newest end and stops at the limit.
     pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        let limit = filter.limit.map_or(-1, |l| l as i64);
-        let mut stmt = self.conn.prepare(&format!(
-            "SELECT {} FROM operations
-             WHERE (?1 = 0 OR unresolved = 1) AND (?2 IS NULL OR host = ?2)
-             ORDER BY last_seq DESC LIMIT ?3",
-            projection::COLUMNS
-        ))?;
+        let (sql, args) = filter.sql(projection::COLUMNS, "unresolved = 1", |i| format!("?{i}"));
+        let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map(
-            params![filter.unresolved, filter.host, limit],
+            rusqlite::params_from_iter(args.iter().map(|a| match a {
+                super::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
+                super::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
+            })),
             projection::from_row,
         )?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The counters `stats` reads.
+    pub(crate) fn counters(&self) -> Result<BTreeMap<String, i64>, LedgerError> {
+        let mut stmt = self.conn.prepare("SELECT name, n FROM counters")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The first stored event at or after `seq`: `(seq, at)`.
+    pub(crate) fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT seq, at FROM events WHERE seq >= ?1 ORDER BY seq LIMIT 1",
+                params![seq],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// The head's sequence number (0 before the first event).
+    pub(crate) fn head_seq(&self) -> Result<u64, LedgerError> {
+        Ok(self
+            .conn
+            .query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0))
+    }
+
+    /// `stats` over the events from `from_seq` on and the operations active since.
+    pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
+        let c = &self.conn;
+        let count = |sql: &str| -> Result<u64, LedgerError> {
+            Ok(c.query_row(sql, params![from_seq], |r| r.get(0))?)
+        };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let rows = stmt.query_map(params![from_seq], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        Stats::query_window(
+            count,
+            group,
+            &super::StatsDialect {
+                verdict: "json_extract(payload, '$.verdict')",
+                attempt_number: "json_extract(e.payload, '$.number')",
+                unresolved: "unresolved = 1",
+                param: "?1",
+            },
+        )
     }
 
     /// One operation's events in order.
@@ -241,25 +322,148 @@ impl SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Counts for `opmark stats`.
+    /// Counts for `opmark stats`, from the counters.
     pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
-        let c = &self.conn;
-        let count =
-            |sql: &str| -> Result<u64, LedgerError> { Ok(c.query_row(sql, [], |r| r.get(0))?) };
-        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
-            let mut stmt = c.prepare(sql)?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?;
-            Ok(rows.collect::<Result<_, _>>()?)
+        Ok(Stats::from_counters(&self.counters()?))
+    }
+
+    /// What a routine `audit verify` reads, in one consistent snapshot: the events after
+    /// the last verified checkpoint, and the whole history and row of each operation they
+    /// touch. `None` when no checkpoint was recorded.
+    pub(crate) fn snapshot_after_checkpoint(
+        &self,
+    ) -> Result<Option<super::Incremental>, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let get_meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            Ok(tx
+                .query_row(
+                    "SELECT value FROM meta WHERE name = ?1",
+                    params![name],
+                    |r| r.get(0),
+                )
+                .optional()?)
         };
-        Stats::query(
-            count,
-            group,
-            &super::StatsDialect {
-                verdict: "json_extract(payload, '$.verdict')",
-                attempt_number: "json_extract(e.payload, '$.number')",
-                unresolved: "unresolved = 1",
-            },
-        )
+        let (Some(at), Some(mac)) = (
+            get_meta("verified_through")?,
+            get_meta("verified_through_mac")?,
+        ) else {
+            return Ok(None);
+        };
+        let Some((seq, hash)) = at
+            .split_once(' ')
+            .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
+        else {
+            return Ok(None);
+        };
+        let stored_hash: Option<String> = tx
+            .query_row(
+                "SELECT hash FROM events WHERE seq = ?1",
+                params![seq],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let head: Option<chain::Head> = tx
+            .query_row(
+                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
+                [],
+                |r| {
+                    Ok(chain::Head {
+                        seq: r.get(0)?,
+                        hash: r.get(1)?,
+                        mac: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?;
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let select = "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+        let to_row = |r: &rusqlite::Row<'_>| {
+            Ok(chain::Row {
+                seq: r.get(0)?,
+                prev_hash: r.get(1)?,
+                hash: r.get(2)?,
+                op_id: r.get(3)?,
+                host: r.get(4)?,
+                at: r.get(5)?,
+                kind: r.get(6)?,
+                payload: r.get(7)?,
+            })
+        };
+        let rows: Vec<chain::Row> = {
+            let mut stmt = tx.prepare(&format!("{select} WHERE seq > ?1 ORDER BY seq"))?;
+            let rows = stmt.query_map(params![seq], to_row)?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let touched: std::collections::BTreeSet<OpKey> = rows
+            .iter()
+            .map(|r| OpKey::new(r.op_id.clone(), r.host.clone()))
+            .collect();
+        let mut history = Vec::new();
+        let mut projected = Vec::new();
+        {
+            let mut events = tx.prepare(&format!(
+                "{select} WHERE op_id = ?1 AND host = ?2 ORDER BY seq"
+            ))?;
+            let mut row = tx.prepare(&format!(
+                "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
+                projection::COLUMNS
+            ))?;
+            for key in &touched {
+                let evs = events.query_map(params![key.op_id, key.host], to_row)?;
+                for e in evs {
+                    history.push(e?);
+                }
+                if let Some(rec) = row
+                    .query_row(params![key.op_id, key.host], projection::from_row)
+                    .optional()?
+                {
+                    projected.push(rec);
+                }
+            }
+        }
+        history.sort_by_key(|r| r.seq);
+        tx.finish()?;
+        Ok(Some(super::Incremental {
+            checkpoint: (seq, hash, mac),
+            stored_hash,
+            head,
+            keyed_from,
+            keyed_from_mac,
+            rows,
+            history,
+            projected,
+        }))
+    }
+
+    /// See [`super::archive::archive`].
+    pub(crate) fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<super::archive::ArchiveReport, LedgerError> {
+        super::archive::archive(&mut self.conn, key, first_seq_at_cutoff, file)
+    }
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    pub(crate) fn record_checkpoint(
+        &self,
+        seq: u64,
+        hash: &str,
+        mac: &str,
+    ) -> Result<(), LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        for (name, value) in [
+            ("verified_through", format!("{seq} {hash}")),
+            ("verified_through_mac", mac.to_owned()),
+        ] {
+            tx.execute(
+                "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                params![name, value],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// Everything `audit verify` checks, read in one consistent snapshot.
@@ -305,6 +509,13 @@ impl SqliteStore {
             let rows = stmt.query_map([], projection::from_row)?;
             rows.collect::<Result<_, _>>()?
         };
+        let counters: BTreeMap<String, i64> = {
+            let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let cut = super::archive::read_cut(&tx)?;
+        let archived_counts = super::archive::read_counts(&tx)?;
         tx.finish()?;
         Ok(Snapshot {
             head,
@@ -312,6 +523,9 @@ impl SqliteStore {
             keyed_from_mac,
             rows,
             projected,
+            counters,
+            cut,
+            archived_counts,
         })
     }
 }
@@ -328,7 +542,7 @@ impl SqliteStore {
 /// remove the WAL under them: commits lost, or `disk I/O error` (issue 24 row 10). A file
 /// that did not exist a moment ago has no connection of this process on it, so closing
 /// the descriptor that created it releases nothing.
-fn create_private(path: &Path) -> Result<(), LedgerError> {
+pub(crate) fn create_private(path: &Path) -> Result<(), LedgerError> {
     // O_CREAT|O_EXCL: an existing file is refused by the kernel without being opened.
     match OpenOptions::new()
         .read(true)

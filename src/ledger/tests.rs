@@ -829,3 +829,316 @@ fn a_ledger_with_the_old_spelling_still_reads_and_verifies() {
         report.first_mismatch
     );
 }
+
+/// Several operations in every shape `stats` counts: settled, retried, blocked,
+/// contradicted.
+fn varied_history(l: &mut Ledger) {
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[intended("fp", "x"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    l.append(&k, &dispatched("a2", 2), Durability::Full)
+        .unwrap();
+    l.append(
+        &k,
+        &verdict(Verdict::Indeterminate, None),
+        Durability::Normal,
+    )
+    .unwrap();
+    let k2 = OpKey::new("op-2", "web1");
+    l.append(&k2, &intended("fp2", "y"), Durability::Full)
+        .unwrap();
+    l.append(&k2, &verdict(Verdict::Blocked, None), Durability::Normal)
+        .unwrap();
+    let k3 = OpKey::new("op-3", "web2");
+    completed_op(l, &k3, 0);
+    l.append(&k3, &probed("completed", Some(3)), Durability::Normal)
+        .unwrap();
+}
+
+#[test]
+fn stats_come_from_counters_that_verify_recounts_and_an_edited_counter_is_found() {
+    let s = Scratch::new("counters");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let st = l.stats().unwrap();
+    assert_eq!(st.operations, 3);
+    assert_eq!(st.unresolved, 1);
+    assert_eq!(st.retries_by_family.get("destructive"), Some(&1));
+    assert_eq!(st.contradictions, 1);
+    assert_eq!(st.contradicted_operations, 1);
+    assert_eq!(st.by_state.values().sum::<u64>(), 3);
+    let events: u64 = l
+        .conn()
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(st.events, events);
+    let report = l.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+    // A dashboard number changed behind opmark's back is named, not trusted.
+    l.conn()
+        .execute(
+            "UPDATE counters SET n = n + 5 WHERE name = 'unresolved'",
+            [],
+        )
+        .unwrap();
+    let report = l.verify_chain().unwrap();
+    assert_eq!(report.counters_mismatch.as_deref(), Some("unresolved"));
+    assert!(!report.intact());
+}
+
+#[test]
+fn stats_since_counts_only_the_window() {
+    let s = Scratch::new("window");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let all = l.stats().unwrap();
+    let past = l.stats_since("2000-01-01T00:00:00.000000Z").unwrap();
+    assert_eq!(past, all);
+    let cutoff = now();
+    let k = OpKey::new("op-4", "web3");
+    l.append(&k, &intended("fp4", "z"), Durability::Full)
+        .unwrap();
+    l.append(&k, &verdict(Verdict::Blocked, None), Durability::Normal)
+        .unwrap();
+    let window = l.stats_since(&cutoff).unwrap();
+    assert_eq!(window.events, 2);
+    assert_eq!(window.operations, 1);
+    assert_eq!(window.approvals_asked, 1);
+    assert_eq!(window.by_family.get("destructive"), Some(&1));
+    let future = l.stats_since("2999-01-01T00:00:00.000000Z").unwrap();
+    assert_eq!(future.events, 0);
+    assert_eq!(future.operations, 0);
+}
+
+#[test]
+fn a_ledger_of_schema_version_2_migrates_counts_its_history_and_verifies() {
+    let s = Scratch::new("migrate3");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let before = l.stats().unwrap();
+    // Back to what opmark of schema version 2 left on disk.
+    l.conn()
+        .execute_batch(
+            "DROP TABLE counters;
+             DROP INDEX operations_unresolved;
+             DROP INDEX operations_contradicted;
+             DROP INDEX operations_by_host;
+             CREATE INDEX events_by_kind ON events (kind);
+             CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    drop(l);
+    let l = Ledger::open(&s.db()).unwrap();
+    let version: i64 = l
+        .conn()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::CURRENT_VERSION);
+    assert_eq!(l.stats().unwrap(), before);
+    let report = l.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+}
+
+const INC: bool = true;
+const FULL: bool = false;
+
+#[test]
+fn a_routine_verify_reads_only_what_is_new_since_its_checkpoint_and_full_reads_all() {
+    let s = Scratch::new("checkpoint");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let total: u64 = l
+        .conn()
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    // No checkpoint yet: the whole chain.
+    let (report, scope) = l.verify(INC).unwrap();
+    assert!(report.intact(), "{report:?}");
+    assert_eq!(scope, VerifyScope::Full);
+    assert_eq!(report.events, total);
+    // Two new events of one operation: only they are walked, that operation replayed.
+    let k = OpKey::new("op-9", "web9");
+    l.append_many(
+        &k,
+        &[intended("fp9", "x"), dispatched("a9", 1)],
+        Durability::Normal,
+    )
+    .unwrap();
+    let (report, scope) = l.verify(INC).unwrap();
+    assert!(report.intact(), "{report:?}");
+    assert_eq!(
+        scope,
+        VerifyScope::SinceCheckpoint {
+            checkpoint: total,
+            operations: 1
+        }
+    );
+    assert_eq!(report.events, 2);
+    // Nothing new: nothing walked.
+    let (report, _) = l.verify(INC).unwrap();
+    assert!(report.intact());
+    assert_eq!(report.events, 0);
+    // An edit of a new event is found by the routine verify.
+    l.append(
+        &k,
+        &verdict(Verdict::Completed, Some(0)),
+        Durability::Normal,
+    )
+    .unwrap();
+    l.conn()
+        .execute(
+            "UPDATE events SET payload = replace(payload, 'completed', 'not_applied') WHERE seq = ?1",
+            params![total + 3],
+        )
+        .unwrap();
+    let (report, _) = l.verify(INC).unwrap();
+    assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(total + 3));
+    // An edit before the checkpoint is what `--full` is for.
+    l.conn()
+        .execute(
+            "UPDATE events SET payload = payload || ' ' WHERE seq = 1",
+            [],
+        )
+        .unwrap();
+    let (report, scope) = l.verify(FULL).unwrap();
+    assert_eq!(scope, VerifyScope::Full);
+    assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(1));
+}
+
+#[test]
+fn a_checkpoint_edited_outside_opmark_is_not_trusted() {
+    let s = Scratch::new("badcheckpoint");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    assert!(l.verify(INC).unwrap().0.intact());
+    // Someone edits an old event and moves the checkpoint past... without the key.
+    l.conn()
+        .execute(
+            "UPDATE events SET payload = payload || ' ' WHERE seq = 2",
+            [],
+        )
+        .unwrap();
+    l.conn()
+        .execute(
+            "UPDATE meta SET value = '1 ' || (SELECT hash FROM events WHERE seq = 1) WHERE name = 'verified_through'",
+            [],
+        )
+        .unwrap();
+    let (report, scope) = l.verify(INC).unwrap();
+    assert_eq!(
+        scope,
+        VerifyScope::Full,
+        "a checkpoint whose MAC fails is ignored"
+    );
+    assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(2));
+}
+
+/// An archive of `l` cut before now: every settled operation, so everything but the
+/// unresolved `op-1` (and what came after its first event).
+fn archived(s: &Scratch, l: &mut Ledger) -> (PathBuf, archive::ArchiveReport) {
+    let file = s.0.join("archive.db");
+    let cutoff = now();
+    let report = l.archive_before(&cutoff, &file).unwrap();
+    (file, report)
+}
+
+#[test]
+fn an_archived_ledger_and_its_archive_verify_together_and_unresolved_operations_stay() {
+    let s = Scratch::new("archive");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    // Settled operations first, then the unresolved one, then more settled ones.
+    let k3 = OpKey::new("arch-3", "old1");
+    completed_op(&mut l, &k3, 0);
+    let k4 = OpKey::new("arch-4", "old1");
+    completed_op(&mut l, &k4, 0);
+    let cut_expected = l.operation(&k4).unwrap().unwrap().last_seq;
+    varied_history(&mut l);
+    let before = l.stats().unwrap();
+    let total: u64 = l
+        .conn()
+        .query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    let (file, report) = archived(&s, &mut l);
+    // The cut stops before the unresolved op-1 (and everything after its first event).
+    assert_eq!(report.cut, cut_expected);
+    assert_eq!(report.operations, 2);
+    assert!(
+        l.operation(&k3).unwrap().is_none(),
+        "moved out of the ledger"
+    );
+    assert!(
+        l.operation(&OpKey::new("op-1", "web1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    // `stats` still counts the whole history.
+    assert_eq!(l.stats().unwrap(), before);
+    let alone = l.verify_chain().unwrap();
+    assert!(alone.intact(), "{alone:?}");
+    assert_eq!(alone.events, total - report.events);
+    let both = l.verify_with_archive(&file).unwrap();
+    assert!(both.intact(), "{both:?}");
+    assert_eq!(both.events, total);
+    // Archiving again is refused, as is a file that exists.
+    let again = l
+        .archive_before(&now(), &s.0.join("second.db"))
+        .unwrap_err();
+    assert!(again.to_string().contains("archived before"), "{again}");
+}
+
+#[test]
+fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
+    let s = Scratch::new("archive-edit");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k3 = OpKey::new("arch-3", "old1");
+    completed_op(&mut l, &k3, 0);
+    varied_history(&mut l);
+    let (file, report) = archived(&s, &mut l);
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET payload = replace(payload, '\"exit_code\":0', '\"exit_code\":1') WHERE seq = ?1",
+            params![report.cut],
+        )
+        .unwrap();
+    let found = l.verify_with_archive(&file).unwrap();
+    let b = found.first_break.expect("the archive's edit is found");
+    assert_eq!(b.seq, report.cut, "{}", b.problem);
+    // Undo it; now edit the ledger right after the cut.
+    drop(archive);
+    std::fs::remove_file(&file).unwrap();
+    let s2 = Scratch::new("archive-edit2");
+    let mut l2 = Ledger::open(&s2.db()).unwrap();
+    completed_op(&mut l2, &k3, 0);
+    varied_history(&mut l2);
+    let (file2, report2) = archived(&s2, &mut l2);
+    l2.conn()
+        .execute(
+            "UPDATE events SET payload = payload || ' ' WHERE seq = ?1",
+            params![report2.cut + 1],
+        )
+        .unwrap();
+    let found = l2.verify_with_archive(&file2).unwrap();
+    assert_eq!(found.first_break.map(|b| b.seq), Some(report2.cut + 1));
+    // And a cut moved without the key is not trusted.
+    l2.conn()
+        .execute(
+            "UPDATE meta SET value = '1 ' || substr(value, instr(value, ' ') + 1) WHERE name = 'archive_cut'",
+            [],
+        )
+        .unwrap();
+    let found = l2.verify_chain().unwrap();
+    assert!(
+        found
+            .first_break
+            .as_ref()
+            .is_some_and(|b| b.problem.contains("cut the chain was edited")),
+        "{found:?}"
+    );
+}

@@ -257,6 +257,7 @@ impl Server {
             host: p.host,
             since: None,
             limit: None,
+            all: false,
         };
         Ok(self
             .call(meta, peer, move |ctx| {

@@ -164,6 +164,7 @@ fn settle_first(ctx: &Context, host: &str, args: &GcRequest) -> Result<Vec<Outco
         unresolved: true,
         host: Some(host.to_owned()),
         limit: None,
+        ..Default::default()
     })?;
     if records.is_empty() || args.dry_run {
         // A dry run changes nothing, in the ledger either.
@@ -192,15 +193,23 @@ fn latest_identity(ctx: &Context, host: &str) -> Result<(String, Recorded)> {
     let Some(ledger) = existing else {
         return Ok((String::new(), Recorded::default()));
     };
-    let ops = ledger.list(&ListFilter {
-        unresolved: false,
-        host: Some(host.to_owned()),
-        limit: None,
-    })?;
-    for r in ops {
-        let recorded = identity::recorded(&ledger.events(&OpKey::new(r.op_id.clone(), host))?);
-        if recorded.route.is_some() {
-            return Ok((r.op_id, recorded));
+    // Newest first, a page at a time: the answer is almost always on the first page, and
+    // a host's whole history is read only when none of it recorded a route.
+    let mut before_seq = None;
+    loop {
+        let ops = ledger.list(&ListFilter {
+            host: Some(host.to_owned()),
+            before_seq,
+            limit: Some(64),
+            ..Default::default()
+        })?;
+        let Some(last) = ops.last() else { break };
+        before_seq = Some(last.last_seq);
+        for r in ops {
+            let recorded = identity::recorded(&ledger.events(&OpKey::new(r.op_id.clone(), host))?);
+            if recorded.route.is_some() {
+                return Ok((r.op_id, recorded));
+            }
         }
     }
     Ok((String::new(), Recorded::default()))

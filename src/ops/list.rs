@@ -7,7 +7,6 @@ use serde::Serialize;
 use super::{redacted_error, Context};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ledger::{Ledger, ListFilter, OperationRecord};
-use crate::text::parse_at;
 
 /// Which operations.
 #[derive(Debug, Clone, Default)]
@@ -18,15 +17,25 @@ pub struct ListRequest {
     pub host: Option<String>,
     /// Only those active within this long.
     pub since: Option<Duration>,
-    /// At most this many (at least 1).
+    /// At most this many (at least 1); without it, [`DEFAULT_LIMIT`].
     pub limit: Option<usize>,
+    /// Every matching operation (no limit).
+    pub all: bool,
 }
+
+/// How many operations a list holds unless given a limit or `all`: the newest page, as
+/// `git log` pages, so the answer costs the page and not the history.
+pub const DEFAULT_LIMIT: usize = 50;
 
 /// The operations found.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListReport {
     /// Most recently active first.
     pub operations: Vec<OperationRecord>,
+    /// Matching operations the page left out: `Some(Some(n))` n of them (the counters
+    /// know), `Some(None)` at least one.
+    #[serde(skip)]
+    pub more: Option<Option<u64>>,
 }
 
 /// Reads the operations from the ledger (none when there is no ledger yet).
@@ -34,43 +43,120 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
     if req.limit == Some(0) {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            "--limit 0 would list nothing; give at least 1, or leave --limit out for all",
+            "--limit 0 would list nothing; give at least 1, or --all for every operation",
         ));
     }
     let cutoff = req
         .since
         .map(|since| {
-            time::Duration::try_from(since)
-                .ok()
-                .and_then(|d| time::OffsetDateTime::now_utc().checked_sub(d))
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidInput,
-                        "--since reaches back before any possible date; use a shorter duration such as 30d",
-                    )
-                })
+            crate::ledger::stamp_before(since).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "--since reaches back before any possible date; use a shorter duration such as 30d",
+                )
+            })
         })
         .transpose()?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
-    // Without --since the ledger can stop at the limit; with it the cut-off is applied
-    // here (on the projection's timestamps), then the limit.
-    let filter = ListFilter {
+    let limit = match (req.all, req.limit) {
+        (true, _) => None,
+        (false, Some(n)) => Some(n),
+        (false, None) => Some(DEFAULT_LIMIT),
+    };
+    let Some(ledger) = ledger else {
+        return Ok(ListReport {
+            operations: Vec::new(),
+            more: None,
+        });
+    };
+    let (operations, more) =
+        page(&ledger, req, cutoff.as_deref(), limit).map_err(|e| redacted_error(e.into()))?;
+    Ok(ListReport { operations, more })
+}
+
+/// The newest `limit` matching operations (one more is read to know whether the page
+/// left any out), and what it left out.
+#[allow(clippy::type_complexity)]
+fn page(
+    ledger: &Ledger,
+    req: &ListRequest,
+    cutoff: Option<&str>,
+    limit: Option<usize>,
+) -> std::result::Result<(Vec<OperationRecord>, Option<Option<u64>>), crate::ledger::LedgerError> {
+    let mut filter = ListFilter {
         unresolved: req.unresolved,
         host: req.host.clone(),
-        limit: if cutoff.is_none() { req.limit } else { None },
-    };
-    let mut ops = match &ledger {
-        Some(l) => l.list(&filter).map_err(|e| redacted_error(e.into()))?,
-        None => Vec::new(),
+        limit: limit.map(|l| l + 1),
+        ..Default::default()
     };
     if let Some(cutoff) = cutoff {
-        // A timestamp that does not parse is kept: hiding an operation is worse.
-        ops.retain(|o| parse_at(&o.updated_at).is_none_or(|at| at >= cutoff));
-        if let Some(limit) = req.limit {
-            ops.truncate(limit);
-        }
+        // The window by sequence number (an index range, O(window)), and the rows' own
+        // times within it.
+        filter.since_seq = Some(ledger.seq_since(cutoff)?);
+        filter.since_at = Some(cutoff.to_owned());
     }
-    Ok(ListReport { operations: ops })
+    let mut ops = ledger.list(&filter)?;
+    let Some(limit) = limit.filter(|l| ops.len() > *l) else {
+        return Ok((ops, None));
+    };
+    ops.truncate(limit);
+    let more = match ledger.count_hint(&filter)? {
+        Some(total) if total > limit as u64 => Some(total - limit as u64),
+        _ => None,
+    };
+    Ok((ops, Some(more)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Durability, Event, OpKey};
+
+    #[test]
+    fn list_pages_the_newest_and_says_how_many_more() {
+        let dir = std::env::temp_dir().join(format!(
+            "opmark-list-page-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let mut ledger = Ledger::open(&dir.join("ledger.db")).unwrap();
+        for n in 0..(DEFAULT_LIMIT + 7) {
+            let intent = Event::Intended {
+                session: "s".into(),
+                family: crate::family::Family::ReadOnly,
+                display: "true".into(),
+                fingerprint: format!("fp{n}"),
+                rule: "r".into(),
+            };
+            ledger
+                .append(
+                    &OpKey::new(format!("op-{n}"), "h"),
+                    &intent,
+                    Durability::Normal,
+                )
+                .unwrap();
+        }
+        let req = ListRequest::default();
+        let (ops, more) = page(&ledger, &req, None, Some(DEFAULT_LIMIT)).unwrap();
+        assert_eq!(ops.len(), DEFAULT_LIMIT);
+        assert_eq!(
+            ops[0].op_id,
+            format!("op-{}", DEFAULT_LIMIT + 6),
+            "newest first"
+        );
+        assert_eq!(more, Some(Some(7)));
+        let (ops, more) = page(&ledger, &req, None, None).unwrap();
+        assert_eq!(ops.len(), DEFAULT_LIMIT + 7);
+        assert_eq!(more, None);
+        let host = ListRequest {
+            host: Some("h".into()),
+            ..ListRequest::default()
+        };
+        let (ops, more) = page(&ledger, &host, None, Some(5)).unwrap();
+        assert_eq!(ops.len(), 5);
+        assert_eq!(more, Some(None));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

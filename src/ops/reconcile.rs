@@ -76,6 +76,7 @@ pub fn reconcile(
             unresolved: true,
             host: req.host.clone(),
             limit: None,
+            ..Default::default()
         })?;
     } else {
         for op in &ops {
@@ -133,9 +134,11 @@ pub fn reconcile(
     };
     let contradicted: Vec<Contradicted> = ledger
         .list(&ListFilter {
-            unresolved: false,
+            // Through the partial index of contradicted rows: O(contradicted), not history.
+            contradicted: true,
             host: req.host.clone(),
             limit: None,
+            ..Default::default()
         })?
         .into_iter()
         .filter(|r| r.contradictions > 0)

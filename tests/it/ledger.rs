@@ -25,7 +25,6 @@ const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
 const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
 const WRITER: &str = "OPMARK_TEST_LEDGER_WRITER";
 const OPS: &str = "OPMARK_TEST_LEDGER_OPS";
-const GO: &str = "OPMARK_TEST_LEDGER_GO";
 const KEY: &str = "OPMARK_TEST_LEDGER_KEY";
 
 /// A scratch directory removed on drop.
@@ -154,12 +153,6 @@ fn writer_process() {
     };
     let path = PathBuf::from(std::env::var(PATH).unwrap());
     let writer = std::env::var(WRITER).unwrap();
-    if let Ok(go) = std::env::var(GO) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !Path::new(&go).exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
     let key = std::env::var_os(KEY).map(PathBuf::from);
     let mut ledger = Ledger::open_with_key(&path, key.as_deref()).unwrap();
     match role.as_str() {
@@ -327,26 +320,27 @@ conformance!(
     a_settlement_conditional_on_what_was_read_loses_to_an_earlier_one,
     audit_verify_names_an_edited_and_a_deleted_event,
     list_show_and_stats_read_the_same_projection,
+    a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies,
     fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     const PROCS: usize = 16;
     const OPS_EACH: u64 = 50;
-    let go = f.scratch.path("go");
+    // Every writer's first append waits until all sixteen have reached theirs, so they
+    // are released together and really contend (no sleep hoping they line up).
+    let barrier = f.scratch.path("barrier");
     let children: Vec<_> = (0..PROCS)
         .map(|w| {
             f.writer_child("fixed", w)
                 .env(OPS, OPS_EACH.to_string())
-                .env(GO, &go)
+                .env("OPMARK_TEST_APPEND_BARRIER", &barrier)
+                .env("OPMARK_TEST_APPEND_BARRIER_N", PROCS.to_string())
                 .stdout(Stdio::null())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    // Release them together so they really contend (some also race to create the ledger).
-    std::thread::sleep(Duration::from_millis(200));
-    std::fs::write(&go, b"").unwrap();
     for mut c in children {
         assert!(c.wait().unwrap().success(), "a writer process failed");
     }
@@ -358,6 +352,23 @@ fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
     assert_eq!(report.events, PROCS as u64 * OPS_EACH * 5);
     let ops = ledger.list(&ListFilter::default()).unwrap();
     assert_eq!(ops.len(), PROCS * OPS_EACH as usize);
+    // They contended: each writer's events span a range of the chain, and had the writers
+    // run one after another those ranges would be disjoint.
+    let span = |w: usize| {
+        let seqs: Vec<u64> = (0..OPS_EACH)
+            .flat_map(|n| {
+                let key = OpKey::new(format!("w{w}-op{n}"), format!("host{}", n % 3));
+                ledger.events(&key).unwrap().into_iter().map(|e| e.seq)
+            })
+            .collect();
+        (*seqs.iter().min().unwrap(), *seqs.iter().max().unwrap())
+    };
+    let spans: Vec<(u64, u64)> = (0..PROCS).map(span).collect();
+    let interleaved = spans
+        .iter()
+        .enumerate()
+        .any(|(i, a)| spans.iter().skip(i + 1).any(|b| a.0 < b.1 && b.0 < a.1));
+    assert!(interleaved, "the writers never overlapped: {spans:?}");
     for w in 0..PROCS {
         for n in 0..OPS_EACH {
             let key = OpKey::new(format!("w{w}-op{n}"), format!("host{}", n % 3));
@@ -568,22 +579,17 @@ fn decisions(ledger: &Ledger, key: &OpKey) -> Vec<String> {
 fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
     let key = OpKey::new("restart-1", "web1");
     unresolved_operation(&mut f.open(), &key);
-    // Two operators, each on their own "machine" (HOME), decide at the same moment.
-    let go = f.scratch.path("go");
+    // Two operators, each on their own "machine" (HOME), decide at the same moment: each
+    // one's append waits until both have read the operation and reached theirs.
+    let barrier = f.scratch.path("barrier");
     let children: Vec<_> = ["alice", "bob"]
         .iter()
         .map(|who| {
             let home = f.scratch.path(who);
             std::fs::create_dir_all(&home).unwrap();
-            let script = format!(
-                "while [ ! -e {} ]; do sleep 0.005; done; exec \"$@\"",
-                go.display()
-            );
             let mut c = f.opmark(&home);
-            let program = c.get_program().to_owned();
-            let mut sh = Command::new("sh");
-            sh.args(["-c", &script, "sh"])
-                .arg(program)
+            c.env("OPMARK_TEST_APPEND_BARRIER", &barrier)
+                .env("OPMARK_TEST_APPEND_BARRIER_N", "2")
                 .args([
                     "resolve",
                     "restart-1",
@@ -596,16 +602,11 @@ fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
                     "--by",
                     who,
                 ])
-                .env_clear()
-                .envs(c.get_envs().filter_map(|(k, v)| Some((k, v?))))
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
-            c = sh;
             c.spawn().unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(100));
-    std::fs::write(&go, b"").unwrap();
     let outs: Vec<Output> = children
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
@@ -624,6 +625,12 @@ fn two_concurrent_resolves_of_one_op_record_one_decision(f: &Fixture) {
         "the loser is told who settled it and when: {err}"
     );
     assert!(err.contains("nothing was recorded"), "{err}");
+    // Lost under the chain-head lock, having read the operation unsettled: the
+    // conditional append's refusal names the winning event (the read-time one does not).
+    assert!(
+        err.contains(", event #"),
+        "the two decisions overlapped: {err}"
+    );
     let report = ledger.verify_chain().unwrap();
     assert!(report.intact(), "{report:?}");
 }
@@ -2144,4 +2151,224 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
     let err = text(&out.stderr);
     assert!(err.contains("copies a SQLite ledger"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// Issue 30: a routine `audit verify --incremental` reads only the events after the
+/// checkpoint the last verify recorded, and says so; without a checkpoint it walks all.
+#[test]
+fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
+    let s = Scratch::new("incremental");
+    let db = tamper_fixture(&s);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 15 events, projection equals their replay\n",
+        "no checkpoint yet: the whole chain"
+    );
+    let mut ledger = Ledger::open(&db).unwrap();
+    ledger
+        .append(
+            &OpKey::new("later-op", "h"),
+            &Event::Fenced {
+                detail: "later".into(),
+            },
+            Durability::Normal,
+        )
+        .unwrap();
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with(
+            "chain intact: 1 new events after the checkpoint at event #15 (verified earlier), and the 1 operations they touch"
+        ),
+        "{}",
+        text(&out.stdout)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(
+        &opmark(&s.0, &db, &["--json", "audit", "verify", "--incremental"]).stdout,
+    )
+    .unwrap();
+    assert_eq!(doc["walked"]["scope"], "since_checkpoint", "{doc}");
+    assert_eq!(doc["walked"]["checkpoint"], 16, "{doc}");
+    let out = opmark(&s.0, &db, &["audit", "verify", "--full"]);
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 16 events, projection equals their replay\n"
+    );
+}
+
+/// Issue 30: a ledger written before the counters (SQLite schema 2, PostgreSQL schema 1)
+/// is migrated on open: its history is counted once, `stats` says what it said before,
+/// and the chain, the rows and the counters verify.
+fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..6 {
+        write_operation(
+            &mut ledger,
+            &OpKey::new(format!("old-{n}"), format!("host{}", n % 2)),
+            n,
+        );
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("old-unresolved", "host1"));
+    let before = ledger.stats().unwrap();
+    assert_eq!(before.operations, 7);
+    assert_eq!(before.unresolved, 1);
+    drop(ledger);
+    let rollback = if f.pg.is_some() {
+        "DROP TABLE counters;
+         DROP INDEX operations_unresolved;
+         DROP INDEX operations_contradicted;
+         DROP INDEX operations_by_host;
+         CREATE INDEX events_by_kind ON events (kind);
+         CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         UPDATE opmark_schema SET version = 1;"
+    } else {
+        "DROP TABLE counters;
+         DROP INDEX operations_unresolved;
+         DROP INDEX operations_contradicted;
+         DROP INDEX operations_by_host;
+         CREATE INDEX events_by_kind ON events (kind);
+         CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         PRAGMA user_version = 2;"
+    };
+    f.sql(rollback);
+    let ledger = f.open();
+    assert_eq!(ledger.stats().unwrap(), before);
+    let report = ledger.verify_chain().unwrap();
+    assert!(report.intact(), "{report:?}");
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["--json", "stats"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["operations"], 7, "{doc}");
+    assert_eq!(doc["unresolved"], 1, "{doc}");
+}
+
+/// Issue 30: `ledger archive --before D FILE` moves settled operations out (never an
+/// unresolved one), `audit verify` checks the ledger from the cut and says so, and
+/// `audit verify --archive FILE` checks both as one chain; an edit in the archive is found.
+#[test]
+fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
+    let s = Scratch::new("archive-cli");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    drop(ledger);
+    let file = s.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "archive", "--before", "0s", file_arg],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout)
+            .starts_with("moved 20 events of 4 settled operations (through event #20)"),
+        "{}",
+        text(&out.stdout)
+    );
+    let ledger = Ledger::open(&db).unwrap();
+    assert!(ledger
+        .operation(&OpKey::new("done-0", "h1"))
+        .unwrap()
+        .is_none());
+    assert!(
+        ledger
+            .operation(&OpKey::new("open-1", "h1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    assert!(ledger
+        .operation(&OpKey::new("done-late", "h1"))
+        .unwrap()
+        .is_some());
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("after the archive cut at event #20"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("chain intact: "),
+        "{}",
+        text(&out.stdout)
+    );
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET at = '2020-01-01T00:00:00.000000Z' WHERE seq = 7",
+            [],
+        )
+        .unwrap();
+    drop(archive);
+    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("chain broken at event #7"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// Issue 30's new options refuse bad input naming the problem and the way on.
+#[test]
+fn stats_since_and_ledger_archive_refuse_bad_input_with_the_fix() {
+    let s = Scratch::new("scale-bad-input");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    drop(ledger);
+    let out = opmark(&s.0, &db, &["stats", "--since", "100000000d"]);
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        text(&out.stderr).contains("use a shorter duration"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Only an unresolved operation: nothing may be archived, and no file is written.
+    let file = s.path("archive.db");
+    let out = opmark(
+        &s.0,
+        &db,
+        &[
+            "ledger",
+            "archive",
+            "--before",
+            "0s",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(245), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr)
+            .contains("unresolved operations and those still active are never archived"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!file.exists());
+    let out = opmark(
+        &s.0,
+        &db,
+        &["audit", "verify", "--archive", file.to_str().unwrap()],
+    );
+    assert_eq!(out.status.code(), Some(245), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("was never archived: verify it without --archive"),
+        "{}",
+        text(&out.stderr)
+    );
 }
