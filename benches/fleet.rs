@@ -1,5 +1,5 @@
-//! One command on 20 loopback targets, in one go, by opmark and by its peers (SPEC
-//! section 11, issue 18): `opmark run` with 20 hosts, `xargs -P20 ssh`, parallel-ssh
+//! One command on 20 loopback targets, in one go, by opmark and by its peers (see
+//! docs/findings.md#speed, issue 18): `opmark run` with 20 hosts, `xargs -P20 ssh`, parallel-ssh
 //! (Debian's `pssh`) and `ansible -m raw`. Prints medians, ratios to parallel-ssh, the
 //! peak memory of the 20-host opmark run (`/usr/bin/time -v`) and the machine's load.
 //! A peer that is not installed is skipped with a message. A benchmark, never a test

@@ -7,7 +7,7 @@
 //! peak memory of a cold run, and the same cold comparison through a relay that delays
 //! every chunk 25 ms each way (a 50 ms round trip: loopback has no netem), which also
 //! counts the round trips each client waits for, and peak memory of a `--json` run whose
-//! command writes 100 MB (spooled, not held: SPEC 7). Prints medians and ratios; a benchmark,
+//! command writes 100 MB (spooled, not held: docs/ledger.md#redaction). Prints medians and ratios; a benchmark,
 //! never a test (`cargo bench --bench latency`; `OPMARK_BENCH_BIN` times another build).
 
 use std::io::{Read, Write};

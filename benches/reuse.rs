@@ -1,4 +1,4 @@
-//! Connection reuse across processes (SPEC 15, 16): repeated runs from new processes to
+//! Connection reuse across processes (docs/trust.md#the-keeper, docs/findings.md#speed): repeated runs from new processes to
 //! one host, OpenSSH with `ControlMaster auto` + `ControlPersist 60` against opmark with
 //! its keeper, measured A B A B (50 calls each, one warm-up each so both start with a
 //! live connection), printing medians and the ratio. Then the keeper's memory with 20

@@ -102,7 +102,7 @@ case $shim_hash in
 *[!0-9a-f]*) shim_hash= ;;
 esac
 [ "${#shim_hash}" -eq 64 ] || shim_hash=
-# r=ROOT_ID: the marker root id this operation's attempts reached (SPEC 17); setup_root
+# r=ROOT_ID: the marker root id this operation's attempts reached (docs/guarantees.md#evidence-identity); setup_root
 # refuses before acting when this root's id differs (or it has none).
 expect_root=
 case ${1:-} in
@@ -115,7 +115,7 @@ case $expect_root in
 *[!0-9a-f]*) expect_root=bad ;;
 esac
 # The login's umask and LC_ALL, as sshd and the login shell's startup files left them:
-# the command gets them back (SPEC 3: it runs as `ssh HOST CMD` would), the shim's own
+# the command gets them back (docs/host-protocol.md#the-commands-environment: it runs as `ssh HOST CMD` would), the shim's own
 # records keep the strict ones set below. They reach the supervisor in its environment
 # (OPMARK_LOGIN_UMASK; OPMARK_LOGIN_LC_ALL "-" when unset, "=VALUE" when set), which it
 # removes before the command starts. The umask is read from /proc by a builtin (no
@@ -319,7 +319,7 @@ older_than() {
 # identity_readable: this shell can read its own process identity (its /proc entry, with
 # a start time, is its own) and the boot id. Without them (no /proc, a /proc of another
 # pid namespace, hidepid hiding our own processes) nobody's liveness can be told, and
-# "gone" would let a rerun supersede a live command (SPEC 3). Checked once per shell.
+# "gone" would let a rerun supersede a live command (docs/host-protocol.md#liveness). Checked once per shell.
 identity_readable() {
 	if [ -z "${id_ok:-}" ]; then
 		id_ok=no ir_pid=
@@ -364,7 +364,7 @@ supervise() {
 	# tell anyone (a full disk with no shim.log yet).
 	true 2>>"${m%/ops/*}/shim.log" && exec 2>>"${m%/ops/*}/shim.log"
 	clock=${m%/ops/*}/clock
-	# Only our own attempt's claim (SPEC 3): a supervisor that comes up late, after its
+	# Only our own attempt's claim (docs/host-protocol.md#the-supervisor): a supervisor that comes up late, after its
 	# foreground set the claim aside (and a rerun may have claimed the op id again), finds
 	# another claim at $m, or none, and leaves it alone. From the marker's directory every
 	# step up to the start gate goes through "." (that directory, wherever a rename takes
@@ -497,7 +497,7 @@ eval "unset _om_c _om_l; set --; $_om_c
 "' "$sv_name" "$m/cmd" "$sv_small"
 	) <"$input" >&6 2>&7 6>&- 7>&-
 	code=$?
-	# Whether a cancel's signal was on its way before the command ended (SPEC 10).
+	# Whether a cancel's signal was on its way before the command ended (docs/host-protocol.md#cancel).
 	sv_signalled=
 	[ -f "$m/signalled" ] && sv_signalled=1
 	exec 6>&- 7>&-
@@ -522,7 +522,7 @@ eval "unset _om_c _om_l; set --; $_om_c
 	[ -f "$m/timed_out" ] && timed_out=1
 	# Stopped by a cancel only when its signal went out before the command ended and the
 	# command died of it (TERM, or KILL after the grace); one that ended by itself while
-	# the cancel was pending keeps its own status, marked cancel_pending=1 (SPEC 10).
+	# the cancel was pending keeps its own status, marked cancel_pending=1 (docs/host-protocol.md#cancel).
 	cancelled=0 cancel_pending=0
 	if [ -f "$m/cancelled" ]; then
 		if [ -n "$sv_signalled" ] && { [ "$code" = 143 ] || [ "$code" = 137 ]; }; then
@@ -537,7 +537,7 @@ timed_out=$timed_out
 ended_at=$now
 cancel_pending=$cancel_pending
 cancelled=$cancelled"
-	# Temp file, rename, sync (SPEC 3: the exit record is never seen torn, even by a
+	# Temp file, rename, sync (docs/host-protocol.md#the-claim: the exit record is never seen torn, even by a
 	# reader that does not check for its last line). A second try covers a helper (sync,
 	# mv) lost to a signal sweep under heavy load.
 	if ! durable_write "$m" exit "$record" && ! durable_write "$m" exit "$record"; then
@@ -691,7 +691,7 @@ kill_after() {
 # captures (CAPTURES: their pids, comma-separated, and so the helpers they run: their
 # children and grandchildren); never to a process that started before the supervisor, and
 # to nothing when SID now names a process with another start time (the session is gone
-# and its id reused: SPEC 3). Builtins only, so nothing it starts is hit. A capture killed
+# and its id reused: docs/host-protocol.md#liveness). Builtins only, so nothing it starts is hit. A capture killed
 # would lose what it read and not yet wrote, output the caller is owed; it ends by itself
 # once the command's last writer is gone.
 signal_session() {
@@ -808,7 +808,7 @@ setup_root() {
 	true
 }
 
-# root_id: the marker root's id (SPEC 17), 128 random bits in hex made once with the
+# root_id: the marker root's id (docs/host-protocol.md#root-id), 128 random bits in hex made once with the
 # root and kept in $root/root_id: written to a temp file, synced, then hard-linked into
 # place (link(2) fails if the name exists, so of two first calls exactly one id wins,
 # and the other reads it), then the directory synced. Reported as "M root_id=ID"; a call
@@ -882,7 +882,7 @@ state() {
 		st=interrupted why=exit_write_failed
 	elif ! identity_readable; then
 		# No process identity can be read here: whether the claim's process lives cannot
-		# be told, and liveness is evidence, never a guess (SPEC 3).
+		# be told, and liveness is evidence, never a guess (docs/host-protocol.md#liveness).
 		st=running why=liveness_unknown
 	elif has_proc; then
 		s_boot=$rv
@@ -1253,7 +1253,7 @@ boot=$boot"
 # it, while the parent returns. This works with util-linux's setsid and busybox's alike
 # (which has no -f), and, unlike a background `setsid CMD &`, leaves SIGINT and SIGQUIT
 # as the foreground had them, i.e. as under ssh: dash and busybox ash start `&`
-# children with both ignored, for good (FINDINGS).
+# children with both ignored, for good (docs/findings.md#detaching-the-command).
 detach() {
 	dt_sh=$1
 	shift
@@ -1481,7 +1481,7 @@ verb_cancel() {
 	durable_write "$m" cancelled "cancelled_at=$now
 grace_ms=$2" || refuse "root_unusable reason=cancel_write_failed"
 	# Just before the first signal: the supervisor reads it when the command ends, to
-	# tell a command the signal stopped from one that ended by itself (SPEC 10).
+	# tell a command the signal stopped from one that ended by itself (docs/host-protocol.md#cancel).
 	true >"$m/signalled"
 	signal_session TERM "$cn_sid" "$$" "$cn_start" "$cn_caps"
 	if ! cancel_wait "$(($2 / 100))"; then
@@ -1644,7 +1644,7 @@ verb_supersede() {
 # older than MAX_AGE_S down to tombstones (see tombstone), never a running or interrupted
 # one; removes tombstones whose record is older than TOMB_AGE_S only when that is given
 # (`-`: tombstones are kept); reclaims failed-start leftovers and cached shims of other
-# versions older than MAX_AGE_S. gc never turns evidence into absence (SPEC 3).
+# versions older than MAX_AGE_S. gc never turns evidence into absence (docs/host-protocol.md#tombstones).
 verb_gc() {
 	[ "$#" -eq 3 ] || refuse "bad_args reason=argument_count"
 	is_uint "$1" || refuse "bad_args reason=age"
@@ -1693,7 +1693,7 @@ verb_gc() {
 	frame "G done removed=$removed collected=$collected tombstones=$tombs reclaimed=$reclaimed kept=$kept dry_run=$2"
 }
 
-# tombstone M: reduces the finished marker M to what SPEC 3 keeps of it: the claim
+# tombstone M: reduces the finished marker M to what docs/host-protocol.md#tombstones keeps of it: the claim
 # (attempt, fingerprint, family, claim time) with the exit or fence record (status, end
 # time) and `collected`; the output, command, stdin and process records go. `collected`
 # is down first, so a reader that finds the output gone knows why.
@@ -1782,7 +1782,7 @@ verb_doctor() {
 	dr_cap=dd_per_read
 	command -v stdbuf >/dev/null 2>&1 && dr_cap=stdbuf
 	frame "K capture=$dr_cap"
-	# Liveness is read from /proc: without it the shim refuses every run (SPEC 3).
+	# Liveness is read from /proc: without it the shim refuses every run (docs/host-protocol.md#liveness).
 	dr_id=no
 	identity_readable && dr_id=yes
 	frame "K process_identity=$dr_id"

@@ -1,4 +1,4 @@
-//! The command line: clap derive types for every subcommand of SPEC section 6.
+//! The command line: clap derive types for every subcommand of docs/guarantees.md#the-command-line-contract.
 //!
 //! Only parsing lives here; each subcommand's behaviour is in `commands/<name>.rs`.
 
@@ -168,7 +168,7 @@ pub struct GlobalArgs {
     pub persist: Duration,
 }
 
-/// How `run` spreads one operation over several hosts (SPEC section 11), and `--detach`.
+/// How `run` spreads one operation over several hosts (docs/decisions.md#fleets), and `--detach`.
 #[derive(Debug, Args, Clone)]
 pub struct FleetArgs {
     /// Read more hosts from FILE: one a line, `#` comments and blank lines ignored.

@@ -87,7 +87,7 @@ impl Error {
         self
     }
 
-    /// The reason code an agent branches on (SPEC section 6).
+    /// The reason code an agent branches on (docs/guarantees.md#the-command-line-contract).
     pub fn code(&self) -> ErrorCode {
         self.code.unwrap_or(self.kind.reason_code())
     }

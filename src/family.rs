@@ -1,4 +1,4 @@
-//! Command families (SPEC section 5), ordered from least to most dangerous.
+//! Command families (docs/trust.md#the-policy), ordered from least to most dangerous.
 
 use std::fmt;
 use std::str::FromStr;

@@ -4,7 +4,7 @@
 //! callers log redacted display forms only.
 //!
 //! A closed or full stdout/stderr (a pipe to `head`, `2>/dev/full`) never aborts a run
-//! (SPEC section 6): every write here reports its failure instead of panicking, the run
+//! (docs/guarantees.md#the-command-line-contract): every write here reports its failure instead of panicking, the run
 //! goes on to record its verdict, and [`closed_pipe`] tells `main` to exit 141, as a
 //! process that SIGPIPE ended would. Rust ignores SIGPIPE, so without this a write fails
 //! with EPIPE and `println!` panics; restoring SIGPIPE's default instead would let a

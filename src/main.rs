@@ -69,7 +69,7 @@ fn main() -> ExitCode {
             // Last line of defence: a message may quote input that holds a secret.
             err.message =
                 opmark::ops::redactor_for_errors(policy_path.as_deref()).redact_owned(&err.message);
-            // SPEC 6: with --json an error is a document on stdout too.
+            // docs/guarantees.md#the-command-line-contract: with --json an error is a document on stdout too.
             if json {
                 let _ = Out.text(&format!("{}\n", error_document(&err)));
             }

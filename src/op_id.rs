@@ -8,7 +8,7 @@ use std::fmt;
 pub struct OpId(String);
 
 impl OpId {
-    /// Checks `text` against the SPEC's pattern.
+    /// Checks `text` against the pattern of docs/guarantees.md#operation-ids.
     pub fn parse(text: &str) -> Result<OpId, InvalidOpId> {
         let bytes = text.as_bytes();
         let ok = !bytes.is_empty()

@@ -1,4 +1,4 @@
-//! The SPEC's words as types: attempt boundaries, verdicts, retry reasons, reason codes
+//! The words of docs/guarantees.md#vocabulary as types: attempt boundaries, verdicts, retry reasons, reason codes
 //! (of verdicts and of errors) and the reserved exit codes. Depends on no other module:
 //! everything else speaks these words.
 //!
@@ -66,7 +66,7 @@ impl Resolution {
     }
 }
 
-/// How far one attempt got, as the client actually observed it (SPEC section 1).
+/// How far one attempt got, as the client actually observed it (docs/guarantees.md#attempt-boundaries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Boundary {
@@ -82,7 +82,7 @@ pub enum Boundary {
     Refused,
 }
 
-/// The answer of `opmark run` (SPEC section 2).
+/// The answer of `opmark run` (docs/guarantees.md#verdicts).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -123,7 +123,7 @@ pub enum RetryReason {
     OperatorApproved,
 }
 
-/// Why a verdict was reached, for machines (SPEC section 2): stable snake_case codes an
+/// Why a verdict was reached, for machines (docs/guarantees.md#verdicts): stable snake_case codes an
 /// agent branches on together with [`ReasonCode::retryable`], never on prose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -183,7 +183,7 @@ pub enum ReasonCode {
     /// operation ran against: another machine (or a changed key); nothing concluded.
     HostKeyMismatch,
     /// `conflict`: the host or store of evidence reached now is not the one the
-    /// operation's attempts reached (SPEC 17): another host key, another user, or another
+    /// operation's attempts reached (docs/guarantees.md#evidence-identity): another host key, another user, or another
     /// marker root id (wiped, rebuilt, another `$HOME`); nothing sent, nothing concluded.
     HostChanged,
     /// `in_progress` or `not_applied`: a signal (SIGINT, SIGTERM, SIGHUP) stopped this
@@ -231,8 +231,8 @@ impl ReasonCode {
     }
 }
 
-/// The reason code of an error document (`{"error": {"reason_code", ...}}`, SPEC section
-/// 6): a verdict's [`ReasonCode`] when the error is one (a host key rejected before a
+/// The reason code of an error document (`{"error": {"reason_code", ...}}`, see
+/// docs/guarantees.md#the-command-line-contract): a verdict's [`ReasonCode`] when the error is one (a host key rejected before a
 /// probe), else a code of its own. Kept apart from [`ReasonCode`], which is the closed
 /// set a `run` verdict carries (its JSON schema and `run --help` list exactly those).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -367,7 +367,7 @@ names!(RetryReason {
     OperatorApproved => "operator_approved",
 });
 
-/// How the reason of every `host_changed` verdict begins (SPEC 17). Such a verdict
+/// How the reason of every `host_changed` verdict begins (docs/guarantees.md#evidence-identity). Such a verdict
 /// leaves the operation as unresolved (or settled) as it was: nothing was sent, and the
 /// outcome where its attempts went is no better known than before.
 pub const HOST_CHANGED_PREFIX: &str = "host changed: ";

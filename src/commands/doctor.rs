@@ -272,7 +272,7 @@ pub fn host_checks(facts: &BTreeMap<String, String>) -> Vec<Check> {
     let volatile = VOLATILE_FS.contains(&fs) || volatile_path;
     out.push(if volatile && get("volatile_root_allowed") == "yes" {
         // The shim accepts such a root on a target that declares itself disposable
-        // (SPEC 3); failing the host for it would contradict what `run` does there.
+        // (docs/host-protocol.md#marker-layout); failing the host for it would contradict what `run` does there.
         pass(
             "persistent",
             format!("{root} is on {fs} and would not survive a reboot; allowed: the target declares itself disposable (OPMARK_ALLOW_VOLATILE_ROOT=1 in its sshd's environment)"),

@@ -1,6 +1,6 @@
 //! `opmark ledger keygen PATH`: a new installation key for a ledger named with
 //! `--ledger-key`; `opmark ledger migrate --to URL`: a SQLite ledger copied into
-//! PostgreSQL, chain re-verified there (SPEC section 14).
+//! PostgreSQL, chain re-verified there (docs/ledger.md#backends).
 
 use crate::cli::{GlobalArgs, LedgerAction, LedgerArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};

@@ -1,5 +1,5 @@
 //! `opmark list`: the ledger's operations, most recently active first. Unresolved
-//! operations are marked `!`, contradicted ones (SPEC section 3) `C`. Op ids are never
+//! operations are marked `!`, contradicted ones (docs/ledger.md#contradictions) `C`. Op ids are never
 //! shortened (people copy them into `show` and `run --op`); times are local unless
 //! `--utc`.
 

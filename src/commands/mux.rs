@@ -1,4 +1,4 @@
-//! `opmark mux`: the connection keeper (SPEC 15) for people: `status`, `stop`, and the
+//! `opmark mux`: the connection keeper (docs/trust.md#the-keeper) for people: `status`, `stop`, and the
 //! hidden `serve` that opmark starts by itself, through [`crate::host::keeper`].
 
 use crate::cli::{GlobalArgs, MuxAction, MuxArgs};

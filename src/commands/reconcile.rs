@@ -1,6 +1,6 @@
 //! `opmark reconcile [OP...] [--host H]`: probe the hosts of unresolved operations and
 //! record what the evidence settles (the decisions live in `operation::reconcile`).
-//! Contradicted operations (SPEC section 3) in scope are reported too, and keep the exit
+//! Contradicted operations (docs/ledger.md#contradictions) in scope are reported too, and keep the exit
 //! status at 1: evidence that disagrees is never settled away. The work is
 //! [`crate::ops::reconcile`]'s; this file draws its progress and its table.
 

@@ -8,7 +8,7 @@ use crate::ops::document::json_document;
 /// This process's stdout, the one way a command's answer leaves it. A stdout that cannot
 /// take a write (a reader gone: [`std::io::ErrorKind::BrokenPipe`]; a full disk) is
 /// [`ErrorKind::StdoutClosed`]: nobody can read the answer, so the process exits 141 as
-/// one that SIGPIPE ended would (SPEC section 6); never a panic. A broken pipe is also
+/// one that SIGPIPE ended would (docs/guarantees.md#the-command-line-contract); never a panic. A broken pipe is also
 /// remembered by [`crate::logging::closed_pipe`] for `main`.
 #[derive(Debug, Clone, Copy)]
 pub struct Out;
@@ -19,15 +19,15 @@ impl Out {
         crate::logging::print(text).map_err(stdout_failed)
     }
 
-    /// One JSON document: compact, one line, ending in a newline, with `schema` (SPEC
-    /// section 6), so a caller can read it with one `readline`.
+    /// One JSON document: compact, one line, ending in a newline, with `schema` (see
+    /// docs/guarantees.md#the-command-line-contract), so a caller can read it with one `readline`.
     pub fn json(self, value: &impl serde::Serialize) -> Result<()> {
         let doc = json_document(value)?;
         self.text(&format!("{doc}\n"))
     }
 
     /// `run`'s document as [`Out::json`] prints it, with `stdout` and `stderr` streamed
-    /// from their spools instead of held in memory (SPEC 7: memory bounded by the caps,
+    /// from their spools instead of held in memory (docs/ledger.md#redaction: memory bounded by the caps,
     /// not by the output): the bytes are those `json` would print.
     pub fn run_json(self, report: &crate::operation::RunReport) -> Result<()> {
         let mut light = report.clone();

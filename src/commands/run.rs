@@ -59,7 +59,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             interrupted: Some(_),
             ..
         } => {
-            // The document first (SPEC 10), then the words for a person at the terminal.
+            // The document first (docs/guarantees.md#interruptions-and-cancel), then the words for a person at the terminal.
             if global.json {
                 common::print_run_json(&report)?;
             }
@@ -106,7 +106,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             ref contradictions,
             ..
         } => {
-            // SPEC 10 as for one host: the document first, then the words for a person.
+            // docs/guarantees.md#interruptions-and-cancel as for one host: the document first, then the words for a person.
             if global.json {
                 common::print_text(&format!("{}\n", answer.document()?))?;
             }
@@ -217,7 +217,7 @@ fn summary_line(result: &HostResult) {
     }
 }
 
-/// SPEC 3: output cut at the host's cap says so, whatever the mode.
+/// docs/host-protocol.md#marker-layout: output cut at the host's cap says so, whatever the mode.
 fn warn_if_truncated(report: &operation::RunReport) {
     if !report.truncated {
         return;

@@ -121,7 +121,7 @@ fn without_digests(text: &str) -> String {
 /// host then keeps: one more exchange, on the first call to a host (or every call where
 /// neither `sha256sum` nor `shasum` exists to check a copy).
 ///
-/// `root`: the marker root id the operation's attempts reached (SPEC 17), when known: the
+/// `root`: the marker root id the operation's attempts reached (docs/guarantees.md#evidence-identity), when known: the
 /// shim refuses (`root_changed`) before acting when its root's is another.
 pub async fn call_shim(
     session: &Session,

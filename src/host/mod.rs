@@ -38,7 +38,7 @@ pub use crate::ssh::{
 };
 pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
 
-/// The connection keeper (SPEC 15) as commands see it: where it lives, whether reuse is
+/// The connection keeper (docs/trust.md#the-keeper) as commands see it: where it lives, whether reuse is
 /// on, its control requests and answers, and the hidden `serve` loop. The framing and the
 /// connections stay in `ssh::keeper`.
 pub mod keeper {
@@ -335,7 +335,7 @@ impl RunReply {
 #[derive(Debug, Clone)]
 pub struct Host {
     session: Session,
-    /// The marker root id the operation's attempts reached (SPEC 17): every call names it.
+    /// The marker root id the operation's attempts reached (docs/guarantees.md#evidence-identity): every call names it.
     root: Option<String>,
 }
 
@@ -349,7 +349,7 @@ pub enum ReachError {
     #[error("{0}")]
     KeyMismatch(String),
     /// The same key, but reached as another user (another marker root): not the store of
-    /// evidence the operation's attempts reached (SPEC 17).
+    /// evidence the operation's attempts reached (docs/guarantees.md#evidence-identity).
     #[error("{0}")]
     HostChanged(String),
 }
@@ -407,7 +407,7 @@ impl Host {
         Ok(host)
     }
 
-    /// The same connection, its calls naming the marker root id `root` (SPEC 17): a
+    /// The same connection, its calls naming the marker root id `root` (docs/guarantees.md#evidence-identity): a
     /// shim whose root has another id refuses (`root_changed`) before acting.
     pub fn expecting_root(&self, root: Option<&str>) -> Host {
         Host {

@@ -588,7 +588,7 @@ fn config_text(alias: &str) -> String {
     c.push_str("StrictModes no\nUsePAM no\n");
     c.push_str("PubkeyAuthentication yes\nPasswordAuthentication no\n");
     c.push_str("KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n");
-    // Tests open many connections at once; the default 10:30:100 drops them (FINDINGS).
+    // Tests open many connections at once; the default 10:30:100 drops them (docs/findings.md#sshd-maxstartups).
     c.push_str("MaxStartups 200:30:400\nMaxSessions 200\n");
     c.push_str("ClientAliveInterval 1\nClientAliveCountMax 3\n");
     c.push_str("LogLevel VERBOSE\nUseDNS no\nPrintMotd no\nPrintLastLog no\n");

@@ -12,14 +12,14 @@
 //!                     state/ (XDG_STATE_HOME of its commands), home/ (their HOME)
 //! ```
 //!
-//! Target names are unique per lab (SPEC 17): each lab draws a random id when it starts,
+//! Target names are unique per lab (docs/host-protocol.md#lab-targets): each lab draws a random id when it starts,
 //! and its targets' aliases are `<id>-target1`...: the ledger keys an operation by the
 //! host name the caller typed, so two labs (other host keys, other marker roots) must
 //! never share one. Inside one lab's ssh_config, `targetN` also matches its target, and
 //! every lab call ([`Lab::target`], cut, crash...) takes either form: a shorthand for one
 //! lab, which two labs sharing a ledger must not use (their `target1`s are one name).
 //!
-//! Lab targets are disposable (SPEC 3): they die with the machine and are never
+//! Lab targets are disposable (docs/host-protocol.md#lab-targets): they die with the machine and are never
 //! restarted after a reboot, so their sshd tells the host shim so
 //! (`OPMARK_ALLOW_VOLATILE_ROOT=1`), and a lab works from any directory, `/tmp` included.
 //!

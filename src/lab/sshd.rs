@@ -149,7 +149,7 @@ pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> Strin
     c.push_str("UsePAM no\n");
     c.push_str("PubkeyAuthentication yes\nPasswordAuthentication no\n");
     c.push_str("KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n");
-    // Tests open many connections at once; the default 10:30:100 drops them (FINDINGS).
+    // Tests open many connections at once; the default 10:30:100 drops them (docs/findings.md#sshd-maxstartups).
     c.push_str("MaxStartups 200:30:400\nMaxSessions 200\n");
     // A silently dropped client is noticed in about 4 s, like a tuned production host.
     c.push_str("ClientAliveInterval 1\nClientAliveCountMax 3\n");
@@ -163,7 +163,7 @@ pub(crate) fn config_text(target: &Target, version: Option<(u32, u32)>) -> Strin
     // root is <state>/opmark) and their own empty HOME (so the invoking user's shell
     // startup files neither slow down nor change remote commands). A disposable target
     // says so here, in the server's own config: the shim then accepts a marker root
-    // under /tmp (a lab made there), which it refuses on a real host (SPEC 3).
+    // under /tmp (a lab made there), which it refuses on a real host (docs/host-protocol.md#marker-layout).
     let _ = writeln!(
         c,
         "SetEnv XDG_STATE_HOME={} HOME={}{}",

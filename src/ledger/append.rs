@@ -1,4 +1,4 @@
-//! THE append algorithm, written once for every backend (SPEC sections 7 and 14).
+//! THE append algorithm, written once for every backend (docs/ledger.md#backends).
 //!
 //! A backend opens a transaction that holds the chain head exclusively (SQLite:
 //! `BEGIN IMMEDIATE`; PostgreSQL: `SELECT … FOR UPDATE` on the head row) and hands it

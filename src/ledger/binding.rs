@@ -1,5 +1,5 @@
 //! The ledger's installation key: where it lives, how a ledger is bound to it and how the
-//! binding is checked on every open (SPEC sections 7 and 14).
+//! binding is checked on every open (docs/ledger.md#backends).
 //!
 //! The key belongs to the ledger, not to a user's config directory: a ledger reached from
 //! another `XDG_CONFIG_HOME` (sudo, a container that keeps only the state directory) must

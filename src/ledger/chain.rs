@@ -6,7 +6,7 @@
 //! The `chain_head` row (updated in the same transaction as every append) lets a deleted
 //! *last* event be noticed too.
 //!
-//! Keyed chain (SPEC section 7): from the ledger's recorded switch point on (seq 1 for a
+//! Keyed chain (docs/ledger.md#the-chain): from the ledger's recorded switch point on (seq 1 for a
 //! ledger made by this version), an event's hash is an HMAC under the installation key
 //! and the head carries an HMAC of (seq, hash), so someone without the key can neither
 //! recompute the chain after an edit nor move the head back over a deleted tail. Events

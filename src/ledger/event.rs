@@ -1,4 +1,4 @@
-//! The ledger's events: what happened to an operation, in the SPEC's vocabulary.
+//! The ledger's events: what happened to an operation, in the vocabulary of docs/guarantees.md#vocabulary.
 //!
 //! Events are the source of truth; they are stored as serde-tagged JSON (`"kind"`), and
 //! the stored JSON text is what the hash chain covers.
@@ -128,7 +128,7 @@ pub enum Event {
         note: String,
     },
     /// An attempt's connection was made, before its request left: how the host was
-    /// reached and which host key it presented (SPEC section 9). Later probes, reconciles
+    /// reached and which host key it presented (docs/guarantees.md#host-identity). Later probes, reconciles
     /// and fences go the same way and refuse a host presenting another key.
     Connected {
         /// The attempt.
@@ -138,7 +138,7 @@ pub enum Event {
         /// The host key fingerprint accepted, as OpenSSH prints it (`SHA256:...`).
         host_key: String,
     },
-    /// The host's shim reported the id of the marker root an attempt reached (SPEC 17):
+    /// The host's shim reported the id of the marker root an attempt reached (docs/guarantees.md#evidence-identity):
     /// the store of evidence its claim lives in. Later calls for the operation name it,
     /// and the shim refuses when its root has another id.
     MarkerRoot {
@@ -148,7 +148,7 @@ pub enum Event {
         root_id: String,
     },
     /// Two pieces of evidence disagree: a later observation says something other than the
-    /// settled truth the ledger holds (SPEC section 3). Recorded by the ledger itself right
+    /// settled truth the ledger holds (docs/ledger.md#contradictions). Recorded by the ledger itself right
     /// after the disagreeing event; the projection keeps the first settled truth.
     Contradiction {
         /// Kind of the event that brought the disagreeing evidence (`probed`, ...).

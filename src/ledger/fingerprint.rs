@@ -1,5 +1,5 @@
 //! Fingerprints of an operation's intent: the plain SHA-256 for the host marker and an
-//! HMAC-SHA256 under a per-installation key for the local ledger (SPEC section 1).
+//! HMAC-SHA256 under a per-installation key for the local ledger (docs/guarantees.md#vocabulary).
 //!
 //! The intent is the command string and the stdin digest, not the family (which is
 //! policy, not intent). The ledger keeps the keyed form so that a copy of the ledger cannot

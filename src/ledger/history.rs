@@ -35,15 +35,15 @@ pub struct Attempt {
     pub dispatched_at: String,
     /// The last event about it.
     pub last_seen_at: String,
-    /// How it reached the host, when it connected (SPEC section 9).
+    /// How it reached the host, when it connected (docs/guarantees.md#host-identity).
     pub route: Option<Route>,
     /// The host key fingerprint it saw (`SHA256:...`), when it connected.
     pub host_key: Option<String>,
-    /// The marker root id its shim reported (SPEC 17), when it did.
+    /// The marker root id its shim reported (docs/guarantees.md#evidence-identity), when it did.
     pub root_id: Option<String>,
 }
 
-/// An operator's decision that settles an operation for good (SPEC section 2).
+/// An operator's decision that settles an operation for good (docs/decisions.md#operator-decision).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalDecision {
     /// `applied`, `not_applied` or `abandoned`.

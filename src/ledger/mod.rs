@@ -1,5 +1,5 @@
 //! The ledger: an append-only, hash-chained record of what was intended, what left this
-//! machine and what evidence settled it (SPEC sections 7 and 14), in SQLite (the default)
+//! machine and what evidence settled it (docs/ledger.md#backends), in SQLite (the default)
 //! or PostgreSQL (a ledger shared by many machines).
 //!
 //! - [`event`]: the events (source of truth). [`chain`]: their hash chain and its check.
@@ -309,7 +309,7 @@ pub struct Stats {
     pub approvals_asked: u64,
     /// Operator decisions recorded.
     pub operator_decisions: u64,
-    /// Contradictions between evidence recorded (SPEC section 3).
+    /// Contradictions between evidence recorded (docs/ledger.md#contradictions).
     pub contradictions: u64,
     /// Operations with at least one contradiction.
     pub contradicted_operations: u64,
@@ -773,7 +773,7 @@ impl Ledger {
 
     /// Walks the whole chain in one consistent snapshot and names the first broken event;
     /// when the chain is whole, replays every operation's events and names the first
-    /// projected row that differs from its replay (SPEC section 7). The same checks on
+    /// projected row that differs from its replay (docs/ledger.md#the-chain). The same checks on
     /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
         let Snapshot {

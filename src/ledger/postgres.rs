@@ -1,4 +1,4 @@
-//! The PostgreSQL backend: one ledger shared by many machines (SPEC section 14).
+//! The PostgreSQL backend: one ledger shared by many machines (docs/ledger.md#backends).
 //!
 //! - Location: `postgres://…` or `postgresql://…` (`--ledger`, `OPMARK_LEDGER`), in
 //!   libpq's URL form; a unix socket is `postgresql://USER@%2Fpath%2Fto%2Fdir/DB` or

@@ -68,7 +68,7 @@ pub struct OperationRecord {
 pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
     match event {
         Event::Intended { .. } | Event::AttemptDispatched { .. } | Event::Superseded { .. } => true,
-        // Another machine, user or marker root (SPEC 17): nothing was sent, nothing is
+        // Another machine, user or marker root (docs/guarantees.md#evidence-identity): nothing was sent, nothing is
         // known better than before.
         Event::Verdict {
             verdict: Verdict::Conflict,
@@ -386,7 +386,7 @@ pub(crate) fn fold(
                 rec.exit_code = *exit_code;
             }
         }
-        // Nothing was sent or concluded (SPEC 17): the operation stays what it was, its
+        // Nothing was sent or concluded (docs/guarantees.md#evidence-identity): the operation stays what it was, its
         // exit (the ledger's memory that it ran) included.
         Event::Verdict {
             verdict: Verdict::Conflict,

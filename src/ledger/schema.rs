@@ -56,7 +56,7 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX operations_by_recency ON operations (last_seq);
     CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
     "#,
-    // 2: the ledger binds its installation key and keys its chain (SPEC section 7);
+    // 2: the ledger binds its installation key and keys its chain (docs/ledger.md#the-installation-key);
     // contradictions between evidence are counted in the projection.
     r#"
     -- name/value facts about the ledger itself: `key_check` (HMAC of a fixed text under

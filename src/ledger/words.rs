@@ -128,7 +128,7 @@ impl Decision {
     }
 
     /// Is this an operator's final word, which a later `run` answers without contacting
-    /// the host (SPEC section 2)?
+    /// the host (docs/guarantees.md#verdicts)?
     pub fn is_final_by_operator(&self) -> bool {
         matches!(
             self,

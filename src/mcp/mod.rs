@@ -1,4 +1,4 @@
-//! `opmark mcp`: the Model Context Protocol on stdio (SPEC section 12), on the official
+//! `opmark mcp`: the Model Context Protocol on stdio (docs/guarantees.md#agents-over-mcp), on the official
 //! Rust SDK (`rmcp`).
 //!
 //! A thin layer: every tool calls the same operation the CLI runs ([`crate::ops`]), on a

@@ -1,4 +1,4 @@
-//! The run's decision table (SPEC sections 2, 4, 8 and 10): a pure function of what the
+//! The run's decision table (docs/decisions.md): a pure function of what the
 //! run knows ([`Facts`]) and what it just observed, answering with what to record
 //! ([`Effect`]) and what to do next ([`Action`], [`ProbeAction`]). No I/O happens here:
 //! the driver (`driver.rs`) connects, calls the shim, writes the ledger and sleeps,
@@ -6,7 +6,7 @@
 //! for its row (`probe_finds_absent_...`, `interrupted_and_convergent_...`,
 //! `claim_finds_fenced_...`, `connect_fails_after_an_earlier_dispatch_...`, ...).
 //!
-//! SPEC section 4, after dispatch nothing is retried without a probe
+//! docs/decisions.md#after-a-lost-connection, after dispatch nothing is retried without a probe
 //! ([`after_probe`], [`after_follow`]):
 //!
 //! | probe says | action | code |
@@ -41,7 +41,7 @@
 //! | refused `root_unusable` (full disk) / `cannot_start` (no `setsid -f`) / other | `not_applied` with the cause, `indeterminate` when this call had superseded a claim |
 //! | refused as invalid (`invalid_op_id`, `bad_args`) | `refused` (`invalid_input`) |
 //!
-//! Verdict rules (SPEC sections 2, 8 and 10):
+//! Verdict rules (docs/decisions.md#no-not-applied-without-proof and docs/guarantees.md#verdicts):
 //! - no `not_applied` without proof: a refusal or a connect failure says *this* attempt
 //!   ran nothing; when an earlier attempt (of this run, or an earlier invocation's) was
 //!   dispatched and is unknown, the answer is `indeterminate` ([`earlier_may_have_run`]).
@@ -272,10 +272,10 @@ pub enum Dispatched {
         final_failure: bool,
     },
     /// The connection reached another machine (or user) than the operation ran on; nothing
-    /// was sent (SPEC 17).
+    /// was sent (docs/guarantees.md#evidence-identity).
     KeyMismatch(String),
     /// The shim refused before acting: its marker root's id is not the one the
-    /// operation's attempts reached (SPEC 17). The message says what changed.
+    /// operation's attempts reached (docs/guarantees.md#evidence-identity). The message says what changed.
     RootChanged(String),
     /// The channel closed in order before the shim said anything (described).
     NeverStarted(String),
@@ -306,7 +306,7 @@ pub enum ProbeSeen {
         message: String,
     },
     /// Connected to another machine or user, or the shim's marker root is not the one
-    /// the operation's attempts reached (SPEC 17); the message says what changed.
+    /// the operation's attempts reached (docs/guarantees.md#evidence-identity); the message says what changed.
     KeyMismatch(String),
     /// Connected, but the probe got no answer.
     NoAnswer(String),
@@ -425,7 +425,7 @@ pub fn after_dispatch(facts: &Facts<'_>, seen: Dispatched) -> Step<Action> {
         }
         Dispatched::Lost { started, reason } => Step::after(
             vec![
-                // The loss itself is evidence worth keeping (SPEC 7: "response lost").
+                // The loss itself is evidence worth keeping (docs/ledger.md#events: "response lost").
                 Effect::Boundary {
                     boundary: if started {
                         Boundary::Started
@@ -882,7 +882,7 @@ pub fn after_follow(
 /// The rules every retry and every verdict leaving a probe pass through: a ledger that
 /// already holds the exit is never claimed against (a marker gone replays from the
 /// ledger; another machine, user or marker root under the name is `host_changed`, never
-/// a replay: an outcome there is not an outcome here, SPEC 17), and no retry is made past
+/// a replay: an outcome there is not an outcome here, docs/guarantees.md#evidence-identity), and no retry is made past
 /// the budget.
 pub fn conclude(facts: &Facts<'_>, action: Action) -> Action {
     let attempt = facts.current();
@@ -972,7 +972,7 @@ fn unreachable(facts: &Facts<'_>, problem: &str) -> Answer {
 }
 
 /// The host presents another key than the operation ran against, is reached as another
-/// user, or its marker root has another id (SPEC 17): nothing is sent or concluded there,
+/// user, or its marker root has another id (docs/guarantees.md#evidence-identity): nothing is sent or concluded there,
 /// and the op id stays bound to the machine and store its attempts reached: `conflict`,
 /// `host_changed`, not retryable.
 fn key_mismatch(attempt: &str, why: String) -> Answer {
@@ -1069,7 +1069,7 @@ pub fn earlier(existing: Option<&OperationRecord>, approved: bool) -> Earlier {
         // The ledger already holds this operation's exit: never claim again, even if the
         // host marker has since been removed (gc, a wiped host); look, then replay. A
         // probe that saw the marker completed (an exit code the projection took from it,
-        // for an operation not closed as not applied) counts too (SPEC 3).
+        // for an operation not closed as not applied) counts too (docs/decisions.md#what-earlier-runs-left).
         ledger_exit: existing
             .filter(|r| r.verdict != Some(Verdict::NotApplied))
             .and_then(|r| r.exit_code),
@@ -1114,7 +1114,7 @@ pub fn operator_decided(d: &FinalDecision) -> Answer {
     }
 }
 
-/// What a signal to the client makes of the run (SPEC section 10).
+/// What a signal to the client makes of the run (docs/decisions.md#client-signal).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interruption {
     /// What the `client_interrupted` event says was seen.
@@ -1345,7 +1345,7 @@ mod tests {
         (a.verdict, a.code)
     }
 
-    // --- SPEC section 4: what the probe says ---
+    // --- docs/decisions.md#after-a-lost-connection: what the probe says ---
 
     #[test]
     fn probe_finds_completed_by_an_earlier_invocation_then_attach_replays_it() {
@@ -1742,7 +1742,7 @@ mod tests {
 
     #[test]
     fn ledger_holds_the_exit_and_another_machine_answers_then_host_changed_never_a_replay() {
-        // SPEC 17: a reused name is another machine; an outcome there is not one here.
+        // docs/guarantees.md#evidence-identity: a reused name is another machine; an outcome there is not one here.
         let ours = [attempt("at-2", Boundary::Refused)];
         let mut f = facts(Family::AppendOnly, &ours);
         f.ledger_exit = Some(0);
@@ -2388,7 +2388,7 @@ mod tests {
         );
     }
 
-    // --- verdicts before anything is sent (SPEC section 2) ---
+    // --- verdicts before anything is sent (docs/guarantees.md#verdicts) ---
 
     #[test]
     fn policy_denies_then_refused_and_approval_needed_without_approve_then_blocked() {
@@ -2463,7 +2463,7 @@ mod tests {
     #[test]
     fn a_probe_that_saw_completion_counts_as_the_ledger_holding_the_exit() {
         // `run --detach` answered in_progress; a later probe saw the marker completed and
-        // the projection took its exit code: a rerun never claims again (SPEC 3).
+        // the projection took its exit code: a rerun never claims again (docs/decisions.md#ledger-holds-the-exit).
         let probed = record("fp", Some(Verdict::InProgress), Some(0));
         assert_eq!(earlier(Some(&probed), false).ledger_exit, Some(0));
         let unknown = record("fp", Some(Verdict::Indeterminate), Some(3));
@@ -2548,7 +2548,7 @@ mod tests {
         assert!(!a.code.retryable());
     }
 
-    // --- interruptions of the client (SPEC section 10) ---
+    // --- interruptions of the client (docs/decisions.md#client-signal) ---
 
     #[test]
     fn signal_after_the_claim_ack_then_in_progress_and_the_verdict_is_recorded() {

@@ -60,7 +60,7 @@ pub(crate) struct Runner<'a> {
     /// operator vouched for it).
     pub(crate) exit_from_ledger: bool,
     /// The host keys, routes and marker roots this operation's attempts reached: every
-    /// connection and call is held to them (SPEC 17).
+    /// connection and call is held to them (docs/guarantees.md#evidence-identity).
     pub(crate) identity: Recorded,
     /// Signals that stop this run.
     pub(crate) interrupts: Interrupts,
@@ -100,7 +100,7 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// Runs the decided actions until one is the verdict (SPEC section 4).
+    /// Runs the decided actions until one is the verdict (docs/decisions.md#after-a-lost-connection).
     pub(crate) async fn drive(&mut self, dest: &Destination) -> Result<RunReport, RunError> {
         let mut backoff = Duration::from_millis(200);
         let step = decide::start(&self.facts());
@@ -420,7 +420,7 @@ impl<'a> Runner<'a> {
         }
     }
 
-    /// The message for a `run` call the shim refused as `root_changed` (SPEC 17).
+    /// The message for a `run` call the shim refused as `root_changed` (docs/guarantees.md#evidence-identity).
     fn root_refusal(&self, frames: &[Frame]) -> Option<String> {
         frames.iter().find_map(|f| match f {
             Frame::Refused(r) if r.reason == RefusalReason::RootChanged => Some(
@@ -589,7 +589,7 @@ impl<'a> Runner<'a> {
     }
 
     /// A connection for `attempt` is up: holds the host key to the one this operation
-    /// ran against (SPEC section 9), then records the route and key before anything is
+    /// ran against (docs/guarantees.md#host-identity), then records the route and key before anything is
     /// sent. `Some` says why it is another machine.
     fn connected(&mut self, attempt: &str, session: &Session) -> Result<Option<String>, RunError> {
         let seen = session.host_key();
@@ -860,7 +860,7 @@ impl CallObserver for RunObserver<'_, '_> {
         }
         if let Frame::Root { id } = frame {
             // Recorded before the claim's acknowledgement can be: a later call for this
-            // operation names the root its attempt reached (SPEC 17).
+            // operation names the root its attempt reached (docs/guarantees.md#evidence-identity).
             let event = Event::MarkerRoot {
                 attempt_id: self.attempt.to_owned(),
                 root_id: id.clone(),

@@ -1,4 +1,4 @@
-//! One operation on many hosts (SPEC section 11): each host runs its own operation (same
+//! One operation on many hosts (docs/decisions.md#fleets): each host runs its own operation (same
 //! op id, its own marker and ledger key) through [`super::run_interruptible`], up to
 //! `--forks` at once in this process's runtime, with a failure budget (`--max-failures`)
 //! and rolling batches (`--serial`). Hosts never dispatched get a `not_applied` verdict
@@ -325,7 +325,7 @@ impl Summary {
     }
 }
 
-/// SPEC section 11: 0 when every host completed or replayed with exit 0; else the
+/// docs/decisions.md#fleets: 0 when every host completed or replayed with exit 0; else the
 /// reserved code of the most severe verdict; 1 when every verdict is completed or
 /// replayed but some exit status was not 0. opmark's own failure on a host (ledger,
 /// config) outranks every verdict: its exit code names what to fix here first.
@@ -345,7 +345,7 @@ pub fn exit_status(results: &[HostResult]) -> u8 {
     }
 }
 
-/// The order of SPEC section 11: indeterminate > conflict > blocked > not_applied >
+/// The order of docs/decisions.md#fleets: indeterminate > conflict > blocked > not_applied >
 /// in_progress > refused; completed and replayed rank below every other verdict.
 fn severity(v: Verdict) -> u8 {
     match v {

@@ -1,4 +1,4 @@
-//! Evidence identity (SPEC sections 9 and 17): which machine, and which store of
+//! Evidence identity (docs/guarantees.md#evidence-identity): which machine, and which store of
 //! evidence on it, an operation's attempts reached, as its ledger events record it, and
 //! the one check every later look at that host goes through. An alias is only a name: a
 //! config edit, a DNS change or another `-F` can point it at another machine (or another

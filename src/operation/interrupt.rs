@@ -1,4 +1,4 @@
-//! Signals to the client (SPEC section 10): the first SIGINT, SIGTERM or SIGHUP is
+//! Signals to the client (docs/guarantees.md#interruptions-and-cancel): the first SIGINT, SIGTERM or SIGHUP is
 //! turned into a value the run answers with (record the boundary, tell the caller the
 //! command keeps running and the two ways on); a second one exits at once.
 //!

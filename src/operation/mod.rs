@@ -1,4 +1,4 @@
-//! One operation's lifecycle (SPEC sections 2, 4 and 10): classify, record the intent,
+//! One operation's lifecycle (docs/decisions.md): classify, record the intent,
 //! dispatch attempts through the shim, and, after a lost connection, probe the marker
 //! before anything else. Read top-down:
 //!
@@ -6,7 +6,7 @@
 //!   before the first dispatch (policy gate, ledger conflict, operator decisions);
 //! - [`decide`]: THE decision table. Every retry and every verdict is decided there, by
 //!   pure functions of what the run knows and what it just observed; its header maps
-//!   SPEC section 4's rows and the verdict rules to code, and each is a unit test;
+//!   the rows of docs/decisions.md#after-a-lost-connection and the verdict rules to code, and each is a unit test;
 //! - `driver`: the I/O around the table (connect, call the shim through [`crate::host`],
 //!   probe, follow, record in the ledger, pause), which asks [`decide`] at every step;
 //! - [`reply`]: the shim's answer to a `run` call, read once into types (refusal reasons
@@ -16,7 +16,7 @@
 //! - [`interrupt`]: SIGINT/SIGTERM/SIGHUP to the client, answered by [`run_interruptible`];
 //! - [`output`]: the caller's view of the output (offsets for re-attach, digests);
 //! - [`identity`]: which machine an operation ran on, and the host key check;
-//! - [`fleet`]: one operation on many hosts (SPEC section 11): forks, failure budget,
+//! - [`fleet`]: one operation on many hosts (docs/decisions.md#fleets): forks, failure budget,
 //!   rolling batches, the combined answer;
 //! - [`reconcile`]: what later evidence settles, for `opmark reconcile`.
 
@@ -143,7 +143,7 @@ pub struct AttemptSummary {
     pub boundary: Boundary,
 }
 
-/// The answer of `opmark run` (the `--json` document, SPEC section 6).
+/// The answer of `opmark run` (the `--json` document, docs/guarantees.md#the-command-line-contract).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
     /// Operation id.
@@ -169,7 +169,7 @@ pub struct RunReport {
     pub fingerprint: String,
     /// Why this verdict, in words an agent can log.
     pub reason: String,
-    /// Why this verdict, for machines (stable snake_case, SPEC section 2).
+    /// Why this verdict, for machines (stable snake_case, docs/guarantees.md#verdicts).
     pub reason_code: ReasonCode,
     /// True only when a rerun with the same op id may change the outcome without a human.
     pub retryable: bool,
@@ -191,7 +191,7 @@ pub struct RunReport {
     #[serde(skip)]
     pub kept: (u64, u64),
     /// The replay came from a tombstone: gc collected the output on the host, only the
-    /// exit status is left (SPEC 3).
+    /// exit status is left (docs/host-protocol.md#tombstones).
     pub output_collected: bool,
     /// False when the command ran but its output cannot be had: the ledger holds only the
     /// exit status (the marker is gone, `replayed_from_ledger`) or gc collected it
@@ -204,7 +204,7 @@ pub struct RunReport {
 }
 
 impl RunReport {
-    /// The process exit status for this report (SPEC section 2).
+    /// The process exit status for this report (docs/guarantees.md#verdicts).
     pub fn exit_status(&self) -> u8 {
         match self.verdict.reserved_exit_code() {
             Some(code) => code,
@@ -236,7 +236,7 @@ pub async fn run(env: RunEnv<'_>, input: RunInput) -> Result<RunReport, RunError
     run_interruptible(env, input, &Interrupts::never()).await
 }
 
-/// [`run`], stopped by the first of `interrupts` (SPEC section 10): what was reached is
+/// [`run`], stopped by the first of `interrupts` (docs/guarantees.md#interruptions-and-cancel): what was reached is
 /// recorded (a `client_interrupted` event, then the verdict) and the report says
 /// `in_progress` when this invocation's request may have reached the host (the command
 /// keeps running, detached by design) or `not_applied` when nothing was sent, with the
@@ -326,7 +326,7 @@ pub async fn run_interruptible(
             return Ok(runner.report(answer));
         }
         let events = runner.ledger.events(&runner.key)?;
-        // An operator's decision is terminal (SPEC section 2): answer it, contact nothing.
+        // An operator's decision is terminal (docs/decisions.md#operator-decision): answer it, contact nothing.
         if let Some(decision) = History::of(&events).final_decision {
             return runner.finish(decide::operator_decided(&decision));
         }

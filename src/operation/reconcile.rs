@@ -1,8 +1,8 @@
 //! Reconcile: probe the hosts of unresolved operations and settle what the evidence
-//! settles (SPEC sections 3 and 8). Host work runs concurrently (one connection per host,
+//! settles (docs/decisions.md#reconcile). Host work runs concurrently (one connection per host,
 //! a bounded number of hosts at once), and each host's findings are recorded as soon as
-//! that host answers, so a slow or dead host holds up no other host's records (SPEC
-//! section 11); the decisions are made by [`settle`], a pure
+//! that host answers, so a slow or dead host holds up no other host's records (see
+//! docs/decisions.md#fleets); the decisions are made by [`settle`], a pure
 //! function of the operation's events and what its host said, so they can be tested
 //! without a host.
 //!
@@ -20,10 +20,10 @@
 //! | marker absent, but an attempt of ours had reached it | `marker_missing_needs_decision` | no |
 //! | host unreachable | nothing but a `Probed{state: unreachable}` | no |
 //! | host presents another key than the operation ran against | `host_key_mismatch`: no probe, no fence | no |
-//! | same key, another user, or a marker root with another id (SPEC 17) | `host_changed`: no probe, no fence | no |
+//! | same key, another user, or a marker root with another id (docs/guarantees.md#evidence-identity) | `host_changed`: no probe, no fence | no |
 //!
 //! Each operation's host is reached the way its attempts reached it (the recorded
-//! route, SPEC section 9) unless the caller overrides it, and every connection is held
+//! route, docs/guarantees.md#host-identity) unless the caller overrides it, and every connection is held
 //! to the host key the operation ran against before anything is probed or fenced.
 
 use std::collections::BTreeMap;
@@ -69,7 +69,7 @@ pub enum Evidence {
     /// machine. Nothing was probed or fenced there.
     KeyMismatch(String),
     /// The same machine, but another user or a marker root with another id than the
-    /// operation's attempts reached (SPEC 17): another store of evidence. The shim refused
+    /// operation's attempts reached (docs/guarantees.md#evidence-identity): another store of evidence. The shim refused
     /// before acting, or nothing was sent.
     HostChanged(String),
     /// The shim refused the probe (or the fence) before acting; read by the host job
@@ -112,7 +112,7 @@ pub struct Outcome {
     pub settled: bool,
     /// The recorded exit code, when the marker holds one.
     pub exit_code: Option<i32>,
-    /// The marker root id the operation's attempts reached (SPEC 17), when recorded.
+    /// The marker root id the operation's attempts reached (docs/guarantees.md#evidence-identity), when recorded.
     pub root_id: Option<String>,
     /// Why, in words for people (also the `Reconciled` event's detail).
     pub detail: String,

@@ -1,4 +1,4 @@
-//! The ledger as one `run` writes it, before and after dispatch (SPEC sections 6 and 7).
+//! The ledger as one `run` writes it, before and after dispatch (docs/ledger.md#writes-before-and-after-dispatch).
 //!
 //! Before dispatch every failed write is an error: nothing may leave this machine
 //! unrecorded. After dispatch the command may be running or done on the host, so a failed

@@ -1,5 +1,5 @@
-//! Cancel: stop an operation on its host for good (SPEC
-//! section 10) through the shim's `cancel` verb, record what happened as a `cancelled`
+//! Cancel: stop an operation on its host for good (see
+//! docs/guarantees.md#interruptions-and-cancel) through the shim's `cancel` verb, record what happened as a `cancelled`
 //! event, and say the final state.
 //!
 //! The shim does the work so that it holds on the host whatever happens to this client:
@@ -85,7 +85,7 @@ impl CancelReport {
 }
 
 /// Cancels on the host and records what happened; another machine, user or marker root
-/// is answered as `run` answers it, `conflict`/`host_changed` (SPEC 17).
+/// is answered as `run` answers it, `conflict`/`host_changed` (docs/guarantees.md#evidence-identity).
 pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelReport>> {
     let op =
         OpId::parse(&args.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
@@ -101,11 +101,11 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
     let by = operator(args.by.as_deref());
     let policy = load_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
-    // The host the operation ran on, reached the way it was (SPEC section 9).
+    // The host the operation ran on, reached the way it was (docs/guarantees.md#host-identity).
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &args.host, &args.options, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());
-    // SPEC section 10: on an op id this ledger does not know, the shim would fence an
+    // docs/guarantees.md#interruptions-and-cancel: on an op id this ledger does not know, the shim would fence an
     // absent marker for good; a typo must not close an op id.
     if !args.force && ledger.events(&key)?.is_empty() {
         return Err(unknown_op(&op, &host, &args.host, &ledger)?);
@@ -286,7 +286,7 @@ fn message(
         CancelOutcome::Cancelled => format!(
             "cancelled {op} on {host}: the command was stopped, exit {exit}; `opmark run` with this op id replays this result and never runs it again"
         ),
-        // SPEC 10: its own status, not "stopped", when the signal did not end it.
+        // docs/guarantees.md#interruptions-and-cancel: its own status, not "stopped", when the signal did not end it.
         CancelOutcome::AlreadyCompleted if marker.cancel_pending() => format!(
             "{op} on {host} ended by itself, exit {exit}, while the cancel was pending: the cancel's signal did not stop it; `opmark run` with this op id replays this result"
         ),

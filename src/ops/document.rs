@@ -1,9 +1,9 @@
-//! A report as the contract's JSON document (SPEC section 6): what the CLI prints with
+//! A report as the contract's JSON document (docs/guarantees.md#the-command-line-contract): what the CLI prints with
 //! `--json` and what the MCP server hands its client, byte for byte the same.
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// The `schema` field of every JSON document (SPEC section 6); bumped only when a field
+/// The `schema` field of every JSON document (docs/guarantees.md#the-command-line-contract); bumped only when a field
 /// changes meaning or disappears.
 pub const SCHEMA: &str = "opmark/1";
 

@@ -1,6 +1,6 @@
 //! Gc: reclaim the
-//! space of finished or fenced markers older than a retention period on a host (SPEC
-//! section 3). What stays of each is a tombstone (state, exit status, fingerprint,
+//! space of finished or fenced markers older than a retention period on a host (see
+//! docs/host-protocol.md#tombstones). What stays of each is a tombstone (state, exit status, fingerprint,
 //! attempt, family, times; no output) that probe and a later claim read as before, so a
 //! rerun replays instead of running again; tombstones go only with
 //! `--tombstones-older-than`. Failed-start leftovers and cached shims of other versions
@@ -9,7 +9,7 @@
 //! decides per marker), never with a retention shorter than policy allows, and never on
 //! a machine other than the one the ledger's latest operation on that host ran on: the
 //! host is reached by that operation's recorded route and must present its host key,
-//! user and marker root (SPEC sections 9 and 17; otherwise `conflict`/`host_changed`, as
+//! user and marker root (docs/guarantees.md#evidence-identity; otherwise `conflict`/`host_changed`, as
 //! `run` answers).
 
 use std::time::Duration;
@@ -148,7 +148,7 @@ pub fn gc(ctx: &Context, args: &GcRequest) -> Result<Answered<GcReport>> {
     }))
 }
 
-/// SPEC 3: before anything is collected on `host`, this ledger's unsettled operations
+/// docs/host-protocol.md#tombstones: before anything is collected on `host`, this ledger's unsettled operations
 /// there are settled as `reconcile` would settle them (probe, then record what the
 /// evidence says), so that a completion the ledger never heard of is recorded while the
 /// host still holds its output.

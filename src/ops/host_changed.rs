@@ -1,6 +1,6 @@
 //! How an operator operation (`probe`, `resolve`, `cancel`, `gc`) answers when the host
 //! it reached is not the machine, user or marker root an operation's attempts reached
-//! (SPEC 17): as `run` answers it, `conflict` with reason_code `host_changed`, the same
+//! (docs/guarantees.md#evidence-identity): as `run` answers it, `conflict` with reason_code `host_changed`, the same
 //! message (what changed, expected and found root ids, how the operation was reached
 //! before), the same exit code and the same JSON fields, so an operator or an agent reads
 //! one story whichever command met the change. The messages themselves are made where

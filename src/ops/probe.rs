@@ -1,6 +1,6 @@
 //! Probe: the marker's state on the host, read-only; the observation is recorded in the
 //! ledger. An operation the ledger knows is probed the way it ran (its recorded route)
-//! and only on a host presenting the key it ran against (SPEC section 9).
+//! and only on a host presenting the key it ran against (docs/guarantees.md#host-identity).
 
 use serde::Serialize;
 
@@ -23,7 +23,7 @@ pub struct ProbeRequest {
     pub options: HostOptions,
 }
 
-/// The marker's fields under the contract's names (SPEC 6): the host's plain digest is
+/// The marker's fields under the contract's names (docs/guarantees.md#the-command-line-contract): the host's plain digest is
 /// `host_fingerprint`; `fingerprint` is the ledger's HMAC, as in `run` and `list`, and
 /// null when this ledger never ran the operation.
 #[derive(Debug, Clone, Serialize)]
@@ -40,7 +40,7 @@ pub struct ProbeReport {
     pub timed_out: bool,
     pub out_bytes: Option<u64>,
     pub err_bytes: Option<u64>,
-    /// gc collected the output: the marker is a tombstone (SPEC 3).
+    /// gc collected the output: the marker is a tombstone (docs/host-protocol.md#tombstones).
     pub output_collected: bool,
     /// The marker in one line, for people.
     #[serde(skip)]
@@ -48,7 +48,7 @@ pub struct ProbeReport {
 }
 
 /// Probes the marker and records the observation; another machine, user or marker root
-/// is answered as `run` answers it, `conflict`/`host_changed` (SPEC 17).
+/// is answered as `run` answers it, `conflict`/`host_changed` (docs/guarantees.md#evidence-identity).
 pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>> {
     let op =
         OpId::parse(&req.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;

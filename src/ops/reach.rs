@@ -1,6 +1,6 @@
 //! Where an operator command (`probe`, `cancel`, `resolve`, `gc`, `reconcile`) reaches a
 //! host the ledger knows: by the route the operation's attempts took, recorded in the
-//! ledger (SPEC section 9), unless the user overrides it, and under the ledger's name for
+//! ledger (docs/guarantees.md#host-identity), unless the user overrides it, and under the ledger's name for
 //! the host.
 
 use super::{host_spec, Context, HostOptions};
@@ -28,7 +28,7 @@ pub fn ledger_host_spec(ctx: &Context, host: &str, args: &HostOptions) -> HostSp
     spec
 }
 
-/// Where to reach an operation's host (SPEC section 9): the route its attempts took,
+/// Where to reach an operation's host (docs/guarantees.md#host-identity): the route its attempts took,
 /// recorded in the ledger, so a changed default (another `~/.ssh/config`, a missing
 /// `-i`) cannot send the probe elsewhere. An explicit `-p`, `-i`, `-J`, or a `-F` other
 /// than the recorded config overrides it; the host key check applies either way.

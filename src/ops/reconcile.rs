@@ -1,6 +1,6 @@
 //! Reconcile: probe the hosts of unresolved operations and record what the evidence
-//! settles (the decisions live in `operation::reconcile`). Contradicted operations (SPEC
-//! section 3) in scope are reported too: evidence that disagrees is never settled away.
+//! settles (the decisions live in `operation::reconcile`). Contradicted operations (see
+//! docs/ledger.md#contradictions) in scope are reported too: evidence that disagrees is never settled away.
 
 use serde::Serialize;
 

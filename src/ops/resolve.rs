@@ -1,11 +1,11 @@
 //! Resolve: an operator's decision, recorded as an observation, and final: a later `run` of the op
-//! id answers it without contacting the host (SPEC section 2). `not-applied` first fences
+//! id answers it without contacting the host (docs/decisions.md#operator-decision). `not-applied` first fences
 //! the marker on the host, and is refused when the host's evidence contradicts it or the
 //! host presents another key than the operation ran against. `abandoned` fences the same
 //! way and is refused the same way; only a host that cannot be reached lets it stand
 //! unfenced, recorded as a probe that found the host unreachable, so later evidence of the
 //! command shows as a contradiction. Nothing is recorded when a decision is refused. The
-//! host is reached by the operation's recorded route (SPEC section 9).
+//! host is reached by the operation's recorded route (docs/guarantees.md#host-identity).
 
 use serde::Serialize;
 
@@ -114,7 +114,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
         ));
     };
     let history = ledger.events(&key)?;
-    // A final decision stands (SPEC section 2): a second one, from this machine or any
+    // A final decision stands (docs/decisions.md#operator-decision): a second one, from this machine or any
     // other sharing the ledger, is refused, naming the first.
     if let Some(d) = History::of(&history).final_decision {
         return Err(Error::new(

@@ -37,7 +37,7 @@ pub enum Stdin {
     Given(Vec<u8>),
 }
 
-/// How one operation spreads over several hosts (SPEC section 11).
+/// How one operation spreads over several hosts (docs/decisions.md#fleets).
 #[derive(Debug, Clone)]
 pub struct FleetOptions {
     /// More hosts, one a line.
@@ -158,7 +158,7 @@ pub enum RunAnswer {
 }
 
 impl RunAnswer {
-    /// The answer as the contract's JSON document (SPEC sections 6 and 11): the run
+    /// The answer as the contract's JSON document (docs/guarantees.md#the-command-line-contract and docs/decisions.md#fleets): the run
     /// document of one host (with its whole output), or every host's and the summary.
     pub fn document(&self) -> Result<serde_json::Value> {
         match self {
@@ -188,7 +188,7 @@ impl RunAnswer {
     }
 }
 
-/// The `--json` answer of a fleet run (SPEC section 11).
+/// The `--json` answer of a fleet run (docs/decisions.md#fleets).
 #[derive(Serialize)]
 struct FleetDocument<'a> {
     /// One run document per host (an error document, with `host`, for a host opmark
@@ -452,7 +452,7 @@ async fn run_operation(
     })
 }
 
-/// Several hosts (SPEC section 11): one operation per host, scheduled by
+/// Several hosts (docs/decisions.md#fleets): one operation per host, scheduled by
 /// [`fleet::run_fleet`].
 async fn run_on_hosts(
     ctx: &Context,

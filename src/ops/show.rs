@@ -63,7 +63,7 @@ impl Page {
     }
 }
 
-/// One host's page, or every host's of an op id run on several (SPEC section 11).
+/// One host's page, or every host's of an op id run on several (docs/decisions.md#fleets).
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum ShowReport {
@@ -126,7 +126,7 @@ pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
             match hosts.as_slice() {
                 [] => return Err(redacted_error(not_found())),
                 [one] => one.clone(),
-                // A fleet run's op id (SPEC section 11): every host's timeline.
+                // A fleet run's op id (docs/decisions.md#fleets): every host's timeline.
                 many => {
                     let hosts = many
                         .iter()
@@ -373,7 +373,7 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
     out
 }
 
-/// One contradiction between evidence (SPEC section 3), as `show` lists it.
+/// One contradiction between evidence (docs/ledger.md#contradictions), as `show` lists it.
 #[derive(Debug, Clone, Serialize)]
 pub struct ContradictionView {
     /// When it was recorded.

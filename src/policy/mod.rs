@@ -1,4 +1,4 @@
-//! Command-classes policy (SPEC section 5): loading `command-classes.toml`, validating it
+//! Command-classes policy (docs/trust.md#the-policy): loading `command-classes.toml`, validating it
 //! into a checked [`Policy`], and classifying shell commands into [`Family`]s.
 //!
 //! Layers: `raw` mirrors the file (serde, unknown keys rejected); this module validates it
@@ -65,7 +65,7 @@ pub struct FamilyPolicy {
     pub min_retention: Duration,
 }
 
-/// What happens after a probe says `interrupted` (SPEC section 4).
+/// What happens after a probe says `interrupted` (docs/decisions.md#probe-interrupted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AfterInterrupted {

@@ -38,7 +38,7 @@ pub enum Reply {
     Frame(Frame),
 }
 
-/// The marker states of SPEC section 3.
+/// The marker states of docs/host-protocol.md#the-shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MarkerState {
@@ -150,13 +150,13 @@ impl MarkerInfo {
     }
 
     /// The command ended by itself, with its own status, while a cancel was pending
-    /// (`cancel_pending=1`): the cancel did not stop it (SPEC section 10).
+    /// (`cancel_pending=1`): the cancel did not stop it (docs/host-protocol.md#cancel).
     pub fn cancel_pending(&self) -> bool {
         self.fields.get("cancel_pending").is_some_and(|c| c == "1")
     }
 
     /// gc collected this marker's output: what is left is its tombstone (state, exit,
-    /// fingerprint, attempt, family, times), read as before (SPEC 3).
+    /// fingerprint, attempt, family, times), read as before (docs/host-protocol.md#tombstones).
     pub fn output_collected(&self) -> bool {
         self.fields
             .get("output_collected")
@@ -164,7 +164,7 @@ impl MarkerInfo {
     }
 
     /// `running` only because the host cannot read process identity (no `/proc`): the
-    /// claim's process may be alive or gone; never taken for interrupted (SPEC 3).
+    /// claim's process may be alive or gone; never taken for interrupted (docs/host-protocol.md#liveness).
     pub fn liveness_unknown(&self) -> bool {
         self.state == MarkerState::Running && self.why.as_deref() == Some("liveness_unknown")
     }
@@ -296,7 +296,7 @@ pub struct ExitFrame {
     pub dropped_err: u64,
     /// The attempt that ran the command.
     pub attempt: String,
-    /// gc collected the output: only the exit status is left to replay (SPEC 3).
+    /// gc collected the output: only the exit status is left to replay (docs/host-protocol.md#tombstones).
     pub output_collected: bool,
     /// The exit record says `opmark cancel`'s signal stopped the command.
     pub cancelled: bool,
@@ -310,7 +310,7 @@ pub enum Frame {
         /// Shim protocol version.
         version: String,
     },
-    /// `M`: the marker root's id (SPEC 17), before the verb's answer.
+    /// `M`: the marker root's id (docs/host-protocol.md#root-id), before the verb's answer.
     Root {
         /// 32 hex digits.
         id: String,
@@ -401,7 +401,7 @@ pub struct GcRemoved {
     pub action: GcAction,
 }
 
-/// What gc did to one entry of the marker root (SPEC 3: evidence is never turned into
+/// What gc did to one entry of the marker root (docs/host-protocol.md#tombstones: evidence is never turned into
 /// absence except by an explicit tombstone removal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -158,7 +158,7 @@ pub enum Verb<'a> {
         older_than: Duration,
         /// Report only.
         dry_run: bool,
-        /// Retention of the tombstones: `None` keeps them all (SPEC 3).
+        /// Retention of the tombstones: `None` keeps them all (docs/host-protocol.md#tombstones).
         tombstones_older_than: Option<Duration>,
     },
     /// Facts about the marker root for `opmark doctor`.
@@ -392,7 +392,7 @@ impl Invocation {
     }
 
     /// [`Invocation::new`] for an operation whose attempts reached the marker root
-    /// `root` (SPEC 17): the shim refuses (`root_changed`) before acting when its root's
+    /// `root` (docs/guarantees.md#evidence-identity): the shim refuses (`root_changed`) before acting when its root's
     /// id is another; `None` is [`Invocation::new`].
     pub fn new_expecting(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Invocation {
         Invocation::build(verb, stdin, true, root)

@@ -26,7 +26,7 @@ pub fn forbid_prompts() {
     NEVER_PROMPT.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// A passphrase may be asked only when a person can answer (SPEC 6): a terminal on
+/// A passphrase may be asked only when a person can answer (docs/guarantees.md#the-command-line-contract): a terminal on
 /// stdin and `BatchMode` off. An agent running opmark with piped stdin, or under a pty
 /// with `BatchMode yes`, must get an answer at once, never a prompt that hangs it.
 pub(crate) fn may_prompt(dest: &Destination) -> bool {
@@ -560,7 +560,7 @@ async fn load_private(path: &Path, from: Passphrase) -> Result<PrivateKey, Strin
     match russh::keys::decode_secret_key(&text, None) {
         Ok(key) => return Ok(key),
         Err(russh::keys::Error::KeyIsEncrypted) => {}
-        // PKCS#8 encrypted keys decode as a DER error instead of KeyIsEncrypted (FINDINGS).
+        // PKCS#8 encrypted keys decode as a DER error instead of KeyIsEncrypted (docs/findings.md#russh-key-loading).
         Err(_) if text.contains("ENCRYPTED") => {}
         Err(e) => return Err(format!("not a usable private key: {e}")),
     }

@@ -3,7 +3,7 @@
 //! with OpenSSH's first-value-wins rule, the way `ssh` 9.2 does in its first pass.
 //!
 //! Written here rather than borrowed because the published parsers reject global options,
-//! lack `Key=Value`, `Include` or leak `Match` bodies into the previous block (FINDINGS).
+//! lack `Key=Value`, `Include` or leak `Match` bodies into the previous block (docs/findings.md#ssh-config-parsers).
 //! What each keyword means to opmark (used, ignored, refused) is the table in
 //! [`keyword_role`]; `tests/it/ssh_config.rs` compares the result with `ssh -G`.
 

@@ -2,7 +2,7 @@
 //! `-l`, `-p`, `-i`, `-J`, `-o`, `-F`) and the ssh configs (the user's, then the
 //! system's) to a fully resolved [`Destination`], the way OpenSSH 9.2 resolves it
 //! (`ssh -G` is the reference; `tests/it/ssh_config.rs` compares the two); and back: the
-//! [`Route`] an operation took, recorded in the ledger (SPEC section 9), and
+//! [`Route`] an operation took, recorded in the ledger (docs/guarantees.md#host-identity), and
 //! [`resolve_route`], which reaches a host again the same way.
 
 use std::path::PathBuf;
@@ -205,7 +205,7 @@ pub struct Destination {
     pub algorithms: Algorithms,
 }
 
-/// How an operation reached its host, as the ledger records it (SPEC section 9): enough
+/// How an operation reached its host, as the ledger records it (docs/guarantees.md#host-identity): enough
 /// to reach the same machine again without the flags or the config it was reached with
 /// today, and nothing secret (paths, never key material).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -892,7 +892,7 @@ pub fn resolve_with(
         }
         Some(v) => match v.as_str() {
             "yes" | "true" => StrictMode::Yes,
-            // `ask` needs a human; without one it acts as `yes` (SPEC §6, session.rs).
+            // `ask` needs a human; without one it acts as `yes` (docs/guarantees.md#the-command-line-contract, session.rs).
             "ask" => StrictMode::Ask,
             "accept-new" => StrictMode::AcceptNew,
             "no" | "off" | "false" => StrictMode::No,

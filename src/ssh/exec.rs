@@ -240,7 +240,7 @@ impl Session {
 
 impl Exec {
     /// The next event. Keeps reading after the exit status until the channel closes:
-    /// the order of exit status and EOF varies, and output can follow either (FINDINGS).
+    /// the order of exit status and EOF varies, and output can follow either (docs/findings.md#russh-exit-status-and-eof).
     pub async fn next(&mut self) -> ExecEvent {
         let event = match &mut self.kind {
             ExecKind::Direct(d) => d.next().await,

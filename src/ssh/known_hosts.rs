@@ -5,7 +5,7 @@
 //!
 //! Written here because russh's `check_known_hosts_path` reads tab-separated lines as
 //! unknown, ignores `@revoked`, treats a second key of one type as a change and aborts on
-//! one bad line (FINDINGS).
+//! one bad line (docs/findings.md#russh-known-hosts-gaps).
 
 use std::fmt;
 use std::io::Write;

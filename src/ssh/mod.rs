@@ -2,7 +2,7 @@
 //! ProxyCommand, host key and host certificate checks against known_hosts,
 //! authentication (keys, agent, user certificates), exec channels with streamed output,
 //! keepalive-based loss detection, a per-host connection pool, and the per-user keeper
-//! that lets later processes reuse a connection (`keeper`, SPEC 15).
+//! that lets later processes reuse a connection (`keeper`, docs/trust.md#the-keeper).
 //!
 //! Every failure before the exec request leaves is a [`ConnectError`] (boundary
 //! `not_sent`); [`Session::exec`] says whether the request left ([`ExecError`]); a lost

@@ -1,6 +1,6 @@
 //! Connection reuse inside one process: one SSH connection per resolved destination,
 //! shared by every operation to it, replaced when it dies. Where the connection comes
-//! from is decided here: the per-user keeper when reuse is on (`--persist`, SPEC 15),
+//! from is decided here: the per-user keeper when reuse is on (`--persist`, docs/trust.md#the-keeper),
 //! else this process connects itself, as it also does when the keeper cannot be used
 //! (said once on stderr) or when only a person at this terminal could answer a prompt.
 //! A connect may start early ([`Pool::prewarm`]) so that the handshake overlaps the

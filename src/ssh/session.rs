@@ -23,7 +23,7 @@ use super::{auth, ConnectError, ConnectStage};
 pub const DEFAULT_MAX_CHANNELS: usize = 10;
 
 /// Key exchange order: curve25519 first (fast, ~35 µs), then the NIST curves, DH last
-/// because russh's DH is very slow (group16 ~100 ms CPU, group-exchange ~630 ms; FINDINGS).
+/// because russh's DH is very slow (group16 ~100 ms CPU, group-exchange ~630 ms; docs/findings.md#key-exchange-cost).
 const KEX_ORDER: &[kex::Name] = &[
     kex::CURVE25519,
     kex::CURVE25519_PRE_RFC_8731,
@@ -350,7 +350,7 @@ pub(crate) struct Inner {
 /// opened per [`Session::exec`], at most `max_channels` at once.
 ///
 /// The connection is either this process's own or one held by the per-user connection
-/// keeper (`ssh::keeper`, SPEC 15); callers cannot tell them apart, and need not: both
+/// keeper (`ssh::keeper`, docs/trust.md#the-keeper); callers cannot tell them apart, and need not: both
 /// report a lost connection the same way.
 #[derive(Clone)]
 pub struct Session {
@@ -583,7 +583,7 @@ async fn connect_one(
         nodelay: true,
         keepalive_interval: dest.keepalive_interval,
         keepalive_max: dest.keepalive_max,
-        // Never inactivity_timeout: it kills healthy quiet commands (FINDINGS).
+        // Never inactivity_timeout: it kills healthy quiet commands (docs/findings.md#keepalives-detect-a-dead-link).
         inactivity_timeout: None,
         preferred: preferred(dest, &known, &name),
         ..client::Config::default()
@@ -847,7 +847,7 @@ async fn tcp_connect(
         }
         for addr in &addrs {
             match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await {
-                // Nagle and delayed ACKs add ~40 ms per small exchange (FINDINGS).
+                // Nagle and delayed ACKs add ~40 ms per small exchange (docs/findings.md#nagle-and-delayed-acks).
                 Ok(Ok(stream)) => return Ok(TunedStream::new(stream)),
                 Ok(Err(e)) => last = format!("connecting to {addr}: {e}"),
                 Err(_) => {

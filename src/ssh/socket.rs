@@ -4,7 +4,7 @@
 //! sshd writes some answers as two small packets back to back with Nagle on (the channel
 //! open confirmation and its window adjust; the exit status and the close). Nagle holds
 //! the second until the first is acknowledged, and a Linux client delays that ACK by up to
-//! 40 ms, so each such answer costs ~40 ms on any network (FINDINGS). `TCP_QUICKACK` makes
+//! 40 ms, so each such answer costs ~40 ms on any network (docs/findings.md#nagle-and-delayed-acks). `TCP_QUICKACK` makes
 //! the kernel acknowledge at once, but Linux clears it again on its own (when it decides
 //! the connection is interactive), so it is set again after each read that got bytes.
 //! Only a real TCP socket is tuned: a hop reached through a jump host's channel is a

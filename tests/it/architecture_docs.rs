@@ -304,7 +304,6 @@ fn the_check_for_absent_citations_finds_each_form_and_spares_the_exit_code() {
 }
 
 #[test]
-#[ignore = "enabled after the citation sweep"]
 fn no_source_file_cites_the_absent_spec_or_findings() {
     let mut found = Vec::new();
     let mut sources = texts(SOURCES);

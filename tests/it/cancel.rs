@@ -1,4 +1,4 @@
-//! Interruptions of `opmark run` and `opmark cancel` end to end (SPEC section 10): the
+//! Interruptions of `opmark run` and `opmark cancel` end to end (docs/guarantees.md#interruptions-and-cancel): the
 //! real binary against real sshd targets, signals sent to the real process.
 
 use std::io::{BufRead, BufReader};
@@ -537,7 +537,7 @@ fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
     output_json(&out)["state"].as_str().unwrap_or("").to_owned()
 }
 
-/// SPEC section 10: a cancel of an op id this ledger does not know (a typo, say) sends
+/// docs/guarantees.md#interruptions-and-cancel: a cancel of an op id this ledger does not know (a typo, say) sends
 /// nothing without --force, with an error naming the fix; the op id stays free on the
 /// host. With --force it is cancelled (fenced, being absent).
 #[test]

@@ -1,4 +1,4 @@
-//! `opmark run` on several hosts at once (SPEC section 11) against real sshd targets:
+//! `opmark run` on several hosts at once (docs/decisions.md#fleets) against real sshd targets:
 //! one operation per host, forks, failure budget, rolling batches, prefixed output, the
 //! combined JSON document and exit status, and `--detach`.
 

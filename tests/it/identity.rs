@@ -1,4 +1,4 @@
-//! Evidence identity (SPEC 17, issue 24 rows 2 and 8) against real sshd targets: an
+//! Evidence identity (docs/guarantees.md#evidence-identity, issue 24 rows 2 and 8) against real sshd targets: an
 //! operation is bound to the machine (host key), the user and the marker root its
 //! attempts reached. Another user on the same machine, a wiped or rebuilt marker root, or
 //! another lab's target under the same name is `conflict`/`host_changed`: nothing is

@@ -1,4 +1,4 @@
-//! Verdict integrity when commands and disks misbehave (issue 11, SPEC section 3): a
+//! Verdict integrity when commands and disks misbehave (issue 11, docs/trust.md#the-host): a
 //! command hunting the nonce and forging frames into the shim's descriptors, and a marker
 //! root that runs out of space or inodes. Real sshd targets; the disks are small
 //! loop-mounted ext4 file systems mounted as the target's marker root.

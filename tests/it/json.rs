@@ -1,4 +1,4 @@
-//! The JSON contract `opmark/1` (SPEC section 6) and opmark's manners with machines:
+//! The JSON contract `opmark/1` (docs/guarantees.md#the-command-line-contract) and opmark's manners with machines:
 //! one compact line with `schema` from every command, errors as documents, the same field
 //! meaning the same thing everywhere, `-q`, and no prompt that could hang an agent.
 
@@ -206,7 +206,7 @@ fn run_help_lists_every_reason_code_with_its_retryable_flag() {
 #[test]
 fn retryable_is_right_for_each_reason_code() {
     use opmark::vocab::ReasonCode as R;
-    // SPEC 2: true only when a rerun with the same op id may change the outcome without
+    // docs/guarantees.md#verdicts: true only when a rerun with the same op id may change the outcome without
     // a human; permanent causes are false.
     let table = [
         (R::CommandExited, false),
@@ -536,7 +536,7 @@ fn every_json_document_matches_its_published_schema() {
         ],
     ));
     // Another marker root under the name (a reinstalled host): every command that acts
-    // on host evidence answers host_changed, in run's words (SPEC 17).
+    // on host evidence answers host_changed, in run's words (docs/guarantees.md#evidence-identity).
     let root_id = lab.target(t1).unwrap().marker_root().join("root_id");
     std::fs::write(&root_id, format!("{}\n", "0".repeat(32))).unwrap();
     let changed = [

@@ -1,4 +1,4 @@
-//! Connection reuse across opmark processes (SPEC 15) against real sshd: one connection
+//! Connection reuse across opmark processes (docs/trust.md#the-keeper) against real sshd: one connection
 //! for many runs, the keeper's death is a lost connection (probe, then decide), a stale
 //! socket is replaced before anything is sent, other users and bad directories are
 //! refused, the keeper exits when idle, and concurrent callers share it.

@@ -1262,7 +1262,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
     );
 }
 
-/// Issue 24 row 8 (names only; SPEC sections 13 and 17): two labs never name a target
+/// Issue 24 row 8 (names only; docs/guarantees.md#evidence-identity): two labs never name a target
 /// alike, so one ledger keeps their operations apart. The same op id run on each lab's
 /// first target is two operations, and the second runs on its own machine instead of
 /// replaying the first lab's exit. Inside one lab's ssh_config `target1` still reaches
@@ -1318,7 +1318,7 @@ fn two_labs_name_their_targets_uniquely_so_one_ledger_keeps_their_operations_apa
     assert_eq!(ledger.hosts_of("same-op").unwrap().len(), 2);
 }
 
-// --- The installation key belongs to the ledger (SPEC section 7) -------------------
+// --- The installation key belongs to the ledger (docs/ledger.md#the-installation-key) -------------------
 
 /// `opmark --json run target1 --op OP -- CMD` in `env` (any extra env applied first).
 fn run_op(
@@ -1569,7 +1569,7 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     assert_eq!(op["exit_code"], 9);
 }
 
-// --- audit verify does not trust the projection (SPEC section 7) -------------------
+// --- audit verify does not trust the projection (docs/ledger.md#the-chain) -------------------
 
 #[test]
 fn audit_verify_names_an_edited_projection_row() {
@@ -1663,7 +1663,7 @@ fn audit_verify_finds_a_full_recomputation_of_the_plain_chain() {
     assert!(msg.contains("keyed hash"), "{msg}");
 }
 
-// --- contradictions between evidence (SPEC section 3) ------------------------------
+// --- contradictions between evidence (docs/ledger.md#contradictions) ------------------------------
 
 #[test]
 fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keeps_exit_0() {

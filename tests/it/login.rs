@@ -1,4 +1,4 @@
-//! The command runs as `ssh HOST CMD` would run it (SPEC 3): by the login shell with
+//! The command runs as `ssh HOST CMD` would run it (docs/host-protocol.md#the-commands-environment): by the login shell with
 //! `-c`, in the login directory, with the login's umask, locale and environment, while
 //! the shim's own records keep their strict modes. Each test gives one real sshd target
 //! a login shell (bash, dash, zsh) and a login environment (sshd's `SetEnv`, the shell's

@@ -474,7 +474,7 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     let doc = json(&out);
     assert_eq!(removed(&doc), ["old-done", "old-fenced"]);
     assert_eq!(doc["kept"], 3);
-    // SPEC 3: what stays is a tombstone (no output), read as before.
+    // docs/host-protocol.md#tombstones: what stays is a tombstone (no output), read as before.
     for (op, state) in [("old-done", "completed"), ("old-fenced", "fenced")] {
         assert!(!marker(&lab, "target1", op).join("out").exists(), "{op}");
         assert_eq!(probe_state(&env, &lab, op), state, "{op}");
@@ -900,7 +900,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         "--note",
         "x",
     ]));
-    // As `run` answers it (SPEC 17): conflict, host_changed, exit 243.
+    // As `run` answers it (docs/guarantees.md#evidence-identity): conflict, host_changed, exit 243.
     assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr)
@@ -941,7 +941,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     std::fs::remove_dir_all(&on_b).unwrap();
     assert!(!on_b.exists(), "resolve or probe touched B");
 
-    // A rerun through B is refused before anything is sent (SPEC 17: conflict).
+    // A rerun through B is refused before anything is sent (docs/guarantees.md#evidence-identity: conflict).
     let out = run(env.opmark().arg("-F").arg(&to_b).args([
         "--json", "run", "target1", "--op", "moved-1", "--", &command,
     ]));

@@ -12,7 +12,7 @@ use opmark::lab::Lab;
 
 use crate::support::{self, text, Sealed};
 
-/// One command line per redaction form (SPEC section 7 and issue 12), each with its
+/// One command line per redaction form (docs/ledger.md#redaction and issue 12), each with its
 /// canary in the secret's place only.
 const ROWS: &[&str] = &[
     "sshpass -p CanaryA1 ssh -p 2222 host true",

@@ -1,4 +1,4 @@
-//! `opmark run` end to end against real sshd targets: each guarantee of SPEC section 8.
+//! `opmark run` end to end against real sshd targets: each guarantee of docs/guarantees.md#the-guarantees.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

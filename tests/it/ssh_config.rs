@@ -1,6 +1,6 @@
 //! `opmark config --json` against `ssh -G`, field by field, for every case of the corpus
 //! in `tests/fixtures/ssh_config/` (layout in its README): OpenSSH is the reference for
-//! how a host resolves (SPEC §6).
+//! how a host resolves (docs/guarantees.md#the-command-line-contract).
 //!
 //! Each invocation runs in its own mount namespace where a tmpfs hides the real home
 //! and `/etc/ssh`, and the case's files are copied there, so both programs read the

@@ -281,7 +281,7 @@ fn persistent_check(env: &support::Sealed, lab: &Lab) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no persistent check: {doc}"))
 }
 
-/// Lab targets are disposable (SPEC 3), so a lab made under /tmp (a clone of the project
+/// Lab targets are disposable (docs/host-protocol.md#lab-targets), so a lab made under /tmp (a clone of the project
 /// there, say) works; a target that stops saying so is a real host again, and its shim
 /// refuses the same marker root.
 #[test]

@@ -76,7 +76,7 @@ impl Link {
 
     /// The next frame, heartbeats skipped; `Err` when the keeper went away, spoke
     /// nonsense, or said nothing for the whole budget (stopped, hung): a keeper that stops
-    /// answering is a lost connection like any other (SPEC 15).
+    /// answering is a lost connection like any other (docs/trust.md#the-keeper).
     pub(crate) async fn recv(&mut self) -> Result<MuxFrame, String> {
         loop {
             let frame = match self.budget {

@@ -1,4 +1,4 @@
-//! Connection reuse across opmark processes (SPEC 15): an on-demand, per-user keeper
+//! Connection reuse across opmark processes (docs/trust.md#the-keeper): an on-demand, per-user keeper
 //! process (`opmark mux serve`, started detached by the first `opmark` that wants a
 //! connection) holds authenticated connections and opens exec channels on them for later
 //! `opmark` processes, which stream the channel's bytes over a unix socket. The state

@@ -35,7 +35,7 @@ struct Held {
     opened: Instant,
     used: AtomicU64,
     /// When its last channel was opened: a connection unused for `persist` is closed
-    /// even while the keeper serves other hosts (SPEC 15: open "for a while after its
+    /// even while the keeper serves other hosts (docs/trust.md#the-keeper: open "for a while after its
     /// last use").
     last_used: Mutex<Instant>,
 }
