@@ -92,22 +92,11 @@ pub(crate) fn read_counts(
 
 pub(crate) fn rows(conn: &Connection, sql: &str, arg: u64) -> Result<Vec<Row>, LedgerError> {
     let mut stmt = conn.prepare(sql)?;
-    let rows = stmt.query_map(params![arg], |r| {
-        Ok(Row {
-            seq: r.get(0)?,
-            prev_hash: r.get(1)?,
-            hash: r.get(2)?,
-            op_id: r.get(3)?,
-            host: r.get(4)?,
-            at: r.get(5)?,
-            kind: r.get(6)?,
-            payload: r.get(7)?,
-        })
-    })?;
+    let rows = stmt.query_map(params![arg], super::sqlite::chain_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-const SELECT: &str = "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+const SELECT: &str = super::sqlite::CHAIN_ROW_SELECT;
 
 /// Moves the settled prefix of the chain recorded before `cutoff` into the new file
 /// `file`; see the module doc.

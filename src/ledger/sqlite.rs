@@ -362,33 +362,10 @@ impl SqliteStore {
                 |r| r.get(0),
             )
             .optional()?;
-        let head: Option<chain::Head> = tx
-            .query_row(
-                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
-                [],
-                |r| {
-                    Ok(chain::Head {
-                        seq: r.get(0)?,
-                        hash: r.get(1)?,
-                        mac: r.get(2)?,
-                    })
-                },
-            )
-            .optional()?;
+        let head = chain_head(&tx)?;
         let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let select = "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
-        let to_row = |r: &rusqlite::Row<'_>| {
-            Ok(chain::Row {
-                seq: r.get(0)?,
-                prev_hash: r.get(1)?,
-                hash: r.get(2)?,
-                op_id: r.get(3)?,
-                host: r.get(4)?,
-                at: r.get(5)?,
-                kind: r.get(6)?,
-                payload: r.get(7)?,
-            })
-        };
+        let select = CHAIN_ROW_SELECT;
+        let to_row = chain_row;
         let rows: Vec<chain::Row> = {
             let mut stmt = tx.prepare(&format!("{select} WHERE seq > ?1 ORDER BY seq"))?;
             let rows = stmt.query_map(params![seq], to_row)?;
@@ -469,36 +446,11 @@ impl SqliteStore {
     /// Everything `audit verify` checks, read in one consistent snapshot.
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
-        let head: Option<chain::Head> = tx
-            .query_row(
-                "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
-                [],
-                |r| {
-                    Ok(chain::Head {
-                        seq: r.get(0)?,
-                        hash: r.get(1)?,
-                        mac: r.get(2)?,
-                    })
-                },
-            )
-            .optional()?;
+        let head = chain_head(&tx)?;
         let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
         let rows: Vec<chain::Row> = {
-            let mut stmt = tx.prepare(
-                "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                Ok(chain::Row {
-                    seq: r.get(0)?,
-                    prev_hash: r.get(1)?,
-                    hash: r.get(2)?,
-                    op_id: r.get(3)?,
-                    host: r.get(4)?,
-                    at: r.get(5)?,
-                    kind: r.get(6)?,
-                    payload: r.get(7)?,
-                })
-            })?;
+            let mut stmt = tx.prepare(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"))?;
+            let rows = stmt.query_map([], chain_row)?;
             rows.collect::<Result<_, _>>()?
         };
         let projected: Vec<OperationRecord> = {
@@ -582,4 +534,39 @@ fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The columns [`chain_row`] reads, in its order.
+pub(crate) const CHAIN_ROW_SELECT: &str =
+    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+
+/// One event row as the chain checks it, from a [`CHAIN_ROW_SELECT`] query (the ledger's
+/// and an archive's events table alike).
+pub(crate) fn chain_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<chain::Row> {
+    Ok(chain::Row {
+        seq: r.get(0)?,
+        prev_hash: r.get(1)?,
+        hash: r.get(2)?,
+        op_id: r.get(3)?,
+        host: r.get(4)?,
+        at: r.get(5)?,
+        kind: r.get(6)?,
+        payload: r.get(7)?,
+    })
+}
+
+/// The chain head row, if any event was ever appended.
+fn chain_head(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<chain::Head>> {
+    tx.query_row(
+        "SELECT seq, hash, mac FROM chain_head WHERE id = 1",
+        [],
+        |r| {
+            Ok(chain::Head {
+                seq: r.get(0)?,
+                hash: r.get(1)?,
+                mac: r.get(2)?,
+            })
+        },
+    )
+    .optional()
 }
