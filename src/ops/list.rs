@@ -46,17 +46,7 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
             "--limit 0 would list nothing; give at least 1, or --all for every operation",
         ));
     }
-    let cutoff = req
-        .since
-        .map(|since| {
-            crate::ledger::stamp_before(since).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    "--since reaches back before any possible date; use a shorter duration such as 30d",
-                )
-            })
-        })
-        .transpose()?;
+    let cutoff = super::since_cutoff(req.since)?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;

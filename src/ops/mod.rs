@@ -232,6 +232,21 @@ fn passwd_name() -> Option<String> {
     })
 }
 
+/// The ledger time `--since D` reaches back to (`list`, `stats`), or the caller's error
+/// when D goes back before any date a ledger can hold.
+pub fn since_cutoff(since: Option<std::time::Duration>) -> Result<Option<String>> {
+    since
+        .map(|since| {
+            crate::ledger::stamp_before(since).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "--since reaches back before any possible date; use a shorter duration such as 30d",
+                )
+            })
+        })
+        .transpose()
+}
+
 /// Masks secrets in an error message at the edge (errors may echo user input).
 pub fn redacted_error(mut e: Error) -> Error {
     e.message = Redactor::default().redact_owned(&e.message);
