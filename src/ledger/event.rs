@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
-use super::words::{Decision, ProbeState, Refusal};
+use super::words::{Decision, ProbeState, RefusalWord};
 use crate::family::Family;
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
@@ -59,7 +59,7 @@ pub enum Event {
         /// Why it was refused (`refused` boundaries). Absent from other boundaries and from
         /// events older opmark wrote, whose detail began with the reason instead.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        refusal: Option<Refusal>,
+        refusal: Option<RefusalWord>,
     },
     /// The exit status of an attempt arrived.
     ExitReceived {
@@ -268,7 +268,7 @@ impl Event {
                 detail, refusal, ..
             } => {
                 *detail = r(detail);
-                if let Some(Refusal::Other(s)) = refusal {
+                if let Some(RefusalWord::Other(s)) = refusal {
                     *s = r(s);
                 }
             }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::event::{Event, StoredEvent};
 use super::projection::unresolved_after;
-use super::words::{Decision, Refusal};
+use super::words::{Decision, RefusalWord};
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
 
@@ -170,7 +170,7 @@ impl History {
                 Boundary::Refused => {
                     let refusal = refusal
                         .clone()
-                        .unwrap_or_else(|| Refusal::from_legacy_detail(detail));
+                        .unwrap_or_else(|| RefusalWord::from_legacy_detail(detail));
                     self.claim_seen |= refusal.proves_claim();
                 }
                 Boundary::NotSent | Boundary::SentNoResponse => {}
@@ -307,7 +307,7 @@ mod tests {
         }
     }
 
-    fn refused(detail: &str, refusal: Option<Refusal>) -> Event {
+    fn refused(detail: &str, refusal: Option<RefusalWord>) -> Event {
         Event::BoundaryReached {
             attempt_id: "at-1".into(),
             boundary: Boundary::Refused,
@@ -347,12 +347,12 @@ mod tests {
         // The detail is free text for people; the typed reason is what counts.
         let h = of(vec![
             dispatched("at-1"),
-            refused("running since ten", Some(Refusal::Fenced)),
+            refused("running since ten", Some(RefusalWord::Fenced)),
         ]);
         assert!(!h.claim_seen);
         let h = of(vec![
             dispatched("at-1"),
-            refused("whatever words", Some(Refusal::Conflict)),
+            refused("whatever words", Some(RefusalWord::Conflict)),
         ]);
         assert!(h.claim_seen);
     }

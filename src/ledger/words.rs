@@ -172,9 +172,10 @@ impl From<crate::shim::MarkerState> for ProbeState {
 }
 
 words! {
-    /// Why an attempt was refused (a `refused` boundary): the shim's refusal reason, or
-    /// opmark's own reason for not claiming.
-    Refusal {
+    /// Why an attempt was refused (a `refused` boundary), as the ledger stores it: the
+    /// word of the shim's refusal (`shim::Refusal`, the whole frame with its marker), or
+    /// opmark's own reason for not claiming. Named apart from the frame it summarises.
+    RefusalWord {
         /// Another attempt holds the claim and runs.
         Running = "running",
         /// The exit record is there.
@@ -192,27 +193,27 @@ words! {
     }
 }
 
-impl Refusal {
+impl RefusalWord {
     /// Does this refusal prove a claim of the op id existed on the host (so a marker
     /// found absent later was removed, not never made)?
     pub fn proves_claim(&self) -> bool {
         matches!(
             self,
-            Refusal::Running
-                | Refusal::Completed
-                | Refusal::Interrupted
-                | Refusal::Conflict
-                | Refusal::AlreadyCompleted
+            RefusalWord::Running
+                | RefusalWord::Completed
+                | RefusalWord::Interrupted
+                | RefusalWord::Conflict
+                | RefusalWord::AlreadyCompleted
         )
     }
 
     /// The refusal of an event written before refused boundaries carried their reason:
     /// older opmark put the shim's reason (or its own sentence) first in the detail.
-    pub fn from_legacy_detail(detail: &str) -> Refusal {
+    pub fn from_legacy_detail(detail: &str) -> RefusalWord {
         match detail.split([' ', ':', ',']).next().unwrap_or("") {
-            "already" => Refusal::AlreadyCompleted,
-            "not" => Refusal::LedgerHoldsExit,
-            word => Refusal::from(word),
+            "already" => RefusalWord::AlreadyCompleted,
+            "not" => RefusalWord::LedgerHoldsExit,
+            word => RefusalWord::from(word),
         }
     }
 }
@@ -427,7 +428,7 @@ mod tests {
 
     #[test]
     fn refusal_names_are_pinned_and_old_details_still_read() {
-        let names: Vec<&str> = Refusal::KNOWN.iter().map(Refusal::as_str).collect();
+        let names: Vec<&str> = RefusalWord::KNOWN.iter().map(RefusalWord::as_str).collect();
         assert_eq!(
             names,
             [
@@ -442,26 +443,26 @@ mod tests {
         );
         // The details older opmark wrote on refused boundaries.
         for (detail, want, proves) in [
-            ("running", Refusal::Running, true),
+            ("running", RefusalWord::Running, true),
             (
                 "conflict: the marker binds another intent",
-                Refusal::Conflict,
+                RefusalWord::Conflict,
                 true,
             ),
             (
                 "already completed on the host",
-                Refusal::AlreadyCompleted,
+                RefusalWord::AlreadyCompleted,
                 true,
             ),
             (
                 "not claimed: the ledger already holds this operation's exit; probing to replay",
-                Refusal::LedgerHoldsExit,
+                RefusalWord::LedgerHoldsExit,
                 false,
             ),
-            ("fenced", Refusal::Fenced, false),
-            ("busy", Refusal::Other("busy".into()), false),
+            ("fenced", RefusalWord::Fenced, false),
+            ("busy", RefusalWord::Other("busy".into()), false),
         ] {
-            let got = Refusal::from_legacy_detail(detail);
+            let got = RefusalWord::from_legacy_detail(detail);
             assert_eq!(got, want, "{detail}");
             assert_eq!(got.proves_claim(), proves, "{detail}");
         }

@@ -59,7 +59,7 @@ use std::time::Duration;
 
 use crate::family::Family;
 use crate::ledger::history::FinalDecision;
-use crate::ledger::{Decision, OperationRecord, Refusal};
+use crate::ledger::{Decision, OperationRecord, RefusalWord};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
@@ -220,7 +220,7 @@ pub enum Effect {
     /// The current attempt was refused, for this typed reason (reconcile reads it).
     Refused {
         /// Why, as the ledger types it.
-        refusal: Refusal,
+        refusal: RefusalWord,
         /// Why, in words.
         detail: String,
     },
@@ -365,7 +365,7 @@ pub fn start(facts: &Facts<'_>) -> Step<Action> {
     if facts.ledger_exit.is_some() {
         return Step::after(
             vec![Effect::Refused {
-                refusal: Refusal::LedgerHoldsExit,
+                refusal: RefusalWord::LedgerHoldsExit,
                 detail:
                     "not claimed: the ledger already holds this operation's exit; probing to replay"
                         .into(),
@@ -406,7 +406,7 @@ pub fn after_dispatch(facts: &Facts<'_>, seen: Dispatched) -> Step<Action> {
         ),
         Dispatched::RootChanged(why) => Step::after(
             vec![Effect::Refused {
-                refusal: Refusal::from("root_changed"),
+                refusal: RefusalWord::from("root_changed"),
                 detail: why.clone(),
             }],
             Action::Answer(key_mismatch(&attempt, why)),
@@ -533,7 +533,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
     if let Some(x) = reply.exit {
         if reply.refusal.is_some() {
             record.push(Effect::Refused {
-                refusal: Refusal::AlreadyCompleted,
+                refusal: RefusalWord::AlreadyCompleted,
                 detail: "already completed on the host".into(),
             });
         }
@@ -556,7 +556,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
     };
     // The shim's reason is a protocol word: it types the refusal.
     record.push(Effect::Refused {
-        refusal: Refusal::from(refusal.reason.as_str()),
+        refusal: RefusalWord::from(refusal.reason.as_str()),
         detail: refusal.reason.as_str().to_owned(),
     });
     let then = match refusal.reason {
@@ -1710,7 +1710,7 @@ mod tests {
         assert!(matches!(
             &step.record[..],
             [Effect::Refused {
-                refusal: crate::ledger::Refusal::LedgerHoldsExit,
+                refusal: crate::ledger::RefusalWord::LedgerHoldsExit,
                 ..
             }]
         ));
@@ -2011,7 +2011,7 @@ mod tests {
         assert_eq!(
             step.record,
             vec![Effect::Refused {
-                refusal: crate::ledger::Refusal::AlreadyCompleted,
+                refusal: crate::ledger::RefusalWord::AlreadyCompleted,
                 detail: "already completed on the host".into()
             }]
         );
@@ -2066,7 +2066,7 @@ mod tests {
         assert_eq!(
             step.record[0],
             Effect::Refused {
-                refusal: crate::ledger::Refusal::Running,
+                refusal: crate::ledger::RefusalWord::Running,
                 detail: "running".into()
             }
         );

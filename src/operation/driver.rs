@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::family::Family;
 use crate::host::{self, call_shim, CallEnd, CallObserver};
-use crate::ledger::{Durability, Event, LedgerError, OpKey, Refusal};
+use crate::ledger::{Durability, Event, LedgerError, OpKey, RefusalWord};
 use crate::op_id::OpId;
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, Frame, MarkerInfo, RefusalReason, RunRequest, StdinSpec, Verb};
@@ -812,7 +812,7 @@ fn record_boundary(
     attempts: &mut [AttemptSummary],
     attempt: &str,
     boundary: Boundary,
-    refusal: Option<Refusal>,
+    refusal: Option<RefusalWord>,
     detail: &str,
 ) -> Result<(), LedgerError> {
     ledger.append(
