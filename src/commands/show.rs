@@ -352,7 +352,7 @@ fn describe(event: &Event) -> (usize, String) {
                 "cancel by {} (grace {}): {}",
                 p(by),
                 seconds(*grace_ms),
-                p(result)
+                p(result.as_str())
             );
             if let Some(c) = exit_code {
                 let _ = write!(s, ", exit {c}");

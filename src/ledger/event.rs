@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
-use super::words::{Decision, ProbeState, RefusalWord};
+use super::words::{CancelResult, Decision, ProbeState, RefusalWord};
 use crate::family::Family;
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
@@ -192,7 +192,7 @@ pub enum Event {
         /// What the host shim did: `cancelled` (signalled; the exit record is down),
         /// `already_completed`, `already_fenced`, `fenced:<was>` (`absent`, `not_started`,
         /// `interrupted`), `still_running`, or `unknown` when its answer was lost.
-        result: String,
+        result: CancelResult,
         /// The exit code the host recorded, when there is one.
         exit_code: Option<i32>,
         /// The marker afterwards, in words (redacted).
@@ -319,7 +319,10 @@ impl Event {
                 by, result, detail, ..
             } => {
                 *by = r(by);
-                *result = r(result);
+                // Only a word this version does not know can hold free text.
+                if let CancelResult::Other(w) = result {
+                    *result = CancelResult::Other(r(w));
+                }
                 *detail = r(detail);
             }
         }

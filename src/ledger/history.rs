@@ -228,7 +228,7 @@ impl History {
                 result,
                 exit_code,
                 ..
-            } if result == "cancelled" || result.starts_with("fenced") => {
+            } if result.changed_the_host() => {
                 if exit_code.is_some() {
                     self.exit_code = *exit_code;
                 }

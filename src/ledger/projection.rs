@@ -90,15 +90,8 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::Contradiction { .. }
         | Event::Fenced { .. }
         | Event::ClientInterrupted { .. } => was_unresolved,
-        Event::Cancelled { result, .. } => was_unresolved && !cancel_settles(result),
+        Event::Cancelled { result, .. } => was_unresolved && !result.settles(),
     }
-}
-
-/// Cancel results that settle the outcome: the exit record is down (`cancelled`), or the
-/// op id was fenced before anything could run (`absent`, `not_started`). A fenced
-/// interrupted claim may have had effects, so it settles nothing.
-fn cancel_settles(result: &str) -> bool {
-    matches!(result, "cancelled" | "fenced:absent" | "fenced:not_started")
 }
 
 /// Why an append was refused by the projection.
@@ -379,7 +372,7 @@ pub(crate) fn fold(
         } => {
             // Only what changed the host shows as the state (killed, or fenced before it
             // could run); "already ..." is an observation.
-            if result == "cancelled" || result.starts_with("fenced") {
+            if result.changed_the_host() {
                 rec.state = OpState::Cancelled;
             }
             if exit_code.is_some() {
@@ -557,7 +550,7 @@ mod tests {
         Event::Cancelled {
             by: "op".into(),
             grace_ms: 10_000,
-            result: result.into(),
+            result: crate::ledger::CancelResult::from(result),
             exit_code: None,
             detail: String::new(),
         }

@@ -165,6 +165,64 @@ impl ProbeState {
     }
 }
 
+words! {
+    /// What the host's shim did for `opmark cancel`, as the ledger stores it (a
+    /// `cancelled` event): the cancel frame's outcome, with a fence's earlier state.
+    CancelResult {
+        /// Signalled; the exit record (marked cancelled) is down.
+        Cancelled = "cancelled",
+        /// The exit record already existed: nothing was signalled.
+        AlreadyCompleted = "already_completed",
+        /// The marker was already fenced: nothing changed.
+        AlreadyFenced = "already_fenced",
+        /// An absent op id, fenced: nothing can run under it.
+        FencedAbsent = "fenced:absent",
+        /// A claim whose command never started, fenced by taking its start gate.
+        FencedNotStarted = "fenced:not_started",
+        /// An interrupted claim, fenced: it may have had effects.
+        FencedInterrupted = "fenced:interrupted",
+        /// Signals did not stop it in time.
+        StillRunning = "still_running",
+        /// The cancel's answer was lost: the TERM may have gone out.
+        Unknown = "unknown",
+    }
+}
+
+impl CancelResult {
+    /// Does this result settle the operation's outcome? Yes when the exit record is down
+    /// or the op id was fenced before anything could run; a fenced interrupted claim may
+    /// have had effects, so it settles nothing.
+    pub fn settles(&self) -> bool {
+        matches!(
+            self,
+            CancelResult::Cancelled | CancelResult::FencedAbsent | CancelResult::FencedNotStarted
+        )
+    }
+
+    /// Did the cancel change the host (killed the command, or fenced the op id)? The
+    /// "already ..." results are observations.
+    pub fn changed_the_host(&self) -> bool {
+        matches!(
+            self,
+            CancelResult::Cancelled
+                | CancelResult::FencedAbsent
+                | CancelResult::FencedNotStarted
+                | CancelResult::FencedInterrupted
+        ) || matches!(self, CancelResult::Other(w) if w.starts_with("fenced:"))
+    }
+}
+
+impl From<&crate::shim::CancelOutcome> for CancelResult {
+    fn from(outcome: &crate::shim::CancelOutcome) -> Self {
+        match outcome {
+            crate::shim::CancelOutcome::Fenced { was } => {
+                CancelResult::from(format!("fenced:{was}").as_str())
+            }
+            other => CancelResult::from(other.as_str()),
+        }
+    }
+}
+
 impl From<crate::shim::MarkerState> for ProbeState {
     fn from(m: crate::shim::MarkerState) -> Self {
         ProbeState::from(m.as_str())
@@ -424,6 +482,56 @@ mod tests {
             assert_eq!(ProbeState::from(m).as_str(), m.as_str());
             assert!(!matches!(ProbeState::from(m), ProbeState::Other(_)));
         }
+    }
+
+    /// Every cancel frame the shim sends is stored as a known word, the words that
+    /// ledgers already hold read back as the same results, and only what the evidence
+    /// proves settles the operation.
+    #[test]
+    fn every_cancel_outcome_is_stored_as_a_known_word_and_only_proofs_settle() {
+        use crate::shim::CancelOutcome as O;
+        let fenced = |was: &str| O::Fenced { was: was.into() };
+        let stored: Vec<String> = [
+            O::Cancelled,
+            O::AlreadyCompleted,
+            O::AlreadyFenced,
+            fenced("absent"),
+            fenced("not_started"),
+            fenced("interrupted"),
+            O::Still {
+                state: "running".into(),
+            },
+        ]
+        .iter()
+        .map(|o| {
+            let r = CancelResult::from(o);
+            assert!(!matches!(r, CancelResult::Other(_)), "{o:?} -> {r:?}");
+            r.as_str().to_owned()
+        })
+        .collect();
+        assert_eq!(
+            stored,
+            [
+                "cancelled",
+                "already_completed",
+                "already_fenced",
+                "fenced:absent",
+                "fenced:not_started",
+                "fenced:interrupted",
+                "still_running"
+            ]
+        );
+        let settling: Vec<&str> = CancelResult::KNOWN
+            .iter()
+            .filter(|r| r.settles())
+            .map(CancelResult::as_str)
+            .collect();
+        assert_eq!(
+            settling,
+            ["cancelled", "fenced:absent", "fenced:not_started"]
+        );
+        assert!(CancelResult::FencedInterrupted.changed_the_host());
+        assert!(!CancelResult::AlreadyCompleted.changed_the_host());
     }
 
     #[test]

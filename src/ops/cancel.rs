@@ -19,7 +19,7 @@ use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{
     CallError, CancelOutcome, Cancelled, Host, MarkerInfo, ReachError, RefusalReason,
 };
-use crate::ledger::{Durability, Event, Ledger, OpKey};
+use crate::ledger::{CancelResult, Durability, Event, Ledger, OpKey};
 use crate::op_id::OpId;
 use crate::text::printable;
 
@@ -157,7 +157,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
                 &Event::Cancelled {
                     by: by.clone(),
                     grace_ms,
-                    result: "unknown".into(),
+                    result: CancelResult::Unknown,
                     exit_code: None,
                     detail: format!("the answer was lost: {reason}"),
                 },
@@ -181,10 +181,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
         }
     };
     let message = message(&op, &host, &outcome, &marker, args.grace);
-    let result = match &outcome {
-        CancelOutcome::Fenced { was } => format!("fenced:{was}"),
-        other => other.as_str().to_owned(),
-    };
+    let result = CancelResult::from(&outcome);
     ledger.append(
         &key,
         &Event::Cancelled {

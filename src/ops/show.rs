@@ -346,7 +346,7 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                 detail,
                 ..
             } => {
-                let mut f = result.clone();
+                let mut f = result.as_str().to_owned();
                 if let Some(c) = exit_code {
                     let _ = write!(f, ", exit {c}");
                 }
