@@ -21,7 +21,7 @@
 //! | `fenced` | `not_applied` (`fenced`); `indeterminate` (`fenced_after_start`) when its command had started | [`after_probe`] |
 //! | probe unreachable, `--wait` left | probe again after a pause | [`ProbeAction::Wait`] |
 //! | probe unreachable, `--wait` spent | `indeterminate` (`unreachable_after_dispatch`) | [`after_probe`] |
-//! | another host key | `indeterminate` (`host_key_mismatch`): nothing concluded | [`after_probe`] |
+//! | another host key | `conflict` (`host_changed`): nothing concluded | [`after_probe`] |
 //! | connection lost while following | probe again (same window) or `indeterminate` | [`after_follow`] |
 //!
 //! Before a probe: what one dispatch ended with ([`after_dispatch`], [`after_reply`]):
@@ -30,7 +30,7 @@
 //! |---|---|
 //! | connect failed before dispatch, budget left | record `not_sent`, back off, retry (`connection_not_established`) |
 //! | connect failed finally (key, auth, name, timeout) or budget spent | `not_applied` with the connect's code, or `indeterminate` (`earlier_dispatch_unknown`) when an earlier attempt was dispatched |
-//! | the host presents another key than the operation ran against | record `not_sent`, `indeterminate` (`host_key_mismatch`) |
+//! | the host presents another key than the operation ran against | record `not_sent`, `conflict` (`host_changed`) |
 //! | the shim never started (orderly close, no header) | `not_applied` (`shim_did_not_start`), or `indeterminate` after an earlier dispatch |
 //! | reply lost after dispatch | record `started`/`sent_no_response` ("response lost"), then probe |
 //! | exit frame | `completed` when ours, `replayed` when an earlier attempt's (a refusal before it records `refused`) |

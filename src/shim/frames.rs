@@ -354,7 +354,7 @@ pub enum Frame {
     Doctor(BTreeMap<String, String>),
     /// `K done`: the doctor's last line.
     DoctorDone,
-    /// `C`: what a cancel did, and the marker afterwards.
+    /// `N`: what a cancel did, and the marker afterwards.
     Cancel {
         /// What happened.
         outcome: CancelOutcome,
@@ -417,7 +417,7 @@ pub enum GcAction {
     ShimReclaimed,
 }
 
-/// What the shim's `cancel` verb did (its `C` frame).
+/// What the shim's `cancel` verb did (its `N` frame).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CancelOutcome {
