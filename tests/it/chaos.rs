@@ -960,7 +960,7 @@ fn reuse_a_crashed_pid(
         // Only this round's markers whose recorded supervisor is that very process (its
         // start time, its own session): a stale record's pid may be anyone's by now, and
         // nothing but that supervisor's session is ever killed here.
-        let running: Vec<(PathBuf, String)> = dir
+        let mut running: Vec<(PathBuf, String, u64)> = dir
             .flatten()
             .map(|e| e.path())
             .filter(|m| ours(m))
@@ -970,10 +970,19 @@ fn reuse_a_crashed_pid(
                 (m.join("started").exists()
                     && !m.join("exit").exists()
                     && is_supervisor(&pid, &start))
-                .then_some((m, pid))
+                .then_some((m, pid, start.parse().ok()?))
             })
             .collect();
-        let [(crashed, dead), (_, live), ..] = running.as_slice() else {
+        // A reused pid belongs to a process that started after the first one died, so at
+        // a later start time. Two supervisors started in the same clock tick (10 ms) share
+        // (pid, start, boot) once the record is forged: that is the same process identity,
+        // not a reuse, and no host could tell them apart. So the crashed one is the
+        // earliest, and the live one must have started strictly later.
+        running.sort_by_key(|(_, _, start)| *start);
+        let Some((crashed, dead, first)) = running.first() else {
+            continue;
+        };
+        let Some((_, live, _)) = running.iter().find(|(_, _, start)| start > first) else {
             continue;
         };
         let id = crashed.file_name()?.to_str()?;
