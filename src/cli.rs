@@ -332,6 +332,17 @@ pub enum PolicyAction {
     Show,
 }
 
+/// Shell completion of HOST arguments: the ssh config's Host entries and known_hosts
+/// names (asked of `opmark` itself when the shell completes: `COMPLETE=bash opmark`).
+fn complete_hosts() -> clap_complete::engine::ArgValueCandidates {
+    clap_complete::engine::ArgValueCandidates::new(crate::commands::completions::hosts)
+}
+
+/// Shell completion of op ids: the ledger's most recently active operations.
+fn complete_ops() -> clap_complete::engine::ArgValueCandidates {
+    clap_complete::engine::ArgValueCandidates::new(crate::commands::completions::op_ids)
+}
+
 /// `opmark completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
@@ -364,6 +375,7 @@ pub struct McpArgs {
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     /// Host alias, [user@]host or ssh://[user@]host[:port].
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Connection options.
     #[command(flatten)]
@@ -376,9 +388,11 @@ pub struct RunArgs {
     /// Host alias from the ssh config, or [user@]host; several for a fleet run (one
     /// operation per host, same op id).
     #[arg(value_name = "HOST", required_unless_present = "hosts_file")]
+    #[arg(add = complete_hosts())]
     pub hosts: Vec<String>,
     /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent.
     #[arg(long = "op", value_name = "ID")]
+    #[arg(add = complete_ops())]
     pub op: Option<String>,
     /// Treat the command as at least this family (stricter only, never less strict).
     #[arg(long = "class", value_enum, value_name = "FAMILY")]
@@ -418,8 +432,10 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// Connection options.
     #[command(flatten)]
@@ -430,8 +446,10 @@ pub struct ProbeArgs {
 #[derive(Debug, Args)]
 pub struct CancelArgs {
     /// Host alias or [user@]host, as given to `opmark run`.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// How long the command has between TERM and KILL (e.g. 500ms, 10s, 1m).
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
@@ -457,6 +475,7 @@ pub struct ListArgs {
     pub unresolved: bool,
     /// Only operations on this host.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
     /// Only operations active within this long before now (e.g. 30m, 2h, 7d).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -470,6 +489,42 @@ pub struct ListArgs {
     /// Times in UTC instead of the local time zone.
     #[arg(long)]
     pub utc: bool,
+    /// Every column whole (command, family), however wide the rows get.
+    #[command(flatten)]
+    pub wide: WideArgs,
+}
+
+/// `--wide` or `-o wide`, as kubectl says it: tables with every column whole.
+#[derive(Debug, Args, Clone, Default)]
+pub struct WideArgs {
+    /// Every column whole, however wide the rows get (default: fit the screen, never
+    /// cutting op ids or hosts).
+    #[arg(long = "wide")]
+    pub wide: bool,
+    /// `-o wide` is `--wide`.
+    #[arg(short = 'o', long = "output", value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputArg>,
+}
+
+impl WideArgs {
+    /// True for `--wide` or `-o wide`.
+    pub fn wide(&self) -> bool {
+        self.wide || self.output == Some(OutputArg::Wide)
+    }
+}
+
+/// Table formats (`-o`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    /// Every column whole.
+    Wide,
+}
+
+impl ListArgs {
+    /// True for `--wide` or `-o wide`.
+    pub fn wide(&self) -> bool {
+        self.wide.wide()
+    }
 }
 
 /// `opmark stats`.
@@ -485,9 +540,11 @@ pub struct StatsArgs {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// Operation id, or a prefix of it that matches only one operation.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// The host, when the op id was used on several.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
 }
 
@@ -495,20 +552,27 @@ pub struct ShowArgs {
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
     /// Only these operations (default: every unresolved one).
+    #[arg(add = complete_ops())]
     pub ops: Vec<String>,
     /// Only operations on this host.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
+    /// Every column whole, however wide the rows get.
+    #[command(flatten)]
+    pub wide: WideArgs,
 }
 
 /// `opmark resolve`.
 #[derive(Debug, Args)]
 pub struct ResolveArgs {
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
-    /// The operation's host.
+    /// The operation's host (needed only when the op id was used on several hosts).
     #[arg(long, value_name = "HOST")]
-    pub host: String,
+    #[arg(add = complete_hosts())]
+    pub host: Option<String>,
     /// The decision.
     #[arg(long = "as", value_enum, value_name = "DECISION")]
     pub decision: Resolution,
@@ -611,6 +675,7 @@ pub enum LedgerAction {
 #[derive(Debug, Args)]
 pub struct GcArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Remove finished or fenced markers older than this (e.g. 30d).
     #[arg(long = "older-than", value_parser = parse_duration, value_name = "DURATION")]
@@ -631,6 +696,7 @@ pub struct GcArgs {
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Connection options.
     #[command(flatten)]
@@ -688,6 +754,13 @@ pub enum LabAction {
     },
     /// Print the targets of a running lab and how to reach them.
     Status {
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Print the `export OPMARK_SSH_CONFIG=...` line that reaches the lab's targets
+    /// without -F (`eval "$(opmark lab env)"`).
+    Env {
         /// Lab directory.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
