@@ -268,6 +268,21 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; nothing was sent"),
         ));
     }
+    // A name that resolves nowhere and is no Host of the ssh config is a typo far more
+    // often than an outage: answered before the ledger, so it never becomes an operation.
+    for host in &hosts {
+        if let Some(why) = super::hosts::unresolvable(ctx, host, &req.options) {
+            return Ok(RunAnswer::Early(Early {
+                op_id: Some(op.as_str().to_owned()),
+                verdict: Verdict::NotApplied,
+                exit_code: None,
+                reason: why,
+                reason_code: ReasonCode::NameUnresolvable,
+                retryable: ReasonCode::NameUnresolvable.retryable(),
+                status: Verdict::NotApplied.reserved_exit_code().unwrap_or(247),
+            }));
+        }
+    }
     let answer = if let [host] = hosts.as_slice() {
         let host = host.clone();
         block_on(run_operation(ctx, req, host, op, minted, command, watch))
