@@ -7,7 +7,7 @@
 //! one output object, [`render::Out`], and text for people).
 
 mod classify;
-mod completions;
+pub mod completions;
 mod lab;
 mod man;
 mod policy;
