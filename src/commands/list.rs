@@ -280,7 +280,7 @@ mod tests {
         assert_eq!(Zone::Local(east).at(at), "2026-03-05 04:00:59");
         assert_eq!(
             Zone::Local(east).at("2026-03-04 garbage"),
-            "2026-03-04 garbage "
+            "2026-03-04 garbage"
         );
     }
 }
