@@ -332,15 +332,83 @@ pub enum PolicyAction {
     Show,
 }
 
+/// The environment variable the completion scripts set when they ask the binary for
+/// candidates (`COMPLETE=bash opmark -- WORDS...`).
+pub const COMPLETE_VAR: &str = "COMPLETE";
+
 /// Shell completion of HOST arguments: the ssh config's Host entries and known_hosts
 /// names (asked of `opmark` itself when the shell completes: `COMPLETE=bash opmark`).
 fn complete_hosts() -> clap_complete::engine::ArgValueCandidates {
-    clap_complete::engine::ArgValueCandidates::new(crate::commands::completions::hosts)
+    clap_complete::engine::ArgValueCandidates::new(host_candidates)
 }
 
 /// Shell completion of op ids: the ledger's most recently active operations.
 fn complete_ops() -> clap_complete::engine::ArgValueCandidates {
-    clap_complete::engine::ArgValueCandidates::new(crate::commands::completions::op_ids)
+    clap_complete::engine::ArgValueCandidates::new(op_candidates)
+}
+
+/// Candidates for a HOST: the ssh config's plain `Host` names and known_hosts names.
+fn host_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
+    crate::ops::hosts::known_names(&context_of_line())
+        .into_iter()
+        .map(clap_complete::engine::CompletionCandidate::new)
+        .collect()
+}
+
+/// Candidates for an OP: the op ids of the ledger's most recently active operations
+/// (never creates a ledger; none when there is none), each with its host and command.
+fn op_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
+    let request = crate::ops::list::ListRequest {
+        limit: Some(200),
+        ..Default::default()
+    };
+    let Ok(report) = crate::ops::list::list(&context_of_line(), &request) else {
+        return Vec::new();
+    };
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for o in report.operations {
+        if seen.contains(&o.op_id) {
+            continue;
+        }
+        seen.push(o.op_id.clone());
+        let help = format!("{}: {}", o.host, crate::text::fit(&o.display, 40));
+        out.push(clap_complete::engine::CompletionCandidate::new(o.op_id).help(Some(help.into())));
+    }
+    out
+}
+
+/// The ssh config and ledger of the command line being completed: its `-F`, `--ledger`
+/// and `--ledger-key` when typed already (the words after `--`), else the environment's.
+fn context_of_line() -> crate::ops::Context {
+    let words: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip_while(|w| w != "--")
+        .skip(1)
+        .collect();
+    let value_of = |flags: &[&str], var: &str| -> Option<PathBuf> {
+        let mut found = None;
+        for (i, w) in words.iter().enumerate() {
+            let Some(w) = w.to_str() else { continue };
+            for flag in flags {
+                if w == *flag {
+                    found = words.get(i + 1).map(PathBuf::from);
+                } else if let Some(v) = w.strip_prefix(&format!("{flag}=")) {
+                    found = Some(PathBuf::from(v));
+                }
+            }
+        }
+        found.or_else(|| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+    };
+    crate::ops::Context {
+        ssh_config: value_of(&["-F", "--ssh-config"], "OPMARK_SSH_CONFIG"),
+        ledger: value_of(&["--ledger"], "OPMARK_LEDGER"),
+        ledger_key: value_of(&["--ledger-key"], "OPMARK_LEDGER_KEY"),
+        policy: None,
+    }
 }
 
 /// `opmark completions`.

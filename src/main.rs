@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     // `opmark completions` prints) is answered here and the process exits; otherwise
     // this costs one environment lookup.
     clap_complete::CompleteEnv::with_factory(<opmark::cli::Cli as clap::CommandFactory>::command)
-        .var(opmark::commands::completions::VAR)
+        .var(opmark::cli::COMPLETE_VAR)
         .complete();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,

@@ -5,7 +5,7 @@
 //! local (year to second) unless `--utc`.
 
 use super::common;
-use super::render::{fit, pad, parse_at, printable, to_second, width};
+use super::render::{fit, pad, parse_at, printable, to_second, width, Fit};
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Result};
 use crate::ledger::OperationRecord;
@@ -99,16 +99,6 @@ impl Zone {
             .and_then(|t| t.to_offset(self.offset()).format(&format).ok())
             .unwrap_or_else(|| to_second(at))
     }
-}
-
-/// How wide the table may be: cut to a screen, or whole (`--wide`, `-o wide`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fit {
-    /// Rows fit this many columns: the command is cut (or goes on its own line) so that
-    /// the op id and host, which people copy, are never cut.
-    Screen(usize),
-    /// Every column whole, and the family too: one row per operation however long.
-    Wide,
 }
 
 /// The narrowest room a command gets beside the other columns; below it, the command

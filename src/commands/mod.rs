@@ -7,7 +7,7 @@
 //! one output object, [`render::Out`], and text for people).
 
 mod classify;
-pub mod completions;
+mod completions;
 mod lab;
 mod man;
 mod policy;

@@ -9,8 +9,7 @@
 use std::io::IsTerminal;
 
 use super::common;
-use super::list::Fit;
-use super::render::{fit, pad, printable, width};
+use super::render::{fit, pad, printable, width, Fit};
 use crate::cli::{GlobalArgs, ReconcileArgs};
 use crate::error::Result;
 use crate::operation::identity;

@@ -73,6 +73,16 @@ fn stdout_failed(e: std::io::Error) -> Error {
     )
 }
 
+/// How wide the table may be: cut to a screen, or whole (`--wide`, `-o wide`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// Rows fit this many columns: the command is cut (or goes on its own line) so that
+    /// the op id and host, which people copy, are never cut.
+    Screen(usize),
+    /// Every column whole, and the family too: one row per operation however long.
+    Wide,
+}
+
 /// The width `show` wraps its timeline to.
 pub const WIDTH: usize = 80;
 
