@@ -216,7 +216,7 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
             "dir": dir,
             "image": image,
             "image_removed": purge.is_some(),
-            "unresolved": unresolved
+            "unresolved_operations": unresolved
                 .iter()
                 .map(|(op, host)| serde_json::json!({ "op_id": op, "host": host }))
                 .collect::<Vec<_>>(),
