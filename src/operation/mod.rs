@@ -314,7 +314,12 @@ pub async fn run_interruptible(
         classification.approval.as_deref(),
         approved,
     ) {
-        runner.record_closed_intent(&answer)?;
+        // A denial is final and says nothing about the host: it is not recorded, so a
+        // rejected command never becomes an operation to list, reconcile or count (a
+        // `blocked` one is: it waits for a human's decision on this op id).
+        if answer.code != crate::vocab::ReasonCode::PolicyDenied {
+            runner.record_closed_intent(&answer)?;
+        }
         return Ok(runner.report(answer));
     }
 
@@ -326,8 +331,13 @@ pub async fn run_interruptible(
     runner.prior_dispatch = earlier.prior_dispatch;
     runner.ledger_exit = earlier.ledger_exit;
     if let Some(existing) = &existing {
-        let conflict =
-            decide::ledger_conflict(&runner.key.op_id, &runner.key.host, existing, &ledger_fp);
+        let conflict = decide::ledger_conflict(
+            &runner.key.op_id,
+            &runner.key.host,
+            existing,
+            &ledger_fp,
+            &runner.display,
+        );
         if let Some(answer) = conflict {
             return Ok(runner.report(answer));
         }

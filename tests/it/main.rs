@@ -22,6 +22,7 @@ mod operators;
 mod policy;
 mod redaction;
 mod run;
+mod screens;
 mod shim;
 mod speed;
 mod ssh_config;
