@@ -76,7 +76,8 @@ Reason codes (retryable marked *):
                  shim_did_not_start, host_missing_setsid, host_disk_full,
                  resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
-                 attempt_budget_spent*, interrupted_needs_approval, host_key_mismatch,
+                 attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval,
+                 host_key_mismatch,
                  host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human reruns with --approve NOTE)

@@ -482,7 +482,10 @@ impl ServerHandler for Server {
                  Choose one op_id per intended effect and reuse it on every retry. Branch on \
                  `verdict` and `retryable`: completed/replayed = done; retryable=true = call \
                  run again later with the same op_id; indeterminate = ask a human (opmark \
-                 show, opmark resolve); blocked = a human must approve outside MCP.",
+                 show, opmark resolve); blocked = a human must approve outside MCP. A run \
+                 never outlasts its `wait` (default 30s): spent, it answers in_progress \
+                 (wait_budget_spent) and the command keeps running; `detach: true` answers \
+                 at once. A wrong argument is an error whose `error.field` names it.",
             )
     }
 }

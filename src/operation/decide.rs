@@ -1202,7 +1202,8 @@ pub fn client_interrupted(
 /// at `boundary` (docs/decisions.md#wait-budget): as a signal would have, but the code says
 /// why. `in_progress` when a request of this invocation may have reached the host (the
 /// command, if it started, keeps running, detached by design); `not_applied` when nothing
-/// was sent, recorded only when no earlier run's attempt or exit stands.
+/// was ever sent; `indeterminate`, not recorded, when this invocation sent nothing but an
+/// earlier run's attempt was dispatched (its outcome is not known here).
 pub fn wait_budget_spent(
     facts: &Facts<'_>,
     dispatched: bool,
@@ -1235,12 +1236,22 @@ pub fn wait_budget_spent(
             record_verdict: true,
         };
     }
-    let earlier_note = facts
-        .prior_dispatch
-        .map(|a| {
-            format!(" (attempt {a} of an earlier run was dispatched; this says nothing about it)")
-        })
-        .unwrap_or_default();
+    // No `not_applied` without proof (docs/decisions.md#no-not-applied-without-proof): an
+    // earlier run's attempt may have run the command, and this one says nothing about it.
+    if let Some(earlier) = facts.prior_dispatch {
+        return Interruption {
+            detail: format!("the --wait budget ({budget}) was spent {doing}; nothing was sent"),
+            answer: Answer::new(
+                Verdict::Indeterminate,
+                attempt,
+                ReasonCode::WaitBudgetSpent,
+                format!(
+                    "the --wait budget ({budget}) was spent {doing}, before this invocation sent anything; attempt {earlier} of an earlier run was dispatched and its outcome is not known here. Retry with the same op id when the host is reachable (a longer --wait gives the connects more time), or run `opmark reconcile`"
+                ),
+            ),
+            record_verdict: false,
+        };
+    }
     Interruption {
         detail: format!("the --wait budget ({budget}) was spent {doing}; nothing was sent"),
         answer: Answer::new(
@@ -1248,10 +1259,10 @@ pub fn wait_budget_spent(
             attempt,
             ReasonCode::WaitBudgetSpent,
             format!(
-                "the --wait budget ({budget}) was spent {doing}, before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. Safe to retry with the same op id (a longer --wait gives the connects more time)"
+                "the --wait budget ({budget}) was spent {doing}, before anything was sent: this invocation ran nothing and nothing of it can still run. Safe to retry with the same op id (a longer --wait gives the connects more time)"
             ),
         ),
-        record_verdict: facts.prior_dispatch.is_none() && facts.ledger_exit.is_none(),
+        record_verdict: facts.ledger_exit.is_none(),
     }
 }
 
@@ -2681,10 +2692,20 @@ mod tests {
         assert!(i.answer.code.retryable());
         assert!(i.record_verdict);
         assert!(i.answer.reason.contains("--wait budget"), "{i:?}");
+    }
+
+    #[test]
+    fn wait_spent_while_connecting_after_an_earlier_dispatch_then_indeterminate() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
         let mut f = facts(Family::Destructive, &ours);
         f.prior_dispatch = Some("at-0");
         let i = wait_budget_spent(&f, false, Boundary::NotSent, "connecting to web1");
+        assert_eq!(
+            verdict_of(&i.answer),
+            (Verdict::Indeterminate, ReasonCode::WaitBudgetSpent)
+        );
         assert!(!i.record_verdict, "an earlier run's attempt stands: {i:?}");
+        assert!(i.answer.reason.contains("attempt at-0"), "{i:?}");
     }
 
     #[test]

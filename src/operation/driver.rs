@@ -126,7 +126,7 @@ impl<'a> Runner<'a> {
                 Action::Backoff => {
                     // A pause past the budget would only end in the budget's answer later.
                     let left = self.deadline.saturating_duration_since(Instant::now());
-                    if left < backoff && !self.dispatched {
+                    if left < backoff && !self.dispatched && !self.input.wait.is_zero() {
                         tokio::time::sleep(left).await;
                         // The last attempt's `not_sent` is recorded already.
                         return self.budget_spent("on connection attempts", false);
@@ -182,8 +182,9 @@ impl<'a> Runner<'a> {
         let attempt = self.current_attempt();
         // Before anything was sent, a connect gets what is left of the budget and no more
         // (a cut link would otherwise hold each attempt for its whole ConnectTimeout).
+        // `--wait 0s` asks for one look without following, not for no connect at all.
         let connect = self.pool.session(dest);
-        let connected = if self.dispatched {
+        let connected = if self.dispatched || self.input.wait.is_zero() {
             connect.await
         } else {
             match tokio::time::timeout_at(self.deadline.into(), connect).await {
