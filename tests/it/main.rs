@@ -28,3 +28,4 @@ mod ssh_config;
 mod targets;
 mod transport;
 mod ux;
+mod vocabulary;
