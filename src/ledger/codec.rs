@@ -142,7 +142,7 @@ fn get_varint(b: &[u8], i: &mut usize) -> Option<u64> {
 /// interned like other text. The prefix is kept in the format for later use; it is empty.
 fn id_like(s: &str) -> Option<(&str, &str)> {
     let is_hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
-    (s.len() >= 16 && s.len() % 2 == 0 && s.bytes().all(is_hex)).then_some(("", s))
+    (s.len() >= 16 && s.len().is_multiple_of(2) && s.bytes().all(is_hex)).then_some(("", s))
 }
 
 fn has_id_like(v: &J) -> bool {

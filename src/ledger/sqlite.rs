@@ -39,6 +39,10 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// One operation of a batch: its key, its redacted events with their payloads, its
+/// record time.
+pub(crate) type BatchOp<'a> = (&'a OpKey, Vec<(Event, String)>, &'a str);
+
 /// An open SQLite ledger.
 #[derive(Debug)]
 pub(crate) struct SqliteStore {
@@ -192,7 +196,7 @@ impl SqliteStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: &[(&OpKey, Vec<(Event, String)>, &str)],
+        ops: &[BatchOp<'_>],
     ) -> Result<(), LedgerError> {
         let tx = self
             .conn
