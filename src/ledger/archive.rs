@@ -10,6 +10,7 @@
 //! is unresolved or still had events after the cut: no operation is ever split, and an
 //! unresolved one is never archived. SQLite only for now.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -90,6 +91,7 @@ pub(crate) fn read_counts(
     }
 }
 
+/// Rows of an archive file (the text layout of events).
 pub(crate) fn rows(conn: &Connection, sql: &str, arg: u64) -> Result<Vec<Row>, LedgerError> {
     let mut stmt = conn.prepare(sql)?;
     let rows = stmt.query_map(params![arg], super::sqlite::chain_row)?;
@@ -102,6 +104,7 @@ const SELECT: &str = super::sqlite::CHAIN_ROW_SELECT;
 /// `file`; see the module doc.
 pub(crate) fn archive(
     conn: &mut Connection,
+    atoms: &RefCell<super::sqlite::AtomCache>,
     key: &InstallationKey,
     first_seq_at_cutoff: u64,
     file: &Path,
@@ -140,7 +143,7 @@ pub(crate) fn archive(
     // here) must not straddle either.
     loop {
         let lower: Option<u64> = tx.query_row(
-            "SELECT MIN(e.seq) FROM events e WHERE e.seq <= ?1 AND EXISTS (SELECT 1 FROM events f WHERE f.op_id = e.op_id AND f.host = e.host AND f.seq > ?1)",
+            "SELECT MIN(e.seq) FROM events e WHERE e.seq <= ?1 AND EXISTS (SELECT 1 FROM events f WHERE f.op = e.op AND f.seq > ?1)",
             params![cut],
             |r| r.get(0),
         )?;
@@ -154,7 +157,12 @@ pub(crate) fn archive(
             message: "nothing to archive: no settled operation was finished before that time (unresolved operations and those still active are never archived)".to_owned(),
         });
     }
-    let archived = rows(&tx, &format!("{SELECT} WHERE seq <= ?1 ORDER BY seq"), cut)?;
+    let archived = super::sqlite::rows_where(
+        &tx,
+        atoms,
+        "WHERE e.seq <= ?1 ORDER BY e.seq",
+        params![cut as i64],
+    )?;
     let (keyed_from, _) = super::binding::keyed_from(&tx)?;
     let last = archived.last().map(|r| r.hash.clone()).unwrap_or_default();
     let head = chain::Head {
@@ -184,6 +192,11 @@ pub(crate) fn archive(
     };
     write_file(file, key, &cut, &archived)?;
     tx.execute("DELETE FROM events WHERE seq <= ?1", params![cut.seq])?;
+    // The first event left implied its predecessor's hash from the row just deleted.
+    tx.execute(
+        "UPDATE events SET prev_hash = ?1 WHERE seq = ?2 AND prev_hash IS NULL",
+        params![super::sqlite::hash_value(&cut.hash), cut.seq as i64 + 1],
+    )?;
     tx.execute(
         "DELETE FROM operations WHERE last_seq <= ?1",
         params![cut.seq],

@@ -24,6 +24,7 @@ mod append;
 pub mod archive;
 pub mod binding;
 pub mod chain;
+mod codec;
 pub mod event;
 pub mod fingerprint;
 pub mod history;
@@ -702,8 +703,24 @@ impl Ledger {
     /// projection, contradictions): for imports and for building big ledgers in benches.
     /// All or nothing; `Normal` durability.
     pub fn append_batch(&mut self, ops: &[(OpKey, Vec<Event>)]) -> Result<(), LedgerError> {
+        let at = now();
+        let stamped: Vec<(OpKey, Vec<Event>, String)> = ops
+            .iter()
+            .map(|(k, e)| (k.clone(), e.clone(), at.clone()))
+            .collect();
+        self.append_batch_stamped(&stamped)
+    }
+
+    /// [`Ledger::append_batch`] with each operation's own record time (UTC RFC 3339 with
+    /// microseconds, not before the last event's): a bench builds a year of history this
+    /// way. Never used by opmark's commands, which stamp the time of the append.
+    #[doc(hidden)]
+    pub fn append_batch_stamped(
+        &mut self,
+        ops: &[(OpKey, Vec<Event>, String)],
+    ) -> Result<(), LedgerError> {
         let mut prepared = Vec::with_capacity(ops.len());
-        for (key, events) in ops {
+        for (key, events, at) in ops {
             key.check()?;
             let redacted: Vec<(Event, String)> = events
                 .iter()
@@ -713,15 +730,14 @@ impl Ledger {
                     (e, payload)
                 })
                 .collect();
-            prepared.push((key, redacted));
+            prepared.push((key, redacted, at.as_str()));
         }
-        let at = now();
         let (ikey, redactor) = (&self.key, &self.redactor);
         match &mut self.store {
-            Store::Sqlite(s) => s.append_batch(ikey, redactor, &prepared, &at),
+            Store::Sqlite(s) => s.append_batch(ikey, redactor, &prepared),
             Store::Postgres(p) => {
-                for (key, redacted) in prepared {
-                    p.append(ikey, redactor, key, redacted, at.clone(), None)?;
+                for (key, redacted, at) in prepared {
+                    p.append(ikey, redactor, key, redacted, at.to_owned(), None)?;
                 }
                 Ok(())
             }
@@ -737,6 +753,18 @@ impl Ledger {
                     .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
                 Ok(())
             }
+            Store::Postgres(_) => Ok(()),
+        }
+    }
+
+    /// Test support, never used by opmark: rewrites a SQLite ledger's event rows with
+    /// every column explicit and as text (see `sqlite::expand_rows`), so a test can edit
+    /// them with plain SQL as an attacker would. The rows mean the same; nothing changes
+    /// for `audit verify`.
+    #[doc(hidden)]
+    pub fn expand_rows_for_tests(&self) -> Result<(), LedgerError> {
+        match &self.store {
+            Store::Sqlite(s) => sqlite::expand_rows(&s.conn, &s.atoms),
             Store::Postgres(_) => Ok(()),
         }
     }

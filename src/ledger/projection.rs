@@ -237,14 +237,11 @@ fn evidence_contradiction(rec: &OperationRecord, event: &Event) -> Option<(Obser
 pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
     let mut rows: std::collections::BTreeMap<OpKey, OperationRecord> = Default::default();
     {
-        let mut stmt =
-            tx.prepare("SELECT seq, op_id, host, at, payload FROM events ORDER BY seq")?;
-        let mut query = stmt.query([])?;
-        while let Some(row) = query.next()? {
-            let seq: u64 = row.get(0)?;
-            let key = OpKey::new(row.get::<_, String>(1)?, row.get::<_, String>(2)?);
-            let at: String = row.get(3)?;
-            let Ok(event) = serde_json::from_str::<Event>(&row.get::<_, String>(4)?) else {
+        let cache = std::cell::RefCell::default();
+        for row in super::sqlite::rows_where(tx, &cache, "ORDER BY e.seq", [])? {
+            let (seq, at) = (row.seq, row.at);
+            let key = OpKey::new(row.op_id, row.host);
+            let Ok(event) = serde_json::from_str::<Event>(&row.payload) else {
                 return Ok(false);
             };
             let before = rows.remove(&key);

@@ -105,7 +105,50 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
     CREATE INDEX operations_by_host ON operations (host, last_seq);
     "#,
+    // 4: the compact event layout (issue 30, docs/ledger.md#storage): what repeats is
+    // stored once (the operation key in `op_keys`, keys and repeating text in `atoms`), the
+    // payload as a lossless transcoding of its JSON text (src/ledger/codec.rs), times and
+    // hashes as numbers and bytes, the predecessor hash and the kind only where they are
+    // not implied. The chain still covers the same text; `migrate_to_compact` (Rust, run
+    // between this and the next statement list) moves the old rows over.
+    r#"
+    ALTER TABLE events RENAME TO events_v3;
+    DROP INDEX events_by_operation;
+    CREATE TABLE atoms (
+        id      INTEGER PRIMARY KEY,
+        digest  INTEGER NOT NULL,   -- first 8 bytes of the text's SHA-256
+        text    TEXT NOT NULL
+    );
+    CREATE INDEX atoms_by_digest ON atoms (digest);
+    CREATE TABLE op_keys (
+        id     INTEGER PRIMARY KEY,
+        op_id  TEXT NOT NULL,
+        host   TEXT NOT NULL,
+        UNIQUE (op_id, host)
+    );
+    CREATE TABLE events (
+        seq   INTEGER PRIMARY KEY,
+        op    INTEGER NOT NULL,     -- op_keys.id
+        at    NOT NULL,             -- micros since the epoch, or the stamp's text
+        payload NOT NULL,           -- compact (blob, src/ledger/codec.rs), or the JSON text
+        hash  NOT NULL,             -- 32 bytes, or text when not a SHA-256 hex
+        prev_hash,                  -- NULL: the hash of event seq - 1 as stored
+        kind  TEXT                  -- NULL: the payload's tag
+    );
+    "#,
 ];
+
+/// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
+fn after(i: usize, tx: &Transaction<'_>) -> Result<(), LedgerError> {
+    if i == 3 {
+        super::sqlite::migrate_to_compact(tx)?;
+        tx.execute_batch(
+            "DROP TABLE events_v3;
+             CREATE INDEX events_by_op ON events (op, seq);",
+        )?;
+    }
+    Ok(())
+}
 
 /// The schema version this build writes.
 pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -129,6 +172,7 @@ pub fn migrate<T>(
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
         tx.execute_batch(sql)?;
+        after(i, &tx)?;
         tx.pragma_update(None, "user_version", i as i64 + 1)?;
     }
     let result = then(&tx, version)?;

@@ -7,17 +7,22 @@
 //! uses for the intent and the attempt before dispatch. Synchronous rusqlite calls: a
 //! cold `run` pays no connection set-up beyond opening the file.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
+use sha2::{Digest, Sha256};
 
 use super::append::{self, AppendTx, UnlessSettledSince};
 use super::binding::{self, Bound};
 use super::chain;
+use super::codec;
 use super::event::{Event, StoredEvent};
 use super::fingerprint::{self, InstallationKey};
 use super::projection::{self, OperationRecord};
@@ -34,18 +39,27 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// One operation of a batch: its key, its redacted events with their payloads, its
+/// record time.
+pub(crate) type BatchOp<'a> = (&'a OpKey, Vec<(Event, String)>, &'a str);
+
 /// An open SQLite ledger.
 #[derive(Debug)]
 pub(crate) struct SqliteStore {
     pub(crate) conn: Connection,
+    /// The committed atoms read or written so far ([`codec`]).
+    pub(crate) atoms: RefCell<AtomCache>,
 }
 
-struct Tx<'a, 'c>(&'a rusqlite::Transaction<'c>);
+struct Tx<'a, 'c> {
+    tx: &'a rusqlite::Transaction<'c>,
+    atoms: AtomsOf<'a>,
+}
 
 impl AppendTx for Tx<'_, '_> {
     fn head(&mut self) -> Result<(u64, String), LedgerError> {
         Ok(self
-            .0
+            .tx
             .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
@@ -54,23 +68,19 @@ impl AppendTx for Tx<'_, '_> {
     }
 
     fn load(&mut self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
-        projection::load(self.0, key)
+        projection::load(self.tx, key)
     }
 
     fn insert(&mut self, r: &chain::Row) -> Result<(), LedgerError> {
-        self.0.execute(
-            "INSERT INTO events (seq, op_id, host, at, kind, payload, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![r.seq, r.op_id, r.host, r.at, r.kind, r.payload, r.prev_hash, r.hash],
-        )?;
-        Ok(())
+        insert_row(self.tx, &mut self.atoms, r)
     }
 
     fn store(&mut self, rec: &OperationRecord) -> Result<(), LedgerError> {
-        projection::store(self.0, rec)
+        projection::store(self.tx, rec)
     }
 
     fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
-        self.0.execute(
+        self.tx.execute(
             "INSERT INTO chain_head (id, seq, hash, mac) VALUES (1, ?1, ?2, ?3) ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash, mac = excluded.mac",
             params![seq, hash, mac],
         )?;
@@ -78,7 +88,7 @@ impl AppendTx for Tx<'_, '_> {
     }
 
     fn add_counts(&mut self, deltas: &append::Counts) -> Result<(), LedgerError> {
-        let mut stmt = self.0.prepare_cached(
+        let mut stmt = self.tx.prepare_cached(
             "INSERT INTO counters (name, n) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
         )?;
         for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
@@ -92,13 +102,18 @@ impl AppendTx for Tx<'_, '_> {
         key: &OpKey,
         after: u64,
     ) -> Result<Vec<(u64, String, String)>, LedgerError> {
-        let mut stmt = self.0.prepare(
-            "SELECT seq, at, payload FROM events WHERE op_id = ?1 AND host = ?2 AND seq > ?3 ORDER BY seq",
+        let mut out = Vec::new();
+        read_rows(
+            self.tx,
+            &mut self.atoms,
+            "WHERE k.op_id = ?1 AND k.host = ?2 AND e.seq > ?3 ORDER BY e.seq",
+            params![key.op_id, key.host, after],
+            |r| {
+                out.push((r.seq, r.at, r.payload));
+                Ok(())
+            },
         )?;
-        let rows = stmt.query_map(params![key.op_id, key.host, after], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        Ok(out)
     }
 }
 
@@ -130,7 +145,13 @@ impl SqliteStore {
         let bound = schema::migrate(&mut conn, |tx, found_version| {
             binding::bind(tx, path, key, found_version)
         })?;
-        Ok((SqliteStore { conn }, bound))
+        Ok((
+            SqliteStore {
+                conn,
+                atoms: RefCell::default(),
+            },
+            bound,
+        ))
     }
 
     /// Appends in one `BEGIN IMMEDIATE` transaction.
@@ -153,8 +174,14 @@ impl SqliteStore {
             let tx = self
                 .conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let seqs = append::append(&mut Tx(&tx), ikey, redactor, key, events, at, condition)?;
+            let mut t = Tx {
+                tx: &tx,
+                atoms: AtomsOf::writing(&tx, &self.atoms),
+            };
+            let seqs = append::append(&mut t, ikey, redactor, key, events, at, condition)?;
+            let pending = t.atoms.into_pending();
             tx.commit()?;
+            self.atoms.borrow_mut().committed(pending);
             Ok(seqs)
         })();
         if full {
@@ -169,16 +196,21 @@ impl SqliteStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: &[(&OpKey, Vec<(Event, String)>)],
-        at: &str,
+        ops: &[BatchOp<'_>],
     ) -> Result<(), LedgerError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        for (key, events) in ops {
-            append::append(&mut Tx(&tx), ikey, redactor, key, events, at, None)?;
+        let mut t = Tx {
+            tx: &tx,
+            atoms: AtomsOf::writing(&tx, &self.atoms),
+        };
+        for (key, events, at) in ops {
+            append::append(&mut t, ikey, redactor, key, events, at, None)?;
         }
+        let pending = t.atoms.into_pending();
         tx.commit()?;
+        self.atoms.borrow_mut().committed(pending);
         Ok(())
     }
 
@@ -240,7 +272,14 @@ impl SqliteStore {
             .query_row(
                 "SELECT seq, at FROM events WHERE seq >= ?1 ORDER BY seq LIMIT 1",
                 params![seq],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| {
+                    let at = match r.get::<_, Value>(1)? {
+                        Value::Integer(m) => codec::micros_to_at(m).unwrap_or_default(),
+                        Value::Text(t) => t,
+                        _ => String::new(),
+                    };
+                    Ok((r.get(0)?, at))
+                },
             )
             .optional()?)
     }
@@ -254,70 +293,126 @@ impl SqliteStore {
             .unwrap_or(0))
     }
 
-    /// `stats` over the events from `from_seq` on and the operations active since.
+    /// `stats` over the events from `from_seq` on and the operations active since:
+    /// O(window), through the primary key and the recency index. The events' payloads are
+    /// compact (schema 4), so they are counted here rather than by SQL.
     pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
-        let c = &self.conn;
+        let tx = self.conn.unchecked_transaction()?;
         let count = |sql: &str| -> Result<u64, LedgerError> {
-            Ok(c.query_row(sql, params![from_seq], |r| r.get(0))?)
+            Ok(tx.query_row(sql, params![from_seq as i64], |r| r.get(0))?)
         };
         let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
-            let mut stmt = c.prepare(sql)?;
-            let rows = stmt.query_map(params![from_seq], |r| {
+            let mut stmt = tx.prepare(sql)?;
+            let rows = stmt.query_map(params![from_seq as i64], |r| {
                 Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
             })?;
             Ok(rows.collect::<Result<_, _>>()?)
         };
-        Stats::query_window(
-            count,
-            group,
-            &super::StatsDialect {
-                verdict: "json_extract(payload, '$.verdict')",
-                attempt_number: "json_extract(e.payload, '$.number')",
-                unresolved: "unresolved = 1",
-                param: "?1",
+        let ops = |cond: &str| {
+            count(&format!(
+                "SELECT COUNT(*) FROM operations WHERE last_seq >= ?1{cond}"
+            ))
+        };
+        let mut stats = Stats {
+            operations: ops("")?,
+            by_state: group(
+                "SELECT state, COUNT(*) FROM operations WHERE last_seq >= ?1 GROUP BY state",
+            )?,
+            by_family: group(
+                "SELECT family, COUNT(*) FROM operations WHERE last_seq >= ?1 GROUP BY family",
+            )?,
+            unresolved: ops(" AND unresolved = 1")?,
+            contradicted_operations: ops(" AND contradictions > 0")?,
+            ..Stats::default()
+        };
+        let mut retries: Vec<OpKey> = Vec::new();
+        read_rows(
+            &tx,
+            &mut AtomsOf::reading(&tx, &self.atoms),
+            "WHERE e.seq >= ?1 ORDER BY e.seq",
+            params![from_seq as i64],
+            |r| {
+                stats.events += 1;
+                match r.kind.as_str() {
+                    "reconciled" => stats.reconciliations += 1,
+                    "operator_decision" => stats.operator_decisions += 1,
+                    "contradiction" => stats.contradictions += 1,
+                    "attempt_dispatched" => {
+                        stats.attempts += 1;
+                        if let Ok(Event::AttemptDispatched { number, .. }) =
+                            decode(r.seq, &r.payload)
+                        {
+                            if number > 1 {
+                                retries.push(OpKey::new(r.op_id, r.host));
+                            }
+                        }
+                    }
+                    "verdict" => {
+                        if let Ok(Event::Verdict { verdict, .. }) = decode(r.seq, &r.payload) {
+                            *stats
+                                .verdicts
+                                .entry(verdict.as_str().to_owned())
+                                .or_insert(0) += 1;
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(())
             },
-        )
+        )?;
+        for key in retries {
+            let family: Option<String> = tx
+                .query_row(
+                    "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2",
+                    params![key.op_id, key.host],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(family) = family {
+                *stats.retries_by_family.entry(family).or_insert(0) += 1;
+            }
+        }
+        let verdict = |v: &str| stats.verdicts.get(v).copied().unwrap_or(0);
+        let (unknown, conflicts, blocked) = (
+            verdict("indeterminate"),
+            verdict("conflict"),
+            verdict("blocked"),
+        );
+        stats.unknown_outcomes = unknown;
+        stats.conflicts_on_host = conflicts;
+        stats.approvals_asked = blocked;
+        tx.finish()?;
+        Ok(stats)
     }
 
     /// One operation's events in order.
     pub(crate) fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
-        let mut stmt = self.conn.prepare(
-            "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
-             WHERE op_id = ?1 AND host = ?2 ORDER BY seq",
+        let rows = rows_where(
+            &self.conn,
+            &self.atoms,
+            "WHERE k.op_id = ?1 AND k.host = ?2 ORDER BY e.seq",
+            params![key.op_id, key.host],
         )?;
-        let rows = stmt.query_map(params![key.op_id, key.host], |r| {
-            Ok((
-                r.get::<_, u64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, String>(6)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, op_id, host, at, payload, prev_hash, hash) = row?;
-            let event = decode(seq, &payload)?;
-            out.push(StoredEvent {
-                seq,
-                op_id,
-                host,
-                at,
-                event,
-                prev_hash,
-                hash,
-            });
-        }
-        Ok(out)
+        rows.into_iter()
+            .map(|r| {
+                Ok(StoredEvent {
+                    event: decode(r.seq, &r.payload)?,
+                    seq: r.seq,
+                    op_id: r.op_id,
+                    host: r.host,
+                    at: r.at,
+                    prev_hash: r.prev_hash,
+                    hash: r.hash,
+                })
+            })
+            .collect()
     }
 
     /// Hosts on which `op_id` has events (also those without an intent).
     pub(crate) fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
         let mut stmt = self
             .conn
-            .prepare("SELECT DISTINCT host FROM events WHERE op_id = ?1 ORDER BY host")?;
+            .prepare("SELECT host FROM op_keys k WHERE op_id = ?1 AND EXISTS (SELECT 1 FROM events WHERE op = k.id) ORDER BY host")?;
         let rows = stmt.query_map(params![op_id], |r| r.get(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -359,18 +454,18 @@ impl SqliteStore {
             .query_row(
                 "SELECT hash FROM events WHERE seq = ?1",
                 params![seq],
-                |r| r.get(0),
+                |r| r.get::<_, Value>(0),
             )
-            .optional()?;
+            .optional()?
+            .map(hash_text);
         let head = chain_head(&tx)?;
         let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let select = CHAIN_ROW_SELECT;
-        let to_row = chain_row;
-        let rows: Vec<chain::Row> = {
-            let mut stmt = tx.prepare(&format!("{select} WHERE seq > ?1 ORDER BY seq"))?;
-            let rows = stmt.query_map(params![seq], to_row)?;
-            rows.collect::<Result<_, _>>()?
-        };
+        let rows = rows_where(
+            &tx,
+            &self.atoms,
+            "WHERE e.seq > ?1 ORDER BY e.seq",
+            params![seq],
+        )?;
         let touched: std::collections::BTreeSet<OpKey> = rows
             .iter()
             .map(|r| OpKey::new(r.op_id.clone(), r.host.clone()))
@@ -378,18 +473,17 @@ impl SqliteStore {
         let mut history = Vec::new();
         let mut projected = Vec::new();
         {
-            let mut events = tx.prepare(&format!(
-                "{select} WHERE op_id = ?1 AND host = ?2 ORDER BY seq"
-            ))?;
             let mut row = tx.prepare(&format!(
                 "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
                 projection::COLUMNS
             ))?;
             for key in &touched {
-                let evs = events.query_map(params![key.op_id, key.host], to_row)?;
-                for e in evs {
-                    history.push(e?);
-                }
+                history.extend(rows_where(
+                    &tx,
+                    &self.atoms,
+                    "WHERE k.op_id = ?1 AND k.host = ?2 ORDER BY e.seq",
+                    params![key.op_id, key.host],
+                )?);
                 if let Some(rec) = row
                     .query_row(params![key.op_id, key.host], projection::from_row)
                     .optional()?
@@ -419,7 +513,7 @@ impl SqliteStore {
         first_seq_at_cutoff: u64,
         file: &Path,
     ) -> Result<super::archive::ArchiveReport, LedgerError> {
-        super::archive::archive(&mut self.conn, key, first_seq_at_cutoff, file)
+        super::archive::archive(&mut self.conn, &self.atoms, key, first_seq_at_cutoff, file)
     }
 
     /// Records that the chain verified whole up to `seq` (whose event has `hash`).
@@ -448,11 +542,7 @@ impl SqliteStore {
         let tx = self.conn.unchecked_transaction()?;
         let head = chain_head(&tx)?;
         let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let rows: Vec<chain::Row> = {
-            let mut stmt = tx.prepare(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"))?;
-            let rows = stmt.query_map([], chain_row)?;
-            rows.collect::<Result<_, _>>()?
-        };
+        let rows = rows_where(&tx, &self.atoms, "ORDER BY e.seq", [])?;
         let projected: Vec<OperationRecord> = {
             let mut stmt = tx.prepare(&format!(
                 "SELECT {} FROM operations ORDER BY op_id, host",
@@ -536,12 +626,13 @@ fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
     }
 }
 
-/// The columns [`chain_row`] reads, in its order.
+/// The columns [`chain_row`] reads, in its order: the text layout of events (ledgers
+/// before schema 4, and archive files).
 pub(crate) const CHAIN_ROW_SELECT: &str =
     "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
 
-/// One event row as the chain checks it, from a [`CHAIN_ROW_SELECT`] query (the ledger's
-/// and an archive's events table alike).
+/// One event row as the chain checks it, from a [`CHAIN_ROW_SELECT`] query of the text
+/// layout.
 pub(crate) fn chain_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<chain::Row> {
     Ok(chain::Row {
         seq: r.get(0)?,
@@ -569,4 +660,334 @@ fn chain_head(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<chain::
         },
     )
     .optional()
+}
+
+/// The atoms of one SQLite ledger known to be committed, by id and by text. Atoms are
+/// never changed or removed once committed, so the cache stays right for the life of the
+/// connection.
+#[derive(Debug, Default)]
+pub(crate) struct AtomCache {
+    by_id: HashMap<i64, Rc<str>>,
+    by_text: HashMap<Rc<str>, i64>,
+}
+
+impl AtomCache {
+    /// The write transaction that interned or read `pending` committed.
+    pub(crate) fn committed(&mut self, pending: Vec<(i64, Rc<str>)>) {
+        for (id, text) in pending {
+            self.remember(id, text);
+        }
+    }
+
+    fn remember(&mut self, id: i64, text: Rc<str>) {
+        self.by_text.insert(text.clone(), id);
+        self.by_id.insert(id, text);
+    }
+}
+
+fn atom_digest(text: &str) -> i64 {
+    let d = Sha256::digest(text.as_bytes());
+    i64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
+/// [`codec::Atoms`] over a connection: committed atoms from (and into) the cache; atoms
+/// interned or read inside an open write transaction stay `pending` until it commits.
+pub(crate) struct AtomsOf<'a> {
+    conn: &'a Connection,
+    cache: &'a RefCell<AtomCache>,
+    /// Inside a write transaction: what it interned or read, for [`AtomsOf::commit`].
+    pending: Option<Vec<(i64, Rc<str>)>>,
+}
+
+impl<'a> AtomsOf<'a> {
+    /// For reading committed data (outside a write transaction).
+    pub(crate) fn reading(conn: &'a Connection, cache: &'a RefCell<AtomCache>) -> Self {
+        AtomsOf {
+            conn,
+            cache,
+            pending: None,
+        }
+    }
+
+    /// For a write transaction: call [`AtomsOf::commit`] once it committed.
+    pub(crate) fn writing(conn: &'a Connection, cache: &'a RefCell<AtomCache>) -> Self {
+        AtomsOf {
+            conn,
+            cache,
+            pending: Some(Vec::new()),
+        }
+    }
+
+    /// What the write transaction interned or read: committed ones once it commits
+    /// ([`AtomCache::committed`]).
+    pub(crate) fn into_pending(self) -> Vec<(i64, Rc<str>)> {
+        self.pending.unwrap_or_default()
+    }
+}
+
+impl codec::Atoms for AtomsOf<'_> {
+    fn intern(&mut self, text: &str) -> Result<i64, LedgerError> {
+        if let Some(id) = self.cache.borrow().by_text.get(text) {
+            return Ok(*id);
+        }
+        if let Some((id, _)) = self.pending.iter().flatten().find(|(_, t)| &**t == text) {
+            return Ok(*id);
+        }
+        let digest = atom_digest(text);
+        let found: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT id FROM atoms WHERE digest = ?1 AND text = ?2")?
+            .query_row(params![digest, text], |r| r.get(0))
+            .optional()?;
+        let id = match found {
+            Some(id) => id,
+            None => {
+                self.conn
+                    .prepare_cached("INSERT INTO atoms (digest, text) VALUES (?1, ?2)")?
+                    .execute(params![digest, text])?;
+                self.conn.last_insert_rowid()
+            }
+        };
+        match &mut self.pending {
+            Some(p) => p.push((id, text.into())),
+            None => self.cache.borrow_mut().remember(id, text.into()),
+        }
+        Ok(id)
+    }
+
+    fn text(&mut self, id: i64) -> Result<Rc<str>, LedgerError> {
+        if let Some(t) = self.cache.borrow().by_id.get(&id) {
+            return Ok(t.clone());
+        }
+        if let Some((_, t)) = self.pending.iter().flatten().find(|(i, _)| *i == id) {
+            return Ok(t.clone());
+        }
+        let text: Option<String> = self
+            .conn
+            .prepare_cached("SELECT text FROM atoms WHERE id = ?1")?
+            .query_row(params![id], |r| r.get(0))
+            .optional()?;
+        // A missing atom makes the event undecodable (its hash then fails), not an error.
+        let text: Rc<str> = text
+            .unwrap_or_else(|| "\u{0}missing atom".to_owned())
+            .into();
+        match &mut self.pending {
+            Some(p) => p.push((id, text.clone())),
+            None => self.cache.borrow_mut().remember(id, text.clone()),
+        }
+        Ok(text)
+    }
+}
+
+/// The `op_keys` id of `key`, made when `create` and missing.
+fn op_ref(conn: &Connection, key: &OpKey, create: bool) -> Result<Option<i64>, LedgerError> {
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT id FROM op_keys WHERE op_id = ?1 AND host = ?2")?
+        .query_row(params![key.op_id, key.host], |r| r.get(0))
+        .optional()?;
+    if found.is_some() || !create {
+        return Ok(found);
+    }
+    conn.prepare_cached("INSERT INTO op_keys (op_id, host) VALUES (?1, ?2)")?
+        .execute(params![key.op_id, key.host])?;
+    Ok(Some(conn.last_insert_rowid()))
+}
+
+/// A hash as stored: 32 bytes when it is a SHA-256 in lowercase hex, else its text.
+pub(crate) fn hash_value(hash: &str) -> Value {
+    match hex::decode(hash) {
+        Ok(b) if b.len() == 32 && hex::encode(&b) == hash => Value::Blob(b),
+        _ => Value::Text(hash.to_owned()),
+    }
+}
+
+fn hash_text(v: Value) -> String {
+    match v {
+        Value::Blob(b) => hex::encode(b),
+        Value::Text(t) => t,
+        _ => String::new(),
+    }
+}
+
+/// The `kind` a stored payload text implies: its first key's value when that key is
+/// `kind` (as serde writes the tag).
+fn implied_kind(payload: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Tag {
+        kind: String,
+    }
+    payload.strip_prefix("{\"kind\":")?;
+    serde_json::from_str::<Tag>(payload).ok().map(|t| t.kind)
+}
+
+/// Stores one event row in the compact layout (schema 4): the op by reference, the time
+/// as micros, the payload transcoded ([`codec`]), the hash as 32 bytes, and the
+/// predecessor hash and kind only when they are not what they imply (the stored
+/// predecessor's hash, the payload's tag). Lossless: [`read_row`] gives `r` back.
+pub(crate) fn insert_row(
+    conn: &Connection,
+    atoms: &mut AtomsOf<'_>,
+    r: &chain::Row,
+) -> Result<(), LedgerError> {
+    let op = op_ref(conn, &OpKey::new(r.op_id.clone(), r.host.clone()), true)?.expect("created");
+    let at = match codec::at_to_micros(&r.at) {
+        Some(m) => Value::Integer(m),
+        None => Value::Text(r.at.clone()),
+    };
+    let (body, kind) = match codec::encode(&r.payload, atoms)? {
+        Some(b) => {
+            let implied = codec::decode(&b, atoms)?.ok().and_then(|(_, k)| k);
+            (Value::Blob(b), implied)
+        }
+        None => (Value::Text(r.payload.clone()), implied_kind(&r.payload)),
+    };
+    let kind = (kind.as_deref() != Some(r.kind.as_str())).then(|| r.kind.clone());
+    let before: Option<Value> = conn
+        .prepare_cached("SELECT hash FROM events WHERE seq = ?1")?
+        .query_row(params![r.seq.wrapping_sub(1) as i64], |row| row.get(0))
+        .optional()?;
+    let implied = match before {
+        Some(h) => Some(hash_text(h)),
+        None if r.seq == 1 => Some(chain::GENESIS.to_owned()),
+        None => None,
+    };
+    let prev = if implied.as_deref() == Some(r.prev_hash.as_str()) {
+        Value::Null
+    } else {
+        hash_value(&r.prev_hash)
+    };
+    conn.prepare_cached(
+        "INSERT INTO events (seq, op, at, payload, hash, prev_hash, kind) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![r.seq as i64, op, at, body, hash_value(&r.hash), prev, kind])?;
+    Ok(())
+}
+
+/// The columns [`read_rows`] reads, in its order; `e` is `events`, `k` is `op_keys`.
+pub(crate) const ROW_SELECT: &str =
+    "SELECT e.seq, k.op_id, k.host, e.at, e.payload, e.hash, e.prev_hash, e.kind FROM events e JOIN op_keys k ON k.id = e.op";
+
+/// Decodes the rows of a [`ROW_SELECT`] query with `tail` (`WHERE …`, `ORDER BY e.seq`)
+/// into what the chain covers, calling `each` on each in order. An implied predecessor
+/// hash is the previous row's when the query returned it, else read.
+pub(crate) fn read_rows(
+    conn: &Connection,
+    atoms: &mut AtomsOf<'_>,
+    tail: &str,
+    args: impl rusqlite::Params,
+    mut each: impl FnMut(chain::Row) -> Result<(), LedgerError>,
+) -> Result<(), LedgerError> {
+    let mut stmt = conn.prepare(&format!("{ROW_SELECT} {tail}"))?;
+    let mut rows = stmt.query(args)?;
+    let mut last: Option<(u64, String)> = None;
+    while let Some(r) = rows.next()? {
+        let seq = r.get::<_, i64>(0)? as u64;
+        let op_id: String = r.get(1)?;
+        let host: String = r.get(2)?;
+        let at = match r.get::<_, Value>(3)? {
+            Value::Integer(m) => codec::micros_to_at(m).unwrap_or_default(),
+            Value::Text(t) => t,
+            _ => String::new(),
+        };
+        let (payload, implied) = match r.get::<_, Value>(4)? {
+            Value::Blob(b) => match codec::decode(&b, atoms)? {
+                Ok((text, kind)) => (text, kind),
+                // Not what opmark wrote: the hash check names the event.
+                Err(why) => (format!("\u{0}undecodable body: {why}"), None),
+            },
+            Value::Text(t) => {
+                let k = implied_kind(&t);
+                (t, k)
+            }
+            _ => ("\u{0}undecodable body".to_owned(), None),
+        };
+        let hash = hash_text(r.get(5)?);
+        let prev_hash = match r.get::<_, Value>(6)? {
+            Value::Null => match &last {
+                Some((s, h)) if *s + 1 == seq => h.clone(),
+                _ if seq == 1 => chain::GENESIS.to_owned(),
+                _ => conn
+                    .prepare_cached("SELECT hash FROM events WHERE seq = ?1")?
+                    .query_row(params![seq as i64 - 1], |row| row.get::<_, Value>(0))
+                    .optional()?
+                    .map(hash_text)
+                    .unwrap_or_default(),
+            },
+            v => hash_text(v),
+        };
+        let kind = match r.get::<_, Option<String>>(7)? {
+            Some(k) => k,
+            None => implied.unwrap_or_default(),
+        };
+        last = Some((seq, hash.clone()));
+        each(chain::Row {
+            seq,
+            prev_hash,
+            hash,
+            op_id,
+            host,
+            at,
+            kind,
+            payload,
+        })?;
+    }
+    Ok(())
+}
+
+/// [`read_rows`] collected.
+pub(crate) fn rows_where(
+    conn: &Connection,
+    cache: &RefCell<AtomCache>,
+    tail: &str,
+    args: impl rusqlite::Params,
+) -> Result<Vec<chain::Row>, LedgerError> {
+    let mut out = Vec::new();
+    read_rows(
+        conn,
+        &mut AtomsOf::reading(conn, cache),
+        tail,
+        args,
+        |row| {
+            out.push(row);
+            Ok(())
+        },
+    )?;
+    Ok(out)
+}
+
+/// Schema 4's step in Rust: every event of the old text layout (`events_v3`) into the
+/// compact one, unchanged in what the chain covers. Rows are read in chain order, so an
+/// event whose stored predecessor hash is its predecessor's stored hash keeps it implied;
+/// any other (an edit, a deletion) keeps it stored, so `audit verify` still finds it.
+pub(crate) fn migrate_to_compact(tx: &Transaction<'_>) -> Result<(), LedgerError> {
+    let cache = RefCell::new(AtomCache::default());
+    let mut atoms = AtomsOf::reading(tx, &cache);
+    let mut stmt = tx.prepare(
+        "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events_v3 ORDER BY seq",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        insert_row(tx, &mut atoms, &chain_row(r)?)?;
+    }
+    Ok(())
+}
+
+/// Rewrites every event row with each column explicit and as text (the stamp, the JSON
+/// payload, the hashes in hex, the kind): the same logical rows, readable and editable
+/// with plain SQL (`UPDATE events SET payload = replace(payload, …)`), as tests that play an
+/// attacker need. Never used by opmark itself.
+pub(crate) fn expand_rows(
+    conn: &Connection,
+    cache: &RefCell<AtomCache>,
+) -> Result<(), LedgerError> {
+    let rows = rows_where(conn, cache, "ORDER BY e.seq", [])?;
+    let tx = conn.unchecked_transaction()?;
+    for r in rows {
+        tx.execute(
+            "UPDATE events SET at = ?1, payload = ?2, hash = ?3, prev_hash = ?4, kind = ?5 WHERE seq = ?6",
+            params![r.at, r.payload, r.hash, r.prev_hash, r.kind, r.seq as i64],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
 }

@@ -231,6 +231,7 @@ fn chain_check_names_edited_deleted_and_swapped_events() {
     assert_eq!(l.verify_chain().unwrap().events, 6);
     let broken = |l: &Ledger| l.verify_chain().unwrap().first_break.unwrap().seq;
 
+    l.expand_rows_for_tests().unwrap();
     l.conn()
         .execute("UPDATE events SET payload = replace(payload, '\"exit_code\":2', '\"exit_code\":0') WHERE seq = 3", [])
         .unwrap();
@@ -585,6 +586,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
         l.append(&k, &probed("absent", Some(i)), Durability::Normal)
             .unwrap();
     }
+    l.expand_rows_for_tests().unwrap();
     l.conn()
         .execute_batch(
             "DELETE FROM events WHERE seq = 4;
@@ -599,7 +601,7 @@ fn verify_finds_a_deleted_tail_whose_head_was_fixed_and_a_plain_recomputation() 
     let rows: Vec<(u64, String, String, String, String, String)> = {
         let mut st = l
             .conn()
-            .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
+            .prepare("SELECT e.seq, k.op_id, k.host, e.at, e.kind, e.payload FROM events e JOIN op_keys k ON k.id = e.op ORDER BY e.seq")
             .unwrap();
         let rows = st
             .query_map([], |r| {
@@ -799,6 +801,7 @@ fn a_ledger_with_the_old_spelling_still_reads_and_verifies() {
         Durability::Normal,
     )
     .unwrap();
+    l.expand_rows_for_tests().unwrap();
     let payload: String = l
         .conn()
         .query_row(
@@ -921,18 +924,17 @@ fn a_ledger_of_schema_version_2_migrates_counts_its_history_and_verifies() {
     varied_history(&mut l);
     let before = l.stats().unwrap();
     // Back to what opmark of schema version 2 left on disk.
-    l.conn()
-        .execute_batch(
-            "DROP TABLE counters;
-             DROP INDEX operations_unresolved;
-             DROP INDEX operations_contradicted;
-             DROP INDEX operations_by_host;
-             CREATE INDEX events_by_kind ON events (kind);
-             CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
-             PRAGMA user_version = 2;",
-        )
-        .unwrap();
     drop(l);
+    as_schema_3(
+        &s.db(),
+        "DROP TABLE counters;
+         DROP INDEX operations_unresolved;
+         DROP INDEX operations_contradicted;
+         DROP INDEX operations_by_host;
+         CREATE INDEX events_by_kind ON events (kind);
+         CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         PRAGMA user_version = 2;",
+    );
     let l = Ledger::open(&s.db()).unwrap();
     let version: i64 = l
         .conn()
@@ -990,6 +992,7 @@ fn a_routine_verify_reads_only_what_is_new_since_its_checkpoint_and_full_reads_a
         Durability::Normal,
     )
     .unwrap();
+    l.expand_rows_for_tests().unwrap();
     l.conn()
         .execute(
             "UPDATE events SET payload = replace(payload, 'completed', 'not_applied') WHERE seq = ?1",
@@ -1017,6 +1020,7 @@ fn a_checkpoint_edited_outside_opmark_is_not_trusted() {
     varied_history(&mut l);
     assert!(l.verify(INC).unwrap().0.intact());
     // Someone edits an old event and moves the checkpoint past... without the key.
+    l.expand_rows_for_tests().unwrap();
     l.conn()
         .execute(
             "UPDATE events SET payload = payload || ' ' WHERE seq = 2",
@@ -1118,6 +1122,7 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
     completed_op(&mut l2, &k3, 0);
     varied_history(&mut l2);
     let (file2, report2) = archived(&s2, &mut l2);
+    l2.expand_rows_for_tests().unwrap();
     l2.conn()
         .execute(
             "UPDATE events SET payload = payload || ' ' WHERE seq = ?1",
@@ -1141,4 +1146,109 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
             .is_some_and(|b| b.problem.contains("cut the chain was edited")),
         "{found:?}"
     );
+}
+
+/// Turns a ledger of this version back into schema 3's text layout (one text row per
+/// event, as opmark wrote until the compact layout): schema 4 changed nothing else, so
+/// this is exactly the file an older opmark leaves. `edit` then runs on the old rows.
+fn as_schema_3(db: &Path, edit: &str) -> u64 {
+    let l = Ledger::open(db).unwrap();
+    let rows = l.snapshot().unwrap().rows;
+    drop(l);
+    let conn = rusqlite::Connection::open(db).unwrap();
+    conn.execute_batch(
+        "DROP TABLE events; DROP TABLE atoms; DROP TABLE op_keys;
+         CREATE TABLE events (
+             seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
+             at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+             prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+         CREATE INDEX events_by_operation ON events (op_id, host, seq);
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
+    for r in &rows {
+        conn.execute(
+            "INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                r.seq,
+                r.op_id,
+                r.host,
+                r.at,
+                r.kind,
+                r.payload,
+                r.prev_hash,
+                r.hash
+            ],
+        )
+        .unwrap();
+    }
+    conn.execute_batch(edit).unwrap();
+    rows.len() as u64
+}
+
+#[test]
+fn a_text_layout_ledger_migrates_to_the_compact_one_and_still_verifies_and_finds_edits() {
+    let s = Scratch::new("migrate-compact");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let before = l.verify_chain().unwrap();
+    assert!(before.intact(), "{before:?}");
+    drop(l);
+    let events = as_schema_3(&s.db(), "");
+    let text_bytes = std::fs::metadata(s.db()).unwrap().len();
+    assert!(text_bytes > 0);
+    // Opening migrates (schema 4); the chain and the projection verify as before.
+    let l = Ledger::open(&s.db()).unwrap();
+    let after = l.verify_chain().unwrap();
+    assert!(after.intact(), "{after:?}");
+    assert_eq!(after.events, events);
+    let version: i64 = l
+        .conn()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::CURRENT_VERSION);
+    // Every payload became compact, none kept as text.
+    let texts: u64 = l
+        .conn()
+        .query_row(
+            "SELECT COUNT(*) FROM events WHERE typeof(payload) != 'blob' OR prev_hash IS NOT NULL OR kind IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(texts, 0);
+    // An edit of the migrated ledger is found.
+    l.expand_rows_for_tests().unwrap();
+    l.conn()
+        .execute(
+            "UPDATE events SET payload = replace(payload, '\"verdict\":\"blocked\"', '\"verdict\":\"completed\"') WHERE seq = 6",
+            [],
+        )
+        .unwrap();
+    let b = l.verify_chain().unwrap().first_break.expect("edit found");
+    assert_eq!(b.seq, 6, "{}", b.problem);
+}
+
+#[test]
+fn an_edit_made_before_the_migration_is_still_found_after_it() {
+    let s = Scratch::new("migrate-edited");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    drop(l);
+    as_schema_3(
+        &s.db(),
+        "UPDATE events SET payload = replace(payload, '\"number\":2', '\"number\":7') WHERE seq = 3;
+         UPDATE events SET prev_hash = 'ff' || substr(prev_hash, 3) WHERE seq = 5;",
+    );
+    let l = Ledger::open(&s.db()).unwrap();
+    let b = l.verify_chain().unwrap().first_break.expect("edit found");
+    assert_eq!(b.seq, 3, "{}", b.problem);
+    // The other edit (a predecessor hash) was kept too, not smoothed over.
+    let kept: Option<Vec<u8>> = l
+        .conn()
+        .query_row("SELECT prev_hash FROM events WHERE seq = 5", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(kept.map(|h| h[0]), Some(0xff));
 }

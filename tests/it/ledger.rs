@@ -281,6 +281,8 @@ impl Fixture {
                 cluster.psql(db.name(), sql).unwrap();
             }
             None => {
+                // The compact layout, made plain-SQL editable first (same rows).
+                self.open().expand_rows_for_tests().unwrap();
                 let conn = rusqlite::Connection::open(&self.location).unwrap();
                 conn.execute_batch(sql).unwrap();
             }
@@ -841,6 +843,8 @@ fn tampered(s: &Scratch, name: &str, sql: &str) -> PathBuf {
     std::fs::copy(&pristine, &db).unwrap();
     // The copy keeps its key beside it, as a ledger moved with its key does.
     std::fs::copy(key_path_beside(&pristine), key_path_beside(&db)).unwrap();
+    // The compact layout, made plain-SQL editable first (the same rows).
+    Ledger::open(&db).unwrap().expand_rows_for_tests().unwrap();
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(sql).unwrap();
     drop(conn);
@@ -898,7 +902,7 @@ fn audit_verify_names_an_edited_event_whose_hash_was_recomputed() {
     let conn = rusqlite::Connection::open(&db).unwrap();
     let (prev, op, host, at, kind, payload): (String, String, String, String, String, String) =
         conn.query_row(
-            "SELECT prev_hash, op_id, host, at, kind, payload FROM events WHERE seq = 7",
+            "SELECT e.prev_hash, k.op_id, k.host, e.at, e.kind, e.payload FROM events e JOIN op_keys k ON k.id = e.op WHERE e.seq = 7",
             [],
             |r| {
                 Ok((
@@ -1618,7 +1622,7 @@ fn audit_verify_finds_a_full_recomputation_of_the_plain_chain() {
     let conn = rusqlite::Connection::open(&db).unwrap();
     let rows: Vec<(u64, String, String, String, String, String)> = {
         let mut st = conn
-            .prepare("SELECT seq, op_id, host, at, kind, payload FROM events ORDER BY seq")
+            .prepare("SELECT e.seq, k.op_id, k.host, e.at, e.kind, e.payload FROM events e JOIN op_keys k ON k.id = e.op ORDER BY e.seq")
             .unwrap();
         let rows = st
             .query_map([], |r| {
@@ -2225,7 +2229,17 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          UPDATE opmark_schema SET version = 1;"
     } else {
-        "DROP TABLE counters;
+        // Schema 2 stored each event as one text row (`f.sql` expanded the rows first, so
+        // each column holds its text).
+        "CREATE TABLE events_text (seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL,
+             host TEXT NOT NULL, at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
+             prev_hash TEXT NOT NULL, hash TEXT NOT NULL);
+         INSERT INTO events_text SELECT e.seq, k.op_id, k.host, e.at, e.kind, e.payload,
+             e.prev_hash, e.hash FROM events e JOIN op_keys k ON k.id = e.op;
+         DROP TABLE events; DROP TABLE atoms; DROP TABLE op_keys;
+         ALTER TABLE events_text RENAME TO events;
+         CREATE INDEX events_by_operation ON events (op_id, host, seq);
+         DROP TABLE counters;
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;

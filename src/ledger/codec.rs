@@ -1,0 +1,505 @@
+//! How the SQLite ledger stores an event compactly (schema 4, issue 30) without changing
+//! what the chain covers: the chain hashes the event's JSON payload text exactly as
+//! `serde_json` wrote it, and the store keeps a lossless transcoding of that text.
+//!
+//! The transcoding is generic over every [`super::Event`] variant (it reads the JSON, not
+//! the type), so a new variant needs no storage change:
+//! - object keys and other text (routes, host keys, rules, details, words, attempt and
+//!   session ids, which repeat within their operation or session) are stored once in
+//!   the `atoms` table and referenced by number;
+//! - digests (16 or more lowercase hex digits: fingerprints, marker roots, output
+//!   digests), unique to their event, are stored inline as packed bytes;
+//! - small integers are varints.
+//!
+//! [`encode`] checks its own work: when decoding its output would not give back the
+//! exact input text (a payload not written by `serde_json`, an odd number), it returns
+//! `None` and the store keeps the JSON text itself. So a stored event always reads back
+//! as the very bytes its hash covers.
+
+use std::fmt::Write as _;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// The SHA-256 of nothing: the digest of every empty stdout and stderr, stored as one byte.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// Format version, the first byte of every compact body.
+const V1: u8 = 1;
+
+const T_NULL: u8 = 0;
+const T_FALSE: u8 = 1;
+const T_TRUE: u8 = 2;
+const T_INT: u8 = 3;
+const T_UINT: u8 = 4;
+const T_FLOAT: u8 = 5;
+const T_STR: u8 = 6;
+const T_ATOM: u8 = 7;
+const T_HEX: u8 = 8;
+const T_OBJ: u8 = 9;
+const T_ARR: u8 = 10;
+const T_RAW_ATOM: u8 = 11;
+const T_EMPTY_SHA: u8 = 12;
+
+/// Interned text longer than this is stored inline instead (one-off long messages).
+const MAX_ATOM: usize = 512;
+
+/// A JSON value that keeps the order of object keys, as read from a payload.
+#[derive(Debug, Clone, PartialEq)]
+enum J {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl<'de> Deserialize<'de> for J {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<J, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = J;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_unit<E>(self) -> Result<J, E> {
+                Ok(J::Null)
+            }
+            fn visit_none<E>(self) -> Result<J, E> {
+                Ok(J::Null)
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<J, E> {
+                Ok(J::Bool(b))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<J, E> {
+                Ok(J::Int(n))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<J, E> {
+                Ok(i64::try_from(n).map_or(J::Uint(n), J::Int))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<J, E> {
+                Ok(J::Float(n))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<J, E> {
+                Ok(J::Str(s.to_owned()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<J, E> {
+                Ok(J::Str(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<J, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = a.next_element()? {
+                    v.push(x);
+                }
+                Ok(J::Arr(v))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<J, A::Error> {
+                let mut v = Vec::new();
+                while let Some((k, x)) = a.next_entry::<String, J>()? {
+                    v.push((k, x));
+                }
+                Ok(J::Obj(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Where atoms come from and go: the store's `atoms` table (through its cache).
+pub(crate) trait Atoms {
+    /// The id of `text`, interning it when new.
+    fn intern(&mut self, text: &str) -> Result<i64, super::LedgerError>;
+    /// The text of atom `id`.
+    fn text(&mut self, id: i64) -> Result<std::rc::Rc<str>, super::LedgerError>;
+}
+
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+fn get_varint(b: &[u8], i: &mut usize) -> Option<u64> {
+    let mut n = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*i)?;
+        *i += 1;
+        n |= u64::from(byte & 0x7f) << shift;
+        if byte < 0x80 {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// `(prefix, hex)` when `s` is a digest: 16 or more lowercase hex digits, an even number
+/// (fingerprints, marker roots, output digests: unique, so stored inline, packed). Ids
+/// with a word prefix (`at-…`, `s-…`) repeat within their operation or session and are
+/// interned like other text. The prefix is kept in the format for later use; it is empty.
+fn id_like(s: &str) -> Option<(&str, &str)> {
+    let is_hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+    (s.len() >= 16 && s.len().is_multiple_of(2) && s.bytes().all(is_hex)).then_some(("", s))
+}
+
+fn has_id_like(v: &J) -> bool {
+    match v {
+        J::Str(s) => id_like(s).is_some() || s == EMPTY_SHA256,
+        J::Arr(a) => a.iter().any(has_id_like),
+        J::Obj(o) => o.iter().any(|(_, x)| has_id_like(x)),
+        _ => false,
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str, atoms: &mut dyn Atoms) -> Result<(), super::LedgerError> {
+    if s == EMPTY_SHA256 {
+        out.push(T_EMPTY_SHA);
+    } else if let Some((prefix, digits)) = id_like(s) {
+        out.push(T_HEX);
+        put_varint(out, prefix.len() as u64);
+        out.extend_from_slice(prefix.as_bytes());
+        let bytes = hex::decode(digits).expect("checked hex");
+        put_varint(out, bytes.len() as u64);
+        out.extend_from_slice(&bytes);
+    } else if s.len() >= 4 && s.len() <= MAX_ATOM {
+        out.push(T_ATOM);
+        put_varint(out, atoms.intern(s)? as u64);
+    } else {
+        out.push(T_STR);
+        put_varint(out, s.len() as u64);
+        out.extend_from_slice(s.as_bytes());
+    }
+    Ok(())
+}
+
+fn put(
+    out: &mut Vec<u8>,
+    v: &J,
+    depth: usize,
+    atoms: &mut dyn Atoms,
+) -> Result<(), super::LedgerError> {
+    match v {
+        J::Null => out.push(T_NULL),
+        J::Bool(false) => out.push(T_FALSE),
+        J::Bool(true) => out.push(T_TRUE),
+        J::Int(n) => {
+            out.push(T_INT);
+            put_varint(out, ((n << 1) ^ (n >> 63)) as u64);
+        }
+        J::Uint(n) => {
+            out.push(T_UINT);
+            put_varint(out, *n);
+        }
+        J::Float(f) => {
+            out.push(T_FLOAT);
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        J::Str(s) => put_str(out, s, atoms)?,
+        // A nested value with nothing unique in it (a route, a list of paths) repeats
+        // across operations: stored once as its JSON text.
+        J::Arr(_) | J::Obj(_)
+            if depth > 0 && !has_id_like(v) && {
+                let text = to_json(v);
+                text.len() >= 4 && text.len() <= MAX_ATOM
+            } =>
+        {
+            out.push(T_RAW_ATOM);
+            put_varint(out, atoms.intern(&to_json(v))? as u64);
+        }
+        J::Arr(a) => {
+            out.push(T_ARR);
+            put_varint(out, a.len() as u64);
+            for x in a {
+                put(out, x, depth + 1, atoms)?;
+            }
+        }
+        J::Obj(o) => {
+            out.push(T_OBJ);
+            put_varint(out, o.len() as u64);
+            for (k, x) in o {
+                put_varint(out, atoms.intern(k)? as u64);
+                put(out, x, depth + 1, atoms)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn to_json(v: &J) -> String {
+    let mut s = String::new();
+    write_json(&mut s, v);
+    s
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+}
+
+fn write_json(out: &mut String, v: &J) {
+    match v {
+        J::Null => out.push_str("null"),
+        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        J::Int(n) => {
+            let _ = write!(out, "{n}");
+        }
+        J::Uint(n) => {
+            let _ = write!(out, "{n}");
+        }
+        J::Float(f) => out.push_str(&serde_json::to_string(f).unwrap_or_default()),
+        J::Str(s) => write_str(out, s),
+        J::Arr(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_json(out, x);
+            }
+            out.push(']');
+        }
+        J::Obj(o) => {
+            out.push('{');
+            for (i, (k, x)) in o.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_str(out, k);
+                out.push(':');
+                write_json(out, x);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// The compact body of `payload`, or `None` when it would not read back byte for byte
+/// (then the store keeps the text).
+pub(crate) fn encode(
+    payload: &str,
+    atoms: &mut dyn Atoms,
+) -> Result<Option<Vec<u8>>, super::LedgerError> {
+    let Ok(value) = serde_json::from_str::<J>(payload) else {
+        return Ok(None);
+    };
+    if to_json(&value) != payload {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(payload.len() / 3);
+    out.push(V1);
+    put(&mut out, &value, 0, atoms)?;
+    Ok(Some(out))
+}
+
+/// What went wrong decoding a body (no content).
+pub(crate) type Bad = &'static str;
+
+/// The JSON payload text of a compact body, and the value of its top-level `kind` key
+/// when it is the first key (as serde writes its tag).
+pub(crate) fn decode(
+    body: &[u8],
+    atoms: &mut dyn Atoms,
+) -> Result<Result<(String, Option<String>), Bad>, super::LedgerError> {
+    if body.first() != Some(&V1) {
+        return Ok(Err("unknown body format"));
+    }
+    let mut out = String::with_capacity(body.len() * 3);
+    let mut i = 1;
+    let mut kind = None;
+    match get(body, &mut i, &mut out, atoms, Some(&mut kind))? {
+        Ok(()) if i == body.len() => Ok(Ok((out, kind))),
+        Ok(()) => Ok(Err("trailing bytes")),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
+fn get(
+    b: &[u8],
+    i: &mut usize,
+    out: &mut String,
+    atoms: &mut dyn Atoms,
+    kind: Option<&mut Option<String>>,
+) -> Result<Result<(), Bad>, super::LedgerError> {
+    macro_rules! need {
+        ($e:expr) => {
+            match $e {
+                Some(x) => x,
+                None => return Ok(Err("truncated body")),
+            }
+        };
+    }
+    let tag = need!(b.get(*i).copied());
+    *i += 1;
+    match tag {
+        T_NULL => out.push_str("null"),
+        T_FALSE => out.push_str("false"),
+        T_TRUE => out.push_str("true"),
+        T_INT => {
+            let z = need!(get_varint(b, i));
+            let n = ((z >> 1) as i64) ^ -((z & 1) as i64);
+            let _ = write!(out, "{n}");
+        }
+        T_UINT => {
+            let _ = write!(out, "{}", need!(get_varint(b, i)));
+        }
+        T_FLOAT => {
+            let bytes: [u8; 8] = need!(b.get(*i..*i + 8)).try_into().expect("8 bytes");
+            *i += 8;
+            out.push_str(&serde_json::to_string(&f64::from_le_bytes(bytes)).unwrap_or_default());
+        }
+        T_STR => {
+            let n = need!(get_varint(b, i)) as usize;
+            let s = need!(b.get(*i..i.saturating_add(n)));
+            *i += n;
+            let Ok(s) = std::str::from_utf8(s) else {
+                return Ok(Err("text is not UTF-8"));
+            };
+            write_str(out, s);
+        }
+        T_ATOM => {
+            let id = need!(get_varint(b, i));
+            write_str(out, &atoms.text(id as i64)?);
+        }
+        T_RAW_ATOM => {
+            let id = need!(get_varint(b, i));
+            out.push_str(&atoms.text(id as i64)?);
+        }
+        T_EMPTY_SHA => write_str(out, EMPTY_SHA256),
+        T_HEX => {
+            let n = need!(get_varint(b, i)) as usize;
+            let prefix = need!(b.get(*i..i.saturating_add(n)));
+            *i += n;
+            let Ok(prefix) = std::str::from_utf8(prefix) else {
+                return Ok(Err("text is not UTF-8"));
+            };
+            let n = need!(get_varint(b, i)) as usize;
+            let bytes = need!(b.get(*i..i.saturating_add(n)));
+            *i += n;
+            let mut s = String::with_capacity(prefix.len() + 2 * n);
+            s.push_str(prefix);
+            s.push_str(&hex::encode(bytes));
+            write_str(out, &s);
+        }
+        T_ARR => {
+            let n = need!(get_varint(b, i));
+            out.push('[');
+            for k in 0..n {
+                if k > 0 {
+                    out.push(',');
+                }
+                if let Err(e) = get(b, i, out, atoms, None)? {
+                    return Ok(Err(e));
+                }
+            }
+            out.push(']');
+        }
+        T_OBJ => {
+            let n = need!(get_varint(b, i));
+            let mut kind = kind;
+            out.push('{');
+            for k in 0..n {
+                if k > 0 {
+                    out.push(',');
+                }
+                let key = atoms.text(need!(get_varint(b, i)) as i64)?;
+                write_str(out, &key);
+                out.push(':');
+                let start = out.len();
+                if let Err(e) = get(b, i, out, atoms, None)? {
+                    return Ok(Err(e));
+                }
+                if let (0, "kind", Some(kind)) = (k, &*key, kind.as_deref_mut()) {
+                    *kind = serde_json::from_str::<String>(&out[start..]).ok();
+                }
+            }
+            out.push('}');
+        }
+        _ => return Ok(Err("unknown value tag")),
+    }
+    Ok(Ok(()))
+}
+
+/// An event time as stored: micros since the epoch when `at` is exactly the stamp opmark
+/// writes (`YYYY-MM-DDTHH:MM:SS.ffffffZ`) of that instant, else `None` (keep the text).
+pub(crate) fn at_to_micros(at: &str) -> Option<i64> {
+    let parsed = time::PrimitiveDateTime::parse(at, STAMP).ok()?.assume_utc();
+    let micros = i64::try_from(parsed.unix_timestamp_nanos() / 1000).ok()?;
+    (micros_to_at(micros).as_deref() == Some(at)).then_some(micros)
+}
+
+/// The stamp text of `micros` since the epoch.
+pub(crate) fn micros_to_at(micros: i64) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
+        .ok()?
+        .format(STAMP)
+        .ok()
+}
+
+const STAMP: &[time::format_description::FormatItem<'static>] = time::macros::format_description!(
+    "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]Z"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::rc::Rc;
+
+    #[derive(Default)]
+    struct Mem(HashMap<String, i64>, Vec<Rc<str>>);
+    impl Atoms for Mem {
+        fn intern(&mut self, text: &str) -> Result<i64, crate::ledger::LedgerError> {
+            if let Some(id) = self.0.get(text) {
+                return Ok(*id);
+            }
+            self.1.push(text.into());
+            self.0.insert(text.to_owned(), self.1.len() as i64);
+            Ok(self.1.len() as i64)
+        }
+        fn text(&mut self, id: i64) -> Result<Rc<str>, crate::ledger::LedgerError> {
+            Ok(self.1[id as usize - 1].clone())
+        }
+    }
+
+    #[test]
+    fn every_payload_reads_back_byte_for_byte() {
+        let mut atoms = Mem::default();
+        for payload in [
+            r#"{"kind":"connected","attempt_id":"at-0123456789abcdef","route":{"alias":"t1","port":22,"identities":["/a/b"],"jump":null},"host_key":"SHA256:x"}"#,
+            r#"{"kind":"exit_received","exit_code":-1,"n":18446744073709551615,"f":1.5,"s":"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855","t":"café \"q\"\n\u0001","e":""}"#,
+            r#"{"kind":"x","nested":{"id":"s-00000000000000ff","list":[1,[2,{}]]}}"#,
+        ] {
+            let body = encode(payload, &mut atoms).unwrap().expect("compact");
+            assert!(body.len() < payload.len());
+            let (text, kind) = decode(&body, &mut atoms).unwrap().unwrap();
+            assert_eq!(text, payload);
+            assert_eq!(
+                kind.as_deref(),
+                Some(&payload[9..payload[9..].find('"').unwrap() + 9])
+            );
+        }
+    }
+
+    #[test]
+    fn text_that_would_not_read_back_is_kept_as_text() {
+        let mut atoms = Mem::default();
+        for payload in [
+            r#"{"kind": "spaced"}"#,
+            r#"{"kind":"x","n":1e3}"#,
+            r#"{"kind":"x","e":"\u0041"}"#,
+            "not json",
+        ] {
+            assert_eq!(encode(payload, &mut atoms).unwrap(), None, "{payload}");
+        }
+    }
+
+    #[test]
+    fn stamps_round_trip_or_stay_text() {
+        let at = "2026-12-01T17:25:10.123456Z";
+        assert_eq!(micros_to_at(at_to_micros(at).unwrap()).unwrap(), at);
+        assert_eq!(at_to_micros("2026-12-01T17:25:10Z"), None);
+        assert_eq!(at_to_micros("2026-12-01 17:25:10.123456Z"), None);
+    }
+}
