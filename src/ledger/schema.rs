@@ -105,6 +105,11 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
     CREATE INDEX operations_by_host ON operations (host, last_seq);
     "#,
+    // 4: the repetition check (docs/guarantees.md#repetitions) looks up the same intent on
+    // the same host under other op ids before every new operation: an index, not a scan.
+    r#"
+    CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);
+    "#,
 ];
 
 /// The schema version this build writes.

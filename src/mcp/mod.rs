@@ -101,6 +101,16 @@ pub struct RunParams {
     /// destructive (stricter only).
     #[serde(default)]
     pub class: Option<String>,
+    /// The op id of an earlier operation this call deliberately repeats: the same command
+    /// on the same host under a new op_id. Without it, a `blocked` result with reason_code
+    /// `repeats_recent_operation` names the earlier op_id: call again with THAT op_id if
+    /// you meant the same effect (it replays), or with `repeats` set to it to do it again.
+    #[serde(default)]
+    pub repeats: Option<String>,
+    /// The op id of an earlier operation whose intent this one replaces (its command
+    /// changed, e.g. after a `conflict`); recorded as a link on both.
+    #[serde(default)]
+    pub amends: Option<String>,
 }
 
 /// Arguments of the `probe` and `cancel` tools.
@@ -444,6 +454,8 @@ fn run_request(p: RunParams) -> Result<RunRequest> {
         attempts: None,
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
+        repeats: p.repeats,
+        amends: p.amends,
         options: HostOptions::default(),
         fleet: FleetOptions::default(),
         command: vec![p.command],
@@ -604,6 +616,8 @@ mod tests {
             timeout: Some("soon".into()),
             wait: None,
             class: None,
+            repeats: None,
+            amends: None,
         };
         let again = RunParams {
             timeout: None,

@@ -66,6 +66,7 @@ use crate::ssh::{ConnectError, ConnectStage};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
 use super::interrupt::ClientSignal;
+use super::repeat::Repetition;
 pub use super::reply::{RefusalReason, Refused, RunReply};
 use super::AttemptSummary;
 
@@ -94,6 +95,9 @@ pub struct Facts<'a> {
     pub ledger_exit: Option<i32>,
     /// `--wait`.
     pub wait: Duration,
+    /// The earlier operation the shim's fingerprint index says this run repeats, when it
+    /// refused the claim as a repetition (docs/guarantees.md#repetitions).
+    pub repeats: Option<&'a Repetition>,
 }
 
 impl Facts<'_> {
@@ -650,6 +654,21 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host gives the shim no readable process identity (no /proc, a /proc of another pid namespace, or hidepid hiding the user's own processes), so it could never tell a running command from a gone one; it claimed nothing and nothing ran. Mount /proc for the login user (see `opmark doctor`), then retry with the same op id",
             ))
         }
+        // The shim's fingerprint index holds the same intent under another op id within
+        // the window (another ledger, another machine, or a racing claim that won):
+        // held back, nothing ran.
+        RefusalReason::Repeats => Action::Answer(match facts.repeats {
+            Some(found) => found.held(facts.op, facts.host, Some(attempt.clone())),
+            None => Answer::new(
+                Verdict::Blocked,
+                Some(attempt.clone()),
+                ReasonCode::RepeatsRecentOperation,
+                format!(
+                    "the host holds the same command under another op id ({}); nothing ran. Rerun under that op id to replay it, or with --repeats OP to repeat it deliberately",
+                    refusal.detail
+                ),
+            ),
+        }),
         RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
             Verdict::Refused,
             Some(attempt.clone()),
@@ -1249,6 +1268,7 @@ mod tests {
             prior_dispatch: None,
             ledger_exit: None,
             wait: Duration::from_secs(30),
+            repeats: None,
         }
     }
 
