@@ -2221,6 +2221,35 @@ mod tests {
     }
 
     #[test]
+    fn claim_held_back_as_a_repetition_then_blocked_naming_the_earlier_op() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let earlier = Repetition {
+            op_id: "op-0".into(),
+            state: "completed".into(),
+            at: "2026-12-01T10:00:00Z".into(),
+            route: "root@127.0.0.1:22".into(),
+            action: "block",
+            seen_in: "host",
+        };
+        let mut f = facts(Family::Destructive, &ours);
+        f.repeats = Some(&earlier);
+        let held = refusal("repeats", &[("earlier", "op-0")], None);
+        let a = answer(after_dispatch(&f, refused_reply(held.clone())).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Blocked, ReasonCode::RepeatsRecentOperation)
+        );
+        assert!(!a.code.retryable());
+        for way in ["--op op-0", "--repeats op-0", "root@127.0.0.1:22"] {
+            assert!(a.reason.contains(way), "{way}: {}", a.reason);
+        }
+        // Without what the shim named (never the case in a run), still blocked.
+        f.repeats = None;
+        let a = answer(after_dispatch(&f, refused_reply(held)).then);
+        assert_eq!(a.code, ReasonCode::RepeatsRecentOperation);
+    }
+
+    #[test]
     fn marker_root_full_then_not_applied_host_disk_full() {
         let ours = [attempt("at-1", Boundary::NotSent)];
         let f = facts(Family::ReadOnly, &ours);

@@ -582,9 +582,36 @@ mod tests {
         assert_eq!(args[5], "1");
         assert_eq!(args[7], "3");
         assert_eq!(args[9], "1");
-        assert_eq!(args[10], "9", "the command's length; the command is data");
-        assert_eq!(args.len(), 11);
+        assert_eq!(args[10], "0", "no repetition window");
+        assert_eq!(args[11], "allow");
+        assert_eq!(args[12], "-", "nothing declared");
+        assert_eq!(args[13], "9", "the command's length; the command is data");
+        assert_eq!(args.len(), 14);
         assert_eq!(verb.input(), b"echo 'hi'");
+    }
+
+    #[test]
+    fn run_args_carry_the_repetition_check() {
+        let op = OpId::parse("deploy-2").unwrap();
+        let declared = ["deploy-1".to_owned(), "fix-0".to_owned()];
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &"ab".repeat(32),
+            family: Family::Destructive,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: RepeatCheck {
+                window: Duration::from_secs(86_400),
+                action: OnRepeat::Block,
+                declared: &declared,
+            },
+            command: "rm -f x",
+        });
+        let args = verb.args();
+        assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
     }
 
     #[test]

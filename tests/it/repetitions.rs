@@ -232,7 +232,7 @@ fn a_repetition_outside_the_window_is_allowed() {
         let (head, tail) = text.split_at(at);
         format!(
             "{head}{}",
-            tail.replacen("repeat_window = \"24h\"", "repeat_window = \"1s\"", 1)
+            tail.replacen("\nrepeat_window = \"24h\"", "\nrepeat_window = \"1s\"", 1)
         )
     });
     let count = dir.join("count");
@@ -570,7 +570,7 @@ fn a_bad_on_repeat_value_is_refused_with_a_clear_error_and_nothing_runs() {
         let (head, tail) = text.split_at(at);
         format!(
             "{head}{}",
-            tail.replacen("on_repeat = \"block\"", "on_repeat = \"sometimes\"", 1)
+            tail.replacen("\non_repeat = \"block\"", "\non_repeat = \"sometimes\"", 1)
         )
     });
     let count = dir.join("count");
