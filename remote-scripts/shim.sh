@@ -1283,16 +1283,19 @@ repeat_check() {
 	done
 	rc_last=${rc_last#"${rc_last%%[!0]*}"}
 	rc_last=${rc_last:-0}
-	# Walk back from the newest slot: our own (a retry of our op), else the first
-	# repetition. Slots newer than our own came after us and never count.
+	# Walk back from the newest slot to the first repetition (a claim of this intent
+	# under another op id that may have had the effect, however it came to be newer
+	# than a slot of ours: it still ran recently), passing our own slot (a retry of our
+	# op) on the way. Reading stops there: the cost is the slots passed, not the window.
 	rc_own='' rc_found='' rc_state='' rc_n=$rc_last rc_declared=,$rp_declared,
 	while [ "$rc_n" -gt 0 ]; do
 		slot_read "$rc_n" || break
 		[ "$rp_window" -gt 0 ] && [ "$((sl_at + rp_window))" -lt "$now" ] && break
 		if [ "$sl_op" = "$op" ]; then
-			rc_own=$rc_n rc_found=''
-		else
-			[ -z "$rc_found" ] && slot_counts && rc_found=$rc_n rc_state=$sl_state
+			[ -n "$rc_own" ] || rc_own=$rc_n
+		elif slot_counts; then
+			rc_found=$rc_n rc_state=$sl_state
+			break
 		fi
 		if [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
 			break
