@@ -87,6 +87,9 @@ pub struct RunInput {
     pub detach: bool,
     /// `--repeats OP` / `--amends OP` (docs/guarantees.md#repetitions), ids checked.
     pub declared: repeat::Declared,
+    /// `wait` bounds a running command too (MCP: a tool call never outlasts its budget):
+    /// spent, the answer is `in_progress` and the command keeps running on the host.
+    pub wait_bounds_command: bool,
 }
 
 impl RunInput {
@@ -253,6 +256,8 @@ pub async fn run_interruptible(
     input: RunInput,
     interrupts: &Interrupts,
 ) -> Result<RunReport, RunError> {
+    // The budget of the whole invocation starts now (docs/decisions.md#wait-budget).
+    let deadline = std::time::Instant::now() + input.wait;
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, &input);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
@@ -309,6 +314,7 @@ pub async fn run_interruptible(
         repeat_window: family_policy.repeat_window,
         on_repeat: family_policy.on_repeat,
         repeats: None,
+        deadline,
         input,
     };
 
@@ -318,7 +324,12 @@ pub async fn run_interruptible(
         classification.approval.as_deref(),
         approved,
     ) {
-        runner.record_closed_intent(&answer)?;
+        // A denial is final and says nothing about the host: it is not recorded, so a
+        // rejected command never becomes an operation to list, reconcile or count (a
+        // `blocked` one is: it waits for a human's decision on this op id).
+        if answer.code != crate::vocab::ReasonCode::PolicyDenied {
+            runner.record_closed_intent(&answer)?;
+        }
         return Ok(runner.report(answer));
     }
 
@@ -330,8 +341,13 @@ pub async fn run_interruptible(
     runner.prior_dispatch = earlier.prior_dispatch;
     runner.ledger_exit = earlier.ledger_exit;
     if let Some(existing) = &existing {
-        let conflict =
-            decide::ledger_conflict(&runner.key.op_id, &runner.key.host, existing, &ledger_fp);
+        let conflict = decide::ledger_conflict(
+            &runner.key.op_id,
+            &runner.key.host,
+            existing,
+            &ledger_fp,
+            &runner.display,
+        );
         if let Some(answer) = conflict {
             return Ok(runner.report(answer));
         }
