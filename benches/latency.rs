@@ -295,6 +295,7 @@ fn main() {
                 output_cap: shim::DEFAULT_OUTPUT_CAP,
                 stdin: None,
                 supersede_interrupted: false,
+                repeat: opmark::shim::RepeatCheck::OFF,
                 command: "true",
             });
             if i == usize::MAX {

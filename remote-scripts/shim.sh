@@ -24,7 +24,7 @@
 # own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
 # verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
 # protocol version the client checks: bump it with any change here or to the frames.
-#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE CMD_BYTES
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: fence OP FORCE
@@ -65,13 +65,17 @@
 #   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
 #             foreground's pid and start time, public anyway: never by anything secret)
 #
+# The fingerprint index under $root/fp/<fingerprint>/ (see repeat_check): one slot file per
+# fresh claim of that intent, named by a 10-digit sequence number and made by an exclusive
+# link, holding op=, claimed_at= and held=1 once its claim was refused as a repetition.
+#
 # Resource failures are evidence, not absence: every file a claim needs is made before the
 # claim counts (a failure undoes it and names the cause: no_space, no_inodes,
 # quota_exceeded), an exit record that cannot be written renames a file made in advance
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
-OPMARK_SHIM_VERSION=2
+OPMARK_SHIM_VERSION=3
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
@@ -1131,12 +1135,22 @@ never_started() {
 # Verbs
 
 # run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
-#     CMD_BYTES; the channel's data holds the command (CMD_BYTES), then the stdin.
+#     REPEAT_S REPEAT_ACTION DECLARED|- CMD_BYTES; the channel's data holds the command
+#     (CMD_BYTES), then the stdin.
 verb_run() {
-	[ "$#" -eq 10 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 13 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
-	cmd_bytes=$1
+	rp_window=$1 rp_action=$2 rp_declared=$3 cmd_bytes=$4
+	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
+	case $rp_action in
+	allow | warn | block) ;;
+	*) refuse "bad_args reason=repeat_action" ;;
+	esac
+	case $rp_declared in
+	-) rp_declared= ;;
+	*[!A-Za-z0-9._:,-]*) refuse "bad_args reason=declared" ;;
+	esac
 	valid_id "$op" || refuse "invalid_op_id"
 	valid_id "$attempt" || refuse "bad_args reason=attempt_id"
 	case $fp in
@@ -1207,6 +1221,10 @@ claimed_at=$now
 fg_pid=$$
 fg_start=$fg_start
 boot=$boot"
+	# A fresh claim of this intent is indexed first, and held back when it repeats a
+	# recent claim under another op id (a claim of an op id already taken is answered
+	# from its marker below, as before).
+	[ -d "$m" ] || repeat_check
 	if mkdir "$m" 2>/dev/null; then
 		if ! prepare_marker "$m"; then
 			# Nothing can have started: take the claim back, so that no empty or
@@ -1243,6 +1261,149 @@ boot=$boot"
 	frame "S attempt=$attempt"
 	live=1 own_claim=1
 	follow "$m" 0 0 fresh
+}
+
+# repeat_check: the fingerprint index (docs/host-protocol.md#the-fingerprint-index).
+# Every fresh claim takes the next slot of $root/fp/$fp by an exclusive create (a hard
+# link of a complete record: link(2) fails when the name exists, so of two claimers of
+# one slot exactly one wins and the other takes the next), unless its op id has a slot in
+# the window already. The slots before ours are the claims of this intent made before
+# ours, so two racing claims of one intent under two op ids are ordered, and the later
+# one sees the earlier. Walking back from ours while slots are within REPEAT_S seconds,
+# the first slot of another op id that may have run (and is not declared) is the
+# repetition: `block` refuses "repeats earlier=OP earlier_state=ST earlier_at=T" and
+# marks our slot held=1 (a held slot never counts); `warn` says so in a W frame with the
+# same fields and goes on; `allow` goes on. Costs one glob, one link and one rm.
+repeat_check() {
+	ix=$root/fp/$fp
+	[ -d "$ix" ] || mkdir -p "$ix" 2>/dev/null || return 0
+	rc_last=0
+	for rc_f in "$ix"/[0-9]*; do
+		[ -f "$rc_f" ] && rc_last=${rc_f##*/}
+	done
+	rc_last=${rc_last#"${rc_last%%[!0]*}"}
+	rc_last=${rc_last:-0}
+	# Walk back from the newest slot to the first repetition (a claim of this intent
+	# under another op id that may have had the effect, however it came to be newer
+	# than a slot of ours: it still ran recently), passing our own slot (a retry of our
+	# op) on the way. Reading stops there: the cost is the slots passed, not the window.
+	rc_own='' rc_found='' rc_state='' rc_n=$rc_last rc_declared=,$rp_declared,
+	while [ "$rc_n" -gt 0 ]; do
+		slot_read "$rc_n" || break
+		[ "$rp_window" -gt 0 ] && [ "$((sl_at + rp_window))" -lt "$now" ] && break
+		if [ "$sl_op" = "$op" ]; then
+			[ -n "$rc_own" ] || rc_own=$rc_n
+		elif slot_counts; then
+			rc_found=$rc_n rc_state=$sl_state
+			break
+		fi
+		if [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
+			break
+		fi
+		rc_n=$((rc_n - 1))
+	done
+	if [ -z "$rc_own" ]; then
+		rc_n=$((rc_last + 1))
+		rc_tmp=$ix/.t.$$
+		printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp" 2>/dev/null || return 0
+		# Slots taken between our glob and our link are earlier claims than ours.
+		slot_name "$rc_n"
+		while ! ln "$rc_tmp" "$sn" 2>/dev/null; do
+			[ -e "$sn" ] || break
+			if [ -z "$rc_found" ] && slot_read "$rc_n" && [ "$sl_op" != "$op" ] && slot_counts; then
+				rc_found=$rc_n rc_state=$sl_state
+			fi
+			rc_n=$((rc_n + 1))
+			slot_name "$rc_n"
+		done
+		rm -f "$rc_tmp"
+		rc_own=$rc_n
+	fi
+	if [ -z "$rc_found" ] || [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
+		slot_unhold
+		return 0
+	fi
+	slot_read "$rc_found"
+	rc_fields="earlier=$sl_op earlier_state=$rc_state earlier_at=$sl_at"
+	if [ "$rp_action" = warn ]; then
+		slot_unhold
+		frame "W $rc_fields"
+		return 0
+	fi
+	# Held: our slot says so, so that it never counts against a later claim.
+	slot_name "$rc_own"
+	printf 'op=%s\nclaimed_at=%s\nheld=1\n' "$op" "$now" >"$ix/.h.$$" 2>/dev/null &&
+		mv -f "$ix/.h.$$" "$sn"
+	refuse "repeats $rc_fields"
+}
+
+# slot_name N: sets sn to the slot's path, N zero-padded to 10 digits (so a glob sorts
+# them); a variable, not output, so that no process is started per slot.
+slot_name() {
+	sn=0000000000$1
+	sn=$ix/${sn#"${sn%??????????}"}
+}
+
+# slot_read N: sets sl_op, sl_at, sl_held of slot N in $ix; false when it is missing.
+slot_read() {
+	slot_name "$1"
+	slot_file "$sn"
+}
+
+# slot_file PATH: slot_read of the slot file at PATH.
+slot_file() {
+	sl_file=$1
+	sl_op='' sl_at=0 sl_held=''
+	[ -f "$sl_file" ] || return 1
+	while IFS= read -r sl_line || [ -n "$sl_line" ]; do
+		case $sl_line in
+		op=*) sl_op=${sl_line#op=} ;;
+		claimed_at=*) sl_at=${sl_line#claimed_at=} ;;
+		held=1) sl_held=1 ;;
+		esac
+		sl_line=
+	done <"$sl_file"
+	is_uint "$sl_at" || sl_at=0
+	return 0
+}
+
+# slot_counts: the slot just read (not ours) is a claim that may have had the effect:
+# not held back, not declared by this run, and its op's marker holds this intent and
+# is running, completed, interrupted, or fenced after its command started; a slot whose
+# marker is not there yet counts while it is young (its claimer is between the index
+# and its mkdir). Sets sl_state.
+slot_counts() {
+	[ -z "$sl_held" ] || return 1
+	valid_id "$sl_op" || return 1
+	case $rc_declared in
+	*",$sl_op,"*) return 1 ;;
+	esac
+	sc_m=$m
+	state "$sl_op"
+	sl_state=$st
+	sc_fp=
+	rget "$m/claim" fingerprint && sc_fp=$rv
+	sc_started=
+	[ "$st" = fenced ] && rget "$m/fenced" command_started && sc_started=$rv
+	m=$sc_m
+	case $st in
+	absent)
+		sl_state=claiming
+		[ "$((sl_at + 60))" -ge "$now" ]
+		;;
+	fenced) [ "$sc_started" = 1 ] && [ "$sc_fp" = "$fp" ] ;;
+	*) [ -z "$sc_fp" ] || [ "$sc_fp" = "$fp" ] ;;
+	esac
+}
+
+# slot_unhold: our slot (rc_own) was held back by an earlier run; this one goes on (a
+# declared repetition, the window passed): it counts again.
+slot_unhold() {
+	slot_read "$rc_own" || return 0
+	[ -n "$sl_held" ] || return 0
+	slot_name "$rc_own"
+	printf 'op=%s\nclaimed_at=%s\n' "$op" "$sl_at" >"$ix/.h.$$" 2>/dev/null &&
+		mv -f "$ix/.h.$$" "$sn"
 }
 
 # detach SHELL ARGS...: starts `SHELL <this script> ARGS...` in a session of its own, with
@@ -1689,6 +1850,7 @@ verb_gc() {
 		fi
 	done
 	gc_reclaim "$1" "$2"
+	gc_index "$limit" "$2"
 	[ "$2" = 1 ] || sync "$root/ops" "$root/superseded"
 	frame "G done removed=$removed collected=$collected tombstones=$tombs reclaimed=$reclaimed kept=$kept dry_run=$2"
 }
@@ -1736,6 +1898,26 @@ gc_reclaim() {
 		frame "G reclaim what=$gr_what name=${gr##*/}"
 		[ "$2" = 1 ] || rm -rf "$gr"
 		reclaimed=$((reclaimed + 1))
+	done
+}
+
+# gc_index LIMIT DRY_RUN: prunes the fingerprint index (see repeat_check) of slots claimed
+# at or before LIMIT, never the newest slot of an intent (the next claim numbers after
+# it); a repetition window longer than gc's age sees back only as far as the slots kept.
+gc_index() {
+	for gi in "$root"/fp/*; do
+		[ -d "$gi" ] || continue
+		gi_last=
+		for gi_f in "$gi"/[0-9]*; do
+			[ -f "$gi_f" ] && gi_last=$gi_f
+		done
+		for gi_f in "$gi"/[0-9]*; do
+			[ "$gi_f" != "$gi_last" ] || continue
+			[ -f "$gi_f" ] || continue
+			slot_file "$gi_f"
+			[ "$sl_at" -le "$1" ] || continue
+			[ "$2" = 1 ] || rm -f "$gi_f"
+		done
 	done
 }
 

@@ -80,7 +80,10 @@ Reason codes (retryable marked *):
                  host_key_mismatch,
                  host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
-  blocked        approval_required (a human reruns with --approve NOTE)
+  blocked        approval_required (a human reruns with --approve NOTE),
+                 repeats_recent_operation (the same command ran on the host under
+                 another op id within the family's repeat_window: rerun with that
+                 --op to replay it, or with --repeats THAT_OP to run it again on purpose)
   refused        policy_denied, invalid_input
 Errors outside a verdict are {\"error\": {reason_code, message, retryable}}.
 
@@ -488,6 +491,16 @@ pub struct RunArgs {
     /// Operator approval: lets a blocked operation supersede and run once; the note is recorded.
     #[arg(long, value_name = "NOTE")]
     pub approve: Option<String>,
+    /// Declares a deliberate repetition of the earlier operation OP (the same command on
+    /// the same host under a new op id), which the family's `on_repeat` would otherwise
+    /// block or warn about; recorded as a link that `show` displays on both.
+    #[arg(long, value_name = "OP")]
+    pub repeats: Option<String>,
+    /// This new operation replaces the earlier operation OP, whose command changed (after
+    /// a `conflict`, say); recorded as a link on both, the earlier keeps its outcome. With
+    /// the same command it also counts as declaring the repetition.
+    #[arg(long, value_name = "OP")]
+    pub amends: Option<String>,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

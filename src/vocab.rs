@@ -163,6 +163,10 @@ pub enum ReasonCode {
     InvalidInput,
     /// `blocked`: the policy needs `--approve NOTE`.
     ApprovalRequired,
+    /// `blocked`: the same intent ran on the same host under another op id within the
+    /// family's `repeat_window` (docs/guarantees.md#repetitions); nothing was sent. Rerun
+    /// under the earlier op id (a replay), or declare it with `--repeats EARLIER`.
+    RepeatsRecentOperation,
     /// `indeterminate`: the claim was interrupted and the family is not re-run
     /// automatically.
     InterruptedNeedsApproval,
@@ -395,6 +399,7 @@ names!(ReasonCode {
     PolicyDenied => "policy_denied",
     InvalidInput => "invalid_input",
     ApprovalRequired => "approval_required",
+    RepeatsRecentOperation => "repeats_recent_operation",
     InterruptedNeedsApproval => "interrupted_needs_approval",
     UnreachableAfterDispatch => "unreachable_after_dispatch",
     EarlierDispatchUnknown => "earlier_dispatch_unknown",

@@ -30,6 +30,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         wait_bounds_command: false,
         output_cap: args.output_cap,
         approve: args.approve,
+        repeats: args.repeats,
+        amends: args.amends,
         options: common::host_options(&args.host_args),
         fleet: FleetOptions {
             hosts_file: args.fleet.hosts_file,

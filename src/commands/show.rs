@@ -11,7 +11,7 @@ use super::common;
 use super::render::{printable, to_second, wrap_into};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Result};
-use crate::ledger::{Event, OpKey, OpState, OperationRecord, StoredEvent};
+use crate::ledger::{Event, LinkRelation, OpKey, OpState, OperationRecord, StoredEvent};
 use crate::ops::show::{attempts, contradictions, observations, outcome, show, ShowRequest};
 use crate::text::Stamp;
 
@@ -83,6 +83,9 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             field(&mut out, "state", &state);
             field(&mut out, "attempts", &r.attempts.to_string());
             field(&mut out, "fingerprint", &r.fingerprint);
+            for line in links(events) {
+                field(&mut out, "link", &line);
+            }
             field(
                 &mut out,
                 "recorded",
@@ -341,6 +344,51 @@ fn describe(event: &Event) -> (usize, String) {
                 detail,
             ),
         ),
+        Event::Linked {
+            relation,
+            other_op,
+            other_host,
+        } => {
+            let (o, h) = (p(other_op), p(other_host));
+            let text = match relation {
+                LinkRelation::Repeats => format!("repeats op {o} on {h} (declared with --repeats)"),
+                LinkRelation::RepeatedBy => {
+                    format!("repeated by op {o} on {h} (declared with --repeats)")
+                }
+                LinkRelation::Amends => {
+                    format!("amends op {o} on {h}: replaces its intent (--amends)")
+                }
+                LinkRelation::AmendedBy => format!(
+                    "amended by op {o} on {h}: its intent replaces this one's, whose outcome stands"
+                ),
+            };
+            (0, text)
+        }
+        Event::RepetitionHeld {
+            earlier_op,
+            earlier_state,
+            earlier_at,
+            route,
+            seen_in,
+            action,
+        } => {
+            let what = if action == "block" {
+                "held back as a repetition of"
+            } else {
+                "warned: repeats"
+            };
+            (
+                0,
+                format!(
+                    "{what} op {} ({}, at {}, via {}; seen in the {})",
+                    p(earlier_op),
+                    p(earlier_state),
+                    p(earlier_at),
+                    p(route),
+                    p(seen_in)
+                ),
+            )
+        }
         Event::Cancelled {
             by,
             grace_ms,
@@ -360,6 +408,20 @@ fn describe(event: &Event) -> (usize, String) {
             (0, with_detail(&s, detail))
         }
     }
+}
+
+/// The operation's links to others (docs/guarantees.md#repetitions), in words, once each.
+fn links(events: &[StoredEvent]) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for e in events {
+        if let Event::Linked { .. } = &e.event {
+            let line = describe(&e.event).1;
+            if !lines.contains(&line) {
+                lines.push(line);
+            }
+        }
+    }
+    lines
 }
 
 fn with_detail(head: &str, detail: &str) -> String {

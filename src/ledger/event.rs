@@ -198,6 +198,71 @@ pub enum Event {
         /// The marker afterwards, in words (redacted).
         detail: String,
     },
+    /// This operation is linked to another on the same host (docs/guarantees.md#repetitions):
+    /// a declared repetition (`--repeats`) or an amendment (`--amends`), recorded under
+    /// both operations (the reverse word under the other one) so `show` displays it on
+    /// both. A link changes neither operation's state or outcome.
+    Linked {
+        /// What this operation is to the other.
+        relation: LinkRelation,
+        /// The other operation's id.
+        other_op: String,
+        /// The other operation's host (as the ledger names it).
+        other_host: String,
+    },
+    /// A repetition was detected before dispatch (docs/guarantees.md#repetitions): the same
+    /// intent ran on the same host under another op id within the family's window. With
+    /// `action` `block` nothing was sent; with `warn` the run went on.
+    RepetitionHeld {
+        /// The earlier operation's id.
+        earlier_op: String,
+        /// Its state when seen (a ledger state, or a host marker state).
+        earlier_state: String,
+        /// When it was intended (ledger) or claimed (host), UTC RFC 3339.
+        earlier_at: String,
+        /// How its host was reached, in words.
+        route: String,
+        /// Where it was seen: `ledger` or `host` (the shim's fingerprint index).
+        seen_in: String,
+        /// What the policy did: `block` or `warn`.
+        action: String,
+    },
+}
+
+/// How one operation relates to another ([`Event::Linked`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkRelation {
+    /// This operation deliberately repeats the other (`--repeats`).
+    Repeats,
+    /// The other operation deliberately repeats this one.
+    RepeatedBy,
+    /// This operation replaces the other's intent (`--amends`).
+    Amends,
+    /// The other operation replaces this one's intent.
+    AmendedBy,
+}
+
+impl LinkRelation {
+    /// The stored word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkRelation::Repeats => "repeats",
+            LinkRelation::RepeatedBy => "repeated_by",
+            LinkRelation::Amends => "amends",
+            LinkRelation::AmendedBy => "amended_by",
+        }
+    }
+
+    /// The word recorded under the other operation.
+    pub fn reverse(self) -> LinkRelation {
+        match self {
+            LinkRelation::Repeats => LinkRelation::RepeatedBy,
+            LinkRelation::RepeatedBy => LinkRelation::Repeats,
+            LinkRelation::Amends => LinkRelation::AmendedBy,
+            LinkRelation::AmendedBy => LinkRelation::Amends,
+        }
+    }
 }
 
 impl Event {
@@ -220,6 +285,8 @@ impl Event {
             Event::Verdict { .. } => "verdict",
             Event::ClientInterrupted { .. } => "client_interrupted",
             Event::Cancelled { .. } => "cancelled",
+            Event::Linked { .. } => "linked",
+            Event::RepetitionHeld { .. } => "repetition_held",
         }
     }
 
@@ -263,7 +330,16 @@ impl Event {
             }
             Event::AttemptDispatched { .. }
             | Event::Connected { .. }
-            | Event::MarkerRoot { .. } => {}
+            | Event::MarkerRoot { .. }
+            | Event::Linked { .. } => {}
+            Event::RepetitionHeld {
+                earlier_state,
+                route,
+                ..
+            } => {
+                *earlier_state = r(earlier_state);
+                *route = r(route);
+            }
             Event::BoundaryReached {
                 detail, refusal, ..
             } => {

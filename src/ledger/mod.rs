@@ -45,7 +45,7 @@ use serde::Serialize;
 pub use append::UnlessSettledSince;
 pub use binding::key_path_beside;
 pub use chain::{ChainBreak, ChainReport, ProjectionMismatch};
-pub use event::{Event, Observed, StoredEvent};
+pub use event::{Event, LinkRelation, Observed, StoredEvent};
 pub use history::History;
 pub use projection::OperationRecord;
 pub use redact::Redactor;
@@ -488,6 +488,9 @@ macro_rules! with_store {
     };
 }
 
+/// At most this many earlier operations of one intent are read by the repetition check.
+pub const SAME_INTENT_LIMIT: usize = 32;
+
 /// An open ledger (a SQLite file or a PostgreSQL database) and its installation key.
 pub struct Ledger {
     store: Store,
@@ -777,6 +780,20 @@ impl Ledger {
     /// Every operation with this id (one per host), most recently active first.
     pub fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
         with_store!(self, s => s.operations_by_id(op_id))
+    }
+
+    /// Operations of the same intent (ledger fingerprint) on the same host under other op
+    /// ids, intended at or after `since` (a stamp as events carry), oldest first, at most
+    /// [`SAME_INTENT_LIMIT`]: the ledger half of the repetition check
+    /// (docs/guarantees.md#repetitions), an indexed lookup whatever the history's size.
+    pub fn same_intent_since(
+        &self,
+        fingerprint: &str,
+        host: &str,
+        op_id: &str,
+        since: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        with_store!(self, s => s.same_intent_since(fingerprint, host, op_id, since))
     }
 
     /// Operations, most recently active first, filtered.

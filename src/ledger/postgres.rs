@@ -34,6 +34,7 @@ use super::event::{Event, StoredEvent};
 use super::fingerprint::InstallationKey;
 use super::projection::{self, OperationRecord};
 use super::redact::Redactor;
+use super::SAME_INTENT_LIMIT;
 use super::{decode, LedgerError, ListFilter, OpKey, Snapshot, Stats};
 use crate::vocab::Verdict;
 
@@ -41,6 +42,7 @@ use crate::vocab::Verdict;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_ledger.sql"),
     include_str!("../../migrations/postgres/0002_counters.sql"),
+    include_str!("../../migrations/postgres/0003_fingerprint.sql"),
 ];
 
 /// Arbitrary constant naming opmark's advisory lock for migrations.
@@ -277,6 +279,30 @@ impl PgStore {
                 projection::COLUMNS
             );
             let rows = c.block(c.client.query(&sql, &[&op_id]))?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    /// See `Ledger::same_intent_since`.
+    pub(crate) fn same_intent_since(
+        &self,
+        fingerprint: &str,
+        host: &str,
+        op_id: &str,
+        since: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let (fingerprint, host, op_id, since) = (
+            fingerprint.to_owned(),
+            host.to_owned(),
+            op_id.to_owned(),
+            since.to_owned(),
+        );
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE fingerprint = $1 AND host = $2 AND op_id <> $3 AND created_at >= $4 ORDER BY first_seq LIMIT {SAME_INTENT_LIMIT}",
+                projection::COLUMNS
+            );
+            let rows = c.block(c.client.query(&sql, &[&fingerprint, &host, &op_id, &since]))?;
             rows.iter().map(record_from).collect()
         })
     }

@@ -91,6 +91,8 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::Probed { .. }
         | Event::Connected { .. }
         | Event::MarkerRoot { .. }
+        | Event::Linked { .. }
+        | Event::RepetitionHeld { .. }
         | Event::Contradiction { .. }
         | Event::Fenced { .. }
         | Event::ClientInterrupted { .. } => was_unresolved,
@@ -331,7 +333,10 @@ pub(crate) fn fold(
         Event::SessionStarted { .. }
         | Event::Probed { .. }
         | Event::Connected { .. }
-        | Event::MarkerRoot { .. } => {}
+        | Event::MarkerRoot { .. }
+        // A link or a held repetition is about other operations: this one's state stays.
+        | Event::Linked { .. }
+        | Event::RepetitionHeld { .. } => {}
         Event::Intended {
             session,
             family,

@@ -136,6 +136,11 @@ const MIGRATIONS: &[&str] = &[
         kind  TEXT                  -- NULL: the payload's tag
     );
     "#,
+    // 5: the repetition check (docs/guarantees.md#repetitions) looks up the same intent on
+    // the same host under other op ids before every new operation: an index, not a scan.
+    r#"
+    CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);
+    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.

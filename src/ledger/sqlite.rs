@@ -242,6 +242,26 @@ impl SqliteStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// See `Ledger::same_intent_since`: walks `operations_by_fingerprint`.
+    pub(crate) fn same_intent_since(
+        &self,
+        fingerprint: &str,
+        host: &str,
+        op_id: &str,
+        since: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let mut stmt = self.conn.prepare_cached(&format!(
+            "SELECT {} FROM operations WHERE fingerprint = ?1 AND host = ?2 AND op_id <> ?3 AND created_at >= ?4 ORDER BY first_seq LIMIT {}",
+            projection::COLUMNS,
+            super::SAME_INTENT_LIMIT
+        ))?;
+        let rows = stmt.query_map(
+            params![fingerprint, host, op_id, since],
+            projection::from_row,
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Operations, most recently active first, filtered. Each filter is spelled so that
     /// SQLite walks the index made for it (a partial one for unresolved and contradicted
     /// rows) from the newest end and stops at the limit.

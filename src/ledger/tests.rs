@@ -1158,6 +1158,7 @@ fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.execute_batch(
         "DROP TABLE events; DROP TABLE atoms; DROP TABLE op_keys;
+         DROP INDEX IF EXISTS operations_by_fingerprint;
          CREATE TABLE events (
              seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
              at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,

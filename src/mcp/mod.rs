@@ -113,6 +113,16 @@ pub struct RunParams {
     #[serde(default)]
     #[schemars(schema_with = "class_schema")]
     pub class: Option<String>,
+    /// The op id of an earlier operation this call deliberately repeats: the same command
+    /// on the same host under a new op_id. Without it, a `blocked` result with reason_code
+    /// `repeats_recent_operation` names the earlier op_id: call again with THAT op_id if
+    /// you meant the same effect (it replays), or with `repeats` set to it to do it again.
+    #[serde(default)]
+    pub repeats: Option<String>,
+    /// The op id of an earlier operation whose intent this one replaces (its command
+    /// changed, e.g. after a `conflict`); recorded as a link on both.
+    #[serde(default)]
+    pub amends: Option<String>,
     /// Answer `in_progress` as soon as the host claimed the operation and started the
     /// command, which keeps running; `run` with the same op_id later follows or replays it.
     #[serde(default)]
@@ -534,6 +544,8 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
         attempts: None,
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
+        repeats: p.repeats,
+        amends: p.amends,
         options: HostOptions::default(),
         fleet: FleetOptions {
             detach: p.detach.unwrap_or(false),
@@ -884,6 +896,8 @@ mod tests {
             timeout: Some("soon".into()),
             wait: None,
             class: None,
+            repeats: None,
+            amends: None,
             detach: None,
         };
         let again = RunParams {
@@ -983,6 +997,8 @@ mod tests {
             timeout: None,
             wait: None,
             class: None,
+            repeats: None,
+            amends: None,
             detach: None,
         };
         let bad_op = run_request(base.clone()).unwrap_err();

@@ -69,6 +69,7 @@ use crate::ssh::{ConnectError, ConnectStage};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
 use super::interrupt::ClientSignal;
+use super::repeat::Repetition;
 pub use super::reply::{RefusalReason, Refused, RunReply};
 use super::AttemptSummary;
 
@@ -97,6 +98,9 @@ pub struct Facts<'a> {
     pub ledger_exit: Option<i32>,
     /// `--wait`.
     pub wait: Duration,
+    /// The earlier operation the shim's fingerprint index says this run repeats, when it
+    /// refused the claim as a repetition (docs/guarantees.md#repetitions).
+    pub repeats: Option<&'a Repetition>,
 }
 
 impl Facts<'_> {
@@ -653,6 +657,21 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host gives the shim no readable process identity (no /proc, a /proc of another pid namespace, or hidepid hiding the user's own processes), so it could never tell a running command from a gone one; it claimed nothing and nothing ran. Mount /proc for the login user (see `opmark doctor`), then retry with the same op id",
             ))
         }
+        // The shim's fingerprint index holds the same intent under another op id within
+        // the window (another ledger, another machine, or a racing claim that won):
+        // held back, nothing ran.
+        RefusalReason::Repeats => Action::Answer(match facts.repeats {
+            Some(found) => found.held(facts.op, facts.host, Some(attempt.clone())),
+            None => Answer::new(
+                Verdict::Blocked,
+                Some(attempt.clone()),
+                ReasonCode::RepeatsRecentOperation,
+                format!(
+                    "the host holds the same command under another op id ({}); nothing ran. Rerun under that op id to replay it, or with --repeats OP to repeat it deliberately",
+                    refusal.detail
+                ),
+            ),
+        }),
         RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
             Verdict::Refused,
             Some(attempt.clone()),
@@ -1335,6 +1354,7 @@ mod tests {
             prior_dispatch: None,
             ledger_exit: None,
             wait: Duration::from_secs(30),
+            repeats: None,
         }
     }
 
@@ -2284,6 +2304,35 @@ mod tests {
             (Verdict::Conflict, ReasonCode::ConflictOnHost)
         );
         assert!(!a.code.retryable());
+    }
+
+    #[test]
+    fn claim_held_back_as_a_repetition_then_blocked_naming_the_earlier_op() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let earlier = Repetition {
+            op_id: "op-0".into(),
+            state: "completed".into(),
+            at: "2026-12-01T10:00:00Z".into(),
+            route: "root@127.0.0.1:22".into(),
+            action: "block",
+            seen_in: "host",
+        };
+        let mut f = facts(Family::Destructive, &ours);
+        f.repeats = Some(&earlier);
+        let held = refusal("repeats", &[("earlier", "op-0")], None);
+        let a = answer(after_dispatch(&f, refused_reply(held.clone())).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Blocked, ReasonCode::RepeatsRecentOperation)
+        );
+        assert!(!a.code.retryable());
+        for way in ["--op op-0", "--repeats op-0", "root@127.0.0.1:22"] {
+            assert!(a.reason.contains(way), "{way}: {}", a.reason);
+        }
+        // Without what the shim named (never the case in a run), still blocked.
+        f.repeats = None;
+        let a = answer(after_dispatch(&f, refused_reply(held)).then);
+        assert_eq!(a.code, ReasonCode::RepeatsRecentOperation);
     }
 
     #[test]

@@ -18,8 +18,10 @@ use crate::family::Family;
 use crate::host::{self, call_shim, CallEnd, CallObserver};
 use crate::ledger::{Durability, Event, LedgerError, OpKey, RefusalWord};
 use crate::op_id::OpId;
-use crate::policy::AfterInterrupted;
-use crate::shim::{ExitFrame, Frame, MarkerInfo, RefusalReason, RunRequest, StdinSpec, Verb};
+use crate::policy::{AfterInterrupted, OnRepeat};
+use crate::shim::{
+    ExitFrame, Frame, MarkerInfo, RefusalReason, RepeatCheck, RunRequest, StdinSpec, Verb,
+};
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
 
@@ -31,6 +33,7 @@ use super::identity::Recorded;
 use super::interrupt::{ClientSignal, Interrupts};
 use super::output::Output;
 use super::record::{self, RunLedger};
+use super::repeat::Repetition;
 use super::{fault_point, new_attempt_id, progress, AttemptSummary, RunError, RunInput, RunReport};
 
 /// The state of one `run`.
@@ -71,6 +74,11 @@ pub(crate) struct Runner<'a> {
     pub(crate) dispatched: bool,
     /// Notified when the shim acknowledges a claim of this invocation (for `--detach`).
     pub(crate) started: Arc<Notify>,
+    /// The family's `repeat_window` and `on_repeat` (docs/guarantees.md#repetitions).
+    pub(crate) repeat_window: Duration,
+    pub(crate) on_repeat: OnRepeat,
+    /// The earlier operation this run repeats, when found (ledger or host).
+    pub(crate) repeats: Option<Repetition>,
     /// When the `--wait` budget of this invocation is spent (docs/decisions.md#wait-budget):
     /// no connect before dispatch outlasts it, and over MCP no running command either.
     pub(crate) deadline: Instant,
@@ -100,6 +108,7 @@ impl<'a> Runner<'a> {
             prior_dispatch: self.prior_dispatch.as_deref(),
             ledger_exit: self.ledger_exit,
             wait: self.input.wait,
+            repeats: self.repeats.as_ref().filter(|r| r.action == "block"),
         }
     }
 
@@ -215,6 +224,7 @@ impl<'a> Runner<'a> {
             sha256_hex: hex::encode(Sha256::digest(s)),
         });
         let supersede = self.facts().may_supersede();
+        let declared = self.input.declared.ops();
         let verb = Verb::Run(RunRequest {
             op: &self.op,
             attempt_id: &attempt,
@@ -224,6 +234,11 @@ impl<'a> Runner<'a> {
             output_cap: self.input.output_cap,
             stdin: stdin_spec,
             supersede_interrupted: supersede,
+            repeat: RepeatCheck {
+                window: self.repeat_window,
+                action: self.on_repeat,
+                declared: &declared,
+            },
             command: &self.input.command,
         });
         let stdin = self.input.stdin.clone();
@@ -248,6 +263,10 @@ impl<'a> Runner<'a> {
                 in_flight: &mut self.in_flight,
                 started: &self.started,
                 root_seen: &mut root_seen,
+                repeats: &mut self.repeats,
+                route: session.destination().route().describe(),
+                op: &self.key.op_id,
+                host: &self.key.host,
                 error: None,
             };
             let call = call_shim(
@@ -286,6 +305,7 @@ impl<'a> Runner<'a> {
             if let Some(why) = self.root_refusal(frames) {
                 return Ok(Sent::Seen(Dispatched::RootChanged(why)));
             }
+            self.host_repetition(frames, &session)?;
         }
         Ok(Sent::Seen(match end {
             CallEnd::NotSent(why) => Dispatched::NotSent {
@@ -615,6 +635,82 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// The shim refused the claim as a repetition its fingerprint index holds: what it
+    /// named is recorded (the verdict follows from the decisions).
+    fn host_repetition(&mut self, frames: &[Frame], session: &Session) -> Result<(), RunError> {
+        let held = frames.iter().find_map(|f| match f {
+            Frame::Refused(r) if r.reason == RefusalReason::Repeats => Some(&r.fields),
+            _ => None,
+        });
+        if let Some(fields) = held {
+            let found =
+                Repetition::from_host(fields, session.destination().route().describe(), "block");
+            self.ledger
+                .append(&self.key, &found.event(), Durability::Normal)?;
+            self.repeats = Some(found);
+        }
+        Ok(())
+    }
+
+    /// A repetition held back before anything was sent: the intent, what was found, and
+    /// the verdict.
+    pub(crate) fn record_held(
+        &mut self,
+        found: &Repetition,
+        answer: &Answer,
+    ) -> Result<(), RunError> {
+        let events = [
+            self.intended(),
+            found.event(),
+            Event::Verdict {
+                attempt_id: None,
+                verdict: answer.verdict,
+                exit_code: None,
+                reason: answer.reason.clone(),
+            },
+        ];
+        self.ledger
+            .append_many(&self.key, &events, Durability::Normal)?;
+        Ok(())
+    }
+
+    /// `--repeats` / `--amends`: the link under this operation and, when the ledger holds
+    /// the other one on this host, the reverse link under it (so `show` displays it on
+    /// both; the other keeps its own state and outcome). Recorded once.
+    pub(crate) fn record_links(&mut self) -> Result<(), RunError> {
+        let links = self.input.declared.links();
+        if links.is_empty() {
+            return Ok(());
+        }
+        let ours: Vec<Event> = self
+            .ledger
+            .events(&self.key)?
+            .into_iter()
+            .map(|e| e.event)
+            .collect();
+        for (relation, other_op) in links {
+            let link = Event::Linked {
+                relation,
+                other_op: other_op.clone(),
+                other_host: self.key.host.clone(),
+            };
+            if ours.contains(&link) {
+                continue;
+            }
+            self.ledger.append(&self.key, &link, Durability::Normal)?;
+            let other = OpKey::new(other_op, self.key.host.clone());
+            if self.ledger.operation(&other)?.is_some() {
+                let back = Event::Linked {
+                    relation: relation.reverse(),
+                    other_op: self.key.op_id.clone(),
+                    other_host: self.key.host.clone(),
+                };
+                self.ledger.append(&other, &back, Durability::Normal)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn boundary(
         &mut self,
         attempt: &str,
@@ -854,6 +950,7 @@ impl<'a> Runner<'a> {
                 .as_ref()
                 .map_or((0, 0), |x| (x.dropped_out, x.dropped_err)),
             ledger_error: self.ledger.failed().cloned(),
+            repeats: self.repeats.clone(),
             // Evidence, not assumption: what the command wrote (kept + dropped on the host)
             // against what reached this caller.
             truncated: self.exit.as_ref().is_some_and(|x| {
@@ -918,6 +1015,13 @@ struct RunObserver<'r, 'a> {
     started: &'r Notify,
     /// The marker root id the shim reported (`M`), recorded as this attempt's.
     root_seen: &'r mut Option<String>,
+    /// The repetition this run already knows of (from the ledger), or the one the shim's
+    /// fingerprint index reports (`W`: the policy warns, the command runs).
+    repeats: &'r mut Option<Repetition>,
+    /// How this call reached the host, for a repetition seen there.
+    route: String,
+    op: &'r str,
+    host: &'r str,
     error: Option<LedgerError>,
 }
 
@@ -945,6 +1049,19 @@ impl CallObserver for RunObserver<'_, '_> {
                     self.error.get_or_insert(e);
                 }
             }
+        }
+        if let (Frame::Repeats(fields), None) = (frame, &self.repeats) {
+            // The host knows of a repetition the ledger did not (another ledger, another
+            // machine): recorded and said before the command's output.
+            let found = Repetition::from_host(fields, self.route.clone(), "warn");
+            if let Err(e) = self
+                .ledger
+                .append(self.key, &found.event(), Durability::Normal)
+            {
+                self.error.get_or_insert(e);
+            }
+            progress(&found.warning(self.op, self.host));
+            *self.repeats = Some(found);
         }
         if let Frame::Started { .. } = frame {
             *self.in_flight = Some(Boundary::Started);

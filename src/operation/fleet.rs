@@ -270,6 +270,7 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
             output_collected: false,
             output_available: true,
             cancelled: false,
+            repeats: None,
         }),
     }
 }
@@ -392,6 +393,7 @@ mod tests {
                 output_collected: false,
                 output_available: true,
                 cancelled: false,
+                repeats: None,
             }),
         }
     }

@@ -28,6 +28,7 @@ pub mod interrupt;
 pub mod output;
 pub mod reconcile;
 pub mod record;
+pub mod repeat;
 pub mod reply;
 
 use std::time::Duration;
@@ -84,6 +85,8 @@ pub struct RunInput {
     /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
     /// acknowledged the claim, leaving the command running.
     pub detach: bool,
+    /// `--repeats OP` / `--amends OP` (docs/guarantees.md#repetitions), ids checked.
+    pub declared: repeat::Declared,
     /// `wait` bounds a running command too (MCP: a tool call never outlasts its budget):
     /// spent, the answer is `in_progress` and the command keeps running on the host.
     pub wait_bounds_command: bool,
@@ -204,6 +207,10 @@ pub struct RunReport {
     /// The host's exit record says `opmark cancel` stopped the command (its exit code is
     /// then the signal's, 143 or 137, not the command's own).
     pub cancelled: bool,
+    /// The earlier operation this run repeats (the same intent on the same host under
+    /// another op id within the family's window), when the policy blocked or warned
+    /// about it (docs/guarantees.md#repetitions); null otherwise.
+    pub repeats: Option<repeat::Repetition>,
 }
 
 impl RunReport {
@@ -304,6 +311,9 @@ pub async fn run_interruptible(
         in_flight: None,
         dispatched: false,
         started: started.clone(),
+        repeat_window: family_policy.repeat_window,
+        on_repeat: family_policy.on_repeat,
+        repeats: None,
         deadline,
         input,
     };
@@ -349,6 +359,48 @@ pub async fn run_interruptible(
         runner.identity = identity::recorded(&events);
     }
 
+    // Declarations first (a bad one sends nothing), then the ledger half of the
+    // repetition check (docs/guarantees.md#repetitions): only for an operation that has
+    // not run yet; one that has is itself the earlier operation of its intent.
+    let declared = runner.input.declared.clone();
+    let not_run_yet = existing
+        .as_ref()
+        .is_none_or(|r| r.attempts == 0 || r.verdict == Some(Verdict::Blocked));
+    if let Some(why) = repeat::check_declared(&runner.key, &ledger_fp, &declared, |k| {
+        runner.ledger.operation(k)
+    })? {
+        return Ok(runner.report(decide::Answer::new(
+            Verdict::Refused,
+            None,
+            ReasonCode::InvalidInput,
+            why,
+        )));
+    }
+    if not_run_yet {
+        let found = repeat::in_ledger(
+            runner.ledger.view(),
+            &runner.key,
+            &ledger_fp,
+            runner.repeat_window,
+            runner.on_repeat,
+            &declared,
+        )?;
+        if let Some(mut found) = found {
+            found.route = match &resolved {
+                Ok(dest) if found.route.ends_with("(no connection recorded)") => {
+                    dest.route().describe()
+                }
+                _ => found.route,
+            };
+            runner.repeats = Some(found.clone());
+            if found.action == "block" {
+                let answer = found.held(&runner.key.op_id, &runner.key.host, None);
+                runner.record_held(&found, &answer)?;
+                return Ok(runner.report(answer));
+            }
+        }
+    }
+
     let dest = match resolved {
         Ok(dest) => dest,
         Err(e) => {
@@ -371,6 +423,14 @@ pub async fn run_interruptible(
         )?;
     }
     runner.begin(earlier.first_reason, earlier.first_parent)?;
+    runner.record_links()?;
+    if let Some(found) = runner.repeats.clone() {
+        // Warned, and running: said before anything leaves.
+        runner
+            .ledger
+            .append(&runner.key, &found.event(), Durability::Normal)?;
+        progress(&found.warning(&runner.key.op_id, &runner.key.host));
+    }
     // Biased: once a signal is in, the run is never polled again, so nothing more leaves.
     // `--detach` leaves at the claim acknowledgement, which the observer announces.
     let driven = tokio::select! {

@@ -113,6 +113,11 @@ impl<'a> RunLedger<'a> {
         self.inner.events(key)
     }
 
+    /// The ledger itself, for reads (the repetition check).
+    pub(crate) fn view(&self) -> &Ledger {
+        self.inner
+    }
+
     /// The first write that failed after dispatch, if any.
     pub(crate) fn failed(&self) -> Option<&LedgerWriteError> {
         self.failed.as_ref()

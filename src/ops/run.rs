@@ -22,6 +22,7 @@ use crate::ledger::{OpKey, OperationRecord};
 use crate::op_id::OpId;
 use crate::operation::fleet::{self, HostResult, Plan, Progress, Shared, Summary};
 use crate::operation::interrupt::{ClientSignal, Interrupts};
+use crate::operation::repeat::Declared;
 use crate::operation::{self, RunEnv, RunInput, RunReport};
 use crate::vocab::{ReasonCode, Verdict};
 
@@ -91,6 +92,10 @@ pub struct RunRequest {
     pub output_cap: u64,
     /// The approval note of a blocked command (`--approve`).
     pub approve: Option<String>,
+    /// `--repeats OP`: a deliberate repetition of an earlier operation, unchecked.
+    pub repeats: Option<String>,
+    /// `--amends OP`: the earlier operation this one replaces, unchecked.
+    pub amends: Option<String>,
     /// Connection options.
     pub options: HostOptions,
     /// Several hosts.
@@ -232,6 +237,9 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         },
         None => (OpId::mint(), true),
     };
+    if let Err(why) = declared(&req, &op) {
+        return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why));
+    }
     let hosts = match all_hosts(&req) {
         Ok(hosts) => hosts,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
@@ -280,6 +288,37 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
     answer?
+}
+
+/// `--repeats` / `--amends`, checked as op ids (docs/guarantees.md#repetitions): a bad one
+/// is named with the fix before anything is sent.
+fn declared(req: &RunRequest, op: &OpId) -> std::result::Result<Declared, String> {
+    let check = |flag: &str,
+                 value: &Option<String>|
+     -> std::result::Result<Option<String>, String> {
+        let Some(text) = value else { return Ok(None) };
+        let other = OpId::parse(text).map_err(|e| {
+            format!("{flag} {text}: {e}; name the earlier operation by its op id (`opmark list`); nothing was sent")
+        })?;
+        if other == *op {
+            return Err(format!(
+                "{flag} {text} names this run's own op id; name the EARLIER operation (`opmark list`); nothing was sent"
+            ));
+        }
+        Ok(Some(other.to_string()))
+    };
+    Ok(Declared {
+        repeats: check("--repeats", &req.repeats)?,
+        amends: check("--amends", &req.amends)?,
+    })
+}
+
+/// `--repeats` / `--amends` once [`declared`] has checked them (in [`run`], before anything).
+fn checked_declared(req: &RunRequest) -> Declared {
+    Declared {
+        repeats: req.repeats.clone(),
+        amends: req.amends.clone(),
+    }
 }
 
 /// The hosts named in the request, then those of `--hosts-file`, each checked as a
@@ -412,6 +451,7 @@ async fn run_operation(
         output_cap: req.output_cap,
         prefix: None,
         detach: req.fleet.detach,
+        declared: checked_declared(&req),
         wait_bounds_command: req.wait_bounds_command,
     };
     // To tell the caller about evidence this run found contradicting the ledger.
@@ -494,6 +534,7 @@ async fn run_on_hosts(
         hosts.len()
     ));
     let prefix = req.fleet.prefix;
+    let declared = checked_declared(&req);
     let inputs: Vec<RunInput> = hosts
         .iter()
         .map(|host| RunInput {
@@ -511,6 +552,7 @@ async fn run_on_hosts(
             output_cap: req.output_cap,
             prefix: prefix.then(|| format!("{host}: ")),
             detach: req.fleet.detach,
+            declared: declared.clone(),
             wait_bounds_command: req.wait_bounds_command,
         })
         .collect();

@@ -63,6 +63,34 @@ pub struct FamilyPolicy {
     pub after_interrupted: AfterInterrupted,
     /// The shortest `gc --older-than` allowed for this family's markers.
     pub min_retention: Duration,
+    /// How far back a repetition (the same intent on the same host under another op id)
+    /// is looked for (docs/guarantees.md#repetitions); zero looks nowhere.
+    pub repeat_window: Duration,
+    /// What a repetition within the window does.
+    pub on_repeat: OnRepeat,
+}
+
+/// What a run does when it repeats a recent operation (docs/guarantees.md#repetitions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnRepeat {
+    /// Runs, silently.
+    Allow,
+    /// Runs, and says so on stderr and in JSON (`repeats`).
+    Warn,
+    /// `blocked` (`repeats_recent_operation`); nothing is sent.
+    Block,
+}
+
+impl OnRepeat {
+    /// The policy file's word (also the word the shim is told).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnRepeat::Allow => "allow",
+            OnRepeat::Warn => "warn",
+            OnRepeat::Block => "block",
+        }
+    }
 }
 
 /// What happens after a probe says `interrupted` (docs/decisions.md#probe-interrupted).
@@ -185,6 +213,19 @@ fn default_min_retention(family: Family) -> Duration {
     };
     Duration::from_secs(days * 86_400)
 }
+
+/// Default `on_repeat` per family, for policy files older than the key: what a repeat of
+/// the family can do decides (docs/guarantees.md#repetitions).
+fn default_on_repeat(family: Family) -> OnRepeat {
+    match family {
+        Family::ReadOnly => OnRepeat::Allow,
+        Family::Convergent => OnRepeat::Warn,
+        Family::AppendOnly | Family::Destructive => OnRepeat::Block,
+    }
+}
+
+/// Default `repeat_window`: a day, as shipped.
+const DEFAULT_REPEAT_WINDOW: Duration = Duration::from_secs(86_400);
 
 /// Collects the context every validation error needs.
 struct Checker<'a> {
@@ -345,10 +386,39 @@ impl Policy {
                 })?,
                 None => default_min_retention(family),
             };
+            let repeat_window = match &table.get_ref().repeat_window {
+                Some(v) => parse_duration(v.get_ref()).map_err(|problem| {
+                    check.err(
+                        v.span(),
+                        key("repeat_window"),
+                        problem,
+                        "write a duration like \"24h\" or \"30m\" (\"0s\" looks for no repetition)",
+                    )
+                })?,
+                None => DEFAULT_REPEAT_WINDOW,
+            };
+            let on_repeat = match &table.get_ref().on_repeat {
+                Some(v) => match v.get_ref().as_str() {
+                    "allow" => OnRepeat::Allow,
+                    "warn" => OnRepeat::Warn,
+                    "block" => OnRepeat::Block,
+                    other => {
+                        return Err(check.err(
+                            v.span(),
+                            key("on_repeat"),
+                            format!("unknown value `{other}`"),
+                            "use \"allow\", \"warn\" or \"block\"",
+                        ))
+                    }
+                },
+                None => default_on_repeat(family),
+            };
             families[family as usize] = Some(FamilyPolicy {
                 attempts,
                 after_interrupted,
                 min_retention,
+                repeat_window,
+                on_repeat,
             });
         }
         let mut checked_families = Vec::with_capacity(4);

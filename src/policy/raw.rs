@@ -27,6 +27,8 @@ pub(crate) struct RawFamily {
     pub attempts: Option<Spanned<i64>>,
     pub after_interrupted: Option<Spanned<String>>,
     pub min_retention: Option<Spanned<String>>,
+    pub repeat_window: Option<Spanned<String>>,
+    pub on_repeat: Option<Spanned<String>>,
 }
 
 /// One `[[rule]]` table.

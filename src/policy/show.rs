@@ -1,6 +1,6 @@
 //! The checked policy written back out, for `opmark policy show`: as TOML that loads
 //! back to an equal [`Policy`] (so it can be copied and edited), and as a serde value
-//! for `--json`. Defaults the file left out (`min_retention`) are written explicitly:
+//! for `--json`. Defaults the file left out (`min_retention`, `repeat_window`, `on_repeat`) are written explicitly:
 //! this is the policy in effect, not the file as typed.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{AfterInterrupted, FamilyPolicy, Policy, Rule};
+use super::{AfterInterrupted, FamilyPolicy, OnRepeat, Policy, Rule};
 use crate::family::Family;
 
 /// The policy as a document with the same keys as `command-classes.toml`.
@@ -25,6 +25,8 @@ struct FamilyDocument {
     attempts: u32,
     after_interrupted: AfterInterrupted,
     min_retention: String,
+    repeat_window: String,
+    on_repeat: OnRepeat,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,6 +71,8 @@ fn family_document(f: &FamilyPolicy) -> FamilyDocument {
         attempts: f.attempts,
         after_interrupted: f.after_interrupted,
         min_retention: duration_text(f.min_retention),
+        repeat_window: duration_text(f.repeat_window),
+        on_repeat: f.on_repeat,
     }
 }
 

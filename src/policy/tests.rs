@@ -166,3 +166,48 @@ fn a_rule_name_used_twice_is_refused_naming_both_rules_and_lines() {
         "{message}"
     );
 }
+
+#[test]
+fn repetition_keys_have_the_shipped_defaults_and_old_files_get_them() {
+    let shipped = Policy::builtin();
+    let old_text: String = BUILTIN_TEXT
+        .lines()
+        .filter(|l| !l.starts_with("repeat_window") && !l.starts_with("on_repeat"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let old = Policy::parse(&old_text, "old.toml").unwrap();
+    for p in [&shipped, &old] {
+        for (family, action) in [
+            (Family::ReadOnly, OnRepeat::Allow),
+            (Family::Convergent, OnRepeat::Warn),
+            (Family::AppendOnly, OnRepeat::Block),
+            (Family::Destructive, OnRepeat::Block),
+        ] {
+            assert_eq!(p.family(family).on_repeat, action, "{family}");
+            assert_eq!(p.family(family).repeat_window, Duration::from_secs(86_400));
+        }
+    }
+    // What `policy show` writes loads back the same.
+    let again = Policy::parse(&old.to_toml(), "shown.toml").unwrap();
+    assert_eq!(
+        again.family(Family::Convergent),
+        old.family(Family::Convergent)
+    );
+}
+
+#[test]
+fn a_bad_repetition_value_names_the_file_line_key_and_fix() {
+    let bad = BUILTIN_TEXT.replacen("\non_repeat = \"warn\"", "\non_repeat = \"maybe\"", 1);
+    let e = Policy::parse(&bad, "mine.toml").unwrap_err().to_string();
+    for needle in [
+        "mine.toml",
+        "families.convergent.on_repeat",
+        "maybe",
+        "\"allow\", \"warn\" or \"block\"",
+    ] {
+        assert!(e.contains(needle), "`{needle}` in {e}");
+    }
+    let bad = BUILTIN_TEXT.replacen("\nrepeat_window = \"24h\"", "\nrepeat_window = \"soon\"", 1);
+    let e = Policy::parse(&bad, "mine.toml").unwrap_err().to_string();
+    assert!(e.contains("families.read-only.repeat_window"), "{e}");
+}

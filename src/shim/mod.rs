@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use crate::family::Family;
 use crate::op_id::OpId;
+use crate::policy::OnRepeat;
 
 pub use frames::{
     CancelOutcome, ExitFrame, FenceOutcome, Frame, GcAction, GcRemoved, MarkerInfo, MarkerState,
@@ -115,9 +116,35 @@ pub struct RunRequest<'a> {
     /// Whether an interrupted claim may be moved aside and claimed again by this attempt
     /// (policy `rerun`, or an operator's approval).
     pub supersede_interrupted: bool,
+    /// What the shim's fingerprint index does with a repetition of this intent under
+    /// another op id (docs/host-protocol.md#the-fingerprint-index).
+    pub repeat: RepeatCheck<'a>,
     /// The command string, run on the host by the login shell with `-c`, as ssh runs it
     /// (sent in the channel's data, at most [`MAX_COMMAND_BYTES`]).
     pub command: &'a str,
+}
+
+/// The repetition check a claim asks of the shim's fingerprint index: how far back to
+/// look, what the client's policy does with a repetition, and the op ids the run declared
+/// it repeats or amends (never counted against it).
+#[derive(Debug, Clone, Copy)]
+pub struct RepeatCheck<'a> {
+    /// How far back (whole seconds on the host); zero looks nowhere (the claim is still
+    /// indexed, for later claims that look).
+    pub window: Duration,
+    /// `allow` (index only), `warn` (a `W` frame, then the claim), `block` (refused).
+    pub action: OnRepeat,
+    /// `--repeats` / `--amends` op ids.
+    pub declared: &'a [String],
+}
+
+impl RepeatCheck<'static> {
+    /// Indexes the claim and looks for nothing (calls that are not a policy's run).
+    pub const OFF: RepeatCheck<'static> = RepeatCheck {
+        window: Duration::ZERO,
+        action: OnRepeat::Allow,
+        declared: &[],
+    };
 }
 
 /// One call of the shim.
@@ -191,6 +218,9 @@ pub const VERBS: &[(&str, &[&str])] = &[
             "STDIN_BYTES",
             "STDIN_SHA256",
             "SUPERSEDE",
+            "REPEAT_S",
+            "REPEAT_ACTION",
+            "DECLARED",
             "CMD_BYTES",
         ],
     ),
@@ -243,6 +273,16 @@ impl Verb<'_> {
                         .map_or("-".into(), |s| s.sha256_hex.clone()),
                 ),
                 ("SUPERSEDE", flag(r.supersede_interrupted)),
+                ("REPEAT_S", r.repeat.window.as_secs().to_string()),
+                ("REPEAT_ACTION", r.repeat.action.as_str().into()),
+                (
+                    "DECLARED",
+                    if r.repeat.declared.is_empty() {
+                        "-".into()
+                    } else {
+                        r.repeat.declared.join(",")
+                    },
+                ),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -533,6 +573,7 @@ mod tests {
                 sha256_hex: "cd".repeat(32),
             }),
             supersede_interrupted: true,
+            repeat: RepeatCheck::OFF,
             command: "echo 'hi'",
         });
         let args = verb.args();
@@ -541,9 +582,36 @@ mod tests {
         assert_eq!(args[5], "1");
         assert_eq!(args[7], "3");
         assert_eq!(args[9], "1");
-        assert_eq!(args[10], "9", "the command's length; the command is data");
-        assert_eq!(args.len(), 11);
+        assert_eq!(args[10], "0", "no repetition window");
+        assert_eq!(args[11], "allow");
+        assert_eq!(args[12], "-", "nothing declared");
+        assert_eq!(args[13], "9", "the command's length; the command is data");
+        assert_eq!(args.len(), 14);
         assert_eq!(verb.input(), b"echo 'hi'");
+    }
+
+    #[test]
+    fn run_args_carry_the_repetition_check() {
+        let op = OpId::parse("deploy-2").unwrap();
+        let declared = ["deploy-1".to_owned(), "fix-0".to_owned()];
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &"ab".repeat(32),
+            family: Family::Destructive,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: RepeatCheck {
+                window: Duration::from_secs(86_400),
+                action: OnRepeat::Block,
+                declared: &declared,
+            },
+            command: "rm -f x",
+        });
+        let args = verb.args();
+        assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
     }
 
     #[test]
@@ -563,6 +631,7 @@ mod tests {
                 sha256_hex: "cd".repeat(32),
             }),
             supersede_interrupted: false,
+            repeat: RepeatCheck::OFF,
             command: &command,
         });
         let call = Invocation::new(&verb, Some(b"in"));

@@ -584,10 +584,12 @@ fn a_ledger_key_readable_by_others_is_refused_with_chmod_600_and_nothing_runs() 
     let dir = crate::support::fresh_dir(crate::test_name!());
     let count = dir.join("count");
     let alias = lab.targets()[0].alias.clone();
+    // One intent per op id: the same append under a new op id would be held back as a
+    // repetition (docs/guarantees.md#repetitions).
     let run = |op: &str| {
         env.opmark_with_lab(&lab)
             .args(["run", &alias, "--op", op, "--"])
-            .arg(format!("echo ran >> {}", count.display()))
+            .arg(format!("echo ran >> {}; : {op}", count.display()))
             .output()
             .unwrap()
     };

@@ -354,7 +354,18 @@ fn serial_batches_start_only_after_the_previous_batch_completed_cleanly() {
         &env,
         &lab,
         &hosts,
-        &["--serial", "2", "--op", "roll-2", "--", cmd],
+        // The same destructive command again under a new op id: declared, or the
+        // hosts that ran roll-1 would hold it back (docs/guarantees.md#repetitions).
+        &[
+            "--serial",
+            "2",
+            "--op",
+            "roll-2",
+            "--repeats",
+            "roll-1",
+            "--",
+            cmd,
+        ],
     );
     let docs = b.hosts();
     assert_eq!(docs["target4"]["exit_code"], 2, "{b:?}");

@@ -165,6 +165,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             output_cap: 1024,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command,
         });
         let call = Invocation::new(&verb, None);

@@ -225,6 +225,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::PolicyDenied, false),
         (R::InvalidInput, false),
         (R::ApprovalRequired, false),
+        (R::RepeatsRecentOperation, false),
         (R::InterruptedNeedsApproval, false),
         (R::UnreachableAfterDispatch, true),
         (R::EarlierDispatchUnknown, true),

@@ -79,7 +79,15 @@ fn two_hundred_sequential_runs_from_new_processes_authenticate_once() {
     let env = Sealed::new("keeper-200");
     let from = log_len(&lab);
     for i in 0..200 {
-        let a = run(&env, &lab, &format!("reuse-{i}"), "echo $((6*7))");
+        // One intent per op id: `echo $((6*7))` is destructive by the shipped policy (an
+        // arithmetic expansion), so the same text under a new op id would be held back
+        // as a repetition (docs/guarantees.md#repetitions).
+        let a = run(
+            &env,
+            &lab,
+            &format!("reuse-{i}"),
+            &format!("echo $((6*7)); : {i}"),
+        );
         assert_eq!(a.verdict(), "completed", "run {i}: {a:?}");
         assert_eq!(a.stdout(), "42\n", "run {i}: {a:?}");
     }

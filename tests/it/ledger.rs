@@ -2225,6 +2225,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
+         DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          UPDATE opmark_schema SET version = 1;"
@@ -2243,6 +2244,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
+         DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          PRAGMA user_version = 2;"

@@ -21,6 +21,7 @@ mod mcp;
 mod operators;
 mod policy;
 mod redaction;
+mod repetitions;
 mod run;
 mod screens;
 mod shim;

@@ -323,6 +323,9 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
 /// Starts a long command through opmark, waits for its start gate, and kills the client
 /// (the command goes on, detached). Returns the supervisor's pid.
 fn start_detached(env: &Sealed, lab: &Lab, op: &str) -> i32 {
+    // One intent per op id: the same destructive command under another op id would be
+    // held back as a repetition (docs/guarantees.md#repetitions).
+    let command = format!("sleep 60; : {op}");
     let mut child = env
         .opmark_with_lab(lab)
         .args([
@@ -334,7 +337,7 @@ fn start_detached(env: &Sealed, lab: &Lab, op: &str) -> i32 {
             "--class",
             "destructive",
             "--",
-            "sleep 60",
+            &command,
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -218,6 +218,7 @@ impl Host {
             output_cap: shim::DEFAULT_OUTPUT_CAP,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command,
         };
         tweak(&mut req);
@@ -440,6 +441,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     output_cap: 1024,
                     stdin: None,
                     supersede_interrupted: false,
+                    repeat: opmark::shim::RepeatCheck::OFF,
                     command: &cmd,
                 });
                 host.command(&verb)
@@ -493,6 +495,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
             output_cap: 1024,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
         });
         let mut child = {
@@ -550,6 +553,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 output_cap: 1024,
                 stdin: None,
                 supersede_interrupted: false,
+                repeat: opmark::shim::RepeatCheck::OFF,
                 command: "sleep 60",
             }))
             .stdout(Stdio::piped())
@@ -617,6 +621,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             output_cap: 1024,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
         }))
         .stdout(Stdio::piped())
@@ -667,6 +672,7 @@ fn a_changed_boot_id_means_interrupted() {
             output_cap: 1024,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: "sleep 30",
         }))
         .stdout(Stdio::piped())
@@ -784,6 +790,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 output_cap: shim::DEFAULT_OUTPUT_CAP,
                 stdin: None,
                 supersede_interrupted: false,
+                repeat: opmark::shim::RepeatCheck::OFF,
                 command: LOOK_AROUND,
             }))
             .stdout(Stdio::piped())
@@ -861,6 +868,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 output_cap: 1024,
                 stdin: None,
                 supersede_interrupted: false,
+                repeat: opmark::shim::RepeatCheck::OFF,
                 command: "touch x",
             })
             .args();
@@ -954,6 +962,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             output_cap: 1000,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
@@ -1001,6 +1010,7 @@ fn stdin_is_verified_before_the_claim() {
         output_cap: 1024,
         stdin: Some(spec.clone()),
         supersede_interrupted: false,
+        repeat: opmark::shim::RepeatCheck::OFF,
         command: "wc -l",
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
@@ -1064,6 +1074,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         output_cap: 1 << 20,
         stdin: None,
         supersede_interrupted: false,
+        repeat: opmark::shim::RepeatCheck::OFF,
         command: &cmd,
     });
     let ssh_call = |verb: &Verb| {
@@ -1120,6 +1131,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             output_cap: 1024,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
@@ -1301,6 +1313,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             output_cap: shim::DEFAULT_OUTPUT_CAP,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: "echo ran",
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
@@ -1437,6 +1450,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             output_cap: shim::DEFAULT_OUTPUT_CAP,
             stdin: None,
             supersede_interrupted: true,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
         };
         let verb = Verb::Run(req.clone());
@@ -1589,6 +1603,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             output_cap: shim::DEFAULT_OUTPUT_CAP,
             stdin: None,
             supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
         };
         let first = Verb::Run(req.clone());
@@ -1842,4 +1857,160 @@ fn through_real_sshd_a_host_without_proc_runs_nothing_follows_old_claims_and_fai
         .find(|c| c["name"] == "liveness")
         .unwrap_or_else(|| panic!("{d}"));
     assert_eq!(liveness["status"], "fail", "{d}");
+}
+
+/// The repetition check a claim asks of the fingerprint index: `action` over `window_s`,
+/// not counting the op ids in `declared`.
+fn repeat_check(
+    window_s: u64,
+    action: opmark::policy::OnRepeat,
+    declared: &[&str],
+) -> shim::RepeatCheck<'static> {
+    let declared: Vec<String> = declared.iter().map(|d| (*d).to_owned()).collect();
+    shim::RepeatCheck {
+        window: Duration::from_secs(window_s),
+        action,
+        declared: Box::leak(declared.into_boxed_slice()),
+    }
+}
+
+fn repeats_frame(o: &Outcome) -> Option<&std::collections::BTreeMap<String, String>> {
+    o.frames.iter().find_map(|f| match f {
+        Frame::Repeats(fields) => Some(fields),
+        _ => None,
+    })
+}
+
+#[test]
+fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
+    use opmark::policy::OnRepeat::{Allow, Block, Warn};
+    for (name, shell) in shells() {
+        let host = Host::new("fp-index", &shell);
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}", effects.display());
+        let with = |check: shim::RepeatCheck<'static>| move |r: &mut RunRequest| r.repeat = check;
+
+        let first = host.run_with("rep-1", "a1", &cmd, with(repeat_check(3600, Block, &[])));
+        assert!(first.started(), "{name}: {first:?}");
+        let slot = host.root().join("fp").join(fp(&cmd)).join("0000000001");
+        let record = std::fs::read_to_string(&slot).unwrap();
+        assert!(record.contains("op=rep-1\n"), "{name}: {record}");
+
+        // Another op id, same intent, within the window: refused, naming the earlier one.
+        let held = host.run_with("rep-2", "a2", &cmd, with(repeat_check(3600, Block, &[])));
+        assert!(!held.started(), "{name}: {held:?}");
+        let r = held.refusal().expect("a refusal");
+        assert_eq!(r.reason, shim::RefusalReason::Repeats, "{name}: {r:?}");
+        assert_eq!(r.fields["earlier"], "rep-1", "{name}: {r:?}");
+        assert_eq!(r.fields["earlier_state"], "completed", "{name}: {r:?}");
+        assert!(r.fields["earlier_at"].parse::<u64>().is_ok(), "{r:?}");
+        assert!(
+            !host.marker("rep-2").exists(),
+            "{name}: nothing was claimed"
+        );
+        assert_eq!(count_lines(&effects), 1, "{name}");
+        // Held again, the same way, on a rerun of the same op id.
+        let again = host.run_with("rep-2", "a3", &cmd, with(repeat_check(3600, Block, &[])));
+        assert_eq!(
+            again.refusal().unwrap().fields["earlier"],
+            "rep-1",
+            "{name}"
+        );
+
+        // Declared: it runs.
+        let declared = host.run_with(
+            "rep-2",
+            "a4",
+            &cmd,
+            with(repeat_check(3600, Block, &["rep-1"])),
+        );
+        assert!(declared.started(), "{name}: {declared:?}");
+        assert_eq!(count_lines(&effects), 2, "{name}");
+
+        // Warn: says so in a W frame naming the latest earlier claim, then runs.
+        let warned = host.run_with("rep-3", "a5", &cmd, with(repeat_check(3600, Warn, &[])));
+        assert!(warned.started(), "{name}: {warned:?}");
+        assert_eq!(
+            repeats_frame(&warned).map(|f| f["earlier"].as_str()),
+            Some("rep-2"),
+            "{name}: {warned:?}"
+        );
+        // Allow, or a window of zero: silent.
+        let allowed = host.run_with("rep-4", "a6", &cmd, with(repeat_check(3600, Allow, &[])));
+        assert!(
+            allowed.started() && repeats_frame(&allowed).is_none(),
+            "{name}"
+        );
+        let no_window = host.run_with("rep-5", "a7", &cmd, with(repeat_check(0, Block, &[])));
+        assert!(no_window.started(), "{name}: {no_window:?}");
+        assert_eq!(count_lines(&effects), 5, "{name}");
+
+        // Another intent is no repetition.
+        let other = format!("echo other >> {}", effects.display());
+        let different = host.run_with("rep-6", "a8", &other, with(repeat_check(3600, Block, &[])));
+        assert!(different.started(), "{name}: {different:?}");
+
+        // A claim whose marker never appeared (its claimer was refused later) stops
+        // counting once it is old: only young ones may be between index and claim.
+        let ghost_cmd = format!("echo ghost >> {}", effects.display());
+        let ghost_dir = host.root().join("fp").join(fp(&ghost_cmd));
+        std::fs::create_dir_all(&ghost_dir).unwrap();
+        std::fs::write(ghost_dir.join("0000000001"), "op=ghost\nclaimed_at=1000\n").unwrap();
+        let after_ghost = host.run_with(
+            "rep-7",
+            "a9",
+            &ghost_cmd,
+            with(repeat_check(u64::from(u32::MAX), Block, &[])),
+        );
+        assert!(after_ghost.started(), "{name}: {after_ghost:?}");
+    }
+}
+
+#[test]
+fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
+    let shells = shells();
+    for round in 0..6 {
+        let (name, shell) = &shells[round % shells.len()];
+        let host = Host::new(&format!("fp-race{round}"), shell);
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}", effects.display());
+        let fingerprint = fp(&cmd);
+        let children: Vec<_> = (0..20)
+            .map(|i| {
+                let op = OpId::parse(&format!("racer-{i}")).unwrap();
+                let attempt = format!("a{i}");
+                let verb = Verb::Run(RunRequest {
+                    op: &op,
+                    attempt_id: &attempt,
+                    host_fingerprint: &fingerprint,
+                    family: Family::Destructive,
+                    timeout: None,
+                    output_cap: 1024,
+                    stdin: None,
+                    supersede_interrupted: false,
+                    repeat: repeat_check(3600, opmark::policy::OnRepeat::Block, &[]),
+                    command: &cmd,
+                });
+                host.command(&verb)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut started = 0;
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            let o = parse(&out.stdout, &out.stderr);
+            if o.started() {
+                started += 1;
+            } else {
+                let r = o.refusal().expect("a loser gets a refusal");
+                assert_eq!(r.reason, shim::RefusalReason::Repeats, "{name}: {r:?}");
+                assert!(r.fields["earlier"].starts_with("racer-"), "{r:?}");
+            }
+        }
+        assert_eq!(started, 1, "{name} round {round}");
+        assert_eq!(count_lines(&effects), 1, "{name} round {round}");
+    }
 }
