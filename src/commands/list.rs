@@ -8,6 +8,7 @@ use super::render::{fit, parse_at, printable, to_second};
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Result};
 use crate::ledger::OperationRecord;
+use crate::ops::list::OperationView;
 use crate::ops::list::{list, ListRequest};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
@@ -90,7 +91,7 @@ impl Zone {
     }
 }
 
-fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
+fn table(ops: &[OperationView], only_unresolved: bool, zone: Zone) -> String {
     if ops.is_empty() {
         return if only_unresolved {
             "no unresolved operations\n".to_owned()
@@ -99,7 +100,11 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
         };
     }
     let col = |f: &dyn Fn(&OperationRecord) -> usize, min: usize, max: usize| {
-        ops.iter().map(f).max().unwrap_or(0).clamp(min, max)
+        ops.iter()
+            .map(|o| f(&o.record))
+            .max()
+            .unwrap_or(0)
+            .clamp(min, max)
     };
     // Op ids and hosts are never cut: a shortened id cannot be copied into `show` or
     // `run --op` (minted ids are longer than any fixed column).
@@ -107,18 +112,21 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
     let host_w = col(&|o| printable(&o.host).chars().count(), 4, usize::MAX);
     let state_w = col(&|o| o.state.to_string().chars().count(), 5, 16);
     let mut out = format!(
-        "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} UPDATED ({})\n",
+        "   {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {:>3} {:>3} UPDATED ({})\n",
         "OP",
         "HOST",
         "FAMILY",
         "STATE",
         "EXIT",
+        "ATT",
+        "OBS",
         zone.label()
     );
-    for o in ops {
+    for view in ops {
+        let o = &view.record;
         let exit = o.exit_code.map_or("-".to_owned(), |c| c.to_string());
         out.push_str(&format!(
-            "{}{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {}\n",
+            "{}{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {:>3} {:>3} {}\n",
             if o.unresolved { "!" } else { " " },
             if o.contradictions > 0 { "C" } else { " " },
             printable(&o.op_id),
@@ -126,16 +134,18 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
             o.family.as_str(),
             fit(&printable(&o.state.to_string()), state_w),
             exit,
+            o.attempts,
+            view.observations,
             zone.short(&o.updated_at),
         ));
     }
-    let unresolved = ops.iter().filter(|o| o.unresolved).count();
+    let unresolved = ops.iter().filter(|o| o.record.unresolved).count();
     out.push_str(&format!(
         "{} operation{}, {unresolved} unresolved (marked !)",
         ops.len(),
         if ops.len() == 1 { "" } else { "s" }
     ));
-    let contradicted = ops.iter().filter(|o| o.contradictions > 0).count();
+    let contradicted = ops.iter().filter(|o| o.record.contradictions > 0).count();
     if contradicted > 0 {
         // Only when present, so the common footer stays as it was.
         out.push_str(&format!(

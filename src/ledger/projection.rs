@@ -85,6 +85,8 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::BoundaryReached { .. }
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
+        | Event::Observed { .. }
+        | Event::Approved { .. }
         | Event::Connected { .. }
         | Event::MarkerRoot { .. }
         | Event::Contradiction { .. }
@@ -329,6 +331,8 @@ pub(crate) fn fold(
         }
         Event::SessionStarted { .. }
         | Event::Probed { .. }
+        | Event::Observed { .. }
+        | Event::Approved { .. }
         | Event::Connected { .. }
         | Event::MarkerRoot { .. } => {}
         Event::Intended {
