@@ -90,6 +90,8 @@ pub(crate) struct Runner<'a> {
     pub(crate) followed: Option<String>,
     /// This invocation's observations, as recorded.
     pub(crate) observations: Vec<ObservationReport>,
+    /// The attempt whose completed marker a probe of this run recorded.
+    pub(crate) probed_completed: Option<String>,
 }
 
 /// How sending the current attempt ended, for the loop.
@@ -483,6 +485,9 @@ impl<'a> Runner<'a> {
     }
 
     fn record_probe(&mut self, attempt: &str, marker: &MarkerInfo) -> Result<(), RunError> {
+        if marker.state == crate::shim::MarkerState::Completed {
+            self.probed_completed.clone_from(&marker.attempt);
+        }
         let detail = format!(
             "marker {}{}{}",
             marker.state.as_str(),
@@ -684,7 +689,15 @@ impl<'a> Runner<'a> {
     pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, RunError> {
         self.take_exit(&answer);
         let exit_code = self.exit_code();
-        if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
+        let probed_already = |x: &ExitFrame| {
+            self.probed_completed.as_deref() == Some(x.attempt.as_str()) && !x.attempt.is_empty()
+        };
+        // A probe of this run that saw the marker completed already holds that evidence.
+        if let Some(x) = self
+            .exit
+            .clone()
+            .filter(|x| !self.ours(&x.attempt) && !probed_already(x))
+        {
             // A replay is an observation of an earlier attempt's exit, not a new exit.
             self.ledger.append(
                 &self.key,

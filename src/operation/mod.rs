@@ -324,6 +324,7 @@ pub async fn run_interruptible(
         was_unresolved: true,
         followed: None,
         observations: Vec::new(),
+        probed_completed: None,
     };
 
     let approved = runner.input.approve.is_some();
