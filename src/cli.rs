@@ -63,13 +63,14 @@ Exit status: the command's own for `completed` and `replayed`; otherwise
   130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
   host; rerun with the same --op to follow it, `opmark cancel HOST OP` to stop it)
 
-With --json, stdout is one JSON line (schema opmark/1) with `verdict`, `reason_code` and
+With --json, stdout is one JSON line (schema opmark/2) with `verdict`, `reason_code` and
 `retryable`; branch on those. retryable=true: rerun with the SAME --op later.
 Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
-  in_progress    still_running*, client_interrupted*, detached*
-  not_applied    connect_failed*, client_interrupted*, not_dispatched_max_failures*,
+  in_progress    still_running*, client_interrupted*, detached*, wait_budget_spent*
+  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*,
+                 not_dispatched_max_failures*,
                  not_dispatched_batch_failed*, name_unresolvable,
                  host_key_rejected, auth_refused, fenced, shim_cannot_start,
                  shim_did_not_start, host_missing_setsid, host_disk_full,
@@ -393,7 +394,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub attempts: Option<u32>,
     /// How long to wait for a running operation (after re-attaching) before answering
-    /// `in_progress` or `indeterminate`.
+    /// `in_progress` or `indeterminate`; also the budget of every connect before anything
+    /// is sent (spent: `not_applied`, `wait_budget_spent`).
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
     pub wait: Duration,
     /// Cap on the output kept on the host per stream (bytes, or with k/m/g suffix);

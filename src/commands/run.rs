@@ -26,6 +26,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         timeout: args.timeout,
         attempts: args.attempts,
         wait: args.wait,
+        // A connected command streams to its end, as with ssh.
+        wait_bounds_command: false,
         output_cap: args.output_cap,
         approve: args.approve,
         options: common::host_options(&args.host_args),

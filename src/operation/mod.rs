@@ -84,6 +84,9 @@ pub struct RunInput {
     /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
     /// acknowledged the claim, leaving the command running.
     pub detach: bool,
+    /// `wait` bounds a running command too (MCP: a tool call never outlasts its budget):
+    /// spent, the answer is `in_progress` and the command keeps running on the host.
+    pub wait_bounds_command: bool,
 }
 
 impl RunInput {
@@ -264,6 +267,8 @@ pub async fn run_interruptible(
     input: RunInput,
     interrupts: &Interrupts,
 ) -> Result<RunReport, RunError> {
+    // The budget of the whole invocation starts now (docs/decisions.md#wait-budget).
+    let deadline = std::time::Instant::now() + input.wait;
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, &input);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
@@ -317,6 +322,7 @@ pub async fn run_interruptible(
         in_flight: None,
         dispatched: false,
         started: started.clone(),
+        deadline,
         input,
         observed: None,
         first_reason: RetryReason::FirstAttempt,

@@ -111,7 +111,9 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
                 printable(&args.host),
                 ledger.path().display()
             ),
-        ));
+        )
+        // The same code as `show` gives an op id nobody recorded.
+        .with_code(crate::vocab::ErrorCode::UnknownOperation));
     };
     let history = ledger.events(&key)?;
     // A final decision stands (docs/decisions.md#operator-decision): a second one, from this machine or any

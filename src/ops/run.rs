@@ -82,8 +82,11 @@ pub struct RunRequest {
     pub timeout: Option<Duration>,
     /// At most this many attempts.
     pub attempts: Option<u32>,
-    /// How long to wait for a running operation before answering `in_progress`.
+    /// How long to wait for a running operation before answering `in_progress`; it
+    /// bounds the connects of the whole invocation too (docs/decisions.md#wait-budget).
     pub wait: Duration,
+    /// `wait` bounds a running command as well (MCP): spent, the answer is `in_progress`.
+    pub wait_bounds_command: bool,
     /// Output kept on the host per stream.
     pub output_cap: u64,
     /// The approval note of a blocked command (`--approve`).
@@ -406,6 +409,7 @@ async fn run_operation(
         output_cap: req.output_cap,
         prefix: None,
         detach: req.fleet.detach,
+        wait_bounds_command: req.wait_bounds_command,
     };
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
@@ -501,6 +505,7 @@ async fn run_on_hosts(
             output_cap: req.output_cap,
             prefix: prefix.then(|| format!("{host}: ")),
             detach: req.fleet.detach,
+            wait_bounds_command: req.wait_bounds_command,
         })
         .collect();
     let ledger_ctx = ctx.clone();

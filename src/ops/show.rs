@@ -78,7 +78,9 @@ pub struct OperationView {
     /// The projection row.
     #[serde(flatten)]
     pub record: OperationRecord,
-    /// Observations recorded (`observed` events).
+    /// Observations recorded (`observed` events); JSON `observation_count`, since
+    /// `observations` is the list of them in `show` and `run`.
+    #[serde(rename = "observation_count")]
     pub observations: u32,
 }
 

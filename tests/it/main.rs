@@ -29,3 +29,4 @@ mod ssh_config;
 mod targets;
 mod transport;
 mod ux;
+mod vocabulary;

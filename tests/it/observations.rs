@@ -70,8 +70,8 @@ fn counts(env: &Sealed, op: &str) -> (u64, u64) {
     let l = listed(env, op);
     let pair = |o: &Value| {
         (
-            o["attempts"].as_u64().unwrap(),
-            o["observations"].as_u64().unwrap(),
+            o["attempt_count"].as_u64().unwrap(),
+            o["observation_count"].as_u64().unwrap(),
         )
     };
     assert_eq!(

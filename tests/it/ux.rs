@@ -77,7 +77,7 @@ fn completions_for_bash_zsh_and_fish_are_scripts_their_shell_parses() {
     );
     assert_eq!(doc.lines().count(), 1);
     let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
-    assert_eq!(v["schema"], "opmark/1");
+    assert_eq!(v["schema"], "opmark/2");
     assert_eq!(v["shell"], "fish");
     let fish = env.opmark().args(["completions", "fish"]).output().unwrap();
     assert_eq!(v["script"], text(&fish.stdout));
@@ -116,7 +116,7 @@ fn the_man_page_has_every_subcommand_and_renders() {
     let v: serde_json::Value = serde_json::from_str(&doc).unwrap();
     assert_eq!(
         (&v["schema"], &v["format"]),
-        (&"opmark/1".into(), &"roff".into())
+        (&"opmark/2".into(), &"roff".into())
     );
     assert_eq!(v["page"], page.as_str());
     if !crate::support::require_tool("groff") {
@@ -190,7 +190,7 @@ fn policy_show_prints_the_policy_in_effect_with_its_source_and_it_loads_back_equ
     );
     assert_eq!(json.lines().count(), 1, "one compact line");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["schema"], "opmark/1");
+    assert_eq!(v["schema"], "opmark/2");
     assert_eq!(v["source"], "built-in");
     assert!(v["path"].is_null());
     assert_eq!(v["policy"]["default_family"], "destructive");
