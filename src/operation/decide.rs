@@ -1107,7 +1107,7 @@ pub fn policy_gate(deny: Option<&str>, approval: Option<&str>, approved: bool) -
             None,
             ReasonCode::PolicyDenied,
             format!(
-                "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
+                "policy denies this command ({rule}); nothing was recorded or sent. Change the command or the policy"
             ),
         ));
     }
@@ -1130,14 +1130,29 @@ pub fn ledger_conflict(
     host: &str,
     existing: &OperationRecord,
     ledger_fp: &str,
+    display: &str,
 ) -> Option<Answer> {
     (existing.fingerprint != ledger_fp).then(|| {
+        // The fingerprint binds command and stdin together; the recorded (redacted)
+        // display form tells which of the two changed.
+        let what = if existing.display == display {
+            format!(
+                "the same command (`{}`) with a different stdin (or a redacted secret in the command differs)",
+                crate::text::printable(display)
+            )
+        } else {
+            format!(
+                "a different command: recorded `{}`, now `{}`",
+                crate::text::printable(&existing.display),
+                crate::text::printable(display)
+            )
+        };
         Answer::new(
             Verdict::Conflict,
             None,
             ReasonCode::ConflictInLedger,
             format!(
-                "operation {op} on {host} is already bound to a different command or stdin (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
+                "operation {op} on {host} is already bound to another intent, {what} (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
                 existing.created_at
             ),
         )
@@ -2677,12 +2692,18 @@ mod tests {
     #[test]
     fn the_ledger_binds_the_op_id_to_another_intent_then_conflict_before_anything_is_sent() {
         let existing = record("hmac-a", None, None);
-        let a = ledger_conflict("op-1", "web1", &existing, "hmac-b").unwrap();
+        let a = ledger_conflict("op-1", "web1", &existing, "hmac-b", "ls /other").unwrap();
         assert_eq!(
             verdict_of(&a),
             (Verdict::Conflict, ReasonCode::ConflictInLedger)
         );
-        assert_eq!(ledger_conflict("op-1", "web1", &existing, "hmac-a"), None);
+        assert!(a.reason.contains("a different command"), "{a:?}");
+        let same = ledger_conflict("op-1", "web1", &existing, "hmac-b", &existing.display);
+        assert!(same.unwrap().reason.contains("different stdin"));
+        assert_eq!(
+            ledger_conflict("op-1", "web1", &existing, "hmac-a", "ls"),
+            None
+        );
     }
 
     #[test]

@@ -335,7 +335,9 @@ pub async fn run_interruptible(
 
     let approved = runner.input.approve.is_some();
     if let Some(answer) = decide::policy_gate(classification.deny.as_deref(), None, approved) {
-        runner.record_closed_intent(&answer)?;
+        // A denial is final and says nothing about the host: it is not recorded, so a
+        // rejected command never becomes an operation to list, reconcile or count (a
+        // `blocked` one is, below: it waits for a human's decision on this op id).
         return Ok(runner.report(answer));
     }
 
@@ -350,8 +352,13 @@ pub async fn run_interruptible(
     runner.was_unresolved = existing.as_ref().is_none_or(|r| r.unresolved);
     let mut history = History::default();
     if let Some(existing) = &existing {
-        let conflict =
-            decide::ledger_conflict(&runner.key.op_id, &runner.key.host, existing, &ledger_fp);
+        let conflict = decide::ledger_conflict(
+            &runner.key.op_id,
+            &runner.key.host,
+            existing,
+            &ledger_fp,
+            &runner.display,
+        );
         if let Some(answer) = conflict {
             return Ok(runner.report(answer));
         }

@@ -23,6 +23,7 @@ mod operators;
 mod policy;
 mod redaction;
 mod run;
+mod screens;
 mod shim;
 mod speed;
 mod ssh_config;
