@@ -372,7 +372,7 @@ fn op_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
     };
     let mut seen = Vec::new();
     let mut out = Vec::new();
-    for o in report.operations {
+    for o in report.operations.into_iter().map(|v| v.record) {
         if seen.contains(&o.op_id) {
             continue;
         }

@@ -34,7 +34,16 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
         };
         crate::out!(
             "{}",
-            table(&report.operations, args.unresolved, zone, fit_to)
+            table(
+                &report
+                    .operations
+                    .iter()
+                    .map(|o| o.record.clone())
+                    .collect::<Vec<_>>(),
+                args.unresolved,
+                zone,
+                fit_to,
+            )
         );
     }
     match report.more {

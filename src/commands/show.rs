@@ -30,7 +30,7 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
         let pages: Vec<String> = report
             .pages()
             .iter()
-            .map(|p| render(&p.key, p.operation.as_ref(), &p.events))
+            .map(|p| render(&p.key, p.operation.as_ref().map(|o| &o.record), &p.events))
             .collect();
         crate::out!("{}", pages.join("\n"));
     }
@@ -82,6 +82,27 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
             }
             field(&mut out, "state", &state);
             field(&mut out, "attempts", &r.attempts.to_string());
+            let history = crate::ledger::History::of(events);
+            field(
+                &mut out,
+                "observations",
+                &format!(
+                    "{} (replays and follows; not attempts)",
+                    history.observations
+                ),
+            );
+            for a in &history.approvals {
+                field(
+                    &mut out,
+                    "approved",
+                    &format!(
+                        "by {} at {} UTC: {}",
+                        printable(&a.by),
+                        to_second(&a.at),
+                        printable(&a.note)
+                    ),
+                );
+            }
             field(&mut out, "fingerprint", &r.fingerprint);
             for line in links(events) {
                 field(&mut out, "link", &line);
@@ -211,13 +232,14 @@ fn describe(event: &Event) -> (usize, String) {
             reason,
         } => (
             1,
+            // Recorded before it leaves: its boundaries say how far it got.
             match parent {
                 Some(parent) => format!(
-                    "attempt {} (#{number}) dispatched: retry of {} because {reason}",
+                    "attempt {} (#{number}) begun: retry of {} because {reason}",
                     p(attempt_id),
                     p(parent)
                 ),
-                None => format!("attempt {} (#{number}) dispatched: {reason}", p(attempt_id)),
+                None => format!("attempt {} (#{number}) begun: {reason}", p(attempt_id)),
             },
         ),
         Event::BoundaryReached {
@@ -265,6 +287,20 @@ fn describe(event: &Event) -> (usize, String) {
             }
             (0, with_detail(&s, detail))
         }
+        Event::Observed {
+            kind,
+            reading,
+            effect,
+        } => (
+            0,
+            format!(
+                "observed ({}): {}; {}",
+                p(&kind.as_str().replace('_', " ")),
+                p(reading),
+                p(effect)
+            ),
+        ),
+        Event::Approved { by, note } => (0, with_detail(&format!("approved by {}", p(by)), note)),
         Event::Reconciled { decision, detail } => (
             0,
             with_detail(&format!("reconciled: {}", p(decision.as_str())), detail),

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::redact::Redactor;
-use super::words::{CancelResult, Decision, ProbeState, RefusalWord};
+use super::words::{CancelResult, Decision, ObservationKind, ProbeState, RefusalWord};
 use crate::family::Family;
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
@@ -94,6 +94,26 @@ pub enum Event {
         /// (absent from older events and from probes that did not reach a marker).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         claim: Option<ClaimSeen>,
+    },
+    /// A later look at the operation answered from evidence (a replay, a follow of a
+    /// running command): an observation, never an attempt (docs/ledger.md#observations).
+    Observed {
+        /// What kind of observation. Stored as `observation`: `kind` is the event's tag.
+        #[serde(rename = "observation")]
+        kind: ObservationKind,
+        /// What it read, in words (redacted): which evidence, whose attempt, what exit.
+        reading: String,
+        /// What it did to the operation's state, in words (redacted): "settled as
+        /// completed exit 3", "left unsettled: still running", ...
+        effect: String,
+    },
+    /// An approval (`--approve NOTE`) was used to let something run (docs/decisions.md#approvals).
+    /// When: the event's own time.
+    Approved {
+        /// Who approved: the user (`$USER`, else the uid) and the session.
+        by: String,
+        /// The note given with `--approve` (redacted).
+        note: String,
     },
     /// `reconcile` settled (or failed to settle) the operation.
     Reconciled {
@@ -275,6 +295,8 @@ impl Event {
             Event::BoundaryReached { .. } => "boundary_reached",
             Event::ExitReceived { .. } => "exit_received",
             Event::Probed { .. } => "probed",
+            Event::Observed { .. } => "observed",
+            Event::Approved { .. } => "approved",
             Event::Reconciled { .. } => "reconciled",
             Event::OperatorDecision { .. } => "operator_decision",
             Event::Fenced { .. } => "fenced",
@@ -359,6 +381,21 @@ impl Event {
                     *s = r(s);
                 }
                 *detail = r(detail);
+            }
+            Event::Observed {
+                kind,
+                reading,
+                effect,
+            } => {
+                if let ObservationKind::Other(w) = kind {
+                    *kind = ObservationKind::Other(r(w));
+                }
+                *reading = r(reading);
+                *effect = r(effect);
+            }
+            Event::Approved { by, note } => {
+                *by = r(by);
+                *note = r(note);
             }
             Event::Reconciled { decision, detail } => {
                 redact_decision(decision, redactor);

@@ -58,6 +58,17 @@ pub struct FinalDecision {
     pub at: String,
 }
 
+/// An approval used to let something run (`Event::Approved`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Approval {
+    /// Who approved (user and session).
+    pub by: String,
+    /// The note given with `--approve`.
+    pub note: String,
+    /// When it was recorded.
+    pub at: String,
+}
+
 /// Who had the last word on the outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Word {
@@ -108,6 +119,11 @@ pub struct History {
     pub exit_code: Option<i32>,
     /// The projection's unresolved rule replayed over the events.
     pub unresolved: bool,
+    /// Observations recorded (`Event::Observed`: replays, follows): counted apart from
+    /// the attempts, which are execution tries only.
+    pub observations: u32,
+    /// The approvals used to let something run, oldest first.
+    pub approvals: Vec<Approval>,
 }
 
 impl History {
@@ -128,6 +144,18 @@ impl History {
     /// The id of the latest attempt.
     pub fn last_attempt(&self) -> Option<&str> {
         self.attempts.last().map(|a| a.attempt_id.as_str())
+    }
+
+    /// Does the ledger know that an earlier attempt reached the host (a claim, an exit,
+    /// or a refusal by an existing claim)? Then a rerun can be answered from evidence.
+    pub fn reached_host(&self) -> bool {
+        self.claim_seen
+            || self.attempts.iter().any(|a| {
+                matches!(
+                    a.boundary,
+                    Some(Boundary::SentNoResponse | Boundary::Started | Boundary::ExitReceived)
+                )
+            })
     }
 
     /// Was `attempt_id` made by this ledger?
@@ -195,6 +223,12 @@ impl History {
                 }
                 self.last_word = Some((Word::Verdict(*verdict), e.at.clone()));
             }
+            Event::Observed { .. } => self.observations += 1,
+            Event::Approved { by, note } => self.approvals.push(Approval {
+                by: by.clone(),
+                note: note.clone(),
+                at: e.at.clone(),
+            }),
             Event::Reconciled { decision, .. } => {
                 self.last_word = Some((Word::Reconciled(decision.clone()), e.at.clone()));
             }

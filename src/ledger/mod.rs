@@ -52,7 +52,7 @@ pub use redact::Redactor;
 // Path helpers of their own module now (the keeper needs them too, and `ssh` must not
 // depend on the ledger); re-exported for the ledger's callers.
 pub use crate::paths::{absolute_env, home_dir};
-pub use words::{CancelResult, Decision, OpState, ProbeState, RefusalWord};
+pub use words::{CancelResult, Decision, ObservationKind, OpState, ProbeState, RefusalWord};
 
 use crate::error::{Error, ErrorKind};
 use fingerprint::InstallationKey;

@@ -89,6 +89,8 @@ pub fn unresolved_after(was_unresolved: bool, event: &Event) -> bool {
         | Event::BoundaryReached { .. }
         | Event::ExitReceived { .. }
         | Event::Probed { .. }
+        | Event::Observed { .. }
+        | Event::Approved { .. }
         | Event::Connected { .. }
         | Event::MarkerRoot { .. }
         | Event::Linked { .. }
@@ -332,6 +334,8 @@ pub(crate) fn fold(
         }
         Event::SessionStarted { .. }
         | Event::Probed { .. }
+        | Event::Observed { .. }
+        | Event::Approved { .. }
         | Event::Connected { .. }
         | Event::MarkerRoot { .. }
         // A link or a held repetition is about other operations: this one's state stays.

@@ -155,6 +155,24 @@ words! {
     }
 }
 
+words! {
+    /// What kind of observation a rerun (or another later look) made of an operation:
+    /// evidence read, never an execution try (docs/ledger.md#observations).
+    ObservationKind {
+        /// The ledger already held the exit; the host marker was read (or found gone) to
+        /// replay it.
+        ReplayFromLedger = "replay_from_ledger",
+        /// The host marker held the exit of an attempt this invocation did not make.
+        ReplayFromHost = "replay_from_host",
+        /// Another attempt held the claim and its running command was followed.
+        Follow = "follow",
+        /// A probe of the marker.
+        Probe = "probe",
+        /// `opmark reconcile` read the marker.
+        Reconcile = "reconcile",
+    }
+}
+
 impl ProbeState {
     /// Did the probe find a claim of the op id (running, completed or interrupted)?
     pub fn shows_claim(&self) -> bool {

@@ -68,6 +68,8 @@ use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
 use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
+use serde::Serialize;
+
 use super::interrupt::ClientSignal;
 use super::repeat::Repetition;
 pub use super::reply::{RefusalReason, Refused, RunReply};
@@ -101,14 +103,24 @@ pub struct Facts<'a> {
     /// The earlier operation the shim's fingerprint index says this run repeats, when it
     /// refused the claim as a repetition (docs/guarantees.md#repetitions).
     pub repeats: Option<&'a Repetition>,
+    /// An earlier invocation's attempt that reached the host (or whose exit the ledger
+    /// holds): this run looks at the marker first and makes an attempt only if something
+    /// may still have to run (docs/decisions.md#what-earlier-runs-left). Until it makes
+    /// one, what it records is an observation about this attempt.
+    pub observed: Option<&'a str>,
+    /// Policy needs an approval that was not given: this run may replay or follow, but
+    /// anything that would run answers `blocked` with this.
+    pub held: Option<&'a ApprovalNeeded>,
 }
 
 impl Facts<'_> {
-    /// The attempt being made now.
+    /// The attempt being made now (or, before this run made one, the earlier attempt it
+    /// observes).
     pub fn current(&self) -> String {
         self.attempts
             .last()
             .map(|a| a.attempt_id.clone())
+            .or_else(|| self.observed.map(str::to_owned))
             .unwrap_or_default()
     }
 
@@ -152,6 +164,91 @@ pub struct Answer {
     pub reason: String,
     /// Where its exit status comes from.
     pub exit: ExitEvidence,
+    /// `blocked`: what a human decides on.
+    pub approval: Option<Box<ApprovalNeeded>>,
+}
+
+/// What approving a blocked run would do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovingWould {
+    /// Run the command (nothing of it ran under this op id as far as the evidence goes).
+    Run,
+    /// Move an interrupted claim aside (kept for audit) and run the command again.
+    SupersedeInterruptedClaim,
+}
+
+/// An earlier attempt as a blocked run reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EarlierAttempt {
+    /// Attempt id.
+    pub attempt_id: String,
+    /// 1, 2, ...
+    pub number: u32,
+    /// The furthest boundary it reached (`null`: none recorded).
+    pub boundary: Option<Boundary>,
+}
+
+/// What a human needs to decide on a `blocked` run (docs/decisions.md#approvals).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApprovalNeeded {
+    /// The command, redacted.
+    pub intent: String,
+    /// The family policy gave it.
+    pub family: Family,
+    /// The policy rule that asks for approval.
+    pub rule: String,
+    /// What earlier attempts of the operation reached.
+    pub earlier_attempts: Vec<EarlierAttempt>,
+    /// What approving would do.
+    pub approving_would: ApprovingWould,
+}
+
+impl ApprovalNeeded {
+    /// The same, with what approving would do.
+    fn would(&self, would: ApprovingWould) -> ApprovalNeeded {
+        ApprovalNeeded {
+            approving_would: would,
+            ..self.clone()
+        }
+    }
+}
+
+/// The `blocked` answer: nothing was sent; the reason says what a human decides on.
+pub fn blocked(need: ApprovalNeeded, host: &str) -> Answer {
+    let earlier = if need.earlier_attempts.is_empty() {
+        "no earlier attempt".to_owned()
+    } else {
+        need.earlier_attempts
+            .iter()
+            .map(|a| {
+                format!(
+                    "attempt #{} {} reached {}",
+                    a.number,
+                    a.attempt_id,
+                    a.boundary.map_or("no boundary", |b| b.as_str())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let would = match need.approving_would {
+        ApprovingWould::Run => format!("run the command on {host}"),
+        ApprovingWould::SupersedeInterruptedClaim => format!(
+            "move the interrupted claim aside (kept for audit) and run the command again on {host}"
+        ),
+    };
+    let mut answer = Answer::new(
+        Verdict::Blocked,
+        None,
+        ReasonCode::ApprovalRequired,
+        format!(
+            "policy requires approval for this command ({}); nothing was sent. Intent: `{}` (family {}); earlier: {earlier}. Approving (rerun with --approve NOTE) would {would}",
+            need.rule, need.intent, need.family
+        ),
+    );
+    answer.approval = Some(Box::new(need));
+    answer
 }
 
 impl Answer {
@@ -168,6 +265,7 @@ impl Answer {
             code,
             reason: reason.into(),
             exit: ExitEvidence::None,
+            approval: None,
         }
     }
 
@@ -366,19 +464,13 @@ pub fn connect_is_final(e: &ConnectError) -> bool {
     )
 }
 
-/// The first move of a run whose attempt is recorded: dispatch it, or, when the ledger
-/// already holds the exit, probe to replay (never claim again).
+/// The first move of a run: dispatch its recorded attempt, or, when an earlier attempt
+/// reached the host (or the ledger already holds the exit), look at the marker first:
+/// a replay or a follow is an observation, and only an absent or superseded marker makes
+/// an attempt (never claim again what the ledger saw complete).
 pub fn start(facts: &Facts<'_>) -> Step<Action> {
-    if facts.ledger_exit.is_some() {
-        return Step::after(
-            vec![Effect::Refused {
-                refusal: RefusalWord::LedgerHoldsExit,
-                detail:
-                    "not claimed: the ledger already holds this operation's exit; probing to replay"
-                        .into(),
-            }],
-            Action::Probe,
-        );
+    if facts.ledger_exit.is_some() || (facts.attempts.is_empty() && facts.observed.is_some()) {
+        return Step::just(Action::Probe);
     }
     Step::just(Action::Dispatch)
 }
@@ -929,6 +1021,20 @@ pub fn conclude(facts: &Facts<'_>, action: Action) -> Action {
             _ => {}
         }
     }
+    if let Some(need) = facts.held {
+        match &action {
+            Action::Retry(_) | Action::Backoff | Action::Dispatch => {
+                return Action::Answer(blocked(need.would(ApprovingWould::Run), facts.host));
+            }
+            Action::Supersede(_) => {
+                return Action::Answer(blocked(
+                    need.would(ApprovingWould::SupersedeInterruptedClaim),
+                    facts.host,
+                ));
+            }
+            _ => {}
+        }
+    }
     match action {
         Action::Retry(reason) | Action::Supersede(reason) if facts.spent() => {
             Action::Answer(Answer::new(
@@ -1355,6 +1461,8 @@ mod tests {
             ledger_exit: None,
             wait: Duration::from_secs(30),
             repeats: None,
+            observed: None,
+            held: None,
         }
     }
 
@@ -1808,21 +1916,100 @@ mod tests {
 
     #[test]
     fn ledger_holds_the_exit_then_never_claim_again_but_probe_to_replay() {
-        let ours = [attempt("at-2", Boundary::NotSent)];
-        let mut f = facts(Family::AppendOnly, &ours);
+        // No attempt is begun for a rerun the ledger can answer: the probe is an
+        // observation, and nothing records a refused claim that was never sent.
+        let mut f = facts(Family::AppendOnly, &[]);
         f.ledger_exit = Some(7);
+        f.observed = Some("at-1");
         let step = start(&f);
         assert_eq!(step.then, Action::Probe);
-        assert!(matches!(
-            &step.record[..],
-            [Effect::Refused {
-                refusal: crate::ledger::RefusalWord::LedgerHoldsExit,
-                ..
-            }]
-        ));
+        assert!(step.record.is_empty(), "{:?}", step.record);
+        assert_eq!(
+            f.current(),
+            "at-1",
+            "the observation is about the earlier attempt"
+        );
+        let ours = [attempt("at-2", Boundary::NotSent)];
         assert_eq!(
             start(&facts(Family::AppendOnly, &ours)).then,
             Action::Dispatch
+        );
+    }
+
+    #[test]
+    fn earlier_attempt_reached_the_host_then_probe_before_making_an_attempt() {
+        let mut f = facts(Family::Destructive, &[]);
+        f.observed = Some("at-1");
+        assert_eq!(start(&f).then, Action::Probe);
+        // The marker is absent: only now is an attempt made.
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Absent, None)),
+            TIME_LEFT,
+        );
+        assert_eq!(
+            step.then,
+            ProbeAction::Then(Action::Retry(RetryReason::ResponseLostAfterDispatch))
+        );
+    }
+
+    #[test]
+    fn unapproved_rerun_that_would_run_then_blocked_with_what_approving_does() {
+        let need = ApprovalNeeded {
+            intent: "rm -rf /srv/old".into(),
+            family: Family::Destructive,
+            rule: "rm -rf (approve)".into(),
+            earlier_attempts: vec![EarlierAttempt {
+                attempt_id: "at-1".into(),
+                number: 1,
+                boundary: Some(Boundary::SentNoResponse),
+            }],
+            approving_would: ApprovingWould::Run,
+        };
+        let mut f = facts(Family::Destructive, &[]);
+        f.observed = Some("at-1");
+        f.held = Some(&need);
+        // A completed or running marker is replayed or followed: no approval needed.
+        let step = after_probe(
+            &f,
+            ProbeSeen::Marker(marker(MarkerState::Completed, Some("at-1"))),
+            TIME_LEFT,
+        );
+        assert!(matches!(step.then, ProbeAction::Attach { .. }), "{step:?}");
+        // An absent marker would run it: blocked, saying so.
+        let a = answer(
+            after_probe(
+                &f,
+                ProbeSeen::Marker(marker(MarkerState::Absent, None)),
+                TIME_LEFT,
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::Blocked, ReasonCode::ApprovalRequired)
+        );
+        for word in [
+            "rm -rf /srv/old",
+            "destructive",
+            "rm -rf (approve)",
+            "sent_no_response",
+            "would run",
+        ] {
+            assert!(a.reason.contains(word), "{word}: {}", a.reason);
+        }
+        assert_eq!(
+            a.approval.as_ref().map(|n| n.approving_would),
+            Some(ApprovingWould::Run)
+        );
+        // Superseding an interrupted claim says that instead.
+        let a = match conclude(&f, Action::Supersede(RetryReason::OperatorApproved)) {
+            Action::Answer(a) => a,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            a.approval.map(|n| n.approving_would),
+            Some(ApprovingWould::SupersedeInterruptedClaim)
         );
     }
 

@@ -26,15 +26,20 @@ use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
 
 use super::decide::{
-    self, connect_code, connect_is_final, Action, Answer, Dispatched, Effect, ExitEvidence, Facts,
-    Followed, ProbeAction, ProbeSeen, RunReply, Step, Window,
+    self, connect_code, connect_is_final, Action, Answer, ApprovalNeeded, Dispatched, Effect,
+    ExitEvidence, Facts, Followed, ProbeAction, ProbeSeen, RunReply, Step, Window,
 };
 use super::identity::Recorded;
 use super::interrupt::{ClientSignal, Interrupts};
 use super::output::Output;
 use super::record::{self, RunLedger};
 use super::repeat::Repetition;
-use super::{fault_point, new_attempt_id, progress, AttemptSummary, RunError, RunInput, RunReport};
+use super::{
+    fault_point, new_attempt_id, progress, AttemptSummary, ObservationReport, RunError, RunInput,
+    RunReport,
+};
+use crate::ledger::ObservationKind;
+use crate::vocab::{ReasonCode, Verdict};
 
 /// The state of one `run`.
 pub(crate) struct Runner<'a> {
@@ -83,6 +88,21 @@ pub(crate) struct Runner<'a> {
     /// no connect before dispatch outlasts it, and over MCP no running command either.
     pub(crate) deadline: Instant,
     pub(crate) input: RunInput,
+    /// An earlier invocation's attempt that reached the host: this run observes it first
+    /// and makes an attempt only when something may still have to run.
+    pub(crate) observed: Option<String>,
+    /// Why this invocation's first attempt is made, and the attempt it follows.
+    pub(crate) first_reason: RetryReason,
+    /// Policy needs an approval that was not given: replays and follows only.
+    pub(crate) held: Option<ApprovalNeeded>,
+    /// The operation was unsettled when this run began.
+    pub(crate) was_unresolved: bool,
+    /// The attempt of another invocation whose running command this run followed.
+    pub(crate) followed: Option<String>,
+    /// This invocation's observations, as recorded.
+    pub(crate) observations: Vec<ObservationReport>,
+    /// The attempt whose completed marker a probe of this run recorded.
+    pub(crate) probed_completed: Option<String>,
 }
 
 /// How sending the current attempt ended, for the loop.
@@ -109,6 +129,8 @@ impl<'a> Runner<'a> {
             ledger_exit: self.ledger_exit,
             wait: self.input.wait,
             repeats: self.repeats.as_ref().filter(|r| r.action == "block"),
+            observed: self.observed.as_deref(),
+            held: self.held.as_ref(),
         }
     }
 
@@ -129,6 +151,14 @@ impl<'a> Runner<'a> {
                 },
                 Action::Retry(reason) | Action::Supersede(reason) => {
                     let parent = self.current_attempt();
+                    // This invocation's first attempt, after a look at the marker: it is
+                    // made because the caller reran the operation.
+                    let reason = match reason {
+                        RetryReason::ResponseLostAfterDispatch if self.attempts.is_empty() => {
+                            self.first_reason
+                        }
+                        other => other,
+                    };
                     self.begin(reason, Some(parent))?;
                     Action::Dispatch
                 }
@@ -357,6 +387,14 @@ impl<'a> Runner<'a> {
             if let ProbeSeen::ConnectFailed { problem, .. } | ProbeSeen::NoAnswer(problem) = &seen {
                 last_problem.clone_from(problem);
             }
+            if let ProbeSeen::Marker(m) = &seen {
+                if m.state == crate::shim::MarkerState::Running {
+                    let holder = m.attempt.clone().unwrap_or_default();
+                    if !self.ours(&holder) {
+                        self.followed = Some(holder);
+                    }
+                }
+            }
             let step = decide::after_probe(&self.facts(), seen, window(pause));
             let mut next = self.apply(step)?;
             if let (ProbeAction::Attach { holder, resume }, Some(session)) = (&next, session) {
@@ -512,6 +550,9 @@ impl<'a> Runner<'a> {
     }
 
     fn record_probe(&mut self, attempt: &str, marker: &MarkerInfo) -> Result<(), RunError> {
+        if marker.state == crate::shim::MarkerState::Completed {
+            self.probed_completed.clone_from(&marker.attempt);
+        }
         let detail = format!(
             "marker {}{}{}",
             marker.state.as_str(),
@@ -577,6 +618,13 @@ impl<'a> Runner<'a> {
             // already binds the op id to this fingerprint; it was checked above).
             if self.attempt_base == 0 {
                 events.push(self.intended());
+            }
+            // The approval is what lets this attempt run: recorded with it, durably.
+            if let Some(note) = self.input.approve.clone() {
+                events.push(Event::Approved {
+                    by: format!("{} (session {})", self.input.approver, self.session_id),
+                    note,
+                });
             }
         }
         events.push(Event::AttemptDispatched {
@@ -782,7 +830,15 @@ impl<'a> Runner<'a> {
     pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, RunError> {
         self.take_exit(&answer);
         let exit_code = self.exit_code();
-        if let Some(x) = self.exit.clone().filter(|x| !self.ours(&x.attempt)) {
+        let probed_already = |x: &ExitFrame| {
+            self.probed_completed.as_deref() == Some(x.attempt.as_str()) && !x.attempt.is_empty()
+        };
+        // A probe of this run that saw the marker completed already holds that evidence.
+        if let Some(x) = self
+            .exit
+            .clone()
+            .filter(|x| !self.ours(&x.attempt) && !probed_already(x))
+        {
             // A replay is an observation of an earlier attempt's exit, not a new exit.
             self.ledger.append(
                 &self.key,
@@ -802,6 +858,7 @@ impl<'a> Runner<'a> {
                 Durability::Normal,
             )?;
         }
+        self.observe(&answer, exit_code)?;
         if let Some(x) = self.exit.clone().filter(|x| self.ours(&x.attempt)) {
             self.ledger.append(
                 &self.key,
@@ -833,6 +890,102 @@ impl<'a> Runner<'a> {
             Durability::Normal,
         )?;
         Ok(self.report(answer))
+    }
+
+    /// A run answered from evidence (a replay, a follow, a look that made no attempt)
+    /// records what it read and what that did to the state, as an observation
+    /// (docs/ledger.md#observations). A run whose own attempt ran the command records none.
+    fn observe(&mut self, answer: &Answer, exit_code: Option<i32>) -> Result<(), RunError> {
+        let host_exit = match &answer.exit {
+            ExitEvidence::Host(x) => Some(x.clone()),
+            _ => None,
+        };
+        if host_exit.as_ref().is_some_and(|x| self.ours(&x.attempt)) {
+            return Ok(());
+        }
+        let exit = exit_code.map_or_else(|| "no exit status".to_owned(), |c| format!("exit {c}"));
+        let settles = !matches!(answer.verdict, Verdict::Indeterminate | Verdict::InProgress);
+        let effect_of = |what: &str| {
+            if !settles {
+                format!("left unsettled: {what}")
+            } else if self.was_unresolved {
+                format!("settled as {what}")
+            } else {
+                format!("no change: already settled; {what}")
+            }
+        };
+        let claim_note = match self.attempts.first() {
+            Some(a) => format!(
+                "; the claim request of attempt {} ran nothing",
+                a.attempt_id
+            ),
+            None => String::new(),
+        };
+        let (kind, reading, effect) = match (&host_exit, &self.followed) {
+            (Some(x), Some(holder)) if *holder == x.attempt => (
+                ObservationKind::Follow,
+                format!(
+                    "attempt {} held the claim and was running; followed it until it exited with {exit} ({} stdout and {} stderr bytes){claim_note}",
+                    x.attempt,
+                    self.output.out_bytes(),
+                    self.output.err_bytes()
+                ),
+                effect_of(&format!("completed {exit}; nothing ran again")),
+            ),
+            (Some(x), _) => (
+                if self.ledger_exit.is_some() {
+                    ObservationKind::ReplayFromLedger
+                } else {
+                    ObservationKind::ReplayFromHost
+                },
+                format!(
+                    "{}the host marker holds the exit of attempt {} ({exit}); replayed {} stdout and {} stderr bytes{claim_note}",
+                    if self.ledger_exit.is_some() {
+                        "the ledger already held this operation's exit; "
+                    } else {
+                        ""
+                    },
+                    x.attempt,
+                    self.output.out_bytes(),
+                    self.output.err_bytes()
+                ),
+                effect_of(&format!("completed {exit}; nothing ran again")),
+            ),
+            (None, Some(holder)) if answer.code == ReasonCode::StillRunning => (
+                ObservationKind::Follow,
+                format!(
+                    "attempt {holder} holds the claim and is running; followed it for {}s ({} stdout and {} stderr bytes so far){claim_note}",
+                    self.input.wait.as_secs(),
+                    self.output.out_bytes(),
+                    self.output.err_bytes()
+                ),
+                "left unsettled: still running on the host; a rerun with the same op id follows it again".to_owned(),
+            ),
+            _ if !self.attempts.is_empty() => return Ok(()),
+            (None, _) => (
+                match answer.exit {
+                    ExitEvidence::Ledger(_) => ObservationKind::ReplayFromLedger,
+                    _ => ObservationKind::Probe,
+                },
+                answer.reason.clone(),
+                effect_of(&format!("{} ({}), {exit}", answer.verdict, answer.code)),
+            ),
+        };
+        self.ledger.append(
+            &self.key,
+            &Event::Observed {
+                kind: kind.clone(),
+                reading: reading.clone(),
+                effect: effect.clone(),
+            },
+            Durability::Normal,
+        )?;
+        self.observations.push(ObservationReport {
+            kind,
+            reading,
+            effect,
+        });
+        Ok(())
     }
 
     /// Keeps the exit status the answer rests on.
@@ -962,6 +1115,8 @@ impl<'a> Runner<'a> {
             output_collected,
             output_available,
             cancelled: self.exit.as_ref().is_some_and(|x| x.cancelled),
+            observations: self.observations.clone(),
+            approval_needed: answer.approval.map(|a| *a),
         }
     }
 }

@@ -38,7 +38,7 @@ use sha2::{Digest, Sha256};
 
 use crate::family::Family;
 use crate::ledger::fingerprint::{self, InstallationKey, Intent};
-use crate::ledger::{Durability, Event, History, Ledger, LedgerError, OpKey, Redactor};
+use crate::ledger::{Durability, History, Ledger, LedgerError, OpKey, Redactor};
 use crate::op_id::OpId;
 use crate::policy::{Classification, Policy};
 use crate::ssh::{self, ConnectStage, HostSpec, Pool};
@@ -149,6 +149,18 @@ pub struct AttemptSummary {
     pub boundary: Boundary,
 }
 
+/// One observation this invocation recorded (a replay, a follow, a look that made no
+/// attempt), as `run --json` reports it (docs/ledger.md#observations).
+#[derive(Debug, Clone, Serialize)]
+pub struct ObservationReport {
+    /// `replay_from_ledger`, `replay_from_host`, `follow`, `probe`.
+    pub kind: crate::ledger::ObservationKind,
+    /// What it read.
+    pub reading: String,
+    /// What it did to the operation's state.
+    pub effect: String,
+}
+
 /// The answer of `opmark run` (the `--json` document, docs/guarantees.md#the-command-line-contract).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -169,8 +181,14 @@ pub struct RunReport {
     pub stdout: output::Captured,
     /// Captured stderr.
     pub stderr: output::Captured,
-    /// Every attempt this invocation made.
+    /// Every attempt this invocation made (execution tries that may start the command;
+    /// a replay or a follow makes none).
     pub attempts: Vec<AttemptSummary>,
+    /// What this invocation observed instead of (or besides) running: replays, follows.
+    pub observations: Vec<ObservationReport>,
+    /// `blocked`: what a human decides on (intent, family, rule, earlier attempts, what
+    /// approving would do); null otherwise.
+    pub approval_needed: Option<decide::ApprovalNeeded>,
     /// The ledger fingerprint of the intent.
     pub fingerprint: String,
     /// Why this verdict, in words an agent can log.
@@ -316,20 +334,20 @@ pub async fn run_interruptible(
         repeats: None,
         deadline,
         input,
+        observed: None,
+        first_reason: RetryReason::FirstAttempt,
+        held: None,
+        was_unresolved: true,
+        followed: None,
+        observations: Vec::new(),
+        probed_completed: None,
     };
 
     let approved = runner.input.approve.is_some();
-    if let Some(answer) = decide::policy_gate(
-        classification.deny.as_deref(),
-        classification.approval.as_deref(),
-        approved,
-    ) {
+    if let Some(answer) = decide::policy_gate(classification.deny.as_deref(), None, approved) {
         // A denial is final and says nothing about the host: it is not recorded, so a
         // rejected command never becomes an operation to list, reconcile or count (a
-        // `blocked` one is: it waits for a human's decision on this op id).
-        if answer.code != crate::vocab::ReasonCode::PolicyDenied {
-            runner.record_closed_intent(&answer)?;
-        }
+        // `blocked` one is, below: it waits for a human's decision on this op id).
         return Ok(runner.report(answer));
     }
 
@@ -340,6 +358,9 @@ pub async fn run_interruptible(
     runner.attempt_base = earlier.attempt_base;
     runner.prior_dispatch = earlier.prior_dispatch;
     runner.ledger_exit = earlier.ledger_exit;
+    runner.first_reason = earlier.first_reason;
+    runner.was_unresolved = existing.as_ref().is_none_or(|r| r.unresolved);
+    let mut history = History::default();
     if let Some(existing) = &existing {
         let conflict = decide::ledger_conflict(
             &runner.key.op_id,
@@ -352,11 +373,42 @@ pub async fn run_interruptible(
             return Ok(runner.report(answer));
         }
         let events = runner.ledger.events(&runner.key)?;
+        history = History::of(&events);
         // An operator's decision is terminal (docs/decisions.md#operator-decision): answer it, contact nothing.
-        if let Some(decision) = History::of(&events).final_decision {
-            return runner.finish(decide::operator_decided(&decision));
+        if let Some(decision) = &history.final_decision {
+            return runner.finish(decide::operator_decided(decision));
         }
         runner.identity = identity::recorded(&events);
+        // An earlier attempt reached the host (or the ledger holds the exit): look at the
+        // marker before making an attempt; a replay or a follow is an observation.
+        if runner.ledger_exit.is_some() || history.reached_host() {
+            runner.observed = earlier.first_parent.clone();
+        }
+    }
+    // Approval is asked for only when something may run: a run that can only replay or
+    // follow goes on, held to that (docs/decisions.md#approvals).
+    if let (Some(rule), false) = (classification.approval.as_deref(), approved) {
+        let need = decide::ApprovalNeeded {
+            intent: runner.display.clone(),
+            family,
+            rule: rule.to_owned(),
+            earlier_attempts: history
+                .attempts
+                .iter()
+                .map(|a| decide::EarlierAttempt {
+                    attempt_id: a.attempt_id.clone(),
+                    number: a.number,
+                    boundary: a.boundary,
+                })
+                .collect(),
+            approving_would: decide::ApprovingWould::Run,
+        };
+        if runner.observed.is_none() {
+            let answer = decide::blocked(need, &runner.key.host);
+            runner.record_closed_intent(&answer)?;
+            return Ok(runner.report(answer));
+        }
+        runner.held = Some(need);
     }
 
     // Declarations first (a bad one sends nothing), then the ledger half of the
@@ -410,19 +462,9 @@ pub async fn run_interruptible(
     };
     // The handshake overlaps the durable writes below; nothing is sent before them.
     runner.pool.prewarm(&dest);
-    if let Some(note) = runner.input.approve.clone() {
-        runner.ledger.append(
-            &runner.key,
-            &Event::OperatorDecision {
-                by: runner.input.approver.clone(),
-                decision: "approved".into(),
-                note,
-                exit_code: None,
-            },
-            Durability::Normal,
-        )?;
+    if runner.observed.is_none() {
+        runner.begin(earlier.first_reason, earlier.first_parent)?;
     }
-    runner.begin(earlier.first_reason, earlier.first_parent)?;
     runner.record_links()?;
     if let Some(found) = runner.repeats.clone() {
         // Warned, and running: said before anything leaves.

@@ -6,7 +6,8 @@ use serde::Serialize;
 
 use super::{redacted_error, Context};
 use crate::error::{Error, ErrorKind, Result};
-use crate::ledger::{Ledger, ListFilter, OperationRecord};
+use crate::ledger::{History, Ledger, ListFilter, OperationRecord};
+pub use crate::ops::show::OperationView;
 
 /// Which operations.
 #[derive(Debug, Clone, Default)]
@@ -30,8 +31,9 @@ pub const DEFAULT_LIMIT: usize = 50;
 /// The operations found.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListReport {
-    /// Most recently active first.
-    pub operations: Vec<OperationRecord>,
+    /// Most recently active first, each with its observations counted beside its
+    /// attempts.
+    pub operations: Vec<OperationView>,
     /// Matching operations the page left out: `Some(Some(n))` n of them (the counters
     /// know), `Some(None)` at least one.
     #[serde(skip)]
@@ -63,6 +65,21 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
     };
     let (operations, more) =
         page(&ledger, req, cutoff.as_deref(), limit).map_err(|e| redacted_error(e.into()))?;
+    // The page's rows only: what it shows costs the page, not the history.
+    let operations = operations
+        .into_iter()
+        .map(|record| {
+            let events = ledger.events(&crate::ledger::OpKey::new(
+                record.op_id.clone(),
+                record.host.clone(),
+            ))?;
+            Ok(OperationView {
+                observations: History::of(&events).observations,
+                record,
+            })
+        })
+        .collect::<std::result::Result<Vec<_>, crate::ledger::LedgerError>>()
+        .map_err(|e| redacted_error(e.into()))?;
     Ok(ListReport { operations, more })
 }
 

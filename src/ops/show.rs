@@ -31,14 +31,16 @@ pub struct Page {
     /// Which operation.
     #[serde(skip)]
     pub key: OpKey,
-    /// Its projection, when an intent was recorded.
-    pub operation: Option<OperationRecord>,
+    /// Its projection, when an intent was recorded, with its observations counted.
+    pub operation: Option<OperationView>,
     /// What the events settle.
     pub outcome: OutcomeLine,
     /// Its attempts, in dispatch order.
     pub attempts: Vec<AttemptView>,
     /// Its observations, in time order.
     pub observations: Vec<Observation>,
+    /// The approvals used to let something run, oldest first.
+    pub approvals: Vec<crate::ledger::history::Approval>,
     /// Its contradictions, in time order.
     pub contradictions: Vec<ContradictionView>,
     /// Every event, in order.
@@ -51,16 +53,35 @@ impl Page {
             .operation(&key)
             .map_err(|e| redacted_error(e.into()))?;
         let events = ledger.events(&key).map_err(|e| redacted_error(e.into()))?;
+        let history = History::of(&events);
         Ok(Page {
             outcome: outcome(operation.as_ref(), &events),
             attempts: attempts(&events),
             observations: observations(&events),
+            approvals: history.approvals,
             contradictions: contradictions(&events),
             key,
-            operation,
+            operation: operation.map(|record| OperationView {
+                record,
+                observations: history.observations,
+            }),
             events,
         })
     }
+}
+
+/// An operation's projection row with the count of its observations beside its
+/// attempts: `attempts` counts execution tries only, `observations` the replays and
+/// follows answered from evidence (docs/ledger.md#observations).
+#[derive(Debug, Clone, Serialize)]
+pub struct OperationView {
+    /// The projection row.
+    #[serde(flatten)]
+    pub record: OperationRecord,
+    /// Observations recorded (`observed` events); JSON `observation_count`, since
+    /// `observations` is the list of them in `show` and `run`.
+    #[serde(rename = "observation_count")]
+    pub observations: u32,
 }
 
 /// One host's page, or every host's of an op id run on several (docs/decisions.md#fleets).
@@ -283,7 +304,8 @@ pub fn attempts(events: &[StoredEvent]) -> Vec<AttemptView> {
         .collect()
 }
 
-/// One observation: a probe, a reconcile, an operator decision, a fence, a supersede.
+/// One observation: a replay, a follow, a probe, a reconcile, an operator decision or
+/// approval, a fence, a supersede.
 #[derive(Debug, Clone, Serialize)]
 pub struct Observation {
     /// When.
@@ -292,7 +314,8 @@ pub struct Observation {
     pub what: String,
     /// What it found or decided.
     pub found: String,
-    /// What it changed: `settled`, `reopened`, `left open`, `no change`.
+    /// What it did to the state, in words: `settled`, `reopened: ...`, `left unsettled:
+    /// ...`, `no change: ...`, or an observation's own words.
     pub changed: String,
 }
 
@@ -318,6 +341,30 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                     let _ = write!(f, " ({detail})");
                 }
                 ("probe".to_owned(), f)
+            }
+            Event::Observed {
+                kind,
+                reading,
+                effect,
+            } => {
+                // The observation says its own effect, in words.
+                out.push(Observation {
+                    at: e.at.clone(),
+                    what: kind.as_str().replace('_', " "),
+                    found: reading.clone(),
+                    changed: effect.clone(),
+                });
+                continue;
+            }
+            Event::Approved { by, note } => {
+                out.push(Observation {
+                    at: e.at.clone(),
+                    what: format!("approval by {by}"),
+                    found: note.clone(),
+                    changed: "no change to the outcome: it let the attempt that follows run"
+                        .to_owned(),
+                });
+                continue;
             }
             Event::Reconciled { decision, detail } => {
                 ("reconcile".to_owned(), format!("{decision}: {detail}"))
@@ -359,9 +406,9 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
         };
         let changed = match (before, unresolved) {
             (true, false) => "settled",
-            (false, true) => "reopened",
-            (true, true) => "left open",
-            (false, false) => "no change",
+            (false, true) => "reopened: the outcome is open again",
+            (true, true) => "left unsettled: evidence for the verdict or reconcile that follows",
+            (false, false) => "no change: already settled",
         };
         out.push(Observation {
             at: e.at.clone(),

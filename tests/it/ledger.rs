@@ -1048,9 +1048,7 @@ fn list_and_show_render_the_timeline_with_retries() {
     // Long lines wrap; compare the words.
     let flat = shown.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        flat.contains(
-            "attempt a2 (#2) dispatched: retry of a1 because response_lost_after_dispatch"
-        ),
+        flat.contains("attempt a2 (#2) begun: retry of a1 because response_lost_after_dispatch"),
         "{shown}"
     );
     assert!(

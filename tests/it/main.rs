@@ -18,6 +18,7 @@ mod ledger;
 mod login;
 mod matrix;
 mod mcp;
+mod observations;
 mod operators;
 mod policy;
 mod redaction;
