@@ -27,6 +27,15 @@ use super::{decode, schema, Durability, LedgerError, ListFilter, OpKey, Snapshot
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How SQLite spells what `stats` reads.
+pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
+    verdict: "json_extract(payload, '$.verdict')",
+    attempt_number: "json_extract(e.payload, '$.number')",
+    unresolved: "unresolved = 1",
+    param: "?1",
+    json_text: |column, field| format!("json_extract({column}, '$.{field}')"),
+};
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -267,15 +276,59 @@ impl SqliteStore {
             })?;
             Ok(rows.collect::<Result<_, _>>()?)
         };
-        Stats::query_window(
-            count,
-            group,
-            &super::StatsDialect {
-                verdict: "json_extract(payload, '$.verdict')",
-                attempt_number: "json_extract(e.payload, '$.number')",
-                unresolved: "unresolved = 1",
-                param: "?1",
+        Stats::query_window(count, group, &DIALECT)
+    }
+
+    /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
+    /// its events from the counters) or of the window from `from_seq`.
+    pub(crate) fn health(
+        &self,
+        from_seq: Option<u64>,
+        needs_human_before: &str,
+        stats: &Stats,
+    ) -> Result<super::health::Health, LedgerError> {
+        let c = &self.conn;
+        // The window's queries name its first sequence number; the whole ledger's none.
+        let bind = |stmt: &rusqlite::Statement<'_>| -> Vec<u64> {
+            from_seq
+                .filter(|_| stmt.parameter_count() == 1)
+                .into_iter()
+                .collect()
+        };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let args = bind(&stmt);
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let rows = |sql: &str| -> Result<Vec<[String; 4]>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let args = bind(&stmt);
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let events = match from_seq {
+            None => super::health::from_counters(&self.counters()?),
+            Some(_) => {
+                let mut events = group(&super::health::event_counts_sql(&DIALECT, true))?;
+                events.extend(group(&super::health::refused_retries_sql(&DIALECT, true))?);
+                events
+            }
+        };
+        super::health::health(
+            &events,
+            &stats.retries_by_family,
+            &super::health::Reads {
+                group: &group,
+                rows: &rows,
             },
+            &DIALECT,
+            from_seq.is_some(),
+            needs_human_before,
         )
     }
 
