@@ -1,5 +1,6 @@
 //! `opmark list`: the ledger's operations, most recently active first. Unresolved
-//! operations are marked `!`, contradicted ones (docs/ledger.md#contradictions) `C`. Op ids are never
+//! operations are marked `!` (`H` once they need a human: unresolved longer than the
+//! policy's `escalate_after`), contradicted ones (docs/ledger.md#contradictions) `C`. Op ids are never
 //! shortened (people copy them into `show` and `run --op`); times are local unless
 //! `--utc`.
 
@@ -7,8 +8,7 @@ use super::common;
 use super::render::{fit, parse_at, printable, to_second};
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Result};
-use crate::ledger::OperationRecord;
-use crate::ops::list::{list, ListRequest};
+use crate::ops::list::{list, ListRequest, Listed};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
@@ -26,7 +26,15 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
         common::print_json(&report)?;
     } else {
         let zone = if args.utc { Zone::Utc } else { Zone::local() };
-        crate::out!("{}", table(&report.operations, args.unresolved, zone));
+        crate::out!(
+            "{}",
+            table(
+                &report.operations,
+                args.unresolved,
+                zone,
+                report.escalate_after
+            )
+        );
     }
     match report.more {
         Some(Some(n)) => {
@@ -90,7 +98,12 @@ impl Zone {
     }
 }
 
-fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
+fn table(
+    ops: &[Listed],
+    only_unresolved: bool,
+    zone: Zone,
+    escalate_after: std::time::Duration,
+) -> String {
     if ops.is_empty() {
         return if only_unresolved {
             "no unresolved operations\n".to_owned()
@@ -98,7 +111,7 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
             "no operations recorded\n".to_owned()
         };
     }
-    let col = |f: &dyn Fn(&OperationRecord) -> usize, min: usize, max: usize| {
+    let col = |f: &dyn Fn(&Listed) -> usize, min: usize, max: usize| {
         ops.iter().map(f).max().unwrap_or(0).clamp(min, max)
     };
     // Op ids and hosts are never cut: a shortened id cannot be copied into `show` or
@@ -119,7 +132,11 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
         let exit = o.exit_code.map_or("-".to_owned(), |c| c.to_string());
         out.push_str(&format!(
             "{}{} {:op_w$} {:host_w$} {:11} {:state_w$} {:>4} {}\n",
-            if o.unresolved { "!" } else { " " },
+            match (o.needs_human, o.unresolved) {
+                (true, _) => "H",
+                (false, true) => "!",
+                (false, false) => " ",
+            },
             if o.contradictions > 0 { "C" } else { " " },
             printable(&o.op_id),
             printable(&o.host),
@@ -135,6 +152,15 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone) -> String {
         ops.len(),
         if ops.len() == 1 { "" } else { "s" }
     ));
+    let needs_human = ops.iter().filter(|o| o.needs_human).count();
+    if needs_human > 0 {
+        // Only when present, so the common footer stays as it was.
+        out.push_str(&format!(
+            ", {needs_human} NEED{} A HUMAN (marked H: unresolved longer than escalate_after {}; `opmark reconcile`, then `opmark resolve`)",
+            if needs_human == 1 { "S" } else { "" },
+            crate::duration::format_duration(escalate_after)
+        ));
+    }
     let contradicted = ops.iter().filter(|o| o.contradictions > 0).count();
     if contradicted > 0 {
         // Only when present, so the common footer stays as it was.

@@ -2221,6 +2221,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
+         DROP INDEX operations_by_intent;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          UPDATE opmark_schema SET version = 1;"
@@ -2229,6 +2230,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
+         DROP INDEX operations_by_intent;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          PRAGMA user_version = 2;"
