@@ -21,4 +21,4 @@ INSERT INTO counters
          WHERE b.kind = 'boundary_reached' AND (b.payload::jsonb ->> 'boundary') = 'refused'
              AND CAST((d.payload::jsonb ->> 'number') AS BIGINT) > 1
          GROUP BY 1;
-    CREATE INDEX operations_by_intent ON operations (host, fingerprint);
+CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);

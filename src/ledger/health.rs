@@ -7,7 +7,7 @@
 //!   counters every append keeps ([`count`], named `h/<kind>/<word>/<family>`), over a
 //!   window from one pass over the window's events ([`EVENT_KEY`], the same names);
 //! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
-//!   the projection through its indexes (`operations_unresolved`, `operations_by_intent`).
+//!   the projection through its indexes (`operations_unresolved`, `operations_by_fingerprint`).
 //!
 //! So `stats` costs the counters plus the unresolved operations plus the intents run
 //! under more than one op id, never the history; `--since D` adds the window's events.
@@ -325,33 +325,51 @@ pub(crate) fn health(
     Ok(h)
 }
 
+/// `text` as an SQL string literal (standard SQL: a quote is doubled), for values the
+/// ledger itself holds (a host name, a hex fingerprint).
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
 /// Intents executed under two or more op ids on one host. The candidates are the
-/// intents with more than one operation (`operations_by_intent`, an index-only pass); a
-/// window keeps those with an operation active in it. Only candidates' events are read.
+/// intents with more than one operation: over the whole ledger an index-only pass over
+/// `operations_by_fingerprint` (O(operations), the one health count that is not O(answer)),
+/// in a window those of the operations active in it. Only candidates' events are read.
 fn duplicates(
     reads: &Reads<'_>,
     dialect: &StatsDialect,
     windowed: bool,
 ) -> Result<Duplicates, LedgerError> {
-    let candidates = if windowed {
+    // Two steps, so each query has one obvious index: the candidates (a window walks
+    // the recency index, probing the intent index per operation), then each
+    // candidate's operations by the intent index and their events by operation.
+    let candidates = (reads.rows)(&if windowed {
         format!(
-            "SELECT w.host, w.fingerprint FROM operations w WHERE w.last_seq >= {p}
+            "SELECT w.host, w.fingerprint, '', '' FROM operations w WHERE w.last_seq >= {p}
              AND EXISTS (SELECT 1 FROM operations d WHERE d.host = w.host
-                 AND d.fingerprint = w.fingerprint AND d.op_id <> w.op_id)
-             GROUP BY w.host, w.fingerprint",
+                 AND d.fingerprint = w.fingerprint AND d.op_id <> w.op_id)",
             p = dialect.param
         )
     } else {
-        "SELECT host, fingerprint FROM operations GROUP BY host, fingerprint HAVING COUNT(*) > 1"
+        "SELECT host, fingerprint, '', '' FROM operations
+         GROUP BY fingerprint, host HAVING COUNT(*) > 1"
             .to_owned()
-    };
-    let rows = (reads.rows)(&format!(
-        "SELECT o.host, o.fingerprint, o.family, o.op_id FROM operations o
-         JOIN ({candidates}) c ON c.host = o.host AND c.fingerprint = o.fingerprint
-         WHERE {executed}
-         ORDER BY o.host, o.fingerprint, o.first_seq",
-        executed = executed_sql(dialect, "o"),
-    ))?;
+    })?;
+    let intents: std::collections::BTreeSet<(&str, &str)> = candidates
+        .iter()
+        .map(|[host, fingerprint, _, _]| (host.as_str(), fingerprint.as_str()))
+        .collect();
+    let mut rows = Vec::new();
+    for (host, fingerprint) in intents {
+        rows.extend((reads.rows)(&format!(
+            "SELECT o.host, o.fingerprint, o.family, o.op_id FROM operations o
+             WHERE o.host = {} AND o.fingerprint = {} AND {executed}
+             ORDER BY o.first_seq",
+            literal(host),
+            literal(fingerprint),
+            executed = executed_sql(dialect, "o"),
+        ))?);
+    }
     // Rows come grouped by intent (host, fingerprint); the keyed fingerprint is not
     // shown (it says nothing to a person), the op ids are.
     let mut groups: IntentRows<'_> = Vec::new();
@@ -575,7 +593,7 @@ mod tests {
         l.conn()
             .execute_batch(
                 "DELETE FROM counters WHERE name LIKE 'h/%';
-                 DROP INDEX operations_by_intent;
+                 DROP INDEX operations_by_fingerprint;
                  PRAGMA user_version = 3;",
             )
             .unwrap();

@@ -375,8 +375,8 @@ impl PgStore {
             // The window's queries name its first sequence number; the whole ledger's none.
             let query = |sql: &str| {
                 let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &from {
-                    Some(f) => vec![f],
-                    None => vec![],
+                    Some(f) if sql.contains("$1") => vec![f],
+                    _ => vec![],
                 };
                 c.block(c.client.query(sql, &args))
             };

@@ -109,7 +109,8 @@ const MIGRATIONS: &[&str] = &[
     // (replays, conflicts, approval interruptions, contradictions, repetitions held and
     // declared, reconciliations by outcome), counted once here from the history and kept
     // by every append since (`health::count`, names `h/<kind>/<word>/<family>`); and the
-    // index that finds one intent's operations on a host (suspected duplicate effects).
+    // index that finds one intent's operations on a host (suspected duplicate effects; the
+    // repetition check of issue 27 reads the same index).
     r#"
     INSERT INTO counters
         SELECT 'h/' || e.kind || '/' || CASE e.kind
@@ -129,7 +130,7 @@ const MIGRATIONS: &[&str] = &[
          WHERE b.kind = 'boundary_reached' AND json_extract(b.payload, '$.boundary') = 'refused'
              AND CAST(json_extract(d.payload, '$.number') AS BIGINT) > 1
          GROUP BY 1;
-    CREATE INDEX operations_by_intent ON operations (host, fingerprint);
+    CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);
     "#,
 ];
 

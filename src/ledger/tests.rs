@@ -927,7 +927,7 @@ fn a_ledger_of_schema_version_2_migrates_counts_its_history_and_verifies() {
              DROP INDEX operations_unresolved;
              DROP INDEX operations_contradicted;
              DROP INDEX operations_by_host;
-             DROP INDEX operations_by_intent;
+             DROP INDEX operations_by_fingerprint;
              CREATE INDEX events_by_kind ON events (kind);
              CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
              PRAGMA user_version = 2;",

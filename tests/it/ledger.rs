@@ -762,6 +762,12 @@ fn list_show_and_stats_read_the_same_projection(f: &Fixture) {
     assert_eq!(stats["unresolved"], 1, "{stats}");
     assert_eq!(stats["verdicts"]["completed"], 4, "{stats}");
     assert_eq!(stats["attempts"], 5, "{stats}");
+    // The health counts read the same on both backends, over the whole ledger and over a
+    // window that holds all of it: the indeterminate one is an unknown outcome.
+    let unknown = serde_json::json!({"total": 1, "by_family": {"destructive": 1}});
+    assert_eq!(stats["health"]["unknown_outcomes"], unknown, "{stats}");
+    let window = json(&["stats", "--since", "1h"]);
+    assert_eq!(window["health"], stats["health"], "{window}");
 }
 
 #[test]
@@ -2221,7 +2227,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
-         DROP INDEX operations_by_intent;
+         DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          UPDATE opmark_schema SET version = 1;"
@@ -2230,7 +2236,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
-         DROP INDEX operations_by_intent;
+         DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          PRAGMA user_version = 2;"
