@@ -39,7 +39,8 @@ case $placement in
 esac
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/install-deps.sh
+# Only what the demo needs (the tests' toolchain is `install-deps.sh` without --demo).
+bash scripts/install-deps.sh --demo ${placement:+--docker}
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building opmark (cargo build)"

@@ -15,21 +15,28 @@
 # already), a C compiler (bundled SQLite, ring),
 # Python with the official MCP SDK (the real MCP client tests/it/mcp.rs drives
 # `opmark mcp` with) and jsonschema (checks schemas/run.schema.json against real
-# output), and Rust via rustup when cargo is missing.
+# output), tmux (tests/it/screens.rs draws the screens in an 80-column terminal), and
+# Rust via rustup when cargo is missing.
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
 #   bash scripts/install-deps.sh --bench   also the benchmarks' peers: pssh (parallel-ssh)
 #                                          and ansible (benches/fleet.rs skips what is missing)
+#   bash scripts/install-deps.sh --demo    only what scripts/demo.sh needs: OpenSSH, a C
+#                                          compiler, Rust, iproute2 + nftables for the cut
+#                                          (no test toolchain, no Python); with --docker
+#                                          also debootstrap for a docker target's image
 set -euo pipefail
 
-always=0 bench=0
+always=0 bench=0 demo=0 docker=0
 for arg in "$@"; do
   case $arg in
   --always) always=1 ;;
   --bench) bench=1 ;;
+  --demo) demo=1 ;;
+  --docker) docker=1 ;;
   *)
-    echo "install-deps: unknown option $arg (use --always and/or --bench)" >&2
+    echo "install-deps: unknown option $arg (use --always, --bench, --demo, --docker)" >&2
     exit 2
     ;;
   esac
@@ -37,11 +44,13 @@ done
 
 packages=(openssh-server openssh-client dash busybox-static shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh ksh yash posh dropbear-bin)
+  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh ksh yash posh dropbear-bin
+  tmux)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear)
+  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear
+  tmux)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0 prometheus_client==0.26.0)
 
@@ -66,6 +75,20 @@ as_root() {
   fi
 }
 
+if [[ $demo -eq 1 ]]; then
+  # The demo is one run against one sshd: the tests' shells, servers, PostgreSQL, linters
+  # and Python are theirs to install (`.ci/run` runs this script with --always).
+  packages=(openssh-server openssh-client iproute2 nftables procps util-linux ca-certificates
+    curl gcc libc6-dev)
+  probes=(/usr/sbin/sshd ssh ip nft ps setsid /etc/ssl/certs/ca-certificates.crt curl cc
+    /usr/include/stdio.h)
+  python_packages=()
+fi
+if [[ $docker -eq 1 ]]; then
+  packages+=(debootstrap)
+  probes+=(/usr/sbin/debootstrap)
+fi
+
 if [[ $bench -eq 1 ]]; then
   packages+=(pssh ansible)
   probes+=(parallel-ssh ansible)
@@ -83,7 +106,8 @@ if [[ $always -eq 1 || $missing -eq 1 ]]; then
   as_root apt-get install -y -q --no-install-recommends "${packages[@]}"
 fi
 
-if ! python3 -c 'import mcp, jsonschema, prometheus_client' >/dev/null 2>&1 || [[ $always -eq 1 ]]; then
+if [[ ${#python_packages[@]} -gt 0 ]] &&
+  { ! python3 -c 'import mcp, jsonschema, prometheus_client' >/dev/null 2>&1 || [[ $always -eq 1 ]]; }; then
   # --break-system-packages: CI images mark the system Python as externally managed;
   # these are test tools, not part of opmark.
   python3 -m pip install -q "${python_packages[@]}" ||

@@ -63,13 +63,14 @@ Exit status: the command's own for `completed` and `replayed`; otherwise
   130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
   host; rerun with the same --op to follow it, `opmark cancel HOST OP` to stop it)
 
-With --json, stdout is one JSON line (schema opmark/1) with `verdict`, `reason_code` and
+With --json, stdout is one JSON line (schema opmark/2) with `verdict`, `reason_code` and
 `retryable`; branch on those. retryable=true: rerun with the SAME --op later.
 Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
-  in_progress    still_running*, client_interrupted*, detached*
-  not_applied    connect_failed*, client_interrupted*, not_dispatched_max_failures*,
+  in_progress    still_running*, client_interrupted*, detached*, wait_budget_spent*
+  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*,
+                 not_dispatched_max_failures*,
                  not_dispatched_batch_failed*, name_unresolvable,
                  host_key_rejected, auth_refused, fenced, shim_cannot_start,
                  shim_did_not_start, host_missing_setsid, host_disk_full,
@@ -333,6 +334,87 @@ pub enum PolicyAction {
     Show,
 }
 
+/// The environment variable the completion scripts set when they ask the binary for
+/// candidates (`COMPLETE=bash opmark -- WORDS...`).
+pub const COMPLETE_VAR: &str = "COMPLETE";
+
+/// Shell completion of HOST arguments: the ssh config's Host entries and known_hosts
+/// names (asked of `opmark` itself when the shell completes: `COMPLETE=bash opmark`).
+fn complete_hosts() -> clap_complete::engine::ArgValueCandidates {
+    clap_complete::engine::ArgValueCandidates::new(host_candidates)
+}
+
+/// Shell completion of op ids: the ledger's most recently active operations.
+fn complete_ops() -> clap_complete::engine::ArgValueCandidates {
+    clap_complete::engine::ArgValueCandidates::new(op_candidates)
+}
+
+/// Candidates for a HOST: the ssh config's plain `Host` names and known_hosts names.
+fn host_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
+    crate::ops::hosts::known_names(&context_of_line())
+        .into_iter()
+        .map(clap_complete::engine::CompletionCandidate::new)
+        .collect()
+}
+
+/// Candidates for an OP: the op ids of the ledger's most recently active operations
+/// (never creates a ledger; none when there is none), each with its host and command.
+fn op_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
+    let request = crate::ops::list::ListRequest {
+        limit: Some(200),
+        ..Default::default()
+    };
+    let Ok(report) = crate::ops::list::list(&context_of_line(), &request) else {
+        return Vec::new();
+    };
+    let mut seen = Vec::new();
+    let mut out = Vec::new();
+    for o in report.operations {
+        if seen.contains(&o.op_id) {
+            continue;
+        }
+        seen.push(o.op_id.clone());
+        let help = format!("{}: {}", o.host, crate::text::fit(&o.display, 40));
+        out.push(
+            clap_complete::engine::CompletionCandidate::new(o.record.op_id).help(Some(help.into())),
+        );
+    }
+    out
+}
+
+/// The ssh config and ledger of the command line being completed: its `-F`, `--ledger`
+/// and `--ledger-key` when typed already (the words after `--`), else the environment's.
+fn context_of_line() -> crate::ops::Context {
+    let words: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip_while(|w| w != "--")
+        .skip(1)
+        .collect();
+    let value_of = |flags: &[&str], var: &str| -> Option<PathBuf> {
+        let mut found = None;
+        for (i, w) in words.iter().enumerate() {
+            let Some(w) = w.to_str() else { continue };
+            for flag in flags {
+                if w == *flag {
+                    found = words.get(i + 1).map(PathBuf::from);
+                } else if let Some(v) = w.strip_prefix(&format!("{flag}=")) {
+                    found = Some(PathBuf::from(v));
+                }
+            }
+        }
+        found.or_else(|| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+    };
+    crate::ops::Context {
+        ssh_config: value_of(&["-F", "--ssh-config"], "OPMARK_SSH_CONFIG"),
+        ledger: value_of(&["--ledger"], "OPMARK_LEDGER"),
+        ledger_key: value_of(&["--ledger-key"], "OPMARK_LEDGER_KEY"),
+        policy: None,
+    }
+}
+
 /// `opmark completions`.
 #[derive(Debug, Args)]
 pub struct CompletionsArgs {
@@ -365,6 +447,7 @@ pub struct McpArgs {
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     /// Host alias, [user@]host or ssh://[user@]host[:port].
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Connection options.
     #[command(flatten)]
@@ -377,9 +460,11 @@ pub struct RunArgs {
     /// Host alias from the ssh config, or [user@]host; several for a fleet run (one
     /// operation per host, same op id).
     #[arg(value_name = "HOST", required_unless_present = "hosts_file")]
+    #[arg(add = complete_hosts())]
     pub hosts: Vec<String>,
     /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent.
     #[arg(long = "op", value_name = "ID")]
+    #[arg(add = complete_ops())]
     pub op: Option<String>,
     /// Treat the command as at least this family (stricter only, never less strict).
     #[arg(long = "class", value_enum, value_name = "FAMILY")]
@@ -394,7 +479,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "N")]
     pub attempts: Option<u32>,
     /// How long to wait for a running operation (after re-attaching) before answering
-    /// `in_progress` or `indeterminate`.
+    /// `in_progress` or `indeterminate`; also the budget of every connect before anything
+    /// is sent (spent: `not_applied`, `wait_budget_spent`).
     #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
     pub wait: Duration,
     /// Cap on the output kept on the host per stream (bytes, or with k/m/g suffix);
@@ -419,8 +505,10 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// Connection options.
     #[command(flatten)]
@@ -431,8 +519,10 @@ pub struct ProbeArgs {
 #[derive(Debug, Args)]
 pub struct CancelArgs {
     /// Host alias or [user@]host, as given to `opmark run`.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// How long the command has between TERM and KILL (e.g. 500ms, 10s, 1m).
     #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION")]
@@ -458,6 +548,7 @@ pub struct ListArgs {
     pub unresolved: bool,
     /// Only operations on this host.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
     /// Only operations active within this long before now (e.g. 30m, 2h, 7d).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
@@ -471,6 +562,42 @@ pub struct ListArgs {
     /// Times in UTC instead of the local time zone.
     #[arg(long)]
     pub utc: bool,
+    /// Every column whole (command, family), however wide the rows get.
+    #[command(flatten)]
+    pub wide: WideArgs,
+}
+
+/// `--wide` or `-o wide`, as kubectl says it: tables with every column whole.
+#[derive(Debug, Args, Clone, Default)]
+pub struct WideArgs {
+    /// Every column whole, however wide the rows get (default: fit the screen, never
+    /// cutting op ids or hosts).
+    #[arg(long = "wide")]
+    pub wide: bool,
+    /// `-o wide` is `--wide`.
+    #[arg(short = 'o', long = "output", value_enum, value_name = "FORMAT")]
+    pub output: Option<OutputArg>,
+}
+
+impl WideArgs {
+    /// True for `--wide` or `-o wide`.
+    pub fn wide(&self) -> bool {
+        self.wide || self.output == Some(OutputArg::Wide)
+    }
+}
+
+/// Table formats (`-o`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    /// Every column whole.
+    Wide,
+}
+
+impl ListArgs {
+    /// True for `--wide` or `-o wide`.
+    pub fn wide(&self) -> bool {
+        self.wide.wide()
+    }
 }
 
 /// `opmark stats`.
@@ -503,9 +630,11 @@ pub enum StatsFormat {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// Operation id, or a prefix of it that matches only one operation.
+    #[arg(add = complete_ops())]
     pub op: String,
     /// The host, when the op id was used on several.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
 }
 
@@ -513,20 +642,27 @@ pub struct ShowArgs {
 #[derive(Debug, Args)]
 pub struct ReconcileArgs {
     /// Only these operations (default: every unresolved one).
+    #[arg(add = complete_ops())]
     pub ops: Vec<String>,
     /// Only operations on this host.
     #[arg(long, value_name = "HOST")]
+    #[arg(add = complete_hosts())]
     pub host: Option<String>,
+    /// Every column whole, however wide the rows get.
+    #[command(flatten)]
+    pub wide: WideArgs,
 }
 
 /// `opmark resolve`.
 #[derive(Debug, Args)]
 pub struct ResolveArgs {
     /// Operation id.
+    #[arg(add = complete_ops())]
     pub op: String,
-    /// The operation's host.
+    /// The operation's host (needed only when the op id was used on several hosts).
     #[arg(long, value_name = "HOST")]
-    pub host: String,
+    #[arg(add = complete_hosts())]
+    pub host: Option<String>,
     /// The decision.
     #[arg(long = "as", value_enum, value_name = "DECISION")]
     pub decision: Resolution,
@@ -629,6 +765,7 @@ pub enum LedgerAction {
 #[derive(Debug, Args)]
 pub struct GcArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Remove finished or fenced markers older than this (e.g. 30d).
     #[arg(long = "older-than", value_parser = parse_duration, value_name = "DURATION")]
@@ -649,6 +786,7 @@ pub struct GcArgs {
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
     pub host: String,
     /// Connection options.
     #[command(flatten)]
@@ -706,6 +844,13 @@ pub enum LabAction {
     },
     /// Print the targets of a running lab and how to reach them.
     Status {
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Print the `export OPMARK_SSH_CONFIG=...` line that reaches the lab's targets
+    /// without -F (`eval "$(opmark lab env)"`).
+    Env {
         /// Lab directory.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,

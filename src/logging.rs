@@ -47,6 +47,77 @@ pub enum Stream {
 /// of concurrent writers never mix). A failure is returned, never a panic, and a closed
 /// pipe is remembered for the exit status.
 pub fn write_all(stream: Stream, bytes: &[u8]) -> std::io::Result<()> {
+    // A status line on the terminal (a fleet's progress) is taken off before anything
+    // else is written and drawn again after a whole line, so that output never lands
+    // glued to its end (`0/3 done, 3 running, 0 failedtarget3: step 1`).
+    let mut status = STATUS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if status.shown {
+        let _ = erase_status();
+        status.shown = false;
+    }
+    let written = write_raw(stream, bytes);
+    if !status.line.is_empty() && bytes.ends_with(b"\n") {
+        status.shown = draw_status(&status.line).is_ok();
+    }
+    written
+}
+
+/// The width screens are drawn to: the terminal's when stderr or stdout is one, else 80
+/// (a pipe or a file gets the classic width; `--wide` forms never cut).
+pub fn terminal_width() -> usize {
+    let tty = terminal_size::terminal_size_of(std::io::stderr())
+        .or_else(|| terminal_size::terminal_size_of(std::io::stdout()));
+    match tty {
+        Some((terminal_size::Width(w), _)) if w >= 20 => usize::from(w),
+        _ => 80,
+    }
+}
+
+/// A line kept at the bottom of the terminal on stderr (see [`set_status`]).
+struct Status {
+    /// What to draw, cut to the terminal's width; empty when there is none.
+    line: String,
+    /// Whether it is on the screen now.
+    shown: bool,
+}
+
+static STATUS: std::sync::Mutex<Status> = std::sync::Mutex::new(Status {
+    line: String::new(),
+    shown: false,
+});
+
+/// Draws `line` as the status line on stderr (replacing the one shown), or takes it off
+/// for good with `None`. The line is cut to the terminal's width (unicode width counted)
+/// so it never wraps, which would leave its first half on the screen. Call it only when
+/// stderr is a terminal.
+pub fn set_status(line: Option<&str>) {
+    let mut status = STATUS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if status.shown {
+        let _ = erase_status();
+        status.shown = false;
+    }
+    status.line = match line {
+        Some(line) => crate::text::fit(line, terminal_width().saturating_sub(1)),
+        None => String::new(),
+    };
+    if !status.line.is_empty() {
+        status.shown = draw_status(&status.line).is_ok();
+    }
+}
+
+fn erase_status() -> std::io::Result<()> {
+    write_raw(Stream::Stderr, b"\r\x1b[K")
+}
+
+fn draw_status(line: &str) -> std::io::Result<()> {
+    write_raw(Stream::Stderr, format!("\r\x1b[K{line}").as_bytes())
+}
+
+fn write_raw(stream: Stream, bytes: &[u8]) -> std::io::Result<()> {
     let written = match stream {
         Stream::Stdout => {
             let mut out = std::io::stdout().lock();

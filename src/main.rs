@@ -10,6 +10,12 @@ use opmark::ops::document::error_document;
 
 fn main() -> ExitCode {
     opmark::cli::forget_empty_env();
+    // A shell asking for completions (`COMPLETE=bash opmark -- WORDS...`, from the script
+    // `opmark completions` prints) is answered here and the process exits; otherwise
+    // this costs one environment lookup.
+    clap_complete::CompleteEnv::with_factory(<opmark::cli::Cli as clap::CommandFactory>::command)
+        .var(opmark::cli::COMPLETE_VAR)
+        .complete();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

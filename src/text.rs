@@ -18,15 +18,39 @@ pub fn printable(s: &str) -> String {
         .collect()
 }
 
-/// Cuts `s` to `width` characters, marking the cut with `…`.
+/// The columns `s` takes on a terminal (a wide character two, a combining mark none).
+pub fn width(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(s)
+}
+
+/// Cuts `s` to at most `width` terminal columns, marking the cut with `…`.
 pub fn fit(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        s.to_owned()
-    } else {
-        let mut out: String = s.chars().take(width.saturating_sub(1)).collect();
-        out.push('…');
-        out
+    if self::width(s) <= width {
+        return s.to_owned();
     }
+    let room = width.saturating_sub(1);
+    let mut out = String::new();
+    let mut used = 0;
+    for c in s.chars() {
+        let w = unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used + w > room {
+            break;
+        }
+        used += w;
+        out.push(c);
+    }
+    if width > 0 {
+        out.push('…');
+    }
+    out
+}
+
+/// `s` padded with spaces to `width` terminal columns (`format!("{:w$}")` counts chars,
+/// which misaligns a column holding wide characters).
+pub fn pad(s: &str, width: usize) -> String {
+    let mut out = s.to_owned();
+    out.push_str(&" ".repeat(width.saturating_sub(self::width(s))));
+    out
 }
 
 /// `2024-05-01T10:00:00.123456Z` → `2024-05-01 10:00:00`.
@@ -98,6 +122,18 @@ mod tests {
         let east = Stamp::of("2026-03-05T01:30:59.5+03:00");
         assert_eq!(east.second(), "2026-03-04 22:30:59");
         assert_eq!(east.clock(), "22:30:59.500");
+    }
+
+    #[test]
+    fn widths_are_terminal_columns_not_chars() {
+        // Two columns per CJK character, none for a combining accent.
+        assert_eq!(width("日本"), 4);
+        assert_eq!(width("e\u{301}"), 1);
+        assert_eq!(fit("日本語テキスト", 7), "日本語…");
+        assert!(width(&fit("日本語テキスト", 7)) <= 7);
+        assert_eq!(fit("abcdef", 6), "abcdef");
+        assert_eq!(fit("abcdefg", 6), "abcde…");
+        assert_eq!(pad("日本", 6), "日本  ");
     }
 
     #[test]

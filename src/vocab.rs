@@ -210,6 +210,11 @@ pub enum ReasonCode {
     /// `in_progress`: `--detach`: the shim acknowledged the claim and the command runs
     /// on; `opmark run` with the same op id follows or replays it.
     Detached,
+    /// `in_progress` (the command keeps running on the host) or `not_applied` (no
+    /// connection within the budget; nothing was sent): the `--wait` budget, which bounds
+    /// the whole invocation, connects included, is spent. A rerun with the same op id
+    /// follows, replays or (when nothing was sent) runs it.
+    WaitBudgetSpent,
 }
 
 impl ReasonCode {
@@ -227,6 +232,7 @@ impl ReasonCode {
                 | ReasonCode::NotDispatchedMaxFailures
                 | ReasonCode::NotDispatchedBatchFailed
                 | ReasonCode::Detached
+                | ReasonCode::WaitBudgetSpent
         )
     }
 }
@@ -405,6 +411,7 @@ names!(ReasonCode {
     NotDispatchedMaxFailures => "not_dispatched_max_failures",
     NotDispatchedBatchFailed => "not_dispatched_batch_failed",
     Detached => "detached",
+    WaitBudgetSpent => "wait_budget_spent",
 });
 
 impl Verdict {
@@ -462,7 +469,8 @@ mod tests {
                 "client_interrupted",
                 "not_dispatched_max_failures",
                 "not_dispatched_batch_failed",
-                "detached"
+                "detached",
+                "wait_budget_spent"
             ]
         );
     }

@@ -1,22 +1,25 @@
-//! `opmark completions`: a shell completion script generated from the clap definition,
-//! so completions know exactly the subcommands and flags this binary accepts.
+//! `opmark completions SHELL`: the shell's registration of opmark's dynamic completion.
+//! The shell asks the binary itself (`COMPLETE=bash opmark -- WORDS...`, answered in
+//! `main` before parsing; the candidates are `cli.rs`'s), so completions know exactly the subcommands and flags this
+//! binary accepts, and offer the values only it knows: hosts for HOST (the ssh config's
+//! `Host` entries and known_hosts names, see [`crate::ops::hosts`]) and op ids for OP (the
+//! ledger's most recently active operations).
 
-use clap::CommandFactory as _;
-use clap_complete::Shell;
+use crate::cli::{CompletionsArgs, GlobalArgs, ShellArg, COMPLETE_VAR as VAR};
+use crate::error::{exit_code, Error, ErrorKind, Result};
 
-use crate::cli::{Cli, CompletionsArgs, GlobalArgs, ShellArg};
-use crate::error::{exit_code, Result};
-
-/// Writes the script for the chosen shell on stdout; with `--json`, one document
-/// `{"shell", "script"}` (the contract holds for every command).
+/// Writes the registration script for the chosen shell on stdout; with `--json`, one
+/// document `{"shell", "script"}` (the contract holds for every command).
 pub fn run(global: &GlobalArgs, args: &CompletionsArgs) -> Result<u8> {
-    let (shell, name) = match args.shell {
-        ShellArg::Bash => (Shell::Bash, "bash"),
-        ShellArg::Zsh => (Shell::Zsh, "zsh"),
-        ShellArg::Fish => (Shell::Fish, "fish"),
+    let (shell, name): (&dyn clap_complete::env::EnvCompleter, &str) = match args.shell {
+        ShellArg::Bash => (&clap_complete::env::Bash, "bash"),
+        ShellArg::Zsh => (&clap_complete::env::Zsh, "zsh"),
+        ShellArg::Fish => (&clap_complete::env::Fish, "fish"),
     };
     let mut script = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "opmark", &mut script);
+    shell
+        .write_registration(VAR, "opmark", "opmark", "opmark", &mut script)
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("completion script: {e}")))?;
     let script = String::from_utf8_lossy(&script);
     if global.json {
         super::common::print_json(&serde_json::json!({ "shell": name, "script": script }))?;

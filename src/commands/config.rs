@@ -62,7 +62,7 @@ fn paths(p: &[std::path::PathBuf]) -> Vec<String> {
 fn report(d: &Destination) -> Report {
     let algorithms = crate::ssh::algorithms::offered(&d.algorithms);
     Report {
-        schema: "opmark/1",
+        schema: crate::ops::document::SCHEMA,
         host: d.display(),
         hostname: d.hostname.clone(),
         port: d.port,

@@ -310,13 +310,18 @@ fn text(host: &str, checks: &[Check], ok: bool) -> String {
             "fail" => "FAIL",
             _ => "skip",
         };
-        out.push_str(&format!(
-            "  {mark} {:10} {}\n",
-            c.name,
-            printable(&c.detail)
-        ));
+        // Wrapped under its column at 80: a detail or a fix is read whole, never cut.
+        super::render::wrap_into(
+            &mut out,
+            &format!("  {mark} {:10} ", c.name),
+            &printable(&c.detail),
+        );
         if !c.fix.is_empty() {
-            out.push_str(&format!("       {:10} fix: {}\n", "", printable(&c.fix)));
+            super::render::wrap_into(
+                &mut out,
+                &format!("       {:10} fix: ", ""),
+                &printable(&c.fix),
+            );
         }
     }
     out.push_str(if ok {

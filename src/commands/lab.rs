@@ -1,9 +1,10 @@
-//! `opmark lab up|down|status|cut|restore|pause|resume|crash`: disposable local sshd
+//! `opmark lab up|down|status|env|cut|restore|pause|resume|crash`: disposable local sshd
 //! targets for trying opmark (see `crate::lab`). `up` leaves the servers running after
 //! opmark exits.
 
 use std::path::{Path, PathBuf};
 
+use super::render::printable;
 use crate::cli::{GlobalArgs, LabAction, LabArgs, PlacementArg};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::lab::{DockerSpec, ImageSource, Lab, LabError, LabSpec, Placement};
@@ -27,6 +28,7 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             down(global, &lab_dir(dir.as_deref())?, *purge_image)
         }
         LabAction::Status { dir } => status(global, &lab_dir(dir.as_deref())?),
+        LabAction::Env { dir } => env(global, &lab_dir(dir.as_deref())?),
         LabAction::Cut { target, dir } => {
             let dir = lab_dir(dir.as_deref())?;
             Lab::load(&dir)
@@ -146,9 +148,51 @@ fn up(
     Ok(exit_code::OK)
 }
 
+/// `export OPMARK_SSH_CONFIG=...`: the line that lets every later `opmark` (and
+/// `eval "$(opmark lab env)"`) reach the lab's targets without `-F`.
+fn env(global: &GlobalArgs, dir: &Path) -> Result<u8> {
+    let lab = Lab::load(dir).map_err(to_error)?;
+    let cfg = lab.ssh_config().display().to_string();
+    let line = format!("export OPMARK_SSH_CONFIG={}", crate::shim::quote(&cfg));
+    if global.json {
+        super::common::print_json(&serde_json::json!({
+            "ssh_config": lab.ssh_config(),
+            "export": line,
+        }))?;
+    } else {
+        crate::outln!("{line}");
+        crate::outln!(
+            "# then: opmark run target1 -- echo hello   (eval \"$(opmark lab env{})\" sets it)",
+            dir_flag(dir)
+        );
+    }
+    Ok(exit_code::OK)
+}
+
+/// The ledger's unresolved operations on this lab's targets (by alias or short name):
+/// removing a target removes the only place their evidence was, so `down` names them.
+fn unresolved_on(global: &GlobalArgs, lab: &Lab) -> Vec<(String, String)> {
+    let request = crate::ops::list::ListRequest {
+        unresolved: true,
+        all: true,
+        ..Default::default()
+    };
+    // A ledger that cannot be read costs the warning, never the `down`.
+    let Ok(report) = crate::ops::list::list(&super::common::context(global), &request) else {
+        return Vec::new();
+    };
+    report
+        .operations
+        .into_iter()
+        .filter(|o| lab.targets().iter().any(|t| t.is_named(&o.host)))
+        .map(|o| (o.record.op_id, o.record.host))
+        .collect()
+}
+
 fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
     let lab = Lab::load(dir).map_err(to_error)?;
     let n = lab.targets().len();
+    let unresolved = unresolved_on(global, &lab);
     if purge_image && lab.placement() != Placement::Docker {
         return Err(Error::new(
             ErrorKind::InvalidInput,
@@ -172,8 +216,23 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
             "dir": dir,
             "image": image,
             "image_removed": purge.is_some(),
+            "unresolved_operations": unresolved
+                .iter()
+                .map(|(op, host)| serde_json::json!({ "op_id": op, "host": host }))
+                .collect::<Vec<_>>(),
         }))?;
     } else {
+        if !unresolved.is_empty() {
+            crate::say!(
+                "opmark: {} unresolved operation{} lost {} evidence with the removed targets (their markers are gone); record what happened with `opmark resolve OP --host HOST --as abandoned --note ...`:",
+                unresolved.len(),
+                if unresolved.len() == 1 { "" } else { "s" },
+                if unresolved.len() == 1 { "its" } else { "their" },
+            );
+            for (op, host) in &unresolved {
+                crate::say!("opmark:   {} on {}", printable(op), printable(host));
+            }
+        }
         crate::say!(
             "opmark: lab in {} stopped and removed ({n} target(s))",
             dir.display()
@@ -196,11 +255,11 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
         super::common::print_json(&describe(&lab))?;
     } else {
         crate::outln!(
-            "opmark lab in {} ({}), ssh config {}",
+            "opmark lab in {} ({})",
             lab.dir().display(),
             placement_name(lab.placement()),
-            lab.ssh_config().display()
         );
+        crate::outln!("ssh config {}", lab.ssh_config().display());
         print_targets(&lab)?;
     }
     // Stopped targets are a finding, like `doctor`'s failing checks.
@@ -225,17 +284,18 @@ fn print_targets(lab: &Lab) -> Result<()> {
             "running"
         };
         let place = match (&t.netns, lab.container(&t.alias)) {
-            (Some(ns), _) => format!("  netns {ns}"),
-            (None, Ok(container)) => format!("  container {container}"),
+            (Some(ns), _) => format!(", netns {ns}"),
+            (None, Ok(container)) => format!(", container {container}"),
             (None, Err(_)) => String::new(),
         };
+        // Two short lines rather than one of 110 columns: the second holds the paths,
+        // which are copied whole.
         crate::outln!(
-            "  {:<9} {:<26} {:<8} markers in {}{place}",
+            "  {:<9} {:<26} {state}{place}",
             t.alias,
             format!("{}@{}", t.user, t.known_hosts_host()),
-            state,
-            t.marker_root().display()
         );
+        crate::outln!("  {:<9} markers in {}", "", t.marker_root().display());
     }
     Ok(())
 }

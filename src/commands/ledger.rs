@@ -40,7 +40,7 @@ fn archive(global: &GlobalArgs, before: std::time::Duration, file: &std::path::P
     })?;
     if global.json {
         super::common::print_json(&serde_json::json!({
-            "schema": "opmark/1",
+            "schema": crate::ops::document::SCHEMA,
             "archive": file,
             "cut": report.cut,
             "events": report.events,
@@ -100,7 +100,7 @@ fn migrate(global: &GlobalArgs, to: &str) -> Result<u8> {
     }
     if global.json {
         super::common::print_json(&serde_json::json!({
-            "schema": "opmark/1",
+            "schema": crate::ops::document::SCHEMA,
             "from": path,
             "to": target,
             "events": report.events,
@@ -123,7 +123,7 @@ fn keygen(global: &GlobalArgs, path: &std::path::Path) -> Result<u8> {
         Ok(key) => {
             if global.json {
                 let doc = serde_json::json!({
-                    "schema": "opmark/1",
+                    "schema": crate::ops::document::SCHEMA,
                     "key": key.path(),
                 });
                 super::common::print_json(&doc)?;

@@ -1,13 +1,15 @@
-//! `opmark reconcile [OP...] [--host H]`: probe the hosts of unresolved operations and
+//! `opmark reconcile [OP...] [--host H] [--wide]`: probe the hosts of unresolved operations and
 //! record what the evidence settles (the decisions live in `operation::reconcile`).
 //! Contradicted operations (docs/ledger.md#contradictions) in scope are reported too, and keep the exit
 //! status at 1: evidence that disagrees is never settled away. The work is
-//! [`crate::ops::reconcile`]'s; this file draws its progress and its table.
+//! [`crate::ops::reconcile`]'s; this file draws its progress and its table (op ids and
+//! hosts whole, reasons wrapped whole, and for each open operation a `resolve` command
+//! that runs as printed).
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 
 use super::common;
-use super::render::{fit, printable};
+use super::render::{fit, pad, printable, width, Fit};
 use crate::cli::{GlobalArgs, ReconcileArgs};
 use crate::error::Result;
 use crate::operation::identity;
@@ -29,15 +31,16 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
         |done, total| {
             if show_progress {
                 drawn = true;
-                let mut err = std::io::stderr().lock();
-                let _ = write!(err, "\r\x1b[Kopmark: reconciled {done}/{total} operations")
-                    .and_then(|()| err.flush());
+                crate::logging::set_status(Some(&format!(
+                    "opmark: reconciled {done}/{total} operations"
+                )));
             }
         },
-    )?;
+    );
     if drawn {
-        let _ = write!(std::io::stderr(), "\r\x1b[K");
+        crate::logging::set_status(None);
     }
+    let report = report?;
     if global.json {
         common::print_json(&report)?;
     } else {
@@ -46,7 +49,13 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
             table(
                 &report.operations,
                 &report.already_settled,
-                report.unresolved
+                report.unresolved,
+                if args.wide.wide() {
+                    Fit::Wide
+                } else {
+                    Fit::Screen(crate::logging::terminal_width())
+                },
+                &global_flags(global),
             )
         );
         for c in &report.contradicted {
@@ -75,7 +84,58 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
     Ok(report.exit_status())
 }
 
-fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String {
+/// The words to repeat in a printed command so that it reaches the same ledger, policy
+/// and ssh config as this one (a ledger URL is left out: it may hold a password, and
+/// whoever set it in the environment has it there for the next command too).
+fn global_flags(global: &GlobalArgs) -> String {
+    let mut flags = String::new();
+    let mut add = |flag: &str, var: &str, value: Option<&std::path::Path>| {
+        if let Some(v) = value {
+            // Set in the environment: the next command gets it from there too.
+            if std::env::var_os(var).is_some_and(|e| e == v.as_os_str()) {
+                return;
+            }
+            let v = v.to_string_lossy();
+            if !v.contains("://") {
+                flags.push_str(&format!(" {flag} {}", shell_word(&v)));
+            }
+        }
+    };
+    add("-F", "OPMARK_SSH_CONFIG", global.ssh_config.as_deref());
+    add("--ledger", "OPMARK_LEDGER", global.ledger.as_deref());
+    add(
+        "--ledger-key",
+        "OPMARK_LEDGER_KEY",
+        global.ledger_key.as_deref(),
+    );
+    add("--policy", "OPMARK_POLICY", global.policy.as_deref());
+    flags
+}
+
+/// A word as a POSIX shell reads it back: bare when it holds nothing a shell treats
+/// specially (op ids and hosts usually), else quoted.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._:/@%+=,-".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        crate::shim::quote(word)
+    }
+}
+
+/// Where the lines under an op id start.
+const INDENT: &str = "      ";
+
+fn table(
+    outcomes: &[Outcome],
+    already: &[Outcome],
+    unresolved: usize,
+    fit_to: Fit,
+    flags: &str,
+) -> String {
     let all: Vec<&Outcome> = outcomes.iter().chain(already).collect();
     if all.is_empty() {
         return "no unresolved operations; nothing to reconcile\n".to_owned();
@@ -83,24 +143,60 @@ fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String
     let col = |f: &dyn Fn(&Outcome) -> usize, min: usize, max: usize| {
         all.iter().map(|o| f(o)).max().unwrap_or(0).clamp(min, max)
     };
-    let op_w = col(&|o| o.op_id.chars().count(), 2, 20);
-    let host_w = col(&|o| o.host.chars().count(), 4, 12);
-    let before_w = col(&|o| o.before.to_string().chars().count(), 6, 14);
-    let ev_w = col(&|o| o.evidence.chars().count(), 8, 22);
-    let mut out = format!(
-        "  {:op_w$} {:host_w$} {:before_w$} {:ev_w$} DECISION\n",
-        "OP", "HOST", "BEFORE", "EVIDENCE"
-    );
+    let wide = fit_to == Fit::Wide;
+    let cap = |narrow: usize| if wide { usize::MAX } else { narrow };
+    // Op ids and hosts are never cut: people copy them into `show` and `resolve`.
+    let op_w = col(&|o| width(&printable(&o.op_id)), 2, usize::MAX);
+    let host_w = col(&|o| width(&printable(&o.host)), 4, usize::MAX);
+    let before_w = col(&|o| width(&o.before.to_string()), 6, cap(13));
+    let decision_w = col(&|o| width(o.decision.as_str()), 8, usize::MAX);
+    let rest = host_w + 1 + before_w + 1 + 1 + decision_w;
+    // A row too wide for the screen puts the op id on a line of its own (whole), and
+    // the other columns under it.
+    let op_own_line = match fit_to {
+        Fit::Wide => false,
+        Fit::Screen(w) => 2 + op_w + 1 + rest + 8 > w,
+    };
+    let before_cols = if op_own_line {
+        INDENT.len()
+    } else {
+        2 + op_w + 1
+    };
+    let ev_w = match fit_to {
+        Fit::Wide => col(&|o| width(&printable(&o.evidence)), 8, usize::MAX),
+        Fit::Screen(w) => col(&|o| width(&printable(&o.evidence)), 8, usize::MAX)
+            .min(w.saturating_sub(before_cols + rest).max(8)),
+    };
+    let columns = |host: &str, before: &str, evidence: &str, decision: &str| {
+        format!(
+            "{} {} {} {decision}",
+            pad(host, host_w),
+            pad(&fit(before, before_w), before_w),
+            pad(&fit(evidence, ev_w), ev_w),
+        )
+    };
+    let head = columns("HOST", "BEFORE", "EVIDENCE", "DECISION");
+    let mut out = if op_own_line {
+        format!("  OP\n{INDENT}{head}\n")
+    } else {
+        format!("  {} {head}\n", pad("OP", op_w))
+    };
     for o in &all {
-        out.push_str(&format!(
-            "{} {:op_w$} {:host_w$} {:before_w$} {:ev_w$} {}\n",
-            if o.settled { " " } else { "!" },
-            fit(&printable(&o.op_id), op_w),
-            fit(&printable(&o.host), host_w),
-            fit(&printable(&o.before.to_string()), before_w),
-            fit(&printable(&o.evidence), ev_w),
-            printable(o.decision.as_str()),
-        ));
+        let mark = if o.settled { " " } else { "!" };
+        let cols = columns(
+            &printable(&o.host),
+            &printable(&o.before.to_string()),
+            &printable(&o.evidence),
+            &printable(o.decision.as_str()),
+        );
+        if op_own_line {
+            out.push_str(&format!("{mark} {}\n{INDENT}{cols}\n", printable(&o.op_id)));
+        } else {
+            out.push_str(&format!(
+                "{mark} {} {cols}\n",
+                pad(&printable(&o.op_id), op_w)
+            ));
+        }
     }
     let open: Vec<&&Outcome> = all.iter().filter(|o| !o.settled).collect();
     for o in &open {
@@ -108,12 +204,43 @@ fn table(outcomes: &[Outcome], already: &[Outcome], unresolved: usize) -> String
         let root = o.root_id.as_deref().map_or_else(String::new, |r| {
             format!(" [marker root {}]", printable(identity::short_root(r)))
         });
-        out.push_str(&format!(
-            "! {} on {}{root}: {}\n",
+        let line = format!(
+            "{} on {}{root}: {}",
             printable(&o.op_id),
             printable(&o.host),
             printable(&o.detail)
-        ));
+        );
+        // Whole, wrapped at word boundaries: the reason is read, and its op id copied.
+        if wide {
+            out.push_str(&format!("! {line}\n"));
+        } else {
+            super::render::wrap_into(&mut out, "! ", &line);
+        }
+        // A command that runs as printed (same ledger, same host): `abandoned` claims
+        // nothing about what happened, and fences the op id so nothing more can run.
+        // Too long for the screen, it goes on over lines ending in `\`, as a shell
+        // reads a pasted command.
+        let words = [
+            format!("opmark{flags} resolve"),
+            shell_word(&o.op_id),
+            format!(
+                "--host {} --as abandoned --note 'checked by hand'",
+                shell_word(&o.host)
+            ),
+        ];
+        let one_line = format!("  decide: {}", words.join(" "));
+        match fit_to {
+            Fit::Screen(w) if width(&one_line) > w => {
+                out.push_str(&format!(
+                    "  decide: {} \\\n{INDENT}{} \\\n{INDENT}{}\n",
+                    words[0], words[1], words[2]
+                ));
+            }
+            _ => out.push_str(&format!("{one_line}\n")),
+        }
+        out.push_str(
+            "    (or --as applied [--exit N] when it ran, --as not-applied when it did not)\n",
+        );
     }
     out.push_str(&format!(
         "{} reconciled, {unresolved} still unresolved (marked !)\n",

@@ -73,23 +73,33 @@ fn stdout_failed(e: std::io::Error) -> Error {
     )
 }
 
+/// How wide the table may be: cut to a screen, or whole (`--wide`, `-o wide`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// Rows fit this many columns: the command is cut (or goes on its own line) so that
+    /// the op id and host, which people copy, are never cut.
+    Screen(usize),
+    /// Every column whole, and the family too: one row per operation however long.
+    Wide,
+}
+
 /// The width `show` wraps its timeline to.
 pub const WIDTH: usize = 80;
 
-pub use crate::text::{fit, parse_at, printable, to_second};
+pub use crate::text::{fit, pad, parse_at, printable, to_second, width};
 
 /// Appends `prefix` + `text`, wrapping at [`WIDTH`] with continuation lines aligned under
 /// the text's first column. Words longer than a line are split.
 pub fn wrap_into(out: &mut String, prefix: &str, text: &str) {
-    let indent = prefix.chars().count();
+    let indent = width(prefix);
     let room = WIDTH.saturating_sub(indent).max(20);
     let mut line = String::new();
     let mut lines = Vec::new();
     for word in text.split(' ') {
         let mut word: String = word.to_owned();
         loop {
-            let used = line.chars().count();
-            let wlen = word.chars().count();
+            let used = width(&line);
+            let wlen = width(&word);
             let need = if used == 0 { wlen } else { used + 1 + wlen };
             if need <= room {
                 if used > 0 {
@@ -103,9 +113,17 @@ pub fn wrap_into(out: &mut String, prefix: &str, text: &str) {
                 continue;
             }
             // A single word longer than the room: split it.
-            let head: String = word.chars().take(room).collect();
+            let mut head = String::new();
+            let mut rest = word.chars().peekable();
+            while let Some(&c) = rest.peek() {
+                if width(&head) + width(c.encode_utf8(&mut [0; 4])) > room && !head.is_empty() {
+                    break;
+                }
+                head.push(c);
+                rest.next();
+            }
             lines.push(head);
-            word = word.chars().skip(room).collect();
+            word = rest.collect();
         }
     }
     lines.push(line);

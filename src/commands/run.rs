@@ -26,6 +26,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         timeout: args.timeout,
         attempts: args.attempts,
         wait: args.wait,
+        // A connected command streams to its end, as with ssh.
+        wait_bounds_command: false,
         output_cap: args.output_cap,
         approve: args.approve,
         options: common::host_options(&args.host_args),
@@ -48,8 +50,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
     };
     let answer = run_op(&common::context(global), request, &mut watch)?;
     if watch.drawn {
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr(), "\r\x1b[K");
+        // Taken off before the summary: the screen keeps the output, not the counts.
+        crate::logging::set_status(None);
     }
     let status = answer.exit_status();
     match answer {
@@ -143,7 +145,10 @@ fn early_answer(global: &GlobalArgs, early: &Early) -> Result<()> {
     if global.json {
         common::print_json(early)?;
     }
-    if early.reason_code == ReasonCode::ClientInterrupted {
+    if matches!(
+        early.reason_code,
+        ReasonCode::ClientInterrupted | ReasonCode::NameUnresolvable
+    ) {
         crate::logging::say(format_args!("opmark: {}: {}", early.verdict, early.reason));
     } else if !global.json {
         crate::logging::say(format_args!("opmark: refused: {}", early.reason));
@@ -173,16 +178,14 @@ fn say_contradictions(found: &[NewContradiction], per_host: bool) {
     }
 }
 
-/// `opmark: 3/20 done, 5 running, 1 failed`, redrawn in place.
+/// `opmark: 3/20 done, 5 running, 1 failed`, kept under the output as the terminal's
+/// status line (taken off before each output line and drawn again after it, cut to the
+/// terminal's width: see [`crate::logging::set_status`]).
 fn draw_progress(p: Progress) {
-    use std::io::Write as _;
-    let mut err = std::io::stderr().lock();
-    let _ = write!(
-        err,
-        "\r\x1b[Kopmark: {}/{} done, {} running, {} failed",
+    crate::logging::set_status(Some(&format!(
+        "opmark: {}/{} done, {} running, {} failed",
         p.done, p.total, p.running, p.failed
-    )
-    .and_then(|()| err.flush());
+    )));
 }
 
 /// One line per host on stderr: the verdict, the exit status, and why when not clean.

@@ -239,9 +239,11 @@ fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
 fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
     let tty = std::io::stderr().is_terminal();
     let mut err = std::io::stderr();
+    // A cold build takes about two minutes (issue 28 timed it: debootstrap, then ~23 s
+    // of docker import that showed nothing), so say that, and show each phase as it runs.
     let _ = writeln!(
         err,
-        "opmark: building the lab image {tag} with debootstrap (once; about a minute, then cached)"
+        "opmark: building the lab image {tag} (once, then cached; about two minutes): 1/2 debootstrap, 2/2 docker import"
     );
     let mirror = std::env::var("OPMARK_LAB_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into());
     let mut child = Command::new("debootstrap")
@@ -271,13 +273,12 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if tty {
-                let shown: String = line.chars().take(60).collect();
-                let _ = write!(
-                    err,
-                    "\r\x1b[Kopmark: building image: {:>3} s  {shown}",
-                    started.elapsed().as_secs()
-                );
-                let _ = err.flush();
+                // One status line, cut to the terminal's width: never a stack of lines.
+                crate::logging::set_status(Some(&format!(
+                    "opmark: image 1/2 debootstrap {:>3} s: {}",
+                    started.elapsed().as_secs(),
+                    crate::text::printable(&line)
+                )));
             }
             tail.push(line);
             if tail.len() > 20 {
@@ -291,7 +292,7 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
     })?;
     let stderr_text = stderr_reader.join().unwrap_or_default();
     if tty {
-        let _ = write!(err, "\r\x1b[K");
+        crate::logging::set_status(None);
     }
     if !status.success() {
         let log = rootfs.join("debootstrap/debootstrap.log");
@@ -308,7 +309,7 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
     }
     let _ = writeln!(
         err,
-        "opmark: debootstrap done in {} s; importing into docker",
+        "opmark: image 1/2 debootstrap done in {} s; 2/2 importing into docker (about 20 s)",
         started.elapsed().as_secs()
     );
     Ok(())
@@ -335,7 +336,35 @@ fn import(rootfs: &Path, tag: &str) -> Result<(), LabError> {
             }
         }
     }
-    import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD])
+    // The import is silent for its ~20 s: a ticking status line says it is under way.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ticker = std::io::stderr().is_terminal().then(|| {
+        let done = done.clone();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                crate::logging::set_status(Some(&format!(
+                    "opmark: image 2/2 docker import {:>3} s",
+                    started.elapsed().as_secs()
+                )));
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            crate::logging::set_status(None);
+        })
+    });
+    let started = Instant::now();
+    let imported = import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    if imported.is_ok() {
+        crate::say!(
+            "opmark: image 2/2 docker import done in {} s",
+            started.elapsed().as_secs()
+        );
+    }
+    imported
 }
 
 /// `tar -C rootfs -c . | docker import -c CMD - tag`.

@@ -63,29 +63,40 @@ pub struct SuspectedDuplicate {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Health {
     /// Operations dispatched and not settled: they may have run, nobody knows yet.
+    #[serde(rename = "unknown_outcome_tally")]
     pub unknown_outcomes: Tally,
     /// Unresolved operations older than the policy's `escalate_after`.
+    #[serde(rename = "needs_human_tally")]
     pub needs_human: Tally,
     /// The `escalate_after` that `needs_human` was counted with (`1h`), set by the
     /// caller that knows the policy.
     pub escalate_after: String,
     /// Reconcile decisions by outcome (`completed`, `fenced`, `still_unknown`, ...).
+    #[serde(rename = "reconciliation_outcomes")]
     pub reconciliations: BTreeMap<String, u64>,
     /// `replayed` verdicts: reruns answered from evidence (not retries).
+    #[serde(rename = "replay_tally")]
     pub replays: Tally,
     /// Attempts after the first of their operation (replays and follows are not attempts).
+    #[serde(rename = "retry_tally")]
     pub retries: Tally,
     /// `conflict` verdicts recorded.
+    #[serde(rename = "conflict_tally")]
     pub conflicts: Tally,
     /// Runs held back (blocked or warned) as a repetition of another op id's intent.
+    #[serde(rename = "repetition_held_tally")]
     pub repetitions_held: Tally,
     /// Repetitions declared with `--repeats`.
+    #[serde(rename = "repetition_declared_tally")]
     pub repetitions_declared: Tally,
     /// `blocked` verdicts: a run stopped for a human's approval.
+    #[serde(rename = "approval_interruption_tally")]
     pub approval_interruptions: Tally,
     /// Contradictions between evidence recorded.
+    #[serde(rename = "contradiction_tally")]
     pub contradictions: Tally,
     /// Intents executed under two or more op ids on one host (declared or not).
+    #[serde(rename = "suspected_duplicate_tally")]
     pub suspected_duplicates: Tally,
     /// The same, by host.
     pub suspected_duplicates_by_host: BTreeMap<String, u64>,

@@ -286,15 +286,19 @@ impl ListFilter {
 /// Counts for a dashboard (`opmark stats`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
-    /// Events in the ledger.
+    /// Events in the ledger (JSON `event_count`: `events` is a list in `show`).
+    #[serde(rename = "event_count")]
     pub events: u64,
-    /// Operations in the ledger.
+    /// Operations in the ledger (JSON `operation_count`: `operations` is a list in `list`).
+    #[serde(rename = "operation_count")]
     pub operations: u64,
     /// Operations by current state.
     pub by_state: BTreeMap<String, u64>,
     /// Operations by family.
     pub by_family: BTreeMap<String, u64>,
-    /// Operations whose outcome is not settled.
+    /// Operations whose outcome is not settled (JSON `unresolved_count`: `unresolved` is
+    /// an operation's flag in `list`).
+    #[serde(rename = "unresolved_count")]
     pub unresolved: u64,
     /// Verdict events by verdict.
     pub verdicts: BTreeMap<String, u64>,
@@ -310,11 +314,14 @@ pub struct Stats {
     pub approvals_asked: u64,
     /// Operator decisions recorded.
     pub operator_decisions: u64,
-    /// Contradictions between evidence recorded (docs/ledger.md#contradictions).
+    /// Contradictions between evidence recorded (docs/ledger.md#contradictions); JSON
+    /// `contradiction_count` (`contradictions` is a list in `show`).
+    #[serde(rename = "contradiction_count")]
     pub contradictions: u64,
     /// Operations with at least one contradiction.
     pub contradicted_operations: u64,
-    /// Attempts dispatched.
+    /// Attempts dispatched (JSON `attempt_count`: `attempts` is a list in `run`, `show`).
+    #[serde(rename = "attempt_count")]
     pub attempts: u64,
     /// Attempts after the first, by the operation's family.
     pub retries_by_family: BTreeMap<String, u64>,

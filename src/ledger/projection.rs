@@ -39,7 +39,9 @@ pub struct OperationRecord {
     pub verdict: Option<Verdict>,
     /// The latest known exit code.
     pub exit_code: Option<i32>,
-    /// Attempts dispatched so far.
+    /// Attempts dispatched so far (JSON `attempt_count`: `attempts` is the list of them
+    /// in `run` and `show`).
+    #[serde(rename = "attempt_count")]
     pub attempts: u32,
     /// Id of the latest attempt.
     pub last_attempt: Option<String>,
@@ -53,7 +55,9 @@ pub struct OperationRecord {
     pub first_seq: u64,
     /// Sequence number of the latest event.
     pub last_seq: u64,
-    /// Contradictions recorded between evidence (0 when all evidence agrees).
+    /// Contradictions recorded between evidence (0 when all evidence agrees); JSON
+    /// `contradiction_count` (`contradictions` is the list of them in `show`).
+    #[serde(rename = "contradiction_count")]
     pub contradictions: u32,
     /// The attempt whose exit the settling verdict returned, when it named one.
     pub settled_attempt: Option<String>,

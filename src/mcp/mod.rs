@@ -3,7 +3,7 @@
 //!
 //! A thin layer: every tool calls the same operation the CLI runs ([`crate::ops`]), on a
 //! thread of its own, and hands its report as the JSON document the CLI's `--json`
-//! prints (schema `opmark/1`) to the client as structured content. So the policy, the
+//! prints (schema `opmark/2`) to the client as structured content. So the policy, the
 //! ledger, the verdicts and the reason codes are the CLI's, exactly. What the layer adds:
 //! - no way to approve: the `run` tool has no `approve` argument, so `blocked` stays
 //!   blocked (approval is a human's act, `opmark run --approve` or `opmark resolve`);
@@ -11,20 +11,27 @@
 //! - command output cut to `--max-output` per stream, with the byte counts, the digests
 //!   and how to read the rest;
 //! - a progress notification every few seconds while a tool runs, when the client asked
-//!   for progress (a long `run` is not mistaken for a hung server).
+//!   for progress (a long `run` is not mistaken for a hung server);
+//! - a budget: `run` never outlasts its `wait` (spent, it answers `in_progress` and the
+//!   command keeps running on the host), and has `detach`;
+//! - arguments checked against the tool's own input schema before anything: an unknown
+//!   or missing argument, or one of the wrong type, is an error document naming the
+//!   `field` and the fix (`invalid_input`), never ignored;
+//! - an output schema per tool: the document's published schema (schemas/), bundled into
+//!   one document, with the fields this layer adds.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, RequestMetaObject,
+    CallToolResult, Implementation, JsonObject, ProgressNotificationParam, RequestMetaObject,
     ServerCapabilities, ServerConfig,
 };
 use rmcp::{tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler};
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -40,6 +47,8 @@ use crate::ops::reconcile::{reconcile, ReconcileRequest};
 use crate::ops::run::{run, FleetOptions, RunRequest, Stdin, Unwatched};
 use crate::ops::show::{show, ShowRequest};
 use crate::ops::{Context, HostOptions};
+
+mod schemas;
 
 /// How often a running tool reports progress to a client that asked for it.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -80,6 +89,7 @@ impl Drop for Busy {
 
 /// Arguments of the `run` tool.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunParams {
     /// Host alias from the ssh config, or [user@]host.
     pub host: String,
@@ -94,17 +104,37 @@ pub struct RunParams {
     /// Kill the command on the host after this long (e.g. `30s`, `5m`).
     #[serde(default)]
     pub timeout: Option<String>,
-    /// How long to wait for a running operation before answering `in_progress` (default 30s).
+    /// The budget of this call (default 30s), connects included: when it is spent the
+    /// answer is `in_progress` and the command keeps running on the host; call `run`
+    /// again with the same op_id to follow or replay it.
     #[serde(default)]
     pub wait: Option<String>,
-    /// Treat the command as at least this family: read-only, convergent, append-only,
-    /// destructive (stricter only).
+    /// Treat the command as at least this family (stricter only).
     #[serde(default)]
+    #[schemars(schema_with = "class_schema")]
     pub class: Option<String>,
+    /// Answer `in_progress` as soon as the host claimed the operation and started the
+    /// command, which keeps running; `run` with the same op_id later follows or replays it.
+    #[serde(default)]
+    pub detach: Option<bool>,
+}
+
+/// `class` as an enumeration of the families (docs/trust.md#the-policy).
+fn class_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = crate::family::Family::ALL
+        .iter()
+        .map(|f| f.as_str())
+        .collect();
+    schemars::json_schema!({
+        "type": "string",
+        "enum": names,
+        "description": "Treat the command as at least this family (stricter only)."
+    })
 }
 
 /// Arguments of the `probe` and `cancel` tools.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct HostOpParams {
     /// Host alias or [user@]host, as given to `run`.
     pub host: String,
@@ -114,6 +144,7 @@ pub struct HostOpParams {
 
 /// Arguments of the `show` tool.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ShowParams {
     /// The operation id.
     pub op_id: String,
@@ -124,6 +155,7 @@ pub struct ShowParams {
 
 /// Arguments of the `list` tool.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ListParams {
     /// Only operations whose outcome is not settled (default true).
     #[serde(default)]
@@ -132,10 +164,15 @@ pub struct ListParams {
     /// the command's `display` or `fingerprint`).
     #[serde(default)]
     pub host: Option<String>,
+    /// At most this many operations, most recently active first (default 50).
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
 }
 
 /// Arguments of the `reconcile` tool.
 #[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReconcileParams {
     /// Only these operations (default: every unresolved one).
     #[serde(default)]
@@ -162,7 +199,10 @@ impl Server {
     /// host, however often this is called. The result is opmark's JSON verdict: branch on
     /// `verdict` and `retryable` (true: call again later with the SAME op_id). `blocked`
     /// needs a human's approval outside MCP; it cannot be approved here.
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<RunParams>(),
+        output_schema = output_schema("run", true),
+        annotations(
         title = "Run a command at most once",
         read_only_hint = false,
         destructive_hint = true,
@@ -171,14 +211,18 @@ impl Server {
     ))]
     async fn run(
         &self,
-        Parameters(p): Parameters<RunParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
         let max = self.max_output;
+        let p = match arguments::<RunParams>("run", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = match run_request(p) {
             Ok(request) => request,
-            Err(e) => return Ok(error_result(&e)),
+            Err(refused) => return Ok(refused),
         };
         let result = self
             .call(meta, peer, move |ctx| {
@@ -191,17 +235,24 @@ impl Server {
 
     /// The state of an operation's marker on its host (absent, running, completed,
     /// interrupted, fenced). Reads only; the observation is recorded in the ledger.
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<HostOpParams>(),
+        output_schema = output_schema("probe", false),
+        annotations(
         title = "Probe an operation's marker",
         read_only_hint = true,
         open_world_hint = true
     ))]
     async fn probe(
         &self,
-        Parameters(p): Parameters<HostOpParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<HostOpParams>("probe", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = ProbeRequest {
             host: p.host,
             op: p.op_id,
@@ -217,17 +268,24 @@ impl Server {
 
     /// One operation's timeline from the local ledger: intent, attempts, observations,
     /// outcome.
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<ShowParams>(),
+        output_schema = output_schema("show", false),
+        annotations(
         title = "Show an operation",
         read_only_hint = true,
         open_world_hint = false
     ))]
     async fn show(
         &self,
-        Parameters(p): Parameters<ShowParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<ShowParams>("show", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = ShowRequest {
             op: p.op_id,
             host: p.host,
@@ -241,22 +299,32 @@ impl Server {
 
     /// Operations in the local ledger, newest first; unresolved ones only unless
     /// `unresolved` is false.
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<ListParams>(),
+        output_schema = output_schema("list", false),
+        annotations(
         title = "List operations",
         read_only_hint = true,
         open_world_hint = false
     ))]
     async fn list(
         &self,
-        Parameters(p): Parameters<ListParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<ListParams>("list", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = ListRequest {
             unresolved: p.unresolved.unwrap_or(true),
             host: p.host,
             since: None,
-            limit: None,
+            limit: Some(
+                p.limit
+                    .map_or(crate::ops::list::DEFAULT_LIMIT, |n| n as usize),
+            ),
             all: false,
         };
         Ok(self
@@ -268,7 +336,10 @@ impl Server {
 
     /// Probe unresolved operations and settle what the evidence settles (never runs a
     /// command).
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<ReconcileParams>(),
+        output_schema = output_schema("reconcile", false),
+        annotations(
         title = "Reconcile unresolved operations",
         read_only_hint = false,
         destructive_hint = false,
@@ -277,10 +348,14 @@ impl Server {
     ))]
     async fn reconcile(
         &self,
-        Parameters(p): Parameters<ReconcileParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<ReconcileParams>("reconcile", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = ReconcileRequest {
             ops: p.op_ids,
             host: p.host,
@@ -295,7 +370,10 @@ impl Server {
 
     /// Stop an operation on its host for good: its command is killed (TERM, then KILL
     /// after 10s), or the op id is fenced so it can never run.
-    #[tool(annotations(
+    #[tool(
+        input_schema = input_schema::<HostOpParams>(),
+        output_schema = output_schema("cancel", false),
+        annotations(
         title = "Cancel an operation",
         read_only_hint = false,
         destructive_hint = true,
@@ -304,10 +382,14 @@ impl Server {
     ))]
     async fn cancel(
         &self,
-        Parameters(p): Parameters<HostOpParams>,
+        args: JsonObject,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<HostOpParams>("cancel", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
         let request = CancelRequest {
             host: p.host,
             op: p.op_id,
@@ -406,28 +488,31 @@ impl ServerHandler for Server {
 }
 
 /// The run request from the tool's arguments; bad input is an `invalid_input` error
-/// before anything is recorded or sent.
-fn run_request(p: RunParams) -> Result<RunRequest> {
-    let duration = |what: &str, text: &Option<String>| -> Result<Option<Duration>> {
+/// document naming the field, before anything is recorded or sent (a bad op id the same
+/// shape as a bad class).
+fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> {
+    let duration = |what: &str, text: &Option<String>| {
         text.as_deref()
             .map(|t| {
-                parse_duration(t).map_err(|e| {
-                    Error::new(
-                        ErrorKind::InvalidInput,
-                        format!("{what}: {e}; nothing was sent"),
-                    )
-                })
+                parse_duration(t)
+                    .map_err(|e| argument_error(what, format!("`{what}`: {e}; nothing was sent")))
             })
             .transpose()
     };
+    if let Err(e) = crate::op_id::OpId::parse(&p.op_id) {
+        return Err(argument_error(
+            "op_id",
+            format!("`op_id`: {e}; choose one matching ^[A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}$ and keep it across retries; nothing was sent"),
+        ));
+    }
     let class = p
         .class
         .as_deref()
         .map(|c| {
             c.parse::<crate::family::Family>().map_err(|_| {
-                Error::new(
-                    ErrorKind::InvalidInput,
-                    format!("class `{c}` is not a family; use read-only, convergent, append-only or destructive; nothing was sent"),
+                argument_error(
+                    "class",
+                    format!("`class`: `{c}` is not a family; use read-only, convergent, append-only or destructive; nothing was sent"),
                 )
             })
         })
@@ -435,6 +520,8 @@ fn run_request(p: RunParams) -> Result<RunRequest> {
     Ok(RunRequest {
         timeout: duration("timeout", &p.timeout)?,
         wait: duration("wait", &p.wait)?.unwrap_or(Duration::from_secs(30)),
+        // A tool call never outlasts its budget (docs/decisions.md#wait-budget).
+        wait_bounds_command: true,
         hosts: vec![p.host],
         op: Some(p.op_id),
         class,
@@ -445,11 +532,201 @@ fn run_request(p: RunParams) -> Result<RunRequest> {
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
         options: HostOptions::default(),
-        fleet: FleetOptions::default(),
+        fleet: FleetOptions {
+            detach: p.detach.unwrap_or(false),
+            ..FleetOptions::default()
+        },
         command: vec![p.command],
         // The client gets the output in the result; stdout is the protocol stream.
         live_output: false,
     })
+}
+
+/// The input schema of a tool, from its arguments' type (closed: `additionalProperties`
+/// is false, since unknown arguments are refused).
+fn input_schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
+    rmcp::handler::server::tool::schema_for_input::<T>()
+        .unwrap_or_else(|e| panic!("the input schema of a tool is not an object: {e}"))
+}
+
+/// A tool's arguments, checked against its input schema first, so that the client hears
+/// which field is wrong and how to fix it (not serde's "failed to deserialize
+/// parameters"): an unknown argument, a missing one, or a value of the wrong type or
+/// outside its enumeration is an `invalid_input` error document with `error.field`.
+fn arguments<T: DeserializeOwned + JsonSchema + 'static>(
+    tool: &str,
+    args: JsonObject,
+) -> std::result::Result<T, CallToolResult> {
+    let schema = input_schema::<T>();
+    if let Some((field, message)) = argument_problem(tool, &schema, &args) {
+        return Err(argument_error(&field, message));
+    }
+    serde_json::from_value(Value::Object(args)).map_err(|e| {
+        argument_error(
+            "arguments",
+            format!("the arguments of `{tool}` do not fit its input schema: {e}; nothing was sent"),
+        )
+    })
+}
+
+/// The first problem of `args` against a tool's input `schema`: the field and a message
+/// saying what is wrong and what to send instead.
+fn argument_problem(
+    tool: &str,
+    schema: &JsonObject,
+    args: &JsonObject,
+) -> Option<(String, String)> {
+    let empty = serde_json::Map::new();
+    let props = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let known = props
+        .keys()
+        .map(|k| format!("`{k}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    for key in args.keys() {
+        if !props.contains_key(key) {
+            let human = if key.contains("approv") {
+                "; approval is a human's act, outside MCP (`opmark run --approve NOTE` or `opmark resolve`)"
+            } else {
+                ""
+            };
+            return Some((
+                key.clone(),
+                format!("`{tool}` has no argument `{key}`{human}; its arguments are {known}; nothing was sent"),
+            ));
+        }
+    }
+    let required = schema.get("required").and_then(Value::as_array);
+    for field in required.into_iter().flatten().filter_map(Value::as_str) {
+        if args.get(field).is_none_or(Value::is_null) {
+            let what = props
+                .get(field)
+                .and_then(|p| p.get("description"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            return Some((
+                field.to_owned(),
+                format!("`{tool}` needs the argument `{field}`: {what} Send it and call again; nothing was sent"),
+            ));
+        }
+    }
+    for (key, value) in args {
+        if value.is_null() {
+            continue; // an optional argument left out
+        }
+        if let Some(problem) = value_problem(&props[key], value) {
+            return Some((
+                key.clone(),
+                format!("`{tool}` argument `{key}`: {problem}; nothing was sent"),
+            ));
+        }
+    }
+    None
+}
+
+/// Whether `value` fits a property schema's `type`, `enum`, `minimum` and (for arrays)
+/// `items`: the forms schemars writes for these arguments.
+fn value_problem(prop: &Value, value: &Value) -> Option<String> {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let types: Vec<&str> = match prop.get("type") {
+        Some(Value::String(t)) => vec![t.as_str()],
+        Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let got = kind(value);
+    let fits = |t: &&str| *t == got || (*t == "number" && got == "integer");
+    if !types.is_empty() && !types.iter().any(fits) {
+        let want: Vec<&str> = types.into_iter().filter(|t| *t != "null").collect();
+        return Some(format!("expected {}, got {got} {value}", want.join(" or ")));
+    }
+    if let Some(allowed) = prop.get("enum").and_then(Value::as_array) {
+        if !allowed.contains(value) {
+            let names: Vec<String> = allowed.iter().map(Value::to_string).collect();
+            return Some(format!("{value} is not one of {}", names.join(", ")));
+        }
+    }
+    if let (Some(min), Some(n)) = (prop.get("minimum").and_then(Value::as_f64), value.as_f64()) {
+        if n < min {
+            return Some(format!("{value} is below the minimum {min}"));
+        }
+    }
+    if let (Some(items), Value::Array(values)) = (prop.get("items"), value) {
+        return values.iter().find_map(|v| value_problem(items, v));
+    }
+    None
+}
+
+/// An argument the client got wrong, as the error document with `error.field` naming it.
+fn argument_error(field: &str, message: String) -> CallToolResult {
+    let mut doc = error_document(&Error::new(ErrorKind::InvalidInput, message));
+    if let Some(Value::Object(error)) = doc.get_mut("error") {
+        error.insert("field".to_owned(), field.into());
+    }
+    CallToolResult::structured_error(doc)
+}
+
+/// The published schema of a document (schemas/NAME.schema.json) as a tool's output
+/// schema: bundled into one self-contained document (a client resolves no other file),
+/// with the fields this layer adds to every document (`exit_status`) and, for `run`, to
+/// the run document (the output counts, digests and cut marks of [`cut_output`]).
+fn output_schema(name: &str, run_fields: bool) -> Arc<JsonObject> {
+    let mut extra = vec![(
+        "exit_status",
+        serde_json::json!({"type": "integer", "minimum": 0, "maximum": 255,
+            "description": "The process exit status the CLI would give."}),
+    )];
+    if run_fields {
+        for stream in ["stdout", "stderr"] {
+            extra.push((
+                if stream == "stdout" {
+                    "stdout_bytes"
+                } else {
+                    "stderr_bytes"
+                },
+                serde_json::json!({"type": "integer", "minimum": 0,
+                    "description": "Bytes of the whole stream (before the cut to --max-output)."}),
+            ));
+            extra.push((
+                if stream == "stdout" {
+                    "stdout_sha256"
+                } else {
+                    "stderr_sha256"
+                },
+                serde_json::json!({"type": "string", "pattern": "^[0-9a-f]{64}$"}),
+            ));
+            extra.push((
+                if stream == "stdout" {
+                    "stdout_truncated"
+                } else {
+                    "stderr_truncated"
+                },
+                serde_json::json!({"type": "boolean"}),
+            ));
+        }
+        extra.push(("output_rest", serde_json::json!({"type": "string"})));
+    }
+    let mut schema = schemas::bundled(name);
+    schemas::add_document_fields(&mut schema, &extra);
+    match schema {
+        Value::Object(mut map) => {
+            // Every document is an object; a root that only says `oneOf` must say so too,
+            // or rmcp drops the schema for clients of older protocol versions.
+            map.entry("type").or_insert_with(|| "object".into());
+            Arc::new(map)
+        }
+        _ => unreachable!("a published schema is an object"),
+    }
 }
 
 /// An error as the CLI's error document, marked as a tool error.
@@ -556,7 +833,7 @@ mod tests {
 
     fn run_result(stdout: &str) -> CallToolResult {
         CallToolResult::structured(serde_json::json!({
-            "schema": "opmark/1", "op_id": "op-1", "host": "web1",
+            "schema": "opmark/2", "op_id": "op-1", "host": "web1",
             "stdout": stdout, "stderr": "", "verdict": "completed",
         }))
     }
@@ -604,17 +881,150 @@ mod tests {
             timeout: Some("soon".into()),
             wait: None,
             class: None,
+            detach: None,
         };
         let again = RunParams {
             timeout: None,
             ..p.clone()
         };
         let e = run_request(p).unwrap_err();
-        assert_eq!(e.reason_code(), "invalid_input");
-        assert!(e.message.contains("timeout"), "{}", e.message);
+        let e = &doc(&e)["error"];
+        assert_eq!(e["reason_code"], "invalid_input");
+        assert_eq!(e["field"], "timeout");
+        assert!(e["message"].as_str().unwrap().contains("timeout"), "{e}");
         let ok = run_request(again).unwrap();
         assert_eq!(ok.approve, None);
         assert!(matches!(ok.stdin, Stdin::None));
         assert!(!ok.live_output);
+    }
+
+    fn args(v: Value) -> JsonObject {
+        v.as_object().unwrap().clone()
+    }
+
+    fn refused(
+        r: std::result::Result<RunParams, CallToolResult>,
+    ) -> serde_json::Map<String, Value> {
+        let r = r.expect_err("arguments accepted");
+        assert_eq!(r.is_error, Some(true));
+        doc(&r)["error"].as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn an_unknown_argument_is_refused_naming_it_and_the_arguments_there_are() {
+        let e = refused(arguments::<RunParams>(
+            "run",
+            args(
+                serde_json::json!({"host": "web1", "op_id": "op-1", "command": "true", "approve": "yes"}),
+            ),
+        ));
+        assert_eq!(e["reason_code"], "invalid_input");
+        assert_eq!(e["field"], "approve");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains("`approve`") && m.contains("`op_id`"), "{m}");
+        assert!(m.contains("opmark run --approve"), "{m}");
+    }
+
+    #[test]
+    fn a_missing_argument_is_refused_naming_it_and_what_it_is() {
+        let e = refused(arguments::<RunParams>(
+            "run",
+            args(serde_json::json!({"host": "web1", "command": "true"})),
+        ));
+        assert_eq!(e["field"], "op_id");
+        let m = e["message"].as_str().unwrap();
+        assert!(m.contains("needs the argument `op_id`"), "{m}");
+        assert!(m.contains("keep it across retries"), "{m}");
+        assert!(!m.contains("deserialize"), "{m}");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_or_outside_the_enum_is_refused_naming_the_field() {
+        let e = refused(arguments::<RunParams>(
+            "run",
+            args(
+                serde_json::json!({"host": "web1", "op_id": "op-1", "command": "true", "detach": "yes"}),
+            ),
+        ));
+        assert_eq!(e["field"], "detach");
+        assert!(
+            e["message"].as_str().unwrap().contains("expected boolean"),
+            "{e:?}"
+        );
+        let e = refused(arguments::<RunParams>(
+            "run",
+            args(
+                serde_json::json!({"host": "web1", "op_id": "op-1", "command": "true", "class": "harmless"}),
+            ),
+        ));
+        assert_eq!(e["field"], "class");
+        assert!(
+            e["message"].as_str().unwrap().contains("\"read-only\""),
+            "{e:?}"
+        );
+        let ok = arguments::<RunParams>(
+            "run",
+            args(serde_json::json!({"host": "web1", "op_id": "op-1", "command": "true", "class": "destructive", "stdin": null})),
+        )
+        .unwrap();
+        assert_eq!(ok.class.as_deref(), Some("destructive"));
+    }
+
+    #[test]
+    fn a_bad_op_id_is_an_error_document_like_a_bad_class() {
+        let base = RunParams {
+            host: "web1".into(),
+            op_id: "no spaces".into(),
+            command: "true".into(),
+            stdin: None,
+            timeout: None,
+            wait: None,
+            class: None,
+            detach: None,
+        };
+        let bad_op = run_request(base.clone()).unwrap_err();
+        let bad_class = run_request(RunParams {
+            op_id: "op-1".into(),
+            class: Some("harmless".into()),
+            ..base
+        })
+        .unwrap_err();
+        for (r, field) in [(&bad_op, "op_id"), (&bad_class, "class")] {
+            assert_eq!(r.is_error, Some(true));
+            let e = &doc(r)["error"];
+            assert_eq!(e["reason_code"], "invalid_input", "{e}");
+            assert_eq!(e["field"], field, "{e}");
+        }
+    }
+
+    #[test]
+    fn every_tool_declares_an_output_schema_and_class_is_an_enum() {
+        let tools = Server::tool_router().list_all();
+        assert_eq!(tools.len(), 6);
+        for tool in &tools {
+            let out = tool
+                .output_schema
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}", tool.name));
+            assert!(out.contains_key("$schema"), "{}", tool.name);
+            assert_eq!(
+                out.get("type"),
+                Some(&Value::from("object")),
+                "{}",
+                tool.name
+            );
+            assert_eq!(
+                tool.input_schema.get("additionalProperties"),
+                Some(&Value::Bool(false)),
+                "{}",
+                tool.name
+            );
+        }
+        let run = tools.iter().find(|t| t.name == "run").unwrap();
+        let class = &run.input_schema["properties"]["class"];
+        assert_eq!(
+            class["enum"],
+            serde_json::json!(["read-only", "convergent", "append-only", "destructive"])
+        );
     }
 }

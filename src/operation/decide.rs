@@ -54,6 +54,9 @@
 //! - an operator's decision is terminal ([`operator_decided`]).
 //! - a signal answers `in_progress` when something may have reached the host, else
 //!   `not_applied` ([`client_interrupted`]); `--detach` answers `in_progress` ([`detached`]).
+//! - the `--wait` budget bounds the whole invocation: spent while connecting, `not_applied`;
+//!   spent while an MCP run's command runs, `in_progress` (both `wait_budget_spent`,
+//!   [`wait_budget_spent`]).
 
 use std::time::Duration;
 
@@ -998,7 +1001,7 @@ pub fn policy_gate(deny: Option<&str>, approval: Option<&str>, approved: bool) -
             None,
             ReasonCode::PolicyDenied,
             format!(
-                "policy denies this command ({rule}); nothing was sent. Change the command or the policy"
+                "policy denies this command ({rule}); nothing was recorded or sent. Change the command or the policy"
             ),
         ));
     }
@@ -1021,14 +1024,29 @@ pub fn ledger_conflict(
     host: &str,
     existing: &OperationRecord,
     ledger_fp: &str,
+    display: &str,
 ) -> Option<Answer> {
     (existing.fingerprint != ledger_fp).then(|| {
+        // The fingerprint binds command and stdin together; the recorded (redacted)
+        // display form tells which of the two changed.
+        let what = if existing.display == display {
+            format!(
+                "the same command (`{}`) with a different stdin (or a redacted secret in the command differs)",
+                crate::text::printable(display)
+            )
+        } else {
+            format!(
+                "a different command: recorded `{}`, now `{}`",
+                crate::text::printable(&existing.display),
+                crate::text::printable(display)
+            )
+        };
         Answer::new(
             Verdict::Conflict,
             None,
             ReasonCode::ConflictInLedger,
             format!(
-                "operation {op} on {host} is already bound to a different command or stdin (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
+                "operation {op} on {host} is already bound to another intent, {what} (recorded {}); nothing was sent. For the same effect resend exactly the recorded command and stdin (`opmark show`); a new op id only for a different effect, since for the same command it would run again",
                 existing.created_at
             ),
         )
@@ -1174,6 +1192,63 @@ pub fn client_interrupted(
             ReasonCode::ClientInterrupted,
             format!(
                 "interrupted by {signal} before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. `opmark run` with op id {op} runs it (at most once)"
+            ),
+        ),
+        record_verdict: facts.prior_dispatch.is_none() && facts.ledger_exit.is_none(),
+    }
+}
+
+/// The `--wait` budget, which bounds the whole invocation (connects included), was spent
+/// at `boundary` (docs/decisions.md#wait-budget): as a signal would have, but the code says
+/// why. `in_progress` when a request of this invocation may have reached the host (the
+/// command, if it started, keeps running, detached by design); `not_applied` when nothing
+/// was sent, recorded only when no earlier run's attempt or exit stands.
+pub fn wait_budget_spent(
+    facts: &Facts<'_>,
+    dispatched: bool,
+    boundary: Boundary,
+    doing: &str,
+) -> Interruption {
+    let attempt = facts.attempts.last().map(|a| a.attempt_id.clone());
+    let (op, host) = (facts.op, facts.host);
+    let budget = if facts.wait.subsec_millis() == 0 {
+        format!("{}s", facts.wait.as_secs())
+    } else {
+        format!("{}ms", facts.wait.as_millis())
+    };
+    if dispatched {
+        let seen = match boundary {
+            Boundary::NotSent | Boundary::SentNoResponse => "the request may have reached the host (no claim acknowledgement yet): if the command started, it keeps running there, detached by design",
+            Boundary::Started | Boundary::Refused => "the shim had claimed the marker and started the command: it keeps running on the host, detached by design",
+            Boundary::ExitReceived => "the exit status had been received",
+        };
+        return Interruption {
+            detail: seen.to_owned(),
+            answer: Answer::new(
+                Verdict::InProgress,
+                attempt,
+                ReasonCode::WaitBudgetSpent,
+                format!(
+                    "the --wait budget ({budget}) was spent {doing}, at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                ),
+            ),
+            record_verdict: true,
+        };
+    }
+    let earlier_note = facts
+        .prior_dispatch
+        .map(|a| {
+            format!(" (attempt {a} of an earlier run was dispatched; this says nothing about it)")
+        })
+        .unwrap_or_default();
+    Interruption {
+        detail: format!("the --wait budget ({budget}) was spent {doing}; nothing was sent"),
+        answer: Answer::new(
+            Verdict::NotApplied,
+            attempt,
+            ReasonCode::WaitBudgetSpent,
+            format!(
+                "the --wait budget ({budget}) was spent {doing}, before anything was sent: this invocation ran nothing and nothing of it can still run{earlier_note}. Safe to retry with the same op id (a longer --wait gives the connects more time)"
             ),
         ),
         record_verdict: facts.prior_dispatch.is_none() && facts.ledger_exit.is_none(),
@@ -2430,12 +2505,18 @@ mod tests {
     #[test]
     fn the_ledger_binds_the_op_id_to_another_intent_then_conflict_before_anything_is_sent() {
         let existing = record("hmac-a", None, None);
-        let a = ledger_conflict("op-1", "web1", &existing, "hmac-b").unwrap();
+        let a = ledger_conflict("op-1", "web1", &existing, "hmac-b", "ls /other").unwrap();
         assert_eq!(
             verdict_of(&a),
             (Verdict::Conflict, ReasonCode::ConflictInLedger)
         );
-        assert_eq!(ledger_conflict("op-1", "web1", &existing, "hmac-a"), None);
+        assert!(a.reason.contains("a different command"), "{a:?}");
+        let same = ledger_conflict("op-1", "web1", &existing, "hmac-b", &existing.display);
+        assert!(same.unwrap().reason.contains("different stdin"));
+        assert_eq!(
+            ledger_conflict("op-1", "web1", &existing, "hmac-a", "ls"),
+            None
+        );
     }
 
     #[test]
@@ -2584,6 +2665,40 @@ mod tests {
             i.answer.reason.contains("attempt at-1 of an earlier run"),
             "{i:?}"
         );
+    }
+
+    // --- the --wait budget (docs/decisions.md#wait-budget) ---
+
+    #[test]
+    fn wait_spent_while_connecting_then_not_applied_nothing_sent() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::Destructive, &ours);
+        let i = wait_budget_spent(&f, false, Boundary::NotSent, "connecting to web1");
+        assert_eq!(
+            verdict_of(&i.answer),
+            (Verdict::NotApplied, ReasonCode::WaitBudgetSpent)
+        );
+        assert!(i.answer.code.retryable());
+        assert!(i.record_verdict);
+        assert!(i.answer.reason.contains("--wait budget"), "{i:?}");
+        let mut f = facts(Family::Destructive, &ours);
+        f.prior_dispatch = Some("at-0");
+        let i = wait_budget_spent(&f, false, Boundary::NotSent, "connecting to web1");
+        assert!(!i.record_verdict, "an earlier run's attempt stands: {i:?}");
+    }
+
+    #[test]
+    fn wait_spent_while_the_command_runs_then_in_progress_it_keeps_running() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Destructive, &ours);
+        let i = wait_budget_spent(&f, true, Boundary::Started, "while the command ran");
+        assert_eq!(
+            verdict_of(&i.answer),
+            (Verdict::InProgress, ReasonCode::WaitBudgetSpent)
+        );
+        assert!(i.record_verdict);
+        assert!(i.answer.reason.contains("keeps running"), "{i:?}");
+        assert!(i.answer.reason.contains("opmark cancel web1 op-1"), "{i:?}");
     }
 
     #[test]

@@ -71,6 +71,9 @@ pub(crate) struct Runner<'a> {
     pub(crate) dispatched: bool,
     /// Notified when the shim acknowledges a claim of this invocation (for `--detach`).
     pub(crate) started: Arc<Notify>,
+    /// When the `--wait` budget of this invocation is spent (docs/decisions.md#wait-budget):
+    /// no connect before dispatch outlasts it, and over MCP no running command either.
+    pub(crate) deadline: Instant,
     pub(crate) input: RunInput,
 }
 
@@ -121,6 +124,13 @@ impl<'a> Runner<'a> {
                     Action::Dispatch
                 }
                 Action::Backoff => {
+                    // A pause past the budget would only end in the budget's answer later.
+                    let left = self.deadline.saturating_duration_since(Instant::now());
+                    if left < backoff && !self.dispatched {
+                        tokio::time::sleep(left).await;
+                        // The last attempt's `not_sent` is recorded already.
+                        return self.budget_spent("on connection attempts", false);
+                    }
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(3));
                     let parent = self.current_attempt();
@@ -170,7 +180,23 @@ impl<'a> Runner<'a> {
     /// Connects and sends the current attempt's `run` request; says how it ended.
     async fn dispatch(&mut self, dest: &Destination) -> Result<Sent, RunError> {
         let attempt = self.current_attempt();
-        let session = match self.pool.session(dest).await {
+        // Before anything was sent, a connect gets what is left of the budget and no more
+        // (a cut link would otherwise hold each attempt for its whole ConnectTimeout).
+        let connect = self.pool.session(dest);
+        let connected = if self.dispatched {
+            connect.await
+        } else {
+            match tokio::time::timeout_at(self.deadline.into(), connect).await {
+                Ok(connected) => connected,
+                Err(_) => {
+                    let doing = format!("connecting to {}", self.key.host);
+                    return self
+                        .budget_spent(&doing, true)
+                        .map(|r| Sent::Stopped(Box::new(r)));
+                }
+            }
+        };
+        let session = match connected {
             Ok(s) => s,
             Err(e) => {
                 return Ok(Sent::Seen(Dispatched::NotSent {
@@ -223,18 +249,32 @@ impl<'a> Runner<'a> {
                 root_seen: &mut root_seen,
                 error: None,
             };
-            let end = call_shim(
+            let call = call_shim(
                 &session,
                 &verb,
                 expect_root.as_deref(),
                 stdin,
                 &mut observer,
-            )
-            .await;
+            );
+            let end = if self.input.wait_bounds_command {
+                // MCP: the tool call never outlasts its budget; the command runs on.
+                tokio::time::timeout_at(self.deadline.into(), call)
+                    .await
+                    .ok()
+            } else {
+                Some(call.await)
+            };
             if let Some(e) = observer.error {
                 return Err(e.into());
             }
-            end
+            match end {
+                Some(end) => end,
+                None => {
+                    return self
+                        .budget_spent("while the command ran", false)
+                        .map(|r| Sent::Stopped(Box::new(r)))
+                }
+            }
         };
         // From here the call's end is recorded as the attempt's own boundary.
         self.in_flight = None;
@@ -279,7 +319,11 @@ impl<'a> Runner<'a> {
     /// One probe window of `--wait` (after a loss, or when another attempt holds the
     /// claim): probe, follow, probe again, until the decision leaves the window.
     async fn probe_window(&mut self, dest: &Destination) -> Result<Action, RunError> {
-        let deadline = Instant::now() + self.input.wait;
+        let mut deadline = Instant::now() + self.input.wait;
+        if self.input.wait_bounds_command {
+            // MCP: the window ends with the call's budget, and decides as a window does.
+            deadline = deadline.min(self.deadline);
+        }
         let mut pause = Duration::from_millis(250);
         // A probe whose reply holds no answer reports the last problem seen before it.
         let mut last_problem = String::from("no probe answered");
@@ -731,6 +775,35 @@ impl<'a> Runner<'a> {
             },
             Durability::Normal,
         )?;
+        if decided.record_verdict {
+            self.finish(decided.answer)
+        } else {
+            Ok(self.report(decided.answer))
+        }
+    }
+
+    /// The `--wait` budget of the invocation is spent `doing` something: recorded and
+    /// answered as a signal would be, under its own code (docs/decisions.md#wait-budget);
+    /// `cut_connect`: the current attempt's connect was cut, its `not_sent` is recorded here.
+    pub(crate) fn budget_spent(
+        &mut self,
+        doing: &str,
+        cut_connect: bool,
+    ) -> Result<RunReport, RunError> {
+        let boundary = self
+            .attempts
+            .last()
+            .map(|a| a.boundary)
+            .into_iter()
+            .chain(self.in_flight)
+            .max()
+            .unwrap_or(Boundary::NotSent);
+        self.in_flight = None;
+        let decided = decide::wait_budget_spent(&self.facts(), self.dispatched, boundary, doing);
+        let attempt = self.current_attempt();
+        if cut_connect {
+            self.boundary(&attempt, Boundary::NotSent, &decided.detail)?;
+        }
         if decided.record_verdict {
             self.finish(decided.answer)
         } else {

@@ -278,7 +278,8 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
 /// of each verdict.
 #[derive(Debug, Serialize)]
 pub struct Summary {
-    /// Hosts in the run.
+    /// Hosts in the run (JSON `host_count`: `hosts` is the fleet document's list).
+    #[serde(rename = "host_count")]
     pub hosts: usize,
     /// Completed or replayed with exit 0.
     pub ok: usize,

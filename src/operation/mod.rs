@@ -84,6 +84,9 @@ pub struct RunInput {
     /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
     /// acknowledged the claim, leaving the command running.
     pub detach: bool,
+    /// `wait` bounds a running command too (MCP: a tool call never outlasts its budget):
+    /// spent, the answer is `in_progress` and the command keeps running on the host.
+    pub wait_bounds_command: bool,
 }
 
 impl RunInput {
@@ -246,6 +249,8 @@ pub async fn run_interruptible(
     input: RunInput,
     interrupts: &Interrupts,
 ) -> Result<RunReport, RunError> {
+    // The budget of the whole invocation starts now (docs/decisions.md#wait-budget).
+    let deadline = std::time::Instant::now() + input.wait;
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, &input);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
@@ -299,6 +304,7 @@ pub async fn run_interruptible(
         in_flight: None,
         dispatched: false,
         started: started.clone(),
+        deadline,
         input,
     };
 
@@ -308,7 +314,12 @@ pub async fn run_interruptible(
         classification.approval.as_deref(),
         approved,
     ) {
-        runner.record_closed_intent(&answer)?;
+        // A denial is final and says nothing about the host: it is not recorded, so a
+        // rejected command never becomes an operation to list, reconcile or count (a
+        // `blocked` one is: it waits for a human's decision on this op id).
+        if answer.code != crate::vocab::ReasonCode::PolicyDenied {
+            runner.record_closed_intent(&answer)?;
+        }
         return Ok(runner.report(answer));
     }
 
@@ -320,8 +331,13 @@ pub async fn run_interruptible(
     runner.prior_dispatch = earlier.prior_dispatch;
     runner.ledger_exit = earlier.ledger_exit;
     if let Some(existing) = &existing {
-        let conflict =
-            decide::ledger_conflict(&runner.key.op_id, &runner.key.host, existing, &ledger_fp);
+        let conflict = decide::ledger_conflict(
+            &runner.key.op_id,
+            &runner.key.host,
+            existing,
+            &ledger_fp,
+            &runner.display,
+        );
         if let Some(answer) = conflict {
             return Ok(runner.report(answer));
         }

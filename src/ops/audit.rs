@@ -15,7 +15,8 @@ use crate::ledger::{ChainBreak, Ledger, LedgerError, ProjectionMismatch, VerifyS
 pub struct AuditReport {
     /// No break and no mismatch.
     pub intact: bool,
-    /// Events walked.
+    /// Events walked (JSON `event_count`: `events` is a list in `show`).
+    #[serde(rename = "event_count")]
     pub events: u64,
     /// The first event whose link does not verify.
     pub first_break: Option<ChainBreak>,

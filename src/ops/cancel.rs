@@ -50,11 +50,14 @@ pub struct CancelReport {
     pub schema: &'static str,
     pub op_id: String,
     pub host: String,
-    /// `cancelled`, `already_completed`, `already_fenced`, `fenced`, `still_running`.
+    /// `cancelled`, `already_completed`, `already_fenced`, `fenced`, `still_running`
+    /// (JSON `cancel_outcome`: `outcome` is show's object).
+    #[serde(rename = "cancel_outcome")]
     pub outcome: &'static str,
     /// For `fenced`: what the marker was (`absent`, `not_started`, `interrupted`).
     pub was: Option<String>,
-    /// The marker's state afterwards.
+    /// The host marker's state afterwards (`state` is the ledger's projection elsewhere).
+    #[serde(rename = "marker_state")]
     pub state: &'static str,
     /// The exit code the host recorded, when there is one.
     pub exit_code: Option<i32>,
@@ -66,7 +69,8 @@ pub struct CancelReport {
     pub attempt_id: Option<String>,
     pub grace_ms: u64,
     pub by: String,
-    /// What it means, in words.
+    /// What it means, in words (`reason`, as in every verdict).
+    #[serde(rename = "reason")]
     pub message: String,
     /// The command is still running after TERM and KILL.
     #[serde(skip)]
@@ -198,7 +202,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
         _ => None,
     };
     Ok(Answered::Report(CancelReport {
-        schema: "opmark/1",
+        schema: crate::ops::document::SCHEMA,
         op_id: op.as_str().to_owned(),
         host,
         outcome: outcome.as_str(),

@@ -4,8 +4,9 @@
 use crate::error::{Error, ErrorKind, Result};
 
 /// The `schema` field of every JSON document (docs/guarantees.md#the-command-line-contract); bumped only when a field
-/// changes meaning or disappears.
-pub const SCHEMA: &str = "opmark/1";
+/// changes meaning or disappears. `opmark/2`: one vocabulary (a plural is a list, a count
+/// is `<noun>_count`, the marker's state is `marker_state`), see README "JSON contract".
+pub const SCHEMA: &str = "opmark/2";
 
 /// `value` as the contract's document: a JSON object with `schema` set.
 pub fn json_document(value: &impl serde::Serialize) -> Result<serde_json::Value> {

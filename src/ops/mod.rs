@@ -13,6 +13,7 @@ pub mod classify;
 pub mod document;
 pub mod gc;
 pub mod host_changed;
+pub mod hosts;
 pub mod list;
 pub mod probe;
 pub mod reach;

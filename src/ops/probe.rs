@@ -30,6 +30,9 @@ pub struct ProbeRequest {
 pub struct ProbeReport {
     pub op_id: String,
     pub host: String,
+    /// The host marker's state (`absent`, `running`, `completed`, `interrupted`,
+    /// `fenced`); `state` is the ledger's projection in `list` and `show`.
+    #[serde(rename = "marker_state")]
     pub state: String,
     pub why: Option<String>,
     pub attempt_id: Option<String>,
@@ -38,8 +41,10 @@ pub struct ProbeReport {
     pub family: Option<String>,
     pub exit_code: Option<i32>,
     pub timed_out: bool,
-    pub out_bytes: Option<u64>,
-    pub err_bytes: Option<u64>,
+    /// Stdout bytes the host kept (the same word as MCP's and the ledger's).
+    pub stdout_bytes: Option<u64>,
+    /// Stderr bytes the host kept.
+    pub stderr_bytes: Option<u64>,
     /// gc collected the output: the marker is a tombstone (docs/host-protocol.md#tombstones).
     pub output_collected: bool,
     /// The marker in one line, for people.
@@ -83,8 +88,8 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>>
         family: marker.family.clone(),
         exit_code: marker.exit_code,
         timed_out: marker.timed_out,
-        out_bytes: marker.out_bytes,
-        err_bytes: marker.err_bytes,
+        stdout_bytes: marker.out_bytes,
+        stderr_bytes: marker.err_bytes,
         output_collected: marker.output_collected(),
         summary: marker.summary(),
         host,

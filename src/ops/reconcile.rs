@@ -28,13 +28,16 @@ pub struct ReconcileReport {
     pub operations: Vec<Outcome>,
     /// Named operations that were already settled (not contacted).
     pub already_settled: Vec<Outcome>,
-    /// Operations still unresolved after this reconcile.
+    /// Operations still unresolved after this reconcile (JSON `unresolved_count`:
+    /// `unresolved` is an operation's flag in `list`).
+    #[serde(rename = "unresolved_count")]
     pub unresolved: usize,
     /// Operations in scope whose evidence contradicts itself (a person must look).
     pub contradicted: Vec<Contradicted>,
     /// Operations this reconcile left unresolved that have been unresolved longer than
     /// the policy's `escalate_after` (docs/ledger.md#health): evidence will not settle
     /// them by waiting; a person decides (`opmark resolve`).
+    #[serde(rename = "needs_human_operations")]
     pub needs_human: Vec<NeedsHuman>,
 }
 

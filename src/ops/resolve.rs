@@ -25,8 +25,9 @@ use crate::vocab::Resolution;
 pub struct ResolveRequest {
     /// The op id, unchecked.
     pub op: String,
-    /// The host as the ledger names it.
-    pub host: String,
+    /// The host as the ledger names it; without it, the one host the ledger records the
+    /// op id on (an op id used on several hosts needs it).
+    pub host: Option<String>,
     /// What the operator decided.
     pub decision: Resolution,
     /// Why (recorded with the decision; not empty).
@@ -37,6 +38,37 @@ pub struct ResolveRequest {
     pub by: Option<String>,
     /// Connection options overriding the recorded route (for the fence).
     pub options: HostOptions,
+}
+
+impl ResolveRequest {
+    /// The host (empty until [`resolve`] found it in the ledger).
+    fn host(&self) -> &str {
+        self.host.as_deref().unwrap_or_default()
+    }
+}
+
+/// The host an op id is recorded on, when `--host` was not given: there must be exactly
+/// one (the ledger key is op id + host), else the error names them and the fix.
+fn the_one_host(ledger: &crate::ledger::Ledger, op: &OpId) -> Result<String> {
+    let mut hosts = ledger.hosts_of(op.as_str())?;
+    match hosts.len() {
+        1 => Ok(hosts.remove(0)),
+        0 => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no operation `{op}` in the ledger {}; `opmark list` shows what is recorded. Nothing was recorded",
+                ledger.path().display()
+            ),
+        )),
+        _ => Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "op id `{op}` is recorded on {} hosts ({}); say which with --host HOST. Nothing was recorded",
+                hosts.len(),
+                hosts.iter().map(|h| printable(h)).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
 }
 
 /// What was recorded (the `--json` document).
@@ -89,7 +121,18 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
     })?;
     let policy = load_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
-    let key = OpKey::new(op.as_str(), args.host.clone());
+    let filled;
+    let args = match &args.host {
+        Some(_) => args,
+        None => {
+            filled = ResolveRequest {
+                host: Some(the_one_host(&ledger, &op)?),
+                ..args.clone()
+            };
+            &filled
+        }
+    };
+    let key = OpKey::new(op.as_str(), args.host().to_owned());
     let Some(seen) = ledger.operation(&key)? else {
         let hosts = ledger.hosts_of(op.as_str())?;
         let hint = if hosts.is_empty() {
@@ -108,10 +151,12 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
             ErrorKind::InvalidInput,
             format!(
                 "no operation `{op}` on host `{}` in the ledger {}; {hint}. Nothing was recorded",
-                printable(&args.host),
+                printable(args.host()),
                 ledger.path().display()
             ),
-        ));
+        )
+        // The same code as `show` gives an op id nobody recorded.
+        .with_code(crate::vocab::ErrorCode::UnknownOperation));
     };
     let history = ledger.events(&key)?;
     // A final decision stands (docs/decisions.md#operator-decision): a second one, from this machine or any
@@ -121,11 +166,11 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
             ErrorKind::InvalidInput,
             format!(
                 "operation `{op}` on `{}` was already settled by operator {} at {} ({}); nothing was recorded. `opmark show {op} --host {}` shows it",
-                printable(&args.host),
+                printable(args.host()),
                 printable(&d.by),
                 d.at,
                 d.decision,
-                printable(&args.host)
+                printable(args.host())
             ),
         ));
     }
@@ -137,7 +182,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
         Resolution::NotApplied => {
             let text = match fence(ctx, args, &op, &recorded) {
                 Ok(text) => text,
-                Err(e) => return host_changed::answer(op.as_str(), &args.host, e.into_error()),
+                Err(e) => return host_changed::answer(op.as_str(), args.host(), e.into_error()),
             };
             events.push(Event::Fenced {
                 detail: format!("opmark resolve --as not-applied by {by}: {text}"),
@@ -172,7 +217,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
                 fence_text = Some(text);
             }
             Err(refused) => {
-                return host_changed::answer(op.as_str(), &args.host, refused.into_error())
+                return host_changed::answer(op.as_str(), args.host(), refused.into_error())
             }
         },
         Resolution::Applied => {}
@@ -192,7 +237,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
     )?;
     Ok(Answered::Report(ResolveReport {
         op_id: op.as_str().to_owned(),
-        host: args.host.clone(),
+        host: args.host().to_owned(),
         decision,
         by,
         note: args.note.clone(),
@@ -231,19 +276,19 @@ fn fence(
     op: &OpId,
     recorded: &Recorded,
 ) -> std::result::Result<String, NotFenced> {
-    let dest = reach(ctx, &args.host, &args.options, recorded.route.as_ref()).map_err(|e| {
+    let dest = reach(ctx, args.host(), &args.options, recorded.route.as_ref()).map_err(|e| {
         NotFenced::Refused(Error::new(
             ErrorKind::Unreachable,
             format!(
                 "cannot fence {op} on {}: {e}; nothing was recorded",
-                printable(&args.host)
+                printable(args.host())
             ),
         ))
     })?;
-    let host = printable(&args.host);
+    let host = printable(args.host());
     let reached = block_on(async {
         let reached = Host::connect_checked(&dest, recorded.root(), |key, route| {
-            recorded.check(&args.host, op.as_str(), key, Some(route))
+            recorded.check(args.host(), op.as_str(), key, Some(route))
         })
         .await;
         let target = reached.map_err(|e| match e {
@@ -283,7 +328,7 @@ fn fence(
     if refusal.reason == RefusalReason::RootChanged {
         return Err(NotFenced::Refused(host_changed::root_changed(
             recorded,
-            &args.host,
+            args.host(),
             op.as_str(),
             &refusal,
         )));

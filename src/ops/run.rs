@@ -82,8 +82,11 @@ pub struct RunRequest {
     pub timeout: Option<Duration>,
     /// At most this many attempts.
     pub attempts: Option<u32>,
-    /// How long to wait for a running operation before answering `in_progress`.
+    /// How long to wait for a running operation before answering `in_progress`; it
+    /// bounds the connects of the whole invocation too (docs/decisions.md#wait-budget).
     pub wait: Duration,
+    /// `wait` bounds a running command as well (MCP): spent, the answer is `in_progress`.
+    pub wait_bounds_command: bool,
     /// Output kept on the host per stream.
     pub output_cap: u64,
     /// The approval note of a blocked command (`--approve`).
@@ -381,6 +384,9 @@ async fn run_operation(
     let interrupts = install_interrupts()?;
     let policy = load_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
+    if let Some(answer) = typo_answer(ctx, &req, std::slice::from_ref(&host), &op) {
+        return Ok(answer);
+    }
     // The key is the ledger's own (checked when it was opened), never the config dir's.
     let key = ledger.key().clone();
     let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts).await? {
@@ -406,6 +412,7 @@ async fn run_operation(
         output_cap: req.output_cap,
         prefix: None,
         detach: req.fleet.detach,
+        wait_bounds_command: req.wait_bounds_command,
     };
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
@@ -468,6 +475,9 @@ async fn run_on_hosts(
     // Opened here once so that a ledger problem is one error before any host is tried;
     // the host tasks open their own handles.
     let ledger = open_ledger(ctx, &policy)?;
+    if let Some(answer) = typo_answer(ctx, &req, &hosts, &op) {
+        return Ok(answer);
+    }
     let key = ledger.key().clone();
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(op.as_str())?;
@@ -501,6 +511,7 @@ async fn run_on_hosts(
             output_cap: req.output_cap,
             prefix: prefix.then(|| format!("{host}: ")),
             detach: req.fleet.detach,
+            wait_bounds_command: req.wait_bounds_command,
         })
         .collect();
     let ledger_ctx = ctx.clone();
@@ -531,6 +542,24 @@ async fn run_on_hosts(
         summary,
         interrupted: interrupts.received(),
         contradictions,
+    })
+}
+
+/// A name that resolves nowhere and is no Host of the ssh config is a typo far more often
+/// than an outage: answered once the ledger is known to open (its problem comes first)
+/// and before anything is recorded, so it never becomes an operation.
+fn typo_answer(ctx: &Context, req: &RunRequest, hosts: &[String], op: &OpId) -> Option<RunAnswer> {
+    hosts.iter().find_map(|host| {
+        let why = super::hosts::unresolvable(ctx, host, &req.options)?;
+        Some(RunAnswer::Early(Early {
+            op_id: Some(op.as_str().to_owned()),
+            verdict: Verdict::NotApplied,
+            exit_code: None,
+            reason: why,
+            reason_code: ReasonCode::NameUnresolvable,
+            retryable: ReasonCode::NameUnresolvable.retryable(),
+            status: Verdict::NotApplied.reserved_exit_code().unwrap_or(241),
+        }))
     })
 }
 

@@ -296,7 +296,7 @@ fn sigterm_prints_the_json_document_first_with_in_progress() {
 
     let (cancelled, code) = cancel(&env, &lab, "term-1", "5s");
     assert_eq!(code, Some(0), "{cancelled}");
-    assert_eq!(cancelled["outcome"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["cancel_outcome"], "cancelled", "{cancelled}");
 }
 
 #[test]
@@ -325,7 +325,7 @@ fn sighup_exits_129_and_leaves_the_command_running() {
         text(&probe.stdout)
     );
     let (cancelled, _) = cancel(&env, &lab, "hup-1", "5s");
-    assert_eq!(cancelled["outcome"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["cancel_outcome"], "cancelled", "{cancelled}");
 }
 
 /// Holds the ledger's write lock, as a busy concurrent writer would.
@@ -368,7 +368,7 @@ fn a_second_sigint_exits_at_once() {
     assert!(stderr.contains("SIGINT again: exiting at once"), "{stderr}");
     assert!(stderr.contains("twice"), "names the op: {stderr}");
     let (cancelled, _) = cancel(&env, &lab, "twice", "5s");
-    assert_eq!(cancelled["outcome"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["cancel_outcome"], "cancelled", "{cancelled}");
 }
 
 #[test]
@@ -431,9 +431,9 @@ fn cancel_stops_a_running_command_and_it_never_runs_again() {
 
     let (doc, code) = cancel(&env, &lab, "c-1", "5s");
     assert_eq!(code, Some(0), "{doc}");
-    assert_eq!(doc["schema"], "opmark/1", "{doc}");
-    assert_eq!(doc["outcome"], "cancelled", "{doc}");
-    assert_eq!(doc["state"], "completed", "{doc}");
+    assert_eq!(doc["schema"], "opmark/2", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "cancelled", "{doc}");
+    assert_eq!(doc["marker_state"], "completed", "{doc}");
     assert_eq!(doc["exit_code"], 143, "TERM under the host's sh: {doc}");
     assert_eq!(doc["cancelled"], true, "{doc}");
     assert_eq!(record(&lab, "c-1", "cancelled").as_deref(), Some("1"));
@@ -471,7 +471,7 @@ fn a_following_run_reports_the_cancelled_status_as_its_own() {
     );
     wait_for_file(&ready);
     let (doc, _) = cancel(&env, &lab, "followed", "5s");
-    assert_eq!(doc["outcome"], "cancelled", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "cancelled", "{doc}");
     let (code, stdout, stderr) = run.finish();
     let answer = json(&stdout);
     assert_eq!(answer["verdict"], "completed", "{answer} {stderr}");
@@ -496,7 +496,7 @@ fn a_command_that_ignores_term_is_killed_after_the_grace() {
     wait_for_file(&ready);
     let (doc, code) = cancel(&env, &lab, "stubborn", "1s");
     assert_eq!(code, Some(0), "{doc}");
-    assert_eq!(doc["outcome"], "cancelled", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "cancelled", "{doc}");
     assert_eq!(doc["exit_code"], 137, "KILL after the grace: {doc}");
     assert_eq!(doc["grace_ms"], 1000, "{doc}");
     assert_eq!(record(&lab, "stubborn", "timed_out").as_deref(), Some("0"));
@@ -516,9 +516,9 @@ fn cancel_of_an_absent_op_fences_it_so_a_later_run_is_not_applied() {
     crate::operators::record_lost_dispatch(&env, "target1", "ghost", &command, true);
     let (doc, code) = cancel(&env, &lab, "ghost", "1s");
     assert_eq!(code, Some(0), "{doc}");
-    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "fenced", "{doc}");
     assert_eq!(doc["was"], "absent", "{doc}");
-    assert_eq!(doc["state"], "fenced", "{doc}");
+    assert_eq!(doc["marker_state"], "fenced", "{doc}");
     // The delayed original arrives after the cancel: it cannot run.
     let (late, code) = run_json(&env, &lab, "ghost", &command);
     assert_eq!(late["verdict"], "not_applied", "{late}");
@@ -534,7 +534,10 @@ fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
         .args(["--json", "probe", "target1", op])
         .output()
         .unwrap();
-    output_json(&out)["state"].as_str().unwrap_or("").to_owned()
+    output_json(&out)["marker_state"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
 }
 
 /// docs/guarantees.md#interruptions-and-cancel: a cancel of an op id this ledger does not know (a typo, say) sends
@@ -579,7 +582,7 @@ fn cancel_of_an_op_id_the_ledger_does_not_know_needs_force_and_fences_only_with_
         .unwrap();
     let doc = output_json(&out);
     assert_eq!(out.status.code(), Some(0), "{doc}");
-    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "fenced", "{doc}");
     assert_eq!(doc["was"], "absent", "{doc}");
     assert_eq!(probe_state(&env, &lab, "deploy-24"), "fenced");
 }
@@ -722,10 +725,10 @@ fn a_crashed_ops_pid_reused_by_another_ops_supervisor_is_interrupted_and_cancel_
             .output()
             .unwrap(),
     );
-    assert_eq!(probe["state"], "interrupted", "{probe}");
+    assert_eq!(probe["marker_state"], "interrupted", "{probe}");
     let (doc, code) = cancel(&env, &lab, "dead-1", "1s");
     assert_eq!(code, Some(0), "{doc}");
-    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "fenced", "{doc}");
     assert_eq!(doc["was"], "interrupted", "{doc}");
 
     // The other op was not signalled: a following run sees it end with its own exit.
@@ -759,8 +762,8 @@ fn a_cancel_racing_natural_completion_never_says_stopped_for_a_command_that_did_
         std::thread::sleep(Duration::from_millis(100 * i));
         let (doc, code) = cancel(&env, &lab, &op, "1s");
         assert_eq!(code, Some(0), "{doc}");
-        let outcome = doc["outcome"].as_str().unwrap().to_owned();
-        let message = doc["message"].as_str().unwrap();
+        let outcome = doc["cancel_outcome"].as_str().unwrap().to_owned();
+        let message = doc["reason"].as_str().unwrap();
         if outcome == "cancelled" {
             assert!(
                 [143, 137].contains(&doc["exit_code"].as_i64().unwrap()),
@@ -820,7 +823,7 @@ fn a_cancel_that_fences_a_crashed_command_that_had_started_leaves_its_outcome_un
 
     let (doc, code) = cancel(&env, &lab, "crash-1", "1s");
     assert_eq!(code, Some(0), "{doc}");
-    assert_eq!(doc["outcome"], "fenced", "{doc}");
+    assert_eq!(doc["cancel_outcome"], "fenced", "{doc}");
     assert_eq!(doc["was"], "interrupted", "{doc}");
 
     let fresh = Sealed::new("cancel-fence-started-fresh");

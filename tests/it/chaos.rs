@@ -656,7 +656,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
                         Some(0) => {
                             assert!(
                                 matches!(
-                                    doc["outcome"].as_str(),
+                                    doc["cancel_outcome"].as_str(),
                                     Some("fenced" | "already_fenced")
                                 ),
                                 "seed {seed}: cancel of crashed {}: {doc}",

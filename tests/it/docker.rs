@@ -265,7 +265,7 @@ fn container_crash_mid_command_is_interrupted_and_append_only_runs_once_more_onl
         .output()
         .unwrap();
     let probe = json(&probe);
-    assert_eq!(probe["state"], "interrupted", "{probe}");
+    assert_eq!(probe["marker_state"], "interrupted", "{probe}");
     assert_eq!(probe["why"], "process_gone", "{probe}");
 
     let (_, again) = run_json(&env, &lab, &args);

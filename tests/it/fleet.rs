@@ -121,7 +121,7 @@ fn every_host_runs_once_and_a_rerun_replays_on_all() {
     ];
     let first = run_fleet(&env, &lab, &hosts, &cmd);
     assert_eq!(first.status, 0, "{first:?}");
-    assert_eq!(first.json["schema"], "opmark/1");
+    assert_eq!(first.json["schema"], "opmark/2");
     let listed: Vec<&str> = first.json["hosts"]
         .as_array()
         .unwrap()
@@ -135,7 +135,7 @@ fn every_host_runs_once_and_a_rerun_replays_on_all() {
         assert_eq!(doc["op_id"], "deploy-1");
         assert_eq!(doc["stdout"], "done\n", "{host}: {doc}");
     }
-    assert_eq!(first.json["summary"]["hosts"], 8);
+    assert_eq!(first.json["summary"]["host_count"], 8);
     assert_eq!(first.json["summary"]["ok"], 8);
 
     let again = run_fleet(&env, &lab, &hosts, &cmd);

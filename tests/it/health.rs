@@ -289,8 +289,8 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     };
     assert_eq!(decision("lost-1"), "not_applied", "{rec_doc}");
     let stuck_decision = decision("stuck-1");
-    assert_eq!(rec_doc["unresolved"], 1, "{rec_doc}");
-    let flagged = rec_doc["needs_human"].as_array().unwrap();
+    assert_eq!(rec_doc["unresolved_count"], 1, "{rec_doc}");
+    let flagged = rec_doc["needs_human_operations"].as_array().unwrap();
     assert_eq!(flagged.len(), 1, "{rec_doc}");
     assert_eq!(flagged[0]["op_id"], "stuck-1", "{rec_doc}");
     let rec_text = text(
@@ -315,32 +315,44 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     let h = &all["health"];
     assert_eq!(h["escalate_after"], "2s", "{h}");
     assert_eq!(
-        h["replays"],
+        h["replay_tally"],
         tally(&[(f("old-1"), 1), (f("done-1"), 1)]),
         "{h}"
     );
     assert_eq!(
-        h["retries"],
+        h["retry_tally"],
         tally(&[(f("kill-1"), 1)]),
         "replays are not retries: {h}"
     );
-    assert_eq!(h["conflicts"], tally(&[(f("shared-1"), 1)]), "{h}");
+    assert_eq!(h["conflict_tally"], tally(&[(f("shared-1"), 1)]), "{h}");
     assert_eq!(
-        h["approval_interruptions"],
+        h["approval_interruption_tally"],
         tally(&[(f("format-1"), 1)]),
         "{h}"
     );
-    assert_eq!(h["contradictions"], tally(&[(f("edit-1"), 1)]), "{h}");
+    assert_eq!(h["contradiction_tally"], tally(&[(f("edit-1"), 1)]), "{h}");
     let mut reconciled = BTreeMap::new();
     reconciled.insert("not_applied".to_owned(), 1u64);
     *reconciled.entry(stuck_decision.clone()).or_insert(0) += stuck_reconciles;
-    assert_eq!(h["reconciliations"], serde_json::json!(reconciled), "{h}");
-    assert_eq!(h["repetitions_held"], tally(&[]), "{h}");
-    assert_eq!(h["repetitions_declared"], tally(&[]), "{h}");
+    assert_eq!(
+        h["reconciliation_outcomes"],
+        serde_json::json!(reconciled),
+        "{h}"
+    );
+    assert_eq!(h["repetition_held_tally"], tally(&[]), "{h}");
+    assert_eq!(h["repetition_declared_tally"], tally(&[]), "{h}");
     // The stuck one is dispatched and unsettled, and older than 2s.
-    assert_eq!(h["unknown_outcomes"], tally(&[("destructive", 1)]), "{h}");
-    assert_eq!(h["needs_human"], tally(&[("destructive", 1)]), "{h}");
-    assert_eq!(h["suspected_duplicates"], tally(&[(f("dup-a"), 1)]), "{h}");
+    assert_eq!(
+        h["unknown_outcome_tally"],
+        tally(&[("destructive", 1)]),
+        "{h}"
+    );
+    assert_eq!(h["needs_human_tally"], tally(&[("destructive", 1)]), "{h}");
+    assert_eq!(
+        h["suspected_duplicate_tally"],
+        tally(&[(f("dup-a"), 1)]),
+        "{h}"
+    );
     assert_eq!(h["suspected_duplicates_by_host"]["target1"], 1, "{h}");
     assert_eq!(
         h["duplicates"][0]["op_ids"],
@@ -349,7 +361,7 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     );
     // With the shipped escalate_after (1h) nothing is old enough to need a human.
     let later = stats_json(&env, &shipped, &[]);
-    assert_eq!(later["health"]["needs_human"], tally(&[]), "{later}");
+    assert_eq!(later["health"]["needs_human_tally"], tally(&[]), "{later}");
     assert_eq!(later["health"]["escalate_after"], "1h");
 
     // The text says the same.
@@ -385,19 +397,19 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         format!("{} ({})", t["total"], parts.join(", "))
     };
     for (name, key) in [
-        ("replays", "replays"),
-        ("retries", "retries"),
-        ("conflicts", "conflicts"),
-        ("approval interruptions", "approval_interruptions"),
-        ("repetitions held", "repetitions_held"),
-        ("repetitions declared", "repetitions_declared"),
-        ("unknown outcomes", "unknown_outcomes"),
-        ("suspected duplicates", "suspected_duplicates"),
+        ("replays", "replay_tally"),
+        ("retries", "retry_tally"),
+        ("conflicts", "conflict_tally"),
+        ("approval interruptions", "approval_interruption_tally"),
+        ("repetitions held", "repetition_held_tally"),
+        ("repetitions declared", "repetition_declared_tally"),
+        ("unknown outcomes", "unknown_outcome_tally"),
+        ("suspected duplicates", "suspected_duplicate_tally"),
     ] {
         assert_eq!(row(name), tally_text(&h[key]), "{name}:\n{page}");
     }
     assert!(
-        row("needs human").starts_with(&format!("{} (", tally_text(&h["needs_human"]))),
+        row("needs human").starts_with(&format!("{} (", tally_text(&h["needs_human_tally"]))),
         "{page}"
     );
     assert!(page.contains("DUPLICATE on target1: one "), "{page}");
@@ -410,22 +422,28 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     let window = stats_json(&env, &soon, &["--since", &since]);
     let w = &window["health"];
     assert_eq!(
-        w["replays"],
+        w["replay_tally"],
         tally(&[(f("done-1"), 1)]),
         "old-1's replay is older: {w}"
     );
-    assert_eq!(w["retries"], h["retries"], "{w}");
-    assert_eq!(w["conflicts"], h["conflicts"], "{w}");
+    assert_eq!(w["retry_tally"], h["retry_tally"], "{w}");
+    assert_eq!(w["conflict_tally"], h["conflict_tally"], "{w}");
     assert_eq!(
-        w["approval_interruptions"], h["approval_interruptions"],
+        w["approval_interruption_tally"], h["approval_interruption_tally"],
         "{w}"
     );
-    assert_eq!(w["contradictions"], h["contradictions"], "{w}");
-    assert_eq!(w["reconciliations"], h["reconciliations"], "{w}");
-    assert_eq!(w["suspected_duplicates"], h["suspected_duplicates"], "{w}");
+    assert_eq!(w["contradiction_tally"], h["contradiction_tally"], "{w}");
     assert_eq!(
-        window["operations"].as_u64().unwrap() + 1,
-        all["operations"].as_u64().unwrap(),
+        w["reconciliation_outcomes"], h["reconciliation_outcomes"],
+        "{w}"
+    );
+    assert_eq!(
+        w["suspected_duplicate_tally"], h["suspected_duplicate_tally"],
+        "{w}"
+    );
+    assert_eq!(
+        window["operation_count"].as_u64().unwrap() + 1,
+        all["operation_count"].as_u64().unwrap(),
         "old-1 was not active in the window: {window}"
     );
     // A window that starts after everything: nothing in it (the gauges count the
@@ -433,11 +451,11 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     let empty = stats_json(&env, &soon, &["--since", "1ms"]);
     let e = &empty["health"];
     for key in [
-        "replays",
-        "retries",
-        "conflicts",
-        "suspected_duplicates",
-        "unknown_outcomes",
+        "replay_tally",
+        "retry_tally",
+        "conflict_tally",
+        "suspected_duplicate_tally",
+        "unknown_outcome_tally",
     ] {
         assert_eq!(e[key], tally(&[]), "{key}: {e}");
     }
@@ -463,11 +481,13 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     let fam_label = |op: &str| format!("family={}", f(op));
     assert_eq!(
         sample("opmark_replays_total", &fam_label("done-1")),
-        h["replays"]["by_family"][f("done-1")].as_f64().unwrap()
+        h["replay_tally"]["by_family"][f("done-1")]
+            .as_f64()
+            .unwrap()
     );
     assert_eq!(
         sample("opmark_retries_total", &fam_label("kill-1")),
-        h["retries"]["by_family"][f("kill-1")].as_f64().unwrap()
+        h["retry_tally"]["by_family"][f("kill-1")].as_f64().unwrap()
     );
     assert_eq!(
         sample("opmark_conflicts_total", &fam_label("shared-1")),

@@ -1,4 +1,4 @@
-//! The JSON contract `opmark/1` (docs/guarantees.md#the-command-line-contract) and opmark's manners with machines:
+//! The JSON contract `opmark/2` (docs/guarantees.md#the-command-line-contract) and opmark's manners with machines:
 //! one compact line with `schema` from every command, errors as documents, the same field
 //! meaning the same thing everywhere, `-q`, and no prompt that could hang an agent.
 
@@ -12,7 +12,7 @@ use serde_json::Value;
 use crate::support::{self, fresh_dir, text, Sealed};
 
 /// The one document on stdout: exactly one line, ending in a newline, a JSON object with
-/// `"schema": "opmark/1"`. Panics naming the command otherwise.
+/// `"schema": "opmark/2"`. Panics naming the command otherwise.
 pub(crate) fn document(what: &str, out: &Output) -> Value {
     let stdout = text(&out.stdout);
     assert!(
@@ -22,7 +22,7 @@ pub(crate) fn document(what: &str, out: &Output) -> Value {
     );
     let doc: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {stdout}"));
-    assert_eq!(doc["schema"], "opmark/1", "{what}: {doc}");
+    assert_eq!(doc["schema"], "opmark/2", "{what}: {doc}");
     doc
 }
 
@@ -241,6 +241,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::NotDispatchedMaxFailures, true),
         (R::NotDispatchedBatchFailed, true),
         (R::Detached, true),
+        (R::WaitBudgetSpent, true),
     ];
     for (code, retryable) in table {
         assert_eq!(code.retryable(), retryable, "{code}");
@@ -414,38 +415,17 @@ fn validate_against_schema(test: &str, sets: &[(&str, Vec<Value>)]) -> bool {
     true
 }
 
-#[test]
-fn every_json_document_matches_its_published_schema() {
-    // An error document may carry any verdict's reason code or one of the error codes.
-    let error_schema: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/error.schema.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let codes = &error_schema["properties"]["error"]["properties"]["reason_code"]["enum"];
-    let own = opmark::vocab::ErrorCode::OWN.iter().map(|c| c.as_str());
-    for code in opmark::vocab::ReasonCode::ALL
-        .iter()
-        .map(|c| c.as_str())
-        .chain(own)
-    {
-        assert!(
-            codes.as_array().unwrap().contains(&code.into()),
-            "{code} missing in error.schema.json"
-        );
-    }
-    let Some(lab) = crate::loopback_lab!(2) else {
-        return;
-    };
-    crate::require_tool!("python3");
-    let env = Sealed::new(crate::test_name!());
+/// The real documents of every `--json` command, by the schema each must match: runs
+/// (completed, replayed, conflict, detached, after a cancel), a fleet, cancel, probe,
+/// show, list, reconcile, stats, resolve, errors (bad input, unknown op, usage) and the
+/// `host_changed` answers of run, probe, cancel and resolve. Uses 2 lab targets; leaves
+/// target1's marker root replaced.
+pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<Value>)> {
     let hosts: Vec<String> = lab.targets().iter().map(|t| t.alias.clone()).collect();
     let t1 = hosts[0].as_str();
     // `opmark --json ARGS` with the lab's config: its one document, whatever the status.
     let doc = |what: &str, args: &[&str]| {
-        let out = run_out(env.opmark_with_lab(&lab).arg("--json").args(args));
+        let out = run_out(env.opmark_with_lab(lab).arg("--json").args(args));
         document(what, &out)
     };
     let mut sets: Vec<(&str, Vec<Value>)> = Vec::new();
@@ -520,21 +500,27 @@ fn every_json_document_matches_its_published_schema() {
             ],
         )],
     ));
-    sets.push((
-        "error",
-        vec![
-            doc("unknown op", &["show", "nosuchop"]),
-            doc("bad op id", &["probe", t1, "bad op id"]),
-            doc("usage", &["run", t1]),
-            doc("bad value", &["list", "--limit", "many"]),
-            doc(
-                "resolve unknown",
-                &[
-                    "resolve", "nosuchop", "--host", t1, "--as", "applied", "--note", "t",
-                ],
-            ),
-        ],
-    ));
+    let errors = vec![
+        doc("unknown op", &["show", "nosuchop"]),
+        doc("bad op id", &["probe", t1, "bad op id"]),
+        doc("usage", &["run", t1]),
+        doc("bad value", &["list", "--limit", "many"]),
+        doc(
+            "resolve unknown",
+            &[
+                "resolve", "nosuchop", "--host", t1, "--as", "applied", "--note", "t",
+            ],
+        ),
+    ];
+    // One word for an op id nobody recorded, whichever command is asked.
+    for i in [0, 4] {
+        assert_eq!(
+            errors[i]["error"]["reason_code"], "unknown_operation",
+            "{}",
+            errors[i]
+        );
+    }
+    sets.push(("error", errors));
     // Another marker root under the name (a reinstalled host): every command that acts
     // on host evidence answers host_changed, in run's words (docs/guarantees.md#evidence-identity).
     let root_id = lab.target(t1).unwrap().marker_root().join("root_id");
@@ -570,6 +556,37 @@ fn every_json_document_matches_its_published_schema() {
         assert_eq!(d["reason_code"], "host_changed", "{name}: {d}");
         sets.push((name, vec![d]));
     }
+    sets
+}
+
+#[test]
+fn every_json_document_matches_its_published_schema() {
+    // An error document may carry any verdict's reason code or one of the error codes.
+    let error_schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/error.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let codes = &error_schema["properties"]["error"]["properties"]["reason_code"]["enum"];
+    let own = opmark::vocab::ErrorCode::OWN.iter().map(|c| c.as_str());
+    for code in opmark::vocab::ReasonCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .chain(own)
+    {
+        assert!(
+            codes.as_array().unwrap().contains(&code.into()),
+            "{code} missing in error.schema.json"
+        );
+    }
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    crate::require_tool!("python3");
+    let env = Sealed::new(crate::test_name!());
+    let sets = every_document(&lab, &env);
     validate_against_schema(crate::test_name!(), &sets);
 }
 
@@ -865,4 +882,59 @@ fn a_replay_from_the_ledger_says_its_output_is_not_available() {
     assert_eq!(again["stdout"], "", "{again}");
     assert_eq!(again["output_available"], false, "{again}");
     validate_against_schema(crate::test_name!(), &[("run", vec![first, again])]);
+}
+
+#[test]
+fn wait_bounds_the_whole_run_connects_included_against_a_cut_host() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    lab.cut("target1").unwrap();
+    // Each connect alone may take 10 s (SYNs into a cut link): the budget is 3 s for all.
+    let started = Instant::now();
+    let out = run_out(env.opmark_with_lab(&lab).args([
+        "--json",
+        "run",
+        "-o",
+        "ConnectTimeout=10",
+        "target1",
+        "--op",
+        "budget-1",
+        "--wait",
+        "3s",
+        "--",
+        "echo",
+        "ran",
+    ]));
+    let took = started.elapsed();
+    lab.restore("target1").unwrap();
+    // Reported, not asserted (no timed assertions): the verdict says what bounded it.
+    eprintln!("run --wait 3s against a cut host answered after {took:.2?}");
+    let doc = document("budget run", &out);
+    assert_eq!(doc["verdict"], "not_applied", "{doc}");
+    assert_eq!(doc["reason_code"], "wait_budget_spent", "{doc}");
+    assert_eq!(doc["retryable"], true, "{doc}");
+    assert!(
+        doc["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--wait budget (3s)"),
+        "{doc}"
+    );
+    let attempts = doc["attempts"].as_array().unwrap();
+    assert!(
+        attempts.iter().all(|a| a["boundary"] == "not_sent"),
+        "{doc}"
+    );
+    assert_eq!(out.status.code(), Some(241), "{doc}");
+    // Nothing was sent, so the same op id runs once the link is back.
+    let again = document(
+        "budget rerun",
+        &run_out(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "budget-1", "--", "echo", "ran",
+        ])),
+    );
+    assert_eq!(again["verdict"], "completed", "{again}");
+    assert_eq!(again["stdout"], "ran\n", "{again}");
 }

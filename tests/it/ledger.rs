@@ -757,15 +757,15 @@ fn list_show_and_stats_read_the_same_projection(f: &Fixture) {
     let show = json(&["show", "op2"]);
     assert_eq!(show["hosts"].as_array().map_or(1, Vec::len), 1, "{show}");
     let stats = json(&["stats"]);
-    assert_eq!(stats["events"], 23, "{stats}");
-    assert_eq!(stats["operations"], 5, "{stats}");
-    assert_eq!(stats["unresolved"], 1, "{stats}");
+    assert_eq!(stats["event_count"], 23, "{stats}");
+    assert_eq!(stats["operation_count"], 5, "{stats}");
+    assert_eq!(stats["unresolved_count"], 1, "{stats}");
     assert_eq!(stats["verdicts"]["completed"], 4, "{stats}");
-    assert_eq!(stats["attempts"], 5, "{stats}");
+    assert_eq!(stats["attempt_count"], 5, "{stats}");
     // The health counts read the same on both backends, over the whole ledger and over a
     // window that holds all of it: the indeterminate one is an unknown outcome.
     let unknown = serde_json::json!({"total": 1, "by_family": {"destructive": 1}});
-    assert_eq!(stats["health"]["unknown_outcomes"], unknown, "{stats}");
+    assert_eq!(stats["health"]["unknown_outcome_tally"], unknown, "{stats}");
     let window = json(&["stats", "--since", "1h"]);
     assert_eq!(window["health"], stats["health"], "{window}");
 }
@@ -877,7 +877,7 @@ fn audit_verify_reports_an_intact_chain() {
     let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], true);
-    assert_eq!(doc["events"], 15);
+    assert_eq!(doc["event_count"], 15);
 }
 
 #[test]
@@ -1094,8 +1094,8 @@ fn list_and_show_render_the_timeline_with_retries() {
 
     let out = opmark(&s.0, &db, &["--json", "stats"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["operations"], 2);
-    assert_eq!(doc["unresolved"], 1);
+    assert_eq!(doc["operation_count"], 2);
+    assert_eq!(doc["unresolved_count"], 1);
     assert_eq!(doc["unknown_outcomes"], 1);
     assert_eq!(doc["retries_by_family"]["destructive"], 1);
 
@@ -1745,7 +1745,7 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
     .unwrap();
     let op = &doc["operations"][0];
     assert_eq!(
-        (op["contradictions"].as_u64(), op["exit_code"].as_i64()),
+        (op["contradiction_count"].as_u64(), op["exit_code"].as_i64()),
         (Some(1), Some(0))
     );
 
@@ -1757,7 +1757,7 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
             .stdout,
     )
     .unwrap();
-    assert_eq!(stats["contradictions"], 1);
+    assert_eq!(stats["contradiction_count"], 1);
     assert_eq!(stats["contradicted_operations"], 1);
 
     // reconcile reports it and does not settle it away.
@@ -2252,8 +2252,8 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
         .output()
         .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(doc["operations"], 7, "{doc}");
-    assert_eq!(doc["unresolved"], 1, "{doc}");
+    assert_eq!(doc["operation_count"], 7, "{doc}");
+    assert_eq!(doc["unresolved_count"], 1, "{doc}");
 }
 
 /// Issue 30: `ledger archive --before D FILE` moves settled operations out (never an

@@ -197,7 +197,7 @@ fn run_replay_and_as_ssh_would(c: &Cell) {
         c.label
     );
     let probe = c.probe(&op);
-    assert_eq!(probe["state"], "completed", "{}: {probe}", c.label);
+    assert_eq!(probe["marker_state"], "completed", "{}: {probe}", c.label);
     assert_eq!(probe["exit_code"], 3, "{}: {probe}", c.label);
 }
 
@@ -338,7 +338,7 @@ fn crash_reads_interrupted(c: &Cell) {
     let doc = json(&out);
     assert_eq!(doc["verdict"], "indeterminate", "{}: {doc}", c.label);
     let probe = c.probe(&op);
-    assert_eq!(probe["state"], "interrupted", "{}: {probe}", c.label);
+    assert_eq!(probe["marker_state"], "interrupted", "{}: {probe}", c.label);
     assert_eq!(probe["why"], "process_gone", "{}: {probe}", c.label);
     let (_, again) = c.run(&op, &["--class", "append-only"], &cmd);
     assert_eq!(
@@ -364,7 +364,7 @@ fn cancel_then_gc(c: &Cell) {
         .output()
         .unwrap();
     let doc = json(&out);
-    assert_eq!(doc["outcome"], "cancelled", "{}: {doc}", c.label);
+    assert_eq!(doc["cancel_outcome"], "cancelled", "{}: {doc}", c.label);
     let ran = child.wait_with_output().unwrap();
     assert!(!ran.status.success(), "{}", c.label);
     assert_eq!(
@@ -421,7 +421,7 @@ fn cancel_then_gc(c: &Cell) {
     }
     let probe = c.probe(&c.op("once"));
     assert_eq!(
-        probe["state"], "completed",
+        probe["marker_state"], "completed",
         "{}: a finished marker still says completed: {probe}",
         c.label
     );

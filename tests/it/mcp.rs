@@ -101,7 +101,7 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
     );
 
     let first = &r["first"];
-    assert_eq!(first["schema"], "opmark/1", "{first}");
+    assert_eq!(first["schema"], "opmark/2", "{first}");
     assert_eq!(first["verdict"], "completed", "{first}\n{stderr}");
     assert_eq!(first["exit_code"], 0);
     assert_eq!(first["_is_error"], false);
@@ -142,10 +142,13 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
     assert_eq!(stranger["reason_code"], "host_key_rejected");
     assert_eq!(stranger["retryable"], false);
 
-    assert_eq!(r["bad_op"]["verdict"], "refused", "{}", r["bad_op"]);
-    assert_eq!(r["bad_op"]["reason_code"], "invalid_input");
+    // A bad op id is an error naming the field, the same shape as a bad class.
+    let bad_op = &r["bad_op"];
+    assert_eq!(bad_op["_is_error"], true, "{bad_op}");
+    assert_eq!(bad_op["error"]["reason_code"], "invalid_input", "{bad_op}");
+    assert_eq!(bad_op["error"]["field"], "op_id", "{bad_op}");
 
-    assert_eq!(r["probe"]["state"], "completed", "{}", r["probe"]);
+    assert_eq!(r["probe"]["marker_state"], "completed", "{}", r["probe"]);
     assert_eq!(r["probe"]["fingerprint"], first["fingerprint"]);
     assert_eq!(r["show"]["operation"]["op_id"], "mcp-1", "{}", r["show"]);
     let unknown = &r["show_unknown"];
@@ -158,19 +161,121 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
         .map(|o| o["op_id"].as_str().unwrap().to_owned())
         .collect();
     assert!(listed.contains(&"mcp-1".to_owned()), "{listed:?}");
-    assert_eq!(r["reconcile"]["schema"], "opmark/1", "{}", r["reconcile"]);
-    assert_eq!(r["cancel"]["schema"], "opmark/1", "{}", r["cancel"]);
+    assert_eq!(r["reconcile"]["schema"], "opmark/2", "{}", r["reconcile"]);
+    assert_eq!(r["cancel"]["schema"], "opmark/2", "{}", r["cancel"]);
+    the_tools_teach_their_contract(&r);
+    let gated = std::fs::read_to_string(dir.join("gated")).unwrap();
+    assert_eq!(
+        gated,
+        "go\n",
+        "the gated command ran {} times",
+        gated.lines().count()
+    );
+}
+
+/// What the Python SDK client saw of the tools' contract, beyond running: schemas,
+/// argument errors, `list`'s limit, the wait budget and `detach`.
+fn the_tools_teach_their_contract(r: &Value) {
+    let tools = &r["tools"];
+    // Every tool declares an output schema, and the SDK validated every successful
+    // result above against it (it raises on a mismatch, failing the client).
+    for name in ["run", "probe", "show", "list", "reconcile", "cancel"] {
+        assert_eq!(
+            tools[name]["has_output_schema"], true,
+            "{name}: {}",
+            tools[name]
+        );
+        assert_eq!(
+            tools[name]["input_schema"]["additionalProperties"], false,
+            "{name}: unknown arguments must be refused: {}",
+            tools[name]
+        );
+    }
+    let class = &tools["run"]["input_schema"]["properties"]["class"];
+    assert_eq!(
+        class["enum"],
+        serde_json::json!(["read-only", "convergent", "append-only", "destructive"]),
+        "{class}"
+    );
+    assert!(
+        tools["run"]["properties"]
+            .as_array()
+            .unwrap()
+            .contains(&"detach".into()),
+        "{}",
+        tools["run"]
+    );
+    assert!(
+        tools["list"]["properties"]
+            .as_array()
+            .unwrap()
+            .contains(&"limit".into()),
+        "{}",
+        tools["list"]
+    );
+
+    let limited = r["list_limited"]["operations"].as_array().unwrap();
+    assert_eq!(limited.len(), 1, "{}", r["list_limited"]);
+
+    let unknown = &r["unknown_argument"];
+    assert_eq!(unknown["_is_error"], true, "{unknown}");
+    assert_eq!(unknown["error"]["reason_code"], "invalid_input");
+    assert_eq!(unknown["error"]["field"], "approve", "{unknown}");
+    let m = unknown["error"]["message"].as_str().unwrap();
+    assert!(m.contains("`op_id`") && m.contains("--approve"), "{m}");
+
+    let missing = &r["missing_op_id"];
+    assert_eq!(missing["_is_error"], true, "{missing}");
+    assert_eq!(missing["error"]["field"], "op_id", "{missing}");
+    let m = missing["error"]["message"].as_str().unwrap();
+    assert!(m.contains("needs the argument `op_id`"), "{m}");
+    assert!(!m.contains("deserialize"), "{m}");
+
+    // The wait budget answered while the command was still held at its gate.
+    let waited = &r["waited"];
+    eprintln!(
+        "mcp run with wait 2s on a gated command answered after {:.2} s",
+        r["waited_seconds"].as_f64().unwrap_or(-1.0)
+    );
+    assert_eq!(waited["verdict"], "in_progress", "{waited}");
+    assert_eq!(waited["reason_code"], "wait_budget_spent", "{waited}");
+    assert_eq!(waited["retryable"], true, "{waited}");
+    assert_eq!(waited["exit_status"], 240, "{waited}");
+    assert_eq!(r["gate_open_at_answer"], false);
+    let after = &r["after_gate"];
+    assert!(
+        after["verdict"] == "replayed" || after["verdict"] == "completed",
+        "{after}"
+    );
+    assert_eq!(after["exit_code"], 0, "{after}");
+    assert!(
+        after["stdout"].as_str().unwrap().contains("through"),
+        "{after}"
+    );
+
+    let detached = &r["detached"];
+    assert_eq!(detached["verdict"], "in_progress", "{detached}");
+    assert_eq!(detached["reason_code"], "detached", "{detached}");
+    let later = &r["after_detach"];
+    assert!(
+        later["verdict"] == "replayed" || later["verdict"] == "completed",
+        "{later}"
+    );
+    assert_eq!(later["exit_code"], 0, "{later}");
 }
 
 /// One JSON-RPC line to the server.
-fn send(stdin: &mut std::process::ChildStdin, msg: &Value) {
+pub(crate) fn send(stdin: &mut std::process::ChildStdin, msg: &Value) {
     use std::io::Write as _;
     writeln!(stdin, "{msg}").unwrap();
     stdin.flush().unwrap();
 }
 
 /// Lines from the server until the response with `id`.
-fn response(lines: &mut impl Iterator<Item = std::io::Result<String>>, id: u64) -> Value {
+pub(crate) fn response(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    id: u64,
+) -> Value {
     for line in lines {
         let msg: Value = serde_json::from_str(&line.unwrap()).unwrap();
         if msg["id"] == id {

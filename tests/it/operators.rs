@@ -136,7 +136,7 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
     assert_eq!(row["decision"], "completed", "{doc}");
     assert_eq!(row["exit_code"], 5);
     assert_eq!(row["before"], "indeterminate");
-    assert_eq!(doc["unresolved"], 0);
+    assert_eq!(doc["unresolved_count"], 0);
 
     // Reconciling again finds nothing to do.
     let again = run(env.opmark_with_lab(&lab).arg("reconcile"));
@@ -364,7 +364,7 @@ fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
     let out = run(env
         .opmark_with_lab(lab)
         .args(["--json", "probe", "target1", op]));
-    json(&out)["state"].as_str().unwrap_or("").to_owned()
+    json(&out)["marker_state"].as_str().unwrap_or("").to_owned()
 }
 
 /// Rewrites `key=` in a marker record, as if it had been written long ago.
@@ -1138,7 +1138,7 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
     let probe = json(&run(env
         .opmark_with_lab(&lab)
         .args(["--json", "probe", "target1", "det-1"])));
-    assert_eq!(probe["state"], "completed", "{probe}");
+    assert_eq!(probe["marker_state"], "completed", "{probe}");
     assert_eq!(probe["output_collected"], true, "{probe}");
 }
 

@@ -1814,7 +1814,7 @@ fn through_real_sshd_a_host_without_proc_runs_nothing_follows_old_claims_and_fai
     // The old claim: running, liveness unknown; a rerun follows it, never supersedes.
     let probe = opmark(&["probe", "target1", "old-1"]);
     let p: serde_json::Value = serde_json::from_slice(&probe.stdout).unwrap();
-    assert_eq!(p["state"], "running", "{p}");
+    assert_eq!(p["marker_state"], "running", "{p}");
     assert_eq!(p["why"], "liveness_unknown", "{p}");
     let rerun = crate::support::answer(opmark(&[
         "run",

@@ -13,12 +13,13 @@ import asyncio
 import json
 import os
 import sys
+import time
 
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 
 def result_doc(result):
-    """The tool result's structured content (the opmark/1 document), with is_error."""
+    """The tool result's structured content (the opmark/2 document), with is_error."""
     doc = dict(result.structured_content or {})
     doc["_is_error"] = bool(result.is_error)
     # The text content must carry the same document, for clients that read only text.
@@ -49,6 +50,8 @@ async def main(opmark, ssh_config, count_file):
                     "annotations": t.annotations.model_dump() if t.annotations else None,
                     "required": (t.input_schema or {}).get("required", []),
                     "properties": sorted((t.input_schema or {}).get("properties", {})),
+                    "input_schema": t.input_schema,
+                    "has_output_schema": bool(t.output_schema),
                 }
                 for t in tools
             }
@@ -91,6 +94,59 @@ async def main(opmark, ssh_config, count_file):
             report["list"] = result_doc(
                 await session.call_tool("list", {"unresolved": False, "host": "target1"})
             )
+            report["list_limited"] = result_doc(
+                await session.call_tool("list", {"unresolved": False, "limit": 1})
+            )
+            # Refused before anything: an argument the tool does not have, a missing one.
+            report["unknown_argument"] = result_doc(
+                await session.call_tool(
+                    "run",
+                    {"host": "target1", "op_id": "mcp-4", "command": "true", "approve": "yes"},
+                )
+            )
+            report["missing_op_id"] = result_doc(
+                await session.call_tool("run", {"host": "target1", "command": "true"})
+            )
+            # The wait budget: the command waits for a gate this client opens only after
+            # the answer, so an answer can only come from the budget. The read timeout is
+            # a watchdog (a server that blocks for the whole command fails here, not hangs).
+            workdir = os.path.dirname(count_file)
+            gate = os.path.join(workdir, "gate")
+            gated = (
+                f"echo go >> {workdir}/gated; while [ ! -e {gate} ]; do sleep 0.1; done; echo through"
+            )
+            started = time.monotonic()
+            try:
+                report["waited"] = result_doc(
+                    await session.call_tool(
+                        "run",
+                        {"host": "target1", "op_id": "mcp-5", "command": gated, "wait": "2s"},
+                        read_timeout_seconds=30,
+                    )
+                )
+            except Exception as e:  # the watchdog fired: the budget did not bound the call
+                report["waited"] = {"_exception": repr(e)}
+            report["waited_seconds"] = time.monotonic() - started
+            report["gate_open_at_answer"] = os.path.exists(gate)
+            open(gate, "w").close()
+            report["after_gate"] = result_doc(
+                await session.call_tool(
+                    "run",
+                    {"host": "target1", "op_id": "mcp-5", "command": gated, "wait": "30s"},
+                )
+            )
+            report["detached"] = result_doc(
+                await session.call_tool(
+                    "run",
+                    {"host": "target1", "op_id": "mcp-6", "command": "sleep 2; echo later", "detach": True},
+                )
+            )
+            report["after_detach"] = result_doc(
+                await session.call_tool(
+                    "run",
+                    {"host": "target1", "op_id": "mcp-6", "command": "sleep 2; echo later"},
+                )
+            )
             report["reconcile"] = result_doc(await session.call_tool("reconcile", {}))
             report["cancel"] = result_doc(
                 await session.call_tool("cancel", {"host": "target1", "op_id": "mcp-1"})
@@ -100,7 +156,9 @@ async def main(opmark, ssh_config, count_file):
 
 async def lost(opmark, ssh_config, directory):
     server = StdioServerParameters(command=opmark, args=["-F", ssh_config, "mcp"], env=dict(os.environ))
-    run = {"host": "target1", "op_id": "lost-1", "command": "sleep 2; exit 4", "wait": "3s"}
+    # The budget outlasts the loss's detection (keepalives, about 2 s after the cut), so
+    # the answer is the probes' (the link is cut), not the budget's.
+    run = {"host": "target1", "op_id": "lost-1", "command": "sleep 2; exit 4", "wait": "8s"}
     report = {}
     async with stdio_client(server) as (read, write):
         async with ClientSession(read, write) as session:
