@@ -52,7 +52,7 @@ probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear
   tmux)
 # Python packages, pinned: the MCP client the tests use must not move under them.
-python_packages=(mcp==2.3.0 jsonschema==4.26.0)
+python_packages=(mcp==2.3.0 jsonschema==4.26.0 prometheus_client==0.26.0)
 
 have() {
   if [[ $1 == postgresql_initdb ]]; then
@@ -107,7 +107,7 @@ if [[ $always -eq 1 || $missing -eq 1 ]]; then
 fi
 
 if [[ ${#python_packages[@]} -gt 0 ]] &&
-  { ! python3 -c 'import mcp, jsonschema' >/dev/null 2>&1 || [[ $always -eq 1 ]]; }; then
+  { ! python3 -c 'import mcp, jsonschema, prometheus_client' >/dev/null 2>&1 || [[ $always -eq 1 ]]; }; then
   # --break-system-packages: CI images mark the system Python as externally managed;
   # these are test tools, not part of opmark.
   python3 -m pip install -q "${python_packages[@]}" ||

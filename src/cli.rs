@@ -270,7 +270,8 @@ pub enum Command {
     Ledger(LedgerArgs),
     /// Delete finished or fenced markers older than a retention period on a host.
     Gc(GcArgs),
-    /// Counts for a dashboard: operations by state and family, unknown outcomes, retries.
+    /// Counts for a dashboard and health: unknown outcomes, needs_human, replays, retries,
+    /// conflicts, repetitions, approvals, contradictions, suspected duplicate effects.
     Stats(StatsArgs),
     /// Check that a host is usable: reachable, key known, shim runs, marker root sound.
     Doctor(DoctorArgs),
@@ -378,7 +379,9 @@ fn op_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
         }
         seen.push(o.op_id.clone());
         let help = format!("{}: {}", o.host, crate::text::fit(&o.display, 40));
-        out.push(clap_complete::engine::CompletionCandidate::new(o.op_id).help(Some(help.into())));
+        out.push(
+            clap_complete::engine::CompletionCandidate::new(o.op_id).help(Some(help.into())),
+        );
     }
     out
 }
@@ -618,6 +621,23 @@ pub struct StatsArgs {
     /// that time (e.g. 1h, 7d). Without it: the whole ledger, from its counters.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
+    /// `text` (the default), `json` (as --json) or `prometheus`: the text exposition
+    /// format for node_exporter's textfile collector; write it atomically with
+    /// `opmark stats --format prometheus > DIR/opmark.prom.tmp && mv DIR/opmark.prom.tmp DIR/opmark.prom`.
+    #[arg(long, value_enum, default_value_t = StatsFormat::Text, value_name = "FORMAT")]
+    pub format: StatsFormat,
+}
+
+/// How `opmark stats` writes its counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum StatsFormat {
+    /// A table for people.
+    #[default]
+    Text,
+    /// One JSON document (the same as `--json`).
+    Json,
+    /// Prometheus text exposition format (`opmark_` metrics).
+    Prometheus,
 }
 
 /// `opmark show`.

@@ -35,6 +35,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("duration `{text}` is too large"))
 }
 
+/// A duration as [`parse_duration`] reads it back, in its largest whole unit (`90s`,
+/// `1h`, `7d`, `1500ms`).
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, per) in [
+        ("d", 86_400_000u128),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if ms >= per && ms.is_multiple_of(per) {
+            return format!("{}{unit}", ms / per);
+        }
+    }
+    format!("{ms}ms")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -184,7 +184,7 @@ fn unresolved_on(global: &GlobalArgs, lab: &Lab) -> Vec<(String, String)> {
     report
         .operations
         .into_iter()
-        .filter(|o| lab.targets().iter().any(|t| t.is_named(&o.record.host)))
+        .filter(|o| lab.targets().iter().any(|t| t.is_named(&o.host)))
         .map(|o| (o.record.op_id, o.record.host))
         .collect()
 }

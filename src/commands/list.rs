@@ -1,5 +1,6 @@
 //! `opmark list`: the ledger's operations, most recently active first. Unresolved
-//! operations are marked `!`, contradicted ones (docs/ledger.md#contradictions) `C`. Op ids
+//! operations are marked `!` (`H` once they need a human: unresolved longer than the
+//! policy's `escalate_after`), contradicted ones (docs/ledger.md#contradictions) `C`. Op ids
 //! and hosts are never shortened (people copy them into `show` and `run --op`); the
 //! command (its redacted display form) is cut to the screen unless `--wide`; times are
 //! local (year to second) unless `--utc`.
@@ -8,8 +9,7 @@ use super::common;
 use super::render::{fit, pad, parse_at, printable, to_second, width, Fit};
 use crate::cli::{GlobalArgs, ListArgs};
 use crate::error::{exit_code, Result};
-use crate::ledger::OperationRecord;
-use crate::ops::list::{list, ListRequest};
+use crate::ops::list::{list, ListRequest, Listed};
 
 /// Prints the operations as a table, or one JSON document with `--json`.
 pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
@@ -35,14 +35,11 @@ pub fn run(global: &GlobalArgs, args: &ListArgs) -> Result<u8> {
         crate::out!(
             "{}",
             table(
-                &report
-                    .operations
-                    .iter()
-                    .map(|o| o.record.clone())
-                    .collect::<Vec<_>>(),
+                &report.operations,
                 args.unresolved,
                 zone,
                 fit_to,
+                report.escalate_after
             )
         );
     }
@@ -126,7 +123,13 @@ struct Layout {
     room: usize,
 }
 
-fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone, fit_to: Fit) -> String {
+fn table(
+    ops: &[Listed],
+    only_unresolved: bool,
+    zone: Zone,
+    fit_to: Fit,
+    escalate_after: std::time::Duration,
+) -> String {
     if ops.is_empty() {
         return if only_unresolved {
             "no unresolved operations\n".to_owned()
@@ -134,9 +137,8 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone, fit_to: Fit
             "no operations recorded\n".to_owned()
         };
     }
-    let col = |f: &dyn Fn(&OperationRecord) -> usize, min: usize| {
-        ops.iter().map(f).max().unwrap_or(0).max(min)
-    };
+    let col =
+        |f: &dyn Fn(&Listed) -> usize, min: usize| ops.iter().map(f).max().unwrap_or(0).max(min);
     // Op ids and hosts are never cut: a shortened id cannot be copied into `show` or
     // `run --op` (minted ids are longer than any fixed column).
     let op_w = col(&|o| width(&printable(&o.op_id)), 2);
@@ -194,7 +196,11 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone, fit_to: Fit
         let exit = o.exit_code.map_or("-".to_owned(), |c| c.to_string());
         let marks = format!(
             "{}{} ",
-            if o.unresolved { "!" } else { " " },
+            match (o.needs_human, o.unresolved) {
+                (true, _) => "H",
+                (false, true) => "!",
+                (false, false) => " ",
+            },
             if o.contradictions > 0 { "C" } else { " " },
         );
         let cols = columns(
@@ -240,11 +246,25 @@ fn table(ops: &[OperationRecord], only_unresolved: bool, zone: Zone, fit_to: Fit
         ops.len(),
         if ops.len() == 1 { "" } else { "s" }
     ));
+    let needs_human = ops.iter().filter(|o| o.needs_human).count();
+    if needs_human > 0 {
+        // Only when present, so the common footer stays as it was.
+        out.push_str(&format!(
+            ", {needs_human} NEED{} A HUMAN (marked H)",
+            if needs_human == 1 { "S" } else { "" }
+        ));
+    }
     let contradicted = ops.iter().filter(|o| o.contradictions > 0).count();
     if contradicted > 0 {
         // Only when present, so the common footer stays as it was.
         out.push_str(&format!(
             ", {contradicted} CONTRADICTED (marked C; `opmark show OP` says how)"
+        ));
+    }
+    if needs_human > 0 {
+        out.push_str(&format!(
+            "\nH: unresolved longer than escalate_after {}: reconcile, then resolve",
+            crate::duration::format_duration(escalate_after)
         ));
     }
     out.push_str(&format!("\ntimes: {}", zone.label()));

@@ -69,6 +69,17 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
                 printable(&c.op_id)
             );
         }
+        for h in &report.needs_human {
+            crate::outln!(
+                "H {} on {}: NEEDS A HUMAN (unresolved since {}, longer than escalate_after; state {}); decide with `opmark resolve {} --host {} --as applied|not-applied|abandoned --note WHY`",
+                printable(&h.op_id),
+                printable(&h.host),
+                super::render::to_second(&h.since),
+                printable(&h.state),
+                printable(&h.op_id),
+                printable(&h.host),
+            );
+        }
     }
     Ok(report.exit_status())
 }

@@ -71,6 +71,7 @@ pub(crate) fn count(
     if let Event::Verdict { verdict, .. } = event {
         add(counts, format!("verdict/{}", verdict.as_str()), 1);
     }
+    super::health::count(counts, event, before, after);
     if let (Event::AttemptDispatched { number, .. }, Some(rec)) = (event, after.or(before)) {
         if *number > 1 {
             add(counts, format!("retries/{}", rec.family.as_str()), 1);

@@ -27,6 +27,7 @@ pub mod chain;
 mod codec;
 pub mod event;
 pub mod fingerprint;
+pub mod health;
 pub mod history;
 pub mod postgres;
 pub mod projection;
@@ -325,6 +326,9 @@ pub struct Stats {
     pub attempts: u64,
     /// Attempts after the first, by the operation's family.
     pub retries_by_family: BTreeMap<String, u64>,
+    /// The health counts per family (docs/ledger.md#health); empty from
+    /// [`Ledger::stats`], filled by [`Ledger::stats_with_health`].
+    pub health: health::Health,
 }
 
 /// How a backend's SQL spells what `stats` reads beyond plain SQL: a JSON field of an
@@ -338,6 +342,8 @@ pub(crate) struct StatsDialect {
     pub unresolved: &'static str,
     /// The placeholder of the window's first sequence number.
     pub param: &'static str,
+    /// A text field of a JSON column: `(column, field)` to SQL.
+    pub json_text: fn(&str, &str) -> String,
 }
 
 impl Stats {
@@ -370,6 +376,7 @@ impl Stats {
             contradicted_operations: get("contradicted"),
             attempts: get("kind/attempt_dispatched"),
             retries_by_family: by("retries"),
+            health: health::Health::default(),
         }
     }
 
@@ -419,6 +426,7 @@ impl Stats {
                  GROUP BY o.family",
                 dialect.attempt_number
             ))?,
+            health: health::Health::default(),
         })
     }
 }
@@ -1067,6 +1075,23 @@ impl Ledger {
     pub fn stats_since(&self, cutoff: &str) -> Result<Stats, LedgerError> {
         let from = self.seq_since(cutoff)?;
         with_store!(self, s => s.stats_since(from))
+    }
+
+    /// [`Ledger::stats`] (whole ledger, `cutoff` None) or [`Ledger::stats_since`], with the
+    /// health counts (docs/ledger.md#health); an unresolved operation created before
+    /// `needs_human_before` (UTC RFC 3339) counts as needing a human.
+    pub fn stats_with_health(
+        &self,
+        cutoff: Option<&str>,
+        needs_human_before: &str,
+    ) -> Result<Stats, LedgerError> {
+        let from = cutoff.map(|c| self.seq_since(c)).transpose()?;
+        let mut stats = match from {
+            None => self.stats()?,
+            Some(from) => with_store!(self, s => s.stats_since(from))?,
+        };
+        stats.health = with_store!(self, s => s.health(from, needs_human_before, &stats))?;
+        Ok(stats)
     }
 
     /// The first sequence number whose event was recorded at or after `cutoff`, found by

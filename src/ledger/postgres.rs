@@ -43,7 +43,17 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0001_ledger.sql"),
     include_str!("../../migrations/postgres/0002_counters.sql"),
     include_str!("../../migrations/postgres/0003_fingerprint.sql"),
+    include_str!("../../migrations/postgres/0004_health.sql"),
 ];
+
+/// How PostgreSQL spells what `stats` reads (payloads are JSON text).
+pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
+    verdict: "payload::jsonb ->> 'verdict'",
+    attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
+    unresolved: "unresolved",
+    param: "$1",
+    json_text: |column, field| format!("({column}::jsonb ->> '{field}')"),
+};
 
 /// Arbitrary constant naming opmark's advisory lock for migrations.
 const MIGRATION_LOCK: i64 = 0x6f70_6d61_726b;
@@ -372,15 +382,67 @@ impl PgStore {
                         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
                         .collect())
                 };
-            Stats::query_window(
-                count,
-                group,
-                &super::StatsDialect {
-                    verdict: "payload::jsonb ->> 'verdict'",
-                    attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
-                    unresolved: "unresolved",
-                    param: "$1",
+            Stats::query_window(count, group, &DIALECT)
+        })
+    }
+
+    /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
+    /// its events from the counters) or of the window from `from_seq`.
+    pub(crate) fn health(
+        &self,
+        from_seq: Option<u64>,
+        needs_human_before: &str,
+        stats: &Stats,
+    ) -> Result<super::health::Health, LedgerError> {
+        let needs_human_before = needs_human_before.to_owned();
+        let retries = stats.retries_by_family.clone();
+        self.call(move |c| {
+            let from = from_seq.map(|f| f as i64);
+            // The window's queries name its first sequence number; the whole ledger's none.
+            let query = |sql: &str| {
+                let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &from {
+                    Some(f) if sql.contains("$1") => vec![f],
+                    _ => vec![],
+                };
+                c.block(c.client.query(sql, &args))
+            };
+            let group =
+                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                    Ok(query(sql)?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                        .collect())
+                };
+            let rows = |sql: &str| -> Result<Vec<[String; 4]>, LedgerError> {
+                Ok(query(sql)?
+                    .iter()
+                    .map(|r| [r.get(0), r.get(1), r.get(2), r.get(3)])
+                    .collect())
+            };
+            let events = match from {
+                None => super::health::from_counters(
+                    &c.block(c.client.query("SELECT name, n FROM counters", &[]))?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                        .collect(),
+                ),
+                Some(_) => {
+                    let mut events = group(&super::health::event_counts_sql(&DIALECT, true))?;
+                    events.extend(group(&super::health::refused_retries_sql(&DIALECT, true))?);
+                    events
+                }
+            };
+            super::health::health(
+                &events,
+                &retries,
+                &super::health::Reads {
+                    group: &group,
+                    rows: &rows,
+                    executed: None,
                 },
+                &DIALECT,
+                from.is_some(),
+                &needs_human_before,
             )
         })
     }

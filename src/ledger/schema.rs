@@ -105,7 +105,34 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
     CREATE INDEX operations_by_host ON operations (host, last_seq);
     "#,
-    // 4: the compact event layout (issue 30, docs/ledger.md#storage): what repeats is
+    // 4: health counts (docs/ledger.md#health): the events `stats` counts per family
+    // (replays, conflicts, approval interruptions, contradictions, repetitions held and
+    // declared, reconciliations by outcome), counted once here from the history and kept
+    // by every append since (`health::count`, names `h/<kind>/<word>/<family>`); and the
+    // index that finds one intent's operations on a host (suspected duplicate effects; the
+    // repetition check of issue 27 reads the same index).
+    r#"
+    INSERT INTO counters
+        SELECT 'h/' || e.kind || '/' || CASE e.kind
+             WHEN 'verdict' THEN json_extract(e.payload, '$.verdict') WHEN 'reconciled' THEN json_extract(e.payload, '$.decision') ELSE '' END
+             || '/' || COALESCE(o.family, 'unknown'), COUNT(*)
+         FROM events e LEFT JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+         WHERE (e.kind IN ('contradiction', 'repetition_held', 'reconciled')
+             OR (e.kind = 'verdict' AND json_extract(e.payload, '$.verdict') IN ('replayed', 'conflict', 'blocked'))
+             OR (e.kind = 'linked' AND json_extract(e.payload, '$.relation') = 'repeats'))
+         GROUP BY 1;
+    INSERT INTO counters
+        SELECT 'h/' || 'refused_retry//' || COALESCE(o.family, 'unknown'), COUNT(*)
+         FROM events b
+         JOIN events d ON d.op_id = b.op_id AND d.host = b.host AND d.kind = 'attempt_dispatched'
+             AND json_extract(d.payload, '$.attempt_id') = json_extract(b.payload, '$.attempt_id')
+         LEFT JOIN operations o ON o.op_id = b.op_id AND o.host = b.host
+         WHERE b.kind = 'boundary_reached' AND json_extract(b.payload, '$.boundary') = 'refused'
+             AND CAST(json_extract(d.payload, '$.number') AS BIGINT) > 1
+         GROUP BY 1;
+    CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);
+    "#,
+    // 5: the compact event layout (issue 30, docs/ledger.md#storage): what repeats is
     // stored once (the operation key in `op_keys`, keys and repeating text in `atoms`), the
     // payload as a lossless transcoding of its JSON text (src/ledger/codec.rs), times and
     // hashes as numbers and bytes, the predecessor hash and the kind only where they are
@@ -136,16 +163,11 @@ const MIGRATIONS: &[&str] = &[
         kind  TEXT                  -- NULL: the payload's tag
     );
     "#,
-    // 5: the repetition check (docs/guarantees.md#repetitions) looks up the same intent on
-    // the same host under other op ids before every new operation: an index, not a scan.
-    r#"
-    CREATE INDEX operations_by_fingerprint ON operations (fingerprint, host, first_seq);
-    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
 fn after(i: usize, tx: &Transaction<'_>) -> Result<(), LedgerError> {
-    if i == 3 {
+    if i == 4 {
         super::sqlite::migrate_to_compact(tx)?;
         tx.execute_batch(
             "DROP TABLE events_v3;
@@ -183,4 +205,33 @@ pub fn migrate<T>(
     let result = then(&tx, version)?;
     tx.commit()?;
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Collapses whitespace, so SQL written over several lines compares as one.
+    fn words(sql: &str) -> String {
+        sql.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn the_health_backfill_counts_what_the_window_query_counts() {
+        let window = super::super::health::event_counts_sql(&super::super::sqlite::DIALECT, false);
+        let migration = words(super::MIGRATIONS[3]);
+        let select = words(&window).replacen("SELECT ", "SELECT 'h/' || ", 1);
+        assert!(migration.contains(&select), "{migration}\n---\n{select}");
+        let pg = words(include_str!("../../migrations/postgres/0004_health.sql"));
+        let pg_window =
+            super::super::health::event_counts_sql(&super::super::postgres::DIALECT, false);
+        let pg_select = words(&pg_window).replacen("SELECT ", "SELECT 'h/' || ", 1);
+        assert!(pg.contains(&pg_select), "{pg}\n---\n{pg_select}");
+        for (dialect, text) in [
+            (&super::super::sqlite::DIALECT, &migration),
+            (&super::super::postgres::DIALECT, &pg),
+        ] {
+            let refused = words(&super::super::health::refused_retries_sql(dialect, false))
+                .replacen("SELECT ", "SELECT 'h/' || ", 1);
+            assert!(text.contains(&refused), "{text}\n---\n{refused}");
+        }
+    }
 }

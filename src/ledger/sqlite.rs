@@ -32,6 +32,15 @@ use super::{decode, schema, Durability, LedgerError, ListFilter, OpKey, Snapshot
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How SQLite spells what `stats` reads.
+pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
+    verdict: "json_extract(payload, '$.verdict')",
+    attempt_number: "json_extract(e.payload, '$.number')",
+    unresolved: "unresolved = 1",
+    param: "?1",
+    json_text: |column, field| format!("json_extract({column}, '$.{field}')"),
+};
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -403,6 +412,148 @@ impl SqliteStore {
         stats.approvals_asked = blocked;
         tx.finish()?;
         Ok(stats)
+    }
+
+
+    /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
+    /// its events from the counters) or of the window from `from_seq`.
+    pub(crate) fn health(
+        &self,
+        from_seq: Option<u64>,
+        needs_human_before: &str,
+        stats: &Stats,
+    ) -> Result<super::health::Health, LedgerError> {
+        let c = &self.conn;
+        // The window's queries name its first sequence number; the whole ledger's none.
+        let bind = |stmt: &rusqlite::Statement<'_>| -> Vec<u64> {
+            from_seq
+                .filter(|_| stmt.parameter_count() == 1)
+                .into_iter()
+                .collect()
+        };
+        let group = |sql: &str| -> Result<BTreeMap<String, u64>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let args = bind(&stmt);
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let rows = |sql: &str| -> Result<Vec<[String; 4]>, LedgerError> {
+            let mut stmt = c.prepare(sql)?;
+            let args = bind(&stmt);
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        let events = match from_seq {
+            None => super::health::from_counters(&self.counters()?),
+            // The payloads are compact (schema 5): the window is counted here, not by SQL.
+            Some(from) => self.health_window_events(from)?,
+        };
+        super::health::health(
+            &events,
+            &stats.retries_by_family,
+            &super::health::Reads {
+                group: &group,
+                rows: &rows,
+                executed: Some(&|key: &OpKey| self.executed(key)),
+            },
+            &DIALECT,
+            from_seq.is_some(),
+            needs_human_before,
+        )
+    }
+
+    /// The health events of the window from `from_seq`, named as the counters name them
+    /// (`health::key`), from one pass over the window's events.
+    fn health_window_events(&self, from_seq: u64) -> Result<BTreeMap<String, u64>, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let mut decoded: Vec<(OpKey, Event)> = Vec::new();
+        read_rows(
+            &tx,
+            &mut AtomsOf::reading(&tx, &self.atoms),
+            "WHERE e.seq >= ?1 ORDER BY e.seq",
+            params![from_seq as i64],
+            |r| {
+                if matches!(
+                    r.kind.as_str(),
+                    "verdict"
+                        | "reconciled"
+                        | "contradiction"
+                        | "repetition_held"
+                        | "linked"
+                        | "attempt_dispatched"
+                        | "boundary_reached"
+                ) {
+                    if let Ok(event) = decode(r.seq, &r.payload) {
+                        decoded.push((OpKey::new(r.op_id, r.host), event));
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        let mut families: std::collections::HashMap<OpKey, String> = Default::default();
+        // Attempt numbers seen in the window: a refused boundary of an attempt dispatched
+        // before the window is not counted as a refused retry (it began earlier).
+        let mut numbers: std::collections::HashMap<String, u32> = Default::default();
+        let mut out = BTreeMap::new();
+        for (key, event) in decoded {
+            if !families.contains_key(&key) {
+                let family: Option<String> = tx
+                    .query_row(
+                        "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2",
+                        params![key.op_id, key.host],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                families.insert(
+                    key.clone(),
+                    family.unwrap_or_else(|| super::health::NO_FAMILY.to_owned()),
+                );
+            }
+            let family = &families[&key];
+            match &event {
+                Event::AttemptDispatched {
+                    attempt_id, number, ..
+                } => {
+                    numbers.insert(attempt_id.clone(), *number);
+                }
+                Event::BoundaryReached {
+                    attempt_id,
+                    boundary: crate::vocab::Boundary::Refused,
+                    ..
+                } => {
+                    if numbers.get(attempt_id).is_some_and(|n| *n > 1) {
+                        *out.entry(format!("{}//{family}", super::health::REFUSED_RETRY))
+                            .or_insert(0) += 1;
+                    }
+                }
+                other => {
+                    if let Some(name) = super::health::key(other, family) {
+                        *out.entry(name).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        tx.finish()?;
+        Ok(out)
+    }
+
+    /// Whether an attempt of the operation reached `started` or `exit_received`
+    /// (execution evidence, for the suspected duplicates).
+    fn executed(&self, key: &OpKey) -> Result<bool, LedgerError> {
+        Ok(self.events(key)?.iter().any(|e| {
+            matches!(
+                e.event,
+                Event::ExitReceived { .. }
+                    | Event::BoundaryReached {
+                        boundary: crate::vocab::Boundary::Started,
+                        ..
+                    }
+            )
+        }))
     }
 
     /// One operation's events in order.

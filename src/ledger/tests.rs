@@ -1159,6 +1159,7 @@ fn as_schema_3(db: &Path, edit: &str) -> u64 {
     conn.execute_batch(
         "DROP TABLE events; DROP TABLE atoms; DROP TABLE op_keys;
          DROP INDEX IF EXISTS operations_by_fingerprint;
+         DELETE FROM counters WHERE name LIKE 'h/%';
          CREATE TABLE events (
              seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
              at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,

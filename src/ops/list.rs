@@ -28,12 +28,36 @@ pub struct ListRequest {
 /// `git log` pages, so the answer costs the page and not the history.
 pub const DEFAULT_LIMIT: usize = 50;
 
+/// One operation as listed: its record, and whether it needs a human.
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The projection's row.
+    #[serde(flatten)]
+    pub record: OperationRecord,
+    /// Observations recorded (`observed` events): JSON `observation_count`, beside the
+    /// record's `attempt_count` (docs/ledger.md#observations).
+    #[serde(rename = "observation_count")]
+    pub observations: u32,
+    /// Unresolved for longer than the policy's `escalate_after` (docs/ledger.md#health).
+    pub needs_human: bool,
+}
+
+impl std::ops::Deref for Listed {
+    type Target = OperationRecord;
+
+    fn deref(&self) -> &OperationRecord {
+        &self.record
+    }
+}
+
 /// The operations found.
 #[derive(Debug, Clone, Serialize)]
 pub struct ListReport {
-    /// Most recently active first, each with its observations counted beside its
-    /// attempts.
-    pub operations: Vec<OperationView>,
+    /// Most recently active first.
+    pub operations: Vec<Listed>,
+    /// The policy's `escalate_after` that `needs_human` was decided with.
+    #[serde(skip)]
+    pub escalate_after: Duration,
     /// Matching operations the page left out: `Some(Some(n))` n of them (the counters
     /// know), `Some(None)` at least one.
     #[serde(skip)]
@@ -49,6 +73,7 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
         ));
     }
     let cutoff = super::since_cutoff(req.since)?;
+    let escalation = super::stats::Escalation::from_policy(ctx)?;
     let (ledger, _path) =
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
@@ -60,6 +85,7 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
     let Some(ledger) = ledger else {
         return Ok(ListReport {
             operations: Vec::new(),
+            escalate_after: escalation.after,
             more: None,
         });
     };
@@ -73,14 +99,19 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
                 record.op_id.clone(),
                 record.host.clone(),
             ))?;
-            Ok(OperationView {
+            Ok(Listed {
+                needs_human: escalation.needs_human(&record),
                 observations: History::of(&events).observations,
                 record,
             })
         })
         .collect::<std::result::Result<Vec<_>, crate::ledger::LedgerError>>()
         .map_err(|e| redacted_error(e.into()))?;
-    Ok(ListReport { operations, more })
+    Ok(ListReport {
+        operations,
+        escalate_after: escalation.after,
+        more,
+    })
 }
 
 /// The newest `limit` matching operations (one more is read to know whether the page

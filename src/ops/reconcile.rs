@@ -34,6 +34,22 @@ pub struct ReconcileReport {
     pub unresolved: usize,
     /// Operations in scope whose evidence contradicts itself (a person must look).
     pub contradicted: Vec<Contradicted>,
+    /// Operations this reconcile left unresolved that have been unresolved longer than
+    /// the policy's `escalate_after` (docs/ledger.md#health): evidence will not settle
+    /// them by waiting; a person decides (`opmark resolve`).
+    #[serde(rename = "needs_human_operations")]
+    pub needs_human: Vec<NeedsHuman>,
+}
+
+/// An operation left unresolved for longer than `escalate_after`.
+#[derive(Debug, Clone, Serialize)]
+pub struct NeedsHuman {
+    pub op_id: String,
+    pub host: String,
+    /// When it was intended (UTC).
+    pub since: String,
+    /// Its state now.
+    pub state: String,
 }
 
 impl ReconcileReport {
@@ -69,6 +85,7 @@ pub fn reconcile(
         .map(|o| OpId::parse(o).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string())))
         .collect::<Result<Vec<_>>>()?;
     let policy = load_policy(ctx)?;
+    let escalation = super::stats::Escalation::from_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
 
     let mut records = Vec::new();
@@ -153,10 +170,20 @@ pub fn reconcile(
         })
         .collect();
     let mut unresolved = 0;
+    let mut needs_human = Vec::new();
     for o in &outcomes {
         let key = OpKey::new(o.op_id.clone(), o.host.clone());
-        if ledger.operation(&key)?.is_some_and(|r| r.unresolved) {
-            unresolved += 1;
+        let Some(r) = ledger.operation(&key)?.filter(|r| r.unresolved) else {
+            continue;
+        };
+        unresolved += 1;
+        if escalation.needs_human(&r) {
+            needs_human.push(NeedsHuman {
+                op_id: r.op_id,
+                host: r.host,
+                since: r.created_at,
+                state: r.state.to_string(),
+            });
         }
     }
     Ok(ReconcileReport {
@@ -164,5 +191,6 @@ pub fn reconcile(
         already_settled: already,
         unresolved,
         contradicted,
+        needs_human,
     })
 }

@@ -52,7 +52,14 @@ pub struct Policy {
     /// Program basename to the first program-only rule listing it.
     program_rules: Arc<HashMap<String, usize>>,
     redact: Vec<ExtraPattern>,
+    /// How long an operation may stay unresolved before it is flagged `needs_human`
+    /// (top-level `escalate_after`; shipped and default 1h).
+    escalate_after: Duration,
 }
+
+/// `escalate_after` when the file does not say: an operation unresolved for an hour has
+/// outlived any retry an agent makes on its own, so a person should look.
+pub const DEFAULT_ESCALATE_AFTER: Duration = Duration::from_secs(3600);
 
 /// What a family's operations do when things go wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -592,6 +599,30 @@ impl Policy {
             })?);
         }
 
+        // Optional, so policy files written before it keep working.
+        let escalate_after = match &raw.escalate_after {
+            Some(v) => match parse_duration(v.get_ref()) {
+                Ok(d) if !d.is_zero() => d,
+                Ok(_) => {
+                    return Err(check.err(
+                        v.span(),
+                        "escalate_after".into(),
+                        "escalate_after = 0 would flag every unresolved operation at once".into(),
+                        "write a positive duration like \"1h\" (how long an operation may stay unresolved before a person is asked to look)",
+                    ))
+                }
+                Err(problem) => {
+                    return Err(check.err(
+                        v.span(),
+                        "escalate_after".into(),
+                        problem,
+                        "write a duration like \"30m\" or \"1h\"",
+                    ))
+                }
+            },
+            None => DEFAULT_ESCALATE_AFTER,
+        };
+
         Ok(Policy {
             origin: origin.to_string(),
             builtin: false,
@@ -601,6 +632,7 @@ impl Policy {
             pattern_rules: pattern_rules.into(),
             program_rules: Arc::new(program_rules),
             redact,
+            escalate_after,
         })
     }
 
@@ -618,6 +650,11 @@ impl Policy {
     /// Where the policy came from: a path, or `built-in command-classes.toml`.
     pub fn origin(&self) -> &str {
         &self.origin
+    }
+
+    /// How long an operation may stay unresolved before it is flagged `needs_human`.
+    pub fn escalate_after(&self) -> Duration {
+        self.escalate_after
     }
 
     /// The family of simple commands no rule matches.
@@ -668,6 +705,7 @@ impl Policy {
 impl PartialEq for Policy {
     fn eq(&self, other: &Policy) -> bool {
         self.default_family == other.default_family
+            && self.escalate_after == other.escalate_after
             && self.families == other.families
             && self.rules == other.rules
             && self.redact.len() == other.redact.len()

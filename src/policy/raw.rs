@@ -18,6 +18,7 @@ pub(crate) struct RawPolicy {
     #[serde(default)]
     pub rule: Vec<Spanned<RawRule>>,
     pub redact: Option<Vec<Spanned<String>>>,
+    pub escalate_after: Option<Spanned<String>>,
 }
 
 /// One `[families.<name>]` table.

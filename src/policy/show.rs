@@ -15,6 +15,7 @@ use crate::family::Family;
 #[derive(Debug, Serialize)]
 pub struct PolicyDocument {
     default_family: Family,
+    escalate_after: String,
     redact: Vec<String>,
     families: BTreeMap<&'static str, FamilyDocument>,
     rule: Vec<RuleDocument>,
@@ -49,6 +50,7 @@ impl Policy {
     pub fn document(&self) -> PolicyDocument {
         PolicyDocument {
             default_family: self.default_family,
+            escalate_after: duration_text(self.escalate_after),
             redact: self.redact.iter().map(|r| r.as_str().to_owned()).collect(),
             families: Family::ALL
                 .iter()
@@ -89,18 +91,7 @@ fn rule_document(r: &Rule) -> RuleDocument {
 
 /// The duration in the largest unit that states it exactly, as `parse_duration` reads.
 fn duration_text(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, per) in [
-        ("d", 86_400_000u128),
-        ("h", 3_600_000),
-        ("m", 60_000),
-        ("s", 1_000),
-    ] {
-        if ms >= per && ms.is_multiple_of(per) {
-            return format!("{}{unit}", ms / per);
-        }
-    }
-    format!("{ms}ms")
+    crate::duration::format_duration(d)
 }
 
 #[cfg(test)]

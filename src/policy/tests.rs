@@ -211,3 +211,43 @@ fn a_bad_repetition_value_names_the_file_line_key_and_fix() {
     let e = Policy::parse(&bad, "mine.toml").unwrap_err().to_string();
     assert!(e.contains("families.read-only.repeat_window"), "{e}");
 }
+
+/// The four family tables every policy file needs, with no top-level keys: what a
+/// policy written before `escalate_after` looks like.
+const OLD_POLICY: &str = "default_family = \"destructive\"\n\
+    [families.read-only]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+    [families.convergent]\nattempts = 1\nafter_interrupted = \"rerun\"\n\
+    [families.append-only]\nattempts = 1\nafter_interrupted = \"block\"\n\
+    [families.destructive]\nattempts = 1\nafter_interrupted = \"block\"\n";
+
+#[test]
+fn escalate_after_is_shipped_as_1h_read_when_set_and_defaults_for_old_policies() {
+    assert_eq!(
+        Policy::builtin().escalate_after(),
+        Duration::from_secs(3600)
+    );
+    let old = Policy::parse(OLD_POLICY, "old.toml").unwrap();
+    assert_eq!(old.escalate_after(), DEFAULT_ESCALATE_AFTER);
+    let set = format!("escalate_after = \"90s\"\n{OLD_POLICY}");
+    let p = Policy::parse(&set, "p.toml").unwrap();
+    assert_eq!(p.escalate_after(), Duration::from_secs(90));
+    // `policy show` writes it, and what it writes loads back equal.
+    let shown = p.to_toml();
+    assert!(shown.contains("escalate_after = \"90s\""), "{shown}");
+    assert_eq!(Policy::parse(&shown, "shown.toml").unwrap(), p);
+}
+
+#[test]
+fn a_bad_escalate_after_is_refused_naming_the_key_and_the_fix() {
+    for (value, says) in [
+        ("\"soon\"", "write a duration like"),
+        ("\"0s\"", "positive duration"),
+        ("\"5\"", "has no unit"),
+    ] {
+        let text = format!("escalate_after = {value}\n{OLD_POLICY}");
+        let e = Policy::parse(&text, "p.toml").unwrap_err();
+        assert_eq!(e.key(), Some("escalate_after"), "{value}: {e}");
+        assert_eq!(e.line(), Some(1), "{value}: {e}");
+        assert!(e.to_string().contains(says), "{value}: {e}");
+    }
+}

@@ -764,6 +764,12 @@ fn list_show_and_stats_read_the_same_projection(f: &Fixture) {
     assert_eq!(stats["unresolved_count"], 1, "{stats}");
     assert_eq!(stats["verdicts"]["completed"], 4, "{stats}");
     assert_eq!(stats["attempt_count"], 5, "{stats}");
+    // The health counts read the same on both backends, over the whole ledger and over a
+    // window that holds all of it: the indeterminate one is an unknown outcome.
+    let unknown = serde_json::json!({"total": 1, "by_family": {"destructive": 1}});
+    assert_eq!(stats["health"]["unknown_outcome_tally"], unknown, "{stats}");
+    let window = json(&["stats", "--since", "1h"]);
+    assert_eq!(window["health"], stats["health"], "{window}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod chaos;
 mod cli;
 mod docker;
 mod fleet;
+mod health;
 mod hosts;
 mod identity;
 mod integrity;

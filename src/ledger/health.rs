@@ -1,0 +1,640 @@
+//! The health counts of `opmark stats` (docs/ledger.md#health): what shows policy drift
+//! and the incidents the ledger exists to expose, per family.
+//!
+//! Two kinds of count:
+//! - **events** (replays, conflicts, approval interruptions, contradictions, repetitions
+//!   held back and declared, reconciliations by outcome): over the whole ledger from the
+//!   counters every append keeps ([`count`], named `h/<kind>/<word>/<family>`), over a
+//!   window from one pass over the window's events ([`EVENT_KEY`], the same names);
+//! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
+//!   the projection through its indexes (`operations_unresolved`, `operations_by_fingerprint`).
+//!
+//! So `stats` costs the counters plus the unresolved operations plus the intents run
+//! under more than one op id, never the history; `--since D` adds the window's events.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::event::Event;
+use super::projection::OperationRecord;
+use super::{LedgerError, StatsDialect};
+use crate::vocab::{Boundary, Verdict};
+
+/// A count, and the same count by family.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// The count.
+    pub total: u64,
+    /// By the operation's family (its words as in the policy).
+    pub by_family: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn add(&mut self, family: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.total += n;
+        *self.by_family.entry(family.to_owned()).or_insert(0) += n;
+    }
+
+    fn from_groups(groups: &BTreeMap<String, u64>) -> Tally {
+        let mut t = Tally::default();
+        for (family, n) in groups {
+            t.add(family, *n);
+        }
+        t
+    }
+}
+
+/// One intent executed under more than one op id on one host: the same effect twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SuspectedDuplicate {
+    /// The host (as the caller named it).
+    pub host: String,
+    /// The family of the intent's operations (the strictest when they differ).
+    pub family: String,
+    /// The op ids that executed it, in order.
+    pub op_ids: Vec<String>,
+}
+
+/// The health counts (docs/ledger.md#health).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Health {
+    /// Operations dispatched and not settled: they may have run, nobody knows yet.
+    #[serde(rename = "unknown_outcome_tally")]
+    pub unknown_outcomes: Tally,
+    /// Unresolved operations older than the policy's `escalate_after`.
+    #[serde(rename = "needs_human_tally")]
+    pub needs_human: Tally,
+    /// The `escalate_after` that `needs_human` was counted with (`1h`), set by the
+    /// caller that knows the policy.
+    pub escalate_after: String,
+    /// Reconcile decisions by outcome (`completed`, `fenced`, `still_unknown`, ...).
+    #[serde(rename = "reconciliation_outcomes")]
+    pub reconciliations: BTreeMap<String, u64>,
+    /// `replayed` verdicts: reruns answered from evidence (not retries).
+    #[serde(rename = "replay_tally")]
+    pub replays: Tally,
+    /// Attempts after the first of their operation (replays and follows are not attempts).
+    #[serde(rename = "retry_tally")]
+    pub retries: Tally,
+    /// `conflict` verdicts recorded.
+    #[serde(rename = "conflict_tally")]
+    pub conflicts: Tally,
+    /// Runs held back (blocked or warned) as a repetition of another op id's intent.
+    #[serde(rename = "repetition_held_tally")]
+    pub repetitions_held: Tally,
+    /// Repetitions declared with `--repeats`.
+    #[serde(rename = "repetition_declared_tally")]
+    pub repetitions_declared: Tally,
+    /// `blocked` verdicts: a run stopped for a human's approval.
+    #[serde(rename = "approval_interruption_tally")]
+    pub approval_interruptions: Tally,
+    /// Contradictions between evidence recorded.
+    #[serde(rename = "contradiction_tally")]
+    pub contradictions: Tally,
+    /// Intents executed under two or more op ids on one host (declared or not).
+    #[serde(rename = "suspected_duplicate_tally")]
+    pub suspected_duplicates: Tally,
+    /// The same, by host.
+    pub suspected_duplicates_by_host: BTreeMap<String, u64>,
+    /// Which: host, family and op ids of each (the first 20).
+    pub duplicates: Vec<SuspectedDuplicate>,
+}
+
+/// How many suspected duplicates `stats` names (the count is always whole).
+const NAMED_DUPLICATES: usize = 20;
+
+/// The verdicts the health counts keep apart.
+const COUNTED_VERDICTS: [Verdict; 3] = [Verdict::Replayed, Verdict::Conflict, Verdict::Blocked];
+
+/// The family word counted for an event of an operation without a row (never expected:
+/// every counted event follows an intent).
+pub(crate) const NO_FAMILY: &str = "unknown";
+
+/// The counter name of a health event, or `None` for events the health counts skip.
+/// `EVENT_KEY`'s SQL gives the same names, so counters and windows agree.
+pub(crate) fn key(event: &Event, family: &str) -> Option<String> {
+    let word = match event {
+        Event::Verdict { verdict, .. } if COUNTED_VERDICTS.contains(verdict) => {
+            verdict.as_str().to_owned()
+        }
+        Event::Reconciled { decision, .. } => decision.as_str().to_owned(),
+        Event::Contradiction { .. } => String::new(),
+        // Named by kind, so they count from the moment the events exist (EVENTS.md):
+        // a held repetition, and a link whose relation is `repeats`.
+        other if other.kind() == "repetition_held" => String::new(),
+        other if other.kind() == "linked" => {
+            let v = serde_json::to_value(other).ok()?;
+            (v.get("relation")?.as_str()? == "repeats").then(String::new)?
+        }
+        _ => return None,
+    };
+    Some(format!("{}/{word}/{family}", event.kind()))
+}
+
+/// The health events of the whole ledger from its counters (`h/` names).
+pub(crate) fn from_counters(counters: &BTreeMap<String, i64>) -> BTreeMap<String, u64> {
+    counters
+        .iter()
+        .filter_map(|(k, n)| Some((k.strip_prefix("h/")?.to_owned(), (*n).max(0) as u64)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// The counter of attempts after the first that the shim refused (`h/refused_retry//F`):
+/// they ran nothing (a replay, a follow, a conflict, a fenced op), so they are not
+/// retries. Older opmark recorded every rerun as an attempt; this keeps `retries` true
+/// for those ledgers and for whatever else a shim refuses.
+pub(crate) const REFUSED_RETRY: &str = "refused_retry";
+
+/// What one stored event adds to the health counters (called by `append::count`, in the
+/// same transaction as the event, with the operation's row before it; `audit verify
+/// --full` recounts them).
+pub(crate) fn count(
+    counts: &mut super::append::Counts,
+    event: &Event,
+    before: Option<&OperationRecord>,
+    after: Option<&OperationRecord>,
+) {
+    let family = after.or(before).map_or(NO_FAMILY, |r| r.family.as_str());
+    if let Some(k) = key(event, family) {
+        *counts.entry(format!("h/{k}")).or_insert(0) += 1;
+    }
+    if let (
+        Event::BoundaryReached {
+            attempt_id,
+            boundary: Boundary::Refused,
+            ..
+        },
+        Some(rec),
+    ) = (event, before)
+    {
+        // The attempt is the operation's latest; its number is the attempts so far.
+        if rec.attempts > 1 && rec.last_attempt.as_deref() == Some(attempt_id.as_str()) {
+            *counts
+                .entry(format!("h/{REFUSED_RETRY}//{family}"))
+                .or_insert(0) += 1;
+        }
+    }
+}
+
+/// The SQL (for `dialect`) whose rows are `(name, count)` with the names [`key`] gives,
+/// over the events from the window's first sequence number (`dialect.param`) on; `None`
+/// for the whole ledger (the migration that counted the history once).
+pub(crate) fn event_counts_sql(dialect: &StatsDialect, windowed: bool) -> String {
+    let j = dialect.json_text;
+    let verdicts = COUNTED_VERDICTS
+        .iter()
+        .map(|v| format!("'{}'", v.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let window = if windowed {
+        format!("e.seq >= {} AND ", dialect.param)
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT e.kind || '/' || CASE e.kind
+             WHEN 'verdict' THEN {verdict} WHEN 'reconciled' THEN {decision} ELSE '' END
+             || '/' || COALESCE(o.family, '{NO_FAMILY}'), COUNT(*)
+         FROM events e LEFT JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
+         WHERE {window}(e.kind IN ('contradiction', 'repetition_held', 'reconciled')
+             OR (e.kind = 'verdict' AND {verdict} IN ({verdicts}))
+             OR (e.kind = 'linked' AND {relation} = 'repeats'))
+         GROUP BY 1",
+        verdict = j("e.payload", "verdict"),
+        decision = j("e.payload", "decision"),
+        relation = j("e.payload", "relation"),
+    )
+}
+
+/// The SQL (for `dialect`) of the refused retries ([`REFUSED_RETRY`]) by family, named
+/// as [`count`] names them; over the window from `dialect.param` when `windowed`.
+pub(crate) fn refused_retries_sql(dialect: &StatsDialect, windowed: bool) -> String {
+    let j = dialect.json_text;
+    let window = if windowed {
+        format!("b.seq >= {} AND ", dialect.param)
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT '{REFUSED_RETRY}//' || COALESCE(o.family, '{NO_FAMILY}'), COUNT(*)
+         FROM events b
+         JOIN events d ON d.op_id = b.op_id AND d.host = b.host AND d.kind = 'attempt_dispatched'
+             AND {d_attempt} = {b_attempt}
+         LEFT JOIN operations o ON o.op_id = b.op_id AND o.host = b.host
+         WHERE {window}b.kind = 'boundary_reached' AND {boundary} = 'refused'
+             AND CAST({number} AS BIGINT) > 1
+         GROUP BY 1",
+        d_attempt = j("d.payload", "attempt_id"),
+        b_attempt = j("b.payload", "attempt_id"),
+        boundary = j("b.payload", "boundary"),
+        number = j("d.payload", "number"),
+    )
+}
+
+/// Execution evidence of an operation's attempt: it reached `started` or `exit_received`
+/// (the kinds as the chain stores them).
+fn executed_sql(dialect: &StatsDialect, op: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM events x WHERE x.op_id = {op}.op_id AND x.host = {op}.host
+             AND (x.kind = 'exit_received'
+                 OR (x.kind = 'boundary_reached' AND {} = '{}')))",
+        (dialect.json_text)("x.payload", "boundary"),
+        Boundary::Started.as_str()
+    )
+}
+
+/// `(text, count)` rows of a query.
+pub(crate) type GroupRead<'a> = &'a dyn Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>;
+/// Rows of four text columns of a query.
+pub(crate) type RowsRead<'a> = &'a dyn Fn(&str) -> Result<Vec<[String; 4]>, LedgerError>;
+/// Suspected duplicates: the tally, by host, and the first few named.
+type Duplicates = (Tally, BTreeMap<String, u64>, Vec<SuspectedDuplicate>);
+/// Rows of one intent: host, fingerprint, then (family, op id) of each operation.
+type IntentRows<'r> = Vec<(&'r str, &'r str, Vec<(&'r str, &'r str)>)>;
+
+/// What the health counts read from a backend: a count, a grouped count, and rows of
+/// text columns, each for SQL with the window's first sequence number as its parameter.
+pub(crate) struct Reads<'a> {
+    /// `(text, count)` rows.
+    pub group: GroupRead<'a>,
+    /// Rows of four text columns.
+    pub rows: RowsRead<'a>,
+    /// Whether an operation has execution evidence, for a backend whose events SQL cannot
+    /// read (SQLite's compact payloads); `None`: the SQL of [`executed_sql`] reads it.
+    pub executed: Option<ExecutedRead<'a>>,
+}
+
+/// Whether an operation's attempt reached `started` or `exit_received`.
+pub(crate) type ExecutedRead<'a> = &'a dyn Fn(&super::OpKey) -> Result<bool, LedgerError>;
+
+/// The health counts: events from `events` (counters or a window's pass, names as
+/// [`key`]), retries by family as `stats` counted them, and the operations now (active
+/// since `from_seq` when given) read through `reads`. `needs_human_before`: the UTC RFC
+/// 3339 time before which an unresolved operation was created to be flagged.
+pub(crate) fn health(
+    events: &BTreeMap<String, u64>,
+    retries: &BTreeMap<String, u64>,
+    reads: &Reads<'_>,
+    dialect: &StatsDialect,
+    windowed: bool,
+    needs_human_before: &str,
+) -> Result<Health, LedgerError> {
+    let mut h = Health::default();
+    let mut refused_retries = BTreeMap::new();
+    for (name, n) in events {
+        let mut parts = name.splitn(3, '/');
+        let (Some(kind), Some(word), Some(family)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        match (kind, word) {
+            ("verdict", "replayed") => h.replays.add(family, *n),
+            ("verdict", "conflict") => h.conflicts.add(family, *n),
+            ("verdict", "blocked") => h.approval_interruptions.add(family, *n),
+            ("contradiction", _) => h.contradictions.add(family, *n),
+            ("repetition_held", _) => h.repetitions_held.add(family, *n),
+            ("linked", _) => h.repetitions_declared.add(family, *n),
+            (REFUSED_RETRY, _) => {
+                refused_retries.insert(family.to_owned(), *n);
+            }
+            ("reconciled", decision) => {
+                *h.reconciliations.entry(decision.to_owned()).or_insert(0) += n
+            }
+            _ => {}
+        }
+    }
+    let tried: BTreeMap<String, u64> = retries
+        .iter()
+        .map(|(family, n)| {
+            let refused = refused_retries.get(family).copied().unwrap_or(0);
+            (family.clone(), n.saturating_sub(refused))
+        })
+        .collect();
+    h.retries = Tally::from_groups(&tried);
+    let active = if windowed {
+        format!(" AND last_seq >= {}", dialect.param)
+    } else {
+        String::new()
+    };
+    // Both walk `operations_unresolved`: the unresolved operations, not all of them.
+    h.unknown_outcomes = Tally::from_groups(&(reads.group)(&format!(
+        "SELECT family, COUNT(*) FROM operations WHERE {} AND attempts > 0{active} GROUP BY family",
+        dialect.unresolved
+    ))?);
+    // The cutoff is a timestamp opmark formatted itself (digits, `-`, `:`, `T`, `.`, `Z`).
+    debug_assert!(needs_human_before
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-:.+".contains(c)));
+    h.needs_human = Tally::from_groups(&(reads.group)(&format!(
+        "SELECT family, COUNT(*) FROM operations
+         WHERE {} AND created_at < '{needs_human_before}'{active} GROUP BY family",
+        dialect.unresolved
+    ))?);
+    let (dups, by_host, named) = duplicates(reads, dialect, windowed)?;
+    h.suspected_duplicates = dups;
+    h.suspected_duplicates_by_host = by_host;
+    h.duplicates = named;
+    Ok(h)
+}
+
+/// `text` as an SQL string literal (standard SQL: a quote is doubled), for values the
+/// ledger itself holds (a host name, a hex fingerprint).
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// Intents executed under two or more op ids on one host. The candidates are the
+/// intents with more than one operation: over the whole ledger an index-only pass over
+/// `operations_by_fingerprint` (O(operations), the one health count that is not O(answer)),
+/// in a window those of the operations active in it. Only candidates' events are read.
+fn duplicates(
+    reads: &Reads<'_>,
+    dialect: &StatsDialect,
+    windowed: bool,
+) -> Result<Duplicates, LedgerError> {
+    // Two steps, so each query has one obvious index: the candidates (a window walks
+    // the recency index, probing the intent index per operation), then each
+    // candidate's operations by the intent index and their events by operation.
+    let candidates = (reads.rows)(&if windowed {
+        format!(
+            "SELECT w.host, w.fingerprint, '', '' FROM operations w WHERE w.last_seq >= {p}
+             AND EXISTS (SELECT 1 FROM operations d WHERE d.host = w.host
+                 AND d.fingerprint = w.fingerprint AND d.op_id <> w.op_id)",
+            p = dialect.param
+        )
+    } else {
+        "SELECT host, fingerprint, '', '' FROM operations
+         GROUP BY fingerprint, host HAVING COUNT(*) > 1"
+            .to_owned()
+    })?;
+    let intents: std::collections::BTreeSet<(&str, &str)> = candidates
+        .iter()
+        .map(|[host, fingerprint, _, _]| (host.as_str(), fingerprint.as_str()))
+        .collect();
+    let mut rows = Vec::new();
+    for (host, fingerprint) in intents {
+        let executed = match reads.executed {
+            Some(_) => String::new(),
+            None => format!("AND {}", executed_sql(dialect, "o")),
+        };
+        let members = (reads.rows)(&format!(
+            "SELECT o.host, o.fingerprint, o.family, o.op_id FROM operations o
+             WHERE o.host = {} AND o.fingerprint = {} {executed}
+             ORDER BY o.first_seq",
+            literal(host),
+            literal(fingerprint),
+        ))?;
+        for row in members {
+            let keep = match reads.executed {
+                Some(executed) => executed(&super::OpKey::new(row[3].clone(), row[0].clone()))?,
+                None => true,
+            };
+            if keep {
+                rows.push(row);
+            }
+        }
+    }
+    // Rows come grouped by intent (host, fingerprint); the keyed fingerprint is not
+    // shown (it says nothing to a person), the op ids are.
+    let mut groups: IntentRows<'_> = Vec::new();
+    for [host, fingerprint, family, op_id] in &rows {
+        match groups.last_mut() {
+            Some((h, f, members)) if h == host && f == fingerprint => members.push((family, op_id)),
+            _ => groups.push((host, fingerprint, vec![(family, op_id)])),
+        }
+    }
+    let mut tally = Tally::default();
+    let mut by_host = BTreeMap::new();
+    let mut named = Vec::new();
+    for (host, _, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
+        let family = members
+            .iter()
+            .filter_map(|(f, _)| f.parse::<crate::family::Family>().ok())
+            .max()
+            .map_or_else(|| members[0].0.to_owned(), |f| f.as_str().to_owned());
+        tally.add(&family, 1);
+        *by_host.entry(host.to_owned()).or_insert(0) += 1;
+        if named.len() < NAMED_DUPLICATES {
+            named.push(SuspectedDuplicate {
+                host: host.to_owned(),
+                family,
+                op_ids: members.into_iter().map(|(_, op)| op.to_owned()).collect(),
+            });
+        }
+    }
+    Ok((tally, by_host, named))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Durability, Ledger, OpKey};
+    use super::*;
+    use crate::family::Family;
+    use crate::ledger::Decision;
+    use crate::vocab::RetryReason;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!(
+            "opmark-health-{name}-{}-{:08x}/ledger.db",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+    }
+
+    fn intended(fp: &str, family: Family) -> Event {
+        Event::Intended {
+            session: "s".into(),
+            family,
+            display: "cmd".into(),
+            fingerprint: fp.into(),
+            rule: "r".into(),
+        }
+    }
+
+    fn attempt(id: &str, number: u32) -> Event {
+        Event::AttemptDispatched {
+            attempt_id: id.into(),
+            number,
+            parent: None,
+            reason: RetryReason::FirstAttempt,
+        }
+    }
+
+    fn boundary(id: &str, boundary: Boundary) -> Event {
+        Event::BoundaryReached {
+            attempt_id: id.into(),
+            boundary,
+            detail: "d".into(),
+            refusal: None,
+        }
+    }
+
+    fn verdict(id: &str, verdict: Verdict) -> Event {
+        Event::Verdict {
+            attempt_id: Some(id.into()),
+            verdict,
+            exit_code: Some(0),
+            reason: "r".into(),
+        }
+    }
+
+    /// An operation that ran (`a1` started), and then `extra`.
+    fn ran(l: &mut Ledger, op: &str, fp: &str, family: Family, extra: &[Event]) {
+        let mut events = vec![
+            intended(fp, family),
+            attempt(&format!("{op}-a1"), 1),
+            boundary(&format!("{op}-a1"), Boundary::Started),
+            verdict(&format!("{op}-a1"), Verdict::Completed),
+        ];
+        events.extend_from_slice(extra);
+        l.append_many(&OpKey::new(op, "h1"), &events, Durability::Normal)
+            .unwrap();
+    }
+
+    /// A history with each health event: a replay through a refused second attempt (as
+    /// older opmark recorded reruns), a real retry, a conflict, a blocked run, a
+    /// reconcile, and one intent run under two op ids.
+    fn history(l: &mut Ledger) {
+        ran(
+            l,
+            "replayed",
+            "fp-1",
+            Family::ReadOnly,
+            &[
+                attempt("replayed-a2", 2),
+                boundary("replayed-a2", Boundary::Refused),
+                verdict("replayed-a2", Verdict::Replayed),
+            ],
+        );
+        ran(
+            l,
+            "retried",
+            "fp-2",
+            Family::Convergent,
+            &[
+                attempt("retried-a2", 2),
+                boundary("retried-a2", Boundary::ExitReceived),
+                verdict("retried-a2", Verdict::Completed),
+            ],
+        );
+        ran(l, "dup-a", "fp-3", Family::Destructive, &[]);
+        ran(l, "dup-b", "fp-3", Family::Destructive, &[]);
+        let blocked = OpKey::new("blocked", "h1");
+        l.append_many(
+            &blocked,
+            &[
+                intended("fp-4", Family::Destructive),
+                verdict("x", Verdict::Blocked),
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+        let lost = OpKey::new("lost", "h1");
+        l.append_many(
+            &lost,
+            &[
+                intended("fp-5", Family::AppendOnly),
+                attempt("lost-a1", 1),
+                boundary("lost-a1", Boundary::SentNoResponse),
+                Event::Reconciled {
+                    decision: Decision::NotApplied,
+                    detail: "absent; fenced".into(),
+                },
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+        let open = OpKey::new("open", "h1");
+        l.append_many(
+            &open,
+            &[
+                intended("fp-6", Family::AppendOnly),
+                attempt("open-a1", 1),
+                boundary("open-a1", Boundary::SentNoResponse),
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+    }
+
+    fn check(h: &Health) {
+        let one = |f: &str| Tally {
+            total: 1,
+            by_family: [(f.to_owned(), 1)].into(),
+        };
+        assert_eq!(h.replays, one("read-only"), "{h:?}");
+        assert_eq!(
+            h.retries,
+            one("convergent"),
+            "a refused rerun is no retry: {h:?}"
+        );
+        assert_eq!(h.approval_interruptions, one("destructive"));
+        assert_eq!(h.reconciliations, [("not_applied".to_owned(), 1)].into());
+        assert_eq!(h.unknown_outcomes, one("append-only"), "{h:?}");
+        assert_eq!(h.suspected_duplicates, one("destructive"), "{h:?}");
+        assert_eq!(h.duplicates[0].op_ids, ["dup-a", "dup-b"]);
+        assert_eq!(
+            h.suspected_duplicates_by_host,
+            [("h1".to_owned(), 1)].into()
+        );
+    }
+
+    #[test]
+    fn counters_and_a_window_over_everything_count_the_same() {
+        let path = scratch("same");
+        let mut l = Ledger::open(&path).unwrap();
+        history(&mut l);
+        let far = "9999-01-01T00:00:00.000000Z";
+        let whole = l.stats_with_health(None, far).unwrap().health;
+        check(&whole);
+        assert_eq!(
+            whole.needs_human,
+            whole.unknown_outcomes.clone(),
+            "open is old"
+        );
+        let window = l
+            .stats_with_health(Some("1970-01-01T00:00:00.000000Z"), far)
+            .unwrap()
+            .health;
+        assert_eq!(window, whole);
+        // Nothing is older than the dawn of time.
+        let none = l
+            .stats_with_health(None, "1970-01-01T00:00:00.000000Z")
+            .unwrap()
+            .health;
+        assert_eq!(none.needs_human, Tally::default());
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn a_ledger_of_schema_version_3_counts_its_history_once_when_migrated() {
+        let path = scratch("migrate4");
+        let mut l = Ledger::open(&path).unwrap();
+        history(&mut l);
+        let far = "9999-01-01T00:00:00.000000Z";
+        let before = l.stats_with_health(None, far).unwrap();
+        // Back to what opmark of schema version 3 left on disk.
+        l.conn()
+            .execute_batch(
+                "DELETE FROM counters WHERE name LIKE 'h/%';
+                 DROP INDEX operations_by_fingerprint;
+                 PRAGMA user_version = 3;",
+            )
+            .unwrap();
+        assert_eq!(
+            l.stats_with_health(None, far).unwrap().health.replays,
+            Tally::default()
+        );
+        drop(l);
+        let l = Ledger::open(&path).unwrap();
+        assert_eq!(l.stats_with_health(None, far).unwrap(), before);
+        let report = l.verify_chain().unwrap();
+        assert!(report.intact(), "{report:?}");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+}
