@@ -379,9 +379,7 @@ fn op_candidates() -> Vec<clap_complete::engine::CompletionCandidate> {
         }
         seen.push(o.op_id.clone());
         let help = format!("{}: {}", o.host, crate::text::fit(&o.display, 40));
-        out.push(
-            clap_complete::engine::CompletionCandidate::new(o.op_id).help(Some(help.into())),
-        );
+        out.push(clap_complete::engine::CompletionCandidate::new(o.op_id).help(Some(help.into())));
     }
     out
 }

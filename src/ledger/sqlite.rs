@@ -414,7 +414,6 @@ impl SqliteStore {
         Ok(stats)
     }
 
-
     /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
     /// its events from the counters) or of the window from `from_seq`.
     pub(crate) fn health(

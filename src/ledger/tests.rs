@@ -1151,7 +1151,7 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 /// Turns a ledger of this version back into schema 3's text layout (one text row per
 /// event, as opmark wrote until the compact layout): schema 4 changed nothing else, so
 /// this is exactly the file an older opmark leaves. `edit` then runs on the old rows.
-fn as_schema_3(db: &Path, edit: &str) -> u64 {
+pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
     let rows = l.snapshot().unwrap().rows;
     drop(l);
