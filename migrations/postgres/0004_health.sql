@@ -1,4 +1,4 @@
--- opmark ledger on PostgreSQL, schema version 4: the SQLite ledger's schema version 4
+-- opmark ledger on PostgreSQL, schema version 4: the health counters of the SQLite ledger's schema version 4
 -- (src/ledger/schema.rs). Health counts (docs/ledger.md#health): the events `stats`
 -- counts per family, counted once here from the history and kept by every append since
 -- (`health::count`, names `h/<kind>/<word>/<family>`); and the index that finds one

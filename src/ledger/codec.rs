@@ -1,4 +1,4 @@
-//! How the SQLite ledger stores an event compactly (schema 4, issue 30) without changing
+//! How the SQLite ledger stores an event compactly (schema 5, issue 30) without changing
 //! what the chain covers: the chain hashes the event's JSON payload text exactly as
 //! `serde_json` wrote it, and the store keeps a lossless transcoding of that text.
 //!

@@ -324,7 +324,7 @@ impl SqliteStore {
 
     /// `stats` over the events from `from_seq` on and the operations active since:
     /// O(window), through the primary key and the recency index. The events' payloads are
-    /// compact (schema 4), so they are counted here rather than by SQL.
+    /// compact (schema 5), so they are counted here rather than by SQL.
     pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let count = |sql: &str| -> Result<u64, LedgerError> {
@@ -797,7 +797,7 @@ fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
 }
 
 /// The columns [`chain_row`] reads, in its order: the text layout of events (ledgers
-/// before schema 4, and archive files).
+/// before schema 5, and archive files).
 pub(crate) const CHAIN_ROW_SELECT: &str =
     "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
 
@@ -990,7 +990,7 @@ fn implied_kind(payload: &str) -> Option<String> {
     serde_json::from_str::<Tag>(payload).ok().map(|t| t.kind)
 }
 
-/// Stores one event row in the compact layout (schema 4): the op by reference, the time
+/// Stores one event row in the compact layout (schema 5): the op by reference, the time
 /// as micros, the payload transcoded ([`codec`]), the hash as 32 bytes, and the
 /// predecessor hash and kind only when they are not what they imply (the stored
 /// predecessor's hash, the payload's tag). Lossless: [`read_row`] gives `r` back.

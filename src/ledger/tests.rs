@@ -1149,7 +1149,7 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 }
 
 /// Turns a ledger of this version back into schema 3's text layout (one text row per
-/// event, as opmark wrote until the compact layout): schema 4 changed nothing else, so
+/// event, as opmark wrote until the compact layout): schema 4 (health counters, intent index) is rebuilt by its migration and schema 5 changed nothing else, so
 /// this is exactly the file an older opmark leaves. `edit` then runs on the old rows.
 pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
@@ -1199,7 +1199,7 @@ fn a_text_layout_ledger_migrates_to_the_compact_one_and_still_verifies_and_finds
     let events = as_schema_3(&s.db(), "");
     let text_bytes = std::fs::metadata(s.db()).unwrap().len();
     assert!(text_bytes > 0);
-    // Opening migrates (schema 4); the chain and the projection verify as before.
+    // Opening migrates (schemas 4 and 5); the chain and the projection verify as before.
     let l = Ledger::open(&s.db()).unwrap();
     let after = l.verify_chain().unwrap();
     assert!(after.intact(), "{after:?}");
