@@ -5,7 +5,8 @@
 -- intent's operations on a host (suspected duplicate effects) is 0003_fingerprint.sql's.
 INSERT INTO counters
     SELECT 'h/' || e.kind || '/' || CASE e.kind
-         WHEN 'verdict' THEN (e.payload::jsonb ->> 'verdict') WHEN 'reconciled' THEN (e.payload::jsonb ->> 'decision') ELSE '' END
+         WHEN 'verdict' THEN (e.payload::jsonb ->> 'verdict') WHEN 'reconciled' THEN (e.payload::jsonb ->> 'decision')
+             WHEN 'repetition_held' THEN (e.payload::jsonb ->> 'action') ELSE '' END
          || '/' || COALESCE(o.family, 'unknown'), COUNT(*)
      FROM events e LEFT JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
      WHERE (e.kind IN ('contradiction', 'repetition_held', 'reconciled')

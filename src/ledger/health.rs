@@ -125,7 +125,8 @@ pub(crate) fn key(event: &Event, family: &str) -> Option<String> {
         Event::Contradiction { .. } => String::new(),
         // Named by kind, so they count from the moment the events exist (EVENTS.md):
         // a held repetition, and a link whose relation is `repeats`.
-        other if other.kind() == "repetition_held" => String::new(),
+        // By what the policy did: `block` held it back, `warn` let it run.
+        Event::RepetitionHeld { action, .. } => action.clone(),
         other if other.kind() == "linked" => {
             let v = serde_json::to_value(other).ok()?;
             (v.get("relation")?.as_str()? == "repeats").then(String::new)?
@@ -198,7 +199,8 @@ pub(crate) fn event_counts_sql(dialect: &StatsDialect, windowed: bool) -> String
     };
     format!(
         "SELECT e.kind || '/' || CASE e.kind
-             WHEN 'verdict' THEN {verdict} WHEN 'reconciled' THEN {decision} ELSE '' END
+             WHEN 'verdict' THEN {verdict} WHEN 'reconciled' THEN {decision}
+             WHEN 'repetition_held' THEN {action} ELSE '' END
              || '/' || COALESCE(o.family, '{NO_FAMILY}'), COUNT(*)
          FROM events e LEFT JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
          WHERE {window}(e.kind IN ('contradiction', 'repetition_held', 'reconciled')
@@ -208,6 +210,7 @@ pub(crate) fn event_counts_sql(dialect: &StatsDialect, windowed: bool) -> String
         verdict = j("e.payload", "verdict"),
         decision = j("e.payload", "decision"),
         relation = j("e.payload", "relation"),
+        action = j("e.payload", "action"),
     )
 }
 
@@ -286,6 +289,7 @@ pub(crate) fn health(
 ) -> Result<Health, LedgerError> {
     let mut h = Health::default();
     let mut refused_retries = BTreeMap::new();
+    let mut held_blocks: BTreeMap<String, u64> = BTreeMap::new();
     for (name, n) in events {
         let mut parts = name.splitn(3, '/');
         let (Some(kind), Some(word), Some(family)) = (parts.next(), parts.next(), parts.next())
@@ -297,7 +301,10 @@ pub(crate) fn health(
             ("verdict", "conflict") => h.conflicts.add(family, *n),
             ("verdict", "blocked") => h.approval_interruptions.add(family, *n),
             ("contradiction", _) => h.contradictions.add(family, *n),
-            ("repetition_held", _) => h.repetitions_held.add(family, *n),
+            ("repetition_held", "block") => {
+                h.repetitions_held.add(family, *n);
+                *held_blocks.entry(family.to_owned()).or_insert(0) += n;
+            }
             ("linked", _) => h.repetitions_declared.add(family, *n),
             (REFUSED_RETRY, _) => {
                 refused_retries.insert(family.to_owned(), *n);
@@ -308,6 +315,18 @@ pub(crate) fn health(
             _ => {}
         }
     }
+    // A repetition held back answers `blocked` too, but no approval would let it run
+    // (`--repeats` or the earlier op id does): it is not an approval interruption.
+    let approvals: BTreeMap<String, u64> = h
+        .approval_interruptions
+        .by_family
+        .iter()
+        .map(|(family, n)| {
+            let held = held_blocks.get(family).copied().unwrap_or(0);
+            (family.clone(), n.saturating_sub(held))
+        })
+        .collect();
+    h.approval_interruptions = Tally::from_groups(&approvals);
     let tried: BTreeMap<String, u64> = retries
         .iter()
         .map(|(family, n)| {

@@ -114,7 +114,8 @@ const MIGRATIONS: &[&str] = &[
     r#"
     INSERT INTO counters
         SELECT 'h/' || e.kind || '/' || CASE e.kind
-             WHEN 'verdict' THEN json_extract(e.payload, '$.verdict') WHEN 'reconciled' THEN json_extract(e.payload, '$.decision') ELSE '' END
+             WHEN 'verdict' THEN json_extract(e.payload, '$.verdict') WHEN 'reconciled' THEN json_extract(e.payload, '$.decision')
+             WHEN 'repetition_held' THEN json_extract(e.payload, '$.action') ELSE '' END
              || '/' || COALESCE(o.family, 'unknown'), COUNT(*)
          FROM events e LEFT JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
          WHERE (e.kind IN ('contradiction', 'repetition_held', 'reconciled')

@@ -265,6 +265,21 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     assert_eq!(dup_b.verdict(), "completed", "{dup_b:?}");
     fam("dup-a", &dup_a);
 
+    // The same destructive intent under a new op id: held back (a `blocked` that no
+    // approval lifts, so not an approval interruption), then repeated deliberately.
+    let wipe = "rm -f /tmp/opmark-health-never-there";
+    let rep = run(&env, &lab, &["target1", "--op", "rep-1", "--", wipe]);
+    assert_eq!(rep.verdict(), "completed", "{rep:?}");
+    assert_eq!(rep.json["family"], "destructive", "{rep:?}");
+    let held = run(&env, &lab, &["target1", "--op", "rep-2", "--", wipe]);
+    assert_eq!(held.code(), ("repeats_recent_operation", false), "{held:?}");
+    let declared = run(
+        &env,
+        &lab,
+        &["target1", "--op", "rep-3", "--repeats", "rep-1", "--", wipe],
+    );
+    assert_eq!(declared.verdict(), "completed", "{declared:?}");
+
     // A dispatch that never arrived, reconciled (fenced: not applied), and the stuck one,
     // which reconcile finds still running and cannot settle: it needs a human.
     crate::operators::record_lost_dispatch(&env, "target1", "lost-1", "echo lost", true);
@@ -339,8 +354,16 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         serde_json::json!(reconciled),
         "{h}"
     );
-    assert_eq!(h["repetition_held_tally"], tally(&[]), "{h}");
-    assert_eq!(h["repetition_declared_tally"], tally(&[]), "{h}");
+    assert_eq!(
+        h["repetition_held_tally"],
+        tally(&[("destructive", 1)]),
+        "{h}"
+    );
+    assert_eq!(
+        h["repetition_declared_tally"],
+        tally(&[("destructive", 1)]),
+        "{h}"
+    );
     // The stuck one is dispatched and unsettled, and older than 2s.
     assert_eq!(
         h["unknown_outcome_tally"],
@@ -348,15 +371,22 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         "{h}"
     );
     assert_eq!(h["needs_human_tally"], tally(&[("destructive", 1)]), "{h}");
+    // Declared or not, one intent executed under two op ids is a suspected duplicate.
     assert_eq!(
         h["suspected_duplicate_tally"],
-        tally(&[(f("dup-a"), 1)]),
+        tally(&[(f("dup-a"), 1), ("destructive", 1)]),
         "{h}"
     );
-    assert_eq!(h["suspected_duplicates_by_host"]["target1"], 1, "{h}");
-    assert_eq!(
-        h["duplicates"][0]["op_ids"],
-        serde_json::json!(["dup-a", "dup-b"]),
+    assert_eq!(h["suspected_duplicates_by_host"]["target1"], 2, "{h}");
+    let named: Vec<&Value> = h["duplicates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["op_ids"])
+        .collect();
+    assert!(
+        named.contains(&&serde_json::json!(["dup-a", "dup-b"]))
+            && named.contains(&&serde_json::json!(["rep-1", "rep-3"])),
         "{h}"
     );
     // With the shipped escalate_after (1h) nothing is old enough to need a human.
@@ -433,6 +463,14 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         "{w}"
     );
     assert_eq!(w["contradiction_tally"], h["contradiction_tally"], "{w}");
+    assert_eq!(
+        w["repetition_held_tally"], h["repetition_held_tally"],
+        "{w}"
+    );
+    assert_eq!(
+        w["repetition_declared_tally"], h["repetition_declared_tally"],
+        "{w}"
+    );
     assert_eq!(
         w["reconciliation_outcomes"], h["reconciliation_outcomes"],
         "{w}"
@@ -514,12 +552,16 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
     );
     assert_eq!(
         sample("opmark_suspected_duplicate_effects_by_host", "host=target1"),
-        1.0
+        2.0
     );
     assert_eq!(sample("opmark_escalate_after_seconds", ""), 2.0);
     assert_eq!(
         sample("opmark_repetitions_held_total", "family=destructive"),
-        0.0
+        1.0
+    );
+    assert_eq!(
+        sample("opmark_repetitions_declared_total", "family=destructive"),
+        1.0
     );
     assert_eq!(types["opmark_replays"], "counter", "{types:?}");
     assert_eq!(types["opmark_needs_human"], "gauge", "{types:?}");
