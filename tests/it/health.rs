@@ -10,19 +10,7 @@ use std::time::{Duration, Instant};
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, answer, json, text, Answer, Sealed};
-
-/// `opmark --json run ARGS` in `env`.
-fn run(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
-    answer(
-        env.opmark_with_lab(lab)
-            .arg("--json")
-            .arg("run")
-            .args(args)
-            .output()
-            .unwrap(),
-    )
-}
+use crate::support::{self, json, run_json as run, text, Answer, Sealed};
 
 /// The shipped policy with another `escalate_after`, written beside the environment.
 fn policy_escalating_after(env: &Sealed, after: &str) -> PathBuf {

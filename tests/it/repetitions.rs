@@ -6,25 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{answer, fresh_dir, json, text, Answer, Sealed};
-
-fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
-    answer(
-        env.opmark_with_lab(lab)
-            .arg("--json")
-            .arg("run")
-            .args(args)
-            .output()
-            .unwrap(),
-    )
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
+use crate::support::{answer, fresh_dir, json, lines, run_json, text, Answer, Sealed};
 
 /// `show OP` in words.
 fn show(env: &Sealed, op: &str) -> String {

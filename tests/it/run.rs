@@ -1,13 +1,15 @@
 //! `opmark run` end to end against real sshd targets: each guarantee of docs/guarantees.md#the-guarantees.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, answer, fast_loss_config, fresh_dir, text, wait_for, Answer, Sealed};
+use crate::support::{
+    self, answer, fast_loss_config, fresh_dir, lines, run_json, text, wait_for, Answer, Sealed,
+};
 
 /// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
 fn spawn(cmd: &mut Command, args: &[&str]) -> Child {
@@ -16,21 +18,6 @@ fn spawn(cmd: &mut Command, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
-    answer(
-        env.opmark_with_lab(lab)
-            .arg("--json")
-            .arg("run")
-            .args(args)
-            .output()
-            .unwrap(),
-    )
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 /// Every attempt `run --json` reports says what the ledger (`show --json`) says about it:

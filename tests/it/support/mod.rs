@@ -10,11 +10,10 @@
 pub mod disk;
 pub mod postgres;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 #[allow(unused_imports)] // re-exported for test modules
 pub use opmark::lab::{Lab, LabSpec, Placement, Target};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// True when running in CI (env `CI` set and not empty/"false"/"0").
 pub fn in_ci() -> bool {
@@ -383,6 +382,23 @@ impl StderrLines {
         self.seen.extend(self.rx.iter());
         self.seen.join("\n")
     }
+}
+
+/// `opmark --json run ARGS` in `env`, against `lab`.
+pub fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Answer {
+    answer(
+        env.opmark_with_lab(lab)
+            .arg("--json")
+            .arg("run")
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// How many lines a file the commands append to holds (0 before the first).
+pub fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 /// A run's JSON verdict document and the process status, as a test reads them.
