@@ -756,7 +756,7 @@ fn resolve_abandoned_or_not_applied_is_refused_while_the_host_says_running_or_co
         "--wait",
         "0s",
         "--",
-        "sleep 60",
+        "sleep 60; : still-going",
     ])));
     assert_eq!(doc["verdict"], "in_progress", "{doc}");
     kill_group(supervisor);
