@@ -352,3 +352,35 @@ fn a_host_whose_shim_does_not_serve_is_called_per_call_through_the_keeper() {
     assert_eq!(a.verdict(), "completed", "{a:?}");
     assert!(served_by(&a).is_some(), "{a:?}");
 }
+
+#[test]
+fn a_resident_checks_the_marker_root_id_per_request_not_once_per_channel() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new("resident-root");
+    let target = &lab.targets()[0];
+    let first = run(&env, &lab, "resident-root-1", "echo once");
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    let resident = served_by(&first).expect("served by a resident");
+    // Another store of evidence behind the same, still running, resident: the root's id
+    // changes (a rebuilt root), the resident does not.
+    let id_file = target.marker_root().join("root_id");
+    let old = std::fs::read_to_string(&id_file).unwrap();
+    let new = "0123456789abcdef0123456789abcdef";
+    assert_ne!(old.trim(), new);
+    std::fs::write(&id_file, format!("{new}\n")).unwrap();
+    let again = run(&env, &lab, "resident-root-1", "echo once");
+    assert_eq!(served_by(&again), Some(resident), "{again:?}");
+    assert_eq!(
+        (again.verdict(), again.code()),
+        ("conflict", ("host_changed", false)),
+        "the request named the root the operation reached, and the resident refused: {again:?}"
+    );
+    let reason = again.json["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&format!("is marker root {new}"))
+            && reason.contains(&format!("reached marker root {}", old.trim())),
+        "{reason}"
+    );
+}
