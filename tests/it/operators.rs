@@ -880,7 +880,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let doc = json(&out);
     let row = &doc["operations"][0];
-    assert_eq!(row["decision"], "host_key_mismatch", "{doc}");
+    assert_eq!(row["decision"], "host_changed", "{doc}");
     assert_eq!(row["settled"], false);
     let detail = row["detail"].as_str().unwrap();
     assert!(
