@@ -190,6 +190,11 @@ pub struct ReconcileParams {
     /// Only operations on this host.
     #[serde(default)]
     pub host: Option<String>,
+    /// At most this many operations contacted, most recently active first (default:
+    /// every one in scope); `not_contacted_count` says how many wait for the next call.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
 }
 
 #[tool_router]
@@ -369,6 +374,7 @@ impl Server {
         let request = ReconcileRequest {
             ops: p.op_ids,
             host: p.host,
+            limit: p.limit.map(|n| n as usize),
         };
         Ok(self
             .call(meta, peer, move |ctx| {
