@@ -647,6 +647,10 @@ pub struct ShowArgs {
     #[arg(long, value_name = "HOST")]
     #[arg(add = complete_hosts())]
     pub host: Option<String>,
+    /// Only the newest N events in the timeline (the outcome, attempts and observations
+    /// still read every event; `event_count` says how many there are).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 /// `opmark reconcile`.

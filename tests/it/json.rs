@@ -475,12 +475,43 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
             doc("probe unknown", &["probe", t1, "never-ran"]),
         ],
     ));
+    // --limit keeps the newest events in the timeline and counts them all.
+    let limited = doc("show limited", &["show", "all-1", "--limit", "1"]);
+    let whole = doc("show", &["show", "all-1"]);
+    let count = whole["events"].as_array().unwrap().len();
+    assert!(count > 1, "{whole}");
+    assert_eq!(
+        (
+            &limited["event_count"],
+            limited["events"].as_array().map(Vec::len)
+        ),
+        (&count.into(), Some(1)),
+        "{limited}"
+    );
+    assert_eq!(
+        limited["events"][0],
+        whole["events"][count - 1],
+        "the newest"
+    );
+    assert_eq!(
+        limited["attempts"], whole["attempts"],
+        "views read every event"
+    );
+    let page = run_out(
+        env.opmark_with_lab(lab)
+            .args(["show", "all-1", "--limit", "1"]),
+    );
+    assert!(
+        text(&page.stdout).contains(&format!(
+            "({} earlier events not shown; drop --limit for all)",
+            count - 1
+        )),
+        "{}",
+        text(&page.stdout)
+    );
     sets.push((
         "show",
-        vec![
-            doc("show", &["show", "all-1"]),
-            doc("show fleet", &["show", "all-3"]),
-        ],
+        vec![whole, limited, doc("show fleet", &["show", "all-3"])],
     ));
     sets.push((
         "list",
