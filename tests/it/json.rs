@@ -149,6 +149,14 @@ fn every_error_is_a_document_with_a_reason_code() {
     let mut c = env.opmark();
     c.args(["--json", "run", "target1"]);
     cases.push(("usage error", c, 2, "usage", false));
+    let mut c = env.opmark();
+    c.arg("--json")
+        .args(["lab", "up", "--kind", "busybox", "--dir"]);
+    c.arg(dir.join("no-lab"));
+    cases.push(("--kind without docker", c, 245, "invalid_input", false));
+    let mut c = env.opmark();
+    c.args(["--json", "show", "nosuchop", "--limit", "0"]);
+    cases.push(("--limit 0", c, 245, "invalid_input", false));
 
     for (what, mut cmd, code, reason, retryable) in cases {
         let out = run_out(&mut cmd);
@@ -163,7 +171,19 @@ fn every_error_is_a_document_with_a_reason_code() {
         assert_eq!(doc["error"]["retryable"], retryable, "{what}: {doc}");
         let message = doc["error"]["message"].as_str().unwrap_or("");
         assert!(!message.is_empty(), "{what}: {doc}");
+        if what.starts_with("--") {
+            // A flag misused names itself and the fix.
+            let flag = what.split_whitespace().next().unwrap();
+            assert!(
+                message.contains(flag) && (message.contains("give") || message.contains("add")),
+                "{what}: {message}"
+            );
+        }
     }
+    assert!(
+        !dir.join("no-lab").exists(),
+        "a refused lab up made nothing"
+    );
 }
 
 #[test]
