@@ -99,7 +99,12 @@ impl Session {
                                 *accepted = true;
                                 if let Some(ref meth) = self.common.auth_method {
                                     let auth_request = AuthRequest::new(meth);
-                                    if enc.write_auth_request(&self.common.auth_user, meth)? {
+                                    let direct = self.common.config.publickey_without_query;
+                                    if enc.write_auth_request_direct(
+                                        &self.common.auth_user,
+                                        meth,
+                                        direct,
+                                    )? {
                                         debug!("enc: auth request written");
                                         enc.state = EncryptedState::WaitingAuthRequest(auth_request)
                                     }
@@ -120,6 +125,16 @@ impl Session {
                 EncryptedState::WaitingAuthRequest(ref mut auth_request) => {
                     trace!("waiting auth request, {:?}", buf.first(),);
                     match buf.split_first() {
+                        // The answer to a service request the first auth request was
+                        // pipelined behind (`Config::pipeline_auth`).
+                        Some((&msg::SERVICE_ACCEPT, mut r)) if self.common.config.pipeline_auth => {
+                            debug!("waiting auth request, service accepted");
+                            if map_err!(Bytes::decode(&mut r))?.as_ref() != b"ssh-userauth" {
+                                return Err(crate::Error::Inconsistent.into());
+                            }
+                            map_err!(ensure_end(&r))?;
+                            return Ok(());
+                        }
                         Some((&msg::USERAUTH_SUCCESS, r)) => {
                             map_err!(ensure_end(&r))?;
                             debug!("userauth_success");
@@ -1088,6 +1103,8 @@ impl Session {
         meth: auth::Method,
     ) -> Result<bool, crate::Error> {
         let mut is_waiting = false;
+        let pipeline = self.common.config.pipeline_auth;
+        let direct = self.common.config.publickey_without_query;
         if let Some(ref mut enc) = self.common.encrypted {
             is_waiting = match enc.state {
                 EncryptedState::WaitingAuthRequest(_) => true,
@@ -1104,13 +1121,15 @@ impl Session {
                         })?;
                         *sent = true
                     }
-                    accepted
+                    // Pipelined: the auth request follows the service request at once,
+                    // and the SERVICE_ACCEPT is taken in the WaitingAuthRequest state.
+                    accepted || pipeline
                 }
                 EncryptedState::InitCompression | EncryptedState::Authenticated => false,
             };
             debug!("write_auth_request_if_needed: is_waiting = {is_waiting:?}");
             if is_waiting {
-                enc.write_auth_request(user, &meth)?;
+                enc.write_auth_request_direct(user, &meth, direct)?;
                 let auth_request = AuthRequest::new(&meth);
                 enc.state = EncryptedState::WaitingAuthRequest(auth_request);
             }
@@ -1382,6 +1401,27 @@ mod tests {
 }
 
 impl Encrypted {
+    /// [`Encrypted::write_auth_request`], or with `direct` (`Config::publickey_without_query`)
+    /// and a private key held here, the signed request without the query before it.
+    fn write_auth_request_direct(
+        &mut self,
+        user: &str,
+        auth_method: &auth::Method,
+        direct: bool,
+    ) -> Result<bool, crate::Error> {
+        match auth_method {
+            auth::Method::PublicKey { .. } | auth::Method::OpenSshCertificate { .. }
+                if direct =>
+            {
+                debug!("write_auth_request: signed, without a query");
+                let mut buffer = Vec::new();
+                self.client_send_signature(user, auth_method, &mut buffer)?;
+                Ok(true)
+            }
+            _ => self.write_auth_request(user, auth_method),
+        }
+    }
+
     fn write_auth_request(
         &mut self,
         user: &str,

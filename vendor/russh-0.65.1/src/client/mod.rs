@@ -2746,6 +2746,19 @@ pub struct Config {
     pub gex: GexParams,
     /// If active, invoke `set_nodelay(true)` on the ssh socket; disabled by default (i.e. Nagle's algorithm is active).
     pub nodelay: bool,
+    /// Send the first authentication request right behind the `ssh-userauth` service
+    /// request instead of waiting for the server's SERVICE_ACCEPT (RFC 4253 §10 does not
+    /// require the wait, and a server reads its packets in order): one round trip less
+    /// per connection. Off by default.
+    pub pipeline_auth: bool,
+    /// For a private key held in this process (`Method::PublicKey`,
+    /// `Method::OpenSshCertificate`), send the signed `publickey` request at once instead
+    /// of the unsigned query first (RFC 4252 §7 allows either): one round trip less when
+    /// the server accepts the key. A server that refuses it answers USERAUTH_FAILURE, as
+    /// it would have to the query, and the next method or key is tried as before. Keys
+    /// signed elsewhere (an agent, `Signer`) keep the query, so that nothing is asked to
+    /// sign for a key the server would refuse. Off by default.
+    pub publickey_without_query: bool,
 }
 
 impl Default for Config {
@@ -2768,6 +2781,8 @@ impl Default for Config {
             anonymous: false,
             gex: Default::default(),
             nodelay: false,
+            pipeline_auth: false,
+            publickey_without_query: false,
         }
     }
 }
