@@ -20,6 +20,7 @@
 //! the shim's protocol version ([`PROTOCOL_VERSION`]) in its header.
 
 pub mod call;
+mod delivery;
 pub mod resident;
 
 use std::collections::BTreeMap;

@@ -123,6 +123,8 @@ impl<'a> Runner<'a> {
             after_interrupted: self.after_interrupted,
             approved: self.input.approve.is_some(),
             host_fp: &self.host_fp,
+            command: &self.input.command,
+            stdin: self.input.stdin.as_deref(),
             attempts: &self.attempts,
             budget: self.budget,
             prior_dispatch: self.prior_dispatch.as_deref(),
@@ -218,6 +220,8 @@ impl<'a> Runner<'a> {
 
     /// Connects and sends the current attempt's `run` request; says how it ended.
     async fn dispatch(&mut self, dest: &Destination) -> Result<Sent, RunError> {
+        // In a fleet, this attempt's record waits for the hosts' shared commit.
+        self.ledger.release().await?;
         let attempt = self.current_attempt();
         // Before anything was sent, a connect gets what is left of the budget and no more
         // (a cut link would otherwise hold each attempt for its whole ConnectTimeout).
@@ -1117,6 +1121,7 @@ impl<'a> Runner<'a> {
             cancelled: self.exit.as_ref().is_some_and(|x| x.cancelled),
             observations: self.observations.clone(),
             approval_needed: answer.approval.map(|a| *a),
+            conflict_differs: answer.differs,
         }
     }
 }

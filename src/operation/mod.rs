@@ -132,6 +132,8 @@ pub struct RunEnv<'a> {
     pub session_id: String,
     /// SSH connections, shared by every call of this process.
     pub pool: &'a Pool,
+    /// A fleet's shared commit of the writes before dispatch (`None`: each its own).
+    pub group: Option<&'a fleet::CommitGroup>,
 }
 
 /// One attempt as reported to the caller.
@@ -229,6 +231,10 @@ pub struct RunReport {
     /// another op id within the family's window), when the policy blocked or warned
     /// about it (docs/guarantees.md#repetitions); null otherwise.
     pub repeats: Option<repeat::Repetition>,
+    /// `conflict_on_host`: whether the command, the stdin or both differ from the intent
+    /// the host's claim holds; null for any other verdict, or when the claim does not
+    /// say (a shim older than the claim's stdin digest).
+    pub conflict_differs: Option<crate::vocab::Differs>,
 }
 
 impl RunReport {
@@ -302,7 +308,7 @@ pub async fn run_interruptible(
     let started = std::sync::Arc::new(tokio::sync::Notify::new());
     let detach = input.detach;
     let mut runner = Runner {
-        ledger: RunLedger::new(env.ledger),
+        ledger: RunLedger::new(env.ledger, env.group),
         pool: env.pool,
         key,
         op: input.op.clone(),
