@@ -106,6 +106,27 @@ fn peak_and_cpu(cmd: &Command) -> Option<(u64, f64)> {
     Some((peak as u64, cpu))
 }
 
+/// The commits that wrote the attempts of op `op` on its hosts, and the hosts: one
+/// transaction stamps all its events with one record time (microseconds), so the distinct
+/// times of the `attempt_dispatched` events are the commits.
+fn commits_before_dispatch(ledger: &Path, op: &str) -> Result<(usize, usize), String> {
+    use opmark::ledger::{Event, Ledger, OpKey};
+    let ledger = Ledger::open(ledger).map_err(|e| e.to_string())?;
+    let records = ledger.operations_by_id(op).map_err(|e| e.to_string())?;
+    let mut times = std::collections::BTreeSet::new();
+    for r in &records {
+        let events = ledger
+            .events(&OpKey::new(op, r.host.clone()))
+            .map_err(|e| e.to_string())?;
+        for e in events {
+            if let Event::AttemptDispatched { .. } = e.event {
+                times.insert(e.at);
+            }
+        }
+    }
+    Ok((times.len(), records.len()))
+}
+
 fn main() {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-fleet");
     let _ = std::fs::remove_dir_all(&base);
@@ -131,6 +152,8 @@ fn main() {
             // Cold figures: every run makes its own connections (reuse is benches/reuse.rs).
             .env("OPMARK_PERSIST", "0")
             .env("XDG_CONFIG_HOME", base.join("config"))
+            // Its memory of which hosts have the shim stays in the bench's directory.
+            .env("XDG_STATE_HOME", base.join("state"))
             .arg("run")
             .args(&hosts)
             .args([
@@ -143,6 +166,10 @@ fn main() {
     };
     let mut rows: Vec<(&str, Option<Duration>)> = Vec::new();
     rows.push(("opmark run (20 hosts)", Some(time(opmark_cmd))));
+    let commits = commits_before_dispatch(
+        &base.join("ledger.db"),
+        &format!("bench-0-{}", std::process::id()),
+    );
     let peak = peak_and_cpu(&opmark_cmd(usize::MAX - 1));
 
     rows.push((
@@ -211,6 +238,12 @@ fn main() {
             (Some(t), None) => println!("  {name:<24} {}", secs(*t)),
             (None, _) => println!("  {name:<24} skipped: not installed"),
         }
+    }
+    match commits {
+        Ok((commits, hosts)) => println!(
+            "  the hosts' intents and attempts of one run: {hosts} hosts in {commits} commits"
+        ),
+        Err(e) => println!("  commits before dispatch: not counted ({e})"),
     }
     match peak {
         Some((kib, cpu)) => println!(

@@ -1,14 +1,21 @@
 //! Where opmark's time goes, against OpenSSH, on a disposable loopback target, measured
 //! A B A B (each round runs OpenSSH, then opmark, so load on the machine hits both):
 //! cold `ssh host true` vs cold `opmark run host -- true` (a fresh op each time, ledger
-//! and all; the host's cached shim warm, and once more with it removed before each run,
-//! as on the first call to a host), the replay of an op that already ran, and the host
-//! shim's own cost (`dash SHIM run ... true` as the stub runs it vs `dash -c true`). Then
-//! peak memory of a cold run, and the same cold comparison through a relay that delays
-//! every chunk 25 ms each way (a 50 ms round trip: loopback has no netem), which also
-//! counts the round trips each client waits for, and peak memory of a `--json` run whose
-//! command writes 100 MB (spooled, not held: docs/ledger.md#redaction). Prints medians and ratios; a benchmark,
-//! never a test (`cargo bench --bench latency`; `OPMARK_BENCH_BIN` times another build).
+//! and all; the host's cached shim warm, and once more with it and the client's memory
+//! of it removed before each run, as on the first call to a host), the replay of an op
+//! that already ran, and the host shim's own cost (`dash SHIM run ... true` as the stub
+//! runs it vs `dash -c true`). Then peak memory of a cold run, and the same cold
+//! comparison through a relay that delays every chunk 25 ms each way (a 50 ms round
+//! trip: loopback has no netem), and peak memory of a `--json` run whose command writes
+//! 100 MB (spooled, not held: docs/ledger.md#redaction). Last, the round trips each
+//! client waits for through the relay, phase by phase (TCP, version, kex, service
+//! request, auth, channel open, exec, reply, close; how they are named: [`Relay::trips`]).
+//! Prints medians and ratios; a benchmark, never a test (`cargo bench --bench latency`;
+//! `OPMARK_BENCH_BIN` times another build, `OPMARK_BENCH_TRIPS=1` counts the round trips
+//! only).
+//!
+//! A trip named `?` is one whose answer the client logs nothing for at `-vvv`: russh's
+//! PK_OK to an unsigned public-key query (opmark before issue 31).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -94,17 +101,136 @@ fn ratio(a: Duration, b: Duration) -> String {
 
 /// A TCP relay in front of `upstream` that holds every chunk `delay` before passing it
 /// on (throughput is untouched: chunks queue, they do not wait for each other) and logs
-/// when each chunk arrived and from which side.
+/// when each chunk arrived, from which side, and its bytes.
 struct Relay {
     port: u16,
-    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+    delay: Duration,
+    log: Arc<Mutex<Vec<Chunk>>>,
 }
+
+/// One read from one side of the relay.
+#[derive(Clone)]
+struct Chunk {
+    at: Instant,
+    from_client: bool,
+    bytes: Vec<u8>,
+}
+
+/// What a client waits for, in the order an SSH exchange meets it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Phase {
+    Tcp,
+    Version,
+    Kex,
+    Service,
+    Auth,
+    ChannelOpen,
+    Exec,
+    Reply,
+    Close,
+}
+
+const PHASES: [(Phase, &str); 9] = [
+    (Phase::Tcp, "TCP"),
+    (Phase::Version, "version"),
+    (Phase::Kex, "kex"),
+    (Phase::Service, "service request"),
+    (Phase::Auth, "auth"),
+    (Phase::ChannelOpen, "channel open"),
+    (Phase::Exec, "exec"),
+    (Phase::Reply, "reply"),
+    (Phase::Close, "close"),
+];
+
+fn phase_name(p: Phase) -> &'static str {
+    PHASES.iter().find(|(q, _)| *q == p).map_or("?", |(_, n)| n)
+}
+
+/// The phase an SSH message answers, by its type number (RFC 4250 §4.1). `None` for
+/// messages nobody waits for (EXT_INFO, global requests, window adjustments).
+fn phase_of_type(msg: u8) -> Option<Phase> {
+    match msg {
+        20..=49 => Some(Phase::Kex),
+        6 => Some(Phase::Service),
+        50..=79 => Some(Phase::Auth),
+        91 | 92 => Some(Phase::ChannelOpen),
+        99 | 100 => Some(Phase::Exec),
+        94 | 95 | 98 => Some(Phase::Reply),
+        96 | 97 => Some(Phase::Close),
+        _ => None,
+    }
+}
+
+/// One side's stream read as SSH's clear text: the identification line, then binary
+/// packets (RFC 4253 §6) up to that side's NEWKEYS; after it the relay sees only
+/// ciphertext, and [`ClearText::feed`] says so with `None`.
+#[derive(Default)]
+struct ClearText {
+    buf: Vec<u8>,
+    ident: bool,
+    encrypted: bool,
+}
+
+/// What the relay could read in a chunk.
+#[derive(Default)]
+struct Seen {
+    ident: bool,
+    types: Vec<u8>,
+    ciphertext: bool,
+}
+
+impl ClearText {
+    fn feed(&mut self, bytes: &[u8]) -> Seen {
+        let mut seen = Seen::default();
+        if self.encrypted {
+            seen.ciphertext = true;
+            return seen;
+        }
+        self.buf.extend_from_slice(bytes);
+        while !self.ident {
+            let Some(nl) = self.buf.iter().position(|&b| b == b'\n') else {
+                return seen;
+            };
+            let line: Vec<u8> = self.buf.drain(..=nl).collect();
+            if line.starts_with(b"SSH-") {
+                self.ident = true;
+                seen.ident = true;
+            }
+        }
+        while self.buf.len() >= 6 {
+            let len = u32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+            if self.buf.len() < 4 + len {
+                break;
+            }
+            let msg = self.buf[5];
+            self.buf.drain(..4 + len);
+            seen.types.push(msg);
+            if msg == 21 {
+                // NEWKEYS: what follows is encrypted.
+                self.encrypted = true;
+                seen.ciphertext |= !self.buf.is_empty();
+                self.buf.clear();
+                break;
+            }
+        }
+        seen
+    }
+}
+
+/// A line the client printed (`-vvv`), and when the bench read it.
+struct Said {
+    at: Instant,
+    phases: Vec<Phase>,
+}
+
+/// A client's round trips, one entry per trip: the phases whose answer it carried.
+type Trips = Vec<Vec<Phase>>;
 
 impl Relay {
     fn start(upstream: SocketAddr, delay: Duration) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().unwrap().port();
-        let log: Arc<Mutex<Vec<(Instant, bool)>>> = Arc::default();
+        let log: Arc<Mutex<Vec<Chunk>>> = Arc::default();
         let log2 = log.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
@@ -119,27 +245,163 @@ impl Relay {
                 pump(server, c2, false, delay, log2.clone());
             }
         });
-        Relay { port, log }
+        Relay { port, delay, log }
     }
 
     fn clear(&self) {
         self.log.lock().unwrap().clear();
     }
 
-    /// Round trips the client waited for in what the log holds: the TCP handshake, plus
-    /// each flight of client chunks that a flight of server chunks answered. A final
-    /// client flight nobody answers (a close, a disconnect) is not waited for.
-    fn round_trips(&self) -> usize {
+    /// Round trips the client waited for in what the log holds: the TCP handshake (the
+    /// relay answers it at once on loopback; on a real link it costs one), plus each
+    /// flight of client chunks that a flight of server chunks answered. A final client
+    /// flight nobody answers (a close, a disconnect) is not waited for.
+    ///
+    /// Each trip is named by what its answering server flight carried: while that side is
+    /// still in clear text, by the relay itself (its identification line: version; key
+    /// exchange messages: kex); once it is encrypted, by what the client said it received
+    /// (`said`, its `-vvv` lines timed as the bench read them) between that flight's
+    /// delivery and the next one's. A trip that carried several answers (a pipelined
+    /// request) names them all; one the client said nothing about is `?`.
+    fn trips(&self, said: &[Said]) -> Trips {
         let mut log = self.log.lock().unwrap().clone();
-        log.sort_by_key(|(t, _)| *t);
-        let mut flights: Vec<bool> = Vec::new();
-        for (_, from_client) in log {
-            if flights.last() != Some(&from_client) {
-                flights.push(from_client);
+        log.sort_by_key(|c| c.at);
+        let (mut client, mut server) = (ClearText::default(), ClearText::default());
+        // Flights: (from_client, first chunk's arrival, what the relay read in them).
+        let mut flights: Vec<(bool, Instant, Seen)> = Vec::new();
+        for c in &log {
+            let seen = if c.from_client {
+                client.feed(&c.bytes)
+            } else {
+                server.feed(&c.bytes)
+            };
+            match flights.last_mut() {
+                Some((dir, _, s)) if *dir == c.from_client => {
+                    s.ident |= seen.ident;
+                    s.types.extend(seen.types);
+                    s.ciphertext |= seen.ciphertext;
+                }
+                _ => flights.push((c.from_client, c.at, seen)),
             }
         }
-        1 + flights.windows(2).filter(|w| w[0] && !w[1]).count()
+        let mut trips: Trips = vec![vec![Phase::Tcp]];
+        for (i, w) in flights.windows(2).enumerate() {
+            let ((true, _, _), (false, at, seen)) = (&w[0], &w[1]) else {
+                continue;
+            };
+            let mut phases: Vec<Phase> = seen
+                .types
+                .iter()
+                .filter_map(|&t| phase_of_type(t))
+                .collect();
+            if seen.ident {
+                phases.push(Phase::Version);
+            }
+            if seen.ciphertext {
+                let from = *at + self.delay;
+                let until = flights[i + 2..]
+                    .iter()
+                    .find(|f| !f.0)
+                    .map(|f| f.1 + self.delay);
+                for s in said {
+                    if s.at >= from && until.is_none_or(|u| s.at < u) {
+                        phases.extend(&s.phases);
+                    }
+                }
+            }
+            phases.sort();
+            phases.dedup();
+            trips.push(phases);
+        }
+        trips
     }
+}
+
+/// Runs `cmd` (stdin closed, stdout dropped), reading its stderr line by line as it comes
+/// and naming the phases each line tells of with `classify`. Panics if it fails.
+fn run_saying(cmd: &mut Command, classify: fn(&str) -> Vec<Phase>) -> Vec<Said> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut said = Vec::new();
+    let mut text = String::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap())) {
+        let Ok(line) = line else { break };
+        said.push(Said {
+            at: Instant::now(),
+            phases: classify(&line),
+        });
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{cmd:?} failed: {text}");
+    said
+}
+
+/// OpenSSH `-vvv`: `debug3: receive packet: type N`.
+fn ssh_says(line: &str) -> Vec<Phase> {
+    line.split_once("receive packet: type ")
+        .and_then(|(_, n)| n.trim().parse::<u8>().ok())
+        .and_then(phase_of_type)
+        .into_iter()
+        .collect()
+}
+
+/// opmark `-vvv`: russh's debug lines for what it received, and opmark's own for the
+/// exec's answer, its output and its end.
+fn opmark_says(line: &str) -> Vec<Phase> {
+    const SAYS: &[(&str, Phase)] = &[
+        ("waiting service request, Some(6)", Phase::Service),
+        ("service accepted", Phase::Service),
+        ("userauth_", Phase::Auth),
+        ("channel_open_confirmation", Phase::ChannelOpen),
+        ("the host accepted the exec request", Phase::Exec),
+        ("bytes of stdout", Phase::Reply),
+        ("bytes of stderr", Phase::Reply),
+        ("exit status", Phase::Reply),
+        ("channel_eof", Phase::Close),
+        ("channel_close", Phase::Close),
+    ];
+    SAYS.iter()
+        .filter(|(s, _)| line.contains(s))
+        .map(|(_, p)| *p)
+        .collect()
+}
+
+/// `7 round trips: TCP 1, version 1, ...` and the trips in order, a trip that carried
+/// several answers counted once, under the last.
+fn describe(trips: &Trips) -> String {
+    let mut counts = String::new();
+    for (phase, name) in PHASES {
+        let n = trips.iter().filter(|t| t.last() == Some(&phase)).count();
+        counts.push_str(&format!(", {name} {n}"));
+    }
+    let unknown = trips.iter().filter(|t| t.is_empty()).count();
+    if unknown > 0 {
+        counts.push_str(&format!(", ? {unknown}"));
+    }
+    let order: Vec<String> = trips
+        .iter()
+        .map(|t| {
+            if t.is_empty() {
+                "?".to_owned()
+            } else {
+                t.iter()
+                    .map(|p| phase_name(*p))
+                    .collect::<Vec<_>>()
+                    .join("+")
+            }
+        })
+        .collect();
+    format!(
+        "{} round trips{counts}\n      in order: {}",
+        trips.len(),
+        order.join(" | ")
+    )
 }
 
 fn pump(
@@ -147,7 +409,7 @@ fn pump(
     mut to: TcpStream,
     from_client: bool,
     delay: Duration,
-    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+    log: Arc<Mutex<Vec<Chunk>>>,
 ) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
@@ -170,7 +432,11 @@ fn pump(
                 break;
             }
             let now = Instant::now();
-            log.lock().unwrap().push((now, from_client));
+            log.lock().unwrap().push(Chunk {
+                at: now,
+                from_client,
+                bytes: buf[..n].to_vec(),
+            });
             if tx.send((now, buf[..n].to_vec())).is_err() {
                 break;
             }
@@ -227,25 +493,54 @@ fn main() {
         .join("shim")
         .join(format!("{}.sh", shim::script_sha256()));
 
-    let ssh_true = |cfg: &Path, alias: &str| {
-        ok(Command::new("ssh")
-            .arg("-F")
-            .arg(cfg)
-            .args(["-o", "BatchMode=yes", alias, "true"])
-            .stdout(Stdio::null()))
+    let ssh_cmd = |cfg: &Path, alias: &str, verbose: bool| {
+        let mut cmd = Command::new("ssh");
+        cmd.arg("-F").arg(cfg).args(["-o", "BatchMode=yes"]);
+        if verbose {
+            cmd.arg("-vvv");
+        }
+        cmd.args([alias, "true"]).stdout(Stdio::null());
+        cmd
     };
-    let opmark_cmd = |cfg: &Path, alias: &str, op: &str| {
+    let ssh_true = |cfg: &Path, alias: &str| ok(&mut ssh_cmd(cfg, alias, false));
+    // What this client remembers of the hosts it called (which have its shim cached):
+    // removed with the host's copy for the figures of a first call to a host.
+    let client_state = base.join("state");
+    let opmark_cmd_v = |cfg: &Path, alias: &str, op: &str, verbose: bool| {
         let mut cmd = Command::new(&opmark);
+        if verbose {
+            cmd.arg("-vvv");
+        }
         cmd.arg("-F")
             .arg(cfg)
             .env("OPMARK_LEDGER", base.join("ledger.db"))
             // Cold figures: every run makes its own connection (reuse is benches/reuse.rs).
             .env("OPMARK_PERSIST", "0")
             .env("XDG_CONFIG_HOME", base.join("config"))
+            .env("XDG_STATE_HOME", &client_state)
             .args(["run", alias, "--op", op, "--", "true"]);
         cmd
     };
+    let opmark_cmd = |cfg: &Path, alias: &str, op: &str| opmark_cmd_v(cfg, alias, op, false);
+    let forget_the_host = || {
+        let _ = std::fs::remove_file(&cache);
+        let _ = std::fs::remove_dir_all(&client_state);
+    };
     let pid = std::process::id();
+    // `OPMARK_BENCH_TRIPS=1`: only the round trips through the relay (no timings), for
+    // iterating on them.
+    let trips_only = std::env::var_os("OPMARK_BENCH_TRIPS").is_some();
+    if trips_only {
+        trips(
+            &relay_cfg_for(&lab, &base),
+            &ssh_cmd,
+            &opmark_cmd_v,
+            &forget_the_host,
+            pid,
+        );
+        lab.stop().ok();
+        return;
+    }
 
     let (ssh, run) = paired(
         ROUNDS,
@@ -262,7 +557,7 @@ fn main() {
         ROUNDS,
         |_| ssh_true(&cfg, "target1"),
         |i| {
-            let _ = std::fs::remove_file(&cache);
+            forget_the_host();
             ok(&mut opmark_cmd(
                 &cfg,
                 "target1",
@@ -343,44 +638,18 @@ fn main() {
     let json_peaks: Vec<u64> = (0..3).filter_map(|i| peak_kib(&big(i, true))).collect();
     let plain_peaks: Vec<u64> = (0..3).filter_map(|i| peak_kib(&big(i, false))).collect();
 
-    // Through the delaying relay: an alias for it that keeps the target's host key.
-    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
-    let wan_cfg = base.join("ssh_config.wan");
-    let lab_cfg = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &wan_cfg,
-        format!(
-            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
-             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
-             StrictHostKeyChecking yes\n\n{lab_cfg}",
-            relay.port,
-            target.known_hosts_host(),
-            target.user,
-            lab.client_key().display(),
-            lab.known_hosts().display(),
-        ),
-    )
-    .unwrap();
+    let wan_cfg = relay_cfg_for(&lab, &base);
     let (wan_ssh, wan_run) = paired(
         WAN_ROUNDS,
-        |_| ssh_true(&wan_cfg, "wan1"),
-        |i| ok(&mut opmark_cmd(&wan_cfg, "wan1", &format!("wan-{i}-{pid}"))),
+        |_| ssh_true(&wan_cfg.0, "wan1"),
+        |i| {
+            ok(&mut opmark_cmd(
+                &wan_cfg.0,
+                "wan1",
+                &format!("wan-{i}-{pid}"),
+            ))
+        },
     );
-    relay.clear();
-    ssh_true(&wan_cfg, "wan1");
-    let trips_ssh = relay.round_trips();
-    relay.clear();
-    ok(&mut opmark_cmd(&wan_cfg, "wan1", &format!("trips-{pid}")));
-    let trips_run = relay.round_trips();
-    relay.clear();
-    let _ = std::fs::remove_file(&cache);
-    ok(&mut opmark_cmd(
-        &wan_cfg,
-        "wan1",
-        &format!("trips-first-{pid}"),
-    ));
-    let trips_first = relay.round_trips();
-
     println!(
         "opmark {} ({}), A B A B, {ROUNDS} pairs, medians, loopback sshd, {} cores",
         env!("CARGO_PKG_VERSION"),
@@ -432,13 +701,80 @@ fn main() {
         ms(ONE_WAY)
     );
     println!(
-        "  cold ssh host true                        {}  {trips_ssh} round trips",
+        "  cold ssh host true                        {}",
         ms(wan_ssh)
     );
     println!(
-        "  cold opmark run -- true                   {}  ratio {}  {trips_run} round trips ({trips_first} on the first call to a host)",
+        "  cold opmark run -- true                   {}  ratio {}",
         ms(wan_run),
         ratio(wan_run, wan_ssh)
     );
+    trips(&wan_cfg, &ssh_cmd, &opmark_cmd_v, &forget_the_host, pid);
     lab.stop().ok();
+}
+
+/// An ssh_config with an alias `wan1` for the target through a new delaying relay (the
+/// target's host key kept), and the relay.
+fn relay_cfg_for(lab: &Lab, base: &Path) -> (PathBuf, Relay) {
+    let target = lab.target("target1").unwrap();
+    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
+    let wan_cfg = base.join("ssh_config.wan");
+    let lab_cfg = std::fs::read_to_string(lab.ssh_config()).unwrap();
+    std::fs::write(
+        &wan_cfg,
+        format!(
+            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
+             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
+             StrictHostKeyChecking yes\n\n{lab_cfg}",
+            relay.port,
+            target.known_hosts_host(),
+            target.user,
+            lab.client_key().display(),
+            lab.known_hosts().display(),
+        ),
+    )
+    .unwrap();
+    (wan_cfg, relay)
+}
+
+/// The round trips of one cold `ssh true`, one cold `opmark run -- true` to a host that
+/// has the shim and one to a host (and a client) that never met, through the relay,
+/// each run with `-vvv` so that the encrypted phases can be named (see [`Relay::trips`]).
+fn trips(
+    (cfg, relay): &(PathBuf, Relay),
+    ssh_cmd: &dyn Fn(&Path, &str, bool) -> Command,
+    opmark_cmd_v: &dyn Fn(&Path, &str, &str, bool) -> Command,
+    forget_the_host: &dyn Fn(),
+    pid: u32,
+) {
+    // Warm: the host has the shim, the client knows it.
+    ok(&mut opmark_cmd_v(
+        cfg,
+        "wan1",
+        &format!("trips-warm-{pid}"),
+        false,
+    ));
+    relay.clear();
+    let said = run_saying(&mut ssh_cmd(cfg, "wan1", true), ssh_says);
+    let ssh = relay.trips(&said);
+    relay.clear();
+    let said = run_saying(
+        &mut opmark_cmd_v(cfg, "wan1", &format!("trips-{pid}"), true),
+        opmark_says,
+    );
+    let run = relay.trips(&said);
+    forget_the_host();
+    relay.clear();
+    let said = run_saying(
+        &mut opmark_cmd_v(cfg, "wan1", &format!("trips-first-{pid}"), true),
+        opmark_says,
+    );
+    let first = relay.trips(&said);
+    println!(
+        "round trips through the relay ({} each way; one run each, -vvv):",
+        ms(ONE_WAY)
+    );
+    println!("  cold ssh host true: {}", describe(&ssh));
+    println!("  cold opmark run -- true: {}", describe(&run));
+    println!("  first call to a host: {}", describe(&first));
 }

@@ -3,6 +3,7 @@
 //! call ended (final frame, never sent, lost on the way, a reply that broke the protocol,
 //! or a shim that never started). The only code that execs the shim.
 
+use super::delivery;
 use crate::shim::{Frame, Invocation, ProtocolError, Reply, ReplyParser, Verb};
 use crate::ssh::{Exec, ExecError, ExecEvent, Session};
 
@@ -115,11 +116,13 @@ fn without_digests(text: &str) -> String {
 
 /// Runs `verb` through the shim on `session`, streaming to `observer`.
 ///
-/// The first try runs the host's cached shim, so the common call sends no script. A host
-/// without a good copy answers that it needs the script, having run nothing (not even
-/// the shim: no claim, no frame), and the call is made again with the script, which the
-/// host then keeps: one more exchange, on the first call to a host (or every call where
-/// neither `sha256sum` nor `shasum` exists to check a copy).
+/// To a host this client has seen run its shim ([`delivery`]), the first try runs the
+/// host's cached copy, so the common call sends no script. A host without a good copy
+/// answers that it needs the script, having run nothing (not even the shim: no claim, no
+/// frame), and the call is made again with the script, which the host then keeps: one
+/// more exchange (a host that lost or damaged its copy, or has neither `sha256sum` nor
+/// `shasum` to check one). To a host not seen yet, the script goes in the first call's
+/// data: no extra exchange on the first call to a host.
 ///
 /// `root`: the marker root id the operation's attempts reached (docs/guarantees.md#evidence-identity), when known: the
 /// shim refuses (`root_changed`) before acting when its root's is another.
@@ -130,17 +133,32 @@ pub async fn call_shim(
     stdin: Option<Vec<u8>>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
-    let cached = Invocation::cached_expecting(verb, stdin.as_deref(), root);
-    match exchange(session, verb, cached, true, observer).await {
-        Exchange::End(end) => return end,
-        Exchange::NeedScript => tracing::debug!("the host has no usable cached shim; sending it"),
+    if delivery::host_has_shim(session) {
+        let cached = Invocation::cached_expecting(verb, stdin.as_deref(), root);
+        match exchange(session, verb, cached, true, observer).await {
+            Exchange::End(end) => return remembered(session, end),
+            Exchange::NeedScript => {
+                tracing::debug!("the host has no usable cached shim; sending it")
+            }
+        }
     }
     let call = Invocation::new_expecting(verb, stdin.as_deref(), root);
     drop(stdin);
     match exchange(session, verb, call, false, observer).await {
-        Exchange::End(end) => end,
+        Exchange::End(end) => remembered(session, end),
         Exchange::NeedScript => unreachable!("only a cached call can ask for the script"),
     }
+}
+
+/// `end`, after noting that the host has the shim when it ran there (it gave frames).
+fn remembered(session: &Session, end: CallEnd) -> CallEnd {
+    match &end {
+        CallEnd::Finished(frames) | CallEnd::Lost { frames, .. } if !frames.is_empty() => {
+            delivery::remember(session)
+        }
+        _ => {}
+    }
+    end
 }
 
 /// How one exchange with the stub ended.

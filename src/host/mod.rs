@@ -18,6 +18,7 @@
 //! the shim's protocol version ([`PROTOCOL_VERSION`]) in its header.
 
 pub mod call;
+mod delivery;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -722,6 +722,28 @@ impl Ledger {
         self.append_batch_stamped(&stamped)
     }
 
+    /// [`Ledger::append_batch`] with `durability`: a fleet's hosts' writes before their
+    /// dispatch in one commit, `Full` so that each is on disk before any of those hosts
+    /// is dispatched (src/operation/fleet.rs). PostgreSQL commits each operation on its
+    /// own, every commit durable.
+    pub fn append_batch_durable(
+        &mut self,
+        ops: &[(OpKey, Vec<Event>)],
+        durability: Durability,
+    ) -> Result<(), LedgerError> {
+        let full = durability == Durability::Full;
+        if let (true, Store::Sqlite(s)) = (full, &self.store) {
+            s.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        let result = self.append_batch(ops);
+        if let (true, Store::Sqlite(s)) = (full, &self.store) {
+            // Best effort, as after any `Full` append: a failure only makes later commits
+            // stricter.
+            let _ = s.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
+    }
+
     /// [`Ledger::append_batch`] with each operation's own record time (UTC RFC 3339 with
     /// microseconds, not before the last event's): a bench builds a year of history this
     /// way. Never used by opmark's commands, which stamp the time of the append.

@@ -220,6 +220,8 @@ impl<'a> Runner<'a> {
 
     /// Connects and sends the current attempt's `run` request; says how it ended.
     async fn dispatch(&mut self, dest: &Destination) -> Result<Sent, RunError> {
+        // In a fleet, this attempt's record waits for the hosts' shared commit.
+        self.ledger.release().await?;
         let attempt = self.current_attempt();
         // Before anything was sent, a connect gets what is left of the budget and no more
         // (a cut link would otherwise hold each attempt for its whole ConnectTimeout).

@@ -4,28 +4,131 @@
 //! and rolling batches (`--serial`). Hosts never dispatched get a `not_applied` verdict
 //! that says why, with nothing recorded or sent for them.
 //!
-//! Each host task opens its own ledger handle: the per-host lifecycle writes its intent
-//! and attempt durably before its dispatch exactly as a single `run` does, and SQLite
-//! serialises the writers (`BEGIN IMMEDIATE`), so no host waits on another's network.
+//! Each host task opens its own ledger handle, and SQLite serialises the writers (`BEGIN
+//! IMMEDIATE`), so no host waits on another's network. The writes a host must have on
+//! disk before its dispatch (its intent and attempt) are the exception: they wait in a
+//! [`CommitGroup`], and one transaction (`Full`) records those of every host that reached
+//! its dispatch meanwhile; then those hosts go. Each host's are durable before its
+//! dispatch exactly as a single `run`'s, in one fsync'd commit for many hosts instead of
+//! one per host.
 //! The host tasks are local to one thread (a `LocalSet`): a lifecycle holds its SQLite
 //! connection, which is not `Sync`, across awaits. The SSH sessions' own tasks still run
 //! on the runtime's workers, and the hosts' waiting is what overlaps.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::ledger::fingerprint::{self, InstallationKey};
-use crate::ledger::Ledger;
+use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey};
 use crate::policy::Policy;
 use crate::ssh::Pool;
 use crate::vocab::{ReasonCode, Verdict};
 
 use super::interrupt::Interrupts;
 use super::{RunEnv, RunInput, RunReport};
+
+/// One host's held writes and where its answer goes.
+type Waiting = (
+    Vec<(OpKey, Vec<Event>)>,
+    oneshot::Sender<Result<(), LedgerError>>,
+);
+
+/// The fleet's shared commit of the writes before dispatch: hosts hand theirs in
+/// ([`CommitGroup::commit`]) and wait; [`CommitGroup::serve`], a task of the same thread,
+/// commits everything handed in since its last commit in one transaction.
+pub struct CommitGroup {
+    /// The handle the shared commits go through.
+    ledger: RefCell<Ledger>,
+    /// The hosts waiting for the next commit.
+    waiting: RefCell<Vec<Waiting>>,
+    /// Told when a host hands its writes in.
+    wake: Notify,
+    /// Commits made, and hosts they recorded (for the tests: one commit per host would
+    /// be no batching).
+    made: std::cell::Cell<(usize, usize)>,
+}
+
+impl std::fmt::Debug for CommitGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitGroup")
+            .field("commits_and_hosts", &self.made.get())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CommitGroup {
+    fn new(ledger: Ledger) -> CommitGroup {
+        CommitGroup {
+            ledger: RefCell::new(ledger),
+            waiting: RefCell::default(),
+            wake: Notify::new(),
+            made: Default::default(),
+        }
+    }
+
+    /// Hands one host's writes in and waits until they are committed (durably) or failed.
+    pub(crate) async fn commit(&self, writes: Vec<(OpKey, Vec<Event>)>) -> Result<(), LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.borrow_mut().push((writes, tx));
+        self.wake.notify_one();
+        rx.await.unwrap_or_else(|_| {
+            Err(LedgerError::Invalid {
+                message: "the fleet's shared commit ended before this host's writes were recorded"
+                    .into(),
+            })
+        })
+    }
+
+    /// Commits what hosts hand in, for as long as the fleet runs. It waits one turn of the
+    /// thread after a host hands its writes in, so that every host ready to dispatch joins
+    /// the same commit. When a shared commit fails, each host's writes are tried alone, so
+    /// that one host's bad write (a conflicting intent) costs only that host.
+    async fn serve(&self) {
+        loop {
+            self.wake.notified().await;
+            tokio::task::yield_now().await;
+            let batch = std::mem::take(&mut *self.waiting.borrow_mut());
+            if batch.is_empty() {
+                continue;
+            }
+            let ops: Vec<(OpKey, Vec<Event>)> = batch
+                .iter()
+                .flat_map(|(writes, _)| writes.iter().cloned())
+                .collect();
+            let mut ledger = self.ledger.borrow_mut();
+            let (commits, hosts) = self.made.get();
+            match ledger.append_batch_durable(&ops, Durability::Full) {
+                Ok(()) => {
+                    self.made.set((commits + 1, hosts + batch.len()));
+                    for (_, answer) in batch {
+                        let _ = answer.send(Ok(()));
+                    }
+                }
+                Err(e) if batch.len() == 1 => {
+                    let _ = batch
+                        .into_iter()
+                        .next()
+                        .map(|(_, answer)| answer.send(Err(e)));
+                }
+                Err(_) => {
+                    self.made.set((commits + batch.len(), hosts + batch.len()));
+                    for (writes, answer) in batch {
+                        let alone = writes.iter().try_for_each(|(key, events)| {
+                            ledger.append_many(key, events, Durability::Full).map(drop)
+                        });
+                        let _ = answer.send(alone);
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// How the hosts are scheduled.
 #[derive(Debug, Clone, Copy)]
@@ -102,8 +205,25 @@ pub async fn run_fleet(
     interrupts: &Interrupts,
     progress: impl FnMut(Progress),
 ) -> Vec<HostResult> {
+    // Without a handle for the shared commits, each host commits its own (as a `run`).
+    let group = match (shared.open_ledger)() {
+        Ok(ledger) => Some(std::rc::Rc::new(CommitGroup::new(ledger))),
+        Err(e) => {
+            tracing::debug!("no shared commit for the fleet: {e}");
+            None
+        }
+    };
     tokio::task::LocalSet::new()
-        .run_until(schedule(shared, inputs, plan, interrupts, progress))
+        .run_until(async {
+            let server = group
+                .clone()
+                .map(|g| tokio::task::spawn_local(async move { g.serve().await }));
+            let results = schedule(shared, inputs, plan, interrupts, group, progress).await;
+            if let Some(server) = server {
+                server.abort();
+            }
+            results
+        })
         .await
 }
 
@@ -112,6 +232,7 @@ async fn schedule(
     inputs: Vec<RunInput>,
     plan: Plan,
     interrupts: &Interrupts,
+    group: Option<std::rc::Rc<CommitGroup>>,
     mut progress: impl FnMut(Progress),
 ) -> Vec<HostResult> {
     let total = inputs.len();
@@ -138,7 +259,14 @@ async fn schedule(
                 let Some((index, input)) = pending.next() else {
                     break;
                 };
-                spawn_host(&mut running, shared, index, input, interrupts.clone());
+                spawn_host(
+                    &mut running,
+                    shared,
+                    index,
+                    input,
+                    interrupts.clone(),
+                    group.clone(),
+                );
                 counts.running += 1;
                 progress(counts);
             }
@@ -195,6 +323,7 @@ fn spawn_host(
     index: usize,
     input: RunInput,
     interrupts: Interrupts,
+    group: Option<std::rc::Rc<CommitGroup>>,
 ) {
     let policy = shared.policy.clone();
     let pool = shared.pool.clone();
@@ -212,6 +341,7 @@ fn spawn_host(
                     key: &key,
                     session_id,
                     pool: &pool,
+                    group: group.as_deref(),
                 },
                 input,
                 &interrupts,

@@ -132,6 +132,8 @@ pub struct RunEnv<'a> {
     pub session_id: String,
     /// SSH connections, shared by every call of this process.
     pub pool: &'a Pool,
+    /// A fleet's shared commit of the writes before dispatch (`None`: each its own).
+    pub group: Option<&'a fleet::CommitGroup>,
 }
 
 /// One attempt as reported to the caller.
@@ -306,7 +308,7 @@ pub async fn run_interruptible(
     let started = std::sync::Arc::new(tokio::sync::Notify::new());
     let detach = input.detach;
     let mut runner = Runner {
-        ledger: RunLedger::new(env.ledger),
+        ledger: RunLedger::new(env.ledger, env.group),
         pool: env.pool,
         key,
         op: input.op.clone(),

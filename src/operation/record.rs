@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::ledger::event::ClaimSeen;
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, OperationRecord};
+use crate::operation::fleet::CommitGroup;
 use crate::shim::{MarkerInfo, MarkerState};
 
 /// What a probe saw of the marker's claim record, for the ledger's contradiction check:
@@ -42,15 +43,50 @@ pub(crate) struct RunLedger<'a> {
     /// Set just before the first request that may reach the host.
     pub dispatched: bool,
     failed: Option<LedgerWriteError>,
+    /// A fleet's shared commit: the writes from the first durable one (the intent and the
+    /// attempt) up to the dispatch are held, and [`RunLedger::release`] commits them with
+    /// other hosts' in one transaction before anything is sent.
+    group: Option<&'a CommitGroup>,
+    /// The held writes, in order.
+    held: Vec<(OpKey, Vec<Event>)>,
 }
 
 impl<'a> RunLedger<'a> {
-    pub(crate) fn new(inner: &'a mut Ledger) -> Self {
+    pub(crate) fn new(inner: &'a mut Ledger, group: Option<&'a CommitGroup>) -> Self {
         RunLedger {
             inner,
             dispatched: false,
             failed: None,
+            group,
+            held: Vec::new(),
         }
+    }
+
+    /// Whether this write is held for the fleet's commit: before dispatch, from the first
+    /// durable write on (so that every later one stays behind it, in order).
+    fn holds(&self, durability: Durability) -> bool {
+        self.group.is_some()
+            && !self.dispatched
+            && (durability == Durability::Full || !self.held.is_empty())
+    }
+
+    /// Makes the held writes durable, in the fleet's shared commit, before dispatch. A
+    /// failure is the run's error: nothing is sent.
+    pub(crate) async fn release(&mut self) -> Result<(), LedgerError> {
+        let held = std::mem::take(&mut self.held);
+        match self.group {
+            Some(group) if !held.is_empty() => group.commit(held).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes what is held on this run's own handle (`Full`): a read of its own events,
+    /// or a run that ends without dispatch, must not lose or miss them.
+    fn settle(&mut self) -> Result<(), LedgerError> {
+        for (key, events) in std::mem::take(&mut self.held) {
+            self.inner.append_many(&key, &events, Durability::Full)?;
+        }
+        Ok(())
     }
 
     /// Appends one event; after dispatch a failure is kept (see the module doc).
@@ -61,6 +97,10 @@ impl<'a> RunLedger<'a> {
         durability: Durability,
     ) -> Result<(), LedgerError> {
         if self.failed.is_some() {
+            return Ok(());
+        }
+        if self.holds(durability) {
+            self.held.push((key.clone(), vec![event.clone()]));
             return Ok(());
         }
         match self.inner.append(key, event, durability) {
@@ -97,6 +137,10 @@ impl<'a> RunLedger<'a> {
                 ),
             });
         }
+        if self.holds(durability) {
+            self.held.push((key.clone(), events.to_vec()));
+            return Ok(Vec::new());
+        }
         self.inner.append_many(key, events, durability)
     }
 
@@ -105,11 +149,12 @@ impl<'a> RunLedger<'a> {
         self.inner.operation(key)
     }
 
-    /// Every stored event of one operation, oldest first.
+    /// Every stored event of one operation, oldest first (what is held written first).
     pub(crate) fn events(
-        &self,
+        &mut self,
         key: &OpKey,
     ) -> Result<Vec<crate::ledger::StoredEvent>, LedgerError> {
+        self.settle()?;
         self.inner.events(key)
     }
 
@@ -121,5 +166,15 @@ impl<'a> RunLedger<'a> {
     /// The first write that failed after dispatch, if any.
     pub(crate) fn failed(&self) -> Option<&LedgerWriteError> {
         self.failed.as_ref()
+    }
+}
+
+impl Drop for RunLedger<'_> {
+    /// A run that ended before its dispatch (an answer, an interruption, an error after
+    /// the attempt was recorded) still records what it held.
+    fn drop(&mut self) {
+        if let Err(e) = self.settle() {
+            tracing::warn!("the ledger could not record this run's last events: {e}");
+        }
     }
 }

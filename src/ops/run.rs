@@ -468,6 +468,7 @@ async fn run_operation(
             key: &key,
             session_id: session_id(),
             pool: &pool,
+            group: None,
         },
         input,
         &interrupts,

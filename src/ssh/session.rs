@@ -586,6 +586,13 @@ async fn connect_one(
         // Never inactivity_timeout: it kills healthy quiet commands (docs/findings.md#keepalives-detect-a-dead-link).
         inactivity_timeout: None,
         preferred: preferred(dest, &known, &name),
+        // Two round trips less per cold connection, both options of the vendored russh
+        // (Cargo.toml, [patch.crates-io]; docs/findings.md#speed): the first auth request
+        // rides behind the service request, and a key held here is signed at once rather
+        // than queried first. A server that refuses the signed request answers as it
+        // would the query, and the next key is tried (ssh::auth).
+        pipeline_auth: true,
+        publickey_without_query: true,
         ..client::Config::default()
     });
     let shared = Arc::new(Shared::default());

@@ -758,3 +758,50 @@ fn reconcile_draws_its_progress_only_on_a_terminal() {
     let all = text(&piped.stdout) + &text(&piped.stderr);
     assert!(!all.contains("reconciled 2/2"), "{all}");
 }
+
+#[test]
+fn the_hosts_intents_and_attempts_share_commits_each_recorded_before_its_dispatch() {
+    use opmark::ledger::{Event, Ledger, OpKey};
+    let Some(lab) = support::loopback_lab(4) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let hosts = aliases(&lab);
+    let fleet = run_fleet(&env, &lab, &hosts, &["--op", "batched-1", "--", "true"]);
+    assert_eq!(fleet.status, 0, "{fleet:?}");
+
+    let ledger = Ledger::open(&env.ledger).unwrap();
+    let records = ledger.operations_by_id("batched-1").unwrap();
+    assert_eq!(records.len(), hosts.len(), "{records:?}");
+    // One transaction stamps every event it appends with one record time (microseconds),
+    // and commits fsync'd one after another never share one: the distinct record times
+    // of the hosts' attempts are the commits that wrote them.
+    let mut commits = std::collections::BTreeSet::new();
+    for record in &records {
+        let events = ledger
+            .events(&OpKey::new("batched-1", record.host.clone()))
+            .unwrap();
+        let at = |want: fn(&Event) -> bool| {
+            events
+                .iter()
+                .position(|e| want(&e.event))
+                .unwrap_or_else(|| panic!("{}: {events:?}", record.host))
+        };
+        let intent = at(|e| matches!(e, Event::Intended { .. }));
+        let attempt = at(|e| matches!(e, Event::AttemptDispatched { .. }));
+        let verdict = at(|e| matches!(e, Event::Verdict { .. }));
+        // The intent and the attempt, in one commit, before what the host answered.
+        assert!(intent < attempt && attempt < verdict, "{events:?}");
+        assert_eq!(events[intent].at, events[attempt].at, "{events:?}");
+        assert!(events[attempt + 1..]
+            .iter()
+            .all(|e| e.at > events[attempt].at));
+        commits.insert(events[attempt].at.clone());
+    }
+    assert!(
+        commits.len() < hosts.len(),
+        "{} hosts' intents and attempts took {} commits: {commits:?}",
+        hosts.len(),
+        commits.len()
+    );
+}

@@ -1,6 +1,7 @@
 //! The host's cached shim (issue 14): the first call to a host leaves the shim in its
 //! marker root, later calls send only its hash, and a copy that does not hash to its name
-//! is replaced, never run.
+//! is replaced, never run. A client that has not seen the host run its shim sends the
+//! script in the first exchange (issue 31), so the first call costs no extra one.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ fn a_run_ends_at_its_exit_frame_while_the_channel_is_still_held_open() {
     )
     .unwrap();
     let env = Sealed::new(crate::test_name!());
-    // The first call to this host also asks for the shim: two sessions, two holders.
+    // The first call to this host carries the shim: one session, one holder.
     let doc = run_true(&env, &lab, "held-open");
     assert_eq!(doc["exit_code"], 0, "{doc}");
     let pids = std::fs::read_to_string(&holder).expect("the login shell ran .bashrc");
@@ -126,4 +127,58 @@ fn a_run_ends_at_its_exit_frame_while_the_channel_is_still_held_open() {
         alive.iter().all(|&a| a),
         "the run waited for a channel to close, i.e. for its holder to end: {pids:?} {alive:?}"
     );
+}
+
+/// The sessions sshd started since `from` in the target's log (LogLevel VERBOSE says
+/// "Starting session: command for ..." once per exec).
+fn sessions_since(lab: &Lab, from: u64) -> usize {
+    let log = std::fs::read(&lab.target("target1").unwrap().log).unwrap();
+    String::from_utf8_lossy(&log[from as usize..])
+        .matches("Starting session: command")
+        .count()
+}
+
+fn log_len(lab: &Lab) -> u64 {
+    std::fs::metadata(&lab.target("target1").unwrap().log).map_or(0, |m| m.len())
+}
+
+#[test]
+fn the_first_call_to_a_host_carries_the_shim_in_one_session_and_a_lost_copy_costs_one_more() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let cache = cached_shim(&lab);
+    let _ = std::fs::remove_file(&cache);
+
+    // A host this client never called: one exec, which leaves the copy.
+    let from = log_len(&lab);
+    run_true(&env, &lab, "first");
+    assert_eq!(
+        sessions_since(&lab, from),
+        1,
+        "the first call asked for the shim"
+    );
+    assert_is_the_shipped_shim(&cache);
+
+    // Known now: one exec that sends only the hash (the copy is used as is).
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let before = ino(&cache);
+    let from = log_len(&lab);
+    run_true(&env, &lab, "second");
+    assert_eq!(sessions_since(&lab, from), 1);
+    assert_eq!(ino(&cache), before, "the second call sent the script again");
+
+    // The host lost its copy behind this client's back: it asks, and gets it.
+    std::fs::remove_file(&cache).unwrap();
+    let from = log_len(&lab);
+    run_true(&env, &lab, "after-loss");
+    assert_eq!(sessions_since(&lab, from), 2);
+    assert_is_the_shipped_shim(&cache);
+
+    // Another client (its own state) meets the host for the first time: one exec again.
+    let other = Sealed::new(&format!("{}-other", crate::test_name!()));
+    let from = log_len(&lab);
+    run_true(&other, &lab, "other-client");
+    assert_eq!(sessions_since(&lab, from), 1);
 }

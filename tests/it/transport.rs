@@ -1711,3 +1711,204 @@ fn cipher_and_kex_lists_are_what_opmark_offers_to_a_real_sshd() {
         );
     }
 }
+
+/// Makes a target's sshd log at DEBUG2, where it says whether a `publickey` request was
+/// a query or signed ("querying public key" / "attempting public key"); the log's length
+/// before the next connection.
+fn sshd_debug2(lab: &Lab, target: &Target) -> u64 {
+    let config = std::fs::read_to_string(target.sshd_config()).unwrap();
+    assert!(config.contains("LogLevel VERBOSE\n"), "{config}");
+    std::fs::write(
+        target.sshd_config(),
+        config.replace("LogLevel VERBOSE\n", "LogLevel DEBUG2\n"),
+    )
+    .unwrap();
+    lab.stop_sshd(&target.alias).unwrap();
+    lab.start_sshd(&target.alias).unwrap();
+    std::fs::metadata(&target.log).map_or(0, |m| m.len())
+}
+
+fn log_since(target: &Target, from: u64) -> String {
+    let log = std::fs::read(&target.log).unwrap();
+    String::from_utf8_lossy(&log[from as usize..]).into_owned()
+}
+
+#[test]
+fn a_key_held_here_is_signed_at_once_and_a_refused_one_moves_on_to_the_next() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let target = lab.targets()[0].clone();
+    let from = sshd_debug2(&lab, &target);
+    let d = dest(&lab, "target1");
+    let out = rt().block_on(async {
+        let s = Session::connect(&d).await.expect("connect");
+        run(&s, "true", None).await
+    });
+    assert_eq!(out.status, Some(0));
+    let log = log_since(&target, from);
+    // No unsigned query round trip before the signature (docs/findings.md#speed).
+    assert!(log.contains("attempting public key"), "{log}");
+    assert!(!log.contains("querying public key"), "{log}");
+
+    // A key the host refuses, signed all the same: refused as a query would have been,
+    // and the next identity authenticates.
+    let wrong = lab.dir().join("refused_ed25519");
+    keygen(&wrong, "");
+    let mut d = dest(&lab, "target1");
+    d.identities = vec![wrong, lab.client_key().to_path_buf()];
+    let from = std::fs::metadata(&target.log).unwrap().len();
+    let out = rt().block_on(async {
+        let s = Session::connect(&d)
+            .await
+            .expect("the second key authenticates");
+        run(&s, "true", None).await
+    });
+    assert_eq!(out.status, Some(0));
+    let log = log_since(&target, from);
+    assert_eq!(log.matches("attempting public key").count(), 2, "{log}");
+    assert!(!log.contains("querying public key"), "{log}");
+    assert_eq!(log.matches("Accepted publickey").count(), 1, "{log}");
+}
+
+/// A relay in front of a target that passes the server's bytes up to its NEWKEYS, then
+/// holds them back until the client has sent `enough` encrypted bytes without an answer
+/// (or `patience` is spent), and says which happened.
+fn hold_after_newkeys(
+    upstream: std::net::SocketAddr,
+    enough: usize,
+    patience: Duration,
+) -> (u16, std::sync::mpsc::Receiver<usize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let server = std::net::TcpStream::connect(upstream).unwrap();
+        // Client bytes after the client's own NEWKEYS: what it sent encrypted.
+        let sent = Arc::new(AtomicUsize::new(0));
+        let (mut c_read, mut s_write) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        let counted = sent.clone();
+        std::thread::spawn(move || {
+            let mut clear = Clear::default();
+            let mut buf = [0u8; 65536];
+            while let Ok(n) = c_read.read(&mut buf) {
+                if n == 0 || s_write.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                counted.fetch_add(clear.after_newkeys(&buf[..n]), Ordering::SeqCst);
+            }
+            let _ = s_write.shutdown(std::net::Shutdown::Write);
+        });
+        let (mut s_read, mut c_write) = (server, client);
+        let mut clear = Clear::default();
+        let mut held = Vec::new();
+        let mut buf = [0u8; 65536];
+        // Up to the server's NEWKEYS, passed on; the rest held.
+        while held.is_empty() && !clear.encrypted {
+            let Ok(n) = s_read.read(&mut buf) else { return };
+            if n == 0 {
+                return;
+            }
+            let after = clear.after_newkeys(&buf[..n]);
+            c_write.write_all(&buf[..n - after]).unwrap();
+            held.extend_from_slice(&buf[n - after..n]);
+        }
+        let deadline = Instant::now() + patience;
+        while sent.load(Ordering::SeqCst) < enough && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = tx.send(sent.load(Ordering::SeqCst));
+        c_write.write_all(&held).unwrap();
+        while let Ok(n) = s_read.read(&mut buf) {
+            if n == 0 || c_write.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+    });
+    (port, rx)
+}
+
+/// One side's SSH stream read as clear text (identification line, then packets) up to
+/// its NEWKEYS.
+#[derive(Default)]
+struct Clear {
+    buf: Vec<u8>,
+    ident: bool,
+    encrypted: bool,
+}
+
+impl Clear {
+    /// Feeds a chunk; answers how many of its bytes come after this side's NEWKEYS.
+    fn after_newkeys(&mut self, chunk: &[u8]) -> usize {
+        if self.encrypted {
+            return chunk.len();
+        }
+        self.buf.extend_from_slice(chunk);
+        while !self.ident {
+            let Some(nl) = self.buf.iter().position(|&b| b == b'\n') else {
+                return 0;
+            };
+            self.ident = self.buf.drain(..=nl).as_slice().starts_with(b"SSH-");
+        }
+        while self.buf.len() >= 6 {
+            let len = u32::from_be_bytes(self.buf[..4].try_into().unwrap()) as usize;
+            if self.buf.len() < 4 + len {
+                return 0;
+            }
+            let msg = self.buf[5];
+            self.buf.drain(..4 + len);
+            if msg == 21 {
+                self.encrypted = true;
+                return std::mem::take(&mut self.buf).len();
+            }
+        }
+        0
+    }
+}
+
+#[test]
+fn the_auth_request_rides_behind_the_service_request_before_any_answer() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let target = lab.targets()[0].clone();
+    // A SERVICE_REQUEST alone is one small packet (under 64 bytes with any cipher here);
+    // a signed ed25519 USERAUTH_REQUEST is over 150 more.
+    let (port, said) = hold_after_newkeys(
+        std::net::SocketAddr::new(target.addr, target.port),
+        200,
+        Duration::from_secs(5),
+    );
+    let cfg = lab.dir().join("ssh_config.held");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host held\n  HostName 127.0.0.1\n  Port {port}\n  HostKeyAlias {}\n  User {}\n  \
+             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
+             StrictHostKeyChecking yes\n",
+            target.known_hosts_host(),
+            target.user,
+            lab.client_key().display(),
+            lab.known_hosts().display(),
+        ),
+    )
+    .unwrap();
+    let d = dest_in(&cfg, "held");
+    let out = rt().block_on(async {
+        let s = Session::connect(&d)
+            .await
+            .expect("connect through the relay");
+        run(&s, "true", None).await
+    });
+    assert_eq!(out.status, Some(0));
+    let sent = said.recv().unwrap();
+    assert!(
+        sent >= 200,
+        "the client sent {sent} encrypted bytes and then waited for the service accept: \
+         the auth request was not pipelined"
+    );
+}
