@@ -48,7 +48,8 @@
 # and never delivers uncommitted bytes) instead of passing for the shim's.
 #
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
-#   claim     attempt, fingerprint, family, shim version, time, foreground identity
+#   claim     attempt, fingerprint, stdin digest, family, shim version, time, foreground
+#             identity
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started   the start gate: the supervisor runs the command only if it creates it (an
 #             exclusive create, see take_gate; a directory in markers of older shims)
@@ -931,6 +932,7 @@ describe() {
 	d="state=$st"
 	[ -n "$why" ] && d="$d why=$why"
 	rget "$m/claim" fingerprint && d="$d fp=$rv"
+	rget "$m/claim" stdin_sum && d="$d stdin_sum=$rv"
 	for dk in attempt family claimed_at; do
 		rget "$m/claim" "$dk" && d="$d $dk=$rv"
 	done
@@ -1157,6 +1159,13 @@ verb_run() {
 	*[!0-9a-f]*) refuse "bad_args reason=fingerprint" ;;
 	esac
 	[ "${#fp}" -eq 64 ] || refuse "bad_args reason=fingerprint"
+	# The stdin digest ("-": no stdin) is kept in the claim, so that a conflict can say
+	# whether the command or the stdin differs; it goes into frames, so it is checked.
+	case $in_sum in
+	-) ;;
+	*[!0-9a-f]*) refuse "bad_args reason=stdin_digest" ;;
+	*) [ "${#in_sum}" -eq 64 ] || refuse "bad_args reason=stdin_digest" ;;
+	esac
 	case $family in
 	read-only | convergent | append-only | destructive) ;;
 	*) refuse "bad_args reason=family" ;;
@@ -1215,6 +1224,7 @@ verb_run() {
 	claim_rec="cap=$cap
 attempt=$attempt
 fingerprint=$fp
+stdin_sum=$in_sum
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$now

@@ -77,7 +77,6 @@ Reason codes (retryable marked *):
                  resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
                  attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval,
-                 host_key_mismatch,
                  host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human reruns with --approve NOTE),
@@ -648,6 +647,10 @@ pub struct ShowArgs {
     #[arg(long, value_name = "HOST")]
     #[arg(add = complete_hosts())]
     pub host: Option<String>,
+    /// Only the newest N events in the timeline (the outcome, attempts and observations
+    /// still read every event; `event_count` says how many there are).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 /// `opmark reconcile`.
@@ -660,6 +663,10 @@ pub struct ReconcileArgs {
     #[arg(long, value_name = "HOST")]
     #[arg(add = complete_hosts())]
     pub host: Option<String>,
+    /// At most this many operations contacted, the most recently active first (default:
+    /// every unresolved one); the rest are counted and wait for the next reconcile.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
     /// Every column whole, however wide the rows get.
     #[command(flatten)]
     pub wide: WideArgs,
@@ -825,6 +832,17 @@ pub enum PlacementArg {
     Docker,
 }
 
+/// The image a docker lab builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LabKindArg {
+    /// Debian's userland and OpenSSH, made with debootstrap (the default).
+    Debian,
+    /// busybox-static as every tool and this machine's OpenSSH sshd.
+    Busybox,
+    /// busybox-static and dropbear as the server.
+    Dropbear,
+}
+
 /// `opmark lab` actions.
 #[derive(Debug, Subcommand)]
 pub enum LabAction {
@@ -838,8 +856,13 @@ pub enum LabAction {
         placement: PlacementArg,
         /// With --placement docker: a local image with sshd at /usr/sbin/sshd to use
         /// instead of the lab's own (keys and sshd_config are injected at start).
-        #[arg(long, value_name = "IMG")]
+        #[arg(long, value_name = "IMG", conflicts_with = "kind")]
         image: Option<String>,
+        /// With --placement docker: which image the lab builds (once, then cached):
+        /// `debian` (debootstrap, about two minutes, needs a Debian mirror), `busybox`
+        /// (this machine's sshd and busybox, seconds, no network) or `dropbear`.
+        #[arg(long, value_enum, value_name = "KIND")]
+        kind: Option<LabKindArg>,
         /// Lab directory (default ${XDG_STATE_HOME:-~/.local/state}/opmark/lab).
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
@@ -859,6 +882,9 @@ pub enum LabAction {
         /// Lab directory.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// At most this many targets, in target order (default: all).
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
     },
     /// Print the `export OPMARK_SSH_CONFIG=...` line that reaches the lab's targets
     /// without -F (`eval "$(opmark lab env)"`).

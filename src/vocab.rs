@@ -183,9 +183,6 @@ pub enum ReasonCode {
     ResolvedNotApplied,
     /// `not_applied`: an operator abandoned the operation; nothing runs under it again.
     ResolvedAbandoned,
-    /// `indeterminate`: the host now presents another host key than the one the
-    /// operation ran against: another machine (or a changed key); nothing concluded.
-    HostKeyMismatch,
     /// `conflict`: the host or store of evidence reached now is not the one the
     /// operation's attempts reached (docs/guarantees.md#evidence-identity): another host key, another user, or another
     /// marker root id (wiped, rebuilt, another `$HOME`); nothing sent, nothing concluded.
@@ -407,7 +404,6 @@ names!(ReasonCode {
     ResolvedApplied => "resolved_applied",
     ResolvedNotApplied => "resolved_not_applied",
     ResolvedAbandoned => "resolved_abandoned",
-    HostKeyMismatch => "host_key_mismatch",
     HostChanged => "host_changed",
     ClientInterrupted => "client_interrupted",
     HostDiskFull => "host_disk_full",
@@ -418,6 +414,19 @@ names!(ReasonCode {
     Detached => "detached",
     WaitBudgetSpent => "wait_budget_spent",
 });
+
+/// What a `conflict_on_host` run sends differently from the intent the host's claim
+/// holds (JSON `conflict_differs`), told from the claim's fingerprint and stdin digest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Differs {
+    /// Another command, the same stdin.
+    Command,
+    /// The same command, another stdin (or none where there was one, or the reverse).
+    Stdin,
+    /// Both.
+    CommandAndStdin,
+}
 
 impl Verdict {
     /// The reserved exit code of a verdict, or `None` for `completed`/`replayed`, which

@@ -4,10 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::Serialize;
+
 use super::render::printable;
-use crate::cli::{GlobalArgs, LabAction, LabArgs, PlacementArg};
+use crate::cli::{GlobalArgs, LabAction, LabArgs, LabKindArg, PlacementArg};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::lab::{DockerSpec, ImageSource, Lab, LabError, LabSpec, Placement};
+use crate::lab::{DockerSpec, HostKind, ImageSource, Lab, LabError, LabSpec, Placement};
 
 /// Runs one `opmark lab` action; returns the exit code.
 pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
@@ -16,18 +18,22 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
             count,
             placement,
             image,
+            kind,
             dir,
         } => up(
             global,
-            *count,
-            *placement,
-            image.as_deref(),
+            &Up {
+                count: *count,
+                placement: *placement,
+                image: image.as_deref(),
+                kind: *kind,
+            },
             &lab_dir(dir.as_deref())?,
         ),
         LabAction::Down { dir, purge_image } => {
             down(global, &lab_dir(dir.as_deref())?, *purge_image)
         }
-        LabAction::Status { dir } => status(global, &lab_dir(dir.as_deref())?),
+        LabAction::Status { dir, limit } => status(global, &lab_dir(dir.as_deref())?, *limit),
         LabAction::Env { dir } => env(global, &lab_dir(dir.as_deref())?),
         LabAction::Cut { target, dir } => {
             let dir = lab_dir(dir.as_deref())?;
@@ -72,13 +78,21 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
     }
 }
 
-fn up(
-    global: &GlobalArgs,
+/// What `lab up` was asked for.
+struct Up<'a> {
     count: usize,
     placement: PlacementArg,
-    image: Option<&str>,
-    dir: &Path,
-) -> Result<u8> {
+    image: Option<&'a str>,
+    kind: Option<LabKindArg>,
+}
+
+fn up(global: &GlobalArgs, req: &Up<'_>, dir: &Path) -> Result<u8> {
+    let Up {
+        count,
+        placement,
+        image,
+        kind,
+    } = *req;
     let placement = match placement {
         PlacementArg::Loopback => Placement::Loopback,
         PlacementArg::Netns => Placement::Netns,
@@ -90,6 +104,17 @@ fn up(
             "--image applies to docker targets only: add `--placement docker`, or drop --image",
         ));
     }
+    if kind.is_some() && placement != Placement::Docker {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--kind picks the image of docker targets only: add `--placement docker`, or drop --kind",
+        ));
+    }
+    let kind = match kind {
+        None | Some(LabKindArg::Debian) => HostKind::Debian,
+        Some(LabKindArg::Busybox) => HostKind::Busybox,
+        Some(LabKindArg::Dropbear) => HostKind::Dropbear,
+    };
     let spec = LabSpec {
         count,
         placement,
@@ -100,7 +125,7 @@ fn up(
             &spec,
             &DockerSpec {
                 image: image.map(str::to_owned),
-                ..DockerSpec::default()
+                kind,
             },
         )
     } else {
@@ -109,7 +134,7 @@ fn up(
     .map_err(to_error)?;
     lab.set_stop_on_drop(false); // the point of `up`: the servers outlive this process
     if global.json {
-        super::common::print_json(&describe(&lab))?;
+        super::common::print_json(&describe(&lab, usize::MAX))?;
         return Ok(exit_code::OK);
     }
     let cfg = lab.ssh_config().display().to_string();
@@ -130,7 +155,7 @@ fn up(
             _ => crate::outln!("image {image} (given with --image)"),
         }
     }
-    print_targets(&lab)?;
+    print_targets(&lab, usize::MAX)?;
     crate::outln!("\nTry:");
     crate::outln!("  ssh -F {cfg} target1 'echo hello from $XDG_STATE_HOME'");
     crate::outln!("  opmark -F {cfg} run target1 -- echo hello");
@@ -140,12 +165,38 @@ fn up(
     }
     if lab.placement() == Placement::Docker {
         crate::outln!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
-        crate::outln!(
-            "  opmark lab crash target1{flag}    # kill all its processes, start it again"
-        );
+        crate::outln!("  opmark lab crash target1{flag}    # kill it all, start it again");
     }
     crate::outln!("Stop and remove with:\n  opmark lab down{flag}");
     Ok(exit_code::OK)
+}
+
+/// `lab env --json` (schemas/lab-env.schema.json).
+#[derive(Debug, Serialize)]
+struct LabEnvDocument {
+    ssh_config: PathBuf,
+    /// The shell line, quoted for a POSIX shell.
+    export: String,
+}
+
+/// `lab down --json` (schemas/lab-down.schema.json).
+#[derive(Debug, Serialize)]
+struct LabDownDocument {
+    /// Targets stopped.
+    stopped: usize,
+    dir: PathBuf,
+    /// The lab's image (kept unless removed).
+    image: Option<String>,
+    image_removed: bool,
+    /// Unresolved operations whose only evidence went with the removed targets.
+    unresolved_operations: Vec<Unresolved>,
+}
+
+/// An operation named by [`LabDownDocument`].
+#[derive(Debug, Serialize)]
+struct Unresolved {
+    op_id: String,
+    host: String,
 }
 
 /// `export OPMARK_SSH_CONFIG=...`: the line that lets every later `opmark` (and
@@ -155,10 +206,10 @@ fn env(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     let cfg = lab.ssh_config().display().to_string();
     let line = format!("export OPMARK_SSH_CONFIG={}", crate::shim::quote(&cfg));
     if global.json {
-        super::common::print_json(&serde_json::json!({
-            "ssh_config": lab.ssh_config(),
-            "export": line,
-        }))?;
+        super::common::print_json(&LabEnvDocument {
+            ssh_config: lab.ssh_config().to_path_buf(),
+            export: line,
+        })?;
     } else {
         crate::outln!("{line}");
         crate::outln!(
@@ -211,16 +262,19 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
         crate::lab::remove_image(tag).map_err(to_error)?;
     }
     if global.json {
-        super::common::print_json(&serde_json::json!({
-            "stopped": n,
-            "dir": dir,
-            "image": image,
-            "image_removed": purge.is_some(),
-            "unresolved_operations": unresolved
+        super::common::print_json(&LabDownDocument {
+            stopped: n,
+            dir: dir.to_path_buf(),
+            image: image.clone(),
+            image_removed: purge.is_some(),
+            unresolved_operations: unresolved
                 .iter()
-                .map(|(op, host)| serde_json::json!({ "op_id": op, "host": host }))
-                .collect::<Vec<_>>(),
-        }))?;
+                .map(|(op, host)| Unresolved {
+                    op_id: op.clone(),
+                    host: host.clone(),
+                })
+                .collect(),
+        })?;
     } else {
         if !unresolved.is_empty() {
             crate::say!(
@@ -248,11 +302,18 @@ fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {
     Ok(exit_code::OK)
 }
 
-fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
+fn status(global: &GlobalArgs, dir: &Path, limit: Option<usize>) -> Result<u8> {
+    if limit == Some(0) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--limit 0 would show no target; give at least 1, or leave it out for all",
+        ));
+    }
     let lab = Lab::load(dir).map_err(to_error)?;
     let all_up = lab.is_running();
+    let shown = limit.unwrap_or(usize::MAX);
     if global.json {
-        super::common::print_json(&describe(&lab))?;
+        super::common::print_json(&describe(&lab, shown))?;
     } else {
         crate::outln!(
             "opmark lab in {} ({})",
@@ -260,7 +321,11 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
             placement_name(lab.placement()),
         );
         crate::outln!("ssh config {}", lab.ssh_config().display());
-        print_targets(&lab)?;
+        print_targets(&lab, shown)?;
+        let more = lab.targets().len().saturating_sub(shown);
+        if more > 0 {
+            crate::say!("opmark: {more} more target(s) not shown; drop --limit to see all");
+        }
     }
     // Stopped targets are a finding, like `doctor`'s failing checks.
     Ok(if all_up {
@@ -270,73 +335,127 @@ fn status(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     })
 }
 
-fn print_targets(lab: &Lab) -> Result<()> {
-    for t in lab.targets() {
-        let paused = lab.placement() == Placement::Docker
-            && lab.container_state(&t.alias).is_ok_and(|s| s == "paused");
-        let state = if !lab.target_running(&t.alias) {
-            "stopped"
-        } else if paused {
-            "paused"
-        } else if can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false) {
-            "cut"
-        } else {
-            "running"
-        };
+/// A target's state as `lab status` names it.
+fn target_state(lab: &Lab, t: &crate::lab::Target) -> &'static str {
+    let paused = lab.placement() == Placement::Docker
+        && lab.container_state(&t.alias).is_ok_and(|s| s == "paused");
+    if !lab.target_running(&t.alias) {
+        "stopped"
+    } else if paused {
+        "paused"
+    } else if can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false) {
+        "cut"
+    } else {
+        "running"
+    }
+}
+
+/// The first `shown` targets, two lines each.
+fn print_targets(lab: &Lab, shown: usize) -> Result<()> {
+    for t in lab.targets().iter().take(shown) {
+        let state = target_state(lab, t);
         let place = match (&t.netns, lab.container(&t.alias)) {
-            (Some(ns), _) => format!(", netns {ns}"),
-            (None, Ok(container)) => format!(", container {container}"),
-            (None, Err(_)) => String::new(),
+            (Some(ns), _) => Some(format!("netns {ns}")),
+            (None, Ok(container)) => Some(format!("container {container}")),
+            (None, Err(_)) => None,
         };
-        // Two short lines rather than one of 110 columns: the second holds the paths,
-        // which are copied whole.
+        // Short lines rather than one of 110 columns: the paths and names below the
+        // address are copied whole.
         crate::outln!(
-            "  {:<9} {:<26} {state}{place}",
+            "  {:<9} {:<26} {state}",
             t.alias,
             format!("{}@{}", t.user, t.known_hosts_host()),
         );
+        if let Some(place) = place {
+            crate::outln!("  {:<9} {place}", "");
+        }
         crate::outln!("  {:<9} markers in {}", "", t.marker_root().display());
     }
     Ok(())
 }
 
-/// The lab as one JSON document (for `--json`).
-fn describe(lab: &Lab) -> serde_json::Value {
-    let targets: Vec<_> = lab
+/// `lab up --json` and `lab status --json` (schemas/lab.schema.json), fields in this
+/// order.
+#[derive(Debug, Serialize)]
+struct LabDocument {
+    dir: PathBuf,
+    placement: &'static str,
+    ssh_config: PathBuf,
+    known_hosts: PathBuf,
+    client_key: PathBuf,
+    /// The image docker targets run (null for loopback and netns).
+    image: Option<String>,
+    /// `cached`, `built` (by this `up`) or `given` (`--image`); null without an image.
+    image_source: Option<&'static str>,
+    /// How long this `up` took to build the image; null unless it built it.
+    image_build_seconds: Option<u64>,
+    /// Targets in the lab, whether or not `--limit` shows them all.
+    target_count: usize,
+    targets: Vec<LabTarget>,
+}
+
+/// One target of [`LabDocument`].
+#[derive(Debug, Serialize)]
+struct LabTarget {
+    alias: String,
+    addr: String,
+    port: u16,
+    user: String,
+    state_home: PathBuf,
+    marker_root: PathBuf,
+    /// Where the markers are on this machine (a docker target's volume).
+    markers_on_host: Option<PathBuf>,
+    netns: Option<String>,
+    container: Option<String>,
+    log: PathBuf,
+    /// `running`, `stopped`, `paused` or `cut`, as the text says.
+    target_state: &'static str,
+    running: bool,
+    cut: bool,
+}
+
+/// The lab as one JSON document (for `--json`), its first `shown` targets.
+fn describe(lab: &Lab, shown: usize) -> LabDocument {
+    let targets = lab
         .targets()
         .iter()
-        .map(|t| {
-            serde_json::json!({
-                "alias": t.alias,
-                "addr": t.addr.to_string(),
-                "port": t.port,
-                "user": t.user,
-                "state_home": t.state_home,
-                "marker_root": t.marker_root(),
-                // Where the markers are on this machine (a docker target's volume).
-                "markers_on_host": lab.marker_root_on_host(&t.alias).ok(),
-                "netns": t.netns,
-                "container": lab.container(&t.alias).ok(),
-                "log": t.log,
-                "running": lab.target_running(&t.alias),
-                "cut": can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false),
-            })
+        .take(shown)
+        .map(|t| LabTarget {
+            alias: t.alias.clone(),
+            addr: t.addr.to_string(),
+            port: t.port,
+            user: t.user.clone(),
+            state_home: t.state_home.clone(),
+            marker_root: t.marker_root(),
+            markers_on_host: lab.marker_root_on_host(&t.alias).ok(),
+            netns: t.netns.clone(),
+            container: lab.container(&t.alias).ok(),
+            log: t.log.clone(),
+            target_state: target_state(lab, t),
+            running: lab.target_running(&t.alias),
+            cut: can_cut(lab, t) && lab.is_cut(&t.alias).unwrap_or(false),
         })
         .collect();
-    serde_json::json!({
-        "dir": lab.dir(),
-        "placement": placement_name(lab.placement()),
-        "ssh_config": lab.ssh_config(),
-        "known_hosts": lab.known_hosts(),
-        "client_key": lab.client_key(),
-        "image": lab.image().map(|(i, _)| i),
-        "image_source": lab.image().and_then(|(_, source)| source).map(|s| match s {
+    let source = lab.image().and_then(|(_, source)| source);
+    LabDocument {
+        dir: lab.dir().to_path_buf(),
+        placement: placement_name(lab.placement()),
+        ssh_config: lab.ssh_config().to_path_buf(),
+        known_hosts: lab.known_hosts().to_path_buf(),
+        client_key: lab.client_key().to_path_buf(),
+        image: lab.image().map(|(i, _)| i.to_owned()),
+        image_source: source.map(|s| match s {
             ImageSource::Cached => "cached",
             ImageSource::Built(_) => "built",
             ImageSource::Given => "given",
         }),
-        "targets": targets,
-    })
+        image_build_seconds: match source {
+            Some(ImageSource::Built(took)) => Some(took.as_secs()),
+            _ => None,
+        },
+        target_count: lab.targets().len(),
+        targets,
+    }
 }
 
 /// True when the target can be cut (a namespace or a running container).

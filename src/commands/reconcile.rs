@@ -27,6 +27,7 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
         &ReconcileRequest {
             ops: args.ops.clone(),
             host: args.host.clone(),
+            limit: args.limit,
         },
         |done, total| {
             if show_progress {
@@ -58,6 +59,13 @@ pub fn run(global: &GlobalArgs, args: &ReconcileArgs) -> Result<u8> {
                 &global_flags(global),
             )
         );
+        if report.not_contacted > 0 {
+            crate::logging::say(format_args!(
+                "opmark: {} more unresolved operation{} not contacted (--limit); run `opmark reconcile` again for them",
+                report.not_contacted,
+                if report.not_contacted == 1 { "" } else { "s" },
+            ));
+        }
         for c in &report.contradicted {
             crate::outln!(
                 "C {} on {}: CONTRADICTED ({} contradiction{} between evidence; the ledger keeps exit {}); see `opmark show {}`",

@@ -12,7 +12,9 @@ use super::render::{printable, to_second, wrap_into};
 use crate::cli::{GlobalArgs, ShowArgs};
 use crate::error::{exit_code, Result};
 use crate::ledger::{Event, LinkRelation, OpKey, OpState, OperationRecord, StoredEvent};
-use crate::ops::show::{attempts, contradictions, observations, outcome, show, ShowRequest};
+use crate::ops::show::{
+    attempts, contradictions, observations, outcome, show, ShowRequest, Timeline,
+};
 use crate::text::Stamp;
 
 /// Prints the header and the timeline, or one JSON document with `--json`.
@@ -22,6 +24,7 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
         &ShowRequest {
             op: args.op.clone(),
             host: args.host.clone(),
+            limit: args.limit,
         },
     )?;
     if global.json {
@@ -37,8 +40,10 @@ pub fn run(global: &GlobalArgs, args: &ShowArgs) -> Result<u8> {
     Ok(exit_code::OK)
 }
 
-/// The text form: header, then one line per event (wrapped to 80 columns).
-pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEvent]) -> String {
+/// The text form: header, then one line per event of the timeline (wrapped to 80
+/// columns; a `--limit`ed one says how many earlier events it leaves out).
+pub fn render(key: &OpKey, record: Option<&OperationRecord>, timeline: &Timeline) -> String {
+    let events: &[StoredEvent] = timeline;
     let mut out = format!(
         "operation {} on {}\n",
         printable(&key.op_id),
@@ -179,9 +184,17 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, events: &[StoredEve
         }
     }
     out.push_str("\ntimeline (UTC):\n");
+    if timeline.left_out() > 0 {
+        let _ = writeln!(
+            out,
+            "  ({} earlier event{} not shown; drop --limit for all)",
+            timeline.left_out(),
+            if timeline.left_out() == 1 { "" } else { "s" }
+        );
+    }
     let seq_w = events.last().map_or(1, |e| e.seq.to_string().len()).max(2);
     let mut day = String::new();
-    for e in events {
+    for e in timeline.shown() {
         let at = Stamp::of(&e.at);
         let this_day = at.day();
         if this_day != day {

@@ -10,7 +10,7 @@
 //! (every process killed, container started again: markers stay, the command does not).
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, IsTerminal, Write as _};
+use std::io::{BufRead, BufReader, Write as _};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::images::{self, HostKind};
+use super::progress::{BuildProgress, Phase};
 use super::sshd::{self, run};
 use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
 use super::{Target, READY_TIMEOUT};
@@ -124,7 +125,11 @@ fn tag_of(recipe: &[(&str, &str)]) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
-    format!("{IMAGE_REPO}:{}", &hex::encode(h.finalize())[..16])
+    format!(
+        "{}:{}",
+        images::repository(IMAGE_REPO),
+        &hex::encode(h.finalize())[..16]
+    )
 }
 
 fn recipe(key: &str) -> &'static str {
@@ -229,22 +234,31 @@ fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
     let rootfs = scratch.join("rootfs");
     let _ = std::fs::remove_dir_all(&rootfs);
     mkdir(scratch, 0o700)?;
-    let result = debootstrap(&rootfs, tag).and_then(|()| import(&rootfs, tag));
+    let progress = BuildProgress::start(tag, DEBIAN_PHASES);
+    let result = debootstrap(&rootfs, &progress).and_then(|()| import(&rootfs, tag, &progress));
     let _ = std::fs::remove_dir_all(scratch);
+    if result.is_ok() {
+        progress.finish();
+    }
     result
 }
 
-/// Runs debootstrap, showing its progress: a line rewritten in place on a terminal,
-/// otherwise a start line and the elapsed time at the end.
-fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
-    let tty = std::io::stderr().is_terminal();
-    let mut err = std::io::stderr();
-    // A cold build takes about two minutes (issue 28 timed it: debootstrap, then ~23 s
-    // of docker import that showed nothing), so say that, and show each phase as it runs.
-    let _ = writeln!(
-        err,
-        "opmark: building the lab image {tag} (once, then cached; about two minutes): 1/2 debootstrap, 2/2 docker import"
-    );
+/// The phases of the Debian image and what they usually take: issue 28 timed a cold
+/// build at about two minutes, the last ~23 s of it docker import.
+const DEBIAN_PHASES: &[Phase] = &[
+    Phase {
+        name: "debootstrap",
+        usual: Duration::from_secs(100),
+    },
+    Phase {
+        name: "docker import",
+        usual: Duration::from_secs(23),
+    },
+];
+
+/// Runs debootstrap, its last line shown in the build's status line.
+fn debootstrap(rootfs: &Path, progress: &BuildProgress) -> Result<(), LabError> {
+    progress.phase(0);
     let mirror = std::env::var("OPMARK_LAB_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into());
     let mut child = Command::new("debootstrap")
         .arg(format!("--variant={}", recipe("variant")))
@@ -260,7 +274,6 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
             command: "debootstrap".into(),
             detail: e.to_string(),
         })?;
-    let started = Instant::now();
     let stderr = child.stderr.take();
     let stderr_reader = std::thread::spawn(move || {
         let mut text = String::new();
@@ -272,14 +285,7 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
     let mut tail: Vec<String> = Vec::new();
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tty {
-                // One status line, cut to the terminal's width: never a stack of lines.
-                crate::logging::set_status(Some(&format!(
-                    "opmark: image 1/2 debootstrap {:>3} s: {}",
-                    started.elapsed().as_secs(),
-                    crate::text::printable(&line)
-                )));
-            }
+            progress.detail(&line);
             tail.push(line);
             if tail.len() > 20 {
                 tail.remove(0);
@@ -291,9 +297,6 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
         detail: e.to_string(),
     })?;
     let stderr_text = stderr_reader.join().unwrap_or_default();
-    if tty {
-        crate::logging::set_status(None);
-    }
     if !status.success() {
         let log = rootfs.join("debootstrap/debootstrap.log");
         return Err(LabError::Command {
@@ -307,16 +310,12 @@ fn debootstrap(rootfs: &Path, tag: &str) -> Result<(), LabError> {
             ),
         });
     }
-    let _ = writeln!(
-        err,
-        "opmark: image 1/2 debootstrap done in {} s; 2/2 importing into docker (about 20 s)",
-        started.elapsed().as_secs()
-    );
+    progress.phase_done();
     Ok(())
 }
 
 /// Strips what must not be shared, then `tar -C rootfs -c . | docker import`.
-fn import(rootfs: &Path, tag: &str) -> Result<(), LabError> {
+fn import(rootfs: &Path, tag: &str, progress: &BuildProgress) -> Result<(), LabError> {
     for pattern in recipe("strip").split_whitespace() {
         let (dir, name) = pattern.rsplit_once('/').unwrap_or(("", pattern));
         let (pre, post) = name.split_once('*').unwrap_or((name, ""));
@@ -336,33 +335,11 @@ fn import(rootfs: &Path, tag: &str) -> Result<(), LabError> {
             }
         }
     }
-    // The import is silent for its ~20 s: a ticking status line says it is under way.
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let ticker = std::io::stderr().is_terminal().then(|| {
-        let done = done.clone();
-        let started = Instant::now();
-        std::thread::spawn(move || {
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                crate::logging::set_status(Some(&format!(
-                    "opmark: image 2/2 docker import {:>3} s",
-                    started.elapsed().as_secs()
-                )));
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            crate::logging::set_status(None);
-        })
-    });
-    let started = Instant::now();
+    // The import is silent for its ~20 s: the ticking status line says it is under way.
+    progress.phase(1);
     let imported = import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    if let Some(t) = ticker {
-        let _ = t.join();
-    }
     if imported.is_ok() {
-        crate::say!(
-            "opmark: image 2/2 docker import done in {} s",
-            started.elapsed().as_secs()
-        );
+        progress.phase_done();
     }
     imported
 }

@@ -15,6 +15,7 @@ use std::time::UNIX_EPOCH;
 
 use sha2::{Digest, Sha256};
 
+use super::progress::{BuildProgress, Phase};
 use super::LabError;
 
 /// What a docker target runs: its userland and its SSH server.
@@ -189,7 +190,7 @@ fn tag_of(lines: &[String]) -> String {
         h.update(l.as_bytes());
         h.update(b"\n");
     }
-    format!("{REPO}:{}", &hex::encode(h.finalize())[..16])
+    format!("{}:{}", repository(REPO), &hex::encode(h.finalize())[..16])
 }
 
 /// The image tag of `kind` as this machine would build it now.
@@ -228,8 +229,65 @@ fn start_script(kind: HostKind) -> String {
     }
 }
 
-/// Builds the image of `kind` under `tag` in `scratch` (root only: file owners).
+/// The repository lab images are tagged in: `default`, or `OPMARK_LAB_IMAGE_REPO` when
+/// set to a docker repository name (lower-case letters, digits, `.`, `_`, `-`, `/`).
+/// The tag is still the recipe's hash; another repository is another cache, which is how
+/// a test builds an image cold without removing the one everybody else reuses.
+pub(crate) fn repository(default: &str) -> String {
+    match std::env::var("OPMARK_LAB_IMAGE_REPO") {
+        Ok(r)
+            if !r.is_empty()
+                && r.chars().all(|c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)
+                }) =>
+        {
+            r
+        }
+        Ok(r) if !r.is_empty() => {
+            crate::say!(
+                "opmark: OPMARK_LAB_IMAGE_REPO={} is no docker repository name (a-z 0-9 . _ - /); using {default}",
+                crate::text::printable(&r)
+            );
+            default.to_owned()
+        }
+        _ => default.to_owned(),
+    }
+}
+
+/// The phases of a host-files image and what they usually take (a few seconds each on
+/// the machines its tests run on: nothing is downloaded).
+const PHASES: &[Phase] = &[
+    Phase {
+        name: "copy files",
+        usual: std::time::Duration::from_secs(2),
+    },
+    Phase {
+        name: "docker import",
+        usual: std::time::Duration::from_secs(5),
+    },
+];
+
+/// Builds the image of `kind` under `tag` in `scratch` (root only: file owners),
+/// showing its progress.
 pub(crate) fn build(kind: HostKind, tag: &str, scratch: &Path) -> Result<(), LabError> {
+    let progress = BuildProgress::start(tag, PHASES);
+    progress.phase(0);
+    let built = copy_and_import(kind, tag, scratch, &progress);
+    let _ = std::fs::remove_dir_all(scratch);
+    if built.is_ok() {
+        progress.phase_done();
+        progress.finish();
+    }
+    built
+}
+
+/// The root filesystem of `kind` from this machine's files, then its import.
+fn copy_and_import(
+    kind: HostKind,
+    tag: &str,
+    scratch: &Path,
+    progress: &BuildProgress,
+) -> Result<(), LabError> {
     let files = files(kind)?;
     let rootfs = scratch.join("rootfs");
     let _ = std::fs::remove_dir_all(&rootfs);
@@ -348,9 +406,9 @@ pub(crate) fn build(kind: HostKind, tag: &str, scratch: &Path) -> Result<(), Lab
         &start_script(kind),
         0o755,
     )?;
-    let result = super::docker::import_rootfs(&rootfs, tag, &["/bin/sh", START_SCRIPT]);
-    let _ = std::fs::remove_dir_all(scratch);
-    result
+    progress.phase_done();
+    progress.phase(1);
+    super::docker::import_rootfs(&rootfs, tag, &["/bin/sh", START_SCRIPT])
 }
 
 /// Copies `here` to `inside` under `rootfs` (its content: a link's target).

@@ -30,6 +30,7 @@ mod docker;
 mod images;
 mod netns;
 mod proc;
+mod progress;
 mod sshd;
 
 pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource};

@@ -102,8 +102,10 @@ words! {
         MarkerMissingNeedsDecision = "marker_missing_needs_decision",
         /// The marker was absent but fencing it failed: a delayed attempt could arrive.
         AbsentFenceFailed = "absent_fence_failed",
-        /// The host presents another key than the operation ran against.
-        HostKeyMismatch = "host_key_mismatch",
+        /// The host is not the machine, user or marker root the operation's attempts
+        /// reached (another key among them): `run`'s `host_changed`, one word in every
+        /// document. Ledgers written before it was one word say `host_key_mismatch`.
+        HostChanged = "host_changed" | "host_key_mismatch",
         /// The host could not be reached (a report word; no event carries it).
         HostUnreachable = "host_unreachable",
         /// Another writer settled the operation first (a report word).
@@ -434,7 +436,7 @@ mod tests {
                 "interrupted_needs_decision",
                 "marker_missing_needs_decision",
                 "absent_fence_failed",
-                "host_key_mismatch",
+                "host_changed",
                 "host_unreachable",
                 "already_settled",
             ]
@@ -450,6 +452,14 @@ mod tests {
         let d: Decision = read("not-applied");
         assert_eq!(d, Decision::NotApplied);
         assert!(d.settles() && d.is_final_by_operator());
+    }
+
+    #[test]
+    fn a_host_key_mismatch_an_older_reconcile_recorded_reads_as_host_changed_and_stays_open() {
+        let d: Decision = read("host_key_mismatch");
+        assert_eq!(d, Decision::HostChanged);
+        assert_eq!(json(&d), "\"host_changed\"");
+        assert!(!d.settles());
     }
 
     #[test]

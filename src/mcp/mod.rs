@@ -161,6 +161,11 @@ pub struct ShowParams {
     /// The host, when the op id was used on several.
     #[serde(default)]
     pub host: Option<String>,
+    /// Only the newest this many events (default: all); `event_count` says how many
+    /// there are.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
 }
 
 /// Arguments of the `list` tool.
@@ -190,6 +195,11 @@ pub struct ReconcileParams {
     /// Only operations on this host.
     #[serde(default)]
     pub host: Option<String>,
+    /// At most this many operations contacted, most recently active first (default:
+    /// every one in scope); `not_contacted_count` says how many wait for the next call.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub limit: Option<u32>,
 }
 
 #[tool_router]
@@ -299,6 +309,7 @@ impl Server {
         let request = ShowRequest {
             op: p.op_id,
             host: p.host,
+            limit: p.limit.map(|n| n as usize),
         };
         Ok(self
             .call(meta, peer, move |ctx| {
@@ -369,6 +380,7 @@ impl Server {
         let request = ReconcileRequest {
             ops: p.op_ids,
             host: p.host,
+            limit: p.limit.map(|n| n as usize),
         };
         Ok(self
             .call(meta, peer, move |ctx| {

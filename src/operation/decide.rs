@@ -61,14 +61,16 @@
 use std::time::Duration;
 
 use crate::family::Family;
+use crate::ledger::fingerprint::{host_fingerprint, Intent};
 use crate::ledger::history::FinalDecision;
 use crate::ledger::{Decision, OperationRecord, RefusalWord};
 use crate::policy::AfterInterrupted;
 use crate::shim::{ExitFrame, MarkerInfo, MarkerState};
 use crate::ssh::{ConnectError, ConnectStage};
-use crate::vocab::{Boundary, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
+use crate::vocab::{Boundary, Differs, ReasonCode, RetryReason, Verdict, HOST_CHANGED_PREFIX};
 
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::interrupt::ClientSignal;
 use super::repeat::Repetition;
@@ -90,6 +92,10 @@ pub struct Facts<'a> {
     pub approved: bool,
     /// The plain SHA-256 intent fingerprint the host marker holds.
     pub host_fp: &'a str,
+    /// The command string this run sends (with [`Facts::stdin`], what `host_fp` digests).
+    pub command: &'a str,
+    /// The stdin this run forwards, if any.
+    pub stdin: Option<&'a [u8]>,
     /// This invocation's attempts, oldest first; the last is the current one.
     pub attempts: &'a [AttemptSummary],
     /// `--attempts` (or the family's budget).
@@ -166,6 +172,8 @@ pub struct Answer {
     pub exit: ExitEvidence,
     /// `blocked`: what a human decides on.
     pub approval: Option<Box<ApprovalNeeded>>,
+    /// `conflict_on_host`: what differs from the claim, when the claim says.
+    pub differs: Option<Differs>,
 }
 
 /// What approving a blocked run would do.
@@ -266,6 +274,7 @@ impl Answer {
             reason: reason.into(),
             exit: ExitEvidence::None,
             approval: None,
+            differs: None,
         }
     }
 
@@ -695,14 +704,11 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
             refusal.marker.as_ref(),
             "the operation was closed as not applied (its marker is fenced); nothing ran and nothing can run under this op id",
         )),
-        RefusalReason::Conflict => Action::Answer(Answer::new(
-            Verdict::Conflict,
-            Some(attempt.clone()),
-            ReasonCode::ConflictOnHost,
-            format!(
-                "the host's marker binds op {} to a different command or stdin; nothing ran. For the same effect resend exactly that command and stdin; a new op id only for a different effect",
-                facts.op
-            ),
+        RefusalReason::Conflict => Action::Answer(host_conflict(
+            facts,
+            &attempt,
+            refusal.marker.as_ref(),
+            "nothing ran. For the same effect resend exactly that command and stdin; a new op id only for a different effect",
         )),
         // This call moved an interrupted claim aside before its own start failed: the
         // earlier attempt may have run.
@@ -937,11 +943,11 @@ pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<P
                         .as_deref()
                         .is_some_and(|fp| fp != facts.host_fp) =>
                 {
-                    ProbeAction::Then(Action::Answer(Answer::new(
-                        Verdict::Conflict,
-                        Some(attempt),
-                        ReasonCode::ConflictOnHost,
-                        "the host's marker binds this op id to a different command or stdin",
+                    ProbeAction::Then(Action::Answer(host_conflict(
+                        facts,
+                        &attempt,
+                        Some(&marker),
+                        "nothing was sent",
                     )))
                 }
                 MarkerState::Running | MarkerState::Completed => {
@@ -1141,6 +1147,54 @@ pub fn policy_gate(deny: Option<&str>, approval: Option<&str>, approved: bool) -
         )),
         _ => None,
     }
+}
+
+/// What this run sends differently from the claim `marker` reports, told from the
+/// claim's fingerprint and stdin digest (`stdin_sum`, `-` for none): the command is the
+/// same exactly when this command with the claim's stdin has the claim's fingerprint.
+/// None when the claim does not say (a shim older than the field) or nothing differs.
+pub fn host_differs(facts: &Facts<'_>, marker: &MarkerInfo) -> Option<Differs> {
+    let claimed_fp = marker.fingerprint.as_deref()?;
+    let claimed_stdin: Option<[u8; 32]> = match marker.fields.get("stdin_sum")?.as_str() {
+        "-" => None,
+        hex => Some(hex::decode(hex).ok()?.try_into().ok()?),
+    };
+    let ours: Option<[u8; 32]> = facts.stdin.map(|s| Sha256::digest(s).into());
+    let same_command = host_fingerprint(&Intent {
+        command: facts.command,
+        stdin_sha256: claimed_stdin,
+    }) == claimed_fp;
+    match (same_command, ours == claimed_stdin) {
+        (false, true) => Some(Differs::Command),
+        (true, false) => Some(Differs::Stdin),
+        (false, false) => Some(Differs::CommandAndStdin),
+        (true, true) => None,
+    }
+}
+
+/// The host's marker binds the op id to another intent: `conflict_on_host`, saying what
+/// differs when the claim tells, then `then` (what was not done and what to do).
+fn host_conflict(
+    facts: &Facts<'_>,
+    attempt: &str,
+    marker: Option<&MarkerInfo>,
+    then: &str,
+) -> Answer {
+    let differs = marker.and_then(|m| host_differs(facts, m));
+    let what = match differs {
+        Some(Differs::Command) => "a different command (the stdin is the same)",
+        Some(Differs::Stdin) => "the same command with a different stdin",
+        Some(Differs::CommandAndStdin) => "a different command and a different stdin",
+        None => "a different command or stdin",
+    };
+    let mut answer = Answer::new(
+        Verdict::Conflict,
+        Some(attempt.to_owned()),
+        ReasonCode::ConflictOnHost,
+        format!("the host's marker binds op {} to {what}; {then}", facts.op),
+    );
+    answer.differs = differs;
+    answer
 }
 
 /// The ledger binds the op id to another intent: `conflict`, before anything is sent.
@@ -1455,6 +1509,8 @@ mod tests {
             },
             approved: false,
             host_fp: FP,
+            command: "echo hi",
+            stdin: None,
             attempts,
             budget: 3,
             prior_dispatch: None,
@@ -2479,6 +2535,72 @@ mod tests {
         never.fields.insert("command_started".into(), "0".into());
         let a = answer(after_probe(&f, ProbeSeen::Marker(never), TIME_LEFT).then);
         assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::Fenced));
+    }
+
+    /// A claim of `command` with `stdin` as the shim reports it (`fp=`, `stdin_sum=`).
+    fn claim_of(command: &str, stdin: Option<&[u8]>) -> MarkerInfo {
+        let digest: Option<[u8; 32]> = stdin.map(|s| Sha256::digest(s).into());
+        let mut m = marker(MarkerState::Completed, Some("at-0"));
+        m.fingerprint = Some(host_fingerprint(&Intent {
+            command,
+            stdin_sha256: digest,
+        }));
+        m.fields
+            .insert("stdin_sum".into(), digest.map_or("-".into(), hex::encode));
+        m
+    }
+
+    #[test]
+    fn a_host_conflict_says_whether_the_command_the_stdin_or_both_differ() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let mut f = facts(Family::ReadOnly, &ours);
+        // This run: `echo hi` with stdin "a".
+        f.stdin = Some(b"a");
+        let cases = [
+            (
+                claim_of("echo ho", Some(b"a")),
+                Some(Differs::Command),
+                "a different command (the stdin is the same)",
+            ),
+            (
+                claim_of("echo hi", Some(b"b")),
+                Some(Differs::Stdin),
+                "the same command with a different stdin",
+            ),
+            (
+                claim_of("echo hi", None),
+                Some(Differs::Stdin),
+                "the same command with a different stdin",
+            ),
+            (
+                claim_of("echo ho", None),
+                Some(Differs::CommandAndStdin),
+                "a different command and a different stdin",
+            ),
+        ];
+        for (claim, differs, words) in cases {
+            let reply = refused_reply(refusal("conflict", &[], Some(claim.clone())));
+            let a = answer(after_dispatch(&f, reply).then);
+            assert_eq!(
+                verdict_of(&a),
+                (Verdict::Conflict, ReasonCode::ConflictOnHost)
+            );
+            assert_eq!(a.differs, differs, "{claim:?}");
+            assert!(a.reason.contains(words), "{}", a.reason);
+            // A probe that finds the same claim says the same.
+            let p = answer(after_probe(&f, ProbeSeen::Marker(claim), TIME_LEFT).then);
+            assert_eq!(p.differs, differs);
+        }
+        // A claim from a shim without the stdin digest: it cannot tell, and says so.
+        let mut old = claim_of("echo ho", Some(b"a"));
+        old.fields.remove("stdin_sum");
+        let a = answer(after_dispatch(&f, refused_reply(refusal("conflict", &[], Some(old)))).then);
+        assert_eq!(a.differs, None);
+        assert!(
+            a.reason.contains("a different command or stdin"),
+            "{}",
+            a.reason
+        );
     }
 
     #[test]

@@ -123,6 +123,8 @@ impl<'a> Runner<'a> {
             after_interrupted: self.after_interrupted,
             approved: self.input.approve.is_some(),
             host_fp: &self.host_fp,
+            command: &self.input.command,
+            stdin: self.input.stdin.as_deref(),
             attempts: &self.attempts,
             budget: self.budget,
             prior_dispatch: self.prior_dispatch.as_deref(),
@@ -1119,6 +1121,7 @@ impl<'a> Runner<'a> {
             cancelled: self.exit.as_ref().is_some_and(|x| x.cancelled),
             observations: self.observations.clone(),
             approval_needed: answer.approval.map(|a| *a),
+            conflict_differs: answer.differs,
         }
     }
 }

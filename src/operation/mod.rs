@@ -231,6 +231,10 @@ pub struct RunReport {
     /// another op id within the family's window), when the policy blocked or warned
     /// about it (docs/guarantees.md#repetitions); null otherwise.
     pub repeats: Option<repeat::Repetition>,
+    /// `conflict_on_host`: whether the command, the stdin or both differ from the intent
+    /// the host's claim holds; null for any other verdict, or when the claim does not
+    /// say (a shim older than the claim's stdin digest).
+    pub conflict_differs: Option<crate::vocab::Differs>,
 }
 
 impl RunReport {

@@ -19,7 +19,7 @@
 //! | marker absent, nothing of ours ever reached it | fence it, then `not_applied` | yes |
 //! | marker absent, but an attempt of ours had reached it | `marker_missing_needs_decision` | no |
 //! | host unreachable | nothing but a `Probed{state: unreachable}` | no |
-//! | host presents another key than the operation ran against | `host_key_mismatch`: no probe, no fence | no |
+//! | host presents another key than the operation ran against | `host_changed`: no probe, no fence | no |
 //! | same key, another user, or a marker root with another id (docs/guarantees.md#evidence-identity) | `host_changed`: no probe, no fence | no |
 //!
 //! Each operation's host is reached the way its attempts reached it (the recorded
@@ -198,7 +198,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
             decide(
                 &mut outcome,
                 &mut events,
-                Decision::HostKeyMismatch,
+                Decision::HostChanged,
                 why.clone(),
             );
         }
@@ -207,7 +207,7 @@ pub fn settle(candidate: &Candidate, evidence: &Evidence) -> Settlement {
             decide(
                 &mut outcome,
                 &mut events,
-                Decision::from("host_changed"),
+                Decision::HostChanged,
                 why.clone(),
             );
         }
@@ -758,7 +758,7 @@ mod tests {
             &c,
             &Evidence::KeyMismatch("host key for h is now SHA256:b".into()),
         );
-        assert_eq!(decision(&s), "host_key_mismatch");
+        assert_eq!(decision(&s), "host_changed");
         assert!(!s.outcome.settled);
         assert!(!s
             .events

@@ -137,13 +137,15 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
     })?;
     let answer = match answer {
         Ok(answer) => answer,
-        Err(e) => return host_changed::answer(op.as_str(), &host, e),
+        Err(e) => {
+            return host_changed::answer(host_changed::Subcommand::Cancel, op.as_str(), &host, e)
+        }
     };
     let Cancelled { outcome, marker } = match answer {
         Ok(done) => done,
         Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
             let e = host_changed::root_changed(&recorded, &host, op.as_str(), &r);
-            return host_changed::answer(op.as_str(), &host, e);
+            return host_changed::answer(host_changed::Subcommand::Cancel, op.as_str(), &host, e);
         }
         Err(CallError::NotSent(why)) => {
             return Err(Error::new(

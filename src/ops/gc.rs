@@ -135,7 +135,7 @@ pub fn gc(ctx: &Context, args: &GcRequest) -> Result<Answered<GcReport>> {
     })?;
     let report = match report {
         Ok(report) => report,
-        Err(e) => return host_changed::answer(&op, &host, e),
+        Err(e) => return host_changed::answer(host_changed::Subcommand::Gc, &op, &host, e),
     };
     Ok(Answered::Report(GcReport {
         host,

@@ -2,9 +2,11 @@
 //! it reached is not the machine, user or marker root an operation's attempts reached
 //! (docs/guarantees.md#evidence-identity): as `run` answers it, `conflict` with reason_code `host_changed`, the same
 //! message (what changed, expected and found root ids, how the operation was reached
-//! before), the same exit code and the same JSON fields, so an operator or an agent reads
-//! one story whichever command met the change. The messages themselves are made where
-//! `run` makes them, in `operation::identity`.
+//! before) and the same exit code, so an operator or an agent reads one story whichever
+//! command met the change. The document is the operator command's own, not `run`'s: it
+//! names the `subcommand` that answered and has no `attempt_id` or `exit_code`, which
+//! mean something only for a run (each command's schema in schemas/ declares it). The
+//! messages themselves are made where `run` makes them, in `operation::identity`.
 
 use serde::Serialize;
 
@@ -13,16 +15,29 @@ use crate::host::{ReachError, Refusal};
 use crate::operation::identity::Recorded;
 use crate::vocab::{ErrorCode, ReasonCode, Verdict, HOST_CHANGED_PREFIX};
 
-/// The fields of `run`'s document that a `host_changed` verdict fills.
+/// The operator command that met the host change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Subcommand {
+    Probe,
+    Cancel,
+    Resolve,
+    Gc,
+}
+
+/// An operator command's answer to a host change, in the verdict words `run` uses.
 #[derive(Debug, Clone, Serialize)]
 pub struct HostChanged {
+    /// Which command answered (its document is not a run's).
+    pub subcommand: Subcommand,
     pub op_id: String,
     pub host: String,
-    pub attempt_id: Option<String>,
+    /// Always `conflict`, as `run` answers a host change.
     pub verdict: Verdict,
-    pub exit_code: Option<i32>,
     pub reason: String,
+    /// Always `host_changed`.
     pub reason_code: ReasonCode,
+    /// Always false: the same op id meets the same other machine until a human acts.
     pub retryable: bool,
 }
 
@@ -72,18 +87,17 @@ pub fn root_changed(recorded: &Recorded, host: &str, op: &str, refusal: &Refusal
     changed(recorded.root_changed(host, op, refusal))
 }
 
-/// A host change of operation `op` on `host` as `run` answers it; any other error is
-/// returned as it is.
-pub fn answer<R>(op: &str, host: &str, e: Error) -> Result<Answered<R>> {
+/// A host change of operation `op` on `host`, met by `subcommand`, as `run` answers it;
+/// any other error is returned as it is.
+pub fn answer<R>(subcommand: Subcommand, op: &str, host: &str, e: Error) -> Result<Answered<R>> {
     if e.code != Some(CODE) {
         return Err(e);
     }
     Ok(Answered::HostChanged(HostChanged {
+        subcommand,
         op_id: op.to_owned(),
         host: host.to_owned(),
-        attempt_id: None,
         verdict: Verdict::Conflict,
-        exit_code: None,
         reason: e.message,
         reason_code: ReasonCode::HostChanged,
         retryable: false,

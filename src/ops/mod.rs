@@ -120,17 +120,13 @@ pub fn host_spec(ctx: &Context, host: &str, options: &HostOptions) -> HostSpec {
 }
 
 /// A host that could not be reached for a call: a connect failure as [`Error`]'s
-/// `From<ConnectError>` says; a host presenting another key than the operation ran
-/// against is another machine (`host_key_mismatch`), and `nothing` says what was not done.
+/// `From<ConnectError>` says; a host presenting another key, user or root than the
+/// operation ran against is another machine (`host_changed`, the one word every command
+/// uses for it), and `nothing` says what was not done.
 pub fn reach_error(e: ReachError, nothing: &str) -> Error {
     match e {
         ReachError::Connect(e) => e.into(),
-        ReachError::KeyMismatch(why) => Error::new(
-            ErrorKind::Unreachable,
-            format!("{why} (host_key_mismatch); {nothing}"),
-        )
-        .with_code(ReasonCode::HostKeyMismatch),
-        ReachError::HostChanged(why) => Error::new(
+        ReachError::KeyMismatch(why) | ReachError::HostChanged(why) => Error::new(
             ErrorKind::Unreachable,
             format!("{why} (host_changed); {nothing}"),
         )

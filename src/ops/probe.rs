@@ -64,7 +64,9 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>>
     let key = OpKey::new(op.as_str(), host.clone());
     let marker = match block_on(probe_checked(&dest, &op, &host, &recorded))? {
         Ok(marker) => marker,
-        Err(e) => return host_changed::answer(op.as_str(), &host, e),
+        Err(e) => {
+            return host_changed::answer(host_changed::Subcommand::Probe, op.as_str(), &host, e)
+        }
     };
     ledger.append(
         &key,

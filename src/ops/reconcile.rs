@@ -19,6 +19,9 @@ pub struct ReconcileRequest {
     pub ops: Vec<String>,
     /// Only operations on this host.
     pub host: Option<String>,
+    /// At most this many operations contacted (at least 1), the most recently active
+    /// first as `list` orders them; the rest wait for the next reconcile. None: all.
+    pub limit: Option<usize>,
 }
 
 /// What reconcile found and decided.
@@ -32,6 +35,10 @@ pub struct ReconcileReport {
     /// `unresolved` is an operation's flag in `list`).
     #[serde(rename = "unresolved_count")]
     pub unresolved: usize,
+    /// Unresolved operations in scope that `--limit` left for a later reconcile (not
+    /// contacted, not counted in `unresolved_count`); 0 without a limit.
+    #[serde(rename = "not_contacted_count")]
+    pub not_contacted: usize,
     /// Operations in scope whose evidence contradicts itself (a person must look).
     pub contradicted: Vec<Contradicted>,
     /// Operations this reconcile left unresolved that have been unresolved longer than
@@ -53,9 +60,10 @@ pub struct NeedsHuman {
 }
 
 impl ReconcileReport {
-    /// 0 when everything in scope is settled and uncontradicted, else 1.
+    /// 0 when everything in scope is settled and uncontradicted, else 1 (operations a
+    /// limit left uncontacted are not settled).
     pub fn exit_status(&self) -> u8 {
-        if self.unresolved == 0 && self.contradicted.is_empty() {
+        if self.unresolved == 0 && self.not_contacted == 0 && self.contradicted.is_empty() {
             exit_code::OK
         } else {
             exit_code::FINDINGS
@@ -84,6 +92,12 @@ pub fn reconcile(
         .iter()
         .map(|o| OpId::parse(o).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string())))
         .collect::<Result<Vec<_>>>()?;
+    if req.limit == Some(0) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--limit 0 would reconcile nothing; give at least 1, or leave it out for every unresolved operation",
+        ));
+    }
     let policy = load_policy(ctx)?;
     let escalation = super::stats::Escalation::from_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
@@ -136,6 +150,16 @@ pub fn reconcile(
             }
         }
     }
+    // The newest first (the order `list` shows), so a limited reconcile takes what an
+    // operator just saw; the rest are counted, not contacted.
+    let not_contacted = match req.limit {
+        Some(limit) if records.len() > limit => {
+            let left = records.len() - limit;
+            records.truncate(limit);
+            left
+        }
+        _ => 0,
+    };
     let mut candidates = Vec::with_capacity(records.len());
     for record in records {
         let events = ledger.events(&OpKey::new(record.op_id.clone(), record.host.clone()))?;
@@ -190,6 +214,7 @@ pub fn reconcile(
         operations: outcomes,
         already_settled: already,
         unresolved,
+        not_contacted,
         contradicted,
         needs_human,
     })

@@ -182,7 +182,14 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
         Resolution::NotApplied => {
             let text = match fence(ctx, args, &op, &recorded) {
                 Ok(text) => text,
-                Err(e) => return host_changed::answer(op.as_str(), args.host(), e.into_error()),
+                Err(e) => {
+                    return host_changed::answer(
+                        host_changed::Subcommand::Resolve,
+                        op.as_str(),
+                        args.host(),
+                        e.into_error(),
+                    )
+                }
             };
             events.push(Event::Fenced {
                 detail: format!("opmark resolve --as not-applied by {by}: {text}"),
@@ -217,7 +224,12 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
                 fence_text = Some(text);
             }
             Err(refused) => {
-                return host_changed::answer(op.as_str(), args.host(), refused.into_error())
+                return host_changed::answer(
+                    host_changed::Subcommand::Resolve,
+                    op.as_str(),
+                    args.host(),
+                    refused.into_error(),
+                )
             }
         },
         Resolution::Applied => {}

@@ -23,6 +23,9 @@ pub struct ShowRequest {
     pub op: String,
     /// The host, when the op id was used on several.
     pub host: Option<String>,
+    /// Only the newest this many events in the timeline (at least 1); the views
+    /// (outcome, attempts, observations) are still made from every event.
+    pub limit: Option<usize>,
 }
 
 /// One operation on one host.
@@ -43,12 +46,51 @@ pub struct Page {
     pub approvals: Vec<crate::ledger::history::Approval>,
     /// Its contradictions, in time order.
     pub contradictions: Vec<ContradictionView>,
-    /// Every event, in order.
-    pub events: Vec<StoredEvent>,
+    /// How many events the operation has (JSON `event_count`), whether or not
+    /// `events` lists them all.
+    #[serde(rename = "event_count")]
+    pub event_count: usize,
+    /// Its events in order: all of them for the views, the newest `--limit` in the
+    /// document and the timeline.
+    pub events: Timeline,
+}
+
+/// An operation's events: [`std::ops::Deref`] gives all of them, [`Timeline::shown`] and
+/// the JSON document the newest `shown`.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    all: Vec<StoredEvent>,
+    shown: usize,
+}
+
+impl Timeline {
+    /// The events a limited page shows: the newest ones, oldest first.
+    pub fn shown(&self) -> &[StoredEvent] {
+        &self.all[self.all.len() - self.shown..]
+    }
+
+    /// Events before the shown ones.
+    pub fn left_out(&self) -> usize {
+        self.all.len() - self.shown
+    }
+}
+
+impl std::ops::Deref for Timeline {
+    type Target = [StoredEvent];
+
+    fn deref(&self) -> &[StoredEvent] {
+        &self.all
+    }
+}
+
+impl Serialize for Timeline {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.shown().serialize(s)
+    }
 }
 
 impl Page {
-    fn read(ledger: &Ledger, key: OpKey) -> Result<Page> {
+    fn read(ledger: &Ledger, key: OpKey, limit: Option<usize>) -> Result<Page> {
         let operation = ledger
             .operation(&key)
             .map_err(|e| redacted_error(e.into()))?;
@@ -65,7 +107,11 @@ impl Page {
                 record,
                 observations: history.observations,
             }),
-            events,
+            event_count: events.len(),
+            events: Timeline {
+                shown: limit.map_or(events.len(), |l| l.min(events.len())),
+                all: events,
+            },
         })
     }
 }
@@ -111,6 +157,12 @@ impl ShowReport {
 
 /// Reads the operation's page(s); an op id nobody recorded is `unknown_operation`.
 pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
+    if req.limit == Some(0) {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            "--limit 0 would show no event; give at least 1, or leave it out for the whole timeline",
+        ));
+    }
     let op = OpId::parse(&req.op)
         .map_err(|e| redacted_error(Error::new(ErrorKind::InvalidInput, e.to_string())))?;
     let (ledger, path) =
@@ -151,7 +203,9 @@ pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
                 many => {
                     let hosts = many
                         .iter()
-                        .map(|host| Page::read(&ledger, OpKey::new(op.as_str(), host.clone())))
+                        .map(|host| {
+                            Page::read(&ledger, OpKey::new(op.as_str(), host.clone()), req.limit)
+                        })
                         .collect::<Result<Vec<_>>>()?;
                     return Ok(ShowReport::Hosts {
                         op_id: op.as_str().to_owned(),
@@ -161,7 +215,7 @@ pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
             }
         }
     };
-    let page = Page::read(&ledger, OpKey::new(op.as_str(), host))?;
+    let page = Page::read(&ledger, OpKey::new(op.as_str(), host), req.limit)?;
     if page.operation.is_none() && page.events.is_empty() {
         return Err(redacted_error(not_found()));
     }

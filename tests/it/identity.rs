@@ -448,7 +448,12 @@ fn assert_host_changed(out: &Output, command: &[String], op: &str, needles: &[&s
     assert_eq!(doc["reason_code"], "host_changed", "{command:?}: {doc}");
     assert_eq!(doc["retryable"], false, "{command:?}: {doc}");
     assert_eq!(doc["op_id"], op, "{command:?}: {doc}");
-    assert!(doc["exit_code"].is_null(), "{command:?}: {doc}");
+    // The command's own document, not a run's: it names itself and has no run fields.
+    assert_eq!(doc["subcommand"], command[0].as_str(), "{command:?}: {doc}");
+    assert!(
+        doc.get("exit_code").is_none() && doc.get("attempt_id").is_none(),
+        "{command:?}: {doc}"
+    );
     let reason = doc["reason"].as_str().unwrap_or_default();
     assert!(
         reason.starts_with("host changed: "),

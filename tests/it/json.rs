@@ -149,6 +149,14 @@ fn every_error_is_a_document_with_a_reason_code() {
     let mut c = env.opmark();
     c.args(["--json", "run", "target1"]);
     cases.push(("usage error", c, 2, "usage", false));
+    let mut c = env.opmark();
+    c.arg("--json")
+        .args(["lab", "up", "--kind", "busybox", "--dir"]);
+    c.arg(dir.join("no-lab"));
+    cases.push(("--kind without docker", c, 245, "invalid_input", false));
+    let mut c = env.opmark();
+    c.args(["--json", "show", "nosuchop", "--limit", "0"]);
+    cases.push(("--limit 0", c, 245, "invalid_input", false));
 
     for (what, mut cmd, code, reason, retryable) in cases {
         let out = run_out(&mut cmd);
@@ -163,7 +171,19 @@ fn every_error_is_a_document_with_a_reason_code() {
         assert_eq!(doc["error"]["retryable"], retryable, "{what}: {doc}");
         let message = doc["error"]["message"].as_str().unwrap_or("");
         assert!(!message.is_empty(), "{what}: {doc}");
+        if what.starts_with("--") {
+            // A flag misused names itself and the fix.
+            let flag = what.split_whitespace().next().unwrap();
+            assert!(
+                message.contains(flag) && (message.contains("give") || message.contains("add")),
+                "{what}: {message}"
+            );
+        }
     }
+    assert!(
+        !dir.join("no-lab").exists(),
+        "a refused lab up made nothing"
+    );
 }
 
 #[test]
@@ -233,7 +253,6 @@ fn retryable_is_right_for_each_reason_code() {
         (R::ResolvedApplied, false),
         (R::ResolvedNotApplied, false),
         (R::ResolvedAbandoned, false),
-        (R::HostKeyMismatch, false),
         (R::HostChanged, false),
         (R::ClientInterrupted, true),
         (R::HostDiskFull, false),
@@ -476,12 +495,43 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
             doc("probe unknown", &["probe", t1, "never-ran"]),
         ],
     ));
+    // --limit keeps the newest events in the timeline and counts them all.
+    let limited = doc("show limited", &["show", "all-1", "--limit", "1"]);
+    let whole = doc("show", &["show", "all-1"]);
+    let count = whole["events"].as_array().unwrap().len();
+    assert!(count > 1, "{whole}");
+    assert_eq!(
+        (
+            &limited["event_count"],
+            limited["events"].as_array().map(Vec::len)
+        ),
+        (&count.into(), Some(1)),
+        "{limited}"
+    );
+    assert_eq!(
+        limited["events"][0],
+        whole["events"][count - 1],
+        "the newest"
+    );
+    assert_eq!(
+        limited["attempts"], whole["attempts"],
+        "views read every event"
+    );
+    let page = run_out(
+        env.opmark_with_lab(lab)
+            .args(["show", "all-1", "--limit", "1"]),
+    );
+    assert!(
+        text(&page.stdout).contains(&format!(
+            "({} earlier events not shown; drop --limit for all)",
+            count - 1
+        )),
+        "{}",
+        text(&page.stdout)
+    );
     sets.push((
         "show",
-        vec![
-            doc("show", &["show", "all-1"]),
-            doc("show fleet", &["show", "all-3"]),
-        ],
+        vec![whole, limited, doc("show fleet", &["show", "all-3"])],
     ));
     sets.push((
         "list",
@@ -490,7 +540,13 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
             doc("list unresolved", &["list", "--unresolved"]),
         ],
     ));
-    sets.push(("reconcile", vec![doc("reconcile", &["reconcile"])]));
+    sets.push((
+        "reconcile",
+        vec![
+            doc("reconcile", &["reconcile"]),
+            doc("reconcile limited", &["reconcile", "--limit", "1"]),
+        ],
+    ));
     sets.push(("stats", vec![doc("stats", &["stats"])]));
     sets.push((
         "resolve",
@@ -506,6 +562,7 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
         doc("bad op id", &["probe", t1, "bad op id"]),
         doc("usage", &["run", t1]),
         doc("bad value", &["list", "--limit", "many"]),
+        doc("limit 0", &["reconcile", "--limit", "0"]),
         doc(
             "resolve unknown",
             &[
@@ -514,14 +571,45 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
         ),
     ];
     // One word for an op id nobody recorded, whichever command is asked.
-    for i in [0, 4] {
+    for i in [0, 5] {
         assert_eq!(
             errors[i]["error"]["reason_code"], "unknown_operation",
             "{}",
             errors[i]
         );
     }
+    assert_eq!(
+        errors[4]["error"]["reason_code"], "invalid_input",
+        "{}",
+        errors[4]
+    );
     sets.push(("error", errors));
+    // A lab of its own, from up to down: each lab document.
+    let own = env.root.join("own-lab");
+    let own = own.to_str().unwrap();
+    let up = doc("lab up", &["lab", "up", "2", "--dir", own]);
+    let status = doc("lab status", &["lab", "status", "--dir", own]);
+    let limited = doc(
+        "lab status limited",
+        &["lab", "status", "--dir", own, "--limit", "1"],
+    );
+    assert_eq!(
+        (
+            &limited["target_count"],
+            limited["targets"].as_array().map(Vec::len)
+        ),
+        (&2.into(), Some(1)),
+        "{limited}"
+    );
+    sets.push(("lab", vec![up, status, limited]));
+    sets.push((
+        "lab-env",
+        vec![doc("lab env", &["lab", "env", "--dir", own])],
+    ));
+    sets.push((
+        "lab-down",
+        vec![doc("lab down", &["lab", "down", "--dir", own])],
+    ));
     // Another marker root under the name (a reinstalled host): every command that acts
     // on host evidence answers host_changed, in run's words (docs/guarantees.md#evidence-identity).
     let root_id = lab.target(t1).unwrap().marker_root().join("root_id");
@@ -582,6 +670,27 @@ fn every_json_document_matches_its_published_schema() {
             "{code} missing in error.schema.json"
         );
     }
+    // reconcile's decision is one of the ledger's words, every one of them (host_changed,
+    // not a word of its own for another key).
+    let reconcile_schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas/reconcile.schema.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let decisions: Vec<&str> = reconcile_schema["$defs"]["outcome"]["properties"]["decision"]
+        ["enum"]
+        .as_array()
+        .expect("reconcile's decision is an enum")
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    let known: Vec<&str> = opmark::ledger::Decision::KNOWN
+        .iter()
+        .map(|d| d.as_str())
+        .collect();
+    assert_eq!(decisions, known, "reconcile.schema.json's decisions");
     let Some(lab) = crate::loopback_lab!(2) else {
         return;
     };
@@ -938,4 +1047,76 @@ fn wait_bounds_the_whole_run_connects_included_against_a_cut_host() {
     );
     assert_eq!(again["verdict"], "completed", "{again}");
     assert_eq!(again["stdout"], "ran\n", "{again}");
+}
+
+#[test]
+fn a_conflict_found_on_the_host_says_whether_the_command_or_the_stdin_differs() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    // The claim is made through one ledger; each rerun comes from a ledger of its own,
+    // with no record of the op id, so only the host's marker can find the conflict.
+    let first = Sealed::new(&format!("{}-first", crate::test_name!()));
+    let run = |env: &Sealed, command: &str, input: Option<&[u8]>| {
+        let mut cmd = env.opmark_with_lab(&lab);
+        cmd.args(["--json", "run", "target1", "--op", "differs-1"]);
+        if input.is_some() {
+            cmd.arg("--stdin");
+        }
+        let mut child = cmd
+            .args(["--", command])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        if let Some(input) = input {
+            use std::io::Write as _;
+            stdin.write_all(input).unwrap();
+        }
+        drop(stdin);
+        document(command, &child.wait_with_output().unwrap())
+    };
+    let done = run(&first, "cat", Some(b"one"));
+    assert_eq!(done["verdict"], "completed", "{done}");
+    assert!(done["conflict_differs"].is_null(), "{done}");
+    for (command, input, differs, words) in [
+        (
+            "cat",
+            Some(&b"two"[..]),
+            "stdin",
+            "the same command with a different stdin",
+        ),
+        (
+            "cat -u",
+            Some(&b"one"[..]),
+            "command",
+            "a different command (the stdin is the same)",
+        ),
+        (
+            "cat -u",
+            None,
+            "command_and_stdin",
+            "a different command and a different stdin",
+        ),
+    ] {
+        let other = Sealed::new(&format!("{}-{differs}", crate::test_name!()));
+        let d = run(&other, command, input);
+        assert_eq!(
+            (&d["verdict"], &d["reason_code"]),
+            (&"conflict".into(), &"conflict_on_host".into()),
+            "{d}"
+        );
+        assert_eq!(d["conflict_differs"], differs, "{command} {input:?}: {d}");
+        let reason = d["reason"].as_str().unwrap();
+        assert!(reason.contains(words), "{reason}");
+    }
+    // Nothing ran again: the host still holds the first run's output.
+    let again = run(&first, "cat", Some(b"one"));
+    assert_eq!(
+        (&again["verdict"], &again["stdout"]),
+        (&"replayed".into(), &"one".into()),
+        "{again}"
+    );
 }

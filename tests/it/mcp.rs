@@ -8,6 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::json::variant_of_target1;
+use crate::support::mcp::McpClient;
 use crate::support::{fresh_dir, skip_or_fail, text, Sealed};
 
 /// The real interpreter behind `python3` when it can `import mcp`; else None after a
@@ -264,87 +265,36 @@ fn the_tools_teach_their_contract(r: &Value) {
     assert_eq!(later["exit_code"], 0, "{later}");
 }
 
-/// One JSON-RPC line to the server.
-pub(crate) fn send(stdin: &mut std::process::ChildStdin, msg: &Value) {
-    use std::io::Write as _;
-    writeln!(stdin, "{msg}").unwrap();
-    stdin.flush().unwrap();
-}
-
-/// Lines from the server until the response with `id`.
-pub(crate) fn response(
-    lines: &mut impl Iterator<Item = std::io::Result<String>>,
-    id: u64,
-) -> Value {
-    for line in lines {
-        let msg: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if msg["id"] == id {
-            return msg;
-        }
-    }
-    panic!("the server closed stdout before answering request {id}");
-}
-
 #[test]
 fn mcp_server_still_stops_on_sigterm_after_a_run() {
-    use std::io::BufRead as _;
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     let Some(lab) = crate::loopback_lab!(1) else {
         return;
     };
     let env = Sealed::new(crate::test_name!());
-    let mut server = env
-        .opmark_with_lab(&lab)
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = server.stdin.take().unwrap();
-    let mut lines = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "opmark-test", "version": "0"}}}),
+    let mut cmd = env.opmark_with_lab(&lab);
+    cmd.arg("mcp");
+    let mut client = McpClient::start(cmd);
+    let run = client.call(
+        "run",
+        serde_json::json!({"host": "target1", "op_id": "sig-1", "command": "true"}),
     );
-    assert!(response(&mut lines, 1)["result"].is_object());
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    );
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "run", "arguments": {"host": "target1", "op_id": "sig-1", "command": "true"}}}),
-    );
-    let run = response(&mut lines, 2);
     assert_eq!(
         run["result"]["structuredContent"]["verdict"], "completed",
         "{run}"
     );
     // A run installs signal handlers; the idle server must still obey SIGTERM.
-    let pid = server.id().to_string();
+    let pid = client.server.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
         .unwrap()
         .success());
     // A generous watchdog, not a speed assertion: the bug it catches never exits.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = server.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = server.kill();
-            panic!("opmark mcp ignored SIGTERM for 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    drop(stdin);
+    let status = client
+        .exited_within(Duration::from_secs(30))
+        .expect("opmark mcp ignored SIGTERM for 30 s");
     assert!(status.success(), "{status:?}");
 }
 

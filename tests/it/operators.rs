@@ -880,7 +880,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let doc = json(&out);
     let row = &doc["operations"][0];
-    assert_eq!(row["decision"], "host_key_mismatch", "{doc}");
+    assert_eq!(row["decision"], "host_changed", "{doc}");
     assert_eq!(row["settled"], false);
     let detail = row["detail"].as_str().unwrap();
     assert!(
@@ -1256,4 +1256,59 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
 
 fn count_lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+#[test]
+fn reconcile_limit_contacts_the_newest_and_counts_the_rest_for_next_time() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    // Two operations still running: unresolved, and left so by a reconcile.
+    for op in ["lim-old", "lim-new"] {
+        let command = format!("sleep 30; : {op}");
+        let out = run(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", op, "--detach", "--", &command,
+        ]));
+        assert_eq!(
+            json(&out)["verdict"],
+            "in_progress",
+            "{}",
+            text(&out.stdout)
+        );
+    }
+    let out = run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "reconcile", "--limit", "1"]));
+    let doc = json(&out);
+    assert_eq!(out.status.code(), Some(1), "{doc}");
+    let contacted: Vec<&str> = doc["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(contacted, ["lim-new"], "the most recently active: {doc}");
+    assert_eq!(doc["not_contacted_count"], 1, "{doc}");
+    assert!(
+        text(&out.stderr).is_empty(),
+        "JSON says it, stderr stays quiet"
+    );
+    // The text form says what was left and how to get it.
+    let out = run(env
+        .opmark_with_lab(&lab)
+        .args(["reconcile", "--limit", "1"]));
+    assert!(
+        text(&out.stderr).contains("1 more unresolved operation not contacted (--limit)"),
+        "{}",
+        text(&out.stderr)
+    );
+    let all = json(&run(env
+        .opmark_with_lab(&lab)
+        .args(["--json", "reconcile"])));
+    assert_eq!(all["operations"].as_array().unwrap().len(), 2, "{all}");
+    assert_eq!(all["not_contacted_count"], 0, "{all}");
+    for op in ["lim-old", "lim-new"] {
+        run(env.opmark_with_lab(&lab).args(["cancel", "target1", op]));
+    }
 }

@@ -8,6 +8,7 @@ use std::process::Stdio;
 
 use serde_json::Value;
 
+use crate::support::mcp::McpClient;
 use crate::support::{answer, fresh_dir, json, lines, run_json, text, Answer, Sealed};
 
 /// `show OP` in words.
@@ -414,86 +415,35 @@ fn repeats_of_another_command_is_refused_before_anything() {
     assert_eq!(lines(&count), 1);
 }
 
-/// One JSON-RPC line to the server.
-fn send(stdin: &mut std::process::ChildStdin, msg: &Value) {
-    use std::io::Write as _;
-    writeln!(stdin, "{msg}").unwrap();
-    stdin.flush().unwrap();
-}
-
-/// Lines from the server until the response with `id`.
-fn response(lines: &mut impl Iterator<Item = std::io::Result<String>>, id: u64) -> Value {
-    for line in lines {
-        let msg: Value = serde_json::from_str(&line.unwrap()).unwrap();
-        if msg["id"] == id {
-            return msg;
-        }
-    }
-    panic!("the server closed stdout before answering request {id}");
-}
-
 #[test]
 fn mcp_run_holds_back_a_repetition_and_takes_the_repeats_argument() {
-    use std::io::BufRead as _;
-
     let Some(lab) = crate::loopback_lab!(1) else {
         return;
     };
     let env = Sealed::new(crate::test_name!());
     let count = fresh_dir(crate::test_name!()).join("count");
     let cmd = destructive(&count);
-    let mut server = env
-        .opmark_with_lab(&lab)
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = server.stdin.take().unwrap();
-    let mut out = std::io::BufReader::new(server.stdout.take().unwrap()).lines();
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "opmark-test", "version": "0"}}}),
-    );
-    assert!(response(&mut out, 1)["result"].is_object());
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    );
-    let mut call = |id: u64, arguments: Value| {
-        send(
-            &mut stdin,
-            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": "run", "arguments": arguments}}),
-        );
-        response(&mut out, id)["result"]["structuredContent"].clone()
-    };
-    let first = call(
-        2,
-        serde_json::json!({"host": "target1", "op_id": "mcp-1", "command": cmd}),
-    );
+    let mut server = env.opmark_with_lab(&lab);
+    server.arg("mcp");
+    let mut client = McpClient::start(server);
+    let mut call = |arguments: Value| client.structured("run", arguments);
+    let first = call(serde_json::json!({"host": "target1", "op_id": "mcp-1", "command": cmd}));
     assert_eq!(first["verdict"], "completed", "{first}");
     // The agent lost its op id and minted another: held back, naming the first.
-    let retry = call(
-        3,
-        serde_json::json!({"host": "target1", "op_id": "mcp-1-retry", "command": cmd}),
-    );
+    let retry =
+        call(serde_json::json!({"host": "target1", "op_id": "mcp-1-retry", "command": cmd}));
     assert_eq!(retry["verdict"], "blocked", "{retry}");
     assert_eq!(retry["reason_code"], "repeats_recent_operation");
     assert_eq!(retry["retryable"], false);
     assert_eq!(retry["repeats"]["op_id"], "mcp-1", "{retry}");
     assert_eq!(lines(&count), 1, "ran once");
     let meant = call(
-        4,
         serde_json::json!({"host": "target1", "op_id": "mcp-1-retry", "command": cmd,
             "repeats": "mcp-1"}),
     );
     assert_eq!(meant["verdict"], "completed", "{meant}");
     assert_eq!(lines(&count), 2);
-    drop(stdin);
-    let _ = server.wait();
+    client.close();
     assert!(show(&env, "mcp-1").contains("repeated by op mcp-1-retry"));
 }
 

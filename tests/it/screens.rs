@@ -32,6 +32,19 @@ fn path_with_opmark() -> std::ffi::OsString {
 /// terminal shows as one long line) after `script` ran in an 80x40 tmux terminal with
 /// `env`, opmark on PATH.
 fn screen(name: &str, script: &str, env: &[(&str, &Path)]) -> Vec<String> {
+    recorded_screen(name, script, env, None, Duration::from_secs(60))
+}
+
+/// [`screen`], and when `raw` is given every byte the terminal received is appended to
+/// that file (tmux pipe-pane, attached before the script starts): what was drawn and
+/// then erased, which the final screen no longer shows. Waits up to `limit`.
+fn recorded_screen(
+    name: &str,
+    script: &str,
+    env: &[(&str, &Path)],
+    raw: Option<&Path>,
+    limit: Duration,
+) -> Vec<String> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static SEQ: AtomicUsize = AtomicUsize::new(0);
     let socket = format!(
@@ -45,6 +58,16 @@ fn screen(name: &str, script: &str, env: &[(&str, &Path)]) -> Vec<String> {
         c
     };
     let marker = "::screen-done::";
+    // With a recording, the script waits for this file, made once pipe-pane is attached.
+    let go = std::env::temp_dir().join(format!("{socket}.go"));
+    let _ = std::fs::remove_file(&go);
+    let script = match raw {
+        Some(_) => format!(
+            "while [ ! -e {} ]; do sleep 0.05; done; {script}",
+            go.display()
+        ),
+        None => script.to_owned(),
+    };
     let mut start = tmux(&[
         "-f",
         "/dev/null",
@@ -73,6 +96,19 @@ fn screen(name: &str, script: &str, env: &[(&str, &Path)]) -> Vec<String> {
         "tmux new-session failed: {}",
         text(&started.stderr)
     );
+    if let Some(raw) = raw {
+        let piped = tmux(&[
+            "pipe-pane",
+            "-t",
+            "s",
+            "-o",
+            &format!("cat >> {}", raw.display()),
+        ])
+        .output()
+        .expect("tmux pipe-pane");
+        assert!(piped.status.success(), "{}", text(&piped.stderr));
+        std::fs::write(&go, "").unwrap();
+    }
     let capture = || {
         let out = tmux(&["capture-pane", "-p", "-J", "-t", "s", "-S", "-", "-E", "-"])
             .output()
@@ -80,15 +116,12 @@ fn screen(name: &str, script: &str, env: &[(&str, &Path)]) -> Vec<String> {
         text(&out.stdout)
     };
     let mut shown = String::new();
-    wait_for(
-        "the script to finish in tmux",
-        Duration::from_secs(60),
-        || {
-            shown = capture();
-            shown.lines().any(|l| l.trim() == marker)
-        },
-    );
+    wait_for("the script to finish in tmux", limit, || {
+        shown = capture();
+        shown.lines().any(|l| l.trim() == marker)
+    });
     let _ = tmux(&["kill-server"]).status();
+    let _ = std::fs::remove_file(&go);
     let lines: Vec<String> = shown
         .lines()
         .take_while(|l| l.trim() != marker)
@@ -583,4 +616,95 @@ fn completion_offers_the_ssh_config_hosts_and_the_ledger_op_ids() {
     assert_eq!(ops, vec!["completed-op-1".to_owned()], "{ops:?}");
     let ops = bash_completes(&env, &lab, &["opmark", "probe", "target2", ""]);
     assert!(ops.contains(&"completed-op-1".to_owned()), "{ops:?}");
+}
+
+/// Lab image tags of repository `repo` that docker holds.
+fn images_of(repo: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["image", "ls", "--format", "{{.Repository}}:{{.Tag}}", repo])
+        .output()
+        .expect("docker image ls");
+    text(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn a_cold_image_build_shows_its_phases_in_one_status_line_that_fits_and_is_gone_after() {
+    let name = crate::test_name!();
+    if !support::require_tools(
+        name,
+        &["docker", "tmux", "ssh", "ssh-keygen", "nsenter", "nft"],
+    ) || !support::require_root(name)
+    {
+        return;
+    }
+    let engine = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output();
+    if !engine.is_ok_and(|o| o.status.success()) {
+        support::skip_or_fail(name, "the Docker engine does not answer `docker version`");
+        return;
+    }
+    let env = Sealed::new(name);
+    // A repository nobody else uses is a cache of its own: the build is cold, and
+    // removing it afterwards leaves the images other tests reuse alone.
+    let repo = format!("oms{}", std::process::id());
+    let dir = PathBuf::from(format!("/tmp/omi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let raw = support::fresh_dir(name).join("terminal.raw");
+    let lines = recorded_screen(
+        "image",
+        &format!(
+            "opmark lab up 1 --placement docker --kind busybox --dir {d}; opmark lab down --purge-image --dir {d}",
+            d = dir.display()
+        ),
+        &[
+            ("HOME", env.home.as_path()),
+            ("XDG_STATE_HOME", env.state.as_path()),
+            ("OPMARK_LEDGER", env.ledger.as_path()),
+            ("OPMARK_LAB_IMAGE_REPO", Path::new(&repo)),
+        ],
+        Some(&raw),
+        Duration::from_secs(300),
+    );
+    for left in images_of(&repo) {
+        let _ = Command::new("docker").args(["image", "rm", &left]).status();
+    }
+    let screen = lines.join("\n");
+    assert_fits("cold image build", &lines);
+    // One start line, one line per finished phase, one for the whole: in that order.
+    let at = |needle: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no line starting {needle:?}:\n{screen}"))
+    };
+    let order = [
+        at(&format!("opmark: building image {repo}:")),
+        at("opmark: image 1/2 copy files done in "),
+        at("opmark: image 2/2 docker import done in "),
+        at("opmark: lab image built in "),
+        at("opmark lab: 1 target(s) running"),
+    ];
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "{order:?}:\n{screen}"
+    );
+    // The status line was drawn for each phase (the terminal received it) ...
+    let drawn = String::from_utf8_lossy(&std::fs::read(&raw).unwrap()).into_owned();
+    for phase in [
+        "image 1/2 copy files 0 s (usually",
+        "image 2/2 docker import ",
+    ] {
+        assert!(
+            drawn.contains(phase),
+            "the terminal never showed {phase:?}:\n{drawn:?}"
+        );
+    }
+    // ... and is gone from the screen after the build.
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains(" s (usually") || l.contains("than the usual")),
+        "a status line was left on the screen:\n{screen}"
+    );
 }

@@ -3,13 +3,10 @@
 //! plural is a list, a count is `<noun>_count`), and every `reason_code` comes from the
 //! one list in src/vocab.rs.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader};
-use std::process::Stdio;
-
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::mcp::{response, send};
+use crate::support::mcp::McpClient;
 use crate::support::Sealed;
 
 /// Objects whose keys are data (states, families, verdicts), not field names.
@@ -66,26 +63,9 @@ fn fields(
 /// The structured content of MCP tool results against the same lab: each tool once, a
 /// tool error, an argument error.
 fn mcp_documents(env: &Sealed, lab: &opmark::lab::Lab) -> Vec<(String, Value)> {
-    let mut server = env
-        .opmark_with_lab(lab)
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = server.stdin.take().unwrap();
-    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "opmark-test", "version": "0"}}}),
-    );
-    assert!(response(&mut lines, 1)["result"].is_object());
-    send(
-        &mut stdin,
-        &serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    );
+    let mut cmd = env.opmark_with_lab(lab);
+    cmd.arg("mcp");
+    let mut client = McpClient::start(cmd);
     let t1 = lab.targets()[1].alias.clone();
     let calls = [
         (
@@ -101,20 +81,10 @@ fn mcp_documents(env: &Sealed, lab: &opmark::lab::Lab) -> Vec<(String, Value)> {
         ("run", serde_json::json!({"host": t1, "command": "true"})),
     ];
     let mut docs = Vec::new();
-    for (i, (tool, args)) in calls.iter().enumerate() {
-        let id = 10 + i as u64;
-        send(
-            &mut stdin,
-            &serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                "params": {"name": tool, "arguments": args}}),
-        );
-        let answer = response(&mut lines, id);
-        let content = answer["result"]["structuredContent"].clone();
-        assert!(content.is_object(), "mcp {tool} {args}: {answer}");
-        docs.push((format!("mcp {tool}"), content));
+    for (tool, args) in calls {
+        docs.push((format!("mcp {tool}"), client.structured(tool, args)));
     }
-    drop(stdin);
-    let _ = server.wait();
+    client.close();
     docs
 }
 

@@ -8,6 +8,7 @@
 #![allow(dead_code)] // each test module uses a different part of the harness
 
 pub mod disk;
+pub mod mcp;
 pub mod postgres;
 
 #[allow(unused_imports)] // re-exported for test modules
