@@ -1,18 +1,46 @@
 //! Connection reuse across processes (docs/trust.md#the-keeper, docs/findings.md#speed): repeated runs from new processes to
 //! one host, OpenSSH with `ControlMaster auto` + `ControlPersist 60` against opmark with
-//! its keeper, measured A B A B (50 calls each, one warm-up each so both start with a
-//! live connection), printing medians and the ratio. Then the keeper's memory with 20
-//! hosts held. A benchmark, never a test (`cargo bench --bench reuse`;
-//! `OPMARK_BENCH_BIN` times another build).
+//! its keeper, which serves them through the host's resident shim
+//! (docs/host-protocol.md#the-resident-session), and, for comparison, the keeper calling
+//! the shim per call (`OPMARK_RESIDENT=0`). Measured A B C A B C (50 calls each, one
+//! warm-up each so all start with a live connection), printing medians and ratios; then
+//! the same through a relay adding 25 ms each way, with the round trips each reused call
+//! waited for; then the resident shim's own time per command on this machine (requests
+//! fed to one local `serve` under dash, against `dash -c true`); then the keeper's memory
+//! with 20 hosts held. A benchmark, never a test (`cargo bench --bench reuse`;
+//! `OPMARK_BENCH_BIN` times another build, `OPMARK_BENCH_ROUNDS` sets the rounds).
 
+#[path = "common/relay.rs"]
+mod relay;
+
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use opmark::family::Family;
 use opmark::lab::{Lab, LabSpec, Placement};
+use opmark::op_id::OpId;
+use opmark::shim::{self, RunRequest, Verb};
 
-const ROUNDS: usize = 50;
+use relay::Relay;
+
 const HOSTS: usize = 20;
+/// The relay's delay each way: a 50 ms round trip.
+const ONE_WAY: Duration = Duration::from_millis(25);
+
+fn rounds(default: usize) -> usize {
+    std::env::var("OPMARK_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:>7.1} ms", d.as_secs_f64() * 1e3)
+}
 
 fn median(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -39,6 +67,112 @@ fn memory_kib(pid: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The resident shim's own time per command on this machine: `run true` requests fed
+/// one at a time to one local `serve` under dash (each waits for the previous reply's
+/// end frame), against `dash -c true` and the per-call shim started for each.
+fn resident_shim_time(base: &Path, n: usize) {
+    let state = base.join("shim-state");
+    let file = base.join("shim.sh");
+    std::fs::write(&file, shim::SCRIPT).unwrap();
+    let fp = "0".repeat(64);
+    let shim_env = |cmd: &mut Command| {
+        cmd.env("OPMARK_SH", "/usr/bin/dash")
+            .env("XDG_STATE_HOME", &state)
+            .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
+            .env_remove("OPMARK_ROOT");
+    };
+    fn run_verb<'a>(op: &'a OpId, fp: &'a str) -> Verb<'a> {
+        Verb::Run(RunRequest {
+            op,
+            attempt_id: "a1",
+            host_fingerprint: fp,
+            family: Family::ReadOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command: "true",
+        })
+    }
+    let mut serve = Command::new("/usr/bin/dash");
+    serve.arg(&file).arg(&file).arg("c=00").arg("serve");
+    shim_env(&mut serve);
+    let mut child = serve
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a local resident");
+    let mut input = child.stdin.take().unwrap();
+    let mut frames = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let mut next_end = |what: &str| -> String {
+        loop {
+            line.clear();
+            assert!(
+                frames.read_line(&mut line).unwrap() > 0,
+                "the resident ended ({what})"
+            );
+            if line.contains(" Z c=") || line.contains(" Q ready") {
+                return line.clone();
+            }
+            assert!(!line.contains(" R "), "refused: {line}");
+        }
+    };
+    next_end("start");
+    let (mut bare, mut resident, mut per_call) = (Vec::new(), Vec::new(), Vec::new());
+    let pid = std::process::id();
+    for i in 0..n {
+        let start = Instant::now();
+        ok(Command::new("dash").args(["-c", "true"]));
+        bare.push(start.elapsed());
+
+        let op = OpId::parse(&format!("res-{i}-{pid}")).unwrap();
+        let request = shim::Request::new(&run_verb(&op, &fp), None, None);
+        let start = Instant::now();
+        input.write_all(&request.bytes).unwrap();
+        let end = next_end("request");
+        resident.push(start.elapsed());
+        assert!(end.contains("status=0"), "{end}");
+
+        let op = OpId::parse(&format!("pc-{i}-{pid}")).unwrap();
+        let verb = run_verb(&op, &fp);
+        let mut cmd = Command::new("/usr/bin/dash");
+        cmd.arg(&file).arg(&file).args(verb.args());
+        shim_env(&mut cmd);
+        let start = Instant::now();
+        let mut c = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(&shim::local_data(&verb, b""))
+            .unwrap();
+        let out = c.wait_with_output().unwrap();
+        per_call.push(start.elapsed());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(" X code=0 "));
+    }
+    drop(input);
+    let _ = child.wait();
+    let (bare, resident, per_call) = (median(bare), median(resident), median(per_call));
+    println!(
+        "the host shim's own time for `true` under dash, {n} each, medians:\n  \
+         dash -c true:                                {}\n  \
+         per-call shim (claim + detach + record):     {}   (+{} over dash -c true)\n  \
+         resident shim, one request:                  {}   (+{} over dash -c true; goal <= 3 ms)",
+        ms(bare),
+        ms(per_call),
+        ms(per_call.saturating_sub(bare)).trim_start(),
+        ms(resident),
+        ms(resident.saturating_sub(bare)).trim_start()
+    );
 }
 
 fn main() {
@@ -68,10 +202,10 @@ fn main() {
             .args(["-o", "ControlPersist=60", alias, "true"])
             .stdout(Stdio::null()))
     };
-    let opmark_cmd = |args: &[&str]| {
+    let opmark_in = |cfg: &Path, args: &[&str]| {
         let mut cmd = Command::new(&opmark);
         cmd.arg("-F")
-            .arg(&cfg)
+            .arg(cfg)
             .env("OPMARK_LEDGER", base.join("ledger.db"))
             .env("XDG_CONFIG_HOME", base.join("config"))
             .env("XDG_STATE_HOME", base.join("state"))
@@ -80,32 +214,131 @@ fn main() {
             .args(args);
         cmd
     };
+    let opmark_cmd = |args: &[&str]| opmark_in(&cfg, args);
     let pid = std::process::id();
     let opmark_true = |alias: &str, op: &str| {
         ok(opmark_cmd(&["run", alias, "--op", op, "--", "true"]).stdout(Stdio::null()))
     };
+    // The keeper calling the shim per call (a channel and a shim per command).
+    let per_call_true = |alias: &str, op: &str| {
+        ok(opmark_cmd(&["run", alias, "--op", op, "--", "true"])
+            .env("OPMARK_RESIDENT", "0")
+            .stdout(Stdio::null()))
+    };
+    let n = rounds(50);
 
-    // Warm-up: each side makes its connection (and opmark's host caches its shim).
+    // Warm-up: each side makes its connection (and opmark's host caches its shim and
+    // starts its resident).
     ssh_mux("target1");
     opmark_true("target1", &format!("warm-{pid}"));
-    let (mut ta, mut tb) = (Vec::new(), Vec::new());
-    for i in 0..ROUNDS {
+    per_call_true("target1", &format!("warm-pc-{pid}"));
+    let (mut ta, mut tb, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n {
         let start = Instant::now();
         ssh_mux("target1");
         ta.push(start.elapsed());
         let start = Instant::now();
         opmark_true("target1", &format!("reuse-{i}-{pid}"));
         tb.push(start.elapsed());
+        let start = Instant::now();
+        per_call_true("target1", &format!("reuse-pc-{i}-{pid}"));
+        tc.push(start.elapsed());
     }
-    let (ssh, ours) = (median(ta), median(tb));
+    let (ssh, ours, per_call) = (median(ta), median(tb), median(tc));
     println!(
-        "repeated `true` from new processes, {ROUNDS} calls each, A B A B, medians:\n  \
-         ssh ControlMaster auto, ControlPersist 60: {:>7.1} ms\n  \
-         opmark run with its keeper:                {:>7.1} ms   ratio {:.2}x (goal <= 1.0x)",
-        ssh.as_secs_f64() * 1e3,
-        ours.as_secs_f64() * 1e3,
-        ours.as_secs_f64() / ssh.as_secs_f64()
+        "opmark {}, repeated `true` from new processes, loopback, {n} calls each, A B C, medians:\n  \
+         ssh ControlMaster auto, ControlPersist 60:   {}\n  \
+         opmark run, keeper + resident shim:          {}   ratio {:.2}x (goal <= 1.0x)\n  \
+         opmark run, keeper, shim per call:           {}   ratio {:.2}x",
+        env!("CARGO_PKG_VERSION"),
+        ms(ssh),
+        ms(ours),
+        ours.as_secs_f64() / ssh.as_secs_f64(),
+        ms(per_call),
+        per_call.as_secs_f64() / ssh.as_secs_f64()
     );
+
+    // Through the relay: both sides hold a connection through it, then each reused
+    // call's round trips are counted from the relay's log.
+    let target = lab.target("target1").unwrap().clone();
+    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
+    let wan_cfg = base.join("ssh_config.wan");
+    let lab_cfg = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &wan_cfg,
+        format!(
+            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
+             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
+             StrictHostKeyChecking yes\n\n{lab_cfg}",
+            relay.port,
+            target.known_hosts_host(),
+            target.user,
+            lab.client_key().display(),
+            lab.known_hosts().display(),
+        ),
+    )
+    .unwrap();
+    let wan_mux = || {
+        ok(Command::new("ssh")
+            .arg("-F")
+            .arg(&wan_cfg)
+            .args(["-o", "BatchMode=yes", "-o", "ControlMaster=auto"])
+            .arg("-o")
+            .arg(format!("ControlPath={}", control.display()))
+            .args(["-o", "ControlPersist=60", "wan1", "true"])
+            .stdout(Stdio::null()))
+    };
+    let wan_run = |op: &str, resident: bool| {
+        let mut cmd = opmark_in(&wan_cfg, &["run", "wan1", "--op", op, "--", "true"]);
+        if !resident {
+            cmd.env("OPMARK_RESIDENT", "0");
+        }
+        ok(cmd.stdout(Stdio::null()))
+    };
+    wan_mux();
+    wan_run(&format!("wan-warm-{pid}"), true);
+    wan_run(&format!("wan-warm-pc-{pid}"), false);
+    let wan_n = rounds(10).min(10);
+    let (mut ta, mut tb, mut tc) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ra, mut rb, mut rc) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..wan_n {
+        relay.clear();
+        let start = Instant::now();
+        wan_mux();
+        ta.push(start.elapsed());
+        ra.push(relay.exchanges());
+        relay.clear();
+        let start = Instant::now();
+        wan_run(&format!("wan-{i}-{pid}"), true);
+        tb.push(start.elapsed());
+        rb.push(relay.exchanges());
+        relay.clear();
+        let start = Instant::now();
+        wan_run(&format!("wan-pc-{i}-{pid}"), false);
+        tc.push(start.elapsed());
+        rc.push(relay.exchanges());
+    }
+    let trips = |mut r: Vec<usize>| {
+        r.sort();
+        r[r.len() / 2]
+    };
+    let (wssh, wours, wpc) = (median(ta), median(tb), median(tc));
+    println!(
+        "through a relay adding {} ms each way, reused, {wan_n} calls each, medians:\n  \
+         ssh ControlMaster:                           {}   {} round trips per call\n  \
+         opmark run, keeper + resident shim:          {}   {} round trips per call (goal <= 1)   ratio {:.2}x\n  \
+         opmark run, keeper, shim per call:           {}   {} round trips per call",
+        ONE_WAY.as_millis(),
+        ms(wssh),
+        trips(ra),
+        ms(wours),
+        trips(rb),
+        wours.as_secs_f64() / wssh.as_secs_f64(),
+        ms(wpc),
+        trips(rc)
+    );
+
+    resident_shim_time(&base, rounds(50));
 
     // The keeper holding one connection per host.
     for n in 1..=HOSTS {

@@ -32,6 +32,10 @@
 #   verb: gc AGE_S DRY_RUN TOMB_AGE_S
 #   verb: doctor
 #   verb: cancel OP GRACE_MS
+#   verb: serve
+# serve is the resident host session (see verb_serve): it answers one request per line
+# of its stdin, "q c=TOKEN [r=ROOT_ID] VERB ARGS...", each with the same frames as a call
+# of its own, then an end frame "Z c=TOKEN status=N".
 # A call for an operation that has attempts puts r=ROOT_ID (the marker root id they
 # reached) between c=/h= and the verb; every verb that uses the marker root then answers
 # a frame "M root_id=ID" first, or refuses "root_changed expected=... found=..." before
@@ -76,7 +80,7 @@
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
-OPMARK_SHIM_VERSION=3
+OPMARK_SHIM_VERSION=4
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
@@ -136,6 +140,11 @@ if [ "${1:-}" != supervise ]; then
 fi
 umask 077
 LC_ALL=C
+# The foreground's own pid: $$, except in a resident's request, which runs in a subshell
+# and reads its own (see serve_one).
+fg=$$
+# Set in a resident (serve) to its own pid.
+resident=
 export LC_ALL
 # The sub-shell used for the supervisor and the command; tests run other shells through it.
 OPMARK_SHELL=${OPMARK_SH:-sh}
@@ -332,8 +341,8 @@ identity_readable() {
 		# /proc/self, opened by this shell itself (a builtin's redirection), is $$ only
 		# in a /proc of our own pid namespace.
 		read -r ir_pid _ 2>/dev/null </proc/self/stat
-		if [ "$boot" != unknown ] && [ "$ir_pid" = "$$" ] &&
-			proc_stat "$$" && is_uint "$ps_start"; then
+		if [ "$boot" != unknown ] && [ "$ir_pid" = "$fg" ] &&
+			proc_stat "$fg" && is_uint "$ps_start"; then
 			id_ok=yes
 		fi
 	fi
@@ -776,6 +785,9 @@ hello() {
 refuse() {
 	drop_spools
 	frame "R $*"
+	# A resident's request refused before its data was read: what is left of the data
+	# must never be read as the next request, so the resident ends (see serve_one).
+	[ -n "${sv_owed:-}" ] && exit 4
 	exit 0
 }
 
@@ -1035,7 +1047,7 @@ trailer() {
 # pid and start time ($fg_start): the name is visible to every process of the user, and
 # tells the capture that a live foreground follows.
 register_waiter() {
-	wf="$1/.w.$$.$fg_start"
+	wf="$1/.w.$fg.$fg_start"
 	shift
 	mkfifo "$wf" "$@" && exec 5<>"$wf"
 }
@@ -1115,6 +1127,12 @@ wait_wake() {
 	timer=$!
 	wake=
 	read -r wake <&5
+	case $iv in
+	0.05) beat 5 ;;
+	0.1) beat 10 ;;
+	0.2) beat 20 ;;
+	*) beat 50 ;;
+	esac
 	[ "$wake" = x ] && kill "$timer" 2>/dev/null
 	[ "$wake" = f ] && never_started
 	return 0
@@ -1144,6 +1162,19 @@ verb_run() {
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
 	rp_window=$1 rp_action=$2 rp_declared=$3 cmd_bytes=$4
+	spool='' cmd_spool='' cmd_text=''
+	if [ -n "$resident" ]; then
+		# A resident's request: the data follows the request line and the next request
+		# follows the data, so it is read by count, never to EOF. A short command alone
+		# is read at once, before any check can refuse, so that a refusal leaves the
+		# resident in step; otherwise a refusal before the data is read ends it.
+		sv_owed=1
+		if [ "$in_bytes" = - ] && is_uint "$cmd_bytes" && [ "$cmd_bytes" -gt 0 ] &&
+			[ "$cmd_bytes" -le 4096 ]; then
+			read_resident_command || refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=${#cmd_text}"
+			sv_owed='' cmd_read=1
+		fi
+	fi
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
 	case $rp_action in
 	allow | warn | block) ;;
@@ -1186,8 +1217,15 @@ verb_run() {
 	# lost halfway must not leave a claim whose command is cut short or would read half
 	# an input. dd with count_bytes,fullblock reads exactly CMD_BYTES and never past them
 	# (busybox `head -c` reads ahead into the stdin that follows).
-	spool='' cmd_spool='' cmd_text=''
-	if [ "$in_bytes" = - ] && [ "$cmd_bytes" -le 4096 ]; then
+	if [ -n "${cmd_read:-}" ]; then
+		:
+	elif [ -n "$resident" ]; then
+		spool_command
+		# The newline the client puts after the command (see read_resident_command).
+		sv_nl=x
+		IFS= read -r sv_nl
+		[ -z "$sv_nl" ] || refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=more"
+	elif [ "$in_bytes" = - ] && [ "$cmd_bytes" -le 4096 ]; then
 		# A short command and nothing after it but EOF: read by the shell's own `read`
 		# (a system call per byte, nothing to start) and kept in memory until the claim.
 		read_short_command || refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=${#cmd_text}"
@@ -1197,7 +1235,14 @@ verb_run() {
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
 		spool="$root/spool/$attempt.$$"
-		if ! cat >"$spool"; then
+		if [ -n "$resident" ]; then
+			# Exactly its size: the next request follows.
+			dd of="$spool" bs=65536 count="$in_bytes" iflag=count_bytes,fullblock 2>/dev/null
+		else
+			cat >"$spool"
+		fi
+		# shellcheck disable=SC2181 # the status of whichever read ran
+		if [ "$?" -ne 0 ]; then
 			resource_cause
 			[ "$cause" = write_failed ] && refuse "bad_stdin reason=read_failed"
 			refuse "root_unusable reason=$cause"
@@ -1216,8 +1261,9 @@ verb_run() {
 		fi
 	fi
 
+	sv_owed=
 	m="$root/ops/$op"
-	proc_stat "$$"
+	proc_stat "$fg"
 	fg_start=$ps_start
 	read_boot
 	now
@@ -1228,7 +1274,7 @@ stdin_sum=$in_sum
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$now
-fg_pid=$$
+fg_pid=$fg
 fg_start=$fg_start
 boot=$boot"
 	# A fresh claim of this intent is indexed first, and held back when it repeats a
@@ -1437,6 +1483,20 @@ detach() {
 	fi
 }
 
+# read_resident_command: reads the command of a resident's request, cmd_bytes bytes and
+# the newline the client puts after them (the line-wise builtin `read` cannot stop
+# inside a line), into cmd_text; false unless exactly that arrived. The builtin reads
+# one byte at a time from a pipe, so nothing past the newline is taken.
+read_resident_command() {
+	cmd_text='' rs_l=''
+	while [ "${#cmd_text}" -le "$cmd_bytes" ] && IFS= read -r rs_l; do
+		cmd_text="$cmd_text$rs_l
+"
+	done
+	[ "${#cmd_text}" -eq "$((cmd_bytes + 1))" ] || return 1
+	cmd_text=${cmd_text%?}
+}
+
 # read_short_command: reads the command, the channel's data up to EOF, into cmd_text;
 # false unless it is exactly cmd_bytes bytes. (A final line without a newline is still
 # read: `read` fails at EOF but sets the variable.)
@@ -1595,7 +1655,7 @@ supersede_marker() {
 		state "$op"
 		refuse "$st $(describe)"
 	fi
-	wf="$m/.w.$$.$fg_start"
+	wf="$m/.w.$fg.$fg_start"
 	superseded=1
 	sync "$root/ops" "$root/superseded"
 }
@@ -1684,6 +1744,7 @@ cancel_wait() {
 		[ "$cw_left" -gt 0 ] || return 1
 		cw_left=$((cw_left - 1))
 		sleep 0.1
+		beat 10
 	done
 }
 
@@ -1736,7 +1797,7 @@ verb_attach() {
 	if [ "$st" = running ] && rget "$m/claim" cap && is_uint "$rv"; then
 		live=1 cap=$rv
 	fi
-	proc_stat "$$"
+	proc_stat "$fg"
 	fg_start=$ps_start
 	register_waiter "$m"
 	follow "$m" "$2" "$3"
@@ -2004,6 +2065,109 @@ verb_doctor() {
 }
 
 # ---------------------------------------------------------------------------------------
+# The resident host session (docs/host-protocol.md#the-resident-session)
+
+# serve: one long-lived shim per kept connection. It answers requests, one per line of
+# its stdin, until EOF, each in a subshell (an `exit` in a verb ends only that request,
+# and no variable of one request reaches the next), and ends each reply with an end
+# frame, so that a client knows the reply is whole on a channel that stays open. Every
+# request is checked and answered exactly as a call of its own would be: its own call
+# token and nonce, r= checked before the verb acts, the same verbs, the same frames. The
+# supervisor of each command is still started detached (setsid), so it outlives the
+# resident and the connection. An operator turns it off for a host with the file
+# resident.off in the marker root, or OPMARK_RESIDENT=0 in the environment sshd gives the
+# session: it then refuses, and the client calls the shim once per command.
+verb_serve() {
+	sv_root=${OPMARK_ROOT:-${XDG_STATE_HOME:-${HOME:-}/.local/state}/opmark}
+	if [ "${OPMARK_RESIDENT:-1}" = 0 ] || [ -e "$sv_root/resident.off" ]; then
+		refuse "cannot_start reason=resident_off"
+	fi
+	resident=$$
+	frame "Q ready pid=$$"
+	sv_line=''
+	while IFS= read -r sv_line; do
+		set -f
+		# shellcheck disable=SC2086 # a request is words without spaces or patterns
+		set -- $sv_line
+		set +f
+		serve_one "$@"
+	done
+	exit 0
+}
+
+# serve_one q c=TOKEN [r=ROOT_ID] VERB ARGS...: one request. Anything else means the
+# stream is out of step with the client: the resident ends rather than guess. So does a
+# request that ended in any other way than its answer (a refusal before its data was
+# read, a signal), since its data may be left unread.
+serve_one() {
+	[ "${1:-}" = q ] || exit 3
+	shift
+	call_token=
+	case ${1:-} in
+	c=*)
+		call_token=${1#c=}
+		shift
+		;;
+	esac
+	case $call_token in
+	'' | *[!0-9a-f]*) exit 3 ;;
+	esac
+	expect_root=
+	case ${1:-} in
+	r=*)
+		expect_root=${1#r=}
+		shift
+		;;
+	esac
+	case $expect_root in
+	*[!0-9a-f]*) expect_root=bad ;;
+	esac
+	# A nonce of this request's own, made here so that the end frame carries it too.
+	new_nonce || exit 3
+	(
+		read -r fg _ </proc/self/stat
+		frame "H v=$OPMARK_SHIM_VERSION c=$call_token"
+		dispatch "$@"
+		exit 0
+	)
+	sv_rc=$?
+	frame "Z c=$call_token status=$sv_rc"
+	[ "$sv_rc" -eq 0 ] || exit 0
+	# The script reached the cache with the first request that opened the root.
+	shim_hash=
+}
+
+# beat CENTISECONDS: a resident's request that waits (following a command, a cancel)
+# says "B" about twice a second, so that the client tells a resident that stopped
+# answering (SIGSTOP, a hang) from a quiet command within its keepalive budget. A
+# resident stopped while its request runs on says nothing either.
+beat() {
+	[ -n "$resident" ] || return 0
+	bt_acc=$((${bt_acc:-0} + $1))
+	[ "$bt_acc" -ge 50 ] || return 0
+	bt_acc=0
+	proc_stat "$resident" && [ "$ps_state" = T ] && return 0
+	frame B
+}
+
+# dispatch VERB ARGS...: one verb's answer.
+dispatch() {
+	dp_verb=${1:-}
+	[ "$#" -gt 0 ] && shift
+	case $dp_verb in
+	run) verb_run "$@" ;;
+	probe) verb_probe "$@" ;;
+	attach) verb_attach "$@" ;;
+	fence) verb_fence "$@" ;;
+	cancel) verb_cancel "$@" ;;
+	supersede) verb_supersede "$@" ;;
+	gc) verb_gc "$@" ;;
+	doctor) verb_doctor "$@" ;;
+	*) refuse "bad_args reason=unknown_verb" ;;
+	esac
+}
+
+# ---------------------------------------------------------------------------------------
 # Entry
 
 verb=${1:-}
@@ -2024,14 +2188,7 @@ new_nonce || {
 }
 hello
 case $verb in
-run) verb_run "$@" ;;
-probe) verb_probe "$@" ;;
-attach) verb_attach "$@" ;;
-fence) verb_fence "$@" ;;
-cancel) verb_cancel "$@" ;;
-supersede) verb_supersede "$@" ;;
-gc) verb_gc "$@" ;;
-doctor) verb_doctor "$@" ;;
-*) refuse "bad_args reason=unknown_verb" ;;
+serve) verb_serve "$@" ;;
+*) dispatch "$verb" "$@" ;;
 esac
 exit 0

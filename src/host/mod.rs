@@ -6,6 +6,8 @@
 //!
 //! - [`call`]: one call over an SSH session, streamed to an observer, and how it ended
 //!   ([`CallEnd`]). The `run` and `attach` verbs use it directly: their output streams.
+//!   Through the keeper it goes to the host's resident shim ([`resident`]) when the host
+//!   has one, with the same answers.
 //! - The one-answer verbs, typed: [`probe`], [`fence`], [`gc`], [`doctor`], [`cancel`],
 //!   and [`attach`]'s end. Each returns its answer or a [`CallError`].
 //! - [`Host`]: a connected host, reached with [`Host::connect_checked`].
@@ -19,6 +21,7 @@
 
 pub mod call;
 mod delivery;
+pub mod resident;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -482,7 +485,7 @@ mod tests {
     }
 
     fn finished(lines: &[&str]) -> CallEnd {
-        let mut text = format!("OPMARK/1 {N} H v=3\n");
+        let mut text = format!("OPMARK/1 {N} H v=4\n");
         for l in lines {
             text.push_str(&format!("OPMARK/1 {N} {l}\n"));
         }

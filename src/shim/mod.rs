@@ -231,6 +231,9 @@ pub const VERBS: &[(&str, &[&str])] = &[
     ("gc", &["AGE_S", "DRY_RUN", "TOMB_AGE_S"]),
     ("doctor", &[]),
     ("cancel", &["OP", "GRACE_MS"]),
+    // The resident host session: requests come on its stdin (see [`Request`]), never as
+    // a `Verb` of their own.
+    ("serve", &[]),
 ];
 
 impl Verb<'_> {
@@ -482,12 +485,7 @@ impl Invocation {
         // Between the token and the verb, as the shim reads it (hex only: anything else
         // is sent as `bad`, which no root's id is, so the shim refuses).
         if let Some(root) = root {
-            let root = if !root.is_empty() && root.chars().all(|c| c.is_ascii_hexdigit()) {
-                root.to_ascii_lowercase()
-            } else {
-                "bad".to_owned()
-            };
-            exec.push_str(&format!(" r={root}"));
+            exec.push_str(&format!(" r={}", root_word(root)));
         }
         for arg in verb.args() {
             exec.push(' ');
@@ -504,6 +502,82 @@ impl Invocation {
         data.extend_from_slice(input);
         data.extend_from_slice(stdin);
         Invocation { exec, data, token }
+    }
+}
+
+impl Invocation {
+    /// The exec request that starts a resident host session (the shim's `serve` verb,
+    /// docs/host-protocol.md#the-resident-session): the stub as for any call, the data
+    /// only the token line (and the script when `with_script`), and no EOF after it: the
+    /// channel stays open for [`Request`]s.
+    pub fn serve(with_script: bool) -> Invocation {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let (len, script) = if with_script {
+            (SCRIPT.len().to_string(), SCRIPT.as_bytes())
+        } else {
+            ("-".to_owned(), &b""[..])
+        };
+        let exec = format!(
+            "exec sh -c '{STUB}' opmark {} {len} c={token} serve",
+            script_sha256()
+        );
+        let mut data = Vec::with_capacity(token.len() + 3 + script.len());
+        data.extend_from_slice(b"c=");
+        data.extend_from_slice(token.as_bytes());
+        data.push(b'\n');
+        data.extend_from_slice(script);
+        Invocation { exec, data, token }
+    }
+}
+
+/// One request to a resident host session: the line `q c=<token> [r=<root>] VERB
+/// ARGS...`, then the verb's input as a call of its own carries it, except that it is
+/// read by count, never to EOF: for `run`, the command, one newline (the resident reads
+/// it line-wise with the shell's builtin), then exactly `STDIN_BYTES` of stdin. The reply
+/// is the verb's usual frames under this request's own token, then the end frame `Z`.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The line and the data, sent in one write.
+    pub bytes: Vec<u8>,
+    /// 128 random bits in hex, fresh per request (the reply's header echoes it).
+    pub token: String,
+}
+
+impl Request {
+    /// The request for `verb`, with `stdin` (already spooled) after its input, for an
+    /// operation whose attempts reached marker root `root` when `Some` (the resident
+    /// checks it before the verb acts, as a call of its own does).
+    pub fn new(verb: &Verb, stdin: Option<&[u8]>, root: Option<&str>) -> Request {
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut line = format!("q c={token}");
+        if let Some(root) = root {
+            line.push_str(&format!(" r={}", root_word(root)));
+        }
+        for arg in verb.args() {
+            line.push(' ');
+            line.push_str(&arg);
+        }
+        line.push('\n');
+        let input = verb.input();
+        let stdin = stdin.unwrap_or_default();
+        let mut bytes = Vec::with_capacity(line.len() + input.len() + 1 + stdin.len());
+        bytes.extend_from_slice(line.as_bytes());
+        if let Verb::Run(_) = verb {
+            bytes.extend_from_slice(input);
+            bytes.push(b'\n');
+            bytes.extend_from_slice(stdin);
+        }
+        Request { bytes, token }
+    }
+}
+
+/// A marker root id as the shim reads it: hex only, anything else `bad` (which no root's
+/// id is, so the shim refuses).
+fn root_word(root: &str) -> String {
+    if !root.is_empty() && root.chars().all(|c| c.is_ascii_hexdigit()) {
+        root.to_ascii_lowercase()
+    } else {
+        "bad".to_owned()
     }
 }
 
@@ -700,7 +774,8 @@ mod tests {
             }
             // And the dispatcher knows it.
             assert!(
-                SCRIPT.contains(&format!("\n{name}) verb_{name} \"$@\" ;;")),
+                SCRIPT.contains(&format!("\n{name}) verb_{name} \"$@\" ;;"))
+                    || SCRIPT.contains(&format!("\t{name}) verb_{name} \"$@\" ;;")),
                 "{name}"
             );
         }

@@ -238,7 +238,125 @@ impl Session {
     }
 }
 
+/// The input side of a channel that stays open (a resident host session): each `send`
+/// is written to the channel in order; dropping it sends EOF and closes the channel, so
+/// the host side reads its end of input and exits.
+#[derive(Debug)]
+pub struct OpenInput {
+    tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl OpenInput {
+    /// Queues `bytes` for the channel; `false` when the channel's writer is gone (the
+    /// channel or the connection ended).
+    pub fn send(&self, bytes: Vec<u8>) -> bool {
+        self.tx.send(bytes).is_ok()
+    }
+}
+
+impl Session {
+    /// [`Session::exec_permitted`] for a channel that stays open: `data` follows the
+    /// request at once, then no EOF; more is sent through the returned [`OpenInput`],
+    /// whose drop ends the input and closes the channel.
+    pub(crate) async fn exec_open(
+        &self,
+        permit: OwnedSemaphorePermit,
+        command: &str,
+        data: Vec<u8>,
+    ) -> Result<(Exec, OpenInput), ExecError> {
+        let Kind::Direct(inner) = &self.kind else {
+            return Err(ExecError::NotSent(
+                "a keeper session has no local channel limit".into(),
+            ));
+        };
+        if self.is_closed() {
+            return Err(ExecError::NotSent("the connection is closed".into()));
+        }
+        let channel = tokio::time::timeout(
+            inner.dest.connect_timeout,
+            inner.handle.channel_open_session(),
+        )
+        .await
+        .map_err(|_| ExecError::NotSent("opening a channel timed out".into()))?
+        .map_err(|e| ExecError::NotSent(format!("opening a channel failed: {e}")))?;
+        let (mut read, write) = channel.split();
+        write
+            .exec(true, command)
+            .await
+            .map_err(|e| ExecError::NotSent(format!("sending the exec request failed: {e}")))?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let _ = tx.send(data);
+        // Not aborted with the channel's reader: it ends by itself once the input is
+        // dropped, after EOF and close, so the host side never waits on a dead channel.
+        tokio::spawn(async move {
+            while let Some(bytes) = rx.recv().await {
+                if bytes.is_empty() {
+                    continue;
+                }
+                if let Err(e) = write.data(&bytes[..]).await {
+                    tracing::debug!("resident input not fully sent: {e}");
+                    return;
+                }
+            }
+            let _ = write.eof().await;
+            let _ = write.close().await;
+        });
+        let mut pending = VecDeque::new();
+        loop {
+            match read.wait().await {
+                Some(ChannelMsg::Success) => break,
+                Some(ChannelMsg::Failure) => {
+                    return Err(ExecError::NotSent(
+                        "the host refused the exec request (nothing ran)".into(),
+                    ));
+                }
+                Some(ChannelMsg::WindowAdjusted { .. }) => {}
+                Some(other) => pending.push_back(other),
+                None => {
+                    let why = settle_lost_reason(&inner.shared)
+                        .await
+                        .unwrap_or_else(|| "the channel ended before the host answered".into());
+                    return Err(ExecError::Lost(why));
+                }
+            }
+        }
+        Ok((
+            Exec {
+                kind: ExecKind::Direct(DirectExec {
+                    read,
+                    pending,
+                    shared: inner.shared.clone(),
+                    end: None,
+                    writer: None,
+                    _permit: permit,
+                    _session: self.clone(),
+                }),
+            },
+            OpenInput { tx },
+        ))
+    }
+}
+
+impl Session {
+    /// The keeper's side of this session, when it goes through the keeper: the host's
+    /// resident shim is reached through it.
+    pub(crate) fn keeper_remote(&self) -> Option<&Arc<super::keeper::client::Remote>> {
+        match &self.kind {
+            Kind::Keeper(remote) => Some(remote),
+            Kind::Direct(_) => None,
+        }
+    }
+}
+
 impl Exec {
+    /// An event that is already there, without waiting (`None`: nothing yet). An idle
+    /// resident channel must have none: anything on it means it is not in step.
+    pub(crate) async fn ready_event(&mut self) -> Option<ExecEvent> {
+        tokio::time::timeout(std::time::Duration::ZERO, self.next())
+            .await
+            .ok()
+    }
+
     /// The next event. Keeps reading after the exit status until the channel closes:
     /// the order of exit status and EOF varies, and output can follow either (docs/findings.md#russh-exit-status-and-eof).
     pub async fn next(&mut self) -> ExecEvent {

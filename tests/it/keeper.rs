@@ -67,6 +67,11 @@ fn kill9(pid: i32) {
     });
 }
 
+/// The keeper's socket file name (it carries the keeper protocol's version).
+fn socket_name() -> String {
+    format!("keeper-v{}.sock", opmark::ssh::keeper::wire::VERSION)
+}
+
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
@@ -202,7 +207,7 @@ fn a_stale_socket_is_replaced_before_anything_is_sent() {
     assert_eq!(run(&env, &lab, "stale-1", "true").verdict(), "completed");
     let pid = env.keeper_pid().expect("a keeper runs");
     kill9(pid);
-    let socket = env.keeper_dir().join("keeper-v2.sock");
+    let socket = env.keeper_dir().join(socket_name());
     assert!(socket.exists(), "kill -9 leaves the socket behind");
     let a = run(&env, &lab, "stale-2", "echo fresh");
     assert_eq!(a.verdict(), "completed", "{a:?}");
@@ -236,7 +241,7 @@ fn a_keeper_directory_open_to_others_is_refused_and_the_run_connects_itself() {
         env.keeper_pid().is_none(),
         "no keeper in a directory open to others"
     );
-    assert!(!dir.join("keeper-v2.sock").exists());
+    assert!(!dir.join(socket_name()).exists());
 }
 
 #[test]
@@ -258,7 +263,7 @@ fn another_user_cannot_use_the_keeper() {
     // Open the walls on purpose (what a careless chmod would do), so that only the
     // keeper's SO_PEERCRED check stands between another user and the connection.
     let dir = env.keeper_dir();
-    let socket = dir.join("keeper-v2.sock");
+    let socket = dir.join(socket_name());
     let mut p = dir.clone();
     while p != Path::new("/") {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
@@ -270,13 +275,15 @@ fn another_user_cannot_use_the_keeper() {
     let hello = r#"import socket,struct,sys
 s=socket.socket(socket.AF_UNIX)
 s.connect(sys.argv[1])
-body=b'J{"kind":"hello","version":2}'
+body=b'J{"kind":"hello","version":VERSION}'
 try:
     s.sendall(struct.pack('>I',len(body))+body)
     s.settimeout(5)
     print('ANSWER', repr(s.recv(4096)))
 except (BrokenPipeError, ConnectionResetError):
-    print('ANSWER', repr(b''))"#;
+    print('ANSWER', repr(b''))"#
+        .replace("VERSION", &opmark::ssh::keeper::wire::VERSION.to_string());
+    let hello = hello.as_str();
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
@@ -339,7 +346,7 @@ fn the_keeper_exits_after_its_persist_time_idle() {
         !pid_alive(pid)
     });
     assert!(
-        !env.keeper_dir().join("keeper-v2.sock").exists(),
+        !env.keeper_dir().join(socket_name()).exists(),
         "it removes its socket"
     );
 }
@@ -770,14 +777,25 @@ fn verbose_traces_the_callers_side_the_same_with_and_without_the_keeper() {
             .unwrap();
         assert!(out.status.success(), "{}", text(&out.stderr));
         let said = text(&out.stderr);
-        for line in [
-            "connecting to",
-            "connected to",
-            "exec on",
-            "the host accepted the exec request",
-            "exit status 0",
-            "verdict completed",
-        ] {
+        // Direct: one exec per call; through the keeper: one request to the host's
+        // resident shim (docs/host-protocol.md#the-resident-session).
+        let call: &[&str] = if persist == "0" {
+            &[
+                "exec on",
+                "the host accepted the exec request",
+                "exit status 0",
+            ]
+        } else {
+            &[
+                "resident request to the connection keeper",
+                "went to the host's resident shim",
+                "end of the request, status 0",
+            ]
+        };
+        for line in ["connecting to", "connected to", "verdict completed"]
+            .iter()
+            .chain(call)
+        {
             assert!(
                 said.contains(line),
                 "persist {persist}: no `{line}` in: {said}"

@@ -24,6 +24,7 @@ mod operators;
 mod policy;
 mod redaction;
 mod repetitions;
+mod resident;
 mod run;
 mod screens;
 mod shim;

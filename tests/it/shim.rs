@@ -2014,3 +2014,152 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
         assert_eq!(count_lines(&effects), 1, "{name} round {round}");
     }
 }
+
+/// One request's reply out of a resident's whole stderr: its frames and output, and its
+/// end frame's status (`None`: it was never answered).
+fn resident_reply(stderr: &[u8], token: &str) -> (Outcome, Option<u32>) {
+    let mut p = ReplyParser::expecting(token);
+    let mut replies = Vec::new();
+    // Past its end frame come the next request's frames, under another nonce: the
+    // parser's complaint about them is not this reply's.
+    let pushed = p.push_stderr(stderr, &mut replies);
+    if p.end_status().is_none() {
+        if let Err(e) = pushed {
+            panic!("{e}: {}", String::from_utf8_lossy(stderr));
+        }
+    }
+    let mut o = Outcome::default();
+    for r in replies {
+        match r {
+            Reply::Stdout(b) => o.stdout.extend(b),
+            Reply::Stderr(b) => o.stderr.extend(b),
+            Reply::Frame(f) => o.frames.push(f),
+        }
+    }
+    (o, p.end_status())
+}
+
+#[test]
+fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
+    for (name, shell) in shells() {
+        let host = Host::new("resident", &shell);
+        let a = OpId::parse("res-a").unwrap();
+        let b = OpId::parse("res-b").unwrap();
+        let c = OpId::parse("res-c").unwrap();
+        let d = OpId::parse("res-d").unwrap();
+        let cmd_a = "echo one; echo two >&2";
+        let (fp_a, fp_b) = (fp(cmd_a), fp("cat"));
+        let run = |op, fp, command| {
+            Verb::Run(RunRequest {
+                op,
+                attempt_id: "at1",
+                host_fingerprint: fp,
+                family: Family::AppendOnly,
+                timeout: None,
+                output_cap: shim::DEFAULT_OUTPUT_CAP,
+                stdin: None,
+                supersede_interrupted: false,
+                repeat: opmark::shim::RepeatCheck::OFF,
+                command,
+            })
+        };
+        let mut with_stdin = RunRequest {
+            op: &b,
+            attempt_id: "at1",
+            host_fingerprint: &fp_b,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command: "cat",
+        };
+        with_stdin.stdin = Some(StdinSpec {
+            len: 3,
+            sha256_hex: hex::encode(Sha256::digest(b"abc")),
+        });
+        let requests = [
+            shim::Request::new(&run(&a, &fp_a, cmd_a), None, None),
+            shim::Request::new(&Verb::Run(with_stdin), Some(b"abc"), None),
+            shim::Request::new(&Verb::Probe(&a), None, None),
+            shim::Request::new(&run(&a, &fp_a, cmd_a), None, None),
+            shim::Request::new(&Verb::Probe(&c), None, Some("00ff")),
+        ];
+        // A run refused before its data is read (a bad family, a command too long to be
+        // read first) whose command text looks like a request: the resident must end
+        // rather than read it as one.
+        let forged = "q c=00000000000000000000000000000abc probe res-a\n";
+        let long = format!("{forged}{}", "#".repeat(5000));
+        let fp_d = fp(&long);
+        let mut args = run(&d, &fp_d, &long).args();
+        args[4] = "bogus".into();
+        let refused_token = "00000000000000000000000000000def";
+        let mut refused = format!("q c={refused_token} {}\n", args.join(" ")).into_bytes();
+        refused.extend_from_slice(long.as_bytes());
+        refused.push(b'\n');
+        let after = shim::Request::new(&Verb::Probe(&a), None, None);
+
+        let mut child = host
+            .command_with_args(vec!["c=00".into(), "serve".into()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        // Pipelined: every request in one write, as a client may.
+        let mut all: Vec<u8> = requests.iter().flat_map(|r| r.bytes.clone()).collect();
+        all.extend_from_slice(&refused);
+        all.extend_from_slice(&after.bytes);
+        input.write_all(&all).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        let frames = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(frames.contains(" Q ready pid="), "{name}: {frames}");
+
+        let (one, end) = resident_reply(&out.stderr, &requests[0].token);
+        assert_eq!(end, Some(0), "{name}: {frames}");
+        assert_eq!(one.exit().map(|x| x.code), Some(0), "{name}: {one:?}");
+        assert_eq!(
+            (&one.stdout[..], &one.stderr[..]),
+            (&b"one\n"[..], &b"two\n"[..])
+        );
+        let (two, end) = resident_reply(&out.stderr, &requests[1].token);
+        assert_eq!(end, Some(0), "{name}: {frames}");
+        assert_eq!(two.stdout, b"abc", "{name}: the stdin, by count: {two:?}");
+        let (three, _) = resident_reply(&out.stderr, &requests[2].token);
+        assert_eq!(three.marker().state, MarkerState::Completed, "{name}");
+        let (four, end) = resident_reply(&out.stderr, &requests[3].token);
+        assert_eq!(end, Some(0), "{name}");
+        assert!(
+            four.refusal().is_some_and(|r| r.replay) && four.stdout == b"one\n",
+            "{name}: the taken claim answers, nothing runs again: {four:?}"
+        );
+        let (five, end) = resident_reply(&out.stderr, &requests[4].token);
+        assert_eq!(
+            end,
+            Some(0),
+            "{name}: a refusal leaves the resident in step"
+        );
+        assert_eq!(
+            five.refusal().map(|r| r.reason),
+            Some(shim::RefusalReason::RootChanged),
+            "{name}: r= is checked per request: {five:?}"
+        );
+        let (six, end) = resident_reply(&out.stderr, refused_token);
+        assert_eq!(
+            six.refusal().map(|r| r.reason),
+            Some(shim::RefusalReason::BadArgs),
+            "{name}: {six:?}"
+        );
+        assert_eq!(end, Some(4), "{name}: refused with its data unread");
+        assert!(
+            !frames.contains("c=00000000000000000000000000000abc")
+                && resident_reply(&out.stderr, &after.token).1.is_none(),
+            "{name}: nothing after an out-of-step request is answered: {frames}"
+        );
+        assert!(!host.marker("res-d").exists(), "{name}");
+        assert!(host.marker("res-a").join("exit").exists(), "{name}");
+    }
+}

@@ -420,6 +420,141 @@ impl Remote {
     }
 }
 
+/// Why a resident call was not made.
+#[derive(Debug)]
+pub enum CallRefused {
+    /// No resident serves this host's connection: nothing was sent; call per call.
+    NoResident(String),
+    /// Nothing was sent (no keeper, no connection).
+    NotSent(String),
+    /// The request may have left, and the keeper went away before saying.
+    Lost(String),
+}
+
+impl Remote {
+    /// Sends `request` (a [`crate::shim::Request`]'s bytes) to the host's resident shim
+    /// through the keeper: one write to the host on a resident channel that is already
+    /// open, or a new one when none is idle.
+    pub(crate) async fn call(
+        self: &std::sync::Arc<Self>,
+        request: Vec<u8>,
+    ) -> Result<ResidentCall, CallRefused> {
+        let persist = persist().unwrap_or(super::DEFAULT_PERSIST);
+        let mut link = open_link(&self.place, persist).await.map_err(|e| {
+            self.mark_lost(&e.0);
+            CallRefused::NotSent(format!("the connection keeper is unavailable: {}", e.0))
+        })?;
+        link.budget = self.dest.loss_budget();
+        tracing::debug!(
+            "resident request to the connection keeper (pid {}): {} bytes",
+            link.pid,
+            request.len()
+        );
+        let mut frames = vec![MuxFrame::json(&KeeperRequest::Call {
+            key: self.key.clone(),
+            dest: Box::new(self.dest.clone()),
+            host_key: self.host_key.clone(),
+        })];
+        for chunk in request.chunks(256 * 1024) {
+            frames.push(MuxFrame::Stdin(chunk.to_vec()));
+        }
+        frames.push(MuxFrame::json(&KeeperRequest::StdinEnd));
+        if let Err(e) = link.send(&frames).await {
+            let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
+            self.mark_lost(&why);
+            return Err(CallRefused::NotSent(why));
+        }
+        match link.reply().await {
+            Ok(KeeperReply::CallSent { resident_pid }) => {
+                tracing::debug!(
+                    "the request went to the host's resident shim (pid {resident_pid})"
+                );
+                Ok(ResidentCall {
+                    link,
+                    remote: self.clone(),
+                    resident_pid,
+                    end: None,
+                })
+            }
+            Ok(KeeperReply::NoResident { message }) => Err(CallRefused::NoResident(message)),
+            Ok(KeeperReply::ExecNotSent { message }) => Err(CallRefused::NotSent(message)),
+            Ok(other) => {
+                let why = format!("the keeper answered the resident request with {other:?}");
+                self.mark_lost(&why);
+                Err(CallRefused::Lost(why))
+            }
+            Err(e) => {
+                let why = format!(
+                    "the connection keeper (pid {}) went away after taking the request: {e}",
+                    link.pid
+                );
+                self.mark_lost(&why);
+                Err(CallRefused::Lost(why))
+            }
+        }
+    }
+}
+
+/// One request's reply from the host's resident shim, through the keeper.
+pub struct ResidentCall {
+    link: Link,
+    remote: std::sync::Arc<Remote>,
+    /// The resident shim's pid on the host.
+    pub resident_pid: u32,
+    end: Option<ExecEvent>,
+}
+
+impl std::fmt::Debug for ResidentCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResidentCall")
+            .field("resident_pid", &self.resident_pid)
+            .field("end", &self.end)
+            .finish()
+    }
+}
+
+impl ResidentCall {
+    /// The next bytes of the reply (`Stdout`/`Stderr`), or its end (`Closed`, `Lost`).
+    /// A silence longer than the keepalive budget is `Lost`: the resident beats while a
+    /// request waits, so silence means a stopped resident, keeper or link.
+    pub(crate) async fn next(&mut self) -> ExecEvent {
+        if let Some(end) = &self.end {
+            return end.clone();
+        }
+        let event = match self.link.recv().await {
+            Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
+            Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
+            Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
+                Ok(KeeperReply::Closed) => ExecEvent::Closed,
+                Ok(KeeperReply::Lost { message }) => ExecEvent::Lost(message),
+                Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-reply")),
+                Err(e) => ExecEvent::Lost(e.to_string()),
+            },
+            Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
+            Err(why) => ExecEvent::Lost(format!(
+                "no word from the host's resident shim (pid {}) through the connection keeper (pid {}): {why}",
+                self.resident_pid, self.link.pid
+            )),
+        };
+        if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
+            if let ExecEvent::Lost(why) = &event {
+                self.remote.mark_lost(why);
+            }
+            self.end = Some(event.clone());
+        }
+        event
+    }
+
+    /// The reply is whole (its end frame came): the keeper may give the resident channel
+    /// to the next caller. Without this, the keeper closes it.
+    pub(crate) async fn release(mut self) {
+        let _ = self
+            .link
+            .send(&[MuxFrame::json(&KeeperRequest::Release)])
+            .await;
+    }
+}
+
 /// An exec channel on the keeper's connection.
 pub struct RemoteExec {
     link: Link,

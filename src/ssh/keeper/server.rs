@@ -4,6 +4,13 @@
 //! key when sshd's `MaxSessions` would be exceeded, and exiting after `persist` with no
 //! caller or as soon as its socket is removed or replaced.
 //!
+//! Per held connection it keeps a pool of idle resident shim channels
+//! (docs/host-protocol.md#the-resident-session): a `Call` takes an idle one and writes its
+//! request in one go (one round trip to the host), or opens one (`serve`) when none is
+//! idle; the channel comes back to the pool only when its caller saw the reply's end
+//! frame and said `Release`. Anything else (a caller that left mid-reply, bytes on an idle
+//! channel) closes that channel: one in an unknown state is never reused.
+//!
 //! It logs nothing: no stdio, no file. Whatever went wrong reaches a caller in its
 //! answer, and the caller decides what to say.
 
@@ -20,8 +27,9 @@ use tokio::sync::Notify;
 
 use super::wire::{self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame};
 use super::{own_uid, short_path, Place};
+use crate::ssh::exec::OpenInput;
 use crate::ssh::session::DEFAULT_MAX_CHANNELS;
-use crate::ssh::{Destination, ExecError, ExecEvent, Session};
+use crate::ssh::{Destination, Exec, ExecError, ExecEvent, Session};
 
 /// Connections held per key at most: beyond, callers wait for a free channel.
 const MAX_CONNECTIONS_PER_KEY: usize = 8;
@@ -38,9 +46,48 @@ struct Held {
     /// even while the keeper serves other hosts (docs/trust.md#the-keeper: open "for a while after its
     /// last use").
     last_used: Mutex<Instant>,
+    /// Idle resident shim channels on this connection, ready for a request.
+    residents: Mutex<Vec<Resident>>,
+    /// Why this connection's host serves no resident (its shim refused `serve`): calls on
+    /// it go per call, and no resident is tried again on it.
+    no_resident: Mutex<Option<String>>,
+}
+
+/// A resident shim channel (the shim's `serve`), idle or serving one caller.
+struct Resident {
+    exec: Exec,
+    input: OpenInput,
+    pid: u32,
+}
+
+/// Why a `Call` was not sent to a resident.
+enum CallRefusal {
+    /// No resident can serve it: the caller calls per call (nothing was sent).
+    NoResident(String),
+    /// No connection or channel: nothing was sent.
+    NotSent(String),
+}
+
+/// How starting a resident ended.
+enum Start {
+    Ready(u32),
+    /// The stub found no good cached shim: start it again with the script.
+    NeedScript,
+    /// The host's shim does not serve (refused, older protocol): remembered.
+    Refused(String),
+    /// The channel or the connection failed: not remembered.
+    Failed(String),
 }
 
 impl Held {
+    fn idle_residents(&self) -> usize {
+        self.residents.lock().map(|r| r.len()).unwrap_or_default()
+    }
+
+    fn no_resident(&self) -> Option<String> {
+        self.no_resident.lock().ok().and_then(|n| n.clone())
+    }
+
     fn touch(&self) {
         if let Ok(mut t) = self.last_used.lock() {
             *t = Instant::now();
@@ -48,7 +95,12 @@ impl Held {
     }
 
     fn expired(&self, persist: Duration) -> bool {
-        let busy = self.session.channel_use().is_some_and(|(n, _)| n > 0);
+        // Idle resident channels hold places under the channel limit but are no use.
+        let idle_residents = self.idle_residents();
+        let busy = self
+            .session
+            .channel_use()
+            .is_some_and(|(n, _)| n > idle_residents);
         let idle = self
             .last_used
             .lock()
@@ -246,6 +298,11 @@ impl Keeper {
                 host_key,
                 command,
             }) => self.exec(conv, &key, &dest, host_key, &command).await,
+            Some(KeeperRequest::Call {
+                key,
+                dest,
+                host_key,
+            }) => self.call(conv, &key, &dest, host_key).await,
             Some(KeeperRequest::Status) => {
                 let reply = self.status().await;
                 let _ = conv.send(&reply).await;
@@ -304,6 +361,8 @@ impl Keeper {
             opened: Instant::now(),
             used: AtomicU64::new(0),
             last_used: Mutex::new(Instant::now()),
+            residents: Mutex::new(Vec::new()),
+            no_resident: Mutex::new(None),
         }))
     }
 
@@ -439,6 +498,125 @@ impl Keeper {
         }
     }
 
+    /// A `Call`: one request to the host's resident shim, relayed until its caller
+    /// releases the channel (it goes back to the pool) or leaves (it is closed).
+    async fn call(
+        &self,
+        mut conv: Conversation,
+        key: &str,
+        dest: &Destination,
+        host_key: Option<String>,
+    ) {
+        // The whole request first, as for `Exec`: a caller whose write failed knows
+        // nothing was sent.
+        let mut request = Vec::new();
+        loop {
+            match conv.frame().await {
+                Some(MuxFrame::Stdin(b)) => request.extend_from_slice(&b),
+                Some(f @ MuxFrame::Json(_)) if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) => {
+                    break
+                }
+                _ => return,
+            }
+        }
+        let got = conv
+            .alive_while(dest, self.resident(key, dest, host_key.as_deref()))
+            .await;
+        let (held, resident) = match got {
+            Ok(r) => r,
+            Err(CallRefusal::NoResident(message)) => {
+                let _ = conv.send(&KeeperReply::NoResident { message }).await;
+                return;
+            }
+            Err(CallRefusal::NotSent(message)) => {
+                let _ = conv.send(&KeeperReply::ExecNotSent { message }).await;
+                return;
+            }
+        };
+        held.used.fetch_add(1, Ordering::Relaxed);
+        held.touch();
+        if !resident.input.send(request) {
+            close(resident);
+            let message = "the resident channel ended before the request was written".into();
+            let _ = conv.send(&KeeperReply::NoResident { message }).await;
+            return;
+        }
+        let sent = KeeperReply::CallSent {
+            resident_pid: resident.pid,
+        };
+        if conv.send(&sent).await.is_err() {
+            // The caller left: the resident is closed (its request runs on as a call
+            // whose caller left would).
+            return close(resident);
+        }
+        relay(conv, held, resident).await;
+    }
+
+    /// An idle resident on a connection for `key` that presents `host_key`, or a new
+    /// one on a connection with a free channel.
+    async fn resident(
+        &self,
+        key: &str,
+        dest: &Destination,
+        host_key: Option<&str>,
+    ) -> Result<(Arc<Held>, Resident), CallRefusal> {
+        let slot = self.slot(key);
+        let held: Vec<Arc<Held>> = {
+            let mut held = slot.lock().await;
+            held.retain(|h| !h.session.is_closed());
+            held.clone()
+        };
+        let fits = |h: &Held| host_key.is_none() || h.session.host_key().as_deref() == host_key;
+        for h in held.iter().filter(|h| fits(h)) {
+            loop {
+                let idle = h.residents.lock().ok().and_then(|mut r| r.pop());
+                let Some(mut r) = idle else { break };
+                // Anything waiting on an idle channel (bytes, its end) means it is not in
+                // step: closed, never used.
+                if r.exec.ready_event().await.is_none() && !h.session.is_closed() {
+                    return Ok((h.clone(), r));
+                }
+                close(r);
+            }
+        }
+        if let Some(why) = held
+            .iter()
+            .filter(|h| fits(h))
+            .find_map(|h| h.no_resident())
+        {
+            return Err(CallRefusal::NoResident(why));
+        }
+        let (h, permit) = self
+            .channel(key, dest)
+            .await
+            .map_err(CallRefusal::NotSent)?;
+        if host_key.is_some() && h.session.host_key().as_deref() != host_key {
+            return Err(CallRefusal::NotSent(format!(
+                "the keeper's connection to {} presents host key {}, not the {} this session \
+                 checked; nothing sent",
+                dest.display(),
+                h.session.host_key().unwrap_or_default(),
+                host_key.unwrap_or_default()
+            )));
+        }
+        if let Some(why) = h.no_resident() {
+            return Err(CallRefusal::NoResident(why));
+        }
+        match start_resident(&h, permit, dest).await {
+            Ok(r) => Ok((h, r)),
+            Err(Start::Refused(why)) => {
+                if let Ok(mut n) = h.no_resident.lock() {
+                    *n = Some(why.clone());
+                }
+                Err(CallRefusal::NoResident(why))
+            }
+            Err(Start::Failed(why)) => Err(CallRefusal::NoResident(why)),
+            Err(Start::Ready(_) | Start::NeedScript) => Err(CallRefusal::NoResident(
+                "the resident shim did not start".into(),
+            )),
+        }
+    }
+
     async fn status(&self) -> KeeperReply {
         let slots: Vec<_> = {
             let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -478,6 +656,151 @@ impl Keeper {
             connections,
         }
     }
+}
+
+/// Starts the host's resident shim on `held` (`serve` through the stub, as any call):
+/// from the host's cached copy, or, when it has none, with the script.
+async fn start_resident(
+    held: &Held,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    dest: &Destination,
+) -> Result<Resident, Start> {
+    let mut permit = Some(permit);
+    for with_script in [false, true] {
+        let permit = match permit.take() {
+            Some(p) => p,
+            None => tokio::time::timeout(dest.connect_timeout, held.session.wait_channel())
+                .await
+                .ok()
+                .flatten()
+                .ok_or_else(|| Start::Failed("no free channel for the resident".into()))?,
+        };
+        let call = crate::shim::Invocation::serve(with_script);
+        let (mut exec, input) = held
+            .session
+            .exec_open(permit, &call.exec, call.data.clone())
+            .await
+            .map_err(|e| Start::Failed(e.to_string()))?;
+        let ready = tokio::time::timeout(dest.connect_timeout, await_ready(&mut exec, &call))
+            .await
+            .unwrap_or_else(|_| Start::Failed("the resident shim did not answer in time".into()));
+        match ready {
+            Start::Ready(pid) => return Ok(Resident { exec, input, pid }),
+            Start::NeedScript if !with_script => {
+                drop(input);
+                drain(exec);
+            }
+            other => {
+                drop(input);
+                drain(exec);
+                return Err(other);
+            }
+        }
+    }
+    Err(Start::Refused("the host asked for the script twice".into()))
+}
+
+/// Reads a new resident channel until the shim says it serves (`Q ready`), refuses, or
+/// the stub asks for the script.
+async fn await_ready(exec: &mut Exec, call: &crate::shim::Invocation) -> Start {
+    let mut parser = crate::shim::ReplyParser::expecting(&call.token);
+    let mut replies = Vec::new();
+    loop {
+        let event = exec.next().await;
+        let pushed = match &event {
+            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
+            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
+            _ => Ok(()),
+        };
+        if let Err(e) = pushed {
+            // Another protocol version (an older shim) or a reply we cannot read.
+            return Start::Refused(e.to_string());
+        }
+        for reply in replies.drain(..) {
+            if let crate::shim::Reply::Frame(crate::shim::Frame::Refused(r)) = reply {
+                return Start::Refused(format!(
+                    "the host's shim refuses to serve: {} {}",
+                    r.reason,
+                    r.fields.get("reason").cloned().unwrap_or_default()
+                ));
+            }
+        }
+        if let Some(pid) = parser.ready_pid() {
+            return Start::Ready(pid);
+        }
+        match event {
+            ExecEvent::Closed => {
+                if !parser.header_seen() && call.asked_for_script(&parser.preamble(4096).0) {
+                    return Start::NeedScript;
+                }
+                return Start::Refused("the shim ended without serving".into());
+            }
+            ExecEvent::Lost(why) => return Start::Failed(why),
+            _ => {}
+        }
+    }
+}
+
+/// Relays a resident's reply to its caller until the caller says `Release` (the channel
+/// goes back to the pool), leaves (the channel is closed), or the channel ends.
+async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident) {
+    let Conversation {
+        mut read,
+        mut reader,
+        mut write,
+    } = conv;
+    // The caller's next frame: `Release` is true, anything else (or leaving) false.
+    let released = tokio::spawn(async move {
+        let mut buf = [0u8; 512];
+        loop {
+            match reader.next_frame() {
+                Ok(Some(f)) => return matches!(f.parse(), Ok(KeeperRequest::Release)),
+                Ok(None) => {}
+                Err(_) => return false,
+            }
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => reader.push(&buf[..n]),
+            }
+        }
+    });
+    tokio::pin!(released);
+    loop {
+        let event = tokio::select! {
+            ev = resident.exec.next() => ev,
+            done = &mut released => {
+                if matches!(done, Ok(true)) && !held.session.is_closed() {
+                    held.touch();
+                    if let Ok(mut idle) = held.residents.lock() {
+                        idle.push(resident);
+                        return;
+                    }
+                }
+                return close(resident);
+            }
+        };
+        let frame = match event {
+            ExecEvent::Stdout(b) => MuxFrame::Stdout(b),
+            ExecEvent::Stderr(b) => MuxFrame::Stderr(b),
+            // The resident itself ended: its channel closes next.
+            ExecEvent::ExitStatus(_) | ExecEvent::ExitSignal { .. } => continue,
+            end @ (ExecEvent::Closed | ExecEvent::Lost(_)) => {
+                let _ = write.write_all(&wire::event_frame(end).encode()).await;
+                return;
+            }
+        };
+        if write.write_all(&frame.encode()).await.is_err() {
+            return close(resident);
+        }
+    }
+}
+
+/// Ends a resident that is not reused: EOF on its input (it exits after its request, if
+/// any), and its channel is read until sshd closes it, keeping its place under the
+/// channel limit until then.
+fn close(resident: Resident) {
+    drop(resident.input);
+    drain(resident.exec);
 }
 
 /// Reads a channel nobody listens to any more until sshd closes it: it keeps its place

@@ -5,8 +5,13 @@
 //! One socket connection carries one conversation: `Hello`, then one request (`Connect`,
 //! `Exec`, `Status` or `Stop`) and its answers. An `Exec` is followed by the caller's
 //! stdin (`I` frames, then `StdinEnd`); the keeper answers `ExecStarted` (or why not) and
-//! then the channel's events until `Closed` or `Lost`. The parser has no I/O and is fed
-//! bytes in tests.
+//! then the channel's events until `Closed` or `Lost`. A `Call` (a request to the host's
+//! resident shim, docs/host-protocol.md#the-resident-session) is followed the same way by
+//! the request's bytes; the keeper answers `CallSent` (or `NoResident`: the caller then
+//! calls per call), relays the resident channel's bytes, and takes the channel back for
+//! the next caller when this one says `Release` after the reply's end frame (a caller
+//! that leaves without it costs the channel: it is closed, never reused in an unknown
+//! state). The parser has no I/O and is fed bytes in tests.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +19,8 @@ use crate::ssh::{ConnectError, ConnectStage, Destination, ExecEvent};
 
 /// Bumped whenever a message changes; the socket's name carries it, so a keeper started
 /// by an older binary is never spoken to in a newer dialect. 2: [`KeeperReply::Alive`].
-pub const VERSION: u32 = 2;
+/// 3: resident calls ([`KeeperRequest::Call`]).
+pub const VERSION: u32 = 3;
 
 /// The largest frame either side accepts: bounds what a confused peer can make us hold.
 pub const MAX_FRAME: usize = 8 << 20;
@@ -53,6 +59,20 @@ pub enum KeeperRequest {
         /// The exec request.
         command: String,
     },
+    /// Send one request to the host's resident shim (docs/host-protocol.md#the-resident-session) on a held
+    /// connection: an idle resident channel, or a new one. The request's bytes follow as
+    /// stdin frames, then `StdinEnd`.
+    Call {
+        /// The caller's connection key.
+        key: String,
+        /// Where to, should a new connection be needed.
+        dest: Box<Destination>,
+        /// The host key the caller's session was opened with (as for `Exec`).
+        host_key: Option<String>,
+    },
+    /// The reply to a `Call` is whole (its end frame arrived): the resident channel may
+    /// serve the next caller.
+    Release,
     /// The caller's stdin is complete.
     StdinEnd,
     /// What the keeper holds, for `opmark mux status`.
@@ -119,6 +139,17 @@ pub enum KeeperReply {
     },
     /// The host accepted the exec request; events follow.
     ExecStarted,
+    /// A `Call`'s request was written to a resident channel; the channel's bytes follow.
+    CallSent {
+        /// The resident shim's pid on the host.
+        resident_pid: u32,
+    },
+    /// No resident shim serves this connection (the host's shim refuses `serve`, or it
+    /// could not start): nothing of the request was sent; call the shim per call.
+    NoResident {
+        /// Why.
+        message: String,
+    },
     /// The command's exit status.
     ExitStatus {
         /// The status.

@@ -1,0 +1,99 @@
+//! A TCP relay for the benchmarks that stands in for a real network: it holds every
+//! chunk a fixed delay before passing it on (throughput is untouched: chunks queue, they
+//! do not wait for each other) and logs when each chunk arrived and from which side, so
+//! that a bench can count the round trips a call waited for.
+//!
+//! (benches/latency.rs has its own copy of this relay; this one is shared by the benches
+//! that include it with `#[path]`.)
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The relay: listen on `port`, forward to the upstream given to [`Relay::start`].
+pub struct Relay {
+    /// The loopback port it listens on.
+    pub port: u16,
+    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+}
+
+impl Relay {
+    /// Starts a relay to `upstream` that delays each chunk `delay` each way.
+    pub fn start(upstream: SocketAddr, delay: Duration) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let port = listener.local_addr().unwrap().port();
+        let log: Arc<Mutex<Vec<(Instant, bool)>>> = Arc::default();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                for s in [&client, &server] {
+                    s.set_nodelay(true).ok();
+                }
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                pump(client, s2, true, delay, log2.clone());
+                pump(server, c2, false, delay, log2.clone());
+            }
+        });
+        Relay { port, log }
+    }
+
+    /// Forgets what was logged so far.
+    pub fn clear(&self) {
+        self.log.lock().unwrap().clear();
+    }
+
+    /// Round trips the client waited for on connections that already existed: each
+    /// flight of client chunks that a flight of server chunks answered (no TCP
+    /// handshake counted). A final client flight nobody answers is not waited for.
+    pub fn exchanges(&self) -> usize {
+        let mut log = self.log.lock().unwrap().clone();
+        log.sort_by_key(|(t, _)| *t);
+        let mut flights: Vec<bool> = Vec::new();
+        for (_, from_client) in log {
+            if flights.last() != Some(&from_client) {
+                flights.push(from_client);
+            }
+        }
+        flights.windows(2).filter(|w| w[0] && !w[1]).count()
+    }
+}
+
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    from_client: bool,
+    delay: Duration,
+    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        for (at, bytes) in rx {
+            let due = at + delay;
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&bytes).is_err() {
+                return;
+            }
+        }
+        to.shutdown(std::net::Shutdown::Write).ok();
+    });
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let now = Instant::now();
+            log.lock().unwrap().push((now, from_client));
+            if tx.send((now, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    });
+}

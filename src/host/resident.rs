@@ -1,0 +1,126 @@
+//! One call of the shim through the host's resident shim (docs/host-protocol.md#the-resident-session):
+//! the request goes to a resident channel the keeper holds open, and the reply is read
+//! with the same parser, the same observer and the same ends as a call of its own
+//! ([`super::CallEnd`]), up to the resident's end frame. Only sessions through the keeper
+//! have one; `OPMARK_RESIDENT=0` in the caller's environment turns it off.
+
+use crate::shim::{Reply, ReplyParser, Request, Verb};
+use crate::ssh::keeper::client::CallRefused;
+use crate::ssh::{ExecEvent, Session};
+
+use super::call::{CallEnd, CallObserver};
+
+/// Whether this process may use resident shims (`OPMARK_RESIDENT=0` turns them off).
+fn enabled() -> bool {
+    std::env::var_os("OPMARK_RESIDENT").is_none_or(|v| v != "0")
+}
+
+/// `verb` through the host's resident shim; `None` when there is none to use (not
+/// through the keeper, turned off, or the host's shim does not serve): nothing was sent,
+/// and the caller calls per call.
+pub(crate) async fn call(
+    session: &Session,
+    verb: &Verb<'_>,
+    root: Option<&str>,
+    stdin: Option<&[u8]>,
+    observer: &mut dyn CallObserver,
+) -> Option<CallEnd> {
+    let remote = session.keeper_remote()?;
+    if !enabled() {
+        return None;
+    }
+    let request = Request::new(verb, stdin, root);
+    let mut reply = match remote.call(request.bytes).await {
+        Ok(reply) => reply,
+        Err(CallRefused::NoResident(why)) => {
+            tracing::debug!("no resident shim on this host's connection ({why}); calling per call");
+            return None;
+        }
+        Err(CallRefused::NotSent(why)) => return Some(CallEnd::NotSent(why)),
+        Err(CallRefused::Lost(why)) => {
+            return Some(CallEnd::Lost {
+                frames: Vec::new(),
+                reason: why,
+                never_started: None,
+                protocol: None,
+            })
+        }
+    };
+    if let Verb::Run(_) = verb {
+        crate::fault::point("after_dispatch");
+    }
+    let mut parser = ReplyParser::expecting(&request.token);
+    let mut frames = Vec::new();
+    let mut replies = Vec::new();
+    let mut finished = false;
+    loop {
+        let event = reply.next().await;
+        let pushed = match &event {
+            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
+            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
+            _ => Ok(()),
+        };
+        if let Err(e) = pushed {
+            // As for a call of its own: a reply we cannot read is a lost one, and the
+            // resident, out of step now, is closed (dropping the reply never releases it).
+            return Some(CallEnd::Lost {
+                frames,
+                reason: e.to_string(),
+                never_started: None,
+                protocol: Some(e),
+            });
+        }
+        for r in replies.drain(..) {
+            match r {
+                Reply::Stdout(b) => observer.stdout(&b),
+                Reply::Stderr(b) => observer.stderr(&b),
+                Reply::Frame(f) => {
+                    observer.frame(&f);
+                    finished |= f.is_final();
+                    frames.push(f);
+                }
+            }
+        }
+        if let Some(status) = parser.end_status() {
+            tracing::debug!("end of the request, status {status}");
+            if finished {
+                // The reply is whole: the channel may serve the next caller.
+                if status == 0 {
+                    reply.release().await;
+                }
+                return Some(CallEnd::Finished(frames));
+            }
+            return Some(CallEnd::Lost {
+                frames,
+                reason: format!(
+                    "the host's resident shim ended the request (status {status}) before its final frame"
+                ),
+                never_started: None,
+                protocol: None,
+            });
+        }
+        match event {
+            ExecEvent::Closed | ExecEvent::Lost(_) if finished => {
+                return Some(CallEnd::Finished(frames))
+            }
+            ExecEvent::Closed => {
+                return Some(CallEnd::Lost {
+                    frames,
+                    reason: "the resident shim's channel closed before the shim's final frame"
+                        .into(),
+                    never_started: None,
+                    protocol: None,
+                })
+            }
+            ExecEvent::Lost(why) => {
+                return Some(CallEnd::Lost {
+                    frames,
+                    reason: why,
+                    never_started: None,
+                    protocol: None,
+                })
+            }
+            _ => {}
+        }
+    }
+}
