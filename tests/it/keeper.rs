@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use opmark::lab::Lab;
 
-use crate::support::{self, answer, fresh_dir, text, Answer, Sealed};
+use crate::support::{self, answer, finish_within, fresh_dir, text, Answer, Sealed};
 
 /// `opmark -F lab` with reuse on (`persist`).
 fn opmark(env: &Sealed, lab: &Lab, persist: &str) -> Command {
@@ -633,27 +633,6 @@ fn fast_loss(env: &Sealed, lab: &Lab, dir: &Path) -> Command {
         .arg(support::fast_loss_config(lab, dir))
         .env("OPMARK_PERSIST", "5m");
     cmd
-}
-
-/// Waits for `child` at most `limit`; on a hang, kills it and fails naming `what`.
-fn finish_within(
-    mut child: std::process::Child,
-    limit: Duration,
-    what: &str,
-) -> std::process::Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still waiting after {limit:?}: {}",
-                text(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use opmark::lab::{Lab, Target};
 
-use crate::support::{self, answer, fresh_dir, lines, text, wait_for, Answer, Sealed};
+use crate::support::{self, answer, finish_within, fresh_dir, lines, wait_for, Answer, Sealed};
 
 /// `opmark -F <config> -vv` with reuse on.
 fn opmark(env: &Sealed, config: &Path) -> Command {
@@ -123,26 +123,6 @@ fn counted(dir: &Path, secs: u32) -> (String, PathBuf, PathBuf) {
         count.display()
     );
     (command, started, count)
-}
-
-fn finish_within(
-    mut child: std::process::Child,
-    limit: Duration,
-    what: &str,
-) -> std::process::Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what}: still waiting after {limit:?}: {}",
-                text(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
 }
 
 #[test]

@@ -523,3 +523,24 @@ pub fn runnable_by_any_user(inner: &Command) -> Command {
     }
     cmd
 }
+
+/// Waits for `child` at most `limit`; on a hang, kills it and fails naming `what`.
+pub fn finish_within(
+    mut child: std::process::Child,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::Output {
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{what}: still waiting after {limit:?}: {}",
+                text(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
