@@ -9,7 +9,7 @@
 //! trip: loopback has no netem), and peak memory of a `--json` run whose command writes
 //! 100 MB (spooled, not held: docs/ledger.md#redaction). Last, the round trips each
 //! client waits for through the relay, phase by phase (TCP, version, kex, service
-//! request, auth, channel open, exec, reply, close; how they are named: [`Relay::trips`]).
+//! request, auth, channel open, exec, reply, close; how they are named: [`named_trips`]).
 //! Prints medians and ratios; a benchmark, never a test (`cargo bench --bench latency`;
 //! `OPMARK_BENCH_BIN` times another build, `OPMARK_BENCH_TRIPS=1` counts the round trips
 //! only).
@@ -17,17 +17,22 @@
 //! A trip named `?` is one whose answer the client logs nothing for at `-vvv`: russh's
 //! PK_OK to an unsigned public-key query (opmark before issue 31).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+// Each bench uses part of the shared relay (latency names trips, reuse counts them).
+#[allow(dead_code)]
+#[path = "common/relay.rs"]
+mod relay;
+
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use opmark::family::Family;
 use opmark::lab::{Lab, LabSpec, Placement};
 use opmark::op_id::OpId;
 use opmark::shim::{self, RunRequest, Verb};
+use relay::Relay;
 
 const ROUNDS: usize = 15;
 const WAN_ROUNDS: usize = 5;
@@ -97,23 +102,6 @@ fn ms(d: Duration) -> String {
 
 fn ratio(a: Duration, b: Duration) -> String {
     format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
-}
-
-/// A TCP relay in front of `upstream` that holds every chunk `delay` before passing it
-/// on (throughput is untouched: chunks queue, they do not wait for each other) and logs
-/// when each chunk arrived, from which side, and its bytes.
-struct Relay {
-    port: u16,
-    delay: Duration,
-    log: Arc<Mutex<Vec<Chunk>>>,
-}
-
-/// One read from one side of the relay.
-#[derive(Clone)]
-struct Chunk {
-    at: Instant,
-    from_client: bool,
-    bytes: Vec<u8>,
 }
 
 /// What a client waits for, in the order an SSH exchange meets it.
@@ -226,95 +214,67 @@ struct Said {
 /// A client's round trips, one entry per trip: the phases whose answer it carried.
 type Trips = Vec<Vec<Phase>>;
 
-impl Relay {
-    fn start(upstream: SocketAddr, delay: Duration) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
-        let port = listener.local_addr().unwrap().port();
-        let log: Arc<Mutex<Vec<Chunk>>> = Arc::default();
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(upstream) else {
-                    continue;
-                };
-                for s in [&client, &server] {
-                    s.set_nodelay(true).ok();
-                }
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                pump(client, s2, true, delay, log2.clone());
-                pump(server, c2, false, delay, log2.clone());
+/// Round trips the client waited for in what `relay` logged: the TCP handshake (the
+/// relay answers it at once on loopback; on a real link it costs one), plus each
+/// flight of client chunks that a flight of server chunks answered. A final client
+/// flight nobody answers (a close, a disconnect) is not waited for.
+///
+/// Each trip is named by what its answering server flight carried: while that side is
+/// still in clear text, by the relay itself (its identification line: version; key
+/// exchange messages: kex); once it is encrypted, by what the client said it received
+/// (`said`, its `-vvv` lines timed as the bench read them) between that flight's
+/// delivery and the next one's. A trip that carried several answers (a pipelined
+/// request) names them all; one the client said nothing about is `?`.
+fn named_trips(relay: &Relay, said: &[Said]) -> Trips {
+    let log = relay.chunks();
+    let (mut client, mut server) = (ClearText::default(), ClearText::default());
+    // Flights: (from_client, first chunk's arrival, what the relay read in them).
+    let mut flights: Vec<(bool, Instant, Seen)> = Vec::new();
+    for c in &log {
+        let seen = if c.from_client {
+            client.feed(&c.bytes)
+        } else {
+            server.feed(&c.bytes)
+        };
+        match flights.last_mut() {
+            Some((dir, _, s)) if *dir == c.from_client => {
+                s.ident |= seen.ident;
+                s.types.extend(seen.types);
+                s.ciphertext |= seen.ciphertext;
             }
-        });
-        Relay { port, delay, log }
-    }
-
-    fn clear(&self) {
-        self.log.lock().unwrap().clear();
-    }
-
-    /// Round trips the client waited for in what the log holds: the TCP handshake (the
-    /// relay answers it at once on loopback; on a real link it costs one), plus each
-    /// flight of client chunks that a flight of server chunks answered. A final client
-    /// flight nobody answers (a close, a disconnect) is not waited for.
-    ///
-    /// Each trip is named by what its answering server flight carried: while that side is
-    /// still in clear text, by the relay itself (its identification line: version; key
-    /// exchange messages: kex); once it is encrypted, by what the client said it received
-    /// (`said`, its `-vvv` lines timed as the bench read them) between that flight's
-    /// delivery and the next one's. A trip that carried several answers (a pipelined
-    /// request) names them all; one the client said nothing about is `?`.
-    fn trips(&self, said: &[Said]) -> Trips {
-        let mut log = self.log.lock().unwrap().clone();
-        log.sort_by_key(|c| c.at);
-        let (mut client, mut server) = (ClearText::default(), ClearText::default());
-        // Flights: (from_client, first chunk's arrival, what the relay read in them).
-        let mut flights: Vec<(bool, Instant, Seen)> = Vec::new();
-        for c in &log {
-            let seen = if c.from_client {
-                client.feed(&c.bytes)
-            } else {
-                server.feed(&c.bytes)
-            };
-            match flights.last_mut() {
-                Some((dir, _, s)) if *dir == c.from_client => {
-                    s.ident |= seen.ident;
-                    s.types.extend(seen.types);
-                    s.ciphertext |= seen.ciphertext;
-                }
-                _ => flights.push((c.from_client, c.at, seen)),
-            }
+            _ => flights.push((c.from_client, c.at, seen)),
         }
-        let mut trips: Trips = vec![vec![Phase::Tcp]];
-        for (i, w) in flights.windows(2).enumerate() {
-            let ((true, _, _), (false, at, seen)) = (&w[0], &w[1]) else {
-                continue;
-            };
-            let mut phases: Vec<Phase> = seen
-                .types
+    }
+    let mut trips: Trips = vec![vec![Phase::Tcp]];
+    for (i, w) in flights.windows(2).enumerate() {
+        let ((true, _, _), (false, at, seen)) = (&w[0], &w[1]) else {
+            continue;
+        };
+        let mut phases: Vec<Phase> = seen
+            .types
+            .iter()
+            .filter_map(|&t| phase_of_type(t))
+            .collect();
+        if seen.ident {
+            phases.push(Phase::Version);
+        }
+        if seen.ciphertext {
+            let from = *at + relay.delay;
+            let until = flights[i + 2..]
                 .iter()
-                .filter_map(|&t| phase_of_type(t))
-                .collect();
-            if seen.ident {
-                phases.push(Phase::Version);
-            }
-            if seen.ciphertext {
-                let from = *at + self.delay;
-                let until = flights[i + 2..]
-                    .iter()
-                    .find(|f| !f.0)
-                    .map(|f| f.1 + self.delay);
-                for s in said {
-                    if s.at >= from && until.is_none_or(|u| s.at < u) {
-                        phases.extend(&s.phases);
-                    }
+                .find(|f| !f.0)
+                .map(|f| f.1 + relay.delay);
+            for s in said {
+                if s.at >= from && until.is_none_or(|u| s.at < u) {
+                    phases.extend(&s.phases);
                 }
             }
-            phases.sort();
-            phases.dedup();
-            trips.push(phases);
         }
-        trips
+        phases.sort();
+        phases.dedup();
+        trips.push(phases);
     }
+    trips
 }
 
 /// Runs `cmd` (stdin closed, stdout dropped), reading its stderr line by line as it comes
@@ -402,46 +362,6 @@ fn describe(trips: &Trips) -> String {
         trips.len(),
         order.join(" | ")
     )
-}
-
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    from_client: bool,
-    delay: Duration,
-    log: Arc<Mutex<Vec<Chunk>>>,
-) {
-    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-    std::thread::spawn(move || {
-        for (at, bytes) in rx {
-            let due = at + delay;
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            if to.write_all(&bytes).is_err() {
-                return;
-            }
-        }
-        to.shutdown(std::net::Shutdown::Write).ok();
-    });
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            let now = Instant::now();
-            log.lock().unwrap().push(Chunk {
-                at: now,
-                from_client,
-                bytes: buf[..n].to_vec(),
-            });
-            if tx.send((now, buf[..n].to_vec())).is_err() {
-                break;
-            }
-        }
-    });
 }
 
 /// Peak resident memory of one run of `cmd`, through GNU time.
@@ -739,7 +659,7 @@ fn relay_cfg_for(lab: &Lab, base: &Path) -> (PathBuf, Relay) {
 
 /// The round trips of one cold `ssh true`, one cold `opmark run -- true` to a host that
 /// has the shim and one to a host (and a client) that never met, through the relay,
-/// each run with `-vvv` so that the encrypted phases can be named (see [`Relay::trips`]).
+/// each run with `-vvv` so that the encrypted phases can be named (see [`named_trips`]).
 fn trips(
     (cfg, relay): &(PathBuf, Relay),
     ssh_cmd: &dyn Fn(&Path, &str, bool) -> Command,
@@ -756,20 +676,20 @@ fn trips(
     ));
     relay.clear();
     let said = run_saying(&mut ssh_cmd(cfg, "wan1", true), ssh_says);
-    let ssh = relay.trips(&said);
+    let ssh = named_trips(&relay, &said);
     relay.clear();
     let said = run_saying(
         &mut opmark_cmd_v(cfg, "wan1", &format!("trips-{pid}"), true),
         opmark_says,
     );
-    let run = relay.trips(&said);
+    let run = named_trips(&relay, &said);
     forget_the_host();
     relay.clear();
     let said = run_saying(
         &mut opmark_cmd_v(cfg, "wan1", &format!("trips-first-{pid}"), true),
         opmark_says,
     );
-    let first = relay.trips(&said);
+    let first = named_trips(&relay, &said);
     println!(
         "round trips through the relay ({} each way; one run each, -vvv):",
         ms(ONE_WAY)

@@ -10,6 +10,8 @@
 //! with 20 hosts held. A benchmark, never a test (`cargo bench --bench reuse`;
 //! `OPMARK_BENCH_BIN` times another build, `OPMARK_BENCH_ROUNDS` sets the rounds).
 
+// Each bench uses part of the shared relay (latency names trips, reuse counts them).
+#[allow(dead_code)]
 #[path = "common/relay.rs"]
 mod relay;
 

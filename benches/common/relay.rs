@@ -1,10 +1,9 @@
 //! A TCP relay for the benchmarks that stands in for a real network: it holds every
 //! chunk a fixed delay before passing it on (throughput is untouched: chunks queue, they
-//! do not wait for each other) and logs when each chunk arrived and from which side, so
-//! that a bench can count the round trips a call waited for.
-//!
-//! (benches/latency.rs has its own copy of this relay; this one is shared by the benches
-//! that include it with `#[path]`.)
+//! do not wait for each other) and logs when each chunk arrived, from which side, and its
+//! bytes, so that a bench can count the round trips a call waited for (`exchanges`) or
+//! name them by what they carried (benches/latency.rs reads the clear-text handshake
+//! from the bytes). Shared by the benches that include it with `#[path]`.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,7 +14,20 @@ use std::time::{Duration, Instant};
 pub struct Relay {
     /// The loopback port it listens on.
     pub port: u16,
-    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+    /// The delay each way.
+    pub delay: Duration,
+    log: Arc<Mutex<Vec<Chunk>>>,
+}
+
+/// One read from one side of the relay.
+#[derive(Clone)]
+pub struct Chunk {
+    /// When the relay read it (it is delivered `delay` later).
+    pub at: Instant,
+    /// Sent by the client (else by the server).
+    pub from_client: bool,
+    /// What was read.
+    pub bytes: Vec<u8>,
 }
 
 impl Relay {
@@ -23,7 +35,7 @@ impl Relay {
     pub fn start(upstream: SocketAddr, delay: Duration) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the relay");
         let port = listener.local_addr().unwrap().port();
-        let log: Arc<Mutex<Vec<(Instant, bool)>>> = Arc::default();
+        let log: Arc<Mutex<Vec<Chunk>>> = Arc::default();
         let log2 = log.clone();
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
@@ -38,7 +50,7 @@ impl Relay {
                 pump(server, c2, false, delay, log2.clone());
             }
         });
-        Relay { port, log }
+        Relay { port, delay, log }
     }
 
     /// Forgets what was logged so far.
@@ -46,16 +58,21 @@ impl Relay {
         self.log.lock().unwrap().clear();
     }
 
+    /// What was logged so far, in the order the relay read it.
+    pub fn chunks(&self) -> Vec<Chunk> {
+        let mut log = self.log.lock().unwrap().clone();
+        log.sort_by_key(|c| c.at);
+        log
+    }
+
     /// Round trips the client waited for on connections that already existed: each
     /// flight of client chunks that a flight of server chunks answered (no TCP
     /// handshake counted). A final client flight nobody answers is not waited for.
     pub fn exchanges(&self) -> usize {
-        let mut log = self.log.lock().unwrap().clone();
-        log.sort_by_key(|(t, _)| *t);
         let mut flights: Vec<bool> = Vec::new();
-        for (_, from_client) in log {
-            if flights.last() != Some(&from_client) {
-                flights.push(from_client);
+        for c in self.chunks() {
+            if flights.last() != Some(&c.from_client) {
+                flights.push(c.from_client);
             }
         }
         flights.windows(2).filter(|w| w[0] && !w[1]).count()
@@ -67,7 +84,7 @@ fn pump(
     mut to: TcpStream,
     from_client: bool,
     delay: Duration,
-    log: Arc<Mutex<Vec<(Instant, bool)>>>,
+    log: Arc<Mutex<Vec<Chunk>>>,
 ) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
@@ -90,7 +107,11 @@ fn pump(
                 break;
             }
             let now = Instant::now();
-            log.lock().unwrap().push((now, from_client));
+            log.lock().unwrap().push(Chunk {
+                at: now,
+                from_client,
+                bytes: buf[..n].to_vec(),
+            });
             if tx.send((now, buf[..n].to_vec())).is_err() {
                 break;
             }
