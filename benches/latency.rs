@@ -676,20 +676,20 @@ fn trips(
     ));
     relay.clear();
     let said = run_saying(&mut ssh_cmd(cfg, "wan1", true), ssh_says);
-    let ssh = named_trips(&relay, &said);
+    let ssh = named_trips(relay, &said);
     relay.clear();
     let said = run_saying(
         &mut opmark_cmd_v(cfg, "wan1", &format!("trips-{pid}"), true),
         opmark_says,
     );
-    let run = named_trips(&relay, &said);
+    let run = named_trips(relay, &said);
     forget_the_host();
     relay.clear();
     let said = run_saying(
         &mut opmark_cmd_v(cfg, "wan1", &format!("trips-first-{pid}"), true),
         opmark_says,
     );
-    let first = named_trips(&relay, &said);
+    let first = named_trips(relay, &said);
     println!(
         "round trips through the relay ({} each way; one run each, -vvv):",
         ms(ONE_WAY)
