@@ -282,6 +282,12 @@ rget() {
 proc_stat() {
 	ps_line=
 	read -r ps_line 2>/dev/null <"/proc/$1/stat" || return 1
+	proc_fields
+}
+
+# proc_fields: proc_stat's parse of the line in ps_line (a resident's request reads its
+# own line once and parses it here: the builtin reads /proc a byte per system call).
+proc_fields() {
 	ps_rest=${ps_line##*) }
 	set -f
 	# shellcheck disable=SC2086 # splitting the stat fields is the point
@@ -333,17 +339,27 @@ older_than() {
 # identity_readable: this shell can read its own process identity (its /proc entry, with
 # a start time, is its own) and the boot id. Without them (no /proc, a /proc of another
 # pid namespace, hidepid hiding our own processes) nobody's liveness can be told, and
-# "gone" would let a rerun supersede a live command (docs/host-protocol.md#liveness). Checked once per shell.
+# "gone" would let a rerun supersede a live command (docs/host-protocol.md#liveness). Checked once per shell;
+# id_start keeps the start time of $fg it read. A resident's request comes with both
+# from the one read of its own /proc/self/stat (see serve_one): the same check.
 identity_readable() {
 	if [ -z "${id_ok:-}" ]; then
-		id_ok=no ir_pid=
+		id_ok=no ir_pid='' id_start=''
 		read_boot
-		# /proc/self, opened by this shell itself (a builtin's redirection), is $$ only
-		# in a /proc of our own pid namespace.
-		read -r ir_pid _ 2>/dev/null </proc/self/stat
-		if [ "$boot" != unknown ] && [ "$ir_pid" = "$fg" ] &&
-			proc_stat "$fg" && is_uint "$ps_start"; then
-			id_ok=yes
+		if [ -n "${self_line:-}" ]; then
+			ps_line=$self_line
+			ir_pid=${ps_line%% *}
+			# Our entry must be there by its pid too (hidepid, a foreign /proc).
+			[ -r "/proc/$ir_pid/stat" ] && proc_fields || ir_pid=
+		else
+			# /proc/self, opened by this shell itself (a builtin's redirection), is $$
+			# only in a /proc of our own pid namespace.
+			read -r ir_pid _ 2>/dev/null </proc/self/stat
+			[ "$ir_pid" = "$fg" ] && proc_stat "$fg" || ir_pid=
+		fi
+		if [ "$boot" != unknown ] && [ -n "$ir_pid" ] && [ "$ir_pid" = "$fg" ] &&
+			is_uint "$ps_start"; then
+			id_ok=yes id_start=$ps_start
 		fi
 	fi
 	[ "$id_ok" = yes ]
@@ -1263,8 +1279,9 @@ verb_run() {
 
 	sv_owed=
 	m="$root/ops/$op"
-	proc_stat "$fg"
-	fg_start=$ps_start
+	# Our own start time, read by identity_readable above (the foreground does not
+	# change identity between the two).
+	fg_start=$id_start
 	read_boot
 	now
 	claim_rec="cap=$cap
@@ -2125,7 +2142,11 @@ serve_one() {
 	# A nonce of this request's own, made here so that the end frame carries it too.
 	new_nonce || exit 3
 	(
-		read -r fg _ </proc/self/stat
+		# The subshell's own pid and start time, from one read of its stat line (its
+		# check, identity_readable, uses the same line).
+		self_line=
+		read -r self_line 2>/dev/null </proc/self/stat
+		fg=${self_line%% *}
 		frame "H v=$OPMARK_SHIM_VERSION c=$call_token"
 		dispatch "$@"
 		exit 0
