@@ -116,6 +116,17 @@ fn the_resident(target: &Target) -> i32 {
     found[0]
 }
 
+/// `opmark --json mux status`.
+fn mux_status(env: &Sealed) -> serde_json::Value {
+    let out = env
+        .opmark()
+        .args(["--json", "mux", "status"])
+        .env("OPMARK_PERSIST", "5m")
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
 /// The resident pid the caller says its request went to (`-vv`).
 fn served_by(a: &Answer) -> Option<i32> {
     let (_, rest) = a
@@ -177,6 +188,13 @@ fn reused_calls_from_new_processes_go_to_one_resident_shim() {
     // Sequential callers take the same idle resident: no shim started per command.
     assert!(served.iter().all(|p| *p == served[0]), "{served:?}");
     assert_eq!(the_resident(target), served[0]);
+    // The keeper's status counts it, idle between calls.
+    let held = mux_status(&env);
+    assert_eq!(held["connections"][0]["idle_residents"], 1, "{held}");
+    assert!(
+        held["connections"][0].get("no_resident").is_none(),
+        "{held}"
+    );
     // The marker each request left is the host's evidence, as for a call of its own.
     let probe = answer(
         opmark(&env, lab.ssh_config())
@@ -351,6 +369,14 @@ fn a_host_whose_shim_does_not_serve_is_called_per_call_through_the_keeper() {
         assert_eq!(served_by(&a), None, "{a:?}");
     }
     assert!(residents(target).is_empty());
+    let held = mux_status(&env);
+    assert_eq!(held["connections"][0]["idle_residents"], 0, "{held}");
+    assert!(
+        held["connections"][0]["no_resident"]
+            .as_str()
+            .is_some_and(|why| why.contains("resident_off")),
+        "the status says why its calls go per call: {held}"
+    );
     // Turned back on, the next connection's calls are resident again (a new keeper: the
     // old connection remembers the refusal).
     std::fs::remove_file(root.join("resident.off")).unwrap();
