@@ -618,6 +618,13 @@ pub struct StatsArgs {
     /// that time (e.g. 1h, 7d). Without it: the whole ledger, from its counters.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub since: Option<Duration>,
+    /// Name at most this many suspected duplicates (default 20, by host); their
+    /// counts always cover all of them.
+    #[arg(long, value_name = "N", conflicts_with = "all")]
+    pub limit: Option<usize>,
+    /// Name every suspected duplicate, not only the first 20.
+    #[arg(long)]
+    pub all: bool,
     /// `text` (the default), `json` (as --json) or `prometheus`: the text exposition
     /// format for node_exporter's textfile collector; write it atomically with
     /// `opmark stats --format prometheus > DIR/opmark.prom.tmp && mv DIR/opmark.prom.tmp DIR/opmark.prom`.

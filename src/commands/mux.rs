@@ -81,8 +81,13 @@ fn ask(global: &GlobalArgs, request: KeeperRequest) -> Result<u8> {
                 connections.len()
             );
             for c in connections {
+                // Channels count the idle residents too: they hold places under the limit.
+                let residents = match &c.no_resident {
+                    Some(why) => format!("residents off ({why})"),
+                    None => format!("residents {} idle", c.idle_residents),
+                };
                 crate::outln!(
-                    "  {}  channels {}/{}  used {}  age {}s  host key {}",
+                    "  {}  channels {}/{}  {residents}  used {}  age {}s  host key {}",
                     c.destination,
                     c.channels,
                     c.max_channels,

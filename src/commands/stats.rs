@@ -20,7 +20,11 @@ pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
             "--json and --format prometheus ask for two formats; give one of them",
         ));
     }
-    let stats = crate::ops::stats::stats(&common::context(global), args.since)?;
+    let named = match (args.all, args.limit) {
+        (true, _) => None,
+        (false, n) => Some(n.unwrap_or(crate::ops::stats::NAMED_DUPLICATES)),
+    };
+    let stats = crate::ops::stats::stats(&common::context(global), args.since, named)?;
     if global.json || args.format == StatsFormat::Json {
         super::common::print_json(&stats)?;
     } else if args.format == StatsFormat::Prometheus {
@@ -35,6 +39,16 @@ pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
             );
         }
         crate::out!("{}", text(&stats));
+        let unnamed = stats
+            .health
+            .suspected_duplicates
+            .total
+            .saturating_sub(stats.health.duplicates.len() as u64);
+        if unnamed > 0 {
+            crate::outln!(
+                "  and {unnamed} more suspected duplicates: opmark stats --all names them"
+            );
+        }
     }
     Ok(exit_code::OK)
 }

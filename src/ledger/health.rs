@@ -100,12 +100,10 @@ pub struct Health {
     pub suspected_duplicates: Tally,
     /// The same, by host.
     pub suspected_duplicates_by_host: BTreeMap<String, u64>,
-    /// Which: host, family and op ids of each (the first 20).
+    /// Which: host, family and op ids of each, by host (`stats` shows the first
+    /// `--limit`; the ledger names them all, as few as the incidents they are).
     pub duplicates: Vec<SuspectedDuplicate>,
 }
-
-/// How many suspected duplicates `stats` names (the count is always whole).
-const NAMED_DUPLICATES: usize = 20;
 
 /// The verdicts the health counts keep apart.
 const COUNTED_VERDICTS: [Verdict; 3] = [Verdict::Replayed, Verdict::Conflict, Verdict::Blocked];
@@ -255,7 +253,7 @@ fn executed_sql(dialect: &StatsDialect, op: &str) -> String {
 pub(crate) type GroupRead<'a> = &'a dyn Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>;
 /// Rows of four text columns of a query.
 pub(crate) type RowsRead<'a> = &'a dyn Fn(&str) -> Result<Vec<[String; 4]>, LedgerError>;
-/// Suspected duplicates: the tally, by host, and the first few named.
+/// Suspected duplicates: the tally, by host, and each named.
 type Duplicates = (Tally, BTreeMap<String, u64>, Vec<SuspectedDuplicate>);
 /// Rows of one intent: host, fingerprint, then (family, op id) of each operation.
 type IntentRows<'r> = Vec<(&'r str, &'r str, Vec<(&'r str, &'r str)>)>;
@@ -438,13 +436,11 @@ fn duplicates(
             .map_or_else(|| members[0].0.to_owned(), |f| f.as_str().to_owned());
         tally.add(&family, 1);
         *by_host.entry(host.to_owned()).or_insert(0) += 1;
-        if named.len() < NAMED_DUPLICATES {
-            named.push(SuspectedDuplicate {
-                host: host.to_owned(),
-                family,
-                op_ids: members.into_iter().map(|(_, op)| op.to_owned()).collect(),
-            });
-        }
+        named.push(SuspectedDuplicate {
+            host: host.to_owned(),
+            family,
+            op_ids: members.into_iter().map(|(_, op)| op.to_owned()).collect(),
+        });
     }
     Ok((tally, by_host, named))
 }

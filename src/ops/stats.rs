@@ -36,10 +36,14 @@ impl Escalation {
     }
 }
 
+/// How many suspected duplicates `stats` names unless asked for another number.
+pub const NAMED_DUPLICATES: usize = 20;
+
 /// The ledger's counts with the health counts (all zero when there is no ledger yet):
 /// whole-ledger counts from the counters every append keeps; with `since`, over the
-/// events of that window and the operations active in it.
-pub fn stats(ctx: &Context, since: Option<Duration>) -> Result<Stats> {
+/// events of that window and the operations active in it. At most `named` suspected
+/// duplicates are named (`None`: all); their tally always counts every one.
+pub fn stats(ctx: &Context, since: Option<Duration>, named: Option<usize>) -> Result<Stats> {
     let cutoff = super::since_cutoff(since)?;
     let escalation = Escalation::from_policy(ctx)?;
     let (ledger, _path) =
@@ -52,5 +56,8 @@ pub fn stats(ctx: &Context, since: Option<Duration>) -> Result<Stats> {
         None => Stats::default(),
     };
     stats.health.escalate_after = crate::duration::format_duration(escalation.after);
+    if let Some(n) = named {
+        stats.health.duplicates.truncate(n);
+    }
     Ok(stats)
 }

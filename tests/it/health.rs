@@ -377,6 +377,43 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
             && named.contains(&&serde_json::json!(["rep-1", "rep-3"])),
         "{h}"
     );
+    // `--limit` names fewer, never counts fewer; the text says how many it left out.
+    let one = stats_json(&env, &soon, &["--limit", "1"]);
+    assert_eq!(
+        one["health"]["duplicates"].as_array().map(Vec::len),
+        Some(1),
+        "{one}"
+    );
+    assert_eq!(
+        one["health"]["suspected_duplicate_tally"],
+        h["suspected_duplicate_tally"]
+    );
+    assert_eq!(
+        stats_json(&env, &soon, &["--all"])["health"]["duplicates"],
+        h["duplicates"]
+    );
+    let short = env
+        .opmark()
+        .arg("--policy")
+        .arg(&soon)
+        .args(["stats", "--limit", "1"])
+        .output()
+        .unwrap();
+    let short = text(&short.stdout);
+    assert_eq!(short.matches("DUPLICATE on").count(), 1, "{short}");
+    assert!(
+        short.contains("and 1 more suspected duplicates: opmark stats --all names them"),
+        "{short}"
+    );
+    for bad in [&["--limit", "1", "--all"][..], &["--limit", "some"][..]] {
+        let out = env.opmark().arg("stats").args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "usage error for {bad:?}");
+        assert!(
+            text(&out.stderr).contains("--limit"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
     // With the shipped escalate_after (1h) nothing is old enough to need a human.
     let later = stats_json(&env, &shipped, &[]);
     assert_eq!(later["health"]["needs_human_tally"], tally(&[]), "{later}");

@@ -518,31 +518,13 @@ impl ResidentCall {
     /// A silence longer than the keepalive budget is `Lost`: the resident beats while a
     /// request waits, so silence means a stopped resident, keeper or link.
     pub(crate) async fn next(&mut self) -> ExecEvent {
-        if let Some(end) = &self.end {
-            return end.clone();
-        }
-        let event = match self.link.recv().await {
-            Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
-            Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
-            Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
-                Ok(KeeperReply::Closed) => ExecEvent::Closed,
-                Ok(KeeperReply::Lost { message }) => ExecEvent::Lost(message),
-                Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-reply")),
-                Err(e) => ExecEvent::Lost(e.to_string()),
-            },
-            Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
-            Err(why) => ExecEvent::Lost(format!(
-                "no word from the host's resident shim (pid {}) through the connection keeper (pid {}): {why}",
-                self.resident_pid, self.link.pid
-            )),
-        };
-        if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
-            if let ExecEvent::Lost(why) = &event {
-                self.remote.mark_lost(why);
-            }
-            self.end = Some(event.clone());
-        }
-        event
+        let (resident, keeper) = (self.resident_pid, self.link.pid);
+        next_event(&mut self.link, &self.remote, &mut self.end, false, |why| {
+            format!(
+                "no word from the host's resident shim (pid {resident}) through the connection keeper (pid {keeper}): {why}"
+            )
+        })
+        .await
     }
 
     /// The reply is whole (its end frame came): the keeper may give the resident channel
@@ -573,42 +555,57 @@ impl std::fmt::Debug for RemoteExec {
 impl RemoteExec {
     /// The next event, as [`crate::ssh::Exec::next`]: the keeper dying is `Lost`.
     pub(crate) async fn next(&mut self) -> ExecEvent {
-        if let Some(end) = &self.end {
-            return end.clone();
-        }
-        let event = match self.link.recv().await {
-            Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
-            Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
-            Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
-                Ok(KeeperReply::ExitStatus { status }) => ExecEvent::ExitStatus(status),
-                Ok(KeeperReply::ExitSignal {
-                    signal,
-                    core_dumped,
-                    message,
-                }) => ExecEvent::ExitSignal {
-                    signal,
-                    core_dumped,
-                    message,
-                },
-                Ok(KeeperReply::Closed) => ExecEvent::Closed,
-                Ok(KeeperReply::Lost { message }) => ExecEvent::Lost(message),
-                Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-channel")),
-                Err(e) => ExecEvent::Lost(e.to_string()),
-            },
-            Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
-            Err(why) => ExecEvent::Lost(format!(
-                "the connection keeper (pid {}) went away: {why}",
-                self.link.pid
-            )),
-        };
-        if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
-            if let ExecEvent::Lost(why) = &event {
-                self.remote.mark_lost(why);
-            }
-            self.end = Some(event.clone());
-        }
-        event
+        let keeper = self.link.pid;
+        next_event(&mut self.link, &self.remote, &mut self.end, true, |why| {
+            format!("the connection keeper (pid {keeper}) went away: {why}")
+        })
+        .await
     }
+}
+
+/// The next event of a channel relayed by the keeper: bytes, or its end (`Closed`,
+/// `Lost`), which is kept in `end` and answered from then on, and a loss marks `remote`
+/// lost. An exec channel also ends with the command's exit (`exits`); a resident's reply
+/// has none (its end frame is in the bytes), so an exit there is out of step.
+async fn next_event(
+    link: &mut Link,
+    remote: &Remote,
+    end: &mut Option<ExecEvent>,
+    exits: bool,
+    gone: impl FnOnce(&str) -> String,
+) -> ExecEvent {
+    if let Some(end) = end {
+        return end.clone();
+    }
+    let event = match link.recv().await {
+        Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
+        Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
+        Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
+            Ok(KeeperReply::ExitStatus { status }) if exits => ExecEvent::ExitStatus(status),
+            Ok(KeeperReply::ExitSignal {
+                signal,
+                core_dumped,
+                message,
+            }) if exits => ExecEvent::ExitSignal {
+                signal,
+                core_dumped,
+                message,
+            },
+            Ok(KeeperReply::Closed) => ExecEvent::Closed,
+            Ok(KeeperReply::Lost { message }) => ExecEvent::Lost(message),
+            Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-channel")),
+            Err(e) => ExecEvent::Lost(e.to_string()),
+        },
+        Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
+        Err(why) => ExecEvent::Lost(gone(&why)),
+    };
+    if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
+        if let ExecEvent::Lost(why) = &event {
+            remote.mark_lost(why);
+        }
+        *end = Some(event.clone());
+    }
+    event
 }
 
 /// One control request (`status`, `stop`) to the keeper that is already running, never

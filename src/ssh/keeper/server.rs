@@ -636,6 +636,8 @@ impl Keeper {
                     max_channels,
                     used: h.used.load(Ordering::Relaxed),
                     age_secs: h.opened.elapsed().as_secs(),
+                    idle_residents: h.idle_residents(),
+                    no_resident: h.no_resident(),
                 });
             }
         }

@@ -97,6 +97,13 @@ pub struct HeldConnection {
     pub used: u64,
     /// Seconds since it was opened.
     pub age_secs: u64,
+    /// Resident shim channels idle on it now, ready for the next call
+    /// (docs/host-protocol.md#the-resident-session).
+    #[serde(default)]
+    pub idle_residents: usize,
+    /// Why its host serves no resident (calls on it go per call), if it refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_resident: Option<String>,
 }
 
 /// What the keeper answers.
