@@ -7,7 +7,8 @@
 //!   counters every append keeps ([`count`], named `h/<kind>/<word>/<family>`), over a
 //!   window from one pass over the window's events ([`EVENT_KEY`], the same names);
 //! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
-//!   the projection through its indexes (`operations_unresolved`, `operations_by_fingerprint`).
+//!   the projection through its indexes (`operations_unresolved`, `operations_by_fingerprint`)
+//!   and, over the whole ledger, the `shared_intents` table the schema's triggers keep.
 //!
 //! So `stats` costs the counters plus the unresolved operations plus the intents run
 //! under more than one op id, never the history; `--since D` adds the window's events.
@@ -366,9 +367,9 @@ fn literal(text: &str) -> String {
 }
 
 /// Intents executed under two or more op ids on one host. The candidates are the
-/// intents with more than one operation: over the whole ledger an index-only pass over
-/// `operations_by_fingerprint` (O(operations), the one health count that is not O(answer)),
-/// in a window those of the operations active in it. Only candidates' events are read.
+/// intents with more than one operation: over the whole ledger the `shared_intents` table
+/// the schema's triggers keep (O(candidates), not a GROUP BY over every operation), in a
+/// window those of the operations active in it. Only candidates' events are read.
 fn duplicates(
     reads: &Reads<'_>,
     dialect: &StatsDialect,
@@ -385,9 +386,7 @@ fn duplicates(
             p = dialect.param
         )
     } else {
-        "SELECT host, fingerprint, '', '' FROM operations
-         GROUP BY fingerprint, host HAVING COUNT(*) > 1"
-            .to_owned()
+        "SELECT host, fingerprint, '', '' FROM shared_intents".to_owned()
     })?;
     let intents: std::collections::BTreeSet<(&str, &str)> = candidates
         .iter()
@@ -651,6 +650,72 @@ mod tests {
         assert_eq!(l.stats_with_health(None, far).unwrap(), before);
         let report = l.verify_chain().unwrap();
         assert!(report.intact(), "{report:?}");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// The intents under more than one op id on a host, as the whole ledger's GROUP BY
+    /// would find them, and as the maintained table holds them.
+    fn shared(l: &Ledger) -> (Vec<(String, String)>, Vec<(String, String)>) {
+        let read = |sql: &str| -> Vec<(String, String)> {
+            let mut stmt = l.conn().prepare(sql).unwrap();
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+            rows.collect::<Result<_, _>>().unwrap()
+        };
+        (
+            read(
+                "SELECT fingerprint, host FROM operations GROUP BY fingerprint, host
+                 HAVING COUNT(*) > 1 ORDER BY 1, 2",
+            ),
+            read("SELECT fingerprint, host FROM shared_intents ORDER BY 1, 2"),
+        )
+    }
+
+    #[test]
+    fn whole_ledger_duplicates_come_from_the_table_appends_keep_and_a_migration_fills() {
+        let path = scratch("shared");
+        let mut l = Ledger::open(&path).unwrap();
+        history(&mut l);
+        let far = "9999-01-01T00:00:00.000000Z";
+        let (grouped, kept) = shared(&l);
+        assert_eq!(grouped.len(), 1, "{grouped:?}");
+        assert_eq!(kept, grouped);
+        let before = l.stats_with_health(None, far).unwrap();
+        check(&before.health);
+        // Back to schema 5, which had no table: opening fills it from the operations.
+        drop(l);
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch(
+            "DROP TRIGGER shared_intents_on_insert; DROP TRIGGER shared_intents_on_update;
+             DROP TABLE shared_intents; PRAGMA user_version = 5;",
+        )
+        .unwrap();
+        drop(old);
+        let mut l = Ledger::open(&path).unwrap();
+        assert_eq!(shared(&l).1, grouped);
+        assert_eq!(l.stats_with_health(None, far).unwrap(), before);
+        assert!(l.verify_chain().unwrap().intact());
+        // A third op id for the shared intent, and a new intent shared by two more.
+        ran(&mut l, "dup-c", "fp-3", Family::Destructive, &[]);
+        ran(&mut l, "pair-a", "fp-7", Family::Convergent, &[]);
+        // pair-a alone shares nothing yet.
+        let (grouped, kept) = shared(&l);
+        assert_eq!(grouped.len(), 1, "{grouped:?}");
+        assert_eq!(kept, grouped);
+        ran(&mut l, "pair-b", "fp-7", Family::Convergent, &[]);
+        let (grouped, kept) = shared(&l);
+        assert_eq!(grouped.len(), 2, "{grouped:?}");
+        assert_eq!(kept, grouped);
+        let h = l.stats_with_health(None, far).unwrap().health;
+        assert_eq!(h.suspected_duplicates.total, 2, "{h:?}");
+        assert_eq!(h.duplicates[0].op_ids, ["dup-a", "dup-b", "dup-c"]);
+        assert_eq!(h.duplicates[1].op_ids, ["pair-a", "pair-b"]);
+        // The whole ledger's count reads the table, not the operations: without its
+        // row, the intent is no candidate.
+        l.conn()
+            .execute("DELETE FROM shared_intents WHERE fingerprint = 'fp-7'", [])
+            .unwrap();
+        let h = l.stats_with_health(None, far).unwrap().health;
+        assert_eq!(h.suspected_duplicates.total, 1, "{h:?}");
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

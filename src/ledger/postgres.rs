@@ -44,6 +44,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/postgres/0002_counters.sql"),
     include_str!("../../migrations/postgres/0003_fingerprint.sql"),
     include_str!("../../migrations/postgres/0004_health.sql"),
+    include_str!("../../migrations/postgres/0005_shared_intents.sql"),
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).

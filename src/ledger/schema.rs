@@ -164,6 +164,34 @@ const MIGRATIONS: &[&str] = &[
         kind  TEXT                  -- NULL: the payload's tag
     );
     "#,
+    // 6: the intents recorded under more than one op id on a host (issue 30: `stats`'s
+    // suspected duplicate effects read this table, not a GROUP BY over every operation).
+    // Kept by triggers in the transaction that writes the operation's row, so no append
+    // path can forget it. It only grows: a row whose operations were archived or rebuilt
+    // away stays a candidate, and `health::duplicates` counts an intent only when it
+    // finds two executed operations, so a stale row changes no count.
+    r#"
+    CREATE TABLE shared_intents (
+        fingerprint TEXT NOT NULL,
+        host        TEXT NOT NULL,
+        PRIMARY KEY (fingerprint, host)
+    ) WITHOUT ROWID;
+    INSERT INTO shared_intents
+        SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1;
+    CREATE TRIGGER shared_intents_on_insert AFTER INSERT ON operations
+        WHEN EXISTS (SELECT 1 FROM operations d WHERE d.fingerprint = NEW.fingerprint
+            AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    CREATE TRIGGER shared_intents_on_update AFTER UPDATE OF fingerprint, host ON operations
+        WHEN (OLD.fingerprint IS NOT NEW.fingerprint OR OLD.host IS NOT NEW.host)
+            AND EXISTS (SELECT 1 FROM operations d WHERE d.fingerprint = NEW.fingerprint
+                AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
