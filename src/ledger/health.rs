@@ -653,9 +653,12 @@ mod tests {
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
+    /// (fingerprint, host) pairs.
+    type Intents = Vec<(String, String)>;
+
     /// The intents under more than one op id on a host, as the whole ledger's GROUP BY
     /// would find them, and as the maintained table holds them.
-    fn shared(l: &Ledger) -> (Vec<(String, String)>, Vec<(String, String)>) {
+    fn shared(l: &Ledger) -> (Intents, Intents) {
         let read = |sql: &str| -> Vec<(String, String)> {
             let mut stmt = l.conn().prepare(sql).unwrap();
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();

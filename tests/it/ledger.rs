@@ -2232,6 +2232,8 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         DROP TABLE shared_intents;
+         DROP FUNCTION opmark_note_shared_intent CASCADE;
          UPDATE opmark_schema SET version = 1;"
     } else {
         // Schema 2 stored each event as one text row (`f.sql` expanded the rows first, so
@@ -2251,6 +2253,9 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_by_fingerprint;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
+         DROP TRIGGER shared_intents_on_insert;
+         DROP TRIGGER shared_intents_on_update;
+         DROP TABLE shared_intents;
          PRAGMA user_version = 2;"
     };
     f.sql(rollback);
