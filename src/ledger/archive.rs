@@ -143,7 +143,7 @@ pub(crate) fn archive(
     // here) must not straddle either.
     loop {
         let lower: Option<u64> = tx.query_row(
-            "SELECT MIN(e.seq) FROM events e WHERE e.seq <= ?1 AND EXISTS (SELECT 1 FROM events f WHERE f.op = e.op AND f.seq > ?1)",
+            "SELECT MIN(e.seq) FROM events e JOIN op_keys k ON k.id = e.op WHERE e.seq <= ?1 AND k.last_seq > ?1",
             params![cut],
             |r| r.get(0),
         )?;
@@ -157,13 +157,15 @@ pub(crate) fn archive(
             message: "nothing to archive: no settled operation was finished before that time (unresolved operations and those still active are never archived)".to_owned(),
         });
     }
-    let archived = super::sqlite::rows_where(
+    let mut archived = super::sqlite::rows_where(
         &tx,
         atoms,
         "WHERE e.seq <= ?1 ORDER BY e.seq",
         params![cut as i64],
     )?;
     let (keyed_from, _) = super::binding::keyed_from(&tx)?;
+    // The archive stands alone: every hash in full (the ledger keeps tags).
+    chain::complete(&mut archived, key, keyed_from, chain::GENESIS);
     let last = archived.last().map(|r| r.hash.clone()).unwrap_or_default();
     let head = chain::Head {
         seq: cut,
@@ -199,6 +201,11 @@ pub(crate) fn archive(
     )?;
     tx.execute(
         "DELETE FROM operations WHERE last_seq <= ?1",
+        params![cut.seq],
+    )?;
+    // Their keys stay (events refer to keys by number), without events here.
+    tx.execute(
+        "UPDATE op_keys SET last_seq = NULL WHERE last_seq <= ?1",
         params![cut.seq],
     )?;
     let counts_json = serde_json::to_string(&counts).expect("counts serialize");
