@@ -182,7 +182,7 @@ pub(crate) fn archive(
         });
     }
     let (replayed, counts) =
-        super::replay_counting(&archived).map_err(|m| LedgerError::Invalid {
+        super::verify::replay_counting(&archived).map_err(|m| LedgerError::Invalid {
             message: format!(
                 "the events to archive cannot be replayed ({}: {}); nothing was archived",
                 m.op_id, m.problem

@@ -36,6 +36,7 @@ pub mod projection;
 pub use crate::redact;
 mod schema;
 mod sqlite;
+mod verify;
 pub mod words;
 
 use std::collections::BTreeMap;
@@ -870,79 +871,49 @@ impl Ledger {
     /// projected row that differs from its replay (docs/ledger.md#the-chain). The same checks on
     /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
-        let Snapshot {
-            head,
-            keyed_from,
-            keyed_from_mac,
-            rows,
-            projected,
-            counters,
-            cut,
-            archived_counts,
-        } = self.snapshot()?;
-        if keyed_from_mac.as_deref() != Some(chain::keyed_from_mac(&self.key, keyed_from).as_str())
-        {
-            return Ok(ChainReport {
-                events: rows.len() as u64,
-                first_break: Some(ChainBreak {
-                    seq: 1,
-                    problem: "the record of where the keyed chain starts was edited outside opmark (its MAC does not match): no event can be trusted".to_owned(),
-                }),
-                first_mismatch: None,
-                counters_mismatch: None,
-                archived_through: None,
-                verified_head: None,
-            });
-        }
-        let start = match &cut {
-            None => archive::Cut {
-                seq: 0,
-                hash: chain::GENESIS.to_owned(),
-            },
-            Some((c, mac)) if mac.as_deref() == Some(archive::cut_mac(&self.key, c).as_str()) => {
-                c.clone()
-            }
-            Some((c, _)) => {
-                return Ok(ChainReport {
-                    events: rows.len() as u64,
-                    first_break: Some(ChainBreak {
-                        seq: c.seq,
-                        problem: "the record of where `ledger archive` cut the chain was edited outside opmark (its MAC does not match): the events after it cannot be tied to the archive".to_owned(),
-                    }),
-                    first_mismatch: None,
-                    counters_mismatch: None,
-                    archived_through: None,
-                    verified_head: None,
-                })
-            }
-        };
-        let mut report =
-            chain::verify_after(&rows, head, &self.key, keyed_from, start.seq, &start.hash);
-        report.archived_through = cut.as_ref().map(|(c, _)| c.seq);
-        if report.first_break.is_none() {
-            match replay_mismatch(&rows, &projected) {
-                Err(m) => report.first_mismatch = Some(m),
-                Ok(mut counts) => {
-                    if cut.is_some() {
-                        match archive::archived_counts(&self.key, archived_counts) {
-                            Some(archived) => {
-                                for (name, n) in archived {
-                                    *counts.entry(name).or_insert(0) += n;
-                                }
-                                counts.retain(|_, n| *n != 0);
-                            }
-                            None => {
-                                report.counters_mismatch =
-                                    Some("archive_counts (its MAC does not match)".to_owned());
-                                return Ok(report);
-                            }
-                        }
-                    }
-                    report.counters_mismatch = counters_mismatch(&counts, &counters);
-                }
+        match &self.store {
+            Store::Sqlite(s) => s.verify_full(&self.key),
+            Store::Postgres(_) => {
+                let Snapshot {
+                    head,
+                    keyed_from,
+                    keyed_from_mac,
+                    rows,
+                    projected,
+                    counters,
+                    cut,
+                    archived_counts,
+                } = self.snapshot()?;
+                let header = verify::Header {
+                    head,
+                    keyed_from,
+                    keyed_from_mac,
+                    counters,
+                    cut,
+                    archived_counts,
+                };
+                let mut check =
+                    match verify::FullCheck::start(&self.key, header, || rows.len() as u64) {
+                        Ok(check) => check,
+                        Err(report) => return Ok(*report),
+                    };
+                let after = check.after();
+                let mut seen = std::collections::HashSet::new();
+                let mut events = rows.into_iter().filter(|r| r.seq > after).map(|r| {
+                    let first = seen.insert((r.op_id.clone(), r.host.clone()));
+                    (r, Some(first))
+                });
+                let mut stored = projected;
+                stored.sort_by_key(|r| r.last_seq);
+                let mut stored = stored.into_iter();
+                verify::feed::<LedgerError>(
+                    &mut check,
+                    || Ok(events.next()),
+                    || Ok(stored.next()),
+                )?;
+                Ok(check.finish())
             }
         }
-        Ok(report)
     }
 
     /// `opmark ledger archive --before D FILE`: moves the settled operations finished
@@ -1035,7 +1006,8 @@ impl Ledger {
                     hash,
                 );
                 if report.first_break.is_none() {
-                    report.first_mismatch = replay_mismatch(&inc.history, &inc.projected).err();
+                    report.first_mismatch =
+                        verify::replay_mismatch(&inc.history, &inc.projected).err();
                 }
                 let operations = inc
                     .rows
@@ -1211,143 +1183,6 @@ fn append_barrier() {
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
 fn append_barrier() {}
-
-/// Folds every operation's events (as `audit verify` and `ledger migrate` do), also
-/// counting what the appends counted (`append::count`), so the stored counters can be
-/// checked or rebuilt; names the first event that cannot be decoded.
-pub(crate) fn replay_counting(
-    rows: &[chain::Row],
-) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
-    let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
-    let mut counts = append::Counts::new();
-    for row in rows {
-        let decoded = serde_json::from_str::<Event>(&row.payload);
-        {
-            let key = OpKey::new(row.op_id.clone(), row.host.clone());
-            let event: Event = match decoded {
-                Ok(e) => e,
-                Err(e) => {
-                    return Err(ProjectionMismatch {
-                        op_id: row.op_id.clone(),
-                        host: row.host.clone(),
-                        problem: format!(
-                            "event #{} cannot be decoded ({:?} at column {}), so its operation cannot be replayed",
-                            row.seq,
-                            e.classify(),
-                            e.column()
-                        ),
-                    })
-                }
-            };
-            let before = replayed.remove(&key);
-            let had = before.clone();
-            match projection::fold(before, &key, &event, row.seq, &row.at) {
-                Ok(Some(rec)) => {
-                    append::count(&mut counts, &event, had.as_ref(), Some(&rec));
-                    replayed.insert(key, rec);
-                }
-                Ok(None) => append::count(&mut counts, &event, had.as_ref(), None),
-                // Refused appends were rolled back; a stored one is not what opmark wrote.
-                Err(projection::AppendRefused::FingerprintConflict) => {
-                    append::count(&mut counts, &event, had.as_ref(), None);
-                    if let Some(rec) = had {
-                        replayed.insert(key, rec);
-                    }
-                }
-            }
-        }
-    }
-    counts.retain(|_, n| *n != 0);
-    Ok((replayed, counts))
-}
-
-/// Folds every operation's events again and compares with the stored projection; names
-/// the first row (by op id, host) that differs, is missing, or has no events.
-/// Whole: the recount of the counters, to compare with the stored ones.
-fn replay_mismatch(
-    rows: &[chain::Row],
-    projected: &[OperationRecord],
-) -> Result<append::Counts, ProjectionMismatch> {
-    let (replayed, counts) = replay_counting(rows)?;
-    let mut stored: BTreeMap<OpKey, &OperationRecord> = projected
-        .iter()
-        .map(|r| (OpKey::new(r.op_id.clone(), r.host.clone()), r))
-        .collect();
-    for (key, want) in &replayed {
-        let mismatch = |problem: String| ProjectionMismatch {
-            op_id: key.op_id.clone(),
-            host: key.host.clone(),
-            problem,
-        };
-        match stored.remove(key) {
-            None => {
-                return Err(mismatch(
-                    "its row in `operations` is missing (deleted outside opmark)".to_owned(),
-                ))
-            }
-            Some(got) if got != want => {
-                return Err(mismatch(format!(
-                    "its row in `operations` differs from the replay of its events in {}",
-                    differing_columns(got, want).join(", ")
-                )))
-            }
-            Some(_) => {}
-        }
-    }
-    match stored.into_keys().next() {
-        Some(key) => Err(ProjectionMismatch {
-            op_id: key.op_id,
-            host: key.host,
-            problem: "its row in `operations` has no events behind it (added outside opmark)"
-                .to_owned(),
-        }),
-        None => Ok(counts),
-    }
-}
-
-/// The names of the counters whose stored value is not the recount (a missing counter
-/// counts as 0), or `None` when all agree.
-fn counters_mismatch(recount: &append::Counts, stored: &BTreeMap<String, i64>) -> Option<String> {
-    let names: std::collections::BTreeSet<&String> = recount.keys().chain(stored.keys()).collect();
-    let differ: Vec<&str> = names
-        .into_iter()
-        .filter(|n| recount.get(*n).copied().unwrap_or(0) != stored.get(*n).copied().unwrap_or(0))
-        .map(String::as_str)
-        .collect();
-    (!differ.is_empty()).then(|| differ.join(", "))
-}
-
-/// Names of the columns where `got` differs from `want` (names only: values may hold text
-/// the redactor missed, and the stored one is not trusted anyway).
-fn differing_columns(got: &OperationRecord, want: &OperationRecord) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    let mut check = |name: &'static str, same: bool| {
-        if !same {
-            out.push(name);
-        }
-    };
-    check("family", got.family == want.family);
-    check("display", got.display == want.display);
-    check("fingerprint", got.fingerprint == want.fingerprint);
-    check("rule", got.rule == want.rule);
-    check("session", got.session == want.session);
-    check("state", got.state == want.state);
-    check("verdict", got.verdict == want.verdict);
-    check("exit_code", got.exit_code == want.exit_code);
-    check("attempts", got.attempts == want.attempts);
-    check("last_attempt", got.last_attempt == want.last_attempt);
-    check("unresolved", got.unresolved == want.unresolved);
-    check("created_at", got.created_at == want.created_at);
-    check("updated_at", got.updated_at == want.updated_at);
-    check("first_seq", got.first_seq == want.first_seq);
-    check("last_seq", got.last_seq == want.last_seq);
-    check("contradictions", got.contradictions == want.contradictions);
-    check(
-        "settled_attempt",
-        got.settled_attempt == want.settled_attempt,
-    );
-    out
-}
 
 #[cfg(test)]
 impl Ledger {

@@ -617,7 +617,7 @@ impl PgStore {
                     &[&name, &value],
                 ))?;
             }
-            let (records, counts) = super::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+            let (records, counts) = super::verify::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
                 message: format!(
                     "the ledger's events cannot be replayed ({}: {}); nothing was copied",
                     m.op_id, m.problem

@@ -768,6 +768,66 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// `audit verify`'s full walk ([`super::verify`]) in one consistent snapshot: the
+    /// events by primary key and the `operations` rows by the recency index, side by
+    /// side, so nothing is collected.
+    pub(crate) fn verify_full(
+        &self,
+        key: &InstallationKey,
+    ) -> Result<chain::ChainReport, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let header = super::verify::Header {
+            head: chain_head(&tx)?,
+            keyed_from,
+            keyed_from_mac,
+            counters: {
+                let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
+                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<Result<_, _>>()?
+            },
+            cut: super::archive::read_cut(&tx)?,
+            archived_counts: super::archive::read_counts(&tx)?,
+        };
+        let count = || {
+            tx.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+                .unwrap_or(0)
+        };
+        let mut check = match super::verify::FullCheck::start(key, header, count) {
+            Ok(check) => check,
+            Err(report) => return Ok(*report),
+        };
+        {
+            let mut atoms = AtomsOf::reading(&tx, &self.atoms);
+            let mut events =
+                tx.prepare(&format!("{ROW_SELECT} WHERE e.seq > ?1 ORDER BY e.seq"))?;
+            let mut events = events.query(params![check.after() as i64])?;
+            let mut stored = tx.prepare(&format!(
+                "SELECT {} FROM operations ORDER BY last_seq",
+                projection::COLUMNS
+            ))?;
+            let mut stored = stored.query([])?;
+            super::verify::feed(
+                &mut check,
+                || match events.next()? {
+                    Some(r) => {
+                        let (row, back) = decode_row(r, &mut atoms)?;
+                        Ok(Some((row, Some(back.is_none()))))
+                    }
+                    None => Ok(None),
+                },
+                || -> Result<_, LedgerError> {
+                    Ok(match stored.next()? {
+                        Some(r) => Some(projection::from_row(r)?),
+                        None => None,
+                    })
+                },
+            )?;
+        }
+        tx.finish()?;
+        Ok(check.finish())
+    }
+
     /// Everything `audit verify` checks, read in one consistent snapshot.
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
