@@ -738,9 +738,10 @@ pub struct VerifyArgs {
     /// default; for scripts that want to say so).
     #[arg(long, conflicts_with = "incremental")]
     pub full: bool,
-    /// Read only the events after the last checkpoint a verify recorded (SQLite), and
-    /// replay only the operations they touch; says so. Edits before the checkpoint are
-    /// what the full walk is for. Without a checkpoint (and on PostgreSQL): the full walk.
+    /// Read only the events after the last checkpoint a verify recorded (either backend),
+    /// and replay only the operations they touch; says so. What was verified before the
+    /// checkpoint is trusted: edits there are what the full walk is for. Without a
+    /// checkpoint: the full walk.
     #[arg(long, conflicts_with = "archive")]
     pub incremental: bool,
     /// Also verify the archive `opmark ledger archive` wrote, up to the ledger's cut, as

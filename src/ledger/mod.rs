@@ -989,16 +989,16 @@ impl Ledger {
         Ok(report)
     }
 
-    /// `audit verify`: without `incremental`, without a usable checkpoint, or on
-    /// PostgreSQL, [`Ledger::verify_chain`]; else only the events after the last verified
-    /// checkpoint
+    /// `audit verify`: without `incremental` or without a usable checkpoint,
+    /// [`Ledger::verify_chain`]; else only the events after the last verified checkpoint
     /// (its MAC and its event's hash checked), and the replay of the operations they touch.
-    /// An intact result records a new checkpoint at the head (SQLite), so the next
-    /// routine verify reads only what was appended since.
+    /// An intact result records a new checkpoint at the head (both backends), so the next
+    /// routine verify reads only what was appended since. What was verified before the
+    /// checkpoint is trusted: an edit there is found by the full walk only.
     pub fn verify(&self, incremental: bool) -> Result<(ChainReport, VerifyScope), LedgerError> {
-        let incremental = match (&self.store, incremental) {
-            (Store::Sqlite(s), true) => s.snapshot_after_checkpoint()?,
-            _ => None,
+        let incremental = match incremental {
+            true => with_store!(self, s => s.snapshot_after_checkpoint())?,
+            false => None,
         };
         let usable = incremental.filter(|inc| {
             let (seq, hash, mac) = &inc.checkpoint;
@@ -1037,12 +1037,12 @@ impl Ledger {
                 )
             }
         };
-        if let (true, Store::Sqlite(s), Some((seq, hash))) =
-            (report.intact(), &self.store, &report.verified_head)
-        {
-            // Best effort: a ledger this user may read but not write (an auditor's copy)
-            // still verifies; its next verify walks from the older checkpoint.
-            let _ = s.record_checkpoint(*seq, hash, &chain::checkpoint_mac(&self.key, *seq, hash));
+        if let (true, Some((seq, hash))) = (report.intact(), &report.verified_head) {
+            // Best effort: a ledger this user may read but not write (an auditor's copy,
+            // a read-only database role) still verifies; its next verify walks from the
+            // older checkpoint.
+            let mac = chain::checkpoint_mac(&self.key, *seq, hash);
+            let _ = with_store!(self, s => s.record_checkpoint(*seq, hash, &mac));
         }
         Ok((report, scope))
     }

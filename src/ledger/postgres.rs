@@ -495,14 +495,7 @@ impl PgStore {
                     .read_only(true)
                     .start(),
             )?;
-            let head = rt
-                .block_on(tx.query_opt("SELECT seq, hash, mac FROM chain_head WHERE id = 1", &[]))?
-                .filter(|r| r.get::<_, i64>(0) > 0)
-                .map(|r| chain::Head {
-                    seq: r.get::<_, i64>(0) as u64,
-                    hash: r.get(1),
-                    mac: r.get(2),
-                });
+            let head = read_head(rt, &tx)?;
             let meta = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(rt
                     .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
@@ -513,21 +506,9 @@ impl PgStore {
                 .unwrap_or(0);
             let keyed_from_mac = meta("chain_keyed_from_mac")?;
             let rows = rt
-                .block_on(tx.query(
-                    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
-                    &[],
-                ))?
+                .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
                 .iter()
-                .map(|r| chain::Row {
-                    seq: r.get::<_, i64>(0) as u64,
-                    prev_hash: r.get(1),
-                    hash: r.get(2),
-                    op_id: r.get(3),
-                    host: r.get(4),
-                    at: r.get(5),
-                    kind: r.get(6),
-                    payload: r.get(7),
-                })
+                .map(chain_row)
                 .collect();
             let sql = format!(
                 "SELECT {} FROM operations ORDER BY op_id, host",
@@ -554,6 +535,119 @@ impl PgStore {
                 cut: None,
                 archived_counts: None,
             })
+        })
+    }
+
+    /// What a routine `audit verify` reads, in one REPEATABLE READ transaction: the events
+    /// after the last verified checkpoint, and the whole history and row of each operation
+    /// they touch (as `SqliteStore::snapshot_after_checkpoint`). `None` when no checkpoint
+    /// was recorded.
+    pub(crate) fn snapshot_after_checkpoint(
+        &self,
+    ) -> Result<Option<super::Incremental>, LedgerError> {
+        self.call(|c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(
+                client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start(),
+            )?;
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            let (Some(at), Some(mac)) = (meta("verified_through")?, meta("verified_through_mac")?)
+            else {
+                return Ok(None);
+            };
+            let Some((seq, hash)) = at
+                .split_once(' ')
+                .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
+            else {
+                return Ok(None);
+            };
+            let stored_hash: Option<String> = rt
+                .block_on(tx.query_opt("SELECT hash FROM events WHERE seq = $1", &[&(seq as i64)]))?
+                .map(|r| r.get(0));
+            let head = read_head(rt, &tx)?;
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let rows: Vec<chain::Row> = rt
+                .block_on(tx.query(
+                    &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
+                    &[&(seq as i64)],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let touched: std::collections::BTreeSet<(&str, &str)> = rows
+                .iter()
+                .map(|r| (r.op_id.as_str(), r.host.as_str()))
+                .collect();
+            let (ids, hosts): (Vec<&str>, Vec<&str>) = touched.into_iter().unzip();
+            // One indexed read per touched operation, as one statement.
+            let history = rt
+                .block_on(tx.query(
+                    &format!(
+                        "{CHAIN_ROW_SELECT} WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY seq"
+                    ),
+                    &[&ids, &hosts],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let projected = rt
+                .block_on(tx.query(
+                    &format!(
+                        "SELECT {} FROM operations WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY op_id, host",
+                        projection::COLUMNS
+                    ),
+                    &[&ids, &hosts],
+                ))?
+                .iter()
+                .map(record_from)
+                .collect::<Result<_, _>>()?;
+            rt.block_on(tx.commit())?;
+            Ok(Some(super::Incremental {
+                checkpoint: (seq, hash, mac),
+                stored_hash,
+                head,
+                keyed_from,
+                keyed_from_mac,
+                rows,
+                history,
+                projected,
+            }))
+        })
+    }
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    pub(crate) fn record_checkpoint(
+        &self,
+        seq: u64,
+        hash: &str,
+        mac: &str,
+    ) -> Result<(), LedgerError> {
+        let facts = [
+            ("verified_through".to_owned(), format!("{seq} {hash}")),
+            ("verified_through_mac".to_owned(), mac.to_owned()),
+        ];
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            for (name, value) in &facts {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[name, value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(())
         })
     }
 
@@ -845,6 +939,39 @@ impl AppendTx for PgTx<'_> {
             .map(|r| (r.get::<_, i64>(0) as u64, r.get(1), r.get(2)))
             .collect())
     }
+}
+
+/// The columns of a [`chain::Row`], in [`chain_row`]'s order.
+const CHAIN_ROW_SELECT: &str =
+    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+
+/// A chain row read by [`CHAIN_ROW_SELECT`].
+fn chain_row(r: &Row) -> chain::Row {
+    chain::Row {
+        seq: r.get::<_, i64>(0) as u64,
+        prev_hash: r.get(1),
+        hash: r.get(2),
+        op_id: r.get(3),
+        host: r.get(4),
+        at: r.get(5),
+        kind: r.get(6),
+        payload: r.get(7),
+    }
+}
+
+/// The chain head, `None` while the ledger holds no event.
+fn read_head(
+    rt: &tokio::runtime::Runtime,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<Option<chain::Head>, LedgerError> {
+    Ok(rt
+        .block_on(tx.query_opt("SELECT seq, hash, mac FROM chain_head WHERE id = 1", &[]))?
+        .filter(|r| r.get::<_, i64>(0) > 0)
+        .map(|r| chain::Head {
+            seq: r.get::<_, i64>(0) as u64,
+            hash: r.get(1),
+            mac: r.get(2),
+        }))
 }
 
 /// A projection row from PostgreSQL (column order: [`projection::COLUMNS`]).

@@ -324,6 +324,7 @@ conformance!(
     list_show_and_stats_read_the_same_projection,
     a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies,
     fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
+    audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
@@ -2205,6 +2206,76 @@ fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
         text(&out.stdout),
         "chain intact: 16 events, projection equals their replay\n"
     );
+}
+
+/// Issue 30, on both backends: a verify records a keyed checkpoint at the head;
+/// `--incremental` then reads only the events after it and says so, finds an edit among
+/// them, and trusts what was verified before it: an edit there is found by `--full`.
+fn audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..3 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    let verify = |args: &[&str]| {
+        let out = f
+            .opmark(&f.scratch.0)
+            .args(["audit", "verify"])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out, "chain intact: 15 events, projection equals their replay\n",
+        "no checkpoint yet: the whole chain"
+    );
+    let mut ledger = f.open();
+    write_operation(&mut ledger, &OpKey::new("op3", "h"), 3);
+    drop(ledger);
+    let (code, out, err) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with(
+            "chain intact: 5 new events after the checkpoint at event #15 (verified earlier), and the 1 operations they touch"
+        ),
+        "{out}"
+    );
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["--json", "audit", "verify", "--incremental"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["walked"]["scope"], "since_checkpoint", "{doc}");
+    assert_eq!(doc["walked"]["checkpoint"], 20, "{doc}");
+    assert_eq!(doc["event_count"], 0, "{doc}");
+    // An edit after the checkpoint: found by the routine verify.
+    let mut ledger = f.open();
+    write_operation(&mut ledger, &OpKey::new("op4", "h"), 4);
+    drop(ledger);
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 4', 'echo 8') WHERE seq = 21");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #21:"), "{out}");
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 8', 'echo 4') WHERE seq = 21");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 5 new events after the checkpoint at event #20"),
+        "{out}"
+    );
+    // An edit before the checkpoint: the routine verify trusts what it verified earlier;
+    // the full walk finds it.
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 1', 'echo 9') WHERE seq = 6");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("after the checkpoint at event #25"), "{out}");
+    let (code, out, _) = verify(&["--full"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #6:"), "{out}");
 }
 
 /// Issue 30: a ledger written before the counters (SQLite schema 2, PostgreSQL schema 1)
