@@ -729,6 +729,16 @@ impl PgStore {
         })
     }
 
+    /// See [`super::MISSING_SHARED_INTENTS`].
+    pub(crate) fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            Ok(
+                c.block(c.client.query_one(super::MISSING_SHARED_INTENTS, &[]))?
+                    .get::<_, i64>(0) as u64,
+            )
+        })
+    }
+
     pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
         Ok(Stats::from_counters(&self.counters()?))
     }
