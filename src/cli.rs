@@ -778,7 +778,7 @@ pub enum LedgerAction {
     /// Move the settled operations finished more than D ago (the oldest stretch of the
     /// chain, up to the first operation still unresolved or active) into the new archive
     /// FILE; the ledger keeps the cut, and `audit verify --archive FILE` checks both as
-    /// one chain. Unresolved operations are never archived. SQLite only for now.
+    /// one chain. Unresolved operations are never archived. SQLite and PostgreSQL alike.
     Archive {
         /// How old an operation's last event must be (e.g. 90d).
         #[arg(long, value_parser = parse_duration, value_name = "DURATION")]

@@ -946,7 +946,7 @@ impl Ledger {
     /// `opmark ledger archive --before D FILE`: moves the settled operations finished
     /// before `cutoff` (the oldest stretch of the chain, up to the first event of an
     /// operation that is unresolved or still active) into the new archive `file`, keeping
-    /// the cut (see [`archive`]). SQLite only.
+    /// the cut (see [`archive`]). Both backends.
     pub fn archive_before(
         &mut self,
         cutoff: &str,
@@ -956,20 +956,19 @@ impl Ledger {
         let key = self.key.clone();
         match &mut self.store {
             Store::Sqlite(s) => s.archive(&key, first, file),
-            Store::Postgres(_) => Err(LedgerError::Invalid {
-                message:
-                    "`ledger archive` works on SQLite ledgers only for now; nothing was archived"
-                        .to_owned(),
-            }),
+            Store::Postgres(p) => p.archive(&key, first, file),
         }
     }
 
     /// `audit verify --archive FILE`: the archive up to the ledger's cut, then the ledger
     /// from it, as the one chain they were. The report counts the events of both.
     pub fn verify_with_archive(&self, file: &Path) -> Result<ChainReport, LedgerError> {
-        let snapshot_cut = match &self.store {
-            Store::Sqlite(s) => archive::read_cut(&s.conn)?,
-            Store::Postgres(_) => None,
+        let (snapshot_cut, keyed_from) = match &self.store {
+            Store::Sqlite(s) => {
+                let tx = s.conn.unchecked_transaction()?;
+                (archive::read_cut(&tx)?, binding::keyed_from(&tx)?.0)
+            }
+            Store::Postgres(p) => p.archive_cut()?,
         };
         let Some((cut, mac)) = snapshot_cut else {
             return Err(LedgerError::Invalid {
@@ -982,13 +981,6 @@ impl Ledger {
         if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
             return self.verify_chain();
         }
-        let keyed_from = match &self.store {
-            Store::Sqlite(s) => {
-                let tx = s.conn.unchecked_transaction()?;
-                binding::keyed_from(&tx)?.0
-            }
-            Store::Postgres(_) => 1,
-        };
         let archived = archive::verify_file(file, &self.key, &cut, keyed_from)?;
         if archived.first_break.is_some() {
             return Ok(archived);

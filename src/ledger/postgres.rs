@@ -28,6 +28,7 @@ use std::sync::mpsc;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::append::{self, AppendTx, UnlessSettledSince};
+use super::archive::{self, ArchiveReport, Cut};
 use super::binding::Bound;
 use super::chain;
 use super::event::{Event, StoredEvent};
@@ -505,6 +506,14 @@ impl PgStore {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let cut = match meta("archive_cut")? {
+                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                None => None,
+            };
+            let archived_counts = match meta("archive_counts")? {
+                Some(json) => Some((json, meta("archive_counts_mac")?)),
+                None => None,
+            };
             let rows = rt
                 .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
                 .iter()
@@ -532,8 +541,8 @@ impl PgStore {
                 rows,
                 projected,
                 counters,
-                cut: None,
-                archived_counts: None,
+                cut,
+                archived_counts,
             })
         })
     }
@@ -648,6 +657,108 @@ impl PgStore {
             }
             rt.block_on(tx.commit())?;
             Ok(())
+        })
+    }
+
+    /// The recorded archive cut and its MAC, and where the keyed chain starts, for
+    /// `audit verify --archive`.
+    pub(crate) fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
+        self.call(|c| {
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(c.block(
+                    c.client
+                        .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
+                )?
+                .map(|r| r.get(0)))
+            };
+            let cut = match meta("archive_cut")? {
+                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                None => None,
+            };
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            Ok((cut, keyed_from))
+        })
+    }
+
+    /// `ledger archive` (see [`archive`]): in one transaction holding the head row, so no
+    /// append interleaves and a second archive waits for the first, the cut is lowered
+    /// until no operation straddles it and none below it is unresolved, the events
+    /// through it are checked and written to `file` ([`archive::seal`]), then deleted
+    /// with their operations' rows, and the cut and the archived counts kept in `meta`.
+    /// The counters are left as they are: `stats` still counts the whole history.
+    pub(crate) fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<ArchiveReport, LedgerError> {
+        archive::refuse_existing(file)?;
+        let (key, file) = (key.clone(), file.to_path_buf());
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            if let Some(value) = meta("archive_cut")? {
+                return Err(archive::archived_before(archive::parse_cut(&value).seq));
+            }
+            let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
+                Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
+            };
+            let mut cut = first_seq_at_cutoff.saturating_sub(1) as i64;
+            loop {
+                match lowest(
+                    "SELECT MIN(first_seq) FROM operations WHERE first_seq <= $1 AND (last_seq > $1 OR unresolved)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            // Events of keys without a projection row (e.g. a fence of an op id never
+            // intended here) must not straddle either.
+            loop {
+                match lowest(
+                    "SELECT MIN(e.seq) FROM events e WHERE e.seq <= $1 AND EXISTS (SELECT 1 FROM events f WHERE f.op_id = e.op_id AND f.host = e.host AND f.seq > $1)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            if cut <= 0 {
+                return Err(archive::nothing_to_archive());
+            }
+            let rows: Vec<chain::Row> = rt
+                .block_on(tx.query(
+                    &format!("{CHAIN_ROW_SELECT} WHERE seq <= $1 ORDER BY seq"),
+                    &[&cut],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref(), &file)?;
+            let through = sealed.cut.seq as i64;
+            rt.block_on(tx.execute("DELETE FROM events WHERE seq <= $1", &[&through]))?;
+            rt.block_on(tx.execute("DELETE FROM operations WHERE last_seq <= $1", &[&through]))?;
+            for (name, value) in archive::facts(&key, &sealed) {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[&name, &value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(sealed.report)
         })
     }
 
@@ -950,6 +1061,9 @@ impl AppendTx for PgTx<'_> {
             .collect())
     }
 }
+
+/// The archive cut as `meta` records it, with its MAC (`None`: never archived).
+type RecordedCut = Option<(Cut, Option<String>)>;
 
 /// The columns of a [`chain::Row`], in [`chain_row`]'s order.
 const CHAIN_ROW_SELECT: &str =

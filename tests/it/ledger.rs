@@ -326,6 +326,8 @@ conformance!(
     fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
     audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start,
     audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads,
+    an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found,
+    ledger_archive_refuses_what_it_cannot_archive_and_writes_nothing,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
@@ -2472,6 +2474,137 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// Issue 30, on both backends: `ledger archive` moves the settled operations out (never
+/// an unresolved one, never half an operation), `stats` still counts the whole history,
+/// and the ledger and its archive verify as one chain; an edit in the ledger after the cut
+/// and an edit in the archive are each found.
+fn an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    let before = ledger.stats().unwrap();
+    let late = ledger
+        .operation(&OpKey::new("done-late", "h1"))
+        .unwrap()
+        .unwrap()
+        .first_seq;
+    drop(ledger);
+    let run = |args: &[&str]| {
+        let out = f.opmark(&f.scratch.0).args(args).output().unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let file = f.scratch.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let (code, out, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with("moved 20 events of 4 settled operations (through event #20)"),
+        "{out}"
+    );
+    let ledger = f.open();
+    assert!(ledger
+        .operation(&OpKey::new("done-3", "h1"))
+        .unwrap()
+        .is_none());
+    assert!(
+        ledger
+            .operation(&OpKey::new("open-1", "h1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    assert_eq!(
+        ledger.events(&OpKey::new("done-late", "h1")).unwrap().len(),
+        5
+    );
+    assert_eq!(
+        ledger.stats().unwrap(),
+        before,
+        "stats counts the whole history"
+    );
+    drop(ledger);
+    let (code, out, err) = run(&[
+        "ledger",
+        "archive",
+        "--before",
+        "0s",
+        &format!("{file_arg}.2"),
+    ]);
+    assert_eq!(code, Some(245), "{out}{err}");
+    assert!(
+        err.contains("was archived before (through event #20)"),
+        "{err}"
+    );
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("after the archive cut at event #20"), "{out}");
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 28 events, projection equals their replay"),
+        "{out}"
+    );
+    // An edit in the ledger, after the cut.
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 9', 'echo 7')");
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with(&format!("chain broken at event #{late}:")),
+        "{out}"
+    );
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 7', 'echo 9')");
+    assert_eq!(run(&["audit", "verify", "--archive", file_arg]).0, Some(0));
+    // An edit in the archive (a SQLite file on either backend).
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET at = '2020-01-01T00:00:00.000000Z' WHERE seq = 7",
+            [],
+        )
+        .unwrap();
+    drop(archive);
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #7"), "{out}");
+}
+
+/// Issue 30, on both backends: `ledger archive` refuses, naming why and writing no file,
+/// when everything before the time is unresolved or the file exists; `audit verify
+/// --archive` refuses a ledger that was never archived.
+fn ledger_archive_refuses_what_it_cannot_archive_and_writes_nothing(f: &Fixture) {
+    let mut ledger = f.open();
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    drop(ledger);
+    let run = |args: &[&str]| {
+        let out = f.opmark(&f.scratch.0).args(args).output().unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let file = f.scratch.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let (code, _, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(
+        err.contains("unresolved operations and those still active are never archived"),
+        "{err}"
+    );
+    assert!(!file.exists());
+    let (code, _, err) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(
+        err.contains("was never archived: verify it without --archive"),
+        "{err}"
+    );
+    std::fs::write(&file, b"mine").unwrap();
+    let (code, _, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    assert_eq!(f.open().stats().unwrap().operations, 1);
 }
 
 /// Issue 30's new options refuse bad input naming the problem and the way on.
