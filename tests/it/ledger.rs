@@ -2571,6 +2571,21 @@ fn an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found(f: &
     let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.starts_with("chain broken at event #7"), "{out}");
+    // The ledger's records of the archive are MACed: edits of them are found too.
+    f.sql("UPDATE meta SET value = replace(value, ':', ': ') WHERE name = 'archive_counts'");
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("archive_counts (its MAC does not match)"),
+        "{out}"
+    );
+    f.sql("UPDATE meta SET value = '19' || substr(value, 3) WHERE name = 'archive_cut'");
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("the record of where `ledger archive` cut the chain was edited"),
+        "{out}"
+    );
 }
 
 /// Issue 30, on both backends: `ledger archive` refuses, naming why and writing no file,
