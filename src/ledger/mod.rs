@@ -1051,14 +1051,38 @@ impl Ledger {
 
     /// Copies this ledger, event for event (same seq, time, hash), into the empty
     /// PostgreSQL ledger `target`, binding it to this ledger's key, then re-verifies the
-    /// chain on the target. Returns the target's report.
+    /// chain on the target. Returns the target's report. An archived ledger keeps its
+    /// cut and archived counts there, so its archive still verifies with the copy.
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
         let snapshot = self.snapshot()?;
-        let report = chain::verify(
+        let start = match &snapshot.cut {
+            None => archive::Cut {
+                seq: 0,
+                hash: chain::GENESIS.to_owned(),
+            },
+            Some((cut, mac))
+                if mac.as_deref() == Some(archive::cut_mac(&self.key, cut).as_str())
+                    && archive::archived_counts(&self.key, snapshot.archived_counts.clone())
+                        .is_some() =>
+            {
+                cut.clone()
+            }
+            Some(_) => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {}'s record of its archive cut or archived counts was edited outside opmark (its MAC does not match); keep it as evidence, nothing was copied",
+                        self.path.display()
+                    ),
+                })
+            }
+        };
+        let report = chain::verify_after(
             &snapshot.rows,
             snapshot.head.clone(),
             &self.key,
             snapshot.keyed_from,
+            start.seq,
+            &start.hash,
         );
         if let Some(b) = report.first_break {
             return Err(LedgerError::Invalid {

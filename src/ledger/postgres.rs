@@ -821,12 +821,35 @@ impl PgStore {
                     &[&name, &value],
                 ))?;
             }
-            let (records, counts) = super::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+            let (records, mut counts) = super::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
                 message: format!(
                     "the ledger's events cannot be replayed ({}: {}); nothing was copied",
                     m.op_id, m.problem
                 ),
             })?;
+            // An archived ledger: its cut and what the archived events counted come along
+            // (the caller checked their MACs), and the counters count the whole history.
+            if let (Some((cut, _)), Some((json, _))) = (&snapshot.cut, &snapshot.archived_counts) {
+                let archived: super::append::Counts =
+                    serde_json::from_str(json).map_err(|_| LedgerError::Invalid {
+                        message: "the ledger's archived counts cannot be read; nothing was copied"
+                            .to_owned(),
+                    })?;
+                for (name, n) in &archived {
+                    *counts.entry(name.clone()).or_insert(0) += n;
+                }
+                let sealed = archive::Sealed {
+                    cut: cut.clone(),
+                    counts_json: json.clone(),
+                    report: ArchiveReport { cut: cut.seq, events: 0, operations: 0 },
+                };
+                for (name, value) in archive::facts(&key, &sealed) {
+                    rt.block_on(tx.execute(
+                        "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                        &[&name, &value],
+                    ))?;
+                }
+            }
             let mut ptx = PgTx { rt, tx };
             for rec in records.values() {
                 ptx.store(rec)?;

@@ -2017,6 +2017,98 @@ fn postgres_migrate_from_sqlite_keeps_the_chain() {
     );
 }
 
+/// Issue 30: `ledger migrate` of an archived SQLite ledger keeps the cut and the archived
+/// counts on PostgreSQL: the copy verifies from the cut, its archive verifies with it as
+/// one chain, and `stats` counts the whole history as before.
+#[test]
+fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
+    let Some(pg) = Fixture::new(Backend::Postgres, "migratearchived") else {
+        return;
+    };
+    let s = Scratch::new("migrate-archived-src");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    drop(ledger);
+    let file = s.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "archive", "--before", "0s", file_arg],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stats = Ledger::open(&db).unwrap().stats().unwrap();
+    let url = pg.location.to_str().unwrap();
+    // Archived counts edited in the source: refused, nothing copied.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mac: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE name = 'archive_counts_mac'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    conn.execute(
+        "UPDATE meta SET value = 'edited' WHERE name = 'archive_counts_mac'",
+        [],
+    )
+    .unwrap();
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("archived counts was edited outside opmark"),
+        "{}",
+        text(&out.stderr)
+    );
+    conn.execute(
+        "UPDATE meta SET value = ?1 WHERE name = 'archive_counts_mac'",
+        [&mac],
+    )
+    .unwrap();
+    drop(conn);
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let key = key_path_beside(&db);
+    let copied = Ledger::open_with_key(&pg.location, Some(&key)).unwrap();
+    assert_eq!(copied.stats().unwrap(), stats, "the whole history, counted");
+    drop(copied);
+    let on_pg = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_opmark"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &s.0)
+            .args(["--ledger", url, "--ledger-key"])
+            .arg(&key)
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout))
+    };
+    let (code, out) = on_pg(&["audit", "verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("8 events after the archive cut at event #20"),
+        "{out}"
+    );
+    let (code, out) = on_pg(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 28 events, projection equals their replay"),
+        "{out}"
+    );
+}
+
 #[test]
 fn postgres_ledger_needs_a_named_key_and_refuses_tls_it_cannot_do() {
     let Some(pg) = Fixture::new(Backend::Postgres, "needkey") else {
