@@ -50,7 +50,8 @@ fn route(host: usize, port: u16) -> Route {
 /// The events `opmark run target --op ID -- true` records, in its transactions (the first
 /// one `Full`, before dispatch), as src/operation/driver.rs writes them.
 fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability)> {
-    let attempt = format!("att-{:016x}{:010}", rand::random::<u64>(), n);
+    // The id formats opmark writes (`new_attempt_id`, `session_id`).
+    let attempt = format!("at-{:016x}", rand::random::<u64>() ^ n);
     vec![
         (
             vec![
@@ -138,7 +139,7 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
 
 /// An operation whose outcome is unknown (sent, no answer), pointing at a closed port.
 fn unresolved_run(n: u64, session: &str) -> Vec<Event> {
-    let attempt = format!("att-unres-{n}");
+    let attempt = format!("at-{:016x}", u64::MAX - n);
     vec![
         Event::SessionStarted {
             session: session.to_owned(),
@@ -209,7 +210,7 @@ fn build(path: &Path, ops: u64) {
     for n in 0..ops {
         // An agent session runs a few hundred operations.
         if n % 200 == 0 {
-            session = format!("sess-{:016x}", rand::random::<u64>());
+            session = format!("s-{:016x}", rand::random::<u64>());
         }
         let host = (n as usize) % HOSTS;
         let key = OpKey::new(format!("op-{n:08}"), format!("target{host}"));

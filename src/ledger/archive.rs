@@ -142,7 +142,7 @@ pub(crate) fn archive(
     // here) must not straddle either.
     loop {
         let lower: Option<u64> = tx.query_row(
-            "SELECT MIN(e.seq) FROM events e WHERE e.seq <= ?1 AND EXISTS (SELECT 1 FROM events f WHERE f.op = e.op AND f.seq > ?1)",
+            "SELECT MIN(e.seq) FROM events e JOIN op_keys k ON k.id = e.op WHERE e.seq <= ?1 AND k.last_seq > ?1",
             params![cut],
             |r| r.get(0),
         )?;
@@ -154,13 +154,15 @@ pub(crate) fn archive(
     if cut == 0 {
         return Err(nothing_to_archive());
     }
-    let archived = super::sqlite::rows_where(
+    let mut archived = super::sqlite::rows_where(
         &tx,
         atoms,
         "WHERE e.seq <= ?1 ORDER BY e.seq",
         params![cut as i64],
     )?;
     let (keyed_from, keyed_from_mac) = super::binding::keyed_from(&tx)?;
+    // The archive stands alone: every hash in full (the ledger keeps tags).
+    chain::complete(&mut archived, key, keyed_from, chain::GENESIS);
     let sealed = seal(&archived, key, keyed_from, keyed_from_mac.as_deref(), file)?;
     let cut = &sealed.cut;
     tx.execute("DELETE FROM events WHERE seq <= ?1", params![cut.seq])?;
@@ -171,6 +173,11 @@ pub(crate) fn archive(
     )?;
     tx.execute(
         "DELETE FROM operations WHERE last_seq <= ?1",
+        params![cut.seq],
+    )?;
+    // Their keys stay (events refer to keys by number), without events here.
+    tx.execute(
+        "UPDATE op_keys SET last_seq = NULL WHERE last_seq <= ?1",
         params![cut.seq],
     )?;
     for (name, value) in facts(key, &sealed) {

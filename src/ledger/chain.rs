@@ -214,6 +214,12 @@ pub struct ChainBreak {
 }
 
 /// One stored row as the verifier sees it.
+///
+/// The SQLite layout (schema 7, docs/ledger.md#storage) stores neither every predecessor
+/// hash nor every full hash: `prev_hash` is empty when it is implied (the hash of event
+/// `seq - 1` as the walk recomputes it), and `hash` may be a *tag*, the first
+/// [`KEYED_TAG`] (keyed events) or [`PLAIN_TAG`] (plain SHA-256 ones) hex digits of the
+/// event's hash. A walk recomputes the full hashes ([`verify_after`], [`complete`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub seq: u64,
@@ -226,6 +232,72 @@ pub(crate) struct Row {
     pub payload: String,
 }
 
+/// Hex digits of a keyed event's stored tag (8 bytes of its HMAC). Forging an edit that
+/// keeps a tag needs the installation key; without it a guess passes one event with odds
+/// of 2^-64, and the next event's recomputed hash (which covers the full hash) and the
+/// MACed head still differ. So the tag only names *which* event broke; the full hashes
+/// the head, the checkpoints and the archive cut keep are what no edit gets past.
+pub(crate) const KEYED_TAG: usize = 16;
+
+/// Every `ANCHOR`-th event (seq a multiple of it) keeps its full hash, so the full hash
+/// of any event is a walk of at most this many events away (`show --json` prints full
+/// hashes without walking the chain from its start).
+pub(crate) const ANCHOR: u64 = 256;
+
+/// Hex digits of a plain (pre-key) event's stored tag: anyone can compute a plain
+/// SHA-256, so its tag must resist a search (16 bytes).
+pub(crate) const PLAIN_TAG: usize = 32;
+
+/// Does the recomputed `full` hash match what is `stored` for an event: the full hash,
+/// or exactly the tag its kind of hash keeps (a shorter one is not accepted).
+pub(crate) fn matches_stored(full: &str, stored: &str, keyed: bool) -> bool {
+    let tag = if keyed { KEYED_TAG } else { PLAIN_TAG };
+    stored == full || (stored.len() == tag && full.starts_with(stored))
+}
+
+/// The hash of `row` under the chain's rules: keyed from `keyed_from` on, its stored
+/// predecessor or, when that is implied, `running` (the walk's recomputed one).
+fn recompute(row: &Row, running: &str, mac: &EventMac, keyed_from: u64) -> String {
+    let link = Link {
+        seq: row.seq,
+        prev_hash: if row.prev_hash.is_empty() {
+            running
+        } else {
+            &row.prev_hash
+        },
+        op_id: &row.op_id,
+        host: &row.host,
+        at: &row.at,
+        kind: &row.kind,
+        payload: &row.payload,
+    };
+    if row.seq >= keyed_from {
+        mac.hash(&link)
+    } else {
+        link.hash()
+    }
+}
+
+/// Fills in what `rows` (consecutive, from `after + 1`, whose predecessor's hash is
+/// `after_hash`) leave implied: each predecessor hash, and the full hash of each event
+/// whose stored tag matches it (one that does not keep its tag, so a later verify of the
+/// copy still names it). For copies that must stand alone: an archive file, a
+/// PostgreSQL ledger, a test's plain-SQL view.
+pub(crate) fn complete(rows: &mut [Row], key: &InstallationKey, keyed_from: u64, after_hash: &str) {
+    let mac = EventMac::new(key);
+    let mut running = after_hash.to_owned();
+    for row in rows {
+        let full = recompute(row, &running, &mac, keyed_from);
+        if row.prev_hash.is_empty() {
+            row.prev_hash.clone_from(&running);
+        }
+        if matches_stored(&full, &row.hash, row.seq >= keyed_from) {
+            row.hash.clone_from(&full);
+        }
+        running = full;
+    }
+}
+
 /// Walks `rows` (in stored sequence order) and the recorded head; names the first break.
 /// Events from `keyed_from` on must carry their HMAC under `key`, and the head its MAC.
 pub(crate) fn verify(
@@ -235,30 +307,6 @@ pub(crate) fn verify(
     keyed_from: u64,
 ) -> ChainReport {
     verify_after(rows, head, key, keyed_from, 0, GENESIS)
-}
-
-/// Rows per block of a parallel walk.
-pub(crate) const BLOCK: usize = 1 << 16;
-
-/// `f` over every row, on every core for a long chain: an event's hash covers its stored
-/// predecessor hash, so each can be recomputed on its own, and the walk that follows only
-/// compares.
-pub(crate) fn par_map<T: Send>(rows: &[Row], f: impl Fn(&Row) -> T + Sync) -> Vec<T> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-    if threads == 1 || rows.len() < 8192 {
-        return rows.iter().map(f).collect();
-    }
-    let f = &f;
-    std::thread::scope(|s| {
-        let parts: Vec<_> = rows
-            .chunks(rows.len().div_ceil(threads))
-            .map(|chunk| s.spawn(move || chunk.iter().map(f).collect::<Vec<T>>()))
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|p| p.join().expect("a verify thread panicked"))
-            .collect()
-    })
 }
 
 /// The MAC of a verified checkpoint: `audit verify` found the chain whole up to `seq`,
@@ -280,95 +328,118 @@ pub(crate) fn verify_after(
     after: u64,
     after_hash: &str,
 ) -> ChainReport {
-    let mut expected_seq = after + 1;
-    let mut prev_hash = after_hash.to_owned();
-    let mut count = 0u64;
-    let broken = |seq, problem: String| ChainBreak { seq, problem };
-    let mac = EventMac::new(key);
-    // In blocks, so the recomputed hashes of a long chain are not all held at once.
-    for block in rows.chunks(BLOCK) {
-        let computed = par_map(block, |row| {
-            let link = Link {
-                seq: row.seq,
-                prev_hash: &row.prev_hash,
-                op_id: &row.op_id,
-                host: &row.host,
-                at: &row.at,
-                kind: &row.kind,
-                payload: &row.payload,
-            };
-            if row.seq >= keyed_from {
-                mac.hash(&link)
+    let mut walk = Walk::new(key, keyed_from, after, after_hash);
+    for row in rows {
+        if let Some(b) = walk.step(row) {
+            return report(walk.count, Some(b));
+        }
+    }
+    walk.finish(head)
+}
+
+/// A walk of the chain one event at a time, in stored order, holding nothing but the
+/// last recomputed hash: memory does not grow with the chain.
+pub(crate) struct Walk {
+    key: InstallationKey,
+    mac: EventMac,
+    keyed_from: u64,
+    expected_seq: u64,
+    running: String,
+    /// Events walked so far.
+    pub count: u64,
+}
+
+impl Walk {
+    /// A walk of the events after `after`, whose hash is `after_hash`.
+    pub(crate) fn new(
+        key: &InstallationKey,
+        keyed_from: u64,
+        after: u64,
+        after_hash: &str,
+    ) -> Walk {
+        Walk {
+            key: key.clone(),
+            mac: EventMac::new(key),
+            keyed_from,
+            expected_seq: after + 1,
+            running: after_hash.to_owned(),
+            count: 0,
+        }
+    }
+
+    /// Checks the next stored row; the first break, if it is one.
+    pub(crate) fn step(&mut self, row: &Row) -> Option<ChainBreak> {
+        let broken = |seq, problem: String| Some(ChainBreak { seq, problem });
+        self.count += 1;
+        let expected_seq = self.expected_seq;
+        if row.seq != expected_seq {
+            let problem = if row.seq > expected_seq {
+                format!(
+                    "event #{expected_seq} is missing (deleted): the event after #{} is #{}",
+                    expected_seq - 1,
+                    row.seq
+                )
             } else {
-                link.hash()
-            }
-        });
-        for (row, computed) in block.iter().zip(computed) {
-            count += 1;
-            if row.seq != expected_seq {
-                let problem = if row.seq > expected_seq {
-                    format!(
-                        "event #{expected_seq} is missing (deleted): the event after #{} is #{}",
-                        expected_seq - 1,
-                        row.seq
-                    )
-                } else {
-                    format!("event #{} appears out of order", row.seq)
-                };
-                return report(count, Some(broken(expected_seq, problem)));
-            }
-            if computed != row.hash {
-                let problem = if row.seq >= keyed_from {
-                    format!(
+                format!("event #{} appears out of order", row.seq)
+            };
+            return broken(expected_seq, problem);
+        }
+        let keyed = row.seq >= self.keyed_from;
+        let full = recompute(row, &self.running, &self.mac, self.keyed_from);
+        if !matches_stored(&full, &row.hash, keyed) {
+            let problem = if keyed {
+                format!(
                     "event #{} was edited or moved: its content does not match its keyed hash (a hash recomputed without the installation key does not either)",
                     row.seq
                 )
-                } else {
-                    format!(
-                        "event #{} was edited or moved: its content does not match its hash",
-                        row.seq
-                    )
-                };
-                return report(count, Some(broken(row.seq, problem)));
-            }
-            if row.prev_hash != prev_hash {
-                // The row itself is self-consistent, so its predecessor was rewritten (content
-                // and hash together) or replaced.
-                let prev = row.seq - 1;
-                return report(
-                count,
-                Some(broken(
-                    prev,
-                    format!(
-                        "event #{prev} was edited, replaced or reordered: event #{} records a different predecessor hash",
-                        row.seq
-                    ),
-                )),
+            } else {
+                format!(
+                    "event #{} was edited or moved: its content does not match its hash",
+                    row.seq
+                )
+            };
+            return broken(row.seq, problem);
+        }
+        if !row.prev_hash.is_empty() && row.prev_hash != self.running {
+            // The row itself is self-consistent, so its predecessor was rewritten (content
+            // and hash together) or replaced.
+            let prev = row.seq - 1;
+            return broken(
+                prev,
+                format!(
+                    "event #{prev} was edited, replaced or reordered: event #{} records a different predecessor hash",
+                    row.seq
+                ),
             );
-            }
-            prev_hash.clone_from(&row.hash);
-            expected_seq += 1;
         }
+        self.running = full;
+        self.expected_seq += 1;
+        None
     }
-    let last = expected_seq - 1;
-    let head = match head {
-        Some(h) => h,
-        None if last > 0 => {
+
+    /// The end of the walk: checks the recorded head against the last event walked.
+    pub(crate) fn finish(self, head: Option<Head>) -> ChainReport {
+        let (key, count, last, prev_hash) =
+            (&self.key, self.count, self.expected_seq - 1, self.running);
+        let broken = |seq, problem: String| ChainBreak { seq, problem };
+        let head = match head {
+            Some(h) => h,
+            None if last > 0 => {
+                return report(
+                    count,
+                    Some(broken(
+                        last,
+                        "the chain head record is missing (deleted outside opmark)".to_owned(),
+                    )),
+                )
+            }
+            None => return report(count, None),
+        };
+        if head.mac.as_deref() != Some(head_mac(key, head.seq, &head.hash).as_str()) {
+            // Whatever the rows say, the head was not written by a holder of the key: a
+            // deleted tail "fixed" by copying the last remaining event into the head looks
+            // exactly like this.
             return report(
-                count,
-                Some(broken(
-                    last,
-                    "the chain head record is missing (deleted outside opmark)".to_owned(),
-                )),
-            )
-        }
-        None => return report(count, None),
-    };
-    if head.mac.as_deref() != Some(head_mac(key, head.seq, &head.hash).as_str()) {
-        // Whatever the rows say, the head was not written by a holder of the key: a
-        // deleted tail "fixed" by copying the last remaining event into the head looks
-        // exactly like this.
-        return report(
             count,
             Some(broken(
                 head.seq.min(last) + 1,
@@ -379,10 +450,10 @@ pub(crate) fn verify_after(
                 ),
             )),
         );
-    }
-    let head_seq = head.seq;
-    if head_seq > last {
-        return report(
+        }
+        let head_seq = head.seq;
+        if head_seq > last {
+            return report(
             count,
             Some(broken(
                 last + 1,
@@ -392,18 +463,20 @@ pub(crate) fn verify_after(
                 ),
             )),
         );
-    }
-    if head_seq == last && head.hash != prev_hash && last > 0 {
-        return report(
-            count,
-            Some(broken(
-                last,
-                format!("event #{last} was edited or replaced: it does not match the chain head"),
-            )),
-        );
-    }
-    if head_seq < last {
-        return report(
+        }
+        if head_seq == last && head.hash != prev_hash && last > 0 {
+            return report(
+                count,
+                Some(broken(
+                    last,
+                    format!(
+                        "event #{last} was edited or replaced: it does not match the chain head"
+                    ),
+                )),
+            );
+        }
+        if head_seq < last {
+            return report(
             count,
             Some(broken(
                 head_seq + 1,
@@ -413,10 +486,11 @@ pub(crate) fn verify_after(
                 ),
             )),
         );
+        }
+        let mut whole = report(count, None);
+        whole.verified_head = (last > 0).then_some((last, prev_hash));
+        whole
     }
-    let mut whole = report(count, None);
-    whole.verified_head = (last > 0).then_some((last, prev_hash));
-    whole
 }
 
 fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {

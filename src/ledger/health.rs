@@ -7,7 +7,7 @@
 //!   counters every append keeps ([`count`], named `h/<kind>/<word>/<family>`), over a
 //!   window from one pass over the window's events ([`EVENT_KEY`], the same names);
 //! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
-//!   the projection through its indexes (`operations_unresolved`, `operations_by_fingerprint`)
+//!   the projection through its indexes (`operations_unresolved`, `operations_by_intent` on SQLite, `operations_by_fingerprint` on PostgreSQL)
 //!   and, over the whole ledger, the `shared_intents` table the schema's triggers keep.
 //!
 //! So `stats` costs the counters plus the unresolved operations plus the intents run
@@ -382,8 +382,9 @@ fn duplicates(
         format!(
             "SELECT w.host, w.fingerprint, '', '' FROM operations w WHERE w.last_seq >= {p}
              AND EXISTS (SELECT 1 FROM operations d WHERE d.host = w.host
-                 AND d.fingerprint = w.fingerprint AND d.op_id <> w.op_id)",
-            p = dialect.param
+                 AND {same} AND d.op_id <> w.op_id)",
+            p = dialect.param,
+            same = (dialect.same_fingerprint)("d.fingerprint", "w.fingerprint"),
         )
     } else {
         "SELECT host, fingerprint, '', '' FROM shared_intents".to_owned()
@@ -400,10 +401,10 @@ fn duplicates(
         };
         let members = (reads.rows)(&format!(
             "SELECT o.host, o.fingerprint, o.family, o.op_id FROM operations o
-             WHERE o.host = {} AND o.fingerprint = {} {executed}
+             WHERE o.host = {} AND {} {executed}
              ORDER BY o.first_seq",
             literal(host),
-            literal(fingerprint),
+            (dialect.same_fingerprint)("o.fingerprint", &literal(fingerprint)),
         ))?;
         for row in members {
             let keep = match reads.executed {
@@ -684,15 +685,10 @@ mod tests {
         assert_eq!(kept, grouped);
         let before = l.stats_with_health(None, far).unwrap();
         check(&before.health);
-        // Back to schema 5, which had no table: opening fills it from the operations.
+        // Back to a schema without the table (3, the text layout): opening fills it
+        // from the operations.
         drop(l);
-        let old = rusqlite::Connection::open(&path).unwrap();
-        old.execute_batch(
-            "DROP TRIGGER shared_intents_on_insert; DROP TRIGGER shared_intents_on_update;
-             DROP TABLE shared_intents; PRAGMA user_version = 5;",
-        )
-        .unwrap();
-        drop(old);
+        super::super::tests::as_schema_3(&path, "");
         let mut l = Ledger::open(&path).unwrap();
         assert_eq!(shared(&l).1, grouped);
         assert_eq!(l.stats_with_health(None, far).unwrap(), before);

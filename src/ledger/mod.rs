@@ -344,6 +344,9 @@ pub(crate) struct StatsDialect {
     pub param: &'static str,
     /// A text field of a JSON column: `(column, field)` to SQL.
     pub json_text: fn(&str, &str) -> String,
+    /// `(a, b)`: the fingerprints `a` and `b` are equal, spelled so the backend's intent
+    /// index serves it.
+    pub same_fingerprint: fn(&str, &str) -> String,
 }
 
 impl Stats {
@@ -797,7 +800,7 @@ impl Ledger {
     #[doc(hidden)]
     pub fn expand_rows_for_tests(&self) -> Result<(), LedgerError> {
         match &self.store {
-            Store::Sqlite(s) => sqlite::expand_rows(&s.conn, &s.atoms),
+            Store::Sqlite(s) => sqlite::expand_rows(&s.conn, &s.atoms, &self.key),
             Store::Postgres(_) => Ok(()),
         }
     }
@@ -834,6 +837,15 @@ impl Ledger {
     /// One operation's events in order.
     pub fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
         with_store!(self, s => s.events(key))
+    }
+
+    /// [`Ledger::events`] with every event's hash and predecessor hash in full, as `show
+    /// --json` prints them (SQLite keeps tags of most, docs/ledger.md#storage).
+    pub fn events_with_hashes(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+        match &self.store {
+            Store::Sqlite(s) => s.events_with_hashes(key, &self.key),
+            Store::Postgres(p) => p.events(key),
+        }
     }
 
     /// Hosts on which `op_id` has events (also those without an intent).
@@ -1005,7 +1017,10 @@ impl Ledger {
         let usable = incremental.filter(|inc| {
             let (seq, hash, mac) = &inc.checkpoint;
             *mac == chain::checkpoint_mac(&self.key, *seq, hash)
-                && inc.stored_hash.as_deref() == Some(hash.as_str())
+                && inc
+                    .stored_hash
+                    .as_deref()
+                    .is_some_and(|t| chain::matches_stored(hash, t, *seq >= inc.keyed_from))
                 && inc.keyed_from_mac.as_deref()
                     == Some(chain::keyed_from_mac(&self.key, inc.keyed_from).as_str())
         });
@@ -1054,7 +1069,7 @@ impl Ledger {
     /// chain on the target. Returns the target's report. An archived ledger keeps its
     /// cut and archived counts there, so its archive still verifies with the copy.
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
-        let snapshot = self.snapshot()?;
+        let mut snapshot = self.snapshot()?;
         let start = match &snapshot.cut {
             None => archive::Cut {
                 seq: 0,
@@ -1076,6 +1091,13 @@ impl Ledger {
                 })
             }
         };
+        // PostgreSQL stores every hash in full.
+        chain::complete(
+            &mut snapshot.rows,
+            &self.key,
+            snapshot.keyed_from,
+            &start.hash,
+        );
         let report = chain::verify_after(
             &snapshot.rows,
             snapshot.head.clone(),
@@ -1233,25 +1255,25 @@ pub(crate) fn replay_counting(
 ) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
     let mut replayed: BTreeMap<OpKey, OperationRecord> = BTreeMap::new();
     let mut counts = append::Counts::new();
-    for block in rows.chunks(chain::BLOCK) {
-        let decoded = chain::par_map(block, |row| serde_json::from_str::<Event>(&row.payload));
-        for (row, decoded) in block.iter().zip(decoded) {
+    for row in rows {
+        let decoded = serde_json::from_str::<Event>(&row.payload);
+        {
             let key = OpKey::new(row.op_id.clone(), row.host.clone());
             let event: Event = match decoded {
-            Ok(e) => e,
-            Err(e) => {
-                return Err(ProjectionMismatch {
-                    op_id: row.op_id.clone(),
-                    host: row.host.clone(),
-                    problem: format!(
-                        "event #{} cannot be decoded ({:?} at column {}), so its operation cannot be replayed",
-                        row.seq,
-                        e.classify(),
-                        e.column()
-                    ),
-                })
-            }
-        };
+                Ok(e) => e,
+                Err(e) => {
+                    return Err(ProjectionMismatch {
+                        op_id: row.op_id.clone(),
+                        host: row.host.clone(),
+                        problem: format!(
+                            "event #{} cannot be decoded ({:?} at column {}), so its operation cannot be replayed",
+                            row.seq,
+                            e.classify(),
+                            e.column()
+                        ),
+                    })
+                }
+            };
             let before = replayed.remove(&key);
             let had = before.clone();
             match projection::fold(before, &key, &event, row.seq, &row.at) {

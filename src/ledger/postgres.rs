@@ -55,6 +55,7 @@ pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
     unresolved: "unresolved",
     param: "$1",
     json_text: |column, field| format!("({column}::jsonb ->> '{field}')"),
+    same_fingerprint: |a, b| format!("{a} = {b}"),
 };
 
 /// Arbitrary constant naming opmark's advisory lock for migrations.

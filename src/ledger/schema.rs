@@ -192,6 +192,66 @@ const MIGRATIONS: &[&str] = &[
         INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
     END;
     "#,
+    // 7: smaller events (issue 30, docs/ledger.md#storage): each event keeps a tag of its
+    // hash (8 bytes of a keyed one, 16 of a plain one; every 256th, `chain::ANCHOR`, all
+    // of it) and a back link to its operation's
+    // previous event instead of the full hash and an index over all events; times are
+    // micros after the operation's first event's; an implied predecessor hash is the one
+    // the walk recomputes for event seq - 1 (it differs from the stored one only where
+    // that event itself fails its check, so every break is found as before). What the
+    // chain covers is unchanged, and the full hash stays where a walk starts or ends: the
+    // head, the verified checkpoint, the archive cut.
+    r#"
+    ALTER TABLE events RENAME TO events_v6;
+    ALTER TABLE op_keys ADD COLUMN base INTEGER;      -- micros of its first event's time
+    ALTER TABLE op_keys ADD COLUMN last_seq INTEGER;  -- its last event here
+    UPDATE op_keys SET
+        base = (SELECT MIN(at) FROM events_v6 WHERE op = op_keys.id AND typeof(at) = 'integer'),
+        last_seq = (SELECT MAX(seq) FROM events_v6 WHERE op = op_keys.id);
+    CREATE TABLE events (
+        seq       INTEGER PRIMARY KEY,
+        op        INTEGER NOT NULL,  -- op_keys.id
+        back      INTEGER,           -- seq minus the seq of the op's previous event; NULL: its first
+        at        NOT NULL,          -- micros after op_keys.base, or the stamp's text
+        payload   NOT NULL,          -- compact (blob, src/ledger/codec.rs), or the JSON text
+        hash      NOT NULL,          -- the tag (bytes), or the hash's text when not a SHA-256 hex
+        prev_hash,                   -- NULL: implied (the recomputed hash of event seq - 1)
+        kind      TEXT               -- NULL: the payload's tag
+    );
+    INSERT INTO events (seq, op, back, at, payload, hash, prev_hash, kind)
+        SELECT e.seq, e.op,
+            e.seq - LAG(e.seq) OVER (PARTITION BY e.op ORDER BY e.seq),
+            CASE WHEN typeof(e.at) = 'integer' THEN e.at - k.base ELSE e.at END,
+            e.payload,
+            CASE WHEN typeof(e.hash) = 'blob' AND length(e.hash) = 32 AND e.seq % 256 <> 0
+                THEN substr(e.hash, 1, CASE WHEN e.seq >= kf.seq THEN 8 ELSE 16 END)
+                ELSE e.hash END,
+            e.prev_hash, e.kind
+        FROM events_v6 e JOIN op_keys k ON k.id = e.op,
+            (SELECT COALESCE((SELECT CAST(value AS INTEGER) FROM meta WHERE name = 'chain_keyed_from'),
+                9223372036854775807) AS seq) kf
+        ORDER BY e.seq;
+    DROP TABLE events_v6;
+    -- One intent's operations are found by the first 16 hex digits of the fingerprint
+    -- (then compared in full): the index entry is a quarter the size.
+    DROP INDEX operations_by_fingerprint;
+    CREATE INDEX operations_by_intent ON operations (substr(fingerprint, 1, 16), host, first_seq);
+    DROP TRIGGER shared_intents_on_insert;
+    DROP TRIGGER shared_intents_on_update;
+    CREATE TRIGGER shared_intents_on_insert AFTER INSERT ON operations
+        WHEN EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
+            AND d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    CREATE TRIGGER shared_intents_on_update AFTER UPDATE OF fingerprint, host ON operations
+        WHEN (OLD.fingerprint IS NOT NEW.fingerprint OR OLD.host IS NOT NEW.host)
+            AND EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
+                AND d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.

@@ -1149,17 +1149,21 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 }
 
 /// Turns a ledger of this version back into schema 3's text layout (one text row per
-/// event, as opmark wrote until the compact layout): schema 4 (health counters, intent index) is rebuilt by its migration, schema 5 changed nothing else and schema 6's
-/// `shared_intents` is rebuilt by its migration, so
+/// event, as opmark wrote until the compact layout): schema 4 (health counters, intent index) is rebuilt by its migration, schema 5 changed nothing else, schema 6's
+/// `shared_intents` is rebuilt by its migration and schema 7 changed only the events, so
 /// this is exactly the file an older opmark leaves. `edit` then runs on the old rows.
 pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
-    let rows = l.snapshot().unwrap().rows;
+    let snapshot = l.snapshot().unwrap();
+    let mut rows = snapshot.rows;
+    // The text layout stored every hash in full.
+    chain::complete(&mut rows, &l.key, snapshot.keyed_from, chain::GENESIS);
     drop(l);
     let conn = rusqlite::Connection::open(db).unwrap();
     conn.execute_batch(
         "DROP TABLE events; DROP TABLE atoms; DROP TABLE op_keys;
          DROP INDEX IF EXISTS operations_by_fingerprint;
+         DROP INDEX IF EXISTS operations_by_intent;
          DROP TRIGGER IF EXISTS shared_intents_on_insert;
          DROP TRIGGER IF EXISTS shared_intents_on_update;
          DROP TABLE IF EXISTS shared_intents;

@@ -94,7 +94,9 @@ impl Page {
         let operation = ledger
             .operation(&key)
             .map_err(|e| redacted_error(e.into()))?;
-        let events = ledger.events(&key).map_err(|e| redacted_error(e.into()))?;
+        let events = ledger
+            .events_with_hashes(&key)
+            .map_err(|e| redacted_error(e.into()))?;
         let history = History::of(&events);
         Ok(Page {
             outcome: outcome(operation.as_ref(), &events),

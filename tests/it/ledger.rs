@@ -2469,7 +2469,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP INDEX operations_unresolved;
          DROP INDEX operations_contradicted;
          DROP INDEX operations_by_host;
-         DROP INDEX operations_by_fingerprint;
+         DROP INDEX operations_by_intent;
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          DROP TRIGGER shared_intents_on_insert;
