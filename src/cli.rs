@@ -738,9 +738,10 @@ pub struct VerifyArgs {
     /// default; for scripts that want to say so).
     #[arg(long, conflicts_with = "incremental")]
     pub full: bool,
-    /// Read only the events after the last checkpoint a verify recorded (SQLite), and
-    /// replay only the operations they touch; says so. Edits before the checkpoint are
-    /// what the full walk is for. Without a checkpoint (and on PostgreSQL): the full walk.
+    /// Read only the events after the last checkpoint a verify recorded (either backend),
+    /// and replay only the operations they touch; says so. What was verified before the
+    /// checkpoint is trusted: edits there are what the full walk is for. Without a
+    /// checkpoint: the full walk.
     #[arg(long, conflicts_with = "archive")]
     pub incremental: bool,
     /// Also verify the archive `opmark ledger archive` wrote, up to the ledger's cut, as
@@ -777,7 +778,7 @@ pub enum LedgerAction {
     /// Move the settled operations finished more than D ago (the oldest stretch of the
     /// chain, up to the first operation still unresolved or active) into the new archive
     /// FILE; the ledger keeps the cut, and `audit verify --archive FILE` checks both as
-    /// one chain. Unresolved operations are never archived. SQLite only for now.
+    /// one chain. Unresolved operations are never archived. SQLite and PostgreSQL alike.
     Archive {
         /// How old an operation's last event must be (e.g. 90d).
         #[arg(long, value_parser = parse_duration, value_name = "DURATION")]

@@ -8,7 +8,13 @@
 //! The cut is a prefix of the chain (the chain is one sequence: a hole in it would be
 //! indistinguishable from a deletion), ending before the first event of any operation that
 //! is unresolved or still had events after the cut: no operation is ever split, and an
-//! unresolved one is never archived. SQLite only for now.
+//! unresolved one is never archived.
+//!
+//! Both backends: each finds the cut and removes what was archived in its own transaction
+//! (SQLite's `BEGIN IMMEDIATE`, PostgreSQL's lock on the head row, so no append
+//! interleaves); what is backend-neutral is here: [`seal`] checks the events to archive
+//! and writes the file (a SQLite file on either backend, so one format and one
+//! [`verify_file`]), [`facts`] is what the ledger keeps.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -66,7 +72,13 @@ pub(crate) fn read_cut(conn: &Connection) -> Result<Option<(Cut, Option<String>)
     let Some(value) = meta(conn, "archive_cut")? else {
         return Ok(None);
     };
-    let cut = value
+    Ok(Some((parse_cut(&value), meta(conn, "archive_cut_mac")?)))
+}
+
+/// A cut as the `archive_cut` meta row stores it (`SEQ HASH`); an unreadable one is seq 0,
+/// which no MAC matches.
+pub(crate) fn parse_cut(value: &str) -> Cut {
+    value
         .split_once(' ')
         .and_then(|(s, h)| {
             Some(Cut {
@@ -77,8 +89,7 @@ pub(crate) fn read_cut(conn: &Connection) -> Result<Option<(Cut, Option<String>)
         .unwrap_or(Cut {
             seq: 0,
             hash: String::new(),
-        });
-    Ok(Some((cut, meta(conn, "archive_cut_mac")?)))
+        })
 }
 
 /// The archived events' counts and their MAC, as stored.
@@ -109,22 +120,10 @@ pub(crate) fn archive(
     first_seq_at_cutoff: u64,
     file: &Path,
 ) -> Result<ArchiveReport, LedgerError> {
-    if file.exists() {
-        return Err(LedgerError::Invalid {
-            message: format!(
-                "{} already exists; an archive is written to a new file only (choose another path); nothing was archived",
-                file.display()
-            ),
-        });
-    }
+    refuse_existing(file)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     if let Some((cut, _)) = read_cut(&tx)? {
-        return Err(LedgerError::Invalid {
-            message: format!(
-                "this ledger was archived before (through event #{}); archiving it again is not supported yet: keep that archive, nothing was archived",
-                cut.seq
-            ),
-        });
+        return Err(archived_before(cut.seq));
     }
     // Lower the cut until no operation straddles it and none below it is unresolved.
     let mut cut = first_seq_at_cutoff.saturating_sub(1);
@@ -153,9 +152,7 @@ pub(crate) fn archive(
         }
     }
     if cut == 0 {
-        return Err(LedgerError::Invalid {
-            message: "nothing to archive: no settled operation was finished before that time (unresolved operations and those still active are never archived)".to_owned(),
-        });
+        return Err(nothing_to_archive());
     }
     let mut archived = super::sqlite::rows_where(
         &tx,
@@ -163,36 +160,11 @@ pub(crate) fn archive(
         "WHERE e.seq <= ?1 ORDER BY e.seq",
         params![cut as i64],
     )?;
-    let (keyed_from, _) = super::binding::keyed_from(&tx)?;
+    let (keyed_from, keyed_from_mac) = super::binding::keyed_from(&tx)?;
     // The archive stands alone: every hash in full (the ledger keeps tags).
     chain::complete(&mut archived, key, keyed_from, chain::GENESIS);
-    let last = archived.last().map(|r| r.hash.clone()).unwrap_or_default();
-    let head = chain::Head {
-        seq: cut,
-        hash: last.clone(),
-        mac: Some(chain::head_mac(key, cut, &last)),
-    };
-    let report = chain::verify(&archived, Some(head), key, keyed_from);
-    if let Some(b) = report.first_break {
-        return Err(LedgerError::Invalid {
-            message: format!(
-                "the events to archive do not verify (event #{}: {}); nothing was archived: keep the ledger as evidence",
-                b.seq, b.problem
-            ),
-        });
-    }
-    let (replayed, counts) =
-        super::verify::replay_counting(&archived).map_err(|m| LedgerError::Invalid {
-            message: format!(
-                "the events to archive cannot be replayed ({}: {}); nothing was archived",
-                m.op_id, m.problem
-            ),
-        })?;
-    let cut = Cut {
-        seq: cut,
-        hash: last,
-    };
-    write_file(file, key, &cut, &archived)?;
+    let sealed = seal(&archived, key, keyed_from, keyed_from_mac.as_deref(), file)?;
+    let cut = &sealed.cut;
     tx.execute("DELETE FROM events WHERE seq <= ?1", params![cut.seq])?;
     // The first event left implied its predecessor's hash from the row just deleted.
     tx.execute(
@@ -208,13 +180,7 @@ pub(crate) fn archive(
         "UPDATE op_keys SET last_seq = NULL WHERE last_seq <= ?1",
         params![cut.seq],
     )?;
-    let counts_json = serde_json::to_string(&counts).expect("counts serialize");
-    for (name, value) in [
-        ("archive_cut", format!("{} {}", cut.seq, cut.hash)),
-        ("archive_cut_mac", cut_mac(key, &cut)),
-        ("archive_counts_mac", counts_mac(key, &counts_json)),
-        ("archive_counts", counts_json),
-    ] {
+    for (name, value) in facts(key, &sealed) {
         tx.execute(
             "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
             params![name, value],
@@ -223,11 +189,113 @@ pub(crate) fn archive(
     tx.commit()?;
     // Retention is about space: give the moved events' pages back to the filesystem.
     conn.execute_batch("VACUUM")?;
-    Ok(ArchiveReport {
-        cut: cut.seq,
-        events: archived.len() as u64,
-        operations: replayed.len() as u64,
+    Ok(sealed.report)
+}
+
+/// The refusal to overwrite: an archive is written to a new file only.
+pub(crate) fn refuse_existing(file: &Path) -> Result<(), LedgerError> {
+    if file.exists() {
+        return Err(LedgerError::Invalid {
+            message: format!(
+                "{} already exists; an archive is written to a new file only (choose another path); nothing was archived",
+                file.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The refusal to archive a ledger a second time.
+pub(crate) fn archived_before(cut: u64) -> LedgerError {
+    LedgerError::Invalid {
+        message: format!(
+            "this ledger was archived before (through event #{cut}); archiving it again is not supported yet: keep that archive, nothing was archived"
+        ),
+    }
+}
+
+/// The refusal when the cut falls before the first event.
+pub(crate) fn nothing_to_archive() -> LedgerError {
+    LedgerError::Invalid {
+        message: "nothing to archive: no settled operation was finished before that time (unresolved operations and those still active are never archived)".to_owned(),
+    }
+}
+
+/// Events checked and written to an archive, and what the ledger must keep of them.
+#[derive(Debug)]
+pub(crate) struct Sealed {
+    /// The last archived event.
+    pub cut: Cut,
+    /// What the archived events counted (`append::count`), as JSON.
+    pub counts_json: String,
+    /// What `ledger archive` reports.
+    pub report: ArchiveReport,
+}
+
+/// Checks `archived` (the chain from its first event through the cut, read in the
+/// backend's archiving transaction) as `audit verify` would, replays it for its counts,
+/// and writes it to the new file `file`. Nothing is written when a check fails.
+pub(crate) fn seal(
+    archived: &[Row],
+    key: &InstallationKey,
+    keyed_from: u64,
+    keyed_from_mac: Option<&str>,
+    file: &Path,
+) -> Result<Sealed, LedgerError> {
+    if keyed_from_mac != Some(chain::keyed_from_mac(key, keyed_from).as_str()) {
+        return Err(LedgerError::Invalid {
+            message: "the record of where the keyed chain starts was edited outside opmark (its MAC does not match); nothing was archived: keep the ledger as evidence".to_owned(),
+        });
+    }
+    let cut = archived.last().map_or(0, |r| r.seq);
+    let last = archived.last().map(|r| r.hash.clone()).unwrap_or_default();
+    let head = chain::Head {
+        seq: cut,
+        hash: last.clone(),
+        mac: Some(chain::head_mac(key, cut, &last)),
+    };
+    let report = chain::verify(archived, Some(head), key, keyed_from);
+    if let Some(b) = report.first_break {
+        return Err(LedgerError::Invalid {
+            message: format!(
+                "the events to archive do not verify (event #{}: {}); nothing was archived: keep the ledger as evidence",
+                b.seq, b.problem
+            ),
+        });
+    }
+    let (replayed, counts) =
+        super::verify::replay_counting(archived).map_err(|m| LedgerError::Invalid {
+            message: format!(
+                "the events to archive cannot be replayed ({}: {}); nothing was archived",
+                m.op_id, m.problem
+            ),
+        })?;
+    let cut = Cut {
+        seq: cut,
+        hash: last,
+    };
+    write_file(file, key, &cut, archived)?;
+    Ok(Sealed {
+        report: ArchiveReport {
+            cut: cut.seq,
+            events: archived.len() as u64,
+            operations: replayed.len() as u64,
+        },
+        cut,
+        counts_json: serde_json::to_string(&counts).expect("counts serialize"),
     })
+}
+
+/// The meta rows the ledger keeps of an archive: the cut and the archived counts, each
+/// with its MAC.
+pub(crate) fn facts(key: &InstallationKey, sealed: &Sealed) -> [(&'static str, String); 4] {
+    let cut = &sealed.cut;
+    [
+        ("archive_cut", format!("{} {}", cut.seq, cut.hash)),
+        ("archive_cut_mac", cut_mac(key, cut)),
+        ("archive_counts_mac", counts_mac(key, &sealed.counts_json)),
+        ("archive_counts", sealed.counts_json.clone()),
+    ]
 }
 
 /// Writes the archive: the events as the ledger stored them, and the cut.

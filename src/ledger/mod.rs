@@ -871,8 +871,8 @@ impl Ledger {
     /// projected row that differs from its replay (docs/ledger.md#the-chain). The same checks on
     /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
-        match &self.store {
-            Store::Sqlite(s) => s.verify_full(&self.key),
+        let mut report = match &self.store {
+            Store::Sqlite(s) => s.verify_full(&self.key)?,
             Store::Postgres(_) => {
                 let Snapshot {
                     head,
@@ -911,15 +911,30 @@ impl Ledger {
                     || Ok(events.next()),
                     || Ok(stored.next()),
                 )?;
-                Ok(check.finish())
+                check.finish()
+            }
+        };
+        if report.first_break.is_none() && report.first_mismatch.is_none() {
+            // The one table the projection keeps that the replay does not rebuild:
+            // recounted from the rows just checked (it may hold more than they share).
+            let missing = with_store!(self, s => s.missing_shared_intents())?;
+            if missing > 0 {
+                let note = format!(
+                    "shared_intents: {missing} (fingerprint, host) pair(s) of more than one operation missing, so `stats` does not look at them for duplicate effects"
+                );
+                report.counters_mismatch = Some(match report.counters_mismatch.take() {
+                    Some(names) => format!("{names}, {note}"),
+                    None => note,
+                });
             }
         }
+        Ok(report)
     }
 
     /// `opmark ledger archive --before D FILE`: moves the settled operations finished
     /// before `cutoff` (the oldest stretch of the chain, up to the first event of an
     /// operation that is unresolved or still active) into the new archive `file`, keeping
-    /// the cut (see [`archive`]). SQLite only.
+    /// the cut (see [`archive`]). Both backends.
     pub fn archive_before(
         &mut self,
         cutoff: &str,
@@ -929,20 +944,19 @@ impl Ledger {
         let key = self.key.clone();
         match &mut self.store {
             Store::Sqlite(s) => s.archive(&key, first, file),
-            Store::Postgres(_) => Err(LedgerError::Invalid {
-                message:
-                    "`ledger archive` works on SQLite ledgers only for now; nothing was archived"
-                        .to_owned(),
-            }),
+            Store::Postgres(p) => p.archive(&key, first, file),
         }
     }
 
     /// `audit verify --archive FILE`: the archive up to the ledger's cut, then the ledger
     /// from it, as the one chain they were. The report counts the events of both.
     pub fn verify_with_archive(&self, file: &Path) -> Result<ChainReport, LedgerError> {
-        let snapshot_cut = match &self.store {
-            Store::Sqlite(s) => archive::read_cut(&s.conn)?,
-            Store::Postgres(_) => None,
+        let (snapshot_cut, keyed_from) = match &self.store {
+            Store::Sqlite(s) => {
+                let tx = s.conn.unchecked_transaction()?;
+                (archive::read_cut(&tx)?, binding::keyed_from(&tx)?.0)
+            }
+            Store::Postgres(p) => p.archive_cut()?,
         };
         let Some((cut, mac)) = snapshot_cut else {
             return Err(LedgerError::Invalid {
@@ -955,13 +969,6 @@ impl Ledger {
         if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
             return self.verify_chain();
         }
-        let keyed_from = match &self.store {
-            Store::Sqlite(s) => {
-                let tx = s.conn.unchecked_transaction()?;
-                binding::keyed_from(&tx)?.0
-            }
-            Store::Postgres(_) => 1,
-        };
         let archived = archive::verify_file(file, &self.key, &cut, keyed_from)?;
         if archived.first_break.is_some() {
             return Ok(archived);
@@ -972,16 +979,16 @@ impl Ledger {
         Ok(report)
     }
 
-    /// `audit verify`: without `incremental`, without a usable checkpoint, or on
-    /// PostgreSQL, [`Ledger::verify_chain`]; else only the events after the last verified
-    /// checkpoint
+    /// `audit verify`: without `incremental` or without a usable checkpoint,
+    /// [`Ledger::verify_chain`]; else only the events after the last verified checkpoint
     /// (its MAC and its event's hash checked), and the replay of the operations they touch.
-    /// An intact result records a new checkpoint at the head (SQLite), so the next
-    /// routine verify reads only what was appended since.
+    /// An intact result records a new checkpoint at the head (both backends), so the next
+    /// routine verify reads only what was appended since. What was verified before the
+    /// checkpoint is trusted: an edit there is found by the full walk only.
     pub fn verify(&self, incremental: bool) -> Result<(ChainReport, VerifyScope), LedgerError> {
-        let incremental = match (&self.store, incremental) {
-            (Store::Sqlite(s), true) => s.snapshot_after_checkpoint()?,
-            _ => None,
+        let incremental = match incremental {
+            true => with_store!(self, s => s.snapshot_after_checkpoint())?,
+            false => None,
         };
         let usable = incremental.filter(|inc| {
             let (seq, hash, mac) = &inc.checkpoint;
@@ -1024,33 +1031,57 @@ impl Ledger {
                 )
             }
         };
-        if let (true, Store::Sqlite(s), Some((seq, hash))) =
-            (report.intact(), &self.store, &report.verified_head)
-        {
-            // Best effort: a ledger this user may read but not write (an auditor's copy)
-            // still verifies; its next verify walks from the older checkpoint.
-            let _ = s.record_checkpoint(*seq, hash, &chain::checkpoint_mac(&self.key, *seq, hash));
+        if let (true, Some((seq, hash))) = (report.intact(), &report.verified_head) {
+            // Best effort: a ledger this user may read but not write (an auditor's copy,
+            // a read-only database role) still verifies; its next verify walks from the
+            // older checkpoint.
+            let mac = chain::checkpoint_mac(&self.key, *seq, hash);
+            let _ = with_store!(self, s => s.record_checkpoint(*seq, hash, &mac));
         }
         Ok((report, scope))
     }
 
     /// Copies this ledger, event for event (same seq, time, hash), into the empty
     /// PostgreSQL ledger `target`, binding it to this ledger's key, then re-verifies the
-    /// chain on the target. Returns the target's report.
+    /// chain on the target. Returns the target's report. An archived ledger keeps its
+    /// cut and archived counts there, so its archive still verifies with the copy.
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
         let mut snapshot = self.snapshot()?;
+        let start = match &snapshot.cut {
+            None => archive::Cut {
+                seq: 0,
+                hash: chain::GENESIS.to_owned(),
+            },
+            Some((cut, mac))
+                if mac.as_deref() == Some(archive::cut_mac(&self.key, cut).as_str())
+                    && archive::archived_counts(&self.key, snapshot.archived_counts.clone())
+                        .is_some() =>
+            {
+                cut.clone()
+            }
+            Some(_) => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {}'s record of its archive cut or archived counts was edited outside opmark (its MAC does not match); keep it as evidence, nothing was copied",
+                        self.path.display()
+                    ),
+                })
+            }
+        };
         // PostgreSQL stores every hash in full.
         chain::complete(
             &mut snapshot.rows,
             &self.key,
             snapshot.keyed_from,
-            chain::GENESIS,
+            &start.hash,
         );
-        let report = chain::verify(
+        let report = chain::verify_after(
             &snapshot.rows,
             snapshot.head.clone(),
             &self.key,
             snapshot.keyed_from,
+            start.seq,
+            &start.hash,
         );
         if let Some(b) = report.first_break {
             return Err(LedgerError::Invalid {
@@ -1183,6 +1214,15 @@ fn append_barrier() {
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
 fn append_barrier() {}
+
+/// How many (fingerprint, host) pairs `operations` holds more than once and
+/// `shared_intents` lacks (docs/ledger.md#health): a row deleted outside opmark would hide
+/// a suspected duplicate effect from `stats`. Rows it has beyond those are fine: it only
+/// grows (an archived operation's intent stays a candidate). One statement, so one
+/// snapshot of both tables on either backend; the same SQL on both.
+pub(crate) const MISSING_SHARED_INTENTS: &str = "SELECT COUNT(*) FROM (
+    SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1
+    EXCEPT SELECT fingerprint, host FROM shared_intents) AS missing";
 
 #[cfg(test)]
 impl Ledger {

@@ -28,6 +28,7 @@ use std::sync::mpsc;
 use tokio_postgres::{Client, NoTls, Row};
 
 use super::append::{self, AppendTx, UnlessSettledSince};
+use super::archive::{self, ArchiveReport, Cut};
 use super::binding::Bound;
 use super::chain;
 use super::event::{Event, StoredEvent};
@@ -496,14 +497,7 @@ impl PgStore {
                     .read_only(true)
                     .start(),
             )?;
-            let head = rt
-                .block_on(tx.query_opt("SELECT seq, hash, mac FROM chain_head WHERE id = 1", &[]))?
-                .filter(|r| r.get::<_, i64>(0) > 0)
-                .map(|r| chain::Head {
-                    seq: r.get::<_, i64>(0) as u64,
-                    hash: r.get(1),
-                    mac: r.get(2),
-                });
+            let head = read_head(rt, &tx)?;
             let meta = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(rt
                     .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
@@ -513,22 +507,18 @@ impl PgStore {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let cut = match meta("archive_cut")? {
+                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                None => None,
+            };
+            let archived_counts = match meta("archive_counts")? {
+                Some(json) => Some((json, meta("archive_counts_mac")?)),
+                None => None,
+            };
             let rows = rt
-                .block_on(tx.query(
-                    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events ORDER BY seq",
-                    &[],
-                ))?
+                .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
                 .iter()
-                .map(|r| chain::Row {
-                    seq: r.get::<_, i64>(0) as u64,
-                    prev_hash: r.get(1),
-                    hash: r.get(2),
-                    op_id: r.get(3),
-                    host: r.get(4),
-                    at: r.get(5),
-                    kind: r.get(6),
-                    payload: r.get(7),
-                })
+                .map(chain_row)
                 .collect();
             let sql = format!(
                 "SELECT {} FROM operations ORDER BY op_id, host",
@@ -552,9 +542,224 @@ impl PgStore {
                 rows,
                 projected,
                 counters,
-                cut: None,
-                archived_counts: None,
+                cut,
+                archived_counts,
             })
+        })
+    }
+
+    /// What a routine `audit verify` reads, in one REPEATABLE READ transaction: the events
+    /// after the last verified checkpoint, and the whole history and row of each operation
+    /// they touch (as `SqliteStore::snapshot_after_checkpoint`). `None` when no checkpoint
+    /// was recorded.
+    pub(crate) fn snapshot_after_checkpoint(
+        &self,
+    ) -> Result<Option<super::Incremental>, LedgerError> {
+        self.call(|c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(
+                client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start(),
+            )?;
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            let (Some(at), Some(mac)) = (meta("verified_through")?, meta("verified_through_mac")?)
+            else {
+                return Ok(None);
+            };
+            let Some((seq, hash)) = at
+                .split_once(' ')
+                .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
+            else {
+                return Ok(None);
+            };
+            let stored_hash: Option<String> = rt
+                .block_on(tx.query_opt("SELECT hash FROM events WHERE seq = $1", &[&(seq as i64)]))?
+                .map(|r| r.get(0));
+            let head = read_head(rt, &tx)?;
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let rows: Vec<chain::Row> = rt
+                .block_on(tx.query(
+                    &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
+                    &[&(seq as i64)],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let touched: std::collections::BTreeSet<(&str, &str)> = rows
+                .iter()
+                .map(|r| (r.op_id.as_str(), r.host.as_str()))
+                .collect();
+            let (ids, hosts): (Vec<&str>, Vec<&str>) = touched.into_iter().unzip();
+            // One indexed read per touched operation, as one statement.
+            let history = rt
+                .block_on(tx.query(
+                    &format!(
+                        "{CHAIN_ROW_SELECT} WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY seq"
+                    ),
+                    &[&ids, &hosts],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let projected = rt
+                .block_on(tx.query(
+                    &format!(
+                        "SELECT {} FROM operations WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY op_id, host",
+                        projection::COLUMNS
+                    ),
+                    &[&ids, &hosts],
+                ))?
+                .iter()
+                .map(record_from)
+                .collect::<Result<_, _>>()?;
+            rt.block_on(tx.commit())?;
+            Ok(Some(super::Incremental {
+                checkpoint: (seq, hash, mac),
+                stored_hash,
+                head,
+                keyed_from,
+                keyed_from_mac,
+                rows,
+                history,
+                projected,
+            }))
+        })
+    }
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    pub(crate) fn record_checkpoint(
+        &self,
+        seq: u64,
+        hash: &str,
+        mac: &str,
+    ) -> Result<(), LedgerError> {
+        let facts = [
+            ("verified_through".to_owned(), format!("{seq} {hash}")),
+            ("verified_through_mac".to_owned(), mac.to_owned()),
+        ];
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            for (name, value) in &facts {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[name, value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(())
+        })
+    }
+
+    /// The recorded archive cut and its MAC, and where the keyed chain starts, for
+    /// `audit verify --archive`.
+    pub(crate) fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
+        self.call(|c| {
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(c.block(
+                    c.client
+                        .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
+                )?
+                .map(|r| r.get(0)))
+            };
+            let cut = match meta("archive_cut")? {
+                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                None => None,
+            };
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            Ok((cut, keyed_from))
+        })
+    }
+
+    /// `ledger archive` (see [`archive`]): in one transaction holding the head row, so no
+    /// append interleaves and a second archive waits for the first, the cut is lowered
+    /// until no operation straddles it and none below it is unresolved, the events
+    /// through it are checked and written to `file` ([`archive::seal`]), then deleted
+    /// with their operations' rows, and the cut and the archived counts kept in `meta`.
+    /// The counters are left as they are: `stats` still counts the whole history.
+    pub(crate) fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<ArchiveReport, LedgerError> {
+        archive::refuse_existing(file)?;
+        let (key, file) = (key.clone(), file.to_path_buf());
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            if let Some(value) = meta("archive_cut")? {
+                return Err(archive::archived_before(archive::parse_cut(&value).seq));
+            }
+            let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
+                Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
+            };
+            let mut cut = first_seq_at_cutoff.saturating_sub(1) as i64;
+            loop {
+                match lowest(
+                    "SELECT MIN(first_seq) FROM operations WHERE first_seq <= $1 AND (last_seq > $1 OR unresolved)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            // Events of keys without a projection row (e.g. a fence of an op id never
+            // intended here) must not straddle either.
+            loop {
+                match lowest(
+                    "SELECT MIN(e.seq) FROM events e WHERE e.seq <= $1 AND EXISTS (SELECT 1 FROM events f WHERE f.op_id = e.op_id AND f.host = e.host AND f.seq > $1)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            if cut <= 0 {
+                return Err(archive::nothing_to_archive());
+            }
+            let rows: Vec<chain::Row> = rt
+                .block_on(tx.query(
+                    &format!("{CHAIN_ROW_SELECT} WHERE seq <= $1 ORDER BY seq"),
+                    &[&cut],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref(), &file)?;
+            let through = sealed.cut.seq as i64;
+            rt.block_on(tx.execute("DELETE FROM events WHERE seq <= $1", &[&through]))?;
+            rt.block_on(tx.execute("DELETE FROM operations WHERE last_seq <= $1", &[&through]))?;
+            for (name, value) in archive::facts(&key, &sealed) {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[&name, &value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(sealed.report)
         })
     }
 
@@ -617,12 +822,35 @@ impl PgStore {
                     &[&name, &value],
                 ))?;
             }
-            let (records, counts) = super::verify::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+            let (records, mut counts) = super::verify::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
                 message: format!(
                     "the ledger's events cannot be replayed ({}: {}); nothing was copied",
                     m.op_id, m.problem
                 ),
             })?;
+            // An archived ledger: its cut and what the archived events counted come along
+            // (the caller checked their MACs), and the counters count the whole history.
+            if let (Some((cut, _)), Some((json, _))) = (&snapshot.cut, &snapshot.archived_counts) {
+                let archived: super::append::Counts =
+                    serde_json::from_str(json).map_err(|_| LedgerError::Invalid {
+                        message: "the ledger's archived counts cannot be read; nothing was copied"
+                            .to_owned(),
+                    })?;
+                for (name, n) in &archived {
+                    *counts.entry(name.clone()).or_insert(0) += n;
+                }
+                let sealed = archive::Sealed {
+                    cut: cut.clone(),
+                    counts_json: json.clone(),
+                    report: ArchiveReport { cut: cut.seq, events: 0, operations: 0 },
+                };
+                for (name, value) in archive::facts(&key, &sealed) {
+                    rt.block_on(tx.execute(
+                        "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                        &[&name, &value],
+                    ))?;
+                }
+            }
             let mut ptx = PgTx { rt, tx };
             for rec in records.values() {
                 ptx.store(rec)?;
@@ -633,6 +861,16 @@ impl PgStore {
             let PgTx { rt, tx } = ptx;
             rt.block_on(tx.commit())?;
             Ok(())
+        })
+    }
+
+    /// See [`super::MISSING_SHARED_INTENTS`].
+    pub(crate) fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            Ok(
+                c.block(c.client.query_one(super::MISSING_SHARED_INTENTS, &[]))?
+                    .get::<_, i64>(0) as u64,
+            )
         })
     }
 
@@ -846,6 +1084,42 @@ impl AppendTx for PgTx<'_> {
             .map(|r| (r.get::<_, i64>(0) as u64, r.get(1), r.get(2)))
             .collect())
     }
+}
+
+/// The archive cut as `meta` records it, with its MAC (`None`: never archived).
+type RecordedCut = Option<(Cut, Option<String>)>;
+
+/// The columns of a [`chain::Row`], in [`chain_row`]'s order.
+const CHAIN_ROW_SELECT: &str =
+    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
+
+/// A chain row read by [`CHAIN_ROW_SELECT`].
+fn chain_row(r: &Row) -> chain::Row {
+    chain::Row {
+        seq: r.get::<_, i64>(0) as u64,
+        prev_hash: r.get(1),
+        hash: r.get(2),
+        op_id: r.get(3),
+        host: r.get(4),
+        at: r.get(5),
+        kind: r.get(6),
+        payload: r.get(7),
+    }
+}
+
+/// The chain head, `None` while the ledger holds no event.
+fn read_head(
+    rt: &tokio::runtime::Runtime,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<Option<chain::Head>, LedgerError> {
+    Ok(rt
+        .block_on(tx.query_opt("SELECT seq, hash, mac FROM chain_head WHERE id = 1", &[]))?
+        .filter(|r| r.get::<_, i64>(0) > 0)
+        .map(|r| chain::Head {
+            seq: r.get::<_, i64>(0) as u64,
+            hash: r.get(1),
+            mac: r.get(2),
+        }))
 }
 
 /// A projection row from PostgreSQL (column order: [`projection::COLUMNS`]).

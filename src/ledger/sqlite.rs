@@ -653,6 +653,14 @@ impl SqliteStore {
         Ok(Stats::from_counters(&self.counters()?))
     }
 
+    /// See [`super::MISSING_SHARED_INTENTS`].
+    pub(crate) fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+        let n: i64 = self
+            .conn
+            .query_row(super::MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
     /// What a routine `audit verify` reads, in one consistent snapshot: the events after
     /// the last verified checkpoint, and the whole history and row of each operation they
     /// touch. `None` when no checkpoint was recorded.

@@ -324,6 +324,10 @@ conformance!(
     list_show_and_stats_read_the_same_projection,
     a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies,
     fleets_and_single_runs_in_many_processes_keep_every_event_of_every_operation,
+    audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start,
+    audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads,
+    an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found,
+    ledger_archive_refuses_what_it_cannot_archive_and_writes_nothing,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
@@ -2013,6 +2017,98 @@ fn postgres_migrate_from_sqlite_keeps_the_chain() {
     );
 }
 
+/// Issue 30: `ledger migrate` of an archived SQLite ledger keeps the cut and the archived
+/// counts on PostgreSQL: the copy verifies from the cut, its archive verifies with it as
+/// one chain, and `stats` counts the whole history as before.
+#[test]
+fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
+    let Some(pg) = Fixture::new(Backend::Postgres, "migratearchived") else {
+        return;
+    };
+    let s = Scratch::new("migrate-archived-src");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    drop(ledger);
+    let file = s.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let out = opmark(
+        &s.0,
+        &db,
+        &["ledger", "archive", "--before", "0s", file_arg],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stats = Ledger::open(&db).unwrap().stats().unwrap();
+    let url = pg.location.to_str().unwrap();
+    // Archived counts edited in the source: refused, nothing copied.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let mac: String = conn
+        .query_row(
+            "SELECT value FROM meta WHERE name = 'archive_counts_mac'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    conn.execute(
+        "UPDATE meta SET value = 'edited' WHERE name = 'archive_counts_mac'",
+        [],
+    )
+    .unwrap();
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("archived counts was edited outside opmark"),
+        "{}",
+        text(&out.stderr)
+    );
+    conn.execute(
+        "UPDATE meta SET value = ?1 WHERE name = 'archive_counts_mac'",
+        [&mac],
+    )
+    .unwrap();
+    drop(conn);
+    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let key = key_path_beside(&db);
+    let copied = Ledger::open_with_key(&pg.location, Some(&key)).unwrap();
+    assert_eq!(copied.stats().unwrap(), stats, "the whole history, counted");
+    drop(copied);
+    let on_pg = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_opmark"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", &s.0)
+            .args(["--ledger", url, "--ledger-key"])
+            .arg(&key)
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout))
+    };
+    let (code, out) = on_pg(&["audit", "verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("8 events after the archive cut at event #20"),
+        "{out}"
+    );
+    let (code, out) = on_pg(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 28 events, projection equals their replay"),
+        "{out}"
+    );
+}
+
 #[test]
 fn postgres_ledger_needs_a_named_key_and_refuses_tls_it_cannot_do() {
     let Some(pg) = Fixture::new(Backend::Postgres, "needkey") else {
@@ -2207,6 +2303,129 @@ fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
     );
 }
 
+/// Issue 30, on both backends: a verify records a keyed checkpoint at the head;
+/// `--incremental` then reads only the events after it and says so, finds an edit among
+/// them, and trusts what was verified before it: an edit there is found by `--full`.
+fn audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..3 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    let verify = |args: &[&str]| {
+        let out = f
+            .opmark(&f.scratch.0)
+            .args(["audit", "verify"])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out, "chain intact: 15 events, projection equals their replay\n",
+        "no checkpoint yet: the whole chain"
+    );
+    let mut ledger = f.open();
+    write_operation(&mut ledger, &OpKey::new("op3", "h"), 3);
+    drop(ledger);
+    let (code, out, err) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with(
+            "chain intact: 5 new events after the checkpoint at event #15 (verified earlier), and the 1 operations they touch"
+        ),
+        "{out}"
+    );
+    let out = f
+        .opmark(&f.scratch.0)
+        .args(["--json", "audit", "verify", "--incremental"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["walked"]["scope"], "since_checkpoint", "{doc}");
+    assert_eq!(doc["walked"]["checkpoint"], 20, "{doc}");
+    assert_eq!(doc["event_count"], 0, "{doc}");
+    // An edit after the checkpoint: found by the routine verify.
+    let mut ledger = f.open();
+    write_operation(&mut ledger, &OpKey::new("op4", "h"), 4);
+    drop(ledger);
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 4', 'echo 8') WHERE seq = 21");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #21:"), "{out}");
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 8', 'echo 4') WHERE seq = 21");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 5 new events after the checkpoint at event #20"),
+        "{out}"
+    );
+    // An edit before the checkpoint: the routine verify trusts what it verified earlier;
+    // the full walk finds it.
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 1', 'echo 9') WHERE seq = 6");
+    let (code, out, _) = verify(&["--incremental"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("after the checkpoint at event #25"), "{out}");
+    let (code, out, _) = verify(&["--full"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #6:"), "{out}");
+}
+
+/// Issue 30, on both backends: `stats` finds suspected duplicate effects through the
+/// `shared_intents` table, so deleting a row of it hides one; the full verify recounts
+/// the table from `operations` and names it. A row beyond the recount is fine (the table
+/// only grows).
+fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fixture) {
+    let mut ledger = f.open();
+    write_operation(&mut ledger, &OpKey::new("alone", "h"), 0);
+    for op in ["first", "again"] {
+        ledger
+            .append(
+                &OpKey::new(op, "h"),
+                &Event::Intended {
+                    session: "s".into(),
+                    family: Family::ALL[0],
+                    display: "echo same".into(),
+                    fingerprint: "fp-same".into(),
+                    rule: "test".into(),
+                },
+                Durability::Normal,
+            )
+            .unwrap();
+    }
+    drop(ledger);
+    let verify = || {
+        let out = f
+            .opmark(&f.scratch.0)
+            .args(["audit", "verify"])
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out,
+        "chain intact: 7 events, projection equals their replay\n"
+    );
+    f.sql("DELETE FROM shared_intents");
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("shared_intents: 1 (fingerprint, host) pair"),
+        "{out}"
+    );
+    f.sql(
+        "INSERT INTO shared_intents SELECT fingerprint, host FROM operations
+             GROUP BY fingerprint, host HAVING COUNT(*) > 1;
+         INSERT INTO shared_intents (fingerprint, host) VALUES ('fp-stale', 'h');",
+    );
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(0), "{out}{err}");
+}
+
 /// Issue 30: a ledger written before the counters (SQLite schema 2, PostgreSQL schema 1)
 /// is migrated on open: its history is counted once, `stats` says what it said before,
 /// and the chain, the rows and the counters verify.
@@ -2347,6 +2566,152 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// Issue 30, on both backends: `ledger archive` moves the settled operations out (never
+/// an unresolved one, never half an operation), `stats` still counts the whole history,
+/// and the ledger and its archive verify as one chain; an edit in the ledger after the cut
+/// and an edit in the archive are each found.
+fn an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..4 {
+        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    let before = ledger.stats().unwrap();
+    let late = ledger
+        .operation(&OpKey::new("done-late", "h1"))
+        .unwrap()
+        .unwrap()
+        .first_seq;
+    drop(ledger);
+    let run = |args: &[&str]| {
+        let out = f.opmark(&f.scratch.0).args(args).output().unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let file = f.scratch.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let (code, out, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.starts_with("moved 20 events of 4 settled operations (through event #20)"),
+        "{out}"
+    );
+    let ledger = f.open();
+    assert!(ledger
+        .operation(&OpKey::new("done-3", "h1"))
+        .unwrap()
+        .is_none());
+    assert!(
+        ledger
+            .operation(&OpKey::new("open-1", "h1"))
+            .unwrap()
+            .unwrap()
+            .unresolved
+    );
+    assert_eq!(
+        ledger.events(&OpKey::new("done-late", "h1")).unwrap().len(),
+        5
+    );
+    assert_eq!(
+        ledger.stats().unwrap(),
+        before,
+        "stats counts the whole history"
+    );
+    drop(ledger);
+    let (code, out, err) = run(&[
+        "ledger",
+        "archive",
+        "--before",
+        "0s",
+        &format!("{file_arg}.2"),
+    ]);
+    assert_eq!(code, Some(245), "{out}{err}");
+    assert!(
+        err.contains("was archived before (through event #20)"),
+        "{err}"
+    );
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("after the archive cut at event #20"), "{out}");
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with("chain intact: 28 events, projection equals their replay"),
+        "{out}"
+    );
+    // An edit in the ledger, after the cut.
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 9', 'echo 7')");
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with(&format!("chain broken at event #{late}:")),
+        "{out}"
+    );
+    f.sql("UPDATE events SET payload = replace(payload, 'echo 7', 'echo 9')");
+    assert_eq!(run(&["audit", "verify", "--archive", file_arg]).0, Some(0));
+    // An edit in the archive (a SQLite file on either backend).
+    let archive = rusqlite::Connection::open(&file).unwrap();
+    archive
+        .execute(
+            "UPDATE events SET at = '2020-01-01T00:00:00.000000Z' WHERE seq = 7",
+            [],
+        )
+        .unwrap();
+    drop(archive);
+    let (code, out, _) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.starts_with("chain broken at event #7"), "{out}");
+    // The ledger's records of the archive are MACed: edits of them are found too.
+    f.sql("UPDATE meta SET value = replace(value, ':', ': ') WHERE name = 'archive_counts'");
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("archive_counts (its MAC does not match)"),
+        "{out}"
+    );
+    f.sql("UPDATE meta SET value = '19' || substr(value, 3) WHERE name = 'archive_cut'");
+    let (code, out, _) = run(&["audit", "verify"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("the record of where `ledger archive` cut the chain was edited"),
+        "{out}"
+    );
+}
+
+/// Issue 30, on both backends: `ledger archive` refuses, naming why and writing no file,
+/// when everything before the time is unresolved or the file exists; `audit verify
+/// --archive` refuses a ledger that was never archived.
+fn ledger_archive_refuses_what_it_cannot_archive_and_writes_nothing(f: &Fixture) {
+    let mut ledger = f.open();
+    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
+    drop(ledger);
+    let run = |args: &[&str]| {
+        let out = f.opmark(&f.scratch.0).args(args).output().unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let file = f.scratch.path("archive.db");
+    let file_arg = file.to_str().unwrap();
+    let (code, _, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(
+        err.contains("unresolved operations and those still active are never archived"),
+        "{err}"
+    );
+    assert!(!file.exists());
+    let (code, _, err) = run(&["audit", "verify", "--archive", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(
+        err.contains("was never archived: verify it without --archive"),
+        "{err}"
+    );
+    std::fs::write(&file, b"mine").unwrap();
+    let (code, _, err) = run(&["ledger", "archive", "--before", "0s", file_arg]);
+    assert_eq!(code, Some(245), "{err}");
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    assert_eq!(f.open().stats().unwrap().operations, 1);
 }
 
 /// Issue 30's new options refuse bad input naming the problem and the way on.
