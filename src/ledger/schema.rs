@@ -240,14 +240,14 @@ const MIGRATIONS: &[&str] = &[
     DROP TRIGGER shared_intents_on_update;
     CREATE TRIGGER shared_intents_on_insert AFTER INSERT ON operations
         WHEN EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
-            AND d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+            AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
     BEGIN
         INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
     END;
     CREATE TRIGGER shared_intents_on_update AFTER UPDATE OF fingerprint, host ON operations
         WHEN (OLD.fingerprint IS NOT NEW.fingerprint OR OLD.host IS NOT NEW.host)
             AND EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
-                AND d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+                AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
     BEGIN
         INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
     END;

@@ -39,8 +39,11 @@ pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
     unresolved: "unresolved = 1",
     param: "?1",
     json_text: |column, field| format!("json_extract({column}, '$.{field}')"),
-    // `operations_by_intent` indexes the first 16 hex digits (schema 7).
-    same_fingerprint: |a, b| format!("substr({a}, 1, 16) = substr({b}, 1, 16) AND {a} = {b}"),
+    // `operations_by_intent` indexes the first 16 hex digits (schema 7). The full
+    // comparison is `+a = b`: without the `+`, SQLite propagates `a = b` into the prefix
+    // term, which then no longer matches the index expression (and a quadratic scan of
+    // the host's operations follows).
+    same_fingerprint: |a, b| format!("substr({a}, 1, 16) = substr({b}, 1, 16) AND +{a} = {b}"),
 };
 
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -255,7 +258,7 @@ impl SqliteStore {
         since: &str,
     ) -> Result<Vec<OperationRecord>, LedgerError> {
         let mut stmt = self.conn.prepare_cached(&format!(
-            "SELECT {} FROM operations WHERE substr(fingerprint, 1, 16) = substr(?1, 1, 16) AND fingerprint = ?1 AND host = ?2 AND op_id <> ?3 AND created_at >= ?4 ORDER BY first_seq LIMIT {}",
+            "SELECT {} FROM operations WHERE substr(fingerprint, 1, 16) = substr(?1, 1, 16) AND +fingerprint = ?1 AND host = ?2 AND op_id <> ?3 AND created_at >= ?4 ORDER BY first_seq LIMIT {}",
             projection::COLUMNS,
             super::SAME_INTENT_LIMIT
         ))?;

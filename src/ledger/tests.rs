@@ -1326,3 +1326,44 @@ fn the_one_pass_walk_names_rows_moved_added_or_deleted() {
         m.problem
     );
 }
+
+/// The intent index is what finds one intent's operations (every run's repetition check,
+/// every new operation's shared-intent trigger, `stats`' duplicates): SQLite must plan
+/// it, not a walk of all the host's operations, on a ledger never ANALYZEd.
+#[test]
+fn one_intents_operations_are_found_through_the_intent_index() {
+    let s = Scratch::new("intent-index");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let same = (sqlite::DIALECT.same_fingerprint)("d.fingerprint", "?1");
+    for sql in [
+        format!("SELECT 1 FROM operations d WHERE {same} AND d.host = ?2 AND d.op_id <> ?3"),
+        // The trigger's condition, with NEW's columns as parameters.
+        "SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(?1, 1, 16) AND +d.fingerprint = ?1 AND d.host = ?2 AND d.op_id <> ?3".to_owned(),
+    ] {
+        let plan: Vec<String> = l
+            .conn()
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap()
+            .query_map(params!["fp", "web1", "op-9"], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert!(
+            plan.iter().any(|p| p.contains("operations_by_intent")),
+            "{sql}: {plan:?}"
+        );
+    }
+    let trigger: String = l
+        .conn()
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'shared_intents_on_insert'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        trigger.contains("+d.fingerprint = NEW.fingerprint"),
+        "{trigger}"
+    );
+}
