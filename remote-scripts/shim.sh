@@ -129,8 +129,8 @@ esac
 # (OPMARK_LOGIN_UMASK; OPMARK_LOGIN_LC_ALL "-" when unset, "=VALUE" when set), which it
 # removes before the command starts. The umask is read from /proc by a builtin (no
 # process); `umask` answers where that line is missing. The supervisor, started under
-# our strict settings, keeps what it was given.
-if [ "${1:-}" != supervise ]; then
+# our strict settings, keeps what it was given (so does a resident's standby, see standby).
+if [ "${1:-}" != supervise ] && [ "${1:-}" != standby ]; then
 	OPMARK_LOGIN_UMASK='' lu_key=''
 	{ read -r _ && read -r lu_key OPMARK_LOGIN_UMASK _; } 2>/dev/null </proc/$$/status
 	[ "$lu_key" = Umask: ] || OPMARK_LOGIN_UMASK=$(umask)
@@ -747,9 +747,42 @@ signal_session() {
 
 # The supervisor needs nothing below: it stops reading the script here (dash reads a
 # script one command at a time), so only the foreground pays for parsing the rest.
+# standby FIFO: a supervisor started by a resident before its command is known (see
+# keep_standby), so that a request's foreground starts none: started as detach starts
+# one (a session of its own, signals as under ssh, no descriptor of the channel), with
+# the resident's FIFO as its stdin, it says it is ready in FIFO.pid ("pid start", its own
+# identity), then reads one line, "TIMEOUT_S CAP CMD_BYTES ATTEMPT M" (the arguments
+# detach would give supervise), says the line is taken ("used" in FIFO.pid) and becomes
+# that command's supervisor, with supervise's own checks (only the claim of ATTEMPT, the
+# start gate). A line that is not one is skipped (a foreground writes a newline first, so
+# a torn line never joins the next); EOF, the resident and every writer gone, ends it.
+standby() {
+	sb_fifo=$1
+	proc_stat "$$" || exit 0
+	printf '%s %s\n' "$$" "$ps_start" >"$sb_fifo.pid" 2>/dev/null || exit 0
+	while :; do
+		sb_t='' sb_c='' sb_b='' sb_a='' sb_m=''
+		read -r sb_t sb_c sb_b sb_a sb_m || exit 0
+		if ! is_uint "$sb_t" || ! is_uint "$sb_c" || ! is_uint "$sb_b" || ! valid_id "$sb_a"; then
+			continue
+		fi
+		case $sb_m in
+		/*/ops/*) valid_id "${sb_m##*/}" && break ;;
+		esac
+	done
+	printf 'used\n' >"$sb_fifo.pid" 2>/dev/null
+	exec </dev/null
+	supervise "$sb_m" "$sb_t" "$sb_c" "$sb_b" "$sb_a"
+}
+
 if [ "${1:-}" = supervise ]; then
 	shift
 	supervise "$@"
+	exit 0
+fi
+if [ "${1:-}" = standby ]; then
+	shift
+	standby "$@"
 	exit 0
 fi
 
@@ -1318,7 +1351,7 @@ boot=$boot"
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	if ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
+	if ! hand_off "$m" && ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
 		# Nothing can have run: the supervisor never passed the start gate. Take the gate
 		# so a late supervisor cannot start either. A fresh claim is then taken back, as
 		# nothing ran and nothing can (a leftover would only wait for gc); one that
@@ -1493,11 +1526,91 @@ detach() {
 	shift
 	if [ -n "$shim_file" ]; then
 		"$setsid_bin" "$setsid_bin" "$dt_sh" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" "$@" \
-			</dev/null >/dev/null 2>&1 3>&- 5>&-
+			</dev/null >/dev/null 2>&1 3>&- 5>&- 8>&-
 	else
 		"$setsid_bin" "$setsid_bin" "$dt_sh" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" "$@" \
-			</dev/null >/dev/null 2>&1 3>&- 5>&-
+			</dev/null >/dev/null 2>&1 3>&- 5>&- 8>&-
 	fi
+}
+
+# hand_off M: in a resident's request, gives the command of marker M to the resident's
+# standby supervisor (see standby) instead of starting one: one write of its line to the
+# FIFO, no process. False, and detach starts one as before, when there is no standby
+# that is ready (none yet, taken, gone: FIFO.pid names no live process) or M cannot be
+# written on one line. The FIFO is opened for the write only: a resident holds it open
+# for reading and writing, so the open never waits, and the request's other processes
+# inherit no end of it.
+hand_off() {
+	[ -n "${sb_fifo:-}" ] || return 1
+	case $1 in
+	*"
+"*) return 1 ;;
+	esac
+	ho_pid='' ho_start=''
+	read -r ho_pid ho_start _ 2>/dev/null <"$sb_fifo.pid" || return 1
+	is_uint "$ho_pid" && alive "$ho_pid" "$ho_start" || return 1
+	printf '\n%s %s %s %s %s\n' "$timeout" "$cap" "$cmd_bytes" "$attempt" "$1" 2>/dev/null >"$sb_fifo"
+}
+
+# keep_standby: the resident has a standby supervisor waiting (see standby), or starts
+# one, between requests (off every request's path). One FIFO per resident, made with the
+# first request that finds the marker root's spool (on first contact it is made by that
+# request), held open here for reading and writing on 8: the standby's stdin never sees
+# EOF while the resident lives, and does once it is gone, so a standby never outlives its
+# resident waiting. A new standby only once the last one took its line ("used") or is
+# gone: two readers of one FIFO could split a line. One that never got as far as FIFO.pid
+# (killed at its start) leaves the resident starting none: its requests detach as before.
+keep_standby() {
+	if [ -z "${sb_fifo:-}" ]; then
+		[ -n "${sb_off:-}" ] && return 0
+		find_setsid || {
+			sb_off=1
+			return 0
+		}
+		case $sv_root in
+		/*) ;;
+		*)
+			sb_off=1
+			return 0
+			;;
+		esac
+		[ -d "$sv_root/spool" ] || return 0
+		sb_off=1
+		proc_stat "$$" || return 0
+		ks_fifo=$sv_root/spool/.sb.$$.$ps_start
+		standby_leftovers
+		{ mkfifo "$ks_fifo" && exec 8<>"$ks_fifo"; } 2>/dev/null || return 0
+		sb_fifo=$ks_fifo
+	else
+		ks_state='' ks_start=''
+		read -r ks_state ks_start _ 2>/dev/null <"$sb_fifo.pid"
+		case $ks_state in
+		used) ;;
+		'') return 0 ;;
+		*) alive "$ks_state" "$ks_start" && return 0 ;;
+		esac
+	fi
+	true 2>/dev/null >"$sb_fifo.pid" || return 0
+	# shellcheck disable=SC2094 # the FIFO's name is the standby's argument, not its output
+	if [ -n "$shim_file" ]; then
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" standby "$sb_fifo" \
+			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
+	else
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" standby "$sb_fifo" \
+			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
+	fi
+}
+
+# standby_leftovers: the FIFOs of residents that are gone without removing theirs (a
+# SIGKILL), named by the resident's pid and start time.
+standby_leftovers() {
+	for sl_f in "$sv_root"/spool/.sb.*.pid; do
+		[ -e "$sl_f" ] || continue
+		sl_id=${sl_f#"$sv_root"/spool/.sb.}
+		sl_id=${sl_id%.pid}
+		alive "${sl_id%%.*}" "${sl_id#*.}" && continue
+		rm -f "${sl_f%.pid}" "$sl_f"
+	done
 }
 
 # read_resident_command: reads the command of a resident's request, cmd_bytes bytes and
@@ -2108,7 +2221,12 @@ verb_serve() {
 		set -- $sv_line
 		set +f
 		serve_one "$@"
+		keep_standby
 	done
+	if [ -n "${sb_fifo:-}" ]; then
+		exec 8>&-
+		rm -f "$sb_fifo" "$sb_fifo.pid"
+	fi
 	exit 0
 }
 
@@ -2142,6 +2260,8 @@ serve_one() {
 	# A nonce of this request's own, made here so that the end frame carries it too.
 	new_nonce || exit 3
 	(
+		# The standby's FIFO is the resident's: a request opens it only to hand off.
+		exec 8>&-
 		# The subshell's own pid and start time, from one read of its stat line (its
 		# check, identity_readable, uses the same line).
 		self_line=
