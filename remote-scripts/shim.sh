@@ -407,6 +407,14 @@ supervise() {
 		printf 'opmark-shim: %s: not the claim of attempt %s; left alone\n' "$m" "$sv_attempt" >&2
 		exit 0
 	fi
+	# The fingerprint index's temp name our foreground linked its slot from (see
+	# repeat_check), removed with our own leftovers at the end.
+	sv_ixtmp='' sv_fp=''
+	rget claim fingerprint && sv_fp=$rv && rget claim fg_pid && sv_fgp=$rv &&
+		rget claim fg_start && sv_ixtmp=${m%/ops/*}/fp/$sv_fp/.t.$sv_fgp.$rv
+	case $sv_fp in
+	'' | *[!0-9a-f]*) sv_ixtmp= ;;
+	esac
 	proc_stat "$$"
 	sv_start=$ps_start
 	read_boot
@@ -588,7 +596,7 @@ cancelled=$cancelled"
 		done
 	fi
 	# Off the waiters' path: they are awake already.
-	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit" ${sv_ixtmp:+"$sv_ixtmp"}
 }
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
@@ -841,6 +849,7 @@ refuse() {
 }
 
 drop_spools() {
+	[ -n "${rc_left:-}" ] && rm -f "$rc_left"
 	[ -n "${cmd_spool:-}" ] && rm -f "$cmd_spool"
 	[ -n "${spool:-}" ] && rm -f "$spool"
 }
@@ -1379,7 +1388,8 @@ boot=$boot"
 # the first slot of another op id that may have run (and is not declared) is the
 # repetition: `block` refuses "repeats earlier=OP earlier_state=ST earlier_at=T" and
 # marks our slot held=1 (a held slot never counts); `warn` says so in a W frame with the
-# same fields and goes on; `allow` goes on. Costs one glob, one link and one rm.
+# same fields and goes on; `allow` goes on. Costs one glob and one link (the temp name is
+# removed later, off the claim's path).
 repeat_check() {
 	ix=$root/fp/$fp
 	[ -d "$ix" ] || mkdir -p "$ix" 2>/dev/null || return 0
@@ -1410,8 +1420,18 @@ repeat_check() {
 	done
 	if [ -z "$rc_own" ]; then
 		rc_n=$((rc_last + 1))
-		rc_tmp=$ix/.t.$$
-		printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp" 2>/dev/null || return 0
+		# Named by our pid and start time, made exclusively (noclobber: O_EXCL): a leftover
+		# of that name (a killed claimer, another boot) may still be a slot's other name,
+		# so it is removed, never written through.
+		rc_tmp=$ix/.t.$fg.$fg_start
+		set -C
+		if ! { printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp"; } 2>/dev/null &&
+			! { [ -e "$rc_tmp" ] && rm -f "$rc_tmp" &&
+				{ printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp"; } 2>/dev/null; }; then
+			set +C
+			return 0
+		fi
+		set +C
 		# Slots taken between our glob and our link are earlier claims than ours.
 		slot_name "$rc_n"
 		while ! ln "$rc_tmp" "$sn" 2>/dev/null; do
@@ -1422,7 +1442,10 @@ repeat_check() {
 			rc_n=$((rc_n + 1))
 			slot_name "$rc_n"
 		done
-		rm -f "$rc_tmp"
+		# The temp name goes later, off this path: with the supervisor's own leftovers
+		# once the exit record is down (it derives the name from the claim), or with
+		# our spools when we refuse.
+		rc_left=$rc_tmp
 		rc_own=$rc_n
 	fi
 	if [ -z "$rc_found" ] || [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
@@ -1536,10 +1559,10 @@ detach() {
 # hand_off M: in a resident's request, gives the command of marker M to the resident's
 # standby supervisor (see standby) instead of starting one: one write of its line to the
 # FIFO, no process. False, and detach starts one as before, when there is no standby
-# that is ready (none yet, taken, gone: FIFO.pid names no live process) or M cannot be
-# written on one line. The FIFO is opened for the write only: a resident holds it open
-# for reading and writing, so the open never waits, and the request's other processes
-# inherit no end of it.
+# that is ready (none yet, taken, gone or stopped: FIFO.pid names no live process, or a
+# stopped one) or M cannot be written on one line. The FIFO is opened for the write
+# only: a resident holds it open for reading and writing, so the open never waits, and
+# the request's other processes inherit no end of it.
 hand_off() {
 	[ -n "${sb_fifo:-}" ] || return 1
 	case $1 in
@@ -1549,6 +1572,8 @@ hand_off() {
 	ho_pid='' ho_start=''
 	read -r ho_pid ho_start _ 2>/dev/null <"$sb_fifo.pid" || return 1
 	is_uint "$ho_pid" && alive "$ho_pid" "$ho_start" || return 1
+	# A stopped one would hold the command until the start limit.
+	[ "$ps_state" != T ] || return 1
 	printf '\n%s %s %s %s %s\n' "$timeout" "$cap" "$cmd_bytes" "$attempt" "$1" 2>/dev/null >"$sb_fifo"
 }
 
@@ -2111,6 +2136,13 @@ gc_index() {
 		gi_last=
 		for gi_f in "$gi"/[0-9]*; do
 			[ -f "$gi_f" ] && gi_last=$gi_f
+		done
+		# Temp names of slots whose claimer was killed before its supervisor ended (the
+		# slot itself stays).
+		for gi_f in "$gi"/.t.*; do
+			[ -f "$gi_f" ] || continue
+			[ -n "$(find "$gi_f" -prune -mmin +"$gr_min" 2>/dev/null)" ] || continue
+			[ "$2" = 1 ] || rm -f "$gi_f"
 		done
 		for gi_f in "$gi"/[0-9]*; do
 			[ "$gi_f" != "$gi_last" ] || continue

@@ -1963,6 +1963,24 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
             with(repeat_check(u64::from(u32::MAX), Block, &[])),
         );
         assert!(after_ghost.started(), "{name}: {after_ghost:?}");
+
+        // The temp names slots are linked from go once their claim is answered: with
+        // the supervisor's leftovers after the exit record, with the spools of a refusal.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let temps: Vec<PathBuf> = std::fs::read_dir(host.root().join("fp"))
+                .unwrap()
+                .flatten()
+                .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".t."))
+                .collect();
+            if temps.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}: left behind: {temps:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
