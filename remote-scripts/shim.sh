@@ -1265,7 +1265,10 @@ verb_run() {
 	if ! is_uint "$cmd_bytes" || [ "$cmd_bytes" -eq 0 ]; then
 		refuse "bad_args reason=command_bytes"
 	fi
-	find_setsid || refuse "cannot_start reason=no_setsid"
+	# A resident found its setsid once (see verb_serve): the PATH is the same per request.
+	if [ -z "$resident" ] || [ -z "${setsid_bin:-}" ]; then
+		find_setsid || refuse "cannot_start reason=no_setsid"
+	fi
 	# A claim whose process could not be told alive from gone would read running for good
 	# or, worse, gone while it runs: refuse before anything is claimed.
 	identity_readable || refuse "cannot_start reason=no_process_identity"
@@ -1588,7 +1591,7 @@ hand_off() {
 keep_standby() {
 	if [ -z "${sb_fifo:-}" ]; then
 		[ -n "${sb_off:-}" ] && return 0
-		find_setsid || {
+		[ -n "$setsid_bin" ] || {
 			sb_off=1
 			return 0
 		}
@@ -2245,6 +2248,7 @@ verb_serve() {
 		refuse "cannot_start reason=resident_off"
 	fi
 	resident=$$
+	find_setsid
 	frame "Q ready pid=$$"
 	sv_line=''
 	while IFS= read -r sv_line; do
