@@ -670,7 +670,13 @@ capped_head() {
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
 	if [ -n "$unbuffered" ]; then
-		stdbuf -o0 head -c "$1"
+		# A standby learnt what stdbuf puts in head's environment (see standby): head
+		# alone with it, one exec fewer.
+		if [ -n "${sb_preload:-}" ]; then
+			LD_PRELOAD=$sb_preload _STDBUF_O=0 "$sb_head" -c "$1"
+		else
+			stdbuf -o0 head -c "$1"
+		fi
 		return
 	fi
 	# No stdbuf (a busybox userland): one dd per read of the FIFO, each writing at once
@@ -767,6 +773,38 @@ signal_session() {
 standby() {
 	sb_fifo=$1
 	proc_stat "$$" || exit 0
+	# While no command waits: the environment `stdbuf -o0` gives the program it runs
+	# (coreutils: its LD_PRELOAD and _STDBUF_O=0, read back by printenv), and the head
+	# it would run (the first on PATH, as its execvp finds it: never a shell's applet,
+	# busybox ash's own head writes through stdio), so that the captures start that
+	# head with it themselves (see capped_head); anything else, stdbuf.
+	sb_preload='' sb_head=''
+	sb_ifs=$IFS
+	IFS=:
+	set -f
+	# shellcheck disable=SC2086 # splitting PATH at its colons is the point
+	for sb_d in $PATH; do
+		case $sb_d in
+		/*) [ -f "$sb_d/head" ] && [ -x "$sb_d/head" ] && sb_head=$sb_d/head && break ;;
+		esac
+	done
+	set +f
+	IFS=$sb_ifs
+	if [ -n "$sb_head" ] && command -v stdbuf >/dev/null 2>&1 &&
+		command -v printenv >/dev/null 2>&1; then
+		sb_env=$(stdbuf -o0 printenv LD_PRELOAD _STDBUF_O 2>/dev/null)
+		case $sb_env in
+		*libstdbuf*"
+0")
+			sb_preload=${sb_env%"
+0"}
+			;;
+		esac
+		case $sb_preload in
+		*"
+"*) sb_preload= ;;
+		esac
+	fi
 	printf '%s %s\n' "$$" "$ps_start" >"$sb_fifo.pid" 2>/dev/null || exit 0
 	while :; do
 		sb_t='' sb_c='' sb_b='' sb_a='' sb_m=''

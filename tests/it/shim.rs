@@ -2362,6 +2362,27 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             standby.to_string(),
             "{name}"
         );
+        // Its captures' head writes unbuffered, as under stdbuf -o0 (the standby starts
+        // head with the environment stdbuf would give it).
+        if which("stdbuf").is_some() {
+            for capture in host.record("sb-2", "proc", "captures").split(',') {
+                let children = format!("/proc/{capture}/task/{capture}/children");
+                let head = std::fs::read_to_string(children).unwrap_or_default();
+                let head = head.split_whitespace().next().unwrap_or("none").to_owned();
+                let environ = std::fs::read(format!("/proc/{head}/environ")).unwrap_or_default();
+                let vars: Vec<String> = environ
+                    .split(|&b| b == 0)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect();
+                assert!(
+                    vars.iter().any(|v| v == "_STDBUF_O=0")
+                        && vars
+                            .iter()
+                            .any(|v| v.starts_with("LD_PRELOAD=") && v.contains("libstdbuf")),
+                    "{name}: capture {capture}'s head {head}: {vars:?}"
+                );
+            }
+        }
         kill(-first.pid(), "KILL");
         let _ = first.child.wait();
         let done = host.wait_for_state("sb-2", MarkerState::Completed);
