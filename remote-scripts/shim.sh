@@ -761,9 +761,10 @@ signal_session() {
 
 # The supervisor needs nothing below: it stops reading the script here (dash reads a
 # script one command at a time), so only the foreground pays for parsing the rest.
-# standby FIFO: a supervisor started by a resident before its command is known (see
-# keep_standby), so that a request's foreground starts none: started as detach starts
-# one (a session of its own, signals as under ssh, no descriptor of the channel), with
+# standby FIFO [PRELOAD HEAD]: a supervisor started by a resident before its command is
+# known (see keep_standby), so that a request's foreground starts none: started as
+# detach starts one (a session of its own, signals as under ssh, no descriptor of the
+# channel; PRELOAD and HEAD from find_preload), with
 # the resident's FIFO as its stdin, it says it is ready in FIFO.pid ("pid start", its own
 # identity), then reads one line, "TIMEOUT_S CAP CMD_BYTES ATTEMPT M" (the arguments
 # detach would give supervise), says the line is taken ("used" in FIFO.pid) and becomes
@@ -773,38 +774,12 @@ signal_session() {
 standby() {
 	sb_fifo=$1
 	proc_stat "$$" || exit 0
-	# While no command waits: the environment `stdbuf -o0` gives the program it runs
-	# (coreutils: its LD_PRELOAD and _STDBUF_O=0, read back by printenv), and the head
-	# it would run (the first on PATH, as its execvp finds it: never a shell's applet,
-	# busybox ash's own head writes through stdio), so that the captures start that
-	# head with it themselves (see capped_head); anything else, stdbuf.
-	sb_preload='' sb_head=''
-	sb_ifs=$IFS
-	IFS=:
-	set -f
-	# shellcheck disable=SC2086 # splitting PATH at its colons is the point
-	for sb_d in $PATH; do
-		case $sb_d in
-		/*) [ -f "$sb_d/head" ] && [ -x "$sb_d/head" ] && sb_head=$sb_d/head && break ;;
-		esac
-	done
-	set +f
-	IFS=$sb_ifs
-	if [ -n "$sb_head" ] && command -v stdbuf >/dev/null 2>&1 &&
-		command -v printenv >/dev/null 2>&1; then
-		sb_env=$(stdbuf -o0 printenv LD_PRELOAD _STDBUF_O 2>/dev/null)
-		case $sb_env in
-		*libstdbuf*"
-0")
-			sb_preload=${sb_env%"
-0"}
-			;;
-		esac
-		case $sb_preload in
-		*"
-"*) sb_preload= ;;
-		esac
-	fi
+	# How its captures start head (see find_preload), as its resident found out once.
+	sb_preload=${2:-} sb_head=${3:-}
+	case $sb_head in
+	/*) [ -f "$sb_head" ] && [ -x "$sb_head" ] || sb_preload= ;;
+	*) sb_preload= ;;
+	esac
 	printf '%s %s\n' "$$" "$ps_start" >"$sb_fifo.pid" 2>/dev/null || exit 0
 	while :; do
 		sb_t='' sb_c='' sb_b='' sb_a='' sb_m=''
@@ -1647,6 +1622,7 @@ keep_standby() {
 		standby_leftovers
 		{ mkfifo "$ks_fifo" && exec 8<>"$ks_fifo"; } 2>/dev/null || return 0
 		sb_fifo=$ks_fifo
+		find_preload
 	else
 		ks_state='' ks_start=''
 		read -r ks_state ks_start _ 2>/dev/null <"$sb_fifo.pid"
@@ -1659,11 +1635,47 @@ keep_standby() {
 	true 2>/dev/null >"$sb_fifo.pid" || return 0
 	# shellcheck disable=SC2094 # the FIFO's name is the standby's argument, not its output
 	if [ -n "$shim_file" ]; then
-		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" standby "$sb_fifo" \
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" standby "$sb_fifo" "$sb_preload" "$sb_head" \
 			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
 	else
-		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" standby "$sb_fifo" \
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" standby "$sb_fifo" "$sb_preload" "$sb_head" \
 			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
+	fi
+}
+
+# find_preload: sets sb_preload and sb_head to the environment `stdbuf -o0` gives the
+# program it runs (coreutils: its LD_PRELOAD and _STDBUF_O=0, read back by printenv) and
+# the head it would run (the first on PATH, as its execvp finds it: never a shell's
+# applet, busybox ash's own head writes through stdio), so that a standby's captures
+# start that head with it themselves (see capped_head); both empty when anything is
+# otherwise: stdbuf then. A resident asks once, for all its standbys.
+find_preload() {
+	sb_preload='' sb_head=''
+	sb_ifs=$IFS
+	IFS=:
+	set -f
+	# shellcheck disable=SC2086 # splitting PATH at its colons is the point
+	for sb_d in $PATH; do
+		case $sb_d in
+		/*) [ -f "$sb_d/head" ] && [ -x "$sb_d/head" ] && sb_head=$sb_d/head && break ;;
+		esac
+	done
+	set +f
+	IFS=$sb_ifs
+	if [ -n "$sb_head" ] && command -v stdbuf >/dev/null 2>&1 &&
+		command -v printenv >/dev/null 2>&1; then
+		sb_env=$(stdbuf -o0 printenv LD_PRELOAD _STDBUF_O </dev/null 2>/dev/null 3>&- 8>&-)
+		case $sb_env in
+		*libstdbuf*"
+0")
+			sb_preload=${sb_env%"
+0"}
+			;;
+		esac
+		case $sb_preload in
+		*"
+"*) sb_preload= ;;
+		esac
 	fi
 }
 
