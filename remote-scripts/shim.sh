@@ -129,8 +129,8 @@ esac
 # (OPMARK_LOGIN_UMASK; OPMARK_LOGIN_LC_ALL "-" when unset, "=VALUE" when set), which it
 # removes before the command starts. The umask is read from /proc by a builtin (no
 # process); `umask` answers where that line is missing. The supervisor, started under
-# our strict settings, keeps what it was given.
-if [ "${1:-}" != supervise ]; then
+# our strict settings, keeps what it was given (so does a resident's standby, see standby).
+if [ "${1:-}" != supervise ] && [ "${1:-}" != standby ]; then
 	OPMARK_LOGIN_UMASK='' lu_key=''
 	{ read -r _ && read -r lu_key OPMARK_LOGIN_UMASK _; } 2>/dev/null </proc/$$/status
 	[ "$lu_key" = Umask: ] || OPMARK_LOGIN_UMASK=$(umask)
@@ -407,6 +407,14 @@ supervise() {
 		printf 'opmark-shim: %s: not the claim of attempt %s; left alone\n' "$m" "$sv_attempt" >&2
 		exit 0
 	fi
+	# The fingerprint index's temp name our foreground linked its slot from (see
+	# repeat_check), removed with our own leftovers at the end.
+	sv_ixtmp='' sv_fp=''
+	rget claim fingerprint && sv_fp=$rv && rget claim fg_pid && sv_fgp=$rv &&
+		rget claim fg_start && sv_ixtmp=${m%/ops/*}/fp/$sv_fp/.t.$sv_fgp.$rv
+	case $sv_fp in
+	'' | *[!0-9a-f]*) sv_ixtmp= ;;
+	esac
 	proc_stat "$$"
 	sv_start=$ps_start
 	read_boot
@@ -588,7 +596,7 @@ cancelled=$cancelled"
 		done
 	fi
 	# Off the waiters' path: they are awake already.
-	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit"
+	rm -f "$m/.out.fifo" "$m/.err.fifo" "$m"/.w.* "$m/.noexit" ${sv_ixtmp:+"$sv_ixtmp"}
 }
 
 # start_failed: the supervisor gives up before the start gate, so nothing ran: it tells
@@ -662,7 +670,13 @@ capped_head() {
 	# would hide live output until the end: unbuffer it where coreutils' stdbuf exists.
 	# (dd count_bytes is no substitute: it counts a short pipe read as a whole block.)
 	if [ -n "$unbuffered" ]; then
-		stdbuf -o0 head -c "$1"
+		# A standby learnt what stdbuf puts in head's environment (see standby): head
+		# alone with it, one exec fewer.
+		if [ -n "${sb_preload:-}" ]; then
+			LD_PRELOAD=$sb_preload _STDBUF_O=0 "$sb_head" -c "$1"
+		else
+			stdbuf -o0 head -c "$1"
+		fi
 		return
 	fi
 	# No stdbuf (a busybox userland): one dd per read of the FIFO, each writing at once
@@ -747,9 +761,49 @@ signal_session() {
 
 # The supervisor needs nothing below: it stops reading the script here (dash reads a
 # script one command at a time), so only the foreground pays for parsing the rest.
+# standby FIFO [PRELOAD HEAD]: a supervisor started by a resident before its command is
+# known (see keep_standby), so that a request's foreground starts none: started as
+# detach starts one (a session of its own, signals as under ssh, no descriptor of the
+# channel; PRELOAD and HEAD from find_preload), with
+# the resident's FIFO as its stdin, it says it is ready in FIFO.pid ("pid start", its own
+# identity), then reads one line, "TIMEOUT_S CAP CMD_BYTES ATTEMPT M" (the arguments
+# detach would give supervise), says the line is taken ("used" in FIFO.pid) and becomes
+# that command's supervisor, with supervise's own checks (only the claim of ATTEMPT, the
+# start gate). A line that is not one is skipped (a foreground writes a newline first, so
+# a torn line never joins the next); EOF, the resident and every writer gone, ends it.
+standby() {
+	sb_fifo=$1
+	proc_stat "$$" || exit 0
+	# How its captures start head (see find_preload), as its resident found out once.
+	sb_preload=${2:-} sb_head=${3:-}
+	case $sb_head in
+	/*) [ -f "$sb_head" ] && [ -x "$sb_head" ] || sb_preload= ;;
+	*) sb_preload= ;;
+	esac
+	printf '%s %s\n' "$$" "$ps_start" >"$sb_fifo.pid" 2>/dev/null || exit 0
+	while :; do
+		sb_t='' sb_c='' sb_b='' sb_a='' sb_m=''
+		read -r sb_t sb_c sb_b sb_a sb_m || exit 0
+		if ! is_uint "$sb_t" || ! is_uint "$sb_c" || ! is_uint "$sb_b" || ! valid_id "$sb_a"; then
+			continue
+		fi
+		case $sb_m in
+		/*/ops/*) valid_id "${sb_m##*/}" && break ;;
+		esac
+	done
+	printf 'used\n' >"$sb_fifo.pid" 2>/dev/null
+	exec </dev/null
+	supervise "$sb_m" "$sb_t" "$sb_c" "$sb_b" "$sb_a"
+}
+
 if [ "${1:-}" = supervise ]; then
 	shift
 	supervise "$@"
+	exit 0
+fi
+if [ "${1:-}" = standby ]; then
+	shift
+	standby "$@"
 	exit 0
 fi
 
@@ -808,6 +862,7 @@ refuse() {
 }
 
 drop_spools() {
+	[ -n "${rc_left:-}" ] && rm -f "$rc_left"
 	[ -n "${cmd_spool:-}" ] && rm -f "$cmd_spool"
 	[ -n "${spool:-}" ] && rm -f "$spool"
 }
@@ -1223,7 +1278,10 @@ verb_run() {
 	if ! is_uint "$cmd_bytes" || [ "$cmd_bytes" -eq 0 ]; then
 		refuse "bad_args reason=command_bytes"
 	fi
-	find_setsid || refuse "cannot_start reason=no_setsid"
+	# A resident found its setsid once (see verb_serve): the PATH is the same per request.
+	if [ -z "$resident" ] || [ -z "${setsid_bin:-}" ]; then
+		find_setsid || refuse "cannot_start reason=no_setsid"
+	fi
 	# A claim whose process could not be told alive from gone would read running for good
 	# or, worse, gone while it runs: refuse before anything is claimed.
 	identity_readable || refuse "cannot_start reason=no_process_identity"
@@ -1318,7 +1376,7 @@ boot=$boot"
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	if ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
+	if ! hand_off "$m" && ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
 		# Nothing can have run: the supervisor never passed the start gate. Take the gate
 		# so a late supervisor cannot start either. A fresh claim is then taken back, as
 		# nothing ran and nothing can (a leftover would only wait for gc); one that
@@ -1346,7 +1404,8 @@ boot=$boot"
 # the first slot of another op id that may have run (and is not declared) is the
 # repetition: `block` refuses "repeats earlier=OP earlier_state=ST earlier_at=T" and
 # marks our slot held=1 (a held slot never counts); `warn` says so in a W frame with the
-# same fields and goes on; `allow` goes on. Costs one glob, one link and one rm.
+# same fields and goes on; `allow` goes on. Costs one glob and one link (the temp name is
+# removed later, off the claim's path).
 repeat_check() {
 	ix=$root/fp/$fp
 	[ -d "$ix" ] || mkdir -p "$ix" 2>/dev/null || return 0
@@ -1377,8 +1436,18 @@ repeat_check() {
 	done
 	if [ -z "$rc_own" ]; then
 		rc_n=$((rc_last + 1))
-		rc_tmp=$ix/.t.$$
-		printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp" 2>/dev/null || return 0
+		# Named by our pid and start time, made exclusively (noclobber: O_EXCL): a leftover
+		# of that name (a killed claimer, another boot) may still be a slot's other name,
+		# so it is removed, never written through.
+		rc_tmp=$ix/.t.$fg.$fg_start
+		set -C
+		if ! { printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp"; } 2>/dev/null &&
+			! { [ -e "$rc_tmp" ] && rm -f "$rc_tmp" &&
+				{ printf 'op=%s\nclaimed_at=%s\n' "$op" "$now" >"$rc_tmp"; } 2>/dev/null; }; then
+			set +C
+			return 0
+		fi
+		set +C
 		# Slots taken between our glob and our link are earlier claims than ours.
 		slot_name "$rc_n"
 		while ! ln "$rc_tmp" "$sn" 2>/dev/null; do
@@ -1389,7 +1458,10 @@ repeat_check() {
 			rc_n=$((rc_n + 1))
 			slot_name "$rc_n"
 		done
-		rm -f "$rc_tmp"
+		# The temp name goes later, off this path: with the supervisor's own leftovers
+		# once the exit record is down (it derives the name from the claim), or with
+		# our spools when we refuse.
+		rc_left=$rc_tmp
 		rc_own=$rc_n
 	fi
 	if [ -z "$rc_found" ] || [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
@@ -1493,11 +1565,130 @@ detach() {
 	shift
 	if [ -n "$shim_file" ]; then
 		"$setsid_bin" "$setsid_bin" "$dt_sh" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" "$@" \
-			</dev/null >/dev/null 2>&1 3>&- 5>&-
+			</dev/null >/dev/null 2>&1 3>&- 5>&- 8>&-
 	else
 		"$setsid_bin" "$setsid_bin" "$dt_sh" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" "$@" \
-			</dev/null >/dev/null 2>&1 3>&- 5>&-
+			</dev/null >/dev/null 2>&1 3>&- 5>&- 8>&-
 	fi
+}
+
+# hand_off M: in a resident's request, gives the command of marker M to the resident's
+# standby supervisor (see standby) instead of starting one: one write of its line to the
+# FIFO, no process. False, and detach starts one as before, when there is no standby
+# that is ready (none yet, taken, gone or stopped: FIFO.pid names no live process, or a
+# stopped one) or M cannot be written on one line. The FIFO is opened for the write
+# only: a resident holds it open for reading and writing, so the open never waits, and
+# the request's other processes inherit no end of it.
+hand_off() {
+	[ -n "${sb_fifo:-}" ] || return 1
+	case $1 in
+	*"
+"*) return 1 ;;
+	esac
+	ho_pid='' ho_start=''
+	read -r ho_pid ho_start _ 2>/dev/null <"$sb_fifo.pid" || return 1
+	is_uint "$ho_pid" && alive "$ho_pid" "$ho_start" || return 1
+	# A stopped one would hold the command until the start limit.
+	[ "$ps_state" != T ] || return 1
+	printf '\n%s %s %s %s %s\n' "$timeout" "$cap" "$cmd_bytes" "$attempt" "$1" 2>/dev/null >"$sb_fifo"
+}
+
+# keep_standby: the resident has a standby supervisor waiting (see standby), or starts
+# one, between requests (off every request's path). One FIFO per resident, made with the
+# first request that finds the marker root's spool (on first contact it is made by that
+# request), held open here for reading and writing on 8: the standby's stdin never sees
+# EOF while the resident lives, and does once it is gone, so a standby never outlives its
+# resident waiting. A new standby only once the last one took its line ("used") or is
+# gone: two readers of one FIFO could split a line. One that never got as far as FIFO.pid
+# (killed at its start) leaves the resident starting none: its requests detach as before.
+keep_standby() {
+	if [ -z "${sb_fifo:-}" ]; then
+		[ -n "${sb_off:-}" ] && return 0
+		[ -n "$setsid_bin" ] || {
+			sb_off=1
+			return 0
+		}
+		case $sv_root in
+		/*) ;;
+		*)
+			sb_off=1
+			return 0
+			;;
+		esac
+		[ -d "$sv_root/spool" ] || return 0
+		sb_off=1
+		proc_stat "$$" || return 0
+		ks_fifo=$sv_root/spool/.sb.$$.$ps_start
+		standby_leftovers
+		{ mkfifo "$ks_fifo" && exec 8<>"$ks_fifo"; } 2>/dev/null || return 0
+		sb_fifo=$ks_fifo
+		find_preload
+	else
+		ks_state='' ks_start=''
+		read -r ks_state ks_start _ 2>/dev/null <"$sb_fifo.pid"
+		case $ks_state in
+		used) ;;
+		'') return 0 ;;
+		*) alive "$ks_state" "$ks_start" && return 0 ;;
+		esac
+	fi
+	true 2>/dev/null >"$sb_fifo.pid" || return 0
+	# shellcheck disable=SC2094 # the FIFO's name is the standby's argument, not its output
+	if [ -n "$shim_file" ]; then
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" "$OPMARK_SHIM_SELF" "$OPMARK_SHIM_SELF" standby "$sb_fifo" "$sb_preload" "$sb_head" \
+			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
+	else
+		"$setsid_bin" "$setsid_bin" "$OPMARK_SHELL" -c "$OPMARK_SHIM_SELF" opmark-shim "$OPMARK_SHIM_SELF" standby "$sb_fifo" "$sb_preload" "$sb_head" \
+			<"$sb_fifo" >/dev/null 2>&1 3>&- 5>&- 8>&-
+	fi
+}
+
+# find_preload: sets sb_preload and sb_head to the environment `stdbuf -o0` gives the
+# program it runs (coreutils: its LD_PRELOAD and _STDBUF_O=0, read back by printenv) and
+# the head it would run (the first on PATH, as its execvp finds it: never a shell's
+# applet, busybox ash's own head writes through stdio), so that a standby's captures
+# start that head with it themselves (see capped_head); both empty when anything is
+# otherwise: stdbuf then. A resident asks once, for all its standbys.
+find_preload() {
+	sb_preload='' sb_head=''
+	sb_ifs=$IFS
+	IFS=:
+	set -f
+	# shellcheck disable=SC2086 # splitting PATH at its colons is the point
+	for sb_d in $PATH; do
+		case $sb_d in
+		/*) [ -f "$sb_d/head" ] && [ -x "$sb_d/head" ] && sb_head=$sb_d/head && break ;;
+		esac
+	done
+	set +f
+	IFS=$sb_ifs
+	if [ -n "$sb_head" ] && command -v stdbuf >/dev/null 2>&1 &&
+		command -v printenv >/dev/null 2>&1; then
+		sb_env=$(stdbuf -o0 printenv LD_PRELOAD _STDBUF_O </dev/null 2>/dev/null 3>&- 8>&-)
+		case $sb_env in
+		*libstdbuf*"
+0")
+			sb_preload=${sb_env%"
+0"}
+			;;
+		esac
+		case $sb_preload in
+		*"
+"*) sb_preload= ;;
+		esac
+	fi
+}
+
+# standby_leftovers: the FIFOs of residents that are gone without removing theirs (a
+# SIGKILL), named by the resident's pid and start time.
+standby_leftovers() {
+	for sl_f in "$sv_root"/spool/.sb.*.pid; do
+		[ -e "$sl_f" ] || continue
+		sl_id=${sl_f#"$sv_root"/spool/.sb.}
+		sl_id=${sl_id%.pid}
+		alive "${sl_id%%.*}" "${sl_id#*.}" && continue
+		rm -f "${sl_f%.pid}" "$sl_f"
+	done
 }
 
 # read_resident_command: reads the command of a resident's request, cmd_bytes bytes and
@@ -1999,6 +2190,13 @@ gc_index() {
 		for gi_f in "$gi"/[0-9]*; do
 			[ -f "$gi_f" ] && gi_last=$gi_f
 		done
+		# Temp names of slots whose claimer was killed before its supervisor ended (the
+		# slot itself stays).
+		for gi_f in "$gi"/.t.*; do
+			[ -f "$gi_f" ] || continue
+			[ -n "$(find "$gi_f" -prune -mmin +"$gr_min" 2>/dev/null)" ] || continue
+			[ "$2" = 1 ] || rm -f "$gi_f"
+		done
 		for gi_f in "$gi"/[0-9]*; do
 			[ "$gi_f" != "$gi_last" ] || continue
 			[ -f "$gi_f" ] || continue
@@ -2100,6 +2298,7 @@ verb_serve() {
 		refuse "cannot_start reason=resident_off"
 	fi
 	resident=$$
+	find_setsid
 	frame "Q ready pid=$$"
 	sv_line=''
 	while IFS= read -r sv_line; do
@@ -2108,7 +2307,12 @@ verb_serve() {
 		set -- $sv_line
 		set +f
 		serve_one "$@"
+		keep_standby
 	done
+	if [ -n "${sb_fifo:-}" ]; then
+		exec 8>&-
+		rm -f "$sb_fifo" "$sb_fifo.pid"
+	fi
 	exit 0
 }
 
@@ -2142,6 +2346,8 @@ serve_one() {
 	# A nonce of this request's own, made here so that the end frame carries it too.
 	new_nonce || exit 3
 	(
+		# The standby's FIFO is the resident's: a request opens it only to hand off.
+		exec 8>&-
 		# The subshell's own pid and start time, from one read of its stat line (its
 		# check, identity_readable, uses the same line).
 		self_line=

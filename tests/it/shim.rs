@@ -1963,6 +1963,24 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
             with(repeat_check(u64::from(u32::MAX), Block, &[])),
         );
         assert!(after_ghost.started(), "{name}: {after_ghost:?}");
+
+        // The temp names slots are linked from go once their claim is answered: with
+        // the supervisor's leftovers after the exit record, with the spools of a refusal.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let temps: Vec<PathBuf> = std::fs::read_dir(host.root().join("fp"))
+                .unwrap()
+                .flatten()
+                .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with(".t."))
+                .collect();
+            if temps.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{name}: left behind: {temps:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -2161,5 +2179,278 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
         );
         assert!(!host.marker("res-d").exists(), "{name}");
         assert!(host.marker("res-a").join("exit").exists(), "{name}");
+    }
+}
+
+/// A local resident (`serve`) in a process group of its own, fed one request at a time.
+struct Resident {
+    child: std::process::Child,
+    input: Option<std::process::ChildStdin>,
+    frames: std::io::BufReader<std::process::ChildStderr>,
+    seen: Vec<u8>,
+}
+
+impl Resident {
+    fn start(host: &Host) -> Resident {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let mut child = host
+            .command_with_args(vec!["c=00".into(), "serve".into()])
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take();
+        let mut frames = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        while !line.contains(" Q ready pid=") {
+            line.clear();
+            assert!(frames.read_line(&mut line).unwrap() > 0, "no Q frame");
+        }
+        Resident {
+            child,
+            input,
+            frames,
+            seen: Vec::new(),
+        }
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// `command` as run request `op`, answered (its end frame read).
+    fn run(&mut self, op: &str, command: &str) -> Outcome {
+        use std::io::BufRead;
+        let op = OpId::parse(op).unwrap();
+        let fingerprint = fp(command);
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "at1",
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command,
+        });
+        let request = shim::Request::new(&verb, None, None);
+        let input = self.input.as_mut().unwrap();
+        input.write_all(&request.bytes).unwrap();
+        input.flush().unwrap();
+        let start = self.seen.len();
+        let end = format!(" Z c={} ", request.token);
+        loop {
+            let mut line = Vec::new();
+            assert!(
+                self.frames.read_until(b'\n', &mut line).unwrap() > 0,
+                "the resident ended: {}",
+                String::from_utf8_lossy(&self.seen)
+            );
+            self.seen.extend_from_slice(&line);
+            if String::from_utf8_lossy(&line).contains(&end) {
+                break;
+            }
+        }
+        let (o, status) = resident_reply(&self.seen[start..], &request.token);
+        assert_eq!(status, Some(0), "{}", String::from_utf8_lossy(&self.seen));
+        o
+    }
+}
+
+/// The standby supervisor waiting for `resident`'s next command: its pid, once it says
+/// it is ready in its FIFO's `.pid` file and lives (`None` after `within`).
+fn standby_of(host: &Host, resident: i32, within: Duration) -> Option<i32> {
+    let deadline = Instant::now() + within;
+    loop {
+        for entry in std::fs::read_dir(host.root().join("spool"))
+            .unwrap()
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&format!(".sb.{resident}.")) || !name.ends_with(".pid") {
+                continue;
+            }
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            // Alive: a standby just lost is named until the resident replaces it.
+            if let Some(Ok(pid)) = text.split_whitespace().next().map(str::parse::<i32>) {
+                if group_and_session(pid).is_some() {
+                    return Some(pid);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Fields 5 and 6 of `/proc/PID/stat`: its process group and session (`None`: gone, or
+/// a zombie).
+fn group_and_session(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = stat.rsplit_once(") ")?.1.split(' ').collect();
+    (rest[0] != "Z").then(|| (rest[2].parse().unwrap(), rest[3].parse().unwrap()))
+}
+
+fn gone_within(pid: i32, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while group_and_session(pid).is_some() {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+#[test]
+fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_waits_past_it() {
+    for (name, shell) in shells() {
+        let host = Host::new("standby", &shell);
+        let dir = host.state_home.join("files");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut first = Resident::start(&host);
+        // The first request makes the marker root; the standby comes after it.
+        let one = first.run("sb-1", "true");
+        assert_eq!(one.exit().map(|x| x.code), Some(0), "{name}: {one:?}");
+        let standby = standby_of(&host, first.pid(), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{name}: no standby supervisor"));
+        // In a session of its own, out of the resident's process group.
+        let (group, session) = group_and_session(standby).unwrap();
+        assert_eq!((group, session), (standby, standby), "{name}");
+        assert_ne!(group, first.pid(), "{name}");
+
+        // The next command is the standby's: the marker records it as the supervisor.
+        // Killing the resident's whole group mid-command leaves it running to its end.
+        let count = dir.join("count");
+        let started = dir.join("started");
+        let command = format!(
+            "echo s >> {}; sleep 1; echo once >> {}",
+            started.display(),
+            count.display()
+        );
+        let op = OpId::parse("sb-2").unwrap();
+        let fingerprint = fp(&command);
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "at1",
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command: &command,
+        });
+        let request = shim::Request::new(&verb, None, None);
+        first
+            .input
+            .as_mut()
+            .unwrap()
+            .write_all(&request.bytes)
+            .unwrap();
+        host.wait_for_file(&started);
+        assert_eq!(
+            host.record("sb-2", "proc", "pid"),
+            standby.to_string(),
+            "{name}"
+        );
+        // Its captures' head writes unbuffered, as under stdbuf -o0 (the standby starts
+        // head with the environment stdbuf would give it).
+        if which("stdbuf").is_some() {
+            for capture in host.record("sb-2", "proc", "captures").split(',') {
+                let children = format!("/proc/{capture}/task/{capture}/children");
+                let head = std::fs::read_to_string(children).unwrap_or_default();
+                let head = head.split_whitespace().next().unwrap_or("none").to_owned();
+                let environ = std::fs::read(format!("/proc/{head}/environ")).unwrap_or_default();
+                let vars: Vec<String> = environ
+                    .split(|&b| b == 0)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .collect();
+                assert!(
+                    vars.iter().any(|v| v == "_STDBUF_O=0")
+                        && vars
+                            .iter()
+                            .any(|v| v.starts_with("LD_PRELOAD=") && v.contains("libstdbuf")),
+                    "{name}: capture {capture}'s head {head}: {vars:?}"
+                );
+            }
+        }
+        kill(-first.pid(), "KILL");
+        let _ = first.child.wait();
+        let done = host.wait_for_state("sb-2", MarkerState::Completed);
+        assert_eq!(done.exit_code, Some(0), "{name}: {done:?}");
+        assert_eq!(count_lines(&count), 1, "{name}: ran to its end once");
+        assert_eq!(count_lines(&started), 1, "{name}");
+
+        // A resident whose standby waits: the resident's end is the standby's (EOF on
+        // its FIFO), and its FIFO goes with it. The killed one's FIFO is reclaimed.
+        let mut second = Resident::start(&host);
+        let three = second.run("sb-3", "echo three");
+        assert_eq!(three.stdout, b"three\n", "{name}: {three:?}");
+        let idle = standby_of(&host, second.pid(), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{name}: no standby supervisor"));
+        // An idle standby killed: the next command detaches a supervisor as before, and
+        // a new standby follows. A torn line in the FIFO is skipped, never run.
+        kill(idle, "KILL");
+        assert!(gone_within(idle, Duration::from_secs(5)), "{name}");
+        let four = second.run("sb-4", "echo four");
+        assert_eq!(four.stdout, b"four\n", "{name}: {four:?}");
+        assert_ne!(
+            host.record("sb-4", "proc", "pid"),
+            idle.to_string(),
+            "{name}"
+        );
+        let next = standby_of(&host, second.pid(), Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("{name}: no standby after a lost one"));
+        let fifo = std::fs::read_dir(host.root().join("spool"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                n.starts_with(&format!(".sb.{}.", second.pid())) && !n.ends_with(".pid")
+            })
+            .unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&fifo)
+            .unwrap()
+            .write_all(b"1 2 3 bogus /nowhere/ops/sb-4 and more\n7 7 7 x")
+            .unwrap();
+        let five = second.run("sb-5", "echo five");
+        assert_eq!(five.stdout, b"five\n", "{name}: {five:?}");
+        assert_eq!(
+            host.record("sb-5", "proc", "pid"),
+            next.to_string(),
+            "{name}"
+        );
+        let idle = standby_of(&host, second.pid(), Duration::from_secs(10)).unwrap();
+        let leftovers = |pid: i32| {
+            std::fs::read_dir(host.root().join("spool"))
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!(".sb.{pid}."))
+                })
+                .count()
+        };
+        assert_eq!(leftovers(first.pid()), 0, "{name}: the killed one's FIFO");
+        drop(second.input.take());
+        let _ = second.child.wait();
+        assert!(
+            gone_within(idle, Duration::from_secs(5)),
+            "{name}: an idle standby outlived its resident"
+        );
+        assert_eq!(leftovers(second.pid()), 0, "{name}");
     }
 }
