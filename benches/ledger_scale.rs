@@ -47,6 +47,13 @@ fn route(host: usize, port: u16) -> Route {
     }
 }
 
+/// An intent fingerprint as the ledger stores them: an HMAC in hex, so uniform (an index
+/// on its first digits spreads), and unique per operation (`n`).
+fn fingerprint(n: u64) -> String {
+    let [a, b, c]: [u64; 3] = rand::random();
+    format!("{a:016x}{b:016x}{c:016x}{n:016x}")
+}
+
 /// The events `opmark run target --op ID -- true` records, in its transactions (the first
 /// one `Full`, before dispatch), as src/operation/driver.rs writes them.
 fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability)> {
@@ -64,10 +71,7 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
                     session: session.to_owned(),
                     family: Family::ReadOnly,
                     display: "true".into(),
-                    fingerprint: format!(
-                        "{:064x}",
-                        u128::from(rand::random::<u64>()) << 64 | u128::from(n)
-                    ),
+                    fingerprint: fingerprint(n),
                     rule: "builtin read_only: true".into(),
                 },
                 Event::AttemptDispatched {
@@ -150,7 +154,7 @@ fn unresolved_run(n: u64, session: &str) -> Vec<Event> {
             session: session.to_owned(),
             family: Family::ReadOnly,
             display: "true".into(),
-            fingerprint: format!("{:064x}", n + 1),
+            fingerprint: fingerprint(u64::MAX - n),
             rule: "builtin read_only: true".into(),
         },
         Event::AttemptDispatched {
