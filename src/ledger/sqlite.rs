@@ -1137,14 +1137,7 @@ fn insert_row_v5(
         Some(m) => Value::Integer(m),
         None => Value::Text(r.at.clone()),
     };
-    let (body, kind) = match codec::encode(&r.payload, atoms)? {
-        Some(b) => {
-            let implied = codec::decode(&b, atoms)?.ok().and_then(|(_, k)| k);
-            (Value::Blob(b), implied)
-        }
-        None => (Value::Text(r.payload.clone()), implied_kind(&r.payload)),
-    };
-    let kind = (kind.as_deref() != Some(r.kind.as_str())).then(|| r.kind.clone());
+    let (body, kind) = stored_payload(atoms, r)?;
     let before: Option<Value> = conn
         .prepare_cached("SELECT hash FROM events WHERE seq = ?1")?
         .query_row(params![r.seq.wrapping_sub(1) as i64], |row| row.get(0))
@@ -1193,14 +1186,7 @@ pub(crate) fn insert_row(
         }
         (None, _) => Value::Text(r.at.clone()),
     };
-    let (body, kind) = match codec::encode(&r.payload, atoms)? {
-        Some(b) => {
-            let implied = codec::decode(&b, atoms)?.ok().and_then(|(_, k)| k);
-            (Value::Blob(b), implied)
-        }
-        None => (Value::Text(r.payload.clone()), implied_kind(&r.payload)),
-    };
-    let kind = (kind.as_deref() != Some(r.kind.as_str())).then(|| r.kind.clone());
+    let (body, kind) = stored_payload(atoms, r)?;
     let implied = if r.seq == 1 {
         r.prev_hash == chain::GENESIS
     } else {
@@ -1236,6 +1222,25 @@ pub(crate) fn insert_row(
     conn.prepare_cached("UPDATE op_keys SET last_seq = ?1 WHERE id = ?2")?
         .execute(params![r.seq as i64, op])?;
     Ok(())
+}
+
+/// What is stored of `r`'s payload (compact when it round-trips, else its text) and of
+/// its kind (only when the payload's tag is not it); the same in every layout since 5.
+fn stored_payload(
+    atoms: &mut AtomsOf<'_>,
+    r: &chain::Row,
+) -> Result<(Value, Option<String>), LedgerError> {
+    let (body, kind) = match codec::encode(&r.payload, atoms)? {
+        Some(b) => {
+            let implied = codec::decode(&b, atoms)?.ok().and_then(|(_, k)| k);
+            (Value::Blob(b), implied)
+        }
+        None => (Value::Text(r.payload.clone()), implied_kind(&r.payload)),
+    };
+    Ok((
+        body,
+        (kind.as_deref() != Some(r.kind.as_str())).then(|| r.kind.clone()),
+    ))
 }
 
 /// What is stored of event `seq`'s `hash` when it is a SHA-256 in lowercase hex: all 32

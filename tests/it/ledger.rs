@@ -2028,11 +2028,7 @@ fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
     let s = Scratch::new("migrate-archived-src");
     let db = s.path("ledger.db");
     let mut ledger = Ledger::open(&db).unwrap();
-    for n in 0..4 {
-        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
-    }
-    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
-    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    archivable_history(&mut ledger);
     drop(ledger);
     let file = s.path("archive.db");
     let file_arg = file.to_str().unwrap();
@@ -2500,11 +2496,7 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
     let s = Scratch::new("archive-cli");
     let db = s.path("ledger.db");
     let mut ledger = Ledger::open(&db).unwrap();
-    for n in 0..4 {
-        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
-    }
-    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
-    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    archivable_history(&mut ledger);
     drop(ledger);
     let file = s.path("archive.db");
     let file_arg = file.to_str().unwrap();
@@ -2568,17 +2560,23 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
     );
 }
 
+/// Four settled operations, then an unresolved one, then a settled one: what `ledger
+/// archive --before 0s` can move is the first four (the unresolved one holds the rest).
+fn archivable_history(ledger: &mut Ledger) {
+    for n in 0..4 {
+        write_operation(ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
+    }
+    unresolved_operation(ledger, &OpKey::new("open-1", "h1"));
+    write_operation(ledger, &OpKey::new("done-late", "h1"), 9);
+}
+
 /// Issue 30, on both backends: `ledger archive` moves the settled operations out (never
 /// an unresolved one, never half an operation), `stats` still counts the whole history,
 /// and the ledger and its archive verify as one chain; an edit in the ledger after the cut
 /// and an edit in the archive are each found.
 fn an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found(f: &Fixture) {
     let mut ledger = f.open();
-    for n in 0..4 {
-        write_operation(&mut ledger, &OpKey::new(format!("done-{n}"), "h1"), n);
-    }
-    unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
-    write_operation(&mut ledger, &OpKey::new("done-late", "h1"), 9);
+    archivable_history(&mut ledger);
     let before = ledger.stats().unwrap();
     let late = ledger
         .operation(&OpKey::new("done-late", "h1"))
