@@ -376,6 +376,10 @@ fn twenty_concurrent_callers_share_the_keeper_within_max_sessions() {
                 .unwrap()
         })
         .collect();
+    // A caller that finds no keeper listening within its start wait (a loaded machine:
+    // 20 processes start one keeper at once) goes direct, correctly, and says so; its
+    // connection is its own, not the keeper's.
+    let mut direct: usize = 0;
     for (i, child) in children.into_iter().enumerate() {
         let a = answer(child.wait_with_output().unwrap());
         assert_eq!(a.verdict(), "completed", "caller {i}: {a:?}");
@@ -385,11 +389,21 @@ fn twenty_concurrent_callers_share_the_keeper_within_max_sessions() {
             1,
             "no channel refused by MaxSessions: {a:?}"
         );
+        if a.stderr.contains("connection reuse is off for this run") {
+            eprintln!("caller {i} went direct: {}", a.stderr.trim());
+            direct += 1;
+        }
     }
-    let auths = authentications(&lab, from);
     assert!(
-        (2..=3).contains(&auths),
-        "20 channels at once need 2 connections of 10 (sshd MaxSessions), got {auths}"
+        direct <= 5,
+        "{direct} of 20 callers found no keeper: too few shared one to test sharing"
+    );
+    let carried = 20 - direct;
+    let need = carried.div_ceil(10);
+    let auths = authentications(&lab, from).saturating_sub(direct);
+    assert!(
+        (need..=need + 1).contains(&auths),
+        "{carried} channels at once through the keeper need {need} connections of 10 (sshd MaxSessions), got {auths} (and {direct} direct callers' own)"
     );
 }
 
