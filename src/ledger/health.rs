@@ -350,8 +350,9 @@ pub(crate) fn health(
         .all(|c| c.is_ascii_alphanumeric() || "-:.+".contains(c)));
     h.needs_human = Tally::from_groups(&(reads.group)(&format!(
         "SELECT family, COUNT(*) FROM operations
-         WHERE {} AND created_at < '{needs_human_before}'{active} GROUP BY family",
-        dialect.unresolved
+         WHERE {} AND created_at < {}{active} GROUP BY family",
+        dialect.unresolved,
+        (dialect.stamp)(needs_human_before)
     ))?);
     let (dups, by_host, named) = duplicates(reads, dialect, windowed)?;
     h.suspected_duplicates = dups;

@@ -235,6 +235,9 @@ pub struct ListFilter {
 pub(crate) enum SqlArg {
     Text(String),
     Int(i64),
+    /// A stamp opmark formatted, compared with `created_at`/`updated_at` (SQLite stores
+    /// those as micros).
+    Stamp(String),
 }
 
 impl ListFilter {
@@ -267,7 +270,7 @@ impl ListFilter {
             bind(&mut conds, "last_seq >= ?", SqlArg::Int(seq as i64));
         }
         if let Some(at) = &self.since_at {
-            bind(&mut conds, "updated_at >= ?", SqlArg::Text(at.clone()));
+            bind(&mut conds, "updated_at >= ?", SqlArg::Stamp(at.clone()));
         }
         if let Some(seq) = self.before_seq {
             bind(&mut conds, "last_seq < ?", SqlArg::Int(seq as i64));
@@ -348,6 +351,8 @@ pub(crate) struct StatsDialect {
     /// `(a, b)`: the fingerprints `a` and `b` are equal, spelled so the backend's intent
     /// index serves it.
     pub same_fingerprint: fn(&str, &str) -> String,
+    /// A stamp opmark formatted as a literal to compare `created_at`/`updated_at` with.
+    pub stamp: fn(&str) -> String,
 }
 
 impl Stats {

@@ -56,6 +56,8 @@ pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
     param: "$1",
     json_text: |column, field| format!("({column}::jsonb ->> '{field}')"),
     same_fingerprint: |a, b| format!("{a} = {b}"),
+    // Text (the stamp has no quote: health checks it is digits and `-:.TZ`).
+    stamp: |at| format!("'{at}'"),
 };
 
 /// Arbitrary constant naming opmark's advisory lock for migrations.
@@ -327,7 +329,7 @@ impl PgStore {
                 .into_iter()
                 .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
                     match a {
-                        super::SqlArg::Text(t) => Box::new(t),
+                        super::SqlArg::Text(t) | super::SqlArg::Stamp(t) => Box::new(t),
                         super::SqlArg::Int(n) => Box::new(n),
                     }
                 })

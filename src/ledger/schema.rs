@@ -252,6 +252,72 @@ const MIGRATIONS: &[&str] = &[
         INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
     END;
     "#,
+    // 8: an operation's `created_at` and `updated_at` as micros since the epoch (8 bytes
+    // instead of the stamp's 27; `codec::stored_stamp`), or the text of a stamp that would
+    // not come back byte for byte. A column's type cannot change in place, and a TEXT
+    // column would turn the integers back into text, so the table is rebuilt (without a
+    // declared type: any value is kept as written) with its indexes and triggers.
+    r#"
+    ALTER TABLE operations RENAME TO operations_v7;
+    CREATE TABLE operations (
+        op_id           TEXT NOT NULL,
+        host            TEXT NOT NULL,
+        family          TEXT NOT NULL,
+        display         TEXT NOT NULL,
+        fingerprint     TEXT NOT NULL,
+        rule            TEXT NOT NULL,
+        session         TEXT NOT NULL,
+        state           TEXT NOT NULL,
+        verdict         TEXT,
+        exit_code       INTEGER,
+        attempts        INTEGER NOT NULL DEFAULT 0,
+        last_attempt    TEXT,
+        unresolved      INTEGER NOT NULL,
+        created_at      NOT NULL,  -- micros since the epoch, or the stamp's text
+        updated_at      NOT NULL,
+        first_seq       INTEGER NOT NULL,
+        last_seq        INTEGER NOT NULL,
+        contradictions  INTEGER NOT NULL DEFAULT 0,
+        settled_attempt TEXT,
+        PRIMARY KEY (op_id, host)
+    ) WITHOUT ROWID;
+    INSERT INTO operations (op_id, host, family, display, fingerprint, rule, session, state,
+            verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at,
+            first_seq, last_seq, contradictions, settled_attempt)
+        SELECT op_id, host, family, display, fingerprint, rule, session, state,
+            verdict, exit_code, attempts, last_attempt, unresolved,
+            CASE WHEN typeof(created_at) = 'text' AND length(created_at) = 27
+            AND created_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]Z'
+            AND strftime('%Y-%m-%dT%H:%M:%S', substr(created_at, 1, 19)) = substr(created_at, 1, 19)
+            THEN CAST(strftime('%s', substr(created_at, 1, 19)) AS INTEGER) * 1000000 + CAST(substr(created_at, 21, 6) AS INTEGER)
+            ELSE created_at END,
+            CASE WHEN typeof(updated_at) = 'text' AND length(updated_at) = 27
+            AND updated_at GLOB '[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9].[0-9][0-9][0-9][0-9][0-9][0-9]Z'
+            AND strftime('%Y-%m-%dT%H:%M:%S', substr(updated_at, 1, 19)) = substr(updated_at, 1, 19)
+            THEN CAST(strftime('%s', substr(updated_at, 1, 19)) AS INTEGER) * 1000000 + CAST(substr(updated_at, 21, 6) AS INTEGER)
+            ELSE updated_at END,
+            first_seq, last_seq, contradictions, settled_attempt
+        FROM operations_v7;
+    DROP TABLE operations_v7;
+    CREATE INDEX operations_by_recency ON operations (last_seq);
+    CREATE INDEX operations_unresolved ON operations (last_seq) WHERE unresolved = 1;
+    CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
+    CREATE INDEX operations_by_host ON operations (host, last_seq);
+    CREATE INDEX operations_by_intent ON operations (substr(fingerprint, 1, 16), host, first_seq);
+    CREATE TRIGGER shared_intents_on_insert AFTER INSERT ON operations
+        WHEN EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
+            AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    CREATE TRIGGER shared_intents_on_update AFTER UPDATE OF fingerprint, host ON operations
+        WHEN (OLD.fingerprint IS NOT NEW.fingerprint OR OLD.host IS NOT NEW.host)
+            AND EXISTS (SELECT 1 FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16)
+                AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+    BEGIN
+        INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
+    END;
+    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.

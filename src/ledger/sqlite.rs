@@ -44,6 +44,8 @@ pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
     // term, which then no longer matches the index expression (and a quadratic scan of
     // the host's operations follows).
     same_fingerprint: |a, b| format!("substr({a}, 1, 16) = substr({b}, 1, 16) AND +{a} = {b}"),
+    // Micros since the epoch (schema 8).
+    stamp: |at| codec::stamp_bound(at).to_string(),
 };
 
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -263,7 +265,7 @@ impl SqliteStore {
             super::SAME_INTENT_LIMIT
         ))?;
         let rows = stmt.query_map(
-            params![fingerprint, host, op_id, since],
+            params![fingerprint, host, op_id, codec::stamp_bound(since)],
             projection::from_row,
         )?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -279,6 +281,7 @@ impl SqliteStore {
             rusqlite::params_from_iter(args.iter().map(|a| match a {
                 super::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
                 super::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
+                super::SqlArg::Stamp(at) => rusqlite::types::Value::Integer(codec::stamp_bound(at)),
             })),
             projection::from_row,
         )?;

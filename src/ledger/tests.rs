@@ -1150,8 +1150,10 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 
 /// Turns a ledger of this version back into schema 3's text layout (one text row per
 /// event, as opmark wrote until the compact layout): schema 4 (health counters, intent index) is rebuilt by its migration, schema 5 changed nothing else, schema 6's
-/// `shared_intents` is rebuilt by its migration and schema 7 changed only the events, so
-/// this is exactly the file an older opmark leaves. `edit` then runs on the old rows.
+/// `shared_intents` is rebuilt by its migration, schema 7 changed only the events and
+/// schema 8 only how `operations` stores its two stamps (text again here, in a TEXT
+/// column), so this is exactly the file an older opmark leaves. `edit` then runs on the
+/// old rows.
 pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
     let snapshot = l.snapshot().unwrap();
@@ -1168,6 +1170,25 @@ pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
          DROP TRIGGER IF EXISTS shared_intents_on_update;
          DROP TABLE IF EXISTS shared_intents;
          DELETE FROM counters WHERE name LIKE 'h/%';
+         ALTER TABLE operations RENAME TO operations_v8;
+         CREATE TABLE operations (
+             op_id TEXT NOT NULL, host TEXT NOT NULL, family TEXT NOT NULL,
+             display TEXT NOT NULL, fingerprint TEXT NOT NULL, rule TEXT NOT NULL,
+             session TEXT NOT NULL, state TEXT NOT NULL, verdict TEXT, exit_code INTEGER,
+             attempts INTEGER NOT NULL DEFAULT 0, last_attempt TEXT, unresolved INTEGER NOT NULL,
+             created_at TEXT NOT NULL, updated_at TEXT NOT NULL, first_seq INTEGER NOT NULL,
+             last_seq INTEGER NOT NULL, contradictions INTEGER NOT NULL DEFAULT 0,
+             settled_attempt TEXT, PRIMARY KEY (op_id, host)) WITHOUT ROWID;
+         INSERT INTO operations SELECT op_id, host, family, display, fingerprint, rule, session,
+             state, verdict, exit_code, attempts, last_attempt, unresolved,
+             strftime('%Y-%m-%dT%H:%M:%S', created_at / 1000000, 'unixepoch') || printf('.%06dZ', created_at % 1000000),
+             strftime('%Y-%m-%dT%H:%M:%S', updated_at / 1000000, 'unixepoch') || printf('.%06dZ', updated_at % 1000000),
+             first_seq, last_seq, contradictions, settled_attempt FROM operations_v8;
+         DROP TABLE operations_v8;
+         CREATE INDEX operations_by_recency ON operations (last_seq);
+         CREATE INDEX operations_unresolved ON operations (last_seq) WHERE unresolved = 1;
+         CREATE INDEX operations_contradicted ON operations (last_seq) WHERE contradictions > 0;
+         CREATE INDEX operations_by_host ON operations (host, last_seq);
          CREATE TABLE events (
              seq INTEGER PRIMARY KEY, op_id TEXT NOT NULL, host TEXT NOT NULL,
              at TEXT NOT NULL, kind TEXT NOT NULL, payload TEXT NOT NULL,
@@ -1203,8 +1224,21 @@ fn a_text_layout_ledger_migrates_to_the_compact_one_and_still_verifies_and_finds
     varied_history(&mut l);
     let before = l.verify_chain().unwrap();
     assert!(before.intact(), "{before:?}");
+    let ops_before = l.list(&ListFilter::default()).unwrap();
     drop(l);
     let events = as_schema_3(&s.db(), "");
+    {
+        // The old file holds the stamps as text, as schema 7 wrote them.
+        let conn = rusqlite::Connection::open(s.db()).unwrap();
+        let text: (String, String) = conn
+            .query_row(
+                "SELECT typeof(created_at), typeof(updated_at) FROM operations LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(text, ("text".to_owned(), "text".to_owned()));
+    }
     let text_bytes = std::fs::metadata(s.db()).unwrap().len();
     assert!(text_bytes > 0);
     // Opening migrates (schemas 4 and 5); the chain and the projection verify as before.
@@ -1227,6 +1261,17 @@ fn a_text_layout_ledger_migrates_to_the_compact_one_and_still_verifies_and_finds
         )
         .unwrap();
     assert_eq!(texts, 0);
+    // Schema 8: every operation's stamps became micros, and read back as they were.
+    let stamps_as_text: u64 = l
+        .conn()
+        .query_row(
+            "SELECT COUNT(*) FROM operations WHERE typeof(created_at) != 'integer' OR typeof(updated_at) != 'integer'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(stamps_as_text, 0);
+    assert_eq!(l.list(&ListFilter::default()).unwrap(), ops_before);
     // An edit of the migrated ledger is found.
     l.expand_rows_for_tests().unwrap();
     l.conn()
@@ -1237,6 +1282,41 @@ fn a_text_layout_ledger_migrates_to_the_compact_one_and_still_verifies_and_finds
         .unwrap();
     let b = l.verify_chain().unwrap().first_break.expect("edit found");
     assert_eq!(b.seq, 6, "{}", b.problem);
+}
+
+#[test]
+fn a_stamp_that_would_not_come_back_as_micros_stays_text_through_the_migration() {
+    let s = Scratch::new("migrate-odd-stamp");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    varied_history(&mut l);
+    let op = l.list(&ListFilter::default()).unwrap()[0].op_id.clone();
+    drop(l);
+    // No 31 February: SQLite's date functions would move it to March, so it stays text.
+    as_schema_3(
+        &s.db(),
+        &format!(
+            "UPDATE operations SET updated_at = '2026-02-31T00:00:00.000000Z' WHERE op_id = '{op}'"
+        ),
+    );
+    let l = Ledger::open(&s.db()).unwrap();
+    let (kind, at): (String, String) = l
+        .conn()
+        .query_row(
+            "SELECT typeof(updated_at), updated_at FROM operations WHERE op_id = ?1",
+            [&op],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (kind.as_str(), at.as_str()),
+        ("text", "2026-02-31T00:00:00.000000Z")
+    );
+    let rec = l.list(&ListFilter::default()).unwrap();
+    let rec = rec.iter().find(|r| r.op_id == op).unwrap();
+    assert_eq!(rec.updated_at, "2026-02-31T00:00:00.000000Z");
+    // It was an edit of the projection, and the full walk still says so.
+    let report = l.verify_chain().unwrap();
+    assert!(!report.intact(), "{report:?}");
 }
 
 #[test]
