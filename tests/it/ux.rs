@@ -349,12 +349,19 @@ fn seed(ledger: &Path, ops: &[(&str, &str)]) {
 }
 
 /// Moves an operation's last activity back in time, as if it had happened then.
+/// Moves an operation's last change back to `at`, stored as the ledger stores a stamp
+/// (micros since the epoch).
 fn backdate(ledger: &Path, op: &str, at: &str) {
+    let micros = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .unwrap()
+        .unix_timestamp_nanos()
+        / 1000;
+    let micros = i64::try_from(micros).unwrap();
     let db = rusqlite::Connection::open(ledger).unwrap();
     let n = db
         .execute(
             "UPDATE operations SET updated_at = ?1 WHERE op_id = ?2",
-            [at, op],
+            rusqlite::params![micros, op],
         )
         .unwrap();
     assert_eq!(n, 1);
