@@ -923,6 +923,25 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// The last `lines` lines of every target's sshd log, each under a header naming it:
+    /// the servers' side of a failure.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.state
+            .targets
+            .iter()
+            .map(|t| {
+                format!(
+                    "--- lab {}: {} sshd log (last lines) ---\n{}\n",
+                    self.dir.display(),
+                    t.alias,
+                    sshd::log_tail(&t.log, lines)
+                )
+            })
+            .collect()
+    }
+}
+
 impl Drop for Lab {
     fn drop(&mut self) {
         if !self.owned {
@@ -930,14 +949,7 @@ impl Drop for Lab {
         }
         if std::thread::panicking() {
             // A failing test is easier to read with the servers' side of the story.
-            for t in &self.state.targets {
-                eprintln!(
-                    "--- lab {}: {} sshd log (last lines) ---\n{}",
-                    self.dir.display(),
-                    t.alias,
-                    sshd::log_tail(&t.log, 30)
-                );
-            }
+            eprint!("{}", self.log_tails(30));
         }
         let _ = self.stop_all();
     }

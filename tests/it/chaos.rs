@@ -260,6 +260,10 @@ fn random_cuts_kills_and_restarts_never_execute_an_operation_twice() {
             std::panic::catch_unwind(AssertUnwindSafe(|| round(&lab, &other, &late, seed)));
         late.off();
         if let Err(payload) = outcome {
+            // The servers' logs first and the failure last: a CI excerpt keeps the
+            // output's end, and the lab (dropped unpanicked) adds nothing after it.
+            eprint!("{}", lab.log_tails(30));
+            drop(lab);
             panic!(
                 "chaos seed {seed} failed: {}\nreplay it: OPMARK_CHAOS_SEED={seed} cargo test --test it chaos::",
                 panic_text(payload.as_ref())
