@@ -234,8 +234,18 @@ fn to_json(v: &J) -> String {
     s
 }
 
+/// `s` as a JSON string, byte for byte as `serde_json` writes it: it escapes only `"`,
+/// `\\` and control characters, so text without them is copied as it is (the common
+/// case, and the walk of `audit verify` decodes every string of every event).
 fn write_str(out: &mut String, s: &str) {
-    out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+    if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        out.push_str(&serde_json::to_string(s).expect("strings serialize"));
+    } else {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    }
 }
 
 fn write_json(out: &mut String, v: &J) {
@@ -429,12 +439,52 @@ pub(crate) fn at_to_micros(at: &str) -> Option<i64> {
     (micros_to_at(micros).as_deref() == Some(at)).then_some(micros)
 }
 
-/// The stamp text of `micros` since the epoch.
+/// The stamp text of `micros` since the epoch. Years 0 to 9999 are written here (every
+/// event time is one, and `audit verify` formats each); others by `time`, whose text
+/// this matches byte for byte (a unit test compares them).
 pub(crate) fn micros_to_at(micros: i64) -> Option<String> {
+    let (secs, frac) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    if !(0..=9999).contains(&year) {
+        return micros_to_at_by_time(micros);
+    }
+    let mut b = *b"0000-00-00T00:00:00.000000Z";
+    let mut put = |at: usize, width: usize, mut n: i64| {
+        for k in (at..at + width).rev() {
+            b[k] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, month);
+    put(8, 2, day);
+    put(11, 2, day_secs / 3600);
+    put(14, 2, day_secs / 60 % 60);
+    put(17, 2, day_secs % 60);
+    put(20, 6, frac);
+    Some(std::str::from_utf8(&b).ok()?.to_owned())
+}
+
+fn micros_to_at_by_time(micros: i64) -> Option<String> {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(micros) * 1000)
         .ok()?
         .format(STAMP)
         .ok()
+}
+
+/// The proleptic Gregorian (year, month, day) of `days` after 1970-01-01 (H. Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// How SQLite stores a stamp opmark formatted: its micros since the epoch (8 bytes
@@ -532,6 +582,50 @@ mod tests {
         assert_eq!(micros_to_at(at_to_micros(at).unwrap()).unwrap(), at);
         assert_eq!(at_to_micros("2026-12-01T17:25:10Z"), None);
         assert_eq!(at_to_micros("2026-12-01 17:25:10.123456Z"), None);
+    }
+
+    #[test]
+    fn stamps_are_formatted_as_time_formats_them() {
+        let mut values: Vec<i64> = vec![
+            0,
+            -1,
+            1,
+            951_782_400_000_000,     // 2000-02-29
+            4_107_542_399_999_999,   // 2100-02-28T23:59:59.999999
+            253_402_300_799_999_999, // 9999-12-31T23:59:59.999999
+            -62_167_219_200_000_000, // 0000-01-01
+            -62_167_219_200_000_001, // the microsecond before: by `time`
+            253_402_300_800_000_000, // 10000-01-01: out of `time`'s range
+            i64::MIN,
+            i64::MAX,
+        ];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push((x % 320_000_000_000_000_000) as i64 - 62_200_000_000_000_000);
+        }
+        for m in values {
+            assert_eq!(micros_to_at(m), micros_to_at_by_time(m), "{m}");
+        }
+    }
+
+    #[test]
+    fn json_strings_are_written_as_serde_json_writes_them() {
+        for s in [
+            "",
+            "plain",
+            "a \"quote\"",
+            "back\\slash",
+            "tab\tnew\nline",
+            "\u{1}\u{1f}\u{7f}",
+            "é ☃ 🦀",
+        ] {
+            let mut out = String::new();
+            write_str(&mut out, s);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+        }
     }
 
     #[test]

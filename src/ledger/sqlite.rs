@@ -1107,9 +1107,14 @@ pub(crate) fn hash_value(hash: &str) -> Value {
 }
 
 fn hash_text(v: Value) -> String {
+    hash_text_ref((&v).into())
+}
+
+fn hash_text_ref(v: rusqlite::types::ValueRef<'_>) -> String {
+    use rusqlite::types::ValueRef;
     match v {
-        Value::Blob(b) => hex::encode(b),
-        Value::Text(t) => t,
+        ValueRef::Blob(b) => chain::hex_of(b),
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
         _ => String::new(),
     }
 }
@@ -1315,22 +1320,24 @@ fn decode_row(
         (Value::Text(t), _) => t,
         _ => String::new(),
     };
-    let (payload, implied) = match r.get::<_, Value>(5)? {
-        Value::Blob(b) => match codec::decode(&b, atoms)? {
+    // Borrowed, not copied: a blob is decoded where SQLite holds it.
+    let (payload, implied) = match r.get_ref(5)? {
+        rusqlite::types::ValueRef::Blob(b) => match codec::decode(b, atoms)? {
             Ok((text, kind)) => (text, kind),
             // Not what opmark wrote: the hash check names the event.
             Err(why) => (format!("\u{0}undecodable body: {why}"), None),
         },
-        Value::Text(t) => {
+        rusqlite::types::ValueRef::Text(t) => {
+            let t = String::from_utf8_lossy(t).into_owned();
             let k = implied_kind(&t);
             (t, k)
         }
         _ => ("\u{0}undecodable body".to_owned(), None),
     };
-    let hash = hash_text(r.get(6)?);
-    let prev_hash = match r.get::<_, Value>(7)? {
-        Value::Null => String::new(),
-        v => hash_text(v),
+    let hash = hash_text_ref(r.get_ref(6)?);
+    let prev_hash = match r.get_ref(7)? {
+        rusqlite::types::ValueRef::Null => String::new(),
+        v => hash_text_ref(v),
     };
     let kind = match r.get::<_, Option<String>>(8)? {
         Some(k) => k,
