@@ -175,27 +175,78 @@ impl FullCheck {
 
 /// Feeds `check` the events `next_event` gives (chain order) and the rows `next_stored`
 /// gives (ascending `last_seq`), each row right after the event its `last_seq` names.
+///
+/// Reading and decoding the rows costs about what hashing and replaying them does, so
+/// they run side by side: this thread reads (the readers hold the backend's statements,
+/// which stay on their thread) and a second one checks, in batches through a bounded
+/// queue, so memory stays flat. A break the checker finds ends the reading at the next
+/// batch.
 pub(crate) fn feed<E>(
     check: &mut FullCheck,
     mut next_event: impl FnMut() -> Result<Option<(Row, Option<bool>)>, E>,
     mut next_stored: impl FnMut() -> Result<Option<OperationRecord>, E>,
 ) -> Result<(), E> {
-    let mut stored = next_stored()?;
-    while let Some((row, first)) = next_event()? {
-        if check.event(&row, first).is_break() {
-            return Ok(());
+    std::thread::scope(|scope| {
+        // Made here, so the sending end is dropped (ending the checker's loop) whenever
+        // the reading ends, before the scope waits for the checker.
+        let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Fed>>(QUEUED_BATCHES);
+        scope.spawn(move || {
+            for batch in receive {
+                for fed in batch {
+                    match fed {
+                        Fed::Event(row, first) => {
+                            if check.event(&row, first).is_break() {
+                                // Dropping the queue's end stops the reader.
+                                return;
+                            }
+                        }
+                        Fed::Stored(rec) => check.stored(rec),
+                    }
+                }
+            }
+        });
+        let mut batch = Vec::with_capacity(BATCH);
+        let flush = |batch: &mut Vec<Fed>, force: bool| {
+            if batch.len() >= BATCH || (force && !batch.is_empty()) {
+                let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
+                // Err: the checker stopped at a break, so nothing more is wanted.
+                return send.send(full).is_ok();
+            }
+            true
+        };
+        let mut stored = next_stored()?;
+        while let Some((row, first)) = next_event()? {
+            let seq = row.seq;
+            batch.push(Fed::Event(row, first));
+            while let Some(rec) = stored.take_if(|r| r.last_seq <= seq) {
+                batch.push(Fed::Stored(rec));
+                stored = next_stored()?;
+            }
+            if !flush(&mut batch, false) {
+                return Ok(());
+            }
         }
-        while let Some(rec) = stored.take_if(|r| r.last_seq <= row.seq) {
-            check.stored(rec);
+        while let Some(rec) = stored {
+            batch.push(Fed::Stored(rec));
             stored = next_stored()?;
+            if !flush(&mut batch, false) {
+                return Ok(());
+            }
         }
-    }
-    while let Some(rec) = stored {
-        check.stored(rec);
-        stored = next_stored()?;
-    }
-    Ok(())
+        flush(&mut batch, true);
+        Ok(())
+    })
 }
+
+/// What [`feed`]'s reader hands its checker, in the order it is to be checked.
+enum Fed {
+    Event(Row, Option<bool>),
+    Stored(OperationRecord),
+}
+
+/// Events and rows per hand-over, and hand-overs queued: a few hundred KB at most.
+const BATCH: usize = 256;
+const QUEUED_BATCHES: usize = 8;
 
 /// The replay of operations while their events come (see the module doc).
 #[derive(Default)]
