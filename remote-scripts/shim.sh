@@ -603,8 +603,12 @@ cancelled=$cancelled"
 # the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
 # (Run in the marker's directory: its own claim's waiters, wherever it was moved.)
 start_failed() {
+	# The cause is read now, while the disk is as it was: once we are gone, another
+	# process's tidy-up may free what the foreground would find missing.
+	root=${m%/ops/*}
+	resource_cause
 	for w in .w.*; do
-		[ -p "$w" ] && printf 'f\n' 1<>"$w"
+		[ -p "$w" ] && printf 'f %s\n' "$cause" 1<>"$w"
 	done
 	exit 1
 }
@@ -1196,8 +1200,8 @@ wait_wake() {
 		printf 't\n' >&5
 	) &
 	timer=$!
-	wake=
-	read -r wake <&5
+	wake='' wake_cause=''
+	read -r wake wake_cause <&5
 	case $iv in
 	0.05) beat 5 ;;
 	0.1) beat 10 ;;
@@ -1214,7 +1218,11 @@ wait_wake() {
 # replaced an interrupted claim stays (reading interrupted), since the old evidence moved.
 never_started() {
 	kill "$timer" 2>/dev/null
-	resource_cause
+	# What the supervisor saw when it gave up; else what the disk shows now.
+	case $wake_cause in
+	no_inodes | no_space | quota_exceeded) cause=$wake_cause ;;
+	*) resource_cause ;;
+	esac
 	if [ -z "${superseded:-}" ] && ! [ -e "$m/started" ]; then
 		rm -rf "$m"
 		sync "$root/ops"
@@ -1356,7 +1364,9 @@ boot=$boot"
 	# recent claim under another op id (a claim of an op id already taken is answered
 	# from its marker below, as before).
 	[ -d "$m" ] || repeat_check
-	if mkdir "$m" 2>/dev/null; then
+	# mkdir's message kept: by the time resource_cause looks, another process may have
+	# freed the inode this mkdir found missing.
+	if mk_err=$(mkdir "$m" 2>&1); then
 		if ! prepare_marker "$m"; then
 			# Nothing can have started: take the claim back, so that no empty or
 			# half-written marker reads as running or interrupted later.
@@ -1367,7 +1377,7 @@ boot=$boot"
 		fi
 	elif ! [ -d "$m" ]; then
 		# Neither made nor taken: the marker root cannot hold a new directory.
-		resource_cause
+		resource_cause "$mk_err"
 		refuse "root_unusable reason=$cause"
 	else
 		# Returns only after an interrupted claim was replaced by ours.
@@ -1762,13 +1772,20 @@ prepare_marker() {
 		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
 } 2>/dev/null
 
-# resource_cause: sets cause to why a write under the marker root failed: no_inodes,
-# no_space, quota_exceeded, or write_failed when none of these can be seen.
+# resource_cause [MESSAGE]: sets cause to why a write under the marker root failed:
+# no_inodes, no_space, quota_exceeded, or write_failed when none of these can be seen.
+# MESSAGE: what the failed write said, when it was kept (the disk may have changed since).
 resource_cause() {
-	cause=write_failed
+	cause=write_failed rc_err=${1:-}
 	# shellcheck disable=SC2046 # df's words: filesystem, total, used, free, ...
 	set -- $(df -Pi "$root" 2>/dev/null | tail -n 1)
-	[ "${4:-x}" = 0 ] && cause=no_inodes && return 0
+	# Fewer free inodes than a claim and its records take (about 14): the write ran out
+	# of them, even when a moment's temp file (another call's, freed since) left some.
+	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_inodes && return 0
+	case $rc_err in
+	*[Qq]uota*) cause=quota_exceeded && return 0 ;;
+	*"No space"*) cause=no_space && return 0 ;;
+	esac
 	# shellcheck disable=SC2046
 	set -- $(df -Pk "$root" 2>/dev/null | tail -n 1)
 	# A few KiB may still show free while every block a new file needs is taken.

@@ -356,6 +356,24 @@ fn a_megabyte_streams_whole_past_a_64k_cap_and_its_replay_says_it_was_capped() {
     assert!(replay.stderr.contains(&warning), "{replay:?}");
 }
 
+/// Waits (10 s at most) until every supervisor under `root` has finished its tidy-up:
+/// no marker holds a FIFO and no fingerprint index slot its temp name.
+fn wait_for_tidy_markers(root: &Path) {
+    let leftover = |dir: &str, is: fn(&str) -> bool| {
+        let entries = |p: &Path| std::fs::read_dir(p).into_iter().flatten().flatten();
+        entries(&root.join(dir))
+            .any(|d| entries(&d.path()).any(|f| is(&f.file_name().to_string_lossy())))
+    };
+    let busy = || {
+        leftover("ops", |n| n.ends_with(".fifo") || n.starts_with(".w."))
+            || leftover("fp", |n| n.starts_with(".t."))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while busy() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn with_any_number_of_free_inodes_a_run_either_completes_once_or_runs_nothing_and_leaves_nothing() {
     if !needs_loop_mounts(crate::test_name!()) {
@@ -376,6 +394,9 @@ fn with_any_number_of_free_inodes_a_run_either_completes_once_or_runs_nothing_an
     // another point (claim, capture files, FIFOs, the supervisor's records, the exit).
     for spare in 0..=12 {
         let _ = std::fs::remove_dir_all(disk.mount.join("fill"));
+        // The last run's supervisor tidies its marker after its caller was answered;
+        // inodes it frees later would make this run's spare count wrong.
+        wait_for_tidy_markers(&target.marker_root());
         disk.fill_inodes(spare);
         let op = format!("sweep-{spare}");
         let effects = dir.join(&op);
