@@ -244,7 +244,7 @@ enum Fed {
     Stored(OperationRecord),
 }
 
-/// Events and rows per hand-over, and hand-overs queued: a few hundred KB at most.
+/// Events and rows per hand-over, and hand-overs queued: about a megabyte at most.
 const BATCH: usize = 256;
 const QUEUED_BATCHES: usize = 8;
 
