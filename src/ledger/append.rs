@@ -173,7 +173,7 @@ pub(crate) fn append(
             .and_then(|rec| projection::contradiction(rec, event));
         seq += 1;
         prev = insert(tx, ikey, key, seq, &prev, at, event, payload)?;
-        match projection::fold(before.clone(), key, event, seq, at) {
+        match projection::fold(before.clone(), (&key.op_id, &key.host), event, seq, at) {
             Ok(Some(rec)) => {
                 count(&mut counts, event, before.as_ref(), Some(&rec));
                 tx.store(&rec)?
@@ -202,7 +202,7 @@ pub(crate) fn append(
             let before = tx.load(key)?;
             seq += 1;
             prev = insert(tx, ikey, key, seq, &prev, at, &noted, &noted_payload)?;
-            match projection::fold(before.clone(), key, &noted, seq, at) {
+            match projection::fold(before.clone(), (&key.op_id, &key.host), &noted, seq, at) {
                 Ok(Some(rec)) => {
                     count(&mut counts, &noted, before.as_ref(), Some(&rec));
                     tx.store(&rec)?;

@@ -140,13 +140,19 @@ impl EventMac {
 /// Lowercase hex of `bytes`, as `hex::encode` writes it, through a table: the walk
 /// writes two hashes' hex per event.
 pub(crate) fn hex_of(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(bytes, &mut out);
+    out
+}
+
+/// [`hex_of`] appended to `out`.
+pub(crate) fn push_hex(bytes: &[u8], out: &mut String) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(bytes.len() * 2);
+    out.reserve(bytes.len() * 2);
     for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 15)]);
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
     }
-    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 /// The MAC the head row carries for (`seq`, `hash`).
@@ -232,7 +238,7 @@ pub struct ChainBreak {
 /// `seq - 1` as the walk recomputes it), and `hash` may be a *tag*, the first
 /// [`KEYED_TAG`] (keyed events) or [`PLAIN_TAG`] (plain SHA-256 ones) hex digits of the
 /// event's hash. A walk recomputes the full hashes ([`verify_after`], [`complete`]).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Row {
     pub seq: u64,
     pub prev_hash: String,

@@ -913,7 +913,7 @@ impl Ledger {
                 let mut stored = stored.into_iter();
                 verify::feed::<LedgerError>(
                     &mut check,
-                    || Ok(events.next()),
+                    |_| Ok(events.next()),
                     || Ok(stored.next()),
                 )?;
                 check.finish()

@@ -250,7 +250,7 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
             };
             let before = rows.remove(&key);
             let kept = before.clone();
-            match fold(before, &key, &event, seq, &at) {
+            match fold(before, (&key.op_id, &key.host), &event, seq, &at) {
                 Ok(Some(rec)) => {
                     rows.insert(key, rec);
                 }
@@ -274,7 +274,7 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
 /// same events always fold to the same row, which is what `audit verify` checks.
 pub(crate) fn fold(
     existing: Option<OperationRecord>,
-    key: &OpKey,
+    (op_id, host): (&str, &str),
     event: &Event,
     seq: u64,
     at: &str,
@@ -291,8 +291,8 @@ pub(crate) fn fold(
         } = event
         {
             return Ok(Some(OperationRecord {
-                op_id: key.op_id.clone(),
-                host: key.host.clone(),
+                op_id: op_id.to_owned(),
+                host: host.to_owned(),
                 family: *family,
                 display: display.clone(),
                 fingerprint: fingerprint.clone(),

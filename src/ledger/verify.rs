@@ -175,73 +175,104 @@ impl FullCheck {
 
 /// Feeds `check` the events `next_event` gives (chain order) and the rows `next_stored`
 /// gives (ascending `last_seq`), each row right after the event its `last_seq` names.
+/// `next_event` is handed a spent row to fill when one is free (None: make a new one).
 ///
 /// Reading and decoding the rows costs about what hashing and replaying them does, so
 /// they run side by side: this thread reads (the readers hold the backend's statements,
 /// which stay on their thread) and a second one checks, in batches through a bounded
-/// queue, so memory stays flat. A break the checker finds ends the reading at the next
-/// batch.
+/// queue, so memory stays flat. The checker hands the batches and the rows it is done
+/// with back, so the walk does not allocate per event (and one thread does not free what
+/// the other allocated, which the allocator serialises). A break the checker finds ends
+/// the reading at the next batch.
 pub(crate) fn feed<E>(
     check: &mut FullCheck,
-    mut next_event: impl FnMut() -> Result<Option<(Row, Option<bool>)>, E>,
+    mut next_event: impl FnMut(Option<Row>) -> Result<Option<(Row, Option<bool>)>, E>,
     mut next_stored: impl FnMut() -> Result<Option<OperationRecord>, E>,
 ) -> Result<(), E> {
     std::thread::scope(|scope| {
         // Made here, so the sending end is dropped (ending the checker's loop) whenever
         // the reading ends, before the scope waits for the checker.
         let (send, receive) = std::sync::mpsc::sync_channel::<Vec<Fed>>(QUEUED_BATCHES);
+        let (give_back, returned) = std::sync::mpsc::sync_channel::<Spent>(QUEUED_BATCHES);
         scope.spawn(move || {
-            for batch in receive {
-                for fed in batch {
+            for mut batch in receive {
+                let mut rows = Vec::with_capacity(batch.len());
+                for fed in batch.drain(..) {
                     match fed {
                         Fed::Event(row, first) => {
                             if check.event(&row, first).is_break() {
                                 // Dropping the queue's end stops the reader.
                                 return;
                             }
+                            rows.push(row);
                         }
-                        Fed::Stored(rec) => check.stored(rec),
+                        Fed::Stored(rec) => check.stored(*rec),
                     }
                 }
+                // Full: the reader has enough to reuse, so these are dropped.
+                let _ = give_back.try_send(Spent { batch, rows });
             }
         });
-        let mut batch = Vec::with_capacity(BATCH);
-        let flush = |batch: &mut Vec<Fed>, force: bool| {
+        let mut spare = Spent {
+            batch: Vec::new(),
+            rows: Vec::new(),
+        };
+        let next_batch = |spare: &mut Spent| {
+            if spare.batch.capacity() == 0 {
+                if let Ok(s) = returned.try_recv() {
+                    spare.batch = s.batch;
+                    spare.rows.extend(s.rows);
+                }
+            }
+            match std::mem::take(&mut spare.batch) {
+                b if b.capacity() > 0 => b,
+                _ => Vec::with_capacity(BATCH),
+            }
+        };
+        let mut batch = next_batch(&mut spare);
+        let flush = |batch: &mut Vec<Fed>, spare: &mut Spent, force: bool| {
             if batch.len() >= BATCH || (force && !batch.is_empty()) {
-                let full = std::mem::replace(batch, Vec::with_capacity(BATCH));
+                let full = std::mem::replace(batch, next_batch(spare));
                 // Err: the checker stopped at a break, so nothing more is wanted.
                 return send.send(full).is_ok();
             }
             true
         };
         let mut stored = next_stored()?;
-        while let Some((row, first)) = next_event()? {
+        while let Some((row, first)) = next_event(spare.rows.pop())? {
             let seq = row.seq;
             batch.push(Fed::Event(row, first));
             while let Some(rec) = stored.take_if(|r| r.last_seq <= seq) {
-                batch.push(Fed::Stored(rec));
+                batch.push(Fed::Stored(Box::new(rec)));
                 stored = next_stored()?;
             }
-            if !flush(&mut batch, false) {
+            if !flush(&mut batch, &mut spare, false) {
                 return Ok(());
             }
         }
         while let Some(rec) = stored {
-            batch.push(Fed::Stored(rec));
+            batch.push(Fed::Stored(Box::new(rec)));
             stored = next_stored()?;
-            if !flush(&mut batch, false) {
+            if !flush(&mut batch, &mut spare, false) {
                 return Ok(());
             }
         }
-        flush(&mut batch, true);
+        flush(&mut batch, &mut spare, true);
         Ok(())
     })
+}
+
+/// What [`feed`]'s checker hands back to be reused: an emptied batch and the rows it held.
+struct Spent {
+    batch: Vec<Fed>,
+    rows: Vec<Row>,
 }
 
 /// What [`feed`]'s reader hands its checker, in the order it is to be checked.
 enum Fed {
     Event(Row, Option<bool>),
-    Stored(OperationRecord),
+    // Boxed: a record is several times a row's size, and every event is moved as a `Fed`.
+    Stored(Box<OperationRecord>),
 }
 
 /// Events and rows per hand-over, and hand-overs queued: about a megabyte at most.
@@ -251,11 +282,23 @@ const QUEUED_BATCHES: usize = 8;
 /// The replay of operations while their events come (see the module doc).
 #[derive(Default)]
 pub(crate) struct Replay {
-    /// Operations whose row has not come yet: their replay so far (None: no intent yet,
-    /// so no row is expected).
-    inflight: HashMap<OpKey, Option<OperationRecord>>,
+    /// Operations whose row has not come yet, by [`pair_key`]: their replay so far (None:
+    /// no intent yet, so no row is expected).
+    inflight: HashMap<String, Option<OperationRecord>, foldhash::fast::RandomState>,
+    /// The key of the operation at hand, so looking one up allocates nothing.
+    key: String,
     counts: append::Counts,
     mismatch: Option<ProjectionMismatch>,
+}
+
+/// `op_id`'s length, then `op_id` and `host`: one text per (op_id, host) pair, and two
+/// pairs never share one.
+fn pair_key(out: &mut String, op_id: &str, host: &str) {
+    use std::fmt::Write as _;
+    out.clear();
+    let _ = write!(out, "{}:", op_id.len());
+    out.push_str(op_id);
+    out.push_str(host);
 }
 
 impl Replay {
@@ -280,13 +323,12 @@ impl Replay {
                 return;
             }
         };
-        let key = OpKey::new(row.op_id.clone(), row.host.clone());
-        let before = match self.inflight.remove(&key) {
-            Some(before) => before,
-            None if first == Some(false) => {
+        pair_key(&mut self.key, &row.op_id, &row.host);
+        if !self.inflight.contains_key(self.key.as_str()) {
+            if first == Some(false) {
                 self.mismatch = Some(mismatch_of(
-                    &key.op_id,
-                    &key.host,
+                    &row.op_id,
+                    &row.host,
                     format!(
                         "its row in `operations` ends before its events do (its last_seq is before event #{})",
                         row.seq
@@ -294,10 +336,16 @@ impl Replay {
                 ));
                 return;
             }
-            None => None,
-        };
+            self.inflight.insert(self.key.clone(), None);
+        }
+        let slot = self
+            .inflight
+            .get_mut(self.key.as_str())
+            .expect("in flight: found or just added");
+        let before = slot.take();
         let had = before.clone();
-        let after = match projection::fold(before, &key, &event, row.seq, &row.at) {
+        let op = (row.op_id.as_str(), row.host.as_str());
+        *slot = match projection::fold(before, op, &event, row.seq, &row.at) {
             Ok(Some(rec)) => {
                 append::count(&mut self.counts, &event, had.as_ref(), Some(&rec));
                 Some(rec)
@@ -312,7 +360,6 @@ impl Replay {
                 had
             }
         };
-        self.inflight.insert(key, after);
     }
 
     /// A stored row: compared with its operation's replay, which is then done.
@@ -320,8 +367,8 @@ impl Replay {
         if self.mismatch.is_some() {
             return;
         }
-        let key = OpKey::new(got.op_id.clone(), got.host.clone());
-        let problem = match self.inflight.remove(&key).flatten() {
+        pair_key(&mut self.key, &got.op_id, &got.host);
+        let problem = match self.inflight.remove(self.key.as_str()).flatten() {
             None => {
                 "its row in `operations` has no events behind it (added outside opmark)".to_owned()
             }
@@ -331,14 +378,14 @@ impl Replay {
             ),
             Some(_) => return,
         };
-        self.mismatch = Some(mismatch_of(&key.op_id, &key.host, problem));
+        self.mismatch = Some(mismatch_of(&got.op_id, &got.host, problem));
     }
 
     /// The recount of the counters, or the first mismatch (also: an operation replayed
     /// whose row never came).
     pub(crate) fn finish(self) -> Result<append::Counts, ProjectionMismatch> {
         let (replayed, counts) = self.into_parts()?;
-        match replayed.into_iter().find(|(_, rec)| rec.is_some()) {
+        match replayed.into_iter().next() {
             Some((key, _)) => Err(mismatch_of(
                 &key.op_id,
                 &key.host,
@@ -348,19 +395,23 @@ impl Replay {
         }
     }
 
-    /// What is still in flight and the counts (for a replay fed no rows: every
-    /// operation's final record), or the first mismatch.
-    #[allow(clippy::type_complexity)]
+    /// The operations still in flight that have a record, and the counts (for a replay
+    /// fed no rows: every operation's final record), or the first mismatch.
     fn into_parts(
         self,
-    ) -> Result<(BTreeMap<OpKey, Option<OperationRecord>>, append::Counts), ProjectionMismatch>
-    {
+    ) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
         if let Some(m) = self.mismatch {
             return Err(m);
         }
         let mut counts = self.counts;
         counts.retain(|_, n| *n != 0);
-        Ok((self.inflight.into_iter().collect(), counts))
+        let replayed = self
+            .inflight
+            .into_values()
+            .flatten()
+            .map(|rec| (OpKey::new(rec.op_id.clone(), rec.host.clone()), rec))
+            .collect();
+        Ok((replayed, counts))
     }
 }
 
@@ -374,14 +425,7 @@ pub(crate) fn replay_counting(
     for row in rows {
         replay.event(row, None);
     }
-    let (replayed, counts) = replay.into_parts()?;
-    Ok((
-        replayed
-            .into_iter()
-            .filter_map(|(k, rec)| Some((k, rec?)))
-            .collect(),
-        counts,
-    ))
+    replay.into_parts()
 }
 
 /// Replays `rows` (every event of some operations, in chain order) and compares with
