@@ -317,6 +317,35 @@ pub(crate) fn decode(
     Ok(decode_into(body, atoms, &mut out, &mut kind)?.map(|found| (out, found.then_some(kind))))
 }
 
+/// The value of a compact body's top-level `kind` key when it is the first key (what
+/// [`decode`] gives as the kind), read without decoding the rest: a window's counts need
+/// every event's kind and few events' payloads. None: no such key, or not a body opmark
+/// wrote (a full decode names that).
+pub(crate) fn first_kind(
+    body: &[u8],
+    atoms: &mut dyn Atoms,
+) -> Result<Option<String>, super::LedgerError> {
+    let mut i = 1;
+    if body.first() != Some(&V1) || body.get(i) != Some(&T_OBJ) {
+        return Ok(None);
+    }
+    i += 1;
+    if get_varint(body, &mut i).is_none_or(|n| n == 0) {
+        return Ok(None);
+    }
+    let Some(key) = get_varint(body, &mut i) else {
+        return Ok(None);
+    };
+    if &*atoms.text(key as i64)? != "kind" {
+        return Ok(None);
+    }
+    let mut value = String::new();
+    if get(body, &mut i, &mut value, atoms, None)?.is_err() {
+        return Ok(None);
+    }
+    Ok(serde_json::from_str::<String>(&value).ok())
+}
+
 /// [`decode`] into buffers the caller reuses (`audit verify --full` decodes every event,
 /// and a fresh text per event was a tenth of its time in the allocator): the payload
 /// text into `out`, the `kind` into `kind` (true: there is one). Both are cleared first.
@@ -655,6 +684,25 @@ mod tests {
             decode_into(truncated, &mut atoms, &mut out, &mut kind).unwrap(),
             Err("truncated body")
         );
+    }
+
+    #[test]
+    fn the_kind_alone_is_the_kind_a_full_decode_gives() {
+        let mut atoms = Mem::default();
+        for payload in [
+            r#"{"kind":"verdict","verdict":"completed"}"#,
+            r#"{"kind":"a\"b","s":"t"}"#,
+            r#"{"kind":7}"#,
+            r#"{"x":1,"kind":"late"}"#,
+            r#"{}"#,
+            r#"[1]"#,
+        ] {
+            let body = encode(payload, &mut atoms).unwrap().expect("compact");
+            let full = decode(&body, &mut atoms).unwrap().unwrap().1;
+            assert_eq!(first_kind(&body, &mut atoms).unwrap(), full, "{payload}");
+        }
+        assert_eq!(first_kind(&[V1, T_OBJ, 1], &mut atoms).unwrap(), None);
+        assert_eq!(first_kind(&[9], &mut atoms).unwrap(), None);
     }
 
     #[test]

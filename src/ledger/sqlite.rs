@@ -359,11 +359,12 @@ impl SqliteStore {
             ..Stats::default()
         };
         let mut retries: Vec<OpKey> = Vec::new();
-        read_rows(
+        read_rows_decoding(
             &tx,
             &mut AtomsOf::reading(&tx, &self.atoms),
             "WHERE e.seq >= ?1 ORDER BY e.seq",
             params![from_seq as i64],
+            Payloads::Of(&["attempt_dispatched", "verdict"]),
             |r| {
                 stats.events += 1;
                 match r.kind.as_str() {
@@ -395,11 +396,8 @@ impl SqliteStore {
         )?;
         for key in retries {
             let family: Option<String> = tx
-                .query_row(
-                    "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2",
-                    params![key.op_id, key.host],
-                    |r| r.get(0),
-                )
+                .prepare_cached(FAMILY_OF)?
+                .query_row(params![key.op_id, key.host], |r| r.get(0))
                 .optional()?;
             if let Some(family) = family {
                 *stats.retries_by_family.entry(family).or_insert(0) += 1;
@@ -474,22 +472,23 @@ impl SqliteStore {
     fn health_window_events(&self, from_seq: u64) -> Result<BTreeMap<String, u64>, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let mut decoded: Vec<(OpKey, Event)> = Vec::new();
-        read_rows(
+        const COUNTED: &[&str] = &[
+            "verdict",
+            "reconciled",
+            "contradiction",
+            "repetition_held",
+            "linked",
+            "attempt_dispatched",
+            "boundary_reached",
+        ];
+        read_rows_decoding(
             &tx,
             &mut AtomsOf::reading(&tx, &self.atoms),
             "WHERE e.seq >= ?1 ORDER BY e.seq",
             params![from_seq as i64],
+            Payloads::Of(COUNTED),
             |r| {
-                if matches!(
-                    r.kind.as_str(),
-                    "verdict"
-                        | "reconciled"
-                        | "contradiction"
-                        | "repetition_held"
-                        | "linked"
-                        | "attempt_dispatched"
-                        | "boundary_reached"
-                ) {
+                if COUNTED.contains(&r.kind.as_str()) {
                     if let Ok(event) = decode(r.seq, &r.payload) {
                         decoded.push((OpKey::new(r.op_id, r.host), event));
                     }
@@ -505,11 +504,8 @@ impl SqliteStore {
         for (key, event) in decoded {
             if !families.contains_key(&key) {
                 let family: Option<String> = tx
-                    .query_row(
-                        "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2",
-                        params![key.op_id, key.host],
-                        |r| r.get(0),
-                    )
+                    .prepare_cached(FAMILY_OF)?
+                    .query_row(params![key.op_id, key.host], |r| r.get(0))
                     .optional()?;
                 families.insert(
                     key.clone(),
@@ -837,7 +833,7 @@ impl SqliteStore {
                 |spare| match events.next()? {
                     Some(r) => {
                         let mut row = spare.unwrap_or_default();
-                        let back = decode_row_into(r, &mut atoms, &mut row)?;
+                        let back = decode_row_into(r, &mut atoms, &mut row, Payloads::All)?;
                         Ok(Some((row, Some(back.is_none()))))
                     }
                     None => Ok(None),
@@ -1296,6 +1292,10 @@ fn op_slot(conn: &Connection, key: &OpKey) -> Result<(i64, Option<i64>, Option<i
     Ok((conn.last_insert_rowid(), None, None))
 }
 
+/// An operation's family (prepared once per connection: a window looks up one per
+/// operation in it).
+const FAMILY_OF: &str = "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2";
+
 /// The columns [`read_rows`] reads, in its order; `e` is `events`, `k` is `op_keys`.
 pub(crate) const ROW_SELECT: &str =
     "SELECT e.seq, k.op_id, k.host, e.at, k.base, e.payload, e.hash, e.prev_hash, e.kind, e.back FROM events e JOIN op_keys k ON k.id = e.op";
@@ -1308,12 +1308,35 @@ pub(crate) fn read_rows(
     atoms: &mut AtomsOf<'_>,
     tail: &str,
     args: impl rusqlite::Params,
+    each: impl FnMut(chain::Row) -> Result<(), LedgerError>,
+) -> Result<(), LedgerError> {
+    read_rows_decoding(conn, atoms, tail, args, Payloads::All, each)
+}
+
+/// Which rows' payloads a read decodes. A window's counts (`stats --since`) need every
+/// event's kind and few events' payloads, and decoding them all was most of its time.
+#[derive(Clone, Copy)]
+pub(crate) enum Payloads<'k> {
+    All,
+    /// Only the payloads of these kinds; other rows come with an empty payload.
+    Of(&'k [&'k str]),
+}
+
+/// [`read_rows`], decoding only the payloads `payloads` names.
+pub(crate) fn read_rows_decoding(
+    conn: &Connection,
+    atoms: &mut AtomsOf<'_>,
+    tail: &str,
+    args: impl rusqlite::Params,
+    payloads: Payloads<'_>,
     mut each: impl FnMut(chain::Row) -> Result<(), LedgerError>,
 ) -> Result<(), LedgerError> {
     let mut stmt = conn.prepare_cached(&format!("{ROW_SELECT} {tail}"))?;
     let mut rows = stmt.query(args)?;
     while let Some(r) = rows.next()? {
-        each(decode_row(r, atoms)?.0)?;
+        let mut row = chain::Row::default();
+        decode_row_into(r, atoms, &mut row, payloads)?;
+        each(row)?;
     }
     Ok(())
 }
@@ -1328,7 +1351,7 @@ fn decode_row(
     atoms: &mut AtomsOf<'_>,
 ) -> Result<(chain::Row, Option<i64>), LedgerError> {
     let mut row = chain::Row::default();
-    let back = decode_row_into(r, atoms, &mut row)?;
+    let back = decode_row_into(r, atoms, &mut row, Payloads::All)?;
     Ok((row, back))
 }
 
@@ -1339,6 +1362,7 @@ pub(crate) fn decode_row_into(
     r: &rusqlite::Row<'_>,
     atoms: &mut AtomsOf<'_>,
     row: &mut chain::Row,
+    payloads: Payloads<'_>,
 ) -> Result<Option<i64>, LedgerError> {
     use rusqlite::types::ValueRef;
     fn put_text(v: ValueRef<'_>, out: &mut String) {
@@ -1376,6 +1400,25 @@ pub(crate) fn decode_row_into(
         }
         (v @ ValueRef::Text(_), _) => put_text(v, &mut row.at),
         _ => {}
+    }
+    if let Payloads::Of(kinds) = payloads {
+        // The kind first (stored, or the body's first key), the payload only if wanted.
+        let kind = match r.get_ref(8)? {
+            ValueRef::Null => match r.get_ref(5)? {
+                ValueRef::Blob(b) => codec::first_kind(b, atoms)?,
+                ValueRef::Text(t) => implied_kind(&String::from_utf8_lossy(t)),
+                _ => None,
+            },
+            _ => Some(r.get::<_, String>(8)?),
+        };
+        if !kind.as_deref().is_some_and(|k| kinds.contains(&k)) {
+            row.kind.clear();
+            row.kind.push_str(kind.as_deref().unwrap_or_default());
+            row.payload.clear();
+            put_hash(r.get_ref(6)?, &mut row.hash);
+            put_hash(r.get_ref(7)?, &mut row.prev_hash);
+            return Ok(r.get::<_, Option<i64>>(9)?);
+        }
     }
     // Decoded where SQLite holds the blob, not copied out first.
     let implied = match r.get_ref(5)? {
