@@ -977,8 +977,8 @@ fn chain_head(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<chain::
 
 /// The atoms of one SQLite ledger known to be committed, by id and by text. Atoms are
 /// never changed or removed once committed, so the cache stays right for the life of the
-/// connection.
-/// foldhash, not SipHash: `audit verify --full` looks up several atoms per event.
+/// connection. Hashed with foldhash, not SipHash: `audit verify --full` looks up
+/// several atoms per event.
 #[derive(Debug, Default)]
 pub(crate) struct AtomCache {
     by_id: HashMap<i64, Rc<str>, foldhash::fast::RandomState>,
@@ -1401,6 +1401,9 @@ pub(crate) fn decode_row_into(
         (v @ ValueRef::Text(_), _) => put_text(v, &mut row.at),
         _ => {}
     }
+    put_hash(r.get_ref(6)?, &mut row.hash);
+    put_hash(r.get_ref(7)?, &mut row.prev_hash);
+    let back = r.get::<_, Option<i64>>(9)?;
     if let Payloads::Of(kinds) = payloads {
         // The kind first (stored, or the body's first key), the payload only if wanted.
         let kind = match r.get_ref(8)? {
@@ -1415,9 +1418,7 @@ pub(crate) fn decode_row_into(
             row.kind.clear();
             row.kind.push_str(kind.as_deref().unwrap_or_default());
             row.payload.clear();
-            put_hash(r.get_ref(6)?, &mut row.hash);
-            put_hash(r.get_ref(7)?, &mut row.prev_hash);
-            return Ok(r.get::<_, Option<i64>>(9)?);
+            return Ok(back);
         }
     }
     // Decoded where SQLite holds the blob, not copied out first.
@@ -1449,8 +1450,6 @@ pub(crate) fn decode_row_into(
             false
         }
     };
-    put_hash(r.get_ref(6)?, &mut row.hash);
-    put_hash(r.get_ref(7)?, &mut row.prev_hash);
     match r.get_ref(8)? {
         ValueRef::Null => {
             if !implied {
@@ -1459,7 +1458,7 @@ pub(crate) fn decode_row_into(
         }
         _ => put_required(r, 8, &mut row.kind)?,
     }
-    Ok(r.get::<_, Option<i64>>(9)?)
+    Ok(back)
 }
 
 /// The events of one operation after `after`, in order, found by following the back
