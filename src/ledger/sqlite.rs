@@ -819,7 +819,8 @@ impl SqliteStore {
             Err(report) => return Ok(*report),
         };
         {
-            let mut atoms = AtomsOf::reading(&tx, &self.atoms);
+            let mut atoms_stmt = tx.prepare(ATOMS_IN_ORDER)?;
+            let mut atoms = AtomsInOrder::new(&mut atoms_stmt)?;
             let mut events =
                 tx.prepare(&format!("{ROW_SELECT} WHERE e.seq > ?1 ORDER BY e.seq"))?;
             let mut events = events.query(params![check.after() as i64])?;
@@ -1093,6 +1094,84 @@ impl codec::Atoms for AtomsOf<'_> {
     }
 }
 
+/// The atoms `audit verify --full` decodes with: the `atoms` table read once, in id order,
+/// as far as the events need, in the walk's own snapshot. An atom is made when an event
+/// first uses it, so an event names only atoms at or below the highest id made before it,
+/// and reading ahead to an id turns what was a query per atom first seen (an operation
+/// makes about one, its attempt id) into one scan. Held until the walk ends, as the cache
+/// held them before; `intern` is refused (a walk only reads).
+pub(crate) struct AtomsInOrder<'s> {
+    rows: rusqlite::Rows<'s>,
+    /// By id, for ids that come nearly dense (every id opmark makes: a rowid).
+    dense: Vec<Option<Rc<str>>>,
+    /// Ids far past the dense run (or below 0): possible only in an edited table.
+    sparse: HashMap<i64, Rc<str>, foldhash::fast::RandomState>,
+    /// The highest id read so far, and whether the table has been read to its end.
+    read_to: i64,
+    done: bool,
+    missing: Rc<str>,
+}
+
+/// How far past the dense run an atom's id may be and still extend it.
+const DENSE_GAP: i64 = 4096;
+
+impl<'s> AtomsInOrder<'s> {
+    /// `stmt` is [`ATOMS_IN_ORDER`] prepared on the walk's transaction.
+    pub(crate) fn new(stmt: &'s mut rusqlite::Statement<'_>) -> Result<Self, LedgerError> {
+        Ok(AtomsInOrder {
+            rows: stmt.query([])?,
+            dense: Vec::new(),
+            sparse: HashMap::default(),
+            read_to: i64::MIN,
+            done: false,
+            missing: "\u{0}missing atom".into(),
+        })
+    }
+
+    fn read_through(&mut self, id: i64) -> Result<(), LedgerError> {
+        while !self.done && self.read_to < id {
+            let Some(r) = self.rows.next()? else {
+                self.done = true;
+                break;
+            };
+            let (at, text): (i64, String) = (r.get(0)?, r.get(1)?);
+            self.read_to = at;
+            let len = self.dense.len() as i64;
+            if (0..len + DENSE_GAP).contains(&at) {
+                if at >= len {
+                    self.dense.resize(at as usize + 1, None);
+                }
+                self.dense[at as usize] = Some(text.into());
+            } else {
+                self.sparse.insert(at, text.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The query [`AtomsInOrder`] reads.
+pub(crate) const ATOMS_IN_ORDER: &str = "SELECT id, text FROM atoms ORDER BY id";
+
+impl codec::Atoms for AtomsInOrder<'_> {
+    fn intern(&mut self, _text: &str) -> Result<i64, LedgerError> {
+        Err(LedgerError::Invalid {
+            message: "internal error: the verify walk tried to add an atom; it only reads"
+                .to_owned(),
+        })
+    }
+
+    fn text(&mut self, id: i64) -> Result<Rc<str>, LedgerError> {
+        self.read_through(id)?;
+        let found = match usize::try_from(id) {
+            Ok(i) if i < self.dense.len() => self.dense[i].as_ref(),
+            _ => self.sparse.get(&id),
+        };
+        // A missing atom makes the event undecodable (its hash then fails), not an error.
+        Ok(found.unwrap_or(&self.missing).clone())
+    }
+}
+
 /// The `op_keys` id of `key`, made when `create` and missing.
 fn op_ref(conn: &Connection, key: &OpKey, create: bool) -> Result<Option<i64>, LedgerError> {
     let found: Option<i64> = conn
@@ -1360,7 +1439,7 @@ fn decode_row(
 /// made the allocator a fifth of its time.
 pub(crate) fn decode_row_into(
     r: &rusqlite::Row<'_>,
-    atoms: &mut AtomsOf<'_>,
+    atoms: &mut dyn codec::Atoms,
     row: &mut chain::Row,
     payloads: Payloads<'_>,
 ) -> Result<Option<i64>, LedgerError> {

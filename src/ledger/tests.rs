@@ -1453,3 +1453,47 @@ fn one_intents_operations_are_found_through_the_intent_index() {
         "{trigger}"
     );
 }
+
+#[test]
+fn the_full_walk_reads_atoms_in_order_and_finds_one_edited_or_deleted() {
+    let s = Scratch::new("walk-atoms");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    for (op, attempt) in [("op-1", "attempt-one"), ("op-2", "attempt-two")] {
+        let k = OpKey::new(op, "web1");
+        l.append(&k, &intended(&format!("fp-{op}"), "x"), Durability::Full)
+            .unwrap();
+        l.append(&k, &dispatched(attempt, 1), Durability::Full)
+            .unwrap();
+    }
+    let report = l.verify_chain().unwrap();
+    assert_eq!((report.events, report.first_break), (4, None));
+    let atom = |l: &Ledger| -> i64 {
+        l.conn()
+            .query_row(
+                "SELECT COUNT(*) FROM atoms WHERE text = 'attempt-two'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    assert_eq!(atom(&l), 1, "the attempt id is stored once, as an atom");
+
+    // Op-2's dispatch (event #4) is the first event that names the atom.
+    l.conn()
+        .execute(
+            "UPDATE atoms SET text = 'attempt-2wo' WHERE text = 'attempt-two'",
+            [],
+        )
+        .unwrap();
+    let edited = Ledger::open(&s.db()).unwrap();
+    let b = edited.verify_chain().unwrap().first_break.unwrap();
+    assert_eq!(b.seq, 4, "{}", b.problem);
+
+    // A missing atom makes its event undecodable: a break, not an error.
+    l.conn()
+        .execute("DELETE FROM atoms WHERE text = 'attempt-2wo'", [])
+        .unwrap();
+    let deleted = Ledger::open(&s.db()).unwrap();
+    let b = deleted.verify_chain().unwrap().first_break.unwrap();
+    assert_eq!(b.seq, 4, "{}", b.problem);
+}
