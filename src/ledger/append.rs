@@ -43,13 +43,61 @@ pub(crate) trait AppendTx {
 /// Changes to the `counters` table, by counter name (see [`count`]).
 pub(crate) type Counts = BTreeMap<String, i64>;
 
+/// Where [`count`] adds: an append's changes to the counters ([`Counts`]), or the running
+/// recount of `audit verify --full`, which adds to it for every event of the history
+/// (a hash map there: a name looked up in a tree compared texts several times).
+pub(crate) trait Tally {
+    /// Adds `n` to the counter `name`.
+    fn add(&mut self, name: &str, n: i64);
+}
+
+impl Tally for Counts {
+    fn add(&mut self, name: &str, n: i64) {
+        match self.get_mut(name) {
+            Some(v) => *v += n,
+            None => {
+                self.insert(name.to_owned(), n);
+            }
+        }
+    }
+}
+
+/// The part of an operation's row that [`count`] (and `health::count`) read of the row
+/// before an event: its state, family, flags and attempts, with the texts left empty.
+/// `audit verify --full` counts every event against the row before it, and a copy of the
+/// whole row (its texts) per event was a tenth of its replay. Kept beside [`count`]: a
+/// field it starts reading must be copied here.
+pub(crate) fn counted_part(rec: &OperationRecord) -> OperationRecord {
+    OperationRecord {
+        op_id: String::new(),
+        host: String::new(),
+        family: rec.family,
+        display: String::new(),
+        fingerprint: String::new(),
+        rule: String::new(),
+        session: String::new(),
+        state: rec.state.clone(),
+        verdict: rec.verdict,
+        exit_code: rec.exit_code,
+        attempts: rec.attempts,
+        last_attempt: rec.last_attempt.clone(),
+        unresolved: rec.unresolved,
+        created_at: String::new(),
+        updated_at: String::new(),
+        first_seq: rec.first_seq,
+        last_seq: rec.last_seq,
+        contradictions: rec.contradictions,
+        settled_attempt: None,
+    }
+}
+
 /// What one stored event changes in the counters `stats` reads: the event itself (by
 /// kind, verdicts, retries by family) and the move of its operation's projected row from
 /// `before` to `after` (by state, family, unresolved, contradicted). Kept in the same
 /// transaction as the event, so `stats` costs the number of counters, not the history;
 /// `audit verify --full` recounts them from the events.
 pub(crate) fn count(
-    counts: &mut Counts,
+    counts: &mut dyn Tally,
     event: &Event,
     before: Option<&OperationRecord>,
     after: Option<&OperationRecord>,
@@ -57,17 +105,16 @@ pub(crate) fn count(
     use std::fmt::Write as _;
     // One name buffer for the event: `audit verify --full` recounts every event, and a
     // name allocated per counter was a tenth of its time.
-    fn add(name: &mut String, counts: &mut Counts, parts: std::fmt::Arguments<'_>, n: i64) {
+    // Adding 0 changes no counter (a missing counter reads as 0), so it is skipped.
+    fn add(name: &mut String, counts: &mut dyn Tally, parts: std::fmt::Arguments<'_>, n: i64) {
+        if n == 0 {
+            return;
+        }
         name.clear();
         let _ = name.write_fmt(parts);
-        match counts.get_mut(name.as_str()) {
-            Some(v) => *v += n,
-            None => {
-                counts.insert(name.clone(), n);
-            }
-        }
+        counts.add(name, n);
     }
-    fn side(name: &mut String, counts: &mut Counts, rec: &OperationRecord, n: i64) {
+    fn side(name: &mut String, counts: &mut dyn Tally, rec: &OperationRecord, n: i64) {
         add(name, counts, format_args!("state/{}", rec.state), n);
         let unresolved = n * i64::from(rec.unresolved);
         add(name, counts, format_args!("unresolved"), unresolved);

@@ -154,14 +154,14 @@ pub(crate) const REFUSED_RETRY: &str = "refused_retry";
 /// same transaction as the event, with the operation's row before it; `audit verify
 /// --full` recounts them).
 pub(crate) fn count(
-    counts: &mut super::append::Counts,
+    counts: &mut dyn super::append::Tally,
     event: &Event,
     before: Option<&OperationRecord>,
     after: Option<&OperationRecord>,
 ) {
     let family = after.or(before).map_or(NO_FAMILY, |r| r.family.as_str());
     if let Some(k) = key(event, family) {
-        *counts.entry(format!("h/{k}")).or_insert(0) += 1;
+        counts.add(&format!("h/{k}"), 1);
     }
     if let (
         Event::BoundaryReached {
@@ -174,9 +174,7 @@ pub(crate) fn count(
     {
         // The attempt is the operation's latest; its number is the attempts so far.
         if rec.attempts > 1 && rec.last_attempt.as_deref() == Some(attempt_id.as_str()) {
-            *counts
-                .entry(format!("h/{REFUSED_RETRY}//{family}"))
-                .or_insert(0) += 1;
+            counts.add(&format!("h/{REFUSED_RETRY}//{family}"), 1);
         }
     }
 }

@@ -103,12 +103,18 @@ impl FullCheck {
 
     /// The next event in chain order; `first` says whether it is its operation's first
     /// (None: the backend does not know). Break: the chain is broken, stop feeding.
-    pub(crate) fn event(&mut self, row: &Row, first: Option<bool>) -> ControlFlow<()> {
+    /// `event` is the row's payload decoded ([`decode`]).
+    pub(crate) fn event(
+        &mut self,
+        row: &Row,
+        first: Option<bool>,
+        event: Result<&Event, &serde_json::Error>,
+    ) -> ControlFlow<()> {
         if let Some(b) = self.walk.step(row) {
             self.broken = Some(b);
             return ControlFlow::Break(());
         }
-        self.replay.event(row, first);
+        self.replay.decoded(row, first, event);
         ControlFlow::Continue(())
     }
 
@@ -183,7 +189,9 @@ impl FullCheck {
 /// queue, so memory stays flat. The checker hands the batches and the rows it is done
 /// with back, so the walk does not allocate per event (and one thread does not free what
 /// the other allocated, which the allocator serialises). A break the checker finds ends
-/// the reading at the next batch.
+/// the reading at the next batch. The payload's JSON is parsed by the checker: parsed
+/// here, it made this side the slower one (measured at 100k operations, 2.1 against
+/// 1.85 s).
 pub(crate) fn feed<E>(
     check: &mut FullCheck,
     mut next_event: impl FnMut(Option<Row>) -> Result<Option<(Row, Option<bool>)>, E>,
@@ -200,7 +208,7 @@ pub(crate) fn feed<E>(
                 for fed in batch.drain(..) {
                     match fed {
                         Fed::Event(row, first) => {
-                            if check.event(&row, first).is_break() {
+                            if check.event(&row, first, decode(&row).as_ref()).is_break() {
                                 // Dropping the queue's end stops the reader.
                                 return;
                             }
@@ -262,7 +270,8 @@ pub(crate) fn feed<E>(
     })
 }
 
-/// What [`feed`]'s checker hands back to be reused: an emptied batch and the rows it held.
+/// What [`feed`]'s checker hands back: an emptied batch and the rows it held, to be
+/// reused, and the events parsed from them, to be dropped.
 struct Spent {
     batch: Vec<Fed>,
     rows: Vec<Row>,
@@ -287,8 +296,31 @@ pub(crate) struct Replay {
     inflight: HashMap<String, Option<OperationRecord>, foldhash::fast::RandomState>,
     /// The key of the operation at hand, so looking one up allocates nothing.
     key: String,
-    counts: append::Counts,
+    counts: Recount,
     mismatch: Option<ProjectionMismatch>,
+}
+
+/// The running recount of a replay, by counter name.
+#[derive(Default)]
+struct Recount(HashMap<String, i64, foldhash::fast::RandomState>);
+
+impl append::Tally for Recount {
+    fn add(&mut self, name: &str, n: i64) {
+        match self.0.get_mut(name) {
+            Some(v) => *v += n,
+            None => {
+                self.0.insert(name.to_owned(), n);
+            }
+        }
+    }
+}
+
+impl IntoIterator for Recount {
+    type Item = (String, i64);
+    type IntoIter = std::collections::hash_map::IntoIter<String, i64>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
 }
 
 /// `op_id`'s length, then `op_id` and `host`: one text per (op_id, host) pair, and two
@@ -301,13 +333,28 @@ fn pair_key(out: &mut String, op_id: &str, host: &str) {
     out.push_str(host);
 }
 
+/// The event `row`'s payload holds.
+pub(crate) fn decode(row: &Row) -> Result<Event, serde_json::Error> {
+    serde_json::from_str(&row.payload)
+}
+
 impl Replay {
     /// Folds the next event (chain order) into its operation's replay and the counts.
     pub(crate) fn event(&mut self, row: &Row, first: Option<bool>) {
+        self.decoded(row, first, decode(row).as_ref());
+    }
+
+    /// [`Replay::event`] with the row's payload already decoded ([`decode`]).
+    pub(crate) fn decoded(
+        &mut self,
+        row: &Row,
+        first: Option<bool>,
+        event: Result<&Event, &serde_json::Error>,
+    ) {
         if self.mismatch.is_some() {
             return;
         }
-        let event: Event = match serde_json::from_str(&row.payload) {
+        let event = match event {
             Ok(e) => e,
             Err(e) => {
                 self.mismatch = Some(mismatch_of(
@@ -343,21 +390,27 @@ impl Replay {
             .get_mut(self.key.as_str())
             .expect("in flight: found or just added");
         let before = slot.take();
-        let had = before.clone();
+        let counted = before.as_ref().map(append::counted_part);
+        // Only an intent can be refused (`projection::fold`), and a refused event leaves
+        // the row as it was: the whole row is copied for intents only.
+        let kept = match event {
+            Event::Intended { .. } => before.clone(),
+            _ => None,
+        };
         let op = (row.op_id.as_str(), row.host.as_str());
-        *slot = match projection::fold(before, op, &event, row.seq, &row.at) {
+        *slot = match projection::fold(before, op, event, row.seq, &row.at) {
             Ok(Some(rec)) => {
-                append::count(&mut self.counts, &event, had.as_ref(), Some(&rec));
+                append::count(&mut self.counts, event, counted.as_ref(), Some(&rec));
                 Some(rec)
             }
             Ok(None) => {
-                append::count(&mut self.counts, &event, had.as_ref(), None);
+                append::count(&mut self.counts, event, counted.as_ref(), None);
                 None
             }
             // Refused appends were rolled back; a stored one is not what opmark wrote.
             Err(projection::AppendRefused::FingerprintConflict) => {
-                append::count(&mut self.counts, &event, had.as_ref(), None);
-                had
+                append::count(&mut self.counts, event, counted.as_ref(), None);
+                kept
             }
         };
     }
@@ -403,8 +456,7 @@ impl Replay {
         if let Some(m) = self.mismatch {
             return Err(m);
         }
-        let mut counts = self.counts;
-        counts.retain(|_, n| *n != 0);
+        let counts = self.counts.into_iter().filter(|(_, n)| *n != 0).collect();
         let replayed = self
             .inflight
             .into_values()
