@@ -47,18 +47,26 @@ pub(crate) type Counts = BTreeMap<String, i64>;
 /// recount of `audit verify --full`, which adds to it for every event of the history
 /// (a hash map there: a name looked up in a tree compared texts several times).
 pub(crate) trait Tally {
-    /// Adds `n` to the counter `name`.
-    fn add(&mut self, name: &str, n: i64);
+    /// The counter `name`, when it has been added to.
+    fn counter(&mut self, name: &str) -> Option<&mut i64>;
+    /// Starts the counter `name` at `n`.
+    fn start(&mut self, name: String, n: i64);
+
+    /// Adds `n` to the counter `name` (its name is copied only the first time).
+    fn add(&mut self, name: &str, n: i64) {
+        match self.counter(name) {
+            Some(v) => *v += n,
+            None => self.start(name.to_owned(), n),
+        }
+    }
 }
 
 impl Tally for Counts {
-    fn add(&mut self, name: &str, n: i64) {
-        match self.get_mut(name) {
-            Some(v) => *v += n,
-            None => {
-                self.insert(name.to_owned(), n);
-            }
-        }
+    fn counter(&mut self, name: &str) -> Option<&mut i64> {
+        self.get_mut(name)
+    }
+    fn start(&mut self, name: String, n: i64) {
+        self.insert(name, n);
     }
 }
 
@@ -220,12 +228,14 @@ pub(crate) fn append(
             .and_then(|rec| projection::contradiction(rec, event));
         seq += 1;
         prev = insert(tx, ikey, key, seq, &prev, at, event, payload)?;
-        match projection::fold(before.clone(), (&key.op_id, &key.host), event, seq, at) {
-            Ok(Some(rec)) => {
-                count(&mut counts, event, before.as_ref(), Some(&rec));
-                tx.store(&rec)?
+        let mut row = before.clone();
+        match projection::fold(&mut row, (&key.op_id, &key.host), event, seq, at) {
+            Ok(()) => {
+                count(&mut counts, event, before.as_ref(), row.as_ref());
+                if let Some(rec) = &row {
+                    tx.store(rec)?
+                }
             }
-            Ok(None) => count(&mut counts, event, before.as_ref(), None),
             // The caller drops the transaction: nothing of this append is stored.
             Err(projection::AppendRefused::FingerprintConflict) => {
                 return Err(LedgerError::FingerprintConflict {
@@ -249,12 +259,12 @@ pub(crate) fn append(
             let before = tx.load(key)?;
             seq += 1;
             prev = insert(tx, ikey, key, seq, &prev, at, &noted, &noted_payload)?;
-            match projection::fold(before.clone(), (&key.op_id, &key.host), &noted, seq, at) {
-                Ok(Some(rec)) => {
-                    count(&mut counts, &noted, before.as_ref(), Some(&rec));
-                    tx.store(&rec)?;
-                }
-                _ => count(&mut counts, &noted, before.as_ref(), None),
+            let mut row = before.clone();
+            // A contradiction is never refused (only an intent can be).
+            let _ = projection::fold(&mut row, (&key.op_id, &key.host), &noted, seq, at);
+            count(&mut counts, &noted, before.as_ref(), row.as_ref());
+            if let Some(rec) = &row {
+                tx.store(rec)?;
             }
         }
     }

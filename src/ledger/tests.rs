@@ -1392,15 +1392,16 @@ fn the_one_pass_walk_names_rows_moved_added_or_deleted() {
     varied_history(&mut l);
     let k = OpKey::new("op-2", "web1");
     let first = l.events(&k).unwrap().remove(0);
-    let Ok(Some(early)) = projection::fold(
-        None,
+    let mut early = None;
+    projection::fold(
+        &mut early,
         (&k.op_id, &k.host),
         &first.event,
         first.seq,
         &first.at,
-    ) else {
-        panic!("an intent makes a row");
-    };
+    )
+    .expect("an intent is not refused");
+    let early = early.expect("an intent makes a row");
     let tx = l.conn().unchecked_transaction().unwrap();
     projection::store(&tx, &early).unwrap();
     tx.commit().unwrap();

@@ -103,18 +103,12 @@ impl FullCheck {
 
     /// The next event in chain order; `first` says whether it is its operation's first
     /// (None: the backend does not know). Break: the chain is broken, stop feeding.
-    /// `event` is the row's payload decoded ([`decode`]).
-    pub(crate) fn event(
-        &mut self,
-        row: &Row,
-        first: Option<bool>,
-        event: Result<&Event, &serde_json::Error>,
-    ) -> ControlFlow<()> {
+    pub(crate) fn event(&mut self, row: &Row, first: Option<bool>) -> ControlFlow<()> {
         if let Some(b) = self.walk.step(row) {
             self.broken = Some(b);
             return ControlFlow::Break(());
         }
-        self.replay.decoded(row, first, event);
+        self.replay.event(row, first);
         ControlFlow::Continue(())
     }
 
@@ -208,7 +202,7 @@ pub(crate) fn feed<E>(
                 for fed in batch.drain(..) {
                     match fed {
                         Fed::Event(row, first) => {
-                            if check.event(&row, first, decode(&row).as_ref()).is_break() {
+                            if check.event(&row, first).is_break() {
                                 // Dropping the queue's end stops the reader.
                                 return;
                             }
@@ -270,8 +264,8 @@ pub(crate) fn feed<E>(
     })
 }
 
-/// What [`feed`]'s checker hands back: an emptied batch and the rows it held, to be
-/// reused, and the events parsed from them, to be dropped.
+/// What [`feed`]'s checker hands back to be reused: an emptied batch and the rows it
+/// held.
 struct Spent {
     batch: Vec<Fed>,
     rows: Vec<Row>,
@@ -305,13 +299,11 @@ pub(crate) struct Replay {
 struct Recount(HashMap<String, i64, foldhash::fast::RandomState>);
 
 impl append::Tally for Recount {
-    fn add(&mut self, name: &str, n: i64) {
-        match self.0.get_mut(name) {
-            Some(v) => *v += n,
-            None => {
-                self.0.insert(name.to_owned(), n);
-            }
-        }
+    fn counter(&mut self, name: &str) -> Option<&mut i64> {
+        self.0.get_mut(name)
+    }
+    fn start(&mut self, name: String, n: i64) {
+        self.0.insert(name, n);
     }
 }
 
@@ -333,28 +325,13 @@ fn pair_key(out: &mut String, op_id: &str, host: &str) {
     out.push_str(host);
 }
 
-/// The event `row`'s payload holds.
-pub(crate) fn decode(row: &Row) -> Result<Event, serde_json::Error> {
-    serde_json::from_str(&row.payload)
-}
-
 impl Replay {
     /// Folds the next event (chain order) into its operation's replay and the counts.
     pub(crate) fn event(&mut self, row: &Row, first: Option<bool>) {
-        self.decoded(row, first, decode(row).as_ref());
-    }
-
-    /// [`Replay::event`] with the row's payload already decoded ([`decode`]).
-    pub(crate) fn decoded(
-        &mut self,
-        row: &Row,
-        first: Option<bool>,
-        event: Result<&Event, &serde_json::Error>,
-    ) {
         if self.mismatch.is_some() {
             return;
         }
-        let event = match event {
+        let event: Event = match serde_json::from_str(&row.payload) {
             Ok(e) => e,
             Err(e) => {
                 self.mismatch = Some(mismatch_of(
@@ -389,30 +366,15 @@ impl Replay {
             .inflight
             .get_mut(self.key.as_str())
             .expect("in flight: found or just added");
-        let before = slot.take();
-        let counted = before.as_ref().map(append::counted_part);
-        // Only an intent can be refused (`projection::fold`), and a refused event leaves
-        // the row as it was: the whole row is copied for intents only.
-        let kept = match event {
-            Event::Intended { .. } => before.clone(),
-            _ => None,
-        };
+        let counted = slot.as_ref().map(append::counted_part);
         let op = (row.op_id.as_str(), row.host.as_str());
-        *slot = match projection::fold(before, op, event, row.seq, &row.at) {
-            Ok(Some(rec)) => {
-                append::count(&mut self.counts, event, counted.as_ref(), Some(&rec));
-                Some(rec)
-            }
-            Ok(None) => {
-                append::count(&mut self.counts, event, counted.as_ref(), None);
-                None
-            }
-            // Refused appends were rolled back; a stored one is not what opmark wrote.
-            Err(projection::AppendRefused::FingerprintConflict) => {
-                append::count(&mut self.counts, event, counted.as_ref(), None);
-                kept
-            }
+        // Refused appends were rolled back, and a refused fold leaves the row as it was;
+        // a stored one is not what opmark wrote.
+        let after = match projection::fold(slot, op, &event, row.seq, &row.at) {
+            Ok(()) => slot.as_ref(),
+            Err(projection::AppendRefused::FingerprintConflict) => None,
         };
+        append::count(&mut self.counts, &event, counted.as_ref(), after);
     }
 
     /// A stored row: compared with its operation's replay, which is then done.
