@@ -103,17 +103,6 @@ impl EventMac {
     /// The keyed hash of `link`.
     pub(crate) fn hash(&self, link: &Link<'_>) -> String {
         use hmac::Mac;
-        fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
-            let mut i = buf.len();
-            loop {
-                i -= 1;
-                buf[i] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    return &buf[i..];
-                }
-            }
-        }
         let mut out = Gathered {
             mac: self.0.clone(),
             buf: [0; GATHER],
@@ -122,7 +111,6 @@ impl EventMac {
         out.put(b"opmark-event-v2\n");
         let mut seq_buf = [0u8; 20];
         let seq = decimal(link.seq, &mut seq_buf);
-        let mut len_buf = [0u8; 20];
         for part in [
             seq,
             link.prev_hash.as_bytes(),
@@ -132,13 +120,25 @@ impl EventMac {
             link.kind.as_bytes(),
             link.payload.as_bytes(),
         ] {
-            out.put(decimal(part.len() as u64, &mut len_buf));
-            out.put(b":");
+            out.put_length_of(part);
             out.put(part);
-            out.put(b"\n");
+            out.put_byte(b'\n');
         }
         out.flush();
         hex_of(&out.mac.finalize().into_bytes())
+    }
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
     }
 }
 
@@ -167,6 +167,36 @@ impl Gathered {
         }
         self.buf[self.len..self.len + part.len()].copy_from_slice(part);
         self.len += part.len();
+    }
+
+    /// One byte, stored in place: a copy call per separator was as dear as the MAC
+    /// update calls the buffer replaced.
+    fn put_byte(&mut self, b: u8) {
+        if self.len == GATHER {
+            self.flush();
+        }
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+
+    /// `part`'s length in decimal and `:`, the framing before it, written in place.
+    fn put_length_of(&mut self, part: &[u8]) {
+        let mut n = part.len();
+        let mut digits = 1;
+        while n >= 10 {
+            n /= 10;
+            digits += 1;
+        }
+        if self.len + digits + 1 > GATHER {
+            self.flush();
+        }
+        let mut n = part.len();
+        for i in (self.len..self.len + digits).rev() {
+            self.buf[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        self.buf[self.len + digits] = b':';
+        self.len += digits + 1;
     }
 
     fn flush(&mut self) {
@@ -582,6 +612,25 @@ mod tests {
                 payload: "{\"kind\":\"verdict\"}",
             };
             assert_eq!(EventMac::new(&key).hash(&link), link.keyed_hash(&key));
+        }
+        // Every length from empty to past two gather buffers, so each piece and each
+        // length (one to four digits) lands on and across the buffer's end somewhere.
+        let long = "x".repeat(2 * GATHER + 70);
+        for n in 0..long.len() {
+            let link = Link {
+                seq: 7,
+                prev_hash: GENESIS,
+                op_id: &long[..n % 40],
+                host: "web1",
+                at: "2026-12-01T17:25:10.123456Z",
+                kind: &long[..n % 7],
+                payload: &long[..n],
+            };
+            assert_eq!(
+                EventMac::new(&key).hash(&link),
+                link.keyed_hash(&key),
+                "payload of {n} bytes"
+            );
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
