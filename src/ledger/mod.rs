@@ -440,15 +440,13 @@ impl Stats {
     }
 }
 
-/// Everything `audit verify` (and `ledger migrate`) reads, in one consistent snapshot.
+/// The whole chain as `ledger migrate` copies it, in one consistent snapshot (`audit
+/// verify --full` streams it instead).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Snapshot {
     pub head: Option<chain::Head>,
     pub keyed_from: u64,
-    pub keyed_from_mac: Option<String>,
     pub rows: Vec<chain::Row>,
-    pub projected: Vec<OperationRecord>,
-    pub counters: BTreeMap<String, i64>,
     /// Where `ledger archive` cut the chain, and the cut's MAC.
     pub cut: Option<(archive::Cut, Option<String>)>,
     /// What the archived events counted, and its MAC.
@@ -876,49 +874,7 @@ impl Ledger {
     /// projected row that differs from its replay (docs/ledger.md#the-chain). The same checks on
     /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
-        let mut report = match &self.store {
-            Store::Sqlite(s) => s.verify_full(&self.key)?,
-            Store::Postgres(_) => {
-                let Snapshot {
-                    head,
-                    keyed_from,
-                    keyed_from_mac,
-                    rows,
-                    projected,
-                    counters,
-                    cut,
-                    archived_counts,
-                } = self.snapshot()?;
-                let header = verify::Header {
-                    head,
-                    keyed_from,
-                    keyed_from_mac,
-                    counters,
-                    cut,
-                    archived_counts,
-                };
-                let mut check =
-                    match verify::FullCheck::start(&self.key, header, || rows.len() as u64) {
-                        Ok(check) => check,
-                        Err(report) => return Ok(*report),
-                    };
-                let after = check.after();
-                let mut seen = std::collections::HashSet::new();
-                let mut events = rows.into_iter().filter(|r| r.seq > after).map(|r| {
-                    let first = seen.insert((r.op_id.clone(), r.host.clone()));
-                    (r, Some(first))
-                });
-                let mut stored = projected;
-                stored.sort_by_key(|r| r.last_seq);
-                let mut stored = stored.into_iter();
-                verify::feed::<LedgerError>(
-                    &mut check,
-                    |_| Ok(events.next()),
-                    || Ok(stored.next()),
-                )?;
-                check.finish()
-            }
-        };
+        let mut report = with_store!(self, s => s.verify_full(&self.key))?;
         if report.first_break.is_none() && report.first_mismatch.is_none() {
             // The one table the projection keeps that the replay does not rebuild:
             // recounted from the rows just checked (it may hold more than they share).

@@ -488,65 +488,90 @@ impl PgStore {
         })
     }
 
-    /// Everything `audit verify` reads, in one REPEATABLE READ (snapshot) transaction.
+    /// The whole chain (`ledger migrate`), in one REPEATABLE READ (snapshot) transaction.
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         self.call(|c| {
             let Conn { rt, client } = c;
-            let tx = rt.block_on(
-                client
-                    .build_transaction()
-                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                    .read_only(true)
-                    .start(),
-            )?;
-            let head = read_head(rt, &tx)?;
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
-                Ok(rt
-                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
-                    .map(|r| r.get(0)))
-            };
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let keyed_from_mac = meta("chain_keyed_from_mac")?;
-            let cut = match meta("archive_cut")? {
-                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
-                None => None,
-            };
-            let archived_counts = match meta("archive_counts")? {
-                Some(json) => Some((json, meta("archive_counts_mac")?)),
-                None => None,
-            };
+            let tx = rt.block_on(snapshot_transaction(client))?;
+            let header = read_verify_header(rt, &tx)?;
             let rows = rt
                 .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
                 .iter()
                 .map(chain_row)
                 .collect();
-            let sql = format!(
-                "SELECT {} FROM operations ORDER BY op_id, host",
-                projection::COLUMNS
-            );
-            let projected = rt
-                .block_on(tx.query(&sql, &[]))?
-                .iter()
-                .map(record_from)
-                .collect::<Result<_, _>>()?;
-            let counters = rt
-                .block_on(tx.query("SELECT name, n FROM counters", &[]))?
-                .iter()
-                .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
-                .collect();
             rt.block_on(tx.commit())?;
             Ok(Snapshot {
-                head,
-                keyed_from,
-                keyed_from_mac,
+                head: header.head,
+                keyed_from: header.keyed_from,
                 rows,
-                projected,
-                counters,
-                cut,
-                archived_counts,
+                cut: header.cut,
+                archived_counts: header.archived_counts,
             })
+        })
+    }
+
+    /// `audit verify --full` in one REPEATABLE READ transaction, streamed: the events and
+    /// the rows are read a page at a time through two portals and fed to the same check
+    /// as SQLite's ([`super::verify::feed`]), so memory holds the operations in flight,
+    /// not the chain (read whole, a million operations' chain was gigabytes).
+    pub(crate) fn verify_full(
+        &self,
+        key: &InstallationKey,
+    ) -> Result<chain::ChainReport, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(snapshot_transaction(client))?;
+            let header = read_verify_header(rt, &tx)?;
+            let count = || {
+                rt.block_on(tx.query_one("SELECT COUNT(*) FROM events", &[]))
+                    .map_or(0, |r| r.get::<_, i64>(0) as u64)
+            };
+            let mut check = match super::verify::FullCheck::start(&key, header, count) {
+                Ok(check) => check,
+                Err(report) => return Ok(*report),
+            };
+            let after = check.after() as i64;
+            let events = rt.block_on(tx.bind(
+                &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
+                &[&after],
+            ))?;
+            let stored = rt.block_on(tx.bind(
+                &format!(
+                    "SELECT {} FROM operations ORDER BY last_seq",
+                    projection::COLUMNS
+                ),
+                &[],
+            ))?;
+            let page = |portal: &tokio_postgres::Portal,
+                        into: &mut std::collections::VecDeque<Row>| {
+                if into.is_empty() {
+                    into.extend(rt.block_on(tx.query_portal(portal, PAGE_ROWS))?);
+                }
+                Ok::<_, LedgerError>(into.pop_front())
+            };
+            let (mut event_page, mut stored_page) = Default::default();
+            // This layout keeps no link to an operation's previous event, so whether an
+            // event is its operation's first is what the walk has seen (a key per
+            // operation, still far less than the chain).
+            let mut seen = std::collections::HashSet::<(String, String)>::new();
+            super::verify::feed(
+                &mut check,
+                |_| {
+                    Ok(page(&events, &mut event_page)?.map(|r| {
+                        let row = chain_row(&r);
+                        let first = seen.insert((row.op_id.clone(), row.host.clone()));
+                        (row, Some(first))
+                    }))
+                },
+                || {
+                    page(&stored, &mut stored_page)?
+                        .map(|r| record_from(&r))
+                        .transpose()
+                },
+            )?;
+            rt.block_on(tx.commit())?;
+            Ok(check.finish())
         })
     }
 
@@ -1107,6 +1132,57 @@ fn chain_row(r: &Row) -> chain::Row {
         kind: r.get(6),
         payload: r.get(7),
     }
+}
+
+/// Rows fetched per page by the streamed walk ([`PgStore::verify_full`]).
+const PAGE_ROWS: i32 = 4096;
+
+/// A read-only REPEATABLE READ transaction: everything a verify reads is one snapshot.
+async fn snapshot_transaction(
+    client: &mut Client,
+) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+    client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+}
+
+/// What a verify reads before the events: the head, where the keyed chain starts, the
+/// archive cut and counts (each with its MAC) and the counters.
+fn read_verify_header(
+    rt: &tokio::runtime::Runtime,
+    tx: &tokio_postgres::Transaction<'_>,
+) -> Result<super::verify::Header, LedgerError> {
+    let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+        Ok(rt
+            .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+            .map(|r| r.get(0)))
+    };
+    let keyed_from = meta("chain_keyed_from")?
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let cut = match meta("archive_cut")? {
+        Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+        None => None,
+    };
+    let archived_counts = match meta("archive_counts")? {
+        Some(json) => Some((json, meta("archive_counts_mac")?)),
+        None => None,
+    };
+    Ok(super::verify::Header {
+        head: read_head(rt, tx)?,
+        keyed_from,
+        keyed_from_mac: meta("chain_keyed_from_mac")?,
+        counters: rt
+            .block_on(tx.query("SELECT name, n FROM counters", &[]))?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+            .collect(),
+        cut,
+        archived_counts,
+    })
 }
 
 /// The chain head, `None` while the ledger holds no event.

@@ -851,35 +851,19 @@ impl SqliteStore {
         Ok(check.finish())
     }
 
-    /// Everything `audit verify` checks, read in one consistent snapshot.
+    /// The whole chain (`ledger migrate`), read in one consistent snapshot.
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let head = chain_head(&tx)?;
-        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let (keyed_from, _) = binding::keyed_from(&tx)?;
         let rows = rows_where(&tx, &self.atoms, "ORDER BY e.seq", [])?;
-        let projected: Vec<OperationRecord> = {
-            let mut stmt = tx.prepare(&format!(
-                "SELECT {} FROM operations ORDER BY op_id, host",
-                projection::COLUMNS
-            ))?;
-            let rows = stmt.query_map([], projection::from_row)?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let counters: BTreeMap<String, i64> = {
-            let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            rows.collect::<Result<_, _>>()?
-        };
         let cut = super::archive::read_cut(&tx)?;
         let archived_counts = super::archive::read_counts(&tx)?;
         tx.finish()?;
         Ok(Snapshot {
             head,
             keyed_from,
-            keyed_from_mac,
             rows,
-            projected,
-            counters,
             cut,
             archived_counts,
         })

@@ -328,6 +328,7 @@ conformance!(
     audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads,
     an_archived_ledger_and_its_archive_verify_and_an_edit_in_either_is_found,
     ledger_archive_refuses_what_it_cannot_archive_and_writes_nothing,
+    the_full_walk_reads_past_a_page_and_names_an_edited_and_a_foreign_row,
 );
 
 fn sixteen_writer_processes_keep_every_event_and_the_chain(f: &Fixture) {
@@ -734,6 +735,52 @@ fn audit_verify_names_an_edited_and_a_deleted_event(f: &Fixture) {
     assert_eq!(code, Some(1), "{out}");
     assert!(out.starts_with("chain broken at event #8:"), "{out}");
     assert!(out.contains("missing (deleted)"), "{out}");
+}
+
+/// The full walk streams the chain and the rows (PostgreSQL a page of 4,096 rows at a
+/// time): more events than a page, and rows edited or added behind opmark's back.
+fn the_full_walk_reads_past_a_page_and_names_an_edited_and_a_foreign_row(f: &Fixture) {
+    let mut ledger = f.open();
+    for n in 0..900 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    let verify = || {
+        let out = f
+            .opmark(&f.scratch.0)
+            .args(["audit", "verify", "--full"])
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(
+        out.trim(),
+        "chain intact: 4500 events, projection equals their replay"
+    );
+    f.sql("UPDATE operations SET display = display || ' x' WHERE op_id = 'op850'");
+    let (code, out, _) = verify();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("projection differs from the events at operation `op850` on `h`"),
+        "{out}"
+    );
+    assert!(out.contains("display"), "{out}");
+    f.sql("UPDATE operations SET display = substr(display, 1, length(display) - 2) WHERE op_id = 'op850'");
+    assert_eq!(verify().0, Some(0), "the edit undone");
+    f.sql(
+        "INSERT INTO operations (op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt)
+         SELECT 'ghost', host, family, display, 'fp-ghost', rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt
+         FROM operations WHERE op_id = 'op20'",
+    );
+    let (code, out, _) = verify();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.starts_with("projection differs from the events at operation `ghost` on `h`"),
+        "{out}"
+    );
+    assert!(out.contains("added outside opmark"), "{out}");
 }
 
 fn list_show_and_stats_read_the_same_projection(f: &Fixture) {
