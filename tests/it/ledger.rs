@@ -250,6 +250,17 @@ impl Fixture {
         Ledger::open_with_key(&self.location, self.key.as_deref()).unwrap()
     }
 
+    /// `opmark audit verify ARGS` on this ledger: its exit code, stdout and stderr.
+    fn audit_verify(&self, args: &[&str]) -> (Option<i32>, String, String) {
+        let out = self
+            .opmark(&self.scratch.0)
+            .args(["audit", "verify"])
+            .args(args)
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    }
+
     /// `opmark` with its own HOME (another "machine" when `home` differs) on this ledger.
     fn opmark(&self, home: &Path) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_opmark"));
@@ -710,14 +721,7 @@ fn audit_verify_names_an_edited_and_a_deleted_event(f: &Fixture) {
         write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
     }
     drop(ledger);
-    let verify = || {
-        let out = f
-            .opmark(&f.scratch.0)
-            .args(["audit", "verify"])
-            .output()
-            .unwrap();
-        (out.status.code(), text(&out.stdout), text(&out.stderr))
-    };
+    let verify = || f.audit_verify(&[]);
     let (code, out, err) = verify();
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(
@@ -745,14 +749,7 @@ fn the_full_walk_reads_past_a_page_and_names_an_edited_and_a_foreign_row(f: &Fix
         write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
     }
     drop(ledger);
-    let verify = || {
-        let out = f
-            .opmark(&f.scratch.0)
-            .args(["audit", "verify", "--full"])
-            .output()
-            .unwrap();
-        (out.status.code(), text(&out.stdout), text(&out.stderr))
-    };
+    let verify = || f.audit_verify(&["--full"]);
     let (code, out, err) = verify();
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(
@@ -2355,15 +2352,7 @@ fn audit_verify_incremental_walks_from_the_checkpoint_and_full_from_the_start(f:
         write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
     }
     drop(ledger);
-    let verify = |args: &[&str]| {
-        let out = f
-            .opmark(&f.scratch.0)
-            .args(["audit", "verify"])
-            .args(args)
-            .output()
-            .unwrap();
-        (out.status.code(), text(&out.stdout), text(&out.stderr))
-    };
+    let verify = |args: &[&str]| f.audit_verify(args);
     let (code, out, err) = verify(&["--incremental"]);
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(
@@ -2439,14 +2428,7 @@ fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fix
             .unwrap();
     }
     drop(ledger);
-    let verify = || {
-        let out = f
-            .opmark(&f.scratch.0)
-            .args(["audit", "verify"])
-            .output()
-            .unwrap();
-        (out.status.code(), text(&out.stdout), text(&out.stderr))
-    };
+    let verify = || f.audit_verify(&[]);
     let (code, out, err) = verify();
     assert_eq!(code, Some(0), "{out}{err}");
     assert_eq!(
