@@ -228,10 +228,11 @@ pub(crate) fn append(
             .and_then(|rec| projection::contradiction(rec, event));
         seq += 1;
         prev = insert(tx, ikey, key, seq, &prev, at, event, payload)?;
-        let mut row = before.clone();
+        let counted = before.as_ref().map(counted_part);
+        let mut row = before;
         match projection::fold(&mut row, (&key.op_id, &key.host), event, seq, at) {
             Ok(()) => {
-                count(&mut counts, event, before.as_ref(), row.as_ref());
+                count(&mut counts, event, counted.as_ref(), row.as_ref());
                 if let Some(rec) = &row {
                     tx.store(rec)?
                 }
@@ -259,10 +260,11 @@ pub(crate) fn append(
             let before = tx.load(key)?;
             seq += 1;
             prev = insert(tx, ikey, key, seq, &prev, at, &noted, &noted_payload)?;
-            let mut row = before.clone();
+            let counted = before.as_ref().map(counted_part);
+            let mut row = before;
             // A contradiction is never refused (only an intent can be).
             let _ = projection::fold(&mut row, (&key.op_id, &key.host), &noted, seq, at);
-            count(&mut counts, &noted, before.as_ref(), row.as_ref());
+            count(&mut counts, &noted, counted.as_ref(), row.as_ref());
             if let Some(rec) = &row {
                 tx.store(rec)?;
             }

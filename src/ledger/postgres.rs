@@ -554,13 +554,15 @@ impl PgStore {
             // This layout keeps no link to an operation's previous event, so whether an
             // event is its operation's first is what the walk has seen (a key per
             // operation, still far less than the chain).
-            let mut seen = std::collections::HashSet::<(String, String)>::new();
+            let mut seen = std::collections::HashSet::<String>::new();
+            let mut pair = String::new();
             super::verify::feed(
                 &mut check,
                 |_| {
                     Ok(page(&events, &mut event_page)?.map(|r| {
                         let row = chain_row(&r);
-                        let first = seen.insert((row.op_id.clone(), row.host.clone()));
+                        super::verify::pair_key(&mut pair, &row.op_id, &row.host);
+                        let first = !seen.contains(&pair) && seen.insert(pair.clone());
                         (row, Some(first))
                     }))
                 },

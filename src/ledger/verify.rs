@@ -318,7 +318,7 @@ impl IntoIterator for Recount {
 
 /// `op_id`'s length, then `op_id` and `host`: one text per (op_id, host) pair, and two
 /// pairs never share one.
-fn pair_key(out: &mut String, op_id: &str, host: &str) {
+pub(crate) fn pair_key(out: &mut String, op_id: &str, host: &str) {
     use std::fmt::Write as _;
     out.clear();
     let _ = write!(out, "{}:", op_id.len());
