@@ -145,7 +145,7 @@ s@SPEC (section |§ ?)?14([^0-9])@docs/ledger.md#backends\2@g
 s@SPEC (section |§ ?)?15([^0-9])@docs/trust.md#the-keeper\2@g
 s@SPEC (section |§ ?)?16([^0-9])@docs/findings.md#speed\2@g
 s@SPEC (section |§ ?)?17([^0-9])@docs/guarantees.md#evidence-identity\2@g
-s@SPEC (section |§ ?)?18([^0-9])@docs/guarantees.md#not-built-yet\2@g
+s@SPEC (section |§ ?)?18([^0-9])@docs/guarantees.md#repetitions\2@g
 s@SPEC (section |§ ?)?19([^0-9])@docs/ledger.md#health\2@g
 
 # --- the findings notes: one anchor per measured fact

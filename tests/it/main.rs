@@ -6,6 +6,7 @@ mod architecture;
 mod architecture_docs;
 mod cancel;
 mod chaos;
+mod claims;
 mod cli;
 mod docker;
 mod fleet;
