@@ -11,6 +11,18 @@ use opmark::op_id::OpId;
 use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunRequest, StdinSpec, Verb};
 use sha2::{Digest, Sha256};
 
+/// The script under test: the shipped one, or the mutant of it that
+/// `OPMARK_SHIM_UNDER_TEST` names (scripts/mutate-shim.sh runs these tests once per guard
+/// it removes or negates: a guard whose mutant still passes is not proven by them).
+fn script() -> &'static str {
+    static SCRIPT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| match std::env::var_os("OPMARK_SHIM_UNDER_TEST") {
+        Some(path) => std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("OPMARK_SHIM_UNDER_TEST={path:?}: {e}")),
+        None => shim::SCRIPT.to_owned(),
+    })
+}
+
 /// The three shells the shim must run under. A missing one skips locally, fails in CI.
 fn shells() -> Vec<(&'static str, PathBuf)> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shells");
@@ -141,9 +153,9 @@ impl Host {
     fn command_with_args(&self, args: Vec<String>) -> Command {
         let mut cmd = Command::new(&self.shell);
         cmd.arg("-c")
-            .arg(shim::SCRIPT)
+            .arg(script())
             .arg("opmark-shim")
-            .arg(shim::SCRIPT)
+            .arg(script())
             .args(args)
             .env("OPMARK_SH", &self.shell)
             // The command runs by the login shell ($SHELL, as sshd sets it): the shell
@@ -1367,9 +1379,9 @@ fn call_without_proc(host: &Host, args: Vec<String>, stdin: &[u8]) -> Outcome {
         .arg("no-proc")
         .arg(&host.shell)
         .arg("-c")
-        .arg(shim::SCRIPT)
+        .arg(script())
         .arg("opmark-shim")
-        .arg(shim::SCRIPT)
+        .arg(script())
         .args(args)
         .env("OPMARK_SH", &host.shell)
         .env("XDG_STATE_HOME", &host.state_home)
