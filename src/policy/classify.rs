@@ -2,10 +2,21 @@
 //! simple command in it (including those inside subshells, groups, loops, functions,
 //! substitutions and `find -exec`) a family; the whole takes the most dangerous one.
 //!
+//! Wrappers are judged by what they run (docs/trust.md#the-policy): `sh|bash|... -c
+//! 'TEXT'`, `eval 'TEXT'`, `su -c`, `watch`, `trap 'TEXT'`, a shell fed a literal here-doc
+//! or here-string, and `env`, `sudo`, `doas`, `nohup`, `timeout`, `nice`, `xargs`, `exec`,
+//! `command`, `builtin`, `busybox APPLET`... are classified as if their inner command had
+//! been written alone, recursively up to a depth bound, so a deny or approval rule on
+//! the inner command holds through them.
+//!
 //! Structural decisions that no policy can override, because the policy cannot see
-//! what they would run: a program name that is computed (`$x`, `$(...)`, globs, brace
-//! expansion), `eval`/`source`/`.`/`exec`/`trap`, shells (`sh -c ...`), `watch`,
-//! `env -S`, and anything unparseable are destructive.
+//! what they would run: text built at run time (a computed program name such as `$x`,
+//! `$(...)`, globs or brace expansion; `eval "$x"`; `sh -c "$(...)"`; a shell reading
+//! its commands from a pipe, a process substitution or the caller's stdin; `alias`
+//! definitions; `env -S`) is destructive **and needs approval**, exactly as unparseable
+//! input does: deny and approval rules cannot be checked against it. A file's commands
+//! (`source FILE`, `sh FILE`) are not visible either; they run as a program by path would,
+//! destructive, since the file could be anything.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -24,6 +35,10 @@ use crate::family::Family;
 /// commands never come close, and it bounds recursion on hostile input.
 const MAX_DEPTH: usize = 12;
 
+/// Wrappers inside wrappers (`sh -c "eval 'bash -c ...'"`) deeper than this are not
+/// followed: the innermost text is treated as built at run time (needs approval).
+const MAX_WRAPPERS: usize = 8;
+
 /// Inputs nested deeper than this are not handed to the parser, whose recursive descent
 /// would otherwise overflow the stack on something like 10,000 `(`.
 const MAX_NESTING: usize = 64;
@@ -32,22 +47,18 @@ const MAX_NESTING: usize = 64;
 pub(crate) const UNPARSEABLE_APPROVAL: &str =
     "unparseable: deny and approval rules cannot be checked";
 
+/// How the `approval` of text built at run time ends: what it is comes first.
+const DYNAMIC_APPROVAL: &str = "deny and approval rules cannot be checked against it";
+
 /// Programs that run text they receive as shell commands; what they run is invisible.
 const SHELLS: &[&str] = &[
     "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "yash", "rbash",
 ];
 
-/// Builtins and programs that turn data into commands at run time.
-const DYNAMIC: &[(&str, &str)] = &[
-    ("eval", "`eval` runs text as commands"),
+/// Builtins that run a file's commands, which the classifier cannot see.
+const RUNS_A_FILE: &[(&str, &str)] = &[
     ("source", "`source` runs a file's commands"),
     (".", "`.` runs a file's commands"),
-    ("exec", "`exec` replaces the shell with a command"),
-    ("trap", "`trap` runs text as commands later"),
-    (
-        "watch",
-        "`watch` runs its arguments through `sh -c`, repeatedly",
-    ),
 ];
 
 /// A command that runs another command given as its arguments (`sudo CMD...`). The
@@ -149,6 +160,13 @@ const WRAPPERS: &[Wrapper] = &[
     wrapper("busybox", ""),
     wrapper("builtin", ""),
     wrapper("command", ""),
+    // `exec -a NAME CMD`: replaces the shell with CMD.
+    wrapper("exec", "a"),
+    // `watch [-n S] CMD...`: runs the words joined through `sh -c` (see classify_words).
+    Wrapper {
+        long_args: &["interval"],
+        ..wrapper("watch", "n")
+    },
 ];
 
 /// Variables that change which code runs: a command under them is not the command its
@@ -224,6 +242,31 @@ struct Classifier<'p> {
     /// Functions defined so far in this command, with the family of their bodies. A call
     /// runs the body, not the program of that name.
     functions: HashMap<String, Family>,
+    /// The wrappers whose inner text is being classified (`sh -c`, `eval`), outermost
+    /// first: each part found inside says so in its rule.
+    via: Vec<String>,
+    /// Where the simple command being classified reads its standard input from.
+    stdin: Stdin,
+    /// The command being classified reads a pipe (it is not first in its pipeline, or
+    /// sits inside a compound command that is not).
+    piped: bool,
+}
+
+/// Where a simple command's standard input comes from: what a shell without `-c` or a
+/// file runs as its commands.
+#[derive(Clone, Default)]
+enum Stdin {
+    /// The command's own stdin: a pipe, or the caller's input (`--stdin`). Not visible.
+    #[default]
+    Inherited,
+    /// `< FILE`: a file's contents, as `sh FILE` would read them.
+    File,
+    /// A here-document or here-string whose text is literal (no expansion in it).
+    Literal(String),
+    /// A here-document or here-string that expands variables or substitutions.
+    Expanded,
+    /// A process substitution (`< <(curl ...)`): a command writes it at run time.
+    Substituted,
 }
 
 /// Classifies `command` under `policy` (see the module docs).
@@ -235,6 +278,9 @@ pub(crate) fn classify(policy: &Policy, command: &str) -> Classification {
         deny: None,
         approval: None,
         functions: HashMap::new(),
+        via: Vec::new(),
+        stdin: Stdin::Inherited,
+        piped: false,
     };
     let parse_error = c.program(command, 0).err();
     let family = c
@@ -315,6 +361,12 @@ fn strictness(policy: &Policy, rule: Option<&super::Rule>) -> (bool, bool, Famil
         Some(r) => (r.deny, r.approval, r.family),
         None => (false, false, policy.default_family()),
     }
+}
+
+/// A word that is a process substitution: `<(cmd)` stands for a file whose text a command
+/// writes at run time.
+fn is_process_substitution(word: &WordInfo) -> bool {
+    word.raw.starts_with("<(") || word.raw.starts_with(">(")
 }
 
 fn basename(path: &str) -> &str {
@@ -411,13 +463,148 @@ fn unwrap(spec: &Wrapper, args: &[WordInfo]) -> Unwrapped {
     Unwrapped::Nothing
 }
 
+/// Where `cmd` reads its standard input from, by its last redirection of fd 0.
+fn input_of(cmd: &SimpleCommand, options: &ParserOptions) -> Stdin {
+    let mut stdin = Stdin::Inherited;
+    let items = cmd
+        .prefix
+        .iter()
+        .flat_map(|p| p.0.iter())
+        .chain(cmd.suffix.iter().flat_map(|s| s.0.iter()));
+    for item in items {
+        let CommandPrefixOrSuffixItem::IoRedirect(r) = item else {
+            continue;
+        };
+        stdin = match r {
+            IoRedirect::HereDocument(None | Some(0), doc) => {
+                if doc.requires_expansion {
+                    let info = analyse_heredoc(&doc.doc.value, options);
+                    if info.expands || info.error.is_some() {
+                        Stdin::Expanded
+                    } else {
+                        Stdin::Literal(info.text)
+                    }
+                } else {
+                    Stdin::Literal(doc.doc.value.clone())
+                }
+            }
+            IoRedirect::HereString(None | Some(0), word) => {
+                let info = analyse(&word.value, options);
+                if info.expands || info.error.is_some() {
+                    Stdin::Expanded
+                } else {
+                    Stdin::Literal(info.text)
+                }
+            }
+            IoRedirect::File(None | Some(0), IoFileRedirectKind::Read, target) => match target {
+                IoFileRedirectTarget::Filename(_) => Stdin::File,
+                // `sh < <(curl ...)`: the text comes from a command at run time.
+                IoFileRedirectTarget::ProcessSubstitution(..) => Stdin::Substituted,
+                _ => Stdin::Inherited,
+            },
+            IoRedirect::File(None | Some(0), IoFileRedirectKind::DuplicateInput, _) => {
+                Stdin::Inherited
+            }
+            _ => continue,
+        };
+    }
+    stdin
+}
+
+/// What a shell is asked to run, from its arguments (`bash -lc 'TEXT' name args`).
+enum ShellRuns<'w> {
+    /// `-c TEXT`: the text (which may be computed at run time).
+    Text(&'w WordInfo),
+    /// `-c` without its text.
+    MissingText,
+    /// A script file (or a process substitution standing for one).
+    File(&'w WordInfo),
+    /// No `-c` and no file: commands read from standard input.
+    Stdin,
+}
+
+fn shell_runs(args: &[WordInfo]) -> ShellRuns<'_> {
+    let mut c_flag = false;
+    let mut i = 0;
+    while i < args.len() {
+        let t = args[i].text.as_str();
+        if args[i].expands {
+            // Options decided at run time: whatever follows is run-time text too.
+            return ShellRuns::Text(&args[i]);
+        }
+        if t == "--" || t == "-" {
+            i += 1;
+            break;
+        }
+        if matches!(t, "-o" | "+o" | "-O" | "+O" | "--rcfile" | "--init-file") {
+            i += 2;
+            continue;
+        }
+        if t.starts_with("--") {
+            i += 1;
+            continue;
+        }
+        if let Some(cluster) = t.strip_prefix('-').or_else(|| t.strip_prefix('+')) {
+            if !cluster.is_empty() {
+                c_flag |= t.starts_with('-') && cluster.contains('c');
+                i += 1;
+                continue;
+            }
+        }
+        break;
+    }
+    match (c_flag, args.get(i)) {
+        (true, Some(text)) => ShellRuns::Text(text),
+        (true, None) => ShellRuns::MissingText,
+        (false, Some(file)) => ShellRuns::File(file),
+        (false, None) => ShellRuns::Stdin,
+    }
+}
+
 impl Classifier<'_> {
     fn push(&mut self, command: String, family: Family, rule: String) {
+        let rule = self.within(rule);
         self.parts.push(Part {
             command,
             family,
             rule,
         });
+    }
+
+    /// `what`, saying which wrappers it was found inside, innermost first (`rm` inside
+    /// `eval` inside `sh -c`).
+    fn within(&self, what: String) -> String {
+        if self.via.is_empty() {
+            return what;
+        }
+        let chain: Vec<&str> = self.via.iter().rev().map(String::as_str).collect();
+        format!("{what} (inside {})", chain.join(" inside "))
+    }
+
+    /// A part built at run time: destructive, and a human must approve it, since deny
+    /// and approval rules cannot see it (as with unparseable input).
+    fn dynamic(&mut self, command: String, why: &str) {
+        self.push(command, Family::Destructive, format!("dynamic: {why}"));
+        if self.approval.is_none() {
+            self.approval = Some(self.within(format!("dynamic: {why}: {DYNAMIC_APPROVAL}")));
+        }
+    }
+
+    /// Classifies `text` as the commands a wrapper (`via`) runs.
+    fn inner(&mut self, via: String, text: &str, depth: usize) {
+        if self.via.len() >= MAX_WRAPPERS {
+            let why = format!("{via} is wrapped more than {MAX_WRAPPERS} deep");
+            self.dynamic(text.trim().to_string(), &why);
+            return;
+        }
+        self.via.push(via);
+        let stdin = std::mem::take(&mut self.stdin);
+        let piped = std::mem::replace(&mut self.piped, false);
+        // A failure has recorded its own destructive part and the approval it needs.
+        let _ = self.program(text, depth + 1);
+        self.stdin = stdin;
+        self.piped = piped;
+        self.via.pop();
     }
 
     /// Parses and walks a whole command string (the top level, or a substitution's body).
@@ -476,9 +663,12 @@ impl Classifier<'_> {
     }
 
     fn pipeline(&mut self, pipeline: &Pipeline, depth: usize) {
-        for command in &pipeline.seq {
+        let outer = self.piped;
+        for (i, command) in pipeline.seq.iter().enumerate() {
+            self.piped = outer || i > 0;
             self.command(command, depth);
         }
+        self.piped = outer;
     }
 
     fn command(&mut self, command: &Command, depth: usize) {
@@ -577,10 +767,9 @@ impl Classifier<'_> {
             let info = analyse_heredoc(text, &self.options);
             self.word_effects(&info, depth);
             if info.substitutions.is_empty() && info.opaque.is_empty() {
-                self.push(
+                self.dynamic(
                     text.to_string(),
-                    Family::Destructive,
-                    "dynamic: an expansion here may run commands that cannot be analysed".into(),
+                    "an expansion here may run commands that cannot be analysed",
                 );
             }
         }
@@ -593,10 +782,9 @@ impl Classifier<'_> {
             let _ = self.program(sub, depth + 1);
         }
         for opaque in &info.opaque {
-            self.push(
+            self.dynamic(
                 opaque.clone(),
-                Family::Destructive,
-                "dynamic: a command substitution inside an expansion cannot be analysed".into(),
+                "a command substitution inside an expansion cannot be analysed",
             );
         }
         if let Some(e) = &info.error {
@@ -605,6 +793,9 @@ impl Classifier<'_> {
                 Family::Destructive,
                 format!("unparseable word: {e}"),
             );
+            if self.approval.is_none() {
+                self.approval = Some(UNPARSEABLE_APPROVAL.to_string());
+            }
         }
     }
 
@@ -629,6 +820,9 @@ impl Classifier<'_> {
             self.word_effects(w, depth);
         }
         let shown = shown.join(" ");
+        // After the items: a substitution among them may have classified commands of
+        // its own, with their own input.
+        self.stdin = input_of(cmd, &self.options);
         if words.is_empty() {
             if assignments {
                 self.push(
@@ -639,7 +833,7 @@ impl Classifier<'_> {
             }
             return;
         }
-        self.classify_words(shown, &words);
+        self.classify_words(shown, &words, depth);
     }
 
     /// One prefix or suffix item of a simple command.
@@ -701,7 +895,7 @@ impl Classifier<'_> {
     }
 
     /// Decides the family of one simple command given its words (program first).
-    fn classify_words(&mut self, shown: String, words: &[WordInfo]) {
+    fn classify_words(&mut self, shown: String, words: &[WordInfo], depth: usize) {
         // A call of a function defined in this command runs its body, or, when the
         // definition did not run (`if x; then f() {...}; fi; f`), the program of that
         // name: it gets the stricter of the two.
@@ -711,17 +905,16 @@ impl Classifier<'_> {
             .copied()
             .filter(|_| !words[0].expands && !words[0].globs);
         let mut start = 0;
+        // `xargs` appends arguments it reads at run time to its command.
+        let mut appends_args = false;
         loop {
             let program = &words[start];
             if program.expands || program.globs || program.error.is_some() {
-                self.push(
-                    shown,
-                    Family::Destructive,
-                    format!(
-                        "dynamic: the program name `{}` is only known at run time",
-                        program.raw
-                    ),
+                let why = format!(
+                    "the program name `{}` is only known at run time",
+                    program.raw
                 );
+                self.dynamic(shown, &why);
                 return;
             }
             let base = basename(&program.text);
@@ -742,9 +935,23 @@ impl Classifier<'_> {
                 return;
             }
             match unwrap(spec, args) {
-                Unwrapped::Command(offset) => start += 1 + offset,
+                Unwrapped::Command(offset) if spec.name == "watch" => {
+                    // watch joins its words and runs them through `sh -c`.
+                    let rest = &args[offset..];
+                    if rest.iter().any(|w| w.expands || w.globs) {
+                        self.dynamic(shown, "`watch` of a command built at run time");
+                    } else {
+                        let text = rest.iter().map(|w| w.text.as_str()).collect::<Vec<_>>();
+                        self.inner("`watch`".into(), &text.join(" "), depth);
+                    }
+                    return;
+                }
+                Unwrapped::Command(offset) => {
+                    appends_args |= spec.name == "xargs";
+                    start += 1 + offset;
+                }
                 Unwrapped::Dynamic(why) => {
-                    self.push(shown, Family::Destructive, format!("dynamic: {why}"));
+                    self.dynamic(shown, &why);
                     return;
                 }
                 Unwrapped::Nothing => break,
@@ -769,32 +976,19 @@ impl Classifier<'_> {
         }
         // Aliases defined in `sh -c` text are expanded by dash on later lines.
         if program == "alias" && args.iter().any(|a| a.text.contains('=')) {
+            self.dynamic(shown, "`alias` defines a name that runs text as commands");
+            return;
+        }
+        if program == "exec" {
+            // `exec >log 2>&1` only redirects the shell; the redirections are parts.
             self.push(
                 shown,
-                Family::Destructive,
-                "dynamic: `alias` defines a name that runs text as commands".into(),
+                Family::ReadOnly,
+                "`exec` without a command only changes redirections".into(),
             );
             return;
         }
-        if let Some((_, why)) = DYNAMIC.iter().find(|(name, _)| *name == program) {
-            if program == "exec" && args.is_empty() {
-                // `exec >log 2>&1` only redirects the shell; the redirections are parts.
-                self.push(
-                    shown,
-                    Family::ReadOnly,
-                    "`exec` without a command only changes redirections".into(),
-                );
-            } else {
-                self.push(shown, Family::Destructive, format!("dynamic: {why}"));
-            }
-            return;
-        }
-        if SHELLS.contains(&program.as_str()) {
-            self.push(
-                shown,
-                Family::Destructive,
-                format!("dynamic: `{program}` runs commands this classifier cannot see"),
-            );
+        if self.runs_text(&shown, &program, args, depth) {
             return;
         }
 
@@ -818,7 +1012,7 @@ impl Classifier<'_> {
                             "dynamic: `find -exec` without a command".into(),
                         );
                     } else {
-                        self.classify_words(display(inner), inner);
+                        self.classify_words(display(inner), inner, depth);
                     }
                     i = end + 1;
                 } else {
@@ -847,14 +1041,17 @@ impl Classifier<'_> {
                 matched = plain;
             }
         }
+        if appends_args {
+            self.run_time_arguments(&program, &text, &normalised, matched);
+        }
         let (family, rule) = match matched {
             Some(rule) => {
                 let name = self.policy.rule_name(rule);
                 if rule.deny && self.deny.is_none() {
-                    self.deny = Some(name.clone());
+                    self.deny = Some(self.within(name.clone()));
                 }
                 if rule.approval && self.approval.is_none() {
-                    self.approval = Some(name.clone());
+                    self.approval = Some(self.within(name.clone()));
                 }
                 (rule.family, name)
             }
@@ -869,6 +1066,138 @@ impl Classifier<'_> {
                 self.push(shown, body, rule);
             }
             _ => self.push(shown, family, rule),
+        }
+    }
+
+    /// Commands that run text or a file as shell commands (`sh -c`, `eval`, `trap`,
+    /// `su -c`, `source`, a shell reading its input): classifies what they run and says
+    /// true, or says false for any other program.
+    fn runs_text(&mut self, shown: &str, program: &str, args: &[WordInfo], depth: usize) -> bool {
+        let shown = shown.to_string();
+        match program {
+            "eval" => {
+                if args.iter().any(|w| w.expands || w.globs) {
+                    self.dynamic(shown, "`eval` of text built at run time");
+                } else {
+                    let text = args.iter().map(|w| w.text.as_str()).collect::<Vec<_>>();
+                    self.inner("`eval`".into(), &text.join(" "), depth);
+                }
+            }
+            "trap" => match args.first() {
+                None => self.push(shown, Family::ReadOnly, "`trap` lists handlers".into()),
+                Some(w) if matches!(w.text.as_str(), "-p" | "-l" | "-" | "") && !w.expands => self
+                    .push(
+                        shown,
+                        Family::ReadOnly,
+                        "`trap` lists or resets handlers".into(),
+                    ),
+                Some(w) if w.expands => self.dynamic(shown, "`trap` of text built at run time"),
+                Some(w) => self.inner("`trap`".into(), &w.text.clone(), depth),
+            },
+            "su" => {
+                let at = args
+                    .iter()
+                    .position(|w| matches!(w.text.as_str(), "-c" | "--command"));
+                let inline = args.iter().find_map(|w| w.text.strip_prefix("--command="));
+                match (at.and_then(|i| args.get(i + 1)), inline) {
+                    (Some(w), _) if w.expands => {
+                        self.dynamic(shown, "`su -c` of text built at run time")
+                    }
+                    (Some(w), _) => self.inner("`su -c`".into(), &w.text.clone(), depth),
+                    (None, Some(text)) => self.inner("`su -c`".into(), text, depth),
+                    (None, None) => self.shell_input(shown, "su", depth),
+                }
+            }
+            p if RUNS_A_FILE.iter().any(|(name, _)| *name == p) => {
+                let why = RUNS_A_FILE.iter().find(|(name, _)| *name == p).unwrap().1;
+                match args.first() {
+                    Some(file) if file.expands || is_process_substitution(file) => {
+                        self.dynamic(shown, &format!("`{p}` of a script built at run time"))
+                    }
+                    _ => self.push(
+                        shown,
+                        Family::Destructive,
+                        format!("{why}, which cannot be seen here"),
+                    ),
+                }
+            }
+            p if SHELLS.contains(&p) => match shell_runs(args) {
+                ShellRuns::Text(w) if w.expands || w.globs => {
+                    self.dynamic(shown, &format!("`{p} -c` of text built at run time"))
+                }
+                ShellRuns::Text(w) => self.inner(format!("`{p} -c`"), &w.text.clone(), depth),
+                ShellRuns::MissingText => self.push(
+                    shown,
+                    Family::Destructive,
+                    format!("`{p} -c` without the text to run"),
+                ),
+                ShellRuns::File(f) if f.expands || is_process_substitution(f) => {
+                    self.dynamic(shown, &format!("`{p}` runs a script built at run time"))
+                }
+                ShellRuns::File(_) => self.push(
+                    shown,
+                    Family::Destructive,
+                    format!("`{p} FILE` runs a file's commands, which cannot be seen here"),
+                ),
+                ShellRuns::Stdin => self.shell_input(shown, p, depth),
+            },
+            _ => return false,
+        }
+        true
+    }
+
+    /// A shell (or `su`) that reads its commands from its standard input.
+    fn shell_input(&mut self, shown: String, program: &str, depth: usize) {
+        match std::mem::take(&mut self.stdin) {
+            Stdin::Literal(text) => self.inner(format!("`{program}` reading a literal here-document or here-string"), &text, depth),
+            Stdin::File => self.push(
+                shown,
+                Family::Destructive,
+                format!("`{program} < FILE` runs a file's commands, which cannot be seen here"),
+            ),
+            Stdin::Expanded => self.dynamic(
+                shown,
+                &format!("`{program}` reads commands from a here-document or here-string built at run time"),
+            ),
+            Stdin::Substituted => self.dynamic(
+                shown,
+                &format!("`{program}` reads commands from a process substitution, written at run time"),
+            ),
+            Stdin::Inherited if self.piped => {
+                self.dynamic(shown, &format!("`{program}` reads its commands from a pipe"))
+            }
+            Stdin::Inherited => self.dynamic(
+                shown,
+                &format!("`{program}` reads its commands from the caller's input"),
+            ),
+        }
+    }
+
+    /// `xargs CMD`: the arguments come at run time, so a rule on CMD's arguments cannot
+    /// see them. If CMD with a `/` appended would be denied or need approval where CMD
+    /// as written is not, a human decides (`ls | xargs rm -rf`).
+    fn run_time_arguments(
+        &mut self,
+        program: &str,
+        text: &str,
+        normalised: &str,
+        written: Option<&super::Rule>,
+    ) {
+        let (deny, approval, _) = strictness(self.policy, written);
+        if deny || approval || self.approval.is_some() {
+            return;
+        }
+        let probe = [format!("{text} /"), format!("{normalised} /")];
+        let hit = probe
+            .iter()
+            .filter_map(|t| self.policy.match_rule(program, t))
+            .find(|r| r.deny || r.approval);
+        if let Some(rule) = hit {
+            self.approval = Some(format!(
+                "dynamic: `xargs` gives `{program}` arguments read at run time, and with some \
+                 (`/`) {} holds: {DYNAMIC_APPROVAL}",
+                self.policy.rule_name(rule)
+            ));
         }
     }
 

@@ -639,3 +639,77 @@ fn a_users_own_image_gets_keys_and_config_injected_and_is_never_purged() {
     );
     assert_eq!(objects_of(&dir), "", "a failed start left docker objects");
 }
+
+/// The three wrapped commands that once slipped past the policy (a deny on `rm -rf /`
+/// stepped around with `sh -c`, an approval rule with `bash -c` or `eval`) against a real
+/// host, run as an agent would. A container is the host: should the policy ever fail,
+/// what runs is confined to it. Before each run the classifier is asked first, and the
+/// test stops there unless it refuses or holds the command.
+#[test]
+fn wrapped_denied_and_held_commands_run_nothing_on_a_container() {
+    let Some(lab) = docker_lab(crate::test_name!(), 1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let cases = [
+        (
+            "wrapped-rm",
+            "sh -c 'rm -rf /'",
+            "refused",
+            "policy_denied",
+            245,
+        ),
+        (
+            "wrapped-mkfs",
+            "bash -c 'mkfs.ext4 /dev/sdb'",
+            "blocked",
+            "approval_required",
+            244,
+        ),
+        (
+            "wrapped-reboot",
+            "eval reboot",
+            "blocked",
+            "approval_required",
+            244,
+        ),
+    ];
+    for (op, command, verdict, reason, status) in cases {
+        let classified = json(
+            &env.opmark()
+                .args(["--json", "classify", "--", command])
+                .output()
+                .unwrap(),
+        );
+        assert!(
+            !classified["deny"].is_null() || !classified["approval"].is_null(),
+            "{command}: the classifier lets it through, so it is not run: {classified}"
+        );
+        let (code, answer) = run_json(&env, &lab, &["target1", "--op", op, "--", command]);
+        assert_eq!(answer["verdict"], verdict, "{command}: {answer}");
+        assert_eq!(answer["reason_code"], reason, "{command}: {answer}");
+        assert_eq!(answer["retryable"], false, "{command}: {answer}");
+        assert_eq!(code, Some(status), "{command}: {answer}");
+        assert!(
+            answer["reason"].as_str().unwrap().contains("inside `"),
+            "{command}: the reason names the wrapper it looked through: {answer}"
+        );
+        assert_eq!(
+            answer["attempts"].as_array().map(Vec::len),
+            Some(0),
+            "{answer}"
+        );
+        assert!(
+            !marker(&lab, op).exists(),
+            "{command}: a marker was claimed"
+        );
+    }
+    // And the container is whole: its root still lists, its sshd still answers.
+    let (_, alive) = run_json(
+        &env,
+        &lab,
+        &["target1", "--op", "still-there", "--", "ls /etc/hostname"],
+    );
+    assert_eq!(alive["verdict"], "completed", "{alive}");
+    assert_eq!(alive["stdout"], "/etc/hostname\n");
+}

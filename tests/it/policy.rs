@@ -349,15 +349,15 @@ const TABLE: &[(&str, Family)] = &[
     ("{rm,-rf,/tmp/x}", D),
     ("/bin/r? -rf x", D),
     ("eval \"$(ssh-agent)\"", D),
-    ("sh -c 'ls'", D),
+    ("sh -c 'ls'", R),
     ("bash script.sh", D),
-    ("bash -c \"echo hi\"", D),
+    ("bash -c \"echo hi\"", R),
     ("source /etc/profile", D),
     (". ./venv/bin/activate", D),
     ("exec nginx -g 'daemon off;'", D),
-    ("sudo sh -c 'echo 1 > /proc/sys/vm/drop_caches'", D),
+    ("sudo sh -c 'echo 1 > /proc/sys/vm/drop_caches'", C),
     ("env -S 'ls -l'", D),
-    ("watch -n1 ls", D),
+    ("watch -n1 ls", R),
     ("trap 'rm -f /tmp/lock' EXIT", D),
     ("python3 -c 'print(1)'", D),
     ("python3 --version", R),
@@ -873,4 +873,132 @@ proptest! {
         prop_assert!(whole.deny.is_some() || (ca.deny.is_none() && cb.deny.is_none()));
         prop_assert!(whole.approval.is_some() || (ca.approval.is_none() && cb.approval.is_none()));
     }
+}
+
+/// One row of the evasion table in docs/trust.md: the command as written there (code span,
+/// `\|` for a pipe, `⏎` for a newline) and the answers it must get.
+struct Evasion {
+    command: String,
+    family: Family,
+    denied: bool,
+    needs_approval: bool,
+}
+
+fn evasion_table() -> Vec<Evasion> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/trust.md"),
+    )
+    .unwrap();
+    let section = doc
+        .split("\n## Evasion table\n")
+        .nth(1)
+        .expect("docs/trust.md has an `## Evasion table` section");
+    let section = section.split("\n## ").next().unwrap();
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with("| ")) {
+        // Split on the table's own bars, not on the escaped ones inside commands.
+        let cells: Vec<String> = line
+            .replace("\\|", "\u{1}")
+            .split('|')
+            .map(|c| c.trim().replace('\u{1}', "|"))
+            .collect();
+        if cells.len() != 7 || cells[1] == "kind" {
+            continue;
+        }
+        let span = &cells[2];
+        let command = span
+            .strip_prefix("`` ")
+            .and_then(|s| s.strip_suffix(" ``"))
+            .or_else(|| span.strip_prefix('`').and_then(|s| s.strip_suffix('`')))
+            .unwrap_or_else(|| panic!("not a code span: {span}"))
+            .replace('⏎', "\n");
+        let family = match cells[3].as_str() {
+            "read-only" => R,
+            "convergent" => C,
+            "append-only" => A,
+            "destructive" => D,
+            other => panic!("unknown family {other:?} in: {line}"),
+        };
+        rows.push(Evasion {
+            command,
+            family,
+            denied: cells[4] == "denied",
+            needs_approval: cells[5] == "needs approval",
+        });
+    }
+    rows
+}
+
+#[test]
+fn every_row_of_the_evasion_table_holds() {
+    let rows = evasion_table();
+    assert!(
+        rows.len() >= 40,
+        "the evasion table has only {} rows",
+        rows.len()
+    );
+    let policy = Policy::builtin();
+    let mut wrong = Vec::new();
+    for row in &rows {
+        let c = policy.classify(&row.command);
+        let got = (c.family, c.deny.is_some(), c.approval.is_some());
+        if got != (row.family, row.denied, row.needs_approval) {
+            wrong.push(format!(
+                "{:?}: the table says {} deny={} approval={}, the classifier {} deny={:?} approval={:?}",
+                row.command, row.family, row.denied, row.needs_approval, c.family, c.deny, c.approval
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/trust.md#evasion-table rows that do not hold:\n{}",
+        wrong.join("\n")
+    );
+    // The table must hold the three wrappers of the issue that brought it, each refused or
+    // held, and rows of every outcome, so that it cannot pass by listing easy cases only.
+    for wrapped in [
+        "sh -c 'rm -rf /'",
+        "bash -c 'mkfs.ext4 /dev/sdb'",
+        "eval reboot",
+    ] {
+        let row = rows.iter().find(|r| r.command == wrapped).expect(wrapped);
+        assert!(
+            row.denied || row.needs_approval,
+            "{wrapped} is neither denied nor held"
+        );
+    }
+    assert!(rows.iter().any(|r| r.denied));
+    assert!(rows.iter().any(|r| r.needs_approval && !r.denied));
+    assert!(rows.iter().any(|r| !r.denied && !r.needs_approval));
+}
+
+#[test]
+fn a_wrapper_without_a_rule_inside_is_as_mild_as_its_command_and_says_where_it_looked() {
+    let policy = Policy::builtin();
+    let c = policy.classify("sudo -u app sh -c 'eval \"ls -la /srv\"'");
+    assert_eq!(c.family, R, "{c:?}");
+    assert!(c.deny.is_none() && c.approval.is_none(), "{c:?}");
+    assert!(
+        c.parts[0].rule.ends_with("(inside `eval` inside `sh -c`)"),
+        "{:?}",
+        c.parts
+    );
+    // Nine wrappers deep is past the bound: the innermost text is not followed.
+    let mut nested = "reboot".to_string();
+    for _ in 0..9 {
+        nested = format!("eval {}", shell_quote(&nested));
+    }
+    let c = policy.classify(&nested);
+    assert_eq!(c.family, D);
+    assert!(
+        c.approval
+            .as_deref()
+            .is_some_and(|a| a.contains("more than 8 deep")),
+        "{:?}",
+        c.approval
+    );
+}
+
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
 }

@@ -1029,7 +1029,17 @@ fn stdin_is_verified_before_the_claim() {
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
     assert_eq!(short.refusal().unwrap().reason, "bad_stdin");
     assert_eq!(host.probe("with-input").state, MarkerState::Absent);
+    // As many bytes as announced, but not the ones digested: refused the same way, so a
+    // command never reads an input its intent does not name.
+    let mut altered = input.to_vec();
+    altered[0] ^= 0x20;
     req.attempt_id = "a2";
+    let other = host.call(&Verb::Run(req.clone()), &altered);
+    let refusal = other.refusal().unwrap();
+    assert_eq!(refusal.reason, "bad_stdin", "{other:?}");
+    assert_eq!(refusal.fields["reason"], "digest_mismatch", "{other:?}");
+    assert_eq!(host.probe("with-input").state, MarkerState::Absent);
+    req.attempt_id = "a3";
     let full = host.call(&Verb::Run(req), input);
     assert_eq!(full.stdout, b"2\n");
 }
