@@ -79,7 +79,10 @@ Reason codes (retryable marked *):
                  attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval,
                  host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
-  blocked        approval_required (a human reruns with --approve NOTE),
+  blocked        approval_required (a human approves: --approve NOTE where approvals are
+                 self-service, else `opmark approve` signs a token for --approval FILE),
+                 approval_invalid, approval_expired, approval_mismatch, approval_used
+                 (a signed approval that does not count; the run stays held),
                  repeats_recent_operation (the same command ran on the host under
                  another op id within the family's repeat_window: rerun with that
                  --op to replay it, or with --repeats THAT_OP to run it again on purpose)
@@ -261,6 +264,9 @@ pub enum Command {
     Reconcile(ReconcileArgs),
     /// Record an operator's decision about an operation.
     Resolve(ResolveArgs),
+    /// Sign an approval of a held operation with your SSH key (a human's act; the run
+    /// presents it with --approval).
+    Approve(ApproveArgs),
     /// Show the family of a command and the rule that decided it, per part.
     Classify(ClassifyArgs),
     /// Ledger integrity checks.
@@ -488,9 +494,15 @@ pub struct RunArgs {
     /// beyond it bytes are counted and dropped, with a note.
     #[arg(long = "output-cap", env = "OPMARK_OUTPUT_CAP", value_parser = parse_size, default_value = "8m", value_name = "SIZE")]
     pub output_cap: u64,
-    /// Operator approval: lets a blocked operation supersede and run once; the note is recorded.
-    #[arg(long, value_name = "NOTE")]
+    /// Operator approval where approvals are self-service: lets a blocked operation
+    /// supersede and run once; the note is recorded. Where the policy names `approvers`,
+    /// it does not count: use --approval.
+    #[arg(long, value_name = "NOTE", conflicts_with = "approval")]
     pub approve: Option<String>,
+    /// A signed approval (the file `opmark approve` wrote, or `-` for standard input):
+    /// lets this one blocked attempt run where approvals are signed.
+    #[arg(long, value_name = "FILE")]
+    pub approval: Option<std::path::PathBuf>,
     /// Declares a deliberate repetition of the earlier operation OP (the same command on
     /// the same host under a new op id), which the family's `on_repeat` would otherwise
     /// block or warn about; recorded as a link that `show` displays on both.
@@ -706,6 +718,34 @@ pub struct ResolveArgs {
     /// operation's recorded route is used without them).
     #[command(flatten)]
     pub host_args: HostArgs,
+}
+
+/// `opmark approve`.
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    /// Operation id of the held run.
+    #[arg(add = complete_ops())]
+    pub op: String,
+    /// The operation's host (needed only when the op id was used on several hosts).
+    #[arg(add = complete_hosts())]
+    pub host: Option<String>,
+    /// Why you approve; signed into the approval and recorded when a run uses it.
+    #[arg(long, value_name = "TEXT")]
+    pub note: String,
+    /// How long the approval stays valid (e.g. 30m, 1h).
+    #[arg(long = "for", value_parser = parse_duration, default_value = "1h", value_name = "DURATION")]
+    pub ttl: Duration,
+    /// The key to sign with: a private key file, or a public key whose private half is in
+    /// ssh-agent (default: the agent's first key that the approvers file lists).
+    #[arg(short = 'i', value_name = "KEY")]
+    pub key: Option<PathBuf>,
+    /// The intent's host fingerprint, as the blocked answer's `opmark approve` line gives
+    /// it: the approval then also binds the exact command and stdin the host will see.
+    #[arg(long, value_name = "HOST_FINGERPRINT")]
+    pub intent: Option<String>,
+    /// Write the token to this file (mode 0600) instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 /// `opmark classify`.

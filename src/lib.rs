@@ -15,6 +15,7 @@
 //! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec, and
 //!   the connection keeper that reuses connections across processes.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.
+//! - [`approval`]: signed approvals (SSHSIG statements an agent cannot make).
 //! - [`ledger`]: the local SQLite record: events, hash chain, fingerprints.
 //! - [`redact`]: secret masking, used by the ledger, `op_id`, `policy` and error messages.
 //! - [`paths`]: the user's home and XDG directories (the ledger's and the keeper's files).
@@ -23,6 +24,7 @@
 //! - [`mcp`]: `opmark mcp`, the Model Context Protocol server over [`ops`].
 //! - [`fault`]: crash points for the tests (feature `test-hooks`; nothing otherwise).
 
+pub mod approval;
 pub mod cli;
 pub mod commands;
 pub mod duration;

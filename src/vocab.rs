@@ -161,8 +161,20 @@ pub enum ReasonCode {
     PolicyDenied,
     /// `refused`: the input is invalid (op id, arguments); nothing was sent.
     InvalidInput,
-    /// `blocked`: the policy needs `--approve NOTE`.
+    /// `blocked`: the policy needs `--approve NOTE`, or where approvals are signed
+    /// (docs/trust.md#the-approval-flow), a token from `opmark approve`.
     ApprovalRequired,
+    /// `blocked`: the signed approval presented does not verify: a bad signature, a key
+    /// not among the approvers, or a statement changed after signing. Still held.
+    ApprovalInvalid,
+    /// `blocked`: the signed approval presented has expired. Still held.
+    ApprovalExpired,
+    /// `blocked`: the signed approval presented was made for another op id, host,
+    /// intent, family or marker root. Still held.
+    ApprovalMismatch,
+    /// `blocked`: the signed approval presented let an attempt run already; one approval
+    /// lets one attempt run. Still held.
+    ApprovalUsed,
     /// `blocked`: the same intent ran on the same host under another op id within the
     /// family's `repeat_window` (docs/guarantees.md#repetitions); nothing was sent. Rerun
     /// under the earlier op id (a replay), or declare it with `--repeats EARLIER`.
@@ -396,6 +408,10 @@ names!(ReasonCode {
     PolicyDenied => "policy_denied",
     InvalidInput => "invalid_input",
     ApprovalRequired => "approval_required",
+    ApprovalInvalid => "approval_invalid",
+    ApprovalExpired => "approval_expired",
+    ApprovalMismatch => "approval_mismatch",
+    ApprovalUsed => "approval_used",
     RepeatsRecentOperation => "repeats_recent_operation",
     InterruptedNeedsApproval => "interrupted_needs_approval",
     UnreachableAfterDispatch => "unreachable_after_dispatch",

@@ -164,6 +164,20 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             }
         }
     }
+    // Who can lift a hold on this machine (docs/trust.md#the-approval-flow): not a host
+    // fact, but what an operator checking a setup needs to see.
+    if let Ok(policy) = common::load_policy(global) {
+        checks.push(pass(
+            "approvals",
+            match crate::approval::required(&policy) {
+                Some(file) => format!("signed: a key in {} must sign them", file.display()),
+                None => {
+                    "self-service: --approve NOTE lifts a hold (set `approvers` for signed ones)"
+                        .into()
+                }
+            },
+        ));
+    }
     let ok = checks.iter().all(|c| c.status == "pass");
     if global.json {
         common::print_json(&Report {

@@ -15,6 +15,7 @@ mod policy;
 use crate::cli::{Cli, Command};
 use crate::error::Result;
 
+mod approve;
 mod audit;
 mod cancel;
 pub mod common;
@@ -47,6 +48,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Show(args) => show::run(&global, &args),
         Command::Reconcile(args) => reconcile::run(&global, &args),
         Command::Resolve(args) => resolve::run(&global, &args),
+        Command::Approve(args) => approve::run(&global, &args),
         Command::Classify(args) => classify::run(&global, &args),
         Command::Audit(args) => audit::run(&global, &args),
         Command::Ledger(args) => ledger::run(&global, &args),

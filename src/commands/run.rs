@@ -30,6 +30,10 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         wait_bounds_command: false,
         output_cap: args.output_cap,
         approve: args.approve,
+        approval: match args.approval.as_deref() {
+            None => None,
+            Some(path) => Some(read_approval(path, args.stdin)?),
+        },
         repeats: args.repeats,
         amends: args.amends,
         options: common::host_options(&args.host_args),
@@ -243,4 +247,33 @@ fn warn_if_truncated(report: &operation::RunReport) {
             ));
         }
     }
+}
+
+/// The token of `--approval FILE` (`-`: standard input). Unreadable: an error naming the
+/// file and the fix, before anything is recorded or sent.
+fn read_approval(path: &std::path::Path, stdin_forwarded: bool) -> Result<String> {
+    use std::io::Read as _;
+    let bad = |why: String| crate::error::Error::new(crate::error::ErrorKind::InvalidInput, why);
+    if path == std::path::Path::new("-") {
+        if stdin_forwarded {
+            return Err(bad(
+                "--approval - reads the token from standard input, which --stdin forwards to \
+                 the command: give the token as a file instead; nothing was sent"
+                    .into(),
+            ));
+        }
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(|e| {
+            bad(format!(
+                "--approval -: standard input cannot be read: {e}; nothing was sent"
+            ))
+        })?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).map_err(|e| {
+        bad(format!(
+            "--approval {}: {e}; pass the file `opmark approve` wrote; nothing was sent",
+            path.display()
+        ))
+    })
 }

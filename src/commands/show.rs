@@ -101,8 +101,12 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, timeline: &Timeline
                     &mut out,
                     "approved",
                     &format!(
-                        "by {} at {} UTC: {}",
+                        "by {}{} at {} UTC: {}",
                         printable(&a.by),
+                        a.key.as_deref().map_or(String::new(), |k| format!(
+                            " (signed, key {})",
+                            printable(k)
+                        )),
                         to_second(&a.at),
                         printable(&a.note)
                     ),
@@ -313,7 +317,13 @@ fn describe(event: &Event) -> (usize, String) {
                 p(effect)
             ),
         ),
-        Event::Approved { by, note } => (0, with_detail(&format!("approved by {}", p(by)), note)),
+        Event::Approved { by, note, key, .. } => {
+            let who = match key {
+                Some(key) => format!("approved (signed) by {} with key {}", p(by), p(key)),
+                None => format!("approved by {}", p(by)),
+            };
+            (0, with_detail(&who, note))
+        }
         Event::Reconciled { decision, detail } => (
             0,
             with_detail(&format!("reconciled: {}", p(decision.as_str())), detail),

@@ -110,10 +110,19 @@ pub enum Event {
     /// An approval (`--approve NOTE`) was used to let something run (docs/decisions.md#approvals).
     /// When: the event's own time.
     Approved {
-        /// Who approved: the user (`$USER`, else the uid) and the session.
+        /// Who approved: the user (`$USER`, else the uid) and the session; for a signed
+        /// approval, the signer's principal.
         by: String,
-        /// The note given with `--approve` (redacted).
+        /// The note given with `--approve`, or signed into the approval (redacted).
         note: String,
+        /// A signed approval (docs/trust.md#the-approval-flow): the signing key's
+        /// `SHA256:` fingerprint. Absent for `--approve NOTE`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        /// A signed approval's nonce: recorded with the attempt it lets run, so the same
+        /// approval never lets another.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nonce: Option<String>,
     },
     /// `reconcile` settled (or failed to settle) the operation.
     Reconciled {
@@ -393,7 +402,7 @@ impl Event {
                 *reading = r(reading);
                 *effect = r(effect);
             }
-            Event::Approved { by, note } => {
+            Event::Approved { by, note, .. } => {
                 *by = r(by);
                 *note = r(note);
             }

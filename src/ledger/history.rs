@@ -65,6 +65,9 @@ pub struct Approval {
     pub by: String,
     /// The note given with `--approve`.
     pub note: String,
+    /// The signing key's fingerprint, for a signed approval.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     /// When it was recorded.
     pub at: String,
 }
@@ -224,9 +227,10 @@ impl History {
                 self.last_word = Some((Word::Verdict(*verdict), e.at.clone()));
             }
             Event::Observed { .. } => self.observations += 1,
-            Event::Approved { by, note } => self.approvals.push(Approval {
+            Event::Approved { by, note, key, .. } => self.approvals.push(Approval {
                 by: by.clone(),
                 note: note.clone(),
+                key: key.clone(),
                 at: e.at.clone(),
             }),
             Event::Reconciled { decision, .. } => {

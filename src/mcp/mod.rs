@@ -127,6 +127,12 @@ pub struct RunParams {
     /// command, which keeps running; `run` with the same op_id later follows or replays it.
     #[serde(default)]
     pub detach: Option<bool>,
+    /// A signed approval a human made with `opmark approve` and handed over (the token's
+    /// whole text), for a run that is `blocked` with reason_code `approval_required`
+    /// where approvals are signed. It counts only for the exact op_id, host and command it
+    /// names, once, before it expires. Nothing here can make one.
+    #[serde(default)]
+    pub approval: Option<String>,
 }
 
 /// `class` as an enumeration of the families (docs/trust.md#the-policy).
@@ -556,6 +562,7 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
         attempts: None,
         output_cap: HOST_OUTPUT_CAP,
         approve: None,
+        approval: p.approval,
         repeats: p.repeats,
         amends: p.amends,
         options: HostOptions::default(),
@@ -911,6 +918,7 @@ mod tests {
             repeats: None,
             amends: None,
             detach: None,
+            approval: None,
         };
         let again = RunParams {
             timeout: None,
@@ -1012,6 +1020,7 @@ mod tests {
             repeats: None,
             amends: None,
             detach: None,
+            approval: None,
         };
         let bad_op = run_request(base.clone()).unwrap_err();
         let bad_class = run_request(RunParams {

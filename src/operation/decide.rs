@@ -210,6 +210,10 @@ pub struct ApprovalNeeded {
     pub earlier_attempts: Vec<EarlierAttempt>,
     /// What approving would do.
     pub approving_would: ApprovingWould,
+    /// Where approvals are signed (docs/trust.md#the-approval-flow): the exact `opmark
+    /// approve` command a human runs; the run is then repeated with `--approval FILE`.
+    /// None where approvals are self-service (`--approve NOTE`).
+    pub approve_command: Option<String>,
 }
 
 impl ApprovalNeeded {
@@ -246,12 +250,18 @@ pub fn blocked(need: ApprovalNeeded, host: &str) -> Answer {
             "move the interrupted claim aside (kept for audit) and run the command again on {host}"
         ),
     };
+    let how = match &need.approve_command {
+        Some(command) => format!(
+            "approvals here are signed: a human runs `{command}` and this run is repeated with --approval FILE (the token it writes); --approve NOTE does not count"
+        ),
+        None => "approvals here are self-service: rerun with --approve NOTE".to_owned(),
+    };
     let mut answer = Answer::new(
         Verdict::Blocked,
         None,
         ReasonCode::ApprovalRequired,
         format!(
-            "policy requires approval for this command ({}); nothing was sent. Intent: `{}` (family {}); earlier: {earlier}. Approving (rerun with --approve NOTE) would {would}",
+            "policy requires approval for this command ({}); nothing was sent. Intent: `{}` (family {}); earlier: {earlier}. Approving would {would}; {how}",
             need.rule, need.intent, need.family
         ),
     );
@@ -2021,6 +2031,7 @@ mod tests {
                 boundary: Some(Boundary::SentNoResponse),
             }],
             approving_would: ApprovingWould::Run,
+            approve_command: None,
         };
         let mut f = facts(Family::Destructive, &[]);
         f.observed = Some("at-1");

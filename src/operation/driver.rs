@@ -42,6 +42,15 @@ use crate::ledger::ObservationKind;
 use crate::vocab::{ReasonCode, Verdict};
 
 /// The state of one `run`.
+/// A verified signed approval, as the attempt it lets run records it.
+#[derive(Debug, Clone)]
+pub(crate) struct SignedUse {
+    pub(crate) principal: String,
+    pub(crate) key: String,
+    pub(crate) nonce: String,
+    pub(crate) note: String,
+}
+
 pub(crate) struct Runner<'a> {
     pub(crate) ledger: RunLedger<'a>,
     pub(crate) pool: &'a Pool,
@@ -103,6 +112,15 @@ pub(crate) struct Runner<'a> {
     pub(crate) observations: Vec<ObservationReport>,
     /// The attempt whose completed marker a probe of this run recorded.
     pub(crate) probed_completed: Option<String>,
+    /// A human's approval lets this run supersede or run what policy holds: `--approve
+    /// NOTE` where approvals are self-service, a verified signed approval where they are
+    /// not (docs/trust.md#the-approval-flow).
+    pub(crate) approved: bool,
+    /// The signed approval that counts, recorded with the attempt it lets run.
+    pub(crate) signed: Option<SignedUse>,
+    /// A signed approval was presented whose one use is spent: the run goes on without
+    /// it (a replay or a follow needs none), and a hold says why the token did not count.
+    pub(crate) spent: Option<String>,
 }
 
 /// How sending the current attempt ended, for the loop.
@@ -121,7 +139,7 @@ impl<'a> Runner<'a> {
             host: &self.key.host,
             family: self.family,
             after_interrupted: self.after_interrupted,
-            approved: self.input.approve.is_some(),
+            approved: self.approved,
             host_fp: &self.host_fp,
             command: &self.input.command,
             stdin: self.input.stdin.as_deref(),
@@ -623,11 +641,21 @@ impl<'a> Runner<'a> {
             if self.attempt_base == 0 {
                 events.push(self.intended());
             }
-            // The approval is what lets this attempt run: recorded with it, durably.
-            if let Some(note) = self.input.approve.clone() {
+            // The approval is what lets this attempt run: recorded with it, durably (a
+            // signed one's nonce too, so it never lets another attempt run).
+            if let Some(signed) = &self.signed {
+                events.push(Event::Approved {
+                    by: signed.principal.clone(),
+                    note: signed.note.clone(),
+                    key: Some(signed.key.clone()),
+                    nonce: Some(signed.nonce.clone()),
+                });
+            } else if let (true, Some(note)) = (self.approved, self.input.approve.clone()) {
                 events.push(Event::Approved {
                     by: format!("{} (session {})", self.input.approver, self.session_id),
                     note,
+                    key: None,
+                    nonce: None,
                 });
             }
         }
@@ -832,6 +860,7 @@ impl<'a> Runner<'a> {
 
     /// Records the exit (if any) and the verdict; builds the report.
     pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, RunError> {
+        let answer = self.with_spent_token(answer);
         self.take_exit(&answer);
         let exit_code = self.exit_code();
         let probed_already = |x: &ExitFrame| {
@@ -1076,7 +1105,18 @@ impl<'a> Runner<'a> {
         self.report(decide::ledger_failed_after_dispatch(&self.facts(), message))
     }
 
+    /// A hold that a spent signed approval did not lift says so, with its own code.
+    pub(crate) fn with_spent_token(&self, mut answer: Answer) -> Answer {
+        if let (Some(why), crate::vocab::ReasonCode::ApprovalRequired) = (&self.spent, answer.code)
+        {
+            answer.code = crate::vocab::ReasonCode::ApprovalUsed;
+            answer.reason = format!("{why}, so it does not lift this hold: {}", answer.reason);
+        }
+        answer
+    }
+
     pub(crate) fn report(&self, answer: Answer) -> RunReport {
+        let answer = self.with_spent_token(answer);
         let output_collected = self.exit.as_ref().is_some_and(|x| x.output_collected);
         let output_available =
             !(output_collected || answer.code == crate::vocab::ReasonCode::ReplayedFromLedger);

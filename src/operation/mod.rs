@@ -76,6 +76,8 @@ pub struct RunInput {
     pub approve: Option<String>,
     /// Who approves (`$USER`).
     pub approver: String,
+    /// `--approval FILE`: a signed approval, parsed (not yet verified).
+    pub approval: Option<crate::approval::Token>,
     /// Stream output live (plain mode) instead of keeping it for JSON.
     pub live_output: bool,
     /// Per-stream output cap on the host.
@@ -347,9 +349,31 @@ pub async fn run_interruptible(
         followed: None,
         observations: Vec::new(),
         probed_completed: None,
+        approved: false,
+        signed: None,
+        spent: None,
     };
 
-    let approved = runner.input.approve.is_some();
+    // Who may approve (docs/trust.md#the-approval-flow): where approvals are signed only
+    // a verified token counts, and `--approve NOTE` is not an approval.
+    let signers =
+        match crate::approval::required(env.policy) {
+            Some(path) => Some(crate::approval::AllowedSigners::load(&path).map_err(|e| {
+                RunError::Config(format!("{e} (the approvers of signed approvals)"))
+            })?),
+            None => None,
+        };
+    if runner.input.approval.is_some() && signers.is_none() {
+        return Ok(runner.report(decide::Answer::new(
+            Verdict::Refused,
+            None,
+            ReasonCode::InvalidInput,
+            "--approval was given, but no approvers are configured (the policy's `approvers`, \
+             or /etc/opmark/allowed_signers), so a signed approval has nothing to be checked \
+             against; approvals here are self-service (--approve NOTE). Nothing was recorded or sent",
+        )));
+    }
+    let mut approved = signers.is_none() && runner.input.approve.is_some();
     if let Some(answer) = decide::policy_gate(classification.deny.as_deref(), None, approved) {
         // A denial is final and says nothing about the host: it is not recorded, so a
         // rejected command never becomes an operation to list, reconcile or count (a
@@ -360,6 +384,39 @@ pub async fn run_interruptible(
     // The ledger guards the op id: a different intent under it is a conflict before
     // anything is sent. An earlier attempt becomes this run's first parent.
     let existing = runner.ledger.operation(&runner.key)?;
+    if let (Some(token), Some(signers)) = (runner.input.approval.clone(), &signers) {
+        if existing.is_none() && classification.approval.is_none() {
+            return Ok(runner.report(decide::Answer::new(
+                Verdict::Refused,
+                None,
+                ReasonCode::InvalidInput,
+                "--approval was given for a run that needs no approval (no rule asks for one, \
+                 and nothing of this op id is held); drop --approval. Nothing was recorded or sent",
+            )));
+        }
+        let events = match &existing {
+            Some(_) => runner.ledger.events(&runner.key)?,
+            None => Vec::new(),
+        };
+        match signed_approval(&token, signers, &runner, &events) {
+            Ok(signed) => {
+                approved = true;
+                runner.signed = Some(signed);
+            }
+            // Spent: a rerun after a lost connection presents the same token again, and
+            // must still replay or follow; only a hold is refused, naming the use.
+            Err((ReasonCode::ApprovalUsed, why)) => runner.spent = Some(why),
+            Err((code, why)) => {
+                return Ok(runner.report(decide::Answer::new(
+                    Verdict::Blocked,
+                    None,
+                    code,
+                    format!("{why}; nothing was recorded or sent, and the run stays held"),
+                )))
+            }
+        }
+    }
+    runner.approved = approved;
     let earlier = decide::earlier(existing.as_ref(), approved);
     runner.attempt_base = earlier.attempt_base;
     runner.prior_dispatch = earlier.prior_dispatch;
@@ -408,9 +465,15 @@ pub async fn run_interruptible(
                 })
                 .collect(),
             approving_would: decide::ApprovingWould::Run,
+            approve_command: signers.as_ref().map(|_| {
+                format!(
+                    "opmark approve {} {} --intent {} --note 'WHY'",
+                    runner.key.op_id, runner.key.host, runner.host_fp
+                )
+            }),
         };
         if runner.observed.is_none() {
-            let answer = decide::blocked(need, &runner.key.host);
+            let answer = runner.with_spent_token(decide::blocked(need, &runner.key.host));
             runner.record_closed_intent(&answer)?;
             return Ok(runner.report(answer));
         }
@@ -522,3 +585,111 @@ pub fn progress(message: &str) {
 
 /// Fault points of the crash tests: see [`crate::fault`].
 pub(crate) use crate::fault::point as fault_point;
+
+/// Checks a signed approval against the approvers and this exact run
+/// (docs/trust.md#the-approval-flow): the signature, the expiry, the binding (op id, host,
+/// intent, family, marker root) and that its nonce never let an attempt run. The error
+/// names the cause and picks the reason code.
+fn signed_approval(
+    token: &crate::approval::Token,
+    signers: &crate::approval::AllowedSigners,
+    runner: &Runner<'_>,
+    events: &[crate::ledger::StoredEvent],
+) -> Result<driver::SignedUse, (ReasonCode, String)> {
+    use crate::approval::ApprovalError;
+    let signer = signers
+        .verify(token)
+        .map_err(|e| (ReasonCode::ApprovalInvalid, e.to_string()))?;
+    let s = &token.statement;
+    if time::OffsetDateTime::now_utc().unix_timestamp() >= s.expires {
+        return Err((
+            ReasonCode::ApprovalExpired,
+            ApprovalError::Expired(s.expires_at()).to_string(),
+        ));
+    }
+    let recorded_root = identity::recorded(events)
+        .roots
+        .last()
+        .map(|(_, r)| r.clone());
+    let mismatch = |field: &'static str, token: &str, here: &str| {
+        (
+            ReasonCode::ApprovalMismatch,
+            ApprovalError::Mismatch {
+                field,
+                token: token.to_owned(),
+                here: here.to_owned(),
+            }
+            .to_string(),
+        )
+    };
+    if s.op_id != runner.key.op_id {
+        return Err(mismatch("op id", &s.op_id, &runner.key.op_id));
+    }
+    if s.host != runner.key.host {
+        return Err(mismatch("host", &s.host, &runner.key.host));
+    }
+    if s.fingerprint != runner.ledger_fp {
+        return Err(mismatch(
+            "intent (command or stdin)",
+            &format!("fingerprint {}", &s.fingerprint[..12]),
+            &format!(
+                "fingerprint {}",
+                &runner.ledger_fp[..12.min(runner.ledger_fp.len())]
+            ),
+        ));
+    }
+    if let Some(h) = &s.host_fingerprint {
+        if *h != runner.host_fp {
+            return Err(mismatch(
+                "intent (command or stdin)",
+                &format!("host fingerprint {}", &h[..12]),
+                &format!(
+                    "host fingerprint {}",
+                    &runner.host_fp[..12.min(runner.host_fp.len())]
+                ),
+            ));
+        }
+    }
+    if s.family != runner.family {
+        return Err(mismatch(
+            "family",
+            &s.family.to_string(),
+            &runner.family.to_string(),
+        ));
+    }
+    if let (Some(want), Some(have)) = (&s.marker_root, &recorded_root) {
+        if want != have {
+            return Err(mismatch("marker root", want, have));
+        }
+    }
+    let mut used_by: Option<String> = None;
+    for e in events {
+        match &e.event {
+            crate::ledger::Event::Approved { nonce: Some(n), .. } if *n == s.nonce => {
+                used_by = Some("(not recorded)".to_owned());
+            }
+            crate::ledger::Event::AttemptDispatched { attempt_id, .. }
+                if used_by.as_deref() == Some("(not recorded)") =>
+            {
+                used_by = Some(attempt_id.clone());
+            }
+            _ => {}
+        }
+    }
+    if let Some(attempt) = used_by {
+        return Err((
+            ReasonCode::ApprovalUsed,
+            ApprovalError::Used {
+                op: runner.key.op_id.clone(),
+                attempt,
+            }
+            .to_string(),
+        ));
+    }
+    Ok(driver::SignedUse {
+        principal: signer.principal,
+        key: signer.key,
+        nonce: s.nonce.clone(),
+        note: s.note.clone(),
+    })
+}

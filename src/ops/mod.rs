@@ -7,6 +7,7 @@
 //! and policy), [`HostOptions`] (OpenSSH-style connection options), the policy and
 //! ledger opened with clear errors, the process's one runtime, and who is acting.
 
+pub mod approve;
 pub mod audit;
 pub mod cancel;
 pub mod classify;

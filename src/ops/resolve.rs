@@ -49,7 +49,7 @@ impl ResolveRequest {
 
 /// The host an op id is recorded on, when `--host` was not given: there must be exactly
 /// one (the ledger key is op id + host), else the error names them and the fix.
-fn the_one_host(ledger: &crate::ledger::Ledger, op: &OpId) -> Result<String> {
+pub(crate) fn the_one_host(ledger: &crate::ledger::Ledger, op: &OpId) -> Result<String> {
     let mut hosts = ledger.hosts_of(op.as_str())?;
     match hosts.len() {
         1 => Ok(hosts.remove(0)),

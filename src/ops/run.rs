@@ -92,6 +92,8 @@ pub struct RunRequest {
     pub output_cap: u64,
     /// The approval note of a blocked command (`--approve`).
     pub approve: Option<String>,
+    /// A signed approval's token text (`--approval FILE`, MCP `approval`), unchecked.
+    pub approval: Option<String>,
     /// `--repeats OP`: a deliberate repetition of an earlier operation, unchecked.
     pub repeats: Option<String>,
     /// `--amends OP`: the earlier operation this one replaces, unchecked.
@@ -240,6 +242,13 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     if let Err(why) = declared(&req, &op) {
         return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why));
     }
+    if let Some(Err(e)) = req.approval.as_deref().map(crate::approval::Token::parse) {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
+        ));
+    }
     let hosts = match all_hosts(&req) {
         Ok(hosts) => hosts,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
@@ -288,6 +297,13 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
     answer?
+}
+
+/// The signed approval, parsed (`run` refused a malformed one before anything else).
+fn approval_token(req: &RunRequest) -> Option<crate::approval::Token> {
+    req.approval
+        .as_deref()
+        .and_then(|text| crate::approval::Token::parse(text).ok())
 }
 
 /// `--repeats` / `--amends`, checked as op ids (docs/guarantees.md#repetitions): a bad one
@@ -447,6 +463,7 @@ async fn run_operation(
         wait: req.wait,
         approve: req.approve.clone(),
         approver: operator(None),
+        approval: approval_token(&req),
         live_output: req.live_output,
         output_cap: req.output_cap,
         prefix: None,
@@ -549,6 +566,7 @@ async fn run_on_hosts(
             wait: req.wait,
             approve: req.approve.clone(),
             approver: operator(None),
+            approval: approval_token(&req),
             live_output: req.live_output,
             output_cap: req.output_cap,
             prefix: prefix.then(|| format!("{host}: ")),

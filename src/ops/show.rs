@@ -412,10 +412,14 @@ pub fn observations(events: &[StoredEvent]) -> Vec<Observation> {
                 });
                 continue;
             }
-            Event::Approved { by, note } => {
+            Event::Approved { by, note, key, .. } => {
+                let what = match key {
+                    Some(key) => format!("signed approval by {by} (key {key})"),
+                    None => format!("approval by {by}"),
+                };
                 out.push(Observation {
                     at: e.at.clone(),
-                    what: format!("approval by {by}"),
+                    what,
                     found: note.clone(),
                     changed: "no change to the outcome: it let the attempt that follows run"
                         .to_owned(),

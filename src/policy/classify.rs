@@ -909,7 +909,14 @@ impl Classifier<'_> {
         let mut appends_args = false;
         loop {
             let program = &words[start];
-            if program.expands || program.globs || program.error.is_some() {
+            // `[` is the test builtin, not a glob that could name another program.
+            let globs = program.globs && program.text != "[";
+            // `$HOME/bin/tool` names a file as surely as `~/bin/tool` does.
+            let home_path = normalise_path(&program.text).starts_with("~/")
+                && program.text.matches('$').count() == 1
+                && !program.raw.contains('`')
+                && program.substitutions.is_empty();
+            if (program.expands && !home_path) || globs || program.error.is_some() {
                 let why = format!(
                     "the program name `{}` is only known at run time",
                     program.raw

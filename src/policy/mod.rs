@@ -55,6 +55,9 @@ pub struct Policy {
     /// How long an operation may stay unresolved before it is flagged `needs_human`
     /// (top-level `escalate_after`; shipped and default 1h).
     escalate_after: Duration,
+    /// The `allowed_signers` file whose keys alone may approve (top-level `approvers`):
+    /// where set, `--approve NOTE` no longer counts (docs/trust.md#the-approval-flow).
+    approvers: Option<PathBuf>,
 }
 
 /// `escalate_after` when the file does not say: an operation unresolved for an hour has
@@ -623,6 +626,34 @@ impl Policy {
             None => DEFAULT_ESCALATE_AFTER,
         };
 
+        // A relative path is the policy file's neighbour, as a user writing the file
+        // next to its allowed_signers would expect; `~/` is the home directory.
+        let approvers = match &raw.approvers {
+            Some(v) if v.get_ref().trim().is_empty() => {
+                return Err(check.err(
+                    v.span(),
+                    "approvers".into(),
+                    "approvers is empty".into(),
+                    "name an OpenSSH allowed_signers file, or remove the key for self-service approvals",
+                ))
+            }
+            Some(v) => {
+                let text = v.get_ref();
+                let path = match text.strip_prefix("~/") {
+                    Some(rest) => crate::paths::home_dir().map_or_else(|| PathBuf::from(text), |h| h.join(rest)),
+                    None => PathBuf::from(text),
+                };
+                Some(if path.is_absolute() {
+                    path
+                } else {
+                    Path::new(origin)
+                        .parent()
+                        .map_or(path.clone(), |dir| dir.join(&path))
+                })
+            }
+            None => None,
+        };
+
         Ok(Policy {
             origin: origin.to_string(),
             builtin: false,
@@ -633,6 +664,7 @@ impl Policy {
             program_rules: Arc::new(program_rules),
             redact,
             escalate_after,
+            approvers,
         })
     }
 
@@ -655,6 +687,11 @@ impl Policy {
     /// How long an operation may stay unresolved before it is flagged `needs_human`.
     pub fn escalate_after(&self) -> Duration {
         self.escalate_after
+    }
+
+    /// The policy's `approvers` file, if it names one.
+    pub fn approvers(&self) -> Option<&Path> {
+        self.approvers.as_deref()
     }
 
     /// The family of simple commands no rule matches.

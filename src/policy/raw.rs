@@ -19,6 +19,7 @@ pub(crate) struct RawPolicy {
     pub rule: Vec<Spanned<RawRule>>,
     pub redact: Option<Vec<Spanned<String>>>,
     pub escalate_after: Option<Spanned<String>>,
+    pub approvers: Option<Spanned<String>>,
 }
 
 /// One `[families.<name>]` table.

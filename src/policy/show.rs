@@ -16,6 +16,8 @@ use crate::family::Family;
 pub struct PolicyDocument {
     default_family: Family,
     escalate_after: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approvers: Option<String>,
     redact: Vec<String>,
     families: BTreeMap<&'static str, FamilyDocument>,
     rule: Vec<RuleDocument>,
@@ -51,6 +53,7 @@ impl Policy {
         PolicyDocument {
             default_family: self.default_family,
             escalate_after: duration_text(self.escalate_after),
+            approvers: self.approvers.as_ref().map(|p| p.display().to_string()),
             redact: self.redact.iter().map(|r| r.as_str().to_owned()).collect(),
             families: Family::ALL
                 .iter()

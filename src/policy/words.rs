@@ -65,7 +65,11 @@ fn source_of<'a>(raw: &'a str, piece: &WordPieceWithSource) -> &'a str {
 
 /// True when expansion text may hide a command that runs.
 fn may_run_commands(text: &str) -> bool {
-    text.contains("$(") || text.contains('`') || text.contains("<(") || text.contains(">(")
+    // `$((` opens arithmetic, which runs nothing by itself; a `$(` inside it still counts.
+    let substitution = text
+        .match_indices("$(")
+        .any(|(i, _)| !text[i + 2..].starts_with('('));
+    substitution || text.contains('`') || text.contains("<(") || text.contains(">(")
 }
 
 fn walk(raw: &str, pieces: &[WordPieceWithSource], quoted: bool, info: &mut WordInfo) {
@@ -140,6 +144,9 @@ mod tests {
         assert_eq!(a("`id`").substitutions, vec!["id".to_string()]);
         assert!(a("'$(rm)'").substitutions.is_empty());
         assert_eq!(a("${x:-$(rm -rf /)}").opaque.len(), 1);
+        // Arithmetic runs nothing; a substitution inside it does.
+        assert!(a("$((i+1))").opaque.is_empty());
+        assert_eq!(a("$(( $(id -u) + 1 ))").opaque.len(), 1);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod approvals;
 mod architecture;
 mod architecture_docs;
 mod cancel;

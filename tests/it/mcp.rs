@@ -90,13 +90,14 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
     for field in ["host", "op_id", "command"] {
         assert!(run_required.contains(&field.into()), "{run_required:?}");
     }
-    // Approval is a human's act: the run tool has no way to give it.
+    // Approval is a human's act: the run tool has no way to give it (no `approve`); it
+    // can only present a token a human signed (`approval`, checked like the CLI's).
     assert!(
         !tools["run"]["properties"]
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p.as_str().unwrap().contains("approv")),
+            .any(|p| p.as_str().unwrap() == "approve"),
         "{}",
         tools["run"]
     );
