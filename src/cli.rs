@@ -123,6 +123,49 @@ pub fn forget_empty_env() {
     }
 }
 
+/// How a boolean environment variable may be written, as people write them in service
+/// files and MCP configurations: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`.
+pub fn env_bool(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" | "y" => Some(true),
+        "0" | "false" | "no" | "off" | "n" => Some(false),
+        _ => None,
+    }
+}
+
+/// Checks the environment fallbacks that clap would misread, and writes them the one way
+/// it reads them: `OPMARK_QUIET` as a boolean, `OPMARK_PERSIST` as a duration or a
+/// boolean (`off` = no reuse). An error names the variable, not a flag the user never
+/// typed, so an MCP server configured with `OPMARK_QUIET=1` serves instead of dying.
+pub fn normalise_env() -> Result<(), String> {
+    if let Some(value) = std::env::var_os("OPMARK_QUIET") {
+        let text = value.to_string_lossy().into_owned();
+        let quiet = env_bool(&text).ok_or_else(|| {
+            format!(
+                "OPMARK_QUIET={text:?} is not a boolean: use 1 or 0 (also true/false, yes/no, on/off), or unset it"
+            )
+        })?;
+        std::env::set_var("OPMARK_QUIET", if quiet { "true" } else { "false" });
+    }
+    if let Some(value) = std::env::var_os("OPMARK_PERSIST") {
+        let text = value.to_string_lossy().into_owned();
+        let normal = match env_bool(&text) {
+            Some(false) => "0".to_owned(),
+            Some(true) => "5m".to_owned(),
+            None => {
+                crate::ssh::keeper::parse_persist(&text).map_err(|e| {
+                    format!(
+                        "OPMARK_PERSIST={text:?}: {e}; use a duration like 5m or 1h, or off (0) to turn connection reuse off"
+                    )
+                })?;
+                text
+            }
+        };
+        std::env::set_var("OPMARK_PERSIST", normal);
+    }
+    Ok(())
+}
+
 /// Options every subcommand accepts, each with an environment fallback.
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {

@@ -10,6 +10,18 @@ use opmark::ops::document::error_document;
 
 fn main() -> ExitCode {
     opmark::cli::forget_empty_env();
+    if let Err(message) = opmark::cli::normalise_env() {
+        let usage = opmark::error::Error::new(opmark::error::ErrorKind::InvalidInput, message)
+            .with_code(opmark::vocab::ErrorCode::Usage);
+        if asks_for_json() {
+            let _ = Out.text(&format!("{}\n", error_document(&usage)));
+        }
+        let _ = opmark::logging::write_all(
+            opmark::logging::Stream::Stderr,
+            format!("opmark: error: {}\n", usage.message).as_bytes(),
+        );
+        return ExitCode::from(exit_code::USAGE);
+    }
     // A shell asking for completions (`COMPLETE=bash opmark -- WORDS...`, from the script
     // `opmark completions` prints) is answered here and the process exits; otherwise
     // this costs one environment lookup.

@@ -2636,6 +2636,7 @@ mod tests {
             route: "root@127.0.0.1:22".into(),
             action: "block",
             seen_in: "host",
+            because: None,
         };
         let mut f = facts(Family::Destructive, &ours);
         f.repeats = Some(&earlier);

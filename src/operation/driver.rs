@@ -118,6 +118,9 @@ pub(crate) struct Runner<'a> {
     pub(crate) approved: bool,
     /// The signed approval that counts, recorded with the attempt it lets run.
     pub(crate) signed: Option<SignedUse>,
+    /// Why a repetition of this family is held back and where to change it (the family,
+    /// its rule, the policy file), for a `blocked` reason.
+    pub(crate) repeat_because: String,
     /// A signed approval was presented whose one use is spent: the run goes on without
     /// it (a replay or a follow needs none), and a hold says why the token did not count.
     pub(crate) spent: Option<String>,
@@ -723,8 +726,9 @@ impl<'a> Runner<'a> {
             _ => None,
         });
         if let Some(fields) = held {
-            let found =
+            let mut found =
                 Repetition::from_host(fields, session.destination().route().describe(), "block");
+            found.because = Some(self.repeat_because.clone());
             self.ledger
                 .append(&self.key, &found.event(), Durability::Normal)?;
             self.repeats = Some(found);

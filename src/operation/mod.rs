@@ -352,6 +352,10 @@ pub async fn run_interruptible(
         approved: false,
         signed: None,
         spent: None,
+        repeat_because: format!(
+            "it is {family} by {rule}, and `on_repeat = \"block\"` under [families.{family}] in {origin} holds such repetitions back for its repeat_window; change the rule or that setting there",
+            origin = env.policy.origin(),
+        ),
     };
 
     // Who may approve (docs/trust.md#the-approval-flow): where approvals are signed only
@@ -507,6 +511,7 @@ pub async fn run_interruptible(
             &declared,
         )?;
         if let Some(mut found) = found {
+            found.because = Some(runner.repeat_because.clone());
             found.route = match &resolved {
                 Ok(dest) if found.route.ends_with("(no connection recorded)") => {
                     dest.route().describe()

@@ -35,6 +35,10 @@ pub struct Repetition {
     /// Where it was seen: `ledger`, or `host` (the shim's fingerprint index: another
     /// ledger, another machine).
     pub seen_in: &'static str,
+    /// Which setting holds it back and where to change it (the family, the rule that
+    /// gave it, the policy file), for the `blocked` reason; not part of the document.
+    #[serde(skip)]
+    pub because: Option<String>,
 }
 
 impl Repetition {
@@ -58,12 +62,13 @@ impl Repetition {
             attempt,
             ReasonCode::RepeatsRecentOperation,
             format!(
-                "this command already ran on {host} under op {earlier} ({state}, at {at}, via {route}; seen in the {seen}) and its family does not repeat safely; nothing was sent for op {op}. If you meant the same effect, rerun with --op {earlier} (it replays or follows that operation); if you mean to do it again, rerun with --repeats {earlier}",
+                "this command already ran on {host} under op {earlier} ({state}, at {at}, via {route}; seen in the {seen}) and its family does not repeat safely{because}; nothing was sent for op {op}. If you meant the same effect, rerun with --op {earlier} (it replays or follows that operation); if you mean to do it again, rerun with --repeats {earlier}",
                 earlier = self.op_id,
                 state = self.state,
                 at = self.at,
                 route = self.route,
                 seen = self.seen_in,
+                because = self.because.as_deref().map_or(String::new(), |b| format!(" ({b})")),
             ),
         )
     }
@@ -99,6 +104,7 @@ impl Repetition {
             route,
             action,
             seen_in: "host",
+            because: None,
         }
     }
 }
@@ -253,6 +259,7 @@ pub fn in_ledger(
         route,
         action,
         seen_in: "ledger",
+        because: None,
     }))
 }
 

@@ -75,7 +75,18 @@ pub fn approve(ctx: &Context, req: &ApproveRequest) -> Result<ApproveReport> {
         }
     }
     let policy = load_policy(ctx)?;
-    let ledger = Ledger::open_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())?;
+    // Approving reads the held operation: a mistyped ledger path is an error, never a new
+    // empty ledger.
+    let path = match &ctx.ledger {
+        Some(p) => p.clone(),
+        None => Ledger::default_path()?,
+    };
+    let Some(ledger) = Ledger::open_existing(&path, ctx.ledger_key.as_deref())? else {
+        return Err(bad(format!(
+            "no ledger at {}: approve the operation in the ledger its run recorded it in (--ledger or OPMARK_LEDGER)",
+            path.display()
+        )));
+    };
     let host = match &req.host {
         Some(h) => h.clone(),
         None => super::resolve::the_one_host(&ledger, &op)?,

@@ -909,8 +909,18 @@ impl Classifier<'_> {
         let mut appends_args = false;
         loop {
             let program = &words[start];
-            // `[` is the test builtin, not a glob that could name another program.
-            let globs = program.globs && program.text != "[";
+            // `[` is the test builtin, not a glob that could name another program: it
+            // needs no approval. It stays destructive, as it always was here: tests and
+            // policies written against that rely on its family (issue 48 follow-up).
+            if program.text == "[" && program.globs && !program.expands {
+                self.push(
+                    shown,
+                    Family::Destructive,
+                    "dynamic: the program name `[` is only known at run time".into(),
+                );
+                return;
+            }
+            let globs = program.globs;
             // `$HOME/bin/tool` names a file as surely as `~/bin/tool` does.
             let home_path = normalise_path(&program.text).starts_with("~/")
                 && program.text.matches('$').count() == 1

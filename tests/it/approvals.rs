@@ -547,7 +547,7 @@ fn bad_approval_input_is_refused_before_anything_is_recorded_or_sent() {
         .collect();
     assert_eq!(ops, vec!["needs"], "{listed}");
     assert!(!effect.exists());
-    // approve of an op the ledger does not hold, or with an empty note.
+    // approve of an op the ledger does not hold.
     let out = env
         .opmark()
         .arg("--policy")
@@ -562,4 +562,21 @@ fn bad_approval_input_is_refused_before_anything_is_recorded_or_sent() {
         "{}",
         support::text(&out.stderr)
     );
+    // A mistyped ledger is named, and no ledger is made there.
+    let typo = ap.dir.join("typo").join("ledger.db");
+    let out = env
+        .opmark()
+        .arg("--ledger")
+        .arg(&typo)
+        .args(["approve", "needs", "target1", "--note", "x", "-i"])
+        .arg(&ap.approver_key)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(245));
+    assert!(
+        support::text(&out.stderr).contains("no ledger at"),
+        "{}",
+        support::text(&out.stderr)
+    );
+    assert!(!typo.exists() && !typo.parent().unwrap().exists());
 }

@@ -291,6 +291,103 @@ fn an_empty_opmark_variable_means_unset() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
 
+#[test]
+fn boolean_variables_take_the_usual_spellings_and_a_bad_one_names_the_variable() {
+    let env = Sealed::new("bool-env");
+    // Quiet for real: a refused command's `opmark:` line is gone, its verdict is not.
+    for on in ["1", "true", "yes", "on", "TRUE"] {
+        let out = env
+            .opmark()
+            .env("OPMARK_QUIET", on)
+            .args(["run", "nohost.invalid", "--op", "../q", "--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(245),
+            "OPMARK_QUIET={on}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            !text(&out.stderr).contains("opmark:"),
+            "OPMARK_QUIET={on}: {}",
+            text(&out.stderr)
+        );
+    }
+    for off in ["0", "false", "no", "off"] {
+        let out = env
+            .opmark()
+            .env("OPMARK_QUIET", off)
+            .args(["run", "nohost.invalid", "--op", "../q", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(
+            text(&out.stderr).contains("opmark:"),
+            "OPMARK_QUIET={off}: {}",
+            text(&out.stderr)
+        );
+    }
+    for (var, value) in [("OPMARK_QUIET", "maybe"), ("OPMARK_PERSIST", "forever")] {
+        let out = env
+            .opmark()
+            .env(var, value)
+            .args(["classify", "--", "ls"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{var}={value}");
+        let err = text(&out.stderr);
+        assert!(err.contains(&format!("{var}=\"{value}\"")), "{err}");
+        assert!(
+            !err.contains("--quiet") && !err.contains("--persist"),
+            "names a flag nobody typed: {err}"
+        );
+    }
+    for off in ["off", "0", "no"] {
+        let out = env
+            .opmark()
+            .env("OPMARK_PERSIST", off)
+            .args(["classify", "--", "ls"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "OPMARK_PERSIST={off}: {}",
+            text(&out.stderr)
+        );
+    }
+    // An MCP server configured with OPMARK_QUIET=1 serves.
+    let mut mcp = env
+        .opmark()
+        .env("OPMARK_QUIET", "1")
+        .arg("mcp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::{BufRead, Write};
+        let mut stdin = mcp.stdin.take().unwrap();
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#
+        )
+        .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(mcp.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(
+            line.contains(r#""serverInfo""#),
+            "OPMARK_QUIET=1 opmark mcp answered: {line:?}"
+        );
+        drop(stdin);
+    }
+    let _ = mcp.kill();
+    let _ = mcp.wait();
+}
+
 /// `resolve --as applied` of the one operation in `env`, without $USER and $LOGNAME
 /// unless `configure` sets them (or adds arguments).
 fn resolve_as(env: &Sealed, configure: impl FnOnce(&mut Command)) -> std::process::Output {

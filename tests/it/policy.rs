@@ -163,6 +163,14 @@ const TABLE: &[(&str, Family)] = &[
     ("npm ls --depth=0", R),
     ("npm ci", C),
     ("npm publish", A),
+    // Tests and builds: run again under a new op id with a warning, never held a day.
+    ("pytest -q", C),
+    ("python3 -m pytest -x tests/", C),
+    ("make test", C),
+    ("make -j4 check", C),
+    ("cargo test --locked", C),
+    ("go test ./...", C),
+    ("npm test", C),
     ("npm run build", D),
     // Containers.
     ("docker ps -a", R),

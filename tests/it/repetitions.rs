@@ -51,6 +51,19 @@ fn a_destructive_command_under_a_new_op_id_is_blocked_naming_the_earlier_one() {
     assert_eq!(second.verdict(), "blocked", "{second:?}");
     assert_eq!(second.code(), ("repeats_recent_operation", false));
     assert_eq!(second.status, 244);
+    // It says which setting held it back and where to change it.
+    let reason = second.json["reason"].as_str().unwrap();
+    for names in [
+        "it is destructive by",
+        "[families.destructive]",
+        "on_repeat",
+        "command-classes.toml",
+    ] {
+        assert!(
+            reason.contains(names),
+            "the reason lacks {names:?}: {reason}"
+        );
+    }
     let r = &second.json["repeats"];
     assert_eq!(r["op_id"], "wipe-1", "{second:?}");
     assert_eq!(r["action"], "block");
