@@ -519,9 +519,14 @@ pub struct RunArgs {
     /// Treat the command as at least this family (stricter only, never less strict).
     #[arg(long = "class", value_enum, value_name = "FAMILY")]
     pub class: Option<Family>,
-    /// Forward opmark's stdin to the command (spooled locally so a retry can resend it).
-    #[arg(long)]
+    /// Forward opmark's stdin to the command, read to end of file first (it is part of
+    /// the operation, and a retry resends it). Without it, a file on stdin is forwarded,
+    /// a terminal or /dev/null is not, and a pipe that stays silent is refused.
+    #[arg(long, conflicts_with = "no_stdin")]
     pub stdin: bool,
+    /// Never read stdin, as ssh -n (the same as </dev/null).
+    #[arg(short = 'n', long = "no-stdin")]
+    pub no_stdin: bool,
     /// Kill the command's process group on the host after this long (e.g. 30s, 5m).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub timeout: Option<Duration>,
@@ -757,6 +762,10 @@ pub struct ResolveArgs {
     /// the op id replays it.
     #[arg(long = "exit", value_name = "N")]
     pub exit: Option<i32>,
+    /// With `--as abandoned`: record it even when the host cannot be reached, so nothing
+    /// on it can be checked or fenced (the command may still be running there).
+    #[arg(long)]
+    pub force: bool,
     /// Connection options (for fencing the marker on not-applied or abandoned; the
     /// operation's recorded route is used without them).
     #[command(flatten)]

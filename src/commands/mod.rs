@@ -34,6 +34,7 @@ mod resolve;
 mod run;
 mod show;
 mod stats;
+mod stdin;
 
 pub use crate::ops::redactor_for_errors;
 

@@ -12,6 +12,7 @@ use super::common;
 use super::render::{fit, pad, printable, width, Fit};
 use crate::cli::{GlobalArgs, ReconcileArgs};
 use crate::error::Result;
+use crate::ledger::Decision;
 use crate::operation::identity;
 use crate::operation::reconcile::Outcome;
 use crate::ops::reconcile::{reconcile, ReconcileRequest};
@@ -137,6 +138,31 @@ fn shell_word(word: &str) -> String {
 /// Where the lines under an op id start.
 const INDENT: &str = "      ";
 
+/// A line of advice, wrapped at word boundaries unless the output is for a program.
+fn prose(out: &mut String, wide: bool, line: &str) {
+    if wide {
+        out.push_str(&format!("  {line}\n"));
+    } else {
+        super::render::wrap_into(out, "  ", line);
+    }
+}
+
+/// `  LABEL word word word`, or, too wide for the screen, one word a line ending in `\`
+/// as a shell reads a pasted command.
+fn command_line(out: &mut String, fit_to: Fit, label: &str, words: &[String]) {
+    let one_line = format!("  {label}{}", words.join(" "));
+    match fit_to {
+        Fit::Screen(w) if width(&one_line) > w => {
+            out.push_str(&format!(
+                "  {label}{}",
+                words.join(&format!(" \\\n{INDENT}"))
+            ));
+            out.push('\n');
+        }
+        _ => out.push_str(&format!("{one_line}\n")),
+    }
+}
+
 fn table(
     outcomes: &[Outcome],
     already: &[Outcome],
@@ -224,31 +250,88 @@ fn table(
         } else {
             super::render::wrap_into(&mut out, "! ", &line);
         }
-        // A command that runs as printed (same ledger, same host): `abandoned` claims
-        // nothing about what happened, and fences the op id so nothing more can run.
-        // Too long for the screen, it goes on over lines ending in `\`, as a shell
-        // reads a pasted command.
-        let words = [
-            format!("opmark{flags} resolve"),
-            shell_word(&o.op_id),
-            format!(
-                "--host {} --as abandoned --note 'checked by hand'",
-                shell_word(&o.host)
-            ),
-        ];
-        let one_line = format!("  decide: {}", words.join(" "));
-        match fit_to {
-            Fit::Screen(w) if width(&one_line) > w => {
-                out.push_str(&format!(
-                    "  decide: {} \\\n{INDENT}{} \\\n{INDENT}{}\n",
-                    words[0], words[1], words[2]
-                ));
+        let op = shell_word(&o.op_id);
+        let host = shell_word(&o.host);
+        let resolve = |choices: &str| {
+            [
+                format!("opmark{flags} resolve"),
+                op.clone(),
+                format!("--host {host}"),
+                format!("--as {choices}"),
+                "--note '<what you found>'".to_owned(),
+            ]
+        };
+        match o.decision {
+            // The host was not heard from: the command may be running there behind a cut
+            // link. Waiting and looking come first, and no decision is offered ready to
+            // paste: it would claim a check that did not happen (and an abandon now is
+            // contradicted when the host comes back).
+            Decision::HostUnreachable => {
+                prose(
+                    &mut out,
+                    wide,
+                    "the command may still be running there: an unreachable host is often only a cut link",
+                );
+                command_line(
+                    &mut out,
+                    fit_to,
+                    "wait, and when the host is back: ",
+                    &[format!("opmark{flags} reconcile")],
+                );
+                command_line(
+                    &mut out,
+                    fit_to,
+                    "look: ",
+                    &[
+                        format!("opmark{flags} show"),
+                        op.clone(),
+                        format!("--host {host}"),
+                    ],
+                );
+                prose(
+                    &mut out,
+                    wide,
+                    "check the host by other means, then decide with what you found there:",
+                );
+                command_line(
+                    &mut out,
+                    fit_to,
+                    "then: ",
+                    &resolve("applied|not-applied|abandoned"),
+                );
+                prose(
+                    &mut out,
+                    wide,
+                    "(abandoned while the host cannot be reached needs --force: see `opmark resolve --help`)",
+                );
             }
-            _ => out.push_str(&format!("{one_line}\n")),
+            Decision::StillRunning => {
+                command_line(
+                    &mut out,
+                    fit_to,
+                    "it runs; later: ",
+                    &[format!("opmark{flags} reconcile")],
+                );
+                command_line(
+                    &mut out,
+                    fit_to,
+                    "follow: ",
+                    &[
+                        format!("opmark{flags} show"),
+                        op.clone(),
+                        format!("--host {host}"),
+                    ],
+                );
+            }
+            // The host answered and its evidence needs a person: `abandoned` claims
+            // nothing about what happened, and fences the op id so nothing more can run.
+            _ => {
+                command_line(&mut out, fit_to, "decide: ", &resolve("abandoned"));
+                out.push_str(
+                    "    (or --as applied [--exit N] when it ran, --as not-applied when it did not)\n",
+                );
+            }
         }
-        out.push_str(
-            "    (or --as applied [--exit N] when it ran, --as not-applied when it did not)\n",
-        );
     }
     out.push_str(&format!(
         "{} reconciled, {unresolved} still unresolved (marked !)\n",

@@ -20,6 +20,7 @@ pub fn run(global: &GlobalArgs, args: &ResolveArgs) -> Result<u8> {
             note: args.note.clone(),
             exit: args.exit,
             by: args.by.clone(),
+            force: args.force,
             options: common::host_options(&args.host_args),
         },
     )? {

@@ -12,17 +12,28 @@ use crate::op_id::OpId;
 use crate::operation;
 use crate::operation::fleet::{HostResult, Progress};
 use crate::ops::run::{
-    run as run_op, Early, FleetOptions, NewContradiction, RunAnswer, RunRequest, RunWatch, Stdin,
+    run as run_op, Early, FleetOptions, NewContradiction, RunAnswer, RunRequest, RunWatch,
 };
 use crate::vocab::{ReasonCode, Verdict};
 
 /// Runs the command; the exit status is the command's own or the verdict's reserved code.
 pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
+    let token_on_stdin = args.approval.as_deref() == Some(std::path::Path::new("-"));
+    let asked = match (args.stdin, args.no_stdin || token_on_stdin) {
+        (true, _) => super::stdin::Asked::Forward,
+        (false, true) => super::stdin::Asked::Never,
+        (false, false) => super::stdin::Asked::Unsaid,
+    };
+    let approval = match args.approval.as_deref() {
+        None => None,
+        Some(path) => Some(read_approval(path, args.stdin)?),
+    };
+    let stdin = super::stdin::decide(asked)?;
     let request = RunRequest {
         hosts: args.hosts,
         op: args.op,
         class: args.class,
-        stdin: if args.stdin { Stdin::Read } else { Stdin::None },
+        stdin,
         timeout: args.timeout,
         attempts: args.attempts,
         wait: args.wait,
@@ -30,10 +41,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         wait_bounds_command: false,
         output_cap: args.output_cap,
         approve: args.approve,
-        approval: match args.approval.as_deref() {
-            None => None,
-            Some(path) => Some(read_approval(path, args.stdin)?),
-        },
+        approval,
         repeats: args.repeats,
         amends: args.amends,
         options: common::host_options(&args.host_args),
@@ -136,6 +144,10 @@ struct Watch {
 impl RunWatch for Watch {
     fn minted(&mut self, op: &OpId) {
         crate::logging::say(format_args!("opmark: op {op}"));
+    }
+
+    fn note(&mut self, text: &str) {
+        crate::logging::say(format_args!("opmark: {text}"));
     }
 
     fn progress(&mut self, progress: Progress) {

@@ -59,11 +59,12 @@ pub fn render(key: &OpKey, record: Option<&OperationRecord>, timeline: &Timeline
             &mut out,
             "CONTRADICTED",
             &format!(
-                "expected {}, but {} (event #{}) saw {}; the ledger keeps the first settled exit. Check the host: evidence was edited or something ran outside opmark",
+                "expected {}, but {} (event #{}) saw {}; the ledger keeps the first settled exit. Why: {}",
                 printable(&c.expected.to_string()),
                 printable(&c.source),
                 c.evidence_seq,
-                printable(&c.seen.to_string())
+                printable(&c.seen.to_string()),
+                c.why
             ),
         );
     }

@@ -91,33 +91,10 @@ pub(crate) fn bind(
     named_key: Option<&Path>,
     found_version: i64,
 ) -> Result<Bound, LedgerError> {
-    let key_path = named_key.map_or_else(|| key_path_beside(db), Path::to_path_buf);
-    if let Some(check) = meta(tx, "key_check")? {
-        let key = match InstallationKey::load(&key_path) {
-            Ok(key) => key,
-            Err(e) if is_not_found(&e) => {
-                return Err(LedgerError::Invalid {
-                    message: format!(
-                        "the ledger {} needs its installation key, and there is none at {}. Restore that file (from a backup, or from the machine or directory the ledger came from), or name the key with --ledger-key PATH (OPMARK_LEDGER_KEY). A new key cannot open this ledger: its fingerprints and its chain are keyed with the old one",
-                        db.display(),
-                        key_path.display()
-                    ),
-                })
-            }
-            Err(e) => return Err(e),
-        };
-        if key.check_value() != check {
-            return Err(LedgerError::Invalid {
-                message: format!(
-                    "the installation key {} is not the key of the ledger {} (the ledger's check value differs). Name the ledger's own key with --ledger-key PATH (OPMARK_LEDGER_KEY), or restore it to {}; nothing was done",
-                    key_path.display(),
-                    db.display(),
-                    key_path_beside(db).display()
-                ),
-            });
-        }
-        return Ok(Bound { key, notice: None });
+    if let Some(bound) = check(tx, db, named_key)? {
+        return Ok(bound);
     }
+    let key_path = named_key.map_or_else(|| key_path_beside(db), Path::to_path_buf);
 
     let head: Option<(u64, String)> = tx
         .query_row("SELECT seq, hash FROM chain_head WHERE id = 1", [], |r| {
@@ -236,4 +213,43 @@ fn adopt_old_key(
         key_path.display()
     );
     Ok(Some((key, Some(notice))))
+}
+
+/// The ledger's binding when it has one: the key (named, else beside the ledger) checked
+/// against the ledger's check value. Reads only, so a read-only ledger is checked too;
+/// `None` for a ledger not bound yet (binding it writes).
+pub(crate) fn check(
+    tx: &Transaction<'_>,
+    db: &Path,
+    named_key: Option<&Path>,
+) -> Result<Option<Bound>, LedgerError> {
+    let key_path = named_key.map_or_else(|| key_path_beside(db), Path::to_path_buf);
+    let Some(check) = meta(tx, "key_check")? else {
+        return Ok(None);
+    };
+
+    let key = match InstallationKey::load(&key_path) {
+            Ok(key) => key,
+            Err(e) if is_not_found(&e) => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "the ledger {} needs its installation key, and there is none at {}. Restore that file (from a backup, or from the machine or directory the ledger came from), or name the key with --ledger-key PATH (OPMARK_LEDGER_KEY). A new key cannot open this ledger: its fingerprints and its chain are keyed with the old one",
+                        db.display(),
+                        key_path.display()
+                    ),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+    if key.check_value() != check {
+        return Err(LedgerError::Invalid {
+                message: format!(
+                    "the installation key {} is not the key of the ledger {} (the ledger's check value differs). Name the ledger's own key with --ledger-key PATH (OPMARK_LEDGER_KEY), or restore it to {}; nothing was done",
+                    key_path.display(),
+                    db.display(),
+                    key_path_beside(db).display()
+                ),
+            });
+    }
+    Ok(Some(Bound { key, notice: None }))
 }

@@ -81,6 +81,13 @@ pub enum LedgerError {
     /// A conditional settlement found the operation settled by someone else first.
     #[error("{0}")]
     AlreadySettled(Box<SettledBy>),
+    /// The ledger exists but this user may not open it so (permissions, a read-only
+    /// mount); the message names the path, the cause and the fix.
+    #[error("{message}")]
+    Denied {
+        /// Path, cause and fix.
+        message: String,
+    },
     /// The ledger or a related file is unusable; the message says why and what to do.
     #[error("{message}")]
     Invalid {
@@ -115,6 +122,59 @@ impl LedgerError {
             }
             _ => false,
         }
+    }
+}
+
+impl LedgerError {
+    /// Opening failed for want of permission, or on a read-only file or filesystem (the
+    /// file itself is fine: reading may still work).
+    pub fn is_access_denied(&self) -> bool {
+        match self {
+            LedgerError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(
+                    rusqlite::ErrorCode::ReadOnly
+                        | rusqlite::ErrorCode::CannotOpen
+                        | rusqlite::ErrorCode::PermissionDenied
+                )
+            ),
+            LedgerError::Io { source, .. } => {
+                matches!(
+                    source.raw_os_error(),
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS)
+                )
+            }
+            LedgerError::Denied { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// An opening failure told as the path, the cause and the fix (SQLite alone says "unable
+/// to open database file"). `doing` is `open` (read and write) or `read`.
+fn explain_open_failure(path: &Path, e: LedgerError, doing: &str) -> LedgerError {
+    let not_a_database = matches!(
+        &e,
+        LedgerError::Sqlite(s) if s.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase)
+    );
+    if not_a_database {
+        return LedgerError::Invalid {
+            message: format!(
+                "{} is not an opmark ledger ({e}); point --ledger (or OPMARK_LEDGER) at the ledger file; nothing was changed",
+                path.display()
+            ),
+        };
+    }
+    if !e.is_access_denied() || matches!(e, LedgerError::Denied { .. }) {
+        return e;
+    }
+    let fix = if doing == "read" {
+        "give this user read access to the ledger and its key, or copy them somewhere it can read"
+    } else {
+        "commands that record (run, reconcile, probe, resolve, cancel) need write access to the file and its directory (SQLite writes -wal and -shm files beside it); list, show, stats and audit verify only need to read it. Use a ledger this user owns, or run as its owner"
+    };
+    LedgerError::Denied {
+        message: format!("cannot {doing} the ledger {} ({e}): {fix}", path.display()),
     }
 }
 
@@ -607,7 +667,8 @@ impl Ledger {
             let shown = PathBuf::from(postgres::without_password(url));
             (Store::Postgres(store), bound, shown)
         } else {
-            let (store, bound) = sqlite::SqliteStore::open(location, key)?;
+            let (store, bound) = sqlite::SqliteStore::open(location, key)
+                .map_err(|e| explain_open_failure(location, e, "open"))?;
             (Store::Sqlite(store), bound, location.to_path_buf())
         };
         if let Some(notice) = &bound.notice {
@@ -621,13 +682,30 @@ impl Ledger {
         })
     }
 
-    /// Opens `path` only if it exists (read-only commands do not create a ledger).
+    /// Opens `path` only if it exists (read-only commands do not create a ledger). A
+    /// SQLite ledger this user may read but not write is opened read-only: reading
+    /// commands work on it, and a write through it fails naming the ledger.
     pub fn open_existing(path: &Path, key: Option<&Path>) -> Result<Option<Ledger>, LedgerError> {
         // A database server is always "there": opening it is how to find out.
-        if is_postgres_url(path) || path.exists() {
-            Ledger::open_with_key(path, key).map(Some)
-        } else {
-            Ok(None)
+        if is_postgres_url(path) {
+            return Ledger::open_with_key(path, key).map(Some);
+        }
+        if !path.exists() {
+            return Ok(None);
+        }
+        match Ledger::open_with_key(path, key) {
+            Ok(ledger) => Ok(Some(ledger)),
+            Err(e) if e.is_access_denied() => {
+                let (store, bound) = sqlite::SqliteStore::open_read_only(path, key)
+                    .map_err(|e| explain_open_failure(path, e, "read"))?;
+                Ok(Some(Ledger {
+                    store: Store::Sqlite(store),
+                    path: path.to_path_buf(),
+                    redactor: Redactor::default(),
+                    key: bound.key,
+                }))
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -163,6 +163,60 @@ impl SqliteStore {
         ))
     }
 
+    /// Opens an existing ledger for reading only: what `list`, `show`, `stats` and `audit
+    /// verify` need from a ledger this user may read but not write (another user's, a
+    /// read-only mount, a copy from a backup). Nothing is created, migrated or bound: a
+    /// ledger that needs either says so and names the fix.
+    pub(crate) fn open_read_only(
+        path: &Path,
+        key: Option<&Path>,
+    ) -> Result<(SqliteStore, Bound), LedgerError> {
+        use rusqlite::OpenFlags;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = match Connection::open_with_flags(path, flags).and_then(|c| {
+            c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
+                .map(|_| c)
+        }) {
+            Ok(conn) => conn,
+            // A WAL ledger in a directory this user cannot write, closed cleanly (no -shm
+            // left): SQLite can read it only as immutable, a snapshot of the file.
+            Err(_) => Connection::open_with_flags(immutable_uri(path), flags)?,
+        };
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mut conn = conn;
+        let tx = conn.transaction()?;
+        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version != schema::CURRENT_VERSION {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} has schema version {version} and this opmark reads version {}; it can only be {} by someone who can write it (`opmark ledger migrate`, or any `opmark run`){}",
+                    path.display(),
+                    schema::CURRENT_VERSION,
+                    if version > schema::CURRENT_VERSION { "read by a newer opmark, or migrated" } else { "migrated" },
+                    if version > schema::CURRENT_VERSION { "; upgrade opmark" } else { "" },
+                ),
+            });
+        }
+        let Some(bound) = binding::check(&tx, path, key)? else {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} has no installation key bound yet, and binding one writes to it; open it once with write access (any `opmark run`, or `opmark ledger migrate`)",
+                    path.display()
+                ),
+            });
+        };
+        drop(tx);
+        Ok((
+            SqliteStore {
+                conn,
+                atoms: RefCell::default(),
+            },
+            bound,
+        ))
+    }
+
     /// Appends in one `BEGIN IMMEDIATE` transaction.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn append(
@@ -899,6 +953,21 @@ pub(crate) fn create_private(path: &Path) -> Result<(), LedgerError> {
             source,
         }),
     }
+}
+
+/// `file:PATH?immutable=1`, the path percent-encoded where a URI needs it.
+fn immutable_uri(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._-~".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
 }
 
 /// Switches to WAL. Done once per database (the mode is persistent); when several

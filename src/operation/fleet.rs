@@ -139,6 +139,10 @@ pub struct Plan {
     pub max_failures: Option<usize>,
     /// Rolling batches of this many hosts; the next starts only after a clean batch.
     pub serial: Option<usize>,
+    /// Hosts of the run that failed before any dispatch (a name that cannot be a
+    /// destination or resolves nowhere): they count against `max_failures` and in the
+    /// progress, and are not among the inputs.
+    pub failed_before: usize,
 }
 
 /// What every host's operation shares: the policy, the fingerprint key, the session and
@@ -240,11 +244,19 @@ async fn schedule(
     let batch_len = plan.serial.unwrap_or(total).max(1);
     let forks = plan.forks.max(1);
     let mut counts = Progress {
-        total,
+        total: total + plan.failed_before,
+        done: plan.failed_before,
+        failed: plan.failed_before,
         ..Progress::default()
     };
     // Why the rest is not dispatched, once something says stop.
     let mut stop: Option<ReasonCode> = None;
+    if plan
+        .max_failures
+        .is_some_and(|max| plan.failed_before >= max)
+    {
+        stop = Some(ReasonCode::NotDispatchedMaxFailures);
+    }
     let mut queue = inputs.into_iter().enumerate().peekable();
     while queue.peek().is_some() {
         let batch: Vec<(usize, RunInput)> = queue.by_ref().take(batch_len).collect();

@@ -62,13 +62,7 @@ pub fn verify(ctx: &Context, req: &VerifyRequest) -> Result<AuditReport> {
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
     let Some(ledger) = ledger else {
-        return Err(Error::new(
-            ErrorKind::LocalIo,
-            format!(
-                "no ledger at {}: nothing to verify (give the right file with --ledger or OPMARK_LEDGER)",
-                path.display()
-            ),
-        ));
+        return Err(super::no_ledger_at(ctx, &path));
     };
     let (report, walked) = match &req.archive {
         Some(file) => with_archive(&ledger, file)?,

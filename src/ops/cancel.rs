@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::host_changed::{self, Answered};
-use super::{block_on, load_policy, open_ledger, operator, Context, HostOptions};
+use super::{block_on, load_policy, open_existing_ledger, operator, Context, HostOptions};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::{
     CallError, CancelOutcome, Cancelled, Host, MarkerInfo, ReachError, RefusalReason,
@@ -104,7 +104,10 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
     }
     let by = operator(args.by.as_deref());
     let policy = load_policy(ctx)?;
-    let mut ledger = open_ledger(ctx, &policy)?;
+    // A host that cannot be a destination is bad input, whatever the ledger holds.
+    crate::host::check_destination(&args.host)
+        .map_err(|why| Error::new(ErrorKind::InvalidInput, format!("{why}; nothing was sent")))?;
+    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
     // The host the operation ran on, reached the way it was (docs/guarantees.md#host-identity).
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &args.host, &args.options, op.as_str(), &ledger)?;

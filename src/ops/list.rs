@@ -74,7 +74,7 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
     }
     let cutoff = super::since_cutoff(req.since)?;
     let escalation = super::stats::Escalation::from_policy(ctx)?;
-    let (ledger, _path) =
+    let (ledger, path) =
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
     let limit = match (req.all, req.limit) {
@@ -83,11 +83,7 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
         (false, None) => Some(DEFAULT_LIMIT),
     };
     let Some(ledger) = ledger else {
-        return Ok(ListReport {
-            operations: Vec::new(),
-            escalate_after: escalation.after,
-            more: None,
-        });
+        return Err(redacted_error(super::no_ledger_at(ctx, &path)));
     };
     let (operations, more) =
         page(&ledger, req, cutoff.as_deref(), limit).map_err(|e| redacted_error(e.into()))?;

@@ -97,6 +97,63 @@ pub fn open_ledger(ctx: &Context, policy: &Policy) -> Result<Ledger> {
     Ok(ledger)
 }
 
+/// Opens the ledger a command reads or adds to but never starts: it must exist, since
+/// only `run` (and `ledger keygen`/`migrate`) creates one, and a mistyped path read as an
+/// empty ledger would say "all clear" while every unknown outcome sits in the right one.
+/// `writes`: the command records (reconcile, probe, resolve, cancel); else a ledger this
+/// user may only read is opened read-only.
+pub fn open_existing_ledger(ctx: &Context, policy: &Policy, writes: bool) -> Result<Ledger> {
+    let (found, path) = if writes {
+        let path = match ctx.ledger.as_deref() {
+            Some(p) => p.to_path_buf(),
+            None => Ledger::default_path().map_err(|e| redacted_error(e.into()))?,
+        };
+        let exists = crate::ledger::is_postgres_url(&path) || path.exists();
+        let ledger = if exists {
+            Some(open_ledger(ctx, policy).map_err(redacted_error)?)
+        } else {
+            None
+        };
+        (ledger, path)
+    } else {
+        Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
+            .map_err(|e| redacted_error(e.into()))?
+    };
+    let Some(mut ledger) = found else {
+        return Err(no_ledger_at(ctx, &path));
+    };
+    ledger.set_redactor(Redactor::with_patterns(policy.redact_patterns()));
+    Ok(ledger)
+}
+
+/// "no ledger at PATH (from …)", with where the path came from and the fix.
+pub fn no_ledger_at(ctx: &Context, path: &std::path::Path) -> Error {
+    Error::new(
+        ErrorKind::LocalIo,
+        format!(
+            "no ledger at {} (from {}); nothing was created. Check the path (a typo?); `opmark run` creates the ledger with its first operation",
+            path.display(),
+            ledger_named_by(ctx)
+        ),
+    )
+}
+
+/// Where the ledger path came from: `--ledger`, `OPMARK_LEDGER` or the default.
+fn ledger_named_by(ctx: &Context) -> &'static str {
+    let Some(given) = ctx.ledger.as_deref() else {
+        return "the default path";
+    };
+    let on_command_line = std::env::args_os()
+        .skip(1)
+        .any(|a| a == "--ledger" || a.to_string_lossy().starts_with("--ledger="));
+    let from_env = std::env::var_os("OPMARK_LEDGER").is_some_and(|v| v == given.as_os_str());
+    if from_env && !on_command_line {
+        "OPMARK_LEDGER"
+    } else {
+        "--ledger"
+    }
+}
+
 /// Where to connect, from the host argument and the OpenSSH-style options.
 pub fn host_spec(ctx: &Context, host: &str, options: &HostOptions) -> HostSpec {
     // -4/-6 are shorthands for AddressFamily, given first so they win like ssh's flags.

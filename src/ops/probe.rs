@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::host_changed::{self, Answered};
-use super::{block_on, load_policy, open_ledger, Context, HostOptions};
+use super::{block_on, load_policy, open_existing_ledger, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{CallError, Destination, Host, MarkerInfo, RefusalReason};
 use crate::ledger::{Durability, Event, OpKey};
@@ -58,7 +58,10 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>>
     let op =
         OpId::parse(&req.op).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?;
     let policy = load_policy(ctx)?;
-    let mut ledger = open_ledger(ctx, &policy)?;
+    // A host that cannot be a destination is bad input, whatever the ledger holds.
+    crate::host::check_destination(&req.host)
+        .map_err(|why| Error::new(ErrorKind::InvalidInput, format!("{why}; nothing was sent")))?;
+    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &req.host, &req.options, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());

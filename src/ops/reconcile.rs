@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::reach::reach;
-use super::{block_on, load_policy, open_ledger, Context, HostOptions};
+use super::{block_on, load_policy, open_existing_ledger, Context, HostOptions};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::ledger::{ListFilter, OpKey, OperationRecord};
 use crate::op_id::OpId;
@@ -100,7 +100,7 @@ pub fn reconcile(
     }
     let policy = load_policy(ctx)?;
     let escalation = super::stats::Escalation::from_policy(ctx)?;
-    let mut ledger = open_ledger(ctx, &policy)?;
+    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
 
     let mut records = Vec::new();
     let mut already = Vec::new();

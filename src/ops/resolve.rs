@@ -3,15 +3,16 @@
 //! the marker on the host, and is refused when the host's evidence contradicts it or the
 //! host presents another key than the operation ran against. `abandoned` fences the same
 //! way and is refused the same way; only a host that cannot be reached lets it stand
-//! unfenced, recorded as a probe that found the host unreachable, so later evidence of the
-//! command shows as a contradiction. Nothing is recorded when a decision is refused. The
+//! unfenced, and only with `--force` (the command may still be running there), recorded
+//! as a probe that found the host unreachable, so later evidence of the command shows as
+//! a contradiction explained as such. Nothing is recorded when a decision is refused. The
 //! host is reached by the operation's recorded route (docs/guarantees.md#host-identity).
 
 use serde::Serialize;
 
 use super::host_changed::{self, Answered};
 use super::reach::reach;
-use super::{block_on, load_policy, open_ledger, operator_name, Context, HostOptions};
+use super::{block_on, load_policy, open_existing_ledger, operator_name, Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
 use crate::host::{CallError, Host, MarkerState, ReachError, RefusalReason};
 use crate::ledger::{Durability, Event, History, OpKey, ProbeState, UnlessSettledSince};
@@ -36,6 +37,8 @@ pub struct ResolveRequest {
     pub exit: Option<i32>,
     /// Who decides (default: the acting user; never a made-up name).
     pub by: Option<String>,
+    /// Abandon even when the host cannot be reached (nothing on it checked or fenced).
+    pub force: bool,
     /// Connection options overriding the recorded route (for the fence).
     pub options: HostOptions,
 }
@@ -97,6 +100,15 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
             "--note is empty; say why (it is recorded with the decision)",
         ));
     }
+    let note = args.note.trim();
+    if note.starts_with('<') && note.ends_with('>') {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "--note {note} is the placeholder `opmark reconcile` printed; write what you found on the host (it is recorded with the decision). Nothing was recorded"
+            ),
+        ));
+    }
     if let Some(code) = args.exit {
         if args.decision != Resolution::Applied {
             return Err(Error::new(
@@ -120,7 +132,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
         )
     })?;
     let policy = load_policy(ctx)?;
-    let mut ledger = open_ledger(ctx, &policy)?;
+    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
     let filled;
     let args = match &args.host {
         Some(_) => args,
@@ -209,14 +221,23 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
                 });
                 fence_text = Some(text);
             }
-            Err(NotFenced::Unreachable(e)) => {
+            Err(NotFenced::Unreachable(_, cause)) if !args.force => {
+                return Err(Error::new(
+                    ErrorKind::Unreachable,
+                    format!(
+                        "cannot abandon {op} on {host} yet: the host cannot be reached ({cause}), and nothing was recorded. Abandoning now would record a decision while the command may still be running on {host} (an unreachable host is often only a cut link): nothing there can be checked or fenced, a delayed attempt could still start, and the host's later evidence would contradict the decision. Wait and run `opmark reconcile` when the host is back, or look with `opmark show {op} --host {host}` and check the host by other means; to record it anyway, add --force",
+                        host = printable(args.host()),
+                    ),
+                ));
+            }
+            Err(NotFenced::Unreachable(e, _)) => {
                 let text = format!("not fenced: {}", e.message);
                 events.push(Event::Probed {
                     attempt_id: None,
                     state: ProbeState::Unreachable,
                     exit_code: None,
                     detail: format!(
-                        "opmark resolve --as abandoned by {by}: the host was not reached, so nothing on it was checked or fenced ({})",
+                        "opmark resolve --as abandoned --force by {by}: the host was not reached, so nothing on it was checked or fenced; the command may still have been running ({})",
                         e.message
                     ),
                     claim: None,
@@ -264,7 +285,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
 enum NotFenced {
     /// The host could not be reached, or the fence's answer was lost: the host affirmed
     /// nothing about the operation.
-    Unreachable(Error),
+    Unreachable(Error, String),
     /// The host answered and refused (it says the command is running or completed, or
     /// refused for another reason), or it presents another key than the operation ran
     /// against (another machine), or the answer made no sense.
@@ -274,7 +295,7 @@ enum NotFenced {
 impl NotFenced {
     fn into_error(self) -> Error {
         match self {
-            NotFenced::Unreachable(e) | NotFenced::Refused(e) => e,
+            NotFenced::Unreachable(e, _) | NotFenced::Refused(e) => e,
         }
     }
 }
@@ -304,12 +325,15 @@ fn fence(
         })
         .await;
         let target = reached.map_err(|e| match e {
-            ReachError::Connect(e) => NotFenced::Unreachable(Error::new(
-                ErrorKind::Unreachable,
-                format!(
-                    "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
+            ReachError::Connect(e) => NotFenced::Unreachable(
+                Error::new(
+                    ErrorKind::Unreachable,
+                    format!(
+                        "cannot fence {op} on {host}: {e}; nothing was recorded. A not-applied decision needs the fence so a delayed attempt can never run"
+                    ),
                 ),
-            )),
+                e.to_string(),
+            ),
             changed => NotFenced::Refused(host_changed::reach_error(
                 changed,
                 "nothing was fenced or recorded",
@@ -331,10 +355,13 @@ fn fence(
             )))
         }
         Err(e) => {
-            return Err(NotFenced::Unreachable(Error::new(
-                ErrorKind::Unreachable,
-                format!("the fence of {op} on {host} got no answer ({e}); nothing was recorded. Probe it, then retry"),
-            )))
+            return Err(NotFenced::Unreachable(
+                Error::new(
+                    ErrorKind::Unreachable,
+                    format!("the fence of {op} on {host} got no answer ({e}); nothing was recorded. Probe it, then retry"),
+                ),
+                format!("the fence got no answer: {e}"),
+            ))
         }
     };
     if refusal.reason == RefusalReason::RootChanged {

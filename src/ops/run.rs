@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::document::{error_document, json_document};
 use super::{
-    block_on, host_spec, load_policy, open_ledger, operator, redactor_for_errors, session_id,
-    Context, HostOptions,
+    block_on, host_spec, load_policy, open_ledger, operator, redacted_error, redactor_for_errors,
+    session_id, Context, HostOptions,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::family::Family;
@@ -115,6 +115,9 @@ pub trait RunWatch {
     fn minted(&mut self, _op: &OpId) {}
     /// A fleet's counts changed.
     fn progress(&mut self, _progress: Progress) {}
+    /// Something a person watching should know, that is no answer (a host named twice,
+    /// stdin still being read).
+    fn note(&mut self, _text: &str) {}
 }
 
 /// A watcher that hears nothing.
@@ -249,8 +252,8 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
         ));
     }
-    let hosts = match all_hosts(&req) {
-        Ok(hosts) => hosts,
+    let named = match all_hosts(&req) {
+        Ok(named) => named,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
     };
     for (option, value) in [
@@ -288,11 +291,17 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; nothing was sent"),
         ));
     }
-    let answer = if let [host] = hosts.as_slice() {
-        let host = host.clone();
-        block_on(run_operation(ctx, req, host, op, minted, command, watch))
-    } else {
-        block_on(run_on_hosts(ctx, req, hosts, op, minted, command, watch))
+    let answer = match named {
+        Named::One(host) => block_on(run_operation(ctx, req, host, op, minted, command, watch)),
+        Named::Fleet(hosts, twice) => {
+            for host in twice {
+                watch.note(&format!(
+                    "host `{}` is named more than once; it is one operation with one entry",
+                    crate::text::printable(&host)
+                ));
+            }
+            block_on(run_on_hosts(ctx, req, hosts, op, minted, command, watch))
+        }
     };
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
@@ -339,31 +348,49 @@ fn checked_declared(req: &RunRequest) -> Declared {
 
 /// The hosts named in the request, then those of `--hosts-file`, each checked as a
 /// destination; a bad one is named (with its file and line) before anything is sent.
-fn all_hosts(req: &RunRequest) -> std::result::Result<Vec<String>, String> {
-    let mut hosts = Vec::new();
-    for host in &req.hosts {
-        // A host that cannot be a destination is bad input: refused before the ledger,
-        // which would otherwise have to refuse to record it.
-        crate::host::check_destination(host)?;
-        hosts.push(host.clone());
-    }
+/// The hosts of a run: one (the single-host document), or several (the fleet document,
+/// whatever happens to each: a bad name is that host's entry, not the run's end).
+enum Named {
+    One(String),
+    /// Each host once, in the order given, with why it cannot be run when it cannot;
+    /// then the hosts that were named more than once.
+    Fleet(Vec<(String, Option<String>)>, Vec<String>),
+}
+
+fn all_hosts(req: &RunRequest) -> std::result::Result<Named, String> {
+    let mut hosts = req.hosts.clone();
     if let Some(file) = &req.fleet.hosts_file {
         hosts.extend(hosts_from_file(file)?);
     }
-    if hosts.is_empty() {
-        return Err(
+    match hosts.as_slice() {
+        [] => Err(
             "no hosts: name at least one HOST or a --hosts-file with hosts in it; nothing was sent"
                 .to_owned(),
-        );
+        ),
+        // A host that cannot be a destination is bad input: refused before the ledger,
+        // which would otherwise have to refuse to record it.
+        [one] => crate::host::check_destination(one).map(|()| Named::One(one.clone())),
+        _ => {
+            let mut seen = BTreeSet::new();
+            let mut twice = Vec::new();
+            let mut fleet = Vec::new();
+            for host in hosts {
+                // Twice the same host is the same operation: it gets one entry, and a
+                // word, since a list naming a host twice is often a mistake upstream.
+                if !seen.insert(host.clone()) {
+                    if !twice.contains(&host) {
+                        twice.push(host.clone());
+                    }
+                    continue;
+                }
+                let bad = crate::host::check_destination(&host)
+                    .err()
+                    .map(|why| format!("{why}; nothing was sent to this host"));
+                fleet.push((host, bad));
+            }
+            Ok(Named::Fleet(fleet, twice))
+        }
     }
-    let mut seen = BTreeSet::new();
-    if let Some(twice) = hosts.iter().find(|h| !seen.insert(h.as_str())) {
-        // Twice the same host is twice the same operation: one would only follow the other.
-        return Err(format!(
-            "host `{twice}` is named twice; name each host once; nothing was sent"
-        ));
-    }
-    Ok(hosts)
 }
 
 /// `--hosts-file`: one host a line; `#` starts a comment; blank lines are skipped.
@@ -393,12 +420,16 @@ fn hosts_from_file(file: &Path) -> std::result::Result<Vec<String>, String> {
     Ok(hosts)
 }
 
+/// When a stdin still open after this long is worth a word on stderr.
+const STDIN_NOTE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Reads the bytes to forward off the runtime's threads, so that Ctrl-C while stdin is a
 /// terminal still works; `Err` carries the answer to an interruption.
 async fn spool_stdin(
     stdin: Stdin,
     op: &OpId,
     interrupts: &Interrupts,
+    watch: &mut dyn RunWatch,
 ) -> Result<std::result::Result<Option<Vec<u8>>, RunAnswer>> {
     match stdin {
         Stdin::Given(bytes) => return Ok(Ok(Some(bytes))),
@@ -409,10 +440,23 @@ async fn spool_stdin(
         let mut buf = Vec::new();
         std::io::stdin().read_to_end(&mut buf).map(|_| buf)
     });
-    let read = tokio::select! {
-        biased;
-        signal = interrupts.wait() => return Ok(Err(interrupted_before_anything(op, signal))),
-        read = reader => read,
+    tokio::pin!(reader);
+    // A pipe that was fed but never closes would keep opmark reading forever, as it
+    // would keep ssh streaming: say once what is being waited for.
+    let mut noted = false;
+    let read = loop {
+        tokio::select! {
+            biased;
+            signal = interrupts.wait() => return Ok(Err(interrupted_before_anything(op, signal))),
+            read = &mut reader => break read,
+            () = tokio::time::sleep(STDIN_NOTE_AFTER), if !noted => {
+                noted = true;
+                watch.note(&format!(
+                    "still reading stdin to forward it ({} s, no end of file yet); nothing is sent before it closes. Close it, or give -n (or </dev/null) if the command needs no input",
+                    STDIN_NOTE_AFTER.as_secs()
+                ));
+            }
+        }
     };
     let buf = read
         .map_err(|e| Error::new(ErrorKind::Internal, format!("the stdin reader failed: {e}")))?
@@ -444,7 +488,7 @@ async fn run_operation(
     }
     // The key is the ledger's own (checked when it was opened), never the config dir's.
     let key = ledger.key().clone();
-    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts).await? {
+    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
@@ -522,7 +566,7 @@ async fn run_operation(
 async fn run_on_hosts(
     ctx: &Context,
     req: RunRequest,
-    hosts: Vec<String>,
+    named: Vec<(String, Option<String>)>,
     op: OpId,
     minted: bool,
     command: String,
@@ -533,14 +577,36 @@ async fn run_on_hosts(
     // Opened here once so that a ledger problem is one error before any host is tried;
     // the host tasks open their own handles.
     let ledger = open_ledger(ctx, &policy)?;
-    if let Some(answer) = typo_answer(ctx, &req, &hosts, &op) {
-        return Ok(answer);
-    }
+    // A bad name is that host's answer (a typo resolves nowhere: `name_unresolvable`),
+    // decided before anything is recorded; the other hosts run.
+    let early: Vec<Option<HostResult>> = named
+        .iter()
+        .map(|(host, bad)| {
+            let error = match bad {
+                Some(why) => Error::new(ErrorKind::InvalidInput, why.clone()),
+                None => {
+                    let why = super::hosts::unresolvable(ctx, host, &req.options)?;
+                    Error::new(ErrorKind::Unreachable, why).with_code(ReasonCode::NameUnresolvable)
+                }
+            };
+            Some(HostResult {
+                host: host.clone(),
+                outcome: Err(redacted_error(error)),
+            })
+        })
+        .collect();
+    let hosts: Vec<String> = named
+        .iter()
+        .zip(&early)
+        .filter(|(_, e)| e.is_none())
+        .map(|((host, _), _)| host.clone())
+        .collect();
+    let failed_before = early.iter().filter(|e| e.is_some()).count();
     let key = ledger.key().clone();
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(op.as_str())?;
     drop(ledger);
-    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts).await? {
+    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
@@ -588,11 +654,22 @@ async fn run_on_hosts(
         forks: req.fleet.forks,
         max_failures: req.fleet.max_failures,
         serial: req.fleet.serial,
+        failed_before,
     };
-    let results = fleet::run_fleet(&shared, inputs, plan, &interrupts, |p: Progress| {
-        watch.progress(p);
-    })
-    .await;
+    let mut ran = if inputs.is_empty() {
+        Vec::new()
+    } else {
+        fleet::run_fleet(&shared, inputs, plan, &interrupts, |p: Progress| {
+            watch.progress(p);
+        })
+        .await
+    }
+    .into_iter();
+    // Back in the order the hosts were given.
+    let results: Vec<HostResult> = early
+        .into_iter()
+        .filter_map(|e| e.or_else(|| ran.next()))
+        .collect();
     let summary = Summary::of(&results);
     let contradictions = open_ledger(ctx, shared.policy.as_ref())
         .and_then(|l| Ok(l.operations_by_id(op.as_str())?))

@@ -186,7 +186,7 @@ pub fn show(ctx: &Context, req: &ShowRequest) -> Result<ShowReport> {
         .with_code(ErrorCode::UnknownOperation)
     };
     let Some(ledger) = ledger else {
-        return Err(redacted_error(not_found()));
+        return Err(redacted_error(super::no_ledger_at(ctx, &path)));
     };
     let op = match complete_op_id(&ledger, &op, req.host.as_deref())? {
         Some(full) => full,
@@ -495,6 +495,38 @@ pub struct ContradictionView {
     pub expected: crate::ledger::Observed,
     /// What the evidence said.
     pub seen: crate::ledger::Observed,
+    /// What the disagreement most likely means, in words.
+    pub why: String,
+}
+
+/// Why evidence may disagree with what the ledger held: an operator decision taken while
+/// the host could not be reached is the honest case (the command may still have been
+/// running, and the later evidence is what happened); otherwise nothing opmark did
+/// explains it.
+fn why_contradicted(events: &[StoredEvent], before_seq: u64) -> String {
+    let decided_unreached = events
+        .iter()
+        .take_while(|e| e.seq < before_seq)
+        .collect::<Vec<_>>()
+        .windows(2)
+        .any(|pair| {
+            matches!(
+                (&pair[0].event, &pair[1].event),
+                (
+                    Event::Probed {
+                        state: crate::ledger::ProbeState::Unreachable,
+                        detail,
+                        ..
+                    },
+                    Event::OperatorDecision { .. },
+                ) if detail.starts_with("opmark resolve")
+            )
+        });
+    if decided_unreached {
+        "an operator decided while the host could not be reached, so the command may still have been running then; the later evidence from the host is what happened. Check the host and its effects".to_owned()
+    } else {
+        "nothing opmark recorded explains it: evidence was edited, or something ran outside opmark. Check the host".to_owned()
+    }
 }
 
 /// The contradictions, in time order.
@@ -514,6 +546,7 @@ pub fn contradictions(events: &[StoredEvent]) -> Vec<ContradictionView> {
                 evidence_seq: *evidence_seq,
                 expected: expected.clone(),
                 seen: seen.clone(),
+                why: why_contradicted(events, e.seq),
             }),
             _ => None,
         })

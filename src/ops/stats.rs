@@ -46,15 +46,15 @@ pub const NAMED_DUPLICATES: usize = 20;
 pub fn stats(ctx: &Context, since: Option<Duration>, named: Option<usize>) -> Result<Stats> {
     let cutoff = super::since_cutoff(since)?;
     let escalation = Escalation::from_policy(ctx)?;
-    let (ledger, _path) =
+    let (ledger, path) =
         Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
             .map_err(|e| redacted_error(e.into()))?;
-    let mut stats = match &ledger {
-        Some(l) => l
-            .stats_with_health(cutoff.as_deref(), &escalation.before)
-            .map_err(|e| redacted_error(e.into()))?,
-        None => Stats::default(),
+    let Some(ledger) = ledger else {
+        return Err(redacted_error(super::no_ledger_at(ctx, &path)));
     };
+    let mut stats = ledger
+        .stats_with_health(cutoff.as_deref(), &escalation.before)
+        .map_err(|e| redacted_error(e.into()))?;
     stats.health.escalate_after = crate::duration::format_duration(escalation.after);
     if let Some(n) = named {
         stats.health.duplicates.truncate(n);

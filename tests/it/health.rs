@@ -654,6 +654,7 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
 #[test]
 fn stats_format_takes_text_json_or_prometheus_and_refuses_anything_else() {
     let env = Sealed::new(crate::test_name!());
+    crate::support::empty_ledger(&env);
     let bad = env
         .opmark()
         .args(["stats", "--format", "yaml"])

@@ -122,12 +122,18 @@ fn every_error_is_a_document_with_a_reason_code() {
     let not_a_ledger = dir.join("ledger-dir");
     std::fs::create_dir(&not_a_ledger).unwrap();
 
+    // Commands that read the ledger answer about what is in it only when there is one.
+    crate::support::empty_ledger(&env);
     // (what, command, exit code, reason_code, retryable)
     type Case<'a> = (&'a str, Command, i32, &'a str, bool);
     let mut cases: Vec<Case> = Vec::new();
     let mut c = env.opmark();
     c.args(["--json", "show", "nosuchop"]);
     cases.push(("unknown op", c, 245, "unknown_operation", false));
+    let mut c = env.opmark();
+    c.args(["--json", "list"])
+        .env("OPMARK_LEDGER", dir.join("typo/ledger.db"));
+    cases.push(("no ledger at the path", c, 248, "local_io", false));
     let mut c = env.opmark();
     c.args(["--json", "-F", "none", "probe", "nohost.invalid", "X"]);
     cases.push(("unresolvable host", c, 247, "name_unresolvable", false));

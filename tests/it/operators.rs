@@ -773,7 +773,7 @@ fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_cont
     let env = Sealed::new(crate::test_name!());
     let supervisor = start_detached(&env, &lab, "on-a-dead-host");
     lab.stop_sshd("target1").unwrap();
-    let out = run(env.opmark_with_lab(&lab).args([
+    let abandon = [
         "--json",
         "resolve",
         "on-a-dead-host",
@@ -783,7 +783,17 @@ fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_cont
         "abandoned",
         "--note",
         "the host is gone",
-    ]));
+    ];
+    // The command may still be running behind what looks like a dead host: it takes
+    // --force, and says why.
+    let held = run(env.opmark_with_lab(&lab).args(abandon));
+    assert_eq!(held.status.code(), Some(247), "{}", text(&held.stderr));
+    assert!(
+        text(&held.stderr).contains("--force"),
+        "{}",
+        text(&held.stderr)
+    );
+    let out = run(env.opmark_with_lab(&lab).args(abandon).arg("--force"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = json(&out);
     assert!(

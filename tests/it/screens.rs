@@ -286,14 +286,14 @@ fn crashed_after_dispatch(env: &Sealed, lab: &Lab, op: &str) {
     assert_eq!(crashed.status.code(), None, "killed at its fault point");
 }
 
-/// The command after `decide: `, with the lines it goes on over (ending in `\`), as a
+/// The command after `label`, with the lines it goes on over (ending in `\`), as a
 /// person would paste it.
-fn decide_command(lines: &[String]) -> String {
+fn printed_command(lines: &[String], label: &str) -> String {
     let at = lines
         .iter()
-        .position(|l| l.trim_start().starts_with("decide: "))
-        .unwrap_or_else(|| panic!("no command to decide:\n{}", lines.join("\n")));
-    let mut command = lines[at].trim_start()["decide: ".len()..].to_owned();
+        .position(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no `{label}` command:\n{}", lines.join("\n")));
+    let mut command = lines[at].trim_start()[label.len()..].to_owned();
     let mut next = at + 1;
     while command.ends_with('\\') {
         command.push('\n');
@@ -304,7 +304,7 @@ fn decide_command(lines: &[String]) -> String {
 }
 
 #[test]
-fn reconcile_keeps_ids_whole_in_80_columns_and_its_printed_resolve_runs_as_printed() {
+fn reconcile_keeps_ids_whole_in_80_columns_and_its_printed_commands_run_as_printed() {
     let Some(lab) = short_lab(crate::test_name!(), 1) else {
         return;
     };
@@ -319,10 +319,29 @@ fn reconcile_keeps_ids_whole_in_80_columns_and_its_printed_resolve_runs_as_print
     assert_fits("reconcile", &lines);
     let row = row_of(&lines, op);
     assert!(row.starts_with('!') && row.contains("target1"), "{row}");
-    let decide = decide_command(&lines);
+    // The host cannot be reached: looking comes first, and runs as printed.
+    let look = printed_command(&lines, "look: ");
+    assert!(look.starts_with("opmark show"), "{look}");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&look)
+        .env_clear()
+        .env("PATH", path_with_opmark())
+        .envs(env_of(&env, &lab))
+        .env("OPMARK_PERSIST", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{look}: {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(op), "{}", text(&out.stdout));
+    // The decision is offered with its choices open and no note: a person fills them
+    // in with what they found (and --force, as the host is still unreachable).
+    let decide = printed_command(&lines, "then: ");
     assert!(decide.starts_with("opmark resolve"), "{decide}");
-
-    // As printed, by a shell, in the same environment.
+    assert!(decide.contains("--note '<what you found>'"), "{decide}");
+    let decide = decide
+        .replace("applied|not-applied|abandoned", "abandoned")
+        .replace("<what you found>", "host retired, checked in the console")
+        + " --force";
     let out = Command::new("sh")
         .arg("-c")
         .arg(&decide)
@@ -344,7 +363,7 @@ fn reconcile_keeps_ids_whole_in_80_columns_and_its_printed_resolve_runs_as_print
         .output()
         .unwrap();
     let said: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
-    let decide = decide_command(&said);
+    let decide = printed_command(&said, "look: ");
     assert!(
         decide.contains(&format!("-F {}", lab.ssh_config().display())),
         "{decide}"

@@ -544,3 +544,15 @@ pub fn finish_within(
     }
     child.wait_with_output().unwrap()
 }
+
+/// Creates `env`'s ledger with nothing in it (only `run` creates one: here a run refused
+/// for a host name that resolves nowhere, after the ledger opened and before anything was
+/// recorded).
+pub fn empty_ledger(env: &Sealed) {
+    let out = env
+        .opmark()
+        .args(["run", "nohost.invalid", "--", "true"])
+        .output()
+        .expect("opmark runs");
+    assert!(env.ledger.exists(), "no ledger made: {}", text(&out.stderr));
+}
