@@ -426,7 +426,8 @@ fn a_host_typo_gets_did_you_mean_and_records_nothing() {
     let listed = json(&env.opmark().args(["--json", "list"]).output().unwrap());
     assert_eq!(listed["operations"], serde_json::json!([]), "{listed}");
 
-    // JSON says the same, and a fleet with one typo sends nothing to the others.
+    // JSON says the same for that host's entry of a fleet; the typo records nothing,
+    // and the other host runs (the fleet shape: an entry per host).
     let out = env
         .opmark_with_lab(&lab)
         .args([
@@ -435,13 +436,26 @@ fn a_host_typo_gets_did_you_mean_and_records_nothing() {
         .output()
         .unwrap();
     let doc = json(&out);
-    assert_eq!(doc["reason_code"], "name_unresolvable", "{doc}");
-    assert!(doc["reason"]
+    let typo = &doc["hosts"][1];
+    assert_eq!(typo["host"], "targte1", "{doc}");
+    assert_eq!(typo["error"]["reason_code"], "name_unresolvable", "{doc}");
+    assert!(typo["error"]["message"]
         .as_str()
         .unwrap()
         .contains("did you mean `target1`"));
+    assert_eq!(doc["hosts"][0]["verdict"], "completed", "{doc}");
     let listed = json(&env.opmark().args(["--json", "list"]).output().unwrap());
-    assert_eq!(listed["operations"], serde_json::json!([]), "{listed}");
+    let hosts: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["host"].as_str())
+        .collect();
+    assert_eq!(
+        hosts,
+        ["target1"],
+        "nothing recorded for the typo: {listed}"
+    );
 
     // A denied command is no operation either.
     let out = env
@@ -453,7 +467,17 @@ fn a_host_typo_gets_did_you_mean_and_records_nothing() {
         .unwrap();
     assert_eq!(json(&out)["reason_code"], "policy_denied");
     let listed = json(&env.opmark().args(["--json", "list"]).output().unwrap());
-    assert_eq!(listed["operations"], serde_json::json!([]), "{listed}");
+    let ops: Vec<&str> = listed["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["op_id"].as_str())
+        .collect();
+    assert_eq!(
+        ops,
+        ["typo-2"],
+        "the denied command is not among them: {listed}"
+    );
 }
 
 #[test]
