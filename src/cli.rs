@@ -533,11 +533,14 @@ pub struct RunArgs {
     /// Automatic attempts within this run (default: the family's budget in the policy).
     #[arg(long, value_name = "N")]
     pub attempts: Option<u32>,
-    /// How long to wait for a running operation (after re-attaching) before answering
-    /// `in_progress` or `indeterminate`; also the budget of every connect before anything
-    /// is sent (spent: `not_applied`, `wait_budget_spent`).
-    #[arg(long, value_parser = parse_duration, default_value = "30s", value_name = "DURATION")]
-    pub wait: Duration,
+    /// Bound the whole invocation: connects before anything is sent (spent:
+    /// `not_applied`, `wait_budget_spent`), probes after a lost connection, and the
+    /// command itself, which keeps running on the host when the budget runs out (one
+    /// last probe, at most 3s, then `in_progress` or `indeterminate`). Without it, a
+    /// connected command streams to its end as with ssh, and connects and probes get
+    /// 30s.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
     /// Cap on the output kept on the host per stream (bytes, or with k/m/g suffix);
     /// beyond it bytes are counted and dropped, with a note.
     #[arg(long = "output-cap", env = "OPMARK_OUTPUT_CAP", value_parser = parse_size, default_value = "8m", value_name = "SIZE")]

@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::op_id::OpId;
 use crate::operation;
 use crate::operation::fleet::{HostResult, Progress};
+use crate::operation::{WaitScope, DEFAULT_WAIT};
 use crate::ops::run::{
     run as run_op, Early, FleetOptions, NewContradiction, RunAnswer, RunRequest, RunWatch,
 };
@@ -36,9 +37,14 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         stdin,
         timeout: args.timeout,
         attempts: args.attempts,
-        wait: args.wait,
-        // A connected command streams to its end, as with ssh.
-        wait_bounds_command: false,
+        wait: args.wait.unwrap_or(DEFAULT_WAIT),
+        // Asked for, a budget bounds everything; else a connected command streams to its
+        // end, as with ssh. `--wait 0s` is one look at an earlier run, without following
+        // it: a command of this run is never cut before it could start.
+        wait_scope: match args.wait {
+            Some(w) if !w.is_zero() => WaitScope::Invocation,
+            _ => WaitScope::Probes,
+        },
         output_cap: args.output_cap,
         approve: args.approve,
         approval,

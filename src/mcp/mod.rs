@@ -550,9 +550,9 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
         .transpose()?;
     Ok(RunRequest {
         timeout: duration("timeout", &p.timeout)?,
-        wait: duration("wait", &p.wait)?.unwrap_or(Duration::from_secs(30)),
+        wait: duration("wait", &p.wait)?.unwrap_or(crate::operation::DEFAULT_WAIT),
         // A tool call never outlasts its budget (docs/decisions.md#wait-budget).
-        wait_bounds_command: true,
+        wait_scope: crate::operation::WaitScope::Call,
         hosts: vec![p.host],
         op: Some(p.op_id),
         class,

@@ -914,20 +914,32 @@ pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<P
                 vec![
                     Effect::Unreachable(problem),
                     Effect::Progress(format!(
-                        "{} unreachable ({message}); probing again",
-                        facts.host
+                        "{} unreachable ({message}); probing again, {}s left",
+                        facts.host,
+                        window.left.as_secs()
                     )),
                 ],
                 ProbeAction::Wait,
             )
         }
         ProbeSeen::NoAnswer(problem) => {
-            let then = if window.pause >= window.left {
-                ProbeAction::Then(Action::Answer(unreachable(facts, &problem)))
-            } else {
-                ProbeAction::Wait
-            };
-            Step::after(vec![Effect::Unreachable(problem)], then)
+            if window.pause >= window.left {
+                return Step::after(
+                    vec![Effect::Unreachable(problem.clone())],
+                    ProbeAction::Then(Action::Answer(unreachable(facts, &problem))),
+                );
+            }
+            Step::after(
+                vec![
+                    Effect::Progress(format!(
+                        "{} did not answer the probe ({problem}); probing again, {}s left",
+                        facts.host,
+                        window.left.as_secs()
+                    )),
+                    Effect::Unreachable(problem),
+                ],
+                ProbeAction::Wait,
+            )
         }
         ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(Action::Answer(key_mismatch(
             &attempt, why,

@@ -36,7 +36,7 @@ use super::record::{self, RunLedger};
 use super::repeat::Repetition;
 use super::{
     fault_point, new_attempt_id, progress, AttemptSummary, ObservationReport, RunError, RunInput,
-    RunReport,
+    RunReport, WaitScope, LAST_LOOK,
 };
 use crate::ledger::ObservationKind;
 use crate::vocab::{ReasonCode, Verdict};
@@ -331,20 +331,27 @@ impl<'a> Runner<'a> {
                 stdin,
                 &mut observer,
             );
-            let end = if self.input.wait_bounds_command {
-                // MCP: the tool call never outlasts its budget; the command runs on.
-                tokio::time::timeout_at(self.deadline.into(), call)
-                    .await
-                    .ok()
-            } else {
-                Some(call.await)
+            let end = match self.input.wait_scope {
+                WaitScope::Probes => Some(call.await),
+                // The budget bounds the command too; it runs on, detached by design.
+                WaitScope::Invocation | WaitScope::Call => {
+                    tokio::time::timeout_at(self.deadline.into(), call)
+                        .await
+                        .ok()
+                }
             };
             if let Some(e) = observer.error {
                 return Err(e.into());
             }
-            match end {
-                Some(end) => end,
-                None => {
+            match (end, self.input.wait_scope) {
+                (Some(end), _) => end,
+                (None, WaitScope::Invocation) => {
+                    return self
+                        .last_look(dest, &attempt)
+                        .await
+                        .map(|r| Sent::Stopped(Box::new(r)))
+                }
+                (None, _) => {
                     return self
                         .budget_spent("while the command ran", false)
                         .map(|r| Sent::Stopped(Box::new(r)))
@@ -396,8 +403,8 @@ impl<'a> Runner<'a> {
     /// claim): probe, follow, probe again, until the decision leaves the window.
     async fn probe_window(&mut self, dest: &Destination) -> Result<Action, RunError> {
         let mut deadline = Instant::now() + self.input.wait;
-        if self.input.wait_bounds_command {
-            // MCP: the window ends with the call's budget, and decides as a window does.
+        if self.input.wait_scope != WaitScope::Probes {
+            // The window ends with the invocation's budget, and decides as a window does.
             deadline = deadline.min(self.deadline);
         }
         let mut pause = Duration::from_millis(250);
@@ -452,6 +459,64 @@ impl<'a> Runner<'a> {
         }
     }
 
+    /// A command-line `--wait` ran out while the command ran: one look at the marker,
+    /// bounded by [`LAST_LOOK`], so that the answer says what the host showed and no more
+    /// (docs/decisions.md#wait-budget). Running: `in_progress`, it keeps running; finished
+    /// meanwhile: its exit; no answer (a cut link is silent until keepalives give up):
+    /// `indeterminate`, it may still be running.
+    async fn last_look(
+        &mut self,
+        dest: &Destination,
+        attempt: &str,
+    ) -> Result<RunReport, RunError> {
+        let budget = crate::duration::format_duration(self.input.wait);
+        if let Some(boundary) = self.in_flight {
+            let detail = format!(
+                "the --wait budget ({budget}) was spent while the command ran; one last probe"
+            );
+            self.boundary(attempt, boundary, &detail)?;
+        }
+        progress(&format!(
+            "the --wait budget ({budget}) is spent while the command runs on {}: one last look at its marker (at most {}s)",
+            self.key.host,
+            LAST_LOOK.as_secs()
+        ));
+        let until = Instant::now() + LAST_LOOK;
+        let (seen, session) = self.probe_once(dest, until, "no word from the host").await;
+        let spent = |left| Window {
+            left,
+            pause: LAST_LOOK,
+        };
+        let step = decide::after_probe(&self.facts(), seen, spent(Duration::ZERO));
+        let next = match (self.apply(step)?, session) {
+            (ProbeAction::Attach { holder, resume }, Some(session)) => {
+                let (out_off, err_off) = if resume {
+                    (self.output.out_bytes(), self.output.err_bytes())
+                } else {
+                    (0, 0)
+                };
+                // Long enough to read an exit that is there, not to follow a command.
+                let left = until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(500));
+                let followed = self.follow(&session, out_off, err_off, left).await;
+                let step =
+                    decide::after_follow(&self.facts(), &holder, followed, spent(Duration::ZERO));
+                self.apply(step)?
+            }
+            (next, _) => next,
+        };
+        match next {
+            ProbeAction::Then(Action::Answer(answer)) if answer.verdict != Verdict::InProgress => {
+                self.in_flight = None;
+                self.finish(answer)
+            }
+            // Seen running, or not decided by a look (a retry is not made once the
+            // budget is spent): the budget's own answer.
+            _ => self.budget_spent("while the command ran", false),
+        }
+    }
+
     /// Connects (held to the recorded host key) and probes the marker, all bounded by
     /// what is left of `--wait`, so a slow connect cannot overshoot it.
     async fn probe_once(
@@ -463,7 +528,8 @@ impl<'a> Runner<'a> {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(500));
-        let connected = match tokio::time::timeout(left, self.pool.session(dest)).await {
+        let connect = self.saying_while(self.pool.session(dest), deadline, "connecting to probe");
+        let connected = match tokio::time::timeout(left, connect).await {
             Ok(result) => result,
             Err(_) => Err(ConnectError::new(
                 ConnectStage::Connect,
@@ -495,7 +561,8 @@ impl<'a> Runner<'a> {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(500));
         let root = self.identity.root();
-        let probe = tokio::time::timeout(left, host::probe(&session, &self.op, root)).await;
+        let probe = self.saying_while(host::probe(&session, &self.op, root), deadline, "probing");
+        let probe = tokio::time::timeout(left, probe).await;
         let seen = match probe {
             Ok(Ok(m)) => ProbeSeen::Marker(m),
             Ok(Err(host::CallError::Refused(r))) if r.reason == RefusalReason::RootChanged => {
@@ -511,6 +578,32 @@ impl<'a> Runner<'a> {
             }
         };
         (seen, Some(session))
+    }
+
+    /// Awaits `work` (a connect or a probe of a host that may be cut off), saying every
+    /// few seconds that it still waits and how much of the budget is left: a silent
+    /// host is never a silent client.
+    async fn saying_while<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+        deadline: Instant,
+        doing: &str,
+    ) -> T {
+        const EVERY: Duration = Duration::from_secs(5);
+        tokio::pin!(work);
+        let started = Instant::now();
+        let mut tick = tokio::time::interval_at((started + EVERY).into(), EVERY);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                _ = tick.tick() => progress(&format!(
+                    "{doing} {}: no answer for {}s, {}s of --wait left",
+                    self.key.host,
+                    started.elapsed().as_secs(),
+                    deadline.saturating_duration_since(Instant::now()).as_secs()
+                )),
+            }
+        }
     }
 
     /// Streams the marker's output from the given offsets until it exits, is found

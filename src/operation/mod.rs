@@ -89,10 +89,34 @@ pub struct RunInput {
     pub detach: bool,
     /// `--repeats OP` / `--amends OP` (docs/guarantees.md#repetitions), ids checked.
     pub declared: repeat::Declared,
-    /// `wait` bounds a running command too (MCP: a tool call never outlasts its budget):
-    /// spent, the answer is `in_progress` and the command keeps running on the host.
-    pub wait_bounds_command: bool,
+    /// What `wait` bounds besides the connects before dispatch and the probe windows.
+    pub wait_scope: WaitScope,
 }
+
+/// What the `--wait` budget bounds (docs/decisions.md#wait-budget). It always bounds the
+/// connects before anything is sent and every probe window after a loss; the scopes
+/// differ on a command that is connected and running when it is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitScope {
+    /// The command line without `--wait`: a connected command streams to its end, as
+    /// with ssh.
+    Probes,
+    /// The command line with `--wait D`: the whole invocation. Spent while the command
+    /// runs, one last probe bounded by [`LAST_LOOK`] decides between `in_progress` (the
+    /// marker says running) and `indeterminate` (the host said nothing).
+    Invocation,
+    /// MCP: a tool call never outlasts its budget. Spent while the command runs, the
+    /// answer is `in_progress` at once (no look: the caller's timeout is hard).
+    Call,
+}
+
+/// `--wait` (and MCP's `wait`) when not given.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// The bound of the last look at the marker when a command-line `--wait` runs out while
+/// the command runs: what the budget may be overshot by (a probe on a live connection
+/// takes a round trip; a cut link is what this bounds).
+pub const LAST_LOOK: Duration = Duration::from_secs(3);
 
 impl RunInput {
     /// The canonical intent: the command and the digest of the stdin it is given.

@@ -62,6 +62,13 @@ pub struct ListReport {
     /// know), `Some(None)` at least one.
     #[serde(skip)]
     pub more: Option<Option<u64>>,
+    /// JSON `truncated`: the page left matching operations out (`--all`, or a larger
+    /// `--limit`, shows them).
+    pub truncated: bool,
+    /// JSON `more_count`: how many it left out; `null` when none were, or when the
+    /// ledger's counters cannot say without reading the history (then `truncated` says
+    /// at least one).
+    pub more_count: Option<u64>,
 }
 
 /// Reads the operations from the ledger (none when there is no ledger yet).
@@ -106,6 +113,8 @@ pub fn list(ctx: &Context, req: &ListRequest) -> Result<ListReport> {
     Ok(ListReport {
         operations,
         escalate_after: escalation.after,
+        truncated: more.is_some(),
+        more_count: more.flatten(),
         more,
     })
 }

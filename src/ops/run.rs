@@ -86,8 +86,9 @@ pub struct RunRequest {
     /// How long to wait for a running operation before answering `in_progress`; it
     /// bounds the connects of the whole invocation too (docs/decisions.md#wait-budget).
     pub wait: Duration,
-    /// `wait` bounds a running command as well (MCP): spent, the answer is `in_progress`.
-    pub wait_bounds_command: bool,
+    /// What `wait` bounds besides connects and probes: a running command too (MCP, and
+    /// an explicit `--wait`), or not (docs/decisions.md#wait-budget).
+    pub wait_scope: crate::operation::WaitScope,
     /// Output kept on the host per stream.
     pub output_cap: u64,
     /// The approval note of a blocked command (`--approve`).
@@ -513,7 +514,7 @@ async fn run_operation(
         prefix: None,
         detach: req.fleet.detach,
         declared: checked_declared(&req),
-        wait_bounds_command: req.wait_bounds_command,
+        wait_scope: req.wait_scope,
     };
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
@@ -638,7 +639,7 @@ async fn run_on_hosts(
             prefix: prefix.then(|| format!("{host}: ")),
             detach: req.fleet.detach,
             declared: declared.clone(),
-            wait_bounds_command: req.wait_bounds_command,
+            wait_scope: req.wait_scope,
         })
         .collect();
     let ledger_ctx = ctx.clone();

@@ -332,6 +332,7 @@ fn a_fleet_with_a_bad_or_repeated_host_answers_in_the_fleet_shape_and_runs_the_o
         .output()
         .unwrap();
     let doc = json(&out);
+    let mut docs = vec![doc.clone()];
     let hosts = doc["hosts"].as_array().expect("the fleet shape");
     assert_eq!(hosts.len(), 2, "an entry per host: {doc}");
     assert_eq!(hosts[0]["host"], "target1", "{doc}");
@@ -361,6 +362,7 @@ fn a_fleet_with_a_bad_or_repeated_host_answers_in_the_fleet_shape_and_runs_the_o
         .output()
         .unwrap();
     let doc = json(&out);
+    docs.push(doc.clone());
     let hosts = doc["hosts"].as_array().expect("the fleet shape");
     assert_eq!(hosts.len(), 1, "{doc}");
     assert_eq!(hosts[0]["stdout"], "once\n", "{doc}");
@@ -392,4 +394,48 @@ fn a_fleet_with_a_bad_or_repeated_host_answers_in_the_fleet_shape_and_runs_the_o
         doc["hosts"][1]["reason_code"], "not_dispatched_max_failures",
         "{doc}"
     );
+    docs.push(doc);
+    // Each one a fleet document as its schema says, bad host and repeated host included.
+    support::schema::validate(crate::test_name!(), &[("fleet", docs)]);
+}
+
+#[test]
+fn list_json_says_whether_the_page_left_operations_out_and_how_many() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    for op in ["page-1", "page-2", "page-3"] {
+        let a = support::run_json(&env, &lab, &["target1", "--op", op, "--", "true"]);
+        assert_eq!(a.verdict(), "completed", "{a:?}");
+    }
+    let list = |args: &[&str]| {
+        let out = env
+            .opmark()
+            .arg("--json")
+            .arg("list")
+            .args(args)
+            .output()
+            .unwrap();
+        (json(&out), text(&out.stderr))
+    };
+    let (paged, said) = list(&["--limit", "2"]);
+    assert_eq!(
+        paged["operations"].as_array().map(Vec::len),
+        Some(2),
+        "{paged}"
+    );
+    assert_eq!(paged["truncated"], true, "{paged}");
+    assert_eq!(paged["more_count"], 1, "{paged}");
+    assert!(said.contains("1 more not shown"), "{said}");
+    let (whole, said) = list(&[]);
+    assert_eq!(
+        whole["operations"].as_array().map(Vec::len),
+        Some(3),
+        "{whole}"
+    );
+    assert_eq!(whole["truncated"], false, "{whole}");
+    assert!(whole["more_count"].is_null(), "{whole}");
+    assert!(!said.contains("not shown"), "{said}");
+    support::schema::validate(crate::test_name!(), &[("list", vec![paged, whole])]);
 }

@@ -20,6 +20,7 @@ mod json;
 mod keeper;
 mod ledger;
 mod login;
+mod lost_links;
 mod matrix;
 mod mcp;
 mod observations;

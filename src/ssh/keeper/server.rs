@@ -549,7 +549,7 @@ impl Keeper {
             // whose caller left would).
             return close(resident);
         }
-        relay(conv, held, resident).await;
+        relay(conv, held, resident, dest).await;
     }
 
     /// An idle resident on a connection for `key` that presents `host_key`, or a new
@@ -745,7 +745,7 @@ async fn await_ready(exec: &mut Exec, call: &crate::shim::Invocation) -> Start {
 
 /// Relays a resident's reply to its caller until the caller says `Release` (the channel
 /// goes back to the pool), leaves (the channel is closed), or the channel ends.
-async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident) {
+async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident, dest: &Destination) {
     let Conversation {
         mut read,
         mut reader,
@@ -767,7 +767,15 @@ async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident) {
         }
     });
     tokio::pin!(released);
+    // The caller hears from the keeper every heartbeat, so that its own silence budget
+    // only ever runs out on a keeper that stopped: a silent host is the keeper's to
+    // notice and to name (the resident beats several times a second while a request
+    // waits, so a silence of the keepalive budget means the link or the host stopped).
+    let mut alive = heartbeat_ticker(dest);
+    let budget = dest.loss_budget();
+    let mut heard = tokio::time::Instant::now();
     loop {
+        let silent_until = budget.map(|b| heard + b);
         let event = tokio::select! {
             ev = resident.exec.next() => ev,
             done = &mut released => {
@@ -780,7 +788,26 @@ async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident) {
                 }
                 return close(resident);
             }
+            _ = alive.tick() => {
+                if write.write_all(&MuxFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
+                    return close(resident);
+                }
+                continue;
+            }
+            _ = sleep_until_some(silent_until) => {
+                let message = format!(
+                    "no word from the resident shim (pid {}) on {} for {:.0} s: it, the link \
+                     or the host stopped (the connection keeper is fine)",
+                    resident.pid,
+                    dest.display(),
+                    budget.unwrap_or_default().as_secs_f64()
+                );
+                let end = wire::event_frame(ExecEvent::Lost(message));
+                let _ = write.write_all(&end.encode()).await;
+                return close(resident);
+            }
         };
+        heard = tokio::time::Instant::now();
         let frame = match event {
             ExecEvent::Stdout(b) => MuxFrame::Stdout(b),
             ExecEvent::Stderr(b) => MuxFrame::Stderr(b),
@@ -794,6 +821,14 @@ async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident) {
         if write.write_all(&frame.encode()).await.is_err() {
             return close(resident);
         }
+    }
+}
+
+/// Sleeps until `when`, or forever when there is no such moment (keepalives off).
+async fn sleep_until_some(when: Option<tokio::time::Instant>) {
+    match when {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

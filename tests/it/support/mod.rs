@@ -10,6 +10,7 @@
 pub mod disk;
 pub mod mcp;
 pub mod postgres;
+pub mod schema;
 
 #[allow(unused_imports)] // re-exported for test modules
 pub use opmark::lab::{Lab, LabSpec, Placement, Target};
@@ -376,6 +377,12 @@ impl StderrLines {
                 ),
             }
         }
+    }
+
+    /// The lines that came so far (for a failure message while the child may still run).
+    pub fn so_far(&mut self) -> String {
+        self.seen.extend(self.rx.try_iter());
+        self.seen.join("\n")
     }
 
     /// Every line, once the child has exited (the rest is read to the end).
