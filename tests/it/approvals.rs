@@ -580,3 +580,81 @@ fn bad_approval_input_is_refused_before_anything_is_recorded_or_sent() {
     );
     assert!(!typo.exists() && !typo.parent().unwrap().exists());
 }
+
+#[test]
+fn over_mcp_an_agent_can_only_present_a_token_a_human_signed_and_it_runs_once() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let Some(python) = crate::mcp::python_with_mcp(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let ap = Approvals::new(crate::test_name!());
+    let effect = ap.dir.join("effect");
+    let touch = format!(
+        "touch {}; echo touched >> {}.log",
+        effect.display(),
+        effect.display()
+    );
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/approval.py");
+    // The sealed environment opmark runs in, for the client and so for its server.
+    let sealed = env.opmark();
+    let out = Command::new(python)
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_opmark"))
+        .arg(lab.ssh_config())
+        .arg(&ap.policy)
+        .arg(&ap.self_service)
+        .arg(&ap.approver_key)
+        .arg(&ap.stranger_key)
+        .arg(&ap.dir)
+        .arg(&touch)
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{}",
+        support::text(&out.stdout),
+        support::text(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let is = |step: &str, verdict: &str, code: &str| {
+        let d = &r[step];
+        assert_eq!(d["verdict"], verdict, "{step}: {d}");
+        assert_eq!(d["reason_code"], code, "{step}: {d}");
+    };
+    is("first", "blocked", "approval_required");
+    // MCP has no `approve`: the argument itself is refused, nothing is run.
+    assert_eq!(
+        r["self_approved"]["_is_error"], true,
+        "{}",
+        r["self_approved"]
+    );
+    is("stranger", "blocked", "approval_invalid");
+    is("garbage", "refused", "invalid_input");
+    assert!(
+        r["garbage"]["reason"]
+            .as_str()
+            .is_some_and(|m| m.contains("malformed")),
+        "{}",
+        r["garbage"]
+    );
+    assert_eq!(
+        r["ran_before_approval"], false,
+        "nothing ran before the human's token: {r}"
+    );
+
+    is("approved", "completed", "command_exited");
+    assert_eq!(r["approved"]["exit_code"], 0, "{}", r["approved"]);
+    is("again", "replayed", "replayed_from_host");
+    // A token counts for its own op id only.
+    is("other_op", "blocked", "approval_mismatch");
+    assert_eq!(
+        lines(&ap.dir.join("effect.log")),
+        1,
+        "the approved command ran exactly once: {r}"
+    );
+}

@@ -13,7 +13,7 @@ use crate::support::{fresh_dir, skip_or_fail, text, Sealed};
 
 /// The real interpreter behind `python3` when it can `import mcp`; else None after a
 /// skip (locally).
-fn python_with_mcp(test: &str) -> Option<PathBuf> {
+pub(crate) fn python_with_mcp(test: &str) -> Option<PathBuf> {
     let python = crate::json::real_python(test)?;
     let has_mcp = Command::new(&python)
         .args(["-c", "import mcp"])
