@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use opmark::lab::Lab;
 use serde_json::Value;
@@ -710,39 +710,7 @@ fn under_pty(env: &Sealed, cfg: &Path, inner_stdin: &str) -> String {
         env!("CARGO_BIN_EXE_opmark"),
         cfg.display()
     );
-    // opmark's sealed environment, for script and so for opmark under it.
-    let sealed = env.opmark();
-    let mut child = Command::new("script")
-        .args(["-qefc", &line, "/dev/null"])
-        .env_clear()
-        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script runs");
-    let keep_open = child.stdin.take();
-    // A generous watchdog, not a speed assertion: the bug it catches waits forever.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "opmark still waiting after 60 s (a prompt?): {}",
-                text(&out.stdout)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    drop(keep_open);
-    let out = child.wait_with_output().unwrap();
-    let mut transcript = text(&out.stdout);
-    transcript.push_str(&text(&out.stderr));
-    transcript
+    support::under_pty(env, &line, b"")
 }
 
 fn assert_auth_refused_without_prompt(transcript: &str) {

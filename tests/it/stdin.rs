@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::support::{self, answer, finish_within, text, Sealed, StderrLines};
+use crate::support::{self, answer, finish_within, Sealed, StderrLines};
 
 /// `opmark run target1 ARGS` in `env`, stdin as given.
 fn run_with(env: &Sealed, lab: &support::Lab, args: &[&str], stdin: Stdio) -> Command {
@@ -192,22 +192,8 @@ fn stdin_on_a_terminal_is_read_only_with_the_flag_and_then_says_so() {
             env!("CARGO_BIN_EXE_opmark"),
             lab.ssh_config().display()
         );
-        let sealed = env.opmark();
-        let mut child = Command::new("script")
-            .args(["-qefc", &line, "/dev/null"])
-            .env_clear()
-            .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("script runs");
-        let mut keys = child.stdin.take().unwrap();
         // Typed at the terminal: one line, then Ctrl-D.
-        keys.write_all(b"hello\n\x04").unwrap();
-        let out = finish_within(child, Duration::from_secs(60), "opmark under a pty");
-        drop(keys);
-        format!("{}{}", text(&out.stdout), text(&out.stderr))
+        support::under_pty(&env, &line, b"hello\n\x04")
     };
     let with_flag = transcript("--stdin");
     assert!(

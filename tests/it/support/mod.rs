@@ -552,6 +552,33 @@ pub fn finish_within(
     child.wait_with_output().unwrap()
 }
 
+/// Runs the shell command `line` under a pseudo-terminal (`script`) in `env`'s sealed
+/// environment, types `keys` at it and keeps the terminal open until the command exits
+/// (at most 60 s: a watchdog for a prompt nobody answers, not a speed claim); returns
+/// what the terminal showed.
+pub fn under_pty(env: &Sealed, line: &str, keys: &[u8]) -> String {
+    use std::io::Write;
+    let sealed = env.opmark();
+    let mut child = Command::new("script")
+        .args(["-qefc", line, "/dev/null"])
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("script runs");
+    let mut terminal = child.stdin.take().expect("piped");
+    terminal.write_all(keys).expect("typing at the terminal");
+    let out = finish_within(
+        child,
+        std::time::Duration::from_secs(60),
+        "a command under a pty",
+    );
+    drop(terminal);
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
+}
+
 /// Creates `env`'s ledger with nothing in it (only `run` creates one: here a run refused
 /// for a host name that resolves nowhere, after the ledger opened and before anything was
 /// recorded).
