@@ -23,8 +23,17 @@ fn archive(global: &GlobalArgs, before: std::time::Duration, file: &std::path::P
             "--before reaches back before any possible date; use a shorter duration such as 90d",
         )
     })?;
-    let (ledger, path) =
-        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
+    let path = match global.ledger.as_deref() {
+        Some(p) => p.to_path_buf(),
+        None => Ledger::default_path()?,
+    };
+    // Archiving moves events out: the ledger is opened for writing (a read-only user
+    // hears so with the path and the fix), never created.
+    let exists = crate::ledger::is_postgres_url(&path) || path.exists();
+    let ledger = match exists {
+        true => Some(Ledger::open_with_key(&path, global.ledger_key.as_deref())?),
+        false => None,
+    };
     let Some(mut ledger) = ledger else {
         return Err(Error::new(
             ErrorKind::InvalidInput,

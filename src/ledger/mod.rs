@@ -171,7 +171,7 @@ fn explain_open_failure(path: &Path, e: LedgerError, doing: &str) -> LedgerError
     let fix = if doing == "read" {
         "give this user read access to the ledger and its key, or copy them somewhere it can read"
     } else {
-        "commands that record (run, reconcile, probe, resolve, cancel) need write access to the file and its directory (SQLite writes -wal and -shm files beside it); list, show, stats and audit verify only need to read it. Use a ledger this user owns, or run as its owner"
+        "commands that record (run, reconcile, probe, resolve, cancel, ledger archive) need write access to the file and its directory (SQLite writes -wal and -shm files beside it); list, show, stats and audit verify only need to read it. Use a ledger this user owns, or run as its owner"
     };
     LedgerError::Denied {
         message: format!("cannot {doing} the ledger {} ({e}): {fix}", path.display()),

@@ -148,16 +148,27 @@ fn a_ledger_this_user_may_only_read_answers_reads_and_names_the_fix_for_writes()
     let listed = text(&as_nobody(&env, &ledger, &key, &["list"]).stdout);
     assert!(listed.contains("push-conf-1"), "{listed}");
 
-    // A command that records says which file, why, and what to do.
-    let out = as_nobody(&env, &ledger, &key, &["reconcile"]);
-    let said = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(248), "{said}");
-    assert!(said.contains(&ledger.display().to_string()), "{said}");
-    assert!(said.contains("write access"), "{said}");
-    assert!(
-        !said.contains("unable to open database file") || said.contains("cannot open the ledger"),
-        "{said}"
-    );
+    // A command that records, or archives, says which file, why, and what to do.
+    let archive = dir.join("archive.jsonl");
+    let archive = archive.to_str().unwrap();
+    for args in [
+        &["reconcile"][..],
+        &["ledger", "archive", "--before", "1s", archive],
+    ] {
+        let out = as_nobody(&env, &ledger, &key, args);
+        let said = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {said}");
+        assert!(
+            said.contains(&ledger.display().to_string()),
+            "{args:?}: {said}"
+        );
+        assert!(said.contains("write access"), "{args:?}: {said}");
+        assert!(
+            !said.contains("readonly database") && !said.contains("unable to open database file")
+                || said.contains("cannot open the ledger"),
+            "{args:?}: {said}"
+        );
+    }
 
     // Unreadable (0600, root's): the path, the cause and the fix, not SQLite's words alone.
     std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o600)).unwrap();
