@@ -107,7 +107,7 @@ pub fn cancel(ctx: &Context, args: &CancelRequest) -> Result<Answered<CancelRepo
     // A host that cannot be a destination is bad input, whatever the ledger holds.
     crate::host::check_destination(&args.host)
         .map_err(|why| Error::new(ErrorKind::InvalidInput, format!("{why}; nothing was sent")))?;
-    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
+    let mut ledger = open_existing_ledger(ctx, &policy)?;
     // The host the operation ran on, reached the way it was (docs/guarantees.md#host-identity).
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &args.host, &args.options, op.as_str(), &ledger)?;

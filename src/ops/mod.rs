@@ -97,33 +97,20 @@ pub fn open_ledger(ctx: &Context, policy: &Policy) -> Result<Ledger> {
     Ok(ledger)
 }
 
-/// Opens the ledger a command reads or adds to but never starts: it must exist, since
-/// only `run` (and `ledger keygen`/`migrate`) creates one, and a mistyped path read as an
-/// empty ledger would say "all clear" while every unknown outcome sits in the right one.
-/// `writes`: the command records (reconcile, probe, resolve, cancel); else a ledger this
-/// user may only read is opened read-only.
-pub fn open_existing_ledger(ctx: &Context, policy: &Policy, writes: bool) -> Result<Ledger> {
-    let (found, path) = if writes {
-        let path = match ctx.ledger.as_deref() {
-            Some(p) => p.to_path_buf(),
-            None => Ledger::default_path().map_err(|e| redacted_error(e.into()))?,
-        };
-        let exists = crate::ledger::is_postgres_url(&path) || path.exists();
-        let ledger = if exists {
-            Some(open_ledger(ctx, policy).map_err(redacted_error)?)
-        } else {
-            None
-        };
-        (ledger, path)
-    } else {
-        Ledger::open_existing_default_or(ctx.ledger.as_deref(), ctx.ledger_key.as_deref())
-            .map_err(|e| redacted_error(e.into()))?
+/// Opens the ledger a command adds to but never starts (reconcile, probe, resolve,
+/// cancel): it must exist, since only `run` (and `ledger keygen`/`migrate`) creates one,
+/// and a mistyped path read as an empty ledger would say "all clear" while every unknown
+/// outcome sits in the right one. (Commands that only read open it with
+/// [`Ledger::open_existing_default_or`], read-only when this user may only read it.)
+pub fn open_existing_ledger(ctx: &Context, policy: &Policy) -> Result<Ledger> {
+    let path = match ctx.ledger.as_deref() {
+        Some(p) => p.to_path_buf(),
+        None => Ledger::default_path().map_err(|e| redacted_error(e.into()))?,
     };
-    let Some(mut ledger) = found else {
+    if !crate::ledger::is_postgres_url(&path) && !path.exists() {
         return Err(no_ledger_at(ctx, &path));
-    };
-    ledger.set_redactor(Redactor::with_patterns(policy.redact_patterns()));
-    Ok(ledger)
+    }
+    open_ledger(ctx, policy).map_err(redacted_error)
 }
 
 /// "no ledger at PATH (from …)", with where the path came from and the fix.

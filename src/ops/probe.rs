@@ -61,7 +61,7 @@ pub fn probe(ctx: &Context, req: &ProbeRequest) -> Result<Answered<ProbeReport>>
     // A host that cannot be a destination is bad input, whatever the ledger holds.
     crate::host::check_destination(&req.host)
         .map_err(|why| Error::new(ErrorKind::InvalidInput, format!("{why}; nothing was sent")))?;
-    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
+    let mut ledger = open_existing_ledger(ctx, &policy)?;
     let (host, dest, recorded) =
         super::reach::reach_operation(ctx, &req.host, &req.options, op.as_str(), &ledger)?;
     let key = OpKey::new(op.as_str(), host.clone());

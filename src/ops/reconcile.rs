@@ -100,7 +100,7 @@ pub fn reconcile(
     }
     let policy = load_policy(ctx)?;
     let escalation = super::stats::Escalation::from_policy(ctx)?;
-    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
+    let mut ledger = open_existing_ledger(ctx, &policy)?;
 
     let mut records = Vec::new();
     let mut already = Vec::new();

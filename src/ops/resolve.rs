@@ -132,7 +132,7 @@ pub fn resolve(ctx: &Context, args: &ResolveRequest) -> Result<Answered<ResolveR
         )
     })?;
     let policy = load_policy(ctx)?;
-    let mut ledger = open_existing_ledger(ctx, &policy, true)?;
+    let mut ledger = open_existing_ledger(ctx, &policy)?;
     let filled;
     let args = match &args.host {
         Some(_) => args,
