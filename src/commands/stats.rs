@@ -128,17 +128,32 @@ fn text(s: &Stats) -> String {
     for d in &h.duplicates {
         let _ = writeln!(
             out,
-            "  DUPLICATE on {}: one {} intent executed as {}",
+            "  DUPLICATE on {}: one {} intent executed {} times, as {}",
             super::render::printable(&d.host),
             d.family,
-            d.op_ids
-                .iter()
-                .map(|o| super::render::printable(o))
-                .collect::<Vec<_>>()
-                .join(", ")
+            d.op_ids.len(),
+            named_op_ids(&d.op_ids)
         );
     }
     out
+}
+
+/// How many op ids a DUPLICATE line names: the first few say where to look, the count
+/// says how big it is (`stats --json` has them all).
+const OP_IDS_NAMED: usize = 5;
+
+/// The first [`OP_IDS_NAMED`] op ids, and how many more.
+fn named_op_ids(op_ids: &[String]) -> String {
+    let mut named = op_ids
+        .iter()
+        .take(OP_IDS_NAMED)
+        .map(|o| super::render::printable(o))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if op_ids.len() > OP_IDS_NAMED {
+        named.push_str(&format!(" and {} more", op_ids.len() - OP_IDS_NAMED));
+    }
+    named
 }
 
 /// A label value as the exposition format quotes it: `\`, `"` and newlines escaped.

@@ -428,11 +428,16 @@ fn duplicates(
     let mut by_host = BTreeMap::new();
     let mut named = Vec::new();
     for (host, _, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
-        let family = members
+        let strictest = members
             .iter()
             .filter_map(|(f, _)| f.parse::<crate::family::Family>().ok())
-            .max()
-            .map_or_else(|| members[0].0.to_owned(), |f| f.as_str().to_owned());
+            .max();
+        // A read repeated is no duplicate effect (SPEC §19): counting it would teach an
+        // operator to ignore the one alarm the ledger exists to raise.
+        if strictest == Some(crate::family::Family::ReadOnly) {
+            continue;
+        }
+        let family = strictest.map_or_else(|| members[0].0.to_owned(), |f| f.as_str().to_owned());
         tally.add(&family, 1);
         *by_host.entry(host.to_owned()).or_insert(0) += 1;
         named.push(SuspectedDuplicate {
@@ -671,6 +676,36 @@ mod tests {
             ),
             read("SELECT fingerprint, host FROM shared_intents ORDER BY 1, 2"),
         )
+    }
+
+    #[test]
+    fn thirty_reads_of_one_intent_are_no_duplicate_effect_and_two_destructive_runs_are() {
+        let path = scratch("reads");
+        let mut l = Ledger::open(&path).unwrap();
+        for n in 0..30 {
+            ran(
+                &mut l,
+                &format!("st-{n}"),
+                "fp-uptime",
+                Family::ReadOnly,
+                &[],
+            );
+        }
+        let far = "9999-01-01T00:00:00.000000Z";
+        for window in [None, Some("0000-01-01T00:00:00.000000Z")] {
+            let h = l.stats_with_health(window, far).unwrap().health;
+            assert_eq!(h.suspected_duplicates.total, 0, "{window:?}: {h:?}");
+            assert!(h.duplicates.is_empty(), "{h:?}");
+        }
+        ran(&mut l, "rm-1", "fp-rm", Family::Destructive, &[]);
+        ran(&mut l, "rm-2", "fp-rm", Family::Destructive, &[]);
+        for window in [None, Some("0000-01-01T00:00:00.000000Z")] {
+            let h = l.stats_with_health(window, far).unwrap().health;
+            assert_eq!(h.suspected_duplicates.total, 1, "{window:?}: {h:?}");
+            assert_eq!(h.duplicates[0].op_ids, ["rm-1", "rm-2"], "{h:?}");
+            assert_eq!(h.duplicates[0].family, "destructive");
+        }
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]

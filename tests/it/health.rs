@@ -238,17 +238,19 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         .unwrap();
     assert_eq!(probe.status.code(), Some(0), "{}", text(&probe.stderr));
 
-    // One intent executed under two op ids on one host: a suspected duplicate effect.
-    let dup_a = run(
-        &env,
-        &lab,
-        &["target1", "--op", "dup-a", "--", "cat /etc/hostname"],
-    );
-    let dup_b = run(
-        &env,
-        &lab,
-        &["target1", "--op", "dup-b", "--", "cat /etc/hostname"],
-    );
+    // One effectful intent executed under two op ids on one host: a suspected duplicate
+    // effect. The same read twice is not one.
+    let dup = "mkdir -p /tmp/opmark-health-dup";
+    let dup_a = run(&env, &lab, &["target1", "--op", "dup-a", "--", dup]);
+    let dup_b = run(&env, &lab, &["target1", "--op", "dup-b", "--", dup]);
+    for op in ["read-a", "read-b"] {
+        let read = run(
+            &env,
+            &lab,
+            &["target1", "--op", op, "--", "cat /etc/hostname"],
+        );
+        assert_eq!(read.verdict(), "completed", "{read:?}");
+    }
     assert_eq!(dup_a.verdict(), "completed", "{dup_a:?}");
     assert_eq!(dup_b.verdict(), "completed", "{dup_b:?}");
     fam("dup-a", &dup_a);
@@ -468,7 +470,11 @@ fn stats_counts_each_health_count_after_a_scripted_mix_of_outcomes() {
         "{page}"
     );
     assert!(page.contains("DUPLICATE on target1: one "), "{page}");
-    assert!(page.contains("executed as dup-a, dup-b"), "{page}");
+    assert!(page.contains("executed 2 times, as dup-a, dup-b"), "{page}");
+    assert!(
+        !page.contains("read-a"),
+        "a repeated read is no duplicate: {page}"
+    );
 
     // --- the window leaves the older events out ----------------------------------------
     // Its edge falls between the older runs and the sleep's end, whatever the time since.
