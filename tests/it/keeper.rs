@@ -809,3 +809,98 @@ fn verbose_traces_the_callers_side_the_same_with_and_without_the_keeper() {
         "{said}"
     );
 }
+
+#[test]
+fn a_hundred_callers_through_one_keeper_are_all_served_once_and_nothing_is_left_after() {
+    // More callers than the keeper's 8 connections x 10 channels: the last ones wait for
+    // room, and the room that frees up is held by idle residents once the first callers
+    // are done. Those waiters used to wait on the first connection for good.
+    const CALLERS: usize = 100;
+    const ROOM: usize = 80;
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = support::fresh_dir(crate::test_name!());
+    let gate = dir.join("gate");
+    let warm = answer(
+        opmark(&env, &lab, "5s")
+            .args(["--json", "run", "target1", "--op", "warm", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(warm.verdict(), "completed", "{warm:?}");
+    let started = dir.join("started");
+    let command = |i: usize| {
+        format!(
+            "echo {i} >> {}; echo ran >> {}/ran-{i}; while [ ! -e {} ]; do sleep 0.1; done",
+            started.display(),
+            dir.display(),
+            gate.display()
+        )
+    };
+    let callers: Vec<(Instant, std::process::Child)> = (0..CALLERS)
+        .map(|i| {
+            let child = opmark(&env, &lab, "5s")
+                .args(["--json", "run", "target1", "--op", &format!("many-{i}")])
+                .args(["--wait", "20s", "--", &command(i)])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (Instant::now(), child)
+        })
+        .collect();
+    // The keeper full: then the command of every caller that got room can end.
+    let full = Instant::now() + Duration::from_secs(60);
+    while support::lines(&started) < ROOM && Instant::now() < full {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "{} commands started when the gate opened",
+        support::lines(&started)
+    );
+    std::fs::write(&gate, "").unwrap();
+    // Each caller answers within its budget, its last look and a loaded machine's room.
+    for (i, (spawned, child)) in callers.into_iter().enumerate() {
+        let bound = Duration::from_secs(20 + 3 + 15).saturating_sub(spawned.elapsed());
+        let a = answer(support::finish_within(child, bound, &format!("caller {i}")));
+        assert!(
+            matches!(a.verdict(), "completed" | "in_progress" | "indeterminate"),
+            "caller {i}: {a:?}"
+        );
+    }
+    // Every operation is then served (the waiters too), and ran once.
+    for i in 0..CALLERS {
+        let child = opmark(&env, &lab, "5s")
+            .args(["--json", "run", "target1", "--op", &format!("many-{i}")])
+            .args(["--", &command(i)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let a = answer(support::finish_within(
+            child,
+            Duration::from_secs(60),
+            &format!("rerun of many-{i}"),
+        ));
+        assert!(
+            matches!(a.verdict(), "completed" | "replayed") && a.exit_code() == Some(0),
+            "many-{i}: {a:?}"
+        );
+        assert_eq!(
+            support::lines(&dir.join(format!("ran-{i}"))),
+            1,
+            "many-{i} ran once"
+        );
+    }
+    // Nothing is left once the keeper's persist time has passed.
+    let pid = env.keeper_pid();
+    wait_until(Duration::from_secs(30), "the keeper to exit", || {
+        pid.is_none_or(|p| !pid_alive(p))
+    });
+    let target = lab.target("target1").unwrap();
+    wait_until(Duration::from_secs(15), "no resident left", || {
+        crate::resident::residents(target).is_empty()
+    });
+}

@@ -64,7 +64,7 @@ fn first_call(env: &Sealed, config: &Path, alias: &str, op: &str, cmd: &str) -> 
 /// The pids of the resident shims serving `target` now: `sh FILE FILE c=TOKEN serve`
 /// with FILE the cached shim in its marker root (a loopback target's processes are
 /// this machine's).
-fn residents(target: &Target) -> Vec<i32> {
+pub(crate) fn residents(target: &Target) -> Vec<i32> {
     let cache = target.state_home.join("opmark").join("shim");
     let cache = cache.display().to_string();
     let mut found = Vec::new();

@@ -53,6 +53,17 @@ struct Held {
     no_resident: Mutex<Option<String>>,
 }
 
+/// Room for one more request on a destination's connections.
+enum Room {
+    /// A free channel.
+    Channel(Arc<Held>, tokio::sync::OwnedSemaphorePermit),
+    /// An idle resident, handed over as it is.
+    Idle(Arc<Held>, Resident),
+}
+
+/// How often a caller waiting for room on full connections looks again.
+const ROOM_RECHECK: Duration = Duration::from_millis(50);
+
 /// A resident shim channel (the shim's `serve`), idle or serving one caller.
 struct Resident {
     exec: Exec,
@@ -367,39 +378,76 @@ impl Keeper {
     }
 
     /// A connection with a free channel: a held one, else a new one (up to
-    /// [`MAX_CONNECTIONS_PER_KEY`]), else the first held one once a channel frees up.
+    /// [`MAX_CONNECTIONS_PER_KEY`]), else the place of an idle resident, else the next
+    /// place freed; see [`Keeper::room`].
     async fn channel(
         &self,
         key: &str,
         dest: &Destination,
     ) -> Result<(Arc<Held>, tokio::sync::OwnedSemaphorePermit), String> {
+        match self.room(key, dest, None).await? {
+            Room::Channel(h, permit) => Ok((h, permit)),
+            Room::Idle(h, resident) => {
+                close(resident);
+                Err(format!(
+                    "internal: an idle resident on {} was offered for a channel",
+                    h.session.destination().display()
+                ))
+            }
+        }
+    }
+
+    /// A place for one more request on `key`'s connections. A free channel, or a new
+    /// connection's, when there is one. With every channel of every connection taken,
+    /// idle residents hold places nobody uses: one that `fits` (a caller that wants a
+    /// resident) is handed over as it is; else one is closed, and its channel is free as
+    /// soon as sshd has closed it. Otherwise the next channel a caller frees, or a resident
+    /// released meanwhile, serves this one: a waiter is never left behind idle residents
+    /// (it used to wait on the first connection's channels, which idle residents held for
+    /// good).
+    async fn room(
+        &self,
+        key: &str,
+        dest: &Destination,
+        fits: Option<&(dyn Fn(&Held) -> bool + Sync)>,
+    ) -> Result<Room, String> {
         let slot = self.slot(key);
-        let wait_on = {
-            let mut held = slot.lock().await;
-            held.retain(|h| !h.session.is_closed());
-            for h in held.iter() {
-                if let Some(permit) = h.session.try_channel() {
-                    return Ok((h.clone(), permit));
+        loop {
+            let held = {
+                let mut held = slot.lock().await;
+                held.retain(|h| !h.session.is_closed());
+                for h in held.iter() {
+                    if let Some(permit) = h.session.try_channel() {
+                        return Ok(Room::Channel(h.clone(), permit));
+                    }
                 }
+                if held.len() < MAX_CONNECTIONS_PER_KEY {
+                    let h = self.open(dest).await.map_err(|e| e.to_string())?;
+                    held.push(h.clone());
+                    let permit = h
+                        .session
+                        .try_channel()
+                        .ok_or("a new connection had no free channel")?;
+                    return Ok(Room::Channel(h, permit));
+                }
+                held.clone()
+            };
+            if held.is_empty() {
+                return Err("no connection".into());
             }
-            if held.len() < MAX_CONNECTIONS_PER_KEY {
-                let h = self.open(dest).await.map_err(|e| e.to_string())?;
-                held.push(h.clone());
-                let permit = h
-                    .session
-                    .try_channel()
-                    .ok_or("a new connection had no free channel")?;
-                return Ok((h, permit));
+            for h in &held {
+                let idle = h.residents.lock().ok().and_then(|mut r| r.pop());
+                let Some(resident) = idle else { continue };
+                if fits.is_some_and(|fits| fits(h)) {
+                    return Ok(Room::Idle(h.clone(), resident));
+                }
+                close(resident);
+                break;
             }
-            held.first().cloned()
-        };
-        let h = wait_on.ok_or("no connection")?;
-        let permit = h
-            .session
-            .wait_channel()
-            .await
-            .ok_or("the connection is shutting down")?;
-        Ok((h, permit))
+            // A channel that frees up, a resident released to the pool, a connection that
+            // closed: all seen at the next look.
+            tokio::time::sleep(ROOM_RECHECK).await;
+        }
     }
 
     async fn exec(
@@ -586,10 +634,21 @@ impl Keeper {
         {
             return Err(CallRefusal::NoResident(why));
         }
-        let (h, permit) = self
-            .channel(key, dest)
-            .await
-            .map_err(CallRefusal::NotSent)?;
+        let (h, permit) = loop {
+            match self
+                .room(key, dest, Some(&fits))
+                .await
+                .map_err(CallRefusal::NotSent)?
+            {
+                Room::Channel(h, permit) => break (h, permit),
+                Room::Idle(h, mut r) => {
+                    if r.exec.ready_event().await.is_none() && !h.session.is_closed() {
+                        return Ok((h, r));
+                    }
+                    close(r);
+                }
+            }
+        };
         if host_key.is_some() && h.session.host_key().as_deref() != host_key {
             return Err(CallRefusal::NotSent(format!(
                 "the keeper's connection to {} presents host key {}, not the {} this session \
