@@ -1253,6 +1253,14 @@ verb_run() {
 			read_resident_command || refuse "bad_command reason=size_mismatch expected=$cmd_bytes got=${#cmd_text}"
 			sv_owed='' cmd_read=1
 		fi
+		# Started from the host's cached script, a resident detaches its supervisors
+		# from that file: gone (a wiped marker root, gc of another version's cache), it
+		# claims nothing and ends, and the client calls per call, which brings the
+		# script again.
+		if [ -n "$shim_file" ] && ! [ -f "$OPMARK_SHIM_SELF" ]; then
+			sv_owed=1
+			refuse "cannot_start reason=resident_stale"
+		fi
 	fi
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
 	case $rp_action in

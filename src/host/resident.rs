@@ -84,6 +84,12 @@ pub(crate) async fn call(
         if let Some(status) = parser.end_status() {
             tracing::debug!("end of the request, status {status}");
             if finished {
+                if stale(&frames) {
+                    // The resident lost its script and claimed nothing (it ends, and the
+                    // keeper never hands it out again): per call, the script travels.
+                    tracing::debug!("the resident shim lost its cached script; calling per call");
+                    return None;
+                }
                 // The reply is whole: the channel may serve the next caller.
                 if status == 0 {
                     reply.release().await;
@@ -123,4 +129,15 @@ pub(crate) async fn call(
             _ => {}
         }
     }
+}
+
+/// The resident refused the request because the cached script it was started from is
+/// gone (`cannot_start reason=resident_stale`): it claimed nothing, so calling per call
+/// is safe.
+fn stale(frames: &[crate::shim::Frame]) -> bool {
+    frames.iter().any(|f| {
+        matches!(f, crate::shim::Frame::Refused(r)
+            if r.reason == crate::shim::RefusalReason::CannotStart
+                && r.fields.get("reason").map(String::as_str) == Some("resident_stale"))
+    })
 }

@@ -434,3 +434,79 @@ fn a_resident_checks_the_marker_root_id_per_request_not_once_per_channel() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_resident_whose_cached_script_is_gone_hands_the_run_to_a_call_of_its_own_once() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let target = &lab.targets()[0];
+    let (first, _) = first_call(&env, lab.ssh_config(), &target.alias, "gone-0", "true");
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    // The first contact's resident runs from the script's text; a new keeper's runs from
+    // the host's cache, which the first contact filled.
+    let stopped = opmark(&env, lab.ssh_config())
+        .args(["mux", "stop"])
+        .output()
+        .unwrap();
+    assert!(stopped.status.success(), "{stopped:?}");
+    wait_for("the first resident to end", Duration::from_secs(10), || {
+        residents(target).is_empty()
+    });
+    let (warm, _) = first_call(&env, lab.ssh_config(), &target.alias, "gone-warm", "true");
+    assert_eq!(warm.verdict(), "completed", "{warm:?}");
+    let stale = the_resident(target);
+    let cmdline = std::fs::read(format!("/proc/{stale}/cmdline")).unwrap();
+    assert!(
+        cmdline
+            .split(|&b| b == 0)
+            .nth(1)
+            .is_some_and(|a| a.starts_with(b"/")),
+        "a resident from the cached file: {}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    // The cached script goes (a wiped root, another version's gc) under the live resident.
+    let cache = target.state_home.join("opmark").join("shim");
+    for entry in std::fs::read_dir(&cache).unwrap().flatten() {
+        std::fs::remove_file(entry.path()).unwrap();
+    }
+    let count = dir.join("count");
+    let command = format!("echo once >> {}; echo done", count.display());
+    let child = opmark(&env, lab.ssh_config())
+        .args([
+            "--json",
+            "run",
+            &target.alias,
+            "--op",
+            "gone-1",
+            "--",
+            &command,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A watchdog, not a speed claim: the stale resident used to cost a 30 s wait and a
+    // `not_applied`.
+    let a = answer(finish_within(
+        child,
+        Duration::from_secs(15),
+        "a run after the cache went",
+    ));
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.stdout(), "done\n", "{a:?}");
+    assert_eq!(lines(&count), 1, "it ran once");
+    assert!(
+        a.stderr.contains("lost its cached script"),
+        "the fallback is said at debug level: {a:?}"
+    );
+    // The stale resident ended; the next run has a resident again.
+    wait_for("the stale resident to end", Duration::from_secs(10), || {
+        !residents(target).contains(&stale)
+    });
+    let next = run(&env, &lab, "gone-2", "echo again");
+    assert_eq!(next.verdict(), "completed", "{next:?}");
+    assert!(served_by(&next).is_some(), "served by a resident: {next:?}");
+}
