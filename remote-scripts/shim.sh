@@ -2194,6 +2194,9 @@ gc_reclaim() {
 			# Only when this call knows its own copy, which is never one to reclaim.
 			[ -n "$gr_self" ] || continue
 			[ "${gr##*/}" != "$gr_self" ] || continue
+			# Nor one a live resident runs from (`sh FILE FILE ... serve`): its next
+			# supervisor starts from it.
+			! grep -q -F -e "$gr" /proc/[0-9]*/cmdline 2>/dev/null || continue
 			gr_what=shim
 			;;
 		*) gr_what=failed_start ;;

@@ -1199,12 +1199,26 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
     let old_shim = root.join("shim").join(format!("{}.sh", "0".repeat(64)));
     std::fs::create_dir_all(old_shim.parent().unwrap()).unwrap();
     std::fs::write(&old_shim, "# an older shim\n").unwrap();
+    // Another version's cached shim that a live resident still runs from (as `sh FILE
+    // FILE c=TOKEN serve`; here a process that names it the same way).
+    let in_use = root.join("shim").join(format!("{}.sh", "1".repeat(64)));
+    std::fs::write(&in_use, "# an older shim a resident still uses\n").unwrap();
+    let resident = Killed(
+        Command::new("sh")
+            .arg("-c")
+            .arg("while :; do sleep 1; done")
+            .arg(&in_use)
+            .arg(&in_use)
+            .arg("serve")
+            .spawn()
+            .unwrap(),
+    );
     let cached: Vec<PathBuf> = std::fs::read_dir(root.join("shim"))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| *p != old_shim)
+        .filter(|p| *p != old_shim && *p != in_use)
         .collect();
-    for p in [&leftover, &old_shim] {
+    for p in [&leftover, &old_shim, &in_use] {
         let st = Command::new("touch")
             .args(["-d", "2000-01-01"])
             .arg(p)
@@ -1232,6 +1246,12 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
     );
     assert!(!actions.iter().any(|(op, _)| op == "tomb-1"), "{doc}");
     assert!(!leftover.exists() && !old_shim.exists());
+    assert!(
+        in_use.exists() && !doc.to_string().contains(&"1".repeat(64)),
+        "a shim a live resident runs from is never reclaimed: {doc}"
+    );
+    // Once no resident runs from it, it goes like any other version's.
+    drop(resident);
     assert!(cached.iter().all(|p| p.exists()), "the current shim stays");
     assert_eq!(probe_state(&env, &lab, "tomb-1"), "completed");
 
@@ -1254,7 +1274,13 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
     );
     assert_eq!(
         gc_actions(&doc),
-        [("tomb-1".to_owned(), "tombstone_removed".to_owned())],
+        [
+            (
+                format!("{}.sh", "1".repeat(64)),
+                "shim_reclaimed".to_owned()
+            ),
+            ("tomb-1".to_owned(), "tombstone_removed".to_owned())
+        ],
         "{doc}"
     );
     assert!(!m.exists(), "the tombstone went");
@@ -1320,5 +1346,15 @@ fn reconcile_limit_contacts_the_newest_and_counts_the_rest_for_next_time() {
     assert_eq!(all["not_contacted_count"], 0, "{all}");
     for op in ["lim-old", "lim-new"] {
         run(env.opmark_with_lab(&lab).args(["cancel", "target1", op]));
+    }
+}
+
+/// A child process killed (and reaped) when the test is done with it, panics included.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
