@@ -899,47 +899,44 @@ pub fn after_interrupted(facts: &Facts<'_>, marker: Option<&MarkerInfo>) -> Acti
     ))
 }
 
+/// A probe that got no answer (`said` is how): recorded as unreachable, then probed
+/// again while the window lasts (saying so, with the time left), else `indeterminate`.
+fn probe_unanswered(
+    facts: &Facts<'_>,
+    problem: String,
+    said: String,
+    window: Window,
+) -> Step<ProbeAction> {
+    if window.pause >= window.left {
+        let answer = unreachable(facts, &problem);
+        return Step::after(
+            vec![Effect::Unreachable(problem)],
+            ProbeAction::Then(Action::Answer(answer)),
+        );
+    }
+    Step::after(
+        vec![
+            Effect::Unreachable(problem),
+            Effect::Progress(format!(
+                "{said}; probing again, {}s left",
+                window.left.as_secs()
+            )),
+        ],
+        ProbeAction::Wait,
+    )
+}
+
 /// What a probe window saw, decided.
 pub fn after_probe(facts: &Facts<'_>, seen: ProbeSeen, window: Window) -> Step<ProbeAction> {
     let attempt = facts.current();
     match seen {
         ProbeSeen::ConnectFailed { problem, message } => {
-            if window.pause >= window.left {
-                return Step::after(
-                    vec![Effect::Unreachable(problem.clone())],
-                    ProbeAction::Then(Action::Answer(unreachable(facts, &problem))),
-                );
-            }
-            Step::after(
-                vec![
-                    Effect::Unreachable(problem),
-                    Effect::Progress(format!(
-                        "{} unreachable ({message}); probing again, {}s left",
-                        facts.host,
-                        window.left.as_secs()
-                    )),
-                ],
-                ProbeAction::Wait,
-            )
+            let said = format!("{} unreachable ({message})", facts.host);
+            probe_unanswered(facts, problem, said, window)
         }
         ProbeSeen::NoAnswer(problem) => {
-            if window.pause >= window.left {
-                return Step::after(
-                    vec![Effect::Unreachable(problem.clone())],
-                    ProbeAction::Then(Action::Answer(unreachable(facts, &problem))),
-                );
-            }
-            Step::after(
-                vec![
-                    Effect::Progress(format!(
-                        "{} did not answer the probe ({problem}); probing again, {}s left",
-                        facts.host,
-                        window.left.as_secs()
-                    )),
-                    Effect::Unreachable(problem),
-                ],
-                ProbeAction::Wait,
-            )
+            let said = format!("{} did not answer the probe ({problem})", facts.host);
+            probe_unanswered(facts, problem, said, window)
         }
         ProbeSeen::KeyMismatch(why) => Step::just(ProbeAction::Then(Action::Answer(key_mismatch(
             &attempt, why,
