@@ -1,0 +1,50 @@
+//! The first hour with opmark (issue 48 item 10): what a new user meets around the core
+//! tells the truth.
+
+use crate::support::{json, text, Sealed};
+
+#[test]
+fn lab_down_names_only_the_operations_of_its_own_targets() {
+    let Some(mine) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(other) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    // Left unresolved on the other lab's target1, under the short name both labs answer to.
+    let crashed = env
+        .opmark_with_lab(&other)
+        .env("OPMARK_FAULT", "after_dispatch")
+        .args(["run", "target1", "--op", "other-lab-op", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(crashed.status.code(), None, "killed at its fault point");
+
+    let down = env
+        .opmark()
+        .args(["--json", "lab", "down", "--dir"])
+        .arg(mine.dir())
+        .output()
+        .unwrap();
+    assert!(down.status.success(), "{}", text(&down.stderr));
+    let doc = json(&down);
+    assert_eq!(
+        doc["unresolved_operations"],
+        serde_json::json!([]),
+        "another lab's target1 is not this lab's: {doc}"
+    );
+    // Its own lab's `down` names it, in text as in JSON.
+    let down = env
+        .opmark()
+        .args(["lab", "down", "--dir"])
+        .arg(other.dir())
+        .output()
+        .unwrap();
+    let said = text(&down.stderr);
+    assert!(down.status.success(), "{said}");
+    assert!(
+        said.contains("1 unresolved operation") && said.contains("other-lab-op on target1"),
+        "{said}"
+    );
+}
