@@ -48,3 +48,41 @@ fn lab_down_names_only_the_operations_of_its_own_targets() {
         "{said}"
     );
 }
+
+#[test]
+fn doctor_gives_a_name_that_does_not_resolve_one_resolve_verdict() {
+    let env = Sealed::new(crate::test_name!());
+    let out = env
+        .opmark()
+        .args(["-F", "none", "doctor", "nosuchhost.invalid"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    let verdicts: Vec<&str> = said
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("resolve"))
+        .collect();
+    assert_eq!(verdicts.len(), 1, "one verdict for resolve:\n{said}");
+    assert!(verdicts[0].trim_start().starts_with("FAIL"), "{said}");
+    assert!(said.contains("skip connect"), "{said}");
+    let doc = json(
+        &env.opmark()
+            .args(["-F", "none", "--json", "doctor", "nosuchhost.invalid"])
+            .output()
+            .unwrap(),
+    );
+    let checks = doc["checks"].as_array().unwrap();
+    let named = |name: &str| -> Vec<&serde_json::Value> {
+        checks.iter().filter(|c| c["name"] == name).collect()
+    };
+    let resolve = named("resolve");
+    assert_eq!(resolve.len(), 1, "{doc}");
+    assert_eq!(resolve[0]["status"], "fail", "{doc}");
+    let fix = resolve[0]["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("nosuchhost.invalid") && fix.contains("OPMARK_SSH_CONFIG"),
+        "{fix}"
+    );
+    assert_eq!(named("connect")[0]["status"], "skipped", "{doc}");
+}
