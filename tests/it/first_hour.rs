@@ -1,7 +1,65 @@
 //! The first hour with opmark (issue 48 item 10): what a new user meets around the core
 //! tells the truth.
 
-use crate::support::{json, text, Sealed};
+use crate::support::{answer, json, text, Sealed};
+
+#[test]
+fn a_host_change_says_which_ssh_config_reaches_the_machine_again_naming_opmark_ssh_config() {
+    let Some(first) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(second) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    // Two labs, both with a `target1`, one ledger: the environment names the lab, as
+    // `eval "$(opmark lab env)"` leaves it.
+    let ran = answer(
+        env.opmark()
+            .env("OPMARK_SSH_CONFIG", first.ssh_config())
+            .args(["--json", "run", "target1", "--op", "moved-1", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(ran.verdict(), "completed", "{ran:?}");
+    let way_back = format!(
+        "point -F or OPMARK_SSH_CONFIG at the ssh config it was reached with, {}",
+        first.ssh_config().display()
+    );
+    // A later shell still points OPMARK_SSH_CONFIG at the other lab.
+    let again = answer(
+        env.opmark()
+            .env("OPMARK_SSH_CONFIG", second.ssh_config())
+            .args(["--json", "run", "target1", "--op", "moved-1", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(
+        (again.verdict(), again.reason_code()),
+        ("conflict", "host_changed"),
+        "{again:?}"
+    );
+    let reason = again.json["reason"].as_str().unwrap();
+    assert!(reason.contains(&way_back), "{reason}");
+    let probed = env
+        .opmark()
+        .env("OPMARK_SSH_CONFIG", second.ssh_config())
+        .args(["--json", "probe", "target1", "moved-1"])
+        .output()
+        .unwrap();
+    assert_eq!(probed.status.code(), Some(243), "{}", text(&probed.stderr));
+    let reason = json(&probed)["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains(&way_back), "{reason}");
+    // The fix works as said.
+    let back = answer(
+        env.opmark()
+            .env("OPMARK_SSH_CONFIG", first.ssh_config())
+            .args(["--json", "run", "target1", "--op", "moved-1", "--", "true"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(back.verdict(), "replayed", "{back:?}");
+}
 
 #[test]
 fn lab_down_names_only_the_operations_of_its_own_targets() {
