@@ -688,8 +688,9 @@ pub struct StatsArgs {
     /// `text` (the default), `json` (as --json) or `prometheus`: the text exposition
     /// format for node_exporter's textfile collector; write it atomically with
     /// `opmark stats --format prometheus > DIR/opmark.prom.tmp && mv DIR/opmark.prom.tmp DIR/opmark.prom`.
-    #[arg(long, value_enum, default_value_t = StatsFormat::Text, value_name = "FORMAT")]
-    pub format: StatsFormat,
+    /// With --json only `json` agrees (absent: JSON).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<StatsFormat>,
 }
 
 /// How `opmark stats` writes its counts.

@@ -144,3 +144,21 @@ fn doctor_gives_a_name_that_does_not_resolve_one_resolve_verdict() {
     );
     assert_eq!(named("connect")[0]["status"], "skipped", "{doc}");
 }
+
+#[test]
+fn stats_refuses_json_with_another_format_naming_both() {
+    let env = Sealed::new(crate::test_name!());
+    for format in ["text", "prometheus"] {
+        let out = env
+            .opmark()
+            .args(["stats", "--format", format, "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(245), "{format}");
+        let message = json(&out)["error"]["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains("--json") && message.contains(&format!("--format {format}")),
+            "{message}"
+        );
+    }
+}
