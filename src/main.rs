@@ -137,13 +137,28 @@ fn usage_message(err: &clap::Error) -> String {
     text
 }
 
-/// `opmark run HOST echo hi` reads `echo` and `hi` as more hosts and finds no command:
-/// the fix is `--`, which clap's message does not name.
+/// The fix for a `run` without its command or hosts, where clap's message only names
+/// the missing argument: the command goes after `--`, the hosts before it. Three ways
+/// to get it wrong: no `--` (`opmark run web1 uptime` reads `uptime` as a host), `--`
+/// after the command (`opmark run web1 uptime --`), `--` before the hosts (`opmark run
+/// -- web1 uptime` reads `web1` as the command).
 fn dashes_hint(err: &clap::Error) -> Option<&'static str> {
     let missing = err.kind() == clap::error::ErrorKind::MissingRequiredArgument;
     let in_run = err.render().to_string().contains("Usage: opmark run ");
-    let dashes = std::env::args().skip(1).any(|a| a == "--");
-    (missing && in_run && !dashes).then_some(
-        "the command goes after `--`: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)",
-    )
+    if !(missing && in_run) {
+        return None;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    Some(match args.iter().position(|a| a == "--") {
+        None => {
+            "the command goes after `--`: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)"
+        }
+        Some(at) if at + 1 == args.len() => {
+            "nothing follows `--`, so there is no command: the command goes after `--`, not before it: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)"
+        }
+        // A command after `--`, so what is missing is the host.
+        Some(_) => {
+            "no host before `--`: the hosts go before `--` and the command after it: opmark run HOST [--op ID] -- CMD (or --hosts-file FILE for the hosts)"
+        }
+    })
 }

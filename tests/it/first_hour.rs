@@ -4,6 +4,35 @@
 use crate::support::{answer, json, text, Sealed};
 
 #[test]
+fn every_misplaced_dashes_gets_a_hint_that_names_the_fix() {
+    let env = Sealed::new(crate::test_name!());
+    let fix = "opmark run HOST [--op ID] -- CMD";
+    // (the words, what the hint says about them)
+    let cases: [(&[&str], &str); 3] = [
+        (&["run", "web1", "uptime"], "the command goes after `--`"),
+        (&["run", "web1", "uptime", "--"], "nothing follows `--`"),
+        (&["run", "--", "web1", "uptime"], "no host before `--`"),
+    ];
+    for (args, what) in cases {
+        let out = env.opmark().args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        let hint = stderr
+            .lines()
+            .find(|l| l.starts_with("opmark: hint: "))
+            .unwrap_or_else(|| panic!("{args:?}: no hint:\n{stderr}"));
+        assert!(
+            hint.contains(what) && hint.contains(fix),
+            "{args:?}: {hint}"
+        );
+        // An agent reads it in the error document.
+        let out = env.opmark().arg("--json").args(args).output().unwrap();
+        let message = json(&out)["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains(what), "{args:?}: {message}");
+    }
+}
+
+#[test]
 fn a_host_change_says_which_ssh_config_reaches_the_machine_again_naming_opmark_ssh_config() {
     let Some(first) = crate::loopback_lab!(1) else {
         return;
