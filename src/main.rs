@@ -30,7 +30,8 @@ fn main() -> ExitCode {
         .complete();
     let cli = match opmark::cli::Cli::try_parse() {
         Ok(cli) => cli,
-        Err(err) => {
+        Err(mut err) => {
+            drop_env_options_from_usage(&mut err);
             // --help and --version are "errors" to clap that print and exit 0.
             let code = if err.use_stderr() {
                 exit_code::USAGE
@@ -100,6 +101,63 @@ fn main() -> ExitCode {
             }
             ExitCode::from(err.kind.exit_code())
         }
+    }
+}
+
+/// clap counts an option that its environment variable supplied as given, so a usage
+/// error's usage line shows it as a required part of the command (`opmark run
+/// --ssh-config <PATH> --ledger <PATH|URL> <HOST>... -- <CMD>...` with OPMARK_SSH_CONFIG
+/// and OPMARK_LEDGER set). Every option the command line does not name is taken out of
+/// that line: they are all optional.
+fn drop_env_options_from_usage(err: &mut clap::Error) {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::StyledStr(usage)) = err.get(ContextKind::Usage) else {
+        return;
+    };
+    let mut text = usage.to_string();
+    let typed: Vec<String> = std::env::args().skip(1).take_while(|a| a != "--").collect();
+    let root = <opmark::cli::Cli as clap::CommandFactory>::command();
+    let mut commands = vec![&root];
+    let mut changed = false;
+    while let Some(cmd) = commands.pop() {
+        commands.extend(cmd.get_subcommands());
+        for arg in cmd.get_arguments().filter(|a| a.get_env().is_some()) {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let flag = format!("--{long}");
+            let named = typed.iter().any(|a| {
+                *a == flag
+                    || a.starts_with(&format!("{flag}="))
+                    || arg.get_short().is_some_and(|short| {
+                        a.starts_with('-') && !a.starts_with("--") && a.contains(short)
+                    })
+            });
+            if named {
+                continue;
+            }
+            let shown = if arg.get_action().takes_values() {
+                let names: Vec<String> = match arg.get_value_names() {
+                    Some(names) => names.iter().map(|n| format!("<{n}>")).collect(),
+                    None => vec![format!("<{}>", arg.get_id().as_str().to_uppercase())],
+                };
+                format!(" {flag} {}", names.join(" "))
+            } else {
+                format!(" {flag}")
+            };
+            // Only the whole option: ` --quiet` is not the start of ` --quieter`.
+            while let Some(at) = text.find(&shown) {
+                let end = at + shown.len();
+                if text[end..].starts_with(|c: char| !c.is_whitespace()) {
+                    break;
+                }
+                text.replace_range(at..end, "");
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        err.insert(ContextKind::Usage, ContextValue::StyledStr(text.into()));
     }
 }
 

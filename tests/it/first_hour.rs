@@ -1,7 +1,66 @@
 //! The first hour with opmark (issue 48 item 10): what a new user meets around the core
 //! tells the truth.
 
+use std::process::Output;
+
 use crate::support::{answer, json, text, Sealed};
+
+/// `opmark ARGS` in `env` with `OPMARK_SSH_CONFIG` set too (and `OPMARK_LEDGER`, as
+/// every sealed run has): both options come from the environment.
+fn with_env_options(env: &Sealed, args: &[&str]) -> Output {
+    let config = env.root.join("ssh_config");
+    std::fs::write(&config, "").unwrap();
+    env.opmark()
+        .env("OPMARK_SSH_CONFIG", &config)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The `Usage:` line of a usage error.
+fn usage_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("Usage: "))
+        .unwrap_or_else(|| panic!("no usage line in {stderr}"))
+}
+
+#[test]
+fn usage_lines_do_not_show_options_the_environment_supplied_as_required() {
+    let env = Sealed::new(crate::test_name!());
+    for args in [
+        &["run", "web1", "--op", "x"][..],
+        &["run", "--stdin", "-n", "web1", "--", "true"][..],
+    ] {
+        let out = with_env_options(&env, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        let usage = usage_line(&stderr);
+        assert!(usage.starts_with("Usage: opmark run "), "{usage}");
+        for option in ["--ssh-config", "--ledger", "--persist", "--quiet"] {
+            assert!(
+                !usage.contains(option),
+                "{args:?}: {option} came from the environment, not a required part: {usage}"
+            );
+        }
+        // The JSON error document's message carries the same usage.
+        let mut json_args = vec!["--json"];
+        json_args.extend_from_slice(args);
+        let doc = json(&with_env_options(&env, &json_args));
+        let message = doc["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.contains("--ssh-config") && !message.contains("--ledger"),
+            "{message}"
+        );
+    }
+    // An option typed on the command line is what the user wrote: it stays.
+    let out = with_env_options(
+        &env,
+        &["run", "--ledger", "/nonexistent/l.db", "web1", "--op", "x"],
+    );
+    let stderr = text(&out.stderr);
+    assert!(usage_line(&stderr).contains("--ledger"), "{stderr}");
+}
 
 #[test]
 fn every_misplaced_dashes_gets_a_hint_that_names_the_fix() {
