@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches as _;
 
 use opmark::commands::render::Out;
 use opmark::error::exit_code;
@@ -28,7 +28,10 @@ fn main() -> ExitCode {
     clap_complete::CompleteEnv::with_factory(<opmark::cli::Cli as clap::CommandFactory>::command)
         .var(opmark::cli::COMPLETE_VAR)
         .complete();
-    let cli = match opmark::cli::Cli::try_parse() {
+    let parsed = opmark::cli::command()
+        .try_get_matches()
+        .and_then(|matches| opmark::cli::Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(mut err) => {
             drop_env_options_from_usage(&mut err);

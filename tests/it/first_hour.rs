@@ -234,6 +234,58 @@ fn doctor_gives_a_name_that_does_not_resolve_one_resolve_verdict() {
 }
 
 #[test]
+fn run_help_wraps_its_tables_under_their_columns_at_the_terminals_width() {
+    let env = Sealed::new(crate::test_name!());
+    for columns in ["80", "60"] {
+        let out = env
+            .opmark()
+            .env("COLUMNS", columns)
+            // `[env: OPMARK_LEDGER=<its value>]`: a long path is one word.
+            .env_remove("OPMARK_LEDGER")
+            .args(["run", "-h"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let help = text(&out.stdout);
+        let width: usize = columns.parse().unwrap();
+        // At 80 every line fits; narrower, clap's own descriptions hold a word longer
+        // than their column (the default ledger path), so only the tables are held to it.
+        let checked = if width == 80 {
+            help.as_str()
+        } else {
+            help.split("\nExit status:").nth(1).unwrap()
+        };
+        for line in checked.lines() {
+            assert!(
+                opmark::text::width(line) <= width,
+                "{columns} columns: {line:?}\n{help}"
+            );
+        }
+        let table = help.split("Reason codes").nth(1).unwrap();
+        let table = table.split("Errors outside").next().unwrap();
+        let verdicts = [
+            "completed",
+            "replayed",
+            "in_progress",
+            "not_applied",
+            "indeterminate",
+            "conflict",
+            "blocked",
+            "refused",
+        ];
+        for line in table.lines().skip(1) {
+            let row = verdicts
+                .iter()
+                .any(|v| line.starts_with(&format!("  {v} ")));
+            assert!(
+                row || line.starts_with(&" ".repeat(17)),
+                "{columns} columns: a ragged line in the reason codes: {line:?}\n{help}"
+            );
+        }
+    }
+}
+
+#[test]
 fn stats_refuses_json_with_another_format_naming_both() {
     let env = Sealed::new(crate::test_name!());
     for format in ["text", "prometheus"] {
