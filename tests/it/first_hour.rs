@@ -1,5 +1,10 @@
 //! The first hour with opmark (issue 48 item 10): what a new user meets around the core
-//! tells the truth.
+//! tells the truth. Usage lines do not show options the environment supplied as
+//! required; every misplaced `--` gets a hint; a host change says which ssh config
+//! (`-F` or `OPMARK_SSH_CONFIG`) reaches the machine again; `lab down` names only its
+//! own targets' operations; `doctor` gives each check one verdict; `--help` wraps at the
+//! terminal's width; `stats` refuses two formats; and the man page is one page with
+//! examples and no references to pages that do not exist.
 
 use std::process::Output;
 
@@ -299,6 +304,58 @@ fn stats_refuses_json_with_another_format_naming_both() {
         assert!(
             message.contains("--json") && message.contains(&format!("--format {format}")),
             "{message}"
+        );
+    }
+}
+
+#[test]
+fn the_man_page_has_examples_no_extra_section_and_no_reference_to_a_page_that_does_not_exist() {
+    let env = Sealed::new(crate::test_name!());
+    let out = env.opmark().arg("man").output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = text(&out.stdout);
+    let headings: Vec<&str> = page
+        .lines()
+        .filter_map(|l| l.strip_prefix(".SH "))
+        .map(|h| h.trim_matches('"'))
+        .collect();
+    assert!(headings.contains(&"EXAMPLES"), "{headings:?}");
+    assert!(!headings.contains(&"EXTRA"), "{headings:?}");
+    assert!(headings.contains(&"EXIT STATUS"), "{headings:?}");
+    // The examples are commands of this opmark, among them the ones a user needs first.
+    let examples = page.split(".SH EXAMPLES").nth(1).unwrap();
+    let examples = examples.split(".SH ").next().unwrap().replace("\\-", "-");
+    for needle in [
+        "$ opmark run web1 --op ",
+        "$ opmark probe ",
+        "$ opmark reconcile",
+        "$ opmark resolve ",
+        "$ opmark mcp",
+    ] {
+        assert!(examples.contains(needle), "no {needle:?} in\n{examples}");
+    }
+    // Every `name(N)` reference names opmark(1) or a page the system has.
+    let plain = page
+        .replace("\\-", "-")
+        .replace("\\fB", "")
+        .replace("\\fR", "");
+    let refs = regex::Regex::new(r"([A-Za-z][A-Za-z0-9_.-]*)\(([1-9])\)").unwrap();
+    let known = [
+        "opmark(1)",
+        "ssh(1)",
+        "ssh_config(5)",
+        "ssh-keygen(1)",
+        "sshd(8)",
+    ];
+    let named: Vec<String> = refs
+        .captures_iter(&plain)
+        .map(|c| format!("{}({})", &c[1], &c[2]))
+        .collect();
+    assert!(named.iter().any(|r| r == "ssh_config(5)"), "{named:?}");
+    for r in &named {
+        assert!(
+            known.contains(&r.as_str()),
+            "the page names {r}, which does not exist"
         );
     }
 }
