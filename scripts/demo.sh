@@ -44,8 +44,14 @@ bash scripts/install-deps.sh --demo ${placement:+--docker}
 export PATH="$HOME/.cargo/bin:$PATH"
 
 echo "== building opmark (cargo build)"
-cargo build --quiet
-opmark=$PWD/target/debug/opmark
+# The binary is wherever cargo puts it (CARGO_TARGET_DIR, build.target-dir, ...): cargo
+# names it in its build messages, so nothing here guesses target/debug.
+build_messages=$(cargo build --quiet --message-format=json-render-diagnostics) ||
+  die "cargo build failed (see above)"
+opmark=$(grep -o '"executable":"[^"]*/opmark"' <<<"$build_messages" | tail -n 1 | cut -d'"' -f4)
+[[ -n $opmark ]] || die "cargo build named no opmark executable in its messages"
+[[ -x $opmark ]] || die "no opmark binary at $opmark, where cargo build said it put it"
+echo "opmark: $opmark"
 
 # The default lab place (a lab may also live under /tmp: its targets are disposable).
 lab=${XDG_STATE_HOME:-$HOME/.local/state}/opmark/demo-lab
@@ -53,6 +59,14 @@ lab=${XDG_STATE_HOME:-$HOME/.local/state}/opmark/demo-lab
 # the command on the target can be read here.
 effect=$lab/target1/home/deploy.log
 errlog=$lab/last-stderr
+# A connection keeper of the demo's own. opmark keeps its keeper in
+# $XDG_RUNTIME_DIR/opmark, so the demo's runs point XDG_RUNTIME_DIR into the lab, and its
+# cleanup stops that keeper only: yours (and the connections it holds) is left alone.
+keeper_run=$lab/run
+demo_opmark() { XDG_RUNTIME_DIR=$keeper_run "$opmark" "$@"; }
+stop_demo_keeper() {
+  if [[ -d $keeper_run/opmark ]]; then demo_opmark mux stop >/dev/null 2>&1 || true; fi
+}
 op=demo-deploy
 # Appends one line (the effect), prints progress for ~4 s, exits with a distinctive 3.
 # shellcheck disable=SC2016 # expanded on the target, not here
@@ -65,14 +79,16 @@ cleanup() {
     echo "== the lab is left running (OPMARK_DEMO_KEEP=1); explore it with:"
     echo "   export OPMARK_LEDGER=$lab/ledger.db OPMARK_SSH_CONFIG=$lab/demo_ssh_config XDG_CONFIG_HOME=$lab/config"
     echo "   $opmark show $op"
-    echo "   stop it with: $opmark lab down --dir $lab"
+    echo "   stop it with: XDG_RUNTIME_DIR=$keeper_run $opmark mux stop; $opmark lab down --dir $lab"
   else
-    # The connection keeper the runs started holds a connection to the lab's target.
-    "$opmark" mux stop >/dev/null 2>&1 || true
+    # The demo's connection keeper holds a connection to the lab's target.
+    stop_demo_keeper
     "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
     echo "(the lab is stopped and removed; OPMARK_DEMO_KEEP=1 leaves it running to explore)"
   fi
 }
+# A lab (and keeper) an earlier demo left running (OPMARK_DEMO_KEEP=1) goes first.
+stop_demo_keeper
 "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
 trap cleanup EXIT
 
@@ -95,7 +111,7 @@ typed() {
 shown() {
   typed opmark "$@"
   rc=0
-  "$opmark" "$@" 2> >(tee "$errlog" >&2) || rc=$?
+  demo_opmark "$@" 2> >(tee "$errlog" >&2) || rc=$?
   wait "$!" 2>/dev/null || true # the tee above has written everything
 }
 
@@ -127,7 +143,7 @@ if [[ $placement == docker ]]; then
   cmd='echo "release 42 deployed" >> "$XDG_STATE_HOME/deploy.log"; for i in 1 2 3 4; do echo "step $i/4"; sleep 1; done; echo done; exit 3'
 elif [[ $mode == cut ]]; then
   if ! "$opmark" lab up 1 --placement netns --dir "$lab"; then
-    why="network namespaces are not available here"
+    why="the network-namespace target did not start (see above)"
     echo "($why: falling back to killing the client)"
     "$opmark" lab down --dir "$lab" >/dev/null 2>&1 || true
     mode="kill"
@@ -178,7 +194,7 @@ else
   say "b+c. run an operation (appends a line, ~4 s, exits 3) and kill the opmark client with SIGKILL in the middle of it"
   echo "($why: the client's death stands in for the lost link)"
   printf '%s &\n' "$(typed opmark run "$host" --op "$op" -- "$cmd")"
-  "$opmark" run "$host" --op "$op" -- "$cmd" &
+  demo_opmark run "$host" --op "$op" -- "$cmd" &
   helper_pid=$!
   mid_command
   kill -KILL "$helper_pid"
@@ -189,7 +205,7 @@ fi
 
 say "d. probe the marker on the target: the evidence opmark consults before any retry"
 typed opmark probe "$host" "$op"
-marker=$("$opmark" probe "$host" "$op") || die "probe failed"
+marker=$(demo_opmark probe "$host" "$op") || die "probe failed"
 printf '%s\n' "$marker"
 case $mode:$marker in
 cut:"completed exit=3 "*) echo "-> completed with exit 3: the marker on the host recorded it" ;;
@@ -214,7 +230,7 @@ echo "-> exactly ONE line: the command ran once, although opmark was asked twice
 say "f. what an agent sees: --json makes the verdict a document (stdout), exit status still 3"
 typed opmark --json run "$host" --op "$op" -- "$cmd"
 rc=0
-json=$("$opmark" --json run "$host" --op "$op" -- "$cmd") || rc=$?
+json=$(demo_opmark --json run "$host" --op "$op" -- "$cmd") || rc=$?
 printf '%s\n' "$json"
 [[ $rc -eq 3 ]] || die "the JSON run exited $rc, expected 3"
 grep -Eq '"verdict": ?"replayed"' <<<"$json" || die "the JSON verdict is not replayed"

@@ -37,70 +37,72 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-const EXIT_CODES_HELP: &str = "\
-Exit status of `opmark run`: the command's own status for the verdicts `completed` and
-`replayed`; otherwise one reserved code per verdict:
-  240 in_progress    241 not_applied    242 indeterminate
-  243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
-  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
-  host; `opmark run` with the same op id follows it, `opmark cancel HOST OP` stops it)
-Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing
-doctor check), 2 usage error, 243 conflict (host_changed: another machine, user or
-marker root than the operation's), 245 invalid input, 246 malformed configuration,
-247 host unreachable or not authenticated, 248 local ledger/file error,
-250 internal error; 141 (quietly) when the reader of stdout
-went away, as for a tool that SIGPIPE ended (`opmark list | head`).
+/// What `opmark --help` ends with. Written one logical line per paragraph or table row:
+/// [`command`] wraps it at the help's width (see [`crate::text::wrap_hanging`]).
+pub const EXIT_CODES_HELP: &str = "\
+Exit status of `opmark run`: the command's own status for the verdicts `completed` and `replayed`; otherwise one reserved code per verdict:
+  240 in_progress   241 not_applied   242 indeterminate   243 conflict
+  244 blocked       245 refused (policy or input; nothing sent)
+  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the host; `opmark run` with the same op id follows it, `opmark cancel HOST OP` stops it)
+Other commands: 0 ok, 1 findings (unresolved operations, broken audit chain, failing doctor check), 2 usage error, 243 conflict (host_changed: another machine, user or marker root than the operation's), 245 invalid input, 246 malformed configuration, 247 host unreachable or not authenticated, 248 local ledger/file error, 250 internal error; 141 (quietly) when the reader of stdout went away, as for a tool that SIGPIPE ended (`opmark list | head`).
 With --json the JSON document on stdout is authoritative.";
 
 /// What `opmark run --help` ends with: an agent learns the exit codes and the reason
 /// codes it branches on from the tool itself. Kept in step with `vocab::ReasonCode` by a
-/// test that looks for every code here.
-const RUN_HELP: &str = "\
+/// test that looks for every code here. One logical line per paragraph or table row, as
+/// [`EXIT_CODES_HELP`].
+pub const RUN_HELP: &str = "\
 Exit status: the command's own for `completed` and `replayed`; otherwise
-  240 in_progress    241 not_applied    242 indeterminate
-  243 conflict       244 blocked        245 refused (policy or invalid input; nothing sent)
-  246 malformed configuration   248 local ledger/file error   250 internal error
-  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the
-  host; rerun with the same --op to follow it, `opmark cancel HOST OP` to stop it)
+  240 in_progress   241 not_applied   242 indeterminate   243 conflict
+  244 blocked       245 refused (policy or input; nothing sent)
+  246 malformed configuration   248 local ledger/file error
+  250 internal error
+  130/143/129 stopped by SIGINT/SIGTERM/SIGHUP (a started command keeps running on the host; rerun with the same --op to follow it, `opmark cancel HOST OP` to stop it)
 
-With --json, stdout is one JSON line (schema opmark/2) with `verdict`, `reason_code` and
-`retryable`; branch on those. retryable=true: rerun with the SAME --op later.
+With --json, stdout is one JSON line (schema opmark/2) with `verdict`, `reason_code` and `retryable`; branch on those. retryable=true: rerun with the SAME --op later.
 Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
   in_progress    still_running*, client_interrupted*, detached*, wait_budget_spent*
-  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*,
-                 not_dispatched_max_failures*,
-                 not_dispatched_batch_failed*, name_unresolvable,
-                 host_key_rejected, auth_refused, fenced, shim_cannot_start,
-                 shim_did_not_start, host_missing_setsid, host_disk_full,
-                 resolved_not_applied, resolved_abandoned
-  indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*,
-                 attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval,
-                 host_disk_full, fenced_after_start
+  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*, not_dispatched_max_failures*, not_dispatched_batch_failed*, name_unresolvable, host_key_rejected, auth_refused, fenced, shim_cannot_start, shim_did_not_start, host_missing_setsid, host_disk_full, resolved_not_applied, resolved_abandoned
+  indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*, attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval, host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
-  blocked        approval_required (a human approves: --approve NOTE where approvals are
-                 self-service, else `opmark approve` signs a token for --approval FILE),
-                 approval_invalid, approval_expired, approval_mismatch, approval_used
-                 (a signed approval that does not count; the run stays held),
-                 repeats_recent_operation (the same command ran on the host under
-                 another op id within the family's repeat_window: rerun with that
-                 --op to replay it, or with --repeats THAT_OP to run it again on purpose)
+  blocked        approval_required (a human approves: --approve NOTE where approvals are self-service, else `opmark approve` signs a token for --approval FILE), approval_invalid, approval_expired, approval_mismatch, approval_used (a signed approval that does not count; the run stays held), repeats_recent_operation (the same command ran on the host under another op id within the family's repeat_window: rerun with that --op to replay it, or with --repeats THAT_OP to run it again on purpose)
   refused        policy_denied, invalid_input
 Errors outside a verdict are {\"error\": {reason_code, message, retryable}}.
 
-Several hosts (or --hosts-file): one operation per host under the same op id. Exit 0
-when every host completed or replayed with exit 0; else the reserved code of the most
-severe verdict (indeterminate > conflict > blocked > not_applied > in_progress >
-refused); 1 when all completed or replayed but some exit status was non-zero. --json
-prints {\"schema\",\"hosts\":[one run document per host],\"summary\"}.
+Several hosts (or --hosts-file): one operation per host under the same op id. Exit 0 when every host completed or replayed with exit 0; else the reserved code of the most severe verdict (indeterminate > conflict > blocked > not_applied > in_progress > refused); 1 when all completed or replayed but some exit status was non-zero. --json prints {\"schema\",\"hosts\":[one run document per host],\"summary\"}.
 
-Without a terminal on stdin (or with -o BatchMode=yes) opmark never prompts: a key that
-needs a passphrase and no agent fails at once with auth_refused.";
+Without a terminal on stdin (or with -o BatchMode=yes) opmark never prompts: a key that needs a passphrase and no agent fails at once with auth_refused.";
+
+/// The command line as opmark parses it and prints its help: [`Cli`], with the texts its
+/// help ends with wrapped at the width clap wraps the rest at (the terminal's, else
+/// `COLUMNS`, else 100), each row's continuation under its own column. clap wraps every
+/// line on its own and never joins them, so a text wrapped for another width would come
+/// out ragged.
+pub fn command() -> clap::Command {
+    use clap::CommandFactory as _;
+    let width = help_width();
+    Cli::command()
+        .term_width(width)
+        .after_long_help(crate::text::wrap_hanging(EXIT_CODES_HELP, width))
+        .mut_subcommand("run", |run| {
+            run.after_help(crate::text::wrap_hanging(RUN_HELP, width))
+        })
+}
+
+/// The width clap's help is wrapped at, found as clap finds it.
+fn help_width() -> usize {
+    terminal_size::terminal_size()
+        .map(|(terminal_size::Width(w), _)| usize::from(w))
+        .or_else(|| std::env::var("COLUMNS").ok()?.trim().parse().ok())
+        .filter(|&w| w > 0)
+        .unwrap_or(100)
+}
 
 /// Run remote commands over SSH so that one logical operation executes at most once.
 #[derive(Debug, Parser)]
-#[command(name = "opmark", version, about, after_long_help = EXIT_CODES_HELP)]
+#[command(name = "opmark", version, about)]
 pub struct Cli {
     /// Options shared by every subcommand.
     #[command(flatten)]
@@ -292,7 +294,6 @@ pub use crate::vocab::Resolution;
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD on each HOST as one operation (at most one execution per op id and host).
-    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
     /// Show the state of an operation's marker on its host (absent, running, completed,
     /// interrupted, fenced).
@@ -691,8 +692,9 @@ pub struct StatsArgs {
     /// `text` (the default), `json` (as --json) or `prometheus`: the text exposition
     /// format for node_exporter's textfile collector; write it atomically with
     /// `opmark stats --format prometheus > DIR/opmark.prom.tmp && mv DIR/opmark.prom.tmp DIR/opmark.prom`.
-    #[arg(long, value_enum, default_value_t = StatsFormat::Text, value_name = "FORMAT")]
-    pub format: StatsFormat,
+    /// With --json only `json` agrees (absent: JSON).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<StatsFormat>,
 }
 
 /// How `opmark stats` writes its counts.

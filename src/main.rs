@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches as _;
 
 use opmark::commands::render::Out;
 use opmark::error::exit_code;
@@ -28,9 +28,13 @@ fn main() -> ExitCode {
     clap_complete::CompleteEnv::with_factory(<opmark::cli::Cli as clap::CommandFactory>::command)
         .var(opmark::cli::COMPLETE_VAR)
         .complete();
-    let cli = match opmark::cli::Cli::try_parse() {
+    let parsed = opmark::cli::command()
+        .try_get_matches()
+        .and_then(|matches| opmark::cli::Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
-        Err(err) => {
+        Err(mut err) => {
+            drop_env_options_from_usage(&mut err);
             // --help and --version are "errors" to clap that print and exit 0.
             let code = if err.use_stderr() {
                 exit_code::USAGE
@@ -103,6 +107,63 @@ fn main() -> ExitCode {
     }
 }
 
+/// clap counts an option that its environment variable supplied as given, so a usage
+/// error's usage line shows it as a required part of the command (`opmark run
+/// --ssh-config <PATH> --ledger <PATH|URL> <HOST>... -- <CMD>...` with OPMARK_SSH_CONFIG
+/// and OPMARK_LEDGER set). Every option the command line does not name is taken out of
+/// that line: they are all optional.
+fn drop_env_options_from_usage(err: &mut clap::Error) {
+    use clap::error::{ContextKind, ContextValue};
+    let Some(ContextValue::StyledStr(usage)) = err.get(ContextKind::Usage) else {
+        return;
+    };
+    let mut text = usage.to_string();
+    let typed: Vec<String> = std::env::args().skip(1).take_while(|a| a != "--").collect();
+    let root = <opmark::cli::Cli as clap::CommandFactory>::command();
+    let mut commands = vec![&root];
+    let mut changed = false;
+    while let Some(cmd) = commands.pop() {
+        commands.extend(cmd.get_subcommands());
+        for arg in cmd.get_arguments().filter(|a| a.get_env().is_some()) {
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            let flag = format!("--{long}");
+            let named = typed.iter().any(|a| {
+                *a == flag
+                    || a.starts_with(&format!("{flag}="))
+                    || arg.get_short().is_some_and(|short| {
+                        a.starts_with('-') && !a.starts_with("--") && a.contains(short)
+                    })
+            });
+            if named {
+                continue;
+            }
+            let shown = if arg.get_action().takes_values() {
+                let names: Vec<String> = match arg.get_value_names() {
+                    Some(names) => names.iter().map(|n| format!("<{n}>")).collect(),
+                    None => vec![format!("<{}>", arg.get_id().as_str().to_uppercase())],
+                };
+                format!(" {flag} {}", names.join(" "))
+            } else {
+                format!(" {flag}")
+            };
+            // Only the whole option: ` --quiet` is not the start of ` --quieter`.
+            while let Some(at) = text.find(&shown) {
+                let end = at + shown.len();
+                if text[end..].starts_with(|c: char| !c.is_whitespace()) {
+                    break;
+                }
+                text.replace_range(at..end, "");
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        err.insert(ContextKind::Usage, ContextValue::StyledStr(text.into()));
+    }
+}
+
 /// `--json` among the options (before `--`), for usage errors clap could not parse.
 fn asks_for_json() -> bool {
     std::env::args()
@@ -137,13 +198,28 @@ fn usage_message(err: &clap::Error) -> String {
     text
 }
 
-/// `opmark run HOST echo hi` reads `echo` and `hi` as more hosts and finds no command:
-/// the fix is `--`, which clap's message does not name.
+/// The fix for a `run` without its command or hosts, where clap's message only names
+/// the missing argument: the command goes after `--`, the hosts before it. Three ways
+/// to get it wrong: no `--` (`opmark run web1 uptime` reads `uptime` as a host), `--`
+/// after the command (`opmark run web1 uptime --`), `--` before the hosts (`opmark run
+/// -- web1 uptime` reads `web1` as the command).
 fn dashes_hint(err: &clap::Error) -> Option<&'static str> {
     let missing = err.kind() == clap::error::ErrorKind::MissingRequiredArgument;
     let in_run = err.render().to_string().contains("Usage: opmark run ");
-    let dashes = std::env::args().skip(1).any(|a| a == "--");
-    (missing && in_run && !dashes).then_some(
-        "the command goes after `--`: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)",
-    )
+    if !(missing && in_run) {
+        return None;
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    Some(match args.iter().position(|a| a == "--") {
+        None => {
+            "the command goes after `--`: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)"
+        }
+        Some(at) if at + 1 == args.len() => {
+            "nothing follows `--`, so there is no command: the command goes after `--`, not before it: opmark run HOST [--op ID] -- CMD (words before `--` are hosts)"
+        }
+        // A command after `--`, so what is missing is the host.
+        Some(_) => {
+            "no host before `--`: the hosts go before `--` and the command after it: opmark run HOST [--op ID] -- CMD (or --hosts-file FILE for the hosts)"
+        }
+    })
 }

@@ -53,6 +53,51 @@ pub fn pad(s: &str, width: usize) -> String {
     out
 }
 
+/// `text` wrapped at `width` columns, each line on its own, breaking only at spaces:
+/// a help text written one logical line per paragraph or table row reads cleanly at any
+/// terminal width. A continuation is indented under the text of its line: under the
+/// second column of a row `  label   text` (an indented first word followed by two or
+/// more spaces), two columns in for another indented line, not at all for a paragraph.
+/// Spacing inside a row is kept; a word longer than a line is not cut.
+pub fn wrap_hanging(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start_matches(' ').len();
+        let body = &line[indent..];
+        let hang = match body.find("  ") {
+            Some(gap) if indent > 0 && !body[..gap].contains(' ') => {
+                let after = &body[gap..];
+                indent + gap + (after.len() - after.trim_start_matches(' ').len())
+            }
+            _ if indent > 0 => indent + 2,
+            _ => 0,
+        };
+        let mut row = " ".repeat(indent);
+        let mut has_word = false;
+        let mut spaces = 0;
+        for word in body.split(' ') {
+            if word.is_empty() {
+                spaces += 1; // one more space in a run of them
+                continue;
+            }
+            let gap = if has_word { spaces + 1 } else { 0 };
+            spaces = 0;
+            if has_word && self::width(&row) + gap + self::width(word) > width {
+                out.push_str(&row);
+                out.push('\n');
+                row = " ".repeat(hang);
+            } else {
+                row.push_str(&" ".repeat(gap));
+            }
+            row.push_str(word);
+            has_word = true;
+        }
+        out.push_str(&row);
+        out.push('\n');
+    }
+    out
+}
+
 /// `2024-05-01T10:00:00.123456Z` → `2024-05-01 10:00:00`.
 pub fn to_second(at: &str) -> String {
     Stamp::of(at).second()
@@ -134,6 +179,21 @@ mod tests {
         assert_eq!(fit("abcdef", 6), "abcdef");
         assert_eq!(fit("abcdefg", 6), "abcde…");
         assert_eq!(pad("日本", 6), "日本  ");
+    }
+
+    #[test]
+    fn help_text_wraps_under_its_column_and_keeps_short_rows_as_written() {
+        let text = "A paragraph of several words.\n  label     one two three four\n  240 a    241 b\n  plain indented line here\n";
+        assert_eq!(wrap_hanging(text, 80), text);
+        assert_eq!(
+            wrap_hanging(text, 20),
+            "A paragraph of\nseveral words.\n  label     one two\n            three\n            four\n  240 a    241 b\n  plain indented\n    line here\n"
+        );
+        for line in wrap_hanging(text, 20).lines() {
+            assert!(width(line) <= 20, "{line:?}");
+        }
+        // A word longer than the line stands alone, uncut.
+        assert_eq!(wrap_hanging("a verylongword b", 6), "a\nverylongword\nb\n");
     }
 
     #[test]

@@ -98,7 +98,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             checks.push(fail(
                 "resolve",
                 e.message.clone(),
-                format!("check the alias `{host}` in the ssh config (-F, default ~/.ssh/config) or write [user@]host"),
+                format!("check the alias `{host}` in the ssh config (-F or OPMARK_SSH_CONFIG, default ~/.ssh/config) or write [user@]host"),
             ));
             checks.extend(skipped(&["connect"], "the host did not resolve"));
             checks.extend(skipped(HOST_CHECKS, "the host did not resolve"));
@@ -115,7 +115,10 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
             match answer {
                 Err(e) => {
                     let (name, fix) = match e.stage {
-                        ConnectStage::Resolve | ConnectStage::Config => ("resolve", "check the ssh config".to_owned()),
+                        ConnectStage::Resolve | ConnectStage::Config => ("resolve", format!(
+                            "check the name {} (DNS, /etc/hosts), or the HostName of `{host}` in the ssh config (-F or OPMARK_SSH_CONFIG, default ~/.ssh/config)",
+                            dest.hostname
+                        )),
                         ConnectStage::Connect | ConnectStage::Timeout => ("connect", format!(
                             "check that {} is up and sshd listens on port {} (firewall, address, ConnectTimeout)",
                             dest.hostname, dest.port
@@ -129,8 +132,21 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
                             dest.user
                         )),
                     };
-                    checks.push(fail(name, e.message.clone(), fix));
-                    checks.extend(skipped(HOST_CHECKS, "no SSH session"));
+                    if name == "resolve" {
+                        // One verdict per check: the ssh config gave a name (the pass
+                        // above) that does not resolve, so `resolve` fails in its place.
+                        checks.pop();
+                        let detail = format!(
+                            "`{host}` is {}@{}:{} after the ssh config, but {}",
+                            dest.user, dest.hostname, dest.port, e.message
+                        );
+                        checks.push(fail(name, detail, fix));
+                        checks.extend(skipped(&["connect"], "the host did not resolve"));
+                        checks.extend(skipped(HOST_CHECKS, "the host did not resolve"));
+                    } else {
+                        checks.push(fail(name, e.message.clone(), fix));
+                        checks.extend(skipped(HOST_CHECKS, "no SSH session"));
+                    }
                 }
                 Ok(answer) => {
                     checks.push(pass(

@@ -220,24 +220,70 @@ fn env(global: &GlobalArgs, dir: &Path) -> Result<u8> {
     Ok(exit_code::OK)
 }
 
-/// The ledger's unresolved operations on this lab's targets (by alias or short name):
-/// removing a target removes the only place their evidence was, so `down` names them.
+/// The ledger's unresolved operations on this lab's targets: removing a target removes
+/// the only place their evidence was, so `down` names them. Only this lab's: another
+/// lab's `target1` is the same short name for another machine (see [`ran_on`]).
 fn unresolved_on(global: &GlobalArgs, lab: &Lab) -> Vec<(String, String)> {
     let request = crate::ops::list::ListRequest {
         unresolved: true,
         all: true,
         ..Default::default()
     };
+    let ctx = super::common::context(global);
     // A ledger that cannot be read costs the warning, never the `down`.
-    let Ok(report) = crate::ops::list::list(&super::common::context(global), &request) else {
+    let Ok(report) = crate::ops::list::list(&ctx, &request) else {
         return Vec::new();
     };
+    let keys: Vec<Vec<String>> = lab
+        .targets()
+        .iter()
+        .map(crate::lab::Target::host_key_fingerprints)
+        .collect();
     report
         .operations
         .into_iter()
-        .filter(|o| lab.targets().iter().any(|t| t.is_named(&o.host)))
+        .filter(|o| {
+            lab.targets()
+                .iter()
+                .zip(&keys)
+                .any(|(t, keys)| ran_on(&ctx, t, keys, &o.op_id, &o.host))
+        })
         .map(|o| (o.record.op_id, o.record.host))
         .collect()
+}
+
+/// Did operation `op` on ledger host `host` run on target `t` (whose host keys have the
+/// fingerprints `keys`)? Its alias (`<lab id>-target1`) is this lab's alone; the short
+/// name `target1` is every lab's, so under it only the ledger's evidence counts: an
+/// attempt that saw one of the target's host keys, or reached its address and port.
+fn ran_on(
+    ctx: &crate::ops::Context,
+    t: &crate::lab::Target,
+    keys: &[String],
+    op: &str,
+    host: &str,
+) -> bool {
+    if host == t.alias && t.alias != t.short_name() {
+        return true;
+    }
+    if !t.is_named(host) {
+        return false;
+    }
+    let request = crate::ops::show::ShowRequest {
+        op: op.to_owned(),
+        host: Some(host.to_owned()),
+        limit: None,
+    };
+    let Ok(report) = crate::ops::show::show(ctx, &request) else {
+        return false;
+    };
+    report.pages().iter().flat_map(|p| &p.attempts).any(|a| {
+        let a = &a.attempt;
+        a.host_key.as_ref().is_some_and(|k| keys.contains(k))
+            || a.route
+                .as_ref()
+                .is_some_and(|r| r.port == t.port && r.hostname == t.addr.to_string())
+    })
 }
 
 fn down(global: &GlobalArgs, dir: &Path, purge_image: bool) -> Result<u8> {

@@ -14,20 +14,29 @@ use crate::ledger::Stats;
 /// Prints the counts ([`crate::ops::stats`]) as text, one JSON document with `--json`
 /// or `--format json`, or the Prometheus text format with `--format prometheus`.
 pub fn run(global: &GlobalArgs, args: &StatsArgs) -> Result<u8> {
-    if global.json && args.format == StatsFormat::Prometheus {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            "--json and --format prometheus ask for two formats; give one of them",
-        ));
-    }
+    let format = match (global.json, args.format) {
+        (true, Some(asked @ (StatsFormat::Text | StatsFormat::Prometheus))) => {
+            let asked = if asked == StatsFormat::Text {
+                "text"
+            } else {
+                "prometheus"
+            };
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("--json and --format {asked} ask for two formats; give one of them"),
+            ));
+        }
+        (true, _) => StatsFormat::Json,
+        (false, format) => format.unwrap_or_default(),
+    };
     let named = match (args.all, args.limit) {
         (true, _) => None,
         (false, n) => Some(n.unwrap_or(crate::ops::stats::NAMED_DUPLICATES)),
     };
     let stats = crate::ops::stats::stats(&common::context(global), args.since, named)?;
-    if global.json || args.format == StatsFormat::Json {
+    if format == StatsFormat::Json {
         super::common::print_json(&stats)?;
-    } else if args.format == StatsFormat::Prometheus {
+    } else if format == StatsFormat::Prometheus {
         crate::out!("{}", prometheus(&stats, args.since));
     } else {
         if let Some(since) = args.since {

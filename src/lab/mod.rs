@@ -289,6 +289,17 @@ impl Target {
             .collect()
     }
 
+    /// The `SHA256:` fingerprints of the target's host keys, as the ledger records the
+    /// key an attempt saw; empty when the keys cannot be read.
+    pub fn host_key_fingerprints(&self) -> Vec<String> {
+        self.host_public_keys()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|line| russh::keys::ssh_key::PublicKey::from_openssh(line).ok())
+            .map(|key| crate::ssh::known_hosts::fingerprint(&key))
+            .collect()
+    }
+
     fn start_failed(&self, reason: String) -> LabError {
         LabError::StartFailed {
             alias: self.alias.clone(),

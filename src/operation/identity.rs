@@ -79,6 +79,21 @@ impl Recorded {
         }
     }
 
+    /// How to reach the machine the operation ran on again: through the ssh config its
+    /// attempts were reached with, which another file wins over whether it was named by
+    /// `-F` or by `OPMARK_SSH_CONFIG` (often left pointing at another lab or fleet), and
+    /// without `-p`/`-i`/`-J` overrides.
+    fn way_back(&self) -> String {
+        match self.route.as_ref().map(|r| r.config.as_ref()) {
+            Some(Some(config)) => format!(
+                "point -F or OPMARK_SSH_CONFIG at the ssh config it was reached with, {}, and drop the -p/-i/-J overrides",
+                config.display()
+            ),
+            Some(None) => "it was reached with the default ~/.ssh/config: drop the -F/-p/-i/-J overrides and unset OPMARK_SSH_CONFIG".to_owned(),
+            None => "check which ssh config -F or OPMARK_SSH_CONFIG names, and drop the -p/-i/-J overrides".to_owned(),
+        }
+    }
+
     /// `Err` when the host now presents a key none of the operation's attempts saw
     /// (another machine, or a changed key), or is reached as another user than the
     /// operation's latest attempt (another marker root): nothing may be concluded there.
@@ -97,9 +112,10 @@ impl Recorded {
             Some(seen) if self.keys.iter().any(|(_, k)| k == seen) => {}
             seen => {
                 return Err(Changed::Key(format!(
-                    "host key for {host} is now {} but operation {op} ran against {expected}; this is another machine (or the key changed): nothing concluded. It was reached before as {}. Reach the original machine (drop the -F/-p/-i/-J overrides to use the recorded route), or decide with `opmark resolve` once you know",
+                    "host key for {host} is now {} but operation {op} ran against {expected}; this is another machine (or the key changed): nothing concluded. It was reached before as {}. Reach the original machine ({}), or decide with `opmark resolve` once you know",
                     seen.unwrap_or("unknown"),
-                    self.before()
+                    self.before(),
+                    self.way_back()
                 )))
             }
         }
@@ -191,6 +207,32 @@ mod tests {
         assert!(with_keys(&["SHA256:a"])
             .check("h", "op", None, None)
             .is_err());
+    }
+
+    #[test]
+    fn a_key_mismatch_says_which_ssh_config_reaches_the_machine_again_naming_opmark_ssh_config() {
+        let changed = |config: Option<&str>| {
+            let mut r = with_keys(&["SHA256:a"]);
+            let mut was = route("alice");
+            was.config = config.map(Into::into);
+            r.route = Some(was);
+            match r.check("target1", "op-1", Some("SHA256:b"), None) {
+                Err(Changed::Key(e)) => e,
+                other => panic!("a key mismatch, not {other:?}"),
+            }
+        };
+        let e = changed(Some("/labs/a/ssh_config"));
+        assert!(
+            e.contains("point -F or OPMARK_SSH_CONFIG at the ssh config it was reached with, /labs/a/ssh_config"),
+            "{e}"
+        );
+        let e = changed(None);
+        assert!(
+            e.contains(
+                "default ~/.ssh/config: drop the -F/-p/-i/-J overrides and unset OPMARK_SSH_CONFIG"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

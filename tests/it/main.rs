@@ -11,6 +11,7 @@ mod claims;
 mod cli;
 mod docker;
 mod edges;
+mod first_hour;
 mod fleet;
 mod health;
 mod hosts;

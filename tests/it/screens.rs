@@ -1,6 +1,8 @@
 //! What a person sees, drawn in a real 80-column terminal (tmux): fleet progress that is
-//! cleared and never glued to output, `list`, `reconcile`, `lab status` and `doctor`
-//! lines that fit, ids kept whole; and the first steps around them: did-you-mean for a
+//! cleared and never glued to output, `list`, `reconcile`, `lab status`, `doctor` (of a
+//! sound and of an unreachable host) and `run -h` lines that fit, ids kept whole, wrapped
+//! text aligned under its column and never cut again raggedly; and the first steps
+//! around them: did-you-mean for a
 //! host typo (which records nothing), `resolve` without `--host`, reconcile's printed
 //! command that runs as printed, `lab env`, `lab down` naming unresolved operations, and
 //! shell completion of hosts and op ids.
@@ -154,6 +156,48 @@ fn assert_fits(what: &str, lines: &[String]) {
             lines.join("\n")
         );
     }
+}
+
+/// Every line that `goes_on` from the line before it is there because its first word
+/// did not fit on that line: no ragged wrap, as when a text wrapped for a wider screen is
+/// cut again and leaves short lines behind. A line ending in `\` (a pasted command
+/// going on) is a deliberate break.
+fn assert_wrapped_cleanly(what: &str, lines: &[String], goes_on: impl Fn(&str, &str) -> bool) {
+    for pair in lines.windows(2) {
+        let (before, line) = (&pair[0], &pair[1]);
+        if before.ends_with('\\') || !goes_on(before, line) {
+            continue;
+        }
+        let first = line.split_whitespace().next().unwrap_or_default();
+        let room = 80usize.saturating_sub(opmark::text::width(before));
+        assert!(
+            opmark::text::width(first) + 1 > room,
+            "{what}: {line:?} goes on from {before:?}, where its first word would have fit:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+/// `doctor`'s screen: each line is its title, a check's verdict (`ok`, `FAIL`, `skip`),
+/// a line under the check's detail column (18), or its last line; detail and fix lines
+/// wrap there cleanly.
+fn assert_doctor_layout(lines: &[String]) {
+    let verdict = regex::Regex::new(r"^  (ok  |FAIL|skip) [a-z_]+ +\S").unwrap();
+    let under = " ".repeat(18);
+    for l in lines {
+        assert!(
+            l.starts_with("doctor ")
+                || l == "all checks passed"
+                || l == "some checks failed (see fix:)"
+                || verdict.is_match(l)
+                || l.starts_with(&under),
+            "doctor: a line out of its column: {l:?}\n{}",
+            lines.join("\n")
+        );
+    }
+    assert_wrapped_cleanly("doctor", lines, |_, line| {
+        line.starts_with(&under) && !line.trim_start().starts_with("fix:")
+    });
 }
 
 fn env_of<'a>(env: &'a Sealed, lab: &'a Lab) -> Vec<(&'a str, &'a Path)> {
@@ -407,6 +451,100 @@ fn lab_status_and_doctor_lines_fit_80_columns() {
         "{}",
         lines.join("\n")
     );
+    assert_doctor_layout(&lines);
+}
+
+#[test]
+fn run_help_fits_80_columns_with_its_descriptions_and_tables_under_their_columns() {
+    if !support::require_tools(crate::test_name!(), &["tmux"]) {
+        return;
+    }
+    let env = Sealed::new(crate::test_name!());
+    let lines = screen("run-help", "opmark run -h", &[("HOME", env.home.as_path())]);
+    assert_fits("run -h", &lines);
+    let section = |from: &str, to: &str| -> Vec<String> {
+        lines
+            .iter()
+            .skip_while(|l| !l.starts_with(from))
+            .skip(1)
+            .take_while(|l| !l.starts_with(to))
+            .cloned()
+            .collect()
+    };
+    // Each option, then its description under column 10.
+    let options = section("Options:", "Exit status:");
+    assert!(options.len() > 40, "{}", lines.join("\n"));
+    let description = " ".repeat(10);
+    for l in options.iter().filter(|l| !l.is_empty()) {
+        assert!(
+            l.starts_with("  -") || l.starts_with("      --") || l.starts_with(&description),
+            "run -h: an option line out of its column: {l:?}\n{}",
+            lines.join("\n")
+        );
+    }
+    // Each verdict's reason codes, going on under column 17.
+    let codes = section("Reason codes", "Errors outside");
+    let row = regex::Regex::new(r"^  [a-z_]+ +[a-z]").unwrap();
+    let under = " ".repeat(17);
+    for l in &codes {
+        assert!(
+            row.is_match(l) || l.starts_with(&under),
+            "run -h: a ragged reason code line: {l:?}\n{}",
+            lines.join("\n")
+        );
+    }
+    assert_wrapped_cleanly("run -h", &lines, |before, line| {
+        before.starts_with(&description) && line.starts_with(&description)
+    });
+}
+
+#[test]
+fn doctor_and_reconcile_of_an_unreachable_host_fit_80_columns_without_ragged_lines() {
+    let Some(lab) = short_lab(crate::test_name!(), 1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let op = "maintenance-window-2026-12-01-database-failover-step-7";
+    crashed_after_dispatch(&env, &lab, op);
+    lab.stop_sshd(&lab.targets()[0].alias).unwrap();
+
+    let lines = screen("doctor-down", "opmark doctor target1", &env_of(&env, &lab));
+    assert_fits("doctor", &lines);
+    assert_doctor_layout(&lines);
+    let failed: Vec<&String> = lines.iter().filter(|l| l.starts_with("  FAIL")).collect();
+    assert!(
+        failed.len() == 1 && failed[0].contains(" connect "),
+        "one failing check, the connect:\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.trim_start().starts_with("fix: check that")),
+        "{}",
+        lines.join("\n")
+    );
+
+    let lines = screen("reconcile-down", "opmark reconcile", &env_of(&env, &lab));
+    assert_fits("reconcile", &lines);
+    // The op id is never cut, wherever it stands.
+    for l in lines.iter().filter(|l| l.contains("maintenance-window")) {
+        assert!(l.contains(op), "a cut op id: {l:?}\n{}", lines.join("\n"));
+    }
+    // The advice for a host that cannot be reached is whole, and what it prints to
+    // paste goes on with `\` only.
+    for label in ["wait, and when the host is back: ", "look: ", "then: "] {
+        printed_command(&lines, label);
+    }
+    for (i, l) in lines.iter().enumerate() {
+        if l.ends_with('\\') {
+            assert!(
+                lines[i + 1].starts_with("      "),
+                "a pasted command goes on under its column:\n{}",
+                lines.join("\n")
+            );
+        }
+    }
 }
 
 #[test]

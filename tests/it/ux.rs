@@ -697,7 +697,8 @@ fn run_without_dashes_hints_that_the_command_goes_after_them() {
         assert_eq!(out.status.code(), Some(2));
         assert!(text(&out.stderr).contains(fix), "{}", text(&out.stderr));
     }
-    // With `--` given the words after it are the command: no hint about it.
-    let (message, _) = usage_error(&env, &["run", "--op", "x", "--"]);
-    assert!(!message.contains(fix), "{message}");
+    // With a command after `--`, what is missing is a host: the hint says that instead.
+    let (message, _) = usage_error(&env, &["run", "--op", "x", "--", "true"]);
+    assert!(message.contains("no host before `--`"), "{message}");
+    assert!(!message.contains("the command goes after"), "{message}");
 }
