@@ -111,8 +111,11 @@ typed() {
 shown() {
   typed opmark "$@"
   rc=0
-  demo_opmark "$@" 2> >(tee "$errlog" >&2) || rc=$?
-  wait "$!" 2>/dev/null || true # the tee above has written everything
+  # Through a pipe, not a process substitution: bash leaves a process substitution's end
+  # open in the command (fd 63), a connection keeper the command starts inherits it, and
+  # tee then waits for the keeper's end, minutes later. With pipefail the status is
+  # opmark's (tee's is 0), and tee has written everything when the pipeline ends.
+  { demo_opmark "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2; } 3>&1 || rc=$?
 }
 
 # Waits until the command has started on the target (its effect line exists), then a
