@@ -48,7 +48,8 @@ echo "== building opmark (cargo build)"
 # names it in its build messages, so nothing here guesses target/debug.
 build_messages=$(cargo build --quiet --message-format=json-render-diagnostics) ||
   die "cargo build failed (see above)"
-opmark=$(grep -o '"executable":"[^"]*/opmark"' <<<"$build_messages" | tail -n 1 | cut -d'"' -f4)
+opmark=$(grep -o '"executable":"[^"]*/opmark"' <<<"$build_messages" | tail -n 1 | cut -d'"' -f4) ||
+  opmark= # no such message: said just below, not a silent `set -e` exit
 [[ -n $opmark ]] || die "cargo build named no opmark executable in its messages"
 [[ -x $opmark ]] || die "no opmark binary at $opmark, where cargo build said it put it"
 echo "opmark: $opmark"
