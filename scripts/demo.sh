@@ -48,7 +48,8 @@ echo "== building opmark (cargo build)"
 # names it in its build messages, so nothing here guesses target/debug.
 build_messages=$(cargo build --quiet --message-format=json-render-diagnostics) ||
   die "cargo build failed (see above)"
-opmark=$(grep -o '"executable":"[^"]*/opmark"' <<<"$build_messages" | tail -n 1 | cut -d'"' -f4)
+opmark=$(grep -o '"executable":"[^"]*/opmark"' <<<"$build_messages" | tail -n 1 | cut -d'"' -f4) ||
+  opmark= # no such message: said just below, not a silent `set -e` exit
 [[ -n $opmark ]] || die "cargo build named no opmark executable in its messages"
 [[ -x $opmark ]] || die "no opmark binary at $opmark, where cargo build said it put it"
 echo "opmark: $opmark"
@@ -111,8 +112,11 @@ typed() {
 shown() {
   typed opmark "$@"
   rc=0
-  demo_opmark "$@" 2> >(tee "$errlog" >&2) || rc=$?
-  wait "$!" 2>/dev/null || true # the tee above has written everything
+  # Through a pipe, not a process substitution: bash leaves a process substitution's end
+  # open in the command (fd 63), a connection keeper the command starts inherits it, and
+  # tee then waits for the keeper's end, minutes later. With pipefail the status is
+  # opmark's (tee's is 0), and tee has written everything when the pipeline ends.
+  { demo_opmark "$@" 2>&1 1>&3 3>&- | tee "$errlog" >&2; } 3>&1 || rc=$?
 }
 
 # Waits until the command has started on the target (its effect line exists), then a
