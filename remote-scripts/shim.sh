@@ -27,6 +27,7 @@
 #   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
+#   verb: output OP STREAM FROM LEN
 #   verb: fence OP FORCE
 #   verb: supersede OP BY_ATTEMPT
 #   verb: gc AGE_S DRY_RUN TOMB_AGE_S
@@ -80,7 +81,7 @@
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
-OPMARK_SHIM_VERSION=4
+OPMARK_SHIM_VERSION=5
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
@@ -2038,6 +2039,47 @@ verb_attach() {
 	rm -f "$wf"
 }
 
+# output OP STREAM FROM LEN: at most LEN bytes of the kept copy of a stream (out or
+# err) from byte FROM, or, written -N, its last N bytes; what is there now, without
+# waiting for more (a running command's copy grows up to its cap). Reads only. The bytes
+# come as one payload, then a `V` frame: the marker, the stream's kept and dropped byte
+# counts, and the range sent.
+verb_output() {
+	[ "$#" -eq 4 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	case $2 in
+	out) ok=O ;;
+	err) ok=E ;;
+	*) refuse "bad_args reason=stream" ;;
+	esac
+	of=${3#-}
+	if ! is_uint "$of" || ! is_uint "$4"; then
+		refuse "bad_args reason=range"
+	fi
+	setup_root
+	state "$1"
+	case $st in
+	absent | fenced) refuse "$st $(describe)" ;;
+	esac
+	sizes
+	okept=$so
+	[ "$2" = err ] && okept=$se
+	odropped=0
+	[ -f "$m/$2.dropped" ] && read -r odropped <"$m/$2.dropped"
+	is_uint "$odropped" || odropped=0
+	if [ "$3" = "$of" ]; then
+		ofrom=$of
+	else
+		ofrom=$((okept - of))
+		[ "$ofrom" -ge 0 ] || ofrom=0
+	fi
+	[ "$ofrom" -le "$okept" ] || ofrom=$okept
+	olen=$((okept - ofrom))
+	[ "$olen" -le "$4" ] || olen=$4
+	[ "$olen" -gt 0 ] && payload "$ok" "$m/$2" "$ofrom" "$olen"
+	frame "V $(describe) stream=$2 kept=$okept dropped=$odropped from=$ofrom len=$olen"
+}
+
 # fence OP FORCE: tombstone so the op id can never be claimed. Without FORCE only an
 # absent or never-started claim is fenced; FORCE (an operator's not-applied decision)
 # also fences an interrupted one.
@@ -2413,6 +2455,7 @@ dispatch() {
 	run) verb_run "$@" ;;
 	probe) verb_probe "$@" ;;
 	attach) verb_attach "$@" ;;
+	output) verb_output "$@" ;;
 	fence) verb_fence "$@" ;;
 	cancel) verb_cancel "$@" ;;
 	supersede) verb_supersede "$@" ;;

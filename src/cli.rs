@@ -13,6 +13,15 @@ use crate::duration::parse_duration;
 
 /// Parses `65536`, `64k`, `8m` or `1g` (binary multiples) into bytes; at least 1 KiB.
 fn parse_size(text: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 1024 {
+        return Err(format!("size `{text}` is below the 1k minimum"));
+    }
+    Ok(bytes)
+}
+
+/// A byte count or offset, `4096`, `64k`, `8m`, `1g` (no minimum).
+fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim().to_ascii_lowercase();
     let (digits, mult) = match t.strip_suffix(['k', 'm', 'g']) {
         Some(d) => (
@@ -28,13 +37,27 @@ fn parse_size(text: &str) -> Result<u64, String> {
     let n: u64 = digits.parse().map_err(|_| {
         format!("size `{text}` is not a number of bytes; write it like 65536, 64k, 8m or 1g")
     })?;
-    let bytes = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("size `{text}` is too large"))?;
-    if bytes < 1024 {
-        return Err(format!("size `{text}` is below the 1k minimum"));
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size `{text}` is too large"))
+}
+
+/// `--range A-B` (B excluded) or `A-` (to the end), byte offsets as [`parse_bytes`] reads them.
+fn parse_range(text: &str) -> Result<(u64, Option<u64>), String> {
+    let fix = "write it as A-B (bytes A up to, not including, B), e.g. 0-4096 or 1m-2m, or A- for everything from A";
+    let Some((from, to)) = text.split_once('-') else {
+        return Err(format!("range `{text}` has no `-`; {fix}"));
+    };
+    let from = parse_bytes(from).map_err(|e| format!("range `{text}`: {e}; {fix}"))?;
+    let to = match to.trim() {
+        "" => None,
+        to => Some(parse_bytes(to).map_err(|e| format!("range `{text}`: {e}; {fix}"))?),
+    };
+    if to.is_some_and(|to| to <= from) {
+        return Err(format!(
+            "range `{text}` is empty: B is the byte after the last one wanted, so it must be above A; {fix}"
+        ));
     }
-    Ok(bytes)
+    Ok((from, to))
 }
 
 /// What `opmark --help` ends with. Written one logical line per paragraph or table row:
@@ -331,6 +354,9 @@ pub enum Command {
     Cancel(CancelArgs),
     /// Print how HOST resolves through the ssh config, in `ssh -G` style.
     Config(ConfigArgs),
+    /// Print (a part of) an operation's recorded output, read from the copy its host keeps
+    /// (a byte range, the tail, or the lines matching a pattern); reads only.
+    Output(OutputArgs),
     /// Serve the Model Context Protocol on stdio: tools run, probe, show, list,
     /// reconcile, cancel, for agent frameworks (never prompts, never approves).
     Mcp(McpArgs),
@@ -588,6 +614,43 @@ pub struct ProbeArgs {
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,
+}
+
+/// `opmark output`.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Operation id.
+    #[arg(add = complete_ops())]
+    pub op: String,
+    /// Host alias or [user@]host, as given to `opmark run`; may be left out when the op id
+    /// ran on one host.
+    #[arg(add = complete_hosts())]
+    pub host: Option<String>,
+    /// Bytes A up to, not including, B of the stream (e.g. 0-4096, 1m-2m; `A-`: to the end).
+    #[arg(long, value_name = "A-B", value_parser = parse_range, conflicts_with_all = ["tail", "grep"])]
+    pub range: Option<(u64, Option<u64>)>,
+    /// The last SIZE bytes of the stream (e.g. 4096, 16k).
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes, conflicts_with = "grep")]
+    pub tail: Option<u64>,
+    /// Only the lines matching this regular expression, each after its byte offset in the
+    /// stream (as `grep -b`).
+    #[arg(long, value_name = "REGEX")]
+    pub grep: Option<String>,
+    /// Which stream.
+    #[arg(long, value_enum, default_value = "stdout", value_name = "STREAM")]
+    pub stream: StreamArg,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
+/// `--stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StreamArg {
+    /// The command's stdout.
+    Stdout,
+    /// The command's stderr.
+    Stderr,
 }
 
 /// `opmark cancel`.

@@ -148,6 +148,11 @@ pub fn print(text: &str) -> std::io::Result<()> {
     write_all(Stream::Stdout, text.as_bytes())
 }
 
+/// Bytes on stdout, as [`print`] writes text (a command's output, not always UTF-8).
+pub fn print_bytes(bytes: &[u8]) -> std::io::Result<()> {
+    write_all(Stream::Stdout, bytes)
+}
+
 /// opmark's own line on stderr unless `-q`; a write error (terminal gone after SIGHUP,
 /// closed pipe, full disk) costs the line, nothing else.
 pub fn say(line: std::fmt::Arguments<'_>) {

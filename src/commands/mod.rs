@@ -27,6 +27,7 @@ mod ledger;
 mod list;
 mod mcp;
 mod mux;
+mod output;
 mod probe;
 mod reconcile;
 pub mod render;
@@ -59,6 +60,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),
+        Command::Output(args) => output::run(&global, &args),
         Command::Mcp(args) => mcp::run(&global, &args),
         Command::Policy(args) => policy::run(&global, &args),
         Command::Completions(args) => completions::run(&global, &args),

@@ -19,6 +19,11 @@ impl Out {
         crate::logging::print(text).map_err(stdout_failed)
     }
 
+    /// Raw bytes as they are (a command's output, which need not be UTF-8).
+    pub fn bytes(self, bytes: &[u8]) -> Result<()> {
+        crate::logging::print_bytes(bytes).map_err(stdout_failed)
+    }
+
     /// One JSON document: compact, one line, ending in a newline, with `schema` (see
     /// docs/guarantees.md#the-command-line-contract), so a caller can read it with one `readline`.
     pub fn json(self, value: &impl serde::Serialize) -> Result<()> {

@@ -32,8 +32,8 @@ use crate::ssh::Session;
 
 pub use crate::shim::{
     check_command, CancelOutcome, ExitFrame, FenceOutcome, GcAction, GcRemoved, InvocationError,
-    MarkerInfo, MarkerState, ProtocolError, Refusal, RefusalReason, RunRequest, StdinSpec, Verb,
-    DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
+    MarkerInfo, MarkerState, OutputFrom, OutputStream, ProtocolError, Refusal, RefusalReason,
+    RunRequest, StdinSpec, Verb, DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
 };
 pub use crate::ssh::auth::forbid_prompts;
 pub use crate::ssh::{
@@ -142,6 +142,78 @@ pub async fn probe(
     answer(end, "probe", |f| match f {
         Frame::Probe(m) => Some(m),
         _ => None,
+    })
+}
+
+/// A range of one stream's kept copy, read by [`output`].
+#[derive(Debug, Clone)]
+pub struct OutputRange {
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The offset of the first one in the stream.
+    pub from: u64,
+    /// Bytes of the stream the host keeps now.
+    pub kept: u64,
+    /// Bytes of the stream beyond the host's cap, never kept.
+    pub dropped: u64,
+    /// The marker as the read found it.
+    pub marker: MarkerInfo,
+}
+
+/// Reads at most `len` bytes of a stream's kept copy from `from`, as the host holds it
+/// now (a running command's copy may grow). Reads only.
+pub async fn output(
+    session: &Session,
+    op: &OpId,
+    stream: OutputStream,
+    from: OutputFrom,
+    len: u64,
+    root: Option<&str>,
+) -> Result<OutputRange, CallError> {
+    struct Collect(Vec<u8>);
+    impl CallObserver for Collect {
+        fn stdout(&mut self, bytes: &[u8]) {
+            self.0.extend_from_slice(bytes);
+        }
+        fn stderr(&mut self, bytes: &[u8]) {
+            self.0.extend_from_slice(bytes);
+        }
+        fn frame(&mut self, _: &Frame) {}
+    }
+    let verb = Verb::Output {
+        op,
+        stream,
+        from,
+        len,
+    };
+    let mut bytes = Collect(Vec::new());
+    let end = call_shim(session, &verb, root, None, &mut bytes).await;
+    let marker = answer(end, "output", |f| match f {
+        Frame::Output(m) => Some(m),
+        _ => None,
+    })?;
+    let field = |k: &str| marker.fields.get(k).and_then(|v| v.parse::<u64>().ok());
+    let (Some(kept), Some(dropped), Some(at), Some(sent)) =
+        (field("kept"), field("dropped"), field("from"), field("len"))
+    else {
+        return Err(CallError::NoAnswer("output"));
+    };
+    if sent != bytes.0.len() as u64 {
+        return Err(CallError::Lost {
+            reason: format!(
+                "the output read announced {sent} bytes and brought {}",
+                bytes.0.len()
+            ),
+            never_started: None,
+            protocol: Some(ProtocolError::Malformed("output length mismatch".into())),
+        });
+    }
+    Ok(OutputRange {
+        bytes: bytes.0,
+        from: at,
+        kept,
+        dropped,
+        marker,
     })
 }
 
@@ -430,6 +502,17 @@ impl Host {
         probe(&self.session, op, self.root.as_deref()).await
     }
 
+    /// [`output`] on this host.
+    pub async fn output(
+        &self,
+        op: &OpId,
+        stream: OutputStream,
+        from: OutputFrom,
+        len: u64,
+    ) -> Result<OutputRange, CallError> {
+        output(&self.session, op, stream, from, len, self.root.as_deref()).await
+    }
+
     /// [`fence`] on this host.
     pub async fn fence(&self, op: &OpId, force: bool) -> Result<Fenced, CallError> {
         fence(&self.session, op, force, self.root.as_deref()).await
@@ -485,7 +568,7 @@ mod tests {
     }
 
     fn finished(lines: &[&str]) -> CallEnd {
-        let mut text = format!("OPMARK/1 {N} H v=4\n");
+        let mut text = format!("OPMARK/1 {N} H v=5\n");
         for l in lines {
             text.push_str(&format!("OPMARK/1 {N} {l}\n"));
         }

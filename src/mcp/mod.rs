@@ -42,6 +42,7 @@ use crate::ops::cancel::{cancel, CancelRequest};
 use crate::ops::document::{error_document, json_document};
 use crate::ops::host_changed::Answered;
 use crate::ops::list::{list, ListRequest};
+use crate::ops::output::{output, OutputRequest, Select};
 use crate::ops::probe::{probe, ProbeRequest};
 use crate::ops::reconcile::{reconcile, ReconcileRequest};
 use crate::ops::run::{run, FleetOptions, RunRequest, Stdin, Unwatched};
@@ -133,6 +134,53 @@ pub struct RunParams {
     /// names, once, before it expires. Nothing here can make one.
     #[serde(default)]
     pub approval: Option<String>,
+    /// Bytes of stdout and of stderr this result may carry (default: the server's, 16 KiB
+    /// unless `opmark mcp --output-budget` says otherwise). A longer stream comes as its
+    /// head (3/4) and tail (1/4) joined by one line saying which bytes were left out; the
+    /// `output` tool reads them.
+    #[serde(default)]
+    #[schemars(range(min = 1024, max = 67108864))]
+    pub output_budget: Option<u64>,
+}
+
+/// Arguments of the `output` tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutputParams {
+    /// The operation id.
+    pub op_id: String,
+    /// The host, as given to `run` (may be left out when the op id ran on one host).
+    #[serde(default)]
+    pub host: Option<String>,
+    /// `stdout` (default) or `stderr`.
+    #[serde(default)]
+    #[schemars(schema_with = "stream_schema")]
+    pub stream: Option<String>,
+    /// Bytes A up to, not including, B (`"12288-52416512"`; `"A-"`: to the end), as a
+    /// cut result's left-out line names them.
+    #[serde(default)]
+    pub range: Option<String>,
+    /// The last this many bytes.
+    #[serde(default)]
+    #[schemars(range(min = 1))]
+    pub tail: Option<u64>,
+    /// Only the lines matching this regular expression, with their byte offsets.
+    #[serde(default)]
+    pub grep: Option<String>,
+    /// At most this many bytes in the answer (default: the server's output budget); `to`
+    /// says where a longer range stopped, so the next call starts there.
+    #[serde(default)]
+    #[schemars(range(min = 1024, max = 67108864))]
+    pub output_budget: Option<u64>,
+}
+
+/// `stream` as an enumeration.
+fn stream_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["stdout", "stderr"],
+        "description": "Which stream (default stdout)."
+    })
 }
 
 /// `class` as an enumeration of the families (docs/trust.md#the-policy).
@@ -241,11 +289,13 @@ impl Server {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, ErrorData> {
-        let max = self.max_output;
         let p = match arguments::<RunParams>("run", args) {
             Ok(p) => p,
             Err(refused) => return Ok(refused),
         };
+        let max = p.output_budget.map_or(self.max_output, |b| {
+            usize::try_from(b).unwrap_or(usize::MAX)
+        });
         let request = match run_request(p) {
             Ok(request) => request,
             Err(refused) => return Ok(refused),
@@ -286,6 +336,41 @@ impl Server {
         };
         Ok(self
             .call(meta, peer, move |ctx| match probe(ctx, &request)? {
+                Answered::Report(report) => Ok((json_document(&report)?, 0)),
+                Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
+            })
+            .await)
+    }
+
+    /// Read any part of an operation's output from the copy its host keeps: a byte range
+    /// (as a cut `run` result's left-out line names it), the tail, or the lines matching a
+    /// regular expression with their byte offsets. Reads only: runs nothing, records
+    /// nothing. Bytes beyond the run's output cap (`dropped_bytes`) were never kept.
+    #[tool(
+        input_schema = input_schema::<OutputParams>(),
+        output_schema = output_schema("output", false),
+        annotations(
+        title = "Read an operation's output",
+        read_only_hint = true,
+        idempotent_hint = true,
+        open_world_hint = true
+    ))]
+    async fn output(
+        &self,
+        args: JsonObject,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+    ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<OutputParams>("output", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
+        let request = match output_request(p, self.max_output as u64) {
+            Ok(request) => request,
+            Err(refused) => return Ok(refused),
+        };
+        Ok(self
+            .call(meta, peer, move |ctx| match output(ctx, &request)? {
                 Answered::Report(report) => Ok((json_document(&report)?, 0)),
                 Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
             })
@@ -747,6 +832,18 @@ fn output_schema(name: &str, run_fields: bool) -> Arc<JsonObject> {
                 },
                 serde_json::json!({"type": "boolean"}),
             ));
+            extra.push((
+                if stream == "stdout" {
+                    "stdout_left_out"
+                } else {
+                    "stderr_left_out"
+                },
+                serde_json::json!({"type": "object", "required": ["from", "to"],
+                    "additionalProperties": false,
+                    "properties": {"from": {"type": "integer", "minimum": 0},
+                                   "to": {"type": "integer", "minimum": 0}},
+                    "description": "The bytes between head and tail that this result leaves out (from up to, not including, to); the output tool reads them."}),
+            ));
         }
         extra.push(("output_rest", serde_json::json!({"type": "string"})));
     }
@@ -768,42 +865,90 @@ fn error_result(e: &Error) -> CallToolResult {
     CallToolResult::structured_error(error_document(e))
 }
 
-/// Cuts `stdout` and `stderr` of a run document to `max` bytes each (at a character
-/// boundary), adding `<stream>_bytes`, `<stream>_sha256` (of the whole text as returned
-/// by the CLI) and `<stream>_truncated`, and, when cut, `output_rest` saying how to read it.
-fn cut_output(mut result: CallToolResult, max: usize) -> CallToolResult {
+/// The output request from the tool's arguments; bad input is an `invalid_input` error
+/// document naming the field, before anything is sent.
+fn output_request(
+    p: OutputParams,
+    default_budget: u64,
+) -> std::result::Result<OutputRequest, CallToolResult> {
+    let stream = match p.stream.as_deref() {
+        None | Some("stdout") => crate::host::OutputStream::Stdout,
+        Some("stderr") => crate::host::OutputStream::Stderr,
+        Some(other) => {
+            return Err(argument_error(
+                "stream",
+                format!("`stream` is `stdout` or `stderr`, not `{other}`; nothing was sent"),
+            ))
+        }
+    };
+    let chosen = [p.range.is_some(), p.tail.is_some(), p.grep.is_some()];
+    if chosen.iter().filter(|&&c| c).count() > 1 {
+        let field = if p.range.is_some() { "range" } else { "tail" };
+        return Err(argument_error(
+            field,
+            "give at most one of `range`, `tail` and `grep`; nothing was sent".into(),
+        ));
+    }
+    let select = if let Some(range) = &p.range {
+        let parsed = range.split_once('-').and_then(|(a, b)| {
+            let from = a.trim().parse::<u64>().ok()?;
+            let to = match b.trim() {
+                "" => None,
+                b => Some(b.parse::<u64>().ok()?),
+            };
+            Some((from, to))
+        });
+        match parsed {
+            Some((from, to)) if to.is_none_or(|to| to > from) => Select::Range { from, to },
+            _ => {
+                return Err(argument_error(
+                    "range",
+                    format!(
+                        "`range` `{range}` is not A-B with A below B (bytes A up to, not including, B, e.g. \"0-4096\"; \"A-\" for everything from A); nothing was sent"
+                    ),
+                ))
+            }
+        }
+    } else if let Some(n) = p.tail {
+        Select::Tail(n)
+    } else if let Some(pattern) = p.grep {
+        Select::Grep(pattern)
+    } else {
+        Select::All
+    };
+    Ok(OutputRequest {
+        op: p.op_id,
+        host: p.host,
+        stream,
+        select,
+        max_bytes: p.output_budget.unwrap_or(default_budget),
+        options: HostOptions::default(),
+    })
+}
+
+/// Cuts `stdout` and `stderr` of a run document (and of each host's in a fleet document)
+/// to `budget` bytes each: the head (3/4) and the tail (1/4) at character boundaries,
+/// joined by one line saying which bytes were left out and how to read them. Adds
+/// `<stream>_bytes`, `<stream>_sha256` (of the whole text as the CLI returns it),
+/// `<stream>_truncated`, and, when cut, `<stream>_left_out` (`from`, `to`) and
+/// `output_rest`.
+fn cut_output(mut result: CallToolResult, budget: usize) -> CallToolResult {
     let Some(Value::Object(doc)) = result.structured_content.as_mut() else {
         return result;
     };
-    let mut cut_any = false;
-    for stream in ["stdout", "stderr"] {
-        let Some(Value::String(text)) = doc.get(stream).cloned() else {
-            continue;
-        };
-        let digest = hex::encode(Sha256::digest(text.as_bytes()));
-        let truncated = text.len() > max;
-        let kept = if truncated {
-            let mut end = max;
-            while !text.is_char_boundary(end) {
-                end -= 1;
+    let mut cut_any = cut_streams(doc, budget);
+    if let Some(Value::Array(hosts)) = doc.get_mut("hosts") {
+        for host in hosts {
+            if let Value::Object(host) = host {
+                cut_any |= cut_streams(host, budget);
             }
-            text[..end].to_owned()
-        } else {
-            text.clone()
-        };
-        cut_any |= truncated;
-        doc.insert(stream.to_owned(), kept.into());
-        doc.insert(format!("{stream}_bytes"), text.len().into());
-        doc.insert(format!("{stream}_sha256"), digest.into());
-        doc.insert(format!("{stream}_truncated"), truncated.into());
+        }
     }
     if cut_any {
-        let op = doc.get("op_id").and_then(Value::as_str).unwrap_or("OP");
-        let host = doc.get("host").and_then(Value::as_str).unwrap_or("HOST");
         doc.insert(
             "output_rest".to_owned(),
             format!(
-                "output cut to {max} bytes per stream for MCP; the whole output: `opmark --json run {host} --op {op} -- <same command>` replays it without running anything again (`opmark show {op}` has the byte counts and digests)"
+                "output cut to {budget} bytes per stream (head and tail); the `output` tool reads any part of it (op_id, host, stream, range as each cut line names it) without running anything"
             )
             .into(),
         );
@@ -811,6 +956,73 @@ fn cut_output(mut result: CallToolResult, max: usize) -> CallToolResult {
     let text = Value::Object(doc.clone()).to_string();
     result.content = vec![rmcp::model::ContentBlock::text(text)];
     result
+}
+
+/// [`cut_output`] for one document's streams; whether it cut one.
+fn cut_streams(doc: &mut serde_json::Map<String, Value>, budget: usize) -> bool {
+    let op = doc
+        .get("op_id")
+        .and_then(Value::as_str)
+        .unwrap_or("OP")
+        .to_owned();
+    let host = doc
+        .get("host")
+        .and_then(Value::as_str)
+        .unwrap_or("HOST")
+        .to_owned();
+    // A replay from the host's capped copy returns the kept bytes; a live run returns the
+    // whole stream, of which the host kept all but `dropped`.
+    let replayed_copy = doc.get("truncated").and_then(Value::as_bool) == Some(true);
+    let mut cut_any = false;
+    for (i, stream) in ["stdout", "stderr"].into_iter().enumerate() {
+        let Some(Value::String(text)) = doc.get(stream).cloned() else {
+            continue;
+        };
+        let digest = hex::encode(Sha256::digest(text.as_bytes()));
+        let total = text.len();
+        let truncated = total > budget;
+        let kept = if truncated {
+            let mut head_end = budget * 3 / 4;
+            while !text.is_char_boundary(head_end) {
+                head_end -= 1;
+            }
+            let mut tail_start = total - (budget - budget * 3 / 4);
+            while !text.is_char_boundary(tail_start) {
+                tail_start += 1;
+            }
+            let dropped = doc
+                .get("dropped")
+                .and_then(|d| d.get(i))
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+            let readable = if dropped > 0 && !replayed_copy {
+                format!(
+                    "; the host kept only bytes 0-{} (the run's output cap), the rest cannot be read back",
+                    (total as u64).saturating_sub(dropped)
+                )
+            } else {
+                String::new()
+            };
+            doc.insert(
+                format!("{stream}_left_out"),
+                serde_json::json!({"from": head_end, "to": tail_start}),
+            );
+            format!(
+                "{}\n[opmark: {} bytes of {stream} left out here, bytes {head_end}-{tail_start} of {total}; read them with the output tool: op_id \"{op}\", host \"{host}\", stream \"{stream}\", range \"{head_end}-{tail_start}\"{readable}]\n{}",
+                &text[..head_end],
+                tail_start - head_end,
+                &text[tail_start..]
+            )
+        } else {
+            text.clone()
+        };
+        cut_any |= truncated;
+        doc.insert(stream.to_owned(), kept.into());
+        doc.insert(format!("{stream}_bytes"), total.into());
+        doc.insert(format!("{stream}_sha256"), digest.into());
+        doc.insert(format!("{stream}_truncated"), truncated.into());
+    }
+    cut_any
 }
 
 /// How long a signalled server waits for its running tools to record how far they got.
@@ -877,22 +1089,49 @@ mod tests {
     }
 
     #[test]
-    fn output_beyond_max_is_cut_with_count_digest_and_the_way_to_the_rest() {
-        let r = cut_output(run_result(&"é".repeat(10)), 5);
+    fn output_beyond_the_budget_keeps_head_and_tail_and_names_the_bytes_left_out() {
+        let whole: String = (0..1000).map(|i| format!("line {i:04}\n")).collect();
+        let r = cut_output(run_result(&whole), 1000);
         let d = doc(&r);
-        // 20 bytes of two-byte characters, cut at a character boundary below 5.
-        assert_eq!(d["stdout"], "éé");
-        assert_eq!(d["stdout_bytes"], 20);
+        let cut = d["stdout"].as_str().unwrap();
+        // Head: the first 750 bytes; tail: the last 250; between them one line.
+        assert!(cut.starts_with(&whole[..750]), "{cut}");
+        assert!(cut.ends_with(&whole[whole.len() - 250..]), "{cut}");
+        let note = "[opmark: 9000 bytes of stdout left out here, bytes 750-9750 of 10000; read them with the output tool: op_id \"op-1\", host \"web1\", stream \"stdout\", range \"750-9750\"]";
+        assert!(cut.contains(note), "{cut}");
+        assert_eq!(cut.len(), 1000 + note.len() + 2);
+        assert_eq!(
+            d["stdout_left_out"],
+            serde_json::json!({"from": 750, "to": 9750})
+        );
+        assert_eq!(d["stdout_bytes"], 10000);
         assert_eq!(d["stdout_truncated"], true);
         assert_eq!(
             d["stdout_sha256"],
-            hex::encode(Sha256::digest("é".repeat(10).as_bytes()))
+            hex::encode(Sha256::digest(whole.as_bytes()))
         );
-        assert!(d["output_rest"].as_str().unwrap().contains("--op op-1"));
+        assert!(d["output_rest"].as_str().unwrap().contains("`output` tool"));
         assert_eq!(d["stderr_truncated"], false);
+        assert!(!d.contains_key("stderr_left_out"));
         // The text content is the same document, for clients that read only text.
         let text = serde_json::to_string(&r.content[0]).unwrap();
         assert!(text.contains("stdout_truncated"), "{text}");
+    }
+
+    #[test]
+    fn a_cut_falls_on_character_boundaries_and_says_what_the_host_never_kept() {
+        let mut r = run_result(&"é".repeat(10));
+        if let Some(Value::Object(d)) = r.structured_content.as_mut() {
+            d.insert("dropped".into(), serde_json::json!([6, 0]));
+        }
+        let r = cut_output(r, 5);
+        let d = doc(&r);
+        // 20 bytes of two-byte characters: head 3 bytes rounds down to one character,
+        // the tail's start (byte 18) is a boundary already.
+        let cut = d["stdout"].as_str().unwrap();
+        assert!(cut.starts_with("é\n[opmark: 16 bytes"), "{cut}");
+        assert!(cut.ends_with("]\né"), "{cut}");
+        assert!(cut.contains("the host kept only bytes 0-14"), "{cut}");
     }
 
     #[test]
@@ -919,6 +1158,7 @@ mod tests {
             amends: None,
             detach: None,
             approval: None,
+            output_budget: None,
         };
         let again = RunParams {
             timeout: None,
@@ -1021,6 +1261,7 @@ mod tests {
             amends: None,
             detach: None,
             approval: None,
+            output_budget: None,
         };
         let bad_op = run_request(base.clone()).unwrap_err();
         let bad_class = run_request(RunParams {
@@ -1040,7 +1281,7 @@ mod tests {
     #[test]
     fn every_tool_declares_an_output_schema_and_class_is_an_enum() {
         let tools = Server::tool_router().list_all();
-        assert_eq!(tools.len(), 6);
+        assert_eq!(tools.len(), 7);
         for tool in &tools {
             let out = tool
                 .output_schema

@@ -9,6 +9,7 @@ const PUBLISHED: &[(&str, &str)] = &[
     ("run", include_str!("../../schemas/run.schema.json")),
     ("fleet", include_str!("../../schemas/fleet.schema.json")),
     ("probe", include_str!("../../schemas/probe.schema.json")),
+    ("output", include_str!("../../schemas/output.schema.json")),
     ("show", include_str!("../../schemas/show.schema.json")),
     ("list", include_str!("../../schemas/list.schema.json")),
     (

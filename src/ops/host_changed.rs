@@ -20,6 +20,7 @@ use crate::vocab::{ErrorCode, ReasonCode, Verdict, HOST_CHANGED_PREFIX};
 #[serde(rename_all = "snake_case")]
 pub enum Subcommand {
     Probe,
+    Output,
     Cancel,
     Resolve,
     Gc,

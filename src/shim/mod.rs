@@ -147,6 +147,34 @@ impl RepeatCheck<'static> {
     };
 }
 
+/// One of a command's two output streams, as the `output` verb names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// The command's stdout.
+    Stdout,
+    /// The command's stderr.
+    Stderr,
+}
+
+impl OutputStream {
+    /// The name on the wire (the kept copy's file in the marker).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "out",
+            OutputStream::Stderr => "err",
+        }
+    }
+}
+
+/// Where an `output` read starts in a stream's kept copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFrom {
+    /// At this byte offset.
+    Start(u64),
+    /// This many bytes before the end of what is kept now.
+    End(u64),
+}
+
 /// One call of the shim.
 #[derive(Debug, Clone)]
 pub enum Verb<'a> {
@@ -162,6 +190,17 @@ pub enum Verb<'a> {
         out_offset: u64,
         /// Stderr bytes the caller already has.
         err_offset: u64,
+    },
+    /// Read a range of a stream's kept copy as it is now, without waiting for more.
+    Output {
+        /// The operation.
+        op: &'a OpId,
+        /// Which stream.
+        stream: OutputStream,
+        /// Where the range starts.
+        from: OutputFrom,
+        /// At most this many bytes.
+        len: u64,
     },
     /// Tombstone the op id so it can never be claimed. `force` also fences an
     /// interrupted claim (an operator's not-applied decision).
@@ -226,6 +265,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
     ),
     ("probe", &["OP"]),
     ("attach", &["OP", "OUT_OFFSET", "ERR_OFFSET"]),
+    ("output", &["OP", "STREAM", "FROM", "LEN"]),
     ("fence", &["OP", "FORCE"]),
     ("supersede", &["OP", "BY_ATTEMPT"]),
     ("gc", &["AGE_S", "DRY_RUN", "TOMB_AGE_S"]),
@@ -243,6 +283,7 @@ impl Verb<'_> {
             Verb::Run(_) => "run",
             Verb::Probe(_) => "probe",
             Verb::Attach { .. } => "attach",
+            Verb::Output { .. } => "output",
             Verb::Fence { .. } => "fence",
             Verb::Supersede { .. } => "supersede",
             Verb::Gc { .. } => "gc",
@@ -297,6 +338,23 @@ impl Verb<'_> {
                 ("OP", op.to_string()),
                 ("OUT_OFFSET", out_offset.to_string()),
                 ("ERR_OFFSET", err_offset.to_string()),
+            ],
+            Verb::Output {
+                op,
+                stream,
+                from,
+                len,
+            } => vec![
+                ("OP", op.to_string()),
+                ("STREAM", stream.as_str().into()),
+                (
+                    "FROM",
+                    match from {
+                        OutputFrom::Start(at) => at.to_string(),
+                        OutputFrom::End(n) => format!("-{n}"),
+                    },
+                ),
+                ("LEN", len.to_string()),
             ],
             Verb::Fence { op, force } => vec![("OP", op.to_string()), ("FORCE", flag(*force))],
             Verb::Supersede { op, by_attempt } => {

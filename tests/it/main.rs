@@ -26,6 +26,7 @@ mod matrix;
 mod mcp;
 mod observations;
 mod operators;
+mod output;
 mod policy;
 mod redaction;
 mod repetitions;

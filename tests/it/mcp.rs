@@ -79,11 +79,19 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
 
     assert_eq!(r["server_name"], "opmark");
     let tools = &r["tools"];
-    for name in ["run", "probe", "show", "list", "reconcile", "cancel"] {
+    for name in [
+        "run",
+        "probe",
+        "output",
+        "show",
+        "list",
+        "reconcile",
+        "cancel",
+    ] {
         assert!(tools[name].is_object(), "tool {name} missing: {tools}");
     }
     assert_eq!(tools["run"]["annotations"]["idempotent_hint"], true);
-    for name in ["probe", "show", "list"] {
+    for name in ["probe", "output", "show", "list"] {
         assert_eq!(tools[name]["annotations"]["read_only_hint"], true, "{name}");
     }
     let run_required = tools["run"]["required"].as_array().unwrap();
@@ -108,10 +116,23 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
     assert_eq!(first["exit_code"], 0);
     assert_eq!(first["_is_error"], false);
     assert_eq!(first["_text_matches"], true);
-    // 3000 x's and a newline, cut to --max-output 1k with counts, digest and the way on.
+    // 3000 x's and a newline, cut to --max-output 1k (768 of head, 256 of tail) with
+    // counts, digest and the way on.
     assert_eq!(first["stdout_bytes"], 3001, "{first}");
     assert_eq!(first["stdout_truncated"], true);
-    assert_eq!(first["stdout"].as_str().unwrap().len(), 1024);
+    let stdout = first["stdout"].as_str().unwrap();
+    assert!(
+        stdout.starts_with(&format!("{}\n[opmark: 1977 bytes", "x".repeat(768))),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(&format!("]\n{}\n", "x".repeat(255))),
+        "{stdout}"
+    );
+    assert_eq!(
+        first["stdout_left_out"],
+        serde_json::json!({"from": 768, "to": 2745})
+    );
     assert_eq!(first["stdout_sha256"].as_str().unwrap().len(), 64);
     assert!(first["output_rest"].as_str().unwrap().contains("mcp-1"));
     assert!(
