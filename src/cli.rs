@@ -357,7 +357,7 @@ pub enum Command {
     /// Print (a part of) an operation's recorded output, read from the copy its host keeps
     /// (a byte range, the tail, or the lines matching a pattern); reads only.
     Output(OutputArgs),
-    /// Serve the Model Context Protocol on stdio: tools run, probe, show, list,
+    /// Serve the Model Context Protocol on stdio: tools run, probe, output, show, list,
     /// reconcile, cancel, for agent frameworks (never prompts, never approves).
     Mcp(McpArgs),
     /// The command-classes policy in effect.
@@ -514,9 +514,10 @@ pub enum ShellArg {
 /// `opmark mcp`.
 #[derive(Debug, Args)]
 pub struct McpArgs {
-    /// Command output kept in a tool result, per stream (bytes, or k/m/g); the rest is
-    /// counted, digested and readable with `opmark show`.
-    #[arg(long = "max-output", value_parser = parse_size, default_value = "16k", value_name = "SIZE")]
+    /// Command output a tool result carries per stream (bytes, or k/m/g): the head (3/4)
+    /// and the tail (1/4), with one line naming the bytes left out; the `output` tool
+    /// reads them. A call's `output_budget` overrides it.
+    #[arg(long = "output-budget", visible_alias = "max-output", value_parser = parse_size, default_value = "16k", value_name = "SIZE")]
     pub max_output: u64,
 }
 
@@ -591,6 +592,11 @@ pub struct RunArgs {
     /// the same command it also counts as declaring the repetition.
     #[arg(long, value_name = "OP")]
     pub amends: Option<String>,
+    /// Say what `run` would do (run, replay, follow, block and why, refuse) without
+    /// running or recording anything: the policy and the ledger are read, and the
+    /// marker on each host is probed read-only.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

@@ -2,7 +2,7 @@
 //! one execution on its host.
 //!
 //! Module map (see README "Architecture"):
-//! - [`ops`]: the library's operations (run, probe, show, list, reconcile, cancel...):
+//! - [`ops`]: the library's operations (run, probe, output, show, list, reconcile, cancel...):
 //!   a typed request in, a typed report out, no printing; the CLI and MCP render them.
 //! - [`cli`], [`commands`]: the command line and one file per subcommand: args to a
 //!   request, one call into [`ops`], the report rendered (stdout only through

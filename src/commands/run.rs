@@ -30,6 +30,9 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         Some(path) => Some(read_approval(path, args.stdin)?),
     };
     let stdin = super::stdin::decide(asked)?;
+    if args.dry_run {
+        return dry_run(global, args, stdin, approval.is_some());
+    }
     let request = RunRequest {
         hosts: args.hosts,
         op: args.op,
@@ -294,4 +297,61 @@ fn read_approval(path: &std::path::Path, stdin_forwarded: bool) -> Result<String
             path.display()
         ))
     })
+}
+
+/// `--dry-run`: what `run` would do on each host, nothing run or recorded.
+fn dry_run(
+    global: &GlobalArgs,
+    args: RunArgs,
+    stdin: crate::ops::run::Stdin,
+    approval: bool,
+) -> Result<u8> {
+    use crate::ops::plan::{plan, PlanRequest};
+    if args.fleet.hosts_file.is_some() {
+        return Err(crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
+            "--dry-run takes its hosts as arguments, not from --hosts-file; nothing was sent",
+        ));
+    }
+    let plans = plan(
+        &common::context(global),
+        &PlanRequest {
+            hosts: args.hosts,
+            op: args.op,
+            class: args.class,
+            stdin,
+            approve: args.approve.is_some(),
+            approval,
+            repeats: args.repeats,
+            amends: args.amends,
+            options: common::host_options(&args.host_args),
+            command: args.command,
+        },
+    )?;
+    if global.json {
+        common::print_json(&serde_json::json!({ "plans": plans }))?;
+        return Ok(0);
+    }
+    for p in &plans {
+        crate::outln!(
+            "{}: would {}{}",
+            p.host,
+            p.would.action.as_str(),
+            p.would
+                .reason_code
+                .map_or_else(String::new, |c| format!(" ({c})"))
+        );
+        crate::outln!("  {}", p.would.why);
+        crate::outln!(
+            "  family {} by {}; marker {}; ledger {}",
+            p.family,
+            p.rule,
+            p.marker_state
+                .as_deref()
+                .or(p.probe_error.as_deref().map(|_| "not probed (unreachable)"))
+                .unwrap_or("not probed"),
+            p.ledger_state.as_deref().unwrap_or("has no record")
+        );
+    }
+    Ok(0)
 }

@@ -43,6 +43,7 @@ use crate::ops::document::{error_document, json_document};
 use crate::ops::host_changed::Answered;
 use crate::ops::list::{list, ListRequest};
 use crate::ops::output::{output, OutputRequest, Select};
+use crate::ops::plan::{plan, PlanRequest};
 use crate::ops::probe::{probe, ProbeRequest};
 use crate::ops::reconcile::{reconcile, ReconcileRequest};
 use crate::ops::run::{run, FleetOptions, RunRequest, Stdin, Unwatched};
@@ -50,6 +51,7 @@ use crate::ops::show::{show, ShowRequest};
 use crate::ops::{Context, HostOptions};
 
 mod schemas;
+mod wire;
 
 /// How often a running tool reports progress to a client that asked for it.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -338,6 +340,55 @@ impl Server {
             .call(meta, peer, move |ctx| match probe(ctx, &request)? {
                 Answered::Report(report) => Ok((json_document(&report)?, 0)),
                 Answered::HostChanged(c) => Ok((json_document(&c)?, c.exit_status())),
+            })
+            .await)
+    }
+
+    /// What `run` would do with exactly these arguments, without running or recording
+    /// anything: the family and the rule that decided it, the deny and approval outcome,
+    /// the repetition check in the ledger, the marker's state from a read-only probe, and
+    /// the action (`run`, `replay`, `follow`, `supersede_and_run`, `block`, `refuse`,
+    /// `conflict`, `not_applied`, `indeterminate`, or `unknown` when the host cannot be
+    /// probed now) with the reason code `run` would answer. Takes `run`'s arguments.
+    #[tool(
+        input_schema = input_schema::<RunParams>(),
+        output_schema = output_schema("plan", false),
+        annotations(
+        title = "Plan a run without acting",
+        read_only_hint = true,
+        idempotent_hint = true,
+        open_world_hint = true
+    ))]
+    async fn plan(
+        &self,
+        args: JsonObject,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+    ) -> std::result::Result<CallToolResult, ErrorData> {
+        let p = match arguments::<RunParams>("plan", args) {
+            Ok(p) => p,
+            Err(refused) => return Ok(refused),
+        };
+        let request = match run_request(p) {
+            Ok(request) => request,
+            Err(refused) => return Ok(refused),
+        };
+        let request = PlanRequest {
+            hosts: request.hosts,
+            op: request.op,
+            class: request.class,
+            stdin: request.stdin,
+            approve: false,
+            approval: request.approval.is_some(),
+            repeats: request.repeats,
+            amends: request.amends,
+            options: HostOptions::default(),
+            command: request.command,
+        };
+        Ok(self
+            .call(meta, peer, move |ctx| {
+                let plans = plan(ctx, &request)?;
+                Ok((json_document(&serde_json::json!({ "plans": plans }))?, 0))
             })
             .await)
     }
@@ -1048,7 +1099,8 @@ pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
         listen(SignalKind::interrupt())?,
         listen(SignalKind::terminate())?,
     );
-    let service = server.serve(rmcp::transport::stdio()).await.map_err(|e| {
+    let (pipe, copying) = wire::stdio();
+    let service = server.serve(pipe).await.map_err(|e| {
         Error::new(
             ErrorKind::Internal,
             format!("the MCP session could not start: {e}"),
@@ -1070,6 +1122,8 @@ pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
     while busy.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The SDK's last answers are in the pipe: out to stdout before the process ends.
+    let _ = tokio::time::timeout(Duration::from_secs(1), copying).await;
     Ok(())
 }
 
@@ -1281,7 +1335,7 @@ mod tests {
     #[test]
     fn every_tool_declares_an_output_schema_and_class_is_an_enum() {
         let tools = Server::tool_router().list_all();
-        assert_eq!(tools.len(), 7);
+        assert_eq!(tools.len(), 8);
         for tool in &tools {
             let out = tool
                 .output_schema

@@ -10,6 +10,7 @@ const PUBLISHED: &[(&str, &str)] = &[
     ("fleet", include_str!("../../schemas/fleet.schema.json")),
     ("probe", include_str!("../../schemas/probe.schema.json")),
     ("output", include_str!("../../schemas/output.schema.json")),
+    ("plan", include_str!("../../schemas/plan.schema.json")),
     ("show", include_str!("../../schemas/show.schema.json")),
     ("list", include_str!("../../schemas/list.schema.json")),
     (

@@ -386,7 +386,8 @@ fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostRe
         "not dispatched: {why}; nothing was recorded or sent for {host}. `opmark run` with op id {} runs it (at most once)",
         input.op
     );
-    let (family, rule) = super::family_and_rule(&shared.policy.classify(&input.command), input);
+    let (family, rule) =
+        super::family_and_rule(&shared.policy.classify(&input.command), input.class);
     HostResult {
         host: host.clone(),
         outcome: Ok(RunReport {

@@ -26,6 +26,7 @@ pub mod fleet;
 pub mod identity;
 pub mod interrupt;
 pub mod output;
+pub mod plan;
 pub mod reconcile;
 pub mod record;
 pub mod repeat;
@@ -132,9 +133,9 @@ impl RunInput {
 /// milder) by `--class`.
 pub(crate) fn family_and_rule(
     classification: &Classification,
-    input: &RunInput,
+    class: Option<Family>,
 ) -> (Family, String) {
-    let family = input.class.map_or(classification.family, |class| {
+    let family = class.map_or(classification.family, |class| {
         classification.family.max(class)
     });
     let rule = classification
@@ -309,7 +310,7 @@ pub async fn run_interruptible(
     // The budget of the whole invocation starts now (docs/decisions.md#wait-budget).
     let deadline = std::time::Instant::now() + input.wait;
     let classification = env.policy.classify(&input.command);
-    let (family, rule) = family_and_rule(&classification, &input);
+    let (family, rule) = family_and_rule(&classification, input.class);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
     let display = redactor.redact_owned(&input.command);
     let intent = input.intent();

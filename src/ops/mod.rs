@@ -17,6 +17,7 @@ pub mod host_changed;
 pub mod hosts;
 pub mod list;
 pub mod output;
+pub mod plan;
 pub mod probe;
 pub mod reach;
 pub mod reconcile;

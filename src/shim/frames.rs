@@ -169,7 +169,9 @@ impl MarkerInfo {
         self.state == MarkerState::Running && self.why.as_deref() == Some("liveness_unknown")
     }
 
-    fn from_fields(fields: BTreeMap<String, String>) -> Result<MarkerInfo, ProtocolError> {
+    pub(crate) fn from_fields(
+        fields: BTreeMap<String, String>,
+    ) -> Result<MarkerInfo, ProtocolError> {
         let state = fields
             .get("state")
             .and_then(|s| MarkerState::parse(s))

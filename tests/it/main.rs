@@ -27,6 +27,7 @@ mod mcp;
 mod observations;
 mod operators;
 mod output;
+mod plan;
 mod policy;
 mod redaction;
 mod repetitions;

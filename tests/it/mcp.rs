@@ -134,7 +134,11 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
         serde_json::json!({"from": 768, "to": 2745})
     );
     assert_eq!(first["stdout_sha256"].as_str().unwrap().len(), 64);
-    assert!(first["output_rest"].as_str().unwrap().contains("mcp-1"));
+    assert!(stdout.contains(r#"op_id "mcp-1", host "target1", stream "stdout", range "768-2745""#));
+    assert!(first["output_rest"]
+        .as_str()
+        .unwrap()
+        .contains("`output` tool"));
     assert!(
         !r["progress"].as_array().unwrap().is_empty(),
         "no progress notification during a 3 s run: {}",
@@ -285,6 +289,43 @@ fn the_tools_teach_their_contract(r: &Value) {
         "{later}"
     );
     assert_eq!(later["exit_code"], 0, "{later}");
+}
+
+#[test]
+fn a_garbled_or_oversized_line_gets_a_json_rpc_error_and_the_server_stays_up() {
+    let env = Sealed::new(crate::test_name!());
+    let mut cmd = env.opmark();
+    cmd.arg("mcp");
+    let mut client = McpClient::start(cmd);
+
+    client.send_raw(b"this is not json\n");
+    let parse = client.next_message();
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    assert_eq!(parse["id"], Value::Null, "{parse}");
+
+    client.send_raw(b"{\"id\": 9, \"params\": {}}\n");
+    let invalid = client.next_message();
+    assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
+    assert_eq!(invalid["id"], 9, "{invalid}");
+
+    // 33 MiB in one line: over the 32 MiB limit, skipped without being held whole.
+    let mut huge = vec![b'x'; 33 << 20];
+    huge.push(b'\n');
+    client.send_raw(&huge);
+    let over = client.next_message();
+    assert_eq!(over["error"]["code"], -32600, "{over}");
+    let message = over["error"]["message"].as_str().unwrap();
+    assert!(message.contains("limit of 32 MiB"), "{message}");
+
+    // Still serving.
+    let tools = client.request("tools/list", serde_json::json!({}));
+    assert!(
+        tools["result"]["tools"]
+            .as_array()
+            .is_some_and(|t| t.len() == 7),
+        "{tools}"
+    );
+    assert!(client.close().success());
 }
 
 #[test]

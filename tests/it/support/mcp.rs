@@ -51,6 +51,23 @@ impl McpClient {
         stdin.flush().unwrap();
     }
 
+    /// Sends `bytes` as they are (a line that may not be JSON at all).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("the session is open");
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next line from the server, as JSON.
+    pub fn next_message(&mut self) -> Value {
+        let line = self
+            .lines
+            .next()
+            .expect("the server closed stdout")
+            .unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
     /// Sends request `method` with `params` under the next id; the whole response.
     pub fn request(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
