@@ -357,8 +357,8 @@ pub enum Command {
     /// Print (a part of) an operation's recorded output, read from the copy its host keeps
     /// (a byte range, the tail, or the lines matching a pattern); reads only.
     Output(OutputArgs),
-    /// Serve the Model Context Protocol on stdio: tools run, probe, output, show, list,
-    /// reconcile, cancel, for agent frameworks (never prompts, never approves).
+    /// Serve the Model Context Protocol on stdio: tools run, plan, probe, output, show,
+    /// list, reconcile, cancel, for agent frameworks (never prompts, never approves).
     Mcp(McpArgs),
     /// The command-classes policy in effect.
     Policy(PolicyArgs),

@@ -59,7 +59,7 @@ const EXAMPLES: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "Serve the Model Context Protocol on stdio (tools run, probe, output, show, list, reconcile, cancel) for an agent framework; its configuration starts this command.",
+        "Serve the Model Context Protocol on stdio (tools run, plan, probe, output, show, list, reconcile, cancel) for an agent framework; its configuration starts this command.",
         &["opmark mcp"],
     ),
     (

@@ -272,9 +272,18 @@ impl Server {
     }
 
     /// Run a command on a host as one operation: at most one execution per op_id and
-    /// host, however often this is called. The result is opmark's JSON verdict: branch on
-    /// `verdict` and `retryable` (true: call again later with the SAME op_id). `blocked`
-    /// needs a human's approval outside MCP; it cannot be approved here.
+    /// host, however often this is called. SIDE EFFECTS: runs the command on the host
+    /// (once), records the operation in the local ledger. The op_id is the retry key:
+    /// after any error, timeout or lost answer, call again with the SAME op_id (it
+    /// replays or follows, never runs twice); a new op_id means a new effect. Branch on
+    /// `verdict`: completed/replayed = done (`exit_code` is the command's); in_progress =
+    /// still running, call again later with the same op_id; not_applied = nothing ran,
+    /// safe to retry when `retryable`; indeterminate = unknown outcome, do not retry under
+    /// a new op_id, ask a human (`show`, `reconcile`); blocked = a human must approve
+    /// outside MCP (or, with reason_code repeats_recent_operation, call with the earlier
+    /// op_id it names, or set `repeats`); refused/conflict = change the command or op_id.
+    /// Long output comes as head and tail; the `output` tool reads the rest. `plan` says
+    /// what this call would do without doing it.
     #[tool(
         input_schema = input_schema::<RunParams>(),
         output_schema = output_schema("run", true),
@@ -312,7 +321,8 @@ impl Server {
     }
 
     /// The state of an operation's marker on its host (absent, running, completed,
-    /// interrupted, fenced). Reads only; the observation is recorded in the ledger.
+    /// interrupted, fenced). SIDE EFFECTS: none on the host (a read-only probe); the
+    /// observation is recorded in the local ledger.
     #[tool(
         input_schema = input_schema::<HostOpParams>(),
         output_schema = output_schema("probe", false),
@@ -429,7 +439,7 @@ impl Server {
     }
 
     /// One operation's timeline from the local ledger: intent, attempts, observations,
-    /// outcome.
+    /// outcome. SIDE EFFECTS: none (reads the local ledger, contacts no host).
     #[tool(
         input_schema = input_schema::<ShowParams>(),
         output_schema = output_schema("show", false),
@@ -461,7 +471,8 @@ impl Server {
     }
 
     /// Operations in the local ledger, newest first; unresolved ones only unless
-    /// `unresolved` is false.
+    /// `unresolved` is false. SIDE EFFECTS: none (reads the local ledger). The way to
+    /// find a lost op_id: filter by host, match the command.
     #[tool(
         input_schema = input_schema::<ListParams>(),
         output_schema = output_schema("list", false),
@@ -497,8 +508,9 @@ impl Server {
             .await)
     }
 
-    /// Probe unresolved operations and settle what the evidence settles (never runs a
-    /// command).
+    /// Probe unresolved operations and settle what the evidence settles. SIDE EFFECTS:
+    /// never runs a command; may fence an op id that never reached its host (so it can
+    /// never run) and records what it settled in the local ledger.
     #[tool(
         input_schema = input_schema::<ReconcileParams>(),
         output_schema = output_schema("reconcile", false),
@@ -533,7 +545,10 @@ impl Server {
     }
 
     /// Stop an operation on its host for good: its command is killed (TERM, then KILL
-    /// after 10s), or the op id is fenced so it can never run.
+    /// after 10s), or the op id is fenced so it can never run. SIDE EFFECTS: signals the
+    /// command on the host, or fences the op id there; recorded in the ledger. Only for
+    /// op_ids this ledger knows; the answer says truthfully whether the cancel won
+    /// (`cancel_outcome`).
     #[tool(
         input_schema = input_schema::<HostOpParams>(),
         output_schema = output_schema("cancel", false),

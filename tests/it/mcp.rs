@@ -322,7 +322,7 @@ fn a_garbled_or_oversized_line_gets_a_json_rpc_error_and_the_server_stays_up() {
     assert!(
         tools["result"]["tools"]
             .as_array()
-            .is_some_and(|t| t.len() == 7),
+            .is_some_and(|t| t.len() == 8),
         "{tools}"
     );
     assert!(client.close().success());
