@@ -768,10 +768,24 @@ pub fn resolve_with(
         given.push((at.destination, synthetic("port", &p.to_string(), 0)));
     }
     given.sort_by_key(|(place, _)| *place);
+    // ssh refuses a -J after an -o that already said how to reach the host, rather than
+    // let the first of them win.
+    let take_given = |o: &mut HostOptions, line: &OptionLine| {
+        let earlier = [("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")]
+            .into_iter()
+            .find_map(|(key, name)| Some((key, name, o.value(key)?)));
+        match earlier {
+            Some((key, name, value)) if line.key == "proxyjump" => Err(config_fail(format!(
+                "{}: -J cannot follow `{name} {value}` (ssh refuses both); give the jump hosts once, with -J or -o ProxyJump=",
+                o.origin(key)
+            ))),
+            _ => take(o, line),
+        }
+    };
     let mut given = given.into_iter().peekable();
     for (i, text) in spec.options.iter().enumerate() {
         while let Some((_, line)) = given.next_if(|(place, _)| place.after_options <= i) {
-            take(&mut o, &line)?;
+            take_given(&mut o, &line)?;
         }
         let line =
             parse_command_line_option(text, i + 1).map_err(|e| config_fail(e.to_string()))?;
@@ -791,7 +805,7 @@ pub fn resolve_with(
         take(&mut o, &line)?;
     }
     for (_, line) in given {
-        take(&mut o, &line)?;
+        take_given(&mut o, &line)?;
     }
 
     let local_user = local_user()
@@ -1830,6 +1844,35 @@ mod tests {
         };
         let d = resolve_with(&c, &s, 0).unwrap();
         assert_eq!((d.user.as_str(), d.port), ("bar", 2230));
+    }
+
+    #[test]
+    fn a_jump_flag_after_an_option_that_chose_the_route_is_refused_as_in_ssh() {
+        let c = cfg("");
+        for option in ["ProxyJump=j1", "ProxyCommand=nc %h %p", "ProxyJump=none"] {
+            let s = HostSpec {
+                jump: Some("j2".into()),
+                options: vec![option.into()],
+                flag_positions: FlagPositions {
+                    jump: Place {
+                        after_options: 1,
+                        index: 4,
+                    },
+                    ..FlagPositions::default()
+                },
+                ..spec("h")
+            };
+            let e = resolve_with(&c, &s, 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{option}");
+            assert!(e.message.contains("-J cannot follow"), "{}", e.message);
+            // -J first: it wins and the option is ignored, as in ssh.
+            let s = HostSpec {
+                flag_positions: FlagPositions::default(),
+                ..s
+            };
+            let d = resolve_with(&c, &s, 0).unwrap();
+            assert_eq!(d.proxy_jump.as_deref(), Some("j2"), "{option}");
+        }
     }
 
     #[test]
