@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::family::Family;
+use crate::ssh::destination::{FlagPositions, Place};
 
 use crate::duration::parse_duration;
 
@@ -133,6 +134,49 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The command line clap parsed into `matches`, with where its connection flags and
+    /// destination stood among the `-o` options: ssh takes the first value given, and
+    /// the derive keeps the values but not their places.
+    pub fn from_matches(matches: &clap::ArgMatches) -> Result<Cli, clap::Error> {
+        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(matches)?;
+        if let (Some(args), Some((_, sub))) = (cli.command.host_args_mut(), matches.subcommand()) {
+            args.positions = flag_positions(sub);
+        }
+        Ok(cli)
+    }
+}
+
+/// Where `-l`, `-p`, `-J` and the destination stood among the `-o` options, by the
+/// indices clap recorded for them. A fleet's hosts all stand where the first was named.
+fn flag_positions(m: &clap::ArgMatches) -> FlagPositions {
+    let present = |id: &str| matches!(m.try_get_raw(id), Ok(Some(_)));
+    let options: Vec<usize> = m
+        .indices_of("option")
+        .map(Iterator::collect)
+        .unwrap_or_default();
+    let place = |id: &str| {
+        if !present(id) {
+            return None;
+        }
+        let index = m.index_of(id)?;
+        let after_options = options.iter().filter(|&&o| o < index).count();
+        Some(Place {
+            after_options,
+            index,
+        })
+    };
+    let unplaced = FlagPositions::default();
+    FlagPositions {
+        user: place("login").unwrap_or(unplaced.user),
+        port: place("port").unwrap_or(unplaced.port),
+        jump: place("jump").unwrap_or(unplaced.jump),
+        destination: place("host")
+            .or_else(|| place("hosts"))
+            .unwrap_or(unplaced.destination),
+    }
 }
 
 /// Removes every `OPMARK_*` variable whose value is empty from this process's
@@ -294,7 +338,8 @@ pub struct HostArgs {
     /// Jump host(s), comma separated, like ssh -J.
     #[arg(short = 'J', long = "jump", value_name = "[USER@]HOST[:PORT][,...]")]
     pub jump: Option<String>,
-    /// Remote user (wins over user@host and the ssh config), like ssh -l.
+    /// Remote user (wins over the ssh config, and over a user@host given after it), like
+    /// ssh -l.
     #[arg(short = 'l', long = "login", value_name = "USER")]
     pub login: Option<String>,
     /// An ssh_config option, `Key=Value` or `"Key Value"`; may be given several times;
@@ -307,6 +352,9 @@ pub struct HostArgs {
     /// IPv6 addresses only, like ssh -6.
     #[arg(short = '6')]
     pub ipv6: bool,
+    /// Where `-l`, `-p`, `-J` and the destination stood ([`Cli::from_matches`]).
+    #[arg(skip)]
+    pub positions: FlagPositions,
 }
 
 // The operator's decision is the library's word (`ops::resolve` takes it); clap reads it
@@ -370,6 +418,35 @@ pub enum Command {
     /// The per-user connection keeper that lets later runs reuse connections
     /// (see --persist): status, stop.
     Mux(MuxArgs),
+}
+
+impl Command {
+    /// The connection options of a subcommand that connects to a host.
+    fn host_args_mut(&mut self) -> Option<&mut HostArgs> {
+        match self {
+            Command::Run(a) => Some(&mut a.host_args),
+            Command::Probe(a) => Some(&mut a.host_args),
+            Command::Resolve(a) => Some(&mut a.host_args),
+            Command::Gc(a) => Some(&mut a.host_args),
+            Command::Doctor(a) => Some(&mut a.host_args),
+            Command::Cancel(a) => Some(&mut a.host_args),
+            Command::Config(a) => Some(&mut a.host_args),
+            Command::List(_)
+            | Command::Show(_)
+            | Command::Reconcile(_)
+            | Command::Approve(_)
+            | Command::Classify(_)
+            | Command::Audit(_)
+            | Command::Ledger(_)
+            | Command::Stats(_)
+            | Command::Lab(_)
+            | Command::Mcp(_)
+            | Command::Policy(_)
+            | Command::Completions(_)
+            | Command::Man
+            | Command::Mux(_) => None,
+        }
+    }
 }
 
 /// `opmark mux`.
@@ -1108,4 +1185,38 @@ pub enum LabAction {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_subcommand_with_connection_flags_learns_where_they_stood() {
+        let lines = [
+            "config x@h -o Port=1 -l bar",
+            "probe x@h op -o Port=1 -l bar",
+            "cancel x@h op -o Port=1 -l bar",
+            "gc x@h --older-than 1d -o Port=1 -l bar",
+            "doctor x@h -o Port=1 -l bar",
+            "resolve op --host x@h --as abandoned --note n -o Port=1 -l bar",
+            "run x@h y@h -o Port=1 -l bar -- true",
+        ];
+        let covered: Vec<&str> = lines.iter().filter_map(|l| l.split(' ').next()).collect();
+        for sub in command().get_subcommands() {
+            if sub.get_arguments().any(|a| a.get_id() == "login") {
+                assert!(covered.contains(&sub.get_name()), "{}", sub.get_name());
+            }
+        }
+        for line in lines {
+            let words = std::iter::once("opmark").chain(line.split(' '));
+            let cli = Cli::from_matches(&command().try_get_matches_from(words).unwrap()).unwrap();
+            let mut command = cli.command;
+            let at = command.host_args_mut().unwrap().positions;
+            assert_eq!(at.destination.after_options, 0, "{line}");
+            assert_eq!(at.user.after_options, 1, "{line}");
+            assert!(at.destination < at.user, "{line}: {at:?}");
+            assert_eq!(at.port, FlagPositions::default().port, "{line}");
+        }
+    }
 }

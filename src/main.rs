@@ -2,8 +2,6 @@
 
 use std::process::ExitCode;
 
-use clap::FromArgMatches as _;
-
 use opmark::commands::render::Out;
 use opmark::error::exit_code;
 use opmark::ops::document::error_document;
@@ -30,7 +28,7 @@ fn main() -> ExitCode {
         .complete();
     let parsed = opmark::cli::command()
         .try_get_matches()
-        .and_then(|matches| opmark::cli::Cli::from_arg_matches(&matches));
+        .and_then(|matches| opmark::cli::Cli::from_matches(&matches));
     let cli = match parsed {
         Ok(cli) => cli,
         Err(mut err) => {

@@ -7,7 +7,6 @@ use crate::host::HostSpec;
 use crate::ledger::Ledger;
 use crate::ops::{Context, HostOptions};
 use crate::policy::Policy;
-use crate::ssh::destination::FlagPositions;
 
 pub use crate::ops::document::{error_document, json_document, SCHEMA};
 pub use crate::ops::{block_on, operator, operator_name, reach_error, redacted_error, session_id};
@@ -23,9 +22,8 @@ pub fn context(global: &GlobalArgs) -> Context {
 }
 
 /// The library's connection options from `-p -i -J -l -o -4 -6`, with where the flags
-/// stood on this process's command line.
+/// and the destination stood on the command line.
 pub fn host_options(args: &HostArgs) -> HostOptions {
-    let offset = usize::from(args.ipv4 || args.ipv6);
     HostOptions {
         port: args.port,
         identity: args.identity.clone(),
@@ -34,7 +32,7 @@ pub fn host_options(args: &HostArgs) -> HostOptions {
         option: args.option.clone(),
         ipv4: args.ipv4,
         ipv6: args.ipv6,
-        flag_positions: flag_positions(args, offset),
+        flag_positions: args.positions,
     }
 }
 
@@ -51,48 +49,6 @@ pub fn open_ledger(global: &GlobalArgs, policy: &Policy) -> Result<Ledger> {
 /// Where to connect, from the host argument and the OpenSSH-style flags.
 pub fn host_spec(global: &GlobalArgs, host: &str, args: &HostArgs) -> HostSpec {
     crate::ops::host_spec(&context(global), host, &host_options(args))
-}
-
-/// Where `-l`, `-p` and `-J` stood among the `-o` options of this process's command
-/// line (ssh takes the first value given, flag or `-o`), read back from the arguments
-/// with clap's indices. Flags first (the default) when `args` did not come from the
-/// command line (the MCP server builds its own).
-fn flag_positions(args: &HostArgs, offset: usize) -> FlagPositions {
-    use clap::CommandFactory;
-    let mut positions = FlagPositions::default();
-    let Ok(top) = crate::cli::Cli::command().try_get_matches_from(std::env::args_os()) else {
-        return positions;
-    };
-    let mut m = &top;
-    while m.try_get_raw("login").is_err() {
-        match m.subcommand() {
-            Some((_, sub)) => m = sub,
-            None => return positions,
-        }
-    }
-    let same = m.get_one::<String>("login") == args.login.as_ref()
-        && m.get_one::<String>("jump") == args.jump.as_ref()
-        && m.get_one::<u16>("port") == args.port.as_ref()
-        && m.get_many::<String>("option")
-            .map(|v| v.cloned().collect::<Vec<_>>())
-            .unwrap_or_default()
-            == args.option;
-    if !same {
-        return positions;
-    }
-    let options: Vec<usize> = m
-        .indices_of("option")
-        .map(Iterator::collect)
-        .unwrap_or_default();
-    let before = |id: &str| {
-        m.index_of(id)
-            .map(|at| offset + options.iter().filter(|&&o| o < at).count())
-            .unwrap_or(0)
-    };
-    positions.user = before("login");
-    positions.port = before("port");
-    positions.jump = before("jump");
-    positions
 }
 
 /// Prints one JSON document on stdout, through [`Out`](super::render::Out).

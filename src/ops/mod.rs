@@ -69,8 +69,7 @@ pub struct HostOptions {
     pub ipv4: bool,
     /// `-6`.
     pub ipv6: bool,
-    /// Where `-l`, `-p` and `-J` stood among the options [`host_spec`] passes on (the
-    /// `AddressFamily` that `-4`/`-6` stand for counted first).
+    /// Where `-l`, `-p`, `-J` and the destination stood among the `-o` options above.
     pub flag_positions: FlagPositions,
 }
 
@@ -159,10 +158,11 @@ pub fn host_spec(ctx: &Context, host: &str, options: &HostOptions) -> HostSpec {
         config_path: ctx.ssh_config.clone(),
         user: options.login.clone(),
         options: family
-            .into_iter()
+            .iter()
+            .cloned()
             .chain(options.option.iter().cloned())
             .collect(),
-        flag_positions: options.flag_positions,
+        flag_positions: options.flag_positions.behind(usize::from(family.is_some())),
     }
 }
 

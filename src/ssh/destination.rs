@@ -35,21 +35,72 @@ pub struct HostSpec {
     pub user: Option<String>,
     /// `-o Key=Value` options, in order; they win over the config files.
     pub options: Vec<String>,
-    /// Where `-l`, `-p` and `-J` stood among the `-o` options, so that the first value
-    /// given wins as in ssh (`-o User=a -l b` is `a`; `-l b -o User=a` is `b`).
+    /// Where `-l`, `-p`, `-J` and the destination stood among the `-o` options, so that
+    /// the first value given wins as in ssh (`-o User=a -l b` is `a`; `-l b -o User=a`
+    /// is `b`; `x@h -l b` is `x`).
     pub flag_positions: FlagPositions,
 }
 
-/// For each of `-l`, `-p`, `-J`: how many of [`HostSpec::options`] came before it on
-/// the command line. The default (0) puts the flags before every `-o`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Where each of `-l`, `-p`, `-J` and the destination stood on the command line. ssh
+/// sets each of its options once, from the first value it meets in its arguments (a
+/// flag, an `-o`, the destination's `user@` or `:port`), so the order decides which
+/// wins. The default, for a caller without a command line (the MCP server, a recorded
+/// route), puts the flags before every `-o` and the destination after them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagPositions {
     /// `-l`.
-    pub user: usize,
+    pub user: Place,
     /// `-p`.
-    pub port: usize,
+    pub port: Place,
     /// `-J`.
-    pub jump: usize,
+    pub jump: Place,
+    /// The host argument (its `user@` and an `ssh://` URI's `:port`).
+    pub destination: Place,
+}
+
+impl FlagPositions {
+    /// The same places with `n` more options put before all the others (`-4`, `-6`).
+    pub fn behind(self, n: usize) -> FlagPositions {
+        let behind = |place: Place| Place {
+            after_options: place.after_options.saturating_add(n),
+            ..place
+        };
+        FlagPositions {
+            user: behind(self.user),
+            port: behind(self.port),
+            jump: behind(self.jump),
+            destination: behind(self.destination),
+        }
+    }
+}
+
+impl Default for FlagPositions {
+    fn default() -> Self {
+        FlagPositions {
+            user: Place::default(),
+            port: Place::default(),
+            jump: Place::default(),
+            destination: Place::LAST,
+        }
+    }
+}
+
+/// One value's place on the command line: how many of [`HostSpec::options`] came
+/// before it, then its order among the values standing between the same two options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Place {
+    /// How many `-o` options came before it.
+    pub after_options: usize,
+    /// Orders it among the values after as many options (clap's argument index).
+    pub index: usize,
+}
+
+impl Place {
+    /// After every `-o` option and every flag.
+    pub const LAST: Place = Place {
+        after_options: usize::MAX,
+        index: usize::MAX,
+    };
 }
 
 /// The system-wide ssh config read after the user's, unless `-F` is given.
@@ -693,34 +744,49 @@ pub fn resolve_with(
         }
     }
 
-    // The command line comes first and wins, as in ssh: the flags and the `-o` options
-    // in the order given (first value wins among them too), then the user and port of
-    // the host argument.
+    // The command line comes first and wins, as in ssh: the flags, the `-o` options and
+    // the user and port of the host argument, the first value given winning among them.
     let mut o = HostOptions::default();
     let take = |o: &mut HostOptions, line: &OptionLine| {
         o.take(line).map_err(|e| config_fail(e.to_string()))
     };
-    let mut flags: Vec<(usize, OptionLine)> = Vec::new();
+    let at = spec.flag_positions;
+    let mut given: Vec<(Place, OptionLine)> = Vec::new();
     if let Some(u) = &spec.user {
-        flags.push((spec.flag_positions.user, synthetic("user", u, 0)));
+        given.push((at.user, synthetic("user", u, 0)));
     }
     if let Some(p) = spec.port {
-        flags.push((
-            spec.flag_positions.port,
-            synthetic("port", &p.to_string(), 0),
-        ));
+        given.push((at.port, synthetic("port", &p.to_string(), 0)));
     }
     if let Some(j) = &spec.jump {
-        flags.push((spec.flag_positions.jump, synthetic("proxyjump", j, 0)));
+        given.push((at.jump, synthetic("proxyjump", j, 0)));
     }
-    for i in 0..=spec.options.len() {
-        let last = i == spec.options.len();
-        for (_, line) in flags.iter().filter(|(at, _)| *at == i || (last && *at > i)) {
-            take(&mut o, line)?;
+    if let Some(u) = &arg.user {
+        given.push((at.destination, synthetic("user", u, 0)));
+    }
+    if let Some(p) = arg.port {
+        given.push((at.destination, synthetic("port", &p.to_string(), 0)));
+    }
+    given.sort_by_key(|(place, _)| *place);
+    // ssh refuses a -J after an -o that already said how to reach the host, rather than
+    // let the first of them win.
+    let take_given = |o: &mut HostOptions, line: &OptionLine| {
+        let earlier = [("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")]
+            .into_iter()
+            .find_map(|(key, name)| Some((key, name, o.value(key)?)));
+        match earlier {
+            Some((key, name, value)) if line.key == "proxyjump" => Err(config_fail(format!(
+                "{}: -J cannot follow `{name} {value}` (ssh refuses both); give the jump hosts once, with -J or -o ProxyJump=",
+                o.origin(key)
+            ))),
+            _ => take(o, line),
         }
-        let Some(text) = spec.options.get(i) else {
-            break;
-        };
+    };
+    let mut given = given.into_iter().peekable();
+    for (i, text) in spec.options.iter().enumerate() {
+        while let Some((_, line)) = given.next_if(|(place, _)| place.after_options <= i) {
+            take_given(&mut o, &line)?;
+        }
         let line =
             parse_command_line_option(text, i + 1).map_err(|e| config_fail(e.to_string()))?;
         if super::config::keyword_role(&line.key).is_none() {
@@ -738,11 +804,8 @@ pub fn resolve_with(
         }
         take(&mut o, &line)?;
     }
-    if let Some(u) = &arg.user {
-        take(&mut o, &synthetic("user", u, 0))?;
-    }
-    if let Some(p) = arg.port {
-        take(&mut o, &synthetic("port", &p.to_string(), 0))?;
+    for (_, line) in given {
+        take_given(&mut o, &line)?;
     }
 
     let local_user = local_user()
@@ -1761,14 +1824,92 @@ mod tests {
             port: Some(2230),
             options: vec!["User=foo".into(), "Port=2229".into()],
             flag_positions: FlagPositions {
-                user: 1,
-                port: 2,
-                jump: 0,
+                user: Place {
+                    after_options: 1,
+                    index: 3,
+                },
+                port: Place {
+                    after_options: 2,
+                    index: 5,
+                },
+                ..FlagPositions::default()
             },
             ..spec("h")
         };
         let d = resolve_with(&c, &s, 0).unwrap();
         assert_eq!((d.user.as_str(), d.port), ("foo", 2229));
+        let s = HostSpec {
+            flag_positions: FlagPositions::default(),
+            ..s
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("bar", 2230));
+    }
+
+    #[test]
+    fn a_jump_flag_after_an_option_that_chose_the_route_is_refused_as_in_ssh() {
+        let c = cfg("");
+        for option in ["ProxyJump=j1", "ProxyCommand=nc %h %p", "ProxyJump=none"] {
+            let s = HostSpec {
+                jump: Some("j2".into()),
+                options: vec![option.into()],
+                flag_positions: FlagPositions {
+                    jump: Place {
+                        after_options: 1,
+                        index: 4,
+                    },
+                    ..FlagPositions::default()
+                },
+                ..spec("h")
+            };
+            let e = resolve_with(&c, &s, 0).unwrap_err();
+            assert_eq!(e.stage, ConnectStage::Config, "{option}");
+            assert!(e.message.contains("-J cannot follow"), "{}", e.message);
+            // -J first: it wins and the option is ignored, as in ssh.
+            let s = HostSpec {
+                flag_positions: FlagPositions::default(),
+                ..s
+            };
+            let d = resolve_with(&c, &s, 0).unwrap();
+            assert_eq!(d.proxy_jump.as_deref(), Some("j2"), "{option}");
+        }
+    }
+
+    #[test]
+    fn the_destination_wins_over_the_flags_and_options_given_after_it_as_in_ssh() {
+        let c = cfg("");
+        let place = |after_options, index| Place {
+            after_options,
+            index,
+        };
+        // ssh://x@h:2231 -l bar -o Port=2229 -p 2230
+        let s = HostSpec {
+            user: Some("bar".into()),
+            port: Some(2230),
+            options: vec!["Port=2229".into()],
+            flag_positions: FlagPositions {
+                user: place(0, 2),
+                port: place(1, 6),
+                jump: Place::default(),
+                destination: place(0, 1),
+            },
+            ..spec("ssh://x@h:2231")
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("x", 2231));
+        // -l bar ssh://x@h:2231: the flag first.
+        let s = HostSpec {
+            options: Vec::new(),
+            flag_positions: FlagPositions {
+                user: place(0, 1),
+                destination: place(0, 2),
+                ..FlagPositions::default()
+            },
+            ..s
+        };
+        let d = resolve_with(&c, &s, 0).unwrap();
+        assert_eq!((d.user.as_str(), d.port), ("bar", 2230));
+        // Without a command line the flags win, as they always did.
         let s = HostSpec {
             flag_positions: FlagPositions::default(),
             ..s

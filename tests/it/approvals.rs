@@ -43,7 +43,7 @@ pattern = '^touch '
 approval = "always"
 "#;
 
-fn keygen(path: &Path, comment: &str) {
+fn keygen_with_comment(path: &Path, comment: &str) {
     let ok = Command::new("ssh-keygen")
         .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
         .arg(path)
@@ -58,8 +58,8 @@ impl Approvals {
         let dir = fresh_dir(name);
         let approver_key = dir.join("approver");
         let stranger_key = dir.join("stranger");
-        keygen(&approver_key, "approver");
-        keygen(&stranger_key, "stranger");
+        keygen_with_comment(&approver_key, "approver");
+        keygen_with_comment(&stranger_key, "stranger");
         let public = std::fs::read_to_string(approver_key.with_extension("pub")).unwrap();
         let signers = dir.join("allowed_signers");
         std::fs::write(

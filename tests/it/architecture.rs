@@ -1,6 +1,7 @@
 //! The layering, checked from the source: no import circle among the top-level modules
 //! of `src/`, no command importing another, the library layer (`ops`) and the MCP
-//! server free of clap and of the commands, and stdout written only by the render layer.
+//! server free of clap and of the commands, stdout written only by the render layer, and
+//! each test helper defined once under `tests/` (shared ones in `tests/it/support`).
 //! Read from the `crate::…`/`super::…` paths of every `.rs` file (comments skipped), so
 //! `cargo test --test it -- architecture` is the command anyone can run to check it.
 
@@ -281,5 +282,70 @@ fn only_the_render_layer_writes_to_stdout() {
         found.is_empty(),
         "write through commands::render::Out (out!/outln!), which turns a closed stdout into an error instead of a panic:\n{}",
         found.join("\n")
+    );
+}
+
+/// The functions a test file defines at its top level, test functions aside: its helpers.
+fn helpers_in(code: &str) -> Vec<String> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut names = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = ["pub(crate) ", "pub ", ""]
+            .iter()
+            .find_map(|vis| line.strip_prefix(vis))
+            .map(|rest| rest.strip_prefix("async ").unwrap_or(rest))
+            .and_then(|rest| rest.strip_prefix("fn "))
+        else {
+            continue;
+        };
+        let attributes = lines[..i]
+            .iter()
+            .rev()
+            .take_while(|l| l.starts_with("#[") || l.starts_with("//"));
+        if attributes
+            .clone()
+            .any(|l| l.starts_with("#[test") || l.starts_with("#[tokio::test"))
+        {
+            continue;
+        }
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        names.push(name);
+    }
+    names
+}
+
+#[test]
+fn the_helper_reader_skips_tests_and_nested_functions() {
+    let code = "#[test]\nfn a_test() {\n    fn nested() {}\n}\n\n/// Doc.\npub fn lines() {}\n\n#[tokio::test]\n// why\nasync fn other() {}\nasync fn wait() {}\n";
+    assert_eq!(helpers_in(code), ["lines", "wait"]);
+}
+
+#[test]
+fn no_test_helper_is_defined_twice_in_tests() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut defined: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in rust_files(&tests) {
+        let code = std::fs::read_to_string(&file).unwrap();
+        let rel = file.strip_prefix(&tests).unwrap().display().to_string();
+        for name in helpers_in(&code) {
+            defined.entry(name).or_default().push(rel.clone());
+        }
+    }
+    assert!(
+        defined.contains_key("fresh_dir"),
+        "no helpers read: {defined:?}"
+    );
+    let twice: Vec<String> = defined
+        .iter()
+        .filter(|(_, files)| files.len() > 1)
+        .map(|(name, files)| format!("{name}: {}", files.join(", ")))
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "test helpers defined more than once (keep one in tests/it/support, or name each for what it does):\n{}",
+        twice.join("\n")
     );
 }

@@ -10,12 +10,10 @@ use std::path::{Path, PathBuf};
 
 use regex::Regex;
 
+use crate::support::repo;
+
 /// This file names the forbidden words in its own checks.
 const SELF: &str = "tests/it/architecture_docs.rs";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Every text file under `dirs` (relative to the repository), as (relative path, text).
 fn texts(dirs: &[&str]) -> Vec<(String, String)> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, fresh_dir, text, Sealed};
+use crate::support::{self, fresh_dir, lines, listed, probe_state, show, text, Sealed};
 
 /// A spawned `opmark run` whose stderr is read line by line as it comes (a test waits
 /// for a line before acting), stdout kept whole.
@@ -128,7 +128,7 @@ impl Drop for Running {
     }
 }
 
-fn json(stdout: &str) -> Value {
+fn stdout_json(stdout: &str) -> Value {
     serde_json::from_str(stdout)
         .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {stdout}"))
 }
@@ -143,7 +143,7 @@ fn output_json(out: &Output) -> Value {
     })
 }
 
-fn marker(lab: &Lab, op: &str) -> PathBuf {
+fn target1_marker(lab: &Lab, op: &str) -> PathBuf {
     lab.target("target1")
         .unwrap()
         .marker_root()
@@ -175,12 +175,8 @@ fn wait_for_file(path: &Path) {
     }
 }
 
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
 fn record(lab: &Lab, op: &str, key: &str) -> Option<String> {
-    let text = std::fs::read_to_string(marker(lab, op).join("exit")).ok()?;
+    let text = std::fs::read_to_string(target1_marker(lab, op).join("exit")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{key}=")))
         .map(str::to_owned)
@@ -195,33 +191,13 @@ fn cancel(env: &Sealed, lab: &Lab, op: &str, grace: &str) -> (Value, Option<i32>
     (output_json(&out), out.status.code())
 }
 
-fn run_json(env: &Sealed, lab: &Lab, op: &str, cmd: &str) -> (Value, Option<i32>) {
+fn run_on_target1(env: &Sealed, lab: &Lab, op: &str, cmd: &str) -> (Value, Option<i32>) {
     let out = env
         .opmark_with_lab(lab)
         .args(["--json", "run", "target1", "--op", op, "--", cmd])
         .output()
         .unwrap();
     (output_json(&out), out.status.code())
-}
-
-fn show(env: &Sealed, op: &str) -> String {
-    let out = env.opmark().args(["show", op]).output().unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// The operation's row in `opmark list --json`.
-fn listed(env: &Sealed, op: &str) -> Value {
-    let out = env.opmark().args(["--json", "list"]).output().unwrap();
-    let doc = output_json(&out);
-    let rows = doc
-        .as_array()
-        .or_else(|| doc["operations"].as_array())
-        .unwrap_or_else(|| panic!("no operations in {doc}"))
-        .clone();
-    rows.into_iter()
-        .find(|r| r["op_id"] == op)
-        .unwrap_or_else(|| panic!("{op} not listed in {doc}"))
 }
 
 #[test]
@@ -262,7 +238,7 @@ fn sigint_leaves_the_command_running_and_says_how_to_follow_or_cancel_it() {
     // Detached by design: the command finishes without its client.
     std::fs::write(&gate, "").unwrap();
     wait_for_file(&done);
-    let (again, code) = run_json(&env, &lab, "int-1", &cmd);
+    let (again, code) = run_on_target1(&env, &lab, "int-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(code, Some(0), "{again}");
     assert_eq!(lines(&done), 1, "ran once");
@@ -285,7 +261,7 @@ fn sigterm_prints_the_json_document_first_with_in_progress() {
     run.signal("TERM");
     let (code, stdout, stderr) = run.finish();
     assert_eq!(code, Some(143), "{stderr}");
-    let doc = json(&stdout);
+    let doc = stdout_json(&stdout);
     assert_eq!(doc["verdict"], "in_progress", "{doc}");
     assert_eq!(doc["reason_code"], "client_interrupted", "{doc}");
     assert_eq!(doc["retryable"], true, "{doc}");
@@ -337,7 +313,7 @@ fn lock_ledger(env: &Sealed) -> rusqlite::Connection {
 }
 
 fn warm_up_ledger(env: &Sealed, lab: &Lab) {
-    let (doc, _) = run_json(env, lab, "warm-up", "true");
+    let (doc, _) = run_on_target1(env, lab, "warm-up", "true");
     assert_eq!(doc["verdict"], "completed", "{doc}");
 }
 
@@ -395,7 +371,7 @@ fn sigint_before_dispatch_sends_nothing() {
     drop(lock);
     let (code, stdout, stderr) = run.finish();
     assert_eq!(code, Some(130), "{stderr}");
-    let doc = json(&stdout);
+    let doc = stdout_json(&stdout);
     assert_eq!(doc["verdict"], "not_applied", "{doc}");
     assert_eq!(doc["reason_code"], "client_interrupted", "{doc}");
     assert!(
@@ -406,10 +382,13 @@ fn sigint_before_dispatch_sends_nothing() {
             .all(|a| a["boundary"] == "not_sent"),
         "{doc}"
     );
-    assert!(!marker(&lab, op).exists(), "nothing reached the host");
+    assert!(
+        !target1_marker(&lab, op).exists(),
+        "nothing reached the host"
+    );
     assert!(!fx.exists());
     // Nothing of it can run later either: the op id is free, and a rerun runs it once.
-    let (again, code) = run_json(&env, &lab, op, &cmd);
+    let (again, code) = run_on_target1(&env, &lab, op, &cmd);
     assert_eq!(again["verdict"], "completed", "{again}");
     assert_eq!(code, Some(0));
     assert_eq!(lines(&fx), 1);
@@ -444,7 +423,7 @@ fn cancel_stops_a_running_command_and_it_never_runs_again() {
     assert!(page.contains("cancel by"), "{page}");
     assert!(page.contains("cancelled, exit 143"), "{page}");
 
-    let (again, code) = run_json(&env, &lab, "c-1", &cmd);
+    let (again, code) = run_on_target1(&env, &lab, "c-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(again["exit_code"], 143, "{again}");
     assert_eq!(code, Some(143));
@@ -473,7 +452,7 @@ fn a_following_run_reports_the_cancelled_status_as_its_own() {
     let (doc, _) = cancel(&env, &lab, "followed", "5s");
     assert_eq!(doc["cancel_outcome"], "cancelled", "{doc}");
     let (code, stdout, stderr) = run.finish();
-    let answer = json(&stdout);
+    let answer = stdout_json(&stdout);
     assert_eq!(answer["verdict"], "completed", "{answer} {stderr}");
     assert_eq!(answer["exit_code"], 143, "{answer}");
     assert_eq!(code, Some(143));
@@ -501,7 +480,7 @@ fn a_command_that_ignores_term_is_killed_after_the_grace() {
     assert_eq!(doc["grace_ms"], 1000, "{doc}");
     assert_eq!(record(&lab, "stubborn", "timed_out").as_deref(), Some("0"));
     let (_, stdout, _) = run.finish();
-    assert_eq!(json(&stdout)["exit_code"], 137);
+    assert_eq!(stdout_json(&stdout)["exit_code"], 137);
 }
 
 #[test]
@@ -520,24 +499,12 @@ fn cancel_of_an_absent_op_fences_it_so_a_later_run_is_not_applied() {
     assert_eq!(doc["was"], "absent", "{doc}");
     assert_eq!(doc["marker_state"], "fenced", "{doc}");
     // The delayed original arrives after the cancel: it cannot run.
-    let (late, code) = run_json(&env, &lab, "ghost", &command);
+    let (late, code) = run_on_target1(&env, &lab, "ghost", &command);
     assert_eq!(late["verdict"], "not_applied", "{late}");
     assert_eq!(late["reason_code"], "fenced", "{late}");
     assert_eq!(code, Some(241));
     assert!(!fx.exists(), "nothing ran");
     assert!(show(&env, "ghost").contains("fenced:absent"));
-}
-
-fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
-    let out = env
-        .opmark_with_lab(lab)
-        .args(["--json", "probe", "target1", op])
-        .output()
-        .unwrap();
-    output_json(&out)["marker_state"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
 }
 
 /// docs/guarantees.md#interruptions-and-cancel: a cancel of an op id this ledger does not know (a typo, say) sends
@@ -549,7 +516,7 @@ fn cancel_of_an_op_id_the_ledger_does_not_know_needs_force_and_fences_only_with_
         return;
     };
     let env = Sealed::new("cancel-unknown");
-    let (first, _) = run_json(&env, &lab, "deploy-42", "true");
+    let (first, _) = run_on_target1(&env, &lab, "deploy-42", "true");
     assert_eq!(first["verdict"], "completed", "{first}");
     // A typo of a known op id, and one recorded only on another host.
     for (op, needle) in [
@@ -572,7 +539,10 @@ fn cancel_of_an_op_id_the_ledger_does_not_know_needs_force_and_fences_only_with_
             err.contains(&format!("opmark cancel target1 {op} --force")),
             "{err}"
         );
-        assert!(!marker(&lab, op).exists(), "{op}: nothing reached the host");
+        assert!(
+            !target1_marker(&lab, op).exists(),
+            "{op}: nothing reached the host"
+        );
         assert_eq!(probe_state(&env, &lab, op), "absent", "{op}");
     }
     let out = env
@@ -593,9 +563,9 @@ fn cancel_of_a_completed_op_says_so_and_changes_nothing() {
         return;
     };
     let env = Sealed::new("cancel-done");
-    let (first, _) = run_json(&env, &lab, "done", "exit 3");
+    let (first, _) = run_on_target1(&env, &lab, "done", "exit 3");
     assert_eq!(first["verdict"], "completed", "{first}");
-    let before = std::fs::read_to_string(marker(&lab, "done").join("exit")).unwrap();
+    let before = std::fs::read_to_string(target1_marker(&lab, "done").join("exit")).unwrap();
     let out = env
         .opmark_with_lab(&lab)
         .args(["cancel", "target1", "done"])
@@ -608,10 +578,10 @@ fn cancel_of_a_completed_op_says_so_and_changes_nothing() {
         "{}",
         text(&out.stdout)
     );
-    let after = std::fs::read_to_string(marker(&lab, "done").join("exit")).unwrap();
+    let after = std::fs::read_to_string(target1_marker(&lab, "done").join("exit")).unwrap();
     assert_eq!(before, after, "the exit record is untouched");
     assert_eq!(listed(&env, "done")["state"], "completed");
-    let (again, code) = run_json(&env, &lab, "done", "exit 3");
+    let (again, code) = run_on_target1(&env, &lab, "done", "exit 3");
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(code, Some(3));
     assert!(show(&env, "done").contains("already_completed"));
@@ -674,7 +644,7 @@ fn detach(env: &Sealed, lab: &Lab, op: &str, cmd: &str) {
 
 /// A `KEY=value` of a marker file of `op`.
 fn marker_value(lab: &Lab, op: &str, file: &str, key: &str) -> String {
-    let text = std::fs::read_to_string(marker(lab, op).join(file)).unwrap();
+    let text = std::fs::read_to_string(target1_marker(lab, op).join(file)).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{key}=")))
         .unwrap_or_else(|| panic!("{key} missing in {text}"))
@@ -703,7 +673,7 @@ fn a_crashed_ops_pid_reused_by_another_ops_supervisor_is_interrupted_and_cancel_
     // its supervisor's pid now belongs to the live op's supervisor, which leads a
     // session of its own with a later start time: what a pid namespace restarted after
     // a crash hands out. The test forges exactly that record.
-    let (done, _) = run_json(&env, &lab, "dead-1", "true");
+    let (done, _) = run_on_target1(&env, &lab, "dead-1", "true");
     assert_eq!(done["verdict"], "completed", "{done}");
     let dead_supervisor = marker_value(&lab, "dead-1", "proc", "pid");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -712,9 +682,9 @@ fn a_crashed_ops_pid_reused_by_another_ops_supervisor_is_interrupted_and_cancel_
         std::thread::sleep(Duration::from_millis(20));
     }
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-    std::fs::remove_file(marker(&lab, "dead-1").join("exit")).unwrap();
+    std::fs::remove_file(target1_marker(&lab, "dead-1").join("exit")).unwrap();
     std::fs::write(
-        marker(&lab, "dead-1").join("proc"),
+        target1_marker(&lab, "dead-1").join("proc"),
         format!("pid={live_supervisor}\nstart=1\nboot={}\n", boot.trim()),
     )
     .unwrap();
@@ -732,7 +702,7 @@ fn a_crashed_ops_pid_reused_by_another_ops_supervisor_is_interrupted_and_cancel_
     assert_eq!(doc["was"], "interrupted", "{doc}");
 
     // The other op was not signalled: a following run sees it end with its own exit.
-    let (live, code) = run_json(&env, &lab, "live-1", &live_cmd);
+    let (live, code) = run_on_target1(&env, &lab, "live-1", &live_cmd);
     assert_eq!(live["exit_code"], 0, "{live}");
     assert_eq!(code, Some(0), "{live}");
     assert!(finished.exists(), "the live op's command did its work");
@@ -828,7 +798,7 @@ fn a_cancel_that_fences_a_crashed_command_that_had_started_leaves_its_outcome_un
 
     let fresh = Sealed::new("cancel-fence-started-fresh");
     for (who, env) in [("this ledger", &env), ("a fresh ledger", &fresh)] {
-        let (doc, code) = run_json(env, &lab, "crash-1", &cmd);
+        let (doc, code) = run_on_target1(env, &lab, "crash-1", &cmd);
         assert_eq!(doc["verdict"], "indeterminate", "{who}: {doc}");
         assert_eq!(doc["reason_code"], "fenced_after_start", "{who}: {doc}");
         assert_eq!(doc["retryable"], false, "{who}: {doc}");
@@ -861,7 +831,7 @@ fn a_cancel_that_fences_a_crashed_command_that_had_started_leaves_its_outcome_un
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let (doc, _) = run_json(&env, &lab, "crash-1", &cmd);
+    let (doc, _) = run_on_target1(&env, &lab, "crash-1", &cmd);
     assert_eq!(doc["verdict"], "replayed", "{doc}");
     assert_eq!(doc["reason_code"], "resolved_applied", "{doc}");
 }

@@ -395,7 +395,7 @@ fn put_root_id(t: &Target, id: &str) -> bool {
 }
 
 /// Sends `signal` (`STOP`, `CONT`) to the keeper `pid`.
-fn signal(pid: i32, signal: &str) {
+fn signal_if_alive(pid: i32, signal: &str) {
     let _ = std::process::Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .status();
@@ -679,7 +679,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
             }
             10 if keeper_until.is_none() => {
                 if let Some(pid) = env.keeper_pid() {
-                    signal(pid, "STOP");
+                    signal_if_alive(pid, "STOP");
                     let until = Instant::now() + Duration::from_millis(rng.random_range(500..4000));
                     keeper_until = Some((until, pid));
                     *faults.entry("keeper stopped").or_default() += 1;
@@ -709,7 +709,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
         }
         if keeper_until.is_some_and(|(until, _)| until <= now) {
             let (_, pid) = keeper_until.take().unwrap();
-            signal(pid, "CONT");
+            signal_if_alive(pid, "CONT");
         }
         if let Some((via, mut child)) = gc.take() {
             match child.try_wait().unwrap() {
@@ -778,7 +778,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
     }
     late.off();
     if let Some((_, pid)) = keeper_until.take() {
-        signal(pid, "CONT");
+        signal_if_alive(pid, "CONT");
     }
     for t in TARGETS {
         lab.restore(t).unwrap();

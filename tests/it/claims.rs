@@ -2,14 +2,10 @@
 //! fail without it (docs/claims.md). These tests keep that map whole: no promise without a
 //! row, no row without its promise, no cited symbol or test that does not exist.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
-
 use regex::Regex;
+use std::collections::{BTreeMap, BTreeSet};
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::repo;
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))

@@ -10,13 +10,15 @@
 //! two minutes, once: parallel tests wait on the build lock and then find it cached).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use opmark::lab::{recipe_tag, Lab, LabSpec, Placement};
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, json, text, wait_for, Sealed};
+use crate::support::{
+    self, fast_loss_config, fresh_dir, json, lines, spawn_run, text, wait_for, Sealed,
+};
 
 /// A docker lab of `count` targets named after the test, or None (after SKIP) locally
 /// when docker, its engine or debootstrap is missing; panics in CI.
@@ -56,7 +58,7 @@ fn docker_ready(name: &str) -> bool {
 }
 
 /// The JSON document of a finished opmark command.
-fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> (Option<i32>, Value) {
+fn run_doc(env: &Sealed, lab: &Lab, args: &[&str]) -> (Option<i32>, Value) {
     let out = env
         .opmark_with_lab(lab)
         .arg("--json")
@@ -67,18 +69,8 @@ fn run_json(env: &Sealed, lab: &Lab, args: &[&str]) -> (Option<i32>, Value) {
     (out.status.code(), json(&out))
 }
 
-fn spawn_run(cmd: &mut Command, args: &[&str]) -> Child {
-    cmd.arg("--json")
-        .arg("run")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 /// The marker directory of `op` on target1, seen from this machine (the volume).
-fn marker(lab: &Lab, op: &str) -> PathBuf {
+fn volume_marker(lab: &Lab, op: &str) -> PathBuf {
     lab.marker_root_on_host("target1")
         .unwrap()
         .join("ops")
@@ -97,10 +89,6 @@ fn effect(lab: &Lab, name: &str) -> (String, PathBuf) {
     (format!("{}/{name}", t.state_home.display()), here)
 }
 
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
 #[test]
 fn same_op_on_a_container_completes_then_replays_without_running_again() {
     let Some(lab) = docker_lab(crate::test_name!(), 1) else {
@@ -109,11 +97,11 @@ fn same_op_on_a_container_completes_then_replays_without_running_again() {
     let env = Sealed::new(crate::test_name!());
     let (fx, fx_here) = effect(&lab, "replay");
     let cmd = format!("echo ran >> {fx}; echo out; hostname; exit 3");
-    let (code, first) = run_json(&env, &lab, &["target1", "--op", "replay-1", "--", &cmd]);
+    let (code, first) = run_doc(&env, &lab, &["target1", "--op", "replay-1", "--", &cmd]);
     assert_eq!(first["verdict"], "completed", "{first}");
     assert_eq!(code, Some(3));
     assert_eq!(first["stdout"], "out\ntarget1\n", "ran in the container");
-    let (code, again) = run_json(&env, &lab, &["target1", "--op", "replay-1", "--", &cmd]);
+    let (code, again) = run_doc(&env, &lab, &["target1", "--op", "replay-1", "--", &cmd]);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(code, Some(3));
     assert_eq!(again["stdout"], "out\ntarget1\n");
@@ -162,7 +150,7 @@ fn client_killed_mid_command_on_a_container_then_rerun_follows_it_and_it_runs_on
         &mut env.opmark_with_lab(&lab),
         &["target1", "--op", "killed-1", "--", &cmd],
     );
-    let m = marker(&lab, "killed-1");
+    let m = volume_marker(&lab, "killed-1");
     wait_for("the command to start", Duration::from_secs(20), || {
         m.join("started").exists() && lines(&fx_here) == 1
     });
@@ -170,7 +158,7 @@ fn client_killed_mid_command_on_a_container_then_rerun_follows_it_and_it_runs_on
     client.wait().unwrap();
     assert!(!m.join("exit").exists(), "the kill landed mid-command");
 
-    let (code, rerun) = run_json(&env, &lab, &["target1", "--op", "killed-1", "--", &cmd]);
+    let (code, rerun) = run_doc(&env, &lab, &["target1", "--op", "killed-1", "--", &cmd]);
     assert_eq!(
         rerun["verdict"], "replayed",
         "the killed client's attempt ran it: {rerun}"
@@ -187,7 +175,7 @@ fn link_cut_mid_command_on_a_container_then_restored_reattaches_with_the_true_st
     };
     let env = Sealed::new(crate::test_name!());
     let cfg = fast_loss_config(&lab, &fresh_dir(crate::test_name!()));
-    let m = marker(&lab, "cut-1");
+    let m = volume_marker(&lab, "cut-1");
     let cmd = "echo first; sleep 4; echo second; exit 6";
     let child = spawn_run(
         env.opmark().arg("-F").arg(&cfg),
@@ -235,7 +223,7 @@ fn container_crash_mid_command_is_interrupted_and_append_only_runs_once_more_onl
         cmd.as_str(),
     ];
     let child = spawn_run(&mut env.opmark_with_lab(&lab), &args);
-    let m = marker(&lab, "crash-1");
+    let m = volume_marker(&lab, "crash-1");
     wait_for("the command to start", Duration::from_secs(20), || {
         m.join("proc").exists() && lines(&fx_here) == 1
     });
@@ -268,7 +256,7 @@ fn container_crash_mid_command_is_interrupted_and_append_only_runs_once_more_onl
     assert_eq!(probe["marker_state"], "interrupted", "{probe}");
     assert_eq!(probe["why"], "process_gone", "{probe}");
 
-    let (_, again) = run_json(&env, &lab, &args);
+    let (_, again) = run_doc(&env, &lab, &args);
     assert_eq!(
         again["verdict"], "indeterminate",
         "no re-run without approval"
@@ -282,12 +270,12 @@ fn container_crash_mid_command_is_interrupted_and_append_only_runs_once_more_onl
         &args[5..],
     ]
     .concat();
-    let (code, doc) = run_json(&env, &lab, &approved);
+    let (code, doc) = run_doc(&env, &lab, &approved);
     assert_eq!(doc["verdict"], "completed", "{doc}");
     assert_eq!(code, Some(0));
     assert_eq!(doc["stdout"], "finished\n");
     assert_eq!(lines(&fx_here), 2, "exactly one more execution");
-    let (_, after) = run_json(&env, &lab, &approved);
+    let (_, after) = run_doc(&env, &lab, &approved);
     assert_eq!(
         after["verdict"], "replayed",
         "approval runs it once: {after}"
@@ -315,12 +303,12 @@ fn reconcile_fences_a_dispatch_that_never_reached_a_container_so_the_late_origin
     let row = &doc["operations"][0];
     assert_eq!(row["decision"], "not_applied", "{doc}");
     assert_eq!(row["evidence"], "absent; fenced", "{doc}");
-    assert!(marker(&lab, "late-1").join("fenced").exists());
+    assert!(volume_marker(&lab, "late-1").join("fenced").exists());
 
     // The delayed original arrives, from this client and from another with its own ledger.
     let other = Sealed::new(&format!("{}-other", crate::test_name!()));
     for client in [&env, &other] {
-        let (code, doc) = run_json(client, &lab, &["target1", "--op", "late-1", "--", &command]);
+        let (code, doc) = run_doc(client, &lab, &["target1", "--op", "late-1", "--", &command]);
         assert_eq!(doc["verdict"], "not_applied", "{doc}");
         assert_eq!(code, Some(241));
     }
@@ -601,7 +589,7 @@ fn a_users_own_image_gets_keys_and_config_injected_and_is_never_purged() {
         text(&out.stdout)
     );
     let lab = Lab::load(&dir).unwrap();
-    let (code, doc) = run_json(&env, &lab, &["target1", "--op", "own-1", "--", "hostname"]);
+    let (code, doc) = run_doc(&env, &lab, &["target1", "--op", "own-1", "--", "hostname"]);
     assert_eq!(doc["verdict"], "completed", "{doc}");
     assert_eq!(code, Some(0));
     assert_eq!(doc["stdout"], "target1\n");
@@ -685,7 +673,7 @@ fn wrapped_denied_and_held_commands_run_nothing_on_a_container() {
             !classified["deny"].is_null() || !classified["approval"].is_null(),
             "{command}: the classifier lets it through, so it is not run: {classified}"
         );
-        let (code, answer) = run_json(&env, &lab, &["target1", "--op", op, "--", command]);
+        let (code, answer) = run_doc(&env, &lab, &["target1", "--op", op, "--", command]);
         assert_eq!(answer["verdict"], verdict, "{command}: {answer}");
         assert_eq!(answer["reason_code"], reason, "{command}: {answer}");
         assert_eq!(answer["retryable"], false, "{command}: {answer}");
@@ -700,12 +688,12 @@ fn wrapped_denied_and_held_commands_run_nothing_on_a_container() {
             "{answer}"
         );
         assert!(
-            !marker(&lab, op).exists(),
+            !volume_marker(&lab, op).exists(),
             "{command}: a marker was claimed"
         );
     }
     // And the container is whole: its root still lists, its sshd still answers.
-    let (_, alive) = run_json(
+    let (_, alive) = run_doc(
         &env,
         &lab,
         &["target1", "--op", "still-there", "--", "ls /etc/hostname"],

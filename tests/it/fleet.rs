@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, text, wait_for, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, spawn, text, wait_for, Sealed};
 
 /// A fleet run's document and the process status.
 struct Fleet {
@@ -97,13 +97,6 @@ fn in_home(lab: &Lab, alias: &str, name: &str) -> PathBuf {
 
 fn lines_in(path: &std::path::Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
-fn spawn(cmd: &mut Command) -> Child {
-    cmd.stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 #[test]
@@ -397,6 +390,7 @@ fn one_host_cut_mid_run_is_indeterminate_while_the_others_complete() {
             .args(["--json", "run"])
             .args(&hosts)
             .args(["--op", "cut-1", "--wait", "3s", "--", cmd]),
+        &[],
     );
     wait_for("every command to start", Duration::from_secs(30), || {
         hosts.iter().all(|h| in_home(&lab, h, "started").exists())
@@ -447,6 +441,7 @@ fn detach_returns_in_progress_at_the_claim_and_a_later_run_follows_to_the_result
             .args(["--json", "run"])
             .args(&hosts)
             .args(["--wait", "60s", "--op", "bg-1", "--", cmd]),
+        &[],
     );
     for host in &hosts {
         std::fs::write(in_home(&lab, host, "gate"), "").unwrap();
@@ -538,6 +533,7 @@ fn sigint_during_a_fleet_run_answers_every_host_first_then_exits_130() {
             .args(["--json", "run"])
             .args(&hosts)
             .args(["--forks", "3", "--op", "int-1", "--", cmd]),
+        &[],
     );
     wait_for("three commands to start", Duration::from_secs(30), || {
         hosts[..3]
@@ -651,6 +647,7 @@ fn reconcile_records_each_host_as_it_answers_while_a_hung_host_is_still_pending(
             .arg("-F")
             .arg(&cfg)
             .args(["--json", "reconcile"]),
+        &[],
     );
     wait_for(
         "target1 and target2 to be settled",

@@ -6,27 +6,17 @@
 //! `opmark doctor` tells which.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::lab::Lab;
 use opmark::shim::{Frame, Invocation, Reply, ReplyParser, RunRequest, Verb};
 use serde_json::Value;
 
-use crate::support::{self, fresh_dir, text, Sealed};
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not one JSON document ({e}): {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        )
-    })
-}
+use crate::support::{self, fresh_dir, json, text, tool_path, Sealed};
 
 /// `opmark --json run target1 --op OP -- WORDS...`.
-fn run(env: &Sealed, lab: &Lab, op: &str, words: &[&str]) -> (Value, i32) {
+fn run_words(env: &Sealed, lab: &Lab, op: &str, words: &[&str]) -> (Value, i32) {
     let out = env
         .opmark_with_lab(lab)
         .args(["--json", "run", "target1", "--op", op, "--"])
@@ -37,7 +27,7 @@ fn run(env: &Sealed, lab: &Lab, op: &str, words: &[&str]) -> (Value, i32) {
 }
 
 /// `opmark --json doctor target1`: (ok, the failed checks' names, the document).
-fn doctor(env: &Sealed, lab: &Lab) -> (bool, Vec<String>, Value) {
+fn doctor_checks(env: &Sealed, lab: &Lab) -> (bool, Vec<String>, Value) {
     let out = env
         .opmark_with_lab(lab)
         .args(["--json", "doctor", "target1"])
@@ -82,7 +72,7 @@ fn assert_runs_once_and_replays_with(env: &Sealed, lab: &Lab, op: &str, to_stder
         "over ssh: {by_ssh:?}"
     );
     std::fs::remove_file(&effects).unwrap();
-    let (first, status) = run(env, lab, op, &[&cmd]);
+    let (first, status) = run_words(env, lab, op, &[&cmd]);
     assert_eq!(first["verdict"], "completed", "{first}");
     assert_eq!(
         (first["exit_code"].as_i64(), status),
@@ -91,7 +81,7 @@ fn assert_runs_once_and_replays_with(env: &Sealed, lab: &Lab, op: &str, to_stder
     );
     assert_eq!(first["stdout"], out, "{first}");
     assert_eq!(first["stderr"], err, "{first}");
-    let (again, status) = run(env, lab, op, &[&cmd]);
+    let (again, status) = run_words(env, lab, op, &[&cmd]);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(
         (again["exit_code"].as_i64(), status),
@@ -107,7 +97,7 @@ fn assert_runs_once_and_replays_with(env: &Sealed, lab: &Lab, op: &str, to_stder
 fn assert_fails_fast(env: &Sealed, lab: &Lab, op: &str, code: &str) -> (Value, String, PathBuf) {
     let effects = fresh_dir(op).join("effects");
     let cmd = format!("echo ran >> {}", effects.display());
-    let (doc, status) = run(env, lab, op, &[&cmd]);
+    let (doc, status) = run_words(env, lab, op, &[&cmd]);
     assert_eq!(doc["verdict"], "not_applied", "{doc}");
     assert_eq!(status, 241, "{doc}");
     assert_eq!(doc["reason_code"], code, "{doc}");
@@ -125,14 +115,6 @@ fn lab_for_host_kinds(name: &str) -> Option<Lab> {
         return None;
     }
     support::loopback_lab_named(name, 1)
-}
-
-fn tool_path(tool: &str) -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap();
-    PathBuf::from(text(&out.stdout).trim())
 }
 
 #[test]
@@ -231,12 +213,12 @@ fn a_one_megabyte_command_and_a_120_kb_one_run_once_and_replay() {
         command.extend([";", &append, ";", "echo", "ok;", "exit", "4"]);
         let joined = command.join(" ");
         assert!(joined.len() >= words * word_len);
-        let (first, status) = run(&env, &lab, op, &command);
+        let (first, status) = run_words(&env, &lab, op, &command);
         assert_eq!(first["verdict"], "completed", "{op}: {first}");
         assert_eq!((first["exit_code"].as_i64(), status), (Some(4), 4), "{op}");
         assert_eq!(first["stdout"], "ok\n", "{op}");
         assert_eq!(first["attempts"].as_array().unwrap().len(), 1, "{op}");
-        let (again, status) = run(&env, &lab, op, &command);
+        let (again, status) = run_words(&env, &lab, op, &command);
         assert_eq!(again["verdict"], "replayed", "{op}: {again}");
         assert_eq!((again["exit_code"].as_i64(), status), (Some(4), 4), "{op}");
         assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n", "{op}");
@@ -308,7 +290,7 @@ fn fish_as_login_shell_works() {
     lab.set_login("target1", &tool_path("fish"), None).unwrap();
     let env = Sealed::new("fish");
     assert_runs_once_and_replays(&env, &lab, "fish-op");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
     assert!(doc.to_string().contains("fish"), "{doc}");
 }
@@ -322,7 +304,7 @@ fn tcsh_as_login_shell_works() {
     lab.set_login("target1", &tool_path("tcsh"), None).unwrap();
     let env = Sealed::new("tcsh");
     assert_runs_once_and_replays_with(&env, &lab, "tcsh-op", ">/dev/stderr");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
 }
 
@@ -343,7 +325,7 @@ fn a_bashrc_that_exits_fails_fast_as_not_applied() {
     let reason = doc["reason"].as_str().unwrap();
     assert!(reason.contains("bashrc: not interactive, bye"), "{reason}");
     assert!(reason.contains("opmark doctor"), "{reason}");
-    let (ok, failed, _) = doctor(&env, &lab);
+    let (ok, failed, _) = doctor_checks(&env, &lab);
     assert!(!ok);
     assert_eq!(failed, ["shim"]);
 }
@@ -391,7 +373,7 @@ fn a_bashrc_printing_a_fake_header_does_not_fool_the_client() {
     // sshd starts, so ssh prints them): what counts is that the verdict, the exit code
     // and the run-once hold.
     assert_runs_once_and_replays(&env, &lab, "fake-header");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
 }
 
@@ -414,7 +396,7 @@ fn a_busybox_only_host_runs_once_replays_and_doctor_says_how_it_detaches() {
         .unwrap();
     let env = Sealed::new("busybox-only");
     assert_runs_once_and_replays(&env, &lab, "bb-op");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
     assert_eq!(doc["facts"]["detach"], "setsid_setsid", "{doc}");
     assert_eq!(
@@ -481,7 +463,7 @@ fn a_sync_that_takes_no_files_still_makes_runs_durable_and_doctor_says_how() {
         .unwrap();
     let env = Sealed::new("sync-no-files");
     assert_runs_once_and_replays(&env, &lab, "sync-op");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
     assert_eq!(doc["facts"]["sync_file"], "no", "{doc}");
     let check = doc["checks"]
@@ -504,7 +486,7 @@ fn a_relative_xdg_state_home_is_failed_by_doctor_with_the_fix() {
     let home = &lab.targets()[0].home;
     std::fs::write(home.join(".bashrc"), "export XDG_STATE_HOME=state\n").unwrap();
     let env = Sealed::new("relative-state");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(!ok, "{doc}");
     assert!(failed.contains(&"root".to_owned()), "{failed:?} {doc}");
     let check = doc["checks"]
@@ -535,11 +517,11 @@ fn a_startup_banner_without_a_newline_does_not_stop_the_first_contact() {
     let env = Sealed::new("banner");
     let effects = fresh_dir("banner").join("effects");
     let cmd = format!("echo ran >> {}; echo out; exit 3", effects.display());
-    let (doc, status) = run(&env, &lab, "banner-op", &[&cmd]);
+    let (doc, status) = run_words(&env, &lab, "banner-op", &[&cmd]);
     assert_eq!(doc["verdict"], "completed", "{doc}");
     assert_eq!(status, 3, "{doc}");
     assert!(doc["stdout"].as_str().unwrap().ends_with("out\n"), "{doc}");
-    let (again, _) = run(&env, &lab, "banner-op", &[&cmd]);
+    let (again, _) = run_words(&env, &lab, "banner-op", &[&cmd]);
     assert_eq!(again["verdict"], "replayed", "{again}");
     assert_eq!(std::fs::read_to_string(&effects).unwrap(), "ran\n");
 }
@@ -553,7 +535,7 @@ fn a_login_shell_that_cannot_run_commands_fails_fast() {
         .unwrap();
     let env = Sealed::new("nologin");
     assert_fails_fast(&env, &lab, "nologin-op", "shim_did_not_start");
-    let (ok, failed, _) = doctor(&env, &lab);
+    let (ok, failed, _) = doctor_checks(&env, &lab);
     assert!(!ok);
     assert_eq!(failed, ["shim"]);
 }
@@ -588,7 +570,7 @@ fn a_setsid_that_fails_runs_nothing_and_leaves_no_claim_or_leftover() {
     // Fixed, the same op id runs.
     lab.set_login("target1", Path::new("/bin/bash"), Some("/usr/bin:/bin"))
         .unwrap();
-    let (fixed, status) = run(&env, &lab, "sf-op", &[&cmd]);
+    let (fixed, status) = run_words(&env, &lab, "sf-op", &[&cmd]);
     assert_eq!(
         (fixed["verdict"].as_str(), status),
         (Some("completed"), 0),
@@ -613,7 +595,7 @@ fn a_static_busybox_login_shell_on_a_full_host_runs_and_doctor_names_its_applet(
         .unwrap();
     let env = Sealed::new("static-busybox-sh");
     assert_runs_once_and_replays(&env, &lab, "sbb-op");
-    let (ok, failed, doc) = doctor(&env, &lab);
+    let (ok, failed, doc) = doctor_checks(&env, &lab);
     assert!(ok, "{failed:?} {doc}");
     let applet = Command::new(tool_path("busybox"))
         .args(["sh", "-c", "command -v setsid"])

@@ -10,15 +10,7 @@ use std::time::Duration;
 
 use opmark::lab::Target;
 
-use crate::support::{self, answer, json, text, wait_for, Lab, Sealed};
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("start opmark")
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
-}
+use crate::support::{self, answer, json, lines, output, text, wait_for, Lab, Sealed};
 
 /// An ssh config in which `alias` names the lab target `to`, logging in as `user`.
 fn config(lab: &Lab, dir: &Path, alias: &str, to: &Target, user: &str) -> PathBuf {
@@ -124,14 +116,14 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
     let command = format!("echo ran >> {}; sleep 2", effect.display());
 
     // Unsettled: the command runs on, its outcome not in the ledger.
-    let first = answer(run(env.opmark().arg("-F").arg(&as_lab_user).args([
+    let first = answer(output(env.opmark().arg("-F").arg(&as_lab_user).args([
         "--json", "run", "target1", "--op", "user-1", "--detach", "--", &command,
     ])));
     assert_eq!(first.verdict(), "in_progress", "{first:?}");
 
     // The alias's User changes: same machine, same host key, another marker root.
     let moved =
-        answer(run(env.opmark().arg("-F").arg(&as_other).args([
+        answer(output(env.opmark().arg("-F").arg(&as_other).args([
             "--json", "run", "target1", "--op", "user-1", "--", &command,
         ])));
     assert_eq!(
@@ -163,25 +155,31 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
         "claimed in the other user's marker root"
     );
     // Still unresolved: nothing was concluded.
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
     // The operator commands go no further as the other user, and say so as run does.
     let ran_as = format!("ran as user {}", t.user);
     let before = format!("reached before as {}@{}:{}", t.user, t.addr, t.port);
     for command in operator_commands("user-1") {
-        let out = run(env
-            .opmark()
-            .arg("-F")
-            .arg(&as_other)
-            .arg("--json")
-            .args(&command));
+        let out = output(
+            env.opmark()
+                .arg("-F")
+                .arg(&as_other)
+                .arg("--json")
+                .args(&command),
+        );
         assert_host_changed(&out, &command, "user-1", &[&ran_as, &before]);
     }
-    let out = run(env
-        .opmark()
-        .arg("-F")
-        .arg(&as_other)
-        .args(["probe", "target1", "user-1"]));
+    let out = output(
+        env.opmark()
+            .arg("-F")
+            .arg(&as_other)
+            .args(["probe", "target1", "user-1"]),
+    );
     assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).starts_with(&format!(
@@ -191,11 +189,12 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
         "{}",
         text(&out.stderr)
     );
-    let doc = json(&run(env
-        .opmark()
-        .arg("-F")
-        .arg(&as_other)
-        .args(["--json", "reconcile"])));
+    let doc = json(&output(
+        env.opmark()
+            .arg("-F")
+            .arg(&as_other)
+            .args(["--json", "reconcile"]),
+    ));
     let row = &doc["operations"][0];
     assert_eq!(row["decision"], "host_changed", "{doc}");
     assert_eq!(row["settled"], false, "{doc}");
@@ -209,7 +208,7 @@ fn a_user_switch_under_the_alias_is_host_changed_and_the_command_runs_once() {
     assert!(!other.marker_root().join("ops/user-1").exists());
 
     // The way it ran before follows it to its end, in the root it claimed.
-    let back = answer(run(env.opmark().arg("-F").arg(&as_lab_user).args([
+    let back = answer(output(env.opmark().arg("-F").arg(&as_lab_user).args([
         "--json", "run", "target1", "--op", "user-1", "--wait", "20s", "--", &command,
     ])));
     assert!(
@@ -229,7 +228,7 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     let t = lab.target("target1").unwrap().clone();
     let effect = env.root.join("runs");
     let command = format!("echo ran >> {}; sleep 1", effect.display());
-    let first = answer(run(env.opmark_with_lab(&lab).args([
+    let first = answer(output(env.opmark_with_lab(&lab).args([
         "--json", "run", "target1", "--op", "root-1", "--detach", "--", &command,
     ])));
     assert_eq!(first.verdict(), "in_progress", "{first:?}");
@@ -239,9 +238,9 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     assert!(root_id.chars().all(|c| c.is_ascii_hexdigit()), "{root_id}");
 
     // show names the root each attempt reached, whole (JSON and text).
-    let shown = json(&run(env.opmark().args(["--json", "show", "root-1"])));
+    let shown = json(&output(env.opmark().args(["--json", "show", "root-1"])));
     assert_eq!(shown["attempts"][0]["root_id"], root_id.as_str(), "{shown}");
-    let shown = run(env.opmark().args(["show", "root-1"]));
+    let shown = output(env.opmark().args(["show", "root-1"]));
     assert!(
         text(&shown.stdout).contains(&format!("marker root {root_id}")),
         "{}",
@@ -252,9 +251,10 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     let exit = t.marker_root().join("ops/root-1/exit");
     wait_for("the exit record", Duration::from_secs(20), || exit.exists());
     std::fs::remove_dir_all(t.marker_root()).unwrap();
-    let again = answer(run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "run", "target1", "--op", "root-1", "--", &command])));
+    let again =
+        answer(output(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "root-1", "--", &command,
+        ])));
     assert_eq!(
         (again.verdict(), again.code()),
         ("conflict", ("host_changed", false)),
@@ -274,7 +274,7 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     // The operator commands refuse the same way before acting, and make no root id.
     let expected = format!("reached marker root {root_id}");
     for command in operator_commands("root-1") {
-        let out = run(env.opmark_with_lab(&lab).arg("--json").args(&command));
+        let out = output(env.opmark_with_lab(&lab).arg("--json").args(&command));
         assert_host_changed(&out, &command, "root-1", &[&expected, "a root with no id"]);
     }
     assert!(
@@ -287,16 +287,18 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     );
 
     // Another operation makes the new root's id; the old operation is still held to its own.
-    let other = answer(run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "run", "target1", "--op", "root-2", "--", "true"])));
+    let other =
+        answer(output(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "root-2", "--", "true",
+        ])));
     assert_eq!(other.verdict(), "completed", "{other:?}");
     let new_id = std::fs::read_to_string(t.marker_root().join("root_id")).unwrap();
     let new_id = new_id.trim().to_owned();
     assert_ne!(new_id, root_id);
-    let again = answer(run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "run", "target1", "--op", "root-1", "--", &command])));
+    let again =
+        answer(output(env.opmark_with_lab(&lab).args([
+            "--json", "run", "target1", "--op", "root-1", "--", &command,
+        ])));
     assert_eq!(again.code(), ("host_changed", false), "{again:?}");
     let reason = again.json["reason"].as_str().unwrap();
     assert!(
@@ -308,7 +310,7 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
     assert!(!t.marker_root().join("ops/root-1").exists());
 
     // reconcile refuses the same way and shows the root the attempts reached.
-    let out = run(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
+    let out = output(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
     let doc = json(&out);
     let row = doc["operations"]
         .as_array()
@@ -327,7 +329,7 @@ fn a_wiped_marker_root_is_host_changed_for_an_operation_with_attempts_and_nothin
             .contains(&format!("reached marker root {root_id}")),
         "{doc}"
     );
-    let out = run(env.opmark_with_lab(&lab).arg("reconcile"));
+    let out = output(env.opmark_with_lab(&lab).arg("reconcile"));
     assert!(
         text(&out.stdout).contains(&format!("[marker root {}]", &root_id[..12])),
         "{}",
@@ -356,7 +358,7 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     let effect = env.root.join("runs");
     let command = format!("echo ran >> {}", effect.display());
     let done =
-        answer(run(env.opmark().arg("-F").arg(&lab_one).args([
+        answer(output(env.opmark().arg("-F").arg(&lab_one).args([
             "--json", "run", "target1", "--op", "name-1", "--", &command,
         ])));
     assert_eq!(done.verdict(), "completed", "{done:?}");
@@ -365,7 +367,7 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
     std::fs::remove_dir_all(a.marker_root().join("ops/name-1")).unwrap();
 
     let there =
-        answer(run(env.opmark().arg("-F").arg(&lab_two).args([
+        answer(output(env.opmark().arg("-F").arg(&lab_two).args([
             "--json", "run", "target1", "--op", "name-1", "--", &command,
         ])));
     assert_eq!(
@@ -391,7 +393,7 @@ fn a_ledger_exit_under_a_reused_name_is_not_replayed_from_another_machine() {
 
     // On the first machine the ledger's memory still answers (its marker is gone).
     let here =
-        answer(run(env.opmark().arg("-F").arg(&lab_one).args([
+        answer(output(env.opmark().arg("-F").arg(&lab_one).args([
             "--json", "run", "target1", "--op", "name-1", "--", &command,
         ])));
     assert_eq!(

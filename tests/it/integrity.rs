@@ -10,9 +10,9 @@ use std::time::Duration;
 use opmark::lab::{Lab, Target};
 
 use crate::support::disk::{needs_loop_mounts, SmallDisk};
-use crate::support::{answer, fresh_dir, text, wait_for, Answer, Sealed};
+use crate::support::{answer, fresh_dir, lines, text, wait_for, Answer, Sealed};
 
-fn run_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) -> Answer {
+fn run_op_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) -> Answer {
     answer(
         env.opmark_with_lab(lab)
             .args(extra)
@@ -23,10 +23,6 @@ fn run_json(env: &Sealed, lab: &Lab, extra: &[&str], op: &str, command: &str) ->
             .output()
             .unwrap(),
     )
-}
-
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 /// A forger, run as the command: it hunts a 32-hex nonce for the foreground shim serving
@@ -105,7 +101,7 @@ fn a_command_that_hunts_the_nonce_and_forges_its_own_exit_gets_its_true_status()
         forge.display(),
         report.display()
     );
-    let a = run_json(&env, &lab, &[], "forge-self", &cmd);
+    let a = run_op_json(&env, &lab, &[], "forge-self", &cmd);
     let forged = forger_reached_the_foreground(&report);
     assert_eq!(a.verdict(), "completed", "{a:?}\nforger: {forged}");
     assert_eq!(a.exit_code(), Some(9), "{a:?}\nforger: {forged}");
@@ -146,7 +142,7 @@ fn another_op_forging_into_a_running_op_changes_neither_its_verdict_nor_its_outp
     wait_for("the victim to start", Duration::from_secs(30), || {
         std::fs::read(&out).is_ok_and(|o| o == b"a-start\n")
     });
-    let attacker = run_json(
+    let attacker = run_op_json(
         &env,
         &lab,
         &[],
@@ -188,12 +184,12 @@ fn a_marker_root_without_free_blocks_refuses_the_claim_honestly_and_leaves_no_or
     let cmd = format!("echo ran >> {}; echo hi", effects.display());
     // An earlier operation made the root's directories, as on any used host.
     assert_eq!(
-        run_json(&env, &lab, &[], "before", "true").verdict(),
+        run_op_json(&env, &lab, &[], "before", "true").verdict(),
         "completed"
     );
     let filler = disk.fill_blocks();
 
-    let a = run_json(&env, &lab, &[], "on-full-disk", &cmd);
+    let a = run_op_json(&env, &lab, &[], "on-full-disk", &cmd);
     assert_eq!(a.verdict(), "not_applied", "{a:?}");
     assert_eq!(a.reason_code(), "host_disk_full", "{a:?}");
     assert_eq!(a.json["retryable"], false, "{a:?}");
@@ -205,7 +201,7 @@ fn a_marker_root_without_free_blocks_refuses_the_claim_honestly_and_leaves_no_or
     assert_eq!(ops_left(target), ["before"], "no orphan marker");
 
     std::fs::remove_dir_all(filler).unwrap();
-    let b = run_json(&env, &lab, &[], "on-full-disk", &cmd);
+    let b = run_op_json(&env, &lab, &[], "on-full-disk", &cmd);
     assert_eq!(b.verdict(), "completed", "{b:?}");
     assert_eq!(b.stdout(), "hi\n", "{b:?}");
     assert_eq!(
@@ -229,13 +225,13 @@ fn a_marker_root_out_of_inodes_undoes_the_half_made_claim_and_a_retry_runs_once(
     let effects = fresh_dir("no-inodes").join("effects");
     let cmd = format!("echo ran >> {}; echo hi", effects.display());
     assert_eq!(
-        run_json(&env, &lab, &[], "before", "true").verdict(),
+        run_op_json(&env, &lab, &[], "before", "true").verdict(),
         "completed"
     );
     // One inode left: the marker directory can be made, its claim record cannot.
     let fill = disk.fill_inodes(1);
 
-    let a = run_json(&env, &lab, &[], "no-inodes", &cmd);
+    let a = run_op_json(&env, &lab, &[], "no-inodes", &cmd);
     assert_eq!(a.verdict(), "not_applied", "{a:?}");
     assert_eq!(a.reason_code(), "host_disk_full", "{a:?}");
     assert!(
@@ -248,12 +244,12 @@ fn a_marker_root_out_of_inodes_undoes_the_half_made_claim_and_a_retry_runs_once(
         "the half-made claim was undone"
     );
     // A second try says the same, and never `in_progress` for an empty marker.
-    let again = run_json(&env, &lab, &[], "no-inodes", &cmd);
+    let again = run_op_json(&env, &lab, &[], "no-inodes", &cmd);
     assert_eq!(again.verdict(), "not_applied", "{again:?}");
     assert_eq!(lines(&effects), 0);
 
     std::fs::remove_dir_all(fill).unwrap();
-    let b = run_json(&env, &lab, &[], "no-inodes", &cmd);
+    let b = run_op_json(&env, &lab, &[], "no-inodes", &cmd);
     assert_eq!(b.verdict(), "completed", "{b:?}");
     assert_eq!(b.stdout(), "hi\n", "{b:?}");
     assert_eq!(lines(&effects), 1, "ran exactly once");
@@ -284,7 +280,7 @@ fn a_convergent_command_that_fills_the_marker_root_is_never_reported_as_not_appl
     );
     let policy_args = ["--policy", policy.to_str().unwrap()];
 
-    let a = run_json(&env, &lab, &policy_args, "fills-root", &cmd);
+    let a = run_op_json(&env, &lab, &policy_args, "fills-root", &cmd);
     assert_eq!(a.json["family"], "convergent", "{a:?}");
     assert_ne!(a.verdict(), "not_applied", "the command ran: {a:?}");
     assert_ne!(
@@ -387,7 +383,7 @@ fn with_any_number_of_free_inodes_a_run_either_completes_once_or_runs_nothing_an
     let env = Sealed::new("inode-sweep");
     let dir = fresh_dir("inode-sweep");
     assert_eq!(
-        run_json(&env, &lab, &[], "before", "true").verdict(),
+        run_op_json(&env, &lab, &[], "before", "true").verdict(),
         "completed"
     );
     // From "not even the marker directory" to "everything fits": each step runs out at

@@ -704,7 +704,7 @@ fn encrypted_key_config(lab: &Lab, dir: &Path, batch_mode: bool) -> PathBuf {
 /// on), with script's own stdin an open pipe nobody writes to: a prompt would wait
 /// forever. `inner_stdin` is a shell redirection for opmark itself ("" keeps the pty).
 /// Returns the transcript, or panics when the watchdog fires.
-fn under_pty(env: &Sealed, cfg: &Path, inner_stdin: &str) -> String {
+fn run_locked_under_pty(env: &Sealed, cfg: &Path, inner_stdin: &str) -> String {
     let line = format!(
         "{} -F {} --json run locked --op pty-1 -- true {inner_stdin}",
         env!("CARGO_BIN_EXE_opmark"),
@@ -736,7 +736,7 @@ fn encrypted_key_without_agent_fails_fast_when_stdin_is_not_a_terminal() {
     let env = Sealed::new(crate::test_name!());
     let cfg = encrypted_key_config(&lab, &fresh_dir(crate::test_name!()), false);
     // A terminal is attached (the pty), but opmark's stdin is a pipe: an agent's setup.
-    let transcript = under_pty(&env, &cfg, "< /dev/null");
+    let transcript = run_locked_under_pty(&env, &cfg, "< /dev/null");
     assert_auth_refused_without_prompt(&transcript);
 }
 
@@ -748,7 +748,7 @@ fn encrypted_key_without_agent_fails_fast_under_a_pty_with_batch_mode() {
     crate::require_tool!("script");
     let env = Sealed::new(crate::test_name!());
     let cfg = encrypted_key_config(&lab, &fresh_dir(crate::test_name!()), true);
-    let transcript = under_pty(&env, &cfg, "");
+    let transcript = run_locked_under_pty(&env, &cfg, "");
     assert_auth_refused_without_prompt(&transcript);
 }
 

@@ -10,18 +10,20 @@ use std::time::{Duration, Instant};
 
 use opmark::lab::Lab;
 
-use crate::support::{self, answer, finish_within, fresh_dir, text, Answer, Sealed};
+use crate::support::{
+    self, answer, finish_within, fresh_dir, lines, log_len, text, Answer, Sealed,
+};
 
 /// `opmark -F lab` with reuse on (`persist`).
-fn opmark(env: &Sealed, lab: &Lab, persist: &str) -> Command {
+fn opmark_persisting(env: &Sealed, lab: &Lab, persist: &str) -> Command {
     let mut cmd = env.opmark_with_lab(lab);
     cmd.env("OPMARK_PERSIST", persist);
     cmd
 }
 
-fn run(env: &Sealed, lab: &Lab, op: &str, command: &str) -> Answer {
+fn run_reusing(env: &Sealed, lab: &Lab, op: &str, command: &str) -> Answer {
     answer(
-        opmark(env, lab, "5m")
+        opmark_persisting(env, lab, "5m")
             .args(["--json", "run", "target1", "--op", op, "--", command])
             .output()
             .unwrap(),
@@ -35,10 +37,6 @@ fn authentications(lab: &Lab, from: u64) -> usize {
     String::from_utf8_lossy(&log[from..])
         .matches("Accepted publickey")
         .count()
-}
-
-fn log_len(lab: &Lab) -> u64 {
-    std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len())
 }
 
 fn wait_until(limit: Duration, what: &str, mut ok: impl FnMut() -> bool) {
@@ -72,10 +70,6 @@ fn socket_name() -> String {
     format!("keeper-v{}.sock", opmark::ssh::keeper::wire::VERSION)
 }
 
-fn lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
 #[test]
 fn two_hundred_sequential_runs_from_new_processes_authenticate_once() {
     let Some(lab) = support::loopback_lab(1) else {
@@ -87,7 +81,7 @@ fn two_hundred_sequential_runs_from_new_processes_authenticate_once() {
         // One intent per op id: `echo $((6*7))` is destructive by the shipped policy (an
         // arithmetic expansion), so the same text under a new op id would be held back
         // as a repetition (docs/guarantees.md#repetitions).
-        let a = run(
+        let a = run_reusing(
             &env,
             &lab,
             &format!("reuse-{i}"),
@@ -101,7 +95,7 @@ fn two_hundred_sequential_runs_from_new_processes_authenticate_once() {
         1,
         "200 runs through the keeper must authenticate once"
     );
-    let status = opmark(&env, &lab, "5m")
+    let status = opmark_persisting(&env, &lab, "5m")
         .args(["mux", "status"])
         .output()
         .unwrap();
@@ -121,7 +115,7 @@ fn without_reuse_every_run_authenticates_and_no_keeper_starts() {
     let from = log_len(&lab);
     for i in 0..2 {
         let a = answer(
-            opmark(&env, &lab, "0")
+            opmark_persisting(&env, &lab, "0")
                 .args([
                     "--json",
                     "run",
@@ -157,7 +151,7 @@ fn killing_the_keeper_mid_command_probes_and_never_runs_twice() {
         started.display(),
         count.display()
     );
-    let child = opmark(&env, &lab, "5m")
+    let child = opmark_persisting(&env, &lab, "5m")
         .args([
             "--json",
             "run",
@@ -204,12 +198,15 @@ fn a_stale_socket_is_replaced_before_anything_is_sent() {
         return;
     };
     let env = Sealed::new("keeper-stale");
-    assert_eq!(run(&env, &lab, "stale-1", "true").verdict(), "completed");
+    assert_eq!(
+        run_reusing(&env, &lab, "stale-1", "true").verdict(),
+        "completed"
+    );
     let pid = env.keeper_pid().expect("a keeper runs");
     kill9(pid);
     let socket = env.keeper_dir().join(socket_name());
     assert!(socket.exists(), "kill -9 leaves the socket behind");
-    let a = run(&env, &lab, "stale-2", "echo fresh");
+    let a = run_reusing(&env, &lab, "stale-2", "echo fresh");
     assert_eq!(a.verdict(), "completed", "{a:?}");
     assert_eq!(a.stdout(), "fresh\n");
     let attempts = a.json["attempts"].as_array().unwrap();
@@ -229,7 +226,7 @@ fn a_keeper_directory_open_to_others_is_refused_and_the_run_connects_itself() {
     let dir = env.keeper_dir();
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let a = run(&env, &lab, "mode-1", "echo direct");
+    let a = run_reusing(&env, &lab, "mode-1", "echo direct");
     assert_eq!(a.verdict(), "completed", "{a:?}");
     assert_eq!(a.stdout(), "direct\n");
     assert!(
@@ -258,7 +255,10 @@ fn another_user_cannot_use_the_keeper() {
         return;
     }
     let env = Sealed::new("keeper-uid");
-    assert_eq!(run(&env, &lab, "uid-1", "true").verdict(), "completed");
+    assert_eq!(
+        run_reusing(&env, &lab, "uid-1", "true").verdict(),
+        "completed"
+    );
     let pid = env.keeper_pid().expect("a keeper runs");
     // Open the walls on purpose (what a careless chmod would do), so that only the
     // keeper's SO_PEERCRED check stands between another user and the connection.
@@ -335,7 +335,7 @@ fn the_keeper_exits_after_its_persist_time_idle() {
     };
     let env = Sealed::new("keeper-idle");
     let a = answer(
-        opmark(&env, &lab, "1s")
+        opmark_persisting(&env, &lab, "1s")
             .args(["--json", "run", "target1", "--op", "idle-1", "--", "true"])
             .output()
             .unwrap(),
@@ -360,7 +360,7 @@ fn twenty_concurrent_callers_share_the_keeper_within_max_sessions() {
     let from = log_len(&lab);
     let children: Vec<_> = (0..20)
         .map(|i| {
-            opmark(&env, &lab, "5m")
+            opmark_persisting(&env, &lab, "5m")
                 .args([
                     "--json",
                     "run",
@@ -413,22 +413,25 @@ fn mux_stop_ends_the_keeper_and_status_says_so() {
         return;
     };
     let env = Sealed::new("keeper-stop");
-    let none = opmark(&env, &lab, "5m")
+    let none = opmark_persisting(&env, &lab, "5m")
         .args(["mux", "status"])
         .output()
         .unwrap();
     assert!(text(&none.stdout).contains("no connection keeper is running"));
     assert!(env.keeper_pid().is_none(), "status never starts a keeper");
-    assert_eq!(run(&env, &lab, "stop-1", "true").verdict(), "completed");
+    assert_eq!(
+        run_reusing(&env, &lab, "stop-1", "true").verdict(),
+        "completed"
+    );
     let pid = env.keeper_pid().expect("a keeper runs");
-    let status = opmark(&env, &lab, "5m")
+    let status = opmark_persisting(&env, &lab, "5m")
         .args(["--json", "mux", "status"])
         .output()
         .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(doc["running"], true, "{doc}");
     assert_eq!(doc["connections"].as_array().unwrap().len(), 1, "{doc}");
-    let stop = opmark(&env, &lab, "5m")
+    let stop = opmark_persisting(&env, &lab, "5m")
         .args(["mux", "stop"])
         .output()
         .unwrap();
@@ -450,7 +453,7 @@ fn a_connection_unused_for_the_persist_time_closes_while_the_keeper_serves_other
     let env = Sealed::new("keeper-expiry");
     let run_on = |host: &str, op: &str| {
         answer(
-            opmark(&env, &lab, "2s")
+            opmark_persisting(&env, &lab, "2s")
                 .args(["--json", "run", host, "--op", op, "--", "true"])
                 .output()
                 .unwrap(),
@@ -458,7 +461,7 @@ fn a_connection_unused_for_the_persist_time_closes_while_the_keeper_serves_other
     };
     assert_eq!(run_on("target1", "expiry-1").verdict(), "completed");
     let held = |env: &Sealed| -> Vec<String> {
-        let out = opmark(env, &lab, "2s")
+        let out = opmark_persisting(env, &lab, "2s")
             .args(["--json", "mux", "status"])
             .output()
             .unwrap();
@@ -567,7 +570,7 @@ fn megabytes_of_stdin_and_output_cross_the_keeper_intact() {
         use sha2::Digest as _;
         hex::encode(sha2::Sha256::digest(&input))
     };
-    let mut child = opmark(&env, &lab, "5m")
+    let mut child = opmark_persisting(&env, &lab, "5m")
         .args([
             "run",
             "target1",
@@ -594,7 +597,7 @@ fn megabytes_of_stdin_and_output_cross_the_keeper_intact() {
         "{}",
         text(&out.stdout)
     );
-    let out = opmark(&env, &lab, "5m")
+    let out = opmark_persisting(&env, &lab, "5m")
         .args([
             "run",
             "target1",
@@ -756,7 +759,7 @@ fn verbose_traces_the_callers_side_the_same_with_and_without_the_keeper() {
     let alias = lab.targets()[0].alias.clone();
     // Direct, through a new keeper, through the same keeper again.
     for (i, persist) in ["0", "5m", "5m"].into_iter().enumerate() {
-        let out = opmark(&env, &lab, persist)
+        let out = opmark_persisting(&env, &lab, persist)
             .args([
                 "-vv",
                 "run",
@@ -799,7 +802,7 @@ fn verbose_traces_the_callers_side_the_same_with_and_without_the_keeper() {
         }
     }
     // -v alone: where it connected and the verdict.
-    let out = opmark(&env, &lab, "5m")
+    let out = opmark_persisting(&env, &lab, "5m")
         .args(["-v", "run", &alias, "--op", "verbose-v", "--", "true"])
         .output()
         .unwrap();
@@ -824,7 +827,7 @@ fn a_hundred_callers_through_one_keeper_are_all_served_once_and_nothing_is_left_
     let dir = support::fresh_dir(crate::test_name!());
     let gate = dir.join("gate");
     let warm = answer(
-        opmark(&env, &lab, "5s")
+        opmark_persisting(&env, &lab, "5s")
             .args(["--json", "run", "target1", "--op", "warm", "--", "true"])
             .output()
             .unwrap(),
@@ -841,7 +844,7 @@ fn a_hundred_callers_through_one_keeper_are_all_served_once_and_nothing_is_left_
     };
     let callers: Vec<(Instant, std::process::Child)> = (0..CALLERS)
         .map(|i| {
-            let child = opmark(&env, &lab, "5s")
+            let child = opmark_persisting(&env, &lab, "5s")
                 .args(["--json", "run", "target1", "--op", &format!("many-{i}")])
                 .args(["--wait", "20s", "--", &command(i)])
                 .stdout(Stdio::piped())
@@ -872,7 +875,7 @@ fn a_hundred_callers_through_one_keeper_are_all_served_once_and_nothing_is_left_
     }
     // Every operation is then served (the waiters too), and ran once.
     for i in 0..CALLERS {
-        let child = opmark(&env, &lab, "5s")
+        let child = opmark_persisting(&env, &lab, "5s")
             .args(["--json", "run", "target1", "--op", &format!("many-{i}")])
             .args(["--", &command(i)])
             .stdout(Stdio::piped())

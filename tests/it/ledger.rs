@@ -19,7 +19,7 @@ use opmark::ledger::chain::Link;
 use opmark::ledger::{key_path_beside, Durability, Event, Ledger, ListFilter, OpKey, Redactor};
 use opmark::vocab::{Boundary, RetryReason, Verdict};
 
-use crate::support::{self, Lab, Sealed};
+use crate::support::{self, contains_canary, lines, text, Lab, Sealed};
 
 const ROLE: &str = "OPMARK_TEST_LEDGER_ROLE";
 const PATH: &str = "OPMARK_TEST_LEDGER_PATH";
@@ -52,7 +52,7 @@ impl Drop for Scratch {
 }
 
 /// `opmark` with a sealed environment: own HOME/XDG dirs, no inherited OPMARK_*.
-fn opmark(home: &Path, ledger: &Path, args: &[&str]) -> Output {
+fn opmark_with_ledger(home: &Path, ledger: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_opmark"))
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -64,10 +64,6 @@ fn opmark(home: &Path, ledger: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 /// The events of one complete operation as `run` writes them: intent + first attempt in
@@ -876,7 +872,7 @@ fn writer_killed_with_sigkill_in_a_loop_loses_no_commit_and_leaves_no_half_opera
             "half operation {key:?}: intent without its attempt"
         );
     }
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
 
@@ -906,7 +902,7 @@ fn tampered(s: &Scratch, name: &str, sql: &str) -> PathBuf {
 }
 
 fn assert_verify_names(s: &Scratch, db: &Path, seq: u64) -> String {
-    let out = opmark(&s.0, db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, db, &["audit", "verify"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}{}", text(&out.stderr));
     assert!(
@@ -920,13 +916,13 @@ fn assert_verify_names(s: &Scratch, db: &Path, seq: u64) -> String {
 fn audit_verify_reports_an_intact_chain() {
     let s = Scratch::new("intact");
     let db = tamper_fixture(&s);
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         text(&out.stdout),
         "chain intact: 15 events, projection equals their replay\n"
     );
-    let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], true);
     assert_eq!(doc["event_count"], 15);
@@ -1014,7 +1010,7 @@ fn audit_verify_names_swapped_events() {
 #[test]
 fn audit_verify_without_a_ledger_is_a_clear_error() {
     let s = Scratch::new("missing");
-    let out = opmark(&s.0, &s.path("nope.db"), &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &s.path("nope.db"), &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(248));
     assert!(
         text(&out.stderr).contains("no ledger at"),
@@ -1091,7 +1087,7 @@ fn list_and_show_render_the_timeline_with_retries() {
         ledger.append(&key, &e, Durability::Normal).unwrap();
     }
 
-    let out = opmark(&s.0, &db, &["show", "deploy-42"]);
+    let out = opmark_with_ledger(&s.0, &db, &["show", "deploy-42"]);
     let shown = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
@@ -1121,7 +1117,7 @@ fn list_and_show_render_the_timeline_with_retries() {
     assert!(indent("boundary sent_no_response") > indent("attempt a1"));
     assert!(indent("attempt a1") > indent("intended"));
 
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &["--json", "show", "deploy-42", "--host", "web1"],
@@ -1130,26 +1126,26 @@ fn list_and_show_render_the_timeline_with_retries() {
     assert_eq!(doc["operation"]["unresolved"], true);
     assert_eq!(doc["events"].as_array().unwrap().len(), 7);
 
-    let out = opmark(&s.0, &db, &["list", "--unresolved"]);
+    let out = opmark_with_ledger(&s.0, &db, &["list", "--unresolved"]);
     let listed = text(&out.stdout);
     assert!(
         listed.contains("deploy-42") && !listed.contains("other-op"),
         "{listed}"
     );
-    let out = opmark(&s.0, &db, &["--json", "list", "--host", "web2"]);
+    let out = opmark_with_ledger(&s.0, &db, &["--json", "list", "--host", "web2"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let ops = doc["operations"].as_array().unwrap();
     assert_eq!(ops.len(), 1);
     assert_eq!(ops[0]["op_id"], "other-op");
 
-    let out = opmark(&s.0, &db, &["--json", "stats"]);
+    let out = opmark_with_ledger(&s.0, &db, &["--json", "stats"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["operation_count"], 2);
     assert_eq!(doc["unresolved_count"], 1);
     assert_eq!(doc["unknown_outcomes"], 1);
     assert_eq!(doc["retries_by_family"]["destructive"], 1);
 
-    let out = opmark(&s.0, &db, &["show", "no-such-op"]);
+    let out = opmark_with_ledger(&s.0, &db, &["show", "no-such-op"]);
     assert_eq!(out.status.code(), Some(245));
     assert!(text(&out.stderr).contains("no operation `no-such-op`"));
 }
@@ -1173,14 +1169,6 @@ const CANARY_TEXTS: &[&str] = &[
     "-----BEGIN OPENSSH PRIVATE KEY-----\nCanaryPem15\nAAAA\n-----END OPENSSH PRIVATE KEY-----",
     "policy says corp-canary-16 is secret",
 ];
-
-fn contains_canary(bytes: &[u8]) -> bool {
-    bytes
-        .windows(6)
-        .any(|w| w.eq_ignore_ascii_case(b"canary"))
-        // "Q2FuYXJ5" is base64 of "Canary": the Basic credential must not leak either.
-        || bytes.windows(8).any(|w| w == b"Q2FuYXJ5")
-}
 
 #[test]
 fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
@@ -1280,20 +1268,20 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
     ];
     for n in 0..CANARY_TEXTS.len() {
         let mut args = vec!["show".to_owned(), format!("op{n}")];
-        outputs.push(opmark(
+        outputs.push(opmark_with_ledger(
             &s.0,
             &db,
             &args.iter().map(String::as_str).collect::<Vec<_>>(),
         ));
         args.insert(0, "--json".into());
-        outputs.push(opmark(
+        outputs.push(opmark_with_ledger(
             &s.0,
             &db,
             &args.iter().map(String::as_str).collect::<Vec<_>>(),
         ));
     }
     for args in &runs {
-        outputs.push(opmark(
+        outputs.push(opmark_with_ledger(
             &s.0,
             &db,
             &args.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -1308,7 +1296,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
         );
     }
     // The shapes survive: what was masked is still recognisable.
-    let shown = text(&opmark(&s.0, &db, &["show", "op6"]).stdout);
+    let shown = text(&opmark_with_ledger(&s.0, &db, &["show", "op6"]).stdout);
     assert!(shown.contains("https://bob:***@git.example.com"), "{shown}");
     drop(ledger);
     let bytes = std::fs::read(&db).unwrap();
@@ -1377,7 +1365,7 @@ fn two_labs_name_their_targets_uniquely_so_one_ledger_keeps_their_operations_apa
 // --- The installation key belongs to the ledger (docs/ledger.md#the-installation-key) -------------------
 
 /// `opmark --json run target1 --op OP -- CMD` in `env` (any extra env applied first).
-fn run_op(
+fn run_op_with(
     cmd: &mut Command,
     lab: &Lab,
     op: &str,
@@ -1393,10 +1381,6 @@ fn run_op(
     (doc, out.status.code().unwrap_or(-1), text(&out.stderr))
 }
 
-fn count_lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
 #[test]
 fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
     let Some(lab) = support::loopback_lab(1) else {
@@ -1406,7 +1390,7 @@ fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
     let other = Sealed::new("key-other-home");
     let fx = env.root.join("effects");
     let cmd = format!("echo ran >> {}; exit 5", fx.display());
-    let (first, status, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    let (first, status, err) = run_op_with(&mut env.opmark(), &lab, "key-1", &cmd);
     assert_eq!(first["verdict"], "completed", "{first} {err}");
     assert_eq!(status, 5);
     let key = key_path_beside(&env.ledger);
@@ -1419,10 +1403,10 @@ fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
         .env_remove("OPMARK_LEDGER")
         .arg("--ledger")
         .arg(&env.ledger);
-    let (again, status, err) = run_op(&mut elsewhere, &lab, "key-1", &cmd);
+    let (again, status, err) = run_op_with(&mut elsewhere, &lab, "key-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again} {err}");
     assert_eq!((again["exit_code"].as_i64(), status), (Some(5), 5));
-    assert_eq!(count_lines(&fx), 1, "one execution on the host");
+    assert_eq!(lines(&fx), 1, "one execution on the host");
     assert!(
         std::fs::read_dir(&other.config).unwrap().next().is_none(),
         "no key was made under the other config dir"
@@ -1432,7 +1416,7 @@ fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
     let saved = env.root.join("saved.key");
     std::fs::rename(&key, &saved).unwrap();
     let marker_root = lab.target("target1").unwrap().marker_root();
-    let (doc, status, err) = run_op(&mut env.opmark(), &lab, "key-2", &cmd);
+    let (doc, status, err) = run_op_with(&mut env.opmark(), &lab, "key-2", &cmd);
     assert_eq!(status, 248, "{doc} {err}");
     let said = format!("{doc} {err}");
     assert!(said.contains(&env.ledger.display().to_string()), "{said}");
@@ -1452,22 +1436,22 @@ fn the_same_ledger_under_another_config_dir_replays_instead_of_conflicting() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let mut wrong_key = env.opmark();
     wrong_key.env("OPMARK_LEDGER_KEY", &wrong);
-    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-1", &cmd);
+    let (doc, status, err) = run_op_with(&mut wrong_key, &lab, "key-1", &cmd);
     assert_eq!(status, 248, "{doc} {err}");
     let said = format!("{doc} {err}");
     assert!(said.contains(&wrong.display().to_string()), "{said}");
     assert!(said.contains(&env.ledger.display().to_string()), "{said}");
     assert!(said.contains("not the key of the ledger"), "{said}");
-    let (doc, status, err) = run_op(&mut wrong_key, &lab, "key-3", &cmd);
+    let (doc, status, err) = run_op_with(&mut wrong_key, &lab, "key-3", &cmd);
     assert_eq!(status, 248, "{doc} {err}");
     assert!(!marker_root.join("ops/key-3").exists(), "nothing was sent");
-    assert_eq!(count_lines(&fx), 1);
+    assert_eq!(lines(&fx), 1);
 
     // The restored key opens the ledger again, and the operation still replays.
     std::fs::rename(&saved, &key).unwrap();
-    let (again, _, err) = run_op(&mut env.opmark(), &lab, "key-1", &cmd);
+    let (again, _, err) = run_op_with(&mut env.opmark(), &lab, "key-1", &cmd);
     assert_eq!(again["verdict"], "replayed", "{again} {err}");
-    assert_eq!(count_lines(&fx), 1);
+    assert_eq!(lines(&fx), 1);
 }
 
 #[test]
@@ -1475,7 +1459,7 @@ fn ledger_keygen_writes_a_0600_key_and_never_overwrites() {
     use std::os::unix::fs::PermissionsExt;
     let s = Scratch::new("keygen");
     let key = s.path("keys/shared.key");
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &s.path("l.db"),
         &["ledger", "keygen", key.to_str().unwrap()],
@@ -1484,7 +1468,7 @@ fn ledger_keygen_writes_a_0600_key_and_never_overwrites() {
     let meta = std::fs::metadata(&key).unwrap();
     assert_eq!((meta.len(), meta.permissions().mode() & 0o777), (32, 0o600));
     let before = std::fs::read(&key).unwrap();
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &s.path("l.db"),
         &["ledger", "keygen", key.to_str().unwrap()],
@@ -1579,7 +1563,7 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     let db = s.path("state/opmark/ledger.db");
     old_layout_ledger(&db);
     // Without any key, it refuses and names where it looked.
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(248));
     let err = text(&out.stderr);
     assert!(
@@ -1591,7 +1575,7 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
     let legacy = s.path("config/opmark/installation.key");
     std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
     std::fs::write(&legacy, [7u8; 32]).unwrap();
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{}{err}", text(&out.stdout));
     assert!(
@@ -1613,13 +1597,13 @@ fn an_old_layout_ledger_adopts_the_config_dir_key_once_and_keeps_verifying() {
         )
         .unwrap();
     drop(ledger);
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert_eq!(text(&out.stderr), "");
     assert!(text(&out.stdout).starts_with("chain intact: 4 events"));
     // The rows now say what the events say.
     let doc: serde_json::Value =
-        serde_json::from_slice(&opmark(&s.0, &db, &["--json", "list"]).stdout).unwrap();
+        serde_json::from_slice(&opmark_with_ledger(&s.0, &db, &["--json", "list"]).stdout).unwrap();
     let op = &doc["operations"][0];
     assert_eq!(op["display"], "rm -rf /srv/old");
     assert_eq!(op["exit_code"], 9);
@@ -1635,7 +1619,7 @@ fn audit_verify_names_an_edited_projection_row() {
         "projection",
         "UPDATE operations SET verdict = 'completed', exit_code = 0, display = 'echo harmless' WHERE op_id = 'op1'",
     );
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(
@@ -1643,7 +1627,7 @@ fn audit_verify_names_an_edited_projection_row() {
         "{stdout}"
     );
     assert!(stdout.contains("display"), "{stdout}");
-    let out = opmark(&s.0, &db, &["--json", "audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["--json", "audit", "verify"]);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["intact"], false);
     assert_eq!(doc["first_mismatch"]["op_id"], "op1");
@@ -1727,7 +1711,7 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
         return;
     };
     let env = Sealed::new("contradiction");
-    let (first, status, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    let (first, status, err) = run_op_with(&mut env.opmark(), &lab, "edited-1", "true");
     assert_eq!(
         (first["verdict"].as_str(), status),
         (Some("completed"), 0),
@@ -1832,7 +1816,7 @@ fn an_edited_exit_record_is_a_contradiction_shown_everywhere_and_the_ledger_keep
 
     // A rerun replays what the host now says, and says on stderr that it contradicts
     // the ledger, which keeps exit 0.
-    let (doc, _, err) = run_op(&mut env.opmark(), &lab, "edited-1", "true");
+    let (doc, _, err) = run_op_with(&mut env.opmark(), &lab, "edited-1", "true");
     assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
     assert!(err.contains("CONTRADICTION"), "{err}");
     assert!(err.contains("keeps exit 0"), "{err}");
@@ -1895,7 +1879,7 @@ fn a_ledger_disk_filled_by_the_command_still_gets_the_verdict_and_a_rerun_replay
     );
     let mut first = env.opmark();
     first.env("OPMARK_LEDGER", &ledger);
-    let (doc, status, err) = run_op(&mut first, &lab, "full-1", &cmd);
+    let (doc, status, err) = run_op_with(&mut first, &lab, "full-1", &cmd);
     assert_eq!(doc["verdict"], "completed", "{doc} {err}");
     assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3), "{err}");
     assert_eq!(doc["ledger_error"]["reason_code"], "ledger_full", "{doc}");
@@ -1908,16 +1892,16 @@ fn a_ledger_disk_filled_by_the_command_still_gets_the_verdict_and_a_rerun_replay
     );
     assert!(err.contains("could not record this verdict"), "{err}");
     assert!(err.contains("same op id"), "{err}");
-    assert_eq!(count_lines(&fx), 1);
+    assert_eq!(lines(&fx), 1);
 
     std::fs::remove_file(fs.0.join("fill")).unwrap();
     let mut again = env.opmark();
     again.env("OPMARK_LEDGER", &ledger);
-    let (doc, status, err) = run_op(&mut again, &lab, "full-1", &cmd);
+    let (doc, status, err) = run_op_with(&mut again, &lab, "full-1", &cmd);
     assert_eq!(doc["verdict"], "replayed", "{doc} {err}");
     assert_eq!((doc["exit_code"].as_i64(), status), (Some(3), 3));
     assert!(doc.get("ledger_error").is_none(), "{doc}");
-    assert_eq!(count_lines(&fx), 1, "one execution");
+    assert_eq!(lines(&fx), 1, "one execution");
     let out = env
         .opmark()
         .env("OPMARK_LEDGER", &ledger)
@@ -1933,7 +1917,7 @@ fn a_completed_marker_whose_claim_record_was_removed_is_a_contradiction() {
         return;
     };
     let env = Sealed::new("claimless");
-    let (first, status, err) = run_op(&mut env.opmark(), &lab, "claimless-1", "exit 4");
+    let (first, status, err) = run_op_with(&mut env.opmark(), &lab, "claimless-1", "exit 4");
     assert_eq!(
         (first["verdict"].as_str(), status),
         (Some("completed"), 4),
@@ -1996,7 +1980,7 @@ fn postgres_migrate_from_sqlite_keeps_the_chain() {
         .unwrap();
     drop(ledger);
     let url = pg.location.to_str().unwrap();
-    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "migrate", "--to", url]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let said = text(&out.stdout);
     assert!(said.starts_with("copied 29 events from"), "{said}");
@@ -2025,7 +2009,7 @@ fn postgres_migrate_from_sqlite_keeps_the_chain() {
         text(&out.stdout).trim(),
         "chain intact: 29 events, projection equals their replay"
     );
-    let from_sqlite = opmark(&s.0, &db, &["--json", "show", "lost-1"]);
+    let from_sqlite = opmark_with_ledger(&s.0, &db, &["--json", "show", "lost-1"]);
     let from_pg = on_pg(&["--json", "show", "lost-1"]);
     let events = |o: &Output| {
         let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -2052,7 +2036,7 @@ fn postgres_migrate_from_sqlite_keeps_the_chain() {
         "{}",
         text(&out.stderr)
     );
-    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "migrate", "--to", url]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         text(&out.stderr).contains("already holds"),
@@ -2076,7 +2060,7 @@ fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
     drop(ledger);
     let file = s.path("archive.db");
     let file_arg = file.to_str().unwrap();
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &["ledger", "archive", "--before", "0s", file_arg],
@@ -2098,7 +2082,7 @@ fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
         [],
     )
     .unwrap();
-    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "migrate", "--to", url]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         text(&out.stderr).contains("archived counts was edited outside opmark"),
@@ -2111,7 +2095,7 @@ fn postgres_migrate_of_an_archived_sqlite_ledger_keeps_its_cut_and_archive() {
     )
     .unwrap();
     drop(conn);
-    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", url]);
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "migrate", "--to", url]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -2156,7 +2140,7 @@ fn postgres_ledger_needs_a_named_key_and_refuses_tls_it_cannot_do() {
     };
     let s = Scratch::new("needkey");
     let url = pg.location.to_str().unwrap();
-    let out = opmark(&s.0, Path::new(url), &["list"]);
+    let out = opmark_with_ledger(&s.0, Path::new(url), &["list"]);
     // 248: the ledger cannot be used as given (as for a missing or wrong key file).
     assert_eq!(out.status.code(), Some(248), "{}", text(&out.stderr));
     assert!(
@@ -2263,7 +2247,7 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
     let s = Scratch::new("migrate-bad");
     let db = s.path("ledger.db");
     // No ledger yet: nothing to copy.
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &["ledger", "migrate", "--to", "postgresql://u@h/db"],
@@ -2278,7 +2262,7 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
     write_operation(&mut ledger, &OpKey::new("op1", "h"), 1);
     drop(ledger);
     // The target must be PostgreSQL.
-    let out = opmark(&s.0, &db, &["ledger", "migrate", "--to", "/tmp/other.db"]);
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "migrate", "--to", "/tmp/other.db"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(
         text(&out.stderr).contains("--to must be a PostgreSQL URL"),
@@ -2286,7 +2270,7 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
         text(&out.stderr)
     );
     // The source must be SQLite.
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         Path::new("postgresql://u:hunter2@h/db"),
         &["ledger", "migrate", "--to", "postgresql://u@h/db2"],
@@ -2303,7 +2287,7 @@ fn ledger_migrate_refuses_what_it_cannot_copy() {
 fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
     let s = Scratch::new("incremental");
     let db = tamper_fixture(&s);
-    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify", "--incremental"]);
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         text(&out.stdout),
@@ -2321,7 +2305,7 @@ fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
         )
         .unwrap();
     drop(ledger);
-    let out = opmark(&s.0, &db, &["audit", "verify", "--incremental"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify", "--incremental"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).starts_with(
@@ -2331,12 +2315,12 @@ fn audit_verify_incremental_reads_only_what_is_new_and_says_so() {
         text(&out.stdout)
     );
     let doc: serde_json::Value = serde_json::from_slice(
-        &opmark(&s.0, &db, &["--json", "audit", "verify", "--incremental"]).stdout,
+        &opmark_with_ledger(&s.0, &db, &["--json", "audit", "verify", "--incremental"]).stdout,
     )
     .unwrap();
     assert_eq!(doc["walked"]["scope"], "since_checkpoint", "{doc}");
     assert_eq!(doc["walked"]["checkpoint"], 16, "{doc}");
-    let out = opmark(&s.0, &db, &["audit", "verify", "--full"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify", "--full"]);
     assert_eq!(
         text(&out.stdout),
         "chain intact: 16 events, projection equals their replay\n"
@@ -2529,7 +2513,7 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
     drop(ledger);
     let file = s.path("archive.db");
     let file_arg = file.to_str().unwrap();
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &["ledger", "archive", "--before", "0s", file_arg],
@@ -2558,14 +2542,14 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
         .unwrap()
         .is_some());
     drop(ledger);
-    let out = opmark(&s.0, &db, &["audit", "verify"]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).contains("after the archive cut at event #20"),
         "{}",
         text(&out.stdout)
     );
-    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).starts_with("chain intact: "),
@@ -2580,7 +2564,7 @@ fn ledger_archive_moves_settled_operations_and_verify_spans_both() {
         )
         .unwrap();
     drop(archive);
-    let out = opmark(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify", "--archive", file_arg]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).starts_with("chain broken at event #7"),
@@ -2749,7 +2733,7 @@ fn stats_since_and_ledger_archive_refuse_bad_input_with_the_fix() {
     let mut ledger = Ledger::open(&db).unwrap();
     unresolved_operation(&mut ledger, &OpKey::new("open-1", "h1"));
     drop(ledger);
-    let out = opmark(&s.0, &db, &["stats", "--since", "100000000d"]);
+    let out = opmark_with_ledger(&s.0, &db, &["stats", "--since", "100000000d"]);
     assert_eq!(out.status.code(), Some(245));
     assert!(
         text(&out.stderr).contains("use a shorter duration"),
@@ -2758,7 +2742,7 @@ fn stats_since_and_ledger_archive_refuse_bad_input_with_the_fix() {
     );
     // Only an unresolved operation: nothing may be archived, and no file is written.
     let file = s.path("archive.db");
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &[
@@ -2777,7 +2761,7 @@ fn stats_since_and_ledger_archive_refuse_bad_input_with_the_fix() {
         text(&out.stderr)
     );
     assert!(!file.exists());
-    let out = opmark(
+    let out = opmark_with_ledger(
         &s.0,
         &db,
         &["audit", "verify", "--archive", file.to_str().unwrap()],

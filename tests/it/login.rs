@@ -7,12 +7,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, text, Sealed};
+use crate::support::{self, text, tool_path, Sealed};
 
 /// What a command printed and how it ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -20,14 +19,6 @@ struct Seen {
     stdout: String,
     stderr: String,
     code: Option<i64>,
-}
-
-fn tool_path(tool: &str) -> PathBuf {
-    let out = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .unwrap();
-    PathBuf::from(text(&out.stdout).trim())
 }
 
 /// `ssh -F <lab> target1 CMD`: the reference.

@@ -17,7 +17,12 @@ fn gated(gate: &std::path::Path) -> String {
     )
 }
 
-fn spawn_run(env: &Sealed, lab: &Lab, cfg: Option<&std::path::Path>, args: &[&str]) -> Child {
+fn spawn_run_through(
+    env: &Sealed,
+    lab: &Lab,
+    cfg: Option<&std::path::Path>,
+    args: &[&str],
+) -> Child {
     let mut cmd = match cfg {
         Some(cfg) => {
             let mut cmd = env.opmark();
@@ -51,7 +56,7 @@ fn a_wait_of_5s_answers_within_the_budget_and_the_last_look_after_a_silent_cut()
     // The lab's own keepalives (8 s to notice a dead link) outlast the budget: the
     // budget, not the keepalives, must end this run.
     let begun = Instant::now();
-    let child = spawn_run(
+    let child = spawn_run_through(
         &env,
         &lab,
         None,

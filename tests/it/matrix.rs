@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use opmark::lab::{login_shells, shell_user, DockerSpec, HostKind, Lab, LabSpec, Placement};
 use serde_json::Value;
 
-use crate::support::{self, fast_loss_config, fresh_dir, json, text, wait_for, Sealed};
+use crate::support::{self, fast_loss_config, fresh_dir, json, lines, text, wait_for, Sealed};
 
 /// A one-target docker lab of `kind`, or None (after SKIP) when a tool is missing.
 fn matrix_lab(name: &str, kind: HostKind) -> Option<Lab> {
@@ -141,10 +141,6 @@ impl Cell<'_> {
             .unwrap();
         json(&out)
     }
-}
-
-fn lines(path: &PathBuf) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 /// Run, replay, and the command's view compared with `ssh DEST CMD`'s.

@@ -3,35 +3,18 @@
 //! the host, a follow of a running command) is an observation, never an attempt, and an
 //! approval is asked for only when something may run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{self, answer, fresh_dir, json, lines, run_json, text, Sealed};
-
-fn effects(name: &str) -> PathBuf {
-    fresh_dir(name).join("effects")
-}
-
-fn show_json(env: &Sealed, op: &str) -> Value {
-    json(&env.opmark().args(["--json", "show", op]).output().unwrap())
-}
+use crate::support::{
+    self, answer, effects, fresh_dir, json, lines, listed, run_json, show_json, text, Sealed,
+};
 
 fn show_text(env: &Sealed, op: &str) -> String {
     let out = env.opmark().args(["show", op]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     text(&out.stdout)
-}
-
-fn listed(env: &Sealed, op: &str) -> Value {
-    let doc = json(&env.opmark().args(["--json", "list"]).output().unwrap());
-    doc["operations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["op_id"] == op)
-        .unwrap_or_else(|| panic!("{op} not listed: {doc}"))
-        .clone()
 }
 
 fn stats(env: &Sealed) -> Value {

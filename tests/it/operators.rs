@@ -3,7 +3,7 @@
 //! doctor on unusable marker roots.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::family::Family;
@@ -14,11 +14,7 @@ use opmark::shim::Verb;
 use opmark::vocab::{Boundary, RetryReason};
 use serde_json::Value;
 
-use crate::support::{self, json, text, wait_for, Lab, Sealed};
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().expect("start opmark")
-}
+use crate::support::{self, json, lines, output, probe_state, text, wait_for, Lab, Sealed};
 
 fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {
     lab.target(alias)
@@ -71,7 +67,7 @@ pub(crate) fn record_lost_dispatch(
 }
 
 fn event_count(env: &Sealed, op: &str) -> usize {
-    let out = run(env.opmark().args(["--json", "show", op]));
+    let out = output(env.opmark().args(["--json", "show", op]));
     json(&out)["events"].as_array().unwrap().len()
 }
 
@@ -103,7 +99,7 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
         "the started boundary in the ledger",
         Duration::from_secs(30),
         || {
-            let out = run(env.opmark().args(["--json", "show", "cut-1"]));
+            let out = output(env.opmark().args(["--json", "show", "cut-1"]));
             serde_json::from_slice::<Value>(&out.stdout)
                 .is_ok_and(|doc| doc["attempts"][0]["boundary"] == "started")
         },
@@ -118,7 +114,11 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
     assert_eq!(out.status.code(), Some(242));
     assert!(doc["exit_code"].is_null());
 
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
 
     // The command goes on without the client; wait for its exit record on the host.
@@ -128,7 +128,7 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
         exit_record.exists()
     });
     let t = Instant::now();
-    let out = run(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
+    let out = output(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
     eprintln!("reconcile of 1 operation took {:?}", t.elapsed());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = json(&out);
@@ -139,11 +139,11 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
     assert_eq!(doc["unresolved_count"], 0);
 
     // Reconciling again finds nothing to do.
-    let again = run(env.opmark_with_lab(&lab).arg("reconcile"));
+    let again = output(env.opmark_with_lab(&lab).arg("reconcile"));
     assert_eq!(again.status.code(), Some(0));
     assert!(text(&again.stdout).contains("nothing to reconcile"));
 
-    let show = run(env.opmark().args(["show", "cut-1"]));
+    let show = output(env.opmark().args(["show", "cut-1"]));
     assert_eq!(show.status.code(), Some(0), "{}", text(&show.stderr));
     let page = text(&show.stdout);
     for needle in [
@@ -169,7 +169,7 @@ fn reconcile_settles_a_run_left_indeterminate_by_a_link_cut() {
     let at = |s: &str| page.find(s).unwrap_or_else(|| panic!("no {s:?}:\n{page}"));
     assert!(at("\nattempts:") < at("\nobservations (UTC):"));
     assert!(at("\nobservations (UTC):") < at("\ntimeline (UTC):"));
-    let doc = json(&run(env.opmark().args(["--json", "show", "cut-1"])));
+    let doc = json(&output(env.opmark().args(["--json", "show", "cut-1"])));
     assert_eq!(doc["outcome"]["exit_code"], 5, "{doc}");
     assert_eq!(doc["outcome"]["unresolved"], false);
     assert_eq!(doc["attempts"][0]["boundary"], "started");
@@ -193,7 +193,7 @@ fn reconcile_fences_an_attempt_that_never_arrived_so_a_late_run_cannot_run() {
     record_lost_dispatch(&env, "target1", "lost-1", &command, true);
     record_lost_dispatch(&env, "target1", "never-sent", &command, false);
 
-    let out = run(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
+    let out = output(env.opmark_with_lab(&lab).args(["--json", "reconcile"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = json(&out);
     let rows = doc["operations"].as_array().unwrap();
@@ -212,16 +212,18 @@ fn reconcile_fences_an_attempt_that_never_arrived_so_a_late_run_cannot_run() {
     // The delayed original, from this client and from another one with its own ledger.
     let other = Sealed::new(&format!("{}-other", crate::test_name!()));
     for client in [&env, &other] {
-        let out = run(client
-            .opmark_with_lab(&lab)
-            .args(["--json", "run", "target1", "--op", "lost-1", "--", &command]));
+        let out = output(
+            client
+                .opmark_with_lab(&lab)
+                .args(["--json", "run", "target1", "--op", "lost-1", "--", &command]),
+        );
         let doc = json(&out);
         assert_eq!(doc["verdict"], "not_applied", "{doc}");
         assert_eq!(out.status.code(), Some(241));
     }
     assert!(!effect.exists(), "a fenced operation ran");
 
-    let show = text(&run(env.opmark().args(["show", "lost-1"])).stdout);
+    let show = text(&output(env.opmark().args(["show", "lost-1"])).stdout);
     assert!(show.contains("fenced"), "{show}");
     assert!(show.contains("reconciled: not_applied"), "{show}");
 }
@@ -235,9 +237,10 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
     for op in ["op-applied", "op-not-applied", "op-abandoned"] {
         record_lost_dispatch(&env, "target1", op, &format!("echo {op}"), true);
     }
-    let done = run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "run", "target1", "--op", "op-done", "--", "true"]));
+    let done = output(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "run", "target1", "--op", "op-done", "--", "true"]),
+    );
     assert_eq!(json(&done)["verdict"], "completed");
 
     for (op, how) in [
@@ -245,7 +248,7 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
         ("op-not-applied", "not-applied"),
         ("op-abandoned", "abandoned"),
     ] {
-        let out = run(env.opmark_with_lab(&lab).args([
+        let out = output(env.opmark_with_lab(&lab).args([
             "resolve",
             op,
             "--host",
@@ -258,13 +261,13 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
             "alice",
         ]));
         assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
-        let show = text(&run(env.opmark().args(["show", op])).stdout);
+        let show = text(&output(env.opmark().args(["show", op])).stdout);
         let decided = how.replace('-', "_");
         assert!(
             show.contains(&format!("operator alice decided {decided}")),
             "{show}"
         );
-        let doc = json(&run(env.opmark().args(["--json", "show", op])));
+        let doc = json(&output(env.opmark().args(["--json", "show", op])));
         let last = &doc["events"].as_array().unwrap().last().unwrap()["event"];
         assert_eq!(last["kind"], "operator_decision", "{doc}");
         assert_eq!(last["note"], format!("checked {op} by hand"));
@@ -273,12 +276,16 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
         .join("fenced")
         .exists());
     assert!(!marker(&lab, "target1", "op-applied").exists());
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
 
     // The host says op-done completed: not-applied is refused and nothing is recorded.
     let before = event_count(&env, "op-done");
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "resolve",
         "op-done",
         "--host",
@@ -298,12 +305,12 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
     assert!(!marker(&lab, "target1", "op-done").join("fenced").exists());
 
     // Unknown operation, and a known one on the wrong host.
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "resolve", "nope", "--host", "target1", "--as", "applied", "--note", "x",
     ]));
     assert_eq!(out.status.code(), Some(245));
     assert!(text(&out.stderr).contains("no operation `nope`"));
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "resolve",
         "op-done",
         "--host",
@@ -316,7 +323,7 @@ fn resolve_records_each_kind_visible_in_show_and_the_chain_still_verifies() {
     assert_eq!(out.status.code(), Some(245));
     assert!(text(&out.stderr).contains("recorded on: target1"));
 
-    let verify = run(env.opmark().args(["audit", "verify"]));
+    let verify = output(env.opmark().args(["audit", "verify"]));
     assert_eq!(verify.status.code(), Some(0), "{}", text(&verify.stdout));
 }
 
@@ -363,13 +370,6 @@ fn kill_group(pid: i32) {
         .status();
 }
 
-fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
-    let out = run(env
-        .opmark_with_lab(lab)
-        .args(["--json", "probe", "target1", op]));
-    json(&out)["marker_state"].as_str().unwrap_or("").to_owned()
-}
-
 /// Rewrites `key=` in a marker record, as if it had been written long ago.
 fn age_record(path: &Path, key: &str) {
     let text = std::fs::read_to_string(path).unwrap();
@@ -394,9 +394,10 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     };
     let env = Sealed::new(crate::test_name!());
     let ok = |op: &str| {
-        let out = run(env
-            .opmark_with_lab(&lab)
-            .args(["--json", "run", "target1", "--op", op, "--", "true"]));
+        let out = output(
+            env.opmark_with_lab(&lab)
+                .args(["--json", "run", "target1", "--op", op, "--", "true"]),
+        );
         assert_eq!(json(&out)["verdict"], "completed");
     };
     ok("old-done");
@@ -428,9 +429,10 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     assert_eq!(probe_state(&env, &lab, "still-running"), "running");
 
     // Shorter than the policy's strictest minimum: refused, naming it.
-    let out = run(env
-        .opmark_with_lab(&lab)
-        .args(["gc", "target1", "--older-than", "1s"]));
+    let out = output(
+        env.opmark_with_lab(&lab)
+            .args(["gc", "target1", "--older-than", "1s"]),
+    );
     assert_eq!(out.status.code(), Some(245));
     let err = text(&out.stderr);
     assert!(
@@ -455,7 +457,7 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
         ops.sort();
         ops
     };
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "--json",
         "gc",
         "target1",
@@ -469,10 +471,13 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
         assert!(marker(&lab, "target1", op).exists(), "dry run removed {op}");
     }
 
-    let out =
-        run(env
-            .opmark_with_lab(&lab)
-            .args(["--json", "gc", "target1", "--older-than", "3650d"]));
+    let out = output(env.opmark_with_lab(&lab).args([
+        "--json",
+        "gc",
+        "target1",
+        "--older-than",
+        "3650d",
+    ]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = json(&out);
     assert_eq!(removed(&doc), ["old-done", "old-fenced"]);
@@ -499,10 +504,11 @@ impl Drop for Mounted {
     }
 }
 
-fn doctor(env: &Sealed, lab: &Lab) -> (Option<i32>, Value) {
-    let out = run(env
-        .opmark_with_lab(lab)
-        .args(["--json", "doctor", "target1"]));
+fn doctor_json(env: &Sealed, lab: &Lab) -> (Option<i32>, Value) {
+    let out = output(
+        env.opmark_with_lab(lab)
+            .args(["--json", "doctor", "target1"]),
+    );
     (out.status.code(), json(&out))
 }
 
@@ -526,7 +532,7 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
     };
     let env = Sealed::new(crate::test_name!());
     let target = lab.target("target1").unwrap().clone();
-    let (code, doc) = doctor(&env, &lab);
+    let (code, doc) = doctor_json(&env, &lab);
     assert_eq!(code, Some(0), "{doc}");
     assert_eq!(failed(&doc), Vec::<String>::new());
 
@@ -534,7 +540,7 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
     let root = target.marker_root();
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::write(&root, "not a directory").unwrap();
-    let (code, doc) = doctor(&env, &lab);
+    let (code, doc) = doctor_json(&env, &lab);
     assert_eq!(code, Some(1), "{doc}");
     assert_eq!(failed(&doc), ["writable"], "{doc}");
     std::fs::remove_file(&root).unwrap();
@@ -558,7 +564,7 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
         .unwrap();
     assert!(status.success(), "mount tmpfs");
     let _mounted = Mounted(target.state_home.clone());
-    let (code, doc) = doctor(&env, &lab);
+    let (code, doc) = doctor_json(&env, &lab);
     assert_eq!(code, Some(1), "{doc}");
     assert_eq!(failed(&doc), ["persistent", "space"], "{doc}");
     assert_eq!(doc["facts"]["fstype"], "tmpfs");
@@ -566,14 +572,15 @@ fn doctor_flags_an_unwritable_and_a_tmpfs_marker_root() {
 
 /// `opmark run --json` of `op` with `command`, through the lab's config.
 fn run_op(env: &Sealed, lab: &Lab, op: &str, command: &str) -> (Option<i32>, Value) {
-    let out = run(env
-        .opmark_with_lab(lab)
-        .args(["--json", "run", "target1", "--op", op, "--", command]));
+    let out = output(
+        env.opmark_with_lab(lab)
+            .args(["--json", "run", "target1", "--op", op, "--", command]),
+    );
     (out.status.code(), json(&out))
 }
 
 fn attempts_recorded(env: &Sealed, op: &str) -> usize {
-    let doc = json(&run(env.opmark().args(["--json", "show", op])));
+    let doc = json(&output(env.opmark().args(["--json", "show", op])));
     doc["attempts"].as_array().unwrap().len()
 }
 
@@ -603,7 +610,7 @@ fn after_resolve_applied_a_run_replays_the_decision_and_runs_nothing() {
         if let Some(code) = extra {
             args.extend(["--exit", code]);
         }
-        let out = run(env.opmark_with_lab(&lab).args(&args));
+        let out = output(env.opmark_with_lab(&lab).args(&args));
         assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
     }
     for _ in 0..2 {
@@ -628,7 +635,11 @@ fn after_resolve_applied_a_run_replays_the_decision_and_runs_nothing() {
         );
         assert_eq!(attempts_recorded(&env, op), 1, "{op}: no new attempt");
     }
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
 
     // --exit belongs to applied only, and must be an exit status.
@@ -636,17 +647,18 @@ fn after_resolve_applied_a_run_replays_the_decision_and_runs_nothing() {
         ["--as", "abandoned", "--exit", "3"],
         ["--as", "applied", "--exit", "300"],
     ] {
-        let out = run(env
-            .opmark_with_lab(&lab)
-            .args([
-                "resolve",
-                "applied-plain",
-                "--host",
-                "target1",
-                "--note",
-                "x",
-            ])
-            .args(args));
+        let out = output(
+            env.opmark_with_lab(&lab)
+                .args([
+                    "resolve",
+                    "applied-plain",
+                    "--host",
+                    "target1",
+                    "--note",
+                    "x",
+                ])
+                .args(args),
+        );
         assert_eq!(out.status.code(), Some(245), "{args:?}");
         assert!(
             text(&out.stderr).contains("--exit"),
@@ -669,7 +681,7 @@ fn after_resolve_not_applied_or_abandoned_a_run_is_not_applied_and_runs_nothing(
         ("never-happened", "not-applied", "resolved_not_applied"),
     ] {
         record_lost_dispatch(&env, "target1", op, &command, true);
-        let out = run(env.opmark_with_lab(&lab).args([
+        let out = output(env.opmark_with_lab(&lab).args([
             "resolve", op, "--host", "target1", "--as", how, "--note", "decided",
         ]));
         assert_eq!(out.status.code(), Some(0), "{op}: {}", text(&out.stderr));
@@ -687,7 +699,11 @@ fn after_resolve_not_applied_or_abandoned_a_run_is_not_applied_and_runs_nothing(
         assert_eq!(attempts_recorded(&env, op), 1, "{op}: nothing dispatched");
     }
     assert!(!effect.exists(), "a resolved operation ran");
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 0, "{list}");
 }
 
@@ -718,7 +734,7 @@ fn resolve_abandoned_or_not_applied_is_refused_while_the_host_says_running_or_co
     for (op, says) in [("still-going", "is running"), ("finished", "completed")] {
         for how in ["abandoned", "not-applied"] {
             let before = event_count(&env, op);
-            let out = run(env.opmark_with_lab(&lab).args([
+            let out = output(env.opmark_with_lab(&lab).args([
                 "resolve", op, "--host", "target1", "--as", how, "--note", "gave up",
             ]));
             let err = text(&out.stderr);
@@ -745,7 +761,7 @@ fn resolve_abandoned_or_not_applied_is_refused_while_the_host_says_running_or_co
         "no decision in the projection"
     );
     // Later runs follow the running command rather than answer `not_applied`.
-    let doc = json(&run(env.opmark_with_lab(&lab).args([
+    let doc = json(&output(env.opmark_with_lab(&lab).args([
         "--json",
         "run",
         "target1",
@@ -786,21 +802,21 @@ fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_cont
     ];
     // The command may still be running behind what looks like a dead host: it takes
     // --force, and says why.
-    let held = run(env.opmark_with_lab(&lab).args(abandon));
+    let held = output(env.opmark_with_lab(&lab).args(abandon));
     assert_eq!(held.status.code(), Some(247), "{}", text(&held.stderr));
     assert!(
         text(&held.stderr).contains("--force"),
         "{}",
         text(&held.stderr)
     );
-    let out = run(env.opmark_with_lab(&lab).args(abandon).arg("--force"));
+    let out = output(env.opmark_with_lab(&lab).args(abandon).arg("--force"));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc = json(&out);
     assert!(
         doc["fence"].as_str().unwrap().starts_with("not fenced: "),
         "{doc}"
     );
-    let show = json(&run(env.opmark().args([
+    let show = json(&output(env.opmark().args([
         "--json",
         "show",
         "on-a-dead-host",
@@ -828,7 +844,7 @@ fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_cont
         "resolved:abandoned",
         "the decision stays"
     );
-    let out = run(env.opmark().args(["audit", "verify"]));
+    let out = output(env.opmark().args(["audit", "verify"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     kill_group(supervisor);
 }
@@ -866,14 +882,15 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     let command = format!("touch {}", effect.display());
     // The client dies right after its request left for target1 (A): nothing about the
     // marker is known, which is what makes reconcile fence an absent one.
-    let crashed = run(env
-        .opmark_with_lab(&lab)
-        .env("OPMARK_FAULT", "after_dispatch")
-        .args(["--json", "run", "target1", "-i"])
-        .arg(lab.client_key())
-        .args(["--op", "moved-1", "--", &command]));
+    let crashed = output(
+        env.opmark_with_lab(&lab)
+            .env("OPMARK_FAULT", "after_dispatch")
+            .args(["--json", "run", "target1", "-i"])
+            .arg(lab.client_key())
+            .args(["--op", "moved-1", "--", &command]),
+    );
     assert_eq!(crashed.status.code(), None, "killed by its fault point");
-    let shown = json(&run(env.opmark().args(["--json", "show", "moved-1"])));
+    let shown = json(&output(env.opmark().args(["--json", "show", "moved-1"])));
     let key_a = shown["attempts"][0]["host_key"]
         .as_str()
         .unwrap()
@@ -882,11 +899,12 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     let on_b = marker(&lab, "target2", "moved-1");
 
     // The same alias now leads to B, whose key is trusted too.
-    let out = run(env
-        .opmark()
-        .arg("-F")
-        .arg(&to_b)
-        .args(["--json", "reconcile"]));
+    let out = output(
+        env.opmark()
+            .arg("-F")
+            .arg(&to_b)
+            .args(["--json", "reconcile"]),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let doc = json(&out);
     let row = &doc["operations"][0];
@@ -903,7 +921,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
 
     // probe and resolve through B refuse too; nothing recorded, nothing fenced.
     let before = event_count(&env, "moved-1");
-    let out = run(env.opmark().arg("-F").arg(&to_b).args([
+    let out = output(env.opmark().arg("-F").arg(&to_b).args([
         "resolve",
         "moved-1",
         "--host",
@@ -921,11 +939,12 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
         "{}",
         text(&out.stderr)
     );
-    let out = run(env
-        .opmark()
-        .arg("-F")
-        .arg(&to_b)
-        .args(["--json", "probe", "target1", "moved-1"]));
+    let out = output(
+        env.opmark()
+            .arg("-F")
+            .arg(&to_b)
+            .args(["--json", "probe", "target1", "moved-1"]),
+    );
     assert_eq!(out.status.code(), Some(243), "{}", text(&out.stderr));
     let doc = json(&out);
     assert_eq!(
@@ -939,11 +958,12 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     std::fs::create_dir(&on_b).unwrap();
     std::fs::write(on_b.join("fenced"), "fenced_at=86400\n").unwrap();
     let out =
-        run(env
-            .opmark()
-            .arg("-F")
-            .arg(&to_b)
-            .args(["gc", "target1", "--older-than", "3650d"]));
+        output(
+            env.opmark()
+                .arg("-F")
+                .arg(&to_b)
+                .args(["gc", "target1", "--older-than", "3650d"]),
+        );
     assert_eq!(out.status.code(), Some(243), "{}", text(&out.stdout));
     assert!(
         text(&out.stderr).contains("host changed: host key for target1 is now"),
@@ -955,7 +975,7 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     assert!(!on_b.exists(), "resolve or probe touched B");
 
     // A rerun through B is refused before anything is sent (docs/guarantees.md#evidence-identity: conflict).
-    let out = run(env.opmark().arg("-F").arg(&to_b).args([
+    let out = output(env.opmark().arg("-F").arg(&to_b).args([
         "--json", "run", "target1", "--op", "moved-1", "--", &command,
     ]));
     let doc = json(&out);
@@ -964,11 +984,15 @@ fn a_host_presenting_another_key_under_the_same_alias_is_never_probed_fenced_or_
     assert_eq!(doc["retryable"], false);
     assert_eq!(doc["attempts"][0]["boundary"], "not_sent", "{doc}");
     assert!(!on_b.exists(), "run claimed on B");
-    let list = json(&run(env.opmark().args(["--json", "list", "--unresolved"])));
+    let list = json(&output(env.opmark().args([
+        "--json",
+        "list",
+        "--unresolved",
+    ])));
     assert_eq!(list["operations"].as_array().unwrap().len(), 1, "{list}");
 
     // Without the override, reconcile goes the recorded way, to A, and settles there.
-    let out = run(env.opmark().args(["--json", "reconcile"]));
+    let out = output(env.opmark().args(["--json", "reconcile"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(marker(&lab, "target1", "moved-1").exists());
     assert!(!on_b.exists());
@@ -994,14 +1018,15 @@ fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
     )
     .unwrap();
     let port = a.port.to_string();
-    let crashed = run(env
-        .opmark()
-        .arg("-F")
-        .arg(&bare)
-        .env("OPMARK_FAULT", "after_started")
-        .args(["--json", "run", "box", "-p", &port, "-i"])
-        .arg(lab.client_key())
-        .args(["--op", "flagged-1", "--", "echo hi; exit 4"]));
+    let crashed = output(
+        env.opmark()
+            .arg("-F")
+            .arg(&bare)
+            .env("OPMARK_FAULT", "after_started")
+            .args(["--json", "run", "box", "-p", &port, "-i"])
+            .arg(lab.client_key())
+            .args(["--op", "flagged-1", "--", "echo hi; exit 4"]),
+    );
     assert_eq!(crashed.status.code(), None, "killed by its fault point");
     let exit_record = marker(&lab, "target1", "flagged-1").join("exit");
     wait_for("the exit record", Duration::from_secs(15), || {
@@ -1009,14 +1034,14 @@ fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
     });
 
     // No -F, no -p, no -i: the ledger knows the way.
-    let out = run(env.opmark().args(["--json", "reconcile"]));
+    let out = output(env.opmark().args(["--json", "reconcile"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     let doc = json(&out);
     assert_eq!(doc["operations"][0]["decision"], "completed", "{doc}");
     assert_eq!(doc["operations"][0]["exit_code"], 4);
 
     // show names the route and the key each attempt saw; no key material.
-    let doc = json(&run(env.opmark().args(["--json", "show", "flagged-1"])));
+    let doc = json(&output(env.opmark().args(["--json", "show", "flagged-1"])));
     let attempt = &doc["attempts"][0];
     assert_eq!(attempt["route"]["port"], a.port, "{doc}");
     assert_eq!(attempt["route"]["alias"], "box");
@@ -1030,7 +1055,7 @@ fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
         "{doc}"
     );
     assert!(attempt["host_key"].as_str().unwrap().starts_with("SHA256:"));
-    let page = text(&run(env.opmark().args(["show", "flagged-1"])).stdout);
+    let page = text(&output(env.opmark().args(["show", "flagged-1"])).stdout);
     assert!(
         page.contains(&format!("reached {}@{}:{}", a.user, a.addr, a.port)),
         "{page}"
@@ -1051,10 +1076,11 @@ fn reconcile_reaches_an_op_made_with_identity_and_port_flags_without_them() {
 
 /// `opmark --json gc target1 ARGS...`, its JSON document.
 fn gc_json(env: &Sealed, lab: &Lab, args: &[&str]) -> Value {
-    let out = run(env
-        .opmark_with_lab(lab)
-        .args(["--json", "gc", "target1"])
-        .args(args));
+    let out = output(
+        env.opmark_with_lab(lab)
+            .args(["--json", "gc", "target1"])
+            .args(args),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     json(&out)
 }
@@ -1085,7 +1111,7 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
     let count = support::fresh_dir(crate::test_name!()).join("count");
     let cmd = format!("echo ran; echo x >> {}", count.display());
     // Issue 24 row 1: `run --detach` completes on the host, the ledger never hears of it.
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "--json", "run", "target1", "--op", "det-1", "--detach", "--", &cmd,
     ]));
     assert_eq!(
@@ -1116,7 +1142,7 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
     // run: only what gc left on the host keeps its rerun from running the command again.
     let stranger = Sealed::new("gc-detached-stranger");
     let (_, theirs) = run_op(&stranger, &lab, "det-1", &cmd);
-    assert_eq!(count_lines(&count), 1, "ran again after gc: {theirs}");
+    assert_eq!(lines(&count), 1, "ran again after gc: {theirs}");
     assert_eq!(
         (theirs["verdict"].as_str(), theirs["exit_code"].as_i64()),
         (Some("replayed"), Some(0)),
@@ -1137,10 +1163,10 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
             .contains("output was collected"),
         "{again}"
     );
-    assert_eq!(count_lines(&count), 1, "ran once");
+    assert_eq!(lines(&count), 1, "ran once");
     // `show` keeps the first execution: the attempt that ran, and nothing after it that
     // got past `refused` (the rerun is answered from evidence).
-    let shown = json(&run(env.opmark().args(["--json", "show", "det-1"])));
+    let shown = json(&output(env.opmark().args(["--json", "show", "det-1"])));
     let attempts = shown["attempts"].as_array().unwrap();
     assert_eq!(attempts[0]["boundary"], "started", "{shown}");
     assert_eq!(attempts[0]["reason"], "first_attempt", "{shown}");
@@ -1148,9 +1174,10 @@ fn gc_after_a_detached_run_completed_unsettled_then_a_rerun_replays_and_never_ru
         attempts[1..].iter().all(|a| a["boundary"] == "refused"),
         "{shown}"
     );
-    let probe = json(&run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "probe", "target1", "det-1"])));
+    let probe = json(&output(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "probe", "target1", "det-1"]),
+    ));
     assert_eq!(probe["marker_state"], "completed", "{probe}");
     assert_eq!(probe["output_collected"], true, "{probe}");
 }
@@ -1190,7 +1217,7 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
         "{again}"
     );
     assert_eq!(again["output_collected"], true, "{again}");
-    assert_eq!(count_lines(&count), 1, "never ran twice");
+    assert_eq!(lines(&count), 1, "never ran twice");
 
     // Failed-start leftovers and cached shims of other versions, long past retention.
     let root = lab.target("target1").unwrap().marker_root();
@@ -1256,7 +1283,7 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
     assert_eq!(probe_state(&env, &lab, "tomb-1"), "completed");
 
     // Shorter than policy: refused like --older-than.
-    let out = run(env.opmark_with_lab(&lab).args([
+    let out = output(env.opmark_with_lab(&lab).args([
         "gc",
         "target1",
         "--older-than",
@@ -1287,11 +1314,7 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
     // The ledger that saw the run still holds its exit: replayed, not run.
     let (_, after) = run_op(&env, &lab, "tomb-1", &cmd);
     assert_eq!(after["verdict"], "replayed", "{after}");
-    assert_eq!(count_lines(&count), 1, "never ran twice");
-}
-
-fn count_lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+    assert_eq!(lines(&count), 1, "never ran twice");
 }
 
 #[test]
@@ -1303,7 +1326,7 @@ fn reconcile_limit_contacts_the_newest_and_counts_the_rest_for_next_time() {
     // Two operations still running: unresolved, and left so by a reconcile.
     for op in ["lim-old", "lim-new"] {
         let command = format!("sleep 30; : {op}");
-        let out = run(env.opmark_with_lab(&lab).args([
+        let out = output(env.opmark_with_lab(&lab).args([
             "--json", "run", "target1", "--op", op, "--detach", "--", &command,
         ]));
         assert_eq!(
@@ -1313,9 +1336,10 @@ fn reconcile_limit_contacts_the_newest_and_counts_the_rest_for_next_time() {
             text(&out.stdout)
         );
     }
-    let out = run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "reconcile", "--limit", "1"]));
+    let out = output(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "reconcile", "--limit", "1"]),
+    );
     let doc = json(&out);
     assert_eq!(out.status.code(), Some(1), "{doc}");
     let contacted: Vec<&str> = doc["operations"]
@@ -1331,21 +1355,22 @@ fn reconcile_limit_contacts_the_newest_and_counts_the_rest_for_next_time() {
         "JSON says it, stderr stays quiet"
     );
     // The text form says what was left and how to get it.
-    let out = run(env
-        .opmark_with_lab(&lab)
-        .args(["reconcile", "--limit", "1"]));
+    let out = output(
+        env.opmark_with_lab(&lab)
+            .args(["reconcile", "--limit", "1"]),
+    );
     assert!(
         text(&out.stderr).contains("1 more unresolved operation not contacted (--limit)"),
         "{}",
         text(&out.stderr)
     );
-    let all = json(&run(env
-        .opmark_with_lab(&lab)
-        .args(["--json", "reconcile"])));
+    let all = json(&output(
+        env.opmark_with_lab(&lab).args(["--json", "reconcile"]),
+    ));
     assert_eq!(all["operations"].as_array().unwrap().len(), 2, "{all}");
     assert_eq!(all["not_contacted_count"], 0, "{all}");
     for op in ["lim-old", "lim-new"] {
-        run(env.opmark_with_lab(&lab).args(["cancel", "target1", op]));
+        output(env.opmark_with_lab(&lab).args(["cancel", "target1", op]));
     }
 }
 

@@ -684,7 +684,7 @@ fn custom_policy_applies_its_defaults_rules_and_extras() {
     assert!(p.redact_patterns()[0].is_match("tok_abc123"));
 }
 
-fn opmark(args: &[&str]) -> std::process::Output {
+fn opmark_without_user_policy(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_opmark"))
         .args(args)
         .env_remove("OPMARK_POLICY")
@@ -696,7 +696,8 @@ fn opmark(args: &[&str]) -> std::process::Output {
 #[test]
 fn binary_refuses_bad_policy_with_config_exit_code() {
     let bad = fixture("unknown_key.toml");
-    let out = opmark(&["--policy", bad.to_str().unwrap(), "classify", "--", "ls"]);
+    let out =
+        opmark_without_user_policy(&["--policy", bad.to_str().unwrap(), "classify", "--", "ls"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(246), "{stderr}");
     assert!(stderr.contains("unknown_key.toml"), "{stderr}");
@@ -706,7 +707,8 @@ fn binary_refuses_bad_policy_with_config_exit_code() {
 
 #[test]
 fn binary_classify_json_reports_parts_and_deny() {
-    let out = opmark(&["--json", "classify", "--", "ls", "&&", "rm", "-rf", "/"]);
+    let out =
+        opmark_without_user_policy(&["--json", "classify", "--", "ls", "&&", "rm", "-rf", "/"]);
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     assert_eq!(v["family"], "destructive");
@@ -720,13 +722,13 @@ fn binary_classify_json_reports_parts_and_deny() {
 
 #[test]
 fn binary_classify_text_shows_family_rule_and_parse_error() {
-    let out = opmark(&["classify", "--", "echo", "'oops"]);
+    let out = opmark_without_user_policy(&["classify", "--", "echo", "'oops"]);
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.starts_with("destructive: echo 'oops"), "{stdout}");
     assert!(stdout.contains("parse error:"), "{stdout}");
 
-    let out = opmark(&["classify", "--", "systemctl", "status", "nginx"]);
+    let out = opmark_without_user_policy(&["classify", "--", "systemctl", "status", "nginx"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.starts_with("read-only: systemctl status nginx"),

@@ -10,7 +10,7 @@ use std::process::Output;
 
 use opmark::lab::Lab;
 
-use crate::support::{self, text, Sealed};
+use crate::support::{self, contains_canary, text, Sealed};
 
 /// One command line per redaction form (docs/ledger.md#redaction and issue 12), each with its
 /// canary in the secret's place only.
@@ -70,14 +70,6 @@ const ROWS: &[&str] = &[
     "slack token xoxb-CanaryF9-eeeeeeeeee",
     "policy says corp-canary-16 is secret",
 ];
-
-fn contains_canary(bytes: &[u8]) -> bool {
-    bytes
-        .windows(6)
-        .any(|w| w.eq_ignore_ascii_case(b"canary"))
-        // "Q2FuYXJ5" is base64 of "Canary": the Basic credential must not leak either.
-        || bytes.windows(8).any(|w| w == b"Q2FuYXJ5")
-}
 
 /// Every file under `dir`, recursively (the ledger, its WAL and shm, the key, sockets).
 fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {

@@ -9,19 +9,9 @@ use std::process::Stdio;
 use serde_json::Value;
 
 use crate::support::mcp::McpClient;
-use crate::support::{answer, fresh_dir, json, lines, run_json, text, Answer, Sealed};
-
-/// `show OP` in words.
-fn show(env: &Sealed, op: &str) -> String {
-    let out = env.opmark().args(["show", op]).output().unwrap();
-    assert!(out.status.success(), "show {op}: {}", text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// `show --json OP`.
-fn show_json(env: &Sealed, op: &str) -> Value {
-    json(&env.opmark().args(["--json", "show", op]).output().unwrap())
-}
+use crate::support::{
+    answer, fresh_dir, json, lines, run_json, show, show_json, text, Answer, Sealed,
+};
 
 /// A destructive command (`rm`) that leaves one line in `count` each time it runs.
 fn destructive(count: &Path) -> String {

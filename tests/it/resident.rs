@@ -12,7 +12,7 @@ use opmark::lab::{Lab, Target};
 use crate::support::{self, answer, finish_within, fresh_dir, lines, wait_for, Answer, Sealed};
 
 /// `opmark -F <config> -vv` with reuse on.
-fn opmark(env: &Sealed, config: &Path) -> Command {
+fn opmark_resident(env: &Sealed, config: &Path) -> Command {
     let mut cmd = env.opmark();
     cmd.arg("-F")
         .arg(config)
@@ -21,13 +21,13 @@ fn opmark(env: &Sealed, config: &Path) -> Command {
     cmd
 }
 
-fn run(env: &Sealed, lab: &Lab, op: &str, command: &str) -> Answer {
-    run_with(env, lab.ssh_config(), &lab.targets()[0].alias, op, command)
+fn run_resident(env: &Sealed, lab: &Lab, op: &str, command: &str) -> Answer {
+    run_resident_with(env, lab.ssh_config(), &lab.targets()[0].alias, op, command)
 }
 
-fn run_with(env: &Sealed, config: &Path, alias: &str, op: &str, command: &str) -> Answer {
+fn run_resident_with(env: &Sealed, config: &Path, alias: &str, op: &str, command: &str) -> Answer {
     answer(
-        opmark(env, config)
+        opmark_resident(env, config)
             .args(["--json", "run", alias, "--op", op, "--"])
             .arg(command)
             .output()
@@ -49,7 +49,7 @@ fn first_call(env: &Sealed, config: &Path, alias: &str, op: &str, cmd: &str) -> 
         } else {
             format!("{op}-{attempt}")
         };
-        let a = run_with(env, config, alias, &op, cmd);
+        let a = run_resident_with(env, config, alias, &op, cmd);
         if !a.stderr.contains(NO_KEEPER) {
             return (a, op);
         }
@@ -135,7 +135,7 @@ fn served_by(a: &Answer) -> Option<i32> {
     rest.split(')').next()?.parse().ok()
 }
 
-fn signal(pid: &str, signal: &str) {
+fn signal_process(pid: &str, signal: &str) {
     assert!(Command::new("kill")
         .args([&format!("-{signal}"), "--", pid])
         .status()
@@ -179,7 +179,7 @@ fn reused_calls_from_new_processes_go_to_one_resident_shim() {
         let a = if i == 0 {
             first_call(&env, lab.ssh_config(), &target.alias, &op, "echo r0").0
         } else {
-            run(&env, &lab, &op, &format!("echo r{i}"))
+            run_resident(&env, &lab, &op, &format!("echo r{i}"))
         };
         assert_eq!(a.verdict(), "completed", "run {i}: {a:?}");
         assert_eq!(a.stdout(), format!("r{i}\n"), "run {i}: {a:?}");
@@ -197,7 +197,7 @@ fn reused_calls_from_new_processes_go_to_one_resident_shim() {
     );
     // The marker each request left is the host's evidence, as for a call of its own.
     let probe = answer(
-        opmark(&env, lab.ssh_config())
+        opmark_resident(&env, lab.ssh_config())
             .args(["--json", "probe", &target.alias, "resident-3"])
             .output()
             .unwrap(),
@@ -224,7 +224,7 @@ fn a_resident_killed_mid_command_is_a_lost_connection_the_command_survives_once(
     assert_eq!(first.verdict(), "completed", "{first:?}");
     let resident = the_resident(target);
     let (command, started, count) = counted(&dir, 2);
-    let child = opmark(&env, lab.ssh_config())
+    let child = opmark_resident(&env, lab.ssh_config())
         .args([
             "--json",
             "run",
@@ -243,7 +243,7 @@ fn a_resident_killed_mid_command_is_a_lost_connection_the_command_survives_once(
     });
     // The resident and its request's subshell (its process group, which sshd made);
     // the command's supervisor is in a session of its own.
-    signal(&format!("-{resident}"), "KILL");
+    signal_process(&format!("-{resident}"), "KILL");
     let a = answer(finish_within(
         child,
         Duration::from_secs(30),
@@ -268,7 +268,7 @@ fn a_resident_killed_mid_command_is_a_lost_connection_the_command_survives_once(
     );
     assert!(state_of(resident).is_none_or(|s| s == 'Z'));
     // The next call gets a new resident.
-    let next = run(&env, &lab, "resident-kill-2", "true");
+    let next = run_resident(&env, &lab, "resident-kill-2", "true");
     assert_eq!(next.verdict(), "completed", "{next:?}");
     assert_ne!(served_by(&next), Some(resident), "{next:?}");
 }
@@ -288,7 +288,7 @@ fn a_stopped_resident_is_a_lost_connection_within_the_keepalive_budget_then_sett
     let resident = the_resident(target);
     // Silent for 5 s: only the resident's heartbeat says it is there.
     let (command, started, count) = counted(&dir, 5);
-    let child = opmark(&env, &config)
+    let child = opmark_resident(&env, &config)
         .args([
             "--json",
             "run",
@@ -306,7 +306,7 @@ fn a_stopped_resident_is_a_lost_connection_within_the_keepalive_budget_then_sett
         started.exists()
     });
     let stopped_at = Instant::now();
-    signal(&resident.to_string(), "STOP");
+    signal_process(&resident.to_string(), "STOP");
     let _stopped = Stopped(resident);
     let out = finish_within(
         child,
@@ -358,7 +358,7 @@ fn a_host_whose_shim_does_not_serve_is_called_per_call_through_the_keeper() {
         let a = if i == 0 {
             first_call(&env, lab.ssh_config(), &target.alias, &op, "echo p0").0
         } else {
-            run(&env, &lab, &op, &format!("echo p{i}"))
+            run_resident(&env, &lab, &op, &format!("echo p{i}"))
         };
         assert_eq!(a.verdict(), "completed", "run {i}: {a:?}");
         assert_eq!(a.stdout(), format!("p{i}\n"), "run {i}: {a:?}");
@@ -420,7 +420,7 @@ fn a_resident_checks_the_marker_root_id_per_request_not_once_per_channel() {
     let new = "0123456789abcdef0123456789abcdef";
     assert_ne!(old.trim(), new);
     std::fs::write(&id_file, format!("{new}\n")).unwrap();
-    let again = run(&env, &lab, &op, "echo once");
+    let again = run_resident(&env, &lab, &op, "echo once");
     assert_eq!(served_by(&again), Some(resident), "{again:?}");
     assert_eq!(
         (again.verdict(), again.code()),
@@ -447,7 +447,7 @@ fn a_resident_whose_cached_script_is_gone_hands_the_run_to_a_call_of_its_own_onc
     assert_eq!(first.verdict(), "completed", "{first:?}");
     // The first contact's resident runs from the script's text; a new keeper's runs from
     // the host's cache, which the first contact filled.
-    let stopped = opmark(&env, lab.ssh_config())
+    let stopped = opmark_resident(&env, lab.ssh_config())
         .args(["mux", "stop"])
         .output()
         .unwrap();
@@ -474,7 +474,7 @@ fn a_resident_whose_cached_script_is_gone_hands_the_run_to_a_call_of_its_own_onc
     }
     let count = dir.join("count");
     let command = format!("echo once >> {}; echo done", count.display());
-    let child = opmark(&env, lab.ssh_config())
+    let child = opmark_resident(&env, lab.ssh_config())
         .args([
             "--json",
             "run",
@@ -506,7 +506,7 @@ fn a_resident_whose_cached_script_is_gone_hands_the_run_to_a_call_of_its_own_onc
     wait_for("the stale resident to end", Duration::from_secs(10), || {
         !residents(target).contains(&stale)
     });
-    let next = run(&env, &lab, "gone-2", "echo again");
+    let next = run_resident(&env, &lab, "gone-2", "echo again");
     assert_eq!(next.verdict(), "completed", "{next:?}");
     assert!(served_by(&next).is_some(), "served by a resident: {next:?}");
 }

@@ -1,6 +1,5 @@
 //! `opmark run` end to end against real sshd targets: each guarantee of docs/guarantees.md#the-guarantees.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -8,17 +7,9 @@ use opmark::lab::Lab;
 use serde_json::Value;
 
 use crate::support::{
-    self, answer, fast_loss_config, fresh_dir, lines, run_json, text, wait_for, Answer, Sealed,
+    self, answer, effects, fast_loss_config, fresh_dir, lines, run_json, spawn, text, wait_for,
+    Answer, Sealed,
 };
-
-/// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
-fn spawn(cmd: &mut Command, args: &[&str]) -> Child {
-    cmd.args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
 
 /// Every attempt `run --json` reports says what the ledger (`show --json`) says about it:
 /// the same attempts, the same boundaries.
@@ -48,11 +39,6 @@ fn assert_attempts_agree_with_the_ledger(env: &Sealed, a: &Answer) {
             );
         }
     }
-}
-
-/// A place on the (local) target where commands leave their effects.
-fn effects(name: &str) -> PathBuf {
-    fresh_dir(name).join("effects")
 }
 
 #[test]

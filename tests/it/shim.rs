@@ -11,6 +11,8 @@ use opmark::op_id::OpId;
 use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunRequest, StdinSpec, Verb};
 use sha2::{Digest, Sha256};
 
+use crate::support::lines;
+
 /// The script under test: the shipped one, or the mutant of it that
 /// `OPMARK_SHIM_UNDER_TEST` names (scripts/mutate-shim.sh runs these tests once per guard
 /// it removes or negates: a guard whose mutant still passes is not proven by them).
@@ -278,10 +280,6 @@ impl Host {
     }
 }
 
-fn count_lines(path: &Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
-}
-
 #[test]
 fn shim_is_shellcheck_clean() {
     if which("shellcheck").is_none() {
@@ -483,7 +481,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
             }
         }
         assert_eq!(started, 1, "{name} round {round}");
-        assert_eq!(count_lines(&effects), 1, "{name} round {round}");
+        assert_eq!(lines(&effects), 1, "{name} round {round}");
     }
 }
 
@@ -643,7 +641,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
     host.wait_for_file(&host.marker("op").join("started"));
     // Kill only once the command has had its effect, or the count below means nothing.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while count_lines(&effects) < 1 {
+    while lines(&effects) < 1 {
         assert!(Instant::now() < deadline, "the command never ran");
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -663,7 +661,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
         .frames
         .iter()
         .any(|f| matches!(f, Frame::Superseded { .. })));
-    assert_eq!(count_lines(&effects), 2);
+    assert_eq!(lines(&effects), 2);
     let _ = cmd2;
 }
 
@@ -1669,7 +1667,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             began.elapsed() > Duration::from_secs(3),
             "{name}: overlapped"
         );
-        assert_eq!(count_lines(&count), 1, "{name}: ran once");
+        assert_eq!(lines(&count), 1, "{name}: ran once");
         assert_eq!(host.record("late-1", "claim", "attempt"), "a2", "{name}");
         let aside: Vec<_> = std::fs::read_dir(host.root().join("superseded"))
             .unwrap()
@@ -1681,7 +1679,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             "{name}: the late supervisor touched nothing, not even its own set-aside claim"
         );
         std::thread::sleep(Duration::from_millis(500));
-        assert_eq!(count_lines(&count), 1, "{name}: still once");
+        assert_eq!(lines(&count), 1, "{name}: still once");
     }
 }
 
@@ -1866,7 +1864,7 @@ fn through_real_sshd_a_host_without_proc_runs_nothing_follows_old_claims_and_fai
         &old_cmd,
     ]));
     assert_eq!(rerun.verdict(), "in_progress", "{rerun:?}");
-    assert_eq!(count_lines(&old_runs), 1, "never run again");
+    assert_eq!(lines(&old_runs), 1, "never run again");
     assert!(!root.join("superseded").read_dir().unwrap().any(|_| true));
 
     let doctor = opmark(&["doctor", "target1"]);
@@ -1930,7 +1928,7 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
             !host.marker("rep-2").exists(),
             "{name}: nothing was claimed"
         );
-        assert_eq!(count_lines(&effects), 1, "{name}");
+        assert_eq!(lines(&effects), 1, "{name}");
         // Held again, the same way, on a rerun of the same op id.
         let again = host.run_with("rep-2", "a3", &cmd, with(repeat_check(3600, Block, &[])));
         assert_eq!(
@@ -1947,7 +1945,7 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
             with(repeat_check(3600, Block, &["rep-1"])),
         );
         assert!(declared.started(), "{name}: {declared:?}");
-        assert_eq!(count_lines(&effects), 2, "{name}");
+        assert_eq!(lines(&effects), 2, "{name}");
 
         // Warn: says so in a W frame naming the latest earlier claim, then runs.
         let warned = host.run_with("rep-3", "a5", &cmd, with(repeat_check(3600, Warn, &[])));
@@ -1965,7 +1963,7 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
         );
         let no_window = host.run_with("rep-5", "a7", &cmd, with(repeat_check(0, Block, &[])));
         assert!(no_window.started(), "{name}: {no_window:?}");
-        assert_eq!(count_lines(&effects), 5, "{name}");
+        assert_eq!(lines(&effects), 5, "{name}");
 
         // Another intent is no repetition.
         let other = format!("echo other >> {}", effects.display());
@@ -2051,7 +2049,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
             }
         }
         assert_eq!(started, 1, "{name} round {round}");
-        assert_eq!(count_lines(&effects), 1, "{name} round {round}");
+        assert_eq!(lines(&effects), 1, "{name} round {round}");
     }
 }
 
@@ -2409,8 +2407,8 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
         let _ = first.child.wait();
         let done = host.wait_for_state("sb-2", MarkerState::Completed);
         assert_eq!(done.exit_code, Some(0), "{name}: {done:?}");
-        assert_eq!(count_lines(&count), 1, "{name}: ran to its end once");
-        assert_eq!(count_lines(&started), 1, "{name}");
+        assert_eq!(lines(&count), 1, "{name}: ran to its end once");
+        assert_eq!(lines(&started), 1, "{name}");
 
         // A resident whose standby waits: the resident's end is the standby's (EOF on
         // its FIFO), and its FIFO goes with it. The killed one's FIFO is reclaimed.

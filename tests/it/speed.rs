@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use opmark::lab::Lab;
 use serde_json::Value;
 
-use crate::support::{self, text, Sealed};
+use crate::support::{self, log_len, text, Sealed};
 
 fn cached_shim(lab: &Lab) -> PathBuf {
     lab.target("target1")
@@ -136,10 +136,6 @@ fn sessions_since(lab: &Lab, from: u64) -> usize {
     String::from_utf8_lossy(&log[from as usize..])
         .matches("Starting session: command")
         .count()
-}
-
-fn log_len(lab: &Lab) -> u64 {
-    std::fs::metadata(&lab.target("target1").unwrap().log).map_or(0, |m| m.len())
 }
 
 #[test]

@@ -532,7 +532,7 @@ fn unsupported_match_and_options_exit_246_naming_file_and_line() {
 }
 
 /// `opmark --json run ...` in `env`; the JSON verdict and the elapsed time.
-fn run_json(cmd: &mut Command) -> (Value, std::time::Duration) {
+fn timed_run_json(cmd: &mut Command) -> (Value, std::time::Duration) {
     let started = std::time::Instant::now();
     let out = cmd.output().unwrap();
     let elapsed = started.elapsed();
@@ -573,7 +573,7 @@ fn match_originalhost_block_is_applied_when_running_on_a_real_target() {
     )
     .unwrap();
     let env = support::Sealed::new(crate::test_name!());
-    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+    let (j, _) = timed_run_json(env.opmark().arg("-F").arg(&cfg).args([
         "--json",
         "run",
         "m2",
@@ -597,7 +597,7 @@ fn ssh_uri_and_o_options_reach_a_real_target_without_a_config_entry() {
     let t = &lab.targets()[0];
     let env = support::Sealed::new(crate::test_name!());
     let uri = format!("ssh://{}@{}:{}", t.user, t.addr, t.port);
-    let (j, _) = run_json(
+    let (j, _) = timed_run_json(
         env.opmark()
             .args(["-F", "none", "--json", "run"])
             .arg(&uri)
@@ -662,7 +662,7 @@ fn host_key_alias_is_looked_up_as_the_bare_alias_on_a_real_target() {
     )
     .unwrap();
     let env = support::Sealed::new(crate::test_name!());
-    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+    let (j, _) = timed_run_json(env.opmark().arg("-F").arg(&cfg).args([
         "--json",
         "run",
         "t",
@@ -693,7 +693,7 @@ fn alias_from_the_system_config_reaches_a_real_target() {
     )
     .unwrap();
     let env = support::Sealed::new(crate::test_name!());
-    let (j, _) = run_json(
+    let (j, _) = timed_run_json(
         env.opmark()
             .env("OPMARK_SYSTEM_SSH_CONFIG", dir.join("ssh_config"))
             .args([
@@ -733,7 +733,7 @@ fn connect_timeout_bounds_a_silent_server_in_one_attempt() {
     )
     .unwrap();
     let env = support::Sealed::new(crate::test_name!());
-    let (j, elapsed) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+    let (j, elapsed) = timed_run_json(env.opmark().arg("-F").arg(&cfg).args([
         "--json",
         "run",
         "silent",
@@ -808,7 +808,7 @@ fn first_value_wins_between_flags_and_o_and_match_key_value_on_a_real_target() {
     // `-o User=` and `-o Port=` come first, so they win over `-l` and `-p`, as in ssh;
     // `-l`/`-p` used to win and sent the run to a user and port that do not exist.
     let port = t.port.to_string();
-    let (j, _) = run_json(env.opmark().arg("-F").arg(&cfg).args([
+    let (j, _) = timed_run_json(env.opmark().arg("-F").arg(&cfg).args([
         "--json",
         "run",
         "kv",

@@ -70,7 +70,7 @@ struct Outcome {
     end: Option<ExecEvent>,
 }
 
-async fn run(session: &Session, command: &str, stdin: Option<Vec<u8>>) -> Outcome {
+async fn exec_to_end(session: &Session, command: &str, stdin: Option<Vec<u8>>) -> Outcome {
     let mut exec = session
         .exec(command, stdin)
         .await
@@ -116,7 +116,7 @@ fn aliases_ports_users_and_identities_resolve_from_generated_ssh_config() {
             assert_eq!(d.known_hosts, vec![lab.known_hosts().to_path_buf()]);
             assert_eq!(d.display(), t.alias);
             let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-            let o = run(&s, "echo hello; id -un; echo err >&2", None).await;
+            let o = exec_to_end(&s, "echo hello; id -un; echo err >&2", None).await;
             assert_eq!(text(&o.stdout), format!("hello\n{}\n", t.user));
             assert_eq!(text(&o.stderr), "err\n");
             assert_eq!((o.status, o.end), (Some(0), Some(ExecEvent::Closed)));
@@ -146,7 +146,7 @@ fn hashed_known_hosts_entries_are_accepted() {
         let s = Session::connect(&dest_in(&cfg, "t"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        assert_eq!(exec_to_end(&s, "echo ok", None).await.stdout, b"ok\n");
     });
 }
 
@@ -182,7 +182,7 @@ fn host_known_only_by_its_rsa_or_ecdsa_key_negotiates_that_type() {
             let s = Session::connect(&dest_in(&cfg, "t"))
                 .await
                 .unwrap_or_else(|e| panic!("known only by {}: {e}", &key[..12]));
-            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+            assert_eq!(exec_to_end(&s, "echo ok", None).await.stdout, b"ok\n");
             s.host_key()
         });
         // The host presented that key, not its ed25519 one: the type was negotiated.
@@ -224,7 +224,7 @@ fn rsa_and_ecdsa_identity_files_authenticate() {
             let s = Session::connect(&d)
                 .await
                 .unwrap_or_else(|e| panic!("{kind}: {e}"));
-            assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+            assert_eq!(exec_to_end(&s, "echo ok", None).await.stdout, b"ok\n");
         });
     }
 }
@@ -235,7 +235,7 @@ async fn connect_and_touch(cfg: &Path, marker: &Path) -> ssh::ConnectError {
     let d = dest_in(cfg, "t");
     match Session::connect(&d).await {
         Ok(s) => {
-            run(&s, &format!("touch {}", marker.display()), None).await;
+            exec_to_end(&s, &format!("touch {}", marker.display()), None).await;
             panic!("connected although the host key should have been refused")
         }
         Err(e) => e,
@@ -314,11 +314,14 @@ fn accept_new_learns_a_key_once_then_refuses_a_change() {
     assert_eq!(d.strict, StrictMode::AcceptNew);
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo first", None).await.stdout, b"first\n");
+        assert_eq!(exec_to_end(&s, "echo first", None).await.stdout, b"first\n");
         let learned = std::fs::read_to_string(&kh).unwrap();
         assert_eq!(learned.lines().count(), 1, "{learned}");
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo second", None).await.stdout, b"second\n");
+        assert_eq!(
+            exec_to_end(&s, "echo second", None).await.stdout,
+            b"second\n"
+        );
         assert_eq!(
             std::fs::read_to_string(&kh).unwrap(),
             learned,
@@ -333,7 +336,7 @@ fn accept_new_learns_a_key_once_then_refuses_a_change() {
     assert!(!marker.exists());
 }
 
-fn keygen(path: &Path, passphrase: &str) {
+fn keygen_with_passphrase(path: &Path, passphrase: &str) {
     let out = Command::new("ssh-keygen")
         .args([
             "-q", "-t", "ed25519", "-C", "test-key", "-N", passphrase, "-f",
@@ -351,7 +354,7 @@ fn wrong_key_is_refused_at_auth_naming_the_identities_tried() {
     };
     let dir = lab.dir().to_path_buf();
     let wrong = dir.join("wrong_ed25519");
-    keygen(&wrong, "");
+    keygen_with_passphrase(&wrong, "");
     let missing = dir.join("no_such_key");
     let mut d = dest(&lab, "target1");
     d.identities = vec![wrong.clone(), missing.clone()];
@@ -410,7 +413,7 @@ fn encrypted_key_works_through_ssh_agent() {
     };
     let dir = lab.dir().to_path_buf();
     let key = dir.join("enc_ed25519");
-    keygen(&key, "correct horse");
+    keygen_with_passphrase(&key, "correct horse");
     let pubkey = std::fs::read_to_string(key.with_extension("pub")).unwrap();
     lab.authorize_key(&pubkey).unwrap();
     let agent = start_agent(&dir);
@@ -442,7 +445,10 @@ fn encrypted_key_works_through_ssh_agent() {
     d.agent_socket = Some(agent.sock.clone());
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo via-agent", None).await.stdout, b"via-agent\n");
+        assert_eq!(
+            exec_to_end(&s, "echo via-agent", None).await.stdout,
+            b"via-agent\n"
+        );
     });
     // Agent identities alone (no identity file at all) work too.
     d.identities = vec![];
@@ -450,7 +456,7 @@ fn encrypted_key_works_through_ssh_agent() {
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
-            run(&s, "echo agent-only", None).await.stdout,
+            exec_to_end(&s, "echo agent-only", None).await.stdout,
             b"agent-only\n"
         );
     });
@@ -466,7 +472,7 @@ fn large_stdout_and_stdin_arrive_intact() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         // 5 MB of stdout, streamed.
-        let o = run(&s, "yes 0123456789abcdef | head -c 5242880", None).await;
+        let o = exec_to_end(&s, "yes 0123456789abcdef | head -c 5242880", None).await;
         let expected: Vec<u8> = b"0123456789abcdef\n"
             .iter()
             .cycle()
@@ -480,9 +486,9 @@ fn large_stdout_and_stdin_arrive_intact() {
         let input: Vec<u8> = (0..1_048_576u32)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
             .collect();
-        let o = run(&s, "sha256sum | cut -d' ' -f1 >&2", Some(input.clone())).await;
+        let o = exec_to_end(&s, "sha256sum | cut -d' ' -f1 >&2", Some(input.clone())).await;
         assert_eq!(text(&o.stderr).trim(), sha(&input));
-        let o = run(&s, "cat", Some(input.clone())).await;
+        let o = exec_to_end(&s, "cat", Some(input.clone())).await;
         assert_eq!(sha(&o.stdout), sha(&input));
         assert_eq!((o.status, o.end), (Some(0), Some(ExecEvent::Closed)));
     });
@@ -498,11 +504,11 @@ fn exit_codes_and_signal_are_reported_exactly() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         for code in [0u32, 1, 255] {
-            let o = run(&s, &format!("echo out; exit {code}"), None).await;
+            let o = exec_to_end(&s, &format!("echo out; exit {code}"), None).await;
             assert_eq!((o.status, o.signal.as_deref()), (Some(code), None));
             assert_eq!(o.end, Some(ExecEvent::Closed));
         }
-        let o = run(&s, "echo before; kill -TERM $$", None).await;
+        let o = exec_to_end(&s, "echo before; kill -TERM $$", None).await;
         assert_eq!(o.stdout, b"before\n");
         assert_eq!((o.status, o.signal.as_deref()), (None, Some("TERM")));
         assert_eq!(o.end, Some(ExecEvent::Closed));
@@ -531,15 +537,17 @@ fn several_execs_share_one_pooled_connection_and_a_dead_one_is_replaced() {
         let runs: Vec<_> = (0..6)
             .map(|i| {
                 let s = s1.clone();
-                tokio::spawn(async move { run(&s, &format!("sleep 0.2; echo {i}"), None).await })
+                tokio::spawn(
+                    async move { exec_to_end(&s, &format!("sleep 0.2; echo {i}"), None).await },
+                )
             })
             .collect();
         for (i, r) in runs.into_iter().enumerate() {
             assert_eq!(text(&r.await.unwrap().stdout), format!("{i}\n"));
         }
         (
-            client_port(run(&s1, "echo $SSH_CONNECTION", None).await),
-            client_port(run(&s2, "echo $SSH_CONNECTION", None).await),
+            client_port(exec_to_end(&s1, "echo $SSH_CONNECTION", None).await),
+            client_port(exec_to_end(&s2, "echo $SSH_CONNECTION", None).await),
         )
     });
     assert_eq!(a, b, "both sessions should be one connection");
@@ -550,7 +558,7 @@ fn several_execs_share_one_pooled_connection_and_a_dead_one_is_replaced() {
         loop {
             let s = pool.session(&d).await.unwrap();
             match s.exec("echo $SSH_CONNECTION", None).await {
-                Ok(_) => return client_port(run(&s, "echo $SSH_CONNECTION", None).await),
+                Ok(_) => return client_port(exec_to_end(&s, "echo $SSH_CONNECTION", None).await),
                 Err(e) if Instant::now() < deadline => {
                     // The pool notices the death at the latest on the failed exec.
                     tracing::debug!("{e}");
@@ -701,7 +709,7 @@ fn proxy_jump_through_a_bastion_works_and_an_unknown_bastion_key_is_refused() {
     assert_eq!(d.jumps.len(), 1);
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        let o = run(&s, "echo through-bastion", None).await;
+        let o = exec_to_end(&s, "echo through-bastion", None).await;
         assert_eq!(o.stdout, b"through-bastion\n");
         // The connection rides the bastion: when the bastion's sshd dies, so does it.
         lab.stop_sshd("target1").unwrap();
@@ -757,7 +765,7 @@ fn cold_connect_and_exec_latency_against_openssh() {
         let started = Instant::now();
         runtime.block_on(async {
             let s = Session::connect(&d).await.unwrap();
-            let o = run(&s, "true", None).await;
+            let o = exec_to_end(&s, "true", None).await;
             assert_eq!(o.status, Some(0));
         });
         ours.push(started.elapsed());
@@ -777,7 +785,7 @@ fn cold_connect_and_exec_latency_against_openssh() {
         let s = Session::connect(&d).await.unwrap();
         for _ in 0..runs {
             let started = Instant::now();
-            run(&s, "true", None).await;
+            exec_to_end(&s, "true", None).await;
             warm.push(started.elapsed());
         }
     });
@@ -868,7 +876,7 @@ fn proxy_command_process_ends_with_the_session() {
     let d = dest_in(&cfg, "t");
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo hi", None).await.stdout, b"hi\n");
+        assert_eq!(exec_to_end(&s, "echo hi", None).await.stdout, b"hi\n");
         let pid = std::fs::read_to_string(&pid_file)
             .unwrap()
             .trim()
@@ -987,7 +995,7 @@ fn user_certificate_via_file_or_agent() {
     let dir = lab.dir().to_path_buf();
     let t = &lab.targets()[0];
     let ca = dir.join("user_ca");
-    keygen(&ca, "");
+    keygen_with_passphrase(&ca, "");
     reconfigure_sshd(
         &lab,
         t,
@@ -995,7 +1003,7 @@ fn user_certificate_via_file_or_agent() {
     );
     // A key the host does not list in authorized_keys: only its certificate can get in.
     let key = dir.join("certified");
-    keygen(&key, "");
+    keygen_with_passphrase(&key, "");
     let config_for = |extra: &str| {
         let cfg = custom_config(&lab, &dir, t, lab.known_hosts(), extra);
         // The lab's key is in authorized_keys; use only the certified key here.
@@ -1012,7 +1020,7 @@ fn user_certificate_via_file_or_agent() {
         rt().block_on(async {
             match Session::connect(&d).await {
                 Ok(s) => {
-                    assert_eq!(run(&s, "echo in", None).await.stdout, b"in\n");
+                    assert_eq!(exec_to_end(&s, "echo in", None).await.stdout, b"in\n");
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -1085,7 +1093,7 @@ fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
     let dir = lab.dir().to_path_buf();
     let t = &lab.targets()[0];
     let ca = dir.join("host_ca");
-    keygen(&ca, "");
+    keygen_with_passphrase(&ca, "");
     let ca_pub = std::fs::read_to_string(ca.with_extension("pub")).unwrap();
     let ca_pub = ca_pub.trim();
     let host_pub = t.dir.join("ssh_host_ed25519_key.pub");
@@ -1123,7 +1131,10 @@ fn host_certificate_trusted_by_cert_authority_line_unless_revoked() {
     let d = dest_in(&cfg, "t");
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo certified", None).await.stdout, b"certified\n");
+        assert_eq!(
+            exec_to_end(&s, "echo certified", None).await.stdout,
+            b"certified\n"
+        );
         assert_eq!(s.host_key().as_deref(), Some(expected_fp.as_str()));
     });
 
@@ -1189,7 +1200,7 @@ fn ssh_askpass_gives_the_passphrase_of_an_encrypted_key() {
     };
     let dir = lab.dir().to_path_buf();
     let key = dir.join("encrypted");
-    keygen(&key, "s3cret phrase");
+    keygen_with_passphrase(&key, "s3cret phrase");
     lab.authorize_key(&std::fs::read_to_string(key.with_extension("pub")).unwrap())
         .unwrap();
     let cfg = custom_config(&lab, &dir, &lab.targets()[0], lab.known_hosts(), "");
@@ -1430,7 +1441,10 @@ fn proxy_command_ssh_w_reaches_a_host_through_an_openssh_bastion() {
     let d = dest_in(&cfg, "t");
     rt().block_on(async {
         let s = Session::connect(&d).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo via-ssh-w", None).await.stdout, b"via-ssh-w\n");
+        assert_eq!(
+            exec_to_end(&s, "echo via-ssh-w", None).await.stdout,
+            b"via-ssh-w\n"
+        );
     });
     // Without the bastion there is no way in: a connect failure, nothing sent.
     lab.stop_sshd("target1").unwrap();
@@ -1649,7 +1663,7 @@ fn a_host_key_algorithms_pin_is_honoured_against_a_real_sshd() {
         let s = Session::connect(&dest_in(&cfg, "t"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo ok", None).await.stdout, b"ok\n");
+        assert_eq!(exec_to_end(&s, "echo ok", None).await.stdout, b"ok\n");
     });
     // Pinned to ssh-ed25519: only that is asked for, the server proves itself with its
     // Ed25519 key, which this client does not know: refused (it connected before, when
@@ -1669,7 +1683,10 @@ fn a_host_key_algorithms_pin_is_honoured_against_a_real_sshd() {
         let s = Session::connect(&dest_in(&cfg, "t"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo pinned", None).await.stdout, b"pinned\n");
+        assert_eq!(
+            exec_to_end(&s, "echo pinned", None).await.stdout,
+            b"pinned\n"
+        );
     });
 }
 
@@ -1692,7 +1709,10 @@ fn cipher_and_kex_lists_are_what_opmark_offers_to_a_real_sshd() {
         let s = Session::connect(&dest_in(&cfg, "t"))
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(run(&s, "echo listed", None).await.stdout, b"listed\n");
+        assert_eq!(
+            exec_to_end(&s, "echo listed", None).await.stdout,
+            b"listed\n"
+        );
     });
     // Lists sshd 9.2 does not enable by default: no common algorithm, nothing sent. Had
     // opmark dropped the option (as it did), it would have connected with its defaults.
@@ -1743,7 +1763,7 @@ fn a_key_held_here_is_signed_at_once_and_a_refused_one_moves_on_to_the_next() {
     let d = dest(&lab, "target1");
     let out = rt().block_on(async {
         let s = Session::connect(&d).await.expect("connect");
-        run(&s, "true", None).await
+        exec_to_end(&s, "true", None).await
     });
     assert_eq!(out.status, Some(0));
     let log = log_since(&target, from);
@@ -1754,7 +1774,7 @@ fn a_key_held_here_is_signed_at_once_and_a_refused_one_moves_on_to_the_next() {
     // A key the host refuses, signed all the same: refused as a query would have been,
     // and the next identity authenticates.
     let wrong = lab.dir().join("refused_ed25519");
-    keygen(&wrong, "");
+    keygen_with_passphrase(&wrong, "");
     let mut d = dest(&lab, "target1");
     d.identities = vec![wrong, lab.client_key().to_path_buf()];
     let from = std::fs::metadata(&target.log).unwrap().len();
@@ -1762,7 +1782,7 @@ fn a_key_held_here_is_signed_at_once_and_a_refused_one_moves_on_to_the_next() {
         let s = Session::connect(&d)
             .await
             .expect("the second key authenticates");
-        run(&s, "true", None).await
+        exec_to_end(&s, "true", None).await
     });
     assert_eq!(out.status, Some(0));
     let log = log_since(&target, from);
@@ -1902,7 +1922,7 @@ fn the_auth_request_rides_behind_the_service_request_before_any_answer() {
         let s = Session::connect(&d)
             .await
             .expect("connect through the relay");
-        run(&s, "true", None).await
+        exec_to_end(&s, "true", None).await
     });
     assert_eq!(out.status, Some(0));
     let sent = said.recv().unwrap();

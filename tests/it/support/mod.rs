@@ -590,3 +590,89 @@ pub fn empty_ledger(env: &Sealed) {
         .expect("opmark runs");
     assert!(env.ledger.exists(), "no ledger made: {}", text(&out.stderr));
 }
+
+/// The repository's root.
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs a built command to its end.
+pub fn output(cmd: &mut Command) -> std::process::Output {
+    cmd.output().expect("start opmark")
+}
+
+/// Starts `cmd ARGS` with stdout and stderr captured (for runs the test interferes with).
+pub fn spawn(cmd: &mut Command, args: &[&str]) -> std::process::Child {
+    cmd.args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts `cmd --json run ARGS` with stdout and stderr captured.
+pub fn spawn_run(cmd: &mut Command, args: &[&str]) -> std::process::Child {
+    spawn(cmd.arg("--json").arg("run"), args)
+}
+
+/// `show OP` in words.
+pub fn show(env: &Sealed, op: &str) -> String {
+    let out = env.opmark().args(["show", op]).output().unwrap();
+    assert!(out.status.success(), "show {op}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// `show --json OP`.
+pub fn show_json(env: &Sealed, op: &str) -> serde_json::Value {
+    json(&env.opmark().args(["--json", "show", op]).output().unwrap())
+}
+
+/// The operation's row in `opmark list --json`.
+pub fn listed(env: &Sealed, op: &str) -> serde_json::Value {
+    let doc = json(&env.opmark().args(["--json", "list"]).output().unwrap());
+    let rows = doc
+        .as_array()
+        .or_else(|| doc["operations"].as_array())
+        .unwrap_or_else(|| panic!("no operations in {doc}"))
+        .clone();
+    rows.into_iter()
+        .find(|r| r["op_id"] == op)
+        .unwrap_or_else(|| panic!("{op} not listed in {doc}"))
+}
+
+/// The marker state `opmark probe target1 OP` reports ("" when it reports none).
+pub fn probe_state(env: &Sealed, lab: &Lab, op: &str) -> String {
+    let out = output(
+        env.opmark_with_lab(lab)
+            .args(["--json", "probe", "target1", op]),
+    );
+    json(&out)["marker_state"].as_str().unwrap_or("").to_owned()
+}
+
+/// The size of target1's sshd log: it grows with every connection.
+pub fn log_len(lab: &Lab) -> u64 {
+    std::fs::metadata(&lab.target("target1").unwrap().log).map_or(0, |m| m.len())
+}
+
+/// A place on the (local) target where commands leave their effects.
+pub fn effects(name: &str) -> PathBuf {
+    fresh_dir(name).join("effects")
+}
+
+/// Where `tool` is on this machine's PATH.
+pub fn tool_path(tool: &str) -> PathBuf {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .unwrap();
+    PathBuf::from(text(&out.stdout).trim())
+}
+
+/// True when `bytes` hold the tests' secret in any case, or its base64 form.
+pub fn contains_canary(bytes: &[u8]) -> bool {
+    bytes
+        .windows(6)
+        .any(|w| w.eq_ignore_ascii_case(b"canary"))
+        // "Q2FuYXJ5" is base64 of "Canary": the Basic credential must not leak either.
+        || bytes.windows(8).any(|w| w == b"Q2FuYXJ5")
+}
