@@ -426,6 +426,7 @@ impl Command {
         match self {
             Command::Run(a) => Some(&mut a.host_args),
             Command::Probe(a) => Some(&mut a.host_args),
+            Command::Output(a) => Some(&mut a.host_args),
             Command::Resolve(a) => Some(&mut a.host_args),
             Command::Gc(a) => Some(&mut a.host_args),
             Command::Doctor(a) => Some(&mut a.host_args),

@@ -14,7 +14,9 @@ use opmark::shim::Verb;
 use opmark::vocab::{Boundary, RetryReason};
 use serde_json::Value;
 
-use crate::support::{self, json, lines, output, probe_state, text, wait_for, Lab, Sealed};
+use crate::support::{
+    self, event_count, json, lines, output, probe_state, text, wait_for, Lab, Sealed,
+};
 
 fn marker(lab: &Lab, alias: &str, op: &str) -> PathBuf {
     lab.target(alias)
@@ -64,11 +66,6 @@ pub(crate) fn record_lost_dispatch(
     ledger
         .append_many(&OpKey::new(op, host), &events, Durability::Full)
         .unwrap();
-}
-
-fn event_count(env: &Sealed, op: &str) -> usize {
-    let out = output(env.opmark().args(["--json", "show", op]));
-    json(&out)["events"].as_array().unwrap().len()
 }
 
 #[test]

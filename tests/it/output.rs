@@ -5,10 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::support::{self, answer, event_count, fresh_dir, json, run_json, sha, text, Sealed};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
-
-use crate::support::{self, answer, fresh_dir, json, run_json, text, Sealed};
 
 /// What `seq 1 N` prints: the command's stdout, known here byte for byte.
 fn seq(n: u32) -> Vec<u8> {
@@ -16,16 +14,6 @@ fn seq(n: u32) -> Vec<u8> {
         .map(|i| format!("{i}\n"))
         .collect::<String>()
         .into_bytes()
-}
-
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// The number of events the ledger holds for `op` (nothing a read may add to).
-fn event_count(env: &Sealed, op: &str) -> u64 {
-    let out = env.opmark().args(["--json", "show", op]).output().unwrap();
-    json(&out)["event_count"].as_u64().unwrap()
 }
 
 #[test]

@@ -10,9 +10,8 @@ use opmark::ssh::{
     self, destination::StrictMode, ConnectStage, Destination, ExecEvent, HostSpec, Pool, Session,
 };
 use opmark::vocab::Boundary;
-use sha2::{Digest, Sha256};
 
-use crate::support::{self, text, Lab, Target};
+use crate::support::{self, sha, text, Lab, Target};
 
 /// Resolves `alias` through the lab's ssh_config, with no agent leaking in from the
 /// developer's environment.
@@ -88,10 +87,6 @@ async fn exec_to_end(session: &Session, command: &str, stdin: Option<Vec<u8>>) -
             }
         }
     }
-}
-
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -676,3 +676,15 @@ pub fn contains_canary(bytes: &[u8]) -> bool {
         // "Q2FuYXJ5" is base64 of "Canary": the Basic credential must not leak either.
         || bytes.windows(8).any(|w| w == b"Q2FuYXJ5")
 }
+
+/// SHA-256 of `bytes`, in hex.
+pub fn sha(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// How many events the ledger holds for `op` (`show --json`).
+pub fn event_count(env: &Sealed, op: &str) -> usize {
+    let out = env.opmark().args(["--json", "show", op]).output().unwrap();
+    json(&out)["events"].as_array().unwrap().len()
+}
