@@ -597,30 +597,21 @@ fn over_mcp_an_agent_can_only_present_a_token_a_human_signed_and_it_runs_once() 
         effect.display(),
         effect.display()
     );
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/approval.py");
-    // The sealed environment opmark runs in, for the client and so for its server.
-    let sealed = env.opmark();
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_opmark"))
-        .arg(lab.ssh_config())
-        .arg(&ap.policy)
-        .arg(&ap.self_service)
-        .arg(&ap.approver_key)
-        .arg(&ap.stranger_key)
-        .arg(&ap.dir)
-        .arg(&touch)
-        .env_clear()
-        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client failed: {}\n{}",
-        support::text(&out.stdout),
-        support::text(&out.stderr)
+    let config = lab.ssh_config();
+    let (r, _) = crate::support::mcp::python_client(
+        &python,
+        &env,
+        "approval.py",
+        &[
+            config.as_os_str(),
+            ap.policy.as_os_str(),
+            ap.self_service.as_os_str(),
+            ap.approver_key.as_os_str(),
+            ap.stranger_key.as_os_str(),
+            ap.dir.as_os_str(),
+            std::ffi::OsStr::new(&touch),
+        ],
     );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let is = |step: &str, verdict: &str, code: &str| {
         let d = &r[step];
         assert_eq!(d["verdict"], verdict, "{step}: {d}");

@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::json::variant_of_target1;
-use crate::support::mcp::McpClient;
+use crate::support::mcp::{python_client, McpClient};
 use crate::support::{fresh_dir, skip_or_fail, text, Sealed};
 
 /// The real interpreter behind `python3` when it can `import mcp`; else None after a
@@ -55,27 +55,12 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
     .unwrap();
     // Written on the target by the command: loopback targets share this filesystem.
     let count = dir.join("count");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/client.py");
-    // The sealed environment opmark runs in, for the client and so for its server.
-    let sealed = env.opmark();
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_opmark"))
-        .arg(&cfg)
-        .arg(&count)
-        .env_clear()
-        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client failed: {}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let (r, stderr) = python_client(
+        &python,
+        &env,
+        "client.py",
+        &[cfg.as_os_str(), count.as_os_str()],
     );
-    let r: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("report is not JSON ({e}): {}", text(&out.stdout)));
-    let stderr = text(&out.stderr);
 
     assert_eq!(r["server_name"], "opmark");
     let tools = &r["tools"];

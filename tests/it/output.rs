@@ -2,9 +2,7 @@
 //! keeps, byte-exact, without running or recording anything; and the MCP side, where a
 //! result carries head and tail within a budget and the `output` tool reads the rest.
 
-use std::path::PathBuf;
-use std::process::Command;
-
+use crate::support::mcp::python_client;
 use crate::support::{self, answer, event_count, fresh_dir, json, run_json, sha, text, Sealed};
 use serde_json::Value;
 
@@ -177,24 +175,12 @@ fn an_mcp_result_of_50_mb_stays_within_its_budget_and_the_output_tool_reads_exac
     };
     let env = Sealed::new(crate::test_name!());
     let dir = fresh_dir(crate::test_name!());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/output.py");
-    let sealed = env.opmark();
-    let out = Command::new(python)
-        .arg(&script)
-        .arg(env!("CARGO_BIN_EXE_opmark"))
-        .arg(lab.ssh_config())
-        .arg(&dir)
-        .env_clear()
-        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "client failed: {}\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+    let (r, _) = python_client(
+        &python,
+        &env,
+        "output.py",
+        &[lab.ssh_config().as_os_str(), dir.as_os_str()],
     );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     // `seq 1 7000000`: 54,888,896 bytes on stdout.
     let whole = seq(7_000_000);
     let run = &r["run"];

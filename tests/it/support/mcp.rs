@@ -128,3 +128,32 @@ impl McpClient {
         }
     }
 }
+
+/// Runs the MCP client script `tests/mcp/SCRIPT` with `python` (one that imports the
+/// official SDK) in `env`'s sealed environment, which its `opmark mcp` server inherits:
+/// the opmark binary first, then `args`. The client's JSON report and its stderr; a
+/// client that fails, or prints anything but one JSON document, fails the test.
+pub fn python_client(
+    python: &std::path::Path,
+    env: &super::Sealed,
+    script: &str,
+    args: &[&std::ffi::OsStr],
+) -> (Value, String) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp")
+        .join(script);
+    let sealed = env.opmark();
+    let out = Command::new(python)
+        .arg(&path)
+        .arg(env!("CARGO_BIN_EXE_opmark"))
+        .args(args)
+        .env_clear()
+        .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (super::text(&out.stdout), super::text(&out.stderr));
+    assert!(out.status.success(), "{script} failed: {stdout}\n{stderr}");
+    let report = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{script}'s report is not JSON ({e}): {stdout}"));
+    (report, stderr)
+}
