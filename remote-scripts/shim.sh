@@ -28,6 +28,7 @@
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: output OP STREAM FROM LEN
+#   verb: repeats OP FP REPEAT_S DECLARED
 #   verb: fence OP FORCE
 #   verb: supersede OP BY_ATTEMPT
 #   verb: gc AGE_S DRY_RUN TOMB_AGE_S
@@ -1428,31 +1429,7 @@ boot=$boot"
 repeat_check() {
 	ix=$root/fp/$fp
 	[ -d "$ix" ] || mkdir -p "$ix" 2>/dev/null || return 0
-	rc_last=0
-	for rc_f in "$ix"/[0-9]*; do
-		[ -f "$rc_f" ] && rc_last=${rc_f##*/}
-	done
-	rc_last=${rc_last#"${rc_last%%[!0]*}"}
-	rc_last=${rc_last:-0}
-	# Walk back from the newest slot to the first repetition (a claim of this intent
-	# under another op id that may have had the effect, however it came to be newer
-	# than a slot of ours: it still ran recently), passing our own slot (a retry of our
-	# op) on the way. Reading stops there: the cost is the slots passed, not the window.
-	rc_own='' rc_found='' rc_state='' rc_n=$rc_last rc_declared=,$rp_declared,
-	while [ "$rc_n" -gt 0 ]; do
-		slot_read "$rc_n" || break
-		[ "$rp_window" -gt 0 ] && [ "$((sl_at + rp_window))" -lt "$now" ] && break
-		if [ "$sl_op" = "$op" ]; then
-			[ -n "$rc_own" ] || rc_own=$rc_n
-		elif slot_counts; then
-			rc_found=$rc_n rc_state=$sl_state
-			break
-		fi
-		if [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
-			break
-		fi
-		rc_n=$((rc_n - 1))
-	done
+	repeat_find
 	if [ -z "$rc_own" ]; then
 		rc_n=$((rc_last + 1))
 		# Named by our pid and start time, made exclusively (noclobber: O_EXCL): a leftover
@@ -1499,6 +1476,61 @@ repeat_check() {
 	printf 'op=%s\nclaimed_at=%s\nheld=1\n' "$op" "$now" >"$ix/.h.$$" 2>/dev/null &&
 		mv -f "$ix/.h.$$" "$sn"
 	refuse "repeats $rc_fields"
+}
+
+# repeat_find: the walk of repeat_check over the index $ix for a claim of $op with
+# intent $fp: rc_last (the newest slot), rc_own (our op's slot), rc_found and rc_state
+# (the first repetition that counts, within $rp_window of $now). Reads only.
+repeat_find() {
+	rc_last=0
+	for rc_f in "$ix"/[0-9]*; do
+		[ -f "$rc_f" ] && rc_last=${rc_f##*/}
+	done
+	rc_last=${rc_last#"${rc_last%%[!0]*}"}
+	rc_last=${rc_last:-0}
+	# Walk back from the newest slot to the first repetition (a claim of this intent
+	# under another op id that may have had the effect, however it came to be newer
+	# than a slot of ours: it still ran recently), passing our own slot (a retry of our
+	# op) on the way. Reading stops there: the cost is the slots passed, not the window.
+	rc_own='' rc_found='' rc_state='' rc_n=$rc_last rc_declared=,$rp_declared,
+	while [ "$rc_n" -gt 0 ]; do
+		slot_read "$rc_n" || break
+		[ "$rp_window" -gt 0 ] && [ "$((sl_at + rp_window))" -lt "$now" ] && break
+		if [ "$sl_op" = "$op" ]; then
+			[ -n "$rc_own" ] || rc_own=$rc_n
+		elif slot_counts; then
+			rc_found=$rc_n rc_state=$sl_state
+			break
+		fi
+		if [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
+			break
+		fi
+		rc_n=$((rc_n - 1))
+	done
+}
+
+# repeats OP FP REPEAT_S DECLARED: the earlier claim of intent FP under another op id
+# within REPEAT_S that a claim of OP would meet (see repeat_check), read only: for a plan
+# before acting. One `J` frame: `earlier= earlier_state= earlier_at=`, or `none`.
+verb_repeats() {
+	[ "$#" -eq 4 ] || refuse "bad_args reason=argument_count"
+	valid_id "$1" || refuse "invalid_op_id"
+	case $2 in
+	'' | *[!0-9a-f]*) refuse "bad_args reason=fingerprint" ;;
+	esac
+	is_uint "$3" || refuse "bad_args reason=window"
+	setup_root
+	op=$1 fp=$2 rp_window=$3 rp_action=block rp_declared=$4
+	[ "$rp_declared" = - ] && rp_declared=
+	now
+	ix=$root/fp/$fp
+	rc_found=
+	[ -d "$ix" ] && [ "$rp_window" -gt 0 ] && repeat_find
+	if [ -n "$rc_found" ] && slot_read "$rc_found"; then
+		frame "J earlier=$sl_op earlier_state=$rc_state earlier_at=$sl_at"
+	else
+		frame "J none"
+	fi
 }
 
 # slot_name N: sets sn to the slot's path, N zero-padded to 10 digits (so a glob sorts
@@ -2455,6 +2487,7 @@ dispatch() {
 	run) verb_run "$@" ;;
 	probe) verb_probe "$@" ;;
 	attach) verb_attach "$@" ;;
+	repeats) verb_repeats "$@" ;;
 	output) verb_output "$@" ;;
 	fence) verb_fence "$@" ;;
 	cancel) verb_cancel "$@" ;;

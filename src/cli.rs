@@ -1197,6 +1197,7 @@ mod tests {
         let lines = [
             "config x@h -o Port=1 -l bar",
             "probe x@h op -o Port=1 -l bar",
+            "output op x@h -o Port=1 -l bar",
             "cancel x@h op -o Port=1 -l bar",
             "gc x@h --older-than 1d -o Port=1 -l bar",
             "doctor x@h -o Port=1 -l bar",

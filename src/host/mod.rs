@@ -145,6 +145,30 @@ pub async fn probe(
     })
 }
 
+/// The earlier claim of intent `fingerprint` under another op id, within `window`, that a
+/// claim of `op` would meet in the host's fingerprint index (its fields: `earlier`,
+/// `earlier_state`, `earlier_at`); `None` when there is none. Reads only.
+pub async fn repeats(
+    session: &Session,
+    op: &OpId,
+    fingerprint: &str,
+    window: Duration,
+    declared: &[String],
+    root: Option<&str>,
+) -> Result<Option<BTreeMap<String, String>>, CallError> {
+    let verb = Verb::Repeats {
+        op,
+        fingerprint,
+        window,
+        declared,
+    };
+    let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
+    answer(end, "repeats", |f| match f {
+        Frame::IndexRepeat(found) => Some(found),
+        _ => None,
+    })
+}
+
 /// A range of one stream's kept copy, read by [`output`].
 #[derive(Debug, Clone)]
 pub struct OutputRange {
@@ -500,6 +524,25 @@ impl Host {
     /// [`probe`] on this host.
     pub async fn probe(&self, op: &OpId) -> Result<MarkerInfo, CallError> {
         probe(&self.session, op, self.root.as_deref()).await
+    }
+
+    /// [`repeats`] on this host.
+    pub async fn repeats(
+        &self,
+        op: &OpId,
+        fingerprint: &str,
+        window: Duration,
+        declared: &[String],
+    ) -> Result<Option<BTreeMap<String, String>>, CallError> {
+        repeats(
+            &self.session,
+            op,
+            fingerprint,
+            window,
+            declared,
+            self.root.as_deref(),
+        )
+        .await
     }
 
     /// [`output`] on this host.

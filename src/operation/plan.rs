@@ -90,9 +90,10 @@ pub struct PlanFacts<'a> {
     pub approved: bool,
     /// The ledger's facts.
     pub ledger: &'a LedgerFacts,
-    /// An earlier operation of the same intent in the ledger's repetition window, and
-    /// whether the policy blocks (`true`) or warns.
-    pub repeats: Option<(&'a str, bool)>,
+    /// An earlier operation of the same intent in the repetition window, whether the
+    /// policy blocks (`true`) or warns, and where it was seen (`ledger`, or `host`: the
+    /// host's fingerprint index).
+    pub repeats: Option<(&'a str, bool, &'a str)>,
     /// The marker, or why it could not be probed.
     pub marker: Option<&'a Result<MarkerInfo, String>>,
     /// The plain fingerprint this run would claim with.
@@ -191,13 +192,18 @@ pub fn before_probe(f: &PlanFacts<'_>) -> Option<Would> {
     if let (Some(rule), false, false) = (f.approval, f.approved, observed) {
         return Some(held_for_approval(rule));
     }
-    if let (true, Some((earlier, true))) = (f.ledger.not_run_yet, f.repeats) {
+    if let (true, Some((earlier, true, seen_in))) = (f.ledger.not_run_yet, f.repeats) {
+        let holds = if seen_in == "host" {
+            "the host's fingerprint index holds"
+        } else {
+            "the ledger holds"
+        };
         return Some(Would::new(
             WouldDo::Block,
             Some(Verdict::Blocked),
             Some(ReasonCode::RepeatsRecentOperation),
             format!(
-                "the ledger holds {earlier}, the same command on this host within the repetition window, and the policy holds such repetitions back: rerun with --op {earlier} for the same effect (it replays), or --repeats {earlier} to do it again"
+                "{holds} {earlier}, the same command on this host within the repetition window, and the policy holds such repetitions back: rerun with --op {earlier} for the same effect (it replays), or --repeats {earlier} to do it again"
             ),
         ));
     }
@@ -447,14 +453,14 @@ mod tests {
             ..Default::default()
         };
         let f = PlanFacts {
-            repeats: Some(("deploy-1", true)),
+            repeats: Some(("deploy-1", true, "ledger")),
             ..facts(&fresh, None)
         };
         let w = before_probe(&f).unwrap();
         assert_eq!(w.reason_code, Some(ReasonCode::RepeatsRecentOperation));
         assert!(w.why.contains("--repeats deploy-1"), "{}", w.why);
         let warned = PlanFacts {
-            repeats: Some(("deploy-1", false)),
+            repeats: Some(("deploy-1", false, "ledger")),
             ..facts(&fresh, None)
         };
         assert!(before_probe(&warned).is_none());

@@ -18,7 +18,8 @@ use crate::ledger::{Ledger, OpKey};
 use crate::op_id::OpId;
 use crate::operation::identity::{self, Recorded};
 use crate::operation::plan::{after_probe, before_probe, LedgerFacts, PlanFacts, Would};
-use crate::operation::repeat::{self, Declared};
+use crate::operation::repeat::{self, Declared, Repetition};
+use crate::policy::OnRepeat;
 use crate::redact::Redactor;
 use crate::vocab::Verdict;
 
@@ -88,6 +89,9 @@ pub struct PlanRepetition {
     pub state: String,
     /// `block` or `warn`, as the policy says.
     pub action: &'static str,
+    /// `ledger`, or `host`: the host's fingerprint index (a claim another ledger or
+    /// machine made).
+    pub seen_in: &'static str,
 }
 
 /// Plans every host. Bad input is an error before anything is read or sent, as `run`
@@ -194,9 +198,25 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
                 )?;
             }
         }
+        // Only a fresh claim meets the host's index, and only when the ledger found none.
+        let index = (facts.not_run_yet
+            && repeats.is_none()
+            && family_policy.on_repeat != OnRepeat::Allow
+            && !family_policy.repeat_window.is_zero())
+        .then(|| {
+            (
+                host_fp.as_str(),
+                family_policy.repeat_window,
+                declared.ops(),
+            )
+        });
+        let action = match family_policy.on_repeat {
+            OnRepeat::Block => "block",
+            _ => "warn",
+        };
         let blocking = repeats
             .as_ref()
-            .map(|r| (r.op_id.as_str(), r.action == "block"));
+            .map(|r| (r.op_id.as_str(), r.action == "block", r.seen_in));
         let base = PlanFacts {
             family,
             after_interrupted: family_policy.after_interrupted,
@@ -214,7 +234,7 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
             None => {
                 let probed = match (&op, fresh) {
                     // A fresh op id: no marker can exist under a name not yet minted.
-                    (None, _) => Probed::Marker(absent()),
+                    (None, _) => Probed::Marker(absent(), None),
                     (Some(_), Err(e)) => Probed::Unreachable(e.to_string()),
                     (Some(op), Ok(dest)) => {
                         let dest = match recorded.route.as_ref() {
@@ -224,17 +244,32 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
                             }
                             None => dest,
                         };
-                        block_on(probe_only(&dest, op, &host, &recorded))??
+                        block_on(probe_only(&dest, op, &host, &recorded, index))??
                     }
                 };
                 match probed {
                     Probed::Changed(why) => Would::host_changed(why),
-                    Probed::Marker(m) => {
-                        let m = Ok(m);
-                        let would = after_probe(&PlanFacts {
-                            marker: Some(&m),
-                            ..base
+                    Probed::Marker(m, found) => {
+                        let from_host = found.map(|fields| {
+                            Repetition::from_host(
+                                &fields,
+                                "the host's fingerprint index".into(),
+                                action,
+                            )
                         });
+                        let held_by_host = from_host
+                            .as_ref()
+                            .map(|r| (r.op_id.as_str(), r.action == "block", r.seen_in));
+                        let m = Ok(m);
+                        let facts = PlanFacts {
+                            marker: Some(&m),
+                            repeats: held_by_host.or(base.repeats),
+                            ..base
+                        };
+                        let would = before_probe(&facts).unwrap_or_else(|| after_probe(&facts));
+                        if from_host.is_some() {
+                            repeats = from_host;
+                        }
                         if op.is_some() {
                             marker = Some(m);
                         }
@@ -272,6 +307,7 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
                 op_id: r.op_id,
                 state: r.state,
                 action: r.action,
+                seen_in: r.seen_in,
             }),
             marker_state,
             marker_exit_code,
@@ -303,7 +339,11 @@ fn absent() -> crate::host::MarkerInfo {
 
 /// What the read-only probe found.
 enum Probed {
-    Marker(crate::host::MarkerInfo),
+    /// The marker, and for an absent one the host index's earlier claim of the intent.
+    Marker(
+        crate::host::MarkerInfo,
+        Option<std::collections::BTreeMap<String, String>>,
+    ),
     /// The host could not be reached or did not answer: the plan's `probe_error`.
     Unreachable(String),
     /// Another key, user or marker root than the operation's attempts reached.
@@ -317,6 +357,7 @@ async fn probe_only(
     op: &OpId,
     host: &str,
     recorded: &Recorded,
+    index: Option<(&str, std::time::Duration, Vec<String>)>,
 ) -> Result<Probed> {
     use crate::host::{CallError, ReachError, RefusalReason};
     let reached = Host::connect_checked(dest, recorded.root(), |key, route| {
@@ -330,8 +371,18 @@ async fn probe_only(
         }
         Err(ReachError::Connect(e)) => return Ok(Probed::Unreachable(e.to_string())),
     };
-    Ok(match reached.probe(op).await {
-        Ok(marker) => Probed::Marker(marker),
+    let marker = reached.probe(op).await;
+    let found = match (&marker, index) {
+        (Ok(m), Some((fp, window, declared))) if m.state == crate::host::MarkerState::Absent => {
+            match reached.repeats(op, fp, window, &declared).await {
+                Ok(found) => found,
+                Err(e) => return Ok(Probed::Unreachable(e.to_string())),
+            }
+        }
+        _ => None,
+    };
+    Ok(match marker {
+        Ok(marker) => Probed::Marker(marker, found),
         Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
             Probed::Changed(recorded.root_changed(host, op.as_str(), &r))
         }

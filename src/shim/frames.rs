@@ -349,6 +349,9 @@ pub enum Frame {
     Interrupted(MarkerInfo),
     /// `P`: probe answer.
     Probe(MarkerInfo),
+    /// `J`: the `repeats` verb's answer: the earlier claim's fields (`earlier`,
+    /// `earlier_state`, `earlier_at`), or none.
+    IndexRepeat(Option<BTreeMap<String, String>>),
     /// `V`: the end of an `output` read, after its bytes: the marker, with the stream's
     /// `kept` and `dropped` byte counts and the range sent (`from`, `len`) among its fields.
     Output(MarkerInfo),
@@ -499,6 +502,7 @@ impl Frame {
             | Frame::Interrupted(_)
             | Frame::Probe(_)
             | Frame::Output(_)
+            | Frame::IndexRepeat(_)
             | Frame::Fence { .. }
             | Frame::Cancel { .. }
             | Frame::GcDone { .. }
@@ -874,6 +878,13 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
         "I" => Frame::Interrupted(MarkerInfo::from_fields(fields)?),
         "P" => Frame::Probe(MarkerInfo::from_fields(fields)?),
         "V" => Frame::Output(MarkerInfo::from_fields(fields)?),
+        "J" if words == ["none"] => Frame::IndexRepeat(None),
+        "J" if fields.contains_key("earlier") => Frame::IndexRepeat(Some(fields)),
+        "J" => {
+            return Err(ProtocolError::new(
+                "repeats answer without an earlier claim",
+            ))
+        }
         "F" => Frame::Fence {
             outcome: match words.first() {
                 Some(&"fenced") => FenceOutcome::Fenced,

@@ -202,6 +202,18 @@ pub enum Verb<'a> {
         /// At most this many bytes.
         len: u64,
     },
+    /// The earlier claim of an intent under another op id that a claim would meet in
+    /// the host's fingerprint index, read only (a plan before acting).
+    Repeats {
+        /// The operation that would claim.
+        op: &'a OpId,
+        /// The plain intent fingerprint.
+        fingerprint: &'a str,
+        /// How far back a repetition counts (zero: nowhere).
+        window: Duration,
+        /// Op ids the run declares it repeats (`--repeats`, `--amends`).
+        declared: &'a [String],
+    },
     /// Tombstone the op id so it can never be claimed. `force` also fences an
     /// interrupted claim (an operator's not-applied decision).
     Fence {
@@ -266,6 +278,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
     ("probe", &["OP"]),
     ("attach", &["OP", "OUT_OFFSET", "ERR_OFFSET"]),
     ("output", &["OP", "STREAM", "FROM", "LEN"]),
+    ("repeats", &["OP", "FP", "REPEAT_S", "DECLARED"]),
     ("fence", &["OP", "FORCE"]),
     ("supersede", &["OP", "BY_ATTEMPT"]),
     ("gc", &["AGE_S", "DRY_RUN", "TOMB_AGE_S"]),
@@ -284,6 +297,7 @@ impl Verb<'_> {
             Verb::Probe(_) => "probe",
             Verb::Attach { .. } => "attach",
             Verb::Output { .. } => "output",
+            Verb::Repeats { .. } => "repeats",
             Verb::Fence { .. } => "fence",
             Verb::Supersede { .. } => "supersede",
             Verb::Gc { .. } => "gc",
@@ -355,6 +369,24 @@ impl Verb<'_> {
                     },
                 ),
                 ("LEN", len.to_string()),
+            ],
+            Verb::Repeats {
+                op,
+                fingerprint,
+                window,
+                declared,
+            } => vec![
+                ("OP", op.to_string()),
+                ("FP", (*fingerprint).to_owned()),
+                ("REPEAT_S", window.as_secs().to_string()),
+                (
+                    "DECLARED",
+                    if declared.is_empty() {
+                        "-".into()
+                    } else {
+                        declared.join(",")
+                    },
+                ),
             ],
             Verb::Fence { op, force } => vec![("OP", op.to_string()), ("FORCE", flag(*force))],
             Verb::Supersede { op, by_attempt } => {

@@ -200,3 +200,51 @@ fn dry_run_says_what_run_would_do_and_sends_and_records_nothing() {
     );
     std::fs::write(&gate, "").unwrap();
 }
+
+#[test]
+fn a_plan_sees_a_repetition_another_ledger_made_in_the_hosts_index() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let first = Sealed::new(&format!("{}-a", crate::test_name!()));
+    let second = Sealed::new(&format!("{}-b", crate::test_name!()));
+    let count = fresh_dir(crate::test_name!()).join("count");
+    let wipe = format!("echo ran >> {c}; rm -f {c}.nothing", c = count.display());
+    let ran = run_json(&first, &lab, &["target1", "--op", "wipe-a", "--", &wipe]);
+    assert_eq!(ran.verdict(), "completed", "{}", ran.stderr);
+
+    // The second ledger knows nothing of wipe-a; the host's index does.
+    let plan = planned(&second, &lab, "wipe-b", &wipe);
+    assert_eq!(
+        would(&plan),
+        ("block", "repeats_recent_operation"),
+        "{plan}"
+    );
+    assert_eq!(plan["repeats"]["op_id"], "wipe-a", "{plan}");
+    assert_eq!(plan["repeats"]["seen_in"], "host", "{plan}");
+    assert!(
+        plan["would"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("the host's fingerprint index holds wipe-a"),
+        "{plan}"
+    );
+    assert!(!marker_exists(&lab, "wipe-b"), "a plan made a marker");
+    // And run agrees: held, naming the same earlier operation.
+    let held = run_json(&second, &lab, &["target1", "--op", "wipe-b", "--", &wipe]);
+    assert_eq!(
+        held.code(),
+        ("repeats_recent_operation", false),
+        "{}",
+        held.stderr
+    );
+    assert_eq!(held.json["repeats"]["op_id"], "wipe-a");
+    assert_eq!(std::fs::read_to_string(&count).unwrap(), "ran\n");
+    support::schema::validate(
+        crate::test_name!(),
+        &[(
+            "plan",
+            vec![serde_json::json!({"schema": "opmark/2", "plans": [plan]})],
+        )],
+    );
+}
