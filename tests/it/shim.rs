@@ -2474,3 +2474,194 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
         assert_eq!(leftovers(second.pid()), 0, "{name}");
     }
 }
+
+/// The `V` frame of an `output` read: the marker and the range's fields.
+fn output_end(o: &Outcome) -> &shim::MarkerInfo {
+    o.frames
+        .iter()
+        .find_map(|f| match f {
+            Frame::Output(m) => Some(m),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no output answer: {o:?}"))
+}
+
+#[test]
+fn output_reads_exact_ranges_of_the_kept_copy_and_changes_nothing_under_every_shell() {
+    use shim::{OutputFrom, OutputStream};
+    for (name, shell) in shells() {
+        let host = Host::new("output", &shell);
+        let ran = host.run("op-1", "a1", "printf abcdefghij; echo err >&2");
+        assert_eq!(ran.exit().unwrap().code, 0, "{name}: {ran:?}");
+        let op = OpId::parse("op-1").unwrap();
+        let read = |stream, from, len| {
+            host.call(
+                &Verb::Output {
+                    op: &op,
+                    stream,
+                    from,
+                    len,
+                },
+                b"",
+            )
+        };
+        let field = |o: &Outcome, k: &str| output_end(o).fields.get(k).cloned().unwrap();
+
+        let middle = read(OutputStream::Stdout, OutputFrom::Start(2), 3);
+        assert_eq!(middle.stdout, b"cde", "{name}");
+        assert_eq!(
+            (
+                field(&middle, "from"),
+                field(&middle, "len"),
+                field(&middle, "kept")
+            ),
+            ("2".into(), "3".into(), "10".into()),
+            "{name}"
+        );
+        assert_eq!(output_end(&middle).state, MarkerState::Completed, "{name}");
+        let tail = read(OutputStream::Stdout, OutputFrom::End(4), 100);
+        assert_eq!(tail.stdout, b"ghij", "{name}");
+        assert_eq!(field(&tail, "from"), "6", "{name}");
+        // Past the end: nothing, and where the copy ends.
+        let past = read(OutputStream::Stdout, OutputFrom::Start(50), 10);
+        assert!(past.stdout.is_empty(), "{name}: {past:?}");
+        assert_eq!(
+            (field(&past, "from"), field(&past, "len")),
+            ("10".into(), "0".into())
+        );
+        let err = read(OutputStream::Stderr, OutputFrom::Start(0), 100);
+        // Sent as the stream it is (an `E` payload), nothing of stdout with it.
+        assert_eq!(
+            (err.stdout.as_slice(), err.stderr.as_slice()),
+            (&b""[..], &b"err\n"[..]),
+            "{name}"
+        );
+
+        // An op id with no marker has no output, and gets none made.
+        let never = OpId::parse("never").unwrap();
+        let absent = host.call(
+            &Verb::Output {
+                op: &never,
+                stream: OutputStream::Stdout,
+                from: OutputFrom::Start(0),
+                len: 10,
+            },
+            b"",
+        );
+        assert_eq!(absent.refusal().unwrap().reason, "absent", "{name}");
+        assert!(!host.marker("never").exists(), "{name}");
+        let bad = host.call_args(
+            vec![
+                "output".into(),
+                "op-1".into(),
+                "bogus".into(),
+                "0".into(),
+                "1".into(),
+            ],
+            b"",
+        );
+        assert_eq!(bad.refusal().unwrap().reason, "bad_args", "{name}: {bad:?}");
+        // Reading changed nothing: the replay is the same.
+        let again = host.run("op-1", "a2", "printf abcdefghij; echo err >&2");
+        assert_eq!(again.stdout, b"abcdefghij", "{name}");
+    }
+}
+
+#[test]
+fn the_repeats_verb_reads_the_index_as_a_claim_would_and_writes_nothing() {
+    use opmark::policy::OnRepeat;
+    for (name, shell) in shells() {
+        let host = Host::new("repeats-verb", &shell);
+        let cmd = "echo wiped";
+        let ran = host.run_with("op-1", "a1", cmd, |r| {
+            r.repeat = repeat_check(3600, OnRepeat::Block, &[]);
+        });
+        assert_eq!(ran.exit().unwrap().code, 0, "{name}: {ran:?}");
+        let ask = |op: &str, window: u64, declared: &[String]| {
+            let op = OpId::parse(op).unwrap();
+            let fingerprint = fp(cmd);
+            let o = host.call(
+                &Verb::Repeats {
+                    op: &op,
+                    fingerprint: &fingerprint,
+                    window: Duration::from_secs(window),
+                    declared,
+                },
+                b"",
+            );
+            o.frames
+                .iter()
+                .find_map(|f| match f {
+                    Frame::IndexRepeat(found) => Some(found.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{name}: no repeats answer: {o:?}"))
+        };
+        let slots = || {
+            std::fs::read_dir(host.root().join("fp").join(fp(cmd)))
+                .unwrap()
+                .count()
+        };
+        let before = slots();
+        let found = ask("op-2", 3600, &[]).expect("op-1 is a repetition for op-2");
+        assert_eq!(
+            found.get("earlier").map(String::as_str),
+            Some("op-1"),
+            "{name}"
+        );
+        assert_eq!(
+            found.get("earlier_state").map(String::as_str),
+            Some("completed")
+        );
+        // Its own claim is no repetition; a declared one is none either; nor outside a
+        // window of zero.
+        assert_eq!(ask("op-1", 3600, &[]), None, "{name}");
+        assert_eq!(ask("op-2", 3600, &["op-1".to_owned()]), None, "{name}");
+        assert_eq!(ask("op-2", 0, &[]), None, "{name}");
+        assert_eq!(slots(), before, "{name}: the read took a slot");
+        assert!(!host.marker("op-2").exists(), "{name}");
+    }
+}
+
+#[test]
+fn fence_refuses_a_running_claim_and_gc_keeps_markers_younger_than_its_age() {
+    for (name, shell) in shells() {
+        let host = Host::new("fence-running", &shell);
+        let ready = host.state_home.join("ready");
+        let cmd = format!("touch {}; sleep 2; echo done", ready.display());
+        let child = start_in_background(&host, "busy", &cmd, &ready);
+        let busy = OpId::parse("busy").unwrap();
+        for force in [false, true] {
+            let fence = host.call(&Verb::Fence { op: &busy, force }, b"");
+            assert_eq!(
+                fence.refusal().map(|r| r.reason.to_string()),
+                Some("running".to_owned()),
+                "{name} (force {force}): {fence:?}"
+            );
+        }
+        assert!(!host.marker("busy").join("fenced").exists(), "{name}");
+        let done = host.wait_for_state("busy", MarkerState::Completed);
+        assert_eq!(
+            done.exit_code,
+            Some(0),
+            "{name}: the command ran to its end"
+        );
+        let _ = child.wait_with_output();
+
+        // A day's age keeps a marker a few seconds old, output and all.
+        let gc = host.call(
+            &Verb::Gc {
+                older_than: Duration::from_secs(86_400),
+                dry_run: false,
+                tombstones_older_than: None,
+            },
+            b"",
+        );
+        assert!(
+            !gc.frames.iter().any(|f| matches!(f, Frame::GcRemoved(_))),
+            "{name}: {:?}",
+            gc.frames
+        );
+        assert!(host.marker("busy").join("out").exists(), "{name}");
+    }
+}
