@@ -2,8 +2,8 @@
 //!
 //! The remote command's exit status is never confused with these: `run` returns the
 //! command's own status only for the verdicts `completed` and `replayed`; everything
-//! opmark says about itself uses the reserved codes below (documented in the README and
-//! in `opmark --help`).
+//! opmark says about itself uses the reserved codes below (documented in
+//! docs/agents.md#exit-codes and in `opmark --help`).
 
 use std::fmt;
 

@@ -1,7 +1,7 @@
 //! opmark: run remote commands over SSH so that one logical operation produces at most
 //! one execution on its host.
 //!
-//! Module map (see README "Architecture"):
+//! Module map (see docs/architecture.md#architecture):
 //! - [`ops`]: the library's operations (run, probe, output, show, list, reconcile, cancel...):
 //!   a typed request in, a typed report out, no printing; the CLI and MCP render them.
 //! - [`cli`], [`commands`]: the command line and one file per subcommand: args to a

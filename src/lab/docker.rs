@@ -244,7 +244,7 @@ fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
 }
 
 /// The phases of the Debian image and what they usually take: debootstrap took 53 s on
-/// a quiet 2-core VM and 92 s beside other builds (README, lab section), and issue 28
+/// a quiet 2-core VM and 92 s beside other builds (docs/operating.md#lab-disposable-ssh-targets), and issue 28
 /// timed a cold build at about two minutes, the last ~23 s of it docker import.
 const DEBIAN_PHASES: &[Phase] = &[
     Phase {

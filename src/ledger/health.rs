@@ -432,7 +432,7 @@ fn duplicates(
             .iter()
             .filter_map(|(f, _)| f.parse::<crate::family::Family>().ok())
             .max();
-        // A read repeated is no duplicate effect (README, `stats`): counting it would teach an
+        // A read repeated is no duplicate effect (docs/commands.md#operators, `stats`): counting it would teach an
         // operator to ignore the one alarm the ledger exists to raise.
         if strictest == Some(crate::family::Family::ReadOnly) {
             continue;

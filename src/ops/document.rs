@@ -5,7 +5,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The `schema` field of every JSON document (docs/guarantees.md#the-command-line-contract); bumped only when a field
 /// changes meaning or disappears. `opmark/2`: one vocabulary (a plural is a list, a count
-/// is `<noun>_count`, the marker's state is `marker_state`), see README "JSON contract".
+/// is `<noun>_count`, the marker's state is `marker_state`), see docs/agents.md#agents-the-json-contract-opmark2--q-opmark-mcp.
 pub const SCHEMA: &str = "opmark/2";
 
 /// `value` as the contract's document: a JSON object with `schema` set.

@@ -214,7 +214,7 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         | "canonicaldomains" | "canonicalizepermittedcnames"
         // opmark sends no environment variables, SendEnv's or SetEnv's: the command gets
         // the environment the host's login gives it, as under ssh to a server whose
-        // AcceptEnv takes none of them (README, "SSH configuration").
+        // AcceptEnv takes none of them (docs/ssh-config.md#ssh-configuration).
         | "sendenv" | "setenv"
         | "stdinnull" | "streamlocalbindmask" | "streamlocalbindunlink" | "syslogfacility"
         | "tcpkeepalive" | "keepalive" | "tunneldevice" | "updatehostkeys" | "verifyhostkeydns"
@@ -224,7 +224,7 @@ pub fn keyword_role(key: &str) -> Option<Role> {
         "ciphers" | "macs" | "kexalgorithms" | "hostkeyalgorithms" | "pubkeyacceptedalgorithms"
         | "pubkeyacceptedkeytypes" | "preferredauthentications" => Used,
         // Host-based authentication is refused above, so its algorithm lists choose
-        // nothing. CASignatureAlgorithms is accepted and not applied (README).
+        // nothing. CASignatureAlgorithms is accepted and not applied (docs/ssh-config.md#ssh-configuration).
         "casignaturealgorithms" | "hostbasedacceptedalgorithms" | "hostbasedkeytypes" => {
             Ignored
         }

@@ -322,3 +322,57 @@ fn no_source_file_cites_the_absent_spec_or_findings() {
         found.join("\n")
     );
 }
+
+/// The anchors GitHub makes for `text`'s headings: each heading's [`anchor`], a repeated
+/// one with `-1`, `-2`... after it.
+fn heading_anchors(text: &str) -> BTreeSet<String> {
+    let heading = Regex::new(r"(?m)^#{1,6} (.+)$").unwrap();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut anchors = BTreeSet::new();
+    for c in heading.captures_iter(text) {
+        let a = anchor(&c[1]);
+        let n = seen.entry(a.clone()).or_insert(0);
+        anchors.insert(if *n == 0 { a.clone() } else { format!("{a}-{n}") });
+        *n += 1;
+    }
+    anchors
+}
+
+#[test]
+fn every_anchor_the_docs_and_the_readme_link_to_exists() {
+    let link = Regex::new(r"\]\(([^)#\s]*)#([^)\s]+)\)").unwrap();
+    let mut pages = texts(&["docs"]);
+    pages.extend(texts(&["README.md"]));
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for (path, text) in &pages {
+        let base = repo().join(path);
+        let base = base.parent().unwrap();
+        for c in link.captures_iter(text) {
+            let (file, want) = (&c[1], &c[2]);
+            let target = if file.is_empty() {
+                repo().join(path)
+            } else {
+                base.join(file)
+            };
+            // Links into source files name lines or symbols, not headings.
+            if !target.to_string_lossy().ends_with(".md") {
+                continue;
+            }
+            seen += 1;
+            let Ok(linked) = std::fs::read_to_string(&target) else {
+                continue; // every_file_the_docs_and_the_readme_link_to_exists says so
+            };
+            if !heading_anchors(&linked).contains(want) {
+                let line = line_of(text, c.get(0).unwrap().start());
+                missing.push(format!("{path}:{line}: {file}#{want}"));
+            }
+        }
+    }
+    assert!(seen > 50, "only {seen} anchor links found");
+    assert!(
+        missing.is_empty(),
+        "links to headings that do not exist (renamed or moved? link the new anchor):\n{}",
+        missing.join("\n")
+    );
+}
