@@ -64,6 +64,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         command: args.command,
         live_output: !global.json,
+        tally: None,
     };
     let mut watch = Watch {
         // A hand-written line rather than indicatif: one line of counts needs no

@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind, Result};
+use crate::operation::output::Tally;
 use crate::ops::cancel::{cancel, CancelRequest};
 use crate::ops::document::{error_document, json_document};
 use crate::ops::host_changed::Answered;
@@ -311,8 +312,9 @@ impl Server {
             Ok(request) => request,
             Err(refused) => return Ok(refused),
         };
+        let tally = request.tally.clone();
         let result = self
-            .call(meta, peer, move |ctx| {
+            .call_counting(meta, peer, tally, move |ctx| {
                 let answer = run(ctx, request, &mut Unwatched)?;
                 Ok((answer.document()?, answer.exit_status()))
             })
@@ -598,6 +600,18 @@ impl Server {
         peer: Peer<RoleServer>,
         operation: impl FnOnce(&Context) -> Result<(Value, u8)> + Send + 'static,
     ) -> CallToolResult {
+        self.call_counting(meta, peer, None, operation).await
+    }
+
+    /// [`Server::call`], whose progress notifications also say how much output `tally`
+    /// has counted so far (a command that prints is visibly alive).
+    async fn call_counting(
+        &self,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+        tally: Option<Arc<Tally>>,
+        operation: impl FnOnce(&Context) -> Result<(Value, u8)> + Send + 'static,
+    ) -> CallToolResult {
         let ctx = self.ctx.clone();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let busy = Busy::new(&self.busy);
@@ -623,10 +637,18 @@ impl Server {
                 _ = tick.tick() => {
                     if let Some(token) = &token {
                         let secs = started.elapsed().as_secs_f64();
+                        let mut message = format!("still working after {secs:.0}s");
+                        if let Some(t) = &tally {
+                            message.push_str(&format!(
+                                "; output so far: {} bytes of stdout, {} of stderr",
+                                t.stdout(),
+                                t.stderr()
+                            ));
+                        }
                         let _ = peer
                             .notify_progress(
                                 ProgressNotificationParam::new(token.clone(), secs)
-                                    .with_message(format!("still working after {secs:.0}s")),
+                                    .with_message(message),
                             )
                             .await;
                     }
@@ -724,6 +746,7 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
         command: vec![p.command],
         // The client gets the output in the result; stdout is the protocol stream.
         live_output: false,
+        tally: Some(Arc::new(Tally::default())),
     })
 }
 

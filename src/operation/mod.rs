@@ -92,6 +92,8 @@ pub struct RunInput {
     pub declared: repeat::Declared,
     /// What `wait` bounds besides the connects before dispatch and the probe windows.
     pub wait_scope: WaitScope,
+    /// Counts the output delivered, for a caller reporting progress meanwhile.
+    pub tally: Option<std::sync::Arc<output::Tally>>,
 }
 
 /// What the `--wait` budget bounds (docs/decisions.md#wait-budget). It always bounds the
@@ -351,7 +353,8 @@ pub async fn run_interruptible(
         output: match (&input.prefix, input.live_output) {
             (Some(prefix), true) => Output::prefixed(prefix.clone()),
             _ => Output::new(input.live_output),
-        },
+        }
+        .with_tally(input.tally.clone()),
         exit: None,
         attempt_base: 0,
         prior_dispatch: None,

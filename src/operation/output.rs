@@ -12,6 +12,26 @@ use sha2::{Digest, Sha256};
 
 use crate::logging::{self, Stream};
 
+/// Bytes of output delivered so far, shared with whoever reports a run's progress while
+/// it goes on (an MCP client's progress notifications).
+#[derive(Debug, Default)]
+pub struct Tally {
+    out: std::sync::atomic::AtomicU64,
+    err: std::sync::atomic::AtomicU64,
+}
+
+impl Tally {
+    /// Stdout bytes delivered so far (every host's, for a fleet).
+    pub fn stdout(&self) -> u64 {
+        self.out.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stderr bytes delivered so far.
+    pub fn stderr(&self) -> u64 {
+        self.err.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The caller's view of the command's output, across attempts and re-attaches: the byte
 /// counts are the offsets a re-attach resumes from, so no byte is shown twice or missed.
 #[derive(Debug)]
@@ -28,9 +48,16 @@ pub struct Output {
     err_bytes: u64,
     out_digest: Sha256,
     err_digest: Sha256,
+    tally: Option<std::sync::Arc<Tally>>,
 }
 
 impl Output {
+    /// Counts what is delivered in `tally` too.
+    pub fn with_tally(mut self, tally: Option<std::sync::Arc<Tally>>) -> Output {
+        self.tally = tally;
+        self
+    }
+
     /// `live`: write to this process's stdout/stderr as bytes arrive; otherwise keep them.
     pub fn new(live: bool) -> Output {
         Output {
@@ -43,6 +70,7 @@ impl Output {
             err_bytes: 0,
             out_digest: Sha256::new(),
             err_digest: Sha256::new(),
+            tally: None,
         }
     }
 
@@ -56,6 +84,10 @@ impl Output {
     /// Delivers stdout bytes.
     pub fn stdout(&mut self, bytes: &[u8]) {
         self.out_bytes += bytes.len() as u64;
+        if let Some(t) = &self.tally {
+            t.out
+                .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         self.out_digest.update(bytes);
         if self.live && self.prefix.is_some() {
             self.prefix_lines(0, bytes);
@@ -70,6 +102,10 @@ impl Output {
     /// Delivers stderr bytes.
     pub fn stderr(&mut self, bytes: &[u8]) {
         self.err_bytes += bytes.len() as u64;
+        if let Some(t) = &self.tally {
+            t.err
+                .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         self.err_digest.update(bytes);
         if self.live && self.prefix.is_some() {
             self.prefix_lines(1, bytes);

@@ -107,6 +107,8 @@ pub struct RunRequest {
     pub command: Vec<String>,
     /// Stream the command's output to this process's stdout/stderr while it runs.
     pub live_output: bool,
+    /// Counts the output delivered (every host's), for progress reports meanwhile.
+    pub tally: Option<std::sync::Arc<crate::operation::output::Tally>>,
 }
 
 /// Told while a run goes on (the answer itself is the [`RunAnswer`]).
@@ -515,6 +517,7 @@ async fn run_operation(
         detach: req.fleet.detach,
         declared: checked_declared(&req),
         wait_scope: req.wait_scope,
+        tally: req.tally.clone(),
     };
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
@@ -640,6 +643,7 @@ async fn run_on_hosts(
             detach: req.fleet.detach,
             declared: declared.clone(),
             wait_scope: req.wait_scope,
+            tally: req.tally.clone(),
         })
         .collect();
     let ledger_ctx = ctx.clone();

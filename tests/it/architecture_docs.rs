@@ -332,7 +332,11 @@ fn heading_anchors(text: &str) -> BTreeSet<String> {
     for c in heading.captures_iter(text) {
         let a = anchor(&c[1]);
         let n = seen.entry(a.clone()).or_insert(0);
-        anchors.insert(if *n == 0 { a.clone() } else { format!("{a}-{n}") });
+        anchors.insert(if *n == 0 {
+            a.clone()
+        } else {
+            format!("{a}-{n}")
+        });
         *n += 1;
     }
     anchors

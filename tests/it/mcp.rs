@@ -129,6 +129,14 @@ fn python_sdk_client_runs_replays_and_is_refused_through_opmark_mcp() {
         "no progress notification during a 3 s run: {}",
         r["progress"]
     );
+    // The 3001 bytes come before the sleep: a notification during the sleep counts them.
+    assert!(
+        r["progress"].as_array().unwrap().iter().any(|m| m
+            .as_str()
+            .is_some_and(|m| m.contains("output so far: 3001 bytes of stdout, 0 of stderr"))),
+        "no notification counted the output: {}",
+        r["progress"]
+    );
 
     let second = &r["second"];
     assert_eq!(second["verdict"], "replayed", "{second}");
