@@ -2665,3 +2665,40 @@ fn fence_refuses_a_running_claim_and_gc_keeps_markers_younger_than_its_age() {
         assert!(host.marker("busy").join("out").exists(), "{name}");
     }
 }
+
+#[test]
+fn gc_keeps_the_newest_slot_of_each_intent_in_the_index() {
+    for (name, shell) in shells() {
+        let host = Host::new("gc-index", &shell);
+        let cmd = "echo same intent";
+        for (op, attempt) in [("op-1", "a1"), ("op-2", "a2")] {
+            let ran = host.run(op, attempt, cmd);
+            assert_eq!(ran.exit().unwrap().code, 0, "{name}: {ran:?}");
+        }
+        let index = host.root().join("fp").join(fp(cmd));
+        let slots = || {
+            let mut names: Vec<String> = std::fs::read_dir(&index)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(|c: char| c.is_ascii_digit()))
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(slots().len(), 2, "{name}: one slot per claim");
+        host.call(
+            &Verb::Gc {
+                older_than: Duration::ZERO,
+                dry_run: false,
+                tombstones_older_than: None,
+            },
+            b"",
+        );
+        // The older slot goes; the newest stays, naming the last claim, so a later claim
+        // numbers after it instead of starting the index again.
+        let left = slots();
+        assert_eq!(left.len(), 1, "{name}: {left:?}");
+        let newest = std::fs::read_to_string(index.join(&left[0])).unwrap();
+        assert!(newest.contains("op=op-2"), "{name}: {newest}");
+    }
+}
