@@ -2702,3 +2702,46 @@ fn gc_keeps_the_newest_slot_of_each_intent_in_the_index() {
         assert!(newest.contains("op=op-2"), "{name}: {newest}");
     }
 }
+
+#[test]
+fn a_fence_of_an_interrupted_claim_whose_command_started_says_so_and_needs_force() {
+    for (name, shell) in shells() {
+        let host = Host::new("fence-started", &shell);
+        let ran = host.run("crashed", "a1", "echo ran");
+        assert_eq!(ran.exit().unwrap().code, 0, "{name}: {ran:?}");
+        // The command started (its start gate is taken) and its supervisor is gone
+        // without an exit record: interrupted, and it may have had its effect.
+        forge_crash(&host, "crashed");
+        assert_eq!(
+            host.probe("crashed").state,
+            MarkerState::Interrupted,
+            "{name}"
+        );
+        let op = OpId::parse("crashed").unwrap();
+        let unforced = host.call(
+            &Verb::Fence {
+                op: &op,
+                force: false,
+            },
+            b"",
+        );
+        assert_eq!(
+            unforced.refusal().map(|r| r.reason.to_string()),
+            Some("interrupted".to_owned()),
+            "{name}: only an operator's forced fence may close a started command: {unforced:?}"
+        );
+        let forced = host.call(
+            &Verb::Fence {
+                op: &op,
+                force: true,
+            },
+            b"",
+        );
+        let marker = forced.marker();
+        assert_eq!(marker.state, MarkerState::Fenced, "{name}");
+        assert!(
+            marker.started_before_fence(),
+            "{name}: the record must say the command had started: {marker:?}"
+        );
+    }
+}
