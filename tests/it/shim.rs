@@ -2745,3 +2745,28 @@ fn a_fence_of_an_interrupted_claim_whose_command_started_says_so_and_needs_force
         );
     }
 }
+
+#[test]
+fn a_command_that_catches_the_cancels_term_and_exits_0_keeps_its_status_and_is_not_called_cancelled(
+) {
+    for (name, shell) in shells() {
+        let host = Host::new("cancel-caught", &shell);
+        let ready = host.state_home.join("ready");
+        let cmd = format!(
+            "trap 'exit 0' TERM; touch {}; while :; do sleep 0.1; done",
+            ready.display()
+        );
+        let child = start_in_background(&host, "catches", &cmd, &ready);
+        let (outcome, marker) = cancel_answer(&host, "catches", Duration::from_secs(5));
+        let _ = child.wait_with_output();
+        // The TERM went out and the command ended by its own `exit 0`: its status is
+        // its own, and the record says the cancel was pending, not that it stopped it.
+        assert_eq!(marker.exit_code, Some(0), "{name}: {outcome:?} {marker:?}");
+        assert_eq!(host.record("catches", "exit", "cancelled"), "0", "{name}");
+        assert_eq!(
+            host.record("catches", "exit", "cancel_pending"),
+            "1",
+            "{name}"
+        );
+    }
+}
