@@ -112,7 +112,7 @@ while IFS=$'\t' read -r name path fn from to expect; do
   esac
   printf '%-36s %-6s %-9s %s\n' "$name" "$path" "$result" "$expect"
   if [[ $result == caught ]]; then
-    grep -E '^    [a-z_:]+$' "$work/log" | sed 's/^ */    failed: /' | head -n 3 || true
+    grep -E '^    [a-z0-9_:]+$' "$work/log" | sed 's/^ */    failed: /' | head -n 3 || true
   fi
 done < <(rows)
 
