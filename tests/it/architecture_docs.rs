@@ -200,26 +200,49 @@ fn the_docs_index_lists_every_page_and_every_anchor() {
     );
 }
 
+/// One markdown link of docs/ or the README: where it stands, the directory it resolves
+/// against, and the groups `link` captured.
+struct Link {
+    at: String,
+    dir: PathBuf,
+    groups: Vec<String>,
+}
+
+/// Every match of `link` in docs/ and the README.
+fn markdown_links(link: &Regex) -> Vec<Link> {
+    let mut pages = texts(&["docs"]);
+    pages.extend(texts(&["README.md"]));
+    let mut found = Vec::new();
+    for (path, text) in &pages {
+        let dir = repo().join(path).parent().unwrap().to_owned();
+        for c in link.captures_iter(text) {
+            found.push(Link {
+                at: format!("{path}:{}", line_of(text, c.get(0).unwrap().start())),
+                dir: dir.clone(),
+                groups: c
+                    .iter()
+                    .skip(1)
+                    .map(|g| g.map_or(String::new(), |g| g.as_str().to_owned()))
+                    .collect(),
+            });
+        }
+    }
+    found
+}
+
 #[test]
 fn every_file_the_docs_and_the_readme_link_to_exists() {
     let link = Regex::new(r"\]\(([^)#\s]+)(?:#[^)]*)?\)").unwrap();
-    let mut pages = texts(&["docs"]);
-    pages.extend(texts(&["README.md"]));
     let mut missing = Vec::new();
     let mut seen = 0;
-    for (path, text) in &pages {
-        let base = repo().join(path);
-        let base = base.parent().unwrap();
-        for c in link.captures_iter(text) {
-            let target = &c[1];
-            if target.contains("://") || target.starts_with("mailto:") {
-                continue;
-            }
-            seen += 1;
-            if !base.join(target).exists() {
-                let line = line_of(text, c.get(0).unwrap().start());
-                missing.push(format!("{path}:{line}: {target}"));
-            }
+    for l in markdown_links(&link) {
+        let target = &l.groups[0];
+        if target.contains("://") || target.starts_with("mailto:") {
+            continue;
+        }
+        seen += 1;
+        if !l.dir.join(target).exists() {
+            missing.push(format!("{}: {target}", l.at));
         }
     }
     assert!(seen > 50, "only {seen} file links found");
@@ -345,32 +368,26 @@ fn heading_anchors(text: &str) -> BTreeSet<String> {
 #[test]
 fn every_anchor_the_docs_and_the_readme_link_to_exists() {
     let link = Regex::new(r"\]\(([^)#\s]*)#([^)\s]+)\)").unwrap();
-    let mut pages = texts(&["docs"]);
-    pages.extend(texts(&["README.md"]));
     let mut missing = Vec::new();
     let mut seen = 0;
-    for (path, text) in &pages {
-        let base = repo().join(path);
-        let base = base.parent().unwrap();
-        for c in link.captures_iter(text) {
-            let (file, want) = (&c[1], &c[2]);
-            let target = if file.is_empty() {
-                repo().join(path)
-            } else {
-                base.join(file)
-            };
-            // Links into source files name lines or symbols, not headings.
-            if !target.to_string_lossy().ends_with(".md") {
-                continue;
-            }
-            seen += 1;
-            let Ok(linked) = std::fs::read_to_string(&target) else {
-                continue; // every_file_the_docs_and_the_readme_link_to_exists says so
-            };
-            if !heading_anchors(&linked).contains(want) {
-                let line = line_of(text, c.get(0).unwrap().start());
-                missing.push(format!("{path}:{line}: {file}#{want}"));
-            }
+    for l in markdown_links(&link) {
+        let (file, want) = (&l.groups[0], &l.groups[1]);
+        let target = if file.is_empty() {
+            // `(#anchor)`: the page itself.
+            repo().join(l.at.split(':').next().unwrap())
+        } else {
+            l.dir.join(file)
+        };
+        // Links into source files name lines or symbols, not headings.
+        if !target.to_string_lossy().ends_with(".md") {
+            continue;
+        }
+        seen += 1;
+        let Ok(linked) = std::fs::read_to_string(&target) else {
+            continue; // every_file_the_docs_and_the_readme_link_to_exists says so
+        };
+        if !heading_anchors(&linked).contains(want) {
+            missing.push(format!("{}: {file}#{want}", l.at));
         }
     }
     assert!(seen > 50, "only {seen} anchor links found");
