@@ -907,3 +907,65 @@ fn a_hundred_callers_through_one_keeper_are_all_served_once_and_nothing_is_left_
         crate::resident::residents(target).is_empty()
     });
 }
+
+#[test]
+fn a_keeper_holds_no_descriptor_of_its_caller_so_a_process_substitution_ends_with_the_run() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = crate::support::fresh_dir(crate::test_name!());
+    let (log, ended) = (dir.join("stderr.log"), dir.join("reader-ended"));
+    // bash leaves the substitution's pipe open in the command as fd 63: a keeper that
+    // kept it would hold `tee` open for as long as it lives (5 minutes here).
+    let cmd = opmark_persisting(&env, &lab, "5m");
+    let opmark = format!("{:?}", cmd.get_program());
+    let args: Vec<String> = cmd
+        .get_args()
+        .map(|a| format!("'{}'", a.to_string_lossy()))
+        .collect();
+    let line = format!(
+        "{opmark} {} run target1 --op subst-1 -- 'echo out; echo err >&2' 2> >(tee {} >/dev/null; touch {})",
+        args.join(" "),
+        log.display(),
+        ended.display()
+    );
+    // Files, not pipes, for bash's own output: the substitution's shell holds bash's
+    // stdout until its reader ends, and a pipe here would turn the bug into a hang.
+    let (stdout, stderr) = (dir.join("stdout"), dir.join("stderr"));
+    let status = cmd
+        .get_envs()
+        .fold(Command::new("bash"), |mut b, (k, v)| {
+            match v {
+                Some(v) => b.env(k, v),
+                None => b.env_remove(k),
+            };
+            b
+        })
+        .args(["-c", &line])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&stdout).unwrap())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "{}",
+        std::fs::read_to_string(&stderr).unwrap()
+    );
+    assert_eq!(std::fs::read_to_string(&stdout).unwrap(), "out\n");
+    let keeper = env.keeper_pid().expect("the run started a keeper");
+    crate::support::wait_for(
+        "the process substitution's reader to see the end of its input",
+        Duration::from_secs(10),
+        || ended.exists(),
+    );
+    assert!(
+        std::fs::read_to_string(&log).unwrap().contains("err"),
+        "the command's stderr went through the substitution"
+    );
+    assert!(
+        std::path::Path::new(&format!("/proc/{keeper}")).exists(),
+        "the keeper is still alive: the reader ended because it holds no end of the pipe"
+    );
+}

@@ -148,9 +148,38 @@ impl Drop for CallerGuard {
     }
 }
 
+/// Closes every descriptor above stderr that this process inherited: the keeper outlives
+/// its caller, and an inherited pipe end (bash leaves a process substitution's open in
+/// every command, as fd 63) would keep the caller's reader (`2> >(tee log)`) waiting for
+/// as long as the keeper lives. What Rust opens is close-on-exec; what is not was
+/// inherited, so only those are closed, before anything of this process is opened.
+fn close_inherited() {
+    const O_CLOEXEC_OCTAL: u64 = 0o2_000_000;
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")) else {
+            continue; // gone (the directory's own descriptor), or not ours to read
+        };
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u64::from_str_radix(f.trim(), 8).ok());
+        if flags.is_some_and(|f| f & O_CLOEXEC_OCTAL == 0) {
+            let _ = nix::unistd::close(fd);
+        }
+    }
+}
+
 /// Runs the keeper for `dir` until it is idle for `persist`, stopped, or its socket is
 /// gone. Returns at once when another keeper holds the directory.
 pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
+    close_inherited();
     let place = Place::open(dir)?;
     let lock = std::fs::OpenOptions::new()
         .create(true)
