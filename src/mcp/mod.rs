@@ -51,6 +51,7 @@ use crate::ops::show::{show, ShowRequest};
 use crate::ops::{Context, HostOptions};
 
 mod schemas;
+mod tasks;
 mod wire;
 
 /// How often a running tool reports progress to a client that asked for it.
@@ -664,7 +665,10 @@ impl ServerHandler for Server {
                  show, opmark resolve); blocked = a human must approve outside MCP. A run \
                  never outlasts its `wait` (default 30s): spent, it answers in_progress \
                  (wait_budget_spent) and the command keeps running; `detach: true` answers \
-                 at once. A wrong argument is an error whose `error.field` names it.",
+                 at once. A wrong argument is an error whose `error.field` names it. \
+                 `run` also takes task-augmented calls (`task` in tools/call): the task id is \
+                 OP_ID@HOST, the operation itself, so tasks/get and tasks/result answer for it \
+                 from any opmark mcp process on this ledger; tasks/cancel is the cancel tool.",
             )
     }
 }
@@ -1114,7 +1118,8 @@ pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
         listen(SignalKind::interrupt())?,
         listen(SignalKind::terminate())?,
     );
-    let (pipe, copying) = wire::stdio();
+    let tasks = tasks::Tasks::new(server.ctx.clone(), server.max_output, Arc::clone(&busy));
+    let (pipe, copying) = wire::stdio(tasks);
     let service = server.serve(pipe).await.map_err(|e| {
         Error::new(
             ErrorKind::Internal,
