@@ -7,19 +7,19 @@
 //! a fleet is one task per host, each with its own state and its own run document, so a
 //! client never has to pick one host's outcome out of a mixed one.
 //!
-//! The wire is the tasks revision the official Python SDK speaks (protocol 2025-11-25:
-//! `task` in `tools/call`, `tasks/get`, `tasks/result`, `tasks/list`, `tasks/cancel`).
-//! rmcp 3.11 serves only the later tasks extension (`io.modelcontextprotocol/tasks`,
-//! with no `tasks/result` or `tasks/list`, other field names, the capability declared as
-//! an extension), so no official client with tasks could talk to it; these messages are
-//! answered in front of the SDK, by [`super::wire`], and every other message still goes
-//! through the SDK. A call without `task` is the plain tool call, with its `wait` budget.
+//! Two wires carry the same tasks. The tasks extension (`io.modelcontextprotocol/tasks`,
+//! protocol 2026-07-28) goes through rmcp's own task handlers ([`super::Server`]). The
+//! older tasks of protocol 2025-11-25 (`task` in `tools/call`, `tasks/result`,
+//! `tasks/list`, a cancel that answers the task) are what the official Python SDK's only
+//! task client speaks, and rmcp 3.11 no longer parses them, so they are answered in
+//! front of the SDK, by [`super::wire`]; every other message still goes through the SDK.
+//! A call that asks for no task is the plain tool call, with its `wait` budget.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rmcp::model::CallToolResult;
+use rmcp::model::{CallToolResult, JsonObject};
 use serde_json::{json, Map, Value};
 
 use super::{arguments, cut_output, error_result, run_request, Busy, RunParams};
@@ -35,7 +35,7 @@ use crate::ops::{Context, HostOptions};
 
 /// How often a client is asked to poll: a command's state changes at human speed, and
 /// every `tasks/get` of a task not followed here costs a probe over SSH.
-const POLL_MS: u64 = 2000;
+pub(super) const POLL_MS: u64 = 2000;
 
 /// How long one follow of a task's command lasts before it is taken up again by the
 /// next `tasks/get`; a thread per task never outlives a long command by much.
@@ -66,12 +66,12 @@ struct Live {
 }
 
 /// A task's state as the wire shows it, and the result `tasks/result` gives.
-struct State {
-    status: &'static str,
-    message: String,
-    created_at: String,
-    updated_at: String,
-    result: Option<CallToolResult>,
+pub(super) struct State {
+    pub(super) status: &'static str,
+    pub(super) message: String,
+    pub(super) created_at: String,
+    pub(super) updated_at: String,
+    pub(super) result: Option<CallToolResult>,
 }
 
 /// A JSON-RPC error: code and message.
@@ -204,17 +204,26 @@ impl Tasks {
         }
     }
 
-    /// Whether this message is one of the task methods answered here (a `run` call with
-    /// `task`, or `tasks/*`).
-    pub fn handles(message: &Value) -> bool {
+    /// Whether this message is one of the task methods of the 2025-11-25 wire, answered
+    /// here: a `run` call with `task`, `tasks/result`, `tasks/list`, and `tasks/get` and
+    /// `tasks/cancel` unless the client declared the tasks extension (at `initialize`,
+    /// `extension_session`, or in the request's `_meta`), whose are the SDK's.
+    pub fn handles(message: &Value, extension_session: bool) -> bool {
         let method = message.get("method").and_then(Value::as_str).unwrap_or("");
         if message.get("id").is_none() {
             return false;
         }
+        let params = message.get("params");
         match method {
-            "tasks/get" | "tasks/result" | "tasks/list" | "tasks/cancel" => true,
+            "tasks/result" | "tasks/list" => true,
+            "tasks/get" | "tasks/cancel" => {
+                let in_meta = params
+                    .and_then(|p| p.get("_meta"))
+                    .and_then(|m| m.get("io.modelcontextprotocol/clientCapabilities"))
+                    .is_some_and(declares_extension);
+                !(extension_session || in_meta)
+            }
             "tools/call" => {
-                let params = message.get("params");
                 params.and_then(|p| p.get("task")).is_some()
                     && params.and_then(|p| p.get("name")).and_then(Value::as_str) == Some("run")
             }
@@ -261,6 +270,13 @@ impl Tasks {
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
+        let (id, state) = self.start_run(args)?;
+        Ok(json!({"task": task_json(&id, &state)}))
+    }
+
+    /// Starts (or takes up again, for the same op id) the run a task-augmented call
+    /// asks for; the task as it stands.
+    pub(super) fn start_run(&self, args: JsonObject) -> Result<(String, State), RpcError> {
         let bad = |r: CallToolResult| {
             let doc = r.structured_content.unwrap_or(Value::Null);
             (
@@ -298,8 +314,7 @@ impl Tasks {
             entry.budget = budget;
         }
         self.follow(&id);
-        let (id, state) = self.get(&id)?;
-        Ok(json!({"task": task_json(&id, &state)}))
+        self.get(&id)
     }
 
     /// Starts a run thread for a live task unless one is following it already.
@@ -350,7 +365,7 @@ impl Tasks {
 
     /// A task's state: from this process's run when it has one, else from the ledger
     /// and the marker.
-    fn get(&self, id: &str) -> Result<(String, State), RpcError> {
+    pub(super) fn get(&self, id: &str) -> Result<(String, State), RpcError> {
         let (op, host) = parse_task_id(id)?;
         let id = task_id(&op, &host);
         let known = self
@@ -548,8 +563,15 @@ impl Tasks {
     /// protocol asks).
     fn result(&self, id: &str) -> Result<Value, RpcError> {
         loop {
-            let (_, state) = self.get(id)?;
-            if state.status != "working" {
+            let (key, state) = self.get(id)?;
+            // A cancelled command's run document comes once the follow saw it end.
+            let following = self
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&key)
+                .is_some_and(|l| l.following);
+            if state.status != "working" && (state.result.is_some() || !following) {
                 let result = state.result.unwrap_or_else(|| {
                     CallToolResult::structured(json!({"schema": "opmark/2", "task": id, "status": state.status, "reason": state.message}))
                 });
@@ -562,6 +584,15 @@ impl Tasks {
     /// `opmark cancel` of the task's operation; the task as it stands afterwards, with
     /// the cancel's own words (whether it stopped the command, or lost the race).
     fn cancel(&self, id: &str) -> Result<Value, RpcError> {
+        let (id, state, doc) = self.cancel_op(id)?;
+        let mut task = task_json(&id, &state);
+        task["cancel"] = doc;
+        Ok(task)
+    }
+
+    /// `opmark cancel` of a task's operation: the task afterwards (its message the
+    /// cancel's own words) and the cancel document.
+    pub(super) fn cancel_op(&self, id: &str) -> Result<(String, State, Value), RpcError> {
         let (op, host) = parse_task_id(id)?;
         let id = task_id(&op, &host);
         let report = cancel(
@@ -600,9 +631,7 @@ impl Tasks {
             "cancel_outcome {outcome}: {}",
             doc["reason"].as_str().unwrap_or("")
         );
-        let mut task = task_json(&id, &state);
-        task["cancel"] = doc;
-        Ok(task)
+        Ok((id, state, doc))
     }
 
     /// Recent operations of this ledger as tasks, from the ledger alone (no probes).
@@ -669,6 +698,14 @@ impl Tasks {
     }
 }
 
+/// Whether client capabilities declare the tasks extension.
+pub fn declares_extension(capabilities: &Value) -> bool {
+    capabilities
+        .get("extensions")
+        .and_then(|e| e.get(rmcp::model::TASKS_EXTENSION_ID))
+        .is_some()
+}
+
 /// The initialize answer with the tasks capability of the wire [`Tasks`] serves added.
 pub fn advertise(line: &[u8]) -> Option<Vec<u8>> {
     let mut v: Value = serde_json::from_slice(line).ok()?;
@@ -733,7 +770,7 @@ mod tests {
 
     #[test]
     fn only_task_augmented_runs_and_task_methods_are_answered_here() {
-        let handles = |v: Value| Tasks::handles(&v);
+        let handles = |v: Value| Tasks::handles(&v, false);
         assert!(handles(
             json!({"id": 1, "method": "tools/call", "params": {"name": "run", "task": {"ttl": 60000}}})
         ));
@@ -748,6 +785,19 @@ mod tests {
             assert!(!handles(json!({"method": m})), "a notification: {m}");
         }
         assert!(!handles(json!({"id": 1, "method": "tools/list"})));
+        // The extension's own tasks/get and tasks/cancel are the SDK's.
+        assert!(!Tasks::handles(
+            &json!({"id": 1, "method": "tasks/get"}),
+            true
+        ));
+        assert!(!handles(
+            json!({"id": 1, "method": "tasks/cancel", "params": {"_meta":
+            {"io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}})
+        ));
+        assert!(Tasks::handles(
+            &json!({"id": 1, "method": "tasks/list"}),
+            true
+        ));
     }
 
     #[test]

@@ -58,15 +58,24 @@ where
     let advertise = tasks.is_some();
     let feed = tokio::spawn(async move {
         let mut input = BufReader::with_capacity(1 << 16, input);
+        // A session whose `initialize` declared the tasks extension gets the SDK's.
+        let mut extension_session = false;
         loop {
             match read_line(&mut input).await {
                 Line::End => break,
                 Line::Whole(line) => match check(&line) {
                     Ok(()) => {
                         if let Some(tasks) = &tasks {
-                            if let Some(message) = serde_json::from_slice::<Value>(&line)
-                                .ok()
-                                .filter(super::tasks::Tasks::handles)
+                            let message = serde_json::from_slice::<Value>(&line).ok();
+                            if let Some(m) = &message {
+                                if m.get("method").and_then(Value::as_str) == Some("initialize") {
+                                    extension_session = m
+                                        .pointer("/params/capabilities")
+                                        .is_some_and(super::tasks::declares_extension);
+                                }
+                            }
+                            if let Some(message) = message
+                                .filter(|m| super::tasks::Tasks::handles(m, extension_session))
                             {
                                 answer_task(tasks.clone(), message, Arc::clone(&out));
                                 continue;

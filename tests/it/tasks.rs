@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use crate::support::mcp::python_client;
-use crate::support::{fresh_dir, skip_or_fail, Sealed};
+use crate::support::mcp::{python_client, McpClient};
+use crate::support::{fresh_dir, lines, skip_or_fail, Sealed};
 
 /// The interpreter of the pinned SDK with the task client (the 1.x line: 2.0 dropped it),
 /// from the virtualenv scripts/install-deps.sh makes, or `OPMARK_MCP_TASKS_PYTHON`.
@@ -29,10 +29,6 @@ fn python_with_tasks(test: &str) -> Option<PathBuf> {
         return None;
     }
     Some(python)
-}
-
-fn lines(path: &std::path::Path) -> usize {
-    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
 }
 
 #[test]
@@ -149,4 +145,95 @@ fn a_task_is_the_operation_and_outlives_the_server_that_started_it() {
     // Without `task`, the plain tool call of today.
     assert_eq!(r["plain"]["verdict"], "completed", "{all}");
     assert_eq!(r["plain"]["stdout"], "plain\n", "{all}");
+}
+
+/// The tasks extension (protocol 2026-07-28) through rmcp's own task handlers. No
+/// released client speaks it yet, so this test writes its messages by hand: the client
+/// declares the extension per request, in `_meta`, as the extension allows.
+#[test]
+fn the_tasks_extension_gets_the_same_tasks_through_the_sdk() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let mut cmd = env.opmark();
+    cmd.arg("-F").arg(lab.ssh_config()).arg("mcp");
+    let mut client = McpClient::start(cmd);
+    let declared = serde_json::json!({"io.modelcontextprotocol/clientCapabilities":
+        {"extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let count = dir.join("ext");
+    let command = format!("echo ran >> {}; sleep 3; echo ext", count.display());
+    let created = client.request(
+        "tools/call",
+        serde_json::json!({"_meta": declared, "name": "run",
+            "arguments": {"host": "target1", "op_id": "ext-1", "command": command}}),
+    );
+    let task = &created["result"];
+    assert_eq!(task["taskId"], "ext-1@target1", "{created}");
+    assert_eq!(task["status"], "working", "{created}");
+    assert_eq!(task["pollIntervalMs"], 2000, "{created}");
+
+    // Without the declaration, the same task on the 2025-11-25 wire (its field names).
+    let older = client.request("tasks/get", serde_json::json!({"taskId": "ext-1@target1"}));
+    assert_eq!(older["result"]["pollInterval"], 2000, "{older}");
+    assert!(older["result"].get("pollIntervalMs").is_none(), "{older}");
+
+    let get = |client: &mut McpClient, id: &str| {
+        client.request(
+            "tasks/get",
+            serde_json::json!({"_meta": declared, "taskId": id}),
+        )["result"]
+            .clone()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let done = loop {
+        let now = get(&mut client, "ext-1@target1");
+        if now["status"] != "working" || std::time::Instant::now() > deadline {
+            break now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"]["stdout"], "ext\n",
+        "{done}"
+    );
+    assert_eq!(lines(&count), 1);
+
+    // Cancel: an empty acknowledgement, the outcome in the next tasks/get.
+    let created = client.request(
+        "tools/call",
+        serde_json::json!({"_meta": declared, "name": "run",
+            "arguments": {"host": "target1", "op_id": "ext-2", "command": "sleep 30"}}),
+    );
+    assert_eq!(created["result"]["status"], "working", "{created}");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let ack = client.request(
+        "tasks/cancel",
+        serde_json::json!({"_meta": declared, "taskId": "ext-2@target1"}),
+    );
+    assert!(ack["result"].is_object(), "{ack}");
+    let after = get(&mut client, "ext-2@target1");
+    assert_eq!(after["status"], "cancelled", "{after}");
+    assert!(
+        after["statusMessage"]
+            .as_str()
+            .unwrap()
+            .contains("the command was stopped"),
+        "{after}"
+    );
+
+    // Blocked: input_required, with no request a client could answer.
+    let created = client.request(
+        "tools/call",
+        serde_json::json!({"_meta": declared, "name": "run",
+            "arguments": {"host": "target1", "op_id": "ext-3", "command": "mkfs.ext4 /dev/nothing-here"}}),
+    );
+    assert!(created["result"]["taskId"].is_string(), "{created}");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let blocked = get(&mut client, "ext-3@target1");
+    assert_eq!(blocked["status"], "input_required", "{blocked}");
+    assert_eq!(blocked["inputRequests"], serde_json::json!({}), "{blocked}");
+    client.close();
 }
