@@ -468,29 +468,64 @@ impl Tasks {
                 });
             }
         }
-        // From the ledger's word alone.
-        let state = record_json["state"].as_str().unwrap_or("");
-        let mut doc = json!({
+        // From the ledger's word and the marker's, without the run document: the ledger
+        // keeps the command redacted, so nothing can follow or replay it from here.
+        let (marker_state, marker_doc) = match &marker {
+            Ok(Answered::Report(m)) => (
+                m.state.clone(),
+                serde_json::to_value(m).unwrap_or(Value::Null),
+            ),
+            Ok(Answered::HostChanged(c)) => (
+                "host_changed".to_owned(),
+                serde_json::to_value(c).unwrap_or(Value::Null),
+            ),
+            Err(e) => ("unknown".to_owned(), json!({"error": e.to_string()})),
+        };
+        let doc = json!({
             "schema": "opmark/2",
             "op_id": op,
             "host": host,
             "verdict": record_json["verdict"],
             "exit_code": record_json["exit_code"],
             "reason_code": "task_from_ledger",
-            "reason": format!("answered from the ledger ({}); `show` has the timeline", page.outcome.text),
+            "reason": format!("answered from the ledger ({}) and the host's marker ({marker_state}); this server cannot rebuild the run document (the ledger keeps the command redacted): `run` with the same op_id and command replays it, `output` reads the output, `show` has the timeline", page.outcome.text),
             "operation": record_json,
+            "marker": marker_doc,
         });
+        let state = record_json["state"].as_str().unwrap_or("");
+        let last_word = page.outcome.last_word.as_deref().unwrap_or("");
         let (status, message) = if let Some(found) = cancel_won(page) {
             ("cancelled", found)
         } else if state == "cancelled" {
             ("cancelled", page.outcome.text.clone())
-        } else if record.unresolved && record_json["verdict"].is_null() {
-            ("working", page.outcome.text.clone())
-        } else {
-            if record_json["verdict"].is_null() {
-                doc["verdict"] = "replayed".into();
-            }
+        } else if marker_state == "completed" {
+            (
+                "completed",
+                format!(
+                    "the command finished on the host, exit {}",
+                    marker_doc["exit_code"]
+                ),
+            )
+        } else if !record_json["verdict"].is_null() {
             status_of(&doc)
+        } else if marker_state == "unknown" {
+            (
+                "working",
+                format!(
+                    "no verdict yet and the host cannot be probed now ({}); poll again",
+                    marker_doc["error"]
+                ),
+            )
+        } else if !record.unresolved && last_word.ends_with(":applied") {
+            ("completed", page.outcome.text.clone())
+        } else {
+            (
+                "failed",
+                format!(
+                    "{} (the host's marker is {marker_state})",
+                    page.outcome.text
+                ),
+            )
         };
         Ok(State {
             status,
@@ -673,14 +708,28 @@ impl Tasks {
                     ("cancelled", found)
                 } else if r["state"] == "cancelled" {
                     ("cancelled", "cancelled".to_owned())
-                } else if o.unresolved && r["verdict"].is_null() {
-                    ("working", "no verdict yet".to_owned())
-                } else {
-                    let mut doc = r.clone();
-                    if doc["verdict"].is_null() {
-                        doc["verdict"] = "replayed".into();
+                } else if r["verdict"].is_null() {
+                    // No verdict: a probe (tasks/get) tells; the list reads the ledger only.
+                    let word = page
+                        .as_ref()
+                        .and_then(|p| p.pages().first().map(|p| p.outcome.clone()));
+                    match word {
+                        Some(w)
+                            if !o.unresolved
+                                && w.last_word
+                                    .as_deref()
+                                    .is_some_and(|l| l.ends_with(":applied")) =>
+                        {
+                            ("completed", w.text)
+                        }
+                        Some(w) if !o.unresolved => ("failed", w.text),
+                        _ => (
+                            "working",
+                            "no verdict yet; tasks/get probes the host".to_owned(),
+                        ),
                     }
-                    status_of(&doc)
+                } else {
+                    status_of(&r)
                 };
                 task_json(
                     &id,

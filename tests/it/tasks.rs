@@ -81,6 +81,18 @@ fn a_task_is_the_operation_and_outlives_the_server_that_started_it() {
     assert_eq!(result["stdout"], "finished\n", "{all}");
     assert_eq!(lines(&dir.join("long")), 1, "{all}");
 
+    // A finished task whose command the ledger keeps redacted: the new server cannot
+    // replay its run document and says so, but the state is the marker's truth.
+    assert_eq!(r["secret_done"]["status"], "completed", "{all}");
+    assert_eq!(r["secret_new_server"]["status"], "completed", "{all}");
+    assert_eq!(
+        r["secret_result"]["reason_code"], "task_from_ledger",
+        "{all}"
+    );
+    assert_eq!(r["secret_result"]["marker"]["exit_code"], 0, "{all}");
+    assert!(!all.contains("CanaryT1"), "{all}");
+    assert_eq!(lines(&dir.join("secret")), 1, "{all}");
+
     // Cancel stops the running command, once, and says the cancel won.
     assert_eq!(r["cancel"]["status"], "cancelled", "{all}");
     assert_eq!(

@@ -69,7 +69,15 @@ async def main(opmark, ssh_config, directory):
                 report["created_seconds"] = time.monotonic() - started
                 report["created"] = task_doc(created.task)
                 note({"call": "tools/call run (task)", "answer": report["created"]})
-                await asyncio.sleep(2)
+                # A short one whose command the ledger keeps redacted (a password in it).
+                secret = await session.experimental.call_tool_as_task(
+                    "run",
+                    {"host": "target1", "op_id": "task-5",
+                     "command": f"echo ran >> {directory}/secret; echo password=CanaryT1 >/dev/null"},
+                )
+                report["secret_done"] = task_doc(
+                    (await poll_until(session, secret.task.taskId, lambda s: s != "working", 20))[0]
+                )
                 got = await session.experimental.get_task(created.task.taskId)
                 report["first_get"] = task_doc(got)
                 note({"call": "tasks/get", "answer": report["first_get"]})
@@ -85,6 +93,10 @@ async def main(opmark, ssh_config, directory):
     async with stdio_client(server(opmark, ssh_config, pidfile)) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
+            got = await session.experimental.get_task("task-5@target1")
+            report["secret_new_server"] = task_doc(got)
+            result = await session.experimental.get_task_result("task-5@target1", CallToolResult)
+            report["secret_result"] = result_doc(result)
             got = await session.experimental.get_task(task_id)
             report["new_server_get"] = task_doc(got)
             note({"call": "tasks/get (new server)", "answer": report["new_server_get"]})
