@@ -14,7 +14,8 @@
 # docker lab targets; the Docker engine itself is expected to be installed and running
 # already), a C compiler (bundled SQLite, ring),
 # Python with the official MCP SDK (the real MCP client tests/it/mcp.rs drives
-# `opmark mcp` with) and jsonschema (checks schemas/run.schema.json against real
+# `opmark mcp` with), its 1.x line in a virtualenv (python3-venv) for the task client
+# tests/it/tasks.rs drives, and jsonschema (checks schemas/run.schema.json against real
 # output), tmux (tests/it/screens.rs draws the screens in an 80-column terminal), and
 # Rust via rustup when cargo is missing.
 #
@@ -44,12 +45,12 @@ done
 
 packages=(openssh-server openssh-client dash busybox-static shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
-  groff-base debootstrap python3 python3-pip netcat-openbsd postgresql mksh ksh yash posh dropbear-bin
+  groff-base debootstrap python3 python3-pip python3-venv netcat-openbsd postgresql mksh ksh yash posh dropbear-bin
   tmux)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
-  groff /usr/sbin/debootstrap python3 pip3 nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear
+  groff /usr/sbin/debootstrap python3 pip3 python3_venv nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear
   tmux)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0 prometheus_client==0.26.0)
@@ -58,6 +59,9 @@ have() {
   if [[ $1 == postgresql_initdb ]]; then
     # Versioned directory: any /usr/lib/postgresql/*/bin/initdb will do.
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+  elif [[ $1 == python3_venv ]]; then
+    # `python3 -m venv` needs ensurepip, which Debian ships apart (python3-venv).
+    python3 -c 'import ensurepip' >/dev/null 2>&1
   elif [[ $1 == busybox_static ]]; then
     # busybox-static replaces the dynamic busybox (both install /bin/busybox).
     dpkg-query -W -f '${Status}' busybox-static 2>/dev/null | grep -q 'ok installed'
@@ -112,6 +116,18 @@ if [[ ${#python_packages[@]} -gt 0 ]] &&
   # these are test tools, not part of opmark.
   python3 -m pip install -q "${python_packages[@]}" ||
     python3 -m pip install -q --break-system-packages "${python_packages[@]}"
+fi
+
+# The MCP tasks test (tests/it/tasks.rs) needs the SDK's task client, which mcp 2.0 removed
+# with the tasks wire of protocol 2025-11-25 it spoke; no release speaks the later tasks
+# extension as a client. So a 1.x, pinned, in a virtualenv of its own beside the 2.x above.
+tasks_venv="$HOME/.cache/opmark/mcp-tasks-venv"
+tasks_sdk=1.26.0
+if [[ ${#python_packages[@]} -gt 0 ]] &&
+  { [[ $always -eq 1 ]] ||
+    [[ $("$tasks_venv/bin/python" -c 'import importlib.metadata as m, mcp.client.experimental.tasks; print(m.version("mcp"))' 2>/dev/null) != "$tasks_sdk" ]]; }; then
+  python3 -m venv "$tasks_venv"
+  "$tasks_venv/bin/python" -m pip install -q "mcp==$tasks_sdk"
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"

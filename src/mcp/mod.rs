@@ -19,6 +19,8 @@
 //!   `field` and the fix (`invalid_input`), never ignored;
 //! - an output schema per tool: the document's published schema (schemas/), bundled into
 //!   one document, with the fields this layer adds.
+//! - tasks: a task-augmented `run` is a task named by its operation, so it outlives the
+//!   server that started it ([`tasks`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -52,6 +54,7 @@ use crate::ops::show::{show, ShowRequest};
 use crate::ops::{Context, HostOptions};
 
 mod schemas;
+mod tasks;
 mod wire;
 
 /// How often a running tool reports progress to a client that asked for it.
@@ -73,6 +76,8 @@ pub struct Server {
     /// Tool threads still running: on SIGINT/SIGTERM the server waits for them (each run
     /// hears the signal too and records how far it got) before it exits.
     busy: Arc<AtomicUsize>,
+    /// The tasks of task-augmented `run` calls, whichever wire asked for them.
+    tasks: tasks::Tasks,
 }
 
 /// Counts a tool thread as busy from creation until it ends, however it ends.
@@ -264,11 +269,14 @@ impl Server {
     /// A server for `ctx` (its ssh config, ledger and policy) keeping `max_output` bytes
     /// per output stream in a result.
     pub fn new(ctx: Context, max_output: u64) -> Self {
+        let max_output = usize::try_from(max_output).unwrap_or(usize::MAX);
+        let busy = Arc::new(AtomicUsize::new(0));
         Server {
+            tasks: tasks::Tasks::new(ctx.clone(), max_output, Arc::clone(&busy)),
             ctx,
-            max_output: usize::try_from(max_output).unwrap_or(usize::MAX),
+            max_output,
             tool_router: Self::tool_router(),
-            busy: Arc::new(AtomicUsize::new(0)),
+            busy,
         }
     }
 
@@ -591,6 +599,31 @@ impl Server {
 }
 
 impl Server {
+    /// A task operation on a thread of its own (they probe hosts and read the ledger),
+    /// its JSON-RPC error as the SDK's.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&tasks::Tasks) -> std::result::Result<T, tasks::RpcError> + Send + 'static,
+    ) -> std::result::Result<T, ErrorData> {
+        let tasks = self.tasks.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("opmark-mcp-tasks".into())
+            .spawn(move || {
+                let _ = tx.send(work(&tasks));
+            })
+            .map_err(|e| ErrorData::internal_error(format!("cannot start a thread: {e}"), None))?;
+        match rx.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err((-32602, message))) => Err(ErrorData::invalid_params(message, None)),
+            Ok(Err((_, message))) => Err(ErrorData::internal_error(message, None)),
+            Err(_) => Err(ErrorData::internal_error(
+                "the task's thread ended without an answer (opmark bug)",
+                None,
+            )),
+        }
+    }
+
     /// Runs an operation on its own thread (the operations block on the process's
     /// runtime), reporting progress meanwhile; `operation` answers its document and the
     /// exit status the CLI would give.
@@ -674,11 +707,91 @@ impl Server {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Server {
+    /// A `run` from a client that declared the tasks extension is a task (the extension
+    /// lets the server decide); every other call is the tool's.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<RoleServer>,
+    ) -> std::result::Result<rmcp::model::CallToolResponse, ErrorData> {
+        let declared = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        if !(declared && request.name == "run") {
+            let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+            return self.tool_router.call(tcc).await;
+        }
+        let args = request.arguments.unwrap_or_default();
+        let (id, state) = self.blocking(move |tasks| tasks.start_run(args)).await?;
+        Ok(rmcp::model::CallToolResponse::Task(
+            rmcp::model::CreateTaskResult::new(extension_task(&id, &state)),
+        ))
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: rmcp::service::RequestContext<RoleServer>,
+    ) -> std::result::Result<rmcp::model::GetTaskResult, ErrorData> {
+        let (id, state) = self
+            .blocking(move |tasks| tasks.get(&request.task_id))
+            .await?;
+        use rmcp::model::TaskPayload;
+        let result = || {
+            state
+                .result
+                .as_ref()
+                .and_then(|r| serde_json::to_value(r).ok())
+                .and_then(|v| v.as_object().cloned())
+                .unwrap_or_default()
+        };
+        let payload = match state.status {
+            "working" => TaskPayload::Working,
+            "completed" => TaskPayload::Completed { result: result() },
+            "cancelled" => TaskPayload::Cancelled,
+            // What a human must decide is outside MCP: no request the client could answer.
+            "input_required" => TaskPayload::InputRequired {
+                input_requests: Default::default(),
+            },
+            _ => {
+                let mut error = JsonObject::new();
+                error.insert("code".into(), (-32603).into());
+                error.insert("message".into(), state.message.clone().into());
+                error.insert(
+                    "data".into(),
+                    result()
+                        .get("structuredContent")
+                        .cloned()
+                        .unwrap_or(Value::Null),
+                );
+                TaskPayload::Failed { error }
+            }
+        };
+        Ok(rmcp::model::GetTaskResult::new(
+            rmcp::model::DetailedTask::new(extension_task(&id, &state), payload),
+        ))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: rmcp::service::RequestContext<RoleServer>,
+    ) -> std::result::Result<(), ErrorData> {
+        // The cancel's outcome (won, or lost the race) is the next `tasks/get`'s.
+        self.blocking(move |tasks| tasks.cancel_op(&request.task_id).map(|_| ()))
+            .await
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("opmark", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "opmark runs remote commands over SSH so that one operation (op_id + host) \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("opmark", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "opmark runs remote commands over SSH so that one operation (op_id + host) \
                  executes at most once, even when a call is retried after a lost connection. \
                  Choose one op_id per intended effect and reuse it on every retry. Branch on \
                  `verdict` and `retryable`: completed/replayed = done; retryable=true = call \
@@ -686,9 +799,27 @@ impl ServerHandler for Server {
                  show, opmark resolve); blocked = a human must approve outside MCP. A run \
                  never outlasts its `wait` (default 30s): spent, it answers in_progress \
                  (wait_budget_spent) and the command keeps running; `detach: true` answers \
-                 at once. A wrong argument is an error whose `error.field` names it.",
-            )
+                 at once. A wrong argument is an error whose `error.field` names it. \
+                 `run` also takes task-augmented calls (`task` in tools/call): the task id is \
+                 OP_ID@HOST, the operation itself, so tasks/get and tasks/result answer for it \
+                 from any opmark mcp process on this ledger; tasks/cancel is the cancel tool.",
+        )
     }
+}
+
+/// A task as the tasks extension shows it.
+fn extension_task(id: &str, state: &tasks::State) -> rmcp::model::Task {
+    use rmcp::model::TaskStatus;
+    let status = match state.status {
+        "working" => TaskStatus::Working,
+        "completed" => TaskStatus::Completed,
+        "cancelled" => TaskStatus::Cancelled,
+        "input_required" => TaskStatus::InputRequired,
+        _ => TaskStatus::Failed,
+    };
+    rmcp::model::Task::new(id, status, &state.created_at, &state.updated_at)
+        .with_status_message(&state.message)
+        .with_poll_interval_ms(tasks::POLL_MS)
 }
 
 /// The run request from the tool's arguments; bad input is an `invalid_input` error
@@ -1137,7 +1268,7 @@ pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
         listen(SignalKind::interrupt())?,
         listen(SignalKind::terminate())?,
     );
-    let (pipe, copying) = wire::stdio();
+    let (pipe, copying) = wire::stdio(server.tasks.clone());
     let service = server.serve(pipe).await.map_err(|e| {
         Error::new(
             ErrorKind::Internal,

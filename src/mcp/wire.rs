@@ -21,14 +21,16 @@ pub const MAX_LINE: usize = 32 << 20;
 
 /// [`line_checked`] on this process's stdin and stdout: the JSON-RPC wire, whose write
 /// errors end the session (the client is gone), never a panic.
-pub fn stdio() -> (
+pub fn stdio(
+    tasks: super::tasks::Tasks,
+) -> (
     (
         tokio::io::ReadHalf<tokio::io::DuplexStream>,
         tokio::io::WriteHalf<tokio::io::DuplexStream>,
     ),
     tokio::task::JoinHandle<()>,
 ) {
-    line_checked(tokio::io::stdin(), tokio::io::stdout())
+    line_checked(tokio::io::stdin(), tokio::io::stdout(), Some(tasks))
 }
 
 /// The pipe the SDK serves on, and the tasks that feed it from `input` and copy its
@@ -37,6 +39,7 @@ pub fn stdio() -> (
 pub fn line_checked<I, O>(
     input: I,
     output: O,
+    tasks: Option<super::tasks::Tasks>,
 ) -> (
     (
         tokio::io::ReadHalf<tokio::io::DuplexStream>,
@@ -52,13 +55,32 @@ where
     let (from_sdk, mut to_sdk) = tokio::io::split(our_side);
     let output = Arc::new(Mutex::new(output));
     let out = Arc::clone(&output);
+    let advertise = tasks.is_some();
     let feed = tokio::spawn(async move {
         let mut input = BufReader::with_capacity(1 << 16, input);
+        // A session whose `initialize` declared the tasks extension gets the SDK's.
+        let mut extension_session = false;
         loop {
             match read_line(&mut input).await {
                 Line::End => break,
                 Line::Whole(line) => match check(&line) {
                     Ok(()) => {
+                        if let Some(tasks) = &tasks {
+                            let message = serde_json::from_slice::<Value>(&line).ok();
+                            if let Some(m) = &message {
+                                if m.get("method").and_then(Value::as_str) == Some("initialize") {
+                                    extension_session = m
+                                        .pointer("/params/capabilities")
+                                        .is_some_and(super::tasks::declares_extension);
+                                }
+                            }
+                            if let Some(message) = message
+                                .filter(|m| super::tasks::Tasks::handles(m, extension_session))
+                            {
+                                answer_task(tasks.clone(), message, Arc::clone(&out));
+                                continue;
+                            }
+                        }
                         if to_sdk.write_all(&line).await.is_err() {
                             break;
                         }
@@ -93,6 +115,11 @@ where
             match from_sdk.read_until(b'\n', &mut line).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    // The initialize answer says which task methods are served here.
+                    let line = match &advertise {
+                        true => super::tasks::advertise(&line).unwrap_or(line.clone()),
+                        false => line.clone(),
+                    };
                     if write_line(&output, &line).await.is_err() {
                         break;
                     }
@@ -102,6 +129,35 @@ where
         feed.abort();
     });
     (tokio::io::split(sdk_side), copy)
+}
+
+/// Answers a task message on a thread of its own: the operations block, and a
+/// `tasks/result` waits for the command's end while other messages are served.
+fn answer_task<O>(tasks: super::tasks::Tasks, message: Value, out: Arc<Mutex<O>>)
+where
+    O: AsyncWrite + Unpin + Send + 'static,
+{
+    let runtime = tokio::runtime::Handle::current();
+    let id = message.get("id").cloned().unwrap_or(Value::Null);
+    let (on_thread, runtime_here) = (Arc::clone(&out), runtime.clone());
+    let spawned = std::thread::Builder::new()
+        .name("opmark-mcp-tasks".into())
+        .spawn(move || {
+            let line = tasks.answer(&message);
+            runtime.spawn(async move {
+                let _ = write_line(&on_thread, &line).await;
+            });
+        });
+    if let Err(e) = spawned {
+        let mut line = serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32603,
+            "message": format!("cannot start a thread for the task message: {e}; nothing was done")}})
+        .to_string()
+        .into_bytes();
+        line.push(b'\n');
+        runtime_here.spawn(async move {
+            let _ = write_line(&out, &line).await;
+        });
+    }
 }
 
 enum Line {

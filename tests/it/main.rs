@@ -39,6 +39,7 @@ mod speed;
 mod ssh_config;
 mod stdin;
 mod targets;
+mod tasks;
 mod transport;
 mod ux;
 mod vocabulary;
