@@ -151,6 +151,26 @@ pub struct RunParams {
     pub output_budget: Option<u64>,
 }
 
+impl RunParams {
+    /// `command` on `host` under `op_id`, every optional argument left out.
+    pub(crate) fn plain(host: &str, op_id: &str, command: &str) -> RunParams {
+        RunParams {
+            host: host.to_owned(),
+            op_id: op_id.to_owned(),
+            command: command.to_owned(),
+            stdin: None,
+            timeout: None,
+            wait: None,
+            class: None,
+            repeats: None,
+            amends: None,
+            detach: None,
+            approval: None,
+            output_budget: None,
+        }
+    }
+}
+
 /// Arguments of the `output` tool.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -1370,18 +1390,8 @@ mod tests {
     #[test]
     fn the_run_tool_cannot_approve_and_rejects_bad_durations_before_anything() {
         let p = RunParams {
-            host: "web1".into(),
-            op_id: "op-1".into(),
-            command: "reboot".into(),
-            stdin: None,
             timeout: Some("soon".into()),
-            wait: None,
-            class: None,
-            repeats: None,
-            amends: None,
-            detach: None,
-            approval: None,
-            output_budget: None,
+            ..RunParams::plain("web1", "op-1", "reboot")
         };
         let again = RunParams {
             timeout: None,
@@ -1472,20 +1482,7 @@ mod tests {
 
     #[test]
     fn a_bad_op_id_is_an_error_document_like_a_bad_class() {
-        let base = RunParams {
-            host: "web1".into(),
-            op_id: "no spaces".into(),
-            command: "true".into(),
-            stdin: None,
-            timeout: None,
-            wait: None,
-            class: None,
-            repeats: None,
-            amends: None,
-            detach: None,
-            approval: None,
-            output_budget: None,
-        };
+        let base = RunParams::plain("web1", "no spaces", "true");
         let bad_op = run_request(base.clone()).unwrap_err();
         let bad_class = run_request(RunParams {
             op_id: "op-1".into(),

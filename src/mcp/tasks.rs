@@ -547,20 +547,7 @@ impl Tasks {
         created_at: String,
         replay: bool,
     ) {
-        let p = RunParams {
-            host: host.to_owned(),
-            op_id: op.to_owned(),
-            command: command.to_owned(),
-            stdin: None,
-            timeout: None,
-            wait: None,
-            class: None,
-            repeats: None,
-            amends: None,
-            detach: None,
-            approval: None,
-            output_budget: None,
-        };
+        let p = RunParams::plain(host, op, command);
         let Ok(mut request) = run_request(p) else {
             return;
         };
