@@ -512,6 +512,7 @@ fn main() {
                 supersede_interrupted: false,
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "true",
+                secrets: opmark::secret::Secrets::none(),
             });
             if i == usize::MAX {
                 let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));

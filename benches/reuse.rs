@@ -97,6 +97,7 @@ fn resident_shim_time(base: &Path, n: usize) {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "true",
+            secrets: opmark::secret::Secrets::none(),
         })
     }
     let mut serve = Command::new("/usr/bin/dash");

@@ -17,14 +17,14 @@
 # TOKEN is the client's
 # per-call token, echoed in the header so that text printed by the login shell's startup
 # files (even a copy of a header) is never taken for the shim's reply. The rest of the
-# channel's data is the verb's input: for run, the command (exactly its byte count), then
-# the spooled stdin, if any, up to EOF.
+# channel's data is the verb's input: for run, the secrets block (see read_secrets), the
+# command (exactly its byte count), then the spooled stdin, if any, up to EOF.
 #
 # Verbs and their positional parameters, in order. The client builds every call from its
 # own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
 # verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
 # protocol version the client checks: bump it with any change here or to the frames.
-#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED CMD_BYTES
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: output OP STREAM FROM LEN
@@ -69,6 +69,8 @@
 #   fenced    tombstone: this op id can never run
 #   collected gc reduced the marker to a tombstone (collected_at): the claim with its exit
 #             or fence record, no output; probe and claim still read completed/fenced
+#   .out.raw .err.raw  with secrets, the FIFOs the command writes into while it runs,
+#             read by the redactors (see redactor); removed when it ends
 #   .w.<pid>.<start>  wake-up FIFOs of foregrounds following the marker (named by the
 #             foreground's pid and start time, public anyway: never by anything secret)
 #
@@ -82,7 +84,7 @@
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
-OPMARK_SHIM_VERSION=5
+OPMARK_SHIM_VERSION=6
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that
@@ -435,6 +437,24 @@ supervise() {
 	cap_out=$!
 	capture err "$cap" <.err.fifo &
 	cap_err=$!
+	# With secrets, the command writes into FIFOs of its own, read by a redactor each
+	# that writes into the captures' (4 and 9 held here as 6 and 7 are, see above); the
+	# redactors have the forms in their environment, the command none of them.
+	sv_raw='' sv_o=6 sv_e=7
+	if [ "${_OPMARK_RN:-0}" != 0 ]; then
+		if ! { mkfifo .out.raw .err.raw && command exec 4<>.out.raw 9<>.err.raw; } 2>/dev/null; then
+			start_failed
+		fi
+		redactor <.out.raw >&6 &
+		redactor <.err.raw >&7 &
+		sv_raw=1 sv_o=4 sv_e=9
+		sv_i=1
+		while [ "$sv_i" -le "$_OPMARK_RN" ]; do
+			unset "_OPMARK_R_$sv_i" "_OPMARK_RL_$sv_i"
+			sv_i=$((sv_i + 1))
+		done
+	fi
+	unset _OPMARK_RN
 	# The claim is durable before anything can run (the foreground wrote it and went on
 	# to start us). Our record is complete before the start gate is taken, so whoever sees
 	# the gate taken finds it whole; no fsync for it: after a crash the boot id changes
@@ -452,7 +472,7 @@ supervise() {
 	trap 'sv_pipe=1' PIPE HUP
 	killer=
 	if [ "$timeout" -gt 0 ]; then
-		kill_after "$timeout" "$$" "$m" "$sv_start" "$cap_out,$cap_err" &
+		kill_after "$timeout" "$$" "$m" "$sv_start" "$cap_out,$cap_err" 4>&- 9>&- &
 		killer=$!
 	fi
 	input=/dev/null
@@ -468,7 +488,8 @@ supervise() {
 	# and $SHELL as under ssh. All in a subshell that becomes the shell: the supervisor
 	# keeps its strict umask and C locale for the exit record.
 	sv_umask=${OPMARK_LOGIN_UMASK:-} sv_lc=${OPMARK_LOGIN_LC_ALL:--}
-	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL
+	sv_secrets=${OPMARK_SECRET_NAMES:-}
+	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL OPMARK_SECRET_NAMES
 	sv_shell=${SHELL:-}
 	case $sv_shell in
 	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
@@ -512,6 +533,12 @@ supervise() {
 			;;
 		*) unset LC_ALL ;;
 		esac
+		# Each secret under its own name (checked by read_secrets: a name, nothing else).
+		for sv_n in $sv_secrets; do
+			eval "$sv_n=\${_OPMARK_S_$sv_n}"
+			unset "_OPMARK_S_$sv_n"
+			export "${sv_n?}"
+		done
 		if [ -z "$sv_posix" ]; then
 			sv_text=$(cat -- "$m/cmd") || exit 126
 			# Its $0 is its argv[0], which sshd makes the shell's base name: exec'd by
@@ -535,8 +562,15 @@ _om_c=$_om_c$_om_l
 else _om_c=$(cat -- "$1") || exit 126; fi
 eval "unset _om_c _om_l; set --; $_om_c
 "' "$sv_name" "$m/cmd" "$sv_small"
-	) <"$input" >&6 2>&7 6>&- 7>&-
+	) <"$input" >&"$sv_o" 2>&"$sv_e" 6>&- 7>&- 4>&- 9>&-
 	code=$?
+	# The redactors' last newline (see redactor), and their end once nothing else writes.
+	if [ -n "$sv_raw" ]; then
+		printf '\n' >&4
+		printf '\n' >&9
+		exec 4>&- 9>&-
+		rm -f .out.raw .err.raw
+	fi
 	# Whether a cancel's signal was on its way before the command ended (docs/host-protocol.md#cancel).
 	sv_signalled=
 	[ -f "$m/signalled" ] && sv_signalled=1
@@ -763,6 +797,35 @@ signal_session() {
 		fi
 		kill -"$1" "$ka_pid" 2>/dev/null
 	done
+}
+
+# redactor: copies its stdin to its stdout with every form of a secret (_OPMARK_R_1..N
+# in its environment, see read_secrets) replaced by [REDACTED:NAME], line by line, so
+# that a command that prints a secret leaves only the mark in its kept output, on the
+# host as everywhere after it. awk reads the forms from its environment (never its
+# arguments). Each line goes out as it comes; its newline only once the next line
+# starts: the supervisor ends the stream with one newline of its own (see supervise), so
+# that a last line without one stays without one. Like a capture, it outlives TERM.
+redactor() {
+	exec 4>&- 9>&- 6>&- 7>&-
+	trap '' TERM
+	# shellcheck disable=SC2016 # awk's own $0
+	exec awk 'BEGIN {
+	n = ENVIRON["_OPMARK_RN"] + 0
+	for (i = 1; i <= n; i++) { v[i] = ENVIRON["_OPMARK_R_" i]; w[i] = "[REDACTED:" ENVIRON["_OPMARK_RL_" i] "]" }
+}
+{
+	if (NR > 1) printf "\n"
+	s = $0
+	for (i = 1; i <= n; i++) {
+		if (v[i] == "") continue
+		o = ""
+		while ((p = index(s, v[i])) > 0) { o = o substr(s, 1, p - 1) w[i]; s = substr(s, p + length(v[i])) }
+		s = o s
+	}
+	printf "%s", s
+	fflush()
+}'
 }
 
 # The supervisor needs nothing below: it stops reading the script here (dash reads a
@@ -1236,14 +1299,18 @@ never_started() {
 # Verbs
 
 # run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
-#     REPEAT_S REPEAT_ACTION DECLARED|- CMD_BYTES; the channel's data holds the command
-#     (CMD_BYTES), then the stdin.
+#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- CMD_BYTES; the channel's data holds the
+#     secrets block (see read_secrets), the command (CMD_BYTES), then the stdin.
 verb_run() {
-	[ "$#" -eq 13 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 14 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
-	rp_window=$1 rp_action=$2 rp_declared=$3 cmd_bytes=$4
+	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 cmd_bytes=$5
 	spool='' cmd_spool='' cmd_text=''
+	# The secrets come first in the data: read before anything else (a resident that
+	# refuses here ends, as the data was not read).
+	[ -n "$resident" ] && sv_owed=1
+	read_secrets "$secrets" || refuse "bad_args reason=secrets"
 	if [ -n "$resident" ]; then
 		# A resident's request: the data follows the request line and the next request
 		# follows the data, so it is read by count, never to EOF. A short command alone
@@ -1303,6 +1370,10 @@ verb_run() {
 	# A claim whose process could not be told alive from gone would read running for good
 	# or, worse, gone while it runs: refuse before anything is claimed.
 	identity_readable || refuse "cannot_start reason=no_process_identity"
+	# Output that may hold a secret is kept only through the redactor (see redactor).
+	if [ "$sc_rn" -gt 0 ] && ! command -v awk >/dev/null 2>&1; then
+		refuse "cannot_start reason=no_awk"
+	fi
 	setup_root
 
 	# Receive the command, then stdin, into unclaimed spool files first: a connection
@@ -1396,7 +1467,10 @@ boot=$boot"
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
-	if ! hand_off "$m" && ! detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
+	# A standby supervisor started long ago has no way to the secrets: a run with any
+	# starts its own, which takes them from its environment (see with_secrets).
+	if ! { [ -z "$sc_names" ] && [ "$sc_rn" -eq 0 ] && hand_off "$m"; } &&
+		! with_secrets detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
 		# Nothing can have run: the supervisor never passed the start gate. Take the gate
 		# so a late supervisor cannot start either. A fresh claim is then taken back, as
 		# nothing ran and nothing can (a leftover would only wait for gc); one that
@@ -1602,6 +1676,84 @@ slot_unhold() {
 		mv -f "$ix/.h.$$" "$sn"
 }
 
+# read_secrets LIST: the secrets block at the head of a run's data
+# (docs/host-protocol.md#secrets). LIST is "-" (none) or comma-separated entries
+# KIND:NAME:LINES, and the data holds, for each in order, the value's LINES lines (its
+# newlines, one after each line, the last one too, so `read` takes them all). KIND e: the
+# command's environment variable NAME; r: a form of NAME's value (the value, one of its
+# lines, its base64 or URL-encoded text) that the redactor replaces with
+# [REDACTED:NAME]. The values stay in this shell's memory (_OPMARK_S_NAME, _OPMARK_R_N,
+# never exported here): never in an argument, a file or a record. Sets sc_names (" A
+# B") and sc_rn (the count of forms); false on a malformed list or a short block.
+read_secrets() {
+	sc_names='' sc_rn=0
+	[ "$1" = - ] && return 0
+	rs_ifs=$IFS
+	IFS=,
+	set -f
+	# shellcheck disable=SC2086 # splitting the list at its commas is the point
+	set -- $1
+	set +f
+	IFS=$rs_ifs
+	for rs_e in "$@"; do
+		rs_kind=${rs_e%%:*} rs_rest=${rs_e#*:}
+		rs_name=${rs_rest%%:*} rs_lines=${rs_rest#*:}
+		case $rs_name in
+		'' | [0-9]* | *[!A-Za-z0-9_]*) return 1 ;;
+		esac
+		is_uint "$rs_lines" && [ "$rs_lines" -ge 1 ] || return 1
+		rs_v='' rs_i=0 rs_l=''
+		while [ "$rs_i" -lt "$rs_lines" ]; do
+			IFS= read -r rs_l || return 1
+			if [ "$rs_i" -eq 0 ]; then
+				rs_v=$rs_l
+			else
+				rs_v="$rs_v
+$rs_l"
+			fi
+			rs_i=$((rs_i + 1))
+		done
+		case $rs_kind in
+		e)
+			case "$sc_names " in
+			*" $rs_name "*) return 1 ;;
+			esac
+			eval "_OPMARK_S_$rs_name=\$rs_v"
+			sc_names="$sc_names $rs_name"
+			;;
+		r)
+			sc_rn=$((sc_rn + 1))
+			eval "_OPMARK_R_$sc_rn=\$rs_v _OPMARK_RL_$sc_rn=\$rs_name"
+			;;
+		*) return 1 ;;
+		esac
+	done
+	rs_v='' rs_l=''
+}
+
+# with_secrets CMD ARGS...: runs CMD (detach) with the secrets read by read_secrets in
+# its environment, in a subshell, so that this shell (a resident's) exports nothing: the
+# supervisor it starts inherits them, and no argument carries them.
+with_secrets() {
+	if [ -z "$sc_names" ] && [ "$sc_rn" -eq 0 ]; then
+		"$@"
+		return
+	fi
+	(
+		for ws_n in $sc_names; do
+			export "_OPMARK_S_$ws_n"
+		done
+		ws_i=1
+		while [ "$ws_i" -le "$sc_rn" ]; do
+			export "_OPMARK_R_$ws_i" "_OPMARK_RL_$ws_i"
+			ws_i=$((ws_i + 1))
+		done
+		OPMARK_SECRET_NAMES=$sc_names _OPMARK_RN=$sc_rn
+		export OPMARK_SECRET_NAMES _OPMARK_RN
+		"$@"
+	)
+}
+
 # detach SHELL ARGS...: starts `SHELL <this script> ARGS...` in a session of its own, with
 # no descriptor of the channel, and returns at once. `setsid setsid CMD`, run in the
 # foreground: the first setsid (not a process-group leader: no job control here) makes
@@ -1611,6 +1763,7 @@ slot_unhold() {
 # (which has no -f), and, unlike a background `setsid CMD &`, leaves SIGINT and SIGQUIT
 # as the foreground had them, i.e. as under ssh: dash and busybox ash start `&`
 # children with both ignored, for good (docs/findings.md#detaching-the-command).
+# shellcheck disable=SC2317 # called through with_secrets
 detach() {
 	dt_sh=$1
 	shift

@@ -597,6 +597,12 @@ pub struct McpArgs {
     /// reads them. A call's `output_budget` overrides it.
     #[arg(long = "output-budget", visible_alias = "max-output", value_parser = parse_size, default_value = "16k", value_name = "SIZE")]
     pub max_output: u64,
+    /// Offer a secret to the tools' `secrets` argument: the command of a call naming
+    /// NAME gets the environment variable NAME, its value read (at each call) from this
+    /// process's environment variable VAR or the file PATH. A call names secrets, never
+    /// gives one; nothing a call returns shows a value. Repeatable.
+    #[arg(long = "secret", value_name = "NAME=env:VAR|file:PATH")]
+    pub secrets: Vec<String>,
 }
 
 /// `opmark config`.
@@ -670,6 +676,14 @@ pub struct RunArgs {
     /// the same command it also counts as declaring the repetition.
     #[arg(long, value_name = "OP")]
     pub amends: Option<String>,
+    /// Give the command the environment variable NAME on the host, its value read from
+    /// this process's environment variable VAR or from the file PATH (one trailing
+    /// newline left out). Repeatable. The value travels inside the connection to the
+    /// shim only: never in the host's process list, the marker, the ledger or a log; the
+    /// intent binds the name. Anything the command prints of it is kept and shown as
+    /// [REDACTED:NAME].
+    #[arg(long = "secret", value_name = "NAME=env:VAR|file:PATH")]
+    pub secrets: Vec<String>,
     /// Say what `run` would do (run, replay, follow, block and why, refuse) without
     /// running or recording anything: the policy and the ledger are read, and the
     /// marker on each host is probed read-only.

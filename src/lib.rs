@@ -42,6 +42,7 @@ pub mod ops;
 pub mod paths;
 pub mod policy;
 pub mod redact;
+pub mod secret;
 pub mod shim;
 pub mod ssh;
 pub mod text;

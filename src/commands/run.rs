@@ -29,9 +29,22 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         None => None,
         Some(path) => Some(read_approval(path, args.stdin)?),
     };
+    // Parsed here rather than by clap, whose error would repeat the argument, and a
+    // value typed where its source belongs would be on the screen.
+    let secrets = args
+        .secrets
+        .iter()
+        .map(|given| given.parse::<crate::secret::Spec>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| {
+            crate::error::Error::new(
+                crate::error::ErrorKind::InvalidInput,
+                format!("{e}; nothing was sent"),
+            )
+        })?;
     let stdin = super::stdin::decide(asked)?;
     if args.dry_run {
-        return dry_run(global, args, stdin, approval.is_some());
+        return dry_run(global, args, stdin, approval.is_some(), secrets);
     }
     let request = RunRequest {
         hosts: args.hosts,
@@ -62,6 +75,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             prefix: !args.fleet.no_prefix,
             detach: args.fleet.detach,
         },
+        secrets,
         command: args.command,
         live_output: !global.json,
         tally: None,
@@ -306,6 +320,7 @@ fn dry_run(
     args: RunArgs,
     stdin: crate::ops::run::Stdin,
     approval: bool,
+    secrets: Vec<crate::secret::Spec>,
 ) -> Result<u8> {
     use crate::ops::plan::{plan, PlanRequest};
     if args.fleet.hosts_file.is_some() {
@@ -326,6 +341,7 @@ fn dry_run(
             repeats: args.repeats,
             amends: args.amends,
             options: common::host_options(&args.host_args),
+            secrets,
             command: args.command,
         },
     )?;

@@ -29,12 +29,17 @@ pub struct Intent<'a> {
     pub command: &'a str,
     /// SHA-256 of the spooled stdin, or `None` when stdin is not forwarded.
     pub stdin_sha256: Option<[u8; 32]>,
+    /// The names of the command's secrets (`--secret`): the intent binds the names, never
+    /// the values (docs/trust.md#secrets).
+    pub secret_names: &'a [String],
 }
 
 impl Intent<'_> {
     /// The canonical bytes that both fingerprints digest:
-    /// `"opmark-intent-v1\n" + len(command) + "\n" + command + "\n" + (hex stdin digest | "no-stdin")`.
-    /// The length prefix keeps a command ending in a newline from colliding with another.
+    /// `"opmark-intent-v1\n" + len(command) + "\n" + command + "\n" + (hex stdin digest | "no-stdin")`,
+    /// then, only with secrets, `"\nsecrets " + the names sorted, comma-separated` (so an
+    /// intent without secrets keeps the digest it always had). The length prefix keeps a
+    /// command ending in a newline from colliding with another.
     pub fn canonical_bytes(&self) -> Vec<u8> {
         let stdin = match &self.stdin_sha256 {
             Some(d) => hex::encode(d),
@@ -47,6 +52,12 @@ impl Intent<'_> {
         out.extend_from_slice(self.command.as_bytes());
         out.push(b'\n');
         out.extend_from_slice(stdin.as_bytes());
+        if !self.secret_names.is_empty() {
+            let mut names: Vec<&str> = self.secret_names.iter().map(String::as_str).collect();
+            names.sort_unstable();
+            out.extend_from_slice(b"\nsecrets ");
+            out.extend_from_slice(names.join(",").as_bytes());
+        }
         out
     }
 }
@@ -304,10 +315,34 @@ mod tests {
     }
 
     #[test]
+    fn secret_names_are_bound_and_their_order_is_not() {
+        let plain = Intent {
+            command: "deploy",
+            stdin_sha256: None,
+            secret_names: &[],
+        };
+        let ab = ["A".to_owned(), "B".to_owned()];
+        let ba = ["B".to_owned(), "A".to_owned()];
+        let a = ["A".to_owned()];
+        let with = |names| {
+            host_fingerprint(&Intent {
+                secret_names: names,
+                ..plain
+            })
+        };
+        assert_ne!(with(&a), host_fingerprint(&plain));
+        assert_ne!(with(&a), with(&ab));
+        assert_eq!(with(&ab), with(&ba));
+        // Without secrets the canonical bytes are the ones every earlier version made.
+        assert!(!String::from_utf8_lossy(&plain.canonical_bytes()).contains("secrets"));
+    }
+
+    #[test]
     fn canonical_bytes_follow_the_documented_layout() {
         let i = Intent {
             command: "echo hi",
             stdin_sha256: None,
+            secret_names: &[],
         };
         assert_eq!(
             i.canonical_bytes(),
@@ -317,6 +352,7 @@ mod tests {
         let j = Intent {
             command: "cat",
             stdin_sha256: Some(digest),
+            secret_names: &[],
         };
         assert_eq!(
             j.canonical_bytes(),
@@ -329,6 +365,7 @@ mod tests {
         let i = Intent {
             command: "echo hi",
             stdin_sha256: None,
+            secret_names: &[],
         };
         assert_eq!(
             host_fingerprint(&i),
@@ -341,14 +378,17 @@ mod tests {
         let a = Intent {
             command: "echo hi",
             stdin_sha256: None,
+            secret_names: &[],
         };
         let b = Intent {
             command: "echo hi ",
             stdin_sha256: None,
+            secret_names: &[],
         };
         let c = Intent {
             command: "echo hi",
             stdin_sha256: Some([0; 32]),
+            secret_names: &[],
         };
         assert_ne!(host_fingerprint(&a), host_fingerprint(&b));
         assert_ne!(host_fingerprint(&a), host_fingerprint(&c));
@@ -362,6 +402,7 @@ mod tests {
         let i = Intent {
             command: "rm -rf /srv/old",
             stdin_sha256: None,
+            secret_names: &[],
         };
         let keyed = ledger_fingerprint(&i, &key);
         assert_eq!(keyed.len(), 64);

@@ -149,6 +149,12 @@ pub struct RunParams {
     #[serde(default)]
     #[schemars(range(min = 1024, max = 67108864))]
     pub output_budget: Option<u64>,
+    /// Names of secrets this server was started with (`opmark mcp --secret
+    /// NAME=env:VAR`), each given to the command as its environment variable NAME. Only
+    /// names: a value never passes through MCP, and anything the command prints of one
+    /// comes back as [REDACTED:NAME]. The names are part of the operation's intent.
+    #[serde(default)]
+    pub secrets: Option<Vec<String>>,
 }
 
 impl RunParams {
@@ -167,6 +173,7 @@ impl RunParams {
             detach: None,
             approval: None,
             output_budget: None,
+            secrets: None,
         }
     }
 }
@@ -423,6 +430,7 @@ impl Server {
             repeats: request.repeats,
             amends: request.amends,
             options: HostOptions::default(),
+            secrets: request.secrets,
             command: request.command,
         };
         Ok(self
@@ -842,6 +850,48 @@ fn extension_task(id: &str, state: &tasks::State) -> rmcp::model::Task {
         .with_poll_interval_ms(tasks::POLL_MS)
 }
 
+/// The secrets `opmark mcp --secret` offers, fixed when the server starts (as its
+/// [`Context`] is): a tool call names them, never gives a value.
+static CONFIGURED_SECRETS: std::sync::OnceLock<Vec<crate::secret::Spec>> =
+    std::sync::OnceLock::new();
+
+/// The configured secrets a call names, in its order; an unknown or repeated name is an
+/// `invalid_input` error naming the field and what the server offers.
+fn configured_secrets(
+    names: &[String],
+) -> std::result::Result<Vec<crate::secret::Spec>, CallToolResult> {
+    let offered = CONFIGURED_SECRETS
+        .get()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut specs: Vec<crate::secret::Spec> = Vec::with_capacity(names.len());
+    for name in names {
+        let Some(spec) = offered.iter().find(|s| s.name == *name) else {
+            let list: Vec<&str> = offered.iter().map(|s| s.name.as_str()).collect();
+            let offers = if list.is_empty() {
+                "it offers none".to_owned()
+            } else {
+                format!("it offers {}", list.join(", "))
+            };
+            return Err(argument_error(
+                "secrets",
+                format!(
+                    "`secrets`: `{}` is not a secret this server offers ({offers}); a human starts `opmark mcp --secret NAME=env:VAR` to offer one, and a value is never passed here; nothing was sent",
+                    crate::text::printable(name),
+                ),
+            ));
+        };
+        if specs.iter().any(|s| s.name == *name) {
+            return Err(argument_error(
+                "secrets",
+                format!("`secrets`: `{name}` is named twice; name each once; nothing was sent"),
+            ));
+        }
+        specs.push(spec.clone());
+    }
+    Ok(specs)
+}
+
 /// The run request from the tool's arguments; bad input is an `invalid_input` error
 /// document naming the field, before anything is recorded or sent (a bad op id the same
 /// shape as a bad class).
@@ -872,7 +922,9 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
             })
         })
         .transpose()?;
+    let secrets = configured_secrets(p.secrets.as_deref().unwrap_or_default())?;
     Ok(RunRequest {
+        secrets,
         timeout: duration("timeout", &p.timeout)?,
         wait: duration("wait", &p.wait)?.unwrap_or(crate::operation::DEFAULT_WAIT),
         // A tool call never outlasts its budget (docs/decisions.md#wait-budget).
@@ -1269,8 +1321,17 @@ fn cut_streams(doc: &mut serde_json::Map<String, Value>, budget: usize) -> bool 
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves MCP on stdin/stdout until the client closes the stream, or SIGINT/SIGTERM.
-pub async fn serve(ctx: Context, max_output: u64) -> Result<()> {
+pub async fn serve(ctx: Context, max_output: u64, secrets: Vec<crate::secret::Spec>) -> Result<()> {
     use rmcp::ServiceExt as _;
+    // Each is read when a call names it (a rotated value is the new one), but one that
+    // cannot be read now is the operator's mistake to hear about at start.
+    crate::secret::Secrets::read(&secrets).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            format!("{e}; the server did not start"),
+        )
+    })?;
+    let _ = CONFIGURED_SECRETS.set(secrets);
     use tokio::signal::unix::{signal, SignalKind};
     let server = Server::new(ctx, max_output);
     let busy = Arc::clone(&server.busy);

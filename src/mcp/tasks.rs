@@ -449,6 +449,7 @@ impl Tasks {
                     host_fingerprint(&Intent {
                         command: &record.display,
                         stdin_sha256: None,
+                        secret_names: &[],
                     })
                     .as_str(),
                 );

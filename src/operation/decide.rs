@@ -96,6 +96,8 @@ pub struct Facts<'a> {
     pub command: &'a str,
     /// The stdin this run forwards, if any.
     pub stdin: Option<&'a [u8]>,
+    /// The names of this run's secrets (part of what `host_fp` digests).
+    pub secret_names: &'a [String],
     /// This invocation's attempts, oldest first; the last is the current one.
     pub attempts: &'a [AttemptSummary],
     /// `--attempts` (or the family's budget).
@@ -757,6 +759,14 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host has no `setsid` (neither util-linux's nor busybox's, on PATH or in /usr/bin, /bin, /usr/sbin, /sbin), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`) or a busybox with its setsid applet, then retry with the same op id",
             ))
         }
+        RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_awk") => {
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::ShimCannotStart,
+                "the host has no `awk`, which the shim needs to redact the secrets' values from the command's output before it keeps any; it claimed nothing and nothing ran. Install awk on the host (Debian/Ubuntu: `apt-get install mawk`; busybox: its awk applet), or run without --secret, then retry with the same op id",
+            ))
+        }
         RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_process_identity") => {
             Action::Answer(Answer::new(
                 Verdict::NotApplied,
@@ -1182,6 +1192,7 @@ pub fn host_differs(facts: &Facts<'_>, marker: &MarkerInfo) -> Option<Differs> {
     let same_command = host_fingerprint(&Intent {
         command: facts.command,
         stdin_sha256: claimed_stdin,
+        secret_names: facts.secret_names,
     }) == claimed_fp;
     match (same_command, ours == claimed_stdin) {
         (false, true) => Some(Differs::Command),
@@ -1530,6 +1541,7 @@ mod tests {
             host_fp: FP,
             command: "echo hi",
             stdin: None,
+            secret_names: &[],
             attempts,
             budget: 3,
             prior_dispatch: None,
@@ -2564,6 +2576,7 @@ mod tests {
         m.fingerprint = Some(host_fingerprint(&Intent {
             command,
             stdin_sha256: digest,
+            secret_names: &[],
         }));
         m.fields
             .insert("stdin_sum".into(), digest.map_or("-".into(), hex::encode));

@@ -146,6 +146,7 @@ impl<'a> Runner<'a> {
             host_fp: &self.host_fp,
             command: &self.input.command,
             stdin: self.input.stdin.as_deref(),
+            secret_names: self.input.secrets.names(),
             attempts: &self.attempts,
             budget: self.budget,
             prior_dispatch: self.prior_dispatch.as_deref(),
@@ -295,6 +296,7 @@ impl<'a> Runner<'a> {
                 declared: &declared,
             },
             command: &self.input.command,
+            secrets: &self.input.secrets,
         });
         let stdin = self.input.stdin.clone();
         fault_point("before_dispatch");

@@ -66,6 +66,8 @@ pub struct RunInput {
     pub class: Option<Family>,
     /// Spooled stdin, when `--stdin`.
     pub stdin: Option<Vec<u8>>,
+    /// `--secret`: the command's secret environment variables, read.
+    pub secrets: crate::secret::Secrets,
     /// `--timeout`, enforced by the shim on the host.
     pub timeout: Option<Duration>,
     /// `--attempts`, else the family's budget.
@@ -127,6 +129,7 @@ impl RunInput {
         Intent {
             command: &self.command,
             stdin_sha256: self.stdin.as_ref().map(|s| Sha256::digest(s).into()),
+            secret_names: self.secrets.names(),
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct PlanRequest {
     pub amends: Option<String>,
     /// Connection options.
     pub options: HostOptions,
+    /// `--secret`: read as `run` would read them (an unreadable one is the plan's
+    /// error), and only their names kept (they are part of the intent).
+    pub secrets: Vec<crate::secret::Spec>,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
 }
@@ -127,6 +130,10 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
             )));
         }
     }
+    let secret_names: Vec<String> = crate::secret::Secrets::read(&req.secrets)
+        .map_err(|e| invalid(format!("{e}; nothing was sent")))?
+        .names()
+        .to_vec();
     let stdin = match &req.stdin {
         Stdin::None => None,
         Stdin::Given(bytes) => Some(bytes.clone()),
@@ -149,6 +156,7 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
     let intent = Intent {
         command: &command,
         stdin_sha256: stdin.as_ref().map(|s| Sha256::digest(s).into()),
+        secret_names: &secret_names,
     };
     let host_fp = host_fingerprint(&intent);
     let ledger = open_if_there(ctx, &policy)?;

@@ -103,6 +103,8 @@ pub struct RunRequest {
     pub options: HostOptions,
     /// Several hosts.
     pub fleet: FleetOptions,
+    /// `--secret NAME=SOURCE`: the command's secret environment variables, not yet read.
+    pub secrets: Vec<crate::secret::Spec>,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
     /// Stream the command's output to this process's stdout/stderr while it runs.
@@ -255,6 +257,18 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
         ));
     }
+    // Read once, here: a value is never read again, and one that cannot be read sends
+    // nothing. The error names the secret and its source, never a value.
+    let secrets = match crate::secret::Secrets::read(&req.secrets) {
+        Ok(secrets) => secrets,
+        Err(e) => {
+            return Ok(refuse_before_anything(
+                ctx,
+                Some(op.as_str()),
+                &format!("{e}; nothing was sent"),
+            ))
+        }
+    };
     let named = match all_hosts(&req) {
         Ok(named) => named,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
@@ -294,8 +308,14 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; nothing was sent"),
         ));
     }
+    let checked = Checked {
+        op,
+        minted,
+        command,
+        secrets,
+    };
     let answer = match named {
-        Named::One(host) => block_on(run_operation(ctx, req, host, op, minted, command, watch)),
+        Named::One(host) => block_on(run_operation(ctx, req, host, checked, watch)),
         Named::Fleet(hosts, twice) => {
             for host in twice {
                 watch.note(&format!(
@@ -303,12 +323,23 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
                     crate::text::printable(&host)
                 ));
             }
-            block_on(run_on_hosts(ctx, req, hosts, op, minted, command, watch))
+            block_on(run_on_hosts(ctx, req, hosts, checked, watch))
         }
     };
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
     answer?
+}
+
+/// What `run` checked and read before anything is recorded or sent.
+struct Checked {
+    op: OpId,
+    /// The op id was minted here (the caller is told it before dispatch).
+    minted: bool,
+    /// The command string, checked as sendable.
+    command: String,
+    /// The secrets, read once.
+    secrets: crate::secret::Secrets,
 }
 
 /// The signed approval, parsed (`run` refused a malformed one before anything else).
@@ -478,11 +509,15 @@ async fn run_operation(
     ctx: &Context,
     req: RunRequest,
     host: String,
-    op: OpId,
-    minted: bool,
-    command: String,
+    checked: Checked,
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
+    let Checked {
+        op,
+        minted,
+        command,
+        secrets,
+    } = checked;
     let interrupts = install_interrupts()?;
     let policy = load_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
@@ -505,6 +540,7 @@ async fn run_operation(
         command,
         class: req.class,
         stdin,
+        secrets,
         timeout: req.timeout,
         attempts: req.attempts,
         wait: req.wait,
@@ -571,11 +607,15 @@ async fn run_on_hosts(
     ctx: &Context,
     req: RunRequest,
     named: Vec<(String, Option<String>)>,
-    op: OpId,
-    minted: bool,
-    command: String,
+    checked: Checked,
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
+    let Checked {
+        op,
+        minted,
+        command,
+        secrets,
+    } = checked;
     let interrupts = install_interrupts()?;
     let policy = load_policy(ctx)?;
     // Opened here once so that a ledger problem is one error before any host is tried;
@@ -631,6 +671,7 @@ async fn run_on_hosts(
             command: command.clone(),
             class: req.class,
             stdin: stdin.clone(),
+            secrets: secrets.clone(),
             timeout: req.timeout,
             attempts: req.attempts,
             wait: req.wait,

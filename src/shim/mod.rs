@@ -122,6 +122,9 @@ pub struct RunRequest<'a> {
     /// The command string, run on the host by the login shell with `-c`, as ssh runs it
     /// (sent in the channel's data, at most [`MAX_COMMAND_BYTES`]).
     pub command: &'a str,
+    /// The command's secret environment variables (sent in the channel's data, before
+    /// the command; docs/host-protocol.md#secrets).
+    pub secrets: &'a crate::secret::Secrets,
 }
 
 /// The repetition check a claim asks of the shim's fingerprint index: how far back to
@@ -272,6 +275,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
             "REPEAT_S",
             "REPEAT_ACTION",
             "DECLARED",
+            "SECRETS",
             "CMD_BYTES",
         ],
     ),
@@ -341,6 +345,7 @@ impl Verb<'_> {
                         r.repeat.declared.join(",")
                     },
                 ),
+                ("SECRETS", r.secrets.wire_list()),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -466,6 +471,15 @@ impl Verb<'_> {
             _ => &[],
         }
     }
+
+    /// The secrets block that precedes the input (`run` with secrets only): values, so
+    /// never logged.
+    fn secrets_block(&self) -> Vec<u8> {
+        match self {
+            Verb::Run(r) => r.secrets.wire_block(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// A command opmark refuses to send, with the limit it breaks.
@@ -582,13 +596,16 @@ impl Invocation {
             exec.push_str(&quote(&arg));
         }
         let input = verb.input();
+        let secrets = verb.secrets_block();
         let stdin = stdin.unwrap_or_default();
-        let mut data =
-            Vec::with_capacity(token.len() + 3 + script.len() + input.len() + stdin.len());
+        let mut data = Vec::with_capacity(
+            token.len() + 3 + script.len() + secrets.len() + input.len() + stdin.len(),
+        );
         data.extend_from_slice(b"c=");
         data.extend_from_slice(token.as_bytes());
         data.push(b'\n');
         data.extend_from_slice(script);
+        data.extend_from_slice(&secrets);
         data.extend_from_slice(input);
         data.extend_from_slice(stdin);
         Invocation { exec, data, token }
@@ -622,7 +639,7 @@ impl Invocation {
 
 /// One request to a resident host session: the line `q c=<token> [r=<root>] VERB
 /// ARGS...`, then the verb's input as a call of its own carries it, except that it is
-/// read by count, never to EOF: for `run`, the command, one newline (the resident reads
+/// read by count, never to EOF: for `run`, the secrets block, the command, one newline (the resident reads
 /// it line-wise with the shell's builtin), then exactly `STDIN_BYTES` of stdin. The reply
 /// is the verb's usual frames under this request's own token, then the end frame `Z`.
 #[derive(Debug, Clone)]
@@ -653,6 +670,7 @@ impl Request {
         let mut bytes = Vec::with_capacity(line.len() + input.len() + 1 + stdin.len());
         bytes.extend_from_slice(line.as_bytes());
         if let Verb::Run(_) = verb {
+            bytes.extend_from_slice(&verb.secrets_block());
             bytes.extend_from_slice(input);
             bytes.push(b'\n');
             bytes.extend_from_slice(stdin);
@@ -688,7 +706,8 @@ pub fn local_args(verb: &Verb) -> Vec<std::ffi::OsString> {
 /// What a local call's stdin must carry: the verb's input, then the stdin.
 #[cfg(any(test, feature = "test-hooks"))]
 pub fn local_data(verb: &Verb, stdin: &[u8]) -> Vec<u8> {
-    let mut data = verb.input().to_vec();
+    let mut data = verb.secrets_block();
+    data.extend_from_slice(verb.input());
     data.extend_from_slice(stdin);
     data
 }
@@ -739,6 +758,7 @@ mod tests {
             supersede_interrupted: true,
             repeat: RepeatCheck::OFF,
             command: "echo 'hi'",
+            secrets: crate::secret::Secrets::none(),
         });
         let args = verb.args();
         assert_eq!(args[0], "run");
@@ -773,6 +793,7 @@ mod tests {
                 declared: &declared,
             },
             command: "rm -f x",
+            secrets: crate::secret::Secrets::none(),
         });
         let args = verb.args();
         assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
@@ -797,6 +818,7 @@ mod tests {
             supersede_interrupted: false,
             repeat: RepeatCheck::OFF,
             command: &command,
+            secrets: crate::secret::Secrets::none(),
         });
         let call = Invocation::new(&verb, Some(b"in"));
         let cached = Invocation::cached(&verb, Some(b"in"));

@@ -149,6 +149,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
+            secrets: opmark::secret::Secrets::none(),
         });
         let call = Invocation::new(&verb, None);
         let mut child = Command::new(login_shell)

@@ -34,6 +34,7 @@ mod repetitions;
 mod resident;
 mod run;
 mod screens;
+mod secrets;
 mod shim;
 mod speed;
 mod ssh_config;

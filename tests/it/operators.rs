@@ -41,6 +41,7 @@ pub(crate) fn record_lost_dispatch(
     let intent = Intent {
         command,
         stdin_sha256: None,
+        secret_names: &[],
     };
     let mut events = vec![Event::Intended {
         session: "s-lost-client".into(),

@@ -72,7 +72,8 @@ const ROWS: &[&str] = &[
 ];
 
 /// Every file under `dir`, recursively (the ledger, its WAL and shm, the key, sockets).
-fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+/// Every regular file under `dir`, at any depth (FIFOs, sockets and links left out).
+pub(crate) fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };

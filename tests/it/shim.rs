@@ -203,7 +203,10 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        // A refusal before the data is read ends the call: the rest meets a closed pipe.
+        if let Err(e) = child.stdin.take().unwrap().write_all(stdin) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+        }
         let out = child.wait_with_output().unwrap();
         let mut o = parse(&out.stdout, &out.stderr);
         o.status = out.status.code();
@@ -234,8 +237,35 @@ impl Host {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
+            secrets: opmark::secret::Secrets::none(),
         };
         tweak(&mut req);
+        self.call(&Verb::Run(req), b"")
+    }
+
+    fn run_with_secrets(
+        &self,
+        op: &str,
+        attempt: &str,
+        command: &str,
+        secrets: &opmark::secret::Secrets,
+    ) -> Outcome {
+        let op = OpId::parse(op).unwrap();
+        let fingerprint = fp(command);
+        let mut req = RunRequest {
+            op: &op,
+            attempt_id: attempt,
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command,
+            secrets: opmark::secret::Secrets::none(),
+        };
+        req.secrets = secrets;
         self.call(&Verb::Run(req), b"")
     }
 
@@ -453,6 +483,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     supersede_interrupted: false,
                     repeat: opmark::shim::RepeatCheck::OFF,
                     command: &cmd,
+                    secrets: opmark::secret::Secrets::none(),
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -507,6 +538,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
+            secrets: opmark::secret::Secrets::none(),
         });
         let mut child = {
             use std::os::unix::process::CommandExt;
@@ -565,6 +597,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 supersede_interrupted: false,
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "sleep 60",
+                secrets: opmark::secret::Secrets::none(),
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -633,6 +666,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
+            secrets: opmark::secret::Secrets::none(),
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -684,6 +718,7 @@ fn a_changed_boot_id_means_interrupted() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "sleep 30",
+            secrets: opmark::secret::Secrets::none(),
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -802,6 +837,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 supersede_interrupted: false,
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: LOOK_AROUND,
+                secrets: opmark::secret::Secrets::none(),
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -880,6 +916,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 supersede_interrupted: false,
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "touch x",
+                secrets: opmark::secret::Secrets::none(),
             })
             .args();
             args[1] = bad.to_owned();
@@ -974,6 +1011,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
+            secrets: opmark::secret::Secrets::none(),
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1022,6 +1060,7 @@ fn stdin_is_verified_before_the_claim() {
         supersede_interrupted: false,
         repeat: opmark::shim::RepeatCheck::OFF,
         command: "wc -l",
+        secrets: opmark::secret::Secrets::none(),
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
@@ -1096,6 +1135,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         supersede_interrupted: false,
         repeat: opmark::shim::RepeatCheck::OFF,
         command: &cmd,
+        secrets: opmark::secret::Secrets::none(),
     });
     let ssh_call = |verb: &Verb| {
         let out = crate::support::ssh_shim(&lab, "target1", verb);
@@ -1153,6 +1193,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
+            secrets: opmark::secret::Secrets::none(),
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1335,6 +1376,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "echo ran",
+            secrets: opmark::secret::Secrets::none(),
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
         // and the supervisor's exec then fails with nobody told.
@@ -1472,6 +1514,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             supersede_interrupted: true,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
+            secrets: opmark::secret::Secrets::none(),
         };
         let verb = Verb::Run(req.clone());
         let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
@@ -1515,6 +1558,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             attempt_id: "a2",
             host_fingerprint: &true_fp,
             command: "true",
+            secrets: opmark::secret::Secrets::none(),
             ..req.clone()
         });
         let answer = call_without_proc(&host, rerun.args(), &shim::local_data(&rerun, b""));
@@ -1625,6 +1669,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
+            secrets: opmark::secret::Secrets::none(),
         };
         let first = Verb::Run(req.clone());
         let began = Instant::now();
@@ -2028,6 +2073,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
                     supersede_interrupted: false,
                     repeat: repeat_check(3600, opmark::policy::OnRepeat::Block, &[]),
                     command: &cmd,
+                    secrets: opmark::secret::Secrets::none(),
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -2099,6 +2145,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 supersede_interrupted: false,
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command,
+                secrets: opmark::secret::Secrets::none(),
             })
         };
         let mut with_stdin = RunRequest {
@@ -2112,6 +2159,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "cat",
+            secrets: opmark::secret::Secrets::none(),
         };
         with_stdin.stdin = Some(StdinSpec {
             len: 3,
@@ -2257,6 +2305,7 @@ impl Resident {
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
+            secrets: opmark::secret::Secrets::none(),
         });
         let request = shim::Request::new(&verb, None, None);
         let input = self.input.as_mut().unwrap();
@@ -2368,6 +2417,7 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             supersede_interrupted: false,
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &command,
+            secrets: opmark::secret::Secrets::none(),
         });
         let request = shim::Request::new(&verb, None, None);
         first
@@ -2768,5 +2818,179 @@ fn a_command_that_catches_the_cancels_term_and_exits_0_keeps_its_status_and_is_n
             "1",
             "{name}"
         );
+    }
+}
+
+/// Secrets read from files (a test must not change its process's environment).
+fn secrets_from_files(host: &Host, pairs: &[(&str, &str)]) -> opmark::secret::Secrets {
+    let dir = host.state_home.join("secret-sources");
+    std::fs::create_dir_all(&dir).unwrap();
+    let specs: Vec<opmark::secret::Spec> = pairs
+        .iter()
+        .map(|(name, value)| {
+            let file = dir.join(name);
+            std::fs::write(&file, value).unwrap();
+            format!("{name}=file:{}", file.display()).parse().unwrap()
+        })
+        .collect();
+    opmark::secret::Secrets::read(&specs).unwrap()
+}
+
+#[test]
+fn a_secret_reaches_the_command_as_its_variable_and_its_output_only_as_the_mark() {
+    let value = "pa55 w0rd/+:ünï";
+    let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, value);
+    for (name, shell) in shells() {
+        let host = Host::new("secret", &shell);
+        let secrets = secrets_from_files(
+            &host,
+            &[
+                ("DB_PASSWORD", value),
+                ("KEY", "-----BEGIN-----\nAAAAsecretline\n-----END-----\n"),
+            ],
+        );
+        // The command checks the value itself (it prints only the verdict), exports it to
+        // its children, prints it in three forms and ends with a line without a newline.
+        let cmd = format!(
+            "[ \"$(printf %s \"$DB_PASSWORD\" | sha256sum)\" = '{digest}  -' ] && echo same; \
+             sh -c 'echo child=${{DB_PASSWORD:+set}}'; echo \"raw=$DB_PASSWORD\"; \
+             printf 'b64=%s\\n' \"$(printf %s \"$DB_PASSWORD\" | base64)\" >&2; \
+             printf '%s\\n' \"$KEY\" | sed -n 2p; printf 'last'",
+            digest = crate::support::sha(value.as_bytes()),
+        );
+        let o = host.run_with_secrets("sec", "a1", &cmd, &secrets);
+        let x = o.exit().unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
+        assert_eq!(x.code, 0, "{name}: {}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8(o.stdout.clone()).unwrap();
+        assert_eq!(
+            out,
+            "same\nchild=set\nraw=[REDACTED:DB_PASSWORD]\n[REDACTED:KEY]\nlast",
+            "{name}: the value reached the command; only the mark came out, and the last line kept its missing newline"
+        );
+        let err = String::from_utf8(o.stderr.clone()).unwrap();
+        // Base64 padding says nothing of the value and stays.
+        assert_eq!(
+            err.trim_end_matches('\n').trim_end_matches('='),
+            "b64=[REDACTED:DB_PASSWORD]",
+            "{name}"
+        );
+        // The kept copy is what a replay, `output` and `show` read.
+        let replay = host.run_with_secrets("sec", "a2", &cmd, &secrets);
+        assert_eq!(replay.stdout, o.stdout, "{name}: the replay");
+        let mut files = Vec::new();
+        crate::redaction::files_under(&host.root(), &mut files);
+        for path in files {
+            let bytes = std::fs::read(&path).unwrap_or_default();
+            let text = String::from_utf8_lossy(&bytes);
+            for leak in [value, &b64, "AAAAsecretline"] {
+                assert!(
+                    !text.contains(leak),
+                    "{name}: {} holds a secret: {text}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_secret_is_in_no_process_argument_while_the_command_runs() {
+    let value = "hunter2-in-ps-9c1f";
+    for (name, shell) in shells() {
+        let host = Host::new("secret-ps", &shell);
+        let secrets = secrets_from_files(&host, &[("TOKEN", value)]);
+        let ready = host.state_home.join("ready");
+        let cmd = format!(
+            "echo \"$TOKEN\" >/dev/null; touch {}; sleep 2",
+            ready.display()
+        );
+        let op = OpId::parse("psop").unwrap();
+        let fingerprint = fp(&cmd);
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command: &cmd,
+            secrets: &secrets,
+        });
+        let mut child = host
+            .command(&verb)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let data = shim::local_data(&verb, b"");
+        child.stdin.take().unwrap().write_all(&data).unwrap();
+        // Every process's arguments, from the claim until the command ends.
+        let mut looks = 0;
+        while child.try_wait().unwrap().is_none() {
+            for entry in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+                if let Ok(args) = std::fs::read(entry.path().join("cmdline")) {
+                    assert!(
+                        !String::from_utf8_lossy(&args).contains(value),
+                        "{name}: pid {:?} shows the secret in its arguments",
+                        entry.file_name()
+                    );
+                }
+            }
+            looks += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(ready.exists(), "{name}: the command ran");
+        assert!(looks > 20, "{name}: looked {looks} times while it ran");
+        let out = child.wait_with_output().unwrap();
+        let o = parse(&out.stdout, &out.stderr);
+        assert_eq!(o.exit().map(|x| x.code), Some(0), "{name}: {:?}", o.frames);
+    }
+}
+
+#[test]
+fn a_malformed_secrets_block_is_refused_before_the_claim() {
+    for (name, shell) in shells() {
+        let host = Host::new("secret-bad", &shell);
+        let op = OpId::parse("badsec").unwrap();
+        let fingerprint = fp("true");
+        let verb = Verb::Run(RunRequest {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &fingerprint,
+            family: Family::AppendOnly,
+            timeout: None,
+            output_cap: shim::DEFAULT_OUTPUT_CAP,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: opmark::shim::RepeatCheck::OFF,
+            command: "true",
+            secrets: opmark::secret::Secrets::none(),
+        });
+        for list in ["e:1BAD:1", "e:A-B:1", "x:A:1", "e:A:0", "e:A:1,e:A:1"] {
+            let mut args = verb.args();
+            let at = args.len() - 2;
+            args[at] = list.to_owned();
+            let o = host.call_args(args, b"v\nv\ntrue");
+            let r = o
+                .refusal()
+                .unwrap_or_else(|| panic!("{name} {list}: {:?}", o.frames));
+            assert_eq!(
+                r.fields.get("reason").map(String::as_str),
+                Some("secrets"),
+                "{name} {list}"
+            );
+            assert!(!host.marker("badsec").exists(), "{name} {list}: claimed");
+        }
+        // A block shorter than its list says: the command never arrives.
+        let mut args = verb.args();
+        let at = args.len() - 2;
+        args[at] = "e:A:3".to_owned();
+        let o = host.call_args(args, b"v\n");
+        assert!(o.refusal().is_some(), "{name}: {:?}", o.frames);
+        assert!(!host.marker("badsec").exists(), "{name}");
     }
 }
