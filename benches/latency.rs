@@ -513,6 +513,7 @@ fn main() {
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "true",
                 secrets: opmark::secret::Secrets::none(),
+                become_user: None,
             });
             if i == usize::MAX {
                 let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));

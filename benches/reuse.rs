@@ -98,6 +98,7 @@ fn resident_shim_time(base: &Path, n: usize) {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "true",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         })
     }
     let mut serve = Command::new("/usr/bin/dash");

@@ -24,7 +24,7 @@
 # own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
 # verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
 # protocol version the client checks: bump it with any change here or to the frames.
-#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS CMD_BYTES
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS BECOME CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: output OP STREAM FROM LEN
@@ -54,8 +54,8 @@
 # and never delivers uncommitted bytes) instead of passing for the shim's.
 #
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
-#   claim     attempt, fingerprint, stdin digest, family, shim version, time, foreground
-#             identity
+#   claim     attempt, fingerprint, stdin digest, family, shim version, time, --become's
+#             user (become=, - for none), foreground identity
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started   the start gate: the supervisor runs the command only if it creates it (an
 #             exclusive create, see take_gate; a directory in markers of older shims)
@@ -488,8 +488,11 @@ supervise() {
 	# and $SHELL as under ssh. All in a subshell that becomes the shell: the supervisor
 	# keeps its strict umask and C locale for the exit record.
 	sv_umask=${OPMARK_LOGIN_UMASK:-} sv_lc=${OPMARK_LOGIN_LC_ALL:--}
-	sv_secrets=${OPMARK_SECRET_NAMES:-}
-	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL OPMARK_SECRET_NAMES
+	sv_secrets=${OPMARK_SECRET_NAMES:-} sv_list=${OPMARK_SECRET_LIST:-}
+	unset OPMARK_SH OPMARK_ROOT OPMARK_SHIM_SELF OPMARK_START_LIMIT OPMARK_LOGIN_UMASK OPMARK_LOGIN_LC_ALL OPMARK_SECRET_NAMES OPMARK_SECRET_LIST
+	# --become: the user the claim says the command runs as (see run_become).
+	sv_become=
+	rget claim become && [ "$rv" != - ] && sv_become=$rv
 	sv_shell=${SHELL:-}
 	case $sv_shell in
 	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
@@ -533,6 +536,7 @@ supervise() {
 			;;
 		*) unset LC_ALL ;;
 		esac
+		[ -z "$sv_become" ] || run_become
 		# Each secret under its own name (checked by read_secrets: a name, nothing else).
 		for sv_n in $sv_secrets; do
 			eval "$sv_n=\${_OPMARK_S_$sv_n}"
@@ -827,6 +831,62 @@ redactor() {
 	fflush()
 }'
 }
+
+# run_become: in the command's subshell, runs the command as $sv_become through sudo and
+# ends that subshell
+# (`sudo -u USER sh -c CMD`, the command in sh's argument as sudo shows it in `ps`), its
+# password from the askpass (see become_check). sudo resets the environment and closes
+# every other descriptor, so the secrets go in at the head of the command's stdin, ahead
+# of the stdin itself, and BECOME_READER takes them off: the list of names and line
+# counts, then each value's lines (printf is a builtin: no process carries them).
+# shellcheck disable=SC2317 # called by supervise, after an `exec` that only redirects
+run_become() {
+	sv_text=$(cat -- "$m/cmd") || exit 126
+	if [ -n "${_OPMARK_PW:-}" ]; then
+		SUDO_ASKPASS=${m%/ops/*}/askpass
+		export SUDO_ASKPASS _OPMARK_PW
+	fi
+	{
+		printf '%s\n' "${sv_list:--}"
+		for sv_n in $sv_secrets; do
+			eval "printf '%s\\n' \"\${_OPMARK_S_$sv_n}\""
+		done
+		exec cat
+	} | sudo -A -p '' -u "$sv_become" -- /bin/sh -c "$BECOME_READER" opmark-become "$sv_text"
+	# The subshell ends with sudo's status (the command's): it must never go on to run the
+	# command a second time, as the login user.
+	exit "$?"
+}
+
+# The program sudo runs as the become user (its $1 the command): reads the secrets
+# run_become puts ahead of the stdin, exports each under its name, then evaluates the
+# command with what is left of the stdin as its own.
+# shellcheck disable=SC2016 # expanded by that sh, not here
+BECOME_READER='_om_c=$1
+IFS= read -r _om_list || exit 126
+if [ "$_om_list" != - ]; then
+	_om_ifs=$IFS
+	IFS=,
+	set -f
+	set -- $_om_list
+	set +f
+	IFS=$_om_ifs
+	for _om_e do
+		_om_n=${_om_e%:*} _om_k=${_om_e##*:} _om_v= _om_i=0
+		while [ "$_om_i" -lt "$_om_k" ]; do
+			IFS= read -r _om_l || exit 126
+			if [ "$_om_i" -eq 0 ]; then _om_v=$_om_l; else _om_v="$_om_v
+$_om_l"; fi
+			_om_i=$((_om_i + 1))
+		done
+		eval "$_om_n=\$_om_v"
+		export "$_om_n"
+	done
+fi
+unset _om_list _om_ifs _om_e _om_n _om_k _om_v _om_i _om_l
+set --
+eval "unset _om_c; $_om_c
+"'
 
 # The supervisor needs nothing below: it stops reading the script here (dash reads a
 # script one command at a time), so only the foreground pays for parsing the rest.
@@ -1299,13 +1359,14 @@ never_started() {
 # Verbs
 
 # run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
-#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- CMD_BYTES; the channel's data holds the
-#     secrets block (see read_secrets), the command (CMD_BYTES), then the stdin.
+#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- BECOME|- CMD_BYTES; the channel's data
+#     holds the secrets block (see read_secrets), the command (CMD_BYTES), then the stdin.
+#     BECOME: the user the command runs as through sudo (see become_check).
 verb_run() {
-	[ "$#" -eq 14 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 15 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
-	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 cmd_bytes=$5
+	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 become=$5 cmd_bytes=$6
 	spool='' cmd_spool='' cmd_text=''
 	# The secrets come first in the data: read before anything else (a resident that
 	# refuses here ends, as the data was not read).
@@ -1332,6 +1393,12 @@ verb_run() {
 		fi
 	fi
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
+	case $become in
+	-) become= ;;
+	'' | -* | *[!A-Za-z0-9._-]*) refuse "bad_args reason=become" ;;
+	esac
+	# sudo's password is for sudo only (see read_secrets), never without --become.
+	[ -z "$sc_pw" ] || [ -n "$become" ] || refuse "bad_args reason=secrets"
 	case $rp_action in
 	allow | warn | block) ;;
 	*) refuse "bad_args reason=repeat_action" ;;
@@ -1375,6 +1442,7 @@ verb_run() {
 		refuse "cannot_start reason=no_awk"
 	fi
 	setup_root
+	[ -z "$become" ] || become_check
 
 	# Receive the command, then stdin, into unclaimed spool files first: a connection
 	# lost halfway must not leave a claim whose command is cut short or would read half
@@ -1438,6 +1506,7 @@ stdin_sum=$in_sum
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$now
+become=${become:--}
 fg_pid=$fg
 fg_start=$fg_start
 boot=$boot"
@@ -1469,7 +1538,7 @@ boot=$boot"
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
 	# A standby supervisor started long ago has no way to the secrets: a run with any
 	# starts its own, which takes them from its environment (see with_secrets).
-	if ! { [ -z "$sc_names" ] && [ "$sc_rn" -eq 0 ] && hand_off "$m"; } &&
+	if ! { [ -z "$sc_names" ] && [ "$sc_rn" -eq 0 ] && [ -z "$become" ] && hand_off "$m"; } &&
 		! with_secrets detach "$OPMARK_SHELL" supervise "$m" "$timeout" "$cap" "$cmd_bytes" "$attempt"; then
 		# Nothing can have run: the supervisor never passed the start gate. Take the gate
 		# so a late supervisor cannot start either. A fresh claim is then taken back, as
@@ -1680,13 +1749,14 @@ slot_unhold() {
 # (docs/host-protocol.md#secrets). LIST is "-" (none) or comma-separated entries
 # KIND:NAME:LINES, and the data holds, for each in order, the value's LINES lines (its
 # newlines, one after each line, the last one too, so `read` takes them all). KIND e: the
-# command's environment variable NAME; r: a form of NAME's value (the value, one of its
+# command's environment variable NAME; p: sudo's password for --become (_OPMARK_PW, read
+# by the askpass, see become_check; never the command's); r: a form of NAME's value (the value, one of its
 # lines, its base64 or URL-encoded text) that the redactor replaces with
 # [REDACTED:NAME]. The values stay in this shell's memory (_OPMARK_S_NAME, _OPMARK_R_N,
 # never exported here): never in an argument, a file or a record. Sets sc_names (" A
 # B") and sc_rn (the count of forms); false on a malformed list or a short block.
 read_secrets() {
-	sc_names='' sc_rn=0
+	sc_names='' sc_rn=0 sc_pw='' sc_list=''
 	[ "$1" = - ] && return 0
 	rs_ifs=$IFS
 	IFS=,
@@ -1720,6 +1790,11 @@ $rs_l"
 			esac
 			eval "_OPMARK_S_$rs_name=\$rs_v"
 			sc_names="$sc_names $rs_name"
+			sc_list="$sc_list,$rs_name:$rs_lines"
+			;;
+		p)
+			[ -z "$sc_pw" ] || return 1
+			_OPMARK_PW=$rs_v sc_pw=1
 			;;
 		r)
 			sc_rn=$((sc_rn + 1))
@@ -1748,10 +1823,51 @@ with_secrets() {
 			export "_OPMARK_R_$ws_i" "_OPMARK_RL_$ws_i"
 			ws_i=$((ws_i + 1))
 		done
-		OPMARK_SECRET_NAMES=$sc_names _OPMARK_RN=$sc_rn
-		export OPMARK_SECRET_NAMES _OPMARK_RN
+		OPMARK_SECRET_NAMES=$sc_names _OPMARK_RN=$sc_rn OPMARK_SECRET_LIST=${sc_list#,}
+		export OPMARK_SECRET_NAMES _OPMARK_RN OPMARK_SECRET_LIST
+		[ -n "$sc_pw" ] && export _OPMARK_PW
 		"$@"
 	)
+}
+
+# become_check: before the claim, whether sudo runs a command as $become for the login
+# user without a terminal: with no password (NOPASSWD, or root), or with the password
+# given (through the askpass, see askpass_file). Refuses, naming why, when it cannot:
+# nothing is claimed and nothing ran. The check runs `true` as that user.
+become_check() {
+	command -v sudo >/dev/null 2>&1 || refuse "cannot_start reason=no_sudo"
+	bc_err=$(sudo -n -u "$become" -- true 2>&1 </dev/null) && return 0
+	case $bc_err in
+	*tty*) refuse "cannot_start reason=become_needs_tty" ;;
+	esac
+	[ -n "$sc_pw" ] || refuse "cannot_start reason=become_needs_password"
+	askpass_file || refuse "root_unusable reason=write_failed"
+	if bc_err=$(
+		export _OPMARK_PW
+		SUDO_ASKPASS=$root/askpass
+		export SUDO_ASKPASS
+		sudo -A -p '' -u "$become" -- true 2>&1 </dev/null
+	); then
+		return 0
+	fi
+	case $bc_err in
+	*tty*) refuse "cannot_start reason=become_needs_tty" ;;
+	*incorrect*) refuse "cannot_start reason=become_wrong_password" ;;
+	esac
+	refuse "cannot_start reason=become_refused"
+}
+
+# askpass_file: $root/askpass, the program sudo -A runs for the password: it prints
+# _OPMARK_PW from its environment (sudo runs it with the caller's). No secret in it.
+askpass_file() {
+	# shellcheck disable=SC2016 # expanded by the askpass, not here
+	ap_text='#!/bin/sh
+printf '"'%s\\n'"' "$_OPMARK_PW"'
+	ap_now=''
+	[ -f "$root/askpass" ] && ap_now=$(cat "$root/askpass" 2>/dev/null)
+	[ "$ap_now" = "$ap_text" ] && [ -x "$root/askpass" ] && return 0
+	printf '%s\n' "$ap_text" >"$root/askpass.$$" && chmod 700 "$root/askpass.$$" &&
+		mv -f "$root/askpass.$$" "$root/askpass"
 }
 
 # detach SHELL ARGS...: starts `SHELL <this script> ARGS...` in a session of its own, with

@@ -88,7 +88,7 @@ Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
   in_progress    still_running*, client_interrupted*, detached*, wait_budget_spent*
-  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*, not_dispatched_max_failures*, not_dispatched_batch_failed*, name_unresolvable, host_key_rejected, auth_refused, fenced, shim_cannot_start, shim_did_not_start, host_missing_setsid, host_disk_full, resolved_not_applied, resolved_abandoned
+  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*, not_dispatched_max_failures*, not_dispatched_batch_failed*, name_unresolvable, host_key_rejected, auth_refused, fenced, shim_cannot_start, shim_did_not_start, host_missing_setsid, become_refused, host_disk_full, resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*, attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval, host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human approves: --approve NOTE where approvals are self-service, else `opmark approve` signs a token for --approval FILE), approval_invalid, approval_expired, approval_mismatch, approval_used (a signed approval that does not count; the run stays held), repeats_recent_operation (the same command ran on the host under another op id within the family's repeat_window: rerun with that --op to replay it, or with --repeats THAT_OP to run it again on purpose)
@@ -362,6 +362,9 @@ pub struct HostArgs {
 pub use crate::vocab::Resolution;
 
 /// The subcommands.
+// One value per process, parsed once and moved into its command: boxing `run`'s many
+// options would save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run CMD on each HOST as one operation (at most one execution per op id and host).
@@ -684,6 +687,11 @@ pub struct RunArgs {
     /// [REDACTED:NAME].
     #[arg(long = "secret", value_name = "NAME=env:VAR|file:PATH")]
     pub secrets: Vec<String>,
+    /// Run the command as USER (root when --become is given alone) through sudo on the
+    /// host; sudo's password, if it needs one, as --secret SUDO_PASSWORD=env:VAR. Checked
+    /// before the claim: a sudo that needs a terminal or a password not given runs nothing.
+    #[arg(long = "become", value_name = "USER", num_args = 0..=1, require_equals = true, default_missing_value = "root")]
+    pub become_user: Option<String>,
     /// Say what `run` would do (run, replay, follow, block and why, refuse) without
     /// running or recording anything: the policy and the ledger are read, and the
     /// marker on each host is probed read-only.

@@ -22,6 +22,10 @@ use base64::Engine;
 /// 128 KiB on Linux (MAX_ARG_STRLEN), and a secret is far smaller.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 
+/// The secret that is sudo's password for `--become`: fed to sudo's askpass on the host,
+/// never given to the command.
+pub const SUDO_PASSWORD: &str = "SUDO_PASSWORD";
+
 /// Names a secret may not take: the ones that decide how the command is found and run
 /// (its shell, its search path, its loader), and opmark's own.
 const RESERVED: &[&str] = &[
@@ -122,6 +126,9 @@ pub enum SecretError {
         /// The name.
         name: String,
     },
+    /// sudo's password has more than one line.
+    #[error("--secret SUDO_PASSWORD: the value has more than one line, and sudo reads one; check its source (a file's one trailing newline is left out already)")]
+    MultilinePassword,
     /// The value is larger than [`MAX_VALUE_BYTES`].
     #[error("--secret {name}: the value is {len} bytes, more than the {max} an environment variable should carry; send large data as input with --stdin instead", max = MAX_VALUE_BYTES)]
     TooLarge {
@@ -130,6 +137,25 @@ pub enum SecretError {
         /// Its length.
         len: usize,
     },
+}
+
+/// Whether `user` can be `--become`'s user: a POSIX user name (letters, digits, `.`, `_`,
+/// `-`, not starting with `-`), at most 32 bytes. The error says why, with the fix.
+pub fn check_become_user(user: &str) -> Result<(), String> {
+    let ok = !user.is_empty()
+        && user.len() <= 32
+        && !user.starts_with('-')
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "--become {:?} is not a user name (letters, digits, `.`, `_`, `-`, not starting with `-`, at most 32); name the user the command should run as, or give --become alone for root",
+            crate::text::printable(user)
+        ))
+    }
 }
 
 /// Whether `name` is a name a secret may take (see [`SecretError::BadName`],
@@ -235,6 +261,9 @@ impl Spec {
         if value.contains('\0') {
             return Err(SecretError::NulByte { name });
         }
+        if name == SUDO_PASSWORD && value.contains('\n') {
+            return Err(SecretError::MultilinePassword);
+        }
         if value.len() > MAX_VALUE_BYTES {
             return Err(SecretError::TooLarge {
                 name,
@@ -331,14 +360,19 @@ impl Secrets {
         self.secrets.is_empty()
     }
 
+    /// Whether sudo's password ([`SUDO_PASSWORD`]) is among them.
+    pub fn has_sudo_password(&self) -> bool {
+        self.names.iter().any(|n| n == SUDO_PASSWORD)
+    }
+
     /// The names, in the order given (what the intent binds and the ledger records).
     pub fn names(&self) -> &[String] {
         &self.names
     }
 
     /// The `SECRETS` argument of the shim's `run` verb: `-`, or `e:NAME:LINES` per
-    /// secret and `r:NAME:1` per form to redact (docs/host-protocol.md#secrets). Names
-    /// and counts only.
+    /// secret (`p:` for sudo's password) and `r:NAME:1` per form to redact
+    /// (docs/host-protocol.md#secrets). Names and counts only.
     pub fn wire_list(&self) -> String {
         if self.secrets.is_empty() {
             return "-".to_owned();
@@ -346,7 +380,10 @@ impl Secrets {
         let mut entries: Vec<String> = self
             .secrets
             .iter()
-            .map(|s| format!("e:{}:{}", s.name, s.value.split('\n').count()))
+            .map(|s| {
+                let kind = if s.name == SUDO_PASSWORD { "p" } else { "e" };
+                format!("{kind}:{}:{}", s.name, s.value.split('\n').count())
+            })
             .collect();
         entries.extend(self.forms.iter().map(|(_, name)| format!("r:{name}:1")));
         entries.join(",")
@@ -588,6 +625,41 @@ mod tests {
             );
             let left = out.replace("[REDACTED:TOKEN]", "");
             assert!(left.trim_end_matches('=').len() <= 8, "{wrapped:?}: {out}");
+        }
+    }
+
+    #[test]
+    fn sudos_password_goes_to_sudo_not_to_the_command_and_is_one_line() {
+        let s = secrets(&[("SUDO_PASSWORD", "pw"), ("A", "v")]);
+        assert!(s.has_sudo_password());
+        assert!(
+            s.wire_list().starts_with("p:SUDO_PASSWORD:1,e:A:1,"),
+            "{}",
+            s.wire_list()
+        );
+        let dir = std::env::temp_dir().join(format!("opmark-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "one\ntwo\n").unwrap();
+        let spec: Spec = format!("SUDO_PASSWORD=file:{}", file.display())
+            .parse()
+            .unwrap();
+        assert_eq!(spec.read(), Err(SecretError::MultilinePassword));
+        std::fs::write(&file, "one\n").unwrap();
+        assert!(
+            spec.read().is_ok(),
+            "a file's one trailing newline is left out"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn become_takes_a_user_name_and_nothing_a_shell_or_sudo_would_read_otherwise() {
+        for good in ["root", "deploy", "svc-app", "a.b_c", "u1"] {
+            check_become_user(good).unwrap();
+        }
+        for bad in ["", "-u", "a b", "x;y", "$(id)", "a/b", &"x".repeat(33)] {
+            assert!(check_become_user(bad).is_err(), "{bad}");
         }
     }
 

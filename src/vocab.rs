@@ -214,6 +214,10 @@ pub enum ReasonCode {
     /// `not_applied`: the host has no util-linux `setsid -f` (busybox's has no `-f`),
     /// which the shim needs to detach the command; nothing ran.
     HostMissingSetsid,
+    /// `not_applied`: `--become USER` cannot work on the host (no sudo, a sudo that needs a
+    /// terminal, a password that was not given or was wrong, a user sudo does not allow);
+    /// checked before the claim, so nothing ran.
+    BecomeRefused,
     /// `not_applied` (fleet runs): this host was never dispatched because `--max-failures`
     /// hosts had already ended badly; nothing was sent to it.
     NotDispatchedMaxFailures,
@@ -425,6 +429,7 @@ names!(ReasonCode {
     HostDiskFull => "host_disk_full",
     ShimDidNotStart => "shim_did_not_start",
     HostMissingSetsid => "host_missing_setsid",
+    BecomeRefused => "become_refused",
     NotDispatchedMaxFailures => "not_dispatched_max_failures",
     NotDispatchedBatchFailed => "not_dispatched_batch_failed",
     Detached => "detached",

@@ -76,6 +76,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             detach: args.fleet.detach,
         },
         secrets,
+        become_user: args.become_user,
         command: args.command,
         live_output: !global.json,
         tally: None,
@@ -342,6 +343,7 @@ fn dry_run(
             amends: args.amends,
             options: common::host_options(&args.host_args),
             secrets,
+            become_user: args.become_user,
             command: args.command,
         },
     )?;

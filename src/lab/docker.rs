@@ -31,8 +31,12 @@ const RECIPE: &[(&str, &str)] = &[
     ("recipe", "2"),
     ("suite", "bookworm"),
     ("variant", "minbase"),
-    // sshd; busybox so the shim can be tried under ash too; procps to look around.
-    ("include", "openssh-server,busybox,procps"),
+    // sshd; busybox so the shim can be tried under ash too; procps to look around; sudo
+    // for --become.
+    ("include", "openssh-server,busybox,procps,sudo"),
+    // A login user whose sudo asks for a password (`run --become` with SUDO_PASSWORD).
+    ("sudo_user", SUDO_USER),
+    ("sudo_password", SUDO_PASSWORD),
     // Host keys made by the package's postinst would be shared by every container.
     (
         "strip",
@@ -50,10 +54,17 @@ const INJECT_DIR: &str = "/opmark-lab";
 /// Where the marker volume is mounted; it is the commands' XDG_STATE_HOME, so the marker
 /// root is `<it>/opmark`, a disk-backed path the shim accepts.
 const STATE_HOME: &str = "/var/lib/opmark-lab";
-/// The container's command: the privilege-separation dir is not in every image, and sshd
+/// The container's command: the privilege-separation dir is not in every image, the
+/// injected keys (readable by root only) are copied to every other user's home, and sshd
 /// in the foreground is the container's life.
-const START_SSHD: &str =
-    "mkdir -p /run/sshd && exec /usr/sbin/sshd -D -f /opmark-lab/sshd_config -E /opmark-lab/sshd.log";
+const START_SSHD: &str = "mkdir -p /run/sshd && for h in /home/*; do [ -d \"$h\" ] || continue; \
+     u=$(stat -c %U \"$h\"); mkdir -p \"$h/.ssh\" && cp /opmark-lab/authorized_keys \"$h/.ssh/\" && \
+     chown -R \"$u\" \"$h/.ssh\" && chmod 700 \"$h/.ssh\" && chmod 600 \"$h/.ssh/authorized_keys\"; done; \
+     exec /usr/sbin/sshd -D -f /opmark-lab/sshd_config -E /opmark-lab/sshd.log";
+/// The Debian image's login user whose sudo (`ALL=(ALL:ALL) ALL`) asks for a password.
+pub const SUDO_USER: &str = "opmark-sudo";
+/// That user's password: a disposable lab's, known to its tests (never a real one).
+pub const SUDO_PASSWORD: &str = "lab-sudo-pw-7e1d";
 /// nftables table of a cut, inside the container's network namespace.
 const CUT_TABLE: &str = "opmark_lab_cut";
 /// First host number given to a target in the lab's subnet (.1 is the bridge).
@@ -235,7 +246,9 @@ fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
     let _ = std::fs::remove_dir_all(&rootfs);
     mkdir(scratch, 0o700)?;
     let progress = BuildProgress::start(tag, DEBIAN_PHASES);
-    let result = debootstrap(&rootfs, &progress).and_then(|()| import(&rootfs, tag, &progress));
+    let result = debootstrap(&rootfs, &progress)
+        .and_then(|()| add_sudo_user(&rootfs))
+        .and_then(|()| import(&rootfs, tag, &progress));
     let _ = std::fs::remove_dir_all(scratch);
     if result.is_ok() {
         progress.finish();
@@ -313,6 +326,46 @@ fn debootstrap(rootfs: &Path, progress: &BuildProgress) -> Result<(), LabError> 
     }
     progress.phase_done();
     Ok(())
+}
+
+/// The recipe's sudo user: made with the image's own useradd and chpasswd (in a chroot),
+/// allowed every command through sudo with its password.
+fn add_sudo_user(rootfs: &Path) -> Result<(), LabError> {
+    let user = recipe("sudo_user");
+    let chroot = |args: &[&str], input: Option<String>| -> Result<(), LabError> {
+        let mut child = Command::new("chroot")
+            .arg(rootfs)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| LabError::Command {
+                command: format!("chroot {}", args.join(" ")),
+                detail: e.to_string(),
+            })?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            let _ = stdin.write_all(text.as_bytes());
+        }
+        let out = child.wait_with_output().map_err(|e| LabError::Command {
+            command: format!("chroot {}", args.join(" ")),
+            detail: e.to_string(),
+        })?;
+        if !out.status.success() {
+            return Err(LabError::Command {
+                command: format!("chroot ROOTFS {}", args.join(" ")),
+                detail: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        Ok(())
+    };
+    chroot(&["useradd", "-m", "-s", "/bin/bash", user], None)?;
+    chroot(
+        &["chpasswd"],
+        Some(format!("{user}:{}\n", recipe("sudo_password"))),
+    )?;
+    let sudoers = rootfs.join("etc/sudoers.d/opmark-lab");
+    write(&sudoers, &format!("{user} ALL=(ALL:ALL) ALL\n"), 0o440)
 }
 
 /// Strips what must not be shared, then `tar -C rootfs -c . | docker import`.

@@ -33,7 +33,7 @@ mod proc;
 mod progress;
 mod sshd;
 
-pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource};
+pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource, SUDO_PASSWORD, SUDO_USER};
 pub use images::{login_shells, shell_user, HostKind};
 
 use std::fmt::Write as _;

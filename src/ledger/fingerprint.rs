@@ -32,13 +32,17 @@ pub struct Intent<'a> {
     /// The names of the command's secrets (`--secret`): the intent binds the names, never
     /// the values (docs/trust.md#secrets).
     pub secret_names: &'a [String],
+    /// `--become USER`: the user the command runs as through sudo (another action than
+    /// running it as the login user).
+    pub become_user: Option<&'a str>,
 }
 
 impl Intent<'_> {
     /// The canonical bytes that both fingerprints digest:
     /// `"opmark-intent-v1\n" + len(command) + "\n" + command + "\n" + (hex stdin digest | "no-stdin")`,
-    /// then, only with secrets, `"\nsecrets " + the names sorted, comma-separated` (so an
-    /// intent without secrets keeps the digest it always had). The length prefix keeps a
+    /// then, only with secrets, `"\nsecrets " + the names sorted, comma-separated`, and only
+    /// with `--become`, `"\nbecome " + USER` (so an intent without either keeps the digest it
+    /// always had). The length prefix keeps a
     /// command ending in a newline from colliding with another.
     pub fn canonical_bytes(&self) -> Vec<u8> {
         let stdin = match &self.stdin_sha256 {
@@ -57,6 +61,10 @@ impl Intent<'_> {
             names.sort_unstable();
             out.extend_from_slice(b"\nsecrets ");
             out.extend_from_slice(names.join(",").as_bytes());
+        }
+        if let Some(user) = self.become_user {
+            out.extend_from_slice(b"\nbecome ");
+            out.extend_from_slice(user.as_bytes());
         }
         out
     }
@@ -320,6 +328,7 @@ mod tests {
             command: "deploy",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         let ab = ["A".to_owned(), "B".to_owned()];
         let ba = ["B".to_owned(), "A".to_owned()];
@@ -327,6 +336,7 @@ mod tests {
         let with = |names| {
             host_fingerprint(&Intent {
                 secret_names: names,
+                become_user: None,
                 ..plain
             })
         };
@@ -343,6 +353,7 @@ mod tests {
             command: "echo hi",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         assert_eq!(
             i.canonical_bytes(),
@@ -353,6 +364,7 @@ mod tests {
             command: "cat",
             stdin_sha256: Some(digest),
             secret_names: &[],
+            become_user: None,
         };
         assert_eq!(
             j.canonical_bytes(),
@@ -366,6 +378,7 @@ mod tests {
             command: "echo hi",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         assert_eq!(
             host_fingerprint(&i),
@@ -379,16 +392,19 @@ mod tests {
             command: "echo hi",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         let b = Intent {
             command: "echo hi ",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         let c = Intent {
             command: "echo hi",
             stdin_sha256: Some([0; 32]),
             secret_names: &[],
+            become_user: None,
         };
         assert_ne!(host_fingerprint(&a), host_fingerprint(&b));
         assert_ne!(host_fingerprint(&a), host_fingerprint(&c));
@@ -403,6 +419,7 @@ mod tests {
             command: "rm -rf /srv/old",
             stdin_sha256: None,
             secret_names: &[],
+            become_user: None,
         };
         let keyed = ledger_fingerprint(&i, &key);
         assert_eq!(keyed.len(), 64);

@@ -155,6 +155,10 @@ pub struct RunParams {
     /// comes back as [REDACTED:NAME]. The names are part of the operation's intent.
     #[serde(default)]
     pub secrets: Option<Vec<String>>,
+    /// Run the command as this user through sudo on the host (`root` for root). sudo's
+    /// password, if it needs one, is the server's secret SUDO_PASSWORD named in `secrets`.
+    #[serde(default, rename = "become")]
+    pub become_user: Option<String>,
 }
 
 impl RunParams {
@@ -174,6 +178,7 @@ impl RunParams {
             approval: None,
             output_budget: None,
             secrets: None,
+            become_user: None,
         }
     }
 }
@@ -431,6 +436,7 @@ impl Server {
             amends: request.amends,
             options: HostOptions::default(),
             secrets: request.secrets,
+            become_user: request.become_user,
             command: request.command,
         };
         Ok(self
@@ -925,6 +931,7 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
     let secrets = configured_secrets(p.secrets.as_deref().unwrap_or_default())?;
     Ok(RunRequest {
         secrets,
+        become_user: p.become_user,
         timeout: duration("timeout", &p.timeout)?,
         wait: duration("wait", &p.wait)?.unwrap_or(crate::operation::DEFAULT_WAIT),
         // A tool call never outlasts its budget (docs/decisions.md#wait-budget).

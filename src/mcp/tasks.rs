@@ -450,6 +450,7 @@ impl Tasks {
                         command: &record.display,
                         stdin_sha256: None,
                         secret_names: &[],
+                        become_user: None,
                     })
                     .as_str(),
                 );

@@ -98,6 +98,8 @@ pub struct Facts<'a> {
     pub stdin: Option<&'a [u8]>,
     /// The names of this run's secrets (part of what `host_fp` digests).
     pub secret_names: &'a [String],
+    /// `--become USER` (part of what `host_fp` digests).
+    pub become_user: Option<&'a str>,
     /// This invocation's attempts, oldest first; the last is the current one.
     pub attempts: &'a [AttemptSummary],
     /// `--attempts` (or the family's budget).
@@ -759,6 +761,26 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 "the host has no `setsid` (neither util-linux's nor busybox's, on PATH or in /usr/bin, /bin, /usr/sbin, /sbin), which the shim needs to detach the command from the connection; nothing ran. Install util-linux on the host (Debian/Ubuntu: `apt-get install util-linux`; Alpine: `apk add util-linux-misc`) or a busybox with its setsid applet, then retry with the same op id",
             ))
         }
+        RefusalReason::CannotStart
+            if refusal
+                .cause
+                .as_deref()
+                .is_some_and(|c| c == "no_sudo" || c.starts_with("become_")) =>
+        {
+            let why = match refusal.cause.as_deref() {
+                Some("no_sudo") => "the host has no `sudo`. Install it there, or run without --become",
+                Some("become_needs_tty") => "the host's sudo needs a terminal (`requiretty` in sudoers), which a command run by opmark never has. Drop `requiretty` for this user (`Defaults:USER !requiretty`), or run without --become",
+                Some("become_needs_password") => "the host's sudo needs a password for this user and none was given. Give it with --secret SUDO_PASSWORD=env:VAR (or file:PATH), or allow the user NOPASSWD in sudoers",
+                Some("become_wrong_password") => "the host's sudo did not accept the password given as SUDO_PASSWORD. Check the secret's source",
+                _ => "the host's sudo refused to run a command as that user for the login user (not in sudoers, or not for that user). Check `sudo -l` on the host",
+            };
+            Action::Answer(Answer::new(
+                Verdict::NotApplied,
+                Some(attempt.clone()),
+                ReasonCode::BecomeRefused,
+                format!("--become cannot work: {why}; the shim checked this before claiming anything, and nothing ran. Then retry with the same op id"),
+            ))
+        }
         RefusalReason::CannotStart if refusal.cause.as_deref() == Some("no_awk") => {
             Action::Answer(Answer::new(
                 Verdict::NotApplied,
@@ -1193,6 +1215,7 @@ pub fn host_differs(facts: &Facts<'_>, marker: &MarkerInfo) -> Option<Differs> {
         command: facts.command,
         stdin_sha256: claimed_stdin,
         secret_names: facts.secret_names,
+        become_user: facts.become_user,
     }) == claimed_fp;
     match (same_command, ours == claimed_stdin) {
         (false, true) => Some(Differs::Command),
@@ -1542,6 +1565,7 @@ mod tests {
             command: "echo hi",
             stdin: None,
             secret_names: &[],
+            become_user: None,
             attempts,
             budget: 3,
             prior_dispatch: None,
@@ -2577,6 +2601,7 @@ mod tests {
             command,
             stdin_sha256: digest,
             secret_names: &[],
+            become_user: None,
         }));
         m.fields
             .insert("stdin_sum".into(), digest.map_or("-".into(), hex::encode));

@@ -147,6 +147,7 @@ impl<'a> Runner<'a> {
             command: &self.input.command,
             stdin: self.input.stdin.as_deref(),
             secret_names: self.input.secrets.names(),
+            become_user: self.input.become_user.as_deref(),
             attempts: &self.attempts,
             budget: self.budget,
             prior_dispatch: self.prior_dispatch.as_deref(),
@@ -297,6 +298,7 @@ impl<'a> Runner<'a> {
             },
             command: &self.input.command,
             secrets: &self.input.secrets,
+            become_user: self.input.become_user.as_deref(),
         });
         let stdin = self.input.stdin.clone();
         fault_point("before_dispatch");

@@ -68,6 +68,8 @@ pub struct RunInput {
     pub stdin: Option<Vec<u8>>,
     /// `--secret`: the command's secret environment variables, read.
     pub secrets: crate::secret::Secrets,
+    /// `--become USER`: run the command as USER through sudo on the host.
+    pub become_user: Option<String>,
     /// `--timeout`, enforced by the shim on the host.
     pub timeout: Option<Duration>,
     /// `--attempts`, else the family's budget.
@@ -130,6 +132,7 @@ impl RunInput {
             command: &self.command,
             stdin_sha256: self.stdin.as_ref().map(|s| Sha256::digest(s).into()),
             secret_names: self.secrets.names(),
+            become_user: self.become_user.as_deref(),
         }
     }
 }

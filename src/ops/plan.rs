@@ -49,6 +49,8 @@ pub struct PlanRequest {
     /// `--secret`: read as `run` would read them (an unreadable one is the plan's
     /// error), and only their names kept (they are part of the intent).
     pub secrets: Vec<crate::secret::Spec>,
+    /// `--become USER`.
+    pub become_user: Option<String>,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
 }
@@ -130,10 +132,12 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
             )));
         }
     }
-    let secret_names: Vec<String> = crate::secret::Secrets::read(&req.secrets)
-        .map_err(|e| invalid(format!("{e}; nothing was sent")))?
-        .names()
-        .to_vec();
+    let secrets = crate::secret::Secrets::read(&req.secrets)
+        .map_err(|e| invalid(format!("{e}; nothing was sent")))?;
+    if let Some(why) = super::run::become_problem(req.become_user.as_deref(), &secrets) {
+        return Err(invalid(format!("{why}; nothing was sent")));
+    }
+    let secret_names: Vec<String> = secrets.names().to_vec();
     let stdin = match &req.stdin {
         Stdin::None => None,
         Stdin::Given(bytes) => Some(bytes.clone()),
@@ -157,6 +161,7 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
         command: &command,
         stdin_sha256: stdin.as_ref().map(|s| Sha256::digest(s).into()),
         secret_names: &secret_names,
+        become_user: req.become_user.as_deref(),
     };
     let host_fp = host_fingerprint(&intent);
     let ledger = open_if_there(ctx, &policy)?;

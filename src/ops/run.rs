@@ -105,6 +105,8 @@ pub struct RunRequest {
     pub fleet: FleetOptions,
     /// `--secret NAME=SOURCE`: the command's secret environment variables, not yet read.
     pub secrets: Vec<crate::secret::Spec>,
+    /// `--become USER`: run the command as USER through sudo on the host, unchecked.
+    pub become_user: Option<String>,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
     /// Stream the command's output to this process's stdout/stderr while it runs.
@@ -269,6 +271,13 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             ))
         }
     };
+    if let Some(why) = become_problem(req.become_user.as_deref(), &secrets) {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            &format!("{why}; nothing was sent"),
+        ));
+    }
     let named = match all_hosts(&req) {
         Ok(named) => named,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
@@ -329,6 +338,21 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
     answer?
+}
+
+/// What is wrong with `--become` and sudo's password together, if anything.
+pub(crate) fn become_problem(
+    user: Option<&str>,
+    secrets: &crate::secret::Secrets,
+) -> Option<String> {
+    match user {
+        Some(user) => crate::secret::check_become_user(user).err(),
+        None if secrets.has_sudo_password() => Some(format!(
+            "--secret {} is sudo's password for --become, and this run has no --become; add --become[=USER], or give the secret another name",
+            crate::secret::SUDO_PASSWORD
+        )),
+        None => None,
+    }
 }
 
 /// What `run` checked and read before anything is recorded or sent.
@@ -541,6 +565,7 @@ async fn run_operation(
         class: req.class,
         stdin,
         secrets,
+        become_user: req.become_user.clone(),
         timeout: req.timeout,
         attempts: req.attempts,
         wait: req.wait,
@@ -672,6 +697,7 @@ async fn run_on_hosts(
             class: req.class,
             stdin: stdin.clone(),
             secrets: secrets.clone(),
+            become_user: req.become_user.clone(),
             timeout: req.timeout,
             attempts: req.attempts,
             wait: req.wait,

@@ -125,6 +125,9 @@ pub struct RunRequest<'a> {
     /// The command's secret environment variables (sent in the channel's data, before
     /// the command; docs/host-protocol.md#secrets).
     pub secrets: &'a crate::secret::Secrets,
+    /// `--become USER`: the command runs as USER through sudo (checked by the shim
+    /// before the claim; docs/trust.md#become).
+    pub become_user: Option<&'a str>,
 }
 
 /// The repetition check a claim asks of the shim's fingerprint index: how far back to
@@ -276,6 +279,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
             "REPEAT_ACTION",
             "DECLARED",
             "SECRETS",
+            "BECOME",
             "CMD_BYTES",
         ],
     ),
@@ -346,6 +350,7 @@ impl Verb<'_> {
                     },
                 ),
                 ("SECRETS", r.secrets.wire_list()),
+                ("BECOME", r.become_user.unwrap_or("-").to_owned()),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -759,6 +764,7 @@ mod tests {
             repeat: RepeatCheck::OFF,
             command: "echo 'hi'",
             secrets: crate::secret::Secrets::none(),
+            become_user: None,
         });
         let args = verb.args();
         assert_eq!(args[0], "run");
@@ -769,8 +775,10 @@ mod tests {
         assert_eq!(args[10], "0", "no repetition window");
         assert_eq!(args[11], "allow");
         assert_eq!(args[12], "-", "nothing declared");
-        assert_eq!(args[13], "9", "the command's length; the command is data");
-        assert_eq!(args.len(), 14);
+        assert_eq!(args[13], "-", "no secrets");
+        assert_eq!(args[14], "-", "no --become");
+        assert_eq!(args[15], "9", "the command's length; the command is data");
+        assert_eq!(args.len(), 16);
         assert_eq!(verb.input(), b"echo 'hi'");
     }
 
@@ -794,6 +802,7 @@ mod tests {
             },
             command: "rm -f x",
             secrets: crate::secret::Secrets::none(),
+            become_user: None,
         });
         let args = verb.args();
         assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
@@ -819,6 +828,7 @@ mod tests {
             repeat: RepeatCheck::OFF,
             command: &command,
             secrets: crate::secret::Secrets::none(),
+            become_user: None,
         });
         let call = Invocation::new(&verb, Some(b"in"));
         let cached = Invocation::cached(&verb, Some(b"in"));

@@ -701,3 +701,192 @@ fn wrapped_denied_and_held_commands_run_nothing_on_a_container() {
     assert_eq!(alive["verdict"], "completed", "{alive}");
     assert_eq!(alive["stdout"], "/etc/hostname\n");
 }
+
+/// `ps -eo args` inside target1's container: every process's arguments.
+fn container_processes(lab: &Lab) -> String {
+    let out = Command::new("docker")
+        .args([
+            "exec",
+            &lab.container("target1").unwrap(),
+            "ps",
+            "-eo",
+            "args",
+        ])
+        .output()
+        .unwrap();
+    text(&out.stdout)
+}
+
+/// Every file of the sudo user's marker root inside target1's container, concatenated
+/// (read as root: `cat` of each regular file).
+fn sudo_user_marker_bytes(lab: &Lab) -> String {
+    let out = Command::new("docker")
+        .args(["exec", &lab.container("target1").unwrap(), "sh", "-c"])
+        .arg(format!(
+            "find /home/{}/.local/state/opmark -type f -exec cat {{}} + 2>/dev/null",
+            opmark::lab::SUDO_USER
+        ))
+        .output()
+        .unwrap();
+    text(&out.stdout)
+}
+
+#[test]
+fn become_runs_through_sudo_with_a_password_that_appears_nowhere() {
+    let Some(lab) = docker_lab(crate::test_name!(), 1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let host = format!("{}@target1", opmark::lab::SUDO_USER);
+    let password = opmark::lab::SUDO_PASSWORD;
+    let token = "tok-5c8a-become";
+    let effect = "/var/lib/opmark-lab/become-effect";
+    let command = format!(
+        "id -u >> {effect}; echo \"uid=$(id -u) t=$TOKEN pw=${{SUDO_PASSWORD:-unset}}\"; sleep 2"
+    );
+    let run = |op: &str, extra: &[&str], pw: &str| {
+        env.opmark_with_lab(&lab)
+            .env("PW", pw)
+            .env("T", token)
+            .args([
+                "-vvv",
+                "--json",
+                "run",
+                &host,
+                "--op",
+                op,
+                "--secret",
+                "TOKEN=env:T",
+            ])
+            .args(extra)
+            .args(["--", &command])
+            .output()
+            .unwrap()
+    };
+    let count = || {
+        let out = Command::new("docker")
+            .args(["exec", &lab.container("target1").unwrap(), "sh", "-c"])
+            .arg(format!("cat {effect} 2>/dev/null | wc -l"))
+            .output()
+            .unwrap();
+        text(&out.stdout).trim().parse::<usize>().unwrap()
+    };
+
+    // Refused before the claim: sudo wants a password and none was given, or a wrong one.
+    for (op, extra, pw, says) in [
+        ("b-none", &["--become"][..], "", "none was given"),
+        (
+            "b-wrong",
+            &["--become", "--secret", "SUDO_PASSWORD=env:PW"],
+            "not-the-password",
+            "did not accept the password",
+        ),
+    ] {
+        let out = run(op, extra, pw);
+        let doc = json(&out);
+        assert_eq!(doc["verdict"], "not_applied", "{op}: {doc}");
+        assert_eq!(doc["reason_code"], "become_refused", "{op}: {doc}");
+        assert!(
+            doc["reason"].as_str().unwrap().contains(says),
+            "{op}: {doc}"
+        );
+        assert!(!text(&out.stderr).contains(pw) || pw.is_empty(), "{op}");
+    }
+    assert_eq!(count(), 0, "nothing ran");
+    // sudo's password is for --become only.
+    let out = env
+        .opmark_with_lab(&lab)
+        .env("PW", password)
+        .args([
+            "--json",
+            "run",
+            &host,
+            "--op",
+            "b-nobecome",
+            "--secret",
+            "SUDO_PASSWORD=env:PW",
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("add --become"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // With the password: it runs once, as root, with the secret and without sudo's
+    // password in its environment; the process list never shows either.
+    let mut child = env
+        .opmark_with_lab(&lab)
+        .env("PW", password)
+        .env("T", token)
+        .args(["-vvv", "--json", "run", &host, "--op", "b-ok", "--become"])
+        .args([
+            "--secret",
+            "SUDO_PASSWORD=env:PW",
+            "--secret",
+            "TOKEN=env:T",
+            "--",
+            &command,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut looks = 0;
+    while child.try_wait().unwrap().is_none() {
+        let ps = container_processes(&lab);
+        assert!(!ps.contains(password) && !ps.contains(token), "{ps}");
+        looks += 1;
+    }
+    assert!(looks >= 3, "the process list was looked at {looks} times");
+    let out = child.wait_with_output().unwrap();
+    let doc = json(&out);
+    assert_eq!(doc["verdict"], "completed", "{doc} {}", text(&out.stderr));
+    assert_eq!(
+        doc["stdout"], "uid=0 t=[REDACTED:TOKEN] pw=unset\n",
+        "{doc}"
+    );
+    assert_eq!(count(), 1);
+    let traces = text(&out.stderr);
+    assert!(
+        !traces.contains(password) && !traces.contains(token),
+        "-vvv shows a secret"
+    );
+    let markers = sudo_user_marker_bytes(&lab);
+    assert!(
+        markers.contains("become=root"),
+        "the claim says who ran it: {markers}"
+    );
+    assert!(
+        !markers.contains(password) && !markers.contains(token),
+        "{markers}"
+    );
+    let mut files = Vec::new();
+    crate::redaction::files_under(&env.root, &mut files);
+    for file in files {
+        let bytes = text(&std::fs::read(&file).unwrap_or_default());
+        assert!(
+            !bytes.contains(password) && !bytes.contains(token),
+            "{}",
+            file.display()
+        );
+    }
+    let shown = env.opmark().args(["show", "b-ok"]).output().unwrap();
+    assert!(!text(&shown.stdout).contains(password));
+    // The same op id replays; it does not run again.
+    let again = run(
+        "b-ok",
+        &["--become", "--secret", "SUDO_PASSWORD=env:PW"],
+        password,
+    );
+    assert_eq!(
+        json(&again)["verdict"],
+        "replayed",
+        "{}",
+        text(&again.stdout)
+    );
+    assert_eq!(count(), 1);
+}

@@ -150,6 +150,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         let call = Invocation::new(&verb, None);
         let mut child = Command::new(login_shell)

@@ -268,6 +268,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::HostDiskFull, false),
         (R::ShimDidNotStart, false),
         (R::HostMissingSetsid, false),
+        (R::BecomeRefused, false),
         (R::NotDispatchedMaxFailures, true),
         (R::NotDispatchedBatchFailed, true),
         (R::Detached, true),

@@ -42,6 +42,7 @@ pub(crate) fn record_lost_dispatch(
         command,
         stdin_sha256: None,
         secret_names: &[],
+        become_user: None,
     };
     let mut events = vec![Event::Intended {
         session: "s-lost-client".into(),

@@ -24,7 +24,7 @@ const VALUE: &str = "Zq7-sekr1t-Wv3";
 const TYPED: &str = "Typed-v4lue-Qx9";
 
 /// Whether `bytes` hold the value or its base64 (the redactor's main forms).
-fn leaks(bytes: &[u8]) -> bool {
+fn shows_secret(bytes: &[u8]) -> bool {
     let b64 = base64::engine::general_purpose::STANDARD_NO_PAD.encode(VALUE);
     [VALUE.as_bytes(), b64.as_bytes()]
         .iter()
@@ -53,7 +53,7 @@ fn files_leaking(dir: &Path) -> Vec<String> {
     files_under(dir, &mut files);
     files
         .into_iter()
-        .filter(|f| leaks(&std::fs::read(f).unwrap_or_default()))
+        .filter(|f| shows_secret(&std::fs::read(f).unwrap_or_default()))
         .map(|f| f.display().to_string())
         .collect()
 }
@@ -63,7 +63,7 @@ fn processes_leaking() -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         if let Ok(args) = std::fs::read(entry.path().join("cmdline")) {
-            if leaks(&args) {
+            if shows_secret(&args) {
                 found.push(format!(
                     "{:?}: {}",
                     entry.file_name(),
@@ -135,9 +135,9 @@ fn a_secret_reaches_the_command_and_nothing_else_shows_it() {
         "the command had the value; what it printed of it is the mark: {shown}"
     );
     assert!(shown.ends_with("done\n"), "{shown}");
-    assert!(!leaks(&out), "stdout: {shown}");
+    assert!(!shows_secret(&out), "stdout: {shown}");
     assert!(
-        !leaks(&err),
+        !shows_secret(&err),
         "the -vvv traces show the secret: {}",
         text(&err)
     );
@@ -168,7 +168,7 @@ fn a_secret_reaches_the_command_and_nothing_else_shows_it() {
     ] {
         let read = env.opmark_with_lab(&lab).args(args).output().unwrap();
         assert!(
-            !leaks(&read.stdout) && !leaks(&read.stderr),
+            !shows_secret(&read.stdout) && !shows_secret(&read.stderr),
             "opmark {args:?}: {}{}",
             text(&read.stdout),
             text(&read.stderr)
@@ -197,7 +197,7 @@ fn a_secret_reaches_the_command_and_nothing_else_shows_it() {
         "{}",
         again.json
     );
-    assert!(!leaks(again.json.to_string().as_bytes()));
+    assert!(!shows_secret(again.json.to_string().as_bytes()));
     // The intent binds the secret's name: without it, the same op id is another intent.
     let without = answer(
         env.opmark_with_lab(&lab)
@@ -280,7 +280,7 @@ fn a_secret_that_cannot_be_given_sends_and_records_nothing_and_never_echoes_a_va
             assert!(said.contains(says), "{given}: {said}");
             assert!(said.contains("nothing was sent"), "{given}: {said}");
             assert!(
-                !leaks(said.as_bytes()),
+                !shows_secret(said.as_bytes()),
                 "{given}: the value came back: {said}"
             );
         }
@@ -326,7 +326,7 @@ fn over_mcp_a_call_names_a_secret_the_server_offers_and_never_sees_its_value() {
         "output",
         serde_json::json!({"op_id": "mcp-sec-1", "host": "target1"}),
     );
-    assert!(!leaks(output.to_string().as_bytes()), "{output}");
+    assert!(!shows_secret(output.to_string().as_bytes()), "{output}");
 
     // A name the server does not offer: refused, naming the field and what it offers.
     let unknown = client.call(
@@ -341,7 +341,7 @@ fn over_mcp_a_call_names_a_secret_the_server_offers_and_never_sees_its_value() {
     let said = unknown.to_string();
     assert!(said.contains("it offers TOKEN"), "{said}");
     assert!(said.contains("\"secrets\""), "{said}");
-    assert!(!leaks(said.as_bytes()), "{said}");
+    assert!(!shows_secret(said.as_bytes()), "{said}");
     assert!(client.close().success());
     assert!(!recorded(&env, "mcp-sec-2"));
     assert!(recorded(&env, "mcp-sec-1"));

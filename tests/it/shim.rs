@@ -238,6 +238,7 @@ impl Host {
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         };
         tweak(&mut req);
         self.call(&Verb::Run(req), b"")
@@ -264,6 +265,7 @@ impl Host {
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         };
         req.secrets = secrets;
         self.call(&Verb::Run(req), b"")
@@ -484,6 +486,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     repeat: opmark::shim::RepeatCheck::OFF,
                     command: &cmd,
                     secrets: opmark::secret::Secrets::none(),
+                    become_user: None,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -539,6 +542,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         let mut child = {
             use std::os::unix::process::CommandExt;
@@ -598,6 +602,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "sleep 60",
                 secrets: opmark::secret::Secrets::none(),
+                become_user: None,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -667,6 +672,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -719,6 +725,7 @@ fn a_changed_boot_id_means_interrupted() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "sleep 30",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -838,6 +845,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: LOOK_AROUND,
                 secrets: opmark::secret::Secrets::none(),
+                become_user: None,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -917,6 +925,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command: "touch x",
                 secrets: opmark::secret::Secrets::none(),
+                become_user: None,
             })
             .args();
             args[1] = bad.to_owned();
@@ -1012,6 +1021,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1061,6 +1071,7 @@ fn stdin_is_verified_before_the_claim() {
         repeat: opmark::shim::RepeatCheck::OFF,
         command: "wc -l",
         secrets: opmark::secret::Secrets::none(),
+        become_user: None,
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
@@ -1136,6 +1147,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         repeat: opmark::shim::RepeatCheck::OFF,
         command: &cmd,
         secrets: opmark::secret::Secrets::none(),
+        become_user: None,
     });
     let ssh_call = |verb: &Verb| {
         let out = crate::support::ssh_shim(&lab, "target1", verb);
@@ -1194,6 +1206,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1377,6 +1390,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "echo ran",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
         // and the supervisor's exec then fails with nobody told.
@@ -1515,6 +1529,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         };
         let verb = Verb::Run(req.clone());
         let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
@@ -1559,6 +1574,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             host_fingerprint: &true_fp,
             command: "true",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
             ..req.clone()
         });
         let answer = call_without_proc(&host, rerun.args(), &shim::local_data(&rerun, b""));
@@ -1670,6 +1686,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         };
         let first = Verb::Run(req.clone());
         let began = Instant::now();
@@ -2074,6 +2091,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
                     repeat: repeat_check(3600, opmark::policy::OnRepeat::Block, &[]),
                     command: &cmd,
                     secrets: opmark::secret::Secrets::none(),
+                    become_user: None,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -2146,6 +2164,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 repeat: opmark::shim::RepeatCheck::OFF,
                 command,
                 secrets: opmark::secret::Secrets::none(),
+                become_user: None,
             })
         };
         let mut with_stdin = RunRequest {
@@ -2160,6 +2179,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "cat",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         };
         with_stdin.stdin = Some(StdinSpec {
             len: 3,
@@ -2306,6 +2326,7 @@ impl Resident {
             repeat: opmark::shim::RepeatCheck::OFF,
             command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         let request = shim::Request::new(&verb, None, None);
         let input = self.input.as_mut().unwrap();
@@ -2418,6 +2439,7 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &command,
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         let request = shim::Request::new(&verb, None, None);
         first
@@ -2918,6 +2940,7 @@ fn a_secret_is_in_no_process_argument_while_the_command_runs() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: &cmd,
             secrets: &secrets,
+            become_user: None,
         });
         let mut child = host
             .command(&verb)
@@ -2969,10 +2992,11 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             repeat: opmark::shim::RepeatCheck::OFF,
             command: "true",
             secrets: opmark::secret::Secrets::none(),
+            become_user: None,
         });
         for list in ["e:1BAD:1", "e:A-B:1", "x:A:1", "e:A:0", "e:A:1,e:A:1"] {
             let mut args = verb.args();
-            let at = args.len() - 2;
+            let at = args.len() - 3;
             args[at] = list.to_owned();
             let o = host.call_args(args, b"v\nv\ntrue");
             let r = o
@@ -2985,9 +3009,37 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             );
             assert!(!host.marker("badsec").exists(), "{name} {list}: claimed");
         }
+        // sudo's password without --become, and a --become user that is not a name.
+        let mut args = verb.args();
+        let at = args.len() - 3;
+        args[at] = "p:SUDO_PASSWORD:1".to_owned();
+        let o = host.call_args(args, b"pw\ntrue");
+        let r = o
+            .refusal()
+            .unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
+        assert_eq!(
+            r.fields.get("reason").map(String::as_str),
+            Some("secrets"),
+            "{name}"
+        );
+        for user in ["-u", "a b", "x;y"] {
+            let mut args = verb.args();
+            let at = args.len() - 2;
+            args[at] = user.to_owned();
+            let o = host.call_args(args, b"true");
+            let r = o
+                .refusal()
+                .unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
+            assert_eq!(
+                r.fields.get("reason").map(String::as_str),
+                Some("become"),
+                "{name} {user}"
+            );
+        }
+        assert!(!host.marker("badsec").exists(), "{name}");
         // A block shorter than its list says: the command never arrives.
         let mut args = verb.args();
-        let at = args.len() - 2;
+        let at = args.len() - 3;
         args[at] = "e:A:3".to_owned();
         let o = host.call_args(args, b"v\n");
         assert!(o.refusal().is_some(), "{name}: {:?}", o.frames);
