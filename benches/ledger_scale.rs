@@ -73,6 +73,8 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
                     display: "true".into(),
                     fingerprint: fingerprint(n),
                     rule: "builtin read_only: true".into(),
+                    secrets: Vec::new(),
+                    become_user: None,
                 },
                 Event::AttemptDispatched {
                     attempt_id: attempt.clone(),
@@ -156,6 +158,8 @@ fn unresolved_run(n: u64, session: &str) -> Vec<Event> {
             display: "true".into(),
             fingerprint: fingerprint(u64::MAX - n),
             rule: "builtin read_only: true".into(),
+            secrets: Vec::new(),
+            become_user: None,
         },
         Event::AttemptDispatched {
             attempt_id: attempt.clone(),

@@ -234,15 +234,24 @@ fn describe(event: &Event) -> (usize, String) {
             session,
             family,
             rule,
+            secrets,
+            become_user,
             ..
-        } => (
-            0,
-            format!(
+        } => {
+            let mut line = format!(
                 "intended: family {family} (rule {}), session {}",
                 p(rule),
                 p(session)
-            ),
-        ),
+            );
+            if !secrets.is_empty() {
+                let names: Vec<String> = secrets.iter().map(|n| p(n).to_string()).collect();
+                line.push_str(&format!(", secrets {}", names.join(", ")));
+            }
+            if let Some(user) = become_user {
+                line.push_str(&format!(", runs as {} (sudo)", p(user)));
+            }
+            (0, line)
+        }
         Event::AttemptDispatched {
             attempt_id,
             number,

@@ -36,6 +36,13 @@ pub enum Event {
         fingerprint: String,
         /// The policy rule that decided the family.
         rule: String,
+        /// The names of the command's secrets (`--secret`), never their values. Left out
+        /// of the payload when there are none, so earlier events keep their bytes.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        secrets: Vec<String>,
+        /// `--become USER`: the user the command runs as through sudo. Left out when none.
+        #[serde(default, rename = "become", skip_serializing_if = "Option::is_none")]
+        become_user: Option<String>,
     },
     /// An attempt is about to leave this machine.
     AttemptDispatched {

@@ -472,6 +472,8 @@ mod tests {
             display: "cmd".into(),
             fingerprint: fp.into(),
             rule: "r".into(),
+            secrets: Vec::new(),
+            become_user: None,
         }
     }
 

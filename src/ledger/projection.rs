@@ -285,6 +285,7 @@ pub(crate) fn fold(
             display,
             fingerprint,
             rule,
+            ..
         } = event
         {
             *row = Some(OperationRecord {

@@ -36,6 +36,8 @@ fn intended(fp: &str, display: &str) -> Event {
         display: display.into(),
         fingerprint: fp.into(),
         rule: "default".into(),
+        secrets: Vec::new(),
+        become_user: None,
     }
 }
 

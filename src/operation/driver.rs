@@ -790,6 +790,8 @@ impl<'a> Runner<'a> {
             display: self.display.clone(),
             fingerprint: self.ledger_fp.clone(),
             rule: self.rule.clone(),
+            secrets: self.input.secrets.names().to_vec(),
+            become_user: self.input.become_user.clone(),
         }
     }
 

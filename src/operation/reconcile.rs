@@ -601,6 +601,8 @@ mod tests {
                 display: "x".into(),
                 fingerprint: "f".into(),
                 rule: "r".into(),
+                secrets: Vec::new(),
+                become_user: None,
             },
         )];
         if let Some(b) = boundary {

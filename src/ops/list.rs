@@ -172,6 +172,8 @@ mod tests {
                 display: "true".into(),
                 fingerprint: format!("fp{n}"),
                 rule: "r".into(),
+                secrets: Vec::new(),
+                become_user: None,
             };
             ledger
                 .append(

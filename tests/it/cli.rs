@@ -167,6 +167,8 @@ fn sealed_with_one_operation(name: &str) -> Sealed {
             display: "uptime".into(),
             fingerprint: "fp".into(),
             rule: "rule".into(),
+            secrets: Vec::new(),
+            become_user: None,
         },
         Event::AttemptDispatched {
             attempt_id: "a1".into(),

@@ -876,6 +876,14 @@ fn become_runs_through_sudo_with_a_password_that_appears_nowhere() {
     }
     let shown = env.opmark().args(["show", "b-ok"]).output().unwrap();
     assert!(!text(&shown.stdout).contains(password));
+    let said = text(&shown.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        said.contains("secrets SUDO_PASSWORD, TOKEN, runs as root (sudo)"),
+        "the record says who it ran as: {said}"
+    );
     // The same op id replays; it does not run again.
     let again = run(
         "b-ok",

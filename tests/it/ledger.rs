@@ -80,6 +80,8 @@ fn write_operation(ledger: &mut Ledger, key: &OpKey, n: u64) -> Vec<u64> {
                     display: format!("echo {n}"),
                     fingerprint: format!("fp-{}", key.op_id),
                     rule: "test".into(),
+                    secrets: Vec::new(),
+                    become_user: None,
                 },
                 Event::AttemptDispatched {
                     attempt_id: attempt.clone(),
@@ -559,6 +561,8 @@ fn unresolved_operation(ledger: &mut Ledger, key: &OpKey) {
                     display: "systemctl restart app".into(),
                     fingerprint: format!("fp-{}", key.op_id),
                     rule: "test".into(),
+                    secrets: Vec::new(),
+                    become_user: None,
                 },
                 Event::AttemptDispatched {
                     attempt_id: "at-1".into(),
@@ -1040,6 +1044,8 @@ fn list_and_show_render_the_timeline_with_retries() {
                     display: "rm -rf /srv/old".into(),
                     fingerprint: "ab".repeat(32),
                     rule: "default_family".into(),
+                    secrets: Vec::new(),
+                    become_user: None,
                 },
                 Event::AttemptDispatched {
                     attempt_id: "a1".into(),
@@ -1188,6 +1194,8 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 display: secret.to_string(),
                 fingerprint: format!("fp{n}"),
                 rule: secret.to_string(),
+                secrets: Vec::new(),
+                become_user: None,
             },
             Event::AttemptDispatched {
                 attempt_id: a.clone(),
@@ -2406,6 +2414,8 @@ fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fix
                     display: "echo same".into(),
                     fingerprint: "fp-same".into(),
                     rule: "test".into(),
+                    secrets: Vec::new(),
+                    become_user: None,
                 },
                 Durability::Normal,
             )

@@ -50,6 +50,8 @@ pub(crate) fn record_lost_dispatch(
         display: command.into(),
         fingerprint: ledger_fingerprint(&intent, &key),
         rule: "test: written by hand".into(),
+        secrets: Vec::new(),
+        become_user: None,
     }];
     if dispatched {
         events.push(Event::AttemptDispatched {

@@ -174,6 +174,30 @@ fn a_secret_reaches_the_command_and_nothing_else_shows_it() {
             text(&read.stderr)
         );
     }
+    // The record names the secret (never its value).
+    let shown = env.opmark().args(["show", "sec-1"]).output().unwrap();
+    assert!(
+        text(&shown.stdout).contains("secrets TOKEN"),
+        "{}",
+        text(&shown.stdout)
+    );
+    let doc = crate::support::json(
+        &env.opmark()
+            .args(["--json", "show", "sec-1"])
+            .output()
+            .unwrap(),
+    );
+    let intended = doc["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"]["kind"] == "intended")
+        .unwrap();
+    assert_eq!(
+        intended["event"]["secrets"],
+        serde_json::json!(["TOKEN"]),
+        "{intended}"
+    );
     let kept = env
         .opmark_with_lab(&lab)
         .args(["output", "sec-1"])

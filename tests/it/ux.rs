@@ -342,6 +342,8 @@ fn seed(ledger: &Path, ops: &[(&str, &str)]) {
             display: "uptime".into(),
             fingerprint: format!("fp-{op}"),
             rule: "rule".into(),
+            secrets: Vec::new(),
+            become_user: None,
         };
         l.append_many(&OpKey::new(*op, *host), &[intended], Durability::Full)
             .unwrap();
