@@ -231,6 +231,12 @@ impl FromStr for Spec {
 }
 
 impl Spec {
+    /// Every `--secret` argument, parsed (never by clap, whose error would repeat the
+    /// argument: a value typed where its source belongs would be on the screen).
+    pub fn parse_all(given: &[String]) -> Result<Vec<Spec>, SecretError> {
+        given.iter().map(|g| g.parse()).collect()
+    }
+
     /// Reads the value from its source.
     pub fn read(&self) -> Result<Secret, SecretError> {
         let name = self.name.clone();

@@ -10,17 +10,12 @@ pub fn run(global: &GlobalArgs, args: &McpArgs) -> Result<u8> {
     crate::host::forbid_prompts();
     // Tool threads blocked on a host do not hold the exit once the client is gone: the
     // runtime is never dropped, so nothing waits for them.
-    let secrets = args
-        .secrets
-        .iter()
-        .map(|given| given.parse::<crate::secret::Spec>())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| {
-            crate::error::Error::new(
-                crate::error::ErrorKind::InvalidInput,
-                format!("{e}; the server did not start"),
-            )
-        })?;
+    let secrets = crate::secret::Spec::parse_all(&args.secrets).map_err(|e| {
+        crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
+            format!("{e}; the server did not start"),
+        )
+    })?;
     common::block_on(crate::mcp::serve(
         common::context(global),
         args.max_output,

@@ -29,19 +29,12 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         None => None,
         Some(path) => Some(read_approval(path, args.stdin)?),
     };
-    // Parsed here rather than by clap, whose error would repeat the argument, and a
-    // value typed where its source belongs would be on the screen.
-    let secrets = args
-        .secrets
-        .iter()
-        .map(|given| given.parse::<crate::secret::Spec>())
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| {
-            crate::error::Error::new(
-                crate::error::ErrorKind::InvalidInput,
-                format!("{e}; nothing was sent"),
-            )
-        })?;
+    let secrets = crate::secret::Spec::parse_all(&args.secrets).map_err(|e| {
+        crate::error::Error::new(
+            crate::error::ErrorKind::InvalidInput,
+            format!("{e}; nothing was sent"),
+        )
+    })?;
     let stdin = super::stdin::decide(asked)?;
     if args.dry_run {
         return dry_run(global, args, stdin, approval.is_some(), secrets);

@@ -226,20 +226,8 @@ impl Host {
     ) -> Outcome {
         let op = OpId::parse(op).unwrap();
         let fingerprint = fp(command);
-        let mut req = RunRequest {
-            op: &op,
-            attempt_id: attempt,
-            host_fingerprint: &fingerprint,
-            family: Family::AppendOnly,
-            timeout: None,
-            output_cap: shim::DEFAULT_OUTPUT_CAP,
-            stdin: None,
-            supersede_interrupted: false,
-            repeat: opmark::shim::RepeatCheck::OFF,
-            command,
-            secrets: opmark::secret::Secrets::none(),
-            become_user: None,
-        };
+        let mut req = run_request(&op, &fingerprint, command, opmark::secret::Secrets::none());
+        req.attempt_id = attempt;
         tweak(&mut req);
         self.call(&Verb::Run(req), b"")
     }
@@ -253,21 +241,8 @@ impl Host {
     ) -> Outcome {
         let op = OpId::parse(op).unwrap();
         let fingerprint = fp(command);
-        let mut req = RunRequest {
-            op: &op,
-            attempt_id: attempt,
-            host_fingerprint: &fingerprint,
-            family: Family::AppendOnly,
-            timeout: None,
-            output_cap: shim::DEFAULT_OUTPUT_CAP,
-            stdin: None,
-            supersede_interrupted: false,
-            repeat: opmark::shim::RepeatCheck::OFF,
-            command,
-            secrets: opmark::secret::Secrets::none(),
-            become_user: None,
-        };
-        req.secrets = secrets;
+        let mut req = run_request(&op, &fingerprint, command, secrets);
+        req.attempt_id = attempt;
         self.call(&Verb::Run(req), b"")
     }
 
@@ -2843,6 +2818,29 @@ fn a_command_that_catches_the_cancels_term_and_exits_0_keeps_its_status_and_is_n
     }
 }
 
+/// A run request of attempt `a1` with the secrets given, and every other option off.
+fn run_request<'a>(
+    op: &'a OpId,
+    fingerprint: &'a str,
+    command: &'a str,
+    secrets: &'a opmark::secret::Secrets,
+) -> RunRequest<'a> {
+    RunRequest {
+        op,
+        attempt_id: "a1",
+        host_fingerprint: fingerprint,
+        family: Family::AppendOnly,
+        timeout: None,
+        output_cap: shim::DEFAULT_OUTPUT_CAP,
+        stdin: None,
+        supersede_interrupted: false,
+        repeat: opmark::shim::RepeatCheck::OFF,
+        command,
+        secrets,
+        become_user: None,
+    }
+}
+
 /// Secrets read from files (a test must not change its process's environment).
 fn secrets_from_files(host: &Host, pairs: &[(&str, &str)]) -> opmark::secret::Secrets {
     let dir = host.state_home.join("secret-sources");
@@ -2928,20 +2926,7 @@ fn a_secret_is_in_no_process_argument_while_the_command_runs() {
         );
         let op = OpId::parse("psop").unwrap();
         let fingerprint = fp(&cmd);
-        let verb = Verb::Run(RunRequest {
-            op: &op,
-            attempt_id: "a1",
-            host_fingerprint: &fingerprint,
-            family: Family::AppendOnly,
-            timeout: None,
-            output_cap: shim::DEFAULT_OUTPUT_CAP,
-            stdin: None,
-            supersede_interrupted: false,
-            repeat: opmark::shim::RepeatCheck::OFF,
-            command: &cmd,
-            secrets: &secrets,
-            become_user: None,
-        });
+        let verb = Verb::Run(run_request(&op, &fingerprint, &cmd, &secrets));
         let mut child = host
             .command(&verb)
             .stdin(Stdio::piped())
@@ -2980,69 +2965,39 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
         let host = Host::new("secret-bad", &shell);
         let op = OpId::parse("badsec").unwrap();
         let fingerprint = fp("true");
-        let verb = Verb::Run(RunRequest {
-            op: &op,
-            attempt_id: "a1",
-            host_fingerprint: &fingerprint,
-            family: Family::AppendOnly,
-            timeout: None,
-            output_cap: shim::DEFAULT_OUTPUT_CAP,
-            stdin: None,
-            supersede_interrupted: false,
-            repeat: opmark::shim::RepeatCheck::OFF,
-            command: "true",
-            secrets: opmark::secret::Secrets::none(),
-            become_user: None,
-        });
-        for list in ["e:1BAD:1", "e:A-B:1", "x:A:1", "e:A:0", "e:A:1,e:A:1"] {
+        let verb = Verb::Run(run_request(
+            &op,
+            &fingerprint,
+            "true",
+            opmark::secret::Secrets::none(),
+        ));
+        // The run verb's arguments with SECRETS (`from_end` 3) or BECOME (2) replaced: the
+        // refusal's reason, having claimed nothing.
+        let refused = |from_end: usize, value: &str, data: &[u8]| {
             let mut args = verb.args();
-            let at = args.len() - 3;
-            args[at] = list.to_owned();
-            let o = host.call_args(args, b"v\nv\ntrue");
+            let at = args.len() - from_end;
+            args[at] = value.to_owned();
+            let o = host.call_args(args, data);
             let r = o
                 .refusal()
-                .unwrap_or_else(|| panic!("{name} {list}: {:?}", o.frames));
-            assert_eq!(
-                r.fields.get("reason").map(String::as_str),
-                Some("secrets"),
-                "{name} {list}"
-            );
-            assert!(!host.marker("badsec").exists(), "{name} {list}: claimed");
+                .unwrap_or_else(|| panic!("{name} {value}: {:?}", o.frames));
+            assert!(!host.marker("badsec").exists(), "{name} {value}: claimed");
+            r.fields.get("reason").cloned().unwrap_or_default()
+        };
+        for list in ["e:1BAD:1", "e:A-B:1", "x:A:1", "e:A:0", "e:A:1,e:A:1"] {
+            assert_eq!(refused(3, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
         }
-        // sudo's password without --become, and a --become user that is not a name.
-        let mut args = verb.args();
-        let at = args.len() - 3;
-        args[at] = "p:SUDO_PASSWORD:1".to_owned();
-        let o = host.call_args(args, b"pw\ntrue");
-        let r = o
-            .refusal()
-            .unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
+        // sudo's password without --become.
         assert_eq!(
-            r.fields.get("reason").map(String::as_str),
-            Some("secrets"),
+            refused(3, "p:SUDO_PASSWORD:1", b"pw\ntrue"),
+            "secrets",
             "{name}"
         );
+        // A --become user that is not a name.
         for user in ["-u", "a b", "x;y"] {
-            let mut args = verb.args();
-            let at = args.len() - 2;
-            args[at] = user.to_owned();
-            let o = host.call_args(args, b"true");
-            let r = o
-                .refusal()
-                .unwrap_or_else(|| panic!("{name}: {:?}", o.frames));
-            assert_eq!(
-                r.fields.get("reason").map(String::as_str),
-                Some("become"),
-                "{name} {user}"
-            );
+            assert_eq!(refused(2, user, b"true"), "become", "{name} {user}");
         }
-        assert!(!host.marker("badsec").exists(), "{name}");
         // A block shorter than its list says: the command never arrives.
-        let mut args = verb.args();
-        let at = args.len() - 3;
-        args[at] = "e:A:3".to_owned();
-        let o = host.call_args(args, b"v\n");
-        assert!(o.refusal().is_some(), "{name}: {:?}", o.frames);
-        assert!(!host.marker("badsec").exists(), "{name}");
+        refused(3, "e:A:3", b"v\n");
     }
 }
