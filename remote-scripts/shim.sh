@@ -1768,8 +1768,13 @@ read_secrets() {
 	for rs_e in "$@"; do
 		rs_kind=${rs_e%%:*} rs_rest=${rs_e#*:}
 		rs_name=${rs_rest%%:*} rs_lines=${rs_rest#*:}
+		# Upper case only: the shim's own variables are lower case, so none of them can
+		# be set by a secret in the command's subshell (see supervise); and none of the
+		# names the command's shell relies on (as the client refuses them too).
 		case $rs_name in
-		'' | [0-9]* | *[!A-Za-z0-9_]*) return 1 ;;
+		'' | [0-9]* | *[!A-Z0-9_]*) return 1 ;;
+		PATH | HOME | SHELL | IFS | ENV | BASH_ENV | PS4 | CDPATH | PWD | OLDPWD | USER | LOGNAME | LANG | TERM) return 1 ;;
+		OPMARK_* | _OPMARK_* | LD_* | LC_*) return 1 ;;
 		esac
 		is_uint "$rs_lines" && [ "$rs_lines" -ge 1 ] || return 1
 		rs_v='' rs_i=0 rs_l=''

@@ -70,8 +70,8 @@ pub enum SecretError {
         /// What is missing.
         what: &'static str,
     },
-    /// NAME is not an environment variable name.
-    #[error("--secret {name:?}: the name must be an environment variable name (a letter or _, then letters, digits or _), as the command reads it as $NAME")]
+    /// NAME is not an upper-case environment variable name.
+    #[error("--secret {name:?}: the name must be an upper-case environment variable name (A-Z or _, then A-Z, digits or _), as the command reads it as $NAME")]
     BadName {
         /// The name as given.
         name: String,
@@ -159,13 +159,18 @@ pub fn check_become_user(user: &str) -> Result<(), String> {
 }
 
 /// Whether `name` is a name a secret may take (see [`SecretError::BadName`],
-/// [`SecretError::ReservedName`]).
+/// [`SecretError::ReservedName`]). Upper case only: the host shim's variables are all
+/// lower case, so a secret can never set one of them where the command starts (which
+/// would let a value choose what runs, around the policy); the shim checks the same.
 pub fn check_name(name: &str) -> Result<(), SecretError> {
     let mut chars = name.chars();
     let first_ok = chars
         .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') || name.len() > 128 {
+        .is_some_and(|c| c.is_ascii_uppercase() || c == '_');
+    if !first_ok
+        || !chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        || name.len() > 128
+    {
         return Err(SecretError::BadName {
             name: name.to_owned(),
         });
@@ -558,10 +563,13 @@ mod tests {
 
     #[test]
     fn a_name_is_an_environment_variable_name_the_command_can_own() {
-        for good in ["TOKEN", "_x", "db_password2", "SUDO_PASSWORD"] {
+        for good in ["TOKEN", "_X", "DB_PASSWORD2", "SUDO_PASSWORD"] {
             check_name(good).unwrap();
         }
-        for bad in ["", "2FA", "MY-TOKEN", "A B", "a$b", "é"] {
+        // Lower case could name one of the shim's own variables (`m`, `sv_shell`).
+        for bad in [
+            "", "2FA", "MY-TOKEN", "A B", "a$b", "é", "m", "sv_shell", "Token",
+        ] {
             assert!(
                 matches!(check_name(bad), Err(SecretError::BadName { .. })),
                 "{bad}"
@@ -569,7 +577,7 @@ mod tests {
         }
         for reserved in [
             "PATH",
-            "path",
+            "LC_ALL",
             "IFS",
             "OPMARK_ROOT",
             "_OPMARK_S_X",

@@ -274,11 +274,15 @@ fn a_secret_that_cannot_be_given_sends_and_records_nothing_and_never_echoes_a_va
         ),
         (
             "2FA=env:DEPLOY_TOKEN".into(),
-            "must be an environment variable name",
+            "must be an upper-case environment variable name",
         ),
         (
             "MY-TOKEN=env:DEPLOY_TOKEN".into(),
-            "must be an environment variable name",
+            "must be an upper-case environment variable name",
+        ),
+        (
+            "sv_shell=env:DEPLOY_TOKEN".into(),
+            "must be an upper-case environment variable name",
         ),
         ("PATH=env:DEPLOY_TOKEN".into(), "cannot carry a secret"),
         ("TOKEN=env:OPMARK_TEST_UNSET_VAR".into(), "is not set"),

@@ -2984,7 +2984,19 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             assert!(!host.marker("badsec").exists(), "{name} {value}: claimed");
             r.fields.get("reason").cloned().unwrap_or_default()
         };
-        for list in ["e:1BAD:1", "e:A-B:1", "x:A:1", "e:A:0", "e:A:1,e:A:1"] {
+        // Lower case could set the shim's own variables where the command starts (`m`,
+        // the marker; `sv_shell`, what runs it); PATH and the like the command's shell.
+        for list in [
+            "e:1BAD:1",
+            "e:A-B:1",
+            "x:A:1",
+            "e:A:0",
+            "e:A:1,e:A:1",
+            "e:m:1",
+            "e:sv_shell:1",
+            "e:PATH:1",
+            "e:LD_PRELOAD:1",
+        ] {
             assert_eq!(refused(3, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
         }
         // sudo's password without --become.
