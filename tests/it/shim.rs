@@ -2644,12 +2644,21 @@ fn the_repeats_verb_reads_the_index_as_a_claim_would_and_writes_nothing() {
                 })
                 .unwrap_or_else(|| panic!("{name}: no repeats answer: {o:?}"))
         };
+        // The slot files only (10-digit names): the temp name the claim linked its slot
+        // from goes with the supervisor's own leftovers, which may be after the exit frame.
         let slots = || {
             std::fs::read_dir(host.root().join("fp").join(fp(cmd)))
                 .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    let name = e.file_name();
+                    let name = name.to_string_lossy();
+                    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
+                })
                 .count()
         };
         let before = slots();
+        assert_eq!(before, 1, "{name}: one claim, one slot");
         let found = ask("op-2", 3600, &[]).expect("op-1 is a repetition for op-2");
         assert_eq!(
             found.get("earlier").map(String::as_str),
