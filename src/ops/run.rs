@@ -366,6 +366,39 @@ struct Checked {
     secrets: crate::secret::Secrets,
 }
 
+/// One host's operation: what was checked, the request's options, the spooled stdin.
+fn run_input(
+    ctx: &Context,
+    req: &RunRequest,
+    host: &str,
+    checked: &Checked,
+    stdin: Option<Vec<u8>>,
+    prefix: Option<String>,
+) -> RunInput {
+    RunInput {
+        host: host_spec(ctx, host, &req.options),
+        op: checked.op.clone(),
+        command: checked.command.clone(),
+        class: req.class,
+        stdin,
+        secrets: checked.secrets.clone(),
+        become_user: req.become_user.clone(),
+        timeout: req.timeout,
+        attempts: req.attempts,
+        wait: req.wait,
+        approve: req.approve.clone(),
+        approver: operator(None),
+        approval: approval_token(req),
+        live_output: req.live_output,
+        output_cap: req.output_cap,
+        prefix,
+        detach: req.fleet.detach,
+        declared: checked_declared(req),
+        wait_scope: req.wait_scope,
+        tally: req.tally.clone(),
+    }
+}
+
 /// The signed approval, parsed (`run` refused a malformed one before anything else).
 fn approval_token(req: &RunRequest) -> Option<crate::approval::Token> {
     req.approval
@@ -536,50 +569,24 @@ async fn run_operation(
     checked: Checked,
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
-    let Checked {
-        op,
-        minted,
-        command,
-        secrets,
-    } = checked;
+    let op = &checked.op;
     let interrupts = install_interrupts()?;
     let policy = load_policy(ctx)?;
     let mut ledger = open_ledger(ctx, &policy)?;
-    if let Some(answer) = typo_answer(ctx, &req, std::slice::from_ref(&host), &op) {
+    if let Some(answer) = typo_answer(ctx, &req, std::slice::from_ref(&host), op) {
         return Ok(answer);
     }
     // The key is the ledger's own (checked when it was opened), never the config dir's.
     let key = ledger.key().clone();
-    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts, watch).await? {
+    let stdin = match spool_stdin(req.stdin.clone(), op, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
-    if minted {
-        watch.minted(&op);
+    if checked.minted {
+        watch.minted(op);
     }
     let op_text = op.to_string();
-    let input = RunInput {
-        host: host_spec(ctx, &host, &req.options),
-        op,
-        command,
-        class: req.class,
-        stdin,
-        secrets,
-        become_user: req.become_user.clone(),
-        timeout: req.timeout,
-        attempts: req.attempts,
-        wait: req.wait,
-        approve: req.approve.clone(),
-        approver: operator(None),
-        approval: approval_token(&req),
-        live_output: req.live_output,
-        output_cap: req.output_cap,
-        prefix: None,
-        detach: req.fleet.detach,
-        declared: checked_declared(&req),
-        wait_scope: req.wait_scope,
-        tally: req.tally.clone(),
-    };
+    let input = run_input(ctx, &req, &host, &checked, stdin, None);
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(input.op.as_str())?;
     interrupts.set_context(format!(
@@ -635,12 +642,7 @@ async fn run_on_hosts(
     checked: Checked,
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
-    let Checked {
-        op,
-        minted,
-        command,
-        secrets,
-    } = checked;
+    let op = &checked.op;
     let interrupts = install_interrupts()?;
     let policy = load_policy(ctx)?;
     // Opened here once so that a ledger problem is one error before any host is tried;
@@ -675,42 +677,23 @@ async fn run_on_hosts(
     // To tell the caller about evidence this run found contradicting the ledger.
     let known = ledger.operations_by_id(op.as_str())?;
     drop(ledger);
-    let stdin = match spool_stdin(req.stdin.clone(), &op, &interrupts, watch).await? {
+    let stdin = match spool_stdin(req.stdin.clone(), op, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
-    if minted {
-        watch.minted(&op);
+    if checked.minted {
+        watch.minted(op);
     }
     interrupts.set_context(format!(
         "op {op} may be running on {} hosts: `opmark run` with --op {op} and the same hosts follows or replays it, `opmark cancel HOST {op}` stops it on one",
         hosts.len()
     ));
     let prefix = req.fleet.prefix;
-    let declared = checked_declared(&req);
     let inputs: Vec<RunInput> = hosts
         .iter()
-        .map(|host| RunInput {
-            host: host_spec(ctx, host, &req.options),
-            op: op.clone(),
-            command: command.clone(),
-            class: req.class,
-            stdin: stdin.clone(),
-            secrets: secrets.clone(),
-            become_user: req.become_user.clone(),
-            timeout: req.timeout,
-            attempts: req.attempts,
-            wait: req.wait,
-            approve: req.approve.clone(),
-            approver: operator(None),
-            approval: approval_token(&req),
-            live_output: req.live_output,
-            output_cap: req.output_cap,
-            prefix: prefix.then(|| format!("{host}: ")),
-            detach: req.fleet.detach,
-            declared: declared.clone(),
-            wait_scope: req.wait_scope,
-            tally: req.tally.clone(),
+        .map(|host| {
+            let prefix = prefix.then(|| format!("{host}: "));
+            run_input(ctx, &req, host, &checked, stdin.clone(), prefix)
         })
         .collect();
     let ledger_ctx = ctx.clone();
