@@ -375,3 +375,60 @@ fn over_mcp_a_call_names_a_secret_the_server_offers_and_never_sees_its_value() {
     assert!(recorded(&env, "mcp-sec-1"));
     assert_eq!(files_leaking(&env.root), Vec::<String>::new());
 }
+
+#[test]
+fn the_official_mcp_client_names_a_secret_and_gets_only_the_mark_back() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let Some(python) = crate::mcp::python_with_mcp(crate::test_name!()) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    // Its own value, in a file only: never in any process's arguments, as the other
+    // tests here search the process list for theirs.
+    let value = "Py-sekr1t-4d2e";
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{value}\n")).unwrap();
+    let (r, stderr) = crate::support::mcp::python_client(
+        &python,
+        &env,
+        "secret_values.py",
+        &[lab.ssh_config().as_os_str(), file.as_os_str()],
+    );
+    let b64 = base64::engine::general_purpose::STANDARD_NO_PAD.encode(value);
+    let all = r.to_string();
+    assert!(
+        !all.contains(value) && !all.contains(&b64) && !stderr.contains(value),
+        "a result shows the secret: {all}"
+    );
+    let run = &r["run"]["structured"];
+    assert_eq!(run["verdict"], "completed", "{r}");
+    // Base64 padding says nothing of the value and stays.
+    assert_eq!(
+        run["stdout"], "t=[REDACTED:TOKEN]\n[REDACTED:TOKEN]=\n",
+        "{r}"
+    );
+    assert!(
+        r["output"]["text"][0]
+            .as_str()
+            .unwrap()
+            .contains("t=[REDACTED:TOKEN]"),
+        "{r}"
+    );
+    assert_eq!(r["unknown"]["is_error"], true, "{r}");
+    assert_eq!(
+        r["unknown"]["structured"]["error"]["field"], "secrets",
+        "{r}"
+    );
+    assert!(
+        r["run_schema_secrets"]["description"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("never passes through MCP"),
+        "the tool tells the model: {}",
+        r["run_schema_secrets"]
+    );
+    assert!(!recorded(&env, "py-sec-2"));
+}
