@@ -16,8 +16,9 @@
 # Python with the official MCP SDK (the real MCP client tests/it/mcp.rs drives
 # `opmark mcp` with), its 1.x line in a virtualenv (python3-venv) for the task client
 # tests/it/tasks.rs drives, and jsonschema (checks schemas/run.schema.json against real
-# output), tmux (tests/it/screens.rs draws the screens in an 80-column terminal), and
-# Rust via rustup when cargo is missing.
+# output), tmux (tests/it/screens.rs draws the screens in an 80-column terminal),
+# Rust via rustup when cargo is missing, and cargo-mutants, pinned (the mutation runs of
+# docs/claims.md#mutation-testing; not for --demo).
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
@@ -135,4 +136,17 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; installing Rust with rustup (https://rustup.rs)" >&2
   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
     sh -s -- -y --profile minimal --component rustfmt,clippy
+fi
+
+# cargo-mutants, pinned like the Python tools above: the counts in docs/claims.md are of
+# this version's mutants. Built with its own lock file; skipped when the pinned version
+# is already installed, even with --always (a rebuild takes minutes and changes nothing),
+# and for --demo, which runs no tests.
+mutants_version=25.3.1
+if [[ $demo -eq 0 ]] &&
+  [[ $(cargo mutants --version 2>/dev/null) != "cargo-mutants $mutants_version" ]]; then
+  # Only the mutation runs need it, never the tests: a registry that does not answer is
+  # said, not fatal.
+  cargo install cargo-mutants --version "$mutants_version" --locked ||
+    echo "install-deps: cargo-mutants $mutants_version did not install; only the mutation runs (docs/claims.md#mutation-testing) need it" >&2
 fi

@@ -93,6 +93,16 @@ mod tests {
     }
 
     #[test]
+    fn a_parsed_id_reads_back_as_exactly_the_text_it_was_parsed_from() {
+        // The id names the marker directory on the host and the ledger row: reading it
+        // back must give the caller's text, not some other valid id.
+        let text = "deploy-2026.11.30:web_1";
+        let id = OpId::parse(text).unwrap();
+        assert_eq!(id.as_str(), text);
+        assert_eq!(id.to_string(), text);
+    }
+
+    #[test]
     fn minted_ids_are_valid_and_distinct() {
         let a = OpId::mint();
         let b = OpId::mint();

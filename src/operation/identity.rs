@@ -267,4 +267,124 @@ mod tests {
         );
         assert_eq!(with_keys(&[]).root(), None);
     }
+
+    fn stored(seq: u64, event: Event) -> StoredEvent {
+        StoredEvent {
+            seq,
+            op_id: "op-1".into(),
+            host: "target1".into(),
+            at: "2026-12-05T00:00:00.000000Z".into(),
+            event,
+            prev_hash: "0".repeat(64),
+            hash: "0".repeat(64),
+        }
+    }
+
+    #[test]
+    fn the_ledger_s_connections_and_marker_roots_say_where_the_operation_ran() {
+        let events = [
+            stored(
+                1,
+                Event::Connected {
+                    attempt_id: "at-1".into(),
+                    route: route("alice"),
+                    host_key: "SHA256:a".into(),
+                },
+            ),
+            stored(
+                2,
+                Event::Fenced {
+                    detail: "not about the host".into(),
+                },
+            ),
+            stored(
+                3,
+                Event::Connected {
+                    attempt_id: "at-2".into(),
+                    route: route("bob"),
+                    host_key: "SHA256:b".into(),
+                },
+            ),
+            stored(
+                4,
+                Event::MarkerRoot {
+                    attempt_id: "at-2".into(),
+                    root_id: "0123456789abcdef0123456789abcdef".into(),
+                },
+            ),
+        ];
+        let r = recorded(&events);
+        assert_eq!(r.route, Some(route("bob")), "the latest attempt's route");
+        assert_eq!(
+            r.keys,
+            vec![
+                ("at-1".to_owned(), "SHA256:a".to_owned()),
+                ("at-2".to_owned(), "SHA256:b".to_owned())
+            ]
+        );
+        assert_eq!(
+            r.roots,
+            vec![(
+                "at-2".to_owned(),
+                "0123456789abcdef0123456789abcdef".to_owned()
+            )]
+        );
+        assert_eq!(r.root(), Some("0123456789abcdef0123456789abcdef"));
+    }
+
+    #[test]
+    fn a_connection_and_a_root_noted_by_this_invocation_hold_its_later_reconnects_to_them() {
+        let mut r = Recorded::default();
+        r.connected("at-1", route("alice"), "SHA256:a");
+        r.reached_root("at-1", "0123456789abcdef0123456789abcdef");
+        assert_eq!(r.route, Some(route("alice")));
+        assert_eq!(r.root(), Some("0123456789abcdef0123456789abcdef"));
+        assert_eq!(
+            r.check("target1", "op-1", Some("SHA256:a"), Some(&route("alice"))),
+            Ok(())
+        );
+        assert!(matches!(
+            r.check("target1", "op-1", Some("SHA256:b"), Some(&route("alice"))),
+            Err(Changed::Key(_))
+        ));
+        assert!(matches!(
+            r.check("target1", "op-1", Some("SHA256:a"), Some(&route("bob"))),
+            Err(Changed::Other(_))
+        ));
+    }
+
+    #[test]
+    fn a_root_changed_refusal_names_the_root_found_the_one_expected_and_how_it_was_reached() {
+        let mut r = with_keys(&["SHA256:a"]);
+        r.route = Some(route("alice"));
+        r.reached_root("at-0", "0123456789abcdef0123456789abcdef");
+        let refusal = |found: &str| crate::host::Refusal {
+            reason: crate::host::RefusalReason::RootChanged,
+            replay: false,
+            marker: None,
+            fields: [
+                ("root", "/home/alice/.local/state/opmark"),
+                ("expected", "0123456789abcdef0123456789abcdef"),
+                ("found", found),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        };
+        let e = r.root_changed(
+            "target1",
+            "op-1",
+            &refusal("fedcba9876543210fedcba9876543210"),
+        );
+        assert!(
+            e.starts_with("host changed: the marker root on target1 (/home/alice/.local/state/opmark) is marker root fedcba9876543210fedcba9876543210 but operation op-1 reached marker root 0123456789abcdef0123456789abcdef: another store of evidence"),
+            "{e}"
+        );
+        assert!(e.contains("reached before as alice@127.0.0.1:2201"), "{e}");
+        let e = r.root_changed("target1", "op-1", &refusal("none"));
+        assert!(
+            e.contains("is a root with no id (new, or wiped and rebuilt) but operation op-1"),
+            "{e}"
+        );
+    }
 }

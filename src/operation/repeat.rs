@@ -296,3 +296,317 @@ pub fn check_declared(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::family::Family;
+    use crate::ledger::OpState;
+    use crate::ssh::Route;
+
+    fn record(
+        op_id: &str,
+        fingerprint: &str,
+        attempts: u32,
+        verdict: Option<Verdict>,
+    ) -> OperationRecord {
+        OperationRecord {
+            op_id: op_id.into(),
+            host: "web1".into(),
+            family: Family::Destructive,
+            display: "systemctl restart app".into(),
+            fingerprint: fingerprint.into(),
+            rule: String::new(),
+            session: String::new(),
+            state: OpState::ExitReceived,
+            verdict,
+            exit_code: None,
+            attempts,
+            last_attempt: None,
+            unresolved: false,
+            created_at: "2026-12-05T10:00:00.000000Z".into(),
+            updated_at: String::new(),
+            first_seq: 1,
+            last_seq: 2,
+            contradictions: 0,
+            settled_attempt: None,
+        }
+    }
+
+    fn route(user: &str) -> Route {
+        Route {
+            alias: "web1".into(),
+            hostname: "10.0.0.1".into(),
+            port: 22,
+            user: user.into(),
+            identities: Vec::new(),
+            jump: None,
+            jumps: Vec::new(),
+            config: None,
+        }
+    }
+
+    /// A ledger of operations of the run's intent, with each one's events by op id.
+    #[derive(Default)]
+    struct Fake {
+        same_intent: Vec<OperationRecord>,
+        events: BTreeMap<String, Vec<Event>>,
+    }
+
+    impl LedgerView for Fake {
+        fn same_intent_since(
+            &self,
+            _fingerprint: &str,
+            _host: &str,
+            _op_id: &str,
+            _since: &str,
+        ) -> Result<Vec<OperationRecord>, LedgerError> {
+            Ok(self.same_intent.clone())
+        }
+        fn events_of(&self, key: &OpKey) -> Result<Vec<Event>, LedgerError> {
+            Ok(self.events.get(&key.op_id).cloned().unwrap_or_default())
+        }
+    }
+
+    fn linked(relation: LinkRelation, other_op: &str) -> Event {
+        Event::Linked {
+            relation,
+            other_op: other_op.into(),
+            other_host: "web1".into(),
+        }
+    }
+
+    fn look(ledger: &Fake, action: OnRepeat, declared: &Declared) -> Option<Repetition> {
+        in_ledger(
+            ledger,
+            &OpKey::new("op-new", "web1"),
+            "fp-a",
+            Duration::from_secs(3600),
+            action,
+            declared,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn an_earlier_operation_may_have_run_once_dispatched_unless_its_verdict_says_nothing_ran() {
+        assert!(
+            !may_have_run(&record("op-0", "fp-a", 0, None)),
+            "never dispatched"
+        );
+        assert!(
+            may_have_run(&record("op-0", "fp-a", 1, None)),
+            "one attempt, no verdict yet"
+        );
+        assert!(may_have_run(&record(
+            "op-0",
+            "fp-a",
+            2,
+            Some(Verdict::Completed)
+        )));
+        assert!(may_have_run(&record(
+            "op-0",
+            "fp-a",
+            1,
+            Some(Verdict::Indeterminate)
+        )));
+        for nothing_ran in [Verdict::Blocked, Verdict::Refused, Verdict::NotApplied] {
+            assert!(
+                !may_have_run(&record("op-0", "fp-a", 1, Some(nothing_ran))),
+                "{nothing_ran:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_same_intent_under_another_op_id_is_a_repetition_named_with_the_route_it_ran_through() {
+        let mut ledger = Fake {
+            same_intent: vec![
+                record("op-never-sent", "fp-a", 0, None),
+                record("op-0", "fp-a", 1, Some(Verdict::Completed)),
+            ],
+            ..Fake::default()
+        };
+        ledger.events.insert(
+            "op-0".into(),
+            vec![Event::Connected {
+                attempt_id: "at-1".into(),
+                route: route("deploy"),
+                host_key: "SHA256:a".into(),
+            }],
+        );
+        let found = look(&ledger, OnRepeat::Block, &Declared::default()).expect("a repetition");
+        assert_eq!(
+            found,
+            Repetition {
+                op_id: "op-0".into(),
+                state: "exit_received".into(),
+                at: "2026-12-05T10:00:00.000000Z".into(),
+                route: route("deploy").describe(),
+                action: "block",
+                seen_in: "ledger",
+                because: None,
+            }
+        );
+        assert_eq!(
+            look(&ledger, OnRepeat::Warn, &Declared::default()).map(|r| r.action),
+            Some("warn")
+        );
+        assert_eq!(look(&ledger, OnRepeat::Allow, &Declared::default()), None);
+        ledger.events.clear();
+        assert_eq!(
+            look(&ledger, OnRepeat::Block, &Declared::default()).map(|r| r.route),
+            Some("web1 (no connection recorded)".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_declared_repetition_and_what_it_declared_in_turn_are_no_surprise() {
+        let mut ledger = Fake {
+            same_intent: vec![
+                record("op-0", "fp-a", 1, Some(Verdict::Completed)),
+                record("op-1", "fp-a", 1, Some(Verdict::Completed)),
+            ],
+            ..Fake::default()
+        };
+        // op-1 was itself run with --repeats op-0.
+        ledger
+            .events
+            .insert("op-1".into(), vec![linked(LinkRelation::Repeats, "op-0")]);
+        let repeats = |op: &str| Declared {
+            repeats: Some(op.into()),
+            amends: None,
+        };
+        assert_eq!(look(&ledger, OnRepeat::Block, &repeats("op-1")), None);
+        // Declaring only the older one leaves the newer one a surprise.
+        assert_eq!(
+            look(&ledger, OnRepeat::Block, &repeats("op-0")).map(|r| r.op_id),
+            Some("op-1".to_owned())
+        );
+        let amends = Declared {
+            repeats: None,
+            amends: Some("op-1".into()),
+        };
+        assert_eq!(look(&ledger, OnRepeat::Block, &amends), None);
+    }
+
+    #[test]
+    fn both_declarations_are_sent_to_the_shim_and_linked_in_order() {
+        let declared = Declared {
+            repeats: Some("op-0".into()),
+            amends: Some("op-1".into()),
+        };
+        assert_eq!(declared.ops(), vec!["op-0".to_owned(), "op-1".to_owned()]);
+        assert_eq!(
+            declared.links(),
+            vec![
+                (LinkRelation::Repeats, "op-0".to_owned()),
+                (LinkRelation::Amends, "op-1".to_owned())
+            ]
+        );
+        assert!(Declared::default().ops().is_empty());
+        assert!(Declared::default().links().is_empty());
+    }
+
+    #[test]
+    fn a_declaration_naming_the_run_s_own_op_id_or_another_intent_is_refused_before_sending() {
+        let key = OpKey::new("op-new", "web1");
+        let ledger = |fingerprint: &'static str| {
+            move |k: &OpKey| -> Result<Option<OperationRecord>, LedgerError> {
+                Ok(Some(record(&k.op_id, fingerprint, 1, None)))
+            }
+        };
+        let check = |declared: Declared, fingerprint: &'static str| {
+            check_declared(&key, "fp-a", &declared, ledger(fingerprint)).unwrap()
+        };
+        let repeats = |op: &str| Declared {
+            repeats: Some(op.into()),
+            amends: None,
+        };
+        let amends = |op: &str| Declared {
+            repeats: None,
+            amends: Some(op.into()),
+        };
+        assert_eq!(
+            check(repeats("op-new"), "fp-a").as_deref(),
+            Some("--repeats op-new names this run's own op id; name the EARLIER operation it repeats; nothing was sent")
+        );
+        assert_eq!(
+            check(amends("op-new"), "fp-a").as_deref(),
+            Some("--amends op-new names this run's own op id; name the EARLIER operation it replaces; nothing was sent")
+        );
+        assert_eq!(check(repeats("op-0"), "fp-a"), None, "the same intent");
+        let other = check(repeats("op-0"), "fp-b").expect("another intent");
+        assert!(
+            other.starts_with("--repeats op-0: op op-0 on web1 is a different command or stdin"),
+            "{other}"
+        );
+        assert_eq!(
+            check(amends("op-0"), "fp-b"),
+            None,
+            "an amendment replaces another command"
+        );
+    }
+
+    #[test]
+    fn a_repetition_the_host_found_says_when_in_utc_and_what_it_does_not_know() {
+        let fields: BTreeMap<String, String> = [
+            ("earlier", "op-0"),
+            ("earlier_state", "completed"),
+            ("earlier_at", "1764892800"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let r = Repetition::from_host(&fields, "deploy@10.0.0.1:22".into(), "warn");
+        assert_eq!(
+            (r.op_id.as_str(), r.state.as_str(), r.at.as_str(), r.seen_in),
+            ("op-0", "completed", "2025-12-05T00:00:00Z", "host")
+        );
+        assert_eq!(
+            r.warning("op-new", "web1"),
+            "warning: op op-new repeats op op-0 on web1 (completed, at 2025-12-05T00:00:00Z; seen in the host): the same command under a new op id runs again. Rerun with --op op-0 to replay it instead, or --repeats op-0 to say the repetition is meant"
+        );
+        let odd: BTreeMap<String, String> =
+            [("earlier_at".to_owned(), "yesterday".to_owned())].into();
+        let r = Repetition::from_host(&odd, String::new(), "block");
+        assert_eq!(
+            (r.op_id.as_str(), r.state.as_str(), r.at.as_str()),
+            ("unknown", "unknown", "yesterday")
+        );
+    }
+
+    #[test]
+    fn the_real_ledger_answers_the_same_intent_and_an_operation_s_events() {
+        let dir = std::env::temp_dir().join(format!(
+            "opmark-repeat-view-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let mut ledger = crate::ledger::Ledger::open(&dir.join("ledger.db")).unwrap();
+        let intent = Event::Intended {
+            session: "s".into(),
+            family: Family::Destructive,
+            display: "systemctl restart app".into(),
+            fingerprint: "fp-a".into(),
+            rule: "r".into(),
+        };
+        let earlier = OpKey::new("op-0", "web1");
+        ledger
+            .append(&earlier, &intent, crate::ledger::Durability::Normal)
+            .unwrap();
+        let since = crate::ledger::stamp_before(Duration::from_secs(3600)).unwrap();
+        let view: &dyn LedgerView = &ledger;
+        let found = view
+            .same_intent_since("fp-a", "web1", "op-new", &since)
+            .unwrap();
+        assert_eq!(
+            found.iter().map(|r| r.op_id.as_str()).collect::<Vec<_>>(),
+            ["op-0"]
+        );
+        assert_eq!(view.events_of(&earlier).unwrap(), vec![intent]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
