@@ -592,6 +592,8 @@ mod tests {
             display: "systemctl restart app".into(),
             fingerprint: "fp-a".into(),
             rule: "r".into(),
+            secrets: Vec::new(),
+            become_user: None,
         };
         let earlier = OpKey::new("op-0", "web1");
         ledger
