@@ -6,12 +6,11 @@
 //! only), a log or a trace. Every value, its lines and its base64 and URL-encoded forms
 //! are replaced with `[REDACTED:NAME]` in the command's output by the host's redactor
 //! before the output is kept, so that nothing opmark prints, records, replays or returns
-//! over MCP can show it, and [`Secrets::redact`] does the same for what the client holds.
+//! over MCP can show it (the unit tests hold the forms to a copy of what it does).
 //!
 //! A value lives in this process's memory only as long as the run that needs it, and its
 //! `Debug` form is its name.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -298,13 +297,6 @@ impl fmt::Debug for Secret {
     }
 }
 
-impl Secret {
-    /// The environment variable's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
 /// The secrets of one run, read and checked, in the order given.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Secrets {
@@ -366,11 +358,6 @@ impl Secrets {
         }
     }
 
-    /// No secret at all.
-    pub fn is_empty(&self) -> bool {
-        self.secrets.is_empty()
-    }
-
     /// Whether sudo's password ([`SUDO_PASSWORD`]) is among them.
     pub fn has_sudo_password(&self) -> bool {
         self.names.iter().any(|n| n == SUDO_PASSWORD)
@@ -416,44 +403,6 @@ impl Secrets {
         }
         block
     }
-
-    /// `bytes` with every form of every value replaced by `[REDACTED:NAME]`, as the host's
-    /// redactor does (longest form first).
-    pub fn redact<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
-        let mut out: Cow<'a, [u8]> = Cow::Borrowed(bytes);
-        for (form, name) in &self.forms {
-            let needle = form.as_bytes();
-            if find(&out, needle).is_none() {
-                continue;
-            }
-            let mark = format!("[REDACTED:{name}]");
-            let mut next = Vec::with_capacity(out.len());
-            let mut rest: &[u8] = &out;
-            while let Some(at) = find(rest, needle) {
-                next.extend_from_slice(&rest[..at]);
-                next.extend_from_slice(mark.as_bytes());
-                rest = &rest[at + needle.len()..];
-            }
-            next.extend_from_slice(rest);
-            out = Cow::Owned(next);
-        }
-        out
-    }
-
-    /// [`Secrets::redact`] for text.
-    pub fn redact_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        match self.redact(text.as_bytes()) {
-            Cow::Borrowed(_) => Cow::Borrowed(text),
-            Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
-        }
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    if needle.is_empty() || needle.len() > haystack.len() {
-        return None;
-    }
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The texts a value can show up as in output: itself (when one line), each of its
@@ -517,6 +466,49 @@ fn percent_encode(value: &str, form: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::borrow::Cow;
+
+    /// What the host's redactor (`remote-scripts/shim.sh::redactor`) does to output, for
+    /// the forms the client computes: every form of every value replaced by
+    /// `[REDACTED:NAME]`, longest form first.
+    impl Secrets {
+        fn redact<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {
+            let mut out: Cow<'a, [u8]> = Cow::Borrowed(bytes);
+            for (form, name) in &self.forms {
+                let needle = form.as_bytes();
+                if find(&out, needle).is_none() {
+                    continue;
+                }
+                let mark = format!("[REDACTED:{name}]");
+                let mut next = Vec::with_capacity(out.len());
+                let mut rest: &[u8] = &out;
+                while let Some(at) = find(rest, needle) {
+                    next.extend_from_slice(&rest[..at]);
+                    next.extend_from_slice(mark.as_bytes());
+                    rest = &rest[at + needle.len()..];
+                }
+                next.extend_from_slice(rest);
+                out = Cow::Owned(next);
+            }
+            out
+        }
+
+        /// `redact` for text.
+        fn redact_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
+            match self.redact(text.as_bytes()) {
+                Cow::Borrowed(_) => Cow::Borrowed(text),
+                Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
+            }
+        }
+    }
+
+    fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+        if needle.is_empty() || needle.len() > haystack.len() {
+            return None;
+        }
+        haystack.windows(needle.len()).position(|w| w == needle)
+    }
 
     fn secrets(pairs: &[(&str, &str)]) -> Secrets {
         Secrets::from_secrets(
