@@ -14,6 +14,7 @@ mod edges;
 mod first_hour;
 mod fleet;
 mod health;
+mod history;
 mod hosts;
 mod identity;
 mod integrity;

@@ -24,6 +24,9 @@ const USER: &str = "opmark";
 pub struct Cluster {
     socket_dir: PathBuf,
     bin: PathBuf,
+    /// The data directory and server options, for [`Cluster::restart`]; `None` for the
+    /// parent's cluster a child process reaches.
+    server: Option<(PathBuf, String, PathBuf)>,
 }
 
 /// One database of the cluster, named after its test.
@@ -67,8 +70,19 @@ fn start() -> Result<Cluster, String> {
         return Ok(Cluster {
             socket_dir: PathBuf::from(dir),
             bin,
+            server: None,
         });
     }
+    start_new()
+}
+
+/// A cluster of its own for a test that restarts its server (the shared one serves
+/// every other test of the binary at the same time).
+pub fn own_cluster() -> Result<Cluster, String> {
+    start_new()
+}
+
+fn start_new() -> Result<Cluster, String> {
     let bin = pg_bin().ok_or(
         "PostgreSQL not installed (no /usr/lib/postgresql/*/bin/initdb; scripts/install-deps.sh installs it)",
     )?;
@@ -172,6 +186,7 @@ fn start() -> Result<Cluster, String> {
     Ok(Cluster {
         socket_dir: sock,
         bin,
+        server: Some((data, opts, log)),
     })
 }
 
@@ -186,6 +201,41 @@ impl Cluster {
     /// Env for a child process (a re-executed test binary) to use this cluster.
     pub fn child_env(&self) -> (&'static str, &Path) {
         (SOCKET_ENV, &self.socket_dir)
+    }
+
+    /// Restarts the server (`pg_ctl restart -m immediate`: connections cut as a crash
+    /// would cut them), waiting until it accepts connections again.
+    pub fn restart(&self) -> Result<(), String> {
+        let (data, opts, log) = self
+            .server
+            .as_ref()
+            .ok_or("this process did not start the cluster")?;
+        let out = as_server_user(
+            &self.bin.join("pg_ctl"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                opts,
+                "-l",
+                log.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "restart",
+            ],
+        )
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| format!("pg_ctl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl restart failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
     }
 
     /// `psql` against database `db`, running `sql`.
