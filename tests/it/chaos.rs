@@ -204,28 +204,6 @@ fn still_running(lab: &Lab, crashed: &[PathBuf], round: &str) -> Option<PathBuf>
     })
 }
 
-/// The seeds to run: `OPMARK_CHAOS_SEED` when set (a replay), else the known seeds in CI,
-/// then one random seed.
-fn seeds() -> Vec<u64> {
-    if let Ok(text) = std::env::var("OPMARK_CHAOS_SEED") {
-        return text
-            .split(',')
-            .map(|s| {
-                s.trim().parse().unwrap_or_else(|_| {
-                    panic!("OPMARK_CHAOS_SEED={text:?}: expected seeds as decimal u64 numbers separated by commas, e.g. OPMARK_CHAOS_SEED=42,7")
-                })
-            })
-            .collect();
-    }
-    let mut seeds = if support::in_ci() {
-        KNOWN_SEEDS.to_vec()
-    } else {
-        Vec::new()
-    };
-    seeds.push(rand::random());
-    seeds
-}
-
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
     payload
         .downcast_ref::<String>()
@@ -236,7 +214,7 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 
 #[test]
 fn random_cuts_kills_and_restarts_never_execute_an_operation_twice() {
-    let seeds = seeds(); // a bad OPMARK_CHAOS_SEED is refused before a lab starts
+    let seeds = support::seeds("OPMARK_CHAOS_SEED", &KNOWN_SEEDS); // a bad OPMARK_CHAOS_SEED is refused before a lab starts
     if !needs_loop_mounts(crate::test_name!()) {
         return;
     }
@@ -392,13 +370,6 @@ fn put_root_id(t: &Target, id: &str) -> bool {
     let tmp = t.marker_root().join(".root_id.chaos");
     std::fs::write(&tmp, id).is_ok()
         && std::fs::rename(&tmp, t.marker_root().join("root_id")).is_ok()
-}
-
-/// Sends `signal` (`STOP`, `CONT`) to the keeper `pid`.
-fn signal_if_alive(pid: i32, signal: &str) {
-    let _ = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status();
 }
 
 /// One seeded round against the lab's three targets; leaves every link restored and
@@ -679,7 +650,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
             }
             10 if keeper_until.is_none() => {
                 if let Some(pid) = env.keeper_pid() {
-                    signal_if_alive(pid, "STOP");
+                    support::signal_if_alive(pid, "STOP");
                     let until = Instant::now() + Duration::from_millis(rng.random_range(500..4000));
                     keeper_until = Some((until, pid));
                     *faults.entry("keeper stopped").or_default() += 1;
@@ -709,7 +680,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
         }
         if keeper_until.is_some_and(|(until, _)| until <= now) {
             let (_, pid) = keeper_until.take().unwrap();
-            signal_if_alive(pid, "CONT");
+            support::signal_if_alive(pid, "CONT");
         }
         if let Some((via, mut child)) = gc.take() {
             match child.try_wait().unwrap() {
@@ -778,7 +749,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
     }
     late.off();
     if let Some((_, pid)) = keeper_until.take() {
-        signal_if_alive(pid, "CONT");
+        support::signal_if_alive(pid, "CONT");
     }
     for t in TARGETS {
         lab.restore(t).unwrap();

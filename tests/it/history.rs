@@ -84,7 +84,7 @@ struct Intent {
 
 /// The command for `label`: its effect lines go to `$XDG_STATE_HOME/effects.log`, which
 /// is each target's own (so a fleet's hosts log apart).
-fn command(label: &str, code: i64, sleep_ms: u64) -> String {
+fn effect_command(label: &str, code: i64, sleep_ms: u64) -> String {
     format!(
         "echo \"start {label} $(date +%s.%N)\" >> \"$XDG_STATE_HOME/effects.log\"; sleep {}.{:03}; echo 'end {label} {code}' >> \"$XDG_STATE_HOME/effects.log\"; exit {code}",
         sleep_ms / 1000,
@@ -112,26 +112,6 @@ struct Flight {
     child: Child,
 }
 
-fn seeds() -> Vec<u64> {
-    if let Ok(text) = std::env::var("OPMARK_HISTORY_SEED") {
-        return text
-            .split(',')
-            .map(|s| {
-                s.trim().parse().unwrap_or_else(|_| {
-                    panic!("OPMARK_HISTORY_SEED={text:?}: expected seeds as decimal u64 numbers separated by commas, e.g. OPMARK_HISTORY_SEED=42,7")
-                })
-            })
-            .collect();
-    }
-    let mut seeds = if support::in_ci() {
-        KNOWN_SEEDS.to_vec()
-    } else {
-        Vec::new()
-    };
-    seeds.push(rand::random::<u32>().into());
-    seeds
-}
-
 fn operations() -> usize {
     match std::env::var("OPMARK_HISTORY_OPERATIONS") {
         Ok(n) => n.parse().unwrap_or_else(|_| {
@@ -143,7 +123,7 @@ fn operations() -> usize {
 
 #[test]
 fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
-    let seeds = seeds(); // a bad seed or count is refused before a lab starts
+    let seeds = support::seeds("OPMARK_HISTORY_SEED", &KNOWN_SEEDS); // a bad seed or count is refused before a lab starts
     let operations = operations();
     if !support::require_tools(crate::test_name!(), &["mkfs.ext4", "mount", "umount"]) {
         return;
@@ -163,7 +143,7 @@ fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
     };
     for seed in seeds {
         let started = Instant::now();
-        let report = round(&lab, pg.as_ref(), seed, operations);
+        let report = history_round(&lab, pg.as_ref(), seed, operations);
         eprintln!("{report}");
         eprintln!("seed {seed}: done in {:.0?}", started.elapsed());
         if report.violations > 0 {
@@ -274,7 +254,7 @@ fn agents(pg: Option<&support::postgres::Cluster>, seed: u64) -> Vec<Agent> {
 
 /// One seeded round; leaves every link restored, every sshd running and every process
 /// resumed.
-fn round(
+fn history_round(
     lab: &Lab,
     pg: Option<&support::postgres::Cluster>,
     seed: u64,
@@ -328,7 +308,7 @@ fn round(
         let sleep_ms = rng.random_range(0..1500);
         history.label_code.insert(label.clone(), code);
         intents.push(Intent {
-            command: command(&label, code, sleep_ms),
+            command: effect_command(&label, code, sleep_ms),
             label,
         });
         intents.len() - 1
@@ -510,10 +490,10 @@ fn round(
                     if !keepers.is_empty() {
                         let pid = keepers[rng.random_range(0..keepers.len())];
                         if rng.random_bool(0.5) {
-                            signal(pid, "KILL");
+                            support::signal_if_alive(pid, "KILL");
                             *faults.entry("keeper SIGKILL").or_default() += 1;
                         } else if !stopped_until.iter().any(|(p, _)| *p == pid) {
-                            signal(pid, "STOP");
+                            support::signal_if_alive(pid, "STOP");
                             let ms = rng.random_range(300..3000);
                             stopped_until.push((pid, Instant::now() + Duration::from_millis(ms)));
                             *faults.entry("keeper SIGSTOP").or_default() += 1;
@@ -528,10 +508,10 @@ fn round(
                     if !residents.is_empty() {
                         let pid = residents[rng.random_range(0..residents.len())];
                         if rng.random_bool(0.5) {
-                            signal(pid, "KILL");
+                            support::signal_if_alive(pid, "KILL");
                             *faults.entry("resident SIGKILL").or_default() += 1;
                         } else if !stopped_until.iter().any(|(p, _)| *p == pid) {
-                            signal(pid, "STOP");
+                            support::signal_if_alive(pid, "STOP");
                             let ms = rng.random_range(300..3000);
                             stopped_until.push((pid, Instant::now() + Duration::from_millis(ms)));
                             *faults.entry("resident SIGSTOP").or_default() += 1;
@@ -576,7 +556,7 @@ fn round(
         });
         stopped_until.retain(|(pid, until)| {
             if *until <= now {
-                signal(*pid, "CONT");
+                support::signal_if_alive(*pid, "CONT");
                 false
             } else {
                 true
@@ -606,7 +586,7 @@ fn round(
         }
     }
     for (pid, _) in stopped_until.drain(..) {
-        signal(pid, "CONT");
+        support::signal_if_alive(pid, "CONT");
     }
     if disk_full_until.take().is_some() {
         disk.free_blocks();
@@ -618,14 +598,14 @@ fn round(
 
     // Let the commands end (they sleep 1.5 s at most), then the operator works.
     let settle_by = Instant::now() + Duration::from_secs(60);
-    while still_running(lab) && Instant::now() < settle_by {
+    while commands_still_running(lab) && Instant::now() < settle_by {
         std::thread::sleep(Duration::from_millis(100));
     }
     operator(lab, &agents, &cfg, &mut history, &mut seq);
     final_reruns(&agents, &cfg, &intents, &sent, &mut history, &mut seq);
     // The final reruns may have started commands that had never run.
     let settle_by = Instant::now() + Duration::from_secs(60);
-    while still_running(lab) && Instant::now() < settle_by {
+    while commands_still_running(lab) && Instant::now() < settle_by {
         std::thread::sleep(Duration::from_millis(100));
     }
     for (ledger, a) in first_of_each_ledger(&agents) {
@@ -724,14 +704,14 @@ fn land(f: Flight, agents: &[Agent]) -> Invocation {
     } else {
         match serde_json::from_slice::<Value>(&out.stdout) {
             Ok(doc) if doc["verdict"].is_string() => {
-                Outcome::Verdicts(vec![answer(&doc, &f.hosts[0])])
+                Outcome::Verdicts(vec![host_answer(&doc, &f.hosts[0])])
             }
             Ok(doc) if doc["hosts"].is_array() => Outcome::Verdicts(
                 doc["hosts"]
                     .as_array()
                     .unwrap()
                     .iter()
-                    .map(|d| answer(d, d["host"].as_str().unwrap_or_default()))
+                    .map(|d| host_answer(d, d["host"].as_str().unwrap_or_default()))
                     .collect(),
             ),
             Ok(doc) => Outcome::NoVerdict {
@@ -769,7 +749,7 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
-fn answer(doc: &Value, host: &str) -> HostAnswer {
+fn host_answer(doc: &Value, host: &str) -> HostAnswer {
     HostAnswer {
         host: doc["host"].as_str().unwrap_or(host).to_owned(),
         // A fleet's member that ended in an error has no verdict: unknown, as a client
@@ -949,7 +929,7 @@ fn final_reruns(
 }
 
 /// Is a command still running on any target (a marker started with no exit record)?
-fn still_running(lab: &Lab) -> bool {
+fn commands_still_running(lab: &Lab) -> bool {
     lab.targets().iter().any(|t| {
         std::fs::read_dir(t.marker_root().join("ops"))
             .into_iter()
@@ -975,11 +955,4 @@ fn live_supervisor(marker: &Path) -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("pid="))
         .is_none_or(|pid| Path::new(&format!("/proc/{pid}")).exists())
-}
-
-fn signal(pid: i32, sig: &str) {
-    let _ = Command::new("kill")
-        .args([&format!("-{sig}"), &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
 }

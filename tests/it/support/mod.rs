@@ -688,3 +688,30 @@ pub fn event_count(env: &Sealed, op: &str) -> usize {
     let out = env.opmark().args(["--json", "show", op]).output().unwrap();
     json(&out)["events"].as_array().unwrap().len()
 }
+
+/// The seeds a seeded test runs: those `var` names when it is set (a replay, several
+/// separated by commas), else `known` in CI, then one random seed. A bad value is refused
+/// before anything starts.
+pub fn seeds(var: &str, known: &[u64]) -> Vec<u64> {
+    if let Ok(text) = std::env::var(var) {
+        return text
+            .split(',')
+            .map(|s| {
+                s.trim().parse().unwrap_or_else(|_| {
+                    panic!("{var}={text:?}: expected seeds as decimal u64 numbers separated by commas, e.g. {var}=42,7")
+                })
+            })
+            .collect();
+    }
+    let mut seeds = if in_ci() { known.to_vec() } else { Vec::new() };
+    seeds.push(rand::random::<u32>().into());
+    seeds
+}
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid`, which may be gone already.
+pub fn signal_if_alive(pid: i32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
