@@ -142,6 +142,14 @@ impl Cli {
     /// the derive keeps the values but not their places.
     pub fn from_matches(matches: &clap::ArgMatches) -> Result<Cli, clap::Error> {
         let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(matches)?;
+        // A global option's source is recorded where clap parsed it: before the
+        // subcommand, or after it.
+        let source = matches.value_source("ledger").or_else(|| {
+            matches
+                .subcommand()
+                .and_then(|(_, sub)| sub.value_source("ledger"))
+        });
+        cli.global.ledger_from_env = source == Some(clap::parser::ValueSource::EnvVariable);
         if let (Some(args), Some((_, sub))) = (cli.command.host_args_mut(), matches.subcommand()) {
             args.positions = flag_positions(sub);
         }
@@ -252,6 +260,9 @@ pub struct GlobalArgs {
     /// or a shared PostgreSQL ledger, `postgres://...`/`postgresql://...` (needs --ledger-key).
     #[arg(long, env = "OPMARK_LEDGER", global = true, value_name = "PATH|URL")]
     pub ledger: Option<PathBuf>,
+    /// Where `ledger` came from: true for `OPMARK_LEDGER` (set from clap's value source).
+    #[arg(skip)]
+    pub ledger_from_env: bool,
     /// The ledger's installation key file (default: beside the ledger, `ledger.key` for
     /// `ledger.db`). Create one with `opmark ledger keygen PATH`.
     #[arg(
@@ -568,6 +579,8 @@ fn context_of_line() -> crate::ops::Context {
     crate::ops::Context {
         ssh_config: value_of(&["-F", "--ssh-config"], "OPMARK_SSH_CONFIG"),
         ledger: value_of(&["--ledger"], "OPMARK_LEDGER"),
+        // Completion names no ledger in a message.
+        ledger_from_env: false,
         ledger_key: value_of(&["--ledger-key"], "OPMARK_LEDGER_KEY"),
         policy: None,
     }

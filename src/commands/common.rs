@@ -16,6 +16,7 @@ pub fn context(global: &GlobalArgs) -> Context {
     Context {
         ssh_config: global.ssh_config.clone(),
         ledger: global.ledger.clone(),
+        ledger_from_env: global.ledger_from_env,
         ledger_key: global.ledger_key.clone(),
         policy: global.policy.clone(),
     }

@@ -44,6 +44,9 @@ pub struct Context {
     pub ssh_config: Option<PathBuf>,
     /// The ledger file or URL (`--ledger`).
     pub ledger: Option<PathBuf>,
+    /// True when the ledger was named by `OPMARK_LEDGER`, not `--ledger` (what the
+    /// parser saw, for messages that name where a mistyped path came from).
+    pub ledger_from_env: bool,
     /// The ledger's key file (`--ledger-key`).
     pub ledger_key: Option<PathBuf>,
     /// The command-classes policy (`--policy`).
@@ -128,17 +131,10 @@ pub fn no_ledger_at(ctx: &Context, path: &std::path::Path) -> Error {
 
 /// Where the ledger path came from: `--ledger`, `OPMARK_LEDGER` or the default.
 fn ledger_named_by(ctx: &Context) -> &'static str {
-    let Some(given) = ctx.ledger.as_deref() else {
-        return "the default path";
-    };
-    let on_command_line = std::env::args_os()
-        .skip(1)
-        .any(|a| a == "--ledger" || a.to_string_lossy().starts_with("--ledger="));
-    let from_env = std::env::var_os("OPMARK_LEDGER").is_some_and(|v| v == given.as_os_str());
-    if from_env && !on_command_line {
-        "OPMARK_LEDGER"
-    } else {
-        "--ledger"
+    match (&ctx.ledger, ctx.ledger_from_env) {
+        (None, _) => "the default path",
+        (Some(_), true) => "OPMARK_LEDGER",
+        (Some(_), false) => "--ledger",
     }
 }
 

@@ -27,11 +27,20 @@ fn reading_commands_on_a_mistyped_ledger_path_fail_naming_it_and_create_nothing(
     let env = Sealed::new(crate::test_name!());
     let typo = env.root.join("typo").join("ledger.db");
     for args in READERS {
-        for (how, named_by) in [("env", "OPMARK_LEDGER"), ("flag", "--ledger")] {
+        // Both: the flag wins over the variable, and the message names the flag.
+        for (how, named_by) in [
+            ("env", "OPMARK_LEDGER"),
+            ("flag", "--ledger"),
+            ("both", "--ledger"),
+        ] {
             let mut cmd = env.opmark();
             match how {
                 "env" => cmd.env("OPMARK_LEDGER", &typo),
-                _ => cmd.arg("--ledger").arg(&typo),
+                "flag" => cmd.arg("--ledger").arg(&typo),
+                _ => cmd
+                    .env("OPMARK_LEDGER", env.root.join("elsewhere.db"))
+                    .arg("--ledger")
+                    .arg(&typo),
             };
             let out = cmd.args(*args).output().unwrap();
             let said = text(&out.stderr);

@@ -43,15 +43,76 @@ use crate::support::{self, fast_loss_config, fresh_dir, text, Sealed};
 use checker::{Effect, History, HostAnswer, Invocation, Outcome, Settled};
 use opmark::lab::Lab;
 
-const TARGETS: [&str; 3] = ["target1", "target2", "target3"];
+const NETNS_TARGETS: [&str; 3] = ["target1", "target2", "target3"];
 /// Seeds CI runs on every build, before a random one.
 const KNOWN_SEEDS: [u64; 3] = [1, 2, 3];
 /// Operations per seed unless `OPMARK_HISTORY_OPERATIONS` says otherwise.
 const OPERATIONS: usize = 80;
-/// Invocations in flight at once.
+/// Invocations in flight at once, unless `OPMARK_HISTORY_CONCURRENT` says otherwise.
 const CONCURRENT: usize = 6;
-/// The target whose marker root is a small disk that fills up and is freed.
+
+fn concurrent() -> usize {
+    match std::env::var("OPMARK_HISTORY_CONCURRENT") {
+        Ok(n) => n.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+            panic!("OPMARK_HISTORY_CONCURRENT={n:?}: expected a number of invocations in flight, e.g. 12")
+        }),
+        Err(_) => CONCURRENT,
+    }
+}
+/// The namespace target whose marker root is a small disk that fills up and is freed.
 const SMALL_DISK_TARGET: &str = "target3";
+/// Operations per docker round (one target, a container start per crash).
+const DOCKER_OPERATIONS: usize = 40;
+
+/// Where a round's operations go: a lab, its targets, and what its faults can do there.
+struct Site<'a> {
+    lab: &'a Lab,
+    targets: Vec<&'static str>,
+    /// Docker: pause and crash the container; namespaces: restart sshd, fill a small
+    /// disk, stop and kill resident shims (their processes are this machine's).
+    docker: bool,
+    /// The Python with the MCP SDK, when an agent goes through `opmark mcp`.
+    mcp: Option<PathBuf>,
+}
+
+impl Site<'_> {
+    /// How the command names its host's effect log.
+    fn effects_path(&self) -> &'static str {
+        if self.docker {
+            // The marker volume: it survives a crash, and this machine reads it.
+            "/var/lib/opmark-lab/effects.log"
+        } else {
+            // Each namespace target's own state directory.
+            "$XDG_STATE_HOME/effects.log"
+        }
+    }
+
+    /// The effect log of `alias`, read from here.
+    fn effects_here(&self, alias: &str) -> PathBuf {
+        if self.docker {
+            let root = self.lab.marker_root_on_host(alias).unwrap();
+            root.parent().unwrap().join("effects.log")
+        } else {
+            self.lab
+                .target(alias)
+                .unwrap()
+                .state_home
+                .join("effects.log")
+        }
+    }
+
+    fn marker_root_here(&self, alias: &str) -> PathBuf {
+        if self.docker {
+            self.lab.marker_root_on_host(alias).unwrap()
+        } else {
+            self.lab.target(alias).unwrap().marker_root()
+        }
+    }
+
+    fn pick(&self, rng: &mut StdRng) -> &'static str {
+        self.targets[rng.random_range(0..self.targets.len())]
+    }
+}
 
 /// One simulated agent: a client home of its own, on one of the ledgers.
 struct Agent {
@@ -60,9 +121,65 @@ struct Agent {
     location: PathBuf,
     key: PathBuf,
     persist: bool,
+    /// The Python that drives `opmark mcp` with the official SDK, for the agent that
+    /// runs through MCP (one host per call; a fleet goes through the CLI).
+    mcp: Option<PathBuf>,
 }
 
 impl Agent {
+    /// `run` of `op` on `hosts`: through `opmark mcp` when this agent speaks MCP and
+    /// there is one host, else `opmark --json run`. Its own process group, so a kill
+    /// takes the MCP server with its client.
+    fn run(
+        &self,
+        cfg: &Path,
+        hosts: &[&str],
+        op: &str,
+        wait: &str,
+        extra: &[String],
+        command: &str,
+    ) -> Command {
+        let mut c = match (&self.mcp, hosts) {
+            (Some(python), [host]) => {
+                let mut args = serde_json::json!({
+                    "host": host, "op_id": op, "command": command, "wait": wait,
+                });
+                match extra {
+                    [flag, prev] if flag == "--repeats" => args["repeats"] = prev.as_str().into(),
+                    [flag] if flag == "--detach" => args["detach"] = true.into(),
+                    _ => {}
+                }
+                let sealed = self.opmark(cfg);
+                let mut c = Command::new(python);
+                c.arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/mcp/history_call.py"
+                ))
+                .arg(env!("CARGO_BIN_EXE_opmark"))
+                .arg(cfg)
+                .arg(args.to_string())
+                .env_clear()
+                .envs(sealed.get_envs().filter_map(|(k, v)| Some((k, v?))))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+                c
+            }
+            _ => {
+                let mut c = self.opmark(cfg);
+                c.args(["--json", "run"])
+                    .args(hosts)
+                    .args(["--op", op, "--wait", wait])
+                    .args(extra)
+                    .arg("--")
+                    .arg(command);
+                c
+            }
+        };
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        c
+    }
+
     fn opmark(&self, cfg: &Path) -> Command {
         let mut c = self.env.opmark();
         c.env("OPMARK_LEDGER", &self.location)
@@ -82,11 +199,12 @@ struct Intent {
     command: String,
 }
 
-/// The command for `label`: its effect lines go to `$XDG_STATE_HOME/effects.log`, which
-/// is each target's own (so a fleet's hosts log apart).
-fn effect_command(label: &str, code: i64, sleep_ms: u64) -> String {
+/// The command for `label`: its effect lines go to `log`, each target's own (so a fleet's
+/// hosts log apart).
+fn effect_command(log: &str, label: &str, code: i64, sleep_ms: u64) -> String {
+    // `date +%s`: busybox's date may have no `%N`; the checker allows the second.
     format!(
-        "echo \"start {label} $(date +%s.%N)\" >> \"$XDG_STATE_HOME/effects.log\"; sleep {}.{:03}; echo 'end {label} {code}' >> \"$XDG_STATE_HOME/effects.log\"; exit {code}",
+        "echo \"start {label} $(date +%s)\" >> \"{log}\"; sleep {}.{:03}; echo 'end {label} {code}' >> \"{log}\"; exit {code}",
         sleep_ms / 1000,
         sleep_ms % 1000
     )
@@ -125,6 +243,7 @@ fn operations() -> usize {
 fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
     let seeds = support::seeds("OPMARK_HISTORY_SEED", &KNOWN_SEEDS); // a bad seed or count is refused before a lab starts
     let operations = operations();
+    concurrent(); // (a bad value is refused before a lab starts, too)
     if !support::require_tools(crate::test_name!(), &["mkfs.ext4", "mount", "umount"]) {
         return;
     }
@@ -134,6 +253,7 @@ fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
     let Some(lab) = support::netns_lab(3) else {
         return;
     };
+    let mcp = crate::mcp::python_with_mcp(crate::test_name!());
     let pg = match support::postgres::own_cluster() {
         Ok(c) => Some(c),
         Err(why) => {
@@ -143,13 +263,66 @@ fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
     };
     for seed in seeds {
         let started = Instant::now();
-        let report = history_round(&lab, pg.as_ref(), seed, operations);
+        let site = Site {
+            lab: &lab,
+            targets: NETNS_TARGETS.to_vec(),
+            docker: false,
+            mcp: mcp.clone(),
+        };
+        let report = history_round(&site, pg.as_ref(), seed, operations);
         eprintln!("{report}");
         eprintln!("seed {seed}: done in {:.0?}", started.elapsed());
         if report.violations > 0 {
             eprint!("{}", lab.log_tails(20));
             panic!(
                 "history seed {seed}: {} violations (above)\nreplay it: OPMARK_HISTORY_SEED={seed} cargo test --test it history::",
+                report.violations
+            );
+        }
+    }
+}
+
+/// The same agents and checker against one container of each host kind of the matrix
+/// (Debian + OpenSSH, busybox + OpenSSH, busybox + dropbear), with container pause and
+/// crash-and-restart among the faults. CI: seed 1 on Debian, 2 on busybox + OpenSSH, 3 on
+/// busybox + dropbear; else one seed on each.
+#[test]
+fn containers_of_every_host_kind_under_pause_crash_and_cuts_keep_every_promise() {
+    use opmark::lab::HostKind;
+    let seeds = support::seeds("OPMARK_HISTORY_SEED", &KNOWN_SEEDS);
+    let mcp = crate::mcp::python_with_mcp(crate::test_name!());
+    let pg = match support::postgres::own_cluster() {
+        Ok(c) => Some(c),
+        Err(why) => {
+            support::skip_or_fail(crate::test_name!(), &why);
+            None
+        }
+    };
+    let kinds = [HostKind::Debian, HostKind::Busybox, HostKind::Dropbear];
+    for (kind, seed) in kinds.into_iter().zip(seeds.iter().cycle()) {
+        let name = format!("{}-{}", crate::test_name!(), kind.as_str());
+        let Some(lab) = crate::matrix::matrix_lab(&name, kind) else {
+            return;
+        };
+        let site = Site {
+            lab: &lab,
+            targets: vec!["target1"],
+            docker: true,
+            mcp: mcp.clone(),
+        };
+        let started = Instant::now();
+        let report = history_round(&site, pg.as_ref(), *seed, DOCKER_OPERATIONS);
+        eprintln!("{} {report}", kind.as_str());
+        eprintln!(
+            "seed {seed} on {}: done in {:.0?}",
+            kind.as_str(),
+            started.elapsed()
+        );
+        if report.violations > 0 {
+            eprint!("{}", lab.log_tails(20));
+            panic!(
+                "history seed {seed} on {}: {} violations (above)\nreplay it: CI=true OPMARK_HISTORY_SEED={seed} cargo test --test it history::containers",
+                kind.as_str(),
                 report.violations
             );
         }
@@ -192,7 +365,7 @@ impl std::fmt::Display for Report {
 
 /// The agents: 0 and 1 share a SQLite ledger (1 through a keeper), 2 has its own, 3 is on
 /// PostgreSQL through a keeper (on SQLite of its own when there is no PostgreSQL here).
-fn agents(pg: Option<&support::postgres::Cluster>, seed: u64) -> Vec<Agent> {
+fn agents(pg: Option<&support::postgres::Cluster>, mcp: Option<&Path>, seed: u64) -> Vec<Agent> {
     let mut agents = Vec::new();
     let keygen = |env: &Sealed, key: &Path| {
         let out = env
@@ -220,6 +393,7 @@ fn agents(pg: Option<&support::postgres::Cluster>, seed: u64) -> Vec<Agent> {
             location: shared_location.clone(),
             key: shared_key.clone(),
             persist,
+            mcp: None,
         });
     }
     drop(shared);
@@ -227,12 +401,14 @@ fn agents(pg: Option<&support::postgres::Cluster>, seed: u64) -> Vec<Agent> {
     std::fs::create_dir_all(own.ledger.parent().unwrap()).unwrap();
     let key = own.ledger.with_extension("key");
     keygen(&own, &key);
+    let (own_location, own_key) = (own.ledger.clone(), key.clone());
     agents.push(Agent {
         location: own.ledger.clone(),
         key,
         env: own,
         ledger: 1,
         persist: false,
+        mcp: None,
     });
     let env = Sealed::new(&format!("history-{seed}-a3"));
     std::fs::create_dir_all(env.ledger.parent().unwrap()).unwrap();
@@ -248,25 +424,38 @@ fn agents(pg: Option<&support::postgres::Cluster>, seed: u64) -> Vec<Agent> {
         location,
         key,
         persist: true,
+        mcp: None,
     });
+    // Agent 4, through `opmark mcp` and a keeper, shares agent 2's ledger.
+    if let Some(python) = mcp {
+        agents.push(Agent {
+            env: Sealed::new(&format!("history-{seed}-a4")),
+            ledger: 1,
+            location: own_location,
+            key: own_key,
+            persist: true,
+            mcp: Some(python.to_owned()),
+        });
+    }
     agents
 }
 
 /// One seeded round; leaves every link restored, every sshd running and every process
 /// resumed.
 fn history_round(
-    lab: &Lab,
+    site: &Site,
     pg: Option<&support::postgres::Cluster>,
     seed: u64,
     operations: usize,
 ) -> Report {
+    let lab = site.lab;
     eprintln!("history seed: {seed} (replay with OPMARK_HISTORY_SEED={seed})");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = fresh_dir(&format!("history-{seed}"));
     let cfg = fast_loss_config(lab, &dir);
-    let agents = agents(pg, seed);
-    for t in lab.targets() {
-        let _ = std::fs::remove_file(t.state_home.join("effects.log"));
+    let agents = agents(pg, site.mcp.as_deref(), seed);
+    for t in &site.targets {
+        let _ = std::fs::remove_file(site.effects_here(t));
     }
     let short_retention = dir.join("short-retention.toml");
     let shipped =
@@ -283,11 +472,23 @@ fn history_round(
         })
         .collect();
     std::fs::write(&short_retention, short.join("\n")).unwrap();
-    let disk =
-        SmallDisk::mount_as_marker_root(lab.target(SMALL_DISK_TARGET).unwrap(), 16 * 1024, 4096);
-    // Its sessions (in their own mount namespace) must see the mount.
-    lab.stop_sshd(SMALL_DISK_TARGET).unwrap();
-    lab.start_sshd(SMALL_DISK_TARGET).unwrap();
+    let disk = (!site.docker).then(|| {
+        // Room for a third of the operations' markers (about a dozen inodes and 48 KiB
+        // each), beyond the 16 MiB the short rounds need; filled with `fallocate`.
+        let ops = u32::try_from(operations).unwrap_or(u32::MAX);
+        let disk = SmallDisk::mount_as_marker_root(
+            lab.target(SMALL_DISK_TARGET).unwrap(),
+            16 * 1024 + ops.saturating_mul(16),
+            4096 + ops.saturating_mul(6),
+        );
+        // Its sessions (in their own mount namespace) must see the mount.
+        lab.stop_sshd(SMALL_DISK_TARGET).unwrap();
+        lab.start_sshd(SMALL_DISK_TARGET).unwrap();
+        disk
+    });
+    // When each target last crashed: a marker claimed before it has no supervisor.
+    let mut crashed_at: BTreeMap<&str, std::time::SystemTime> = BTreeMap::new();
+    let mut paused_until: BTreeMap<&str, Instant> = BTreeMap::new();
 
     let mut history = History::default();
     let mut intents: Vec<Intent> = Vec::new();
@@ -308,7 +509,7 @@ fn history_round(
         let sleep_ms = rng.random_range(0..1500);
         history.label_code.insert(label.clone(), code);
         intents.push(Intent {
-            command: effect_command(&label, code, sleep_ms),
+            command: effect_command(site.effects_path(), &label, code, sleep_ms),
             label,
         });
         intents.len() - 1
@@ -316,9 +517,9 @@ fn history_round(
 
     while (launched_ops < operations || !flights.is_empty()) && Instant::now() < deadline {
         // Launch until the flights are full.
-        while launched_ops < operations && flights.len() < CONCURRENT {
+        while launched_ops < operations && flights.len() < concurrent() {
             let agent = rng.random_range(0..agents.len());
-            let target = TARGETS[rng.random_range(0..TARGETS.len())];
+            let target = site.pick(&mut rng);
             let pick = rng.random_range(0..100);
             // (kind, op, intent, hosts, extra args, agents)
             let (kind, op, intent, hosts, extra, who): (
@@ -368,7 +569,7 @@ fn history_round(
                 43..=50 => {
                     let i = new_intent(&mut rng, &mut intents, &mut history);
                     let op = format!("h{seed:x}o{launched_ops}");
-                    ("fleet", op, i, TARGETS.to_vec(), vec![], vec![agent])
+                    ("fleet", op, i, site.targets.clone(), vec![], vec![agent])
                 }
                 51..=58 => {
                     let i = new_intent(&mut rng, &mut intents, &mut history);
@@ -393,13 +594,8 @@ fn history_round(
                 .op_label
                 .insert(op.clone(), intents[intent].label.clone());
             for a in who {
-                let mut c = agents[a].opmark(&cfg);
-                c.args(["--json", "run"])
-                    .args(&hosts)
-                    .args(["--op", &op, "--wait", "4s"])
-                    .args(&extra)
-                    .arg("--")
-                    .arg(&intents[intent].command);
+                let mut c =
+                    agents[a].run(&cfg, &hosts, &op, "4s", &extra, &intents[intent].command);
                 sent.push(Sent {
                     op: op.clone(),
                     intent,
@@ -440,7 +636,7 @@ fn history_round(
             }
             1 => {
                 let a = rng.random_range(0..agents.len());
-                let host = TARGETS[rng.random_range(0..TARGETS.len())];
+                let host = site.pick(&mut rng);
                 let mut c = agents[a].opmark(&cfg);
                 c.arg("--policy").arg(&short_retention).args([
                     "--json",
@@ -467,7 +663,7 @@ fn history_round(
         if rng.random_bool(0.3) {
             match rng.random_range(0..9) {
                 0 => {
-                    let t = TARGETS[rng.random_range(0..TARGETS.len())];
+                    let t = site.pick(&mut rng);
                     if !cut_until.contains_key(t) {
                         lab.cut(t).unwrap();
                         let ms = rng.random_range(300..3000);
@@ -480,7 +676,7 @@ fn history_round(
                         (0..flights.len()).filter(|&i| flights[i].runs).collect();
                     if !runs.is_empty() {
                         let k = runs[rng.random_range(0..runs.len())];
-                        let _ = flights[k].child.kill();
+                        support::kill_group(flights[k].child.id());
                         *faults.entry("client SIGKILL").or_default() += 1;
                     }
                 }
@@ -500,10 +696,29 @@ fn history_round(
                         }
                     }
                 }
+                4 if site.docker => {
+                    let t = site.pick(&mut rng);
+                    if !paused_until.contains_key(t) {
+                        lab.pause(t).unwrap();
+                        let ms = rng.random_range(300..3000);
+                        paused_until.insert(t, Instant::now() + Duration::from_millis(ms));
+                        *faults.entry("container pause").or_default() += 1;
+                    }
+                }
+                5 if site.docker => {
+                    let t = site.pick(&mut rng);
+                    // (A cut container cannot show that it answers again.)
+                    if !cut_until.contains_key(t) {
+                        lab.crash(t).unwrap();
+                        // After: every process of before is gone by now, and a claim
+                        // made since has a supervisor.
+                        crashed_at.insert(t, std::time::SystemTime::now());
+                        paused_until.remove(t);
+                        *faults.entry("container crash and restart").or_default() += 1;
+                    }
+                }
                 4 => {
-                    let t = lab
-                        .target(TARGETS[rng.random_range(0..TARGETS.len())])
-                        .unwrap();
+                    let t = lab.target(site.pick(&mut rng)).unwrap();
                     let residents = crate::resident::residents(t);
                     if !residents.is_empty() {
                         let pid = residents[rng.random_range(0..residents.len())];
@@ -519,7 +734,7 @@ fn history_round(
                     }
                 }
                 5 => {
-                    let t = TARGETS[rng.random_range(0..TARGETS.len())];
+                    let t = site.pick(&mut rng);
                     // A cut target cannot show that its restarted sshd is ready.
                     if !cut_until.contains_key(t) {
                         lab.stop_sshd(t).unwrap();
@@ -528,8 +743,8 @@ fn history_round(
                         *faults.entry("sshd restart").or_default() += 1;
                     }
                 }
-                6 if disk_full_until.is_none() => {
-                    disk.fill_blocks();
+                6 if disk_full_until.is_none() && disk.is_some() => {
+                    disk.as_ref().unwrap().fill_blocks();
                     let ms = rng.random_range(300..3000);
                     disk_full_until = Some(Instant::now() + Duration::from_millis(ms));
                     *faults.entry("marker root full").or_default() += 1;
@@ -562,8 +777,16 @@ fn history_round(
                 true
             }
         });
+        paused_until.retain(|t, until| {
+            if *until <= now {
+                lab.resume(t).unwrap();
+                false
+            } else {
+                true
+            }
+        });
         if disk_full_until.is_some_and(|u| u <= now) {
-            disk.free_blocks();
+            disk.as_ref().unwrap().free_blocks();
             disk_full_until = None;
         }
 
@@ -579,9 +802,11 @@ fn history_round(
     }
 
     // Every fault undone; whatever is still in flight is killed (an agent that gave up).
-    for t in TARGETS {
+    for t in &site.targets {
         lab.restore(t).unwrap();
-        if !lab.target_running(t) {
+        if site.docker {
+            lab.resume(t).unwrap();
+        } else if !lab.target_running(t) {
             lab.start_sshd(t).unwrap();
         }
     }
@@ -589,23 +814,27 @@ fn history_round(
         support::signal_if_alive(pid, "CONT");
     }
     if disk_full_until.take().is_some() {
-        disk.free_blocks();
+        disk.as_ref().unwrap().free_blocks();
     }
-    for mut f in flights.drain(..) {
-        let _ = f.child.kill();
+    for f in flights.drain(..) {
+        support::kill_group(f.child.id());
         history.invocations.push(land(f, &agents));
     }
 
+    let schedule_done = Instant::now();
     // Let the commands end (they sleep 1.5 s at most), then the operator works.
     let settle_by = Instant::now() + Duration::from_secs(60);
-    while commands_still_running(lab) && Instant::now() < settle_by {
+    while commands_still_running(site, &crashed_at) && Instant::now() < settle_by {
         std::thread::sleep(Duration::from_millis(100));
     }
-    operator(lab, &agents, &cfg, &mut history, &mut seq);
+    let settled = Instant::now();
+    operator(site, &agents, &cfg, &mut history, &mut seq);
+    let operated = Instant::now();
     final_reruns(&agents, &cfg, &intents, &sent, &mut history, &mut seq);
+    let rerun = Instant::now();
     // The final reruns may have started commands that had never run.
     let settle_by = Instant::now() + Duration::from_secs(60);
-    while commands_still_running(lab) && Instant::now() < settle_by {
+    while commands_still_running(site, &crashed_at) && Instant::now() < settle_by {
         std::thread::sleep(Duration::from_millis(100));
     }
     for (ledger, a) in first_of_each_ledger(&agents) {
@@ -643,16 +872,23 @@ fn history_round(
             ),
         );
     }
-    for t in lab.targets() {
-        let log = std::fs::read_to_string(t.state_home.join("effects.log")).unwrap_or_default();
-        history
-            .effects
-            .insert(t.short_name().to_owned(), parse_effects(&log));
+    for t in &site.targets {
+        let log = std::fs::read_to_string(site.effects_here(t)).unwrap_or_default();
+        history.effects.insert(t.to_string(), parse_effects(&log));
     }
-    drop(disk);
-    lab.stop_sshd(SMALL_DISK_TARGET).unwrap();
-    lab.start_sshd(SMALL_DISK_TARGET).unwrap();
+    if let Some(disk) = disk {
+        drop(disk);
+        lab.stop_sshd(SMALL_DISK_TARGET).unwrap();
+        lab.start_sshd(SMALL_DISK_TARGET).unwrap();
+    }
 
+    eprintln!(
+        "seed {seed}: settling {:.1?}, operator {:.1?}, final reruns {:.1?}, reading back {:.1?}",
+        settled - schedule_done,
+        operated - settled,
+        rerun - operated,
+        rerun.elapsed()
+    );
     let violations = checker::check(&history);
     let mut report = Report {
         seed,
@@ -716,7 +952,13 @@ fn land(f: Flight, agents: &[Agent]) -> Invocation {
             ),
             Ok(doc) => Outcome::NoVerdict {
                 status,
-                reason: doc["reason_code"].as_str().unwrap_or_default().to_owned(),
+                reason: doc["reason_code"]
+                    .as_str()
+                    .or_else(|| doc["error"].as_str())
+                    .unwrap_or_default()
+                    .chars()
+                    .take(80)
+                    .collect(),
             },
             Err(_) => Outcome::NoVerdict {
                 status,
@@ -798,7 +1040,7 @@ fn first_of_each_ledger(agents: &[Agent]) -> Vec<(usize, &Agent)> {
 /// The operator: `reconcile` on every ledger, then a decision for what it leaves open
 /// where the effect logs (the operator's look at the host) make it plain: the command
 /// ran once and ended → applied with its status; it never started → not applied.
-fn operator(lab: &Lab, agents: &[Agent], cfg: &Path, history: &mut History, seq: &mut usize) {
+fn operator(site: &Site, agents: &[Agent], cfg: &Path, history: &mut History, seq: &mut usize) {
     for (ledger, a) in first_of_each_ledger(agents) {
         let out = a
             .opmark(cfg)
@@ -836,10 +1078,10 @@ fn operator(lab: &Lab, agents: &[Agent], cfg: &Path, history: &mut History, seq:
             if history.op_label.values().filter(|l| **l == label).count() != 1 {
                 continue;
             }
-            let Some(t) = lab.target(host) else {
+            if !site.targets.contains(&host) {
                 continue;
-            };
-            let log = std::fs::read_to_string(t.state_home.join("effects.log")).unwrap_or_default();
+            }
+            let log = std::fs::read_to_string(site.effects_here(host)).unwrap_or_default();
             let lines = parse_effects(&log);
             let starts = lines
                 .iter()
@@ -903,11 +1145,8 @@ fn final_reruns(
         if !seen.insert((s.op.clone(), s.agent)) {
             continue;
         }
-        let mut c = agents[s.agent].opmark(cfg);
-        c.args(["--json", "run"])
-            .args(&s.hosts)
-            .args(["--op", &s.op, "--wait", "10s", "--"])
-            .arg(&intents[s.intent].command);
+        let mut c =
+            agents[s.agent].run(cfg, &s.hosts, &s.op, "10s", &[], &intents[s.intent].command);
         flights.push(Flight {
             seq: *seq,
             agent: s.agent,
@@ -918,7 +1157,7 @@ fn final_reruns(
             child: c.spawn().unwrap(),
         });
         *seq += 1;
-        if flights.len() >= CONCURRENT {
+        if flights.len() >= concurrent() {
             let f = flights.remove(0);
             history.invocations.push(land(f, agents));
         }
@@ -929,9 +1168,10 @@ fn final_reruns(
 }
 
 /// Is a command still running on any target (a marker started with no exit record)?
-fn commands_still_running(lab: &Lab) -> bool {
-    lab.targets().iter().any(|t| {
-        std::fs::read_dir(t.marker_root().join("ops"))
+/// On a container, a marker claimed before its last crash has no supervisor any more.
+fn commands_still_running(site: &Site, crashed_at: &BTreeMap<&str, std::time::SystemTime>) -> bool {
+    site.targets.iter().any(|t| {
+        std::fs::read_dir(site.marker_root_here(t).join("ops"))
             .into_iter()
             .flatten()
             .flatten()
@@ -941,7 +1181,15 @@ fn commands_still_running(lab: &Lab) -> bool {
                     && !m.join("exit").exists()
                     && !m.join("fenced").exists()
                     && !m.join("exit_write_failed").exists()
-                    && live_supervisor(&m)
+                    && if site.docker {
+                        let claimed =
+                            std::fs::metadata(m.join("started")).and_then(|x| x.modified());
+                        !crashed_at
+                            .get(t)
+                            .is_some_and(|crash| claimed.is_ok_and(|c| c <= *crash))
+                    } else {
+                        live_supervisor(&m)
+                    }
             })
     })
 }

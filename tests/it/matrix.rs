@@ -27,7 +27,7 @@ use serde_json::Value;
 use crate::support::{self, fast_loss_config, fresh_dir, json, lines, text, wait_for, Sealed};
 
 /// A one-target docker lab of `kind`, or None (after SKIP) when a tool is missing.
-fn matrix_lab(name: &str, kind: HostKind) -> Option<Lab> {
+pub(crate) fn matrix_lab(name: &str, kind: HostKind) -> Option<Lab> {
     let mut tools = vec!["docker", "ssh", "ssh-keygen", "ldd", "nsenter", "nft"];
     match kind {
         HostKind::Debian => tools.push("debootstrap"),

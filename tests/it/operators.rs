@@ -365,12 +365,6 @@ fn start_detached(env: &Sealed, lab: &Lab, op: &str) -> i32 {
         .expect("pid= in the proc record")
 }
 
-fn kill_group(pid: i32) {
-    let _ = Command::new("kill")
-        .args(["-9", "--", &format!("-{pid}")])
-        .status();
-}
-
 /// Rewrites `key=` in a marker record, as if it had been written long ago.
 fn age_record(path: &Path, key: &str) {
     let text = std::fs::read_to_string(path).unwrap();
@@ -422,7 +416,7 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     );
     let running = start_detached(&env, &lab, "still-running");
     let interrupted = start_detached(&env, &lab, "interrupted");
-    kill_group(interrupted);
+    support::kill_group(interrupted.try_into().unwrap());
     wait_for("the interrupted state", Duration::from_secs(10), || {
         probe_state(&env, &lab, "interrupted") == "interrupted"
     });
@@ -493,7 +487,7 @@ fn gc_removes_only_old_completed_and_fenced_markers() {
     }
     assert_eq!(probe_state(&env, &lab, "still-running"), "running");
     assert_eq!(probe_state(&env, &lab, "interrupted"), "interrupted");
-    kill_group(running);
+    support::kill_group(running.try_into().unwrap());
 }
 
 /// Unmounts on drop, so a failed assertion does not leave a tmpfs behind.
@@ -776,7 +770,7 @@ fn resolve_abandoned_or_not_applied_is_refused_while_the_host_says_running_or_co
         "sleep 60; : still-going",
     ])));
     assert_eq!(doc["verdict"], "in_progress", "{doc}");
-    kill_group(supervisor);
+    support::kill_group(supervisor.try_into().unwrap());
 }
 
 /// Only an unreachable host lets `resolve --as abandoned` stand: recorded with a probe
@@ -847,7 +841,7 @@ fn resolve_abandoned_stands_only_for_an_unreachable_host_and_later_evidence_cont
     );
     let out = output(env.opmark().args(["audit", "verify"]));
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
-    kill_group(supervisor);
+    support::kill_group(supervisor.try_into().unwrap());
 }
 
 /// An ssh config in which `alias` names the lab target `to`, with the lab's client key

@@ -61,8 +61,8 @@ pub struct Invocation {
 /// One line of a host's effect log.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// The command started, at this time (seconds since the epoch, this machine's clock,
-    /// which the namespace targets share).
+    /// The command started, within this second (since the epoch, by the host's clock:
+    /// namespace targets and containers share this machine's).
     Start {
         label: String,
         at: f64,
@@ -273,7 +273,8 @@ pub fn check(h: &History) -> Vec<Violation> {
                 .is_some_and(|ops| ops.len() == 1);
             let before = h.effects.get(&a.host).map_or(0, |log| {
                 log.iter()
-                    .filter(|e| matches!(e, Effect::Start { label: l, at } if l == label && *at < i.answered_at))
+                    // (The effect line has the second; the start was within it.)
+                    .filter(|e| matches!(e, Effect::Start { label: l, at } if l == label && *at + 1.0 <= i.answered_at))
                     .count()
             });
             if one_ledger && alone && before > 0 {

@@ -209,6 +209,14 @@ pub fn ssh_shim(lab: &Lab, alias: &str, verb: &opmark::shim::Verb) -> std::proce
         .expect("wait for ssh")
 }
 
+/// The `opmark` binary the sealed environments run: cargo's, or a copy named by
+/// `OPMARK_TEST_BIN` (a long run keeps its binary while the tree is rebuilt).
+pub fn opmark_bin() -> PathBuf {
+    std::env::var_os("OPMARK_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_opmark")))
+}
+
 /// A sealed environment for running the real `opmark` binary: its own HOME,
 /// XDG_STATE_HOME, XDG_CONFIG_HOME and ledger, nothing from the developer's setup.
 #[derive(Debug)]
@@ -250,7 +258,7 @@ impl Sealed {
     /// OPMARK_PERSIST=0.
     /// No OPMARK_* from the caller, no SSH_AUTH_SOCK (no agent leaks in).
     pub fn opmark(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_opmark"));
+        let mut cmd = Command::new(opmark_bin());
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("HOME", &self.home)
@@ -710,8 +718,19 @@ pub fn seeds(var: &str, known: &[u64]) -> Vec<u64> {
 
 /// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid`, which may be gone already.
 pub fn signal_if_alive(pid: i32, signal: &str) {
+    // 0, -1 and a negated pid name groups or every process, never one process.
+    assert!(pid > 0, "signal_if_alive({pid}): not one process");
     let _ = Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
         .stderr(std::process::Stdio::null())
         .status();
+}
+
+/// SIGKILL to every process of process group `pgid`: the system call itself, never `kill
+/// -PGID` through a command (without `--` procps reads `-PGID` as an option, and a wrong
+/// reading of it signals every process of the user).
+pub fn kill_group(pgid: u32) {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pgid).expect("a pid fits an i32"))
+        .expect("a process group id is positive");
+    let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
 }
