@@ -3157,4 +3157,148 @@ mod tests {
         );
         assert!(a.reason.starts_with("disk full;"), "{a:?}");
     }
+
+    // --- mutation testing (docs/claims.md#mutation-testing): rows the tests above left open ---
+
+    #[test]
+    fn shim_never_started_after_attempts_that_were_never_sent_stays_not_applied() {
+        // at-1 never got a connection: only an earlier attempt that left could have run.
+        let ours = [
+            attempt("at-1", Boundary::NotSent),
+            attempt("at-2", Boundary::NotSent),
+        ];
+        let f = facts(Family::ReadOnly, &ours);
+        let a =
+            answer(after_dispatch(&f, Dispatched::NeverStarted("login shell exited".into())).then);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimDidNotStart)
+        );
+        assert_eq!(a.attempt_id.as_deref(), Some("at-2"));
+        assert_eq!(a.reason, "login shell exited");
+    }
+
+    #[test]
+    fn a_replay_says_it_was_stopped_by_cancel_only_when_the_host_says_so() {
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        // An earlier attempt's exit that no cancel stopped: a plain replay.
+        let plain =
+            answer(after_follow(&f, "at-1", Followed::Exit(exit("at-1", 0)), TIME_LEFT).then);
+        assert_eq!(
+            verdict_of(&plain),
+            (Verdict::Replayed, ReasonCode::ReplayedFromHost)
+        );
+        assert!(!plain.reason.contains("opmark cancel"), "{plain:?}");
+        // The exit frame and the claim's marker both say cancelled: said, and kept.
+        let mut m = marker(MarkerState::Completed, Some("at-1"));
+        m.fields.insert("cancelled".into(), "1".into());
+        let mut x = exit("at-1", 143);
+        x.cancelled = true;
+        let a = answer(
+            after_dispatch(
+                &f,
+                replied(RunReply {
+                    superseded: false,
+                    exit: Some(x.clone()),
+                    refusal: Some(refusal("completed", &[("replay", "1")], Some(m))),
+                    interrupted: None,
+                }),
+            )
+            .then,
+        );
+        assert!(a.reason.ends_with("stopped by `opmark cancel`"), "{a:?}");
+        assert_eq!(a.exit, ExitEvidence::Host(x));
+    }
+
+    #[test]
+    fn sudo_that_cannot_run_the_command_as_the_become_user_then_not_applied_saying_what_to_fix() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::Destructive, &ours);
+        for (cause, fix) in [
+            ("no_sudo", "the host has no `sudo`"),
+            ("become_needs_tty", "`requiretty`"),
+            ("become_needs_password", "--secret SUDO_PASSWORD"),
+            ("become_wrong_password", "did not accept the password"),
+            ("become_refused", "`sudo -l`"),
+        ] {
+            let a = answer(
+                after_dispatch(
+                    &f,
+                    refused_reply(refusal("cannot_start", &[("reason", cause)], None)),
+                )
+                .then,
+            );
+            assert_eq!(
+                verdict_of(&a),
+                (Verdict::NotApplied, ReasonCode::BecomeRefused),
+                "{cause}"
+            );
+            assert!(a.reason.contains(fix), "{cause}: {}", a.reason);
+            assert!(a.reason.contains("nothing ran"), "{cause}: {}", a.reason);
+        }
+    }
+
+    #[test]
+    fn host_without_awk_for_the_secrets_redactor_then_not_applied_naming_awk() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal("cannot_start", &[("reason", "no_awk")], None)),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(a.reason.contains("no `awk`"), "{a:?}");
+        assert!(a.reason.contains("without --secret"), "{a:?}");
+    }
+
+    #[test]
+    fn shim_cannot_start_for_a_cause_without_its_own_row_then_not_applied_naming_the_cause() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let f = facts(Family::ReadOnly, &ours);
+        let a = answer(
+            after_dispatch(
+                &f,
+                refused_reply(refusal(
+                    "cannot_start",
+                    &[("reason", "setsid_failed")],
+                    None,
+                )),
+            )
+            .then,
+        );
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(a.reason.contains("reason=setsid_failed"), "{a:?}");
+        assert!(a.reason.contains("opmark doctor"), "{a:?}");
+    }
+
+    #[test]
+    fn the_wait_budget_is_named_in_seconds_or_in_milliseconds_when_it_has_a_fraction() {
+        let ours = [attempt("at-1", Boundary::NotSent)];
+        let mut f = facts(Family::Destructive, &ours);
+        let i = wait_budget_spent(&f, false, Boundary::NotSent, "connecting to web1");
+        assert!(i.answer.reason.contains("--wait budget (30s)"), "{i:?}");
+        f.wait = Duration::from_millis(1500);
+        let i = wait_budget_spent(&f, false, Boundary::NotSent, "connecting to web1");
+        assert!(i.answer.reason.contains("--wait budget (1500ms)"), "{i:?}");
+    }
+
+    #[test]
+    fn a_run_dispatches_the_attempt_it_recorded_and_looks_first_only_while_it_has_none() {
+        // An earlier invocation's attempt is observed instead of making one; once this run
+        // has recorded an attempt of its own, start sends it.
+        let ours = [attempt("at-2", Boundary::NotSent)];
+        let mut f = facts(Family::Destructive, &ours);
+        f.observed = Some("at-1");
+        assert_eq!(start(&f).then, Action::Dispatch);
+    }
 }

@@ -813,4 +813,233 @@ mod tests {
         assert_eq!(decision(&s), "interrupted_needs_decision");
         assert!(!s.outcome.settled);
     }
+
+    // --- mutation testing (docs/claims.md#mutation-testing): rows the tests above left open ---
+
+    #[test]
+    fn an_attempt_that_left_needs_its_host_and_an_intent_alone_does_not() {
+        assert!(needs_host(
+            &candidate(Some(Boundary::SentNoResponse)).events
+        ));
+        assert!(needs_host(&candidate(Some(Boundary::Started)).events));
+        assert!(!needs_host(&candidate(None).events));
+    }
+
+    #[test]
+    fn a_refused_or_unreachable_probe_says_why_and_leaves_the_operation_open() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        let refused = Refusal {
+            reason: RefusalReason::parse("bad_args").expect("a shim word"),
+            replay: false,
+            marker: None,
+            fields: BTreeMap::new(),
+        };
+        for (evidence, why) in [
+            (
+                Evidence::Refused(Box::new(refused)),
+                "the shim refused the probe (bad_args)",
+            ),
+            (
+                Evidence::Unreachable("connect failed".into()),
+                "connect failed",
+            ),
+        ] {
+            let s = settle(&c, &evidence);
+            assert_eq!(decision(&s), "host_unreachable");
+            assert!(!s.outcome.settled);
+            assert_eq!(s.outcome.evidence, format!("host unreachable: {why}"));
+            assert!(
+                matches!(&s.events[..], [Event::Probed { state, detail, .. }]
+                    if *state == ProbeState::Unreachable && *detail == format!("opmark reconcile: {why}")),
+                "{:?}",
+                s.events
+            );
+        }
+    }
+
+    #[test]
+    fn absent_and_the_fence_failed_stays_open_since_a_delayed_attempt_could_still_arrive() {
+        let c = candidate(Some(Boundary::SentNoResponse));
+        let s = settle(
+            &c,
+            &Evidence::Marker {
+                probe: Box::new(marker(MarkerState::Absent, None, None)),
+                fence: Some(FenceResult::Failed("no fence answer".into())),
+            },
+        );
+        assert_eq!(decision(&s), "absent_fence_failed");
+        assert!(!s.outcome.settled);
+        assert_eq!(s.outcome.evidence, "absent; fence failed: no fence answer");
+        assert!(!s.events.iter().any(|e| matches!(e, Event::Fenced { .. })));
+    }
+
+    #[test]
+    fn absent_without_a_fence_says_whether_an_attempt_of_ours_had_reached_the_host() {
+        let absent = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Absent, None, None)),
+            fence: None,
+        };
+        let s = settle(&candidate(Some(Boundary::Started)), &absent);
+        assert_eq!(decision(&s), "marker_missing_needs_decision");
+        assert!(s.outcome.detail.contains("had reached it"), "{s:?}");
+        assert!(s.outcome.detail.contains("opmark resolve"), "{s:?}");
+        let s = settle(&candidate(None), &absent);
+        assert_eq!(decision(&s), "marker_missing_needs_decision");
+        assert_eq!(s.outcome.detail, "no marker and no attempt recorded");
+    }
+
+    #[test]
+    fn the_markers_unix_times_read_as_utc_in_the_details() {
+        assert_eq!(unix_utc("1714557600"), "2024-05-01 10:00:00 UTC");
+        assert_eq!(
+            unix_utc("not-a-time"),
+            "not-a-time",
+            "as sent when unreadable"
+        );
+        let mut done = marker(MarkerState::Completed, Some("at-1"), Some(0));
+        done.fields.insert("ended_at".into(), "1714557600".into());
+        let s = settle(
+            &candidate(Some(Boundary::Started)),
+            &Evidence::Marker {
+                probe: Box::new(done),
+                fence: None,
+            },
+        );
+        assert_eq!(decision(&s), "completed");
+        assert!(
+            s.outcome
+                .detail
+                .ends_with("(ended 2024-05-01 10:00:00 UTC)"),
+            "{s:?}"
+        );
+        let mut fenced = marker(MarkerState::Fenced, None, None);
+        fenced
+            .fields
+            .insert("fenced_at".into(), "1714557600".into());
+        let s = settle(
+            &candidate(Some(Boundary::SentNoResponse)),
+            &Evidence::Marker {
+                probe: Box::new(marker(MarkerState::Absent, None, None)),
+                fence: Some(FenceResult::Fenced(fenced)),
+            },
+        );
+        assert!(
+            s.events.iter().any(|e| matches!(e, Event::Fenced { detail }
+                if detail.contains("(at 2024-05-01 10:00:00 UTC)"))),
+            "{:?}",
+            s.events
+        );
+    }
+
+    #[test]
+    fn reconcile_closes_an_intent_that_never_left_without_its_host_and_records_an_unreachable_host_as_open(
+    ) {
+        let dir = std::env::temp_dir().join(format!(
+            "opmark-reconcile-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let mut ledger = Ledger::open(&dir.join("ledger.db")).unwrap();
+        // op-quiet: an intent only. op-sent: an attempt that left, to a host whose name
+        // no longer resolves.
+        let (quiet, sent) = (OpKey::new("op-quiet", "h"), OpKey::new("op-sent", "h"));
+        let intent = |fingerprint: &str| Event::Intended {
+            session: "s".into(),
+            family: Family::Destructive,
+            display: "x".into(),
+            fingerprint: fingerprint.into(),
+            rule: "r".into(),
+            secrets: Vec::new(),
+            become_user: None,
+        };
+        ledger
+            .append(&quiet, &intent("f1"), Durability::Normal)
+            .unwrap();
+        ledger
+            .append_many(
+                &sent,
+                &[
+                    intent("f2"),
+                    Event::AttemptDispatched {
+                        attempt_id: "at-1".into(),
+                        number: 1,
+                        parent: None,
+                        reason: RetryReason::FirstAttempt,
+                    },
+                    Event::BoundaryReached {
+                        attempt_id: "at-1".into(),
+                        boundary: Boundary::SentNoResponse,
+                        detail: "x".into(),
+                        refusal: None,
+                    },
+                ],
+                Durability::Normal,
+            )
+            .unwrap();
+        let candidates = [&quiet, &sent]
+            .map(|k| Candidate {
+                record: ledger.operation(k).unwrap().unwrap(),
+                events: ledger.events(k).unwrap(),
+            })
+            .to_vec();
+        let resolved = std::cell::RefCell::new(Vec::new());
+        let mut progress = Vec::new();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let rows = rt
+            .block_on(reconcile(
+                &mut ledger,
+                candidates,
+                |c, _| {
+                    resolved.borrow_mut().push(c.record.op_id.clone());
+                    Err(ConnectError::new(
+                        crate::ssh::ConnectStage::Resolve,
+                        "no such host h",
+                    ))
+                },
+                |done, all| progress.push((done, all)),
+            ))
+            .unwrap();
+        assert_eq!(
+            resolved.into_inner(),
+            ["op-sent"],
+            "only the operation whose attempt left is looked up"
+        );
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(
+            (
+                rows[0].op_id.as_str(),
+                rows[0].decision.as_str(),
+                rows[0].settled
+            ),
+            ("op-quiet", "not_applied", true)
+        );
+        assert_eq!(
+            (
+                rows[1].op_id.as_str(),
+                rows[1].decision.as_str(),
+                rows[1].settled
+            ),
+            ("op-sent", "host_unreachable", false)
+        );
+        assert!(
+            rows[1].evidence.contains("no such host h"),
+            "the connect's own error, not a missing answer: {rows:?}"
+        );
+        assert_eq!(progress.last(), Some(&(2, 2)));
+        // Both are recorded: the intent closed, the unreachable host a probe that failed.
+        assert!(!ledger.operation(&quiet).unwrap().unwrap().unresolved);
+        let events = ledger.events(&sent).unwrap();
+        assert!(
+            matches!(
+                &events.last().unwrap().event,
+                Event::Probed { state, detail, .. }
+                    if *state == ProbeState::Unreachable && detail.contains("no such host h")
+            ),
+            "{events:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
