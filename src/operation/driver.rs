@@ -716,6 +716,45 @@ impl<'a> Runner<'a> {
         self.attempts.iter().any(|a| a.attempt_id == attempt)
     }
 
+    /// `not_applied` says no attempt of the operation may have reached the host. Another
+    /// invocation of the op id on this ledger (two callers at once) may have made one
+    /// since this run read the ledger: it is read again, and an attempt that is not this
+    /// run's is weighed as an earlier dispatch (`indeterminate` unless fenced). Found by
+    /// the fault-history checker: a caller whose connect timed out answered `not_applied`
+    /// while the other caller's attempt had started the command.
+    fn not_applied_rechecked(&mut self, answer: Answer) -> Result<Answer, RunError> {
+        if answer.verdict != Verdict::NotApplied || self.prior_dispatch.is_some() {
+            return Ok(answer);
+        }
+        let Some(fresh) = self.ledger.operation(&self.key)? else {
+            return Ok(answer);
+        };
+        if fresh.attempts <= self.attempt_base + self.attempts.len() as u32 {
+            return Ok(answer);
+        }
+        let other = self
+            .ledger
+            .events(&self.key)?
+            .into_iter()
+            .rev()
+            .find_map(|e| match e.event {
+                Event::AttemptDispatched { attempt_id, .. } if !self.ours(&attempt_id) => {
+                    Some(attempt_id)
+                }
+                _ => None,
+            });
+        let Some(other) = other.or(fresh.last_attempt) else {
+            return Ok(answer);
+        };
+        self.prior_dispatch = Some(other);
+        let attempt = answer.attempt_id.clone().unwrap_or_default();
+        Ok(decide::earlier_may_have_run(
+            &self.facts(),
+            &attempt,
+            answer,
+        ))
+    }
+
     pub(crate) fn current_attempt(&self) -> String {
         self.facts().current()
     }
@@ -963,6 +1002,7 @@ impl<'a> Runner<'a> {
 
     /// Records the exit (if any) and the verdict; builds the report.
     pub(crate) fn finish(&mut self, answer: Answer) -> Result<RunReport, RunError> {
+        let answer = self.not_applied_rechecked(answer)?;
         let answer = self.with_spent_token(answer);
         self.take_exit(&answer);
         let exit_code = self.exit_code();

@@ -404,22 +404,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
         std::fs::create_dir_all(t.state_home.join(OTHER_STATE)).unwrap();
     }
     // gc may go down to a second here: the markers it collects are what a rerun meets.
-    let short_retention = dir.join("short-retention.toml");
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/command-classes.toml"))
-            .unwrap();
-    let short: String = shipped
-        .lines()
-        .map(|l| {
-            if l.starts_with("min_retention = ") {
-                "min_retention = \"1s\"".to_owned()
-            } else {
-                l.to_owned()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    std::fs::write(&short_retention, short).unwrap();
+    let short_retention = support::short_retention_policy(&dir);
     // A second config directory: the same ledger must answer the same way from it.
     let other_config = dir.join("other-config");
     std::fs::create_dir_all(&other_config).unwrap();

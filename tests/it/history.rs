@@ -457,21 +457,7 @@ fn history_round(
     for t in &site.targets {
         let _ = std::fs::remove_file(site.effects_here(t));
     }
-    let short_retention = dir.join("short-retention.toml");
-    let shipped =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/command-classes.toml"))
-            .unwrap();
-    let short: Vec<String> = shipped
-        .lines()
-        .map(|l| {
-            if l.starts_with("min_retention = ") {
-                "min_retention = \"1s\"".to_owned()
-            } else {
-                l.to_owned()
-            }
-        })
-        .collect();
-    std::fs::write(&short_retention, short.join("\n")).unwrap();
+    let short_retention = support::short_retention_policy(&dir);
     let disk = (!site.docker).then(|| {
         // Room for a third of the operations' markers (about a dozen inodes and 48 KiB
         // each), beyond the 16 MiB the short rounds need; filled with `fallocate`.
@@ -683,18 +669,8 @@ fn history_round(
                 2 | 3 => {
                     let keepers: Vec<i32> =
                         agents.iter().filter_map(|a| a.env.keeper_pid()).collect();
-                    if !keepers.is_empty() {
-                        let pid = keepers[rng.random_range(0..keepers.len())];
-                        if rng.random_bool(0.5) {
-                            support::signal_if_alive(pid, "KILL");
-                            *faults.entry("keeper SIGKILL").or_default() += 1;
-                        } else if !stopped_until.iter().any(|(p, _)| *p == pid) {
-                            support::signal_if_alive(pid, "STOP");
-                            let ms = rng.random_range(300..3000);
-                            stopped_until.push((pid, Instant::now() + Duration::from_millis(ms)));
-                            *faults.entry("keeper SIGSTOP").or_default() += 1;
-                        }
-                    }
+                    let what = ["keeper SIGKILL", "keeper SIGSTOP"];
+                    kill_or_stop(&mut rng, &keepers, what, &mut stopped_until, &mut faults);
                 }
                 4 if site.docker => {
                     let t = site.pick(&mut rng);
@@ -720,18 +696,8 @@ fn history_round(
                 4 => {
                     let t = lab.target(site.pick(&mut rng)).unwrap();
                     let residents = crate::resident::residents(t);
-                    if !residents.is_empty() {
-                        let pid = residents[rng.random_range(0..residents.len())];
-                        if rng.random_bool(0.5) {
-                            support::signal_if_alive(pid, "KILL");
-                            *faults.entry("resident SIGKILL").or_default() += 1;
-                        } else if !stopped_until.iter().any(|(p, _)| *p == pid) {
-                            support::signal_if_alive(pid, "STOP");
-                            let ms = rng.random_range(300..3000);
-                            stopped_until.push((pid, Instant::now() + Duration::from_millis(ms)));
-                            *faults.entry("resident SIGSTOP").or_default() += 1;
-                        }
-                    }
+                    let what = ["resident SIGKILL", "resident SIGSTOP"];
+                    kill_or_stop(&mut rng, &residents, what, &mut stopped_until, &mut faults);
                 }
                 5 => {
                     let t = site.pick(&mut rng);
@@ -927,6 +893,30 @@ fn history_round(
         }
     }
     report
+}
+
+/// One of `pids`, if any: SIGKILL, or SIGSTOP until a moment 0.3 to 3 s away (`stopped`,
+/// resumed by the schedule), counted under `what` (the kill's name, the stop's).
+fn kill_or_stop(
+    rng: &mut StdRng,
+    pids: &[i32],
+    what: [&'static str; 2],
+    stopped: &mut Vec<(i32, Instant)>,
+    faults: &mut BTreeMap<&'static str, usize>,
+) {
+    if pids.is_empty() {
+        return;
+    }
+    let pid = pids[rng.random_range(0..pids.len())];
+    if rng.random_bool(0.5) {
+        support::signal_if_alive(pid, "KILL");
+        *faults.entry(what[0]).or_default() += 1;
+    } else if !stopped.iter().any(|(p, _)| *p == pid) {
+        support::signal_if_alive(pid, "STOP");
+        let ms = rng.random_range(300..3000);
+        stopped.push((pid, Instant::now() + Duration::from_millis(ms)));
+        *faults.entry(what[1]).or_default() += 1;
+    }
 }
 
 /// The invocation `f` as the history keeps it (its child has exited or been killed).

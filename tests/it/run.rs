@@ -730,3 +730,78 @@ fn stdin_is_forwarded_only_when_asked_and_is_part_of_the_intent() {
     let without = run_json(&env, &lab, &["target1", "--op", "in-2", "--", "wc -c"]);
     assert_eq!(without.stdout().trim(), "0");
 }
+
+/// Two callers of one op id on one ledger at once: the first cannot reach the host (a
+/// server that accepts and never speaks, until its ConnectTimeout), the second runs the
+/// command meanwhile. The first must not answer `not_applied`: the ledger it answers from
+/// holds the second's attempt by then (found by the fault-history checker, seed 2 on
+/// busybox + dropbear).
+#[test]
+fn a_caller_that_cannot_connect_while_another_runs_the_op_is_not_told_nothing_ran() {
+    let Some(lab) = support::loopback_lab(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let dir = fresh_dir(crate::test_name!());
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cfg = dir.join("ssh_config-silent");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host target1\n  HostName 127.0.0.1\n  Port {}\n  ConnectTimeout 3\nHost *\n  Include {}\n",
+            silent.local_addr().unwrap().port(),
+            lab.ssh_config().display()
+        ),
+    )
+    .unwrap();
+    let ran = effects(crate::test_name!());
+    let cmd = format!("echo ran >> {}; exit 4", ran.display());
+    let stalled = env
+        .opmark()
+        .arg("-F")
+        .arg(&cfg)
+        .args([
+            "--json",
+            "run",
+            "target1",
+            "--op",
+            "two-callers",
+            "--wait",
+            "3s",
+            "--",
+        ])
+        .arg(&cmd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The stalled caller has recorded its intent and attempt before it connects.
+    wait_for(
+        "the first caller's attempt",
+        Duration::from_secs(10),
+        || {
+            let out = env
+                .opmark()
+                .args(["--json", "show", "two-callers"])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Value>(&out.stdout)
+                .is_ok_and(|d| d["events"].as_array().is_some_and(|e| e.len() >= 3))
+        },
+    );
+    let other = run_json(&env, &lab, &["target1", "--op", "two-callers", "--", &cmd]);
+    assert_eq!(
+        (other.verdict(), other.exit_code()),
+        ("completed", Some(4)),
+        "{other:?}"
+    );
+    let first = answer(stalled.wait_with_output().unwrap());
+    assert_eq!(lines(&ran), 1, "the command ran once");
+    assert_ne!(
+        first.verdict(),
+        "not_applied",
+        "the other caller's attempt ran the command: {first:?}"
+    );
+    assert_eq!(first.exit_code(), None, "{first:?}");
+    drop(silent);
+}

@@ -734,3 +734,25 @@ pub fn kill_group(pgid: u32) {
         .expect("a process group id is positive");
     let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
 }
+
+/// The shipped policy with every family's `min_retention` at one second, written to
+/// `dir/short-retention.toml`: `gc` may then collect markers while operations are
+/// unsettled, which is what a rerun must meet.
+pub fn short_retention_policy(dir: &Path) -> PathBuf {
+    let path = dir.join("short-retention.toml");
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/command-classes.toml"))
+            .unwrap();
+    let short: Vec<String> = shipped
+        .lines()
+        .map(|l| {
+            if l.starts_with("min_retention = ") {
+                "min_retention = \"1s\"".to_owned()
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    std::fs::write(&path, short.join("\n")).unwrap();
+    path
+}
