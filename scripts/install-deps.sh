@@ -141,9 +141,10 @@ fi
 # cargo-mutants, pinned like the Python tools above: the counts in docs/claims.md are of
 # this version's mutants. Built with its own lock file; skipped when the pinned version
 # is already installed, even with --always (a rebuild takes minutes and changes nothing),
-# and for --demo, which runs no tests.
+# for --demo, which runs no tests, and in CI, whose test suite never runs it (building it
+# there cost minutes of a run for nothing).
 mutants_version=25.3.1
-if [[ $demo -eq 0 ]] &&
+if [[ $demo -eq 0 && -z ${CI:-} ]] &&
   [[ $(cargo mutants --version 2>/dev/null) != "cargo-mutants $mutants_version" ]]; then
   # Only the mutation runs need it, never the tests: a registry that does not answer is
   # said, not fatal.

@@ -1054,6 +1054,14 @@ pub enum LedgerAction {
         #[arg(long, value_name = "URL")]
         to: String,
     },
+    /// Copy this SQLite ledger (--ledger, or the default) to the new FILE, mode 0600: one
+    /// consistent snapshot, taken while other runs append. Copy a ledger this way, not
+    /// with cp: its newest commits may be in the write-ahead log beside the file
+    /// (ledger.db-wal). The copy opens with this ledger's key (--ledger-key).
+    Backup {
+        /// The copy to write (a new file; never overwritten).
+        file: PathBuf,
+    },
     /// Move the settled operations finished more than D ago (the oldest stretch of the
     /// chain, up to the first operation still unresolved or active) into the new archive
     /// FILE; the ledger keeps the cut, and `audit verify --archive FILE` checks both as

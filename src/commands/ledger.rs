@@ -1,6 +1,8 @@
 //! `opmark ledger keygen PATH`: a new installation key for a ledger named with
 //! `--ledger-key`; `opmark ledger migrate --to URL`: a SQLite ledger copied into
-//! PostgreSQL, chain re-verified there (docs/ledger.md#backends).
+//! PostgreSQL, chain re-verified there (docs/ledger.md#backends); `opmark ledger backup
+//! FILE`: a SQLite ledger's consistent copy; `opmark ledger archive`: old operations moved
+//! out.
 
 use crate::cli::{GlobalArgs, LedgerAction, LedgerArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
@@ -13,7 +15,44 @@ pub fn run(global: &GlobalArgs, args: &LedgerArgs) -> Result<u8> {
         LedgerAction::Keygen { path } => keygen(global, path),
         LedgerAction::Migrate { to } => migrate(global, to),
         LedgerAction::Archive { before, file } => archive(global, *before, file),
+        LedgerAction::Backup { file } => backup(global, file),
     }
+}
+
+fn backup(global: &GlobalArgs, file: &std::path::Path) -> Result<u8> {
+    let (ledger, path) =
+        Ledger::open_existing_default_or(global.ledger.as_deref(), global.ledger_key.as_deref())?;
+    let Some(ledger) = ledger else {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "no ledger at {}; give --ledger PATH of the ledger to copy. Nothing was written",
+                path.display()
+            ),
+        ));
+    };
+    ledger.backup_to(file).map_err(|e| match e {
+        LedgerError::Invalid { message } => Error::new(ErrorKind::InvalidInput, message),
+        e => e.into(),
+    })?;
+    let key = ledger.key().path().to_path_buf();
+    if global.json {
+        super::common::print_json(&serde_json::json!({
+            "schema": crate::ops::document::SCHEMA,
+            "from": path,
+            "backup": file,
+            "key": key,
+        }))?;
+    } else {
+        crate::outln!(
+            "copied the ledger {} to {} (mode 0600). It opens with this ledger's key: --ledger {} --ledger-key {}",
+            path.display(),
+            file.display(),
+            file.display(),
+            key.display()
+        );
+    }
+    Ok(exit_code::OK)
 }
 
 fn archive(global: &GlobalArgs, before: std::time::Duration, file: &std::path::Path) -> Result<u8> {

@@ -875,6 +875,21 @@ impl Ledger {
         }
     }
 
+    /// `ledger backup`: one consistent snapshot of a SQLite ledger (its file and its
+    /// write-ahead log, which holds the newest commits) written to the new file `dest`,
+    /// mode 0600, synced. A PostgreSQL ledger is refused: its server has its own tools.
+    pub fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
+        match &self.store {
+            Store::Sqlite(s) => s.backup_to(dest),
+            Store::Postgres(_) => Err(LedgerError::Invalid {
+                message: format!(
+                    "the ledger {} is a PostgreSQL database: back it up with PostgreSQL's own tools (pg_dump); nothing was written",
+                    self.path.display()
+                ),
+            }),
+        }
+    }
+
     /// Test support, never used by opmark: rewrites a SQLite ledger's event rows with
     /// every column explicit and as text (see `sqlite::expand_rows`), so a test can edit
     /// them with plain SQL as an attacker would. The rows mean the same; nothing changes

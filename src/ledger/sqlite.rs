@@ -15,6 +15,7 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
@@ -151,6 +152,14 @@ impl SqliteStore {
         conn.busy_timeout(BUSY_TIMEOUT)?;
         set_wal(&conn, path)?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // The write-ahead log outlives the process: a process closing its connection
+        // last would otherwise fold the log into the file (an fsync of each) and delete
+        // it, and the next run would create it again (an fsync of the directory, and of
+        // the new log's header): four of a run's five fsyncs (docs/performance.md). The
+        // log is folded in when it grows (SQLite's auto-checkpoint), so it stays small;
+        // a copy of the ledger is `opmark ledger backup`, as the file alone may lack the
+        // newest commits.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let bound = schema::migrate(&mut conn, |tx, found_version| {
             binding::bind(tx, path, key, found_version)
         })?;
@@ -215,6 +224,62 @@ impl SqliteStore {
             },
             bound,
         ))
+    }
+
+    /// See `Ledger::backup_to`. `VACUUM INTO` reads in one transaction, so the copy is a
+    /// snapshot even while other processes append; it also works on a read-only ledger.
+    pub(crate) fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
+        let Some(dest_text) = dest.to_str() else {
+            return Err(LedgerError::Invalid {
+                message: format!(
+                    "the backup path {} is not valid UTF-8, which SQLite cannot name; choose another path",
+                    dest.display()
+                ),
+            });
+        };
+        // Made here, empty and 0600 (the ledger's own mode), so that SQLite writes into
+        // it instead of creating it with the umask's mode; never an existing file.
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dest)
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(LedgerError::Invalid {
+                    message: format!(
+                        "{} already exists; a backup never overwrites a file. Name a new file; nothing was written",
+                        dest.display()
+                    ),
+                })
+            }
+            Err(source) => {
+                return Err(LedgerError::Io {
+                    what: format!("create the backup {}", dest.display()),
+                    source,
+                })
+            }
+        }
+        let written = self
+            .conn
+            .execute("VACUUM INTO ?1", [dest_text])
+            .map_err(LedgerError::from)
+            .and_then(|_| {
+                let sync = |p: &Path| std::fs::File::open(p).and_then(|f| f.sync_all());
+                let dir = dest.parent().filter(|d| !d.as_os_str().is_empty());
+                sync(dest)
+                    .and_then(|()| dir.map_or(Ok(()), sync))
+                    .map_err(|source| LedgerError::Io {
+                        what: format!("sync the backup {}", dest.display()),
+                        source,
+                    })
+            });
+        if written.is_err() {
+            // Half a backup is worse than none: it would be taken for one.
+            let _ = std::fs::remove_file(dest);
+        }
+        written
     }
 
     /// Appends in one `BEGIN IMMEDIATE` transaction.

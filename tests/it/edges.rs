@@ -134,7 +134,13 @@ fn a_ledger_this_user_may_only_read_answers_reads_and_names_the_fix_for_writes()
     // A copy owned by root, readable by all: another user's ledger, or a backup.
     let dir = open_dir("read-only-ledger");
     let ledger = dir.join("ledger.db");
-    std::fs::copy(&env.ledger, &ledger).unwrap();
+    let backup = env
+        .opmark()
+        .args(["ledger", "backup"])
+        .arg(&ledger)
+        .output()
+        .unwrap();
+    assert!(backup.status.success(), "{}", text(&backup.stderr));
     std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(0o644)).unwrap();
     // Its key is handed to the reader (0600, theirs): keys are never world-readable.
     let key = dir.join("reader.key");

@@ -887,7 +887,10 @@ fn tamper_fixture(s: &Scratch) -> PathBuf {
     for n in 0..3 {
         write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
     }
-    drop(ledger); // the last connection checkpoints the WAL into the file
+    // The write-ahead log outlives the connection (the newest commits live there until
+    // SQLite folds it in), so fold it in before the file alone is copied.
+    ledger.checkpoint().unwrap();
+    drop(ledger);
     db
 }
 
@@ -914,6 +917,75 @@ fn assert_verify_names(s: &Scratch, db: &Path, seq: u64) -> String {
         "{stdout}"
     );
     stdout
+}
+
+#[test]
+fn a_backup_is_the_whole_ledger_while_cp_of_the_file_alone_may_miss_the_newest_commits() {
+    let s = Scratch::new("backup");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..3 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    // A closed ledger keeps its newest commits in its write-ahead log: that is what
+    // spares each run a checkpoint's fsyncs, and why a copy is made by `ledger backup`.
+    let wal = s.path("ledger.db-wal");
+    assert!(
+        std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0),
+        "the log is kept after the last connection closes"
+    );
+
+    let copy = s.path("copy.db");
+    let out = opmark_with_ledger(&s.0, &db, &["ledger", "backup", copy.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("--ledger-key"),
+        "names the key it opens with: {said}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "a copy of the ledger is as private as the ledger"
+    );
+
+    // The copy alone, with this ledger's key, is the whole ledger.
+    let key = key_path_beside(&db);
+    let key = key.to_str().unwrap();
+    let verify = opmark_with_ledger(&s.0, &copy, &["--ledger-key", key, "audit", "verify"]);
+    assert_eq!(
+        text(&verify.stdout),
+        "chain intact: 15 events, projection equals their replay\n",
+        "{}",
+        text(&verify.stderr)
+    );
+
+    // An existing file is never overwritten; a missing ledger writes nothing.
+    let before = std::fs::read(&copy).unwrap();
+    let again = opmark_with_ledger(&s.0, &db, &["ledger", "backup", copy.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(245), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("already exists; a backup never overwrites a file"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(std::fs::read(&copy).unwrap(), before);
+    let nowhere = s.path("nowhere.db");
+    let other = s.path("other.db");
+    let none = opmark_with_ledger(
+        &s.0,
+        &nowhere,
+        &["ledger", "backup", other.to_str().unwrap()],
+    );
+    assert_eq!(none.status.code(), Some(245), "{}", text(&none.stderr));
+    assert!(
+        text(&none.stderr).contains("no ledger at"),
+        "{}",
+        text(&none.stderr)
+    );
+    assert!(!other.exists() && !nowhere.exists(), "nothing was created");
 }
 
 #[test]
