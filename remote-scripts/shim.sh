@@ -1592,7 +1592,7 @@ repeat_check() {
 		while ! ln "$rc_tmp" "$sn" 2>/dev/null; do
 			[ -e "$sn" ] || break
 			if [ -z "$rc_found" ] && slot_read "$rc_n" && [ "$sl_op" != "$op" ] && slot_counts; then
-				rc_found=$rc_n rc_state=$sl_state
+				rc_found=$rc_n rc_state=$sl_state rc_op=$sl_op rc_at=$sl_at
 			fi
 			rc_n=$((rc_n + 1))
 			slot_name "$rc_n"
@@ -1607,8 +1607,9 @@ repeat_check() {
 		slot_unhold
 		return 0
 	fi
-	slot_read "$rc_found"
-	rc_fields="earlier=$sl_op earlier_state=$rc_state earlier_at=$sl_at"
+	# The fields of the slot as the walk read it: a second read could see nothing (seen
+	# once under load: a refusal with an empty earlier=), and it would say no more.
+	rc_fields="earlier=$rc_op earlier_state=$rc_state earlier_at=$rc_at"
 	if [ "$rp_action" = warn ]; then
 		slot_unhold
 		frame "W $rc_fields"
@@ -1622,8 +1623,9 @@ repeat_check() {
 }
 
 # repeat_find: the walk of repeat_check over the index $ix for a claim of $op with
-# intent $fp: rc_last (the newest slot), rc_own (our op's slot), rc_found and rc_state
-# (the first repetition that counts, within $rp_window of $now). Reads only.
+# intent $fp: rc_last (the newest slot), rc_own (our op's slot), rc_found, rc_state,
+# rc_op and rc_at (the first repetition that counts, within $rp_window of $now: its slot,
+# its marker's state, its op id and claim time). Reads only.
 repeat_find() {
 	rc_last=0
 	for rc_f in "$ix"/[0-9]*; do
@@ -1642,7 +1644,7 @@ repeat_find() {
 		if [ "$sl_op" = "$op" ]; then
 			[ -n "$rc_own" ] || rc_own=$rc_n
 		elif slot_counts; then
-			rc_found=$rc_n rc_state=$sl_state
+			rc_found=$rc_n rc_state=$sl_state rc_op=$sl_op rc_at=$sl_at
 			break
 		fi
 		if [ "$rp_window" -eq 0 ] || [ "$rp_action" = allow ]; then
@@ -1669,8 +1671,8 @@ verb_repeats() {
 	ix=$root/fp/$fp
 	rc_found=
 	[ -d "$ix" ] && [ "$rp_window" -gt 0 ] && repeat_find
-	if [ -n "$rc_found" ] && slot_read "$rc_found"; then
-		frame "J earlier=$sl_op earlier_state=$rc_state earlier_at=$sl_at"
+	if [ -n "$rc_found" ]; then
+		frame "J earlier=$rc_op earlier_state=$rc_state earlier_at=$rc_at"
 	else
 		frame "J none"
 	fi
