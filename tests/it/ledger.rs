@@ -989,6 +989,34 @@ fn a_backup_is_the_whole_ledger_while_cp_of_the_file_alone_may_miss_the_newest_c
 }
 
 #[test]
+fn a_ledger_deleted_without_its_log_starts_empty_never_with_the_old_tail() {
+    let s = Scratch::new("deleted");
+    let db = s.path("ledger.db");
+    let mut ledger = Ledger::open(&db).unwrap();
+    for n in 0..3 {
+        write_operation(&mut ledger, &OpKey::new(format!("op{n}"), "h"), n);
+    }
+    drop(ledger);
+    // Someone starts afresh by deleting the file they know of; its log stays behind
+    // (it outlives the process). The new ledger is an empty file, and SQLite removes a
+    // log it finds beside an empty file instead of replaying the old ledger's pages.
+    std::fs::remove_file(&db).unwrap();
+    assert!(s.path("ledger.db-wal").exists());
+
+    let ledger = Ledger::open(&db).unwrap();
+    let ops = ledger.list(&ListFilter::default()).unwrap();
+    assert!(ops.is_empty(), "the old log's commits came back: {ops:?}");
+    drop(ledger);
+    let out = opmark_with_ledger(&s.0, &db, &["audit", "verify"]);
+    assert_eq!(
+        text(&out.stdout),
+        "chain intact: 0 events, projection equals their replay\n",
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn audit_verify_reports_an_intact_chain() {
     let s = Scratch::new("intact");
     let db = tamper_fixture(&s);
