@@ -154,11 +154,10 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         // The write-ahead log outlives the process: a process closing its connection
         // last would otherwise fold the log into the file (an fsync of each) and delete
-        // it, and the next run would create it again (an fsync of the directory, and of
-        // the new log's header): four of a run's five fsyncs (docs/performance.md). The
-        // log is folded in when it grows (SQLite's auto-checkpoint), so it stays small;
-        // a copy of the ledger is `opmark ledger backup`, as the file alone may lack the
-        // newest commits.
+        // it, and the next run would begin a new one (an fsync of its header): three of
+        // a run's five fsyncs (docs/performance.md). The log is folded in when it grows
+        // (SQLite's auto-checkpoint), so it stays small; a copy of the ledger is `opmark
+        // ledger backup`, as the file alone may lack the newest commits.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
         let bound = schema::migrate(&mut conn, |tx, found_version| {
             binding::bind(tx, path, key, found_version)
