@@ -1009,6 +1009,9 @@ impl<'a> Runner<'a> {
         let probed_already = |x: &ExitFrame| {
             self.probed_completed.as_deref() == Some(x.attempt.as_str()) && !x.attempt.is_empty()
         };
+        // What the run ends with goes in one commit (each commit rewrites the same index
+        // pages: a run's tail of two or three commits was a third of its log's pages).
+        let mut tail = Vec::new();
         // A probe of this run that saw the marker completed already holds that evidence.
         if let Some(x) = self
             .exit
@@ -1016,68 +1019,69 @@ impl<'a> Runner<'a> {
             .filter(|x| !self.ours(&x.attempt) && !probed_already(x))
         {
             // A replay is an observation of an earlier attempt's exit, not a new exit.
-            self.ledger.append(
-                &self.key,
-                &Event::Probed {
-                    attempt_id: Some(x.attempt.clone()),
-                    state: "completed".into(),
-                    exit_code: Some(x.code),
-                    detail: format!(
-                        "replayed from the host marker: {} stdout and {} stderr bytes",
-                        self.output.out_bytes(),
-                        self.output.err_bytes()
-                    ),
-                    claim: Some(crate::ledger::event::ClaimSeen {
-                        attempt: Some(x.attempt.clone()).filter(|a| !a.is_empty()),
-                    }),
-                },
-                Durability::Normal,
-            )?;
+            tail.push(Event::Probed {
+                attempt_id: Some(x.attempt.clone()),
+                state: "completed".into(),
+                exit_code: Some(x.code),
+                detail: format!(
+                    "replayed from the host marker: {} stdout and {} stderr bytes",
+                    self.output.out_bytes(),
+                    self.output.err_bytes()
+                ),
+                claim: Some(crate::ledger::event::ClaimSeen {
+                    attempt: Some(x.attempt.clone()).filter(|a| !a.is_empty()),
+                }),
+            });
         }
-        self.observe(&answer, exit_code)?;
-        if let Some(x) = self.exit.clone().filter(|x| self.ours(&x.attempt)) {
-            self.ledger.append(
-                &self.key,
-                &Event::ExitReceived {
-                    attempt_id: x.attempt.clone(),
-                    exit_code: Some(x.code),
-                    signal: None,
-                    timed_out: x.timed_out,
-                    stdout_bytes: self.output.out_bytes(),
-                    stderr_bytes: self.output.err_bytes(),
-                    stdout_sha256: self.output.out_sha256(),
-                    stderr_sha256: self.output.err_sha256(),
-                },
-                Durability::Normal,
-            )?;
-            // After the ledger, as for every boundary: the summary never says more.
+        let observed = self.observation(&answer, exit_code);
+        if let Some(o) = &observed {
+            tail.push(Event::Observed {
+                kind: o.kind.clone(),
+                reading: o.reading.clone(),
+                effect: o.effect.clone(),
+            });
+        }
+        let exited = self.exit.clone().filter(|x| self.ours(&x.attempt));
+        if let Some(x) = &exited {
+            tail.push(Event::ExitReceived {
+                attempt_id: x.attempt.clone(),
+                exit_code: Some(x.code),
+                signal: None,
+                timed_out: x.timed_out,
+                stdout_bytes: self.output.out_bytes(),
+                stderr_bytes: self.output.err_bytes(),
+                stdout_sha256: self.output.out_sha256(),
+                stderr_sha256: self.output.err_sha256(),
+            });
+        }
+        tail.push(Event::Verdict {
+            attempt_id: answer.attempt_id.clone(),
+            verdict: answer.verdict,
+            exit_code,
+            reason: answer.reason.clone(),
+        });
+        self.ledger
+            .append_after_dispatch(&self.key, &tail, Durability::Normal)?;
+        // After the ledger, as for every boundary: the summary never says more.
+        self.observations.extend(observed);
+        if let Some(x) = exited {
             if let Some(a) = self.attempts.iter_mut().find(|a| a.attempt_id == x.attempt) {
                 a.boundary = a.boundary.max(Boundary::ExitReceived);
             }
         }
-        self.ledger.append(
-            &self.key,
-            &Event::Verdict {
-                attempt_id: answer.attempt_id.clone(),
-                verdict: answer.verdict,
-                exit_code,
-                reason: answer.reason.clone(),
-            },
-            Durability::Normal,
-        )?;
         Ok(self.report(answer))
     }
 
     /// A run answered from evidence (a replay, a follow, a look that made no attempt)
     /// records what it read and what that did to the state, as an observation
     /// (docs/ledger.md#observations). A run whose own attempt ran the command records none.
-    fn observe(&mut self, answer: &Answer, exit_code: Option<i32>) -> Result<(), RunError> {
+    fn observation(&self, answer: &Answer, exit_code: Option<i32>) -> Option<ObservationReport> {
         let host_exit = match &answer.exit {
             ExitEvidence::Host(x) => Some(x.clone()),
             _ => None,
         };
         if host_exit.as_ref().is_some_and(|x| self.ours(&x.attempt)) {
-            return Ok(());
+            return None;
         }
         let exit = exit_code.map_or_else(|| "no exit status".to_owned(), |c| format!("exit {c}"));
         let settles = !matches!(answer.verdict, Verdict::Indeterminate | Verdict::InProgress);
@@ -1137,7 +1141,7 @@ impl<'a> Runner<'a> {
                 ),
                 "left unsettled: still running on the host; a rerun with the same op id follows it again".to_owned(),
             ),
-            _ if !self.attempts.is_empty() => return Ok(()),
+            _ if !self.attempts.is_empty() => return None,
             (None, _) => (
                 match answer.exit {
                     ExitEvidence::Ledger(_) => ObservationKind::ReplayFromLedger,
@@ -1147,21 +1151,11 @@ impl<'a> Runner<'a> {
                 effect_of(&format!("{} ({}), {exit}", answer.verdict, answer.code)),
             ),
         };
-        self.ledger.append(
-            &self.key,
-            &Event::Observed {
-                kind: kind.clone(),
-                reading: reading.clone(),
-                effect: effect.clone(),
-            },
-            Durability::Normal,
-        )?;
-        self.observations.push(ObservationReport {
+        Some(ObservationReport {
             kind,
             reading,
             effect,
-        });
-        Ok(())
+        })
     }
 
     /// Keeps the exit status the answer rests on.

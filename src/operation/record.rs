@@ -96,14 +96,25 @@ impl<'a> RunLedger<'a> {
         event: &Event,
         durability: Durability,
     ) -> Result<(), LedgerError> {
+        self.append_after_dispatch(key, std::slice::from_ref(event), durability)
+    }
+
+    /// Appends events in one commit, all or none; after dispatch a failure is kept, as
+    /// for [`RunLedger::append`].
+    pub(crate) fn append_after_dispatch(
+        &mut self,
+        key: &OpKey,
+        events: &[Event],
+        durability: Durability,
+    ) -> Result<(), LedgerError> {
         if self.failed.is_some() {
             return Ok(());
         }
         if self.holds(durability) {
-            self.held.push((key.clone(), vec![event.clone()]));
+            self.held.push((key.clone(), events.to_vec()));
             return Ok(());
         }
-        match self.inner.append(key, event, durability) {
+        match self.inner.append_many(key, events, durability) {
             Ok(_) => Ok(()),
             Err(e) if self.dispatched => {
                 self.failed = Some(LedgerWriteError {

@@ -92,11 +92,34 @@ pub(crate) fn residents(target: &Target) -> Vec<i32> {
             .is_some_and(|a| a == "serve")
             && (args.get(1).is_some_and(|f| f.starts_with(&cache))
                 || (args.get(3).is_some_and(|a| a == "opmark-shim") && ours));
-        if serving && state_of(pid).is_some_and(|s| s != 'Z') {
+        if serving && state_of(pid).is_some_and(|s| s != 'Z') && under_a_session(pid) {
             found.push(pid);
         }
     }
     found
+}
+
+/// Whether `pid`'s parent is an SSH server's session process: a resident is the shell
+/// the session runs. A command's supervisor is a fork of the resident (its standby,
+/// handed the command) with the same command line, detached under init, and it may still
+/// be tidying up just after the run returned (seen: a test counted two residents right
+/// after a new keeper's first call).
+fn under_a_session(pid: i32) -> bool {
+    let Some(parent) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit(") ")
+                .next()?
+                .split(' ')
+                .nth(1)?
+                .parse::<i32>()
+                .ok()
+        })
+    else {
+        return false;
+    };
+    std::fs::read(format!("/proc/{parent}/cmdline"))
+        .is_ok_and(|c| c.starts_with(b"sshd") || c.starts_with(b"dropbear"))
 }
 
 /// The process state letter of `pid` (`None`: gone).
