@@ -677,14 +677,7 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
                 None => gc = Some((via, child)),
             }
         }
-        cut_until.retain(|t, until| {
-            if *until <= now {
-                lab.restore(t).unwrap();
-                false
-            } else {
-                true
-            }
-        });
+        support::restore_due_cuts(lab, &mut cut_until, now);
         let mut still = Vec::new();
         for (i, via, mut child) in running.drain(..) {
             match child.try_wait().unwrap() {

@@ -727,14 +727,7 @@ fn history_round(
 
         // Faults whose time is up end.
         let now = Instant::now();
-        cut_until.retain(|t, until| {
-            if *until <= now {
-                lab.restore(t).unwrap();
-                false
-            } else {
-                true
-            }
-        });
+        support::restore_due_cuts(lab, &mut cut_until, now);
         stopped_until.retain(|(pid, until)| {
             if *until <= now {
                 support::signal_if_alive(*pid, "CONT");

@@ -716,6 +716,23 @@ pub fn seeds(var: &str, known: &[u64]) -> Vec<u64> {
     seeds
 }
 
+/// Restores the link of every target whose cut (in a fault schedule, target -> until)
+/// is due by `now`, and forgets those cuts.
+pub fn restore_due_cuts(
+    lab: &Lab,
+    cut_until: &mut std::collections::BTreeMap<&str, std::time::Instant>,
+    now: std::time::Instant,
+) {
+    cut_until.retain(|t, until| {
+        if *until <= now {
+            lab.restore(t).unwrap();
+            false
+        } else {
+            true
+        }
+    });
+}
+
 /// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid`, which may be gone already.
 pub fn signal_if_alive(pid: i32, signal: &str) {
     // 0, -1 and a negated pid name groups or every process, never one process.
