@@ -1229,6 +1229,14 @@ pub enum LabAction {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// As crash, and the target's boot id changes, as after a reboot of the machine.
+    Reboot {
+        /// Target alias.
+        target: String,
+        /// Lab directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[cfg(test)]

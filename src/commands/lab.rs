@@ -1,4 +1,4 @@
-//! `opmark lab up|down|status|env|cut|restore|pause|resume|crash`: disposable local sshd
+//! `opmark lab up|down|status|env|cut|restore|pause|resume|crash|reboot`: disposable local sshd
 //! targets for trying opmark (see `crate::lab`). `up` leaves the servers running after
 //! opmark exits.
 
@@ -73,6 +73,14 @@ pub fn run(global: &GlobalArgs, args: &LabArgs) -> Result<u8> {
                 .and_then(|lab| lab.crash(target))
                 .map_err(to_error)?;
             crate::say!("opmark: {target}: crashed (every process killed) and started again; markers kept, running commands gone");
+            Ok(exit_code::OK)
+        }
+        LabAction::Reboot { target, dir } => {
+            let dir = lab_dir(dir.as_deref())?;
+            Lab::load(&dir)
+                .and_then(|lab| lab.reboot(target))
+                .map_err(to_error)?;
+            crate::say!("opmark: {target}: rebooted (every process killed, a new boot id) and started again; markers kept, running commands gone");
             Ok(exit_code::OK)
         }
     }
@@ -166,6 +174,7 @@ fn up(global: &GlobalArgs, req: &Up<'_>, dir: &Path) -> Result<u8> {
     if lab.placement() == Placement::Docker {
         crate::outln!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
         crate::outln!("  opmark lab crash target1{flag}    # kill it all, start it again");
+        crate::outln!("  opmark lab reboot target1{flag}   # the same, with a new boot id");
     }
     crate::outln!("Stop and remove with:\n  opmark lab down{flag}");
     Ok(exit_code::OK)

@@ -67,6 +67,8 @@ pub const SUDO_USER: &str = "opmark-sudo";
 pub const SUDO_PASSWORD: &str = "lab-sudo-pw-7e1d";
 /// nftables table of a cut, inside the container's network namespace.
 const CUT_TABLE: &str = "opmark_lab_cut";
+/// The boot id a rebooted target reads, in its directory (mounted at [`INJECT_DIR`]).
+const BOOT_ID_FILE: &str = "boot_id";
 /// First host number given to a target in the lab's subnet (.1 is the bridge).
 const FIRST_HOST: u32 = 10;
 
@@ -822,6 +824,65 @@ pub(crate) fn stop_all(d: &DockerLab) -> Result<(), LabError> {
 
 /// The nftables ruleset of a cut: drop everything on the container's eth0 before
 /// connection tracking (priority raw), so nothing answers: no RST, FIN or ICMP.
+/// Runs `argv` (an `nft -f -`, perhaps through nsenter) with `script` on its input.
+fn nft(argv: &[&str], script: &str) -> Result<String, LabError> {
+    sshd::require_on_path("nft", "nftables")?;
+    let shown = argv.join(" ");
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| LabError::Command {
+            command: shown.clone(),
+            detail: e.to_string(),
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let out = child.wait_with_output().map_err(|e| LabError::Command {
+        command: shown.clone(),
+        detail: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(LabError::Command {
+            command: shown,
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// Drops (`on`) every packet this machine sends to `t`, in this machine's own network
+/// namespace, so the block outlives the container's restart; `off` removes it.
+fn host_block(t: &Target, on: bool) -> Result<(), LabError> {
+    let table = format!(
+        "opmark_lab_boot_{}",
+        t.addr.to_string().replace(['.', ':'], "_")
+    );
+    let family = if t.addr.is_ipv4() { "ip" } else { "ip6" };
+    let exists = nft(&["nft", "-f", "-"], "list tables\n")?
+        .lines()
+        .any(|l| l.trim() == format!("table inet {table}"));
+    let mut script = String::new();
+    if exists {
+        let _ = writeln!(script, "delete table inet {table}");
+    }
+    if on {
+        let _ = writeln!(
+            script,
+            "table inet {table} {{\n\tchain output {{ type filter hook output priority raw; policy accept; {family} daddr {} drop; }}\n}}",
+            t.addr
+        );
+    }
+    if !script.is_empty() {
+        nft(&["nft", "-f", "-"], &script)?;
+    }
+    Ok(())
+}
+
 fn cut_rules() -> String {
     format!(
         "table inet {CUT_TABLE} {{\n\
@@ -930,13 +991,63 @@ impl Lab {
     /// Kills every process of the target at once (SIGKILL to the container's init takes
     /// its whole pid namespace), then starts it again at the same address and waits until
     /// it answers SSH. The marker volume keeps every record; the running command is gone,
-    /// and the host's boot id is unchanged, as after a crash of the service, not a reboot.
+    /// and the host's boot id is unchanged (the last [`Lab::reboot`]'s, if any), as after
+    /// a crash of the service, not a reboot.
     pub fn crash(&self, alias: &str) -> Result<(), LabError> {
+        self.restart(alias, false)
+    }
+
+    /// As [`Lab::crash`], and the host's boot id changes, as after a real reboot (pids
+    /// start again from 1 as well: the container has a pid namespace of its own). A
+    /// container shares this machine's kernel and so its boot id: the lab binds a file of
+    /// its own (`boot_id` in the target's directory) over the container's
+    /// `/proc/sys/kernel/random/boot_id` once it is up, with the target's port blocked
+    /// from this machine until then, so no session can read the kernel's id first and
+    /// see its own boot change under it.
+    pub fn reboot(&self, alias: &str) -> Result<(), LabError> {
+        self.restart(alias, true)
+    }
+
+    fn restart(&self, alias: &str, new_boot: bool) -> Result<(), LabError> {
         let n = self.node(alias)?;
         let t = self.get(alias)?;
+        let boot_file = t.dir.join(BOOT_ID_FILE);
+        if new_boot {
+            // The kernel hands out a fresh random UUID on each read of this file.
+            let id = read(Path::new("/proc/sys/kernel/random/uuid"))?;
+            write(&boot_file, &id, 0o644)?;
+        }
+        let bind_boot = boot_file.exists();
         if self.container_state(alias)? == "paused" {
             docker(&["unpause", &n.container])?;
         }
+        if bind_boot {
+            host_block(t, true)?;
+        }
+        let started = self.kill_and_start(alias).and_then(|()| {
+            if bind_boot {
+                self.bind_boot_id(alias)
+            } else {
+                Ok(())
+            }
+        });
+        let unblocked = if bind_boot {
+            host_block(t, false)
+        } else {
+            Ok(())
+        };
+        started?;
+        unblocked?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        wait_listening(t, n, deadline)?;
+        // The old log was moved aside: the new one holds this start's lines only.
+        sshd::wait_ready(t, &self.state.ssh_config, deadline, 0)
+    }
+
+    /// SIGKILL to the container, then `docker start` once it is gone.
+    fn kill_and_start(&self, alias: &str) -> Result<(), LabError> {
+        let n = self.node(alias)?;
+        let t = self.get(alias)?;
         let _ = docker(&["kill", "--signal", "KILL", &n.container]);
         let deadline = Instant::now() + Duration::from_secs(20);
         while docker(&["inspect", "--format", "{{.State.Running}}", &n.container])? == "true" {
@@ -954,10 +1065,31 @@ impl Lab {
         let _ = std::fs::rename(&t.log, t.log.with_extension("log.before-crash"));
         docker(&["start", &n.container])
             .map_err(|e| t.start_failed(format!("docker start failed: {e}")))?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        wait_listening(t, n, deadline)?;
-        // The old log was moved aside: the new one holds this start's lines only.
-        sshd::wait_ready(t, &self.state.ssh_config, deadline, 0)
+        Ok(())
+    }
+
+    /// Binds the target's `boot_id` file over the kernel's in the container's mount
+    /// namespace. `mount -N` runs this machine's mount and makes only the system call
+    /// there, so the image needs no mount program of its own.
+    fn bind_boot_id(&self, alias: &str) -> Result<(), LabError> {
+        sshd::require_on_path("mount", "mount")?;
+        let pid = self.container_pid(alias)?;
+        let ns = format!("/proc/{pid}/ns/mnt");
+        let source = format!("{INJECT_DIR}/{BOOT_ID_FILE}");
+        let out = run(Command::new("mount").args([
+            "-N",
+            &ns,
+            "--bind",
+            &source,
+            "/proc/sys/kernel/random/boot_id",
+        ]))?;
+        if !out.status.success() {
+            return Err(LabError::Command {
+                command: format!("mount -N {ns} --bind {source} /proc/sys/kernel/random/boot_id"),
+                detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// The pid (in this machine's namespace) of the container's init, for nsenter.
@@ -978,33 +1110,8 @@ impl Lab {
 
     fn nft_in_container(&self, alias: &str, script: &str) -> Result<String, LabError> {
         sshd::require_on_path("nsenter", "util-linux")?;
-        sshd::require_on_path("nft", "nftables")?;
         let pid = self.container_pid(alias)?;
-        let mut child = Command::new("nsenter")
-            .args(["-t", &pid, "-n", "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| LabError::Command {
-                command: "nsenter nft".into(),
-                detail: e.to_string(),
-            })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(script.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(|e| LabError::Command {
-            command: "nsenter nft".into(),
-            detail: e.to_string(),
-        })?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(LabError::Command {
-                command: format!("nsenter -t {pid} -n nft -f -"),
-                detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            })
-        }
+        nft(&["nsenter", "-t", &pid, "-n", "nft", "-f", "-"], script)
     }
 
     pub(crate) fn docker_cut(&self, alias: &str) -> Result<(), LabError> {

@@ -283,6 +283,77 @@ fn container_crash_mid_command_is_interrupted_and_append_only_runs_once_more_onl
     assert_eq!(lines(&fx_here), 2);
 }
 
+/// The boot id target1 reads.
+fn boot_id_there(lab: &Lab) -> String {
+    let out = support::ssh(lab)
+        .args(["target1", "cat /proc/sys/kernel/random/boot_id"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[test]
+fn container_reboot_mid_command_is_interrupted_by_the_new_boot_and_a_convergent_command_runs_again_to_its_end(
+) {
+    let Some(lab) = docker_lab(crate::test_name!(), 1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let (fx, fx_here) = effect(&lab, "rebooted");
+    let (gate, gate_here) = effect(&lab, "rebooted.gate");
+    let executions = || {
+        let dir = fx_here.parent().unwrap();
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_string_lossy();
+                name.starts_with("rebooted.") && name != "rebooted.gate"
+            })
+            .count()
+    };
+    // Convergent (`>`): one file per execution; the first sleeps through the reboot.
+    let cmd = format!("date > {fx}.$$; test -e {gate} || sleep 60; echo finished");
+    let args = ["target1", "--op", "reboot-1", "--", cmd.as_str()];
+    let child = spawn_run(&mut env.opmark_with_lab(&lab), &args);
+    let m = volume_marker(&lab, "reboot-1");
+    wait_for("the command to start", Duration::from_secs(20), || {
+        m.join("proc").exists() && executions() == 1
+    });
+    let boot_here = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(boot_id_there(&lab), boot_here, "one kernel, one boot id");
+    std::fs::write(&gate_here, "").unwrap();
+
+    lab.reboot("target1").unwrap();
+    let rebooted = boot_id_there(&lab);
+    assert_ne!(
+        rebooted, boot_here,
+        "the target reads a boot of its own now"
+    );
+    let out = child.wait_with_output().unwrap();
+    let doc = json(&out);
+    let stderr = text(&out.stderr);
+    assert_eq!(doc["verdict"], "completed", "{doc}\n{stderr}");
+    assert_eq!(doc["stdout"], "finished\n", "{doc}");
+    assert_eq!(
+        executions(),
+        2,
+        "the execution the reboot ended, and one rerun of it: {doc}"
+    );
+    assert!(
+        stderr.contains("reboot"),
+        "the client says why the first execution is over: {stderr}"
+    );
+
+    // A crash after it is not a reboot: the boot id stays the rebooted one.
+    lab.crash("target1").unwrap();
+    assert_eq!(boot_id_there(&lab), rebooted);
+    let (_, again) = run_doc(&env, &lab, &args);
+    assert_eq!(again["verdict"], "replayed", "{again}");
+    assert_eq!(executions(), 2);
+}
+
 #[test]
 fn reconcile_fences_a_dispatch_that_never_reached_a_container_so_the_late_original_cannot_run() {
     let Some(lab) = docker_lab(crate::test_name!(), 1) else {
