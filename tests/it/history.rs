@@ -87,6 +87,48 @@ impl Site<'_> {
         }
     }
 
+    /// Where a convergent command writes its effect files (see
+    /// [`convergent_effect_command`]).
+    fn effects_dir_path(&self) -> &'static str {
+        if self.docker {
+            "/var/lib/opmark-lab/effects.d"
+        } else {
+            "$XDG_STATE_HOME/effects.d"
+        }
+    }
+
+    /// Every effect on `alias`: its log's lines and its convergent commands' files.
+    fn effects(&self, alias: &str) -> Vec<Effect> {
+        let mut text = std::fs::read_to_string(self.effects_here(alias)).unwrap_or_default();
+        let dir = self.effects_here(alias).with_file_name("effects.d");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for f in files {
+            // A file being written may still be empty: its execution counts once whole.
+            let line = std::fs::read_to_string(&f).unwrap_or_default();
+            if line.ends_with('\n') {
+                text.push_str(&line);
+            }
+        }
+        parse_effects(&text)
+    }
+
+    /// A fresh effect log and an empty directory for the convergent commands' files,
+    /// writable by whichever user the commands run as.
+    fn clear_effects(&self, alias: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let log = self.effects_here(alias);
+        let _ = std::fs::remove_file(&log);
+        let dir = log.with_file_name("effects.d");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+
     /// The effect log of `alias`, read from here.
     fn effects_here(&self, alias: &str) -> PathBuf {
         if self.docker {
@@ -199,12 +241,27 @@ struct Intent {
     command: String,
 }
 
+/// Of a round's new intents, how many in a hundred are convergent.
+const CONVERGENT_PERCENT: u32 = 20;
+
 /// The command for `label`: its effect lines go to `log`, each target's own (so a fleet's
 /// hosts log apart).
 fn effect_command(log: &str, label: &str, code: i64, sleep_ms: u64) -> String {
     // `date +%s`: busybox's date may have no `%N`; the checker allows the second.
     format!(
         "echo \"start {label} $(date +%s)\" >> \"{log}\"; sleep {}.{:03}; echo 'end {label} {code}' >> \"{log}\"; exit {code}",
+        sleep_ms / 1000,
+        sleep_ms % 1000
+    )
+}
+
+/// The command of a convergent intent. Its effects cannot go to the log with `>>` (an
+/// append makes the command append-only): each execution writes a file of its own in
+/// `dir` with `>` instead (named by its shell's pid and the second it started), `start
+/// LABEL TIME` when it starts and `end LABEL CODE` beside it just before it exits.
+fn convergent_effect_command(dir: &str, label: &str, code: i64, sleep_ms: u64) -> String {
+    format!(
+        "f=\"{dir}/{label}.$$.$(date +%s)\"; echo \"start {label} $(date +%s)\" > \"$f\"; sleep {}.{:03}; echo 'end {label} {code}' > \"$f.end\"; exit {code}",
         sleep_ms / 1000,
         sleep_ms % 1000
     )
@@ -338,6 +395,9 @@ struct Report {
     faults: BTreeMap<&'static str, usize>,
     indeterminate: usize,
     answered_runs: usize,
+    /// Convergent intents, and their executions that never wrote their end line (a
+    /// crash, a reboot or a cancel ended them: the contract may run those again).
+    convergent: (usize, usize),
     violations: usize,
     lines: Vec<String>,
 }
@@ -355,6 +415,11 @@ impl std::fmt::Display for Report {
             self.indeterminate,
             self.answered_runs,
             100.0 * self.indeterminate as f64 / self.answered_runs.max(1) as f64
+        )?;
+        writeln!(
+            f,
+            "  convergent intents: {} (executions that never ended: {})",
+            self.convergent.0, self.convergent.1
         )?;
         for l in &self.lines {
             writeln!(f, "  VIOLATION {l}")?;
@@ -455,7 +520,7 @@ fn history_round(
     let cfg = fast_loss_config(lab, &dir);
     let agents = agents(pg, site.mcp.as_deref(), seed);
     for t in &site.targets {
-        let _ = std::fs::remove_file(site.effects_here(t));
+        site.clear_effects(t);
     }
     let short_retention = support::short_retention_policy(&dir);
     let disk = (!site.docker).then(|| {
@@ -493,11 +558,14 @@ fn history_round(
         let label = format!("h{seed:x}i{}", intents.len());
         let code = rng.random_range(0..4);
         let sleep_ms = rng.random_range(0..1500);
+        let command = if rng.random_ratio(CONVERGENT_PERCENT, 100) {
+            history.convergent.insert(label.clone());
+            convergent_effect_command(site.effects_dir_path(), &label, code, sleep_ms)
+        } else {
+            effect_command(site.effects_path(), &label, code, sleep_ms)
+        };
         history.label_code.insert(label.clone(), code);
-        intents.push(Intent {
-            command: effect_command(site.effects_path(), &label, code, sleep_ms),
-            label,
-        });
+        intents.push(Intent { command, label });
         intents.len() - 1
     };
 
@@ -685,12 +753,19 @@ fn history_round(
                     let t = site.pick(&mut rng);
                     // (A cut container cannot show that it answers again.)
                     if !cut_until.contains_key(t) {
-                        lab.crash(t).unwrap();
+                        // A reboot is a crash whose host then reads a new boot id.
+                        let fault = if rng.random_bool(0.5) {
+                            lab.reboot(t).unwrap();
+                            "container reboot"
+                        } else {
+                            lab.crash(t).unwrap();
+                            "container crash and restart"
+                        };
                         // After: every process of before is gone by now, and a claim
                         // made since has a supervisor.
                         crashed_at.insert(t, std::time::SystemTime::now());
                         paused_until.remove(t);
-                        *faults.entry("container crash and restart").or_default() += 1;
+                        *faults.entry(fault).or_default() += 1;
                     }
                 }
                 4 => {
@@ -832,8 +907,7 @@ fn history_round(
         );
     }
     for t in &site.targets {
-        let log = std::fs::read_to_string(site.effects_here(t)).unwrap_or_default();
-        history.effects.insert(t.to_string(), parse_effects(&log));
+        history.effects.insert(t.to_string(), site.effects(t));
     }
     if let Some(disk) = disk {
         drop(disk);
@@ -857,6 +931,20 @@ fn history_round(
         faults,
         indeterminate: 0,
         answered_runs: 0,
+        convergent: (
+            history.convergent.len(),
+            history
+                .effects
+                .values()
+                .flatten()
+                .map(|e| match e {
+                    Effect::Start { label, .. } if history.convergent.contains(label) => 1,
+                    Effect::End { label, .. } if history.convergent.contains(label) => -1,
+                    _ => 0,
+                })
+                .sum::<i64>()
+                .max(0) as usize,
+        ),
         violations: violations.len(),
         lines: violations
             .iter()
@@ -1064,8 +1152,7 @@ fn operator(site: &Site, agents: &[Agent], cfg: &Path, history: &mut History, se
             if !site.targets.contains(&host) {
                 continue;
             }
-            let log = std::fs::read_to_string(site.effects_here(host)).unwrap_or_default();
-            let lines = parse_effects(&log);
+            let lines = site.effects(host);
             let starts = lines
                 .iter()
                 .filter(|e| matches!(e, Effect::Start { label: l, .. } if *l == label))

@@ -9,6 +9,11 @@
 //! `--repeats`, or an undeclared one the policy should hold), and the command cannot know
 //! the op id it runs under. So effects are counted per intent and host, and bounded by
 //! the op ids of that intent that could have run there.
+//!
+//! A convergent intent is the exception the policy makes: its contract reruns an
+//! interrupted claim (the command died without its end line: a crash, a reboot), so an op
+//! id of it may start more than once. Its bound is on executions that ran to their end:
+//! at most one per op id, since a rerun only follows an execution that never ended.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,6 +98,8 @@ pub struct History {
     pub op_label: BTreeMap<String, String>,
     /// The exit status each intent's command chooses.
     pub label_code: BTreeMap<String, i64>,
+    /// The intents whose command is convergent (rerun after an interruption).
+    pub convergent: BTreeSet<String>,
     /// Per host, its effect log in order.
     pub effects: BTreeMap<String, Vec<Effect>>,
     /// The ledgers' final word per operation.
@@ -126,6 +133,24 @@ impl History {
                 .filter(|e| matches!(e, Effect::Start { label: l, .. } if l == label))
                 .count()
         })
+    }
+
+    fn ends(&self, label: &str, host: &str) -> usize {
+        self.effects.get(host).map_or(0, |log| {
+            log.iter()
+                .filter(|e| matches!(e, Effect::End { label: l, .. } if l == label))
+                .count()
+        })
+    }
+
+    /// The executions of `label` on `host` the at-most-once bound counts: every start, or
+    /// for a convergent intent those that ran to their end (see the module's comment).
+    fn executions(&self, label: &str, host: &str) -> usize {
+        if self.convergent.contains(label) {
+            self.ends(label, host)
+        } else {
+            self.starts(label, host)
+        }
     }
 
     /// The statuses an execution of `label` on `host` really ended with.
@@ -222,7 +247,7 @@ pub fn check(h: &History) -> Vec<Violation> {
         }
     }
     for (label, host) in &seen_hosts {
-        let starts = h.starts(label, host);
+        let starts = h.executions(label, host);
         let ops = sends.get(&(label.clone(), host.clone()));
         let could: Vec<&String> = ops
             .map(|o| o.iter().filter(|op| h.may_have_run(op, host)).collect())
@@ -243,7 +268,8 @@ pub fn check(h: &History) -> Vec<Violation> {
                     "said-nothing-ran"
                 },
                 detail: format!(
-                    "intent {label} ran {starts} times on {host}, but only {} of its op ids could have run there ({}); answers: {}",
+                    "intent {label} ran {starts} times{} on {host}, but only {} of its op ids could have run there ({}); answers: {}",
+                    if h.convergent.contains(label) { " to its end" } else { "" },
                     could.len(),
                     could.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
                     said.join("; ")
@@ -458,6 +484,39 @@ mod tests {
 
     fn rules(h: &History) -> Vec<&'static str> {
         check(h).into_iter().map(|v| v.rule).collect()
+    }
+
+    #[test]
+    fn a_convergent_intent_rerun_after_an_interruption_is_clean_where_an_append_is_a_double_execution(
+    ) {
+        // The first execution died without its end line (the host rebooted); the client's
+        // probe found the claim interrupted and, the command being convergent, ran it again.
+        let effects = vec![start(), start(), end(3)];
+        let answers = || vec![run(0, "o1", "t1", verdict("t1", "completed", Some(3)))];
+        let mut h = history(effects.clone(), answers());
+        h.convergent.insert("I1".into());
+        assert_eq!(rules(&h), Vec::<&str>::new());
+        let append_only = history(effects, answers());
+        assert_eq!(rules(&append_only), vec!["at-most-once"]);
+    }
+
+    #[test]
+    fn a_convergent_intent_that_ran_to_its_end_twice_under_one_op_id_is_a_double_execution() {
+        let mut h = history(
+            vec![start(), end(3), start(), end(3)],
+            vec![
+                run(0, "o1", "t1", verdict("t1", "completed", Some(3))),
+                run(1, "o1", "t1", verdict("t1", "completed", Some(3))),
+            ],
+        );
+        h.convergent.insert("I1".into());
+        let found = check(&h);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].rule, "at-most-once");
+        assert!(
+            found[0].detail.contains("ran 2 times to its end"),
+            "{found:?}"
+        );
     }
 
     #[test]
