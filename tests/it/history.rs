@@ -368,7 +368,10 @@ fn containers_of_every_host_kind_under_pause_crash_and_cuts_keep_every_promise()
             mcp: mcp.clone(),
         };
         let started = Instant::now();
-        let report = history_round(&site, pg.as_ref(), *seed, DOCKER_OPERATIONS);
+        // The long mode's count applies here too (per host kind).
+        let operations = std::env::var_os("OPMARK_HISTORY_OPERATIONS")
+            .map_or(DOCKER_OPERATIONS, |_| operations());
+        let report = history_round(&site, pg.as_ref(), *seed, operations);
         eprintln!("{} {report}", kind.as_str());
         eprintln!(
             "seed {seed} on {}: done in {:.0?}",
@@ -715,7 +718,8 @@ fn history_round(
 
         // A fault now and then.
         if rng.random_bool(0.3) {
-            match rng.random_range(0..9) {
+            let choice = rng.random_range(0..9);
+            match choice {
                 0 => {
                     let t = site.pick(&mut rng);
                     if !cut_until.contains_key(t) {
@@ -749,12 +753,12 @@ fn history_round(
                         *faults.entry("container pause").or_default() += 1;
                     }
                 }
-                5 if site.docker => {
+                5 | 6 if site.docker => {
                     let t = site.pick(&mut rng);
                     // (A cut container cannot show that it answers again.)
                     if !cut_until.contains_key(t) {
                         // A reboot is a crash whose host then reads a new boot id.
-                        let fault = if rng.random_bool(0.5) {
+                        let fault = if choice == 6 {
                             lab.reboot(t).unwrap();
                             "container reboot"
                         } else {
