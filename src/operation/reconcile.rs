@@ -519,16 +519,7 @@ async fn host_job(
         tasks.spawn_local(async move {
             let _permit = calls.acquire_owned().await;
             let found = examine(&session, &op, fence).await;
-            // The shim refused before acting: another store of evidence.
-            let found = match found {
-                Evidence::Refused(r) if r.reason == RefusalReason::RootChanged => {
-                    Evidence::HostChanged(recorded.root_changed(&host, op.as_str(), &r))
-                }
-                Evidence::Refused(r) => {
-                    Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
-                }
-                other => other,
-            };
+            let found = read_refusal(found, |r| recorded.root_changed(&host, op.as_str(), r));
             (i, found)
         });
     }
@@ -540,24 +531,58 @@ async fn host_job(
     out
 }
 
-/// Probe one marker; fence it when it is absent and `fence` says that is safe.
-async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
-    let probe = match session.probe(op).await {
-        Ok(m) => m,
-        Err(CallError::Refused(r)) => return Evidence::Refused(r),
-        Err(CallError::NoAnswer(_)) => {
-            return Evidence::Unreachable("the shim answered without a probe frame".into())
+/// What a refusal of the probe or the fence means for reconcile: a marker root with
+/// another id than the attempts reached is another store of evidence (`root_changed`
+/// says which, in words); any other refusal leaves the host unread. Other evidence
+/// passes unchanged.
+fn read_refusal(found: Evidence, root_changed: impl FnOnce(&Refusal) -> String) -> Evidence {
+    match found {
+        Evidence::Refused(r) if r.reason == RefusalReason::RootChanged => {
+            Evidence::HostChanged(root_changed(&r))
         }
-        Err(e) => return Evidence::Unreachable(e.to_string()),
+        Evidence::Refused(r) => {
+            Evidence::Unreachable(format!("the shim refused the probe ({})", r.reason))
+        }
+        other => other,
+    }
+}
+
+/// What a probe's answer leads to: evidence, or a fence of the absent marker.
+#[derive(Debug, PartialEq)]
+enum AfterProbe {
+    Evidence(Evidence),
+    /// The marker is absent and fencing it is safe: fence, then [`after_fence`].
+    Fence(MarkerInfo),
+}
+
+/// Reads the probe's answer; `fence` says whether an absent marker is to be fenced
+/// ([`fence_if_absent`]).
+fn after_probe(answer: Result<MarkerInfo, CallError>, fence: bool) -> AfterProbe {
+    let probe = match answer {
+        Ok(m) => m,
+        Err(CallError::Refused(r)) => return AfterProbe::Evidence(Evidence::Refused(r)),
+        Err(CallError::NoAnswer(_)) => {
+            return AfterProbe::Evidence(Evidence::Unreachable(
+                "the shim answered without a probe frame".into(),
+            ))
+        }
+        Err(e) => return AfterProbe::Evidence(Evidence::Unreachable(e.to_string())),
     };
     if probe.state != MarkerState::Absent || !fence {
-        return Evidence::Marker {
+        return AfterProbe::Evidence(Evidence::Marker {
             probe: Box::new(probe),
             fence: None,
-        };
+        });
     }
-    let result = match session.fence(op, false).await {
-        Ok(fenced) => FenceResult::Fenced(fenced.marker),
+    AfterProbe::Fence(probe)
+}
+
+/// Reads the fence's answer after `probe` found the marker absent. A refusal that shows
+/// a marker claimed since is what the fence found; a root of another id is refused
+/// evidence ([`read_refusal`]); anything else is a fence that did not happen.
+fn after_fence(probe: MarkerInfo, answer: Result<MarkerInfo, CallError>) -> Evidence {
+    let result = match answer {
+        Ok(fenced) => FenceResult::Fenced(fenced),
         Err(CallError::Refused(r)) if r.reason == RefusalReason::RootChanged => {
             return Evidence::Refused(r)
         }
@@ -571,6 +596,17 @@ async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
     Evidence::Marker {
         probe: Box::new(probe),
         fence: Some(result),
+    }
+}
+
+/// Probe one marker; fence it when it is absent and `fence` says that is safe.
+async fn examine(session: &Host, op: &OpId, fence: bool) -> Evidence {
+    match after_probe(session.probe(op).await, fence) {
+        AfterProbe::Evidence(found) => found,
+        AfterProbe::Fence(probe) => {
+            let answer = session.fence(op, false).await.map(|f| f.marker);
+            after_fence(probe, answer)
+        }
     }
 }
 
@@ -664,6 +700,114 @@ mod tests {
             err_bytes: None,
             fields: BTreeMap::new(),
         }
+    }
+
+    fn refusal(reason: &str, marker: Option<MarkerInfo>) -> Box<Refusal> {
+        Box::new(Refusal {
+            reason: RefusalReason::parse(reason).expect("a shim word"),
+            replay: false,
+            marker,
+            fields: BTreeMap::new(),
+        })
+    }
+
+    #[test]
+    fn a_refusal_for_another_marker_root_reads_as_host_changed_and_any_other_as_unreachable() {
+        let other_root = Evidence::Refused(refusal("root_changed", None));
+        assert_eq!(
+            read_refusal(other_root, |r| format!("host changed ({})", r.reason)),
+            Evidence::HostChanged("host changed (root_changed)".into())
+        );
+        let bad_args = Evidence::Refused(refusal("bad_args", None));
+        assert_eq!(
+            read_refusal(bad_args, |_| unreachable!("not a root of another id")),
+            Evidence::Unreachable("the shim refused the probe (bad_args)".into())
+        );
+        let found = Evidence::Marker {
+            probe: Box::new(marker(MarkerState::Running, Some("a1"), None)),
+            fence: None,
+        };
+        assert_eq!(
+            read_refusal(found.clone(), |_| unreachable!("no refusal")),
+            found
+        );
+    }
+
+    #[test]
+    fn a_probe_leads_to_a_fence_only_for_an_absent_marker_and_only_when_fencing_is_safe() {
+        let absent = marker(MarkerState::Absent, None, None);
+        let running = marker(MarkerState::Running, Some("a1"), None);
+        assert_eq!(
+            after_probe(Ok(absent.clone()), true),
+            AfterProbe::Fence(absent.clone())
+        );
+        for (answer, fence) in [(absent, false), (running, true)] {
+            assert_eq!(
+                after_probe(Ok(answer.clone()), fence),
+                AfterProbe::Evidence(Evidence::Marker {
+                    probe: Box::new(answer),
+                    fence: None
+                })
+            );
+        }
+        let r = refusal("bad_args", None);
+        assert_eq!(
+            after_probe(Err(CallError::Refused(r.clone())), true),
+            AfterProbe::Evidence(Evidence::Refused(r))
+        );
+        assert_eq!(
+            after_probe(Err(CallError::NoAnswer("probe")), true),
+            AfterProbe::Evidence(Evidence::Unreachable(
+                "the shim answered without a probe frame".into()
+            ))
+        );
+        assert_eq!(
+            after_probe(Err(CallError::NotSent("connection closed".into())), true),
+            AfterProbe::Evidence(Evidence::Unreachable("connection closed".into()))
+        );
+    }
+
+    #[test]
+    fn a_fence_refused_over_a_marker_claimed_since_reports_that_marker_and_another_root_is_refused_evidence(
+    ) {
+        let absent = marker(MarkerState::Absent, None, None);
+        let fenced = marker(MarkerState::Fenced, None, None);
+        let claimed = marker(MarkerState::Running, Some("a2"), None);
+        let with = |fence: FenceResult| Evidence::Marker {
+            probe: Box::new(absent.clone()),
+            fence: Some(fence),
+        };
+        assert_eq!(
+            after_fence(absent.clone(), Ok(fenced.clone())),
+            with(FenceResult::Fenced(fenced))
+        );
+        let busy = refusal("running", Some(claimed.clone()));
+        assert_eq!(
+            after_fence(absent.clone(), Err(CallError::Refused(busy))),
+            with(FenceResult::Claimed(claimed))
+        );
+        for shown in [Some(absent.clone()), None] {
+            let refused = refusal("bad_args", shown);
+            assert_eq!(
+                after_fence(absent.clone(), Err(CallError::Refused(refused))),
+                with(FenceResult::Failed(
+                    "the shim refused to fence (bad_args)".into()
+                ))
+            );
+        }
+        let other_root = refusal("root_changed", None);
+        assert_eq!(
+            after_fence(absent.clone(), Err(CallError::Refused(other_root.clone()))),
+            Evidence::Refused(other_root)
+        );
+        assert_eq!(
+            after_fence(absent.clone(), Err(CallError::NoAnswer("fence"))),
+            with(FenceResult::Failed("no fence answer".into()))
+        );
+        assert_eq!(
+            after_fence(absent.clone(), Err(CallError::NotSent("gone".into()))),
+            with(FenceResult::Failed("gone".into()))
+        );
     }
 
     fn decision(s: &Settlement) -> &str {

@@ -197,7 +197,7 @@ impl Agent {
                     env!("CARGO_MANIFEST_DIR"),
                     "/tests/mcp/history_call.py"
                 ))
-                .arg(env!("CARGO_BIN_EXE_opmark"))
+                .arg(support::opmark_bin())
                 .arg(cfg)
                 .arg(args.to_string())
                 .env_clear()
