@@ -13,14 +13,12 @@
 //! Operations: fresh ones, reruns of an op id (by another agent too, on another ledger),
 //! races of one new op id from three agents at once, new op ids for an intent already sent
 //! (declared with `--repeats`, and undeclared), fleets of three hosts, `--detach`, cancels
-//! and gc with a retention of a second. Faults: link cut and heal, client SIGKILL, keeper
-//! SIGKILL and SIGSTOP, resident shim SIGKILL and SIGSTOP, sshd restart, a full disk on a
-//! marker root, the PostgreSQL server restarted.
-//!
-//! Not yet here (say so before claiming them): the docker host kinds (busybox + OpenSSH,
-//! busybox + dropbear; container pause and restart), agents through `opmark mcp`, and the
-//! convergent family (its contract reruns an interrupted claim, so its effects need a
-//! bound of their own).
+//! and gc with a retention of a second; a fifth of the intents are convergent, the rest
+//! append-only. A fifth agent goes through `opmark mcp` with the official Python SDK when
+//! it is installed. Faults: link cut and heal, client SIGKILL, keeper SIGKILL and
+//! SIGSTOP, resident shim SIGKILL and SIGSTOP, sshd restart, a full disk on a marker root,
+//! the PostgreSQL server restarted; on the docker host kinds (busybox + OpenSSH, busybox +
+//! dropbear, Debian), container pause, crash-and-restart and reboot (a new boot id).
 //!
 //!     cargo test --test it history::                                  one random seed (CI: 3 known seeds first)
 //!     OPMARK_HISTORY_SEED=42 cargo test --test it history::           replay a seed

@@ -11,7 +11,7 @@ use opmark::op_id::OpId;
 use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunRequest, StdinSpec, Verb};
 use sha2::{Digest, Sha256};
 
-use crate::support::lines;
+use crate::support::{lines, text};
 
 /// The script under test: the shipped one, or the mutant of it that
 /// `OPMARK_SHIM_UNDER_TEST` names (scripts/mutate-shim.sh runs these tests once per guard
@@ -1472,6 +1472,62 @@ fn forge_crash(host: &Host, op: &str) {
     .unwrap();
 }
 
+/// The start time (clock ticks since boot, /proc/PID/stat's 22nd field) of `pid`.
+fn start_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    rest.split(' ').nth(19).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_live_member_of_the_recorded_session_keeps_it_running_unless_it_is_older_than_the_supervisor() {
+    // A session whose leader is gone and whose one member, a sleep, lives on: what a
+    // killed supervisor leaves when its command outlives it.
+    let out = Command::new("setsid")
+        .args(["sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $$ $!"])
+        .output()
+        .unwrap();
+    let said = text(&out.stdout);
+    let (sid, member) = said.trim().split_once(' ').unwrap();
+    let member_start = start_ticks(member);
+    for (name, shell) in shells() {
+        let host = Host::new("session-member", &shell);
+        let first = host.run("outlived", "a1", "true");
+        assert_eq!(first.exit().unwrap().code, 0, "{name}: {first:?}");
+        wait_supervisor_gone(&host, "outlived");
+        let m = host.marker("outlived");
+        std::fs::remove_file(m.join("exit")).unwrap();
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+        let forge = |supervisor_start: u64| {
+            std::fs::write(
+                m.join("proc"),
+                format!(
+                    "pid={sid}\nstart={supervisor_start}\nboot={}\n",
+                    boot.trim()
+                ),
+            )
+            .unwrap();
+        };
+        // The supervisor started with its session: the member may be its command.
+        forge(member_start);
+        assert_eq!(
+            host.probe("outlived").state,
+            MarkerState::Running,
+            "{name}: a member of the session lives"
+        );
+        // A supervisor started after the member: the member predates the session the
+        // record names (the session id was the kernel's to hand out again), not its command.
+        forge(member_start + 100);
+        assert_eq!(
+            host.probe("outlived").state,
+            MarkerState::Interrupted,
+            "{name}: a member older than the supervisor is another session's"
+        );
+    }
+    kill(member.parse().unwrap(), "KILL");
+}
+
 /// Whether this machine lets a test hide /proc in a mount namespace (root, unshare).
 fn can_hide_proc(test: &str) -> bool {
     if !is_root() || which("unshare").is_none() {
@@ -2723,6 +2779,47 @@ fn fence_refuses_a_running_claim_and_gc_keeps_markers_younger_than_its_age() {
 }
 
 #[test]
+fn gc_reclaims_old_cached_shims_of_other_versions_never_the_callers_own() {
+    for (name, shell) in shells() {
+        let host = Host::new("gc-own-shim", &shell);
+        let ran = host.run("setup", "a1", "true");
+        assert_eq!(ran.exit().unwrap().code, 0, "{name}: {ran:?}");
+        // Two cached copies two hours old: the caller's own (it names it by its hash, as a
+        // call whose text came in the channel does) and another version's.
+        let cache = host.root().join("shim");
+        std::fs::create_dir_all(&cache).unwrap();
+        let own = format!("{}.sh", "a".repeat(64));
+        let other = format!("{}.sh", "b".repeat(64));
+        for f in [&own, &other] {
+            std::fs::write(cache.join(f), "# a cached shim\n").unwrap();
+            let status = Command::new("touch")
+                .args(["-d", "2 hours ago"])
+                .arg(cache.join(f))
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let gc = Verb::Gc {
+            older_than: Duration::from_secs(60),
+            dry_run: false,
+            tombstones_older_than: None,
+        };
+        let mut args = vec![format!("h={}", "a".repeat(64))];
+        args.extend(gc.args());
+        let out = host.call_args(args, &shim::local_data(&gc, b""));
+        assert!(out.refusal().is_none(), "{name}: gc answered: {out:?}");
+        assert!(
+            !cache.join(&other).exists(),
+            "{name}: another version's old copy is reclaimed: {out:?}"
+        );
+        assert!(
+            cache.join(&own).exists(),
+            "{name}: the caller's own copy is never reclaimed: {out:?}"
+        );
+    }
+}
+
+#[test]
 fn gc_keeps_the_newest_slot_of_each_intent_in_the_index() {
     for (name, shell) in shells() {
         let host = Host::new("gc-index", &shell);
@@ -2799,6 +2896,99 @@ fn a_fence_of_an_interrupted_claim_whose_command_started_says_so_and_needs_force
             marker.started_before_fence(),
             "{name}: the record must say the command had started: {marker:?}"
         );
+        // The fence is the op id's last word: a run under it hears `fenced` whatever its
+        // command, not `conflict` (which would send its caller to fix the command).
+        let other = host.run("crashed", "a2", "echo another command");
+        assert_eq!(
+            other.refusal().map(|r| r.reason.to_string()),
+            Some("fenced".to_owned()),
+            "{name}: {other:?}"
+        );
+    }
+}
+
+/// A directory with a `mkdir` that makes the directory it is asked for and then, when
+/// that is a marker's `.superseding` lock, says so (`waiting` in `dir`) and waits for
+/// `go` there: the window between a superseder's lock and its second look at the marker,
+/// held open for a test.
+fn mkdir_that_pauses_after_the_supersede_lock(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let real = which("mkdir").expect("mkdir");
+    let bin = dir.join("pausing-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let script = bin.join("mkdir");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n{real} \"$@\" || exit\ncase $* in\n*/.superseding) : >'{dir}/waiting'\n\twhile [ ! -e '{dir}/go' ]; do sleep 0.05; done ;;\nesac\n",
+            real = real.display(),
+            dir = dir.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+#[test]
+fn a_supersede_that_loses_the_race_to_a_fence_refuses_and_runs_nothing() {
+    // busybox ash runs its own mkdir applet, never one found on PATH, so the window cannot
+    // be held open there; the guard is the same line under every shell.
+    for (name, shell) in shells().into_iter().filter(|(n, _)| *n != "busybox-ash") {
+        let host = Host::new("supersede-race", &shell);
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}", effects.display());
+        let first = host.run("raced", "a1", &cmd);
+        assert_eq!(first.exit().unwrap().code, 0, "{name}: {first:?}");
+        // Interrupted: it started, and its supervisor is gone without an exit record.
+        forge_crash(&host, "raced");
+        let pause = host.state_home.join("pause");
+        std::fs::create_dir_all(&pause).unwrap();
+        let bin = mkdir_that_pauses_after_the_supersede_lock(&pause);
+
+        let op = OpId::parse("raced").unwrap();
+        let fingerprint = fp(&cmd);
+        let mut req = run_request(&op, &fingerprint, &cmd, opmark::secret::Secrets::none());
+        req.attempt_id = "a2";
+        req.family = Family::Convergent;
+        req.supersede_interrupted = true;
+        let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+        let superseder = host
+            .command(&Verb::Run(req))
+            .env("PATH", path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        host.wait_for_file(&pause.join("waiting"));
+        // In the window, an operator fences the interrupted claim.
+        let fence = host.call(
+            &Verb::Fence {
+                op: &op,
+                force: true,
+            },
+            b"",
+        );
+        assert_eq!(
+            fence.marker().state,
+            MarkerState::Fenced,
+            "{name}: {fence:?}"
+        );
+        std::fs::write(pause.join("go"), "").unwrap();
+
+        let out = superseder.wait_with_output().unwrap();
+        let o = parse(&out.stdout, &out.stderr);
+        assert_eq!(
+            o.refusal().map(|r| r.reason.to_string()),
+            Some("fenced".to_owned()),
+            "{name}: the second look after the lock sees the fence: {o:?}"
+        );
+        assert_eq!(
+            lines(&effects),
+            1,
+            "{name}: only the execution before the crash"
+        );
+        assert_eq!(host.probe("raced").state, MarkerState::Fenced, "{name}");
     }
 }
 
