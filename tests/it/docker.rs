@@ -550,7 +550,7 @@ fn image_option_without_docker_placement_or_unknown_image_is_refused_with_the_fi
     );
     // The docker-only fault verbs on a loopback target: a usage problem with the fix.
     if let Some(lab) = crate::loopback_lab!(1) {
-        for verb in ["pause", "resume", "crash"] {
+        for verb in ["pause", "resume", "crash", "reboot"] {
             let out = env
                 .opmark()
                 .args(["lab", verb, "target1", "--dir"])
