@@ -1514,25 +1514,36 @@ boot=$boot"
 	# recent claim under another op id (a claim of an op id already taken is answered
 	# from its marker below, as before).
 	[ -d "$m" ] || repeat_check
-	# mkdir's message kept: by the time resource_cause looks, another process may have
-	# freed the inode this mkdir found missing.
-	if mk_err=$(mkdir "$m" 2>&1); then
-		if ! prepare_marker "$m"; then
-			# Nothing can have started: take the claim back, so that no empty or
-			# half-written marker reads as running or interrupted later.
-			resource_cause
-			rm -rf "$m"
-			sync "$root/ops"
+	# A marker found taken can be gone a moment later: a supersede swaps an interrupted
+	# claim for its own through two renames, a claim that could not start is taken back.
+	# Its name is free then, so the claim is tried again (a few times: nothing else
+	# removes a marker that quickly), never answered as absent or as an unusable root.
+	cl_try=0
+	while :; do
+		cl_try=$((cl_try + 1))
+		# mkdir's message kept: by the time resource_cause looks, another process may
+		# have freed the inode this mkdir found missing.
+		if mk_err=$(mkdir "$m" 2>&1); then
+			if ! prepare_marker "$m"; then
+				# Nothing can have started: take the claim back, so that no empty or
+				# half-written marker reads as running or interrupted later.
+				resource_cause
+				rm -rf "$m"
+				sync "$root/ops"
+				refuse "root_unusable reason=$cause"
+			fi
+			break
+		elif [ -d "$m" ]; then
+			# Returns 0 only after an interrupted claim was replaced by ours, 1 when the
+			# marker was gone by the time its state was read.
+			answer_taken_claim && break
+			[ "$cl_try" -lt 5 ] || refuse "absent $(describe)"
+		elif [ "$cl_try" -ge 5 ]; then
+			# Neither made nor taken: the marker root cannot hold a new directory.
+			resource_cause "$mk_err"
 			refuse "root_unusable reason=$cause"
 		fi
-	elif ! [ -d "$m" ]; then
-		# Neither made nor taken: the marker root cannot hold a new directory.
-		resource_cause "$mk_err"
-		refuse "root_unusable reason=$cause"
-	else
-		# Returns only after an interrupted claim was replaced by ours.
-		answer_taken_claim
-	fi
+	done
 	# prepare_marker moved the command into the claim.
 	cmd_spool=
 	[ -n "$spool" ] && mv -f "$spool" "$m/stdin"
@@ -2140,15 +2151,17 @@ answer_taken_claim() {
 	running) refuse "running $(describe)" ;;
 	interrupted)
 		[ "$sup" = 1 ] || refuse "interrupted $(describe)"
-		supersede_marker "$attempt"
+		supersede_marker "$attempt" || return 1
 		frame "U superseded_by=$attempt"
 		;;
+	absent) return 1 ;;
 	*) refuse "$st $(describe)" ;;
 	esac
 }
 
 # supersede_marker BY: replaces the interrupted claim at $m by our complete claim and
-# moves the old one aside (kept for audit), or refuses leaving it untouched. The new
+# moves the old one aside (kept for audit), or refuses leaving it untouched; false when
+# the marker was gone (another superseder's swap) so the caller claims again. The new
 # marker is built beside it first, so a full disk can never leave the op id without
 # evidence; the swap itself is two renames, which need no free space.
 supersede_marker() {
@@ -2156,6 +2169,8 @@ supersede_marker() {
 	# aside as if it were the old one.
 	if ! mkdir "$m/.superseding" 2>/dev/null; then
 		state "$op"
+		# Gone between the renames of another superseder's swap: claim again.
+		[ "$st" != absent ] || return 1
 		[ -d "$m/.superseding" ] || [ "$st" != interrupted ] || {
 			resource_cause
 			refuse "interrupted $(describe) supersede_failed=$cause"

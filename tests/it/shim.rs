@@ -2907,6 +2907,59 @@ fn a_fence_of_an_interrupted_claim_whose_command_started_says_so_and_needs_force
     }
 }
 
+#[test]
+fn a_claim_that_finds_the_marker_gone_after_its_mkdir_failed_claims_again_and_runs_once() {
+    use std::os::unix::fs::PermissionsExt;
+    // busybox ash runs its own mkdir applet, never one found on PATH.
+    for (name, shell) in shells().into_iter().filter(|(n, _)| *n != "busybox-ash") {
+        let host = Host::new("claim-again", &shell);
+        let setup = host.run("setup", "a0", "true");
+        assert_eq!(setup.exit().unwrap().code, 0, "{name}: {setup:?}");
+        // Another call's claim of the op id, which it is about to take back (its
+        // supervisor could not start) or to swap for its own (a supersede's two renames).
+        let marker = host.marker("retaken");
+        std::fs::create_dir_all(&marker).unwrap();
+        // The first mkdir of the marker fails, as the name is taken, and the other call's
+        // claim goes before this one reads what took it.
+        let bin = host.state_home.join("vanishing-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let once = host.state_home.join("vanished");
+        let script = bin.join("mkdir");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n{real} \"$@\" && exit 0\ncase $* in\n*/ops/retaken) [ -e '{once}' ] || {{ : >'{once}'; rm -rf '{marker}'; }} ;;\nesac\nexit 1\n",
+                real = which("mkdir").unwrap().display(),
+                once = once.display(),
+                marker = marker.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}", effects.display());
+        let op = OpId::parse("retaken").unwrap();
+        let fingerprint = fp(&cmd);
+        let req = run_request(&op, &fingerprint, &cmd, opmark::secret::Secrets::none());
+        let out = host
+            .command(&Verb::Run(req))
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .output()
+            .unwrap();
+        let o = parse(&out.stdout, &out.stderr);
+        assert!(once.exists(), "{name}: the claim met the taken name");
+        assert_eq!(
+            o.exit().map(|e| e.code),
+            Some(0),
+            "{name}: claimed on the second try and ran, not refused as absent or as an unusable root: {o:?}"
+        );
+        assert_eq!(lines(&effects), 1, "{name}");
+    }
+}
+
 /// A directory with a `mkdir` that makes the directory it is asked for and then, when
 /// that is a marker's `.superseding` lock, says so (`waiting` in `dir`) and waits for
 /// `go` there: the window between a superseder's lock and its second look at the marker,
