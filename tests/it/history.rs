@@ -29,7 +29,7 @@ mod checker;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -282,7 +282,41 @@ struct Flight {
     op: String,
     hosts: Vec<String>,
     runs: bool,
-    child: Child,
+    child: Waiting,
+}
+
+/// A child process whose exit a thread of its own waits for, so that its answer is timed
+/// when it exited, not when the schedule's loop next looks (a container's reboot can hold
+/// the loop for seconds, and a `not_applied` timed late would seem to follow an execution
+/// that began after it).
+struct Waiting {
+    pid: u32,
+    exited: std::thread::JoinHandle<(f64, std::process::Output)>,
+}
+
+impl Waiting {
+    fn spawn(c: &mut Command) -> Waiting {
+        let child = c.spawn().unwrap();
+        let pid = child.id();
+        let exited = std::thread::spawn(move || {
+            let out = child.wait_with_output().unwrap();
+            (now(), out)
+        });
+        Waiting { pid, exited }
+    }
+
+    fn id(&self) -> u32 {
+        self.pid
+    }
+
+    fn has_exited(&self) -> bool {
+        self.exited.is_finished()
+    }
+
+    /// When it exited, and what it wrote.
+    fn wait(self) -> (f64, std::process::Output) {
+        self.exited.join().unwrap()
+    }
 }
 
 fn operations() -> usize {
@@ -664,7 +698,7 @@ fn history_round(
                     op: op.clone(),
                     hosts: hosts.iter().map(|h| h.to_string()).collect(),
                     runs: true,
-                    child: c.spawn().unwrap(),
+                    child: Waiting::spawn(&mut c),
                 });
                 seq += 1;
             }
@@ -685,7 +719,7 @@ fn history_round(
                     op: s.op.clone(),
                     hosts: vec![host.to_string()],
                     runs: false,
-                    child: c.spawn().unwrap(),
+                    child: Waiting::spawn(&mut c),
                 });
                 seq += 1;
             }
@@ -707,7 +741,7 @@ fn history_round(
                     op: String::new(),
                     hosts: vec![host.to_string()],
                     runs: false,
-                    child: c.spawn().unwrap(),
+                    child: Waiting::spawn(&mut c),
                 });
                 seq += 1;
             }
@@ -828,10 +862,11 @@ fn history_round(
 
         // Answers.
         let mut still = Vec::new();
-        for mut f in flights.drain(..) {
-            match f.child.try_wait().unwrap() {
-                Some(_) => history.invocations.push(land(f, &agents)),
-                None => still.push(f),
+        for f in flights.drain(..) {
+            if f.child.has_exited() {
+                history.invocations.push(land(f, &agents));
+            } else {
+                still.push(f);
             }
         }
         flights = still;
@@ -1004,7 +1039,12 @@ fn kill_or_stop(
 
 /// The invocation `f` as the history keeps it (its child has exited or been killed).
 fn land(f: Flight, agents: &[Agent]) -> Invocation {
-    let out = f.child.wait_with_output().unwrap();
+    let (exited_at, out) = f.child.wait();
+    // The MCP agent's Python says when its answer came: its server's shutdown follows.
+    let answered_at = serde_json::from_slice::<Value>(&out.stdout)
+        .ok()
+        .and_then(|doc| doc["_answered_at"].as_f64())
+        .unwrap_or(exited_at);
     let status = out.status.code();
     let outcome = if status.is_none() {
         Outcome::Killed
@@ -1052,7 +1092,7 @@ fn land(f: Flight, agents: &[Agent]) -> Invocation {
         hosts: f.hosts,
         runs: f.runs,
         outcome,
-        answered_at: now(),
+        answered_at,
     }
 }
 
@@ -1226,7 +1266,7 @@ fn final_reruns(
             op: s.op.clone(),
             hosts: s.hosts.iter().map(|h| h.to_string()).collect(),
             runs: true,
-            child: c.spawn().unwrap(),
+            child: Waiting::spawn(&mut c),
         });
         *seq += 1;
         if flights.len() >= concurrent() {
