@@ -413,6 +413,15 @@ pub fn load_configs(spec: &HostSpec) -> Result<SshConfig, ConnectError> {
 /// can only be a mistake or an injection into `%h`/`%r` of a ProxyCommand or Match exec).
 const FORBIDDEN_IN_DESTINATION: &str = "'`\"$\\;&<>|(){}";
 
+/// `c` as an error message shows it: in backticks, or named when it is the backtick.
+fn quoted_char(c: char) -> String {
+    if c == '`' {
+        "a backtick (`)".to_owned()
+    } else {
+        format!("`{c}`")
+    }
+}
+
 /// Checks what the user typed as a destination (`alias`, `[user@]host`,
 /// `ssh://[user@]host[:port]`) before anything uses it: no spaces, control characters or
 /// shell metacharacters, no leading `-`. The error says what is wrong and the fix.
@@ -430,7 +439,7 @@ pub fn check_destination(typed: &str) -> Result<(), String> {
         typed
             .chars()
             .find(|c| FORBIDDEN_IN_DESTINATION.contains(*c))
-            .map(|c| format!("it contains `{c}`"))
+            .map(|c| format!("it contains {}", quoted_char(c)))
     };
     match problem {
         None => Ok(()),
@@ -464,7 +473,7 @@ pub fn user_problem(user: &str) -> Option<String> {
             return Some(format!("it contains the control character {:?}", c));
         }
         if FORBIDDEN_IN_USER.contains(c) {
-            return Some(format!("it contains `{c}`"));
+            return Some(format!("it contains {}", quoted_char(c)));
         }
         if c.is_whitespace() && chars.get(i + 1) == Some(&'-') {
             return Some("it contains a blank followed by `-`".into());
@@ -491,7 +500,7 @@ pub fn host_problem(host: &str) -> Option<String> {
         } else if c.is_control() {
             Some(format!("it contains the control character {:?}", c))
         } else if FORBIDDEN_IN_HOST.contains(c) {
-            Some(format!("it contains `{c}`"))
+            Some(format!("it contains {}", quoted_char(c)))
         } else {
             None
         }
@@ -1369,6 +1378,61 @@ mod tests {
             host: host.into(),
             ..HostSpec::default()
         }
+    }
+
+    #[test]
+    fn a_typed_destination_with_a_blank_a_leading_dash_or_a_shell_character_is_refused_naming_it() {
+        for ok in [
+            "web1",
+            "alice@web1",
+            "ssh://alice@web1:2222",
+            "10.0.0.1",
+            "web-1.example_org",
+        ] {
+            assert_eq!(check_destination(ok), Ok(()), "{ok}");
+        }
+        for (bad, problem) in [
+            ("", "it is empty"),
+            ("  ", "it is empty"),
+            ("-oProxyCommand=x", "starts with `-`"),
+            ("web 1", "a space or another blank"),
+            ("web\t1", "a space or another blank"),
+            ("web\u{7}1", "a control character"),
+            ("web1;reboot", "contains `;`"),
+            ("h$(id)", "contains `$`"),
+            ("a|b", "contains `|`"),
+            ("a`b`", "contains a backtick (`);"),
+            ("a'b", "contains `'`"),
+            ("a&b", "contains `&`"),
+            ("a>b", "contains `>`"),
+            ("a\\b", "contains `\\`"),
+        ] {
+            let err = check_destination(bad).expect_err(bad);
+            assert!(err.contains(problem), "{bad:?}: {err}");
+            assert!(err.ends_with("nothing was sent"), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_uri_host_is_a_domain_as_openssh_reads_one() {
+        for ok in ["web1", "web-1.example_org", "10.0.0.1", "a"] {
+            assert!(valid_domain(ok), "{ok}");
+        }
+        // A leading character that is not a letter or digit, an empty label, and any
+        // character outside letters, digits, `.`, `-` and `_`.
+        for bad in ["", "-a", ".a", "_a", "a..b", "a b", "a%b", "a:b", "a@b"] {
+            assert!(!valid_domain(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_percent_token_counts_only_when_its_percent_is_not_escaped() {
+        assert!(has_token("ssh -W %h:%p jump", 'h'));
+        assert!(has_token("%%%h", 'h'), "an escaped percent, then the token");
+        assert!(!has_token("%%h", 'h'), "`%%` is a literal percent");
+        assert!(!has_token("ssh -W %n:%p jump", 'h'));
+        assert!(!has_token("no tokens", 'h'));
+        assert!(!has_token("ends with %", 'h'));
     }
 
     #[test]
