@@ -945,6 +945,21 @@ fn history_round(
     }
     for t in &site.targets {
         history.effects.insert(t.to_string(), site.effects(t));
+        // Claims set aside to rerun: `superseded/<op>.<time>.<attempt>` (a failed start,
+        // `....failed-start`, ran nothing).
+        let aside = std::fs::read_dir(site.marker_root_here(t).join("superseded"));
+        for e in aside.into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".failed-start") {
+                continue;
+            }
+            if let Some(op) = name.rsplitn(3, '.').nth(2) {
+                *history
+                    .superseded
+                    .entry((t.to_string(), op.to_owned()))
+                    .or_default() += 1;
+            }
+        }
     }
     if let Some(disk) = disk {
         drop(disk);

@@ -11,9 +11,11 @@
 //! the op ids of that intent that could have run there.
 //!
 //! A convergent intent is the exception the policy makes: its contract reruns an
-//! interrupted claim (the command died without its end line: a crash, a reboot), so an op
-//! id of it may start more than once. Its bound is on executions that ran to their end:
-//! at most one per op id, since a rerun only follows an execution that never ended.
+//! interrupted claim, so an op id of it may start more than once. The host sets every
+//! interrupted claim it reruns aside under `superseded/` first, and that is the evidence
+//! the bound uses: one more execution per claim set aside. (An interrupted command may
+//! well have run to its end: a full disk that refused only its exit record leaves the
+//! claim interrupted too.)
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -100,6 +102,8 @@ pub struct History {
     pub label_code: BTreeMap<String, i64>,
     /// The intents whose command is convergent (rerun after an interruption).
     pub convergent: BTreeSet<String>,
+    /// Per (host, op id), the interrupted claims its host set aside to run it again.
+    pub superseded: BTreeMap<(String, String), usize>,
     /// Per host, its effect log in order.
     pub effects: BTreeMap<String, Vec<Effect>>,
     /// The ledgers' final word per operation.
@@ -135,22 +139,22 @@ impl History {
         })
     }
 
-    fn ends(&self, label: &str, host: &str) -> usize {
-        self.effects.get(host).map_or(0, |log| {
-            log.iter()
-                .filter(|e| matches!(e, Effect::End { label: l, .. } if l == label))
-                .count()
-        })
-    }
-
-    /// The executions of `label` on `host` the at-most-once bound counts: every start, or
-    /// for a convergent intent those that ran to their end (see the module's comment).
-    fn executions(&self, label: &str, host: &str) -> usize {
-        if self.convergent.contains(label) {
-            self.ends(label, host)
-        } else {
-            self.starts(label, host)
+    /// The executions of a convergent `label` on `host` beyond one per op id that its
+    /// host sanctioned: the claims of `ops` it set aside to rerun (see the module's
+    /// comment). None for any other intent.
+    fn reruns(&self, label: &str, host: &str, ops: Option<&BTreeSet<String>>) -> usize {
+        if !self.convergent.contains(label) {
+            return 0;
         }
+        ops.into_iter()
+            .flatten()
+            .map(|op| {
+                self.superseded
+                    .get(&(host.to_owned(), op.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
     }
 
     /// The statuses an execution of `label` on `host` really ended with.
@@ -247,12 +251,13 @@ pub fn check(h: &History) -> Vec<Violation> {
         }
     }
     for (label, host) in &seen_hosts {
-        let starts = h.executions(label, host);
+        let starts = h.starts(label, host);
         let ops = sends.get(&(label.clone(), host.clone()));
         let could: Vec<&String> = ops
             .map(|o| o.iter().filter(|op| h.may_have_run(op, host)).collect())
             .unwrap_or_default();
-        if starts > could.len() {
+        let reruns = h.reruns(label, host, ops);
+        if starts > could.len() + reruns {
             let mut said = Vec::new();
             for op in ops.into_iter().flatten() {
                 let verdicts: Vec<&str> = h.answers(op, host).map(|a| a.verdict.as_str()).collect();
@@ -262,16 +267,20 @@ pub fn check(h: &History) -> Vec<Violation> {
             // the op ids that could have run: one that answered "nothing ran" ran.
             let sent = ops.map_or(0, BTreeSet::len);
             out.push(Violation {
-                rule: if starts > sent {
+                rule: if starts > sent + reruns {
                     "at-most-once"
                 } else {
                     "said-nothing-ran"
                 },
                 detail: format!(
-                    "intent {label} ran {starts} times{} on {host}, but only {} of its op ids could have run there ({}); answers: {}",
-                    if h.convergent.contains(label) { " to its end" } else { "" },
+                    "intent {label} ran {starts} times on {host}, but only {} of its op ids could have run there ({}){}; answers: {}",
                     could.len(),
                     could.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+                    if h.convergent.contains(label) {
+                        format!(", with {reruns} interrupted claim(s) set aside to rerun")
+                    } else {
+                        String::new()
+                    },
                     said.join("; ")
                 ),
             });
@@ -487,23 +496,26 @@ mod tests {
     }
 
     #[test]
-    fn a_convergent_intent_rerun_after_an_interruption_is_clean_where_an_append_is_a_double_execution(
-    ) {
-        // The first execution died without its end line (the host rebooted); the client's
-        // probe found the claim interrupted and, the command being convergent, ran it again.
-        let effects = vec![start(), start(), end(3)];
+    fn a_convergent_intent_rerun_after_its_host_set_the_interrupted_claim_aside_is_clean() {
+        // The first execution ran to its end, but the full disk refused its exit record:
+        // the claim read interrupted, the host set it aside, and the command ran again.
+        let effects = vec![start(), end(3), start(), end(3)];
         let answers = || vec![run(0, "o1", "t1", verdict("t1", "completed", Some(3)))];
         let mut h = history(effects.clone(), answers());
         h.convergent.insert("I1".into());
+        h.superseded.insert(("t1".into(), "o1".into()), 1);
         assert_eq!(rules(&h), Vec::<&str>::new());
-        let append_only = history(effects, answers());
+        // The same for an append-only intent, whose claims are never rerun, is a double.
+        let mut append_only = history(effects, answers());
+        append_only.superseded.insert(("t1".into(), "o1".into()), 1);
         assert_eq!(rules(&append_only), vec!["at-most-once"]);
     }
 
     #[test]
-    fn a_convergent_intent_that_ran_to_its_end_twice_under_one_op_id_is_a_double_execution() {
+    fn a_convergent_intent_run_twice_under_one_op_id_with_no_claim_set_aside_is_a_double_execution()
+    {
         let mut h = history(
-            vec![start(), end(3), start(), end(3)],
+            vec![start(), start(), end(3)],
             vec![
                 run(0, "o1", "t1", verdict("t1", "completed", Some(3))),
                 run(1, "o1", "t1", verdict("t1", "completed", Some(3))),
@@ -514,7 +526,9 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].rule, "at-most-once");
         assert!(
-            found[0].detail.contains("ran 2 times to its end"),
+            found[0]
+                .detail
+                .contains("with 0 interrupted claim(s) set aside to rerun"),
             "{found:?}"
         );
     }
