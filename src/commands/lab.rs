@@ -172,9 +172,9 @@ fn up(global: &GlobalArgs, req: &Up<'_>, dir: &Path) -> Result<u8> {
         crate::outln!("  opmark lab restore target1{flag}");
     }
     if lab.placement() == Placement::Docker {
-        crate::outln!("  opmark lab pause target1{flag}    # freeze it (resume to thaw)");
-        crate::outln!("  opmark lab crash target1{flag}    # kill it all, start it again");
-        crate::outln!("  opmark lab reboot target1{flag}   # the same, with a new boot id");
+        crate::outln!("  opmark lab pause target1{flag}    # freeze it (resume thaws)");
+        crate::outln!("  opmark lab crash target1{flag}    # kill all, start again");
+        crate::outln!("  opmark lab reboot target1{flag}   # crash, with a new boot id");
     }
     crate::outln!("Stop and remove with:\n  opmark lab down{flag}");
     Ok(exit_code::OK)
