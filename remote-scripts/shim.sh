@@ -84,6 +84,12 @@
 # (a rename needs no free space) so the marker reads interrupted with the reason, and a
 # supersede installs the new, complete claim before the old evidence moves aside.
 
+# `set -- --library; . shim.sh` defines every function and does nothing: the shim's unit
+# tests (tests/it/shim/functions.rs) call them one at a time. Only that first argument
+# does it: a call's first argument is the script itself (a path or the text), and nothing
+# in the environment can make a run stop short.
+shim_library=
+[ "${1:-}" = --library ] && shim_library=1
 OPMARK_SHIM_VERSION=6
 OPMARK_SHIM_SELF=$1
 shift
@@ -2791,6 +2797,9 @@ dispatch() {
 
 # ---------------------------------------------------------------------------------------
 # Entry
+
+# Sourced as a library (see the header): everything is defined, nothing acts.
+[ -z "$shim_library" ] || return 0
 
 verb=${1:-}
 [ "$#" -gt 0 ] && shift

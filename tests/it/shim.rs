@@ -13,6 +13,8 @@ use sha2::{Digest, Sha256};
 
 use crate::support::{lines, text};
 
+mod functions;
+
 /// The script under test: the shipped one, or the mutant of it that
 /// `OPMARK_SHIM_UNDER_TEST` names (scripts/mutate-shim.sh runs these tests once per guard
 /// it removes or negates: a guard whose mutant still passes is not proven by them).
