@@ -79,15 +79,6 @@ impl Link<'_> {
             ],
         )
     }
-
-    /// The hash this event must carry: keyed from `keyed_from` on, plain before.
-    pub fn hash_under(&self, key: &InstallationKey, keyed_from: u64) -> String {
-        if self.seq >= keyed_from {
-            self.keyed_hash(key)
-        } else {
-            self.hash()
-        }
-    }
 }
 
 /// [`Link::keyed_hash`] with the key set up once: `audit verify` hashes millions of
@@ -594,6 +585,266 @@ fn report(events: u64, first_break: Option<ChainBreak>) -> ChainReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key of its own in a fresh directory.
+    fn test_key(name: &str) -> InstallationKey {
+        let dir = std::env::temp_dir().join(format!("opmark-chain-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = InstallationKey::generate(&dir.join("k")).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        key
+    }
+
+    /// Events 1..=n as a writer stores them: keyed from `keyed_from` on, each with its
+    /// predecessor's hash and its own full hash.
+    fn chain_of(n: u64, key: &InstallationKey, keyed_from: u64) -> Vec<Row> {
+        let mut prev = GENESIS.to_owned();
+        (1..=n)
+            .map(|seq| {
+                let mut row = Row {
+                    seq,
+                    prev_hash: prev.clone(),
+                    op_id: format!("op-{seq}"),
+                    host: "web1".to_owned(),
+                    at: format!("2026-12-06T08:00:0{seq}Z"),
+                    kind: "verdict".to_owned(),
+                    payload: format!("{{\"n\":{seq}}}"),
+                    ..Row::default()
+                };
+                row.hash = hash_of(&row, key, keyed_from);
+                prev.clone_from(&row.hash);
+                row
+            })
+            .collect()
+    }
+
+    /// The full hash of `row` with its stored predecessor.
+    fn hash_of(row: &Row, key: &InstallationKey, keyed_from: u64) -> String {
+        recompute(row, &row.prev_hash, &EventMac::new(key), keyed_from)
+    }
+
+    fn head_of(rows: &[Row], key: &InstallationKey) -> Option<Head> {
+        let last = rows.last()?;
+        Some(Head {
+            seq: last.seq,
+            hash: last.hash.clone(),
+            mac: Some(head_mac(key, last.seq, &last.hash)),
+        })
+    }
+
+    fn first_break(report: &ChainReport) -> (u64, String) {
+        let b = report.first_break.as_ref().expect("a break");
+        (b.seq, b.problem.clone())
+    }
+
+    #[test]
+    fn a_whole_chain_verifies_and_its_last_event_is_where_the_next_verify_starts() {
+        let key = test_key("whole");
+        let rows = chain_of(5, &key, 1);
+        let report = verify(&rows, head_of(&rows, &key), &key, 1);
+        assert!(report.intact(), "{report:?}");
+        assert_eq!(report.events, 5);
+        assert_eq!(report.verified_head, Some((5, rows[4].hash.clone())));
+        let empty = verify(&[], None, &key, 1);
+        assert!(empty.intact());
+        assert_eq!((empty.events, empty.verified_head), (0, None));
+    }
+
+    #[test]
+    fn an_edited_event_is_named_and_its_kind_of_hash_said() {
+        let key = test_key("edited");
+        for (keyed_from, keyed) in [(1, true), (10, false)] {
+            let mut rows = chain_of(5, &key, keyed_from);
+            rows[2].payload = "{\"n\":30}".to_owned();
+            let report = verify(&rows, head_of(&rows, &key), &key, keyed_from);
+            let (seq, problem) = first_break(&report);
+            assert_eq!(seq, 3, "{problem}");
+            assert!(
+                problem.starts_with("event #3 was edited or moved"),
+                "{problem}"
+            );
+            assert_eq!(problem.contains("keyed hash"), keyed, "{problem}");
+            assert!(!report.intact());
+            assert_eq!(report.events, 3, "the walk stops at the break");
+        }
+    }
+
+    #[test]
+    fn a_deleted_or_moved_event_is_named_by_the_sequence_it_breaks() {
+        let key = test_key("moved");
+        let mut rows = chain_of(5, &key, 1);
+        rows.remove(2);
+        let (seq, problem) = first_break(&verify(&rows, head_of(&rows, &key), &key, 1));
+        assert_eq!(seq, 3);
+        assert_eq!(
+            problem,
+            "event #3 is missing (deleted): the event after #2 is #4"
+        );
+        // Moved: a later event where an earlier one should be reads as the earlier one
+        // missing; an earlier one where a later one should be, as out of order.
+        let mut rows = chain_of(5, &key, 1);
+        rows.swap(1, 2);
+        let (seq, problem) = first_break(&verify(&rows, head_of(&rows, &key), &key, 1));
+        assert_eq!(
+            (seq, problem.as_str()),
+            (2, "event #2 is missing (deleted): the event after #1 is #3")
+        );
+        let mut rows = chain_of(5, &key, 1);
+        rows.insert(2, rows[0].clone());
+        let (seq, problem) = first_break(&verify(&rows, head_of(&rows, &key), &key, 1));
+        assert_eq!(
+            (seq, problem.as_str()),
+            (3, "event #1 appears out of order")
+        );
+    }
+
+    #[test]
+    fn a_predecessor_rewritten_with_a_hash_of_its_own_is_named_by_the_event_after_it() {
+        let key = test_key("rewritten");
+        let mut rows = chain_of(5, &key, 1);
+        rows[1].payload = "{\"n\":20}".to_owned();
+        rows[1].hash = hash_of(&rows[1], &key, 1);
+        let (seq, problem) = first_break(&verify(&rows, head_of(&rows, &key), &key, 1));
+        assert_eq!(seq, 2, "{problem}");
+        assert_eq!(
+            problem,
+            "event #2 was edited, replaced or reordered: event #3 records a different predecessor hash"
+        );
+    }
+
+    #[test]
+    fn the_head_names_a_deleted_tail_an_added_event_and_a_rewrite_by_someone_without_the_key() {
+        let key = test_key("head");
+        let other = test_key("head-other");
+        let rows = chain_of(5, &key, 1);
+        let head = |seq: u64, hash: &str, by: &InstallationKey| {
+            Some(Head {
+                seq,
+                hash: hash.to_owned(),
+                mac: Some(head_mac(by, seq, hash)),
+            })
+        };
+        let check = |head: Option<Head>, want_seq: u64, want: &str| {
+            let report = verify(&rows, head, &key, 1);
+            let (seq, problem) = first_break(&report);
+            assert_eq!(seq, want_seq, "{problem}");
+            assert!(problem.starts_with(want), "{problem}");
+            assert_eq!(report.events, 5);
+            assert_eq!(report.verified_head, None);
+        };
+        check(None, 5, "the chain head record is missing");
+        // A tail deleted and the head "fixed" by someone without the key: its MAC is wrong.
+        check(
+            head(3, &rows[2].hash, &other),
+            4,
+            "the chain head (event #3) was rewritten outside opmark (its MAC does not match): events after #3",
+        );
+        let mut unmacked = head(5, &rows[4].hash, &key);
+        unmacked.as_mut().unwrap().mac = None;
+        check(
+            unmacked,
+            6,
+            "the chain head (event #5) was rewritten outside opmark",
+        );
+        check(
+            head(7, "ff", &key),
+            6,
+            "event #6 is missing (deleted): the chain head records 7 events, the last stored one is #5",
+        );
+        check(
+            head(5, &rows[3].hash, &key),
+            5,
+            "event #5 was edited or replaced: it does not match the chain head",
+        );
+        check(
+            head(4, &rows[3].hash, &key),
+            5,
+            "event #5 was added outside opmark: the chain head records only 4 events",
+        );
+        // A head of an empty chain that says nothing was written is whole.
+        assert!(verify(&[], head(0, GENESIS, &key), &key, 1).intact());
+    }
+
+    #[test]
+    fn a_stored_tag_counts_only_at_the_length_its_kind_of_hash_keeps() {
+        let key = test_key("tags");
+        let full = chain_of(3, &key, 1);
+        for (len, whole) in [
+            (KEYED_TAG, true),
+            (KEYED_TAG - 1, false),
+            (PLAIN_TAG, false),
+        ] {
+            let mut rows = full.clone();
+            rows[1].hash.truncate(len);
+            let report = verify(&rows, head_of(&full, &key), &key, 1);
+            assert_eq!(report.intact(), whole, "keyed tag of {len}: {report:?}");
+        }
+        let plain = chain_of(3, &key, 10);
+        for (len, whole) in [
+            (PLAIN_TAG, true),
+            (KEYED_TAG, false),
+            (PLAIN_TAG + 1, false),
+        ] {
+            let mut rows = plain.clone();
+            rows[1].hash.truncate(len);
+            let report = verify(&rows, head_of(&plain, &key), &key, 10);
+            assert_eq!(report.intact(), whole, "plain tag of {len}: {report:?}");
+        }
+        assert!(matches_stored("abcd", "abcd", true));
+        assert!(!matches_stored("abcd", "", false));
+    }
+
+    #[test]
+    fn implied_predecessors_and_tags_are_filled_in_for_a_copy_that_must_stand_alone() {
+        let key = test_key("complete");
+        let full = chain_of(4, &key, 3);
+        let mut stored = full.clone();
+        for row in &mut stored {
+            row.prev_hash.clear();
+            let tag = if row.seq >= 3 { KEYED_TAG } else { PLAIN_TAG };
+            row.hash.truncate(tag);
+        }
+        // A walk recomputes the implied predecessors itself.
+        assert!(verify(&stored, head_of(&full, &key), &key, 3).intact());
+        // An edited copy keeps the tag it no longer matches, so its verify names it.
+        stored[3].payload = "{\"n\":40}".to_owned();
+        complete(&mut stored, &key, 3, GENESIS);
+        for (got, want) in stored.iter().zip(&full).take(3) {
+            assert_eq!((&got.prev_hash, &got.hash), (&want.prev_hash, &want.hash));
+        }
+        assert_eq!(stored[3].prev_hash, full[3].prev_hash);
+        assert_eq!(stored[3].hash.len(), KEYED_TAG);
+        let (seq, _) = first_break(&verify(&stored, head_of(&full, &key), &key, 3));
+        assert_eq!(seq, 4);
+    }
+
+    #[test]
+    fn a_walk_from_a_checkpoint_starts_at_its_hash_and_a_moved_switch_point_breaks() {
+        let key = test_key("after");
+        let rows = chain_of(5, &key, 3);
+        let report = verify_after(&rows[3..], head_of(&rows, &key), &key, 3, 3, &rows[2].hash);
+        assert!(report.intact(), "{report:?}");
+        assert_eq!(report.events, 2);
+        let mut implied = rows[3..].to_vec();
+        implied[0].prev_hash.clear();
+        let report = verify_after(&implied, head_of(&rows, &key), &key, 3, 3, &rows[1].hash);
+        assert_eq!(
+            first_break(&report).0,
+            4,
+            "a checkpoint hash that is not event 3's"
+        );
+        // The plain events before the switch pass only as plain ones.
+        assert!(verify(&rows, head_of(&rows, &key), &key, 3).intact());
+        assert_eq!(
+            first_break(&verify(&rows, head_of(&rows, &key), &key, 2)).0,
+            2
+        );
+        assert_eq!(
+            first_break(&verify(&rows, head_of(&rows, &key), &key, 4)).0,
+            3
+        );
+    }
 
     #[test]
     fn the_keyed_once_event_mac_is_the_keyed_hash() {
