@@ -1505,3 +1505,103 @@ fn the_full_walk_reads_atoms_in_order_and_finds_one_edited_or_deleted() {
     let b = deleted.verify_chain().unwrap().first_break.unwrap();
     assert_eq!(b.seq, 4, "{}", b.problem);
 }
+
+#[test]
+fn a_settlement_made_after_another_writer_settled_is_refused_naming_the_first() {
+    let s = Scratch::new("settled-since");
+    let mut l = Ledger::open(&s.db()).unwrap();
+    let k = OpKey::new("op-1", "web1");
+    l.append_many(
+        &k,
+        &[
+            intended("fp", "x"),
+            dispatched("a1", 1),
+            verdict(Verdict::Indeterminate, None),
+        ],
+        Durability::Full,
+    )
+    .unwrap();
+    let seen = l.operation(&k).unwrap().unwrap().last_seq;
+    let decide = |by: &str, decision: &str| Event::OperatorDecision {
+        by: by.into(),
+        decision: decision.into(),
+        note: String::new(),
+        exit_code: None,
+    };
+    // Words that leave the outcome open do not settle it: a later settlement still goes.
+    l.append(&k, &decide("carol", "approved"), Durability::Normal)
+        .unwrap();
+    l.append(
+        &k,
+        &Event::Reconciled {
+            decision: "interrupted_needs_decision".into(),
+            detail: "d".into(),
+        },
+        Durability::Normal,
+    )
+    .unwrap();
+    // Two settlements that both read the operation at `seen`: the first wins.
+    let since = Some(UnlessSettledSince(seen));
+    l.append_if(&k, &[decide("alice", "applied")], Durability::Normal, since)
+        .unwrap();
+    let events_before = l.events(&k).unwrap().len();
+    let refused = l
+        .append_if(
+            &k,
+            &[decide("bob", "not_applied")],
+            Durability::Normal,
+            since,
+        )
+        .unwrap_err();
+    let LedgerError::AlreadySettled(first) = refused else {
+        panic!("not AlreadySettled: {refused:?}");
+    };
+    assert_eq!(
+        (first.by.as_str(), first.decision.as_str(), first.seq),
+        ("operator alice", "applied", seen + 3)
+    );
+    assert_eq!(
+        l.events(&k).unwrap().len(),
+        events_before,
+        "bob stored nothing"
+    );
+    // A reconcile's settlement counts the same, and one read after it goes.
+    let k2 = OpKey::new("op-2", "web1");
+    l.append_many(
+        &k2,
+        &[intended("fp2", "y"), dispatched("a1", 1)],
+        Durability::Full,
+    )
+    .unwrap();
+    let seen2 = l.operation(&k2).unwrap().unwrap().last_seq;
+    l.append(
+        &k2,
+        &Event::Reconciled {
+            decision: "completed".into(),
+            detail: "d".into(),
+        },
+        Durability::Normal,
+    )
+    .unwrap();
+    let refused = l
+        .append_if(
+            &k2,
+            &[decide("bob", "applied")],
+            Durability::Normal,
+            Some(UnlessSettledSince(seen2)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&refused, LedgerError::AlreadySettled(f) if f.by == "reconcile"),
+        "{refused:?}"
+    );
+    let now_seen = l.operation(&k2).unwrap().unwrap().last_seq;
+    l.append_if(
+        &k2,
+        &[decide("bob", "applied")],
+        Durability::Normal,
+        Some(UnlessSettledSince(now_seen)),
+    )
+    .unwrap();
+    assert!(l.verify_chain().unwrap().intact());
+}
