@@ -987,6 +987,35 @@ fn a_routine_verify_reads_only_what_is_new_since_its_checkpoint_and_full_reads_a
     let (report, _) = l.verify(INC).unwrap();
     assert!(report.intact());
     assert_eq!(report.events, 0);
+    // The row of an operation with new events is compared with their replay too.
+    let k8 = OpKey::new("op-8", "web8");
+    l.append_many(
+        &k8,
+        &[intended("fp8", "x"), dispatched("a8", 1)],
+        Durability::Normal,
+    )
+    .unwrap();
+    l.conn()
+        .execute(
+            "UPDATE operations SET exit_code = 0 WHERE op_id = 'op-8'",
+            [],
+        )
+        .unwrap();
+    let (report, scope) = l.verify(INC).unwrap();
+    assert!(
+        matches!(scope, VerifyScope::SinceCheckpoint { .. }),
+        "{scope:?}"
+    );
+    assert!(report.first_break.is_none(), "{report:?}");
+    let m = report.first_mismatch.expect("the edited row is named");
+    assert_eq!((m.op_id.as_str(), m.host.as_str()), ("op-8", "web8"));
+    l.conn()
+        .execute(
+            "UPDATE operations SET exit_code = NULL WHERE op_id = 'op-8'",
+            [],
+        )
+        .unwrap();
+    assert!(l.verify(INC).unwrap().0.intact());
     // An edit of a new event is found by the routine verify.
     l.append(
         &k,
@@ -998,11 +1027,11 @@ fn a_routine_verify_reads_only_what_is_new_since_its_checkpoint_and_full_reads_a
     l.conn()
         .execute(
             "UPDATE events SET payload = replace(payload, 'completed', 'not_applied') WHERE seq = ?1",
-            params![total + 3],
+            params![total + 5],
         )
         .unwrap();
     let (report, _) = l.verify(INC).unwrap();
-    assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(total + 3));
+    assert_eq!(report.first_break.as_ref().map(|b| b.seq), Some(total + 5));
     // An edit before the checkpoint is what `--full` is for.
     l.conn()
         .execute(
