@@ -71,6 +71,9 @@ fn missing(tool: &str) {
 struct Host {
     state_home: PathBuf,
     shell: PathBuf,
+    /// A directory put ahead of PATH for every call: stand-ins that watch a tool the
+    /// shim calls (see `tool_on_path`).
+    path_first: Option<PathBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -143,6 +146,7 @@ impl Host {
         Host {
             state_home,
             shell: shell.to_owned(),
+            path_first: None,
         }
     }
 
@@ -170,6 +174,10 @@ impl Host {
             // A test host is disposable, and its root is under /tmp in a clone there.
             .env("OPMARK_ALLOW_VOLATILE_ROOT", "1")
             .current_dir(&self.state_home);
+        if let Some(first) = &self.path_first {
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{path}", first.display()));
+        }
         cmd
     }
 
@@ -3265,5 +3273,132 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
         }
         // A block shorter than its list says: the command never arrives.
         refused(3, "e:A:3", b"v\n");
+    }
+}
+
+/// Puts an executable `name` with `body` (a sh script) in the host's stand-in directory,
+/// which goes ahead of PATH for the host's calls from then on.
+fn tool_on_path(host: &mut Host, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = host.state_home.join("stand-ins");
+    std::fs::create_dir_all(&bin).unwrap();
+    let tool = bin.join(name);
+    std::fs::write(&tool, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    host.path_first = Some(bin);
+}
+
+/// The argument lists a logging `sync` (see the test below) was called with, a line each.
+fn sync_calls(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_claim_the_exit_record_and_a_fence_are_handed_to_sync_by_name() {
+    // An fsync leaves no trace a test can read without a power loss, so this test watches
+    // the shim ask for it: a `sync` ahead of PATH logs its arguments and runs the real
+    // one. busybox ash runs its own sync applet, never one found on PATH; the lines are
+    // the same under every shell.
+    let real = which("sync").expect("sync");
+    for (name, shell) in shells().into_iter().filter(|(n, _)| *n != "busybox-ash") {
+        let mut host = Host::new("synced", &shell);
+        let log = host.state_home.join("sync.log");
+        tool_on_path(
+            &mut host,
+            "sync",
+            &format!(
+                "printf '%s\\n' \"$*\" >>'{log}'\nexec {real} \"$@\"\n",
+                log = log.display(),
+                real = real.display()
+            ),
+        );
+
+        let run = host.run("synced-run", "a1", "exit 3");
+        assert_eq!(run.exit().map(|x| x.code), Some(3), "{name}: {run:?}");
+        // The supervisor syncs the exit record after the foreground may have answered.
+        wait_supervisor_gone(&host, "synced-run");
+        let m = host.marker("synced-run");
+        let calls = sync_calls(&log);
+        let claim = calls.iter().position(|c| c == "claim . ..");
+        let exit = calls
+            .iter()
+            .position(|c| *c == format!("{0}/exit {0}", m.display()));
+        assert!(
+            claim.is_some(),
+            "{name}: the claim and its directories are synced before the command may start: {calls:?}"
+        );
+        assert!(
+            exit > claim,
+            "{name}: the exit record and its directory are synced, after the claim: {calls:?}"
+        );
+
+        // A fence of an op id never run: its new marker's entry in ops/ and its record.
+        std::fs::remove_file(&log).unwrap();
+        let op = OpId::parse("synced-fence").unwrap();
+        let fence = host.call(
+            &Verb::Fence {
+                op: &op,
+                force: false,
+            },
+            b"",
+        );
+        assert_eq!(
+            fence.marker().state,
+            MarkerState::Fenced,
+            "{name}: {fence:?}"
+        );
+        let f = host.marker("synced-fence");
+        let calls = sync_calls(&log);
+        let ops = calls
+            .iter()
+            .position(|c| *c == host.root().join("ops").display().to_string());
+        let record = calls
+            .iter()
+            .position(|c| *c == format!("{0}/fenced {0}", f.display()));
+        assert!(
+            ops.is_some(),
+            "{name}: the fence's marker is synced into ops/: {calls:?}"
+        );
+        assert!(
+            record.is_some(),
+            "{name}: the fence record and its directory are synced: {calls:?}"
+        );
+    }
+}
+
+#[test]
+fn a_command_run_through_sudo_runs_once_and_answers_its_own_status() {
+    // This machine's shim tests have no second user and no sudo rule, so a stand-in sudo
+    // on PATH runs what it is given as the caller: what is tested here is the shim's side
+    // (the command's subshell ends with sudo's status and never goes on to run the command
+    // again as the login user). The real sudo, its password and its user:
+    // tests/it/docker.rs::become_runs_through_sudo_with_a_password_that_appears_nowhere.
+    for (name, shell) in shells() {
+        let mut host = Host::new("become-once", &shell);
+        let calls = host.state_home.join("sudo-calls");
+        tool_on_path(
+            &mut host,
+            "sudo",
+            &format!(
+                "printf '%s\\n' \"$*\" >>'{calls}'\nwhile [ \"$#\" -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\nexec \"$@\"\n",
+                calls = calls.display()
+            ),
+        );
+        let effects = host.state_home.join("effects");
+        let cmd = format!("echo ran >> {}; exit 7", effects.display());
+        let run = host.run_with("become-once", "a1", &cmd, |r| {
+            r.become_user = Some("deploy")
+        });
+        assert_eq!(run.exit().map(|x| x.code), Some(7), "{name}: {run:?}");
+        assert_eq!(lines(&effects), 1, "{name}: the command ran once");
+        let sudo = std::fs::read_to_string(&calls).unwrap();
+        assert!(
+            sudo.lines().any(|l| l.contains("-u deploy -- /bin/sh -c")),
+            "{name}: the command went through sudo as the become user: {sudo}"
+        );
     }
 }
