@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use opmark::family::Family;
 use opmark::lab::{Lab, LabSpec, Placement};
 use opmark::op_id::OpId;
-use opmark::shim::{self, RunRequest, Verb};
+use opmark::shim::{self, RunCall, Verb};
 use relay::Relay;
 
 const ROUNDS: usize = 15;
@@ -501,7 +501,7 @@ fn main() {
         |_| ok(Command::new("dash").args(["-c", "true"])),
         |i| {
             let op = OpId::parse(&format!("shim-{i}")).unwrap();
-            let verb = Verb::Run(RunRequest {
+            let verb = Verb::Run(RunCall {
                 op: &op,
                 attempt_id: "a1",
                 host_fingerprint: &fp,

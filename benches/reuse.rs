@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use opmark::family::Family;
 use opmark::lab::{Lab, LabSpec, Placement};
 use opmark::op_id::OpId;
-use opmark::shim::{self, RunRequest, Verb};
+use opmark::shim::{self, RunCall, Verb};
 
 use relay::Relay;
 
@@ -155,7 +155,7 @@ fn resident_shim_time(base: &Path, n: usize) {
             .env_remove("OPMARK_ROOT");
     };
     fn run_verb<'a>(op: &'a OpId, fp: &'a str) -> Verb<'a> {
-        Verb::Run(RunRequest {
+        Verb::Run(RunCall {
             op,
             attempt_id: "a1",
             host_fingerprint: fp,

@@ -341,7 +341,7 @@ pub struct Signer {
 
 /// One usable line of an `allowed_signers` file.
 #[derive(Debug, Clone)]
-struct Entry {
+struct AllowedSigner {
     principals: Vec<String>,
     namespaces: Option<Vec<String>>,
     valid_after: Option<i64>,
@@ -354,7 +354,7 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct AllowedSigners {
     pub path: PathBuf,
-    entries: Vec<Entry>,
+    entries: Vec<AllowedSigner>,
 }
 
 impl AllowedSigners {
@@ -391,7 +391,7 @@ impl AllowedSigners {
                 .ok_or_else(|| bad("no key data after the key type".into()))?;
             let key = PublicKey::from_openssh(&format!("{next} {blob}"))
                 .map_err(|e| bad(format!("the key does not parse: {e}")))?;
-            let mut entry = Entry {
+            let mut entry = AllowedSigner {
                 principals: principals
                     .split(',')
                     .map(|p| p.trim_matches('"').to_owned())

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::family::Family;
-use crate::ssh::destination::{FlagPositions, Place};
+use crate::ssh::destination::{ArgPlace, FlagPositions};
 
 use crate::duration::parse_duration;
 
@@ -171,7 +171,7 @@ fn flag_positions(m: &clap::ArgMatches) -> FlagPositions {
         }
         let index = m.index_of(id)?;
         let after_options = options.iter().filter(|&&o| o < index).count();
-        Some(Place {
+        Some(ArgPlace {
             after_options,
             index,
         })

@@ -11,7 +11,7 @@ use crate::host::{resolve, ConnectStage, Destination};
 
 /// One resolved hop of a ProxyJump chain.
 #[derive(Debug, Serialize)]
-struct Hop {
+struct ResolvedHop {
     hostname: String,
     port: u16,
     user: String,
@@ -19,7 +19,7 @@ struct Hop {
 
 /// The `--json` document: the fields opmark uses, named as `ssh -G` names them.
 #[derive(Debug, Serialize)]
-struct Report {
+struct ConfigReport {
     schema: &'static str,
     host: String,
     hostname: String,
@@ -37,7 +37,7 @@ struct Report {
     known_hosts_name: String,
     proxyjump: Option<String>,
     proxycommand: Option<String>,
-    jumps: Vec<Hop>,
+    jumps: Vec<ResolvedHop>,
     addressfamily: &'static str,
     connectionattempts: u32,
     connecttimeout: u64,
@@ -59,9 +59,9 @@ fn paths(p: &[std::path::PathBuf]) -> Vec<String> {
     p.iter().map(|p| p.display().to_string()).collect()
 }
 
-fn report(d: &Destination) -> Report {
+fn report(d: &Destination) -> ConfigReport {
     let algorithms = crate::ssh::algorithms::offered(&d.algorithms);
-    Report {
+    ConfigReport {
         schema: crate::ops::document::SCHEMA,
         host: d.display(),
         hostname: d.hostname.clone(),
@@ -82,7 +82,7 @@ fn report(d: &Destination) -> Report {
         jumps: d
             .jumps
             .iter()
-            .map(|j| Hop {
+            .map(|j| ResolvedHop {
                 hostname: j.hostname.clone(),
                 port: j.port,
                 user: j.user.clone(),
@@ -104,7 +104,7 @@ fn report(d: &Destination) -> Report {
 
 /// `ssh -G` style text: one `key value` line per field, lists one line per entry for
 /// identity and certificate files (as ssh prints them), space-joined for known_hosts.
-fn render(r: &Report) -> String {
+fn render(r: &ConfigReport) -> String {
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let mut out = String::new();
     let mut line = |k: &str, v: &str| out.push_str(&format!("{k} {v}\n"));

@@ -37,7 +37,7 @@ pub struct Check {
 }
 
 #[derive(Serialize)]
-struct Report<'a> {
+struct DoctorReport<'a> {
     host: &'a str,
     ok: bool,
     checks: &'a [Check],
@@ -196,7 +196,7 @@ pub fn run(global: &GlobalArgs, args: &DoctorArgs) -> Result<u8> {
     }
     let ok = checks.iter().all(|c| c.status == "pass");
     if global.json {
-        common::print_json(&Report {
+        common::print_json(&DoctorReport {
             host: &args.host,
             ok,
             checks: &checks,

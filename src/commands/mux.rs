@@ -3,7 +3,7 @@
 
 use crate::cli::{GlobalArgs, MuxAction, MuxArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
-use crate::host::keeper::{self, KeeperReply, KeeperRequest, Place, DEFAULT_PERSIST};
+use crate::host::keeper::{self, KeeperDir, KeeperReply, KeeperRequest, DEFAULT_PERSIST};
 
 /// Runs one `mux` action.
 pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
@@ -11,7 +11,7 @@ pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
         MuxAction::Serve { dir } => {
             let dir = match dir {
                 Some(d) => d.clone(),
-                None => Place::default_dir().map_err(local)?,
+                None => KeeperDir::default_dir().map_err(local)?,
             };
             let persist = if global.persist.is_zero() {
                 DEFAULT_PERSIST
@@ -32,7 +32,7 @@ fn local(message: String) -> Error {
 
 /// Sends `request` to a running keeper (never starts one) and prints the answer.
 fn ask(global: &GlobalArgs, request: KeeperRequest) -> Result<u8> {
-    let place = Place::open_default().map_err(local)?;
+    let place = KeeperDir::open_default().map_err(local)?;
     let reply = super::common::block_on(keeper::control(&place, &request))?.map_err(local)?;
     let stopping = matches!(request, KeeperRequest::Stop);
     if global.json {

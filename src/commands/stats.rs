@@ -8,7 +8,7 @@ use super::common;
 use crate::cli::{GlobalArgs, StatsArgs, StatsFormat};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::ledger::health::Tally;
+use crate::ledger::health::FamilyCount;
 use crate::ledger::Stats;
 
 /// Prints the counts ([`crate::ops::stats`]) as text, one JSON document with `--json`
@@ -73,7 +73,7 @@ fn counts(map: &BTreeMap<String, u64>) -> String {
 }
 
 /// `3 (destructive 2, read-only 1)`, or `0`.
-fn tally(t: &Tally) -> String {
+fn tally(t: &FamilyCount) -> String {
     if t.total == 0 {
         return "0".to_owned();
     }
@@ -195,7 +195,7 @@ fn prometheus(s: &Stats, since: Option<std::time::Duration>) -> String {
             let _ = writeln!(out, "opmark_{name}{labels} {value}");
         }
     };
-    let by_family = |t: &Tally| -> Vec<(String, u64)> {
+    let by_family = |t: &FamilyCount| -> Vec<(String, u64)> {
         let mut families: BTreeMap<String, u64> = Family::ALL
             .iter()
             .map(|f| (f.as_str().to_owned(), 0))

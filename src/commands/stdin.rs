@@ -39,7 +39,7 @@ pub enum Asked {
 
 /// What stdin is, as far as the decision goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum StdinKind {
     Terminal,
     /// A regular file with this many bytes.
     File(u64),
@@ -62,9 +62,9 @@ pub fn decide(asked: Asked) -> Result<Stdin> {
             Ok(Stdin::Read)
         }
         Asked::Unsaid => match kind() {
-            Kind::Terminal | Kind::Nothing | Kind::File(0) => Ok(Stdin::None),
-            Kind::File(_) => Ok(Stdin::Read),
-            Kind::Stream => match readable_within(PIPE_GRACE) {
+            StdinKind::Terminal | StdinKind::Nothing | StdinKind::File(0) => Ok(Stdin::None),
+            StdinKind::File(_) => Ok(Stdin::Read),
+            StdinKind::Stream => match readable_within(PIPE_GRACE) {
                 Some(true) => Ok(Stdin::Read),
                 Some(false) => Ok(Stdin::None),
                 None => Err(silent_pipe()),
@@ -83,24 +83,24 @@ fn silent_pipe() -> Error {
     )
 }
 
-fn kind() -> Kind {
+fn kind() -> StdinKind {
     use rustix::fs::{FileType, SeekFrom};
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
-        return Kind::Terminal;
+        return StdinKind::Terminal;
     }
     let Ok(st) = rustix::fs::fstat(&stdin) else {
-        return Kind::Nothing;
+        return StdinKind::Nothing;
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => {
             // Bytes from the current offset on are what `cat` would read.
             let at = rustix::fs::seek(&stdin, SeekFrom::Current(0)).unwrap_or(0);
             let size = u64::try_from(st.st_size).unwrap_or(0);
-            Kind::File(size.saturating_sub(at))
+            StdinKind::File(size.saturating_sub(at))
         }
-        FileType::Fifo | FileType::Socket => Kind::Stream,
-        _ => Kind::Nothing,
+        FileType::Fifo | FileType::Socket => StdinKind::Stream,
+        _ => StdinKind::Nothing,
     }
 }
 

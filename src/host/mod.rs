@@ -33,7 +33,7 @@ use crate::ssh::Session;
 pub use crate::shim::{
     check_command, CancelOutcome, ExitFrame, FenceOutcome, GcAction, GcRemoved, InvocationError,
     MarkerInfo, MarkerState, OutputFrom, OutputStream, ProtocolError, Refusal, RefusalReason,
-    RunRequest, StdinSpec, Verb, DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
+    RunCall, StdinSpec, Verb, DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
 };
 pub use crate::ssh::auth::forbid_prompts;
 pub use crate::ssh::{
@@ -49,7 +49,7 @@ pub mod keeper {
     pub use crate::ssh::keeper::client::control;
     pub use crate::ssh::keeper::server::serve;
     pub use crate::ssh::keeper::wire::{KeeperReply, KeeperRequest};
-    pub use crate::ssh::keeper::{set_persist, Place, DEFAULT_PERSIST};
+    pub use crate::ssh::keeper::{set_persist, KeeperDir, DEFAULT_PERSIST};
 }
 
 /// A one-answer call that did not bring its answer.
@@ -268,7 +268,7 @@ pub async fn fence(
 
 /// What gc removed (or would remove) and how many markers it kept.
 #[derive(Debug, Clone, Default)]
-pub struct GcReport {
+pub struct GcSweep {
     /// Removed markers, in the shim's order.
     pub removed: Vec<GcRemoved>,
     /// Markers left in place.
@@ -284,14 +284,14 @@ pub async fn gc(
     dry_run: bool,
     root: Option<&str>,
     tombstones_older_than: Option<Duration>,
-) -> Result<GcReport, CallError> {
+) -> Result<GcSweep, CallError> {
     let verb = Verb::Gc {
         older_than,
         dry_run,
         tombstones_older_than,
     };
     let end = call_shim(session, &verb, root, None, &mut FramesOnly).await;
-    let mut report = GcReport::default();
+    let mut report = GcSweep::default();
     answer(end, "gc", |f| match f {
         Frame::GcRemoved(r) => {
             report.removed.push(r);
@@ -300,7 +300,7 @@ pub async fn gc(
         Frame::GcDone { kept } => Some(kept),
         _ => None,
     })
-    .map(|kept| GcReport { kept, ..report })
+    .map(|kept| GcSweep { kept, ..report })
 }
 
 /// The doctor's facts about the marker root and the tools (`K key=value`). When the
@@ -394,7 +394,7 @@ pub async fn attach(
 /// The `run` verb's reply, read from a finished call's frames: what the shim did with
 /// the claim. Output went to the call's observer as it arrived.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RunReply {
+pub struct RunFrames {
     /// `S`: this attempt's claim is durable and the command started.
     pub started: Option<String>,
     /// `U`: an interrupted claim was moved aside for this attempt.
@@ -407,11 +407,11 @@ pub struct RunReply {
     pub interrupted: Option<MarkerInfo>,
 }
 
-impl RunReply {
+impl RunFrames {
     /// Reads the frames of a `run` call (finished or not: a lost call's frames say how far
     /// it got). The first frame of each kind counts.
-    pub fn from_frames(frames: &[Frame]) -> RunReply {
-        let mut reply = RunReply::default();
+    pub fn from_frames(frames: &[Frame]) -> RunFrames {
+        let mut reply = RunFrames::default();
         for f in frames {
             match f {
                 Frame::Started { attempt } if reply.started.is_none() => {
@@ -567,7 +567,7 @@ impl Host {
         older_than: Duration,
         dry_run: bool,
         tombstones_older_than: Option<Duration>,
-    ) -> Result<GcReport, CallError> {
+    ) -> Result<GcSweep, CallError> {
         gc(
             &self.session,
             older_than,
@@ -657,7 +657,7 @@ mod tests {
         ]) else {
             unreachable!()
         };
-        let reply = RunReply::from_frames(&frames);
+        let reply = RunFrames::from_frames(&frames);
         assert!(reply.superseded && reply.refusal.is_none() && reply.interrupted.is_none());
         assert_eq!(reply.started.as_deref(), Some("a2"));
         assert_eq!(
@@ -670,7 +670,7 @@ mod tests {
         ]) else {
             unreachable!()
         };
-        let replay = RunReply::from_frames(&frames);
+        let replay = RunFrames::from_frames(&frames);
         let refusal = replay.refusal.expect("a refusal");
         assert!(refusal.replay);
         assert_eq!(

@@ -17,7 +17,7 @@ const CUT_TABLE: &str = "opmark_lab_cut";
 
 /// A namespace slot: its name, its interfaces and its /30.
 #[derive(Debug, Clone)]
-pub(crate) struct Slot {
+pub(crate) struct NsSlot {
     /// Namespace name, `omk<index>`.
     pub ns: String,
     /// Host-side veth (in the root namespace).
@@ -28,10 +28,10 @@ pub(crate) struct Slot {
     pub addr: Ipv4Addr,
 }
 
-impl Slot {
-    fn new(index: u32) -> Slot {
+impl NsSlot {
+    fn new(index: u32) -> NsSlot {
         let net = BASE + index * 4;
-        Slot {
+        NsSlot {
             ns: format!("omk{index}"),
             // ≤ 15 characters: "omk" + at most 5 digits + 1.
             host_if: format!("omk{index}h"),
@@ -47,10 +47,10 @@ impl Slot {
 
 /// Creates a fresh namespace with a veth link to it. The namespace name is the lock:
 /// `ip netns add` fails when the name exists, so parallel labs never share a slot.
-pub(crate) fn create() -> Result<Slot, LabError> {
+pub(crate) fn create() -> Result<NsSlot, LabError> {
     let mut last = None;
     for _ in 0..64 {
-        let slot = Slot::new(rand::random_range(0..SLOTS));
+        let slot = NsSlot::new(rand::random_range(0..SLOTS));
         match run(Command::new("ip").args(["netns", "add", &slot.ns])) {
             Ok(_) => {
                 if let Err(e) = wire(&slot) {
@@ -68,7 +68,7 @@ pub(crate) fn create() -> Result<Slot, LabError> {
     }))
 }
 
-fn wire(slot: &Slot) -> Result<(), LabError> {
+fn wire(slot: &NsSlot) -> Result<(), LabError> {
     let ip = |args: &[&str]| run(Command::new("ip").args(args)).map(|_| ());
     let in_ns = |args: &[&str]| {
         run(Command::new("ip")
@@ -177,7 +177,7 @@ fn nft(ns: &str, script: &str) -> Result<(), LabError> {
 }
 
 /// The target's address as an `IpAddr`.
-pub(crate) fn ip(slot: &Slot) -> IpAddr {
+pub(crate) fn ip(slot: &NsSlot) -> IpAddr {
     IpAddr::V4(slot.addr)
 }
 
@@ -187,11 +187,11 @@ mod tests {
 
     #[test]
     fn slots_fit_interface_name_limit_and_stay_in_the_benchmark_range() {
-        let last = Slot::new(SLOTS - 1);
+        let last = NsSlot::new(SLOTS - 1);
         assert!(last.host_if.len() <= 15 && last.ns_if.len() <= 15);
         assert_eq!(last.addr, Ipv4Addr::new(198, 19, 255, 254));
         assert_eq!(last.host_addr(), Ipv4Addr::new(198, 19, 255, 253));
-        let first = Slot::new(0);
+        let first = NsSlot::new(0);
         assert_eq!(first.addr, Ipv4Addr::new(198, 18, 0, 2));
     }
 }

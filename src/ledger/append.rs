@@ -46,7 +46,7 @@ pub(crate) type Counts = BTreeMap<String, i64>;
 /// Where [`count`] adds: an append's changes to the counters ([`Counts`]), or the running
 /// recount of `audit verify --full`, which adds to it for every event of the history
 /// (a hash map there: a name looked up in a tree compared texts several times).
-pub(crate) trait Tally {
+pub(crate) trait Counters {
     /// The counter `name`, when it has been added to.
     fn counter(&mut self, name: &str) -> Option<&mut i64>;
     /// Starts the counter `name` at `n`.
@@ -61,7 +61,7 @@ pub(crate) trait Tally {
     }
 }
 
-impl Tally for Counts {
+impl Counters for Counts {
     fn counter(&mut self, name: &str) -> Option<&mut i64> {
         self.get_mut(name)
     }
@@ -105,7 +105,7 @@ pub(crate) fn counted_part(rec: &OperationRecord) -> OperationRecord {
 /// transaction as the event, so `stats` costs the number of counters, not the history;
 /// `audit verify --full` recounts them from the events.
 pub(crate) fn count(
-    counts: &mut dyn Tally,
+    counts: &mut dyn Counters,
     event: &Event,
     before: Option<&OperationRecord>,
     after: Option<&OperationRecord>,
@@ -114,7 +114,7 @@ pub(crate) fn count(
     // One name buffer for the event: `audit verify --full` recounts every event, and a
     // name allocated per counter was a tenth of its time.
     // Adding 0 changes no counter (a missing counter reads as 0), so it is skipped.
-    fn add(name: &mut String, counts: &mut dyn Tally, parts: std::fmt::Arguments<'_>, n: i64) {
+    fn add(name: &mut String, counts: &mut dyn Counters, parts: std::fmt::Arguments<'_>, n: i64) {
         if n == 0 {
             return;
         }
@@ -122,7 +122,7 @@ pub(crate) fn count(
         let _ = name.write_fmt(parts);
         counts.add(name, n);
     }
-    fn side(name: &mut String, counts: &mut dyn Tally, rec: &OperationRecord, n: i64) {
+    fn side(name: &mut String, counts: &mut dyn Counters, rec: &OperationRecord, n: i64) {
         add(name, counts, format_args!("state/{}", rec.state), n);
         let unresolved = n * i64::from(rec.unresolved);
         add(name, counts, format_args!("unresolved"), unresolved);

@@ -24,14 +24,14 @@ use crate::vocab::{Boundary, Verdict};
 
 /// A count, and the same count by family.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Tally {
+pub struct FamilyCount {
     /// The count.
     pub total: u64,
     /// By the operation's family (its words as in the policy).
     pub by_family: BTreeMap<String, u64>,
 }
 
-impl Tally {
+impl FamilyCount {
     fn add(&mut self, family: &str, n: u64) {
         if n == 0 {
             return;
@@ -40,8 +40,8 @@ impl Tally {
         *self.by_family.entry(family.to_owned()).or_insert(0) += n;
     }
 
-    fn from_groups(groups: &BTreeMap<String, u64>) -> Tally {
-        let mut t = Tally::default();
+    fn from_groups(groups: &BTreeMap<String, u64>) -> FamilyCount {
+        let mut t = FamilyCount::default();
         for (family, n) in groups {
             t.add(family, *n);
         }
@@ -65,10 +65,10 @@ pub struct SuspectedDuplicate {
 pub struct Health {
     /// Operations dispatched and not settled: they may have run, nobody knows yet.
     #[serde(rename = "unknown_outcome_tally")]
-    pub unknown_outcomes: Tally,
+    pub unknown_outcomes: FamilyCount,
     /// Unresolved operations older than the policy's `escalate_after`.
     #[serde(rename = "needs_human_tally")]
-    pub needs_human: Tally,
+    pub needs_human: FamilyCount,
     /// The `escalate_after` that `needs_human` was counted with (`1h`), set by the
     /// caller that knows the policy.
     pub escalate_after: String,
@@ -77,28 +77,28 @@ pub struct Health {
     pub reconciliations: BTreeMap<String, u64>,
     /// `replayed` verdicts: reruns answered from evidence (not retries).
     #[serde(rename = "replay_tally")]
-    pub replays: Tally,
+    pub replays: FamilyCount,
     /// Attempts after the first of their operation (replays and follows are not attempts).
     #[serde(rename = "retry_tally")]
-    pub retries: Tally,
+    pub retries: FamilyCount,
     /// `conflict` verdicts recorded.
     #[serde(rename = "conflict_tally")]
-    pub conflicts: Tally,
+    pub conflicts: FamilyCount,
     /// Runs held back (blocked or warned) as a repetition of another op id's intent.
     #[serde(rename = "repetition_held_tally")]
-    pub repetitions_held: Tally,
+    pub repetitions_held: FamilyCount,
     /// Repetitions declared with `--repeats`.
     #[serde(rename = "repetition_declared_tally")]
-    pub repetitions_declared: Tally,
+    pub repetitions_declared: FamilyCount,
     /// `blocked` verdicts: a run stopped for a human's approval.
     #[serde(rename = "approval_interruption_tally")]
-    pub approval_interruptions: Tally,
+    pub approval_interruptions: FamilyCount,
     /// Contradictions between evidence recorded.
     #[serde(rename = "contradiction_tally")]
-    pub contradictions: Tally,
+    pub contradictions: FamilyCount,
     /// Intents executed under two or more op ids on one host (declared or not).
     #[serde(rename = "suspected_duplicate_tally")]
-    pub suspected_duplicates: Tally,
+    pub suspected_duplicates: FamilyCount,
     /// The same, by host.
     pub suspected_duplicates_by_host: BTreeMap<String, u64>,
     /// Which: host, family and op ids of each, by host (`stats` shows the first
@@ -154,7 +154,7 @@ pub(crate) const REFUSED_RETRY: &str = "refused_retry";
 /// same transaction as the event, with the operation's row before it; `audit verify
 /// --full` recounts them).
 pub(crate) fn count(
-    counts: &mut dyn super::append::Tally,
+    counts: &mut dyn super::append::Counters,
     event: &Event,
     before: Option<&OperationRecord>,
     after: Option<&OperationRecord>,
@@ -253,7 +253,7 @@ pub(crate) type GroupRead<'a> = &'a dyn Fn(&str) -> Result<BTreeMap<String, u64>
 /// Rows of four text columns of a query.
 pub(crate) type RowsRead<'a> = &'a dyn Fn(&str) -> Result<Vec<[String; 4]>, LedgerError>;
 /// Suspected duplicates: the tally, by host, and each named.
-type Duplicates = (Tally, BTreeMap<String, u64>, Vec<SuspectedDuplicate>);
+type Duplicates = (FamilyCount, BTreeMap<String, u64>, Vec<SuspectedDuplicate>);
 /// Rows of one intent: host, fingerprint, then (family, op id) of each operation.
 type IntentRows<'r> = Vec<(&'r str, &'r str, Vec<(&'r str, &'r str)>)>;
 
@@ -323,7 +323,7 @@ pub(crate) fn health(
             (family.clone(), n.saturating_sub(held))
         })
         .collect();
-    h.approval_interruptions = Tally::from_groups(&approvals);
+    h.approval_interruptions = FamilyCount::from_groups(&approvals);
     let tried: BTreeMap<String, u64> = retries
         .iter()
         .map(|(family, n)| {
@@ -331,14 +331,14 @@ pub(crate) fn health(
             (family.clone(), n.saturating_sub(refused))
         })
         .collect();
-    h.retries = Tally::from_groups(&tried);
+    h.retries = FamilyCount::from_groups(&tried);
     let active = if windowed {
         format!(" AND last_seq >= {}", dialect.param)
     } else {
         String::new()
     };
     // Both walk `operations_unresolved`: the unresolved operations, not all of them.
-    h.unknown_outcomes = Tally::from_groups(&(reads.group)(&format!(
+    h.unknown_outcomes = FamilyCount::from_groups(&(reads.group)(&format!(
         "SELECT family, COUNT(*) FROM operations WHERE {} AND attempts > 0{active} GROUP BY family",
         dialect.unresolved
     ))?);
@@ -346,7 +346,7 @@ pub(crate) fn health(
     debug_assert!(needs_human_before
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || "-:.+".contains(c)));
-    h.needs_human = Tally::from_groups(&(reads.group)(&format!(
+    h.needs_human = FamilyCount::from_groups(&(reads.group)(&format!(
         "SELECT family, COUNT(*) FROM operations
          WHERE {} AND created_at < {}{active} GROUP BY family",
         dialect.unresolved,
@@ -424,7 +424,7 @@ fn duplicates(
             _ => groups.push((host, fingerprint, vec![(family, op_id)])),
         }
     }
-    let mut tally = Tally::default();
+    let mut tally = FamilyCount::default();
     let mut by_host = BTreeMap::new();
     let mut named = Vec::new();
     for (host, _, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
@@ -584,7 +584,7 @@ mod tests {
     }
 
     fn check(h: &Health) {
-        let one = |f: &str| Tally {
+        let one = |f: &str| FamilyCount {
             total: 1,
             by_family: [(f.to_owned(), 1)].into(),
         };
@@ -628,7 +628,7 @@ mod tests {
             .stats_with_health(None, "1970-01-01T00:00:00.000000Z")
             .unwrap()
             .health;
-        assert_eq!(none.needs_human, Tally::default());
+        assert_eq!(none.needs_human, FamilyCount::default());
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

@@ -74,7 +74,7 @@ pub struct Approval {
 
 /// Who had the last word on the outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Word {
+pub enum LastWord {
     /// A verdict given to a caller.
     Verdict(Verdict),
     /// A reconcile decision.
@@ -93,14 +93,14 @@ pub enum Word {
     },
 }
 
-impl Word {
+impl LastWord {
     /// `completed`, `reconciled:<decision>`, `resolved:<decision>`, `cancelled`.
     pub fn name(&self) -> String {
         match self {
-            Word::Verdict(v) => v.as_str().to_owned(),
-            Word::Reconciled(d) => format!("reconciled:{d}"),
-            Word::Resolved { decision, .. } => format!("resolved:{decision}"),
-            Word::Cancelled { .. } => "cancelled".to_owned(),
+            LastWord::Verdict(v) => v.as_str().to_owned(),
+            LastWord::Reconciled(d) => format!("reconciled:{d}"),
+            LastWord::Resolved { decision, .. } => format!("resolved:{decision}"),
+            LastWord::Cancelled { .. } => "cancelled".to_owned(),
         }
     }
 }
@@ -117,7 +117,7 @@ pub struct History {
     /// The latest final operator decision.
     pub final_decision: Option<FinalDecision>,
     /// The last word on the outcome and when it was said (cleared by a new attempt).
-    pub last_word: Option<(Word, String)>,
+    pub last_word: Option<(LastWord, String)>,
     /// The best-known exit code (received, recorded on the host, in a verdict or a cancel).
     pub exit_code: Option<i32>,
     /// The projection's unresolved rule replayed over the events.
@@ -224,7 +224,7 @@ impl History {
                 if exit_code.is_some() {
                     self.exit_code = *exit_code;
                 }
-                self.last_word = Some((Word::Verdict(*verdict), e.at.clone()));
+                self.last_word = Some((LastWord::Verdict(*verdict), e.at.clone()));
             }
             Event::Observed { .. } => self.observations += 1,
             Event::Approved { by, note, key, .. } => self.approvals.push(Approval {
@@ -234,7 +234,7 @@ impl History {
                 at: e.at.clone(),
             }),
             Event::Reconciled { decision, .. } => {
-                self.last_word = Some((Word::Reconciled(decision.clone()), e.at.clone()));
+                self.last_word = Some((LastWord::Reconciled(decision.clone()), e.at.clone()));
             }
             Event::OperatorDecision {
                 by,
@@ -244,7 +244,7 @@ impl History {
             } => {
                 if *decision != Decision::Approved {
                     self.last_word = Some((
-                        Word::Resolved {
+                        LastWord::Resolved {
                             decision: decision.clone(),
                             by: by.clone(),
                         },
@@ -270,7 +270,7 @@ impl History {
                 if exit_code.is_some() {
                     self.exit_code = *exit_code;
                 }
-                self.last_word = Some((Word::Cancelled { by: by.clone() }, e.at.clone()));
+                self.last_word = Some((LastWord::Cancelled { by: by.clone() }, e.at.clone()));
             }
             _ => {}
         }

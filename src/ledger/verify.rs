@@ -299,7 +299,7 @@ pub(crate) struct Replay {
 #[derive(Default)]
 struct Recount(HashMap<String, i64, foldhash::fast::RandomState>);
 
-impl append::Tally for Recount {
+impl append::Counters for Recount {
     fn counter(&mut self, name: &str) -> Option<&mut i64> {
         self.0.get_mut(name)
     }

@@ -40,7 +40,7 @@ use sha2::{Digest, Sha256};
 
 use crate::duration::parse_duration;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operation::output::Tally;
+use crate::operation::output::OutputBytes;
 use crate::ops::cancel::{cancel, CancelRequest};
 use crate::ops::document::{error_document, json_document};
 use crate::ops::host_changed::Answered;
@@ -676,7 +676,7 @@ impl Server {
         &self,
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
-        tally: Option<Arc<Tally>>,
+        tally: Option<Arc<OutputBytes>>,
         operation: impl FnOnce(&Context) -> Result<(Value, u8)> + Send + 'static,
     ) -> CallToolResult {
         let ctx = self.ctx.clone();
@@ -956,7 +956,7 @@ fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallToolResult> 
         command: vec![p.command],
         // The client gets the output in the result; stdout is the protocol stream.
         live_output: false,
-        tally: Some(Arc::new(Tally::default())),
+        tally: Some(Arc::new(OutputBytes::default())),
     })
 }
 

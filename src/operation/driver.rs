@@ -20,7 +20,7 @@ use crate::ledger::{Durability, Event, LedgerError, OpKey, RefusalWord};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, OnRepeat};
 use crate::shim::{
-    ExitFrame, Frame, MarkerInfo, RefusalReason, RepeatCheck, RunRequest, StdinSpec, Verb,
+    ExitFrame, Frame, MarkerInfo, RefusalReason, RepeatCheck, RunCall, StdinSpec, Verb,
 };
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
@@ -282,7 +282,7 @@ impl<'a> Runner<'a> {
         });
         let supersede = self.facts().may_supersede();
         let declared = self.input.declared.ops();
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &self.op,
             attempt_id: &attempt,
             host_fingerprint: &self.host_fp,

@@ -132,7 +132,7 @@ impl CommitGroup {
 
 /// How the hosts are scheduled.
 #[derive(Debug, Clone, Copy)]
-pub struct Plan {
+pub struct Schedule {
     /// Hosts running at once (at least 1).
     pub forks: usize,
     /// Stop dispatching after this many hosts ended badly.
@@ -147,7 +147,7 @@ pub struct Plan {
 
 /// What every host's operation shares: the policy, the fingerprint key, the session and
 /// the connection pool; `open_ledger` gives each host task its own ledger handle.
-pub struct Shared {
+pub struct FleetShared {
     /// The policy in effect for every host.
     pub policy: Arc<Policy>,
     /// The per-installation fingerprint key.
@@ -160,9 +160,9 @@ pub struct Shared {
     pub open_ledger: Arc<dyn Fn() -> Result<Ledger, Error> + Send + Sync>,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for FleetShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("FleetShared")
             .field("session_id", &self.session_id)
             .finish_non_exhaustive()
     }
@@ -203,9 +203,9 @@ pub struct Progress {
 /// Runs `inputs` (one per host, in the given order) under `plan`; answers one result per
 /// host in the same order. `progress` is told after every change of the counts.
 pub async fn run_fleet(
-    shared: &Shared,
+    shared: &FleetShared,
     inputs: Vec<RunInput>,
-    plan: Plan,
+    plan: Schedule,
     interrupts: &Interrupts,
     progress: impl FnMut(Progress),
 ) -> Vec<HostResult> {
@@ -232,9 +232,9 @@ pub async fn run_fleet(
 }
 
 async fn schedule(
-    shared: &Shared,
+    shared: &FleetShared,
     inputs: Vec<RunInput>,
-    plan: Plan,
+    plan: Schedule,
     interrupts: &Interrupts,
     group: Option<std::rc::Rc<CommitGroup>>,
     mut progress: impl FnMut(Progress),
@@ -331,7 +331,7 @@ async fn schedule(
 
 fn spawn_host(
     running: &mut JoinSet<(usize, HostResult)>,
-    shared: &Shared,
+    shared: &FleetShared,
     index: usize,
     input: RunInput,
     interrupts: Interrupts,
@@ -373,7 +373,7 @@ fn spawn_host(
 
 /// The answer for a host never dispatched: `not_applied`, nothing recorded or sent, and
 /// a rerun with the same op id runs it (at most once).
-fn not_dispatched(shared: &Shared, input: &RunInput, code: ReasonCode) -> HostResult {
+fn not_dispatched(shared: &FleetShared, input: &RunInput, code: ReasonCode) -> HostResult {
     let why = match code {
         ReasonCode::NotDispatchedMaxFailures => "--max-failures hosts had already ended badly",
         ReasonCode::NotDispatchedBatchFailed => {

@@ -97,7 +97,7 @@ pub struct RunInput {
     /// What `wait` bounds besides the connects before dispatch and the probe windows.
     pub wait_scope: WaitScope,
     /// Counts the output delivered, for a caller reporting progress meanwhile.
-    pub tally: Option<std::sync::Arc<output::Tally>>,
+    pub tally: Option<std::sync::Arc<output::OutputBytes>>,
 }
 
 /// What the `--wait` budget bounds (docs/decisions.md#wait-budget). It always bounds the

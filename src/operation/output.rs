@@ -15,12 +15,12 @@ use crate::logging::{self, Stream};
 /// Bytes of output delivered so far, shared with whoever reports a run's progress while
 /// it goes on (an MCP client's progress notifications).
 #[derive(Debug, Default)]
-pub struct Tally {
+pub struct OutputBytes {
     out: std::sync::atomic::AtomicU64,
     err: std::sync::atomic::AtomicU64,
 }
 
-impl Tally {
+impl OutputBytes {
     /// Stdout bytes delivered so far (every host's, for a fleet).
     pub fn stdout(&self) -> u64 {
         self.out.load(std::sync::atomic::Ordering::Relaxed)
@@ -48,12 +48,12 @@ pub struct Output {
     err_bytes: u64,
     out_digest: Sha256,
     err_digest: Sha256,
-    tally: Option<std::sync::Arc<Tally>>,
+    tally: Option<std::sync::Arc<OutputBytes>>,
 }
 
 impl Output {
     /// Counts what is delivered in `tally` too.
-    pub fn with_tally(mut self, tally: Option<std::sync::Arc<Tally>>) -> Output {
+    pub fn with_tally(mut self, tally: Option<std::sync::Arc<OutputBytes>>) -> Output {
         self.tally = tally;
         self
     }

@@ -1,5 +1,5 @@
 //! The shim's answer to a `run` call as the decision table reads it: the protocol's
-//! [`host::RunReply`] (frames read once, refusal words already typed) narrowed to the
+//! [`host::RunFrames`] (frames read once, refusal words already typed) narrowed to the
 //! answers that settle a call, with a refusal's cause and detail pulled out of its
 //! fields. [`super::decide`] decides from these, never from strings.
 
@@ -26,7 +26,7 @@ impl RunReply {
     /// Reads a finished call's frames; `None` when they hold no exit, refusal or
     /// interruption (the shim broke its protocol).
     pub fn from_frames(frames: &[Frame]) -> Option<RunReply> {
-        let reply = host::RunReply::from_frames(frames);
+        let reply = host::RunFrames::from_frames(frames);
         (reply.exit.is_some() || reply.refusal.is_some() || reply.interrupted.is_some()).then(
             || RunReply {
                 superseded: reply.superseded,

@@ -20,7 +20,7 @@ use crate::family::Family;
 use crate::host::Pool;
 use crate::ledger::{OpKey, OperationRecord};
 use crate::op_id::OpId;
-use crate::operation::fleet::{self, HostResult, Plan, Progress, Shared, Summary};
+use crate::operation::fleet::{self, FleetShared, HostResult, Progress, Schedule, Summary};
 use crate::operation::interrupt::{ClientSignal, Interrupts};
 use crate::operation::repeat::Declared;
 use crate::operation::{self, RunEnv, RunInput, RunReport};
@@ -112,7 +112,7 @@ pub struct RunRequest {
     /// Stream the command's output to this process's stdout/stderr while it runs.
     pub live_output: bool,
     /// Counts the output delivered (every host's), for progress reports meanwhile.
-    pub tally: Option<std::sync::Arc<crate::operation::output::Tally>>,
+    pub tally: Option<std::sync::Arc<crate::operation::output::OutputBytes>>,
 }
 
 /// Told while a run goes on (the answer itself is the [`RunAnswer`]).
@@ -698,14 +698,14 @@ async fn run_on_hosts(
         .collect();
     let ledger_ctx = ctx.clone();
     let ledger_policy = policy.clone();
-    let shared = Shared {
+    let shared = FleetShared {
         policy: Arc::new(policy),
         key,
         session_id: session_id(),
         pool: Arc::new(Pool::new(10)),
         open_ledger: Arc::new(move || open_ledger(&ledger_ctx, &ledger_policy)),
     };
-    let plan = Plan {
+    let plan = Schedule {
         forks: req.fleet.forks,
         max_failures: req.fleet.max_failures,
         serial: req.fleet.serial,

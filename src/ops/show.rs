@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::{redacted_error, Context};
 use crate::error::{Error, ErrorKind, Result};
-use crate::ledger::history::{Attempt, Word};
+use crate::ledger::history::{Attempt, LastWord};
 use crate::ledger::projection::unresolved_after;
 use crate::ledger::{Event, History, Ledger, OpKey, OperationRecord, StoredEvent};
 use crate::op_id::OpId;
@@ -298,12 +298,14 @@ pub fn outcome(record: Option<&OperationRecord>, events: &[StoredEvent]) -> Outc
     let mut exit_code = h.exit_code;
     let last_word = h.last_word.map(|(word, at)| {
         let by = match &word {
-            Word::Verdict(_) => format!("verdict at {}", to_second(&at)),
-            Word::Reconciled(_) => format!("reconcile at {}", to_second(&at)),
-            Word::Resolved { by, .. } => {
+            LastWord::Verdict(_) => format!("verdict at {}", to_second(&at)),
+            LastWord::Reconciled(_) => format!("reconcile at {}", to_second(&at)),
+            LastWord::Resolved { by, .. } => {
                 format!("operator {} at {}", printable(by), to_second(&at))
             }
-            Word::Cancelled { by } => format!("cancel by {} at {}", printable(by), to_second(&at)),
+            LastWord::Cancelled { by } => {
+                format!("cancel by {} at {}", printable(by), to_second(&at))
+            }
         };
         (word.name(), by)
     });

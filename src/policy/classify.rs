@@ -246,7 +246,7 @@ struct Classifier<'p> {
     /// first: each part found inside says so in its rule.
     via: Vec<String>,
     /// Where the simple command being classified reads its standard input from.
-    stdin: Stdin,
+    stdin: CommandInput,
     /// The command being classified reads a pipe (it is not first in its pipeline, or
     /// sits inside a compound command that is not).
     piped: bool,
@@ -255,7 +255,7 @@ struct Classifier<'p> {
 /// Where a simple command's standard input comes from: what a shell without `-c` or a
 /// file runs as its commands.
 #[derive(Clone, Default)]
-enum Stdin {
+enum CommandInput {
     /// The command's own stdin: a pipe, or the caller's input (`--stdin`). Not visible.
     #[default]
     Inherited,
@@ -279,7 +279,7 @@ pub(crate) fn classify(policy: &Policy, command: &str) -> Classification {
         approval: None,
         functions: HashMap::new(),
         via: Vec::new(),
-        stdin: Stdin::Inherited,
+        stdin: CommandInput::Inherited,
         piped: false,
     };
     let parse_error = c.program(command, 0).err();
@@ -464,8 +464,8 @@ fn unwrap(spec: &Wrapper, args: &[WordInfo]) -> Unwrapped {
 }
 
 /// Where `cmd` reads its standard input from, by its last redirection of fd 0.
-fn input_of(cmd: &SimpleCommand, options: &ParserOptions) -> Stdin {
-    let mut stdin = Stdin::Inherited;
+fn input_of(cmd: &SimpleCommand, options: &ParserOptions) -> CommandInput {
+    let mut stdin = CommandInput::Inherited;
     let items = cmd
         .prefix
         .iter()
@@ -480,30 +480,30 @@ fn input_of(cmd: &SimpleCommand, options: &ParserOptions) -> Stdin {
                 if doc.requires_expansion {
                     let info = analyse_heredoc(&doc.doc.value, options);
                     if info.expands || info.error.is_some() {
-                        Stdin::Expanded
+                        CommandInput::Expanded
                     } else {
-                        Stdin::Literal(info.text)
+                        CommandInput::Literal(info.text)
                     }
                 } else {
-                    Stdin::Literal(doc.doc.value.clone())
+                    CommandInput::Literal(doc.doc.value.clone())
                 }
             }
             IoRedirect::HereString(None | Some(0), word) => {
                 let info = analyse(&word.value, options);
                 if info.expands || info.error.is_some() {
-                    Stdin::Expanded
+                    CommandInput::Expanded
                 } else {
-                    Stdin::Literal(info.text)
+                    CommandInput::Literal(info.text)
                 }
             }
             IoRedirect::File(None | Some(0), IoFileRedirectKind::Read, target) => match target {
-                IoFileRedirectTarget::Filename(_) => Stdin::File,
+                IoFileRedirectTarget::Filename(_) => CommandInput::File,
                 // `sh < <(curl ...)`: the text comes from a command at run time.
-                IoFileRedirectTarget::ProcessSubstitution(..) => Stdin::Substituted,
-                _ => Stdin::Inherited,
+                IoFileRedirectTarget::ProcessSubstitution(..) => CommandInput::Substituted,
+                _ => CommandInput::Inherited,
             },
             IoRedirect::File(None | Some(0), IoFileRedirectKind::DuplicateInput, _) => {
-                Stdin::Inherited
+                CommandInput::Inherited
             }
             _ => continue,
         };
@@ -520,7 +520,7 @@ enum ShellRuns<'w> {
     /// A script file (or a process substitution standing for one).
     File(&'w WordInfo),
     /// No `-c` and no file: commands read from standard input.
-    Stdin,
+    CommandInput,
 }
 
 fn shell_runs(args: &[WordInfo]) -> ShellRuns<'_> {
@@ -557,7 +557,7 @@ fn shell_runs(args: &[WordInfo]) -> ShellRuns<'_> {
         (true, Some(text)) => ShellRuns::Text(text),
         (true, None) => ShellRuns::MissingText,
         (false, Some(file)) => ShellRuns::File(file),
-        (false, None) => ShellRuns::Stdin,
+        (false, None) => ShellRuns::CommandInput,
     }
 }
 
@@ -1156,7 +1156,7 @@ impl Classifier<'_> {
                     Family::Destructive,
                     format!("`{p} FILE` runs a file's commands, which cannot be seen here"),
                 ),
-                ShellRuns::Stdin => self.shell_input(shown, p, depth),
+                ShellRuns::CommandInput => self.shell_input(shown, p, depth),
             },
             _ => return false,
         }
@@ -1166,24 +1166,24 @@ impl Classifier<'_> {
     /// A shell (or `su`) that reads its commands from its standard input.
     fn shell_input(&mut self, shown: String, program: &str, depth: usize) {
         match std::mem::take(&mut self.stdin) {
-            Stdin::Literal(text) => self.inner(format!("`{program}` reading a literal here-document or here-string"), &text, depth),
-            Stdin::File => self.push(
+            CommandInput::Literal(text) => self.inner(format!("`{program}` reading a literal here-document or here-string"), &text, depth),
+            CommandInput::File => self.push(
                 shown,
                 Family::Destructive,
                 format!("`{program} < FILE` runs a file's commands, which cannot be seen here"),
             ),
-            Stdin::Expanded => self.dynamic(
+            CommandInput::Expanded => self.dynamic(
                 shown,
                 &format!("`{program}` reads commands from a here-document or here-string built at run time"),
             ),
-            Stdin::Substituted => self.dynamic(
+            CommandInput::Substituted => self.dynamic(
                 shown,
                 &format!("`{program}` reads commands from a process substitution, written at run time"),
             ),
-            Stdin::Inherited if self.piped => {
+            CommandInput::Inherited if self.piped => {
                 self.dynamic(shown, &format!("`{program}` reads its commands from a pipe"))
             }
-            Stdin::Inherited => self.dynamic(
+            CommandInput::Inherited => self.dynamic(
                 shown,
                 &format!("`{program}` reads its commands from the caller's input"),
             ),

@@ -63,13 +63,13 @@ type Needles = &'static [&'static [&'static str]];
 type Scanner = dyn Fn(&str) -> Vec<Range<usize>> + Send + Sync;
 
 /// One row of the redaction table: one secret shape.
-struct Rule {
+struct RedactRule {
     /// Short name, for tests and debugging.
     name: &'static str,
     find: Find,
 }
 
-impl std::fmt::Debug for Rule {
+impl std::fmt::Debug for RedactRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name)
     }
@@ -175,10 +175,10 @@ const AT_PROGRAM: &str = r#"(?:^|[\s;&|(/'"`])"#;
 
 /// The table. Order matters only where rows overlap: a row that keeps more shape
 /// (`-passin pass:***`) runs before a broader one that would mask more (`-passin ***`).
-fn builtin_rules() -> &'static [Rule] {
-    static RULES: OnceLock<Vec<Rule>> = OnceLock::new();
+fn builtin_rules() -> &'static [RedactRule] {
+    static RULES: OnceLock<Vec<RedactRule>> = OnceLock::new();
     RULES.get_or_init(|| {
-        let re = |name, needles, pattern: &str, keep| Rule {
+        let re = |name, needles, pattern: &str, keep| RedactRule {
             name,
             find: Find::Pattern {
                 needles,
@@ -187,7 +187,7 @@ fn builtin_rules() -> &'static [Rule] {
                 keep,
             },
         };
-        let scan = |name, needles, f: fn(&str) -> Vec<Range<usize>>| Rule {
+        let scan = |name, needles, f: fn(&str) -> Vec<Range<usize>>| RedactRule {
             name,
             find: Find::Scan {
                 needles,
@@ -195,7 +195,7 @@ fn builtin_rules() -> &'static [Rule] {
             },
         };
         // `PROGRAM ... FLAG VALUE`, `FLAGVALUE` or `FLAG=VALUE`, for every such flag.
-        let flag_of = |name, spec: FlagSpec| Rule {
+        let flag_of = |name, spec: FlagSpec| RedactRule {
             name,
             find: Find::Scan {
                 needles: spec.programs,
@@ -626,12 +626,12 @@ fn heredoc_delimiters(line: &str) -> Vec<(String, bool)> {
 /// One shell word of a simple command: where it is in the text and its text with quotes
 /// removed. Redirection operators are words of their own (`>`, `2>>`, `<<<`).
 #[derive(Debug, Clone)]
-struct Word {
+struct ShellWord {
     span: Range<usize>,
     text: String,
 }
 
-impl Word {
+impl ShellWord {
     fn is_redirection(&self) -> bool {
         self.text
             .trim_start_matches(|c: char| c.is_ascii_digit())
@@ -642,7 +642,7 @@ impl Word {
 /// One simple command and whether its output is piped into the next one.
 #[derive(Debug, Default)]
 struct SimpleCommand {
-    words: Vec<Word>,
+    words: Vec<ShellWord>,
     piped: bool,
 }
 
@@ -653,8 +653,8 @@ fn simple_commands(text: &str) -> Vec<SimpleCommand> {
     let chars: Vec<(usize, char)> = text.char_indices().collect();
     let mut commands = Vec::new();
     let mut current = SimpleCommand::default();
-    let mut word: Option<Word> = None;
-    let end_word = |word: &mut Option<Word>, current: &mut SimpleCommand, at: usize| {
+    let mut word: Option<ShellWord> = None;
+    let end_word = |word: &mut Option<ShellWord>, current: &mut SimpleCommand, at: usize| {
         if let Some(mut w) = word.take() {
             w.span.end = at;
             current.words.push(w);
@@ -664,8 +664,8 @@ fn simple_commands(text: &str) -> Vec<SimpleCommand> {
     while i < chars.len() {
         let (at, c) = chars[i];
         let next = chars.get(i + 1).map(|&(_, c)| c);
-        let start_word = |word: &mut Option<Word>| {
-            word.get_or_insert_with(|| Word {
+        let start_word = |word: &mut Option<ShellWord>| {
+            word.get_or_insert_with(|| ShellWord {
                 span: at..at,
                 text: String::new(),
             });
@@ -748,7 +748,7 @@ fn simple_commands(text: &str) -> Vec<SimpleCommand> {
                     i += 1;
                 }
                 let op_end = chars.get(i).map_or(text.len(), |&(p, _)| p);
-                current.words.push(Word {
+                current.words.push(ShellWord {
                     span: op_start..op_end,
                     text: op,
                 });
@@ -768,7 +768,7 @@ fn simple_commands(text: &str) -> Vec<SimpleCommand> {
 
 /// The words of a command that are its arguments proper: redirections and their targets
 /// left out.
-fn arguments(words: &[Word]) -> Vec<&Word> {
+fn arguments(words: &[ShellWord]) -> Vec<&ShellWord> {
     let mut out = Vec::new();
     let mut skip_next = false;
     for w in words {
@@ -864,7 +864,7 @@ fn secret_flag_values(text: &str, spec: &FlagSpec) -> Vec<Range<usize>> {
 }
 
 /// The first word naming one of `programs` (by basename).
-fn find_program(words: &[&Word], programs: &[&str]) -> Option<usize> {
+fn find_program(words: &[&ShellWord], programs: &[&str]) -> Option<usize> {
     words
         .iter()
         .position(|w| programs.contains(&basename(&w.text)))
@@ -901,7 +901,7 @@ fn htpasswd_batch_password(text: &str) -> Vec<Range<usize>> {
 }
 
 /// Does this command read a password or token from its standard input?
-fn reads_secret_from_stdin(args: &[&Word]) -> bool {
+fn reads_secret_from_stdin(args: &[&ShellWord]) -> bool {
     if find_program(args, &["chpasswd", "chgpasswd", "passwd"]).is_some() {
         return true;
     }
@@ -1046,7 +1046,7 @@ fn holds_needles(needles: Needles, folded: &str) -> bool {
 /// `folded` is [`folded`] of the text the first rule saw: masking only ever takes words
 /// out, so a needle missing from it is missing from `text` too.
 fn apply<'a>(
-    rule: &Rule,
+    rule: &RedactRule,
     text: Cow<'a, str>,
     folded: &str,
     found: &mut Vec<String>,

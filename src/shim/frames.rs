@@ -21,6 +21,8 @@
 
 use std::collections::BTreeMap;
 
+use super::OutputStream;
+
 /// Longest preamble (login-shell noise) kept before the header; more is a protocol error.
 const MAX_PREAMBLE: usize = 1 << 20;
 /// Longest frame line.
@@ -548,13 +550,6 @@ impl ProtocolError {
 /// `OPMARK_SHIM_VERSION`. Bumped with any change to the verbs' arguments or frames.
 pub const PROTOCOL_VERSION: &str = "6";
 
-/// Which output stream a payload belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stream {
-    Stdout,
-    Stderr,
-}
-
 /// Incremental parser for one call's stdout and stderr streams.
 #[derive(Debug, Default)]
 pub struct ReplyParser {
@@ -569,7 +564,7 @@ pub struct ReplyParser {
     /// Bytes still owed to the payload announced by the last `O`/`E` frame.
     raw_left: u64,
     /// The announced payload so far, held until its `C` frame commits it.
-    pending: Option<(Stream, Vec<u8>)>,
+    pending: Option<(OutputStream, Vec<u8>)>,
     preamble_seen: usize,
     stdout_bytes: u64,
     stderr_bytes: u64,
@@ -744,9 +739,9 @@ impl ReplyParser {
                     .parse()
                     .map_err(|_| ProtocolError::new(format!("bad {kind} frame length")))?;
                 let stream = if kind == "O" {
-                    Stream::Stdout
+                    OutputStream::Stdout
                 } else {
-                    Stream::Stderr
+                    OutputStream::Stderr
                 };
                 self.raw_left = len;
                 self.pending = Some((stream, Vec::new()));
@@ -758,11 +753,11 @@ impl ReplyParser {
                 };
                 if !bytes.is_empty() {
                     match stream {
-                        Stream::Stdout => {
+                        OutputStream::Stdout => {
                             self.stdout_bytes += bytes.len() as u64;
                             out.push(Reply::Stdout(bytes));
                         }
-                        Stream::Stderr => {
+                        OutputStream::Stderr => {
                             self.stderr_bytes += bytes.len() as u64;
                             out.push(Reply::Stderr(bytes));
                         }

@@ -98,7 +98,7 @@ pub struct StdinSpec {
 
 /// Everything the `run` verb needs.
 #[derive(Debug, Clone)]
-pub struct RunRequest<'a> {
+pub struct RunCall<'a> {
     /// The operation.
     pub op: &'a OpId,
     /// This attempt's id (same charset as op ids).
@@ -185,7 +185,7 @@ pub enum OutputFrom {
 #[derive(Debug, Clone)]
 pub enum Verb<'a> {
     /// Claim and run.
-    Run(RunRequest<'a>),
+    Run(RunCall<'a>),
     /// Report the marker's state without changing it.
     Probe(&'a OpId),
     /// Stream a running (or finished) operation's output from byte offsets until it exits.
@@ -749,7 +749,7 @@ mod tests {
     #[test]
     fn run_args_carry_every_field_in_order() {
         let op = OpId::parse("deploy-1").unwrap();
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &"ab".repeat(32),
@@ -786,7 +786,7 @@ mod tests {
     fn run_args_carry_the_repetition_check() {
         let op = OpId::parse("deploy-2").unwrap();
         let declared = ["deploy-1".to_owned(), "fix-0".to_owned()];
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &"ab".repeat(32),
@@ -813,7 +813,7 @@ mod tests {
         let op = OpId::parse("deploy:1.a-b").unwrap();
         let command = format!("echo '{}' !x \\ \n", "y".repeat(1 << 20));
         let fp = "ab".repeat(32);
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "at-0123456789abcdef",
             host_fingerprint: &fp,

@@ -33,7 +33,7 @@ impl Algorithms {
 
 /// Which list an option sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum AlgorithmList {
     /// `KexAlgorithms`.
     Kex,
     /// `HostKeyAlgorithms`.
@@ -187,22 +187,22 @@ const OFFERED_USER_KEYS: &[&str] = &[
 
 const CERT_SUFFIX: &str = "-cert-v01@openssh.com";
 
-fn known(kind: Kind) -> &'static [&'static str] {
+fn known(kind: AlgorithmList) -> &'static [&'static str] {
     match kind {
-        Kind::Kex => SSH_KEX,
-        Kind::Cipher => SSH_CIPHERS,
-        Kind::Mac => SSH_MACS,
-        Kind::HostKey | Kind::Pubkey => SSH_KEYS,
+        AlgorithmList::Kex => SSH_KEX,
+        AlgorithmList::Cipher => SSH_CIPHERS,
+        AlgorithmList::Mac => SSH_MACS,
+        AlgorithmList::HostKey | AlgorithmList::Pubkey => SSH_KEYS,
     }
 }
 
-fn defaults(kind: Kind) -> Vec<String> {
+fn defaults(kind: AlgorithmList) -> Vec<String> {
     let list: &[&str] = match kind {
-        Kind::Kex => DEFAULT_KEX,
-        Kind::Cipher => DEFAULT_CIPHERS,
-        Kind::Mac => DEFAULT_MACS,
-        Kind::HostKey => return certificates_then_plain(DEFAULT_HOST_KEYS),
-        Kind::Pubkey => return certificates_then_plain(OFFERED_USER_KEYS),
+        AlgorithmList::Kex => DEFAULT_KEX,
+        AlgorithmList::Cipher => DEFAULT_CIPHERS,
+        AlgorithmList::Mac => DEFAULT_MACS,
+        AlgorithmList::HostKey => return certificates_then_plain(DEFAULT_HOST_KEYS),
+        AlgorithmList::Pubkey => return certificates_then_plain(OFFERED_USER_KEYS),
     };
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -216,9 +216,9 @@ fn certificates_then_plain(keys: &[&str]) -> Vec<String> {
 }
 
 /// Whether russh can do `name` (a name ssh knows).
-fn supported(kind: Kind, name: &str) -> bool {
+fn supported(kind: AlgorithmList, name: &str) -> bool {
     match kind {
-        Kind::Kex => {
+        AlgorithmList::Kex => {
             (DEFAULT_KEX.contains(&name)
                 || matches!(
                     name,
@@ -229,11 +229,11 @@ fn supported(kind: Kind, name: &str) -> bool {
                 ))
                 && russh::kex::Name::try_from(name).is_ok()
         }
-        Kind::Cipher => {
+        AlgorithmList::Cipher => {
             name != "none" && name != "clear" && russh::cipher::Name::try_from(name).is_ok()
         }
-        Kind::Mac => name != "none" && russh::mac::Name::try_from(name).is_ok(),
-        Kind::HostKey | Kind::Pubkey => {
+        AlgorithmList::Mac => name != "none" && russh::mac::Name::try_from(name).is_ok(),
+        AlgorithmList::HostKey | AlgorithmList::Pubkey => {
             SUPPORTED_HOST_KEYS.contains(&name.strip_suffix(CERT_SUFFIX).unwrap_or(name))
         }
     }
@@ -243,31 +243,31 @@ fn supported(kind: Kind, name: &str) -> bool {
 /// comma-separated names in `ssh -G`'s order of keys: kex, host keys, ciphers, MACs.
 /// Host keys without a choice are the defaults before known_hosts reorders them.
 pub fn offered(chosen: &Algorithms) -> [String; 4] {
-    let or = |list: &Option<Vec<String>>, kind: Kind| {
+    let or = |list: &Option<Vec<String>>, kind: AlgorithmList| {
         list.clone().unwrap_or_else(|| defaults(kind)).join(",")
     };
     [
-        or(&chosen.kex, Kind::Kex),
-        or(&chosen.host_key, Kind::HostKey),
-        or(&chosen.ciphers, Kind::Cipher),
-        or(&chosen.macs, Kind::Mac),
+        or(&chosen.kex, AlgorithmList::Kex),
+        or(&chosen.host_key, AlgorithmList::HostKey),
+        or(&chosen.ciphers, AlgorithmList::Cipher),
+        or(&chosen.macs, AlgorithmList::Mac),
     ]
 }
 
 /// The option's name as ssh_config spells it.
-pub fn option_name(kind: Kind) -> &'static str {
+pub fn option_name(kind: AlgorithmList) -> &'static str {
     match kind {
-        Kind::Kex => "KexAlgorithms",
-        Kind::HostKey => "HostKeyAlgorithms",
-        Kind::Cipher => "Ciphers",
-        Kind::Mac => "MACs",
-        Kind::Pubkey => "PubkeyAcceptedAlgorithms",
+        AlgorithmList::Kex => "KexAlgorithms",
+        AlgorithmList::HostKey => "HostKeyAlgorithms",
+        AlgorithmList::Cipher => "Ciphers",
+        AlgorithmList::Mac => "MACs",
+        AlgorithmList::Pubkey => "PubkeyAcceptedAlgorithms",
     }
 }
 
 /// The list `value` asks for, as ssh's `kex_assemble_names` builds it from the default
 /// (before narrowing to what russh can do). An unknown name is an error, as in ssh.
-fn assemble(kind: Kind, value: &str) -> Result<Vec<String>, String> {
+fn assemble(kind: AlgorithmList, value: &str) -> Result<Vec<String>, String> {
     let value = value.trim();
     let name = option_name(kind);
     let (op, list) = match value.chars().next() {
@@ -288,11 +288,11 @@ fn assemble(kind: Kind, value: &str) -> Result<Vec<String>, String> {
             return Err(format!(
                 "{name}: unknown algorithm `{bad}` (ssh refuses it too: `ssh -Q {}` lists the names); fix the spelling",
                 match kind {
-                    Kind::Kex => "kex",
-                    Kind::Cipher => "cipher",
-                    Kind::Mac => "mac",
-                    Kind::HostKey => "HostKeyAlgorithms",
-                    Kind::Pubkey => "PubkeyAcceptedAlgorithms",
+                    AlgorithmList::Kex => "kex",
+                    AlgorithmList::Cipher => "cipher",
+                    AlgorithmList::Mac => "mac",
+                    AlgorithmList::HostKey => "HostKeyAlgorithms",
+                    AlgorithmList::Pubkey => "PubkeyAcceptedAlgorithms",
                 }
             ));
         }
@@ -325,11 +325,11 @@ fn assemble(kind: Kind, value: &str) -> Result<Vec<String>, String> {
 /// the line applies to the host: an unknown name is an error.
 pub fn check_names(key: &str, value: &str) -> Result<(), String> {
     let kind = match key {
-        "kexalgorithms" => Kind::Kex,
-        "hostkeyalgorithms" => Kind::HostKey,
-        "ciphers" => Kind::Cipher,
-        "macs" => Kind::Mac,
-        "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => Kind::Pubkey,
+        "kexalgorithms" => AlgorithmList::Kex,
+        "hostkeyalgorithms" => AlgorithmList::HostKey,
+        "ciphers" => AlgorithmList::Cipher,
+        "macs" => AlgorithmList::Mac,
+        "pubkeyacceptedalgorithms" | "pubkeyacceptedkeytypes" => AlgorithmList::Pubkey,
         _ => return Ok(()),
     };
     assemble(kind, value).map(|_| ())
@@ -337,13 +337,13 @@ pub fn check_names(key: &str, value: &str) -> Result<(), String> {
 
 /// Resolves one list option to the names opmark will offer, in order; an error says
 /// what is wrong (the caller adds the file and line).
-pub fn resolve(kind: Kind, value: &str) -> Result<Vec<String>, String> {
+pub fn resolve(kind: AlgorithmList, value: &str) -> Result<Vec<String>, String> {
     let wanted = assemble(kind, value)?;
     let name = option_name(kind);
-    if kind == Kind::Pubkey {
+    if kind == AlgorithmList::Pubkey {
         // opmark cannot narrow which of its keys it offers: honour a list that allows
         // all it may offer, refuse one that would exclude some.
-        let missing: Vec<String> = defaults(Kind::Pubkey)
+        let missing: Vec<String> = defaults(AlgorithmList::Pubkey)
             .into_iter()
             .filter(|k| !wanted.contains(k))
             .collect();
@@ -394,39 +394,43 @@ mod tests {
     #[test]
     fn a_plain_list_replaces_the_defaults_and_keeps_its_order() {
         assert_eq!(
-            resolve(Kind::HostKey, "ssh-ed25519").unwrap(),
+            resolve(AlgorithmList::HostKey, "ssh-ed25519").unwrap(),
             vec!["ssh-ed25519"]
         );
         assert_eq!(
-            resolve(Kind::Cipher, "aes128-ctr,chacha20-poly1305@openssh.com").unwrap(),
+            resolve(
+                AlgorithmList::Cipher,
+                "aes128-ctr,chacha20-poly1305@openssh.com"
+            )
+            .unwrap(),
             vec!["aes128-ctr", "chacha20-poly1305@openssh.com"]
         );
     }
 
     #[test]
     fn plus_minus_and_caret_work_on_opmarks_defaults_as_in_ssh() {
-        let v = resolve(Kind::Mac, "+hmac-sha1").unwrap();
+        let v = resolve(AlgorithmList::Mac, "+hmac-sha1").unwrap();
         assert_eq!(v.last().map(String::as_str), Some("hmac-sha1"));
-        let v = resolve(Kind::Cipher, "-aes*").unwrap();
+        let v = resolve(AlgorithmList::Cipher, "-aes*").unwrap();
         assert_eq!(v, vec!["chacha20-poly1305@openssh.com"]);
-        let v = resolve(Kind::Kex, "^ecdh-sha2-nistp256").unwrap();
+        let v = resolve(AlgorithmList::Kex, "^ecdh-sha2-nistp256").unwrap();
         assert_eq!(v[0], "ecdh-sha2-nistp256");
         assert_eq!(v.iter().filter(|n| *n == "ecdh-sha2-nistp256").count(), 1);
     }
 
     #[test]
     fn unknown_names_are_errors_and_unusable_lists_are_refused() {
-        assert!(resolve(Kind::Cipher, "foo")
+        assert!(resolve(AlgorithmList::Cipher, "foo")
             .unwrap_err()
             .contains("unknown algorithm `foo`"));
-        assert!(resolve(Kind::HostKey, "ssh-foo").is_err());
+        assert!(resolve(AlgorithmList::HostKey, "ssh-foo").is_err());
         // Known to ssh, not to russh: nothing left.
-        let e = resolve(Kind::Mac, "umac-64@openssh.com").unwrap_err();
+        let e = resolve(AlgorithmList::Mac, "umac-64@openssh.com").unwrap_err();
         assert!(e.contains("leaves nothing"), "{e}");
         // Known to ssh, partly usable: the usable ones, in order.
         assert_eq!(
             resolve(
-                Kind::Kex,
+                AlgorithmList::Kex,
                 "sntrup761x25519-sha512@openssh.com,curve25519-sha256"
             )
             .unwrap(),
@@ -436,8 +440,8 @@ mod tests {
 
     #[test]
     fn pubkey_lists_must_allow_every_key_opmark_offers() {
-        resolve(Kind::Pubkey, "+ssh-rsa").unwrap();
-        let e = resolve(Kind::Pubkey, "ssh-ed25519").unwrap_err();
+        resolve(AlgorithmList::Pubkey, "+ssh-rsa").unwrap();
+        let e = resolve(AlgorithmList::Pubkey, "ssh-ed25519").unwrap_err();
         assert!(e.contains("rsa-sha2-256"), "{e}");
         check_preferred_authentications("gssapi-with-mic,publickey,password").unwrap();
         assert!(check_preferred_authentications("password").is_err());

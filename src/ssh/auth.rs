@@ -43,7 +43,7 @@ pub(crate) async fn authenticate(
     handle: &mut Handle<Client>,
     dest: &Destination,
 ) -> Result<(), ConnectError> {
-    let mut a = Attempt {
+    let mut a = AuthAttempt {
         handle,
         dest,
         tried: Vec::new(),
@@ -200,7 +200,7 @@ pub(crate) async fn authenticate(
     ))
 }
 
-struct Attempt<'a> {
+struct AuthAttempt<'a> {
     handle: &'a mut Handle<Client>,
     dest: &'a Destination,
     tried: Vec<String>,
@@ -208,7 +208,7 @@ struct Attempt<'a> {
     rsa_hash: Option<Option<HashAlg>>,
 }
 
-impl Attempt<'_> {
+impl AuthAttempt<'_> {
     async fn hash_for(&mut self, algorithm: Algorithm) -> Result<Option<HashAlg>, ConnectError> {
         if !algorithm.is_rsa() {
             return Ok(None);

@@ -432,7 +432,11 @@ impl SshConfig {
     /// Applies every block to `options` in file order, as OpenSSH's first pass does:
     /// a block's `Host`/`Match` is evaluated when its line is reached, against the
     /// options known at that point (so `Match host` sees a `HostName` set above it).
-    pub fn apply(&self, ctx: &MatchContext, options: &mut HostOptions) -> Result<(), ConfigError> {
+    pub fn apply(
+        &self,
+        ctx: &MatchContext,
+        options: &mut ConfigOptions,
+    ) -> Result<(), ConfigError> {
         let mut evaluated: Vec<Option<bool>> = vec![None; self.conditions.len()];
         for block in &self.blocks {
             let mut active = true;
@@ -608,7 +612,7 @@ fn eval_match(
     criteria: &[Criterion],
     origin: &Origin,
     ctx: &MatchContext,
-    o: &HostOptions,
+    o: &ConfigOptions,
 ) -> Result<bool, ConfigError> {
     // The host as known so far: a HostName seen above, with %h expanded.
     let host = match o.value("hostname") {
@@ -912,7 +916,7 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
 /// The options that apply to one destination, first value winning, as OpenSSH reads
 /// them (command line first, then the user's config, then the system's).
 #[derive(Debug, Clone, Default)]
-pub struct HostOptions {
+pub struct ConfigOptions {
     /// First line of each single-valued keyword.
     first: HashMap<String, OptionLine>,
     /// Every `IdentityFile`, in order, duplicates dropped (these accumulate).
@@ -921,7 +925,7 @@ pub struct HostOptions {
     pub certificate_files: Vec<OptionLine>,
 }
 
-impl HostOptions {
+impl ConfigOptions {
     /// Refuses a keyword OpenSSH would refuse, unless `IgnoreUnknown` (as known so far)
     /// names it.
     fn check_known(&self, line: &OptionLine) -> Result<(), ConfigError> {
@@ -1159,21 +1163,21 @@ mod tests {
         SshConfig::parse(text, Path::new("test_config")).unwrap()
     }
 
-    fn lookup_as(c: &SshConfig, host: &str, local_user: &str) -> HostOptions {
+    fn lookup_as(c: &SshConfig, host: &str, local_user: &str) -> ConfigOptions {
         let ctx = MatchContext {
             host_arg: host.into(),
             local_user: local_user.into(),
         };
-        let mut o = HostOptions::default();
+        let mut o = ConfigOptions::default();
         c.apply(&ctx, &mut o).unwrap();
         o
     }
 
-    fn lookup(c: &SshConfig, host: &str) -> HostOptions {
+    fn lookup(c: &SshConfig, host: &str) -> ConfigOptions {
         lookup_as(c, host, "me")
     }
 
-    fn v(o: &HostOptions, key: &str) -> Option<String> {
+    fn v(o: &ConfigOptions, key: &str) -> Option<String> {
         o.value(key)
     }
 
@@ -1347,7 +1351,7 @@ mod tests {
             Path::new("cfg"),
         )
         .unwrap();
-        let mut o = HostOptions::default();
+        let mut o = ConfigOptions::default();
         let ctx = MatchContext {
             host_arg: "a".into(),
             local_user: "me".into(),
@@ -1359,7 +1363,7 @@ mod tests {
             host_arg: "b".into(),
             local_user: "me".into(),
         };
-        c.apply(&ctx, &mut HostOptions::default()).unwrap();
+        c.apply(&ctx, &mut ConfigOptions::default()).unwrap();
         // A proxy passing a file descriptor would hand opmark a connection it cannot use.
         let c = SshConfig::parse(
             "Host b\n ProxyUseFdpass no\nHost a\n ProxyUseFdpass yes\n",
@@ -1371,7 +1375,7 @@ mod tests {
             local_user: "me".into(),
         };
         let e = c
-            .apply(&ctx, &mut HostOptions::default())
+            .apply(&ctx, &mut ConfigOptions::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1382,7 +1386,7 @@ mod tests {
             host_arg: "b".into(),
             local_user: "me".into(),
         };
-        c.apply(&ctx, &mut HostOptions::default()).unwrap();
+        c.apply(&ctx, &mut ConfigOptions::default()).unwrap();
         // Options that do not change where or how: no error.
         let c = parse("ForwardAgent no\nLogLevel QUIET\nCompression yes\nSendEnv LANG\nGSSAPIAuthentication yes\n");
         lookup(&c, "a");
@@ -1396,7 +1400,7 @@ mod tests {
             local_user: "me".into(),
         };
         let e = c
-            .apply(&ctx, &mut HostOptions::default())
+            .apply(&ctx, &mut ConfigOptions::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1413,7 +1417,7 @@ mod tests {
             local_user: "me".into(),
         };
         let e = c
-            .apply(&ctx, &mut HostOptions::default())
+            .apply(&ctx, &mut ConfigOptions::default())
             .unwrap_err()
             .to_string();
         assert!(
@@ -1421,7 +1425,7 @@ mod tests {
             "{e}"
         );
         let c = parse("IgnoreUnknown frob*\nHost b\n Frobnicate yes\n");
-        c.apply(&ctx, &mut HostOptions::default()).unwrap();
+        c.apply(&ctx, &mut ConfigOptions::default()).unwrap();
     }
 
     #[test]

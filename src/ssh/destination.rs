@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::algorithms::{Algorithms, Kind};
+use super::algorithms::{AlgorithmList, Algorithms};
 use super::config::{
     expand_path, expand_percent, expand_tilde, home_dir, parse_command_line_option, ConfigError,
-    ConfigKind, HostOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
+    ConfigKind, ConfigOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
 };
 use super::{ConnectError, ConnectStage};
 
@@ -49,19 +49,19 @@ pub struct HostSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FlagPositions {
     /// `-l`.
-    pub user: Place,
+    pub user: ArgPlace,
     /// `-p`.
-    pub port: Place,
+    pub port: ArgPlace,
     /// `-J`.
-    pub jump: Place,
+    pub jump: ArgPlace,
     /// The host argument (its `user@` and an `ssh://` URI's `:port`).
-    pub destination: Place,
+    pub destination: ArgPlace,
 }
 
 impl FlagPositions {
     /// The same places with `n` more options put before all the others (`-4`, `-6`).
     pub fn behind(self, n: usize) -> FlagPositions {
-        let behind = |place: Place| Place {
+        let behind = |place: ArgPlace| ArgPlace {
             after_options: place.after_options.saturating_add(n),
             ..place
         };
@@ -77,10 +77,10 @@ impl FlagPositions {
 impl Default for FlagPositions {
     fn default() -> Self {
         FlagPositions {
-            user: Place::default(),
-            port: Place::default(),
-            jump: Place::default(),
-            destination: Place::LAST,
+            user: ArgPlace::default(),
+            port: ArgPlace::default(),
+            jump: ArgPlace::default(),
+            destination: ArgPlace::LAST,
         }
     }
 }
@@ -88,16 +88,16 @@ impl Default for FlagPositions {
 /// One value's place on the command line: how many of [`HostSpec::options`] came
 /// before it, then its order among the values standing between the same two options.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Place {
+pub struct ArgPlace {
     /// How many `-o` options came before it.
     pub after_options: usize,
     /// Orders it among the values after as many options (clap's argument index).
     pub index: usize,
 }
 
-impl Place {
+impl ArgPlace {
     /// After every `-o` option and every flag.
-    pub const LAST: Place = Place {
+    pub const LAST: ArgPlace = ArgPlace {
         after_options: usize::MAX,
         index: usize::MAX,
     };
@@ -755,12 +755,12 @@ pub fn resolve_with(
 
     // The command line comes first and wins, as in ssh: the flags, the `-o` options and
     // the user and port of the host argument, the first value given winning among them.
-    let mut o = HostOptions::default();
-    let take = |o: &mut HostOptions, line: &OptionLine| {
+    let mut o = ConfigOptions::default();
+    let take = |o: &mut ConfigOptions, line: &OptionLine| {
         o.take(line).map_err(|e| config_fail(e.to_string()))
     };
     let at = spec.flag_positions;
-    let mut given: Vec<(Place, OptionLine)> = Vec::new();
+    let mut given: Vec<(ArgPlace, OptionLine)> = Vec::new();
     if let Some(u) = &spec.user {
         given.push((at.user, synthetic("user", u, 0)));
     }
@@ -779,7 +779,7 @@ pub fn resolve_with(
     given.sort_by_key(|(place, _)| *place);
     // ssh refuses a -J after an -o that already said how to reach the host, rather than
     // let the first of them win.
-    let take_given = |o: &mut HostOptions, line: &OptionLine| {
+    let take_given = |o: &mut ConfigOptions, line: &OptionLine| {
         let earlier = [("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")]
             .into_iter()
             .find_map(|(key, name)| Some((key, name, o.value(key)?)));
@@ -1062,12 +1062,12 @@ pub fn resolve_with(
 
     let mut algorithms = Algorithms::default();
     for (key, kind) in [
-        ("kexalgorithms", Kind::Kex),
-        ("hostkeyalgorithms", Kind::HostKey),
-        ("ciphers", Kind::Cipher),
-        ("macs", Kind::Mac),
-        ("pubkeyacceptedalgorithms", Kind::Pubkey),
-        ("pubkeyacceptedkeytypes", Kind::Pubkey),
+        ("kexalgorithms", AlgorithmList::Kex),
+        ("hostkeyalgorithms", AlgorithmList::HostKey),
+        ("ciphers", AlgorithmList::Cipher),
+        ("macs", AlgorithmList::Mac),
+        ("pubkeyacceptedalgorithms", AlgorithmList::Pubkey),
+        ("pubkeyacceptedkeytypes", AlgorithmList::Pubkey),
     ] {
         let Some(line) = o.get(key) else {
             continue;
@@ -1075,12 +1075,12 @@ pub fn resolve_with(
         let list = super::algorithms::resolve(kind, &line.value())
             .map_err(|e| config_fail(format!("{}: {e}", line.origin)))?;
         match kind {
-            Kind::Kex => algorithms.kex = Some(list),
-            Kind::HostKey => algorithms.host_key = Some(list),
-            Kind::Cipher => algorithms.ciphers = Some(list),
-            Kind::Mac => algorithms.macs = Some(list),
+            AlgorithmList::Kex => algorithms.kex = Some(list),
+            AlgorithmList::HostKey => algorithms.host_key = Some(list),
+            AlgorithmList::Cipher => algorithms.ciphers = Some(list),
+            AlgorithmList::Mac => algorithms.macs = Some(list),
             // Checked only: a list that allows every key opmark offers changes nothing.
-            Kind::Pubkey => {}
+            AlgorithmList::Pubkey => {}
         }
     }
     if let Some(line) = o.get("preferredauthentications") {
@@ -1285,20 +1285,20 @@ fn parse_config_time(s: &str) -> Option<u64> {
 }
 
 /// One ProxyJump hop: `[user@]host[:port]` (IPv6 as `[addr]:port`) or an `ssh://` URI.
-struct Hop {
+struct JumpHop {
     user: Option<String>,
     host: String,
     port: Option<u16>,
 }
 
 /// Splits a ProxyJump hop as ssh's `parse_jump` does; the port may be a service name.
-fn parse_hop(hop: &str) -> Result<Hop, String> {
+fn parse_hop(hop: &str) -> Result<JumpHop, String> {
     if hop.is_empty() {
         return Err("empty ProxyJump hop; write [user@]host[:port][,...]".into());
     }
     if hop.starts_with("ssh://") {
         let a = parse_host_arg(hop)?;
-        return Ok(Hop {
+        return Ok(JumpHop {
             user: a.user,
             host: a.host,
             port: a.port,
@@ -1322,7 +1322,7 @@ fn parse_hop(hop: &str) -> Result<Hop, String> {
             None => (rest, None),
         }
     };
-    Ok(Hop {
+    Ok(JumpHop {
         user,
         host: host.to_string(),
         port,
@@ -1888,11 +1888,11 @@ mod tests {
             port: Some(2230),
             options: vec!["User=foo".into(), "Port=2229".into()],
             flag_positions: FlagPositions {
-                user: Place {
+                user: ArgPlace {
                     after_options: 1,
                     index: 3,
                 },
-                port: Place {
+                port: ArgPlace {
                     after_options: 2,
                     index: 5,
                 },
@@ -1918,7 +1918,7 @@ mod tests {
                 jump: Some("j2".into()),
                 options: vec![option.into()],
                 flag_positions: FlagPositions {
-                    jump: Place {
+                    jump: ArgPlace {
                         after_options: 1,
                         index: 4,
                     },
@@ -1942,7 +1942,7 @@ mod tests {
     #[test]
     fn the_destination_wins_over_the_flags_and_options_given_after_it_as_in_ssh() {
         let c = cfg("");
-        let place = |after_options, index| Place {
+        let place = |after_options, index| ArgPlace {
             after_options,
             index,
         };
@@ -1954,7 +1954,7 @@ mod tests {
             flag_positions: FlagPositions {
                 user: place(0, 2),
                 port: place(1, 6),
-                jump: Place::default(),
+                jump: ArgPlace::default(),
                 destination: place(0, 1),
             },
             ..spec("ssh://x@h:2231")

@@ -9,7 +9,7 @@ use thiserror::Error;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
-use super::session::{settle_lost_reason, Kind, Session, Shared};
+use super::session::{settle_lost_reason, Carrier, ConnState, Session};
 
 /// Why an exec did not start.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -65,7 +65,7 @@ enum ExecKind {
 pub(crate) struct DirectExec {
     read: ChannelReadHalf,
     pending: VecDeque<ChannelMsg>,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
     end: Option<ExecEvent>,
     writer: Option<JoinHandle<()>>,
     /// Keeps this channel counted against the connection's channel limit.
@@ -123,8 +123,8 @@ impl Session {
 
     async fn exec_any(&self, command: &str, stdin: Option<Vec<u8>>) -> Result<Exec, ExecError> {
         let inner = match &self.kind {
-            Kind::Direct(inner) => inner,
-            Kind::Keeper(remote) => {
+            Carrier::Direct(inner) => inner,
+            Carrier::Keeper(remote) => {
                 return Ok(Exec {
                     kind: ExecKind::Keeper(remote.exec(command, stdin).await?),
                 })
@@ -143,16 +143,16 @@ impl Session {
     /// opens another connection rather than queue behind sshd's `MaxSessions`).
     pub(crate) fn try_channel(&self) -> Option<OwnedSemaphorePermit> {
         match &self.kind {
-            Kind::Direct(inner) => inner.channels.clone().try_acquire_owned().ok(),
-            Kind::Keeper(_) => None,
+            Carrier::Direct(inner) => inner.channels.clone().try_acquire_owned().ok(),
+            Carrier::Keeper(_) => None,
         }
     }
 
     /// Waits for a place under this connection's channel limit.
     pub(crate) async fn wait_channel(&self) -> Option<OwnedSemaphorePermit> {
         match &self.kind {
-            Kind::Direct(inner) => inner.channels.clone().acquire_owned().await.ok(),
-            Kind::Keeper(_) => None,
+            Carrier::Direct(inner) => inner.channels.clone().acquire_owned().await.ok(),
+            Carrier::Keeper(_) => None,
         }
     }
 
@@ -164,7 +164,7 @@ impl Session {
         command: &str,
         stdin: Option<Vec<u8>>,
     ) -> Result<Exec, ExecError> {
-        let Kind::Direct(inner) = &self.kind else {
+        let Carrier::Direct(inner) = &self.kind else {
             return Err(ExecError::NotSent(
                 "a keeper session has no local channel limit".into(),
             ));
@@ -264,7 +264,7 @@ impl Session {
         command: &str,
         data: Vec<u8>,
     ) -> Result<(Exec, OpenInput), ExecError> {
-        let Kind::Direct(inner) = &self.kind else {
+        let Carrier::Direct(inner) = &self.kind else {
             return Err(ExecError::NotSent(
                 "a keeper session has no local channel limit".into(),
             ));
@@ -342,8 +342,8 @@ impl Session {
     /// resident shim is reached through it.
     pub(crate) fn keeper_remote(&self) -> Option<&Arc<super::keeper::client::Remote>> {
         match &self.kind {
-            Kind::Keeper(remote) => Some(remote),
-            Kind::Direct(_) => None,
+            Carrier::Keeper(remote) => Some(remote),
+            Carrier::Direct(_) => None,
         }
     }
 }

@@ -19,7 +19,7 @@ use russh::keys::Algorithm;
 
 /// One usable known_hosts entry.
 #[derive(Debug, Clone)]
-struct Entry {
+struct KnownHost {
     marker: Marker,
     hosts: HostField,
     key: PublicKey,
@@ -94,7 +94,7 @@ pub enum CertCheck {
 /// The known_hosts files for one destination, parsed.
 #[derive(Debug, Clone, Default)]
 pub struct KnownHosts {
-    entries: Vec<Entry>,
+    entries: Vec<KnownHost>,
     /// Lines skipped as malformed, for diagnostics (`file:line: why`).
     pub skipped: Vec<String>,
 }
@@ -138,7 +138,7 @@ impl KnownHosts {
             let line = index + 1;
             match parse_line(raw) {
                 Ok(None) => {}
-                Ok(Some((marker, hosts, key))) => self.entries.push(Entry {
+                Ok(Some((marker, hosts, key))) => self.entries.push(KnownHost {
                     marker,
                     hosts,
                     key,
@@ -152,7 +152,7 @@ impl KnownHosts {
         }
     }
 
-    fn entries_for<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Entry> + 'a {
+    fn entries_for<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a KnownHost> + 'a {
         self.entries
             .iter()
             .filter(move |e| e.marker == Marker::None && e.hosts.matches(name))
@@ -268,7 +268,7 @@ impl KnownHosts {
     }
 }
 
-impl Entry {
+impl KnownHost {
     fn location(&self) -> Location {
         Location {
             path: self.path.clone(),

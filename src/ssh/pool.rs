@@ -15,7 +15,7 @@ use super::{ConnectError, ConnectStage};
 
 /// What a destination's slot holds.
 #[derive(Debug, Default)]
-enum Slot {
+enum Pooled {
     #[default]
     Empty,
     Ready(Session),
@@ -31,7 +31,7 @@ pub struct Pool {
     max_channels: usize,
     /// One slot per destination; the slot's async lock makes concurrent callers share one
     /// connect instead of racing several.
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Slot>>>>,
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Pooled>>>>,
 }
 
 impl Pool {
@@ -44,7 +44,7 @@ impl Pool {
         }
     }
 
-    fn slot(&self, dest: &Destination) -> Arc<tokio::sync::Mutex<Slot>> {
+    fn slot(&self, dest: &Destination) -> Arc<tokio::sync::Mutex<Pooled>> {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.entry(dest.connection_key()).or_default().clone()
     }
@@ -61,15 +61,15 @@ impl Pool {
         let Ok(mut guard) = self.slot(dest).try_lock_owned() else {
             return;
         };
-        if matches!(&*guard, Slot::Ready(s) if !s.is_closed()) {
+        if matches!(&*guard, Pooled::Ready(s) if !s.is_closed()) {
             return;
         }
         let dest = dest.clone();
         let max_channels = self.max_channels;
         runtime.spawn(async move {
             *guard = match open(&dest, max_channels).await {
-                Ok(s) => Slot::Ready(s),
-                Err(e) => Slot::Failed(e),
+                Ok(s) => Pooled::Ready(s),
+                Err(e) => Pooled::Failed(e),
             };
         });
     }
@@ -80,16 +80,16 @@ impl Pool {
         let slot = self.slot(dest);
         let mut guard = slot.lock().await;
         match std::mem::take(&mut *guard) {
-            Slot::Ready(s) if !s.is_closed() => {
-                *guard = Slot::Ready(s.clone());
+            Pooled::Ready(s) if !s.is_closed() => {
+                *guard = Pooled::Ready(s.clone());
                 return Ok(s);
             }
-            Slot::Ready(_) => tracing::debug!("replacing dead session to {}", dest.display()),
-            Slot::Failed(e) => return Err(e),
-            Slot::Empty => {}
+            Pooled::Ready(_) => tracing::debug!("replacing dead session to {}", dest.display()),
+            Pooled::Failed(e) => return Err(e),
+            Pooled::Empty => {}
         }
         let s = open(dest, self.max_channels).await?;
-        *guard = Slot::Ready(s.clone());
+        *guard = Pooled::Ready(s.clone());
         Ok(s)
     }
 }

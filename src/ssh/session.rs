@@ -40,7 +40,7 @@ const KEX_ORDER: &[kex::Name] = &[
 
 /// What the russh event loop tells us about one connection.
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct ConnState {
     /// Why the host key was refused, set by `check_server_key`.
     pub(crate) host_key_failure: Mutex<Option<(ConnectStage, String)>>,
     /// Why the connection ended, set by `disconnected`.
@@ -53,7 +53,7 @@ pub(crate) struct Shared {
     pub(crate) prompt_spent: Mutex<Duration>,
 }
 
-impl Shared {
+impl ConnState {
     pub(crate) fn lost_reason(&self) -> Option<String> {
         self.lost.lock().ok().and_then(|g| g.clone())
     }
@@ -64,7 +64,7 @@ impl Shared {
 pub(crate) struct Client {
     dest: Destination,
     known: KnownHosts,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
 }
 
 impl client::Handler for Client {
@@ -323,9 +323,9 @@ impl Client {
 }
 
 /// One hop's live connection.
-struct Hop {
+struct LiveHop {
     handle: Handle<Client>,
-    shared: Arc<Shared>,
+    shared: Arc<ConnState>,
     /// The ProxyCommand carrying this hop, killed when the hop is dropped.
     proxy: Option<tokio::process::Child>,
 }
@@ -333,9 +333,9 @@ struct Hop {
 pub(crate) struct Inner {
     /// The target's connection (last hop).
     pub(crate) handle: Handle<Client>,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<ConnState>,
     /// Jump connections, kept alive as long as the target's.
-    jumps: Vec<Hop>,
+    jumps: Vec<LiveHop>,
     /// The target's ProxyCommand, if any: held so that it lives exactly as long as the
     /// session (kill on drop).
     _proxy: Option<tokio::process::Child>,
@@ -354,12 +354,12 @@ pub(crate) struct Inner {
 /// report a lost connection the same way.
 #[derive(Clone)]
 pub struct Session {
-    pub(crate) kind: Kind,
+    pub(crate) kind: Carrier,
 }
 
 /// Whose connection a session is.
 #[derive(Clone)]
-pub(crate) enum Kind {
+pub(crate) enum Carrier {
     /// This process's own russh connection.
     Direct(Arc<Inner>),
     /// A connection held by the keeper, reached over its unix socket.
@@ -388,7 +388,7 @@ impl Session {
         dest: &Destination,
         max_channels: usize,
     ) -> Result<Session, ConnectError> {
-        let mut jumps: Vec<Hop> = Vec::new();
+        let mut jumps: Vec<LiveHop> = Vec::new();
         for hop in &dest.jumps {
             let via = jumps.last().map(|h| &h.handle);
             let hop_conn = connect_one(hop, via).await.map_err(|e| ConnectError {
@@ -400,7 +400,7 @@ impl Session {
         let target = connect_one(dest, jumps.last().map(|h| &h.handle)).await?;
         let max_channels = max_channels.max(1);
         Ok(Session {
-            kind: Kind::Direct(Arc::new(Inner {
+            kind: Carrier::Direct(Arc::new(Inner {
                 handle: target.handle,
                 shared: target.shared,
                 jumps,
@@ -415,19 +415,19 @@ impl Session {
     /// A session on a connection the keeper holds.
     pub(crate) fn through_keeper(remote: super::keeper::client::Remote) -> Session {
         Session {
-            kind: Kind::Keeper(Arc::new(remote)),
+            kind: Carrier::Keeper(Arc::new(remote)),
         }
     }
 
     /// True when the connection is the keeper's, not this process's own.
     pub fn via_keeper(&self) -> bool {
-        matches!(self.kind, Kind::Keeper(_))
+        matches!(self.kind, Carrier::Keeper(_))
     }
 
     /// True once the connection (or one of its jump hops) has ended; a pool replaces it.
     pub fn is_closed(&self) -> bool {
         match &self.kind {
-            Kind::Direct(inner) => {
+            Carrier::Direct(inner) => {
                 inner.handle.is_closed()
                     || inner.shared.lost_reason().is_some()
                     || inner
@@ -435,15 +435,15 @@ impl Session {
                         .iter()
                         .any(|h| h.handle.is_closed() || h.shared.lost_reason().is_some())
             }
-            Kind::Keeper(remote) => remote.lost_reason().is_some(),
+            Carrier::Keeper(remote) => remote.lost_reason().is_some(),
         }
     }
 
     /// The destination this session is connected to.
     pub fn destination(&self) -> &Destination {
         match &self.kind {
-            Kind::Direct(inner) => &inner.dest,
-            Kind::Keeper(remote) => remote.destination(),
+            Carrier::Direct(inner) => &inner.dest,
+            Carrier::Keeper(remote) => remote.destination(),
         }
     }
 
@@ -451,22 +451,22 @@ impl Session {
     /// accepted, as OpenSSH prints it (`SHA256:...`): which machine this is.
     pub fn host_key(&self) -> Option<String> {
         match &self.kind {
-            Kind::Direct(inner) => inner.shared.host_key.lock().ok().and_then(|g| g.clone()),
-            Kind::Keeper(remote) => remote.host_key(),
+            Carrier::Direct(inner) => inner.shared.host_key.lock().ok().and_then(|g| g.clone()),
+            Carrier::Keeper(remote) => remote.host_key(),
         }
     }
 
     /// Why the connection ended, if it has.
     pub fn lost_reason(&self) -> Option<String> {
         match &self.kind {
-            Kind::Direct(inner) => inner.shared.lost_reason().or_else(|| {
+            Carrier::Direct(inner) => inner.shared.lost_reason().or_else(|| {
                 inner
                     .jumps
                     .iter()
                     .find_map(|h| h.shared.lost_reason())
                     .map(|r| format!("jump host: {r}"))
             }),
-            Kind::Keeper(remote) => remote.lost_reason(),
+            Carrier::Keeper(remote) => remote.lost_reason(),
         }
     }
 
@@ -474,11 +474,11 @@ impl Session {
     /// keeper's status); `None` for a keeper session.
     pub(crate) fn channel_use(&self) -> Option<(usize, usize)> {
         match &self.kind {
-            Kind::Direct(inner) => Some((
+            Carrier::Direct(inner) => Some((
                 inner.max_channels - inner.channels.available_permits(),
                 inner.max_channels,
             )),
-            Kind::Keeper(_) => None,
+            Carrier::Keeper(_) => None,
         }
     }
 }
@@ -574,7 +574,7 @@ fn preferred(dest: &Destination, known: &KnownHosts, name: &str) -> Preferred {
 async fn connect_one(
     dest: &Destination,
     via: Option<&Handle<Client>>,
-) -> Result<Hop, ConnectError> {
+) -> Result<LiveHop, ConnectError> {
     let mut files = dest.known_hosts.clone();
     files.extend(dest.global_known_hosts.iter().cloned());
     let known = KnownHosts::load(&files);
@@ -595,7 +595,7 @@ async fn connect_one(
         publickey_without_query: true,
         ..client::Config::default()
     });
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(ConnState::default());
     let handler = Client {
         dest: dest.clone(),
         known,
@@ -685,7 +685,7 @@ async fn connect_one(
         Some(Ok(handle)) => handle,
     };
     auth::authenticate(&mut handle, dest).await?;
-    Ok(Hop {
+    Ok(LiveHop {
         handle,
         shared,
         proxy,
@@ -697,7 +697,7 @@ async fn connect_one(
 /// ConnectTimeout does not run while it waits for the user either. `None` on timeout.
 async fn handshake_within<F: std::future::Future>(
     deadline: tokio::time::Instant,
-    shared: &Shared,
+    shared: &ConnState,
     handshake: F,
 ) -> Option<F::Output> {
     tokio::pin!(handshake);
@@ -875,7 +875,7 @@ async fn tcp_connect(
 
 /// Waits briefly for the event loop to record why a connection ended: the channel can
 /// report its end a moment before `disconnected` runs.
-pub(crate) async fn settle_lost_reason(shared: &Shared) -> Option<String> {
+pub(crate) async fn settle_lost_reason(shared: &ConnState) -> Option<String> {
     for _ in 0..20 {
         if let Some(r) = shared.lost_reason() {
             return Some(r);

@@ -1,7 +1,8 @@
 //! The layering, checked from the source: no import circle among the top-level modules
 //! of `src/`, no command importing another, the library layer (`ops`) and the MCP
-//! server free of clap and of the commands, stdout written only by the render layer, and
-//! each test helper defined once under `tests/` (shared ones in `tests/it/support`).
+//! server free of clap and of the commands, stdout written only by the render layer, each
+//! type name defined once in `src/` (read with `syn`), and each test helper defined once
+//! under `tests/` (shared ones in `tests/it/support`).
 //! Read from the `crate::…`/`super::…` paths of every `.rs` file (comments skipped), so
 //! `cargo test --test it -- architecture` is the command anyone can run to check it.
 
@@ -323,29 +324,81 @@ fn the_helper_reader_skips_tests_and_nested_functions() {
     assert_eq!(helpers_in(code), ["lines", "wait"]);
 }
 
-#[test]
-fn no_test_helper_is_defined_twice_in_tests() {
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+/// The names `read` finds in more than one place among the `.rs` files under `dir`
+/// (`name: file, file`), after checking that it found `expected` at all.
+fn defined_twice(dir: &Path, read: fn(&str) -> Vec<String>, expected: &str) -> Vec<String> {
     let mut defined: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for file in rust_files(&tests) {
+    for file in rust_files(dir) {
         let code = std::fs::read_to_string(&file).unwrap();
-        let rel = file.strip_prefix(&tests).unwrap().display().to_string();
-        for name in helpers_in(&code) {
+        let rel = file.strip_prefix(dir).unwrap().display().to_string();
+        for name in read(&code) {
             defined.entry(name).or_default().push(rel.clone());
         }
     }
     assert!(
-        defined.contains_key("fresh_dir"),
-        "no helpers read: {defined:?}"
+        defined.contains_key(expected),
+        "{expected} not read: {defined:?}"
     );
-    let twice: Vec<String> = defined
+    defined
         .iter()
         .filter(|(_, files)| files.len() > 1)
         .map(|(name, files)| format!("{name}: {}", files.join(", ")))
-        .collect();
+        .collect()
+}
+
+#[test]
+fn no_test_helper_is_defined_twice_in_tests() {
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let twice = defined_twice(&tests, helpers_in, "fresh_dir");
     assert!(
         twice.is_empty(),
         "test helpers defined more than once (keep one in tests/it/support, or name each for what it does):\n{}",
+        twice.join("\n")
+    );
+}
+
+/// The types a file defines (`struct`, `enum`, `union`, `trait`, `type` aliases), at its
+/// top level and in its inline modules, tests' included; not the associated types of an
+/// impl or trait, which fill a slot the trait names (`type Err`), and not items local to a
+/// function body.
+fn types_in(code: &str) -> Vec<String> {
+    fn walk(items: &[syn::Item], out: &mut Vec<String>) {
+        for item in items {
+            match item {
+                syn::Item::Struct(s) => out.push(s.ident.to_string()),
+                syn::Item::Enum(e) => out.push(e.ident.to_string()),
+                syn::Item::Union(u) => out.push(u.ident.to_string()),
+                syn::Item::Trait(t) => out.push(t.ident.to_string()),
+                syn::Item::Type(t) => out.push(t.ident.to_string()),
+                syn::Item::Mod(m) => {
+                    if let Some((_, inner)) = &m.content {
+                        walk(inner, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let file = syn::parse_file(code).unwrap_or_else(|e| panic!("not Rust: {e}"));
+    let mut out = Vec::new();
+    walk(&file.items, &mut out);
+    out
+}
+
+#[test]
+fn the_type_reader_skips_associated_types_and_reads_inline_modules() {
+    let code = "pub struct Error;\nimpl std::str::FromStr for Error {\n    type Err = String;\n    fn from_str(_: &str) -> Result<Self, String> { struct Local; Ok(Error) }\n}\ntrait Sink { type Item; }\npub(crate) type Counts = u8;\n#[cfg(test)]\nmod tests {\n    enum Fixture { A }\n}\n";
+    assert_eq!(types_in(code), ["Error", "Sink", "Counts", "Fixture"]);
+}
+
+#[test]
+fn no_type_name_is_defined_twice_in_src() {
+    // Two types of one name make every reader ask which one a signature means, and a
+    // `use` of the wrong one compiles whenever their fields happen to agree.
+    let twice = defined_twice(&src(), types_in, "Verdict");
+    assert!(
+        twice.is_empty(),
+        "type names defined more than once in src/ (name each for what it is):\n{}",
         twice.join("\n")
     );
 }

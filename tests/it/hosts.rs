@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::lab::Lab;
-use opmark::shim::{Frame, Invocation, Reply, ReplyParser, RunRequest, Verb};
+use opmark::shim::{Frame, Invocation, Reply, ReplyParser, RunCall, Verb};
 use serde_json::Value;
 
 use crate::support::{self, fresh_dir, json, text, tool_path, Sealed};
@@ -138,7 +138,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
         // $0, $# and our variables as the command sees them, and an exit of its own.
         let command = "echo \"$0 $# ${c-unset} ${s-unset} ${t-unset}\"; exit 5";
         let fp = "ab".repeat(32);
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fp,

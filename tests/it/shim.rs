@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use opmark::family::Family;
 use opmark::op_id::OpId;
-use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunRequest, StdinSpec, Verb};
+use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunCall, StdinSpec, Verb};
 use sha2::{Digest, Sha256};
 
 use crate::support::{lines, text};
@@ -232,7 +232,7 @@ impl Host {
         op: &str,
         attempt: &str,
         command: &str,
-        tweak: impl FnOnce(&mut RunRequest),
+        tweak: impl FnOnce(&mut RunCall),
     ) -> Outcome {
         let op = OpId::parse(op).unwrap();
         let fingerprint = fp(command);
@@ -459,7 +459,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
             .map(|i| {
                 let op = OpId::parse("contended").unwrap();
                 let attempt = format!("a{i}");
-                let verb = Verb::Run(RunRequest {
+                let verb = Verb::Run(RunCall {
                     op: &op,
                     attempt_id: &attempt,
                     host_fingerprint: &fingerprint,
@@ -515,7 +515,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
         );
         let op = OpId::parse("survivor").unwrap();
         let fingerprint = fp(&cmd);
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fingerprint,
@@ -575,7 +575,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
         let host = Host::new("pgkill", &shell);
         let op = "doomed";
         let mut child = host
-            .command(&Verb::Run(RunRequest {
+            .command(&Verb::Run(RunCall {
                 op: &OpId::parse(op).unwrap(),
                 attempt_id: "a1",
                 host_fingerprint: &fp("sleep 60"),
@@ -645,7 +645,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
     let effects = host.state_home.join("effects");
     let cmd = format!("echo ran >> {}; sleep 60", effects.display());
     let mut child = host
-        .command(&Verb::Run(RunRequest {
+        .command(&Verb::Run(RunCall {
             op: &OpId::parse("op").unwrap(),
             attempt_id: "a1",
             host_fingerprint: &fp(&cmd),
@@ -698,7 +698,7 @@ fn a_changed_boot_id_means_interrupted() {
     }
     let host = Host::new("reboot", shell);
     let mut child = host
-        .command(&Verb::Run(RunRequest {
+        .command(&Verb::Run(RunCall {
             op: &OpId::parse("op").unwrap(),
             attempt_id: "a1",
             host_fingerprint: &fp("sleep 30"),
@@ -818,7 +818,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
         let op = OpId::parse("leak").unwrap();
         let fingerprint = fp(LOOK_AROUND);
         let child = host
-            .command(&Verb::Run(RunRequest {
+            .command(&Verb::Run(RunCall {
                 op: &op,
                 attempt_id: "a1",
                 host_fingerprint: &fingerprint,
@@ -898,7 +898,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 "{name} {bad:?}"
             );
 
-            let mut args = Verb::Run(RunRequest {
+            let mut args = Verb::Run(RunCall {
                 op: &OpId::parse("placeholder").unwrap(),
                 attempt_id: "a1",
                 host_fingerprint: &fp("touch x"),
@@ -994,7 +994,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
         gate.display()
     );
     let mut child = host
-        .command(&Verb::Run(RunRequest {
+        .command(&Verb::Run(RunCall {
             op: &OpId::parse("unfollowed").unwrap(),
             attempt_id: "a1",
             host_fingerprint: &fp(&cmd),
@@ -1044,7 +1044,7 @@ fn stdin_is_verified_before_the_claim() {
     };
     let op = OpId::parse("with-input").unwrap();
     let fingerprint = fp("wc -l");
-    let mut req = RunRequest {
+    let mut req = RunCall {
         op: &op,
         attempt_id: "a1",
         host_fingerprint: &fingerprint,
@@ -1120,7 +1120,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
     );
     let op = OpId::parse("over-ssh").unwrap();
     let fingerprint = fp(&cmd);
-    let run = Verb::Run(RunRequest {
+    let run = Verb::Run(RunCall {
         op: &op,
         attempt_id: "a1",
         host_fingerprint: &fingerprint,
@@ -1160,7 +1160,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
     assert_eq!(attach.stdout, b"end\n", "{attach:?}");
     assert_eq!(attach.exit().unwrap().code, 9);
     // A retry of the run replays instead of running again.
-    let replay = ssh_call(&Verb::Run(RunRequest {
+    let replay = ssh_call(&Verb::Run(RunCall {
         attempt_id: "a2",
         ..match &run {
             Verb::Run(r) => r.clone(),
@@ -1179,7 +1179,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
     let op = OpId::parse(op).unwrap();
     let fingerprint = fp(command);
     let child = host
-        .command(&Verb::Run(RunRequest {
+        .command(&Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fingerprint,
@@ -1363,7 +1363,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
         let host = Host::new("supervisor-lost", &shell);
         let op = OpId::parse("lost-1").unwrap();
         let fingerprint = fp("echo ran");
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fingerprint,
@@ -1558,7 +1558,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
         let cmd = format!("touch {}", effect.display());
         let op = OpId::parse("noproc-1").unwrap();
         let fingerprint = fp(&cmd);
-        let req = RunRequest {
+        let req = RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fingerprint,
@@ -1609,7 +1609,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
         assert!(m.liveness_unknown(), "{name}: {m:?}");
         assert!(m.summary().contains("liveness_unknown"), "{name}");
         let true_fp = fp("true");
-        let rerun = Verb::Run(RunRequest {
+        let rerun = Verb::Run(RunCall {
             op: &old,
             attempt_id: "a2",
             host_fingerprint: &true_fp,
@@ -1715,7 +1715,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
         let cmd = format!("sleep 4; echo ran >> {}", count.display());
         let op = OpId::parse("late-1").unwrap();
         let fingerprint = fp(&cmd);
-        let req = RunRequest {
+        let req = RunCall {
             op: &op,
             attempt_id: "a1",
             host_fingerprint: &fingerprint,
@@ -2011,7 +2011,7 @@ fn the_fingerprint_index_holds_back_the_same_intent_under_another_op_id() {
         let host = Host::new("fp-index", &shell);
         let effects = host.state_home.join("effects");
         let cmd = format!("echo ran >> {}", effects.display());
-        let with = |check: shim::RepeatCheck<'static>| move |r: &mut RunRequest| r.repeat = check;
+        let with = |check: shim::RepeatCheck<'static>| move |r: &mut RunCall| r.repeat = check;
 
         let first = host.run_with("rep-1", "a1", &cmd, with(repeat_check(3600, Block, &[])));
         assert!(first.started(), "{name}: {first:?}");
@@ -2120,7 +2120,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
             .map(|i| {
                 let op = OpId::parse(&format!("racer-{i}")).unwrap();
                 let attempt = format!("a{i}");
-                let verb = Verb::Run(RunRequest {
+                let verb = Verb::Run(RunCall {
                     op: &op,
                     attempt_id: &attempt,
                     host_fingerprint: &fingerprint,
@@ -2193,7 +2193,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
         let cmd_a = "echo one; echo two >&2";
         let (fp_a, fp_b) = (fp(cmd_a), fp("cat"));
         let run = |op, fp, command| {
-            Verb::Run(RunRequest {
+            Verb::Run(RunCall {
                 op,
                 attempt_id: "at1",
                 host_fingerprint: fp,
@@ -2208,7 +2208,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 become_user: None,
             })
         };
-        let mut with_stdin = RunRequest {
+        let mut with_stdin = RunCall {
             op: &b,
             attempt_id: "at1",
             host_fingerprint: &fp_b,
@@ -2355,7 +2355,7 @@ impl Resident {
         use std::io::BufRead;
         let op = OpId::parse(op).unwrap();
         let fingerprint = fp(command);
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "at1",
             host_fingerprint: &fingerprint,
@@ -2468,7 +2468,7 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
         );
         let op = OpId::parse("sb-2").unwrap();
         let fingerprint = fp(&command);
-        let verb = Verb::Run(RunRequest {
+        let verb = Verb::Run(RunCall {
             op: &op,
             attempt_id: "at1",
             host_fingerprint: &fingerprint,
@@ -3086,8 +3086,8 @@ fn run_request<'a>(
     fingerprint: &'a str,
     command: &'a str,
     secrets: &'a opmark::secret::Secrets,
-) -> RunRequest<'a> {
-    RunRequest {
+) -> RunCall<'a> {
+    RunCall {
         op,
         attempt_id: "a1",
         host_fingerprint: fingerprint,

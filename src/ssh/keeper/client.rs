@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use super::wire::{self, FrameReader, KeeperReply, KeeperRequest, MuxFrame};
-use super::{connection_key, own_uid, persist, short_path, Place};
+use super::{connection_key, own_uid, persist, short_path, KeeperDir};
 use crate::ssh::{ConnectError, Destination, ExecError, ExecEvent};
 
 /// How long a caller waits for a keeper it started to listen.
@@ -53,7 +53,7 @@ pub enum KeeperError {
 }
 
 /// One conversation with the keeper.
-pub(crate) struct Link {
+pub(crate) struct KeeperLink {
     stream: UnixStream,
     reader: FrameReader,
     /// The keeper's pid, from its `Hello`.
@@ -64,7 +64,7 @@ pub(crate) struct Link {
     budget: Option<Duration>,
 }
 
-impl Link {
+impl KeeperLink {
     /// Sends frames in one write.
     pub(crate) async fn send(&mut self, frames: &[MuxFrame]) -> std::io::Result<()> {
         let mut buf = Vec::new();
@@ -130,13 +130,16 @@ fn is_alive(frame: &MuxFrame) -> bool {
 
 /// What trying the socket found.
 enum Try {
-    Ready(Link),
+    Ready(KeeperLink),
     /// No keeper listens (no socket, refused, or it closed before answering `Hello`).
     Stale(String),
 }
 
 /// A conversation with this user's keeper, starting one when none answers.
-pub(crate) async fn open_link(place: &Place, persist: Duration) -> Result<Link, Unavailable> {
+pub(crate) async fn open_link(
+    place: &KeeperDir,
+    persist: Duration,
+) -> Result<KeeperLink, Unavailable> {
     match try_link(place).await? {
         Try::Ready(link) => return Ok(link),
         Try::Stale(why) => tracing::debug!("no keeper answers ({why}); starting one"),
@@ -160,7 +163,7 @@ pub(crate) async fn open_link(place: &Place, persist: Duration) -> Result<Link, 
 }
 
 /// Connects to the socket and says hello, checking who listens.
-async fn try_link(place: &Place) -> Result<Try, Unavailable> {
+async fn try_link(place: &KeeperDir) -> Result<Try, Unavailable> {
     if !place.check_socket().map_err(Unavailable)? {
         return Ok(Try::Stale("no socket".into()));
     }
@@ -199,7 +202,7 @@ async fn try_link(place: &Place) -> Result<Try, Unavailable> {
             peer.uid()
         )));
     }
-    let mut link = Link {
+    let mut link = KeeperLink {
         stream,
         reader: FrameReader::default(),
         pid: 0,
@@ -233,7 +236,7 @@ async fn try_link(place: &Place) -> Result<Try, Unavailable> {
 
 /// Starts `opmark mux serve` detached: its own process group (a terminal's Ctrl-C is not
 /// for it), no inherited stdio (it must not hold a caller's pipes open), cwd `/`.
-fn spawn_keeper(place: &Place, persist: Duration) -> Result<(), Unavailable> {
+fn spawn_keeper(place: &KeeperDir, persist: Duration) -> Result<(), Unavailable> {
     let exe = std::env::current_exe().map_err(|e| {
         Unavailable(format!(
             "cannot find the opmark binary to start the keeper: {e}"
@@ -270,7 +273,7 @@ fn spawn_keeper(place: &Place, persist: Duration) -> Result<(), Unavailable> {
 
 /// A session on a connection the keeper holds for this caller's destination.
 pub struct Remote {
-    place: Place,
+    place: KeeperDir,
     dest: Destination,
     key: String,
     host_key: Option<String>,
@@ -292,7 +295,8 @@ impl Remote {
     /// authenticates with the caller's resolved settings when it holds none).
     pub async fn connect(dest: &Destination) -> Result<Remote, KeeperError> {
         let persist = persist().unwrap_or(super::DEFAULT_PERSIST);
-        let place = Place::open_default().map_err(|e| KeeperError::Unavailable(Unavailable(e)))?;
+        let place =
+            KeeperDir::open_default().map_err(|e| KeeperError::Unavailable(Unavailable(e)))?;
         let mut link = open_link(&place, persist)
             .await
             .map_err(KeeperError::Unavailable)?;
@@ -497,7 +501,7 @@ impl Remote {
 
 /// One request's reply from the host's resident shim, through the keeper.
 pub struct ResidentCall {
-    link: Link,
+    link: KeeperLink,
     remote: std::sync::Arc<Remote>,
     /// The resident shim's pid on the host.
     pub resident_pid: u32,
@@ -539,7 +543,7 @@ impl ResidentCall {
 
 /// An exec channel on the keeper's connection.
 pub struct RemoteExec {
-    link: Link,
+    link: KeeperLink,
     remote: std::sync::Arc<Remote>,
     end: Option<ExecEvent>,
 }
@@ -568,7 +572,7 @@ impl RemoteExec {
 /// lost. An exec channel also ends with the command's exit (`exits`); a resident's reply
 /// has none (its end frame is in the bytes), so an exit there is out of step.
 async fn next_event(
-    link: &mut Link,
+    link: &mut KeeperLink,
     remote: &Remote,
     end: &mut Option<ExecEvent>,
     exits: bool,
@@ -611,7 +615,7 @@ async fn next_event(
 /// One control request (`status`, `stop`) to the keeper that is already running, never
 /// starting one: its answer, or `None` when none runs.
 pub async fn control(
-    place: &Place,
+    place: &KeeperDir,
     request: &KeeperRequest,
 ) -> Result<Option<KeeperReply>, String> {
     let Some(mut link) = existing_link(place).await.map_err(|e| e.0)? else {
@@ -628,7 +632,7 @@ pub async fn control(
 
 /// A conversation with a keeper that is already running, without starting one (for
 /// `opmark mux status` and `stop`); `None` when none answers.
-pub(crate) async fn existing_link(place: &Place) -> Result<Option<Link>, Unavailable> {
+pub(crate) async fn existing_link(place: &KeeperDir) -> Result<Option<KeeperLink>, Unavailable> {
     Ok(match try_link(place).await? {
         Try::Ready(link) => Some(link),
         Try::Stale(_) => None,

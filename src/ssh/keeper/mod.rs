@@ -68,12 +68,12 @@ pub fn own_uid() -> std::io::Result<u32> {
 
 /// The keeper's directory and the files in it.
 #[derive(Debug, Clone)]
-pub struct Place {
+pub struct KeeperDir {
     /// The 0700 directory.
     pub dir: PathBuf,
 }
 
-impl Place {
+impl KeeperDir {
     /// `$XDG_RUNTIME_DIR/opmark` (per-user, tmpfs, gone at logout), else
     /// `${XDG_STATE_HOME:-~/.local/state}/opmark/mux`.
     pub fn default_dir() -> Result<PathBuf, String> {
@@ -94,13 +94,13 @@ impl Place {
     }
 
     /// The default place, created (0700) when missing and checked.
-    pub fn open_default() -> Result<Place, String> {
-        Place::open(&Place::default_dir()?)
+    pub fn open_default() -> Result<KeeperDir, String> {
+        KeeperDir::open(&KeeperDir::default_dir()?)
     }
 
     /// `dir`, created (0700, parents as needed) when missing, then checked: a directory
     /// (not a link) owned by this user with no access for group or others.
-    pub fn open(dir: &Path) -> Result<Place, String> {
+    pub fn open(dir: &Path) -> Result<KeeperDir, String> {
         if std::fs::symlink_metadata(dir).is_err() {
             if let Some(parent) = dir.parent() {
                 std::fs::create_dir_all(parent)
@@ -113,7 +113,7 @@ impl Place {
             }
         }
         check_private_dir(dir)?;
-        Ok(Place {
+        Ok(KeeperDir {
             dir: dir.to_path_buf(),
         })
     }
@@ -285,13 +285,13 @@ mod tests {
     #[test]
     fn a_directory_open_to_others_is_refused_with_the_fix() {
         let d = scratch("mode");
-        let place = Place::open(&d).expect("created 0700");
+        let place = KeeperDir::open(&d).expect("created 0700");
         assert_eq!(
             std::fs::metadata(&place.dir).unwrap().permissions().mode() & 0o777,
             0o700
         );
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let err = Place::open(&d).unwrap_err();
+        let err = KeeperDir::open(&d).unwrap_err();
         assert!(err.contains("0755") && err.contains("chmod 700"), "{err}");
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn a_plain_file_in_place_of_the_socket_is_refused() {
         let d = scratch("sock");
-        let place = Place::open(&d).unwrap();
+        let place = KeeperDir::open(&d).unwrap();
         assert!(!place.check_socket().unwrap());
         std::fs::write(place.socket(), b"").unwrap();
         assert!(place.check_socket().unwrap_err().contains("not a socket"));

@@ -26,7 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
 use super::wire::{self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame};
-use super::{own_uid, short_path, Place};
+use super::{own_uid, short_path, KeeperDir};
 use crate::ssh::exec::OpenInput;
 use crate::ssh::session::DEFAULT_MAX_CHANNELS;
 use crate::ssh::{Destination, Exec, ExecError, ExecEvent, Session};
@@ -123,13 +123,13 @@ impl Held {
 
 /// The connections held for one connection key (more than one when `MaxSessions`
 /// would be exceeded); its async lock makes concurrent callers share one connect.
-type Slot = Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>;
+type HeldConnections = Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>;
 
 /// The keeper's state.
 struct Keeper {
     persist: Duration,
     uid: u32,
-    slots: Mutex<HashMap<String, Slot>>,
+    slots: Mutex<HashMap<String, HeldConnections>>,
     callers: AtomicUsize,
     idle_since: Mutex<Instant>,
     stop: Notify,
@@ -180,7 +180,7 @@ fn close_inherited() {
 /// gone. Returns at once when another keeper holds the directory.
 pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
     close_inherited();
-    let place = Place::open(dir)?;
+    let place = KeeperDir::open(dir)?;
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -216,7 +216,7 @@ pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
     result
 }
 
-async fn run(place: Place, persist: Duration) -> Result<(), String> {
+async fn run(place: KeeperDir, persist: Duration) -> Result<(), String> {
     let uid = own_uid().map_err(|e| format!("cannot tell this process's uid: {e}"))?;
     let socket = place.socket();
     // We hold the lock: whatever socket is there belongs to a keeper that is gone.
@@ -371,7 +371,7 @@ impl Keeper {
         }
     }
 
-    fn slot(&self, key: &str) -> Slot {
+    fn slot(&self, key: &str) -> HeldConnections {
         let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         slots.entry(key.to_string()).or_default().clone()
     }
