@@ -1039,3 +1039,203 @@ fn a_conflict_found_on_the_host_says_whether_the_command_or_the_stdin_differs() 
         "{again}"
     );
 }
+
+/// Where the documents of `every_document` are kept, masked (see `masked`), for
+/// `every_json_document_is_the_same_as_its_recorded_copy`.
+fn recorded_documents() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/json/documents.json")
+}
+
+/// Keys whose values differ between two runs of the same inputs: times and durations,
+/// process ids and ports, the host keys and marker root ids a lab makes anew, this
+/// installation's fingerprints (keyed by its own key) and the hash chain over all of
+/// these, and event seqs (a fleet's hosts append to one ledger at once: their events
+/// interleave as they come); and what `doctor` reads of the machine under the lab (its
+/// boot, free space and file system).
+const VOLATILE_KEYS: &[&str] = &[
+    "at",
+    "created_at",
+    "dispatched_at",
+    "updated_at",
+    "last_seen_at",
+    "duration_ms",
+    "pid",
+    "port",
+    "host_key",
+    "root_id",
+    "fingerprint",
+    "hash",
+    "prev_hash",
+    "seq",
+    "first_seq",
+    "last_seq",
+    "boot_id",
+    "avail_kib",
+    "fstype",
+];
+
+/// `doc` with what differs between two runs of the same inputs replaced by a placeholder
+/// of the same type: the values of [`VOLATILE_KEYS`], and in every string `places` (this
+/// run's paths and host aliases) and the patterns of minted ids, times, host keys,
+/// marker root ids, loopback ports, the free space and file system `doctor` reports, and
+/// the aliases of another lab's targets.
+fn masked(doc: &Value, places: &[(String, String)]) -> Value {
+    static PATTERNS: std::sync::OnceLock<Vec<(regex::Regex, &str)>> = std::sync::OnceLock::new();
+    let patterns = PATTERNS.get_or_init(|| {
+        [
+            (r"\bat-[0-9a-f]{16}\b", "at-<attempt>"),
+            (r"\bs-[0-9a-f]{16}\b", "s-<session>"),
+            (
+                r"\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d+)?Z| \d{2}:\d{2}:\d{2} UTC)",
+                "<time>",
+            ),
+            (r"SHA256:[A-Za-z0-9+/]{43}", "SHA256:<host-key>"),
+            // A marker root id (the all-zero one a test writes is kept).
+            (
+                r"\b(?:[1-9a-f][0-9a-f]{31}|0[0-9a-f]*[1-9a-f][0-9a-f]*)\b",
+                "<root-id>",
+            ),
+            (
+                r"marker root [0-9a-f]{12}\b",
+                "marker root <root-id-prefix>",
+            ),
+            (r"(\[?127\.0\.0\.1\]?):\d+", "$1:<port>"),
+            (r"^\d+ MiB free$", "<n> MiB free"),
+            (r" is on \S+$", " is on <fstype>"),
+            // The targets of a lab other than the test's (`lab up` of a new one).
+            (r"\b[a-z0-9]{5}-(target\d+)\b", "<prefix>-$1"),
+        ]
+        .into_iter()
+        .map(|(p, with)| (regex::Regex::new(p).unwrap(), with))
+        .collect()
+    });
+    match doc {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let v = match v {
+                        Value::Null => Value::Null,
+                        _ if !VOLATILE_KEYS.contains(&k.as_str()) => masked(v, places),
+                        Value::Number(_) => 0.into(),
+                        _ => format!("<{k}>").into(),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|v| masked(v, places)).collect()),
+        Value::String(s) => {
+            let mut s = s.clone();
+            for (place, name) in places {
+                s = s.replace(place.as_str(), name);
+            }
+            for (pattern, with) in patterns {
+                s = pattern.replace_all(&s, *with).into_owned();
+            }
+            s.into()
+        }
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn every_json_document_is_the_same_as_its_recorded_copy() {
+    // The documents are the contract agents parse: a refactor must leave every one of them
+    // as it was, byte for byte once this run's times, paths and identities are masked.
+    // After a change of a document that is meant (and said in docs/ and the schemas):
+    //   OPMARK_RECORD_JSON=1 cargo test --test it -- json::every_json_document_is_the_same
+    let Some(lab) = crate::loopback_lab!(2) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let mut sets = every_document(&lab, &env);
+    // The commands every_document leaves out, on target2 (target1's marker root was
+    // replaced at its end) and the fleet's op id.
+    let t2 = lab.targets()[1].alias.clone();
+    let doc = |what: &str, args: &[&str]| {
+        let out = run_out(env.opmark_with_lab(&lab).arg("--json").args(args));
+        document(what, &out)
+    };
+    let others: Vec<(&str, Vec<&str>)> = vec![
+        ("classify", vec!["classify", "--", "rm", "-rf", "/srv/x"]),
+        ("audit verify", vec!["audit", "verify"]),
+        ("audit verify --full", vec!["audit", "verify", "--full"]),
+        ("config", vec!["config", &t2]),
+        ("doctor", vec!["doctor", &t2]),
+        ("output", vec!["output", "all-3", &t2]),
+        (
+            "plan replay",
+            vec![
+                "run",
+                &t2,
+                "--op",
+                "all-3",
+                "--dry-run",
+                "--",
+                "echo",
+                "fleet",
+            ],
+        ),
+        (
+            "plan new",
+            vec![
+                "run",
+                &t2,
+                "--op",
+                "plan-1",
+                "--dry-run",
+                "--",
+                "rm",
+                "-rf",
+                "/srv/x",
+            ],
+        ),
+        ("gc", vec!["gc", &t2, "--older-than", "3650d"]),
+        ("policy show", vec!["policy", "show"]),
+    ];
+    for (what, args) in others {
+        sets.push((what, vec![doc(what, &args)]));
+    }
+    let mut places: Vec<(String, String)> = vec![
+        (env.root.display().to_string(), "<env>".into()),
+        (lab.dir().display().to_string(), "<lab>".into()),
+    ];
+    for (i, t) in lab.targets().iter().enumerate() {
+        places.push((t.alias.clone(), format!("<target{}>", i + 1)));
+    }
+    places.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    let now: Value = sets
+        .iter()
+        .map(|(name, docs)| {
+            let docs: Vec<Value> = docs.iter().map(|d| masked(d, &places)).collect();
+            serde_json::json!({ "set": name, "documents": docs })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&now).unwrap() + "\n";
+    let file = recorded_documents();
+    if std::env::var_os("OPMARK_RECORD_JSON").is_some() {
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &text).unwrap();
+        return;
+    }
+    let recorded = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e} (OPMARK_RECORD_JSON=1 records it)", file.display()));
+    if recorded != text {
+        let now_file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("documents.now.json");
+        std::fs::write(&now_file, &text).unwrap();
+        let first = recorded
+            .lines()
+            .zip(text.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(recorded.lines().count().min(text.lines().count()));
+        panic!(
+            "a JSON document changed: line {} of {} was {:?}, is {:?}; all of them: diff {} {}",
+            first + 1,
+            file.display(),
+            recorded.lines().nth(first),
+            text.lines().nth(first),
+            file.display(),
+            now_file.display(),
+        );
+    }
+}
