@@ -24,6 +24,7 @@ mod append;
 pub mod archive;
 pub mod binding;
 pub mod chain;
+mod checkpoint;
 mod codec;
 pub mod event;
 pub mod fingerprint;
@@ -37,6 +38,8 @@ pub use crate::redact;
 mod schema;
 mod sqlite;
 mod verify;
+
+pub(crate) use checkpoint::Incremental;
 pub mod words;
 
 use std::collections::BTreeMap;
@@ -511,24 +514,6 @@ pub(crate) struct Snapshot {
     pub cut: Option<(archive::Cut, Option<String>)>,
     /// What the archived events counted, and its MAC.
     pub archived_counts: Option<(String, Option<String>)>,
-}
-
-/// What a routine `audit verify` reads (see `SqliteStore::snapshot_after_checkpoint`).
-#[derive(Debug, Clone)]
-pub(crate) struct Incremental {
-    /// The recorded checkpoint: seq, hash, MAC.
-    pub checkpoint: (u64, String, String),
-    /// The hash the event at the checkpoint's seq carries now.
-    pub stored_hash: Option<String>,
-    pub head: Option<chain::Head>,
-    pub keyed_from: u64,
-    pub keyed_from_mac: Option<String>,
-    /// The events after the checkpoint.
-    pub rows: Vec<chain::Row>,
-    /// Every event of the operations those touch, in chain order.
-    pub history: Vec<chain::Row>,
-    /// Those operations' projected rows.
-    pub projected: Vec<OperationRecord>,
 }
 
 /// How much of the chain a verify walked.

@@ -31,6 +31,7 @@ use super::append::{self, AppendTx, UnlessSettledSince};
 use super::archive::{self, ArchiveReport, Cut};
 use super::binding::Bound;
 use super::chain;
+use super::checkpoint;
 use super::event::{Event, StoredEvent};
 use super::fingerprint::InstallationKey;
 use super::projection::{self, OperationRecord};
@@ -577,10 +578,8 @@ impl PgStore {
         })
     }
 
-    /// What a routine `audit verify` reads, in one REPEATABLE READ transaction: the events
-    /// after the last verified checkpoint, and the whole history and row of each operation
-    /// they touch (as `SqliteStore::snapshot_after_checkpoint`). `None` when no checkpoint
-    /// was recorded.
+    /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
+    /// REPEATABLE READ transaction.
     pub(crate) fn snapshot_after_checkpoint(
         &self,
     ) -> Result<Option<super::Incremental>, LedgerError> {
@@ -593,75 +592,9 @@ impl PgStore {
                     .read_only(true)
                     .start(),
             )?;
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
-                Ok(rt
-                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
-                    .map(|r| r.get(0)))
-            };
-            let (Some(at), Some(mac)) = (meta("verified_through")?, meta("verified_through_mac")?)
-            else {
-                return Ok(None);
-            };
-            let Some((seq, hash)) = at
-                .split_once(' ')
-                .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
-            else {
-                return Ok(None);
-            };
-            let stored_hash: Option<String> = rt
-                .block_on(tx.query_opt("SELECT hash FROM events WHERE seq = $1", &[&(seq as i64)]))?
-                .map(|r| r.get(0));
-            let head = read_head(rt, &tx)?;
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let keyed_from_mac = meta("chain_keyed_from_mac")?;
-            let rows: Vec<chain::Row> = rt
-                .block_on(tx.query(
-                    &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
-                    &[&(seq as i64)],
-                ))?
-                .iter()
-                .map(chain_row)
-                .collect();
-            let touched: std::collections::BTreeSet<(&str, &str)> = rows
-                .iter()
-                .map(|r| (r.op_id.as_str(), r.host.as_str()))
-                .collect();
-            let (ids, hosts): (Vec<&str>, Vec<&str>) = touched.into_iter().unzip();
-            // One indexed read per touched operation, as one statement.
-            let history = rt
-                .block_on(tx.query(
-                    &format!(
-                        "{CHAIN_ROW_SELECT} WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY seq"
-                    ),
-                    &[&ids, &hosts],
-                ))?
-                .iter()
-                .map(chain_row)
-                .collect();
-            let projected = rt
-                .block_on(tx.query(
-                    &format!(
-                        "SELECT {} FROM operations WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY op_id, host",
-                        projection::COLUMNS
-                    ),
-                    &[&ids, &hosts],
-                ))?
-                .iter()
-                .map(record_from)
-                .collect::<Result<_, _>>()?;
+            let read = checkpoint::read_after(&mut PgReader { rt, tx: &tx })?;
             rt.block_on(tx.commit())?;
-            Ok(Some(super::Incremental {
-                checkpoint: (seq, hash, mac),
-                stored_hash,
-                head,
-                keyed_from,
-                keyed_from_mac,
-                rows,
-                history,
-                projected,
-            }))
+            Ok(read)
         })
     }
 
@@ -672,10 +605,7 @@ impl PgStore {
         hash: &str,
         mac: &str,
     ) -> Result<(), LedgerError> {
-        let facts = [
-            ("verified_through".to_owned(), format!("{seq} {hash}")),
-            ("verified_through_mac".to_owned(), mac.to_owned()),
-        ];
+        let facts = checkpoint::facts(seq, hash, mac);
         self.call(move |c| {
             let Conn { rt, client } = c;
             let tx = rt.block_on(client.transaction())?;
@@ -1185,6 +1115,85 @@ fn read_verify_header(
         cut,
         archived_counts,
     })
+}
+
+/// A [`checkpoint::SnapshotReader`] over one PostgreSQL REPEATABLE READ transaction.
+struct PgReader<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    tx: &'a tokio_postgres::Transaction<'a>,
+}
+
+impl checkpoint::SnapshotReader for PgReader<'_> {
+    fn meta(&mut self, name: &str) -> Result<Option<String>, LedgerError> {
+        Ok(self
+            .rt
+            .block_on(
+                self.tx
+                    .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
+            )?
+            .map(|r| r.get(0)))
+    }
+
+    fn event_hash(&mut self, seq: u64) -> Result<Option<String>, LedgerError> {
+        Ok(self
+            .rt
+            .block_on(
+                self.tx
+                    .query_opt("SELECT hash FROM events WHERE seq = $1", &[&(seq as i64)]),
+            )?
+            .map(|r| r.get(0)))
+    }
+
+    fn head(&mut self) -> Result<Option<chain::Head>, LedgerError> {
+        read_head(self.rt, self.tx)
+    }
+
+    fn rows_after(&mut self, seq: u64) -> Result<Vec<chain::Row>, LedgerError> {
+        Ok(self
+            .rt
+            .block_on(self.tx.query(
+                &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
+                &[&(seq as i64)],
+            ))?
+            .iter()
+            .map(chain_row)
+            .collect())
+    }
+
+    fn operations(
+        &mut self,
+        keys: &std::collections::BTreeSet<OpKey>,
+    ) -> Result<(Vec<chain::Row>, Vec<OperationRecord>), LedgerError> {
+        let (ids, hosts): (Vec<&str>, Vec<&str>) = keys
+            .iter()
+            .map(|k| (k.op_id.as_str(), k.host.as_str()))
+            .unzip();
+        // One indexed read per touched operation, as one statement.
+        let history = self
+            .rt
+            .block_on(self.tx.query(
+                &format!(
+                    "{CHAIN_ROW_SELECT} WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY seq"
+                ),
+                &[&ids, &hosts],
+            ))?
+            .iter()
+            .map(chain_row)
+            .collect();
+        let projected = self
+            .rt
+            .block_on(self.tx.query(
+                &format!(
+                    "SELECT {} FROM operations WHERE (op_id, host) IN (SELECT * FROM unnest($1::text[], $2::text[])) ORDER BY op_id, host",
+                    projection::COLUMNS
+                ),
+                &[&ids, &hosts],
+            ))?
+            .iter()
+            .map(record_from)
+            .collect::<Result<_, _>>()?;
+        Ok((history, projected))
+    }
 }
 
 /// The chain head, `None` while the ledger holds no event.

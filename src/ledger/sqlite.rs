@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use super::append::{self, AppendTx, UnlessSettledSince};
 use super::binding::{self, Bound};
 use super::chain;
+use super::checkpoint;
 use super::codec;
 use super::event::{Event, StoredEvent};
 use super::fingerprint::{self, InstallationKey};
@@ -781,88 +782,18 @@ impl SqliteStore {
         Ok(n as u64)
     }
 
-    /// What a routine `audit verify` reads, in one consistent snapshot: the events after
-    /// the last verified checkpoint, and the whole history and row of each operation they
-    /// touch. `None` when no checkpoint was recorded.
+    /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
+    /// consistent snapshot.
     pub(crate) fn snapshot_after_checkpoint(
         &self,
     ) -> Result<Option<super::Incremental>, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
-        let get_meta = |name: &str| -> Result<Option<String>, LedgerError> {
-            Ok(tx
-                .query_row(
-                    "SELECT value FROM meta WHERE name = ?1",
-                    params![name],
-                    |r| r.get(0),
-                )
-                .optional()?)
-        };
-        let (Some(at), Some(mac)) = (
-            get_meta("verified_through")?,
-            get_meta("verified_through_mac")?,
-        ) else {
-            return Ok(None);
-        };
-        let Some((seq, hash)) = at
-            .split_once(' ')
-            .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.to_owned())))
-        else {
-            return Ok(None);
-        };
-        let stored_hash: Option<String> = tx
-            .query_row(
-                "SELECT hash FROM events WHERE seq = ?1",
-                params![seq],
-                |r| r.get::<_, Value>(0),
-            )
-            .optional()?
-            .map(hash_text);
-        let head = chain_head(&tx)?;
-        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let rows = rows_where(
-            &tx,
-            &self.atoms,
-            "WHERE e.seq > ?1 ORDER BY e.seq",
-            params![seq],
-        )?;
-        let touched: std::collections::BTreeSet<OpKey> = rows
-            .iter()
-            .map(|r| OpKey::new(r.op_id.clone(), r.host.clone()))
-            .collect();
-        let mut history = Vec::new();
-        let mut projected = Vec::new();
-        {
-            let mut row = tx.prepare(&format!(
-                "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
-                projection::COLUMNS
-            ))?;
-            for key in &touched {
-                history.extend(op_rows(
-                    &tx,
-                    &mut AtomsOf::reading(&tx, &self.atoms),
-                    key,
-                    0,
-                )?);
-                if let Some(rec) = row
-                    .query_row(params![key.op_id, key.host], projection::from_row)
-                    .optional()?
-                {
-                    projected.push(rec);
-                }
-            }
-        }
-        history.sort_by_key(|r| r.seq);
+        let read = checkpoint::read_after(&mut SqliteReader {
+            tx: &tx,
+            atoms: &self.atoms,
+        })?;
         tx.finish()?;
-        Ok(Some(super::Incremental {
-            checkpoint: (seq, hash, mac),
-            stored_hash,
-            head,
-            keyed_from,
-            keyed_from_mac,
-            rows,
-            history,
-            projected,
-        }))
+        Ok(read)
     }
 
     /// See [`super::archive::archive`].
@@ -883,10 +814,7 @@ impl SqliteStore {
         mac: &str,
     ) -> Result<(), LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
-        for (name, value) in [
-            ("verified_through", format!("{seq} {hash}")),
-            ("verified_through_mac", mac.to_owned()),
-        ] {
+        for (name, value) in checkpoint::facts(seq, hash, mac) {
             tx.execute(
                 "INSERT INTO meta (name, value) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
                 params![name, value],
@@ -1075,6 +1003,77 @@ pub(crate) fn chain_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<chain::Row> {
         kind: r.get(6)?,
         payload: r.get(7)?,
     })
+}
+
+/// A [`checkpoint::SnapshotReader`] over one SQLite read transaction.
+struct SqliteReader<'a> {
+    tx: &'a Transaction<'a>,
+    atoms: &'a RefCell<AtomCache>,
+}
+
+impl checkpoint::SnapshotReader for SqliteReader<'_> {
+    fn meta(&mut self, name: &str) -> Result<Option<String>, LedgerError> {
+        Ok(self
+            .tx
+            .query_row(
+                "SELECT value FROM meta WHERE name = ?1",
+                params![name],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    fn event_hash(&mut self, seq: u64) -> Result<Option<String>, LedgerError> {
+        Ok(self
+            .tx
+            .query_row(
+                "SELECT hash FROM events WHERE seq = ?1",
+                params![seq],
+                |r| r.get::<_, Value>(0),
+            )
+            .optional()?
+            .map(hash_text))
+    }
+
+    fn head(&mut self) -> Result<Option<chain::Head>, LedgerError> {
+        Ok(chain_head(self.tx)?)
+    }
+
+    fn rows_after(&mut self, seq: u64) -> Result<Vec<chain::Row>, LedgerError> {
+        rows_where(
+            self.tx,
+            self.atoms,
+            "WHERE e.seq > ?1 ORDER BY e.seq",
+            params![seq],
+        )
+    }
+
+    fn operations(
+        &mut self,
+        keys: &std::collections::BTreeSet<OpKey>,
+    ) -> Result<(Vec<chain::Row>, Vec<OperationRecord>), LedgerError> {
+        let mut history = Vec::new();
+        let mut projected = Vec::new();
+        let mut row = self.tx.prepare(&format!(
+            "SELECT {} FROM operations WHERE op_id = ?1 AND host = ?2",
+            projection::COLUMNS
+        ))?;
+        for key in keys {
+            history.extend(op_rows(
+                self.tx,
+                &mut AtomsOf::reading(self.tx, self.atoms),
+                key,
+                0,
+            )?);
+            if let Some(rec) = row
+                .query_row(params![key.op_id, key.host], projection::from_row)
+                .optional()?
+            {
+                projected.push(rec);
+            }
+        }
+        Ok((history, projected))
+    }
 }
 
 /// The chain head row, if any event was ever appended.

@@ -1101,7 +1101,11 @@ fn masked(doc: &Value, places: &[(String, String)]) -> Value {
             ),
             (r"(\[?127\.0\.0\.1\]?):\d+", "$1:<port>"),
             (r"^\d+ MiB free$", "<n> MiB free"),
-            (r" is on \S+$", " is on <fstype>"),
+            // doctor's file system, and whether it is volatile (a checkout under /tmp).
+            (
+                r" is on \S+( and would not survive a reboot;.*)?$",
+                " is on <fstype>",
+            ),
             // The targets of a lab other than the test's (`lab up` of a new one).
             (r"\b[a-z0-9]{5}-(target\d+)\b", "<prefix>-$1"),
         ]
