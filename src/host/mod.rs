@@ -47,7 +47,14 @@ pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
 /// connections stay in `ssh::keeper`.
 pub mod keeper {
     pub use crate::ssh::keeper::client::control;
-    pub use crate::ssh::keeper::server::serve;
+    /// The keeper's hidden `serve` loop for `dir`, its resident channels running the shim.
+    pub fn serve(dir: &std::path::Path, persist: std::time::Duration) -> Result<(), String> {
+        crate::ssh::keeper::server::serve(
+            dir,
+            persist,
+            std::sync::Arc::new(super::resident::ShimResident),
+        )
+    }
     pub use crate::ssh::keeper::wire::{KeeperReply, KeeperRequest};
     pub use crate::ssh::keeper::{set_persist, KeeperDir, DEFAULT_PERSIST};
 }

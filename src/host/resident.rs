@@ -6,6 +6,7 @@
 
 use crate::shim::{Reply, ReplyParser, Request, Verb};
 use crate::ssh::keeper::client::CallRefused;
+use crate::ssh::keeper::{ChannelSaid, ResidentShell, ResidentStart, StartAnswer};
 use crate::ssh::{ExecEvent, Session};
 
 use super::call::{CallEnd, CallObserver};
@@ -140,4 +141,71 @@ fn stale(frames: &[crate::shim::Frame]) -> bool {
             if r.reason == crate::shim::RefusalReason::CannotStart
                 && r.fields.get("reason").map(String::as_str) == Some("resident_stale"))
     })
+}
+
+/// The shim's `serve` verb as the keeper's [`ResidentShell`]: what it runs on a resident
+/// channel, and how it tells a shim that serves from one that refuses or wants the script.
+#[derive(Debug)]
+pub struct ShimResident;
+
+impl ResidentShell for ShimResident {
+    fn start(&self, with_script: bool) -> Box<dyn ResidentStart> {
+        let call = crate::shim::Invocation::serve(with_script);
+        let parser = ReplyParser::expecting(&call.token);
+        Box::new(ShimStart {
+            call,
+            parser,
+            replies: Vec::new(),
+        })
+    }
+}
+
+/// One start of the resident shim: its call, and the parser of its channel.
+struct ShimStart {
+    call: crate::shim::Invocation,
+    parser: ReplyParser,
+    replies: Vec<Reply>,
+}
+
+impl ResidentStart for ShimStart {
+    fn exec(&self) -> &str {
+        &self.call.exec
+    }
+
+    fn data(&self) -> Vec<u8> {
+        self.call.data.clone()
+    }
+
+    fn read(&mut self, said: ChannelSaid<'_>) -> Option<StartAnswer> {
+        let pushed = match said {
+            ChannelSaid::Stdout(b) => self.parser.push_stdout(b, &mut self.replies),
+            ChannelSaid::Stderr(b) => self.parser.push_stderr(b, &mut self.replies),
+            ChannelSaid::Closed => Ok(()),
+        };
+        if let Err(e) = pushed {
+            // Another protocol version (an older shim) or a reply we cannot read.
+            return Some(StartAnswer::Refused(e.to_string()));
+        }
+        for reply in self.replies.drain(..) {
+            if let Reply::Frame(crate::shim::Frame::Refused(r)) = reply {
+                return Some(StartAnswer::Refused(format!(
+                    "the host's shim refuses to serve: {} {}",
+                    r.reason,
+                    r.fields.get("reason").cloned().unwrap_or_default()
+                )));
+            }
+        }
+        if let Some(pid) = self.parser.ready_pid() {
+            return Some(StartAnswer::Ready(pid));
+        }
+        if !matches!(said, ChannelSaid::Closed) {
+            return None;
+        }
+        if !self.parser.header_seen() && self.call.asked_for_script(&self.parser.preamble(4096).0) {
+            return Some(StartAnswer::NeedScript);
+        }
+        Some(StartAnswer::Refused(
+            "the shim ended without serving".into(),
+        ))
+    }
 }

@@ -68,6 +68,29 @@ fn crate_paths(code: &str) -> BTreeSet<String> {
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
             continue;
         }
+        if let Some(group) = rest.strip_prefix('{') {
+            // `crate::{a, b::{c, d}}`: the first name of each item at the group's top level.
+            let mut depth = 0;
+            let mut item_start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && (c.is_alphanumeric() || c == '_') => {
+                        let name: String = group[i..]
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        names.insert(name);
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+            continue;
+        }
         let name: String = rest
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_')
@@ -77,6 +100,37 @@ fn crate_paths(code: &str) -> BTreeSet<String> {
         }
     }
     names
+}
+
+#[test]
+fn the_path_reader_reads_grouped_imports() {
+    let code = "use crate::{ops::{self, run}, vocab};\nuse crate::shim::Frame;\nfn f() { $crate::lab::x(); notcrate::y(); }";
+    let names: Vec<String> = crate_paths(code).into_iter().collect();
+    assert_eq!(names, ["lab", "ops", "shim", "vocab"]);
+}
+
+#[test]
+fn the_keeper_knows_nothing_of_the_shim_or_the_host_layer() {
+    // The keeper holds connections by key and relays bytes; what runs on a resident
+    // channel is the host layer's, handed to it as an `ssh::keeper::ResidentShell`.
+    let keeper = src().join("ssh/keeper");
+    let files = rust_files(&keeper);
+    assert!(files.len() >= 3, "the keeper's files: {files:?}");
+    let reached: Vec<String> = files
+        .iter()
+        .flat_map(|file| {
+            let rel = file.strip_prefix(src()).unwrap().display().to_string();
+            crate_paths(&code_of(file))
+                .into_iter()
+                .filter(|name| name == "shim" || name == "host")
+                .map(move |name| format!("{rel}: crate::{name}"))
+        })
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "the keeper reaches the shim or the host layer:\n{}",
+        reached.join("\n")
+    );
 }
 
 /// Which top-level module uses which, for the tree at `root`.

@@ -436,7 +436,7 @@ pub enum CallRefused {
 }
 
 impl Remote {
-    /// Sends `request` (a [`crate::shim::Request`]'s bytes) to the host's resident shim
+    /// Sends `request` (a resident request's bytes, see `host::resident`) to the host's resident shim
     /// through the keeper: one write to the host on a resident channel that is already
     /// open, or a new one when none is idle.
     pub(crate) async fn call(

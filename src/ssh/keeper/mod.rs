@@ -30,6 +30,45 @@ use sha2::{Digest, Sha256};
 
 use super::Destination;
 
+/// The shell a keeper starts on a held connection to serve requests (the host's resident
+/// shim), as the host layer supplies it to [`server::serve`]: the keeper holds channels by
+/// connection key and relays their bytes, and knows nothing of the protocol on them.
+pub trait ResidentShell: Send + Sync {
+    /// One start of it: the exec request and its input (`with_script`: the script itself
+    /// in the input, for a host whose cache lacks it), and a reader of the new channel.
+    fn start(&self, with_script: bool) -> Box<dyn ResidentStart>;
+}
+
+/// One resident start, reading its channel until that says how the start went.
+pub trait ResidentStart: Send {
+    /// The exec request.
+    fn exec(&self) -> &str;
+    /// The channel's input after the request (the channel stays open after it).
+    fn data(&self) -> Vec<u8>;
+    /// Takes what the channel said; an answer once that settles the start.
+    fn read(&mut self, said: ChannelSaid<'_>) -> Option<StartAnswer>;
+}
+
+/// What a new resident's channel said.
+#[derive(Debug, Clone, Copy)]
+pub enum ChannelSaid<'a> {
+    Stdout(&'a [u8]),
+    Stderr(&'a [u8]),
+    /// It closed.
+    Closed,
+}
+
+/// How a resident's start went, as its channel said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartAnswer {
+    /// It serves; its process id.
+    Ready(u32),
+    /// The host has no good cached copy: start it again with the script.
+    NeedScript,
+    /// It does not serve (refused, another protocol): the keeper remembers why.
+    Refused(String),
+}
+
 /// How long the keeper stays without a caller unless told (`--persist`), like a typical
 /// `ControlPersist`.
 pub const DEFAULT_PERSIST: Duration = Duration::from_secs(300);

@@ -26,7 +26,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
 use super::wire::{self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame};
-use super::{own_uid, short_path, KeeperDir};
+use super::{
+    own_uid, short_path, ChannelSaid, KeeperDir, ResidentShell, ResidentStart, StartAnswer,
+};
 use crate::ssh::exec::OpenInput;
 use crate::ssh::session::DEFAULT_MAX_CHANNELS;
 use crate::ssh::{Destination, Exec, ExecError, ExecEvent, Session};
@@ -127,6 +129,8 @@ type HeldConnections = Arc<tokio::sync::Mutex<Vec<Arc<Held>>>>;
 
 /// The keeper's state.
 struct Keeper {
+    /// What runs on a resident channel (the host layer's shim).
+    shell: Arc<dyn ResidentShell>,
     persist: Duration,
     uid: u32,
     slots: Mutex<HashMap<String, HeldConnections>>,
@@ -178,7 +182,11 @@ fn close_inherited() {
 
 /// Runs the keeper for `dir` until it is idle for `persist`, stopped, or its socket is
 /// gone. Returns at once when another keeper holds the directory.
-pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
+pub fn serve(
+    dir: &std::path::Path,
+    persist: Duration,
+    shell: Arc<dyn ResidentShell>,
+) -> Result<(), String> {
     close_inherited();
     let place = KeeperDir::open(dir)?;
     let lock = std::fs::OpenOptions::new()
@@ -209,14 +217,18 @@ pub fn serve(dir: &std::path::Path, persist: Duration) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the keeper's runtime: {e}"))?;
-    let result = runtime.block_on(run(place.clone(), persist));
+    let result = runtime.block_on(run(place.clone(), persist, shell));
     // Connections close with the runtime; the lock goes with the process.
     runtime.shutdown_timeout(Duration::from_millis(200));
     drop(lock);
     result
 }
 
-async fn run(place: KeeperDir, persist: Duration) -> Result<(), String> {
+async fn run(
+    place: KeeperDir,
+    persist: Duration,
+    shell: Arc<dyn ResidentShell>,
+) -> Result<(), String> {
     let uid = own_uid().map_err(|e| format!("cannot tell this process's uid: {e}"))?;
     let socket = place.socket();
     // We hold the lock: whatever socket is there belongs to a keeper that is gone.
@@ -235,6 +247,7 @@ async fn run(place: KeeperDir, persist: Duration) -> Result<(), String> {
     let _ = std::fs::write(place.pid_file(), format!("{}\n", std::process::id()));
 
     let keeper = Arc::new(Keeper {
+        shell,
         persist,
         uid,
         slots: Mutex::new(HashMap::new()),
@@ -690,7 +703,7 @@ impl Keeper {
         if let Some(why) = h.no_resident() {
             return Err(CallRefusal::NoResident(why));
         }
-        match start_resident(&h, permit, dest).await {
+        match start_resident(&*self.shell, &h, permit, dest).await {
             Ok(r) => Ok((h, r)),
             Err(Start::Refused(why)) => {
                 if let Ok(mut n) = h.no_resident.lock() {
@@ -751,6 +764,7 @@ impl Keeper {
 /// Starts the host's resident shim on `held` (`serve` through the stub, as any call):
 /// from the host's cached copy, or, when it has none, with the script.
 async fn start_resident(
+    shell: &dyn ResidentShell,
     held: &Held,
     permit: tokio::sync::OwnedSemaphorePermit,
     dest: &Destination,
@@ -765,13 +779,13 @@ async fn start_resident(
                 .flatten()
                 .ok_or_else(|| Start::Failed("no free channel for the resident".into()))?,
         };
-        let call = crate::shim::Invocation::serve(with_script);
+        let mut start = shell.start(with_script);
         let (mut exec, input) = held
             .session
-            .exec_open(permit, &call.exec, call.data.clone())
+            .exec_open(permit, start.exec(), start.data())
             .await
             .map_err(|e| Start::Failed(e.to_string()))?;
-        let ready = tokio::time::timeout(dest.connect_timeout, await_ready(&mut exec, &call))
+        let ready = tokio::time::timeout(dest.connect_timeout, await_ready(&mut exec, &mut *start))
             .await
             .unwrap_or_else(|_| Start::Failed("the resident shim did not answer in time".into()));
         match ready {
@@ -790,43 +804,24 @@ async fn start_resident(
     Err(Start::Refused("the host asked for the script twice".into()))
 }
 
-/// Reads a new resident channel until the shim says it serves (`Q ready`), refuses, or
-/// the stub asks for the script.
-async fn await_ready(exec: &mut Exec, call: &crate::shim::Invocation) -> Start {
-    let mut parser = crate::shim::ReplyParser::expecting(&call.token);
-    let mut replies = Vec::new();
+/// Reads a new resident channel until `start` says how the start went.
+async fn await_ready(exec: &mut Exec, start: &mut dyn ResidentStart) -> Start {
     loop {
-        let event = exec.next().await;
-        let pushed = match &event {
-            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
-            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
-            _ => Ok(()),
-        };
-        if let Err(e) = pushed {
-            // Another protocol version (an older shim) or a reply we cannot read.
-            return Start::Refused(e.to_string());
-        }
-        for reply in replies.drain(..) {
-            if let crate::shim::Reply::Frame(crate::shim::Frame::Refused(r)) = reply {
-                return Start::Refused(format!(
-                    "the host's shim refuses to serve: {} {}",
-                    r.reason,
-                    r.fields.get("reason").cloned().unwrap_or_default()
-                ));
-            }
-        }
-        if let Some(pid) = parser.ready_pid() {
-            return Start::Ready(pid);
-        }
-        match event {
-            ExecEvent::Closed => {
-                if !parser.header_seen() && call.asked_for_script(&parser.preamble(4096).0) {
-                    return Start::NeedScript;
-                }
-                return Start::Refused("the shim ended without serving".into());
-            }
-            ExecEvent::Lost(why) => return Start::Failed(why),
-            _ => {}
+        let said =
+            match exec.next().await {
+                ExecEvent::Stdout(b) => start.read(ChannelSaid::Stdout(&b)),
+                ExecEvent::Stderr(b) => start.read(ChannelSaid::Stderr(&b)),
+                ExecEvent::Closed => Some(start.read(ChannelSaid::Closed).unwrap_or_else(|| {
+                    StartAnswer::Refused("the shell ended without serving".into())
+                })),
+                ExecEvent::Lost(why) => return Start::Failed(why),
+                _ => None,
+            };
+        match said {
+            Some(StartAnswer::Ready(pid)) => return Start::Ready(pid),
+            Some(StartAnswer::NeedScript) => return Start::NeedScript,
+            Some(StartAnswer::Refused(why)) => return Start::Refused(why),
+            None => {}
         }
     }
 }
