@@ -21,6 +21,7 @@
 
 pub mod call;
 mod delivery;
+pub mod reply;
 pub mod resident;
 
 use std::collections::BTreeMap;
@@ -40,7 +41,8 @@ pub use crate::ssh::{
     check_destination, resolve, resolve_route, ConnectError, ConnectStage, Destination, HostSpec,
     Pool, Route,
 };
-pub use call::{call_shim, CallEnd, CallObserver, FramesOnly, NeverStarted};
+pub use call::{call_shim, FramesOnly};
+pub use reply::{CallEnd, CallObserver, NeverStarted};
 
 /// The connection keeper (docs/trust.md#the-keeper) as commands see it: where it lives, whether reuse is
 /// on, its control requests and answers, and the hidden `serve` loop. The framing and the

@@ -9,7 +9,7 @@ use crate::ssh::keeper::client::CallRefused;
 use crate::ssh::keeper::{ChannelSaid, ResidentShell, ResidentStart, StartAnswer};
 use crate::ssh::{ExecEvent, Session};
 
-use super::call::{CallEnd, CallObserver};
+use super::reply::{CallEnd, CallObserver, ReplyReader};
 
 /// Whether this process may use resident shims (`OPMARK_RESIDENT=0` turns them off).
 fn enabled() -> bool {
@@ -38,54 +38,23 @@ pub(crate) async fn call(
             return None;
         }
         Err(CallRefused::NotSent(why)) => return Some(CallEnd::NotSent(why)),
-        Err(CallRefused::Lost(why)) => {
-            return Some(CallEnd::Lost {
-                frames: Vec::new(),
-                reason: why,
-                never_started: None,
-                protocol: None,
-            })
-        }
+        Err(CallRefused::Lost(why)) => return Some(CallEnd::lost_before_reply(why)),
     };
     if let Verb::Run(_) = verb {
         crate::fault::point("after_dispatch");
     }
-    let mut parser = ReplyParser::expecting(&request.token);
-    let mut frames = Vec::new();
-    let mut replies = Vec::new();
-    let mut finished = false;
+    let mut read = ReplyReader::expecting(&request.token);
     loop {
         let event = reply.next().await;
-        let pushed = match &event {
-            ExecEvent::Stdout(b) => parser.push_stdout(b, &mut replies),
-            ExecEvent::Stderr(b) => parser.push_stderr(b, &mut replies),
-            _ => Ok(()),
-        };
-        if let Err(e) = pushed {
-            // As for a call of its own: a reply we cannot read is a lost one, and the
-            // resident, out of step now, is closed (dropping the reply never releases it).
-            return Some(CallEnd::Lost {
-                frames,
-                reason: e.to_string(),
-                never_started: None,
-                protocol: Some(e),
-            });
+        // As for a call of its own: a reply we cannot read is a lost one, and the
+        // resident, out of step now, is closed (dropping the reply never releases it).
+        if let Err(end) = read.feed(&event, observer) {
+            return Some(end);
         }
-        for r in replies.drain(..) {
-            match r {
-                Reply::Stdout(b) => observer.stdout(&b),
-                Reply::Stderr(b) => observer.stderr(&b),
-                Reply::Frame(f) => {
-                    observer.frame(&f);
-                    finished |= f.is_final();
-                    frames.push(f);
-                }
-            }
-        }
-        if let Some(status) = parser.end_status() {
+        if let Some(status) = read.parser.end_status() {
             tracing::debug!("end of the request, status {status}");
-            if finished {
-                if stale(&frames) {
+            if read.finished() {
+                if stale(read.frames()) {
                     // The resident lost its script and claimed nothing (it ends, and the
                     // keeper never hands it out again): per call, the script travels.
                     tracing::debug!("the resident shim lost its cached script; calling per call");
@@ -95,38 +64,19 @@ pub(crate) async fn call(
                 if status == 0 {
                     reply.release().await;
                 }
-                return Some(CallEnd::Finished(frames));
+                return Some(read.finish());
             }
-            return Some(CallEnd::Lost {
-                frames,
-                reason: format!(
-                    "the host's resident shim ended the request (status {status}) before its final frame"
-                ),
-                never_started: None,
-                protocol: None,
-            });
+            return Some(read.lost(format!(
+                "the host's resident shim ended the request (status {status}) before its final frame"
+            )));
         }
         match event {
-            ExecEvent::Closed | ExecEvent::Lost(_) if finished => {
-                return Some(CallEnd::Finished(frames))
-            }
             ExecEvent::Closed => {
-                return Some(CallEnd::Lost {
-                    frames,
-                    reason: "the resident shim's channel closed before the shim's final frame"
-                        .into(),
-                    never_started: None,
-                    protocol: None,
-                })
+                return Some(
+                    read.lost("the resident shim's channel closed before the shim's final frame"),
+                )
             }
-            ExecEvent::Lost(why) => {
-                return Some(CallEnd::Lost {
-                    frames,
-                    reason: why,
-                    never_started: None,
-                    protocol: None,
-                })
-            }
+            ExecEvent::Lost(why) => return Some(read.lost(why)),
             _ => {}
         }
     }
