@@ -88,6 +88,13 @@
 # tests (tests/it/shim/functions.rs) call them one at a time. Only that first argument
 # does it: a call's first argument is the script itself (a path or the text), and nothing
 # in the environment can make a run stop short.
+# A variable read before it is set is a mistake here, never a default: the shell says
+# so and stops (the command always runs in a shell of its own, exec'd, without this).
+set -u
+# Read on paths that may not set them: a replay follows no live output, and the functions
+# a test calls one at a time may look at the marker before one is named.
+live=
+m=
 shim_library=
 [ "${1:-}" = --library ] && shim_library=1
 OPMARK_SHIM_VERSION=6
@@ -291,6 +298,8 @@ rget() {
 # (fields 3, 4, 6 and 22, counted after the last ") " because the command name may hold spaces).
 proc_stat() {
 	ps_line=
+	# Empty when the process cannot be read, never the last one's.
+	ps_start=
 	read -r ps_line 2>/dev/null <"/proc/$1/stat" || return 1
 	proc_fields
 }
@@ -657,6 +666,34 @@ start_failed() {
 		[ -p "$w" ] && printf 'f %s\n' "$cause" 1<>"$w"
 	done
 	exit 1
+}
+
+# resource_cause [MESSAGE]: sets cause to why a write under the marker root failed:
+# no_inodes, no_space, quota_exceeded, or write_failed when none of these can be seen.
+# MESSAGE: what the failed write said, when it was kept (the disk may have changed since).
+# Above the supervisor's end of reading (see standby): start_failed needs it there.
+resource_cause() {
+	cause=write_failed rc_err=${1:-}
+	# shellcheck disable=SC2046 # df's words: filesystem, total, used, free, ...
+	set -- $(df -Pi "$root" 2>/dev/null | tail -n 1)
+	# Fewer free inodes than a claim and its records take (about 14): the write ran out
+	# of them, even when a moment's temp file (another call's, freed since) left some.
+	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_inodes && return 0
+	case $rc_err in
+	*[Qq]uota*) cause=quota_exceeded && return 0 ;;
+	*"No space"*) cause=no_space && return 0 ;;
+	esac
+	# shellcheck disable=SC2046
+	set -- $(df -Pk "$root" 2>/dev/null | tail -n 1)
+	# A few KiB may still show free while every block a new file needs is taken.
+	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_space && return 0
+	rc_msg=$( (true >"$root/spool/.probe.$$") 2>&1)
+	rm -f "$root/spool/.probe.$$"
+	case $rc_msg in
+	*[Qq]uota*) cause=quota_exceeded ;;
+	*"No space"*) cause=no_space ;;
+	esac
+	return 0
 }
 
 # capture FILE CAP: keeps the first CAP bytes in FILE (the copy kept for replay). Beyond
@@ -2105,33 +2142,6 @@ prepare_marker() {
 		true >"$pm_dir/out" && true >"$pm_dir/err" && true >"$pm_dir/.noexit" &&
 		register_waiter "$pm_dir" "$pm_dir/.out.fifo" "$pm_dir/.err.fifo"
 } 2>/dev/null
-
-# resource_cause [MESSAGE]: sets cause to why a write under the marker root failed:
-# no_inodes, no_space, quota_exceeded, or write_failed when none of these can be seen.
-# MESSAGE: what the failed write said, when it was kept (the disk may have changed since).
-resource_cause() {
-	cause=write_failed rc_err=${1:-}
-	# shellcheck disable=SC2046 # df's words: filesystem, total, used, free, ...
-	set -- $(df -Pi "$root" 2>/dev/null | tail -n 1)
-	# Fewer free inodes than a claim and its records take (about 14): the write ran out
-	# of them, even when a moment's temp file (another call's, freed since) left some.
-	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_inodes && return 0
-	case $rc_err in
-	*[Qq]uota*) cause=quota_exceeded && return 0 ;;
-	*"No space"*) cause=no_space && return 0 ;;
-	esac
-	# shellcheck disable=SC2046
-	set -- $(df -Pk "$root" 2>/dev/null | tail -n 1)
-	# A few KiB may still show free while every block a new file needs is taken.
-	is_uint "${4:-x}" && [ "$4" -lt 16 ] && cause=no_space && return 0
-	rc_msg=$( (true >"$root/spool/.probe.$$") 2>&1)
-	rm -f "$root/spool/.probe.$$"
-	case $rc_msg in
-	*[Qq]uota*) cause=quota_exceeded ;;
-	*"No space"*) cause=no_space ;;
-	esac
-	return 0
-}
 
 # The marker is taken: answer with its state instead of running (or supersede an
 # interrupted claim when the client says policy allows it, then return with our claim in
