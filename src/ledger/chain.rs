@@ -848,10 +848,7 @@ mod tests {
 
     #[test]
     fn the_keyed_once_event_mac_is_the_keyed_hash() {
-        let dir = std::env::temp_dir().join(format!("opmark-eventmac-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = InstallationKey::generate(&dir.join("k")).unwrap();
+        let key = test_key("eventmac");
         for seq in [0, 1, 9, 10, 12345678901234] {
             let link = Link {
                 seq,
@@ -883,6 +880,5 @@ mod tests {
                 "payload of {n} bytes"
             );
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

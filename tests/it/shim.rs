@@ -3402,3 +3402,80 @@ fn a_command_run_through_sudo_runs_once_and_answers_its_own_status() {
         );
     }
 }
+
+#[test]
+fn gc_at_any_age_leaves_a_running_and_an_interrupted_claim_whole_and_keeps_a_fresh_fence() {
+    for (name, shell) in shells() {
+        let host = Host::new("gc-live", &shell);
+        // Interrupted: ran, and its supervisor is gone without an exit record.
+        let first = host.run("crashed", "a1", "true");
+        assert_eq!(first.exit().map(|x| x.code), Some(0), "{name}: {first:?}");
+        forge_crash(&host, "crashed");
+        // Running, for as long as the gc takes.
+        let ready = host.state_home.join("ready");
+        let go = host.state_home.join("go");
+        let cmd = format!(
+            "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+            ready.display(),
+            go.display()
+        );
+        let child = start_in_background(&host, "busy", &cmd, &ready);
+        // Fenced a moment ago.
+        let fresh = OpId::parse("fresh-fence").unwrap();
+        host.call(
+            &Verb::Fence {
+                op: &fresh,
+                force: false,
+            },
+            b"",
+        );
+
+        let gc = |older_than: u64| {
+            host.call(
+                &Verb::Gc {
+                    older_than: Duration::from_secs(older_than),
+                    dry_run: false,
+                    tombstones_older_than: None,
+                },
+                b"",
+            )
+        };
+        let removed = |o: &Outcome| -> Vec<String> {
+            o.frames
+                .iter()
+                .filter_map(|f| match f {
+                    Frame::GcRemoved(r) => Some(r.op.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        // A day's age keeps the fence; an age of nothing may take it, never the others.
+        let day = gc(86_400);
+        assert_eq!(
+            removed(&day),
+            Vec::<String>::new(),
+            "{name}: {:?}",
+            day.frames
+        );
+        let now = gc(0);
+        assert!(
+            !removed(&now)
+                .iter()
+                .any(|op| op == "busy" || op == "crashed"),
+            "{name}: gc took a live or interrupted claim: {:?}",
+            now.frames
+        );
+        assert_eq!(host.probe("busy").state, MarkerState::Running, "{name}");
+        assert_eq!(
+            host.probe("crashed").state,
+            MarkerState::Interrupted,
+            "{name}"
+        );
+        for op in ["busy", "crashed"] {
+            assert!(host.marker(op).join("claim").exists(), "{name}: {op}");
+            assert!(!host.marker(op).join("collected").exists(), "{name}: {op}");
+        }
+        std::fs::write(&go, "").unwrap();
+        let _ = child.wait_with_output();
+    }
+}
