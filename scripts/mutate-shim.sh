@@ -65,7 +65,7 @@ bin=$work/it
 
 # run_tests SCRIPT: the shim tests against SCRIPT; 0 when they all pass. The tests that
 # go through sshd run the opmark binary's own embedded script, not SCRIPT, so they are
-# skipped; shellcheck judges the shipped file. A hang counts as not passing.
+# skipped; shellcheck judges the shipped file. A hang counts as not passing (and is said).
 run_tests() {
   OPMARK_SHIM_UNDER_TEST=$1 timeout 900 "$bin" shim:: \
     --skip shim_is_shellcheck_clean --skip through_real_sshd -q </dev/null >"$work/log" 2>&1
@@ -95,10 +95,14 @@ while IFS=$'\t' read -r name path fn from to expect; do
     echo "mutate-shim: row $name: the mutant does not parse: $(cat "$work/err")" >&2
     exit 2
   fi
+  hung=
   if run_tests "$work/$name.sh"; then
     result=survived
     survived=$((survived + 1))
   else
+    # timeout's 124: the tests hung on the mutant rather than failed (caught all the
+    # same, but no test names the guard; a row that only hangs wants a test that fails).
+    [[ $? -eq 124 ]] && hung=1
     result=caught
     caught=$((caught + 1))
   fi
@@ -111,7 +115,9 @@ while IFS=$'\t' read -r name path fn from to expect; do
     ;;
   esac
   printf '%-36s %-6s %-9s %s\n' "$name" "$path" "$result" "$expect"
-  if [[ $result == caught ]]; then
+  if [[ -n $hung ]]; then
+    echo "    hung: the shim tests did not end within 900 s"
+  elif [[ $result == caught ]]; then
     grep -E '^    [a-z0-9_:]+$' "$work/log" | sed 's/^ */    failed: /' | head -n 3 || true
   fi
 done < <(rows)
