@@ -400,8 +400,9 @@ pub async fn attach(
     })
 }
 
-/// The `run` verb's reply, read from a finished call's frames: what the shim did with
-/// the claim. Output went to the call's observer as it arrived.
+/// The `run` verb's frames, read once: what the shim did with the claim, as the wire says
+/// it (`operation::reply::RunReply` narrows it to the answers that settle a call). Output
+/// went to the call's observer as it arrived.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunFrames {
     /// `S`: this attempt's claim is durable and the command started.
