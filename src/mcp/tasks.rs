@@ -22,7 +22,9 @@ use std::time::Duration;
 use rmcp::model::{CallToolResult, JsonObject};
 use serde_json::{json, Map, Value};
 
-use super::{arguments, cut_output, error_result, run_request, Busy, RunParams};
+use super::arguments::{arguments, run_request, RunParams};
+use super::busy::Busy;
+use super::results::{cut_output, error_result};
 use crate::error::{Error, ErrorKind};
 use crate::ledger::fingerprint::{host_fingerprint, Intent};
 use crate::ops::cancel::{cancel, CancelRequest};

@@ -75,7 +75,6 @@ use sha2::{Digest, Sha256};
 use super::interrupt::ClientSignal;
 use super::repeat::Repetition;
 pub use super::reply::{RefusalReason, Refused, RunReply};
-use super::AttemptSummary;
 
 /// What a run knows when it decides.
 #[derive(Debug, Clone)]
@@ -801,7 +800,7 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
         // the window (another ledger, another machine, or a racing claim that won):
         // held back, nothing ran.
         RefusalReason::Repeats => Action::Answer(match facts.repeats {
-            Some(found) => found.held(facts.op, facts.host, Some(attempt.clone())),
+            Some(found) => repetition_held(found, facts.op, facts.host, Some(attempt.clone())),
             None => Answer::new(
                 Verdict::Blocked,
                 Some(attempt.clone()),
@@ -1522,6 +1521,45 @@ pub fn ledger_failed_after_dispatch(facts: &Facts<'_>, message: &str) -> Answer 
         ReasonCode::EarlierDispatchUnknown,
         format!(
             "{message}; an attempt was dispatched before that, so the command may have run. Rerun with the same op id once the ledger can be written: the host marker decides"
+        ),
+    )
+}
+
+/// One attempt as reported to the caller.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptSummary {
+    /// Attempt id.
+    pub attempt_id: String,
+    /// 1, 2, ...
+    pub number: u32,
+    /// The attempt it retries.
+    pub parent: Option<String>,
+    /// Why it was made.
+    pub reason: RetryReason,
+    /// How far it got.
+    pub boundary: Boundary,
+}
+
+/// The `blocked` answer to a repetition the policy holds (docs/guarantees.md#repetitions):
+/// names the earlier operation, its state, when and where, and the two ways forward.
+pub fn repetition_held(
+    found: &Repetition,
+    op: &str,
+    host: &str,
+    attempt: Option<String>,
+) -> Answer {
+    Answer::new(
+        Verdict::Blocked,
+        attempt,
+        ReasonCode::RepeatsRecentOperation,
+        format!(
+            "this command already ran on {host} under op {earlier} ({state}, at {at}, via {route}; seen in the {seen}) and its family does not repeat safely{because}; nothing was sent for op {op}. If you meant the same effect, rerun with --op {earlier} (it replays or follows that operation); if you mean to do it again, rerun with --repeats {earlier}",
+            earlier = found.op_id,
+            state = found.state,
+            at = found.at,
+            route = found.route,
+            seen = found.seen_in,
+            because = found.because.as_deref().map_or(String::new(), |b| format!(" ({b})")),
         ),
     )
 }

@@ -25,19 +25,19 @@ use crate::shim::{
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
 
+use super::decide::AttemptSummary;
 use super::decide::{
     self, connect_code, connect_is_final, Action, Answer, ApprovalNeeded, Dispatched, Effect,
     ExitEvidence, Facts, Followed, ProbeAction, ProbeSeen, RunReply, Step, Window,
 };
 use super::identity::Recorded;
+use super::input::{RunInput, WaitScope, LAST_LOOK};
 use super::interrupt::{ClientSignal, Interrupts};
 use super::output::Output;
 use super::record::{self, RunLedger};
 use super::repeat::Repetition;
-use super::{
-    fault_point, new_attempt_id, progress, AttemptSummary, ObservationReport, RunError, RunInput,
-    RunReport, WaitScope, LAST_LOOK,
-};
+use super::report::{progress, ObservationReport, RunError, RunReport};
+use crate::fault::point as fault_point;
 use crate::ledger::ObservationKind;
 use crate::vocab::{ReasonCode, Verdict};
 
@@ -1436,4 +1436,8 @@ impl CallObserver for OutputObserver<'_> {
         self.output.stderr(bytes);
     }
     fn frame(&mut self, _: &Frame) {}
+}
+/// A fresh attempt id: `at-<16 hex>` (same charset as op ids, safe on the host).
+fn new_attempt_id() -> String {
+    format!("at-{:016x}", rand::random::<u64>())
 }

@@ -9,9 +9,9 @@
 
 use serde::Serialize;
 
+use super::commit_group::CommitGroup;
 use crate::ledger::event::ClaimSeen;
 use crate::ledger::{Durability, Event, Ledger, LedgerError, OpKey, OperationRecord};
-use crate::operation::fleet::CommitGroup;
 use crate::shim::{MarkerInfo, MarkerState};
 
 /// What a probe saw of the marker's claim record, for the ledger's contradiction check:

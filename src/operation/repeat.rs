@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::decide::Answer;
 use crate::ledger::{Event, LedgerError, LinkRelation, OpKey, OperationRecord};
 use crate::policy::OnRepeat;
-use crate::vocab::{ReasonCode, Verdict};
+use crate::vocab::Verdict;
 
 /// An earlier operation this run repeats: the run document's `repeats`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -52,25 +51,6 @@ impl Repetition {
             seen_in: self.seen_in.into(),
             action: self.action.into(),
         }
-    }
-
-    /// The `blocked` answer (docs/guarantees.md#repetitions): names the earlier operation,
-    /// its state, when and where, and the two ways forward.
-    pub fn held(&self, op: &str, host: &str, attempt: Option<String>) -> Answer {
-        Answer::new(
-            Verdict::Blocked,
-            attempt,
-            ReasonCode::RepeatsRecentOperation,
-            format!(
-                "this command already ran on {host} under op {earlier} ({state}, at {at}, via {route}; seen in the {seen}) and its family does not repeat safely{because}; nothing was sent for op {op}. If you meant the same effect, rerun with --op {earlier} (it replays or follows that operation); if you mean to do it again, rerun with --repeats {earlier}",
-                earlier = self.op_id,
-                state = self.state,
-                at = self.at,
-                route = self.route,
-                seen = self.seen_in,
-                because = self.because.as_deref().map_or(String::new(), |b| format!(" ({b})")),
-            ),
-        )
     }
 
     /// The line said on stderr when the policy warns.

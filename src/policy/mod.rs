@@ -699,11 +699,6 @@ impl Policy {
         self.default_family
     }
 
-    /// Classifies a command string (as `sh -c` would receive it).
-    pub fn classify(&self, command: &str) -> Classification {
-        classify::classify(self, command)
-    }
-
     /// The rule that decides a simple command whose words (program basename first,
     /// wrappers already removed) are joined in `text`. Pattern rules are tried first, in
     /// file order; then program-only rules, in file order.

@@ -21,7 +21,24 @@
 
 use std::collections::BTreeMap;
 
-use super::OutputStream;
+/// One of a command's two output streams, as the `output` verb names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// The command's stdout.
+    Stdout,
+    /// The command's stderr.
+    Stderr,
+}
+
+impl OutputStream {
+    /// The name on the wire (the kept copy's file in the marker).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "out",
+            OutputStream::Stderr => "err",
+        }
+    }
+}
 
 /// Longest preamble (login-shell noise) kept before the header; more is a protocol error.
 const MAX_PREAMBLE: usize = 1 << 20;

@@ -32,7 +32,7 @@ use crate::policy::OnRepeat;
 
 pub use frames::{
     CancelOutcome, ExitFrame, FenceOutcome, Frame, GcAction, GcRemoved, MarkerInfo, MarkerState,
-    ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
+    OutputStream, ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
 };
 
 /// The shim's source, delivered on the first call to a host and then cached there.
@@ -151,25 +151,6 @@ impl RepeatCheck<'static> {
         action: OnRepeat::Allow,
         declared: &[],
     };
-}
-
-/// One of a command's two output streams, as the `output` verb names them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputStream {
-    /// The command's stdout.
-    Stdout,
-    /// The command's stderr.
-    Stderr,
-}
-
-impl OutputStream {
-    /// The name on the wire (the kept copy's file in the marker).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OutputStream::Stdout => "out",
-            OutputStream::Stderr => "err",
-        }
-    }
 }
 
 /// Where an `output` read starts in a stream's kept copy.

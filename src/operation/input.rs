@@ -1,0 +1,134 @@
+//! What a run is given: the caller's request ([`RunInput`]), the budget's scope, and what
+//! the process shares with every run ([`RunEnv`]).
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::family::Family;
+use crate::ledger::fingerprint::{InstallationKey, Intent};
+use crate::ledger::Ledger;
+use crate::op_id::OpId;
+use crate::policy::{Classification, Policy};
+use crate::ssh::{HostSpec, Pool};
+
+use super::commit_group::CommitGroup;
+use super::{output, repeat};
+
+/// What the caller asked `opmark run` to do.
+#[derive(Debug, Clone)]
+pub struct RunInput {
+    /// Where (host as typed plus connection options).
+    pub host: HostSpec,
+    /// The operation id (given or minted).
+    pub op: OpId,
+    /// The command string (words joined by spaces), run by `sh -c` on the host.
+    pub command: String,
+    /// `--class`: at least this family.
+    pub class: Option<Family>,
+    /// Spooled stdin, when `--stdin`.
+    pub stdin: Option<Vec<u8>>,
+    /// `--secret`: the command's secret environment variables, read.
+    pub secrets: crate::secret::Secrets,
+    /// `--become USER`: run the command as USER through sudo on the host.
+    pub become_user: Option<String>,
+    /// `--timeout`, enforced by the shim on the host.
+    pub timeout: Option<Duration>,
+    /// `--attempts`, else the family's budget.
+    pub attempts: Option<u32>,
+    /// `--wait`: how long to follow a running operation, and to keep probing an
+    /// unreachable host, before answering.
+    pub wait: Duration,
+    /// `--approve NOTE`.
+    pub approve: Option<String>,
+    /// Who approves (`$USER`).
+    pub approver: String,
+    /// `--approval FILE`: a signed approval, parsed (not yet verified).
+    pub approval: Option<crate::approval::Token>,
+    /// Stream output live (plain mode) instead of keeping it for JSON.
+    pub live_output: bool,
+    /// Per-stream output cap on the host.
+    pub output_cap: u64,
+    /// Live output lines start with this (`host: `) when several hosts run.
+    pub prefix: Option<String>,
+    /// `--detach`: answer `in_progress` (reason code `detached`) once the shim has
+    /// acknowledged the claim, leaving the command running.
+    pub detach: bool,
+    /// `--repeats OP` / `--amends OP` (docs/guarantees.md#repetitions), ids checked.
+    pub declared: repeat::Declared,
+    /// What `wait` bounds besides the connects before dispatch and the probe windows.
+    pub wait_scope: WaitScope,
+    /// Counts the output delivered, for a caller reporting progress meanwhile.
+    pub tally: Option<std::sync::Arc<output::OutputBytes>>,
+}
+
+/// What the `--wait` budget bounds (docs/decisions.md#wait-budget). It always bounds the
+/// connects before anything is sent and every probe window after a loss; the scopes
+/// differ on a command that is connected and running when it is spent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitScope {
+    /// The command line without `--wait`: a connected command streams to its end, as
+    /// with ssh.
+    Probes,
+    /// The command line with `--wait D`: the whole invocation. Spent while the command
+    /// runs, one last probe bounded by [`LAST_LOOK`] decides between `in_progress` (the
+    /// marker says running) and `indeterminate` (the host said nothing).
+    Invocation,
+    /// MCP: a tool call never outlasts its budget. Spent while the command runs, the
+    /// answer is `in_progress` at once (no look: the caller's timeout is hard).
+    Call,
+}
+
+/// `--wait` (and MCP's `wait`) when not given.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// The bound of the last look at the marker when a command-line `--wait` runs out while
+/// the command runs: what the budget may be overshot by (a probe on a live connection
+/// takes a round trip; a cut link is what this bounds).
+pub const LAST_LOOK: Duration = Duration::from_secs(3);
+
+impl RunInput {
+    /// The canonical intent: the command and the digest of the stdin it is given.
+    pub fn intent(&self) -> Intent<'_> {
+        Intent {
+            command: &self.command,
+            stdin_sha256: self.stdin.as_ref().map(|s| Sha256::digest(s).into()),
+            secret_names: self.secrets.names(),
+            become_user: self.become_user.as_deref(),
+        }
+    }
+}
+
+/// The family a run uses and the rule that decided it: the policy's, made stricter (never
+/// milder) by `--class`.
+pub(crate) fn family_and_rule(
+    classification: &Classification,
+    class: Option<Family>,
+) -> (Family, String) {
+    let family = class.map_or(classification.family, |class| {
+        classification.family.max(class)
+    });
+    let rule = classification
+        .parts
+        .iter()
+        .find(|p| p.family == classification.family)
+        .map_or_else(|| "no parts: read-only".to_owned(), |p| p.rule.clone());
+    (family, rule)
+}
+
+/// What the process using the library shares with a run.
+#[derive(Debug)]
+pub struct RunEnv<'a> {
+    /// The ledger.
+    pub ledger: &'a mut Ledger,
+    /// The policy.
+    pub policy: &'a Policy,
+    /// The per-installation fingerprint key.
+    pub key: &'a InstallationKey,
+    /// This session's id.
+    pub session_id: String,
+    /// SSH connections, shared by every call of this process.
+    pub pool: &'a Pool,
+    /// A fleet's shared commit of the writes before dispatch (`None`: each its own).
+    pub group: Option<&'a CommitGroup>,
+}
