@@ -1,5 +1,3 @@
-# The supervisor needs nothing below: it stops reading the script here (dash reads a
-# script one command at a time), so only the foreground pays for parsing the rest.
 # standby FIFO [PRELOAD HEAD]: a supervisor started by a resident before its command is
 # known (see keep_standby), so that a request's foreground starts none: started as
 # detach starts one (a session of its own, signals as under ssh, no descriptor of the
@@ -35,6 +33,11 @@ standby() {
 	supervise "$sb_m" "$sb_t" "$sb_c" "$sb_b" "$sb_a"
 }
 
+# The supervisor and the standby need nothing below: they stop reading the script here
+# (dash reads a script one command at a time, and they exit before the next), so only
+# the foreground pays for parsing the rest. Every function they run is defined above, in
+# this part or one numbered lower (tests/it/shim.rs checks that no line above calls one
+# defined below).
 if [ "${1:-}" = supervise ]; then
 	shift
 	supervise "$@"
