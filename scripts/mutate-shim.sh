@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the host shim's guards: for each row of scripts/shim-mutants.tsv,
-# replace one guard line of remote-scripts/shim.sh (in the shell function the row names)
-# by its mutant, run the shim tests (tests/it/shim.rs, which read the script named by
+# replace one guard line of the shim (in the shell function the row names, found in the
+# parts under remote-scripts/shim/) by its mutant, assemble the parts as build.rs does
+# (name order, concatenated), run the shim tests (tests/it/shim.rs, which read the script named by
 # OPMARK_SHIM_UNDER_TEST) against that copy, and say whether they caught it. The shipped
 # script is never edited: every mutant is a copy in a temporary directory.
 #
@@ -16,7 +17,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 table=scripts/shim-mutants.tsv
-shim=remote-scripts/shim.sh
+parts=(remote-scripts/shim/*.sh)
 
 rows() { grep -v '^#' "$table" | tail -n +2 | grep -v '^$'; }
 
@@ -25,10 +26,35 @@ if [[ ${1:-} == --list ]]; then
   exit 0
 fi
 
-# mutate FUNCTION LINE MUTANT OUT: the script with LINE (leading whitespace aside) of
-# FUNCTION replaced by MUTANT, indentation kept; fails unless LINE occurs there once.
-# The texts go through the environment: awk's -v would read their backslashes.
+# part_of FUNCTION: the part that defines FUNCTION; fails unless exactly one does.
+part_of() {
+  local found
+  found=$(grep -l -e "^$1() {" "${parts[@]}") || return 1
+  [[ $found != *$'\n'* ]] || return 1
+  printf '%s\n' "$found"
+}
+
+# mutate FUNCTION LINE MUTANT OUT: the assembled script with LINE (leading whitespace
+# aside) of FUNCTION replaced by MUTANT in the part that defines it, indentation kept;
+# fails unless LINE occurs there once. The texts go through the environment: awk's -v
+# would read their backslashes.
 mutate() {
+  local part p
+  part=$(part_of "$1") || {
+    echo "no single part defines $1" >&2
+    return 3
+  }
+  for p in "${parts[@]}"; do
+    if [[ $p == "$part" ]]; then
+      mutate_part "$@" <"$p" || return
+    else
+      cat "$p"
+    fi
+  done >"$4"
+}
+
+# mutate_part FUNCTION LINE MUTANT: stdin (one part) with the line replaced.
+mutate_part() {
   MU_FN=$1 MU_FROM=$2 MU_TO=$3 awk '
     BEGIN { fn = ENVIRON["MU_FN"]; from = ENVIRON["MU_FROM"]; to = ENVIRON["MU_TO"] }
     index($0, fn "() {") == 1 { inside = 1 }
@@ -46,7 +72,7 @@ mutate() {
       if (inside && $0 == "}") inside = 0
     }
     END { if (n != 1) { printf "matched %d times\n", n > "/dev/stderr"; exit 3 } }
-  ' "$shim" >"$4"
+  '
 }
 
 echo "== building the test binary"
@@ -71,7 +97,7 @@ run_tests() {
     --skip shim_is_shellcheck_clean --skip through_real_sshd -q </dev/null >"$work/log" 2>&1
 }
 
-cp "$shim" "$work/original.sh"
+cat "${parts[@]}" >"$work/original.sh"
 echo "== the shim tests against the unchanged script"
 if ! run_tests "$work/original.sh"; then
   tail -n 40 "$work/log"
@@ -88,7 +114,7 @@ while IFS=$'\t' read -r name path fn from to expect; do
   fi
   total=$((total + 1))
   if ! mutate "$fn" "$from" "$to" "$work/$name.sh" 2>"$work/err"; then
-    echo "mutate-shim: row $name: the line is not in $fn exactly once ($(cat "$work/err"))" >&2
+    echo "mutate-shim: row $name: the line is not in $fn ($(part_of "$fn" || echo no part)) exactly once ($(cat "$work/err"))" >&2
     exit 2
   fi
   if ! sh -n "$work/$name.sh" 2>"$work/err"; then

@@ -10,8 +10,8 @@
 //! - [`text`]: stored text as people read it (escaped, cut, times to the second).
 //! - [`error`]: error kinds and the reserved exit codes.
 //! - [`host`]: the host protocol: connect, call one shim verb, read its typed answer.
-//! - [`shim`]: the wire below it: the script (`remote-scripts/shim.sh`), its verb table,
-//!   the exec request, the frame parser.
+//! - [`shim`]: the wire below it: the script (assembled from `remote-scripts/shim/`), its
+//!   verb table, the exec request, the frame parser.
 //! - [`ssh`]: the russh transport: host resolution, host keys, authentication, exec, and
 //!   the connection keeper that reuses connections across processes.
 //! - [`policy`]: `command-classes.toml` and the shell-aware classifier.

@@ -469,8 +469,8 @@ mod tests {
 
     use std::borrow::Cow;
 
-    /// What the host's redactor (`remote-scripts/shim.sh::redactor`) does to output, for
-    /// the forms the client computes: every form of every value replaced by
+    /// What the host's redactor (`remote-scripts/shim/36-redact-become.sh::redactor`) does
+    /// to output, for the forms the client computes: every form of every value replaced by
     /// `[REDACTED:NAME]`, longest form first.
     impl Secrets {
         fn redact<'a>(&self, bytes: &'a [u8]) -> Cow<'a, [u8]> {

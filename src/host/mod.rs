@@ -16,8 +16,9 @@
 //!   module is their one door to hosts.
 //!
 //! Below it, [`crate::shim`] owns the wire: the script, the verb table ([`shim::VERBS`],
-//! mirrored by `shim.sh`'s header), the exec request and the frame parser, which checks
-//! the shim's protocol version ([`PROTOCOL_VERSION`]) in its header.
+//! mirrored by the shim's header, `remote-scripts/shim/00-header.sh`), the exec request
+//! and the frame parser, which checks the shim's protocol version ([`PROTOCOL_VERSION`])
+//! in its header.
 
 pub mod call;
 mod delivery;

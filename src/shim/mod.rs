@@ -1,8 +1,9 @@
-//! The host shim's wire: the embedded `remote-scripts/shim.sh`, its verbs and their
-//! positional parameters ([`VERBS`], the same table as the script's header), the one
-//! place that builds the invocation of it (the exec request, all quoting, and the channel
-//! data), and its framed replies ([`frames`]). Callers do not use this directly: they go
-//! through [`crate::host`], which calls a verb and reads its typed answer.
+//! The host shim's wire: the embedded script (build.rs assembles it from the parts in
+//! `remote-scripts/shim/`), its verbs and their positional parameters ([`VERBS`], the
+//! same table as the script's header), the one place that builds the invocation of it
+//! (the exec request, all quoting, and the channel data), and its framed replies
+//! ([`frames`]). Callers do not use this directly: they go through [`crate::host`], which
+//! calls a verb and reads its typed answer.
 //!
 //! Nothing is installed on a host by hand. Every call's exec request is a one-line stub
 //! that any login shell runs as is (sh, bash, dash, ash, zsh, fish, tcsh: single quotes
@@ -35,8 +36,9 @@ pub use frames::{
     OutputStream, ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
 };
 
-/// The shim's source, delivered on the first call to a host and then cached there.
-pub const SCRIPT: &str = include_str!("../../remote-scripts/shim.sh");
+/// The shim's source, delivered on the first call to a host and then cached there: one
+/// script, the parts in `remote-scripts/shim/` concatenated in name order by build.rs.
+pub const SCRIPT: &str = include_str!(concat!(env!("OUT_DIR"), "/shim.sh"));
 
 /// The largest command opmark sends. Not a transport limit (the command travels in the
 /// channel's data): the host's shell holds it in memory a few times over, and a script
@@ -240,9 +242,9 @@ pub enum Verb<'a> {
 }
 
 /// The verbs and their positional parameters, in the order the shim's `verb_*` functions
-/// take them: the one definition of the call's arguments. `remote-scripts/shim.sh` has the
-/// same table in its header (`#   verb: NAME PARAM...`), and a unit test holds the two,
-/// and the shim's argument count checks, equal.
+/// take them: the one definition of the call's arguments. The shim has the same table in
+/// its header (`#   verb: NAME PARAM...` in `remote-scripts/shim/00-header.sh`), and a
+/// unit test holds the two, and the shim's argument count checks, equal.
 pub const VERBS: &[(&str, &[&str])] = &[
     (
         "run",

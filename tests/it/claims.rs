@@ -246,8 +246,10 @@ fn the_checks_catch_a_missing_symbol_and_a_function_that_is_not_a_test() {
         "no_such_guard_anywhere"
     ));
     assert!(defines("src/operation/decide.rs", "after_dispatch"));
-    assert!(defines("remote-scripts/shim.sh", "verb_run"));
-    assert!(!defines("remote-scripts/shim.sh", "verb_ru"));
+    assert!(defines("remote-scripts/shim/60-run.sh", "verb_run"));
+    assert!(!defines("remote-scripts/shim/60-run.sh", "verb_ru"));
+    // A shim function is cited in the part that defines it, not any part.
+    assert!(!defines("remote-scripts/shim/10-helpers.sh", "verb_run"));
     assert!(has_test(
         "tests/it/run.rs",
         "thirty_two_concurrent_runs_of_one_op_execute_once"

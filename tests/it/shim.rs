@@ -11,7 +11,7 @@ use opmark::op_id::OpId;
 use opmark::shim::{self, Frame, MarkerState, Reply, ReplyParser, RunCall, StdinSpec, Verb};
 use sha2::{Digest, Sha256};
 
-use crate::support::{lines, text};
+use crate::support::{fresh_dir, lines, text};
 
 mod functions;
 
@@ -297,20 +297,123 @@ impl Host {
     }
 }
 
+/// The shim's parts (`remote-scripts/shim/*.sh`) in the order build.rs assembles them
+/// (name order), each with its text.
+fn shim_parts() -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("remote-scripts/shim");
+    let mut parts: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "sh"))
+        .collect();
+    parts.sort();
+    parts
+        .into_iter()
+        .map(|path| {
+            let name = format!(
+                "remote-scripts/shim/{}",
+                path.file_name().unwrap().to_string_lossy()
+            );
+            (name, std::fs::read_to_string(&path).unwrap())
+        })
+        .collect()
+}
+
+/// `PART:LINE` of line `line` (1-based) of the assembled script.
+fn part_line(parts: &[(String, String)], line: usize) -> String {
+    let mut first = 1;
+    for (name, text) in parts {
+        let count = text.lines().count();
+        if line < first + count {
+            return format!("{name}:{}", line - first + 1);
+        }
+        first += count;
+    }
+    format!("(assembled script):{line}")
+}
+
+#[test]
+fn the_embedded_shim_is_its_parts_joined_and_the_supervisor_calls_nothing_below_its_entry() {
+    // What the host runs and hashes is what the parts say, nothing added or left out: a
+    // stale build or a change to build.rs's rule would show here.
+    let parts = shim_parts();
+    let joined: String = parts.iter().map(|(_, text)| text.as_str()).collect();
+    assert!(
+        joined == shim::SCRIPT,
+        "SCRIPT differs from the parts joined"
+    );
+    // The detached supervisor reads the script only down to its own entry (the end of
+    // 38-standby.sh) and exits there: a function defined below it does not exist for the
+    // supervisor, so no code line above the entry may call one.
+    let stop = "if [ \"${1:-}\" = supervise ]; then";
+    let (name, _) = parts
+        .iter()
+        .find(|(_, text)| text.contains(stop))
+        .expect("no part holds the supervisor's entry");
+    assert_eq!(name, "remote-scripts/shim/38-standby.sh");
+    let (above, below) = shim::SCRIPT.split_at(shim::SCRIPT.find(stop).unwrap());
+    let code: Vec<&str> = above
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(|line| line.split(" # ").next().unwrap())
+        .collect();
+    let call = |name: &str| {
+        regex::Regex::new(&format!(r"(^|[^A-Za-z0-9_$/.-]){name}($|[^A-Za-z0-9_])")).unwrap()
+    };
+    // The check can see a call: the supervisor's own functions are called above.
+    for used in ["supervise", "rget", "durable_write"] {
+        assert!(code.iter().any(|line| call(used).is_match(line)), "{used}");
+    }
+    let defined = regex::Regex::new(r"(?m)^([a-z_]+)\(\) \{").unwrap();
+    let later: Vec<&str> = defined
+        .captures_iter(below)
+        .map(|c| c.get(1).unwrap().as_str())
+        .collect();
+    assert!(later.contains(&"verb_run"), "{later:?}");
+    for name in later {
+        let uses: Vec<&&str> = code
+            .iter()
+            .filter(|line| call(name).is_match(line))
+            .collect();
+        assert!(
+            uses.is_empty(),
+            "{name} is defined below the supervisor's entry but called above it: {uses:?}"
+        );
+    }
+}
+
 #[test]
 fn shim_is_shellcheck_clean() {
     if which("shellcheck").is_none() {
         return missing("shellcheck");
     }
+    // The assembled script, as shipped: a part alone would read as using variables that
+    // another part sets. Each finding is named by its part and the line in it.
+    let parts = shim_parts();
+    let file = fresh_dir("shim-shellcheck").join("shim.sh");
+    std::fs::write(&file, shim::SCRIPT).unwrap();
     let out = Command::new("shellcheck")
-        .args(["-s", "sh"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("remote-scripts/shim.sh"))
+        .args(["-s", "sh", "-f", "gcc"])
+        .arg(&file)
         .output()
         .unwrap();
+    let findings: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|finding| {
+            // gcc format: FILE:LINE:COLUMN: LEVEL: MESSAGE [SCnnnn]
+            let mut fields = finding.splitn(3, ':');
+            let (_, line, rest) = (fields.next(), fields.next(), fields.next());
+            match (line.and_then(|l| l.parse().ok()), rest) {
+                (Some(line), Some(rest)) => format!("{}:{rest}", part_line(&parts, line)),
+                _ => finding.to_owned(),
+            }
+        })
+        .collect();
     assert!(
         out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+        "shellcheck: {}\n{}",
+        findings.join("\n"),
+        text(&out.stderr)
     );
 }
 

@@ -337,3 +337,129 @@ fn the_repeat_walk_stops_at_the_first_claim_of_the_intent_that_may_have_had_its_
         }
     }
 }
+
+#[test]
+fn alive_is_the_recorded_process_and_session_alive_any_member_younger_than_the_supervisor() {
+    // A live `sleep` and its recorded start; a dead child; then a session whose leader
+    // (the supervisor) is gone while a member (the command's child) lives on.
+    let body = r#"
+yn() { if "$@"; then echo "yes $1"; else echo "no $1"; fi; }
+sleep 60 &
+live=$!
+proc_stat "$live" && live_start=$ps_start
+sleep 0 &
+dead=$!
+wait "$dead"
+yn alive "$live" "$live_start"
+yn alive "$live" "$((live_start + 1))"
+yn alive "$dead" "$live_start"
+setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
+sleep 60 >/dev/null 2>&1 </dev/null &
+echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
+n=0
+while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+read -r ps_line <leader
+proc_fields
+leader=${ps_line%% *} leader_start=$ps_start
+read -r member <member
+proc_stat "$member" && member_start=$ps_start
+n=0
+while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+yn session_alive "$leader" "$leader_start"
+yn session_alive "$leader" "$((member_start + 1))"
+yn session_alive "$live" "$((live_start + 1))"
+kill "$member" "$live"
+n=0
+while proc_stat "$member" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+yn session_alive "$leader" "$leader_start"
+"#;
+    let want = "\
+yes alive
+no alive
+no alive
+yes session_alive
+no session_alive
+no session_alive
+no session_alive
+";
+    // In order: the recorded process; its pid with another start time (reused); a dead
+    // one; a session with a live member after its leader died; only members older than
+    // the recorded supervisor (not of its session); the leader's pid held by another
+    // process (the session is gone); no member left.
+    for (shell, said) in under_every_shell("shim-library-liveness", body) {
+        assert_eq!(said, want, "{shell}");
+    }
+}
+
+/// A marker as verb_run leaves it for its supervisor (`mark OP CMD [ATTEMPT]`): the claim
+/// of ATTEMPT (1 by default), the command, the captures' FIFOs and the file a failed exit
+/// record is renamed from; then `supervised OP` prints what the supervisor recorded: the
+/// exit record (or `no exit`), `exit_write_failed` when that is there, the kept stdout,
+/// and the state the marker reads.
+const SUPERVISED: &str = r#"
+root=$PWD/root
+read_boot
+mark() {
+	m=$root/ops/$1
+	mkdir -p "$m"
+	printf 'attempt=%s\nfingerprint=ab\nfg_pid=1\nfg_start=1\nboot=x\n' "${3:-1}" >"$m/claim"
+	printf '%s' "$2" >"$m/cmd"
+	mkfifo "$m/.out.fifo" "$m/.err.fifo"
+	: >"$m/.noexit"
+}
+supervised() {
+	m=$root/ops/$1
+	if [ -f "$m/exit" ]; then sed 's/^ended_at=[0-9][0-9]*$/ended_at=N/' "$m/exit"; else echo "no exit"; fi
+	[ -e "$m/exit_write_failed" ] && echo exit_write_failed
+	[ -f "$m/out" ] && echo "out: $(cat "$m/out")"
+	[ -e "$m/.noexit" ] && echo ".noexit left"
+	state "$1"
+	echo "state: $st ${why:--}"
+}
+"#;
+
+#[test]
+fn the_supervisor_records_the_commands_exit_whole_or_says_why_it_could_not() {
+    let cases = [
+        (
+            "the command's status, in a complete record",
+            "mark ran 'echo out; exit 3'\n(supervise \"$m\" 0 1000 16 1)\nsupervised ran",
+            "code=3\ntimed_out=0\nended_at=N\ncancel_pending=0\ncancelled=0\nout: out\n\
+             state: completed -",
+        ),
+        (
+            // A full disk: the record cannot be written, and the file made before the
+            // claim counted is renamed (no space needed), so the marker says why.
+            "an exit record that cannot be written",
+            "mark full 'echo out; exit 3'\n\
+             (durable_write() { return 1; }; supervise \"$m\" 0 1000 16 1)\nsupervised full",
+            "no exit\nexit_write_failed\nout: out\nstate: interrupted exit_write_failed",
+        ),
+        (
+            // A late supervisor whose foreground set its claim aside for another.
+            "a claim of another attempt",
+            "mark other 'echo out; exit 3' 2\n(supervise \"$m\" 0 1000 16 1)\nsupervised other",
+            "no exit\n.noexit left\nstate: interrupted never_started",
+        ),
+        (
+            "a cancel asked for, but the command ended by itself",
+            "mark pending 'exit 0'\n: >\"$m/cancelled\"\n(supervise \"$m\" 0 1000 6 1)\n\
+             supervised pending",
+            "code=0\ntimed_out=0\nended_at=N\ncancel_pending=1\ncancelled=0\nout: \n\
+             state: completed -",
+        ),
+        (
+            "a cancel whose signal ended the command",
+            "mark stopped 'kill -TERM $$'\n: >\"$m/cancelled\"\n: >\"$m/signalled\"\n\
+             (supervise \"$m\" 0 1000 12 1)\nsupervised stopped",
+            "code=143\ntimed_out=0\nended_at=N\ncancel_pending=0\ncancelled=1\nout: \n\
+             state: completed -",
+        ),
+    ];
+    for (what, run, want) in cases {
+        let body = format!("{SUPERVISED}{run}\n");
+        for (shell, said) in under_every_shell("shim-library-exit", &body) {
+            assert_eq!(said.trim_end(), want, "{shell}: {what}");
+        }
+    }
+}
