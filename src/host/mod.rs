@@ -52,7 +52,7 @@ pub mod keeper {
     pub use crate::ssh::keeper::client::control;
     /// The keeper's hidden `serve` loop for `dir`, its resident channels running the shim.
     pub fn serve(dir: &std::path::Path, persist: std::time::Duration) -> Result<(), String> {
-        crate::ssh::keeper::server::serve(
+        crate::ssh::keeper_server::serve(
             dir,
             persist,
             std::sync::Arc::new(super::resident::ShimResident),

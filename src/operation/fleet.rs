@@ -7,7 +7,7 @@
 //! Each host task opens its own ledger handle, and SQLite serialises the writers (`BEGIN
 //! IMMEDIATE`), so no host waits on another's network. The writes a host must have on
 //! disk before its dispatch (its intent and attempt) are the exception: they wait in a
-//! [`CommitGroup`], and one transaction (`Full`) records those of every host that reached
+//! `CommitGroup` (`commit_group.rs`), and one transaction (`Full`) records those of every host that reached
 //! its dispatch meanwhile; then those hosts go. Each host's are durable before its
 //! dispatch exactly as a single `run`'s, in one fsync'd commit for many hosts instead of
 //! one per host.

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::config::wildcard_match;
+use super::pattern::wildcard_match;
 
 /// What the config chose; `None` keeps opmark's default list (the one it offers without
 /// a config). Names are in preference order, all of them ones russh implements.

@@ -7,14 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use russh::client::{AuthResult, Handle};
+use russh::client::{AuthResult, Handle, Handler};
 use russh::keys::agent::client::AgentClient;
 use russh::keys::agent::AgentIdentity;
 use russh::keys::{Algorithm, Certificate, HashAlg, PrivateKey, PrivateKeyWithHashAlg, PublicKey};
 
 use super::destination::Destination;
-use super::session::Client;
-use super::{ConnectError, ConnectStage};
+use super::error::{ConnectError, ConnectStage};
 
 type Agent = AgentClient<tokio::net::UnixStream>;
 
@@ -38,9 +37,11 @@ pub(crate) fn may_prompt(dest: &Destination) -> bool {
 
 /// Tries the destination's identities in OpenSSH's spirit: identity files first (through
 /// the agent when it holds the key, so an encrypted key needs no prompt), then, unless
-/// `IdentitiesOnly`, the agent's other keys.
-pub(crate) async fn authenticate(
-    handle: &mut Handle<Client>,
+/// `IdentitiesOnly`, the agent's other keys. Generic over the connection's handler: the
+/// session's handler asks this module whether it may prompt, so naming it here would be
+/// an import circle.
+pub(crate) async fn authenticate<H: Handler>(
+    handle: &mut Handle<H>,
     dest: &Destination,
 ) -> Result<(), ConnectError> {
     let mut a = AuthAttempt {
@@ -200,15 +201,15 @@ pub(crate) async fn authenticate(
     ))
 }
 
-struct AuthAttempt<'a> {
-    handle: &'a mut Handle<Client>,
+struct AuthAttempt<'a, H: Handler> {
+    handle: &'a mut Handle<H>,
     dest: &'a Destination,
     tried: Vec<String>,
     /// The RSA signature hash the server accepts, asked once.
     rsa_hash: Option<Option<HashAlg>>,
 }
 
-impl AuthAttempt<'_> {
+impl<H: Handler> AuthAttempt<'_, H> {
     async fn hash_for(&mut self, algorithm: Algorithm) -> Result<Option<HashAlg>, ConnectError> {
         if !algorithm.is_rsa() {
             return Ok(None);

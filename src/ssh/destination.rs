@@ -15,7 +15,7 @@ use super::config::{
     expand_path, expand_percent, expand_tilde, home_dir, parse_command_line_option, ConfigError,
     ConfigKind, ConfigOptions, MatchContext, OptionLine, Origin, SshConfig, Tokens,
 };
-use super::{ConnectError, ConnectStage};
+use super::error::{ConnectError, ConnectStage};
 
 /// What the user asked to connect to, before reading the ssh config.
 #[derive(Debug, Clone, Default)]

@@ -5,49 +5,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use russh::{ChannelMsg, ChannelReadHalf, Sig};
-use thiserror::Error;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 
+use super::exec_event::{ExecError, ExecEvent};
 use super::session::{settle_lost_reason, Carrier, ConnState, Session};
-
-/// Why an exec did not start.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ExecError {
-    /// The exec request never left, or the host refused it: nothing can run
-    /// (boundary stays `not_sent`).
-    #[error("exec request not sent: {0}")]
-    NotSent(String),
-    /// The exec request left, then the connection was lost before the host answered it:
-    /// the command may or may not have started (boundary `sent_no_response` at least).
-    #[error("connection lost after the exec request was sent: {0}")]
-    Lost(String),
-}
-
-/// What an exec channel reports, in arrival order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExecEvent {
-    /// Bytes the command wrote to stdout, as they arrived.
-    Stdout(Vec<u8>),
-    /// Bytes the command wrote to stderr, as they arrived.
-    Stderr(Vec<u8>),
-    /// The command's exit status. More output may follow; read on until `Closed`.
-    ExitStatus(u32),
-    /// The command died of a signal (name without `SIG`, e.g. `TERM`).
-    ExitSignal {
-        /// Signal name, e.g. `TERM`.
-        signal: String,
-        /// Whether a core was dumped.
-        core_dumped: bool,
-        /// The host's message, often empty.
-        message: String,
-    },
-    /// The channel closed cleanly; no more events. Repeated on later calls.
-    Closed,
-    /// The connection died before the channel closed (keepalive timeout, reset, EOF
-    /// without close). Repeated on later calls.
-    Lost(String),
-}
 
 /// A running exec channel, on this process's connection or through the keeper.
 /// Dropping it abandons the channel (the remote side sees the channel end like a client

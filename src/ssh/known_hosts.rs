@@ -281,7 +281,7 @@ impl HostField {
     fn matches(&self, name: &str) -> bool {
         match self {
             HostField::Hashed { salt, hash } => hmac_sha1(salt, name.as_bytes()) == *hash,
-            HostField::Patterns(patterns) => super::config::match_pattern_list(name, patterns),
+            HostField::Patterns(patterns) => super::pattern::match_pattern_list(name, patterns),
         }
     }
 }

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::destination::Destination;
+use super::error::{ConnectError, ConnectStage};
 use super::session::Session;
-use super::{ConnectError, ConnectStage};
 
 /// What a destination's slot holds.
 #[derive(Debug, Default)]

@@ -13,10 +13,11 @@ use russh::keys::PublicKeyOrCertificate;
 use russh::{kex, Preferred};
 use tokio::sync::Semaphore;
 
+use super::auth;
 use super::destination::{Destination, StrictMode};
+use super::error::{ConnectError, ConnectStage};
 use super::known_hosts::{self, fingerprint, CertCheck, KeyCheck, KnownHosts};
 use super::socket::TunedStream;
-use super::{auth, ConnectError, ConnectStage};
 
 /// Channels one connection runs at once unless told otherwise: sshd's default
 /// `MaxSessions` is 10, and it refuses the 11th channel.
@@ -838,7 +839,7 @@ async fn tcp_connect(
         }
     };
     let mut last = match dest.address_family {
-        super::AddressFamily::Any => format!("no address for `{}`", dest.hostname),
+        super::destination::AddressFamily::Any => format!("no address for `{}`", dest.hostname),
         family => format!(
             "no address for `{}` in AddressFamily {}",
             dest.hostname,

@@ -16,7 +16,9 @@ use tokio::net::UnixStream;
 
 use super::wire::{self, FrameReader, KeeperReply, KeeperRequest, MuxFrame};
 use super::{connection_key, own_uid, persist, short_path, KeeperDir};
-use crate::ssh::{ConnectError, Destination, ExecError, ExecEvent};
+use crate::ssh::destination::Destination;
+use crate::ssh::error::ConnectError;
+use crate::ssh::exec_event::{ExecError, ExecEvent};
 
 /// How long a caller waits for a keeper it started to listen.
 const START_WAIT: Duration = Duration::from_secs(5);

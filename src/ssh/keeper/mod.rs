@@ -4,7 +4,8 @@
 //! `opmark` processes, which stream the channel's bytes over a unix socket. The state
 //! machine, the ledger and the verdicts stay in the calling process.
 //!
-//! Safety rules, each checked here or in `server`/`client`:
+//! This folder is the callers' side and what both sides share; the process is
+//! [`super::keeper_server`]. Safety rules, each checked here, there or in `client`:
 //! - the socket lives in a directory owned by the user with mode 0700 (a directory or
 //!   socket with another owner, or open to others, is refused and reuse is off);
 //! - every socket connection's peer is checked with `SO_PEERCRED`, both ways: the keeper
@@ -18,7 +19,6 @@
 //! - nothing secret crosses the socket: the destination holds paths, never key material.
 
 pub mod client;
-pub mod server;
 pub mod wire;
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::Destination;
+use super::destination::Destination;
 
 /// The shell a keeper starts on a held connection to serve requests (the host's resident
-/// shim), as the host layer supplies it to [`server::serve`]: the keeper holds channels by
+/// shim), as the host layer supplies it to [`super::keeper_server::serve`]: the keeper holds channels by
 /// connection key and relays their bytes, and knows nothing of the protocol on them.
 pub trait ResidentShell: Send + Sync {
     /// One start of it: the exec request and its input (`with_script`: the script itself
@@ -95,7 +95,7 @@ pub fn parse_persist(text: &str) -> Result<Duration, String> {
 }
 
 /// The socket's file name; carries the protocol version (see [`wire::VERSION`]).
-fn socket_name() -> String {
+pub(super) fn socket_name() -> String {
     format!("keeper-v{}.sock", wire::VERSION)
 }
 

@@ -15,7 +15,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ssh::{ConnectError, ConnectStage, Destination, ExecEvent};
+use crate::ssh::destination::Destination;
+use crate::ssh::error::{ConnectError, ConnectStage};
+use crate::ssh::exec_event::ExecEvent;
 
 /// Bumped whenever a message changes; the socket's name carries it, so a keeper started
 /// by an older binary is never spoken to in a newer dialect. 2: [`KeeperReply::Alive`].

@@ -13,6 +13,10 @@
 //!
 //! It logs nothing: no stdio, no file. Whatever went wrong reaches a caller in its
 //! answer, and the caller decides what to say.
+//!
+//! It lives beside [`super::keeper`] (the caller's side, the wire and what both sides
+//! share), not inside it: the keeper holds [`Session`]s, and a session reaches a keeper
+//! through `keeper::client`, so one folder for both would be an import circle.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -25,13 +29,17 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
-use super::wire::{self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame};
-use super::{
+use super::destination::Destination;
+use super::error::ConnectError;
+use super::exec::{Exec, OpenInput};
+use super::exec_event::{ExecError, ExecEvent};
+use super::keeper::wire::{
+    self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame,
+};
+use super::keeper::{
     own_uid, short_path, ChannelSaid, KeeperDir, ResidentShell, ResidentStart, StartAnswer,
 };
-use crate::ssh::exec::OpenInput;
-use crate::ssh::session::DEFAULT_MAX_CHANNELS;
-use crate::ssh::{Destination, Exec, ExecError, ExecEvent, Session};
+use super::session::{Session, DEFAULT_MAX_CHANNELS};
 
 /// Connections held per key at most: beyond, callers wait for a free channel.
 const MAX_CONNECTIONS_PER_KEY: usize = 8;
@@ -236,7 +244,7 @@ async fn run(
         let _ = std::fs::remove_file(&socket);
     }
     let mut holder = None;
-    let path = short_path(&place.dir, &super::socket_name(), &mut holder)
+    let path = short_path(&place.dir, &super::keeper::socket_name(), &mut holder)
         .map_err(|e| format!("cannot open {}: {e}", place.dir.display()))?;
     let listener = UnixListener::bind(&path)
         .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
@@ -390,11 +398,7 @@ impl Keeper {
     }
 
     /// A live connection for `key`, connecting when none is held.
-    async fn connection(
-        &self,
-        key: &str,
-        dest: &Destination,
-    ) -> Result<Arc<Held>, crate::ssh::ConnectError> {
+    async fn connection(&self, key: &str, dest: &Destination) -> Result<Arc<Held>, ConnectError> {
         let slot = self.slot(key);
         let mut held = slot.lock().await;
         held.retain(|h| !h.session.is_closed());
@@ -407,7 +411,7 @@ impl Keeper {
         Ok(h)
     }
 
-    async fn open(&self, dest: &Destination) -> Result<Arc<Held>, crate::ssh::ConnectError> {
+    async fn open(&self, dest: &Destination) -> Result<Arc<Held>, ConnectError> {
         let session = Session::connect_with_limit(dest, DEFAULT_MAX_CHANNELS).await?;
         Ok(Arc::new(Held {
             session,
@@ -926,7 +930,7 @@ fn close(resident: Resident) {
 /// Reads a channel nobody listens to any more until sshd closes it: it keeps its place
 /// under the connection's channel limit until then, so the keeper never opens more
 /// channels than sshd's `MaxSessions`.
-fn drain(mut exec: crate::ssh::Exec) {
+fn drain(mut exec: Exec) {
     tokio::spawn(async move {
         while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
     });
