@@ -249,16 +249,23 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         },
         None => (OpId::mint(), true),
     };
-    if let Err(why) = declared(&req, &op) {
-        return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why));
-    }
-    if let Some(Err(e)) = req.approval.as_deref().map(crate::approval::Token::parse) {
-        return Ok(refuse_before_anything(
-            ctx,
-            Some(op.as_str()),
-            &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
-        ));
-    }
+    let declared = match declared(&req, &op) {
+        Ok(declared) => declared,
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
+    };
+    let approval = match req.approval.as_deref().map(crate::approval::Token::parse) {
+        None => None,
+        Some(Ok(token)) => Some(token),
+        Some(Err(e)) => {
+            return Ok(refuse_before_anything(
+                ctx,
+                Some(op.as_str()),
+                &format!(
+                    "{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"
+                ),
+            ))
+        }
+    };
     // Read once, here: a value is never read again, and one that cannot be read sends
     // nothing. The error names the secret and its source, never a value.
     let secrets = match crate::secret::Secrets::read(&req.secrets) {
@@ -322,6 +329,8 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         minted,
         command,
         secrets,
+        declared,
+        approval,
     };
     let answer = match named {
         Named::One(host) => block_on(run_operation(ctx, req, host, checked, watch)),
@@ -364,6 +373,10 @@ struct Checked {
     command: String,
     /// The secrets, read once.
     secrets: crate::secret::Secrets,
+    /// `--repeats` / `--amends`, checked as op ids other than this run's.
+    declared: Declared,
+    /// The signed approval, parsed.
+    approval: Option<crate::approval::Token>,
 }
 
 /// One host's operation: what was checked, the request's options, the spooled stdin.
@@ -388,22 +401,15 @@ fn run_input(
         wait: req.wait,
         approve: req.approve.clone(),
         approver: operator(None),
-        approval: approval_token(req),
+        approval: checked.approval.clone(),
         live_output: req.live_output,
         output_cap: req.output_cap,
         prefix,
         detach: req.fleet.detach,
-        declared: checked_declared(req),
+        declared: checked.declared.clone(),
         wait_scope: req.wait_scope,
         tally: req.tally.clone(),
     }
-}
-
-/// The signed approval, parsed (`run` refused a malformed one before anything else).
-fn approval_token(req: &RunRequest) -> Option<crate::approval::Token> {
-    req.approval
-        .as_deref()
-        .and_then(|text| crate::approval::Token::parse(text).ok())
 }
 
 /// `--repeats` / `--amends`, checked as op ids (docs/guarantees.md#repetitions): a bad one
@@ -427,14 +433,6 @@ fn declared(req: &RunRequest, op: &OpId) -> std::result::Result<Declared, String
         repeats: check("--repeats", &req.repeats)?,
         amends: check("--amends", &req.amends)?,
     })
-}
-
-/// `--repeats` / `--amends` once [`declared`] has checked them (in [`run`], before anything).
-fn checked_declared(req: &RunRequest) -> Declared {
-    Declared {
-        repeats: req.repeats.clone(),
-        amends: req.amends.clone(),
-    }
 }
 
 /// The hosts named in the request, then those of `--hosts-file`, each checked as a
