@@ -445,7 +445,9 @@ fn main() {
         .expect("the keeper's pid file")
         .trim()
         .to_string();
-    let status = opmark_cmd(&["--json", "mux", "status"]).output().unwrap();
+    let status = opmark_cmd(&["--json", "keeper", "status"])
+        .output()
+        .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     let held = doc["connections"].as_array().map_or(0, |c| c.len());
     let (rss, hwm) = memory_kib(&keeper);
@@ -455,7 +457,7 @@ fn main() {
         hwm as f64 / 1024.0
     );
 
-    ok(&mut opmark_cmd(&["mux", "stop"]));
+    ok(&mut opmark_cmd(&["keeper", "stop"]));
     let _ = Command::new("ssh")
         .arg("-F")
         .arg(&cfg)

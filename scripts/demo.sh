@@ -66,7 +66,7 @@ errlog=$lab/last-stderr
 keeper_run=$lab/run
 demo_opmark() { XDG_RUNTIME_DIR=$keeper_run "$opmark" "$@"; }
 stop_demo_keeper() {
-  if [[ -d $keeper_run/opmark ]]; then demo_opmark mux stop >/dev/null 2>&1 || true; fi
+  if [[ -d $keeper_run/opmark ]]; then demo_opmark keeper stop >/dev/null 2>&1 || true; fi
 }
 op=demo-deploy
 # Appends one line (the effect), prints progress for ~4 s, exits with a distinctive 3.
@@ -80,7 +80,7 @@ cleanup() {
     echo "== the lab is left running (OPMARK_DEMO_KEEP=1); explore it with:"
     echo "   export OPMARK_LEDGER=$lab/ledger.db OPMARK_SSH_CONFIG=$lab/demo_ssh_config XDG_CONFIG_HOME=$lab/config"
     echo "   $opmark show $op"
-    echo "   stop it with: XDG_RUNTIME_DIR=$keeper_run $opmark mux stop; $opmark lab down --dir $lab"
+    echo "   stop it with: XDG_RUNTIME_DIR=$keeper_run $opmark keeper stop; $opmark lab down --dir $lab"
   else
     # The demo's connection keeper holds a connection to the lab's target.
     stop_demo_keeper

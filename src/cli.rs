@@ -430,8 +430,9 @@ pub enum Command {
     /// `opmark man > ~/.local/share/man/man1/opmark.1`.
     Man,
     /// The per-user connection keeper that lets later runs reuse connections
-    /// (see --persist): status, stop.
-    Mux(MuxArgs),
+    /// (see --persist): status, stop. `mux` is its older name.
+    #[command(alias = "mux")]
+    Keeper(KeeperArgs),
 }
 
 impl Command {
@@ -459,22 +460,22 @@ impl Command {
             | Command::Policy(_)
             | Command::Completions(_)
             | Command::Man
-            | Command::Mux(_) => None,
+            | Command::Keeper(_) => None,
         }
     }
 }
 
-/// `opmark mux`.
+/// `opmark keeper`.
 #[derive(Debug, Args)]
-pub struct MuxArgs {
+pub struct KeeperArgs {
     /// What to do.
     #[command(subcommand)]
-    pub action: MuxAction,
+    pub action: KeeperAction,
 }
 
-/// `opmark mux` actions.
+/// `opmark keeper` actions.
 #[derive(Debug, Subcommand)]
-pub enum MuxAction {
+pub enum KeeperAction {
     /// Whether a keeper runs, and the connections it holds.
     Status,
     /// Stop the keeper: its connections close (a command running on one is seen by its

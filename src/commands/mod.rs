@@ -23,10 +23,10 @@ mod config;
 mod doctor;
 mod gc;
 mod host_changed;
+mod keeper;
 mod ledger;
 mod list;
 mod mcp;
-mod mux;
 mod output;
 mod probe;
 mod reconcile;
@@ -65,6 +65,6 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Policy(args) => policy::run(&global, &args),
         Command::Completions(args) => completions::run(&global, &args),
         Command::Man => man::run(&global),
-        Command::Mux(args) => mux::run(&global, &args),
+        Command::Keeper(args) => keeper::run(&global, &args),
     }
 }

@@ -260,9 +260,7 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             return Ok(refuse_before_anything(
                 ctx,
                 Some(op.as_str()),
-                &format!(
-                    "{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"
-                ),
+                &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
             ))
         }
     };

@@ -1,4 +1,4 @@
-//! The keeper process (`opmark mux serve`): one per user and directory (an exclusive lock
+//! The keeper process (`opmark keeper serve`): one per user and directory (an exclusive lock
 //! held for its whole life), serving only its own uid (`SO_PEERCRED` on every
 //! connection), holding connections keyed by the caller's connection key, several per
 //! key when sshd's `MaxSessions` would be exceeded, and exiting after `persist` with no
@@ -34,7 +34,7 @@ use super::error::ConnectError;
 use super::exec::{Exec, OpenInput};
 use super::exec_event::{ExecError, ExecEvent};
 use super::keeper::wire::{
-    self, FrameReader, HeldConnection, KeeperReply, KeeperRequest, MuxFrame,
+    self, FrameReader, HeldConnection, KeeperFrame, KeeperReply, KeeperRequest,
 };
 use super::keeper::{
     own_uid, short_path, ChannelSaid, KeeperDir, ResidentShell, ResidentStart, StartAnswer,
@@ -509,8 +509,10 @@ impl Keeper {
         let mut stdin = Vec::new();
         loop {
             match conv.frame().await {
-                Some(MuxFrame::Stdin(b)) => stdin.extend_from_slice(&b),
-                Some(f @ MuxFrame::Json(_)) if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) => {
+                Some(KeeperFrame::Stdin(b)) => stdin.extend_from_slice(&b),
+                Some(f @ KeeperFrame::Json(_))
+                    if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) =>
+                {
                     break
                 }
                 _ => return,
@@ -572,7 +574,7 @@ impl Keeper {
                 ev = exec.next() => ev,
                 _ = &mut gone => return drain(exec),
                 _ = alive.tick() => {
-                    if write.write_all(&MuxFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
+                    if write.write_all(&KeeperFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
                         return drain(exec);
                     }
                     continue;
@@ -606,8 +608,10 @@ impl Keeper {
         let mut request = Vec::new();
         loop {
             match conv.frame().await {
-                Some(MuxFrame::Stdin(b)) => request.extend_from_slice(&b),
-                Some(f @ MuxFrame::Json(_)) if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) => {
+                Some(KeeperFrame::Stdin(b)) => request.extend_from_slice(&b),
+                Some(f @ KeeperFrame::Json(_))
+                    if matches!(f.parse(), Ok(KeeperRequest::StdinEnd)) =>
+                {
                     break
                 }
                 _ => return,
@@ -876,7 +880,7 @@ async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident, dest
                 return close(resident);
             }
             _ = alive.tick() => {
-                if write.write_all(&MuxFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
+                if write.write_all(&KeeperFrame::json(&KeeperReply::Alive).encode()).await.is_err() {
                     return close(resident);
                 }
                 continue;
@@ -896,8 +900,8 @@ async fn relay(conv: Conversation, held: Arc<Held>, mut resident: Resident, dest
         };
         heard = tokio::time::Instant::now();
         let frame = match event {
-            ExecEvent::Stdout(b) => MuxFrame::Stdout(b),
-            ExecEvent::Stderr(b) => MuxFrame::Stderr(b),
+            ExecEvent::Stdout(b) => KeeperFrame::Stdout(b),
+            ExecEvent::Stderr(b) => KeeperFrame::Stderr(b),
             // The resident itself ended: its channel closes next.
             ExecEvent::ExitStatus(_) | ExecEvent::ExitSignal { .. } => continue,
             end @ (ExecEvent::Closed | ExecEvent::Lost(_)) => {
@@ -944,7 +948,7 @@ struct Conversation {
 }
 
 impl Conversation {
-    async fn frame(&mut self) -> Option<MuxFrame> {
+    async fn frame(&mut self) -> Option<KeeperFrame> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
@@ -964,7 +968,9 @@ impl Conversation {
     }
 
     async fn send(&mut self, reply: &KeeperReply) -> std::io::Result<()> {
-        self.write.write_all(&MuxFrame::json(reply).encode()).await
+        self.write
+            .write_all(&KeeperFrame::json(reply).encode())
+            .await
     }
 
     /// Awaits `work` (a connect, an exec request on its way) while telling the caller

@@ -342,7 +342,7 @@ pub(crate) struct Inner {
     _proxy: Option<tokio::process::Child>,
     /// Bounds concurrent channels on this connection.
     pub(crate) channels: Arc<Semaphore>,
-    /// The bound itself, for `opmark mux status`.
+    /// The bound itself, for `opmark keeper status`.
     pub(crate) max_channels: usize,
     pub(crate) dest: Destination,
 }

@@ -96,7 +96,7 @@ fn two_hundred_sequential_runs_from_new_processes_authenticate_once() {
         "200 runs through the keeper must authenticate once"
     );
     let status = opmark_persisting(&env, &lab, "5m")
-        .args(["mux", "status"])
+        .args(["keeper", "status"])
         .output()
         .unwrap();
     let said = text(&status.stdout);
@@ -315,7 +315,7 @@ except (BrokenPipeError, ConnectionResetError):
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(env!("CARGO_BIN_EXE_opmark"))
-        .args(["mux", "status"])
+        .args(["keeper", "status"])
         .env("XDG_RUNTIME_DIR", dir.parent().unwrap())
         .env("OPMARK_PERSIST", "5m")
         .output()
@@ -408,29 +408,36 @@ fn twenty_concurrent_callers_share_the_keeper_within_max_sessions() {
 }
 
 #[test]
-fn mux_stop_ends_the_keeper_and_status_says_so() {
+fn keeper_stop_ends_the_keeper_and_status_says_so_under_either_name() {
     let Some(lab) = support::loopback_lab(1) else {
         return;
     };
     let env = Sealed::new("keeper-stop");
     let none = opmark_persisting(&env, &lab, "5m")
-        .args(["mux", "status"])
+        .args(["keeper", "status"])
         .output()
         .unwrap();
     assert!(text(&none.stdout).contains("no connection keeper is running"));
     assert!(env.keeper_pid().is_none(), "status never starts a keeper");
-    assert_eq!(
-        run_reusing(&env, &lab, "stop-1", "true").verdict(),
-        "completed"
-    );
+    // The first call starts the keeper; on a loaded machine it may rightly go direct
+    // before the new keeper listens, and then holds no connection of the keeper's: such
+    // a call is made again under a new op id.
+    for attempt in 0..4 {
+        let a = run_reusing(&env, &lab, &format!("stop-{attempt}"), "true");
+        assert_eq!(a.verdict(), "completed", "{a:?}");
+        if !a.stderr.contains("connection reuse is off for this run") {
+            break;
+        }
+    }
     let pid = env.keeper_pid().expect("a keeper runs");
     let status = opmark_persisting(&env, &lab, "5m")
-        .args(["--json", "mux", "status"])
+        .args(["--json", "keeper", "status"])
         .output()
         .unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(doc["running"], true, "{doc}");
     assert_eq!(doc["connections"].as_array().unwrap().len(), 1, "{doc}");
+    // `mux`, the command's older name, still reaches it.
     let stop = opmark_persisting(&env, &lab, "5m")
         .args(["mux", "stop"])
         .output()
@@ -462,7 +469,7 @@ fn a_connection_unused_for_the_persist_time_closes_while_the_keeper_serves_other
     assert_eq!(run_on("target1", "expiry-1").verdict(), "completed");
     let held = |env: &Sealed| -> Vec<String> {
         let out = opmark_persisting(env, &lab, "2s")
-            .args(["--json", "mux", "status"])
+            .args(["--json", "keeper", "status"])
             .output()
             .unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -502,7 +509,7 @@ fn a_bad_persist_value_is_refused_with_the_accepted_forms() {
     let env = Sealed::new("keeper-bad-persist");
     let out = env
         .opmark()
-        .args(["--persist", "five", "mux", "status"])
+        .args(["--persist", "five", "keeper", "status"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));

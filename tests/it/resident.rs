@@ -143,7 +143,7 @@ fn the_resident(target: &Target) -> i32 {
 fn mux_status(env: &Sealed) -> serde_json::Value {
     let out = env
         .opmark()
-        .args(["--json", "mux", "status"])
+        .args(["--json", "keeper", "status"])
         .env("OPMARK_PERSIST", "5m")
         .output()
         .unwrap();
@@ -406,7 +406,7 @@ fn a_host_whose_shim_does_not_serve_is_called_per_call_through_the_keeper() {
     std::fs::remove_file(root.join("resident.off")).unwrap();
     let _ = env
         .opmark()
-        .args(["mux", "stop"])
+        .args(["keeper", "stop"])
         .env("OPMARK_PERSIST", "5m")
         .output();
     let (a, _) = first_call(
@@ -471,7 +471,7 @@ fn a_resident_whose_cached_script_is_gone_hands_the_run_to_a_call_of_its_own_onc
     // The first contact's resident runs from the script's text; a new keeper's runs from
     // the host's cache, which the first contact filled.
     let stopped = opmark_resident(&env, lab.ssh_config())
-        .args(["mux", "stop"])
+        .args(["keeper", "stop"])
         .output()
         .unwrap();
     assert!(stopped.status.success(), "{stopped:?}");

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use super::wire::{self, FrameReader, KeeperReply, KeeperRequest, MuxFrame};
+use super::wire::{self, FrameReader, KeeperFrame, KeeperReply, KeeperRequest};
 use super::{connection_key, own_uid, persist, short_path, KeeperDir};
 use crate::ssh::destination::Destination;
 use crate::ssh::error::ConnectError;
@@ -68,7 +68,7 @@ pub(crate) struct KeeperLink {
 
 impl KeeperLink {
     /// Sends frames in one write.
-    pub(crate) async fn send(&mut self, frames: &[MuxFrame]) -> std::io::Result<()> {
+    pub(crate) async fn send(&mut self, frames: &[KeeperFrame]) -> std::io::Result<()> {
         let mut buf = Vec::new();
         for f in frames {
             buf.extend_from_slice(&f.encode());
@@ -79,7 +79,7 @@ impl KeeperLink {
     /// The next frame, heartbeats skipped; `Err` when the keeper went away, spoke
     /// nonsense, or said nothing for the whole budget (stopped, hung): a keeper that stops
     /// answering is a lost connection like any other (docs/trust.md#the-keeper).
-    pub(crate) async fn recv(&mut self) -> Result<MuxFrame, String> {
+    pub(crate) async fn recv(&mut self) -> Result<KeeperFrame, String> {
         loop {
             let frame = match self.budget {
                 Some(budget) => tokio::time::timeout(budget, self.next_frame())
@@ -102,7 +102,7 @@ impl KeeperLink {
     }
 
     /// The next frame as it comes (cancel-safe: a read cut short consumed nothing).
-    async fn next_frame(&mut self) -> Result<MuxFrame, String> {
+    async fn next_frame(&mut self) -> Result<KeeperFrame, String> {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
@@ -125,8 +125,8 @@ impl KeeperLink {
 }
 
 /// Is `frame` the keeper's heartbeat?
-fn is_alive(frame: &MuxFrame) -> bool {
-    matches!(frame, MuxFrame::Json(b) if b.len() < 64)
+fn is_alive(frame: &KeeperFrame) -> bool {
+    matches!(frame, KeeperFrame::Json(b) if b.len() < 64)
         && frame.parse::<KeeperReply>() == Ok(KeeperReply::Alive)
 }
 
@@ -211,7 +211,7 @@ async fn try_link(place: &KeeperDir) -> Result<Try, Unavailable> {
         budget: None,
     };
     let hello = async {
-        link.send(&[MuxFrame::json(&KeeperRequest::Hello {
+        link.send(&[KeeperFrame::json(&KeeperRequest::Hello {
             version: wire::VERSION,
         })])
         .await
@@ -236,7 +236,7 @@ async fn try_link(place: &KeeperDir) -> Result<Try, Unavailable> {
     }
 }
 
-/// Starts `opmark mux serve` detached: its own process group (a terminal's Ctrl-C is not
+/// Starts `opmark keeper serve` detached: its own process group (a terminal's Ctrl-C is not
 /// for it), no inherited stdio (it must not hold a caller's pipes open), cwd `/`.
 fn spawn_keeper(place: &KeeperDir, persist: Duration) -> Result<(), Unavailable> {
     let exe = std::env::current_exe().map_err(|e| {
@@ -255,7 +255,7 @@ fn spawn_keeper(place: &KeeperDir, persist: Duration) -> Result<(), Unavailable>
         }
     }
     let mut child = cmd
-        .arg("mux")
+        .arg("keeper")
         .arg("serve")
         .arg("--persist")
         .arg(format!("{}ms", persist.as_millis()))
@@ -318,7 +318,7 @@ impl Remote {
                 dest.display()
             )))
         };
-        link.send(&[MuxFrame::json(&KeeperRequest::Connect {
+        link.send(&[KeeperFrame::json(&KeeperRequest::Connect {
             key: key.clone(),
             dest: Box::new(dest.clone()),
         })])
@@ -383,16 +383,16 @@ impl Remote {
         })?;
         link.budget = self.dest.loss_budget();
         tracing::debug!("exec request to the connection keeper (pid {})", link.pid);
-        let mut frames = vec![MuxFrame::json(&KeeperRequest::Exec {
+        let mut frames = vec![KeeperFrame::json(&KeeperRequest::Exec {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),
             host_key: self.host_key.clone(),
             command: command.to_string(),
         })];
         for chunk in stdin.unwrap_or_default().chunks(256 * 1024) {
-            frames.push(MuxFrame::Stdin(chunk.to_vec()));
+            frames.push(KeeperFrame::Stdin(chunk.to_vec()));
         }
-        frames.push(MuxFrame::json(&KeeperRequest::StdinEnd));
+        frames.push(KeeperFrame::json(&KeeperRequest::StdinEnd));
         if let Err(e) = link.send(&frames).await {
             let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
             self.mark_lost(&why);
@@ -456,15 +456,15 @@ impl Remote {
             link.pid,
             request.len()
         );
-        let mut frames = vec![MuxFrame::json(&KeeperRequest::Call {
+        let mut frames = vec![KeeperFrame::json(&KeeperRequest::Call {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),
             host_key: self.host_key.clone(),
         })];
         for chunk in request.chunks(256 * 1024) {
-            frames.push(MuxFrame::Stdin(chunk.to_vec()));
+            frames.push(KeeperFrame::Stdin(chunk.to_vec()));
         }
-        frames.push(MuxFrame::json(&KeeperRequest::StdinEnd));
+        frames.push(KeeperFrame::json(&KeeperRequest::StdinEnd));
         if let Err(e) = link.send(&frames).await {
             let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
             self.mark_lost(&why);
@@ -538,7 +538,7 @@ impl ResidentCall {
     pub(crate) async fn release(mut self) {
         let _ = self
             .link
-            .send(&[MuxFrame::json(&KeeperRequest::Release)])
+            .send(&[KeeperFrame::json(&KeeperRequest::Release)])
             .await;
     }
 }
@@ -584,9 +584,9 @@ async fn next_event(
         return end.clone();
     }
     let event = match link.recv().await {
-        Ok(MuxFrame::Stdout(b)) => ExecEvent::Stdout(b),
-        Ok(MuxFrame::Stderr(b)) => ExecEvent::Stderr(b),
-        Ok(f @ MuxFrame::Json(_)) => match f.parse::<KeeperReply>() {
+        Ok(KeeperFrame::Stdout(b)) => ExecEvent::Stdout(b),
+        Ok(KeeperFrame::Stderr(b)) => ExecEvent::Stderr(b),
+        Ok(f @ KeeperFrame::Json(_)) => match f.parse::<KeeperReply>() {
             Ok(KeeperReply::ExitStatus { status }) if exits => ExecEvent::ExitStatus(status),
             Ok(KeeperReply::ExitSignal {
                 signal,
@@ -602,7 +602,7 @@ async fn next_event(
             Ok(other) => ExecEvent::Lost(format!("the keeper sent {other:?} mid-channel")),
             Err(e) => ExecEvent::Lost(e.to_string()),
         },
-        Ok(MuxFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
+        Ok(KeeperFrame::Stdin(_)) => ExecEvent::Lost("the keeper sent stdin bytes".into()),
         Err(why) => ExecEvent::Lost(gone(&why)),
     };
     if let ExecEvent::Closed | ExecEvent::Lost(_) = &event {
@@ -623,7 +623,7 @@ pub async fn control(
     let Some(mut link) = existing_link(place).await.map_err(|e| e.0)? else {
         return Ok(None);
     };
-    link.send(&[MuxFrame::json(request)])
+    link.send(&[KeeperFrame::json(request)])
         .await
         .map_err(|e| format!("the keeper went away: {e}"))?;
     link.reply()
@@ -633,7 +633,7 @@ pub async fn control(
 }
 
 /// A conversation with a keeper that is already running, without starting one (for
-/// `opmark mux status` and `stop`); `None` when none answers.
+/// `opmark keeper status` and `stop`); `None` when none answers.
 pub(crate) async fn existing_link(place: &KeeperDir) -> Result<Option<KeeperLink>, Unavailable> {
     Ok(match try_link(place).await? {
         Try::Ready(link) => Some(link),

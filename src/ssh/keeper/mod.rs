@@ -1,5 +1,5 @@
 //! Connection reuse across opmark processes (docs/trust.md#the-keeper): an on-demand, per-user keeper
-//! process (`opmark mux serve`, started detached by the first `opmark` that wants a
+//! process (`opmark keeper serve`, started detached by the first `opmark` that wants a
 //! connection) holds authenticated connections and opens exec channels on them for later
 //! `opmark` processes, which stream the channel's bytes over a unix socket. The state
 //! machine, the ledger and the verdicts stay in the calling process.

@@ -77,13 +77,13 @@ pub enum KeeperRequest {
     Release,
     /// The caller's stdin is complete.
     StdinEnd,
-    /// What the keeper holds, for `opmark mux status`.
+    /// What the keeper holds, for `opmark keeper status`.
     Status,
     /// Close every connection and exit.
     Stop,
 }
 
-/// One held connection, as `opmark mux status` shows it (no secrets: the destination,
+/// One held connection, as `opmark keeper status` shows it (no secrets: the destination,
 /// its host key fingerprint and counts).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct HeldConnection {
@@ -220,7 +220,7 @@ pub fn heartbeat(dest: &Destination) -> std::time::Duration {
 
 /// One frame, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MuxFrame {
+pub enum KeeperFrame {
     /// A control message, still JSON (the reader knows which type to expect).
     Json(Vec<u8>),
     /// Command stdout bytes.
@@ -231,19 +231,19 @@ pub enum MuxFrame {
     Stdin(Vec<u8>),
 }
 
-impl MuxFrame {
+impl KeeperFrame {
     /// A control message as a frame.
-    pub fn json<T: Serialize>(msg: &T) -> MuxFrame {
-        MuxFrame::Json(serde_json::to_vec(msg).unwrap_or_default())
+    pub fn json<T: Serialize>(msg: &T) -> KeeperFrame {
+        KeeperFrame::Json(serde_json::to_vec(msg).unwrap_or_default())
     }
 
     /// The bytes on the wire.
     pub fn encode(&self) -> Vec<u8> {
         let (tag, body) = match self {
-            MuxFrame::Json(b) => (TAG_JSON, b),
-            MuxFrame::Stdout(b) => (TAG_STDOUT, b),
-            MuxFrame::Stderr(b) => (TAG_STDERR, b),
-            MuxFrame::Stdin(b) => (TAG_STDIN, b),
+            KeeperFrame::Json(b) => (TAG_JSON, b),
+            KeeperFrame::Stdout(b) => (TAG_STDOUT, b),
+            KeeperFrame::Stderr(b) => (TAG_STDERR, b),
+            KeeperFrame::Stdin(b) => (TAG_STDIN, b),
         };
         let mut out = Vec::with_capacity(5 + body.len());
         out.extend_from_slice(&((body.len() + 1) as u32).to_be_bytes());
@@ -255,7 +255,7 @@ impl MuxFrame {
     /// Decodes a control message of type `T`.
     pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> Result<T, WireError> {
         match self {
-            MuxFrame::Json(b) => serde_json::from_slice(b)
+            KeeperFrame::Json(b) => serde_json::from_slice(b)
                 .map_err(|e| WireError(format!("unreadable control message: {e}"))),
             _ => Err(WireError(
                 "expected a control message, got channel data".into(),
@@ -282,7 +282,7 @@ impl FrameReader {
     }
 
     /// The next complete frame, if the buffer holds one.
-    pub fn next_frame(&mut self) -> Result<Option<MuxFrame>, WireError> {
+    pub fn next_frame(&mut self) -> Result<Option<KeeperFrame>, WireError> {
         if self.buf.len() < 4 {
             return Ok(None);
         }
@@ -297,10 +297,10 @@ impl FrameReader {
         let body = self.buf[5..4 + len].to_vec();
         self.buf.drain(..4 + len);
         match tag {
-            TAG_JSON => Ok(Some(MuxFrame::Json(body))),
-            TAG_STDOUT => Ok(Some(MuxFrame::Stdout(body))),
-            TAG_STDERR => Ok(Some(MuxFrame::Stderr(body))),
-            TAG_STDIN => Ok(Some(MuxFrame::Stdin(body))),
+            TAG_JSON => Ok(Some(KeeperFrame::Json(body))),
+            TAG_STDOUT => Ok(Some(KeeperFrame::Stdout(body))),
+            TAG_STDERR => Ok(Some(KeeperFrame::Stderr(body))),
+            TAG_STDIN => Ok(Some(KeeperFrame::Stdin(body))),
             other => Err(WireError(format!("unknown frame tag {other:#04x}"))),
         }
     }
@@ -333,22 +333,22 @@ pub fn connect_error(stage: &str, message: String) -> ConnectError {
 }
 
 /// A channel event as a frame.
-pub fn event_frame(event: ExecEvent) -> MuxFrame {
+pub fn event_frame(event: ExecEvent) -> KeeperFrame {
     match event {
-        ExecEvent::Stdout(b) => MuxFrame::Stdout(b),
-        ExecEvent::Stderr(b) => MuxFrame::Stderr(b),
-        ExecEvent::ExitStatus(status) => MuxFrame::json(&KeeperReply::ExitStatus { status }),
+        ExecEvent::Stdout(b) => KeeperFrame::Stdout(b),
+        ExecEvent::Stderr(b) => KeeperFrame::Stderr(b),
+        ExecEvent::ExitStatus(status) => KeeperFrame::json(&KeeperReply::ExitStatus { status }),
         ExecEvent::ExitSignal {
             signal,
             core_dumped,
             message,
-        } => MuxFrame::json(&KeeperReply::ExitSignal {
+        } => KeeperFrame::json(&KeeperReply::ExitSignal {
             signal,
             core_dumped,
             message,
         }),
-        ExecEvent::Closed => MuxFrame::json(&KeeperReply::Closed),
-        ExecEvent::Lost(message) => MuxFrame::json(&KeeperReply::Lost { message }),
+        ExecEvent::Closed => KeeperFrame::json(&KeeperReply::Closed),
+        ExecEvent::Lost(message) => KeeperFrame::json(&KeeperReply::Lost { message }),
     }
 }
 
@@ -359,10 +359,10 @@ mod tests {
     #[test]
     fn frames_survive_being_fed_one_byte_at_a_time() {
         let frames = vec![
-            MuxFrame::json(&KeeperReply::ExecStarted),
-            MuxFrame::Stdout(b"hello\n".to_vec()),
-            MuxFrame::Stderr(vec![0, 255, 10]),
-            MuxFrame::json(&KeeperReply::ExitStatus { status: 3 }),
+            KeeperFrame::json(&KeeperReply::ExecStarted),
+            KeeperFrame::Stdout(b"hello\n".to_vec()),
+            KeeperFrame::Stderr(vec![0, 255, 10]),
+            KeeperFrame::json(&KeeperReply::ExitStatus { status: 3 }),
         ];
         let wire: Vec<u8> = frames.iter().flat_map(|f| f.encode()).collect();
         let mut reader = FrameReader::default();

@@ -297,7 +297,7 @@ impl Sealed {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         let dir = self.keeper_dir().display().to_string();
-        (cmdline.contains("mux serve") && cmdline.contains(&dir)).then_some(pid)
+        (cmdline.contains("keeper serve") && cmdline.contains(&dir)).then_some(pid)
     }
 
     /// `opmark -F <lab ssh_config> ...` in this environment.

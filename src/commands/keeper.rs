@@ -1,14 +1,14 @@
-//! `opmark mux`: the connection keeper (docs/trust.md#the-keeper) for people: `status`, `stop`, and the
+//! `opmark keeper` (older name `mux`): the connection keeper (docs/trust.md#the-keeper) for people: `status`, `stop`, and the
 //! hidden `serve` that opmark starts by itself, through [`crate::host::keeper`].
 
-use crate::cli::{GlobalArgs, MuxAction, MuxArgs};
+use crate::cli::{GlobalArgs, KeeperAction, KeeperArgs};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::host::keeper::{self, KeeperDir, KeeperReply, KeeperRequest, DEFAULT_PERSIST};
 
-/// Runs one `mux` action.
-pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
+/// Runs one `keeper` action.
+pub fn run(global: &GlobalArgs, args: &KeeperArgs) -> Result<u8> {
     match &args.action {
-        MuxAction::Serve { dir } => {
+        KeeperAction::Serve { dir } => {
             let dir = match dir {
                 Some(d) => d.clone(),
                 None => KeeperDir::default_dir().map_err(local)?,
@@ -21,8 +21,8 @@ pub fn run(global: &GlobalArgs, args: &MuxArgs) -> Result<u8> {
             keeper::serve(&dir, persist).map_err(local)?;
             Ok(exit_code::OK)
         }
-        MuxAction::Status => ask(global, KeeperRequest::Status),
-        MuxAction::Stop => ask(global, KeeperRequest::Stop),
+        KeeperAction::Status => ask(global, KeeperRequest::Status),
+        KeeperAction::Stop => ask(global, KeeperRequest::Stop),
     }
 }
 
