@@ -570,31 +570,9 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
-/// How SQLite stores a stamp opmark formatted: its micros since the epoch (8 bytes
-/// instead of 27), or, for a stamp that would not come back byte for byte, its text.
-pub(crate) fn stored_stamp(at: &str) -> rusqlite::types::Value {
-    match at_to_micros(at) {
-        Some(m) => rusqlite::types::Value::Integer(m),
-        None => rusqlite::types::Value::Text(at.to_owned()),
-    }
-}
-
-/// The stamp a column written by [`stored_stamp`] holds.
-pub(crate) fn stamp_from_column(row: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<String> {
-    let v = row.get_ref(col)?;
-    use rusqlite::types::{FromSqlError, ValueRef};
-    match v {
-        ValueRef::Integer(m) => micros_to_at(m).ok_or(FromSqlError::OutOfRange(m)),
-        ValueRef::Text(t) => std::str::from_utf8(t)
-            .map(str::to_owned)
-            .map_err(|e| FromSqlError::Other(Box::new(e))),
-        _ => Err(FromSqlError::InvalidType),
-    }
-    .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, v.data_type(), Box::new(e)))
-}
-
 /// A lower or upper bound on such a column, for a stamp opmark computed
-/// (`stamp_before`): its micros. An empty or out-of-range bound (`stamp_before` found
+/// (`stamp_before`): its micros (SQLite stores them so, see
+/// `store::sqlite::operations`). An empty or out-of-range bound (`stamp_before` found
 /// no date) is the earliest micros, so it bounds nothing; stored texts sort after every
 /// integer, as SQLite orders them.
 pub(crate) fn stamp_bound(at: &str) -> i64 {
@@ -779,24 +757,5 @@ mod tests {
             write_str(&mut out, s);
             assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
         }
-    }
-
-    #[test]
-    fn an_operations_stamp_is_stored_as_micros_unless_it_would_not_come_back() {
-        use rusqlite::types::Value;
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let back = |v: &Value| conn.query_row("SELECT ?1", [v], |r| stamp_from_column(r, 0));
-        let at = "2026-12-01T17:25:10.123456Z";
-        let stored = stored_stamp(at);
-        let Value::Integer(m) = stored else {
-            panic!("a canonical stamp is stored as an integer")
-        };
-        assert_eq!(back(&stored).unwrap(), at);
-        let odd = "2026-12-01T17:25:10Z";
-        assert_eq!(stored_stamp(odd), Value::Text(odd.to_owned()));
-        assert_eq!(back(&stored_stamp(odd)).unwrap(), odd);
-        assert!(back(&Value::Null).is_err());
-        assert_eq!(stamp_bound(at), m);
-        assert_eq!(stamp_bound(""), i64::MIN);
     }
 }

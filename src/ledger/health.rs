@@ -643,7 +643,7 @@ mod tests {
         // health counters, no intent index.
         drop(l);
         super::super::tests::as_schema_3(&path, "");
-        let old = rusqlite::Connection::open(&path).unwrap();
+        let old = super::super::tests::open_raw(&path);
         let health_counters: i64 = old
             .query_row(
                 "SELECT COUNT(*) FROM counters WHERE name LIKE 'h/%'",

@@ -30,16 +30,16 @@ pub mod event;
 pub mod fingerprint;
 pub mod health;
 pub mod history;
-pub mod postgres;
 pub mod projection;
 // Redaction is its own top-level module (`op_id` and `policy` use it too); re-exported
 // under its old path so the ledger's own `super::redact` imports stay.
 pub use crate::redact;
-mod schema;
-mod sqlite;
+mod store;
 mod verify;
 
 pub(crate) use checkpoint::Incremental;
+// The one PostgreSQL item the commands need (a URL without its password, for messages).
+pub(crate) use store::postgres;
 pub mod words;
 
 use std::collections::BTreeMap;
@@ -61,6 +61,7 @@ pub use words::{CancelResult, Decision, ObservationKind, OpState, ProbeState, Re
 
 use crate::error::{Error, ErrorKind};
 use fingerprint::InstallationKey;
+use store::{sqlite, Store};
 
 /// Errors of the ledger. Messages never contain event contents (they may hold secrets the
 /// redactor missed), only paths, sequence numbers and ids.
@@ -75,9 +76,15 @@ pub enum LedgerError {
         #[source]
         source: std::io::Error,
     },
-    /// SQLite failed.
-    #[error("ledger database error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    /// SQLite failed (told as rusqlite tells it; the conversion is the SQLite store's, so
+    /// that no other module names the database crate).
+    #[error("ledger database error: {message}")]
+    Sqlite {
+        /// SQLite's complaint.
+        message: String,
+        /// Which of the failures opmark explains it is.
+        fault: DatabaseFault,
+    },
     /// PostgreSQL failed (the message names the server's complaint, never event content).
     #[error("ledger database error (PostgreSQL): {0}")]
     Postgres(String),
@@ -115,11 +122,24 @@ pub enum LedgerError {
     },
 }
 
+/// The failures of a database that opmark explains apart from the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseFault {
+    /// No space left for the write (SQLite's SQLITE_FULL).
+    DiskFull,
+    /// Read-only, cannot open, or permission denied.
+    AccessDenied,
+    /// The file is not a database.
+    NotADatabase,
+    /// Anything else.
+    Other,
+}
+
 impl LedgerError {
     /// The write failed for want of space (SQLite's SQLITE_FULL, or ENOSPC/EDQUOT).
     pub fn is_disk_full(&self) -> bool {
         match self {
-            LedgerError::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull),
+            LedgerError::Sqlite { fault, .. } => *fault == DatabaseFault::DiskFull,
             LedgerError::Io { source, .. } => {
                 matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
             }
@@ -133,14 +153,7 @@ impl LedgerError {
     /// file itself is fine: reading may still work).
     pub fn is_access_denied(&self) -> bool {
         match self {
-            LedgerError::Sqlite(e) => matches!(
-                e.sqlite_error_code(),
-                Some(
-                    rusqlite::ErrorCode::ReadOnly
-                        | rusqlite::ErrorCode::CannotOpen
-                        | rusqlite::ErrorCode::PermissionDenied
-                )
-            ),
+            LedgerError::Sqlite { fault, .. } => *fault == DatabaseFault::AccessDenied,
             LedgerError::Io { source, .. } => {
                 matches!(
                     source.raw_os_error(),
@@ -158,7 +171,10 @@ impl LedgerError {
 fn explain_open_failure(path: &Path, e: LedgerError, doing: &str) -> LedgerError {
     let not_a_database = matches!(
         &e,
-        LedgerError::Sqlite(s) if s.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase)
+        LedgerError::Sqlite {
+            fault: DatabaseFault::NotADatabase,
+            ..
+        }
     );
     if not_a_database {
         return LedgerError::Invalid {
@@ -531,29 +547,15 @@ pub enum VerifyScope {
     },
 }
 
-/// The backend an open ledger runs on.
-#[derive(Debug)]
-enum Store {
-    Sqlite(sqlite::SqliteStore),
-    Postgres(postgres::PgStore),
-}
-
-/// Which backend: dispatches a call to whichever is open.
-macro_rules! with_store {
-    ($self:expr, $s:ident => $call:expr) => {
-        match &$self.store {
-            Store::Sqlite($s) => $call,
-            Store::Postgres($s) => $call,
-        }
-    };
-}
-
 /// At most this many earlier operations of one intent are read by the repetition check.
 pub const SAME_INTENT_LIMIT: usize = 32;
 
 /// An open ledger (a SQLite file or a PostgreSQL database) and its installation key.
 pub struct Ledger {
-    store: Store,
+    /// A trait object, not a type parameter: the backend is chosen at run time from the
+    /// location, and a generic `Ledger<S>` would make every caller generic or match on
+    /// the backend again; one virtual call is nothing beside a database round trip.
+    store: Box<dyn Store>,
     path: PathBuf,
     redactor: Redactor,
     key: InstallationKey,
@@ -650,11 +652,15 @@ impl Ledger {
             let url = location.to_str().unwrap_or_default();
             let (store, bound) = postgres::PgStore::open(url, key)?;
             let shown = PathBuf::from(postgres::without_password(url));
-            (Store::Postgres(store), bound, shown)
+            (Box::new(store) as Box<dyn Store>, bound, shown)
         } else {
             let (store, bound) = sqlite::SqliteStore::open(location, key)
                 .map_err(|e| explain_open_failure(location, e, "open"))?;
-            (Store::Sqlite(store), bound, location.to_path_buf())
+            (
+                Box::new(store) as Box<dyn Store>,
+                bound,
+                location.to_path_buf(),
+            )
         };
         if let Some(notice) = &bound.notice {
             crate::logging::say(format_args!("{notice}"));
@@ -684,7 +690,7 @@ impl Ledger {
                 let (store, bound) = sqlite::SqliteStore::open_read_only(path, key)
                     .map_err(|e| explain_open_failure(path, e, "read"))?;
                 Ok(Some(Ledger {
-                    store: Store::Sqlite(store),
+                    store: Box::new(store),
                     path: path.to_path_buf(),
                     redactor: Redactor::default(),
                     key: bound.key,
@@ -770,13 +776,15 @@ impl Ledger {
             })
             .collect();
         let at = now();
-        let (ikey, redactor) = (&self.key, &self.redactor);
-        match &mut self.store {
-            Store::Sqlite(s) => {
-                s.append(ikey, redactor, key, &redacted, &at, durability, condition)
-            }
-            Store::Postgres(p) => p.append(ikey, redactor, key, redacted, at, condition),
-        }
+        self.store.append(
+            &self.key,
+            &self.redactor,
+            key,
+            redacted,
+            at,
+            durability,
+            condition,
+        )
     }
 
     /// Appends many operations' events in ONE transaction, each operation's through the
@@ -789,7 +797,7 @@ impl Ledger {
             .iter()
             .map(|(k, e)| (k.clone(), e.clone(), at.clone()))
             .collect();
-        self.append_batch_stamped(&stamped)
+        self.append_batch_stamped_durable(&stamped, Durability::Normal)
     }
 
     /// [`Ledger::append_batch`] with `durability`: a fleet's hosts' writes before their
@@ -801,17 +809,12 @@ impl Ledger {
         ops: &[(OpKey, Vec<Event>)],
         durability: Durability,
     ) -> Result<(), LedgerError> {
-        let full = durability == Durability::Full;
-        if let (true, Store::Sqlite(s)) = (full, &self.store) {
-            s.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = self.append_batch(ops);
-        if let (true, Store::Sqlite(s)) = (full, &self.store) {
-            // Best effort, as after any `Full` append: a failure only makes later commits
-            // stricter.
-            let _ = s.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
+        let at = now();
+        let stamped: Vec<(OpKey, Vec<Event>, String)> = ops
+            .iter()
+            .map(|(k, e)| (k.clone(), e.clone(), at.clone()))
+            .collect();
+        self.append_batch_stamped_durable(&stamped, durability)
     }
 
     /// [`Ledger::append_batch`] with each operation's own record time (UTC RFC 3339 with
@@ -821,6 +824,14 @@ impl Ledger {
     pub fn append_batch_stamped(
         &mut self,
         ops: &[(OpKey, Vec<Event>, String)],
+    ) -> Result<(), LedgerError> {
+        self.append_batch_stamped_durable(ops, Durability::Normal)
+    }
+
+    fn append_batch_stamped_durable(
+        &mut self,
+        ops: &[(OpKey, Vec<Event>, String)],
+        durability: Durability,
     ) -> Result<(), LedgerError> {
         let mut prepared = Vec::with_capacity(ops.len());
         for (key, events, at) in ops {
@@ -835,44 +846,21 @@ impl Ledger {
                 .collect();
             prepared.push((key, redacted, at.as_str()));
         }
-        let (ikey, redactor) = (&self.key, &self.redactor);
-        match &mut self.store {
-            Store::Sqlite(s) => s.append_batch(ikey, redactor, &prepared),
-            Store::Postgres(p) => {
-                for (key, redacted, at) in prepared {
-                    p.append(ikey, redactor, key, redacted, at.to_owned(), None)?;
-                }
-                Ok(())
-            }
-        }
+        self.store
+            .append_batch(&self.key, &self.redactor, prepared, durability)
     }
 
     /// Folds SQLite's write-ahead log into the database file (so its size is the
     /// ledger's); nothing to do on PostgreSQL.
     pub fn checkpoint(&self) -> Result<(), LedgerError> {
-        match &self.store {
-            Store::Sqlite(s) => {
-                s.conn
-                    .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-                Ok(())
-            }
-            Store::Postgres(_) => Ok(()),
-        }
+        self.store.fold_wal()
     }
 
     /// `ledger backup`: one consistent snapshot of a SQLite ledger (its file and its
     /// write-ahead log, which holds the newest commits) written to the new file `dest`,
     /// mode 0600, synced. A PostgreSQL ledger is refused: its server has its own tools.
     pub fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
-        match &self.store {
-            Store::Sqlite(s) => s.backup_to(dest),
-            Store::Postgres(_) => Err(LedgerError::Invalid {
-                message: format!(
-                    "the ledger {} is a PostgreSQL database: back it up with PostgreSQL's own tools (pg_dump); nothing was written",
-                    self.path.display()
-                ),
-            }),
-        }
+        self.store.backup_to(dest, &self.path)
     }
 
     /// Test support, never used by opmark: rewrites a SQLite ledger's event rows with
@@ -881,20 +869,17 @@ impl Ledger {
     /// for `audit verify`.
     #[doc(hidden)]
     pub fn expand_rows_for_tests(&self) -> Result<(), LedgerError> {
-        match &self.store {
-            Store::Sqlite(s) => sqlite::expand_rows(&s.conn, &s.atoms, &self.key),
-            Store::Postgres(_) => Ok(()),
-        }
+        self.store.expand_rows_for_tests(&self.key)
     }
 
     /// The projection row of one operation.
     pub fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
-        with_store!(self, s => s.operation(key))
+        self.store.operation(key)
     }
 
     /// Every operation with this id (one per host), most recently active first.
     pub fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
-        with_store!(self, s => s.operations_by_id(op_id))
+        self.store.operations_by_id(op_id)
     }
 
     /// Operations of the same intent (ledger fingerprint) on the same host under other op
@@ -908,43 +893,38 @@ impl Ledger {
         op_id: &str,
         since: &str,
     ) -> Result<Vec<OperationRecord>, LedgerError> {
-        with_store!(self, s => s.same_intent_since(fingerprint, host, op_id, since))
+        self.store
+            .same_intent_since(fingerprint, host, op_id, since)
     }
 
     /// Operations, most recently active first, filtered.
     pub fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        with_store!(self, s => s.list(filter))
+        self.store.list(filter)
     }
 
     /// One operation's events in order.
     pub fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
-        with_store!(self, s => s.events(key))
+        self.store.events(key)
     }
 
     /// [`Ledger::events`] with every event's hash and predecessor hash in full, as `show
     /// --json` prints them (SQLite keeps tags of most, docs/ledger.md#storage).
     pub fn events_with_hashes(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
-        match &self.store {
-            Store::Sqlite(s) => s.events_with_hashes(key, &self.key),
-            Store::Postgres(p) => p.events(key),
-        }
+        self.store.events_with_hashes(key, &self.key)
     }
 
     /// Hosts on which `op_id` has events (also those without an intent).
     pub fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
-        with_store!(self, s => s.hosts_of(op_id))
+        self.store.hosts_of(op_id)
     }
 
     /// Which backend: `sqlite` or `postgresql`.
     pub fn backend(&self) -> &'static str {
-        match self.store {
-            Store::Sqlite(_) => "sqlite",
-            Store::Postgres(_) => "postgresql",
-        }
+        self.store.name()
     }
 
     pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
-        with_store!(self, s => s.snapshot())
+        self.store.snapshot()
     }
 
     /// Walks the whole chain in one consistent snapshot and names the first broken event;
@@ -952,11 +932,11 @@ impl Ledger {
     /// projected row that differs from its replay (docs/ledger.md#the-chain). The same checks on
     /// every backend.
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
-        let mut report = with_store!(self, s => s.verify_full(&self.key))?;
+        let mut report = self.store.verify_full(&self.key)?;
         if report.first_break.is_none() && report.first_mismatch.is_none() {
             // The one table the projection keeps that the replay does not rebuild:
             // recounted from the rows just checked (it may hold more than they share).
-            let missing = with_store!(self, s => s.missing_shared_intents())?;
+            let missing = self.store.missing_shared_intents()?;
             if missing > 0 {
                 let note = format!(
                     "shared_intents: {missing} (fingerprint, host) pair(s) of more than one operation missing, so `stats` does not look at them for duplicate effects"
@@ -980,23 +960,13 @@ impl Ledger {
         file: &Path,
     ) -> Result<archive::ArchiveReport, LedgerError> {
         let first = self.seq_since(cutoff)?;
-        let key = self.key.clone();
-        match &mut self.store {
-            Store::Sqlite(s) => s.archive(&key, first, file),
-            Store::Postgres(p) => p.archive(&key, first, file),
-        }
+        self.store.archive(&self.key, first, file)
     }
 
     /// `audit verify --archive FILE`: the archive up to the ledger's cut, then the ledger
     /// from it, as the one chain they were. The report counts the events of both.
     pub fn verify_with_archive(&self, file: &Path) -> Result<ChainReport, LedgerError> {
-        let (snapshot_cut, keyed_from) = match &self.store {
-            Store::Sqlite(s) => {
-                let tx = s.conn.unchecked_transaction()?;
-                (archive::read_cut(&tx)?, binding::keyed_from(&tx)?.0)
-            }
-            Store::Postgres(p) => p.archive_cut()?,
-        };
+        let (snapshot_cut, keyed_from) = self.store.archive_cut()?;
         let Some((cut, mac)) = snapshot_cut else {
             return Err(LedgerError::Invalid {
                 message: format!(
@@ -1008,7 +978,8 @@ impl Ledger {
         if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
             return self.verify_chain();
         }
-        let archived = archive::verify_file(file, &self.key, &cut, keyed_from)?;
+        let (rows, recorded) = sqlite::archive::read_file(file, &self.key)?;
+        let archived = archive::verify_rows(&rows, recorded, &self.key, &cut, keyed_from);
         if archived.first_break.is_some() {
             return Ok(archived);
         }
@@ -1026,7 +997,7 @@ impl Ledger {
     /// checkpoint is trusted: an edit there is found by the full walk only.
     pub fn verify(&self, incremental: bool) -> Result<(ChainReport, VerifyScope), LedgerError> {
         let incremental = match incremental {
-            true => with_store!(self, s => s.snapshot_after_checkpoint())?,
+            true => self.store.snapshot_after_checkpoint()?,
             false => None,
         };
         let usable = incremental.filter(|inc| {
@@ -1075,7 +1046,7 @@ impl Ledger {
             // a read-only database role) still verifies; its next verify walks from the
             // older checkpoint.
             let mac = chain::checkpoint_mac(&self.key, *seq, hash);
-            let _ = with_store!(self, s => s.record_checkpoint(*seq, hash, &mac));
+            let _ = self.store.record_checkpoint(*seq, hash, &mac);
         }
         Ok((report, scope))
     }
@@ -1143,7 +1114,7 @@ impl Ledger {
         let mut store = postgres::PgStore::open_for_import(target, &self.key)?;
         store.import(&self.key, snapshot)?;
         let copied = Ledger {
-            store: Store::Postgres(store),
+            store: Box::new(store),
             path: PathBuf::from(postgres::without_password(target)),
             redactor: self.redactor.clone(),
             key: self.key.clone(),
@@ -1153,14 +1124,14 @@ impl Ledger {
 
     /// Counts for `opmark stats`, from the counters every append keeps: O(counters).
     pub fn stats(&self) -> Result<Stats, LedgerError> {
-        with_store!(self, s => s.stats())
+        self.store.stats()
     }
 
     /// Counts for `opmark stats --since D`: the events recorded at or after `cutoff`
     /// (UTC RFC 3339, as events are stamped) and the operations active since.
     pub fn stats_since(&self, cutoff: &str) -> Result<Stats, LedgerError> {
         let from = self.seq_since(cutoff)?;
-        with_store!(self, s => s.stats_since(from))
+        self.store.stats_since(from)
     }
 
     /// [`Ledger::stats`] (whole ledger, `cutoff` None) or [`Ledger::stats_since`], with the
@@ -1174,9 +1145,9 @@ impl Ledger {
         let from = cutoff.map(|c| self.seq_since(c)).transpose()?;
         let mut stats = match from {
             None => self.stats()?,
-            Some(from) => with_store!(self, s => s.stats_since(from))?,
+            Some(from) => self.store.stats_since(from)?,
         };
-        stats.health = with_store!(self, s => s.health(from, needs_human_before, &stats))?;
+        stats.health = self.store.health(from, needs_human_before, &stats)?;
         Ok(stats)
     }
 
@@ -1186,10 +1157,10 @@ impl Ledger {
     /// concurrent writers can be out of order by that much: the window's edge is exact to
     /// within the time between stamping and committing.
     pub fn seq_since(&self, cutoff: &str) -> Result<u64, LedgerError> {
-        let (mut lo, mut hi) = (1u64, with_store!(self, s => s.head_seq())? + 1);
+        let (mut lo, mut hi) = (1u64, self.store.head_seq()? + 1);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            match with_store!(self, s => s.event_at_or_after(mid))? {
+            match self.store.event_at_or_after(mid)? {
                 Some((_, at)) if at.as_str() >= cutoff => hi = mid,
                 Some((seq, _)) => lo = seq + 1,
                 None => hi = mid,
@@ -1262,17 +1233,6 @@ fn append_barrier() {}
 pub(crate) const MISSING_SHARED_INTENTS: &str = "SELECT COUNT(*) FROM (
     SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1
     EXCEPT SELECT fingerprint, host FROM shared_intents) AS missing";
-
-#[cfg(test)]
-impl Ledger {
-    /// The SQLite connection, for tests that edit the file behind opmark's back.
-    fn conn(&self) -> &rusqlite::Connection {
-        match &self.store {
-            Store::Sqlite(s) => &s.conn,
-            Store::Postgres(_) => panic!("not a SQLite ledger"),
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;

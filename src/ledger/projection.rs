@@ -5,12 +5,10 @@
 //! whether an observation *contradicts* what the ledger already holds ([`contradiction`]).
 //! The fold ([`fold`]) is pure, so `audit verify` can replay every row from its events.
 
-use rusqlite::{params, OptionalExtension, Transaction};
 use serde::Serialize;
 
 use super::event::{ClaimSeen, Event, Observed};
 use super::words::{Decision, OpState, ProbeState};
-use super::{LedgerError, OpKey};
 use crate::family::Family;
 use crate::vocab::{Verdict, HOST_CHANGED_PREFIX};
 
@@ -236,34 +234,6 @@ fn evidence_contradiction(rec: &OperationRecord, event: &Event) -> Option<(Obser
     Some((expected, seen))
 }
 
-/// Rebuilds the whole `operations` table from the events, in the given transaction.
-/// Returns false (and changes nothing) when an event cannot be decoded: then the stored
-/// rows stay and `audit verify` names the event.
-pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
-    let mut rows: std::collections::BTreeMap<OpKey, OperationRecord> = Default::default();
-    {
-        let cache = std::cell::RefCell::default();
-        for row in super::sqlite::rows_where(tx, &cache, "ORDER BY e.seq", [])? {
-            let (seq, at) = (row.seq, row.at);
-            let key = OpKey::new(row.op_id, row.host);
-            let Ok(event) = serde_json::from_str::<Event>(&row.payload) else {
-                return Ok(false);
-            };
-            let mut row = rows.remove(&key);
-            // Refused appends were rolled back: the row stays as it was.
-            let _ = fold(&mut row, (&key.op_id, &key.host), &event, seq, &at);
-            if let Some(rec) = row {
-                rows.insert(key, rec);
-            }
-        }
-    }
-    tx.execute("DELETE FROM operations", [])?;
-    for rec in rows.values() {
-        store(tx, rec)?;
-    }
-    Ok(true)
-}
-
 /// Turns the row before `event` (`None`: no operation yet) into the row after it, in
 /// place; refused, it leaves the row as it was. Pure: the same events always fold to the
 /// same row, which is what `audit verify` checks. In place because `audit verify --full`
@@ -428,82 +398,6 @@ pub(crate) fn fold(
 }
 
 pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt";
-
-pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRecord> {
-    let family: String = row.get(2)?;
-    let verdict: Option<String> = row.get(8)?;
-    let state: String = row.get(7)?;
-    let bad = |col: usize, msg: String| {
-        rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, msg.into())
-    };
-    Ok(OperationRecord {
-        op_id: row.get(0)?,
-        host: row.get(1)?,
-        family: family.parse().map_err(|e| bad(2, e))?,
-        display: row.get(3)?,
-        fingerprint: row.get(4)?,
-        rule: row.get(5)?,
-        session: row.get(6)?,
-        state: state.parse().unwrap_or_else(|never| match never {}),
-        verdict: verdict
-            .map(|v| v.parse::<Verdict>())
-            .transpose()
-            .map_err(|e| bad(8, e))?,
-        exit_code: row.get(9)?,
-        attempts: row.get(10)?,
-        last_attempt: row.get(11)?,
-        unresolved: row.get(12)?,
-        created_at: super::codec::stamp_from_column(row, 13)?,
-        updated_at: super::codec::stamp_from_column(row, 14)?,
-        first_seq: row.get(15)?,
-        last_seq: row.get(16)?,
-        contradictions: row.get(17)?,
-        settled_attempt: row.get(18)?,
-    })
-}
-
-pub(crate) fn load(
-    tx: &Transaction<'_>,
-    key: &OpKey,
-) -> Result<Option<OperationRecord>, LedgerError> {
-    Ok(tx
-        .query_row(
-            &format!("SELECT {COLUMNS} FROM operations WHERE op_id = ?1 AND host = ?2"),
-            params![key.op_id, key.host],
-            from_row,
-        )
-        .optional()?)
-}
-
-pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
-    tx.execute(
-        &format!(
-            "INSERT OR REPLACE INTO operations ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
-        ),
-        params![
-            r.op_id,
-            r.host,
-            r.family.as_str(),
-            r.display,
-            r.fingerprint,
-            r.rule,
-            r.session,
-            r.state.to_string(),
-            r.verdict.map(Verdict::as_str),
-            r.exit_code,
-            r.attempts,
-            r.last_attempt,
-            r.unresolved,
-            super::codec::stored_stamp(&r.created_at),
-            super::codec::stored_stamp(&r.updated_at),
-            r.first_seq,
-            r.last_seq,
-            r.contradictions,
-            r.settled_attempt,
-        ],
-    )?;
-    Ok(())
-}
 
 #[cfg(test)]
 mod tests {

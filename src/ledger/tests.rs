@@ -1,7 +1,11 @@
-//! Unit tests of the ledger: appends, projection, conflicts, the chain check.
+//! Unit tests of the ledger: appends, projection, conflicts, the chain check. On SQLite,
+//! whose file they edit behind opmark's back as an attacker (or an old opmark) would: the
+//! one place outside `store/` that names rusqlite (the architecture test allows it). Not
+//! in `store/sqlite/`: they drive the [`Ledger`], which is above the stores.
 
 use std::os::unix::fs::PermissionsExt;
 
+use super::store::sqlite::schema;
 use super::*;
 use crate::family::Family;
 use crate::vocab::{Boundary, RetryReason, Verdict};
@@ -1185,7 +1189,7 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 /// schema 8 only how `operations` stores its two stamps (text again here, in a TEXT
 /// column), so this is exactly the file an older opmark leaves. `edit` then runs on the
 /// old rows.
-pub(super) fn as_schema_3(db: &Path, edit: &str) -> u64 {
+pub(crate) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
     let snapshot = l.snapshot().unwrap();
     let mut rows = snapshot.rows;
@@ -1439,7 +1443,7 @@ fn the_one_pass_walk_names_rows_moved_added_or_deleted() {
     .expect("an intent is not refused");
     let early = early.expect("an intent makes a row");
     let tx = l.conn().unchecked_transaction().unwrap();
-    projection::store(&tx, &early).unwrap();
+    super::store::sqlite::operations::store(&tx, &early).unwrap();
     tx.commit().unwrap();
     let m = l.verify_chain().unwrap().first_mismatch.expect("found");
     assert_eq!(m.op_id, "op-2", "{}", m.problem);
@@ -1633,4 +1637,16 @@ fn a_settlement_made_after_another_writer_settled_is_refused_naming_the_first() 
     )
     .unwrap();
     assert!(l.verify_chain().unwrap().intact());
+}
+
+impl Ledger {
+    /// The SQLite connection, for tests that edit the file behind opmark's back.
+    pub(crate) fn conn(&self) -> &rusqlite::Connection {
+        self.store.sqlite_conn().expect("a SQLite ledger")
+    }
+}
+
+/// The database at `db` opened as a plain SQLite file: no migration, no key check.
+pub(crate) fn open_raw(db: &Path) -> rusqlite::Connection {
+    rusqlite::Connection::open(db).unwrap()
 }

@@ -135,6 +135,31 @@ fn the_keeper_knows_nothing_of_the_shim_or_the_host_layer() {
     );
 }
 
+#[test]
+fn no_database_crate_is_named_outside_the_store_folders() {
+    // The ledger's core (events, chain, projection, checks, archive cut) and everything
+    // above it are backend-free; the SQL and the database crates live in
+    // `ledger/store/sqlite/` and `ledger/store/postgres/` only. One exception: the
+    // ledger's unit tests, which edit a SQLite file behind the `Ledger`'s back (they
+    // drive the `Ledger`, so they cannot live under the store it uses).
+    let store = src().join("ledger").join("store");
+    let unit_tests = src().join("ledger").join("tests.rs");
+    let outside: Vec<PathBuf> = rust_files(&src())
+        .into_iter()
+        .filter(|file| !file.starts_with(&store) && *file != unit_tests)
+        .collect();
+    assert!(
+        outside.iter().any(|f| f.ends_with("ledger/mod.rs")),
+        "the ledger's façade is among the files checked"
+    );
+    let found = occurrences(&outside, &["rusqlite", "tokio_postgres"]);
+    assert!(
+        found.is_empty(),
+        "a database crate named outside src/ledger/store/:\n{}",
+        found.join("\n")
+    );
+}
+
 /// Which top-level module uses which, for the tree at `root`.
 fn module_graph(root: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let modules: BTreeSet<String> = rust_files(root)

@@ -14,7 +14,7 @@
 //!   version recorded in `opmark_schema`, so many machines opening a fresh database
 //!   migrate it once.
 //! - Appends: one READ COMMITTED transaction that first locks the single `chain_head`
-//!   row (`SELECT … FOR UPDATE`), then runs [`super::append`]: writers on any machine are
+//!   row (`SELECT … FOR UPDATE`), then runs [`crate::ledger::append`]: writers on any machine are
 //!   serialised on the head, and the commit is durable (`synchronous_commit` on) before
 //!   `run` dispatches.
 //! - Threading: tokio-postgres runs on a thread of its own with a current-thread runtime;
@@ -27,30 +27,31 @@ use std::sync::mpsc;
 
 use tokio_postgres::{Client, NoTls, Row};
 
-use super::append::{self, AppendTx, UnlessSettledSince};
-use super::archive::{self, ArchiveReport, Cut};
-use super::binding::Bound;
-use super::chain;
-use super::checkpoint;
-use super::event::{Event, StoredEvent};
-use super::fingerprint::InstallationKey;
-use super::projection::{self, OperationRecord};
-use super::redact::Redactor;
-use super::SAME_INTENT_LIMIT;
-use super::{decode, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::archive::{self, ArchiveReport};
+use crate::ledger::binding::Bound;
+use crate::ledger::chain;
+use crate::ledger::checkpoint;
+use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::projection::{self, OperationRecord};
+use crate::ledger::redact::Redactor;
+use crate::ledger::store::{BatchOp, RecordedCut, Store};
+use crate::ledger::SAME_INTENT_LIMIT;
+use crate::ledger::{decode, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
 use crate::vocab::Verdict;
 
 /// The schema migrations, in order; migration `i` brings version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/postgres/0001_ledger.sql"),
-    include_str!("../../migrations/postgres/0002_counters.sql"),
-    include_str!("../../migrations/postgres/0003_fingerprint.sql"),
-    include_str!("../../migrations/postgres/0004_health.sql"),
-    include_str!("../../migrations/postgres/0005_shared_intents.sql"),
+    include_str!("../../../../migrations/postgres/0001_ledger.sql"),
+    include_str!("../../../../migrations/postgres/0002_counters.sql"),
+    include_str!("../../../../migrations/postgres/0003_fingerprint.sql"),
+    include_str!("../../../../migrations/postgres/0004_health.sql"),
+    include_str!("../../../../migrations/postgres/0005_shared_intents.sql"),
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).
-pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
+pub(crate) const DIALECT: crate::ledger::StatsDialect = crate::ledger::StatsDialect {
     verdict: "payload::jsonb ->> 'verdict'",
     attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
     unresolved: "unresolved",
@@ -250,100 +251,6 @@ impl PgStore {
             .map_err(|_| LedgerError::Postgres("the connection thread ended".into()))?
     }
 
-    /// Appends in one head-locked transaction (see the module doc).
-    pub(crate) fn append(
-        &mut self,
-        ikey: &InstallationKey,
-        redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
-        condition: Option<UnlessSettledSince>,
-    ) -> Result<Vec<u64>, LedgerError> {
-        let (ikey, redactor, key) = (ikey.clone(), redactor.clone(), key.clone());
-        self.call(move |c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(client.transaction())?;
-            let mut ptx = PgTx { rt, tx };
-            let seqs = append::append(&mut ptx, &ikey, &redactor, &key, &events, &at, condition)?;
-            let PgTx { rt, tx } = ptx;
-            rt.block_on(tx.commit())?;
-            Ok(seqs)
-        })
-    }
-
-    pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
-        let key = key.clone();
-        self.call(move |c| {
-            let sql = format!(
-                "SELECT {} FROM operations WHERE op_id = $1 AND host = $2",
-                projection::COLUMNS
-            );
-            let row = c.block(c.client.query_opt(&sql, &[&key.op_id, &key.host]))?;
-            row.as_ref().map(record_from).transpose()
-        })
-    }
-
-    pub(crate) fn operations_by_id(
-        &self,
-        op_id: &str,
-    ) -> Result<Vec<OperationRecord>, LedgerError> {
-        let op_id = op_id.to_owned();
-        self.call(move |c| {
-            let sql = format!(
-                "SELECT {} FROM operations WHERE op_id = $1 ORDER BY last_seq DESC",
-                projection::COLUMNS
-            );
-            let rows = c.block(c.client.query(&sql, &[&op_id]))?;
-            rows.iter().map(record_from).collect()
-        })
-    }
-
-    /// See `Ledger::same_intent_since`.
-    pub(crate) fn same_intent_since(
-        &self,
-        fingerprint: &str,
-        host: &str,
-        op_id: &str,
-        since: &str,
-    ) -> Result<Vec<OperationRecord>, LedgerError> {
-        let (fingerprint, host, op_id, since) = (
-            fingerprint.to_owned(),
-            host.to_owned(),
-            op_id.to_owned(),
-            since.to_owned(),
-        );
-        self.call(move |c| {
-            let sql = format!(
-                "SELECT {} FROM operations WHERE fingerprint = $1 AND host = $2 AND op_id <> $3 AND created_at >= $4 ORDER BY first_seq LIMIT {SAME_INTENT_LIMIT}",
-                projection::COLUMNS
-            );
-            let rows = c.block(c.client.query(&sql, &[&fingerprint, &host, &op_id, &since]))?;
-            rows.iter().map(record_from).collect()
-        })
-    }
-
-    pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
-        let (sql, args) = filter.sql(projection::COLUMNS, "unresolved", |i| format!("${i}"));
-        self.call(move |c| {
-            let args: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = args
-                .into_iter()
-                .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
-                    match a {
-                        super::SqlArg::Text(t) | super::SqlArg::Stamp(t) => Box::new(t),
-                        super::SqlArg::Int(n) => Box::new(n),
-                    }
-                })
-                .collect();
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
-                .iter()
-                .map(|a| a.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
-            let rows = c.block(c.client.query(&sql, &refs))?;
-            rows.iter().map(record_from).collect()
-        })
-    }
-
     pub(crate) fn counters(&self) -> Result<std::collections::BTreeMap<String, i64>, LedgerError> {
         self.call(|c| {
             Ok(
@@ -352,373 +259,6 @@ impl PgStore {
                     .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
                     .collect(),
             )
-        })
-    }
-
-    pub(crate) fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
-        self.call(move |c| {
-            Ok(c.block(c.client.query_opt(
-                "SELECT seq, at FROM events WHERE seq >= $1 ORDER BY seq LIMIT 1",
-                &[&(seq as i64)],
-            ))?
-            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
-        })
-    }
-
-    pub(crate) fn head_seq(&self) -> Result<u64, LedgerError> {
-        self.call(|c| {
-            Ok(c.block(
-                c.client
-                    .query_opt("SELECT seq FROM chain_head WHERE id = 1", &[]),
-            )?
-            .map_or(0, |r| r.get::<_, i64>(0) as u64))
-        })
-    }
-
-    pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
-        self.call(move |c| {
-            let from = from_seq as i64;
-            let count = |sql: &str| -> Result<u64, LedgerError> {
-                Ok(c.block(c.client.query_one(sql, &[&from]))?.get::<_, i64>(0) as u64)
-            };
-            let group =
-                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
-                    Ok(c.block(c.client.query(sql, &[&from]))?
-                        .iter()
-                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                        .collect())
-                };
-            Stats::query_window(count, group, &DIALECT)
-        })
-    }
-
-    /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
-    /// its events from the counters) or of the window from `from_seq`.
-    pub(crate) fn health(
-        &self,
-        from_seq: Option<u64>,
-        needs_human_before: &str,
-        stats: &Stats,
-    ) -> Result<super::health::Health, LedgerError> {
-        let needs_human_before = needs_human_before.to_owned();
-        let retries = stats.retries_by_family.clone();
-        self.call(move |c| {
-            let from = from_seq.map(|f| f as i64);
-            // The window's queries name its first sequence number; the whole ledger's none.
-            let query = |sql: &str| {
-                let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &from {
-                    Some(f) if sql.contains("$1") => vec![f],
-                    _ => vec![],
-                };
-                c.block(c.client.query(sql, &args))
-            };
-            let group =
-                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
-                    Ok(query(sql)?
-                        .iter()
-                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
-                        .collect())
-                };
-            let rows = |sql: &str| -> Result<Vec<[String; 4]>, LedgerError> {
-                Ok(query(sql)?
-                    .iter()
-                    .map(|r| [r.get(0), r.get(1), r.get(2), r.get(3)])
-                    .collect())
-            };
-            let events = match from {
-                None => super::health::from_counters(
-                    &c.block(c.client.query("SELECT name, n FROM counters", &[]))?
-                        .iter()
-                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
-                        .collect(),
-                ),
-                Some(_) => {
-                    let mut events = group(&super::health::event_counts_sql(&DIALECT, true))?;
-                    events.extend(group(&super::health::refused_retries_sql(&DIALECT, true))?);
-                    events
-                }
-            };
-            super::health::health(
-                &events,
-                &retries,
-                &super::health::Reads {
-                    group: &group,
-                    rows: &rows,
-                    executed: None,
-                },
-                &DIALECT,
-                from.is_some(),
-                &needs_human_before,
-            )
-        })
-    }
-
-    pub(crate) fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
-        let key = key.clone();
-        self.call(move |c| {
-            let rows = c.block(c.client.query(
-                "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
-                 WHERE op_id = $1 AND host = $2 ORDER BY seq",
-                &[&key.op_id, &key.host],
-            ))?;
-            rows.iter()
-                .map(|r| {
-                    let seq = r.get::<_, i64>(0) as u64;
-                    Ok(StoredEvent {
-                        seq,
-                        op_id: r.get(1),
-                        host: r.get(2),
-                        at: r.get(3),
-                        event: decode(seq, r.get(4))?,
-                        prev_hash: r.get(5),
-                        hash: r.get(6),
-                    })
-                })
-                .collect()
-        })
-    }
-
-    pub(crate) fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
-        let op_id = op_id.to_owned();
-        self.call(move |c| {
-            let rows = c.block(c.client.query(
-                "SELECT DISTINCT host FROM events WHERE op_id = $1 ORDER BY host",
-                &[&op_id],
-            ))?;
-            Ok(rows.iter().map(|r| r.get(0)).collect())
-        })
-    }
-
-    /// The whole chain (`ledger migrate`), in one REPEATABLE READ (snapshot) transaction.
-    pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
-        self.call(|c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(snapshot_transaction(client))?;
-            let header = read_verify_header(rt, &tx)?;
-            let rows = rt
-                .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
-                .iter()
-                .map(chain_row)
-                .collect();
-            rt.block_on(tx.commit())?;
-            Ok(Snapshot {
-                head: header.head,
-                keyed_from: header.keyed_from,
-                rows,
-                cut: header.cut,
-                archived_counts: header.archived_counts,
-            })
-        })
-    }
-
-    /// `audit verify --full` in one REPEATABLE READ transaction, streamed: the events and
-    /// the rows are read a page at a time through two portals and fed to the same check
-    /// as SQLite's ([`super::verify::feed`]), so memory holds the operations in flight,
-    /// not the chain (read whole, a million operations' chain was gigabytes).
-    pub(crate) fn verify_full(
-        &self,
-        key: &InstallationKey,
-    ) -> Result<chain::ChainReport, LedgerError> {
-        let key = key.clone();
-        self.call(move |c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(snapshot_transaction(client))?;
-            let header = read_verify_header(rt, &tx)?;
-            let count = || {
-                rt.block_on(tx.query_one("SELECT COUNT(*) FROM events", &[]))
-                    .map_or(0, |r| r.get::<_, i64>(0) as u64)
-            };
-            let mut check = match super::verify::FullCheck::start(&key, header, count) {
-                Ok(check) => check,
-                Err(report) => return Ok(*report),
-            };
-            let after = check.after() as i64;
-            let events = rt.block_on(tx.bind(
-                &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
-                &[&after],
-            ))?;
-            let stored = rt.block_on(tx.bind(
-                &format!(
-                    "SELECT {} FROM operations ORDER BY last_seq",
-                    projection::COLUMNS
-                ),
-                &[],
-            ))?;
-            let page = |portal: &tokio_postgres::Portal,
-                        into: &mut std::collections::VecDeque<Row>| {
-                if into.is_empty() {
-                    into.extend(rt.block_on(tx.query_portal(portal, PAGE_ROWS))?);
-                }
-                Ok::<_, LedgerError>(into.pop_front())
-            };
-            let (mut event_page, mut stored_page) = Default::default();
-            // This layout keeps no link to an operation's previous event, so whether an
-            // event is its operation's first is what the walk has seen (a key per
-            // operation, still far less than the chain).
-            let mut seen = std::collections::HashSet::<String>::new();
-            let mut pair = String::new();
-            super::verify::feed(
-                &mut check,
-                |_| {
-                    Ok(page(&events, &mut event_page)?.map(|r| {
-                        let row = chain_row(&r);
-                        super::verify::pair_key(&mut pair, &row.op_id, &row.host);
-                        let first = !seen.contains(&pair) && seen.insert(pair.clone());
-                        (row, Some(first))
-                    }))
-                },
-                || {
-                    page(&stored, &mut stored_page)?
-                        .map(|r| record_from(&r))
-                        .transpose()
-                },
-            )?;
-            rt.block_on(tx.commit())?;
-            Ok(check.finish())
-        })
-    }
-
-    /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
-    /// REPEATABLE READ transaction.
-    pub(crate) fn snapshot_after_checkpoint(
-        &self,
-    ) -> Result<Option<super::Incremental>, LedgerError> {
-        self.call(|c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(
-                client
-                    .build_transaction()
-                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-                    .read_only(true)
-                    .start(),
-            )?;
-            let read = checkpoint::read_after(&mut PgReader { rt, tx: &tx })?;
-            rt.block_on(tx.commit())?;
-            Ok(read)
-        })
-    }
-
-    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
-    pub(crate) fn record_checkpoint(
-        &self,
-        seq: u64,
-        hash: &str,
-        mac: &str,
-    ) -> Result<(), LedgerError> {
-        let facts = checkpoint::facts(seq, hash, mac);
-        self.call(move |c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(client.transaction())?;
-            for (name, value) in &facts {
-                rt.block_on(tx.execute(
-                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                    &[name, value],
-                ))?;
-            }
-            rt.block_on(tx.commit())?;
-            Ok(())
-        })
-    }
-
-    /// The recorded archive cut and its MAC, and where the keyed chain starts, for
-    /// `audit verify --archive`.
-    pub(crate) fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
-        self.call(|c| {
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
-                Ok(c.block(
-                    c.client
-                        .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
-                )?
-                .map(|r| r.get(0)))
-            };
-            let cut = match meta("archive_cut")? {
-                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
-                None => None,
-            };
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            Ok((cut, keyed_from))
-        })
-    }
-
-    /// `ledger archive` (see [`archive`]): in one transaction holding the head row, so no
-    /// append interleaves and a second archive waits for the first, the cut is lowered
-    /// until no operation straddles it and none below it is unresolved, the events
-    /// through it are checked and written to `file` ([`archive::seal`]), then deleted
-    /// with their operations' rows, and the cut and the archived counts kept in `meta`.
-    /// The counters are left as they are: `stats` still counts the whole history.
-    pub(crate) fn archive(
-        &mut self,
-        key: &InstallationKey,
-        first_seq_at_cutoff: u64,
-        file: &Path,
-    ) -> Result<ArchiveReport, LedgerError> {
-        archive::refuse_existing(file)?;
-        let (key, file) = (key.clone(), file.to_path_buf());
-        self.call(move |c| {
-            let Conn { rt, client } = c;
-            let tx = rt.block_on(client.transaction())?;
-            rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
-                Ok(rt
-                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
-                    .map(|r| r.get(0)))
-            };
-            if let Some(value) = meta("archive_cut")? {
-                return Err(archive::archived_before(archive::parse_cut(&value).seq));
-            }
-            let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
-                Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
-            };
-            let mut cut = first_seq_at_cutoff.saturating_sub(1) as i64;
-            loop {
-                match lowest(
-                    "SELECT MIN(first_seq) FROM operations WHERE first_seq <= $1 AND (last_seq > $1 OR unresolved)",
-                    cut,
-                )? {
-                    Some(first) if first <= cut => cut = first - 1,
-                    _ => break,
-                }
-            }
-            // Events of keys without a projection row (e.g. a fence of an op id never
-            // intended here) must not straddle either.
-            loop {
-                match lowest(
-                    "SELECT MIN(e.seq) FROM events e WHERE e.seq <= $1 AND EXISTS (SELECT 1 FROM events f WHERE f.op_id = e.op_id AND f.host = e.host AND f.seq > $1)",
-                    cut,
-                )? {
-                    Some(first) if first <= cut => cut = first - 1,
-                    _ => break,
-                }
-            }
-            if cut <= 0 {
-                return Err(archive::nothing_to_archive());
-            }
-            let rows: Vec<chain::Row> = rt
-                .block_on(tx.query(
-                    &format!("{CHAIN_ROW_SELECT} WHERE seq <= $1 ORDER BY seq"),
-                    &[&cut],
-                ))?
-                .iter()
-                .map(chain_row)
-                .collect();
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let keyed_from_mac = meta("chain_keyed_from_mac")?;
-            let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref(), &file)?;
-            let through = sealed.cut.seq as i64;
-            rt.block_on(tx.execute("DELETE FROM events WHERE seq <= $1", &[&through]))?;
-            rt.block_on(tx.execute("DELETE FROM operations WHERE last_seq <= $1", &[&through]))?;
-            for (name, value) in archive::facts(&key, &sealed) {
-                rt.block_on(tx.execute(
-                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                    &[&name, &value],
-                ))?;
-            }
-            rt.block_on(tx.commit())?;
-            Ok(sealed.report)
         })
     }
 
@@ -781,7 +321,7 @@ impl PgStore {
                     &[&name, &value],
                 ))?;
             }
-            let (records, mut counts) = super::verify::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
+            let (records, mut counts) = crate::ledger::verify::replay_counting(&snapshot.rows).map_err(|m| LedgerError::Invalid {
                 message: format!(
                     "the ledger's events cannot be replayed ({}: {}); nothing was copied",
                     m.op_id, m.problem
@@ -790,7 +330,7 @@ impl PgStore {
             // An archived ledger: its cut and what the archived events counted come along
             // (the caller checked their MACs), and the counters count the whole history.
             if let (Some((cut, _)), Some((json, _))) = (&snapshot.cut, &snapshot.archived_counts) {
-                let archived: super::append::Counts =
+                let archived: crate::ledger::append::Counts =
                     serde_json::from_str(json).map_err(|_| LedgerError::Invalid {
                         message: "the ledger's archived counts cannot be read; nothing was copied"
                             .to_owned(),
@@ -822,18 +362,521 @@ impl PgStore {
             Ok(())
         })
     }
+}
 
-    /// See [`super::MISSING_SHARED_INTENTS`].
-    pub(crate) fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+impl Store for PgStore {
+    fn name(&self) -> &'static str {
+        "postgresql"
+    }
+
+    fn append_batch(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: Vec<BatchOp<'_>>,
+        // Every PostgreSQL commit is durable (`synchronous_commit` on).
+        _durability: Durability,
+    ) -> Result<(), LedgerError> {
+        for (key, redacted, at) in ops {
+            self.append(
+                ikey,
+                redactor,
+                key,
+                redacted,
+                at.to_owned(),
+                Durability::Full,
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn backup_to(&self, _dest: &Path, shown: &Path) -> Result<(), LedgerError> {
+        Err(LedgerError::Invalid {
+            message: format!(
+                "the ledger {} is a PostgreSQL database: back it up with PostgreSQL's own tools (pg_dump); nothing was written",
+                shown.display()
+            ),
+        })
+    }
+
+    fn events_with_hashes(
+        &self,
+        key: &OpKey,
+        _ikey: &InstallationKey,
+    ) -> Result<Vec<StoredEvent>, LedgerError> {
+        // PostgreSQL stores every hash in full.
+        self.events(key)
+    }
+
+    /// Appends in one head-locked transaction (see the module doc).
+    fn append(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        key: &OpKey,
+        events: Vec<(Event, String)>,
+        at: String,
+        // Every PostgreSQL commit is durable (`synchronous_commit` on).
+        _durability: Durability,
+        condition: Option<UnlessSettledSince>,
+    ) -> Result<Vec<u64>, LedgerError> {
+        let (ikey, redactor, key) = (ikey.clone(), redactor.clone(), key.clone());
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            let mut ptx = PgTx { rt, tx };
+            let seqs = append::append(&mut ptx, &ikey, &redactor, &key, &events, &at, condition)?;
+            let PgTx { rt, tx } = ptx;
+            rt.block_on(tx.commit())?;
+            Ok(seqs)
+        })
+    }
+
+    fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE op_id = $1 AND host = $2",
+                projection::COLUMNS
+            );
+            let row = c.block(c.client.query_opt(&sql, &[&key.op_id, &key.host]))?;
+            row.as_ref().map(record_from).transpose()
+        })
+    }
+
+    fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
+        let op_id = op_id.to_owned();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE op_id = $1 ORDER BY last_seq DESC",
+                projection::COLUMNS
+            );
+            let rows = c.block(c.client.query(&sql, &[&op_id]))?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    /// See `Ledger::same_intent_since`.
+    fn same_intent_since(
+        &self,
+        fingerprint: &str,
+        host: &str,
+        op_id: &str,
+        since: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        let (fingerprint, host, op_id, since) = (
+            fingerprint.to_owned(),
+            host.to_owned(),
+            op_id.to_owned(),
+            since.to_owned(),
+        );
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {} FROM operations WHERE fingerprint = $1 AND host = $2 AND op_id <> $3 AND created_at >= $4 ORDER BY first_seq LIMIT {SAME_INTENT_LIMIT}",
+                projection::COLUMNS
+            );
+            let rows = c.block(c.client.query(&sql, &[&fingerprint, &host, &op_id, &since]))?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
+        let (sql, args) = filter.sql(projection::COLUMNS, "unresolved", |i| format!("${i}"));
+        self.call(move |c| {
+            let args: Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>> = args
+                .into_iter()
+                .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
+                    match a {
+                        crate::ledger::SqlArg::Text(t) | crate::ledger::SqlArg::Stamp(t) => {
+                            Box::new(t)
+                        }
+                        crate::ledger::SqlArg::Int(n) => Box::new(n),
+                    }
+                })
+                .collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+                .iter()
+                .map(|a| a.as_ref() as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            let rows = c.block(c.client.query(&sql, &refs))?;
+            rows.iter().map(record_from).collect()
+        })
+    }
+
+    fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
+        self.call(move |c| {
+            Ok(c.block(c.client.query_opt(
+                "SELECT seq, at FROM events WHERE seq >= $1 ORDER BY seq LIMIT 1",
+                &[&(seq as i64)],
+            ))?
+            .map(|r| (r.get::<_, i64>(0) as u64, r.get(1))))
+        })
+    }
+
+    fn head_seq(&self) -> Result<u64, LedgerError> {
         self.call(|c| {
-            Ok(
-                c.block(c.client.query_one(super::MISSING_SHARED_INTENTS, &[]))?
-                    .get::<_, i64>(0) as u64,
+            Ok(c.block(
+                c.client
+                    .query_opt("SELECT seq FROM chain_head WHERE id = 1", &[]),
+            )?
+            .map_or(0, |r| r.get::<_, i64>(0) as u64))
+        })
+    }
+
+    fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
+        self.call(move |c| {
+            let from = from_seq as i64;
+            let count = |sql: &str| -> Result<u64, LedgerError> {
+                Ok(c.block(c.client.query_one(sql, &[&from]))?.get::<_, i64>(0) as u64)
+            };
+            let group =
+                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                    Ok(c.block(c.client.query(sql, &[&from]))?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                        .collect())
+                };
+            Stats::query_window(count, group, &DIALECT)
+        })
+    }
+
+    /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
+    /// its events from the counters) or of the window from `from_seq`.
+    fn health(
+        &self,
+        from_seq: Option<u64>,
+        needs_human_before: &str,
+        stats: &Stats,
+    ) -> Result<crate::ledger::health::Health, LedgerError> {
+        let needs_human_before = needs_human_before.to_owned();
+        let retries = stats.retries_by_family.clone();
+        self.call(move |c| {
+            let from = from_seq.map(|f| f as i64);
+            // The window's queries name its first sequence number; the whole ledger's none.
+            let query = |sql: &str| {
+                let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match &from {
+                    Some(f) if sql.contains("$1") => vec![f],
+                    _ => vec![],
+                };
+                c.block(c.client.query(sql, &args))
+            };
+            let group =
+                |sql: &str| -> Result<std::collections::BTreeMap<String, u64>, LedgerError> {
+                    Ok(query(sql)?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1) as u64))
+                        .collect())
+                };
+            let rows = |sql: &str| -> Result<Vec<[String; 4]>, LedgerError> {
+                Ok(query(sql)?
+                    .iter()
+                    .map(|r| [r.get(0), r.get(1), r.get(2), r.get(3)])
+                    .collect())
+            };
+            let events = match from {
+                None => crate::ledger::health::from_counters(
+                    &c.block(c.client.query("SELECT name, n FROM counters", &[]))?
+                        .iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+                        .collect(),
+                ),
+                Some(_) => {
+                    let mut events =
+                        group(&crate::ledger::health::event_counts_sql(&DIALECT, true))?;
+                    events.extend(group(&crate::ledger::health::refused_retries_sql(
+                        &DIALECT, true,
+                    ))?);
+                    events
+                }
+            };
+            crate::ledger::health::health(
+                &events,
+                &retries,
+                &crate::ledger::health::Reads {
+                    group: &group,
+                    rows: &rows,
+                    executed: None,
+                },
+                &DIALECT,
+                from.is_some(),
+                &needs_human_before,
             )
         })
     }
 
-    pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
+    fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let rows = c.block(c.client.query(
+                "SELECT seq, op_id, host, at, payload, prev_hash, hash FROM events
+                 WHERE op_id = $1 AND host = $2 ORDER BY seq",
+                &[&key.op_id, &key.host],
+            ))?;
+            rows.iter()
+                .map(|r| {
+                    let seq = r.get::<_, i64>(0) as u64;
+                    Ok(StoredEvent {
+                        seq,
+                        op_id: r.get(1),
+                        host: r.get(2),
+                        at: r.get(3),
+                        event: decode(seq, r.get(4))?,
+                        prev_hash: r.get(5),
+                        hash: r.get(6),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
+        let op_id = op_id.to_owned();
+        self.call(move |c| {
+            let rows = c.block(c.client.query(
+                "SELECT DISTINCT host FROM events WHERE op_id = $1 ORDER BY host",
+                &[&op_id],
+            ))?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    /// The whole chain (`ledger migrate`), in one REPEATABLE READ (snapshot) transaction.
+    fn snapshot(&self) -> Result<Snapshot, LedgerError> {
+        self.call(|c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(snapshot_transaction(client))?;
+            let header = read_verify_header(rt, &tx)?;
+            let rows = rt
+                .block_on(tx.query(&format!("{CHAIN_ROW_SELECT} ORDER BY seq"), &[]))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            rt.block_on(tx.commit())?;
+            Ok(Snapshot {
+                head: header.head,
+                keyed_from: header.keyed_from,
+                rows,
+                cut: header.cut,
+                archived_counts: header.archived_counts,
+            })
+        })
+    }
+
+    /// `audit verify --full` in one REPEATABLE READ transaction, streamed: the events and
+    /// the rows are read a page at a time through two portals and fed to the same check
+    /// as SQLite's ([`crate::ledger::verify::feed`]), so memory holds the operations in flight,
+    /// not the chain (read whole, a million operations' chain was gigabytes).
+    fn verify_full(&self, key: &InstallationKey) -> Result<chain::ChainReport, LedgerError> {
+        let key = key.clone();
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(snapshot_transaction(client))?;
+            let header = read_verify_header(rt, &tx)?;
+            let count = || {
+                rt.block_on(tx.query_one("SELECT COUNT(*) FROM events", &[]))
+                    .map_or(0, |r| r.get::<_, i64>(0) as u64)
+            };
+            let mut check = match crate::ledger::verify::FullCheck::start(&key, header, count) {
+                Ok(check) => check,
+                Err(report) => return Ok(*report),
+            };
+            let after = check.after() as i64;
+            let events = rt.block_on(tx.bind(
+                &format!("{CHAIN_ROW_SELECT} WHERE seq > $1 ORDER BY seq"),
+                &[&after],
+            ))?;
+            let stored = rt.block_on(tx.bind(
+                &format!(
+                    "SELECT {} FROM operations ORDER BY last_seq",
+                    projection::COLUMNS
+                ),
+                &[],
+            ))?;
+            let page = |portal: &tokio_postgres::Portal,
+                        into: &mut std::collections::VecDeque<Row>| {
+                if into.is_empty() {
+                    into.extend(rt.block_on(tx.query_portal(portal, PAGE_ROWS))?);
+                }
+                Ok::<_, LedgerError>(into.pop_front())
+            };
+            let (mut event_page, mut stored_page) = Default::default();
+            // This layout keeps no link to an operation's previous event, so whether an
+            // event is its operation's first is what the walk has seen (a key per
+            // operation, still far less than the chain).
+            let mut seen = std::collections::HashSet::<String>::new();
+            let mut pair = String::new();
+            crate::ledger::verify::feed(
+                &mut check,
+                |_| {
+                    Ok(page(&events, &mut event_page)?.map(|r| {
+                        let row = chain_row(&r);
+                        crate::ledger::verify::pair_key(&mut pair, &row.op_id, &row.host);
+                        let first = !seen.contains(&pair) && seen.insert(pair.clone());
+                        (row, Some(first))
+                    }))
+                },
+                || {
+                    page(&stored, &mut stored_page)?
+                        .map(|r| record_from(&r))
+                        .transpose()
+                },
+            )?;
+            rt.block_on(tx.commit())?;
+            Ok(check.finish())
+        })
+    }
+
+    /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
+    /// REPEATABLE READ transaction.
+    fn snapshot_after_checkpoint(&self) -> Result<Option<crate::ledger::Incremental>, LedgerError> {
+        self.call(|c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(
+                client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start(),
+            )?;
+            let read = checkpoint::read_after(&mut PgReader { rt, tx: &tx })?;
+            rt.block_on(tx.commit())?;
+            Ok(read)
+        })
+    }
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    fn record_checkpoint(&self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
+        let facts = checkpoint::facts(seq, hash, mac);
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            for (name, value) in &facts {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[name, value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(())
+        })
+    }
+
+    /// The recorded archive cut and its MAC, and where the keyed chain starts, for
+    /// `audit verify --archive`.
+    fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
+        self.call(|c| {
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(c.block(
+                    c.client
+                        .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
+                )?
+                .map(|r| r.get(0)))
+            };
+            let cut = match meta("archive_cut")? {
+                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                None => None,
+            };
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            Ok((cut, keyed_from))
+        })
+    }
+
+    /// `ledger archive` (see [`archive`]): in one transaction holding the head row, so no
+    /// append interleaves and a second archive waits for the first, the cut is lowered
+    /// until no operation straddles it and none below it is unresolved, the events
+    /// through it are checked and written to `file` ([`archive::seal`]), then deleted
+    /// with their operations' rows, and the cut and the archived counts kept in `meta`.
+    /// The counters are left as they are: `stats` still counts the whole history.
+    fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<ArchiveReport, LedgerError> {
+        archive::refuse_existing(file)?;
+        let (key, file) = (key.clone(), file.to_path_buf());
+        self.call(move |c| {
+            let Conn { rt, client } = c;
+            let tx = rt.block_on(client.transaction())?;
+            rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
+            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+                Ok(rt
+                    .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
+                    .map(|r| r.get(0)))
+            };
+            if let Some(value) = meta("archive_cut")? {
+                return Err(archive::archived_before(archive::parse_cut(&value).seq));
+            }
+            let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
+                Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
+            };
+            let mut cut = first_seq_at_cutoff.saturating_sub(1) as i64;
+            loop {
+                match lowest(
+                    "SELECT MIN(first_seq) FROM operations WHERE first_seq <= $1 AND (last_seq > $1 OR unresolved)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            // Events of keys without a projection row (e.g. a fence of an op id never
+            // intended here) must not straddle either.
+            loop {
+                match lowest(
+                    "SELECT MIN(e.seq) FROM events e WHERE e.seq <= $1 AND EXISTS (SELECT 1 FROM events f WHERE f.op_id = e.op_id AND f.host = e.host AND f.seq > $1)",
+                    cut,
+                )? {
+                    Some(first) if first <= cut => cut = first - 1,
+                    _ => break,
+                }
+            }
+            if cut <= 0 {
+                return Err(archive::nothing_to_archive());
+            }
+            let rows: Vec<chain::Row> = rt
+                .block_on(tx.query(
+                    &format!("{CHAIN_ROW_SELECT} WHERE seq <= $1 ORDER BY seq"),
+                    &[&cut],
+                ))?
+                .iter()
+                .map(chain_row)
+                .collect();
+            let keyed_from = meta("chain_keyed_from")?
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref())?;
+            super::sqlite::archive::write_file(&file, &key, &sealed.cut, &rows)?;
+            let through = sealed.cut.seq as i64;
+            rt.block_on(tx.execute("DELETE FROM events WHERE seq <= $1", &[&through]))?;
+            rt.block_on(tx.execute("DELETE FROM operations WHERE last_seq <= $1", &[&through]))?;
+            for (name, value) in archive::facts(&key, &sealed) {
+                rt.block_on(tx.execute(
+                    "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                    &[&name, &value],
+                ))?;
+            }
+            rt.block_on(tx.commit())?;
+            Ok(sealed.report)
+        })
+    }
+
+    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            Ok(c.block(
+                c.client
+                    .query_one(crate::ledger::MISSING_SHARED_INTENTS, &[]),
+            )?
+            .get::<_, i64>(0) as u64)
+        })
+    }
+
+    fn stats(&self) -> Result<Stats, LedgerError> {
         Ok(Stats::from_counters(&self.counters()?))
     }
 }
@@ -933,7 +976,7 @@ struct PgTx<'a> {
 }
 
 impl AppendTx for PgTx<'_> {
-    fn add_counts(&mut self, deltas: &super::append::Counts) -> Result<(), LedgerError> {
+    fn add_counts(&mut self, deltas: &crate::ledger::append::Counts) -> Result<(), LedgerError> {
         for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
             self.rt.block_on(self.tx.execute(
                 "INSERT INTO counters (name, n) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + excluded.n",
@@ -1045,9 +1088,6 @@ impl AppendTx for PgTx<'_> {
     }
 }
 
-/// The archive cut as `meta` records it, with its MAC (`None`: never archived).
-type RecordedCut = Option<(Cut, Option<String>)>;
-
 /// The columns of a [`chain::Row`], in [`chain_row`]'s order.
 const CHAIN_ROW_SELECT: &str =
     "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
@@ -1086,7 +1126,7 @@ async fn snapshot_transaction(
 fn read_verify_header(
     rt: &tokio::runtime::Runtime,
     tx: &tokio_postgres::Transaction<'_>,
-) -> Result<super::verify::Header, LedgerError> {
+) -> Result<crate::ledger::verify::Header, LedgerError> {
     let meta = |name: &str| -> Result<Option<String>, LedgerError> {
         Ok(rt
             .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
@@ -1103,7 +1143,7 @@ fn read_verify_header(
         Some(json) => Some((json, meta("archive_counts_mac")?)),
         None => None,
     };
-    Ok(super::verify::Header {
+    Ok(crate::ledger::verify::Header {
         head: read_head(rt, tx)?,
         keyed_from,
         keyed_from_mac: meta("chain_keyed_from_mac")?,

@@ -5,7 +5,7 @@
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::LedgerError;
+use crate::ledger::LedgerError;
 
 /// Migration `i` upgrades `user_version` `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -323,7 +323,7 @@ const MIGRATIONS: &[&str] = &[
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
 fn after(i: usize, tx: &Transaction<'_>) -> Result<(), LedgerError> {
     if i == 4 {
-        super::sqlite::migrate_to_compact(tx)?;
+        super::migrate_to_compact(tx)?;
         tx.execute_batch(
             "DROP TABLE events_v3;
              CREATE INDEX events_by_op ON events (op, seq);",
@@ -371,20 +371,25 @@ mod tests {
 
     #[test]
     fn the_health_backfill_counts_what_the_window_query_counts() {
-        let window = super::super::health::event_counts_sql(&super::super::sqlite::DIALECT, false);
+        let window =
+            crate::ledger::health::event_counts_sql(&crate::ledger::store::sqlite::DIALECT, false);
         let migration = words(super::MIGRATIONS[3]);
         let select = words(&window).replacen("SELECT ", "SELECT 'h/' || ", 1);
         assert!(migration.contains(&select), "{migration}\n---\n{select}");
-        let pg = words(include_str!("../../migrations/postgres/0004_health.sql"));
-        let pg_window =
-            super::super::health::event_counts_sql(&super::super::postgres::DIALECT, false);
+        let pg = words(include_str!(
+            "../../../../migrations/postgres/0004_health.sql"
+        ));
+        let pg_window = crate::ledger::health::event_counts_sql(
+            &crate::ledger::store::postgres::DIALECT,
+            false,
+        );
         let pg_select = words(&pg_window).replacen("SELECT ", "SELECT 'h/' || ", 1);
         assert!(pg.contains(&pg_select), "{pg}\n---\n{pg_select}");
         for (dialect, text) in [
-            (&super::super::sqlite::DIALECT, &migration),
-            (&super::super::postgres::DIALECT, &pg),
+            (&crate::ledger::store::sqlite::DIALECT, &migration),
+            (&crate::ledger::store::postgres::DIALECT, &pg),
         ] {
-            let refused = words(&super::super::health::refused_retries_sql(dialect, false))
+            let refused = words(&crate::ledger::health::refused_retries_sql(dialect, false))
                 .replacen("SELECT ", "SELECT 'h/' || ", 1);
             assert!(text.contains(&refused), "{text}\n---\n{refused}");
         }

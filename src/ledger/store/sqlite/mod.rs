@@ -7,6 +7,11 @@
 //! uses for the intent and the attempt before dispatch. Synchronous rusqlite calls: a
 //! cold `run` pays no connection set-up beyond opening the file.
 
+pub(crate) mod archive;
+mod binding;
+pub(crate) mod operations;
+pub(crate) mod schema;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
@@ -20,22 +25,25 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use sha2::{Digest, Sha256};
 
-use super::append::{self, AppendTx, UnlessSettledSince};
-use super::binding::{self, Bound};
-use super::chain;
-use super::checkpoint;
-use super::codec;
-use super::event::{Event, StoredEvent};
-use super::fingerprint::{self, InstallationKey};
-use super::projection::{self, OperationRecord};
-use super::redact::Redactor;
-use super::{decode, schema, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::binding::Bound;
+use crate::ledger::chain;
+use crate::ledger::checkpoint;
+use crate::ledger::codec;
+use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::fingerprint::{self, InstallationKey};
+use crate::ledger::projection::{self, OperationRecord};
+use crate::ledger::redact::Redactor;
+use crate::ledger::store::{BatchOp, RecordedCut, Store};
+use crate::ledger::{
+    decode, DatabaseFault, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats,
+};
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How SQLite spells what `stats` reads.
-pub(crate) const DIALECT: super::StatsDialect = super::StatsDialect {
+pub(crate) const DIALECT: crate::ledger::StatsDialect = crate::ledger::StatsDialect {
     verdict: "json_extract(payload, '$.verdict')",
     attempt_number: "json_extract(e.payload, '$.number')",
     unresolved: "unresolved = 1",
@@ -57,9 +65,24 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
-/// One operation of a batch: its key, its redacted events with their payloads, its
-/// record time.
-pub(crate) type BatchOp<'a> = (&'a OpKey, Vec<(Event, String)>, &'a str);
+impl From<rusqlite::Error> for LedgerError {
+    fn from(e: rusqlite::Error) -> Self {
+        let fault = match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => DatabaseFault::DiskFull,
+            Some(
+                rusqlite::ErrorCode::ReadOnly
+                | rusqlite::ErrorCode::CannotOpen
+                | rusqlite::ErrorCode::PermissionDenied,
+            ) => DatabaseFault::AccessDenied,
+            Some(rusqlite::ErrorCode::NotADatabase) => DatabaseFault::NotADatabase,
+            _ => DatabaseFault::Other,
+        };
+        LedgerError::Sqlite {
+            message: e.to_string(),
+            fault,
+        }
+    }
+}
 
 /// An open SQLite ledger.
 #[derive(Debug)]
@@ -86,7 +109,7 @@ impl AppendTx for Tx<'_, '_> {
     }
 
     fn load(&mut self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
-        projection::load(self.tx, key)
+        operations::load(self.tx, key)
     }
 
     fn insert(&mut self, r: &chain::Row) -> Result<(), LedgerError> {
@@ -95,7 +118,7 @@ impl AppendTx for Tx<'_, '_> {
     }
 
     fn store(&mut self, rec: &OperationRecord) -> Result<(), LedgerError> {
-        projection::store(self.tx, rec)
+        operations::store(self.tx, rec)
     }
 
     fn set_head(&mut self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
@@ -130,7 +153,7 @@ impl AppendTx for Tx<'_, '_> {
 
 impl SqliteStore {
     /// Opens (creating when missing: file 0600, missing directories 0700), migrates, and
-    /// checks the installation key: `key` when named, else [`super::key_path_beside`] the
+    /// checks the installation key: `key` when named, else [`crate::ledger::key_path_beside`] the
     /// ledger (made with a fresh ledger only; see [`binding`]).
     pub(crate) fn open(
         path: &Path,
@@ -226,9 +249,213 @@ impl SqliteStore {
         ))
     }
 
+    /// The counters `stats` reads.
+    pub(crate) fn counters(&self) -> Result<BTreeMap<String, i64>, LedgerError> {
+        let mut stmt = self.conn.prepare("SELECT name, n FROM counters")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The health events of the window from `from_seq`, named as the counters name them
+    /// (`health::key`), from one pass over the window's events.
+    fn health_window_events(&self, from_seq: u64) -> Result<BTreeMap<String, u64>, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let mut decoded: Vec<(OpKey, Event)> = Vec::new();
+        const COUNTED: &[&str] = &[
+            "verdict",
+            "reconciled",
+            "contradiction",
+            "repetition_held",
+            "linked",
+            "attempt_dispatched",
+            "boundary_reached",
+        ];
+        read_rows_decoding(
+            &tx,
+            &mut AtomsOf::reading(&tx, &self.atoms),
+            "WHERE e.seq >= ?1 ORDER BY e.seq",
+            params![from_seq as i64],
+            Payloads::Of(COUNTED),
+            |r| {
+                if COUNTED.contains(&r.kind.as_str()) {
+                    if let Ok(event) = decode(r.seq, &r.payload) {
+                        decoded.push((OpKey::new(r.op_id, r.host), event));
+                    }
+                }
+                Ok(())
+            },
+        )?;
+        let mut families: std::collections::HashMap<OpKey, String> = Default::default();
+        // Attempt numbers seen in the window: a refused boundary of an attempt dispatched
+        // before the window is not counted as a refused retry (it began earlier).
+        let mut numbers: std::collections::HashMap<String, u32> = Default::default();
+        let mut out = BTreeMap::new();
+        for (key, event) in decoded {
+            if !families.contains_key(&key) {
+                let family: Option<String> = tx
+                    .prepare_cached(FAMILY_OF)?
+                    .query_row(params![key.op_id, key.host], |r| r.get(0))
+                    .optional()?;
+                families.insert(
+                    key.clone(),
+                    family.unwrap_or_else(|| crate::ledger::health::NO_FAMILY.to_owned()),
+                );
+            }
+            let family = &families[&key];
+            match &event {
+                Event::AttemptDispatched {
+                    attempt_id, number, ..
+                } => {
+                    numbers.insert(attempt_id.clone(), *number);
+                }
+                Event::BoundaryReached {
+                    attempt_id,
+                    boundary: crate::vocab::Boundary::Refused,
+                    ..
+                } => {
+                    if numbers.get(attempt_id).is_some_and(|n| *n > 1) {
+                        *out.entry(format!(
+                            "{}//{family}",
+                            crate::ledger::health::REFUSED_RETRY
+                        ))
+                        .or_insert(0) += 1;
+                    }
+                }
+                other => {
+                    if let Some(name) = crate::ledger::health::key(other, family) {
+                        *out.entry(name).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        tx.finish()?;
+        Ok(out)
+    }
+
+    /// Whether an attempt of the operation reached `started` or `exit_received`
+    /// (execution evidence, for the suspected duplicates).
+    fn executed(&self, key: &OpKey) -> Result<bool, LedgerError> {
+        Ok(self.events(key)?.iter().any(|e| {
+            matches!(
+                e.event,
+                Event::ExitReceived { .. }
+                    | Event::BoundaryReached {
+                        boundary: crate::vocab::Boundary::Started,
+                        ..
+                    }
+            )
+        }))
+    }
+
+    fn verify_full_walk(&self, key: &InstallationKey) -> Result<chain::ChainReport, LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
+        let header = crate::ledger::verify::Header {
+            head: chain_head(&tx)?,
+            keyed_from,
+            keyed_from_mac,
+            counters: {
+                let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
+                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<Result<_, _>>()?
+            },
+            cut: archive::read_cut(&tx)?,
+            archived_counts: archive::read_counts(&tx)?,
+        };
+        let count = || {
+            tx.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
+                .unwrap_or(0)
+        };
+        let mut check = match crate::ledger::verify::FullCheck::start(key, header, count) {
+            Ok(check) => check,
+            Err(report) => return Ok(*report),
+        };
+        {
+            let mut atoms_stmt = tx.prepare(ATOMS_IN_ORDER)?;
+            let mut atoms = AtomsInOrder::new(&mut atoms_stmt)?;
+            let mut events =
+                tx.prepare(&format!("{ROW_SELECT} WHERE e.seq > ?1 ORDER BY e.seq"))?;
+            let mut events = events.query(params![check.after() as i64])?;
+            let mut stored = tx.prepare(&format!(
+                "SELECT {} FROM operations ORDER BY last_seq",
+                projection::COLUMNS
+            ))?;
+            let mut stored = stored.query([])?;
+            crate::ledger::verify::feed(
+                &mut check,
+                |spare| match events.next()? {
+                    Some(r) => {
+                        let mut row = spare.unwrap_or_default();
+                        let back = decode_row_into(r, &mut atoms, &mut row, Payloads::All)?;
+                        Ok(Some((row, Some(back.is_none()))))
+                    }
+                    None => Ok(None),
+                },
+                || -> Result<_, LedgerError> {
+                    Ok(match stored.next()? {
+                        Some(r) => Some(operations::from_row(r)?),
+                        None => None,
+                    })
+                },
+            )?;
+        }
+        tx.finish()?;
+        Ok(check.finish())
+    }
+
+    /// [`Store::append_batch`] at the connection's current durability.
+    fn append_batch_now(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: &[BatchOp<'_>],
+    ) -> Result<(), LedgerError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut t = Tx {
+            tx: &tx,
+            atoms: AtomsOf::writing(&tx, &self.atoms),
+        };
+        for (key, events, at) in ops {
+            append::append(&mut t, ikey, redactor, key, events, at, None)?;
+        }
+        let pending = t.atoms.into_pending();
+        tx.commit()?;
+        self.atoms.borrow_mut().committed(pending);
+        Ok(())
+    }
+}
+
+impl Store for SqliteStore {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn fold_wal(&self) -> Result<(), LedgerError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// See `Ledger::expand_rows_for_tests`.
+    fn expand_rows_for_tests(&self, key: &InstallationKey) -> Result<(), LedgerError> {
+        expand_rows(&self.conn, &self.atoms, key)
+    }
+
+    fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
+        let tx = self.conn.unchecked_transaction()?;
+        Ok((archive::read_cut(&tx)?, binding::keyed_from(&tx)?.0))
+    }
+
+    #[cfg(test)]
+    fn sqlite_conn(&self) -> Option<&Connection> {
+        Some(&self.conn)
+    }
+
     /// See `Ledger::backup_to`. `VACUUM INTO` reads in one transaction, so the copy is a
     /// snapshot even while other processes append; it also works on a read-only ledger.
-    pub(crate) fn backup_to(&self, dest: &Path) -> Result<(), LedgerError> {
+    fn backup_to(&self, dest: &Path, _shown: &Path) -> Result<(), LedgerError> {
         let Some(dest_text) = dest.to_str() else {
             return Err(LedgerError::Invalid {
                 message: format!(
@@ -284,13 +511,13 @@ impl SqliteStore {
 
     /// Appends in one `BEGIN IMMEDIATE` transaction.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn append(
+    fn append(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
         key: &OpKey,
-        events: &[(Event, String)],
-        at: &str,
+        events: Vec<(Event, String)>,
+        at: String,
         durability: Durability,
         condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError> {
@@ -306,7 +533,7 @@ impl SqliteStore {
                 tx: &tx,
                 atoms: AtomsOf::writing(&tx, &self.atoms),
             };
-            let seqs = append::append(&mut t, ikey, redactor, key, events, at, condition)?;
+            let seqs = append::append(&mut t, ikey, redactor, key, &events, &at, condition)?;
             let pending = t.atoms.into_pending();
             tx.commit()?;
             self.atoms.borrow_mut().committed(pending);
@@ -320,30 +547,28 @@ impl SqliteStore {
     }
 
     /// Appends many operations' events in one `BEGIN IMMEDIATE` transaction.
-    pub(crate) fn append_batch(
+    fn append_batch(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: &[BatchOp<'_>],
+        ops: Vec<BatchOp<'_>>,
+        durability: Durability,
     ) -> Result<(), LedgerError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut t = Tx {
-            tx: &tx,
-            atoms: AtomsOf::writing(&tx, &self.atoms),
-        };
-        for (key, events, at) in ops {
-            append::append(&mut t, ikey, redactor, key, events, at, None)?;
+        let full = durability == Durability::Full;
+        if full {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
         }
-        let pending = t.atoms.into_pending();
-        tx.commit()?;
-        self.atoms.borrow_mut().committed(pending);
-        Ok(())
+        let result = self.append_batch_now(ikey, redactor, &ops);
+        if full {
+            // Best effort, as after any `Full` append: a failure only makes later commits
+            // stricter.
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
     }
 
     /// The projection row of one operation.
-    pub(crate) fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
+    fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError> {
         Ok(self
             .conn
             .query_row(
@@ -352,26 +577,23 @@ impl SqliteStore {
                     projection::COLUMNS
                 ),
                 params![key.op_id, key.host],
-                projection::from_row,
+                operations::from_row,
             )
             .optional()?)
     }
 
     /// Every operation with this id (one per host), most recently active first.
-    pub(crate) fn operations_by_id(
-        &self,
-        op_id: &str,
-    ) -> Result<Vec<OperationRecord>, LedgerError> {
+    fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError> {
         let mut stmt = self.conn.prepare(&format!(
             "SELECT {} FROM operations WHERE op_id = ?1 ORDER BY last_seq DESC",
             projection::COLUMNS
         ))?;
-        let rows = stmt.query_map(params![op_id], projection::from_row)?;
+        let rows = stmt.query_map(params![op_id], operations::from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// See `Ledger::same_intent_since`: walks `operations_by_intent`.
-    pub(crate) fn same_intent_since(
+    fn same_intent_since(
         &self,
         fingerprint: &str,
         host: &str,
@@ -381,11 +603,11 @@ impl SqliteStore {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {} FROM operations WHERE substr(fingerprint, 1, 16) = substr(?1, 1, 16) AND +fingerprint = ?1 AND host = ?2 AND op_id <> ?3 AND created_at >= ?4 ORDER BY first_seq LIMIT {}",
             projection::COLUMNS,
-            super::SAME_INTENT_LIMIT
+            crate::ledger::SAME_INTENT_LIMIT
         ))?;
         let rows = stmt.query_map(
             params![fingerprint, host, op_id, codec::stamp_bound(since)],
-            projection::from_row,
+            operations::from_row,
         )?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -393,29 +615,24 @@ impl SqliteStore {
     /// Operations, most recently active first, filtered. Each filter is spelled so that
     /// SQLite walks the index made for it (a partial one for unresolved and contradicted
     /// rows) from the newest end and stops at the limit.
-    pub(crate) fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
+    fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError> {
         let (sql, args) = filter.sql(projection::COLUMNS, "unresolved = 1", |i| format!("?{i}"));
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map(
             rusqlite::params_from_iter(args.iter().map(|a| match a {
-                super::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
-                super::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
-                super::SqlArg::Stamp(at) => rusqlite::types::Value::Integer(codec::stamp_bound(at)),
+                crate::ledger::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
+                crate::ledger::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
+                crate::ledger::SqlArg::Stamp(at) => {
+                    rusqlite::types::Value::Integer(codec::stamp_bound(at))
+                }
             })),
-            projection::from_row,
+            operations::from_row,
         )?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// The counters `stats` reads.
-    pub(crate) fn counters(&self) -> Result<BTreeMap<String, i64>, LedgerError> {
-        let mut stmt = self.conn.prepare("SELECT name, n FROM counters")?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
     /// The first stored event at or after `seq`: `(seq, at)`.
-    pub(crate) fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
+    fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError> {
         Ok(self
             .conn
             .query_row(
@@ -437,7 +654,7 @@ impl SqliteStore {
     }
 
     /// The head's sequence number (0 before the first event).
-    pub(crate) fn head_seq(&self) -> Result<u64, LedgerError> {
+    fn head_seq(&self) -> Result<u64, LedgerError> {
         Ok(self
             .conn
             .query_row("SELECT seq FROM chain_head WHERE id = 1", [], |r| r.get(0))
@@ -448,7 +665,7 @@ impl SqliteStore {
     /// `stats` over the events from `from_seq` on and the operations active since:
     /// O(window), through the primary key and the recency index. The events' payloads are
     /// compact (schema 5), so they are counted here rather than by SQL.
-    pub(crate) fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
+    fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let count = |sql: &str| -> Result<u64, LedgerError> {
             Ok(tx.query_row(sql, params![from_seq as i64], |r| r.get(0))?)
@@ -537,12 +754,12 @@ impl SqliteStore {
 
     /// The health counts (docs/ledger.md#health) of the whole ledger (`from_seq` None,
     /// its events from the counters) or of the window from `from_seq`.
-    pub(crate) fn health(
+    fn health(
         &self,
         from_seq: Option<u64>,
         needs_human_before: &str,
         stats: &Stats,
-    ) -> Result<super::health::Health, LedgerError> {
+    ) -> Result<crate::ledger::health::Health, LedgerError> {
         let c = &self.conn;
         // The window's queries name its first sequence number; the whole ledger's none.
         let bind = |stmt: &rusqlite::Statement<'_>| -> Vec<u64> {
@@ -568,14 +785,14 @@ impl SqliteStore {
             Ok(rows.collect::<Result<_, _>>()?)
         };
         let events = match from_seq {
-            None => super::health::from_counters(&self.counters()?),
+            None => crate::ledger::health::from_counters(&self.counters()?),
             // The payloads are compact (schema 5): the window is counted here, not by SQL.
             Some(from) => self.health_window_events(from)?,
         };
-        super::health::health(
+        crate::ledger::health::health(
             &events,
             &stats.retries_by_family,
-            &super::health::Reads {
+            &crate::ledger::health::Reads {
                 group: &group,
                 rows: &rows,
                 executed: Some(&|key: &OpKey| self.executed(key)),
@@ -586,96 +803,8 @@ impl SqliteStore {
         )
     }
 
-    /// The health events of the window from `from_seq`, named as the counters name them
-    /// (`health::key`), from one pass over the window's events.
-    fn health_window_events(&self, from_seq: u64) -> Result<BTreeMap<String, u64>, LedgerError> {
-        let tx = self.conn.unchecked_transaction()?;
-        let mut decoded: Vec<(OpKey, Event)> = Vec::new();
-        const COUNTED: &[&str] = &[
-            "verdict",
-            "reconciled",
-            "contradiction",
-            "repetition_held",
-            "linked",
-            "attempt_dispatched",
-            "boundary_reached",
-        ];
-        read_rows_decoding(
-            &tx,
-            &mut AtomsOf::reading(&tx, &self.atoms),
-            "WHERE e.seq >= ?1 ORDER BY e.seq",
-            params![from_seq as i64],
-            Payloads::Of(COUNTED),
-            |r| {
-                if COUNTED.contains(&r.kind.as_str()) {
-                    if let Ok(event) = decode(r.seq, &r.payload) {
-                        decoded.push((OpKey::new(r.op_id, r.host), event));
-                    }
-                }
-                Ok(())
-            },
-        )?;
-        let mut families: std::collections::HashMap<OpKey, String> = Default::default();
-        // Attempt numbers seen in the window: a refused boundary of an attempt dispatched
-        // before the window is not counted as a refused retry (it began earlier).
-        let mut numbers: std::collections::HashMap<String, u32> = Default::default();
-        let mut out = BTreeMap::new();
-        for (key, event) in decoded {
-            if !families.contains_key(&key) {
-                let family: Option<String> = tx
-                    .prepare_cached(FAMILY_OF)?
-                    .query_row(params![key.op_id, key.host], |r| r.get(0))
-                    .optional()?;
-                families.insert(
-                    key.clone(),
-                    family.unwrap_or_else(|| super::health::NO_FAMILY.to_owned()),
-                );
-            }
-            let family = &families[&key];
-            match &event {
-                Event::AttemptDispatched {
-                    attempt_id, number, ..
-                } => {
-                    numbers.insert(attempt_id.clone(), *number);
-                }
-                Event::BoundaryReached {
-                    attempt_id,
-                    boundary: crate::vocab::Boundary::Refused,
-                    ..
-                } => {
-                    if numbers.get(attempt_id).is_some_and(|n| *n > 1) {
-                        *out.entry(format!("{}//{family}", super::health::REFUSED_RETRY))
-                            .or_insert(0) += 1;
-                    }
-                }
-                other => {
-                    if let Some(name) = super::health::key(other, family) {
-                        *out.entry(name).or_insert(0) += 1;
-                    }
-                }
-            }
-        }
-        tx.finish()?;
-        Ok(out)
-    }
-
-    /// Whether an attempt of the operation reached `started` or `exit_received`
-    /// (execution evidence, for the suspected duplicates).
-    fn executed(&self, key: &OpKey) -> Result<bool, LedgerError> {
-        Ok(self.events(key)?.iter().any(|e| {
-            matches!(
-                e.event,
-                Event::ExitReceived { .. }
-                    | Event::BoundaryReached {
-                        boundary: crate::vocab::Boundary::Started,
-                        ..
-                    }
-            )
-        }))
-    }
-
     /// One operation's events in order.
-    pub(crate) fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
+    fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError> {
         let rows = op_rows(
             &self.conn,
             &mut AtomsOf::reading(&self.conn, &self.atoms),
@@ -702,7 +831,7 @@ impl SqliteStore {
     /// hash (an anchor, [`chain::ANCHOR`] events apart at most, or the archive cut), so
     /// this reads a few hundred events, not the chain. Not a verification: an event whose
     /// content no longer matches its tag shows the tag; `audit verify` names it.
-    pub(crate) fn events_with_hashes(
+    fn events_with_hashes(
         &self,
         key: &OpKey,
         ikey: &InstallationKey,
@@ -710,7 +839,7 @@ impl SqliteStore {
         let mut events = self.events(key)?;
         let tx = self.conn.unchecked_transaction()?;
         let (keyed_from, _) = binding::keyed_from(&tx)?;
-        let cut = super::archive::read_cut(&tx)?.map(|(c, _)| c);
+        let cut = archive::read_cut(&tx)?.map(|(c, _)| c);
         let mut atoms = AtomsOf::reading(&tx, &self.atoms);
         // The last event walked and its full hash.
         let mut walked: Option<(u64, String)> = None;
@@ -761,7 +890,7 @@ impl SqliteStore {
     }
 
     /// Hosts on which `op_id` has events (also those without an intent).
-    pub(crate) fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
+    fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError> {
         let mut stmt = self.conn.prepare(
             "SELECT host FROM op_keys WHERE op_id = ?1 AND last_seq IS NOT NULL ORDER BY host",
         )?;
@@ -770,23 +899,21 @@ impl SqliteStore {
     }
 
     /// Counts for `opmark stats`, from the counters.
-    pub(crate) fn stats(&self) -> Result<Stats, LedgerError> {
+    fn stats(&self) -> Result<Stats, LedgerError> {
         Ok(Stats::from_counters(&self.counters()?))
     }
 
-    /// See [`super::MISSING_SHARED_INTENTS`].
-    pub(crate) fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
+    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
         let n: i64 = self
             .conn
-            .query_row(super::MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
+            .query_row(crate::ledger::MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
         Ok(n as u64)
     }
 
     /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
     /// consistent snapshot.
-    pub(crate) fn snapshot_after_checkpoint(
-        &self,
-    ) -> Result<Option<super::Incremental>, LedgerError> {
+    fn snapshot_after_checkpoint(&self) -> Result<Option<crate::ledger::Incremental>, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let read = checkpoint::read_after(&mut SqliteReader {
             tx: &tx,
@@ -796,23 +923,18 @@ impl SqliteStore {
         Ok(read)
     }
 
-    /// See [`super::archive::archive`].
-    pub(crate) fn archive(
+    /// See [`crate::ledger::archive::archive`].
+    fn archive(
         &mut self,
         key: &InstallationKey,
         first_seq_at_cutoff: u64,
         file: &Path,
-    ) -> Result<super::archive::ArchiveReport, LedgerError> {
-        super::archive::archive(&mut self.conn, &self.atoms, key, first_seq_at_cutoff, file)
+    ) -> Result<crate::ledger::archive::ArchiveReport, LedgerError> {
+        archive::archive(&mut self.conn, &self.atoms, key, first_seq_at_cutoff, file)
     }
 
     /// Records that the chain verified whole up to `seq` (whose event has `hash`).
-    pub(crate) fn record_checkpoint(
-        &self,
-        seq: u64,
-        hash: &str,
-        mac: &str,
-    ) -> Result<(), LedgerError> {
+    fn record_checkpoint(&self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         for (name, value) in checkpoint::facts(seq, hash, mac) {
             tx.execute(
@@ -824,13 +946,10 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// `audit verify`'s full walk ([`super::verify`]) in one consistent snapshot: the
+    /// `audit verify`'s full walk ([`crate::ledger::verify`]) in one consistent snapshot: the
     /// events by primary key and the `operations` rows by the recency index, side by
     /// side, so nothing is collected.
-    pub(crate) fn verify_full(
-        &self,
-        key: &InstallationKey,
-    ) -> Result<chain::ChainReport, LedgerError> {
+    fn verify_full(&self, key: &InstallationKey) -> Result<chain::ChainReport, LedgerError> {
         // Read through a map of the file: the walk reads every page once, and reading
         // them by pread through a small page cache took a third of its time. The map is
         // the page cache's memory, counted in RSS but not the process's own. Given back
@@ -841,70 +960,14 @@ impl SqliteStore {
         report
     }
 
-    fn verify_full_walk(&self, key: &InstallationKey) -> Result<chain::ChainReport, LedgerError> {
-        let tx = self.conn.unchecked_transaction()?;
-        let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
-        let header = super::verify::Header {
-            head: chain_head(&tx)?,
-            keyed_from,
-            keyed_from_mac,
-            counters: {
-                let mut stmt = tx.prepare("SELECT name, n FROM counters")?;
-                let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                rows.collect::<Result<_, _>>()?
-            },
-            cut: super::archive::read_cut(&tx)?,
-            archived_counts: super::archive::read_counts(&tx)?,
-        };
-        let count = || {
-            tx.query_row("SELECT COUNT(*) FROM events", [], |r| r.get(0))
-                .unwrap_or(0)
-        };
-        let mut check = match super::verify::FullCheck::start(key, header, count) {
-            Ok(check) => check,
-            Err(report) => return Ok(*report),
-        };
-        {
-            let mut atoms_stmt = tx.prepare(ATOMS_IN_ORDER)?;
-            let mut atoms = AtomsInOrder::new(&mut atoms_stmt)?;
-            let mut events =
-                tx.prepare(&format!("{ROW_SELECT} WHERE e.seq > ?1 ORDER BY e.seq"))?;
-            let mut events = events.query(params![check.after() as i64])?;
-            let mut stored = tx.prepare(&format!(
-                "SELECT {} FROM operations ORDER BY last_seq",
-                projection::COLUMNS
-            ))?;
-            let mut stored = stored.query([])?;
-            super::verify::feed(
-                &mut check,
-                |spare| match events.next()? {
-                    Some(r) => {
-                        let mut row = spare.unwrap_or_default();
-                        let back = decode_row_into(r, &mut atoms, &mut row, Payloads::All)?;
-                        Ok(Some((row, Some(back.is_none()))))
-                    }
-                    None => Ok(None),
-                },
-                || -> Result<_, LedgerError> {
-                    Ok(match stored.next()? {
-                        Some(r) => Some(projection::from_row(r)?),
-                        None => None,
-                    })
-                },
-            )?;
-        }
-        tx.finish()?;
-        Ok(check.finish())
-    }
-
     /// The whole chain (`ledger migrate`), read in one consistent snapshot.
-    pub(crate) fn snapshot(&self) -> Result<Snapshot, LedgerError> {
+    fn snapshot(&self) -> Result<Snapshot, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let head = chain_head(&tx)?;
         let (keyed_from, _) = binding::keyed_from(&tx)?;
         let rows = rows_where(&tx, &self.atoms, "ORDER BY e.seq", [])?;
-        let cut = super::archive::read_cut(&tx)?;
-        let archived_counts = super::archive::read_counts(&tx)?;
+        let cut = archive::read_cut(&tx)?;
+        let archived_counts = archive::read_counts(&tx)?;
         tx.finish()?;
         Ok(Snapshot {
             head,
@@ -1066,7 +1129,7 @@ impl checkpoint::SnapshotReader for SqliteReader<'_> {
                 0,
             )?);
             if let Some(rec) = row
-                .query_row(params![key.op_id, key.host], projection::from_row)
+                .query_row(params![key.op_id, key.host], operations::from_row)
                 .optional()?
             {
                 projected.push(rec);
@@ -1740,7 +1803,7 @@ pub(crate) fn expand_rows(
     let mut rows = rows_where(conn, cache, "ORDER BY e.seq", [])?;
     let tx = conn.unchecked_transaction()?;
     let (keyed_from, _) = binding::keyed_from(&tx)?;
-    let start = super::archive::read_cut(&tx)?.map_or(chain::GENESIS.to_owned(), |(c, _)| c.hash);
+    let start = archive::read_cut(&tx)?.map_or(chain::GENESIS.to_owned(), |(c, _)| c.hash);
     chain::complete(&mut rows, key, keyed_from, &start);
     for r in rows {
         tx.execute(

@@ -1,0 +1,155 @@
+//! What a ledger backend does: the one [`Store`] trait the [`crate::ledger::Ledger`]
+//! calls, and its two implementations, [`sqlite`] (a file, the default) and [`postgres`]
+//! (a database shared by many machines). The backends hold the SQL and the database
+//! crates; the append algorithm, the chain, the checks and the archive cut they run are
+//! the ledger's own, written once.
+
+pub(crate) mod postgres;
+pub(crate) mod sqlite;
+
+use std::path::Path;
+
+use crate::ledger::append::UnlessSettledSince;
+use crate::ledger::archive::{ArchiveReport, Cut};
+use crate::ledger::chain::ChainReport;
+use crate::ledger::checkpoint::Incremental;
+use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::health::Health;
+use crate::ledger::projection::OperationRecord;
+use crate::ledger::redact::Redactor;
+use crate::ledger::{Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+
+/// One operation of a batch: its key, its redacted events with their payloads, its
+/// record time.
+pub(crate) type BatchOp<'a> = (&'a OpKey, Vec<(Event, String)>, &'a str);
+
+/// Where `ledger archive` cut the chain and the cut's MAC, if it ever did.
+pub(crate) type RecordedCut = Option<(Cut, Option<String>)>;
+
+/// An open ledger database. Reads see one consistent snapshot per call; appends run
+/// [`crate::ledger::append`] in one transaction under the backend's chain-head lock.
+pub(crate) trait Store {
+    /// Which backend: `sqlite` or `postgresql`.
+    fn name(&self) -> &'static str;
+
+    /// Appends one operation's redacted events (with their payloads) in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn append(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        key: &OpKey,
+        events: Vec<(Event, String)>,
+        at: String,
+        durability: Durability,
+        condition: Option<UnlessSettledSince>,
+    ) -> Result<Vec<u64>, LedgerError>;
+
+    /// Appends many operations' events, all or nothing where the backend can.
+    fn append_batch(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: Vec<BatchOp<'_>>,
+        durability: Durability,
+    ) -> Result<(), LedgerError>;
+
+    /// Folds a write-ahead log into the database, where there is one.
+    fn fold_wal(&self) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
+    /// `ledger backup` to the new file `dest`; `shown` names the ledger in messages.
+    fn backup_to(&self, dest: &Path, shown: &Path) -> Result<(), LedgerError>;
+
+    /// Test support: see `Ledger::expand_rows_for_tests`.
+    fn expand_rows_for_tests(&self, _key: &InstallationKey) -> Result<(), LedgerError> {
+        Ok(())
+    }
+
+    /// The projection row of one operation.
+    fn operation(&self, key: &OpKey) -> Result<Option<OperationRecord>, LedgerError>;
+
+    /// Every operation with this id, most recently active first.
+    fn operations_by_id(&self, op_id: &str) -> Result<Vec<OperationRecord>, LedgerError>;
+
+    /// See `Ledger::same_intent_since`.
+    fn same_intent_since(
+        &self,
+        fingerprint: &str,
+        host: &str,
+        op_id: &str,
+        since: &str,
+    ) -> Result<Vec<OperationRecord>, LedgerError>;
+
+    /// Operations, most recently active first, filtered.
+    fn list(&self, filter: &ListFilter) -> Result<Vec<OperationRecord>, LedgerError>;
+
+    /// One operation's events in order.
+    fn events(&self, key: &OpKey) -> Result<Vec<StoredEvent>, LedgerError>;
+
+    /// [`Store::events`] with every hash in full.
+    fn events_with_hashes(
+        &self,
+        key: &OpKey,
+        ikey: &InstallationKey,
+    ) -> Result<Vec<StoredEvent>, LedgerError>;
+
+    /// Hosts on which `op_id` has events.
+    fn hosts_of(&self, op_id: &str) -> Result<Vec<String>, LedgerError>;
+
+    /// The whole chain in one consistent snapshot.
+    fn snapshot(&self) -> Result<Snapshot, LedgerError>;
+
+    /// `audit verify`'s full walk in one consistent snapshot.
+    fn verify_full(&self, key: &InstallationKey) -> Result<ChainReport, LedgerError>;
+
+    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    fn missing_shared_intents(&self) -> Result<u64, LedgerError>;
+
+    /// `ledger archive` from the first event at or after the cutoff (see
+    /// [`crate::ledger::archive`]).
+    fn archive(
+        &mut self,
+        key: &InstallationKey,
+        first_seq_at_cutoff: u64,
+        file: &Path,
+    ) -> Result<ArchiveReport, LedgerError>;
+
+    /// The recorded archive cut and its MAC, and where the keyed chain starts, for
+    /// `audit verify --archive`.
+    fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError>;
+
+    /// What a routine `audit verify` reads, in one consistent snapshot.
+    fn snapshot_after_checkpoint(&self) -> Result<Option<Incremental>, LedgerError>;
+
+    /// Records that the chain verified whole up to `seq` (whose event has `hash`).
+    fn record_checkpoint(&self, seq: u64, hash: &str, mac: &str) -> Result<(), LedgerError>;
+
+    /// Counts from the counters every append keeps.
+    fn stats(&self) -> Result<Stats, LedgerError>;
+
+    /// Counts over the events from `from_seq` on.
+    fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError>;
+
+    /// The health counts of the whole ledger (`from_seq` None) or of the window.
+    fn health(
+        &self,
+        from_seq: Option<u64>,
+        needs_human_before: &str,
+        stats: &Stats,
+    ) -> Result<Health, LedgerError>;
+
+    /// The newest sequence number (0 when empty).
+    fn head_seq(&self) -> Result<u64, LedgerError>;
+
+    /// The first event at or after `seq`: its seq and record time.
+    fn event_at_or_after(&self, seq: u64) -> Result<Option<(u64, String)>, LedgerError>;
+
+    /// The SQLite connection, for tests that edit the file behind opmark's back.
+    #[cfg(test)]
+    fn sqlite_conn(&self) -> Option<&rusqlite::Connection> {
+        None
+    }
+}
