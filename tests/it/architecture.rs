@@ -786,7 +786,7 @@ fn no_circle_inside_any_folder() {
     let (known, new): (Vec<&String>, Vec<&String>) = circles.iter().partition(|c| {
         STILL_CIRCLING
             .iter()
-            .any(|f| c.starts_with(&format!("src/{f}/:")))
+            .any(|f| c.starts_with(&format!("src/{f}/")))
     });
     assert!(
         new.is_empty(),
@@ -797,13 +797,13 @@ fn no_circle_inside_any_folder() {
         assert!(
             known
                 .iter()
-                .any(|c| c.starts_with(&format!("src/{folder}/:"))),
+                .any(|c| c.starts_with(&format!("src/{folder}/"))),
             "src/{folder}/ has no circle any more: take it off STILL_CIRCLING"
         );
     }
 }
 
-/// Folders whose files still import each other in a circle (issue 45, in progress): the
-/// test holds every other folder to none and fails when one of these is untangled, so the
-/// list only shrinks.
+/// Folders (their subfolders too) whose files still import each other in a circle (issue
+/// 45, in progress): the test holds every other folder to none and fails when one of
+/// these is untangled, so the list only shrinks.
 const STILL_CIRCLING: &[&str] = &["lab", "ledger"];
