@@ -556,6 +556,50 @@ async fn spool_stdin(
     Ok(Ok(Some(buf)))
 }
 
+/// What a run sets up before its first host, whether it has one host or many.
+struct Setup {
+    /// From here on a signal is answered, never the silent default death.
+    interrupts: Interrupts,
+    policy: crate::policy::Policy,
+    /// Opened once before any host is tried, so that a ledger problem is one error.
+    ledger: crate::ledger::Ledger,
+    /// The ledger's own key (checked when it was opened), never the config dir's.
+    key: crate::ledger::fingerprint::InstallationKey,
+    /// What the ledger held under this op id before the run: to tell the caller about
+    /// evidence this run finds contradicting it.
+    known: Vec<OperationRecord>,
+}
+
+fn set_up(ctx: &Context, op: &OpId) -> Result<Setup> {
+    let interrupts = install_interrupts()?;
+    let policy = load_policy(ctx)?;
+    let ledger = open_ledger(ctx, &policy)?;
+    let key = ledger.key().clone();
+    let known = ledger.operations_by_id(op.as_str())?;
+    Ok(Setup {
+        interrupts,
+        policy,
+        ledger,
+        key,
+        known,
+    })
+}
+
+/// The stdin to forward, read once for every host (`Err`: the answer to an interruption
+/// while reading); then a minted op id is told to the caller, before anything is sent.
+async fn read_stdin(
+    req: &RunRequest,
+    checked: &Checked,
+    interrupts: &Interrupts,
+    watch: &mut dyn RunWatch,
+) -> Result<std::result::Result<Option<Vec<u8>>, RunAnswer>> {
+    let stdin = spool_stdin(req.stdin.clone(), &checked.op, interrupts, watch).await?;
+    if stdin.is_ok() && checked.minted {
+        watch.minted(&checked.op);
+    }
+    Ok(stdin)
+}
+
 /// Everything from the first signal handler on: from here a signal is answered, never
 /// the silent default death.
 async fn run_operation(
@@ -566,25 +610,22 @@ async fn run_operation(
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
     let op = &checked.op;
-    let interrupts = install_interrupts()?;
-    let policy = load_policy(ctx)?;
-    let mut ledger = open_ledger(ctx, &policy)?;
+    let Setup {
+        interrupts,
+        policy,
+        mut ledger,
+        key,
+        known,
+    } = set_up(ctx, op)?;
     if let Some(answer) = typo_answer(ctx, &req, std::slice::from_ref(&host), op) {
         return Ok(answer);
     }
-    // The key is the ledger's own (checked when it was opened), never the config dir's.
-    let key = ledger.key().clone();
-    let stdin = match spool_stdin(req.stdin.clone(), op, &interrupts, watch).await? {
+    let stdin = match read_stdin(&req, &checked, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
-    if checked.minted {
-        watch.minted(op);
-    }
     let op_text = op.to_string();
     let input = run_input(ctx, &req, &host, &checked, stdin, None);
-    // To tell the caller about evidence this run found contradicting the ledger.
-    let known = ledger.operations_by_id(input.op.as_str())?;
     interrupts.set_context(format!(
         "op {op} may be running on {host}: `opmark run` with --op {op} follows or replays it, `opmark cancel {host} {op}` stops it",
         op = op_text,
@@ -639,11 +680,16 @@ async fn run_on_hosts(
     watch: &mut dyn RunWatch,
 ) -> Result<RunAnswer> {
     let op = &checked.op;
-    let interrupts = install_interrupts()?;
-    let policy = load_policy(ctx)?;
-    // Opened here once so that a ledger problem is one error before any host is tried;
-    // the host tasks open their own handles.
-    let ledger = open_ledger(ctx, &policy)?;
+    // The host tasks open their own ledger handles; this one was opened so that a ledger
+    // problem is one error before any host is tried.
+    let Setup {
+        interrupts,
+        policy,
+        ledger,
+        key,
+        known,
+    } = set_up(ctx, op)?;
+    drop(ledger);
     // A bad name is that host's answer (a typo resolves nowhere: `name_unresolvable`),
     // decided before anything is recorded; the other hosts run.
     let early: Vec<Option<HostResult>> = named
@@ -669,17 +715,10 @@ async fn run_on_hosts(
         .map(|((host, _), _)| host.clone())
         .collect();
     let failed_before = early.iter().filter(|e| e.is_some()).count();
-    let key = ledger.key().clone();
-    // To tell the caller about evidence this run found contradicting the ledger.
-    let known = ledger.operations_by_id(op.as_str())?;
-    drop(ledger);
-    let stdin = match spool_stdin(req.stdin.clone(), op, &interrupts, watch).await? {
+    let stdin = match read_stdin(&req, &checked, &interrupts, watch).await? {
         Ok(stdin) => stdin,
         Err(answer) => return Ok(answer),
     };
-    if checked.minted {
-        watch.minted(op);
-    }
     interrupts.set_context(format!(
         "op {op} may be running on {} hosts: `opmark run` with --op {op} and the same hosts follows or replays it, `opmark cancel HOST {op}` stops it on one",
         hosts.len()
