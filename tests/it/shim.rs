@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use crate::support::{fresh_dir, lines, text};
 
 mod functions;
+mod locks;
 
 /// The script under test: the shipped one, or the mutant of it that
 /// `OPMARK_SHIM_UNDER_TEST` names (scripts/mutate-shim.sh runs these tests once per guard

@@ -25,7 +25,7 @@ fn library_file() -> PathBuf {
 /// Runs `body` in `shell` after sourcing the library, in a directory of its own, and
 /// returns its stdout. A body that fails, or a library that would not load, panics with
 /// the shell's name and its stderr.
-fn call(shell: &(&str, PathBuf), dir: &Path, body: &str) -> String {
+pub(super) fn call(shell: &(&str, PathBuf), dir: &Path, body: &str) -> String {
     let out = Command::new(&shell.1)
         .arg("-c")
         .arg(format!("set -- --library\n. \"$0\" || exit 99\n{body}"))
@@ -45,7 +45,7 @@ fn call(shell: &(&str, PathBuf), dir: &Path, body: &str) -> String {
 }
 
 /// Each shell's answer to `body` in a fresh directory `name-SHELL`.
-fn under_every_shell(name: &str, body: &str) -> Vec<(&'static str, String)> {
+pub(super) fn under_every_shell(name: &str, body: &str) -> Vec<(&'static str, String)> {
     shells()
         .into_iter()
         .map(|shell| {

@@ -1,0 +1,114 @@
+# ---------------------------------------------------------------------------------------
+# Host locks (docs/host-protocol.md#host-locks): the primitive. Not yet taken by any verb: the supervisor takes
+# them before its start gate in the next step of issue 47; until then only the shim's
+# unit tests call these functions.
+#
+# A lock is a directory, locks/<name>/ under the marker root, of N slots named 1..N and
+# its capacity. A slot is a symbolic link whose target is its holder,
+# "<session> <start> <boot> <since> <op>": `ln -s` makes the name and its content in one
+# step and fails when the name is taken, so a slot is free or held, never half taken,
+# and no second writer can replace it. The holder is a supervisor's session, and it
+# holds while any process of that session lives on this boot (the command can outlive
+# its supervisor), the liveness that section 3 proves for a claim. A slot whose holder
+# is proven gone is removed by a waiter, one waiter at a time (lock_reap).
+#
+# The capacity is the lock's, not the caller's: `capacity` is a link to N made by the
+# first taker, and a caller that says another N is refused, since two readings of one
+# lock would let a caller who asked for 1 share it.
+
+# lock_holder_alive TARGET: the holder a slot's target names still holds it: the same
+# boot, and its session has a live process. A target opmark did not write (too few
+# words) names no one and is treated as gone.
+lock_holder_alive() {
+	set -f
+	# shellcheck disable=SC2086 # the target's words are the point
+	set -- $1
+	set +f
+	[ "$#" -ge 5 ] && is_uint "$1" && is_uint "$2" || return 1
+	[ -n "${boot:-}" ] || read_boot
+	[ "$3" = "$boot" ] || return 1
+	# The leader itself alive is the common case, and one read; else the session's members.
+	alive "$1" "$2" || session_alive "$1" "$2"
+}
+
+# lock_reap DIR SLOT TARGET: removes slot SLOT of lock DIR if it still names TARGET and
+# TARGET is gone. Under the lock's reaper directory (mkdir, atomic): between the check
+# and the removal only a reaper could change a slot whose holder is gone, and there is
+# one. A reaper that died holding it (a reap takes milliseconds) is taken to be gone
+# after a minute. False when it removed nothing (another waiter is reaping, or the
+# slot changed hands).
+lock_reap() {
+	lr_mutex=$1/.reaper
+	if ! mkdir "$lr_mutex" 2>/dev/null; then
+		[ -n "$(find "$lr_mutex" -prune -mmin +1 2>/dev/null)" ] && rmdir "$lr_mutex" 2>/dev/null
+		return 1
+	fi
+	lr_t=$(readlink "$1/$2" 2>/dev/null) lr_reaped=1
+	if [ "$lr_t" = "$3" ] && ! lock_holder_alive "$lr_t"; then
+		rm -f "$1/$2" && lr_reaped=0
+	fi
+	rmdir "$lr_mutex"
+	return "$lr_reaped"
+}
+
+# uptime_cs: sets up_cs to the centiseconds since boot (/proc/uptime, read by a builtin):
+# a wait's deadline to a tenth of a second, where `now` counts whole seconds.
+uptime_cs() {
+	up_cs=''
+	read -r up_cs _ 2>/dev/null </proc/uptime
+	up_cs=${up_cs%.*}${up_cs#*.}
+	# No leading zero: some shells read one as octal.
+	while :; do
+		case $up_cs in
+		0?*) up_cs=${up_cs#0} ;;
+		*) break ;;
+		esac
+	done
+	is_uint "$up_cs"
+}
+
+# lock_take DIR CAP ME WAIT_S: takes a slot of lock DIR (capacity CAP) for holder ME,
+# trying until WAIT_S seconds have passed (0: once). Sets lock_slot to the slot taken,
+# or returns 1 with lock_holder set to a holder's target (lock_busy), 2 with
+# lock_capacity set to the capacity the lock already has, or 3 when it cannot try (bad
+# arguments, no readlink, no /proc/uptime, a directory it cannot make). No order among
+# waiters.
+lock_take() {
+	lt_dir=$1 lt_cap=$2 lt_me=$3 lock_slot='' lock_holder='' lock_capacity=''
+	is_uint "$lt_cap" && [ "$lt_cap" -ge 1 ] && is_uint "$4" || return 3
+	mkdir -p "$lt_dir" 2>/dev/null || return 3
+	if ! ln -s "$lt_cap" "$lt_dir/capacity" 2>/dev/null; then
+		lock_capacity=$(readlink "$lt_dir/capacity" 2>/dev/null)
+		[ "$lock_capacity" = "$lt_cap" ] || return 2
+	fi
+	command -v readlink >/dev/null 2>&1 || return 3
+	uptime_cs || return 3
+	lt_until=$((up_cs + $4 * 100))
+	while :; do
+		lt_i=1
+		while [ "$lt_i" -le "$lt_cap" ]; do
+			if ln -s "$lt_me" "$lt_dir/$lt_i" 2>/dev/null; then
+				# shellcheck disable=SC2034 # the caller's answer
+				lock_slot=$lt_i
+				return 0
+			fi
+			lt_t=$(readlink "$lt_dir/$lt_i" 2>/dev/null)
+			# Freed between the two steps: try the same slot again.
+			[ -n "$lt_t" ] || continue
+			if ! lock_holder_alive "$lt_t" && lock_reap "$lt_dir" "$lt_i" "$lt_t"; then
+				continue
+			fi
+			# shellcheck disable=SC2034 # the caller's answer, if none frees
+			lock_holder=$lt_t
+			lt_i=$((lt_i + 1))
+		done
+		uptime_cs
+		[ "$up_cs" -lt "$lt_until" ] || return 1
+		sleep 0.1
+	done
+}
+
+# lock_release DIR SLOT ME: gives slot SLOT of lock DIR back, if ME holds it.
+lock_release() {
+	[ "$(readlink "$1/$2" 2>/dev/null)" = "$3" ] && rm -f "$1/$2"
+}

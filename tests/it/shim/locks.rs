@@ -1,0 +1,212 @@
+//! Host locks' primitive (docs/host-protocol.md#host-locks; `remote-scripts/shim/26-locks.sh`) under dash, bash
+//! and busybox ash: slots taken by concurrent shells never hold more than the capacity at
+//! once, a holder proven gone is reaped, a live one is waited for and named, and the
+//! capacity is the lock's. No verb takes locks yet (issue 47's next step); these prove
+//! the part the verb will stand on.
+
+use super::functions::under_every_shell;
+
+/// `workers` shells at once, each taking lock `apt` of capacity `cap` `rounds` times and
+/// holding it for a tenth of a second; each writes the interval it held it for, in
+/// centiseconds since boot, as "START END" lines (read from /proc/uptime right after
+/// taking and right before giving back).
+fn contended(cap: u32, workers: u32, rounds: u32) -> String {
+    format!(
+        r#"
+read_boot
+worker() {{
+	read -r me_pid _ </proc/self/stat
+	proc_stat "$me_pid"
+	me_start=$ps_start
+	r=0
+	while [ "$r" -lt {rounds} ]; do
+		now
+		me="$me_pid $me_start $boot $now op-$me_pid-$r"
+		lock_take "$PWD/locks/apt" {cap} "$me" 60 || {{ echo "not taken: $?"; return; }}
+		uptime_cs
+		t0=$up_cs
+		sleep 0.1
+		uptime_cs
+		echo "$t0 $up_cs" >>"held.$me_pid"
+		lock_release "$PWD/locks/apt" "$lock_slot" "$me"
+		r=$((r + 1))
+	done
+}}
+i=0
+while [ "$i" -lt {workers} ]; do
+	worker &
+	i=$((i + 1))
+done
+wait
+cat held.*
+ls -A locks/apt
+"#
+    )
+}
+
+/// The most intervals that overlap at one instant (an end and a start at the same
+/// centisecond do not overlap: the clock is read after taking and before giving back).
+fn most_at_once(said: &str) -> (usize, usize) {
+    let mut events = Vec::new();
+    let mut intervals = 0;
+    for line in said.lines() {
+        let Some((start, end)) = line.split_once(' ') else {
+            continue;
+        };
+        let (Ok(start), Ok(end)) = (start.parse::<u64>(), end.parse::<u64>()) else {
+            continue;
+        };
+        assert!(start <= end, "an interval ends before it starts: {line}");
+        intervals += 1;
+        events.push((start, 1i32));
+        events.push((end, -1i32));
+    }
+    // At one instant, ends before starts.
+    events.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in events {
+        now += step;
+        most = most.max(now);
+    }
+    (most as usize, intervals)
+}
+
+#[test]
+fn six_shells_taking_a_lock_of_one_slot_never_hold_it_at_once() {
+    for (shell, said) in under_every_shell("shim-locks-one", &contended(1, 6, 3)) {
+        assert!(!said.contains("not taken"), "{shell}: {said}");
+        let (most, intervals) = most_at_once(&said);
+        assert_eq!(intervals, 18, "{shell}: every round held once: {said}");
+        assert_eq!(most, 1, "{shell}: held at once: {said}");
+        // Every slot given back; the capacity stays, as the lock's.
+        assert!(said.ends_with("capacity\n"), "{shell}: {said}");
+    }
+}
+
+#[test]
+fn a_lock_of_two_slots_is_held_by_two_at_once_and_never_three() {
+    for (shell, said) in under_every_shell("shim-locks-two", &contended(2, 6, 3)) {
+        assert!(!said.contains("not taken"), "{shell}: {said}");
+        let (most, intervals) = most_at_once(&said);
+        assert_eq!(intervals, 18, "{shell}: {said}");
+        assert_eq!(most, 2, "{shell}: held at once: {said}");
+    }
+}
+
+#[test]
+fn a_gone_holder_is_reaped_a_live_one_is_waited_for_and_named() {
+    let body = r#"
+read_boot
+d=$PWD/locks/apt
+mkdir -p "$d"
+sleep 0 &
+dead=$!
+wait "$dead"
+sleep 60 &
+live=$!
+proc_stat "$live"
+live_start=$ps_start
+me="$$ 1 $boot 1700000000 mine"
+ln -s "$dead 5 $boot 1700000000 gone-op" "$d/1"
+lock_take "$d" 1 "$me" 0
+echo "a dead holder: $? slot $lock_slot"
+lock_release "$d" 1 "1 2 $boot 3 someone-else"
+[ -L "$d/1" ] && echo "kept from one who does not hold it"
+lock_release "$d" 1 "$me"
+[ -L "$d/1" ] || echo "given back"
+ln -s "$live $live_start other-boot 1700000000 old-boot-op" "$d/1"
+lock_take "$d" 1 "$me" 0
+echo "a holder of an earlier boot: $? slot $lock_slot"
+lock_release "$d" 1 "$me"
+ln -s "not-ours" "$d/1"
+lock_take "$d" 1 "$me" 0
+echo "a target opmark did not write: $? slot $lock_slot"
+lock_release "$d" 1 "$me"
+ln -s "$live $live_start $boot 1700000000 holder-op" "$d/1"
+lock_take "$d" 1 "$me" 0
+echo "a live holder: $? holder ${lock_holder##* } since $(echo "$lock_holder" | cut -d' ' -f4)"
+uptime_cs
+t0=$up_cs
+lock_take "$d" 1 "$me" 1
+said=$?
+uptime_cs
+echo "a live holder for 1 s: $said"
+[ "$((up_cs - t0))" -ge 95 ] && [ "$((up_cs - t0))" -lt 200 ] && echo "waited about 1 s"
+lock_take "$d" 2 "$me" 0
+echo "another capacity: $? the lock has $lock_capacity"
+kill "$live"
+wait "$live" 2>/dev/null
+lock_take "$d" 1 "$me" 0
+echo "its holder ended: $? slot $lock_slot"
+ls -A "$d"
+"#;
+    let want = "\
+a dead holder: 0 slot 1
+kept from one who does not hold it
+given back
+a holder of an earlier boot: 0 slot 1
+a target opmark did not write: 0 slot 1
+a live holder: 1 holder holder-op since 1700000000
+a live holder for 1 s: 1
+waited about 1 s
+another capacity: 2 the lock has 1
+its holder ended: 0 slot 1
+1
+capacity
+";
+    for (shell, said) in under_every_shell("shim-locks-reap", body) {
+        assert_eq!(said, want, "{shell}");
+    }
+}
+
+#[test]
+fn a_holder_whose_leader_is_gone_holds_while_its_session_has_a_process() {
+    // The supervisor killed, the command alive: the lock is still held, as the claim is.
+    let body = r#"
+read_boot
+d=$PWD/locks/apt
+setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
+sleep 60 >/dev/null 2>&1 </dev/null &
+echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
+n=0
+while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+read -r ps_line <leader
+proc_fields
+leader=${ps_line%% *} leader_start=$ps_start
+n=0
+while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+mkdir -p "$d"
+ln -s "$leader $leader_start $boot 1700000000 orphan-op" "$d/1"
+me="$$ 1 $boot 1700000000 mine"
+lock_take "$d" 1 "$me" 0
+echo "its command alive: $?"
+read -r member <member
+kill "$member"
+n=0
+while proc_stat "$member" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+lock_take "$d" 1 "$me" 0
+echo "its command gone: $? slot $lock_slot"
+"#;
+    for (shell, said) in under_every_shell("shim-locks-session", body) {
+        assert_eq!(
+            said, "its command alive: 1\nits command gone: 0 slot 1\n",
+            "{shell}"
+        );
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_is_made() {
+    let body = r#"
+lock_take "$PWD/locks/a" 0 "me" 0; echo "capacity 0: $?"
+lock_take "$PWD/locks/a" x "me" 0; echo "capacity x: $?"
+lock_take "$PWD/locks/a" 1 "me" -1; echo "wait -1: $?"
+[ -e locks ] || echo "nothing made"
+"#;
+    for (shell, said) in under_every_shell("shim-locks-bad", body) {
+        assert_eq!(
+            said, "capacity 0: 3\ncapacity x: 3\nwait -1: 3\nnothing made\n",
+            "{shell}"
+        );
+    }
+}
