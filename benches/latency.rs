@@ -514,6 +514,8 @@ fn main() {
                 command: "true",
                 secrets: opmark::secret::Secrets::none(),
                 become_user: None,
+                locks: &[],
+                lock_wait: std::time::Duration::ZERO,
             });
             if i == usize::MAX {
                 let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));

@@ -168,6 +168,8 @@ fn resident_shim_time(base: &Path, n: usize) {
             command: "true",
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         })
     }
     let mut serve = Command::new("/usr/bin/dash");

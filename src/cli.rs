@@ -88,7 +88,7 @@ Reason codes (retryable marked *):
   completed      command_exited
   replayed       replayed_from_host, replayed_from_ledger, resolved_applied
   in_progress    still_running*, client_interrupted*, detached*, wait_budget_spent*
-  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*, not_dispatched_max_failures*, not_dispatched_batch_failed*, name_unresolvable, host_key_rejected, auth_refused, fenced, shim_cannot_start, shim_did_not_start, host_missing_setsid, become_refused, host_disk_full, resolved_not_applied, resolved_abandoned
+  not_applied    connect_failed*, client_interrupted*, wait_budget_spent*, not_dispatched_max_failures*, not_dispatched_batch_failed*, lock_busy*, name_unresolvable, host_key_rejected, auth_refused, fenced, shim_cannot_start, shim_did_not_start, host_missing_setsid, become_refused, host_disk_full, resolved_not_applied, resolved_abandoned
   indeterminate  unreachable_after_dispatch*, earlier_dispatch_unknown*, attempt_budget_spent*, wait_budget_spent*, interrupted_needs_approval, host_disk_full, fenced_after_start
   conflict       conflict_on_host, conflict_in_ledger, host_changed
   blocked        approval_required (a human approves: --approve NOTE where approvals are self-service, else `opmark approve` signs a token for --approval FILE), approval_invalid, approval_expired, approval_mismatch, approval_used (a signed approval that does not count; the run stays held), repeats_recent_operation (the same command ran on the host under another op id within the family's repeat_window: rerun with that --op to replay it, or with --repeats THAT_OP to run it again on purpose)
@@ -706,6 +706,15 @@ pub struct RunArgs {
     /// before the claim: a sudo that needs a terminal or a password not given runs nothing.
     #[arg(long = "become", value_name = "USER", num_args = 0..=1, require_equals = true, default_missing_value = "root")]
     pub become_user: Option<String>,
+    /// Hold the host lock NAME (a semaphore of N slots, default 1, in the host's marker
+    /// root, seen by every client of the host) while the command runs: taken on the host
+    /// before the command starts, given back however it ends. Repeatable. One not free
+    /// within --lock-wait answers not_applied (lock_busy) naming its holder; nothing ran.
+    #[arg(long = "lock", value_name = "NAME[:N]", value_parser = crate::host_lock::HostLock::parse)]
+    pub locks: Vec<crate::host_lock::HostLock>,
+    /// How long the host waits for the --lock locks (default 0s: one try).
+    #[arg(long = "lock-wait", value_parser = parse_duration, default_value = "0s", value_name = "DURATION")]
+    pub lock_wait: Duration,
     /// Say what `run` would do (run, replay, follow, block and why, refuse) without
     /// running or recording anything: the policy and the ledger are read, and the
     /// marker on each host is probed read-only.

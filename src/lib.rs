@@ -32,6 +32,7 @@ pub mod error;
 pub mod family;
 pub mod fault;
 pub mod host;
+pub mod host_lock;
 pub mod lab;
 pub mod ledger;
 pub mod logging;

@@ -232,6 +232,10 @@ pub enum ReasonCode {
     /// the whole invocation, connects included, is spent. A rerun with the same op id
     /// follows, replays or (when nothing was sent) runs it.
     WaitBudgetSpent,
+    /// `not_applied`: a `--lock` was held by another operation until `--lock-wait` ran
+    /// out (docs/host-protocol.md#host-locks); the command did not start, and a rerun with
+    /// the same op id waits for the lock again.
+    LockBusy,
 }
 
 impl ReasonCode {
@@ -250,6 +254,7 @@ impl ReasonCode {
                 | ReasonCode::NotDispatchedBatchFailed
                 | ReasonCode::Detached
                 | ReasonCode::WaitBudgetSpent
+                | ReasonCode::LockBusy
         )
     }
 }
@@ -434,6 +439,7 @@ names!(ReasonCode {
     NotDispatchedBatchFailed => "not_dispatched_batch_failed",
     Detached => "detached",
     WaitBudgetSpent => "wait_budget_spent",
+    LockBusy => "lock_busy",
 });
 
 /// What a `conflict_on_host` run sends differently from the intent the host's claim
@@ -505,7 +511,8 @@ mod tests {
                 "not_dispatched_max_failures",
                 "not_dispatched_batch_failed",
                 "detached",
-                "wait_budget_spent"
+                "wait_budget_spent",
+                "lock_busy"
             ]
         );
     }

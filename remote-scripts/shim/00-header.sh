@@ -24,7 +24,7 @@
 # own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
 # verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
 # protocol version the client checks: bump it with any change here or to the frames.
-#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS BECOME CMD_BYTES
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS BECOME LOCKS LOCK_WAIT_S CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: output OP STREAM FROM LEN
@@ -55,7 +55,9 @@
 #
 # Marker layout under $root/ops/<op>/ (directories 0700, files 0600):
 #   claim     attempt, fingerprint, stdin digest, family, shim version, time, --become's
-#             user (become=, - for none), foreground identity
+#             user (become=, - for none), the host locks it takes (locks=NAME:N,... or
+#             -) and how long it waits for them (lock_wait= seconds), foreground identity
+#   supersedes  this claim replaced an interrupted one (which moved to superseded/)
 #   proc      the supervisor's identity: pid, process start time, boot id
 #   started   the start gate: the supervisor runs the command only if it creates it (an
 #             exclusive create, see take_gate; a directory in markers of older shims)
@@ -97,7 +99,7 @@ live=
 m=
 shim_library=
 [ "${1:-}" = --library ] && shim_library=1
-OPMARK_SHIM_VERSION=6
+OPMARK_SHIM_VERSION=7
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that

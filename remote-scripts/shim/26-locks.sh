@@ -1,7 +1,6 @@
 # ---------------------------------------------------------------------------------------
-# Host locks (docs/host-protocol.md#host-locks): the primitive. Not yet taken by any verb: the supervisor takes
-# them before its start gate in the next step of issue 47; until then only the shim's
-# unit tests call these functions.
+# Host locks (docs/host-protocol.md#host-locks): the supervisor takes a claim's locks
+# before its start gate (take_locks) and gives them back once the exit record is down.
 #
 # A lock is a directory, locks/<name>/ under the marker root, of N slots named 1..N and
 # its capacity. A slot is a symbolic link whose target is its holder,
@@ -67,8 +66,9 @@ uptime_cs() {
 	is_uint "$up_cs"
 }
 
-# lock_take DIR CAP ME WAIT_S: takes a slot of lock DIR (capacity CAP) for holder ME,
-# trying until WAIT_S seconds have passed (0: once). Sets lock_slot to the slot taken,
+# lock_take DIR CAP ME UNTIL_CS: takes a slot of lock DIR (capacity CAP) for holder ME,
+# trying until up_cs reaches UNTIL_CS (see uptime_cs; one already past: once, so a wait
+# shared by several locks is one deadline). Sets lock_slot to the slot taken,
 # or returns 1 with lock_holder set to a holder's target (lock_busy), 2 with
 # lock_capacity set to the capacity the lock already has, or 3 when it cannot try (bad
 # arguments, no readlink, no /proc/uptime, a directory it cannot make). No order among
@@ -82,8 +82,7 @@ lock_take() {
 		[ "$lock_capacity" = "$lt_cap" ] || return 2
 	fi
 	command -v readlink >/dev/null 2>&1 || return 3
-	uptime_cs || return 3
-	lt_until=$((up_cs + $4 * 100))
+	lt_until=$4
 	while :; do
 		lt_i=1
 		while [ "$lt_i" -le "$lt_cap" ]; do
@@ -111,4 +110,122 @@ lock_take() {
 # lock_release DIR SLOT ME: gives slot SLOT of lock DIR back, if ME holds it.
 lock_release() {
 	[ "$(readlink "$1/$2" 2>/dev/null)" = "$3" ] && rm -f "$1/$2"
+}
+
+# valid_locks LIST: `-` (none), or NAME:N,... with names of [A-Za-z0-9._-] (a letter or
+# digit first, at most 64) in strictly ascending order (each once, and the order every
+# claim takes them in, so two claims never wait for each other crosswise) and N a
+# capacity from 1 to 999.
+valid_locks() {
+	[ "$1" = - ] && return 0
+	case $1 in
+	'' | *[!A-Za-z0-9._:,-]* | ,* | *, | *,,*) return 1 ;;
+	esac
+	vl_prev=''
+	vl_ifs=$IFS
+	IFS=,
+	set -f
+	# shellcheck disable=SC2086 # split at the commas
+	set -- $1
+	set +f
+	IFS=$vl_ifs
+	for vl in "$@"; do
+		vl_name=${vl%:*} vl_cap=${vl##*:}
+		case $vl_name in
+		'' | *:* | [!A-Za-z0-9]*) return 1 ;;
+		esac
+		[ "${#vl_name}" -le 64 ] && [ "$vl_name:$vl_cap" = "$vl" ] || return 1
+		case $vl_cap in
+		'' | *[!0-9]* | 0*) return 1 ;;
+		esac
+		[ "${#vl_cap}" -le 3 ] || return 1
+		# Byte order, as the client sorts them (expr's string comparison is the locale's).
+		if [ -n "$vl_prev" ]; then
+			[ "$(printf '%s\n%s\n' "$vl_prev" "$vl_name" | LC_ALL=C sort | head -n 1)" = "$vl_prev" ] &&
+				[ "$vl_prev" != "$vl_name" ] || return 1
+		fi
+		vl_prev=$vl_name
+	done
+	return 0
+}
+
+# take_locks: in the supervisor (in the marker's directory, its identity in $$, sv_start
+# and boot), takes the locks its claim names within the claim's lock_wait, one deadline
+# for all, holding them as its session (sv_held: DIR/SLOT words, for release_locks); or
+# gives back what it took and ends through lock_busy.
+take_locks() {
+	sv_held=''
+	rget claim locks
+	[ -n "$rv" ] && [ "$rv" != - ] || return 0
+	tl_list=$rv
+	rget claim lock_wait
+	tl_wait=${rv:-0}
+	is_uint "$tl_wait" || tl_wait=0
+	uptime_cs || lock_busy "${tl_list%%:*}" "" "reason=cannot_wait"
+	tl_until=$((up_cs + tl_wait * 100))
+	now
+	sv_me="$$ $sv_start $boot $now ${m##*/}"
+	tl_ifs=$IFS
+	IFS=,
+	set -f
+	# shellcheck disable=SC2086 # split at the commas (checked by valid_locks)
+	set -- $tl_list
+	set +f
+	IFS=$tl_ifs
+	for tl in "$@"; do
+		tl_dir=${m%/ops/*}/locks/${tl%:*}
+		lock_take "$tl_dir" "${tl##*:}" "$sv_me" "$tl_until"
+		case $? in
+		0) sv_held="$sv_held $tl_dir/$lock_slot" ;;
+		1) lock_busy "${tl%:*}" "$lock_holder" ;;
+		2)
+			is_uint "$lock_capacity" || lock_capacity=unknown
+			lock_busy "${tl%:*}" "" "reason=capacity_differs capacity=$lock_capacity"
+			;;
+		*) lock_busy "${tl%:*}" "" "reason=cannot_wait" ;;
+		esac
+	done
+	return 0
+}
+
+# release_locks: gives back the locks take_locks took (none: nothing).
+release_locks() {
+	for rl in ${sv_held:-}; do
+		lock_release "${rl%/*}" "${rl##*/}" "$sv_me"
+	done
+	sv_held=''
+}
+
+# lock_busy NAME HOLDER [FIELDS]: the supervisor could not take lock NAME (held by HOLDER,
+# a slot's target; or as FIELDS say: reason=capacity_differs capacity=N, the lock's own,
+# or reason=cannot_wait, no clock or no readlink on the host), so nothing
+# ran: it gives back what it took, tells whoever follows ("f lock_busy ..." on the wake-up
+# FIFOs), and takes a fresh claim back, so that the op id reads absent and a rerun claims
+# it again. A claim that replaced an interrupted one stays (the evidence under it moved
+# aside; it reads interrupted, as after any start that failed). Ends the supervisor.
+lock_busy() {
+	release_locks
+	lb_holder='' lb_since=''
+	if [ -n "$2" ]; then
+		set -f
+		# shellcheck disable=SC2086 # the target's words
+		set -- "$1" $2 "${3:-}"
+		set +f
+		lb_since=${5:-} lb_holder=${6:-}
+		set -- "$1" "" "${7:-}"
+	fi
+	lb_detail="lock_busy lock=$1"
+	[ -n "$lb_holder" ] && valid_id "$lb_holder" && lb_detail="$lb_detail holder=$lb_holder"
+	is_uint "$lb_since" && lb_detail="$lb_detail since=$lb_since"
+	[ -n "${3:-}" ] && lb_detail="$lb_detail $3"
+	for w in .w.*; do
+		[ -p "$w" ] && printf 'f %s\n' "$lb_detail" 1<>"$w"
+	done
+	if ! [ -f supersedes ]; then
+		# Nothing can start it later (the gate is ours), then the claim goes.
+		take_gate .
+		rm -rf "$m"
+		sync "${m%/*}"
+	fi
+	exit 0
 }

@@ -73,10 +73,13 @@ supervise() {
 	# and it is moot anyway. If the marker was moved aside meanwhile, these fail and
 	# nothing runs (the captures read EOF once we are gone).
 	if ! sync claim . .. ||
-		! printf 'pid=%s\nstart=%s\ncaptures=%s,%s\nboot=%s\n' "$$" "$sv_start" "$cap_out" "$cap_err" "$boot" >proc ||
-		! take_gate .; then
+		! printf 'pid=%s\nstart=%s\ncaptures=%s,%s\nboot=%s\n' "$$" "$sv_start" "$cap_out" "$cap_err" "$boot" >proc; then
 		start_failed
 	fi
+	# The claim's host locks, before the gate: while it waits the marker reads running
+	# (the record above names a live supervisor), and nothing has started.
+	take_locks
+	take_gate . || start_failed
 	trap 'sv_term=1' TERM
 	# Under heavy load supervisors were seen dying of a SIGPIPE they never wrote for
 	# (always while the deadline killer swept the session). Caught, not ignored: the
@@ -237,6 +240,8 @@ cancelled=$cancelled"
 		printf 'opmark-shim: %s: exit record (code=%s) could not be written\n' "$m" "$code" >&2
 		rm -f "$m/.exit.tmp.$$"
 	fi
+	# The next holder starts only once this command's end is on record.
+	release_locks
 	for w in "$m"/.w.*; do
 		[ -p "$w" ] && printf 'x\n' 1<>"$w"
 	done
@@ -255,6 +260,7 @@ cancelled=$cancelled"
 # the waiting foreground, which answers for it, instead of leaving it waiting for an exit.
 # (Run in the marker's directory: its own claim's waiters, wherever it was moved.)
 start_failed() {
+	release_locks
 	# The cause is read now, while the disk is as it was: once we are gone, another
 	# process's tidy-up may free what the foreground would find missing.
 	root=${m%/ops/*}

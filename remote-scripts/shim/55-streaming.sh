@@ -165,6 +165,11 @@ wait_wake() {
 # replaced an interrupted claim stays (reading interrupted), since the old evidence moved.
 never_started() {
 	kill "$timer" 2>/dev/null
+	# The locks were not free in time: the supervisor took a fresh claim back itself
+	# (whoever follows, if anyone), see lock_busy.
+	case $wake_cause in
+	lock_busy" "*) refuse "$wake_cause" ;;
+	esac
 	# What the supervisor saw when it gave up; else what the disk shows now.
 	case $wake_cause in
 	no_inodes | no_space | quota_exceeded) cause=$wake_cause ;;

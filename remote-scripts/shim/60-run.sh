@@ -2,14 +2,17 @@
 # Verbs
 
 # run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
-#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- BECOME|- CMD_BYTES; the channel's data
-#     holds the secrets block (see read_secrets), the command (CMD_BYTES), then the stdin.
-#     BECOME: the user the command runs as through sudo (see become_check).
+#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- BECOME|- LOCKS|- LOCK_WAIT_S CMD_BYTES;
+#     the channel's data holds the secrets block (see read_secrets), the command
+#     (CMD_BYTES), then the stdin. BECOME: the user the command runs as through sudo (see
+#     become_check). LOCKS: NAME:N,... in name order, the host locks the supervisor takes
+#     before the command starts, waiting up to LOCK_WAIT_S seconds (see take_locks).
 verb_run() {
-	[ "$#" -eq 15 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 17 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
-	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 become=$5 cmd_bytes=$6
+	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 become=$5 locks=$6 lock_wait=$7
+	cmd_bytes=$8
 	spool='' cmd_spool='' cmd_text=''
 	# The secrets come first in the data: read before anything else (a resident that
 	# refuses here ends, as the data was not read).
@@ -36,6 +39,8 @@ verb_run() {
 		fi
 	fi
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
+	valid_locks "$locks" || refuse "bad_args reason=locks"
+	is_uint "$lock_wait" || refuse "bad_args reason=lock_wait"
 	case $become in
 	-) become= ;;
 	'' | -* | *[!A-Za-z0-9._-]*) refuse "bad_args reason=become" ;;
@@ -150,6 +155,8 @@ family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$now
 become=${become:--}
+locks=$locks
+lock_wait=$lock_wait
 fg_pid=$fg
 fg_start=$fg_start
 boot=$boot"

@@ -128,6 +128,7 @@ supersede_marker() {
 	fi
 	sm_next="$root/ops/.next.$$"
 	if ! mkdir "$sm_next" 2>/dev/null || ! prepare_marker "$sm_next" ||
+		! { true >"$sm_next/supersedes"; } 2>/dev/null ||
 		! sync "$sm_next/claim" "$sm_next"; then
 		resource_cause
 		rm -rf "$sm_next"

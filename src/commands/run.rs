@@ -70,6 +70,8 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         },
         secrets,
         become_user: args.become_user,
+        locks: args.locks,
+        lock_wait: args.lock_wait,
         command: args.command,
         live_output: !global.json,
         tally: None,

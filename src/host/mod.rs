@@ -622,7 +622,7 @@ mod tests {
     }
 
     fn finished(lines: &[&str]) -> CallEnd {
-        let mut text = format!("OPMARK/1 {N} H v=6\n");
+        let mut text = format!("OPMARK/1 {N} H v=7\n");
         for l in lines {
             text.push_str(&format!("OPMARK/1 {N} {l}\n"));
         }

@@ -84,6 +84,16 @@ pub struct RunParams {
     /// password, if it needs one, is the server's secret SUDO_PASSWORD named in `secrets`.
     #[serde(default, rename = "become")]
     pub become_user: Option<String>,
+    /// Host locks the command holds while it runs, each `NAME` or `NAME:N` (a semaphore
+    /// of N slots, default 1, in the host's marker root, shared by every client of that
+    /// host): taken before the command starts, given back however it ends. One not free
+    /// within `lock_wait` answers `not_applied` with reason_code `lock_busy`, naming its
+    /// holder; nothing ran, and a retry with the same op_id may run it.
+    #[serde(default)]
+    pub locks: Option<Vec<String>>,
+    /// How long the host waits for `locks` (e.g. `30s`; default `0s`: one try).
+    #[serde(default)]
+    pub lock_wait: Option<String>,
 }
 
 impl RunParams {
@@ -104,6 +114,8 @@ impl RunParams {
             output_budget: None,
             secrets: None,
             become_user: None,
+            locks: None,
+            lock_wait: None,
         }
     }
 }
@@ -294,7 +306,18 @@ pub(super) fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallT
         })
         .transpose()?;
     let secrets = configured_secrets(p.secrets.as_deref().unwrap_or_default())?;
+    let locks = p
+        .locks
+        .unwrap_or_default()
+        .iter()
+        .map(|l| {
+            crate::host_lock::HostLock::parse(l)
+                .map_err(|e| argument_error("locks", format!("`locks`: {e}; nothing was sent")))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok(RunRequest {
+        locks,
+        lock_wait: duration("lock_wait", &p.lock_wait)?.unwrap_or_default(),
         secrets,
         become_user: p.become_user,
         timeout: duration("timeout", &p.timeout)?,

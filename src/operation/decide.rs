@@ -811,6 +811,12 @@ pub fn after_reply(facts: &Facts<'_>, reply: RunReply) -> Step<Action> {
                 ),
             ),
         }),
+        // The command never started: the supervisor gave its locks back and took a fresh
+        // claim back, so a rerun under this op id claims it again.
+        RefusalReason::LockBusy => Action::Answer(lock_busy(
+            &attempt,
+            refusal.busy_lock.clone().unwrap_or_default(),
+        )),
         RefusalReason::InvalidOpId | RefusalReason::BadArgs => Action::Answer(Answer::new(
             Verdict::Refused,
             Some(attempt.clone()),
@@ -1560,6 +1566,36 @@ pub fn repetition_held(
             route = found.route,
             seen = found.seen_in,
             because = found.because.as_deref().map_or(String::new(), |b| format!(" ({b})")),
+        ),
+    )
+}
+
+/// The answer to a host lock not taken in time: `not_applied`, naming the lock and its
+/// holder; or, when the lock has another capacity on that host than the run named, the
+/// input is what to change (`refused`: waiting would never help).
+fn lock_busy(attempt: &str, busy: super::reply::BusyLock) -> Answer {
+    let lock = busy.lock;
+    if let Some(capacity) = busy.capacity {
+        return Answer::new(
+            Verdict::Refused,
+            Some(attempt.to_owned()),
+            ReasonCode::InvalidInput,
+            format!(
+                "the host lock `{lock}` has {capacity} slot(s) on that host, and this run named another capacity; the command did not start and nothing ran. Name it `--lock {lock}:{capacity}` (a lock's capacity is set by its first holder on the host)"
+            ),
+        );
+    }
+    let holder = match (busy.holder, busy.since) {
+        (Some(op), Some(since)) => format!("held by op {op} since {since}"),
+        (Some(op), None) => format!("held by op {op}"),
+        _ => "held by another operation".to_owned(),
+    };
+    Answer::new(
+        Verdict::NotApplied,
+        Some(attempt.to_owned()),
+        ReasonCode::LockBusy,
+        format!(
+            "the host lock `{lock}` is {holder} (`opmark show` or `opmark list` name it if this ledger ran it); the command did not start and nothing ran. Rerun with the same op id to try again, with --lock-wait to wait for the lock"
         ),
     )
 }

@@ -299,6 +299,8 @@ impl<'a> Runner<'a> {
             command: &self.input.command,
             secrets: &self.input.secrets,
             become_user: self.input.become_user.as_deref(),
+            locks: &self.input.locks,
+            lock_wait: self.input.lock_wait,
         });
         let stdin = self.input.stdin.clone();
         fault_point("before_dispatch");

@@ -32,6 +32,12 @@ pub struct RunInput {
     pub secrets: crate::secret::Secrets,
     /// `--become USER`: run the command as USER through sudo on the host.
     pub become_user: Option<String>,
+    /// `--lock`: host locks the command holds while it runs, in the order the shim takes
+    /// them ([`crate::host_lock::HostLock::set`]); recorded with the intent, not part of
+    /// its fingerprint.
+    pub locks: Vec<crate::host_lock::HostLock>,
+    /// `--lock-wait`: how long the host waits for them before `lock_busy`.
+    pub lock_wait: Duration,
     /// `--timeout`, enforced by the shim on the host.
     pub timeout: Option<Duration>,
     /// `--attempts`, else the family's budget.

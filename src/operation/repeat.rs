@@ -90,7 +90,7 @@ impl Repetition {
 }
 
 /// Epoch seconds as a UTC RFC 3339 stamp.
-fn epoch_stamp(secs: i64) -> Option<String> {
+pub(crate) fn epoch_stamp(secs: i64) -> Option<String> {
     let t = time::OffsetDateTime::from_unix_timestamp(secs).ok()?;
     t.format(&time::format_description::well_known::Rfc3339)
         .ok()

@@ -51,6 +51,49 @@ pub struct Refused {
     pub detail: String,
     /// The marker, when the refusal is about one.
     pub marker: Option<MarkerInfo>,
+    /// `lock_busy`: the lock that was not free, and who held it.
+    pub busy_lock: Option<BusyLock>,
+}
+
+/// A host lock the supervisor could not take (`lock_busy`'s fields). The host's words are
+/// kept only where they are what opmark writes (a lock name, an op id, a number): they go
+/// into the verdict's reason.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BusyLock {
+    /// The lock's name (`?` when the host sent none that is one).
+    pub lock: String,
+    /// The op id of an operation holding it.
+    pub holder: Option<String>,
+    /// Since when it holds it (RFC 3339, UTC).
+    pub since: Option<String>,
+    /// The lock's own capacity, when the run named another.
+    pub capacity: Option<u32>,
+}
+
+impl BusyLock {
+    fn from_fields(fields: &BTreeMap<String, String>) -> BusyLock {
+        let lock = fields
+            .get("lock")
+            .filter(|l| crate::host_lock::HostLock::parse(l).is_ok())
+            .cloned()
+            .unwrap_or_else(|| "?".to_owned());
+        BusyLock {
+            lock,
+            holder: fields
+                .get("holder")
+                .filter(|h| crate::op_id::OpId::parse(h).is_ok())
+                .cloned(),
+            since: fields
+                .get("since")
+                .and_then(|s| s.parse::<i64>().ok())
+                .and_then(super::repeat::epoch_stamp),
+            capacity: fields
+                .get("reason")
+                .filter(|r| r.as_str() == "capacity_differs")
+                .and(fields.get("capacity"))
+                .and_then(|c| c.parse().ok()),
+        }
+    }
 }
 
 impl From<&Refusal> for Refused {
@@ -61,6 +104,8 @@ impl From<&Refusal> for Refused {
             supersede_failed: r.fields.get("supersede_failed").cloned(),
             detail: describe_fields(&r.fields),
             marker: r.marker.clone(),
+            busy_lock: (r.reason == RefusalReason::LockBusy)
+                .then(|| BusyLock::from_fields(&r.fields)),
         }
     }
 }

@@ -107,6 +107,11 @@ pub struct RunRequest {
     pub secrets: Vec<crate::secret::Spec>,
     /// `--become USER`: run the command as USER through sudo on the host, unchecked.
     pub become_user: Option<String>,
+    /// `--lock NAME[:N]`: host locks the command holds while it runs (each parsed; the
+    /// set is checked here: a lock named twice is refused).
+    pub locks: Vec<crate::host_lock::HostLock>,
+    /// `--lock-wait`: how long the host waits for them (zero: one try).
+    pub lock_wait: Duration,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
     /// Stream the command's output to this process's stdout/stderr while it runs.
@@ -283,6 +288,16 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{why}; nothing was sent"),
         ));
     }
+    let locks = match crate::host_lock::HostLock::set(&req.locks) {
+        Ok(locks) => locks,
+        Err(why) => {
+            return Ok(refuse_before_anything(
+                ctx,
+                Some(op.as_str()),
+                &format!("{why}; nothing was sent"),
+            ))
+        }
+    };
     let named = match all_hosts(&req) {
         Ok(named) => named,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
@@ -329,6 +344,7 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         secrets,
         declared,
         approval,
+        locks,
     };
     let answer = match named {
         Named::One(host) => block_on(run_operation(ctx, req, host, checked, watch)),
@@ -375,6 +391,8 @@ struct Checked {
     declared: Declared,
     /// The signed approval, parsed.
     approval: Option<crate::approval::Token>,
+    /// `--lock`: in the order the host takes them, each named once.
+    locks: Vec<crate::host_lock::HostLock>,
 }
 
 /// One host's operation: what was checked, the request's options, the spooled stdin.
@@ -394,6 +412,8 @@ fn run_input(
         stdin,
         secrets: checked.secrets.clone(),
         become_user: req.become_user.clone(),
+        locks: checked.locks.clone(),
+        lock_wait: req.lock_wait,
         timeout: req.timeout,
         attempts: req.attempts,
         wait: req.wait,

@@ -130,6 +130,11 @@ pub struct RunCall<'a> {
     /// `--become USER`: the command runs as USER through sudo (checked by the shim
     /// before the claim; docs/trust.md#become).
     pub become_user: Option<&'a str>,
+    /// `--lock`: the host locks the supervisor takes before the command starts, in the
+    /// order [`crate::host_lock::HostLock::set`] gives (docs/host-protocol.md#host-locks).
+    pub locks: &'a [crate::host_lock::HostLock],
+    /// `--lock-wait`: how long the supervisor waits for them (whole seconds on the host).
+    pub lock_wait: Duration,
 }
 
 /// The repetition check a claim asks of the shim's fingerprint index: how far back to
@@ -263,6 +268,8 @@ pub const VERBS: &[(&str, &[&str])] = &[
             "DECLARED",
             "SECRETS",
             "BECOME",
+            "LOCKS",
+            "LOCK_WAIT_S",
             "CMD_BYTES",
         ],
     ),
@@ -334,6 +341,12 @@ impl Verb<'_> {
                 ),
                 ("SECRETS", r.secrets.wire_list()),
                 ("BECOME", r.become_user.unwrap_or("-").to_owned()),
+                ("LOCKS", crate::host_lock::HostLock::wire_list(r.locks)),
+                // Rounded up: a wait asked for is never cut short.
+                (
+                    "LOCK_WAIT_S",
+                    (r.lock_wait.as_secs() + u64::from(r.lock_wait.subsec_nanos() > 0)).to_string(),
+                ),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -748,6 +761,8 @@ mod tests {
             command: "echo 'hi'",
             secrets: crate::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: Duration::ZERO,
         });
         let args = verb.args();
         assert_eq!(args[0], "run");
@@ -760,9 +775,40 @@ mod tests {
         assert_eq!(args[12], "-", "nothing declared");
         assert_eq!(args[13], "-", "no secrets");
         assert_eq!(args[14], "-", "no --become");
-        assert_eq!(args[15], "9", "the command's length; the command is data");
-        assert_eq!(args.len(), 16);
+        assert_eq!(args[15], "-", "no --lock");
+        assert_eq!(args[16], "0", "no --lock-wait");
+        assert_eq!(args[17], "9", "the command's length; the command is data");
+        assert_eq!(args.len(), 18);
         assert_eq!(verb.input(), b"echo 'hi'");
+    }
+
+    #[test]
+    fn run_args_carry_the_locks_in_name_order_and_the_wait_rounded_up() {
+        let op = OpId::parse("deploy-3").unwrap();
+        let asked: Vec<crate::host_lock::HostLock> = ["dpkg", "apt:2"]
+            .iter()
+            .map(|l| crate::host_lock::HostLock::parse(l).unwrap())
+            .collect();
+        let locks = crate::host_lock::HostLock::set(&asked).unwrap();
+        let verb = Verb::Run(RunCall {
+            op: &op,
+            attempt_id: "a1",
+            host_fingerprint: &"ab".repeat(32),
+            family: Family::Destructive,
+            timeout: None,
+            output_cap: 1024,
+            stdin: None,
+            supersede_interrupted: false,
+            repeat: RepeatCheck::OFF,
+            command: "apt-get -y upgrade",
+            secrets: crate::secret::Secrets::none(),
+            become_user: None,
+            locks: &locks,
+            lock_wait: Duration::from_millis(2500),
+        });
+        let args = verb.args();
+        assert_eq!(args[15], "apt:2,dpkg:1");
+        assert_eq!(args[16], "3", "a wait asked for is never cut short");
     }
 
     #[test]
@@ -786,6 +832,8 @@ mod tests {
             command: "rm -f x",
             secrets: crate::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: Duration::ZERO,
         });
         let args = verb.args();
         assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
@@ -812,6 +860,8 @@ mod tests {
             command: &command,
             secrets: crate::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: Duration::ZERO,
         });
         let call = Invocation::new(&verb, Some(b"in"));
         let cached = Invocation::cached(&verb, Some(b"in"));

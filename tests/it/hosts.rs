@@ -151,6 +151,8 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             command,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         });
         let call = Invocation::new(&verb, None);
         let mut child = Command::new(login_shell)

@@ -273,6 +273,7 @@ fn retryable_is_right_for_each_reason_code() {
         (R::NotDispatchedBatchFailed, true),
         (R::Detached, true),
         (R::WaitBudgetSpent, true),
+        (R::LockBusy, true),
     ];
     for (code, retryable) in table {
         assert_eq!(code.retryable(), retryable, "{code}");

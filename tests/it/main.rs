@@ -21,6 +21,7 @@ mod integrity;
 mod json;
 mod keeper;
 mod ledger;
+mod locks;
 mod login;
 mod lost_links;
 mod matrix;

@@ -576,6 +576,8 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     command: &cmd,
                     secrets: opmark::secret::Secrets::none(),
                     become_user: None,
+                    locks: &[],
+                    lock_wait: std::time::Duration::ZERO,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -632,6 +634,8 @@ fn killing_the_foreground_does_not_stop_the_command() {
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         });
         let mut child = {
             use std::os::unix::process::CommandExt;
@@ -692,6 +696,8 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 command: "sleep 60",
                 secrets: opmark::secret::Secrets::none(),
                 become_user: None,
+                locks: &[],
+                lock_wait: std::time::Duration::ZERO,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -762,6 +768,8 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -815,6 +823,8 @@ fn a_changed_boot_id_means_interrupted() {
             command: "sleep 30",
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -935,6 +945,8 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 command: LOOK_AROUND,
                 secrets: opmark::secret::Secrets::none(),
                 become_user: None,
+                locks: &[],
+                lock_wait: std::time::Duration::ZERO,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1015,6 +1027,8 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 command: "touch x",
                 secrets: opmark::secret::Secrets::none(),
                 become_user: None,
+                locks: &[],
+                lock_wait: std::time::Duration::ZERO,
             })
             .args();
             args[1] = bad.to_owned();
@@ -1111,6 +1125,8 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1161,6 +1177,8 @@ fn stdin_is_verified_before_the_claim() {
         command: "wc -l",
         secrets: opmark::secret::Secrets::none(),
         become_user: None,
+        locks: &[],
+        lock_wait: std::time::Duration::ZERO,
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
@@ -1237,6 +1255,8 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         command: &cmd,
         secrets: opmark::secret::Secrets::none(),
         become_user: None,
+        locks: &[],
+        lock_wait: std::time::Duration::ZERO,
     });
     let ssh_call = |verb: &Verb| {
         let out = crate::support::ssh_shim(&lab, "target1", verb);
@@ -1296,6 +1316,8 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             command,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1480,6 +1502,8 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             command: "echo ran",
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
         // and the supervisor's exec then fails with nobody told.
@@ -1675,6 +1699,8 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         };
         let verb = Verb::Run(req.clone());
         let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
@@ -1832,6 +1858,8 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             command: &cmd,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         };
         let first = Verb::Run(req.clone());
         let began = Instant::now();
@@ -2237,6 +2265,8 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
                     command: &cmd,
                     secrets: opmark::secret::Secrets::none(),
                     become_user: None,
+                    locks: &[],
+                    lock_wait: std::time::Duration::ZERO,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -2310,6 +2340,8 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 command,
                 secrets: opmark::secret::Secrets::none(),
                 become_user: None,
+                locks: &[],
+                lock_wait: std::time::Duration::ZERO,
             })
         };
         let mut with_stdin = RunCall {
@@ -2325,6 +2357,8 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
             command: "cat",
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         };
         with_stdin.stdin = Some(StdinSpec {
             len: 3,
@@ -2472,6 +2506,8 @@ impl Resident {
             command,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         });
         let request = shim::Request::new(&verb, None, None);
         let input = self.input.as_mut().unwrap();
@@ -2585,6 +2621,8 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             command: &command,
             secrets: opmark::secret::Secrets::none(),
             become_user: None,
+            locks: &[],
+            lock_wait: std::time::Duration::ZERO,
         });
         let request = shim::Request::new(&verb, None, None);
         first
@@ -3204,6 +3242,8 @@ fn run_request<'a>(
         command,
         secrets,
         become_user: None,
+        locks: &[],
+        lock_wait: std::time::Duration::ZERO,
     }
 }
 
@@ -3337,7 +3377,8 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             "true",
             opmark::secret::Secrets::none(),
         ));
-        // The run verb's arguments with SECRETS (`from_end` 3) or BECOME (2) replaced: the
+        // The run verb's arguments with SECRETS (`from_end` 5), BECOME (4), LOCKS (3) or LOCK_WAIT_S (2)
+        // replaced: the
         // refusal's reason, having claimed nothing.
         let refused = |from_end: usize, value: &str, data: &[u8]| {
             let mut args = verb.args();
@@ -3363,20 +3404,39 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             "e:PATH:1",
             "e:LD_PRELOAD:1",
         ] {
-            assert_eq!(refused(3, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
+            assert_eq!(refused(5, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
         }
         // sudo's password without --become.
         assert_eq!(
-            refused(3, "p:SUDO_PASSWORD:1", b"pw\ntrue"),
+            refused(5, "p:SUDO_PASSWORD:1", b"pw\ntrue"),
             "secrets",
             "{name}"
         );
         // A --become user that is not a name.
         for user in ["-u", "a b", "x;y"] {
-            assert_eq!(refused(2, user, b"true"), "become", "{name} {user}");
+            assert_eq!(refused(4, user, b"true"), "become", "{name} {user}");
+        }
+        // Locks that are not NAME:N,... in name order, each once, N from 1 to 999; a
+        // wait that is not a number of seconds.
+        for locks in [
+            "",
+            "a/b:1",
+            "apt",
+            "apt:0",
+            "apt:1000",
+            "apt:01",
+            "zz:1,apt:1",
+            "apt:1,apt:2",
+            ",apt:1",
+            "-apt:1",
+        ] {
+            assert_eq!(refused(3, locks, b"true"), "locks", "{name} {locks:?}");
+        }
+        for wait in ["", "-1", "1.5", "x"] {
+            assert_eq!(refused(2, wait, b"true"), "lock_wait", "{name} {wait:?}");
         }
         // A block shorter than its list says: the command never arrives.
-        refused(3, "e:A:3", b"v\n");
+        refused(5, "e:A:3", b"v\n");
     }
 }
 

@@ -5,6 +5,7 @@
 //! the part the verb will stand on.
 
 use super::functions::under_every_shell;
+use crate::support::most_at_once;
 
 /// `workers` shells at once, each taking lock `apt` of capacity `cap` `rounds` times and
 /// holding it for a tenth of a second; each writes the interval it held it for, in
@@ -22,7 +23,8 @@ worker() {{
 	while [ "$r" -lt {rounds} ]; do
 		now
 		me="$me_pid $me_start $boot $now op-$me_pid-$r"
-		lock_take "$PWD/locks/apt" {cap} "$me" 60 || {{ echo "not taken: $?"; return; }}
+		uptime_cs
+		lock_take "$PWD/locks/apt" {cap} "$me" $((up_cs + 6000)) || {{ echo "not taken: $?"; return; }}
 		uptime_cs
 		t0=$up_cs
 		sleep 0.1
@@ -44,40 +46,28 @@ ls -A locks/apt
     )
 }
 
-/// The most intervals that overlap at one instant (an end and a start at the same
-/// centisecond do not overlap: the clock is read after taking and before giving back).
-fn most_at_once(said: &str) -> (usize, usize) {
-    let mut events = Vec::new();
-    let mut intervals = 0;
-    for line in said.lines() {
-        let Some((start, end)) = line.split_once(' ') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (start.parse::<u64>(), end.parse::<u64>()) else {
-            continue;
-        };
-        assert!(start <= end, "an interval ends before it starts: {line}");
-        intervals += 1;
-        events.push((start, 1i32));
-        events.push((end, -1i32));
-    }
-    // At one instant, ends before starts.
-    events.sort();
-    let (mut now, mut most) = (0i32, 0i32);
-    for (_, step) in events {
-        now += step;
-        most = most.max(now);
-    }
-    (most as usize, intervals)
+/// The "START END" lines of [`contended`]'s answer, as intervals; asserts each is one.
+fn held_intervals(said: &str) -> Vec<(u64, u64)> {
+    said.lines()
+        .filter_map(|line| {
+            let (start, end) = line.split_once(' ')?;
+            let interval = (start.parse::<u64>().ok()?, end.parse::<u64>().ok()?);
+            assert!(
+                interval.0 <= interval.1,
+                "an interval ends before it starts: {line}"
+            );
+            Some(interval)
+        })
+        .collect()
 }
 
 #[test]
 fn six_shells_taking_a_lock_of_one_slot_never_hold_it_at_once() {
     for (shell, said) in under_every_shell("shim-locks-one", &contended(1, 6, 3)) {
         assert!(!said.contains("not taken"), "{shell}: {said}");
-        let (most, intervals) = most_at_once(&said);
-        assert_eq!(intervals, 18, "{shell}: every round held once: {said}");
-        assert_eq!(most, 1, "{shell}: held at once: {said}");
+        let held = held_intervals(&said);
+        assert_eq!(held.len(), 18, "{shell}: every round held once: {said}");
+        assert_eq!(most_at_once(&held), 1, "{shell}: held at once: {said}");
         // Every slot given back; the capacity stays, as the lock's.
         assert!(said.ends_with("capacity\n"), "{shell}: {said}");
     }
@@ -87,9 +77,9 @@ fn six_shells_taking_a_lock_of_one_slot_never_hold_it_at_once() {
 fn a_lock_of_two_slots_is_held_by_two_at_once_and_never_three() {
     for (shell, said) in under_every_shell("shim-locks-two", &contended(2, 6, 3)) {
         assert!(!said.contains("not taken"), "{shell}: {said}");
-        let (most, intervals) = most_at_once(&said);
-        assert_eq!(intervals, 18, "{shell}: {said}");
-        assert_eq!(most, 2, "{shell}: held at once: {said}");
+        let held = held_intervals(&said);
+        assert_eq!(held.len(), 18, "{shell}: {said}");
+        assert_eq!(most_at_once(&held), 2, "{shell}: held at once: {said}");
     }
 }
 
@@ -127,7 +117,7 @@ lock_take "$d" 1 "$me" 0
 echo "a live holder: $? holder ${lock_holder##* } since $(echo "$lock_holder" | cut -d' ' -f4)"
 uptime_cs
 t0=$up_cs
-lock_take "$d" 1 "$me" 1
+lock_take "$d" 1 "$me" $((t0 + 100))
 said=$?
 uptime_cs
 echo "a live holder for 1 s: $said"

@@ -773,3 +773,19 @@ pub fn short_retention_policy(dir: &Path) -> PathBuf {
     std::fs::write(&path, short.join("\n")).unwrap();
     path
 }
+
+/// The most intervals that overlap at one instant (one that ends when another starts
+/// does not overlap it).
+pub fn most_at_once(intervals: &[(u64, u64)]) -> usize {
+    let mut edges: Vec<(u64, i32)> = intervals
+        .iter()
+        .flat_map(|&(a, b)| [(a, 1), (b, -1)])
+        .collect();
+    edges.sort();
+    let (mut now, mut most) = (0, 0);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    most as usize
+}

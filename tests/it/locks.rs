@@ -1,0 +1,362 @@
+//! Host locks (docs/host-protocol.md#host-locks) against real sshd targets: commands of
+//! clients with ledgers of their own, holding one lock, never run at once (the commands
+//! record their own intervals); a lock of two slots runs exactly two at once; a lock not
+//! free in time answers `lock_busy` naming its holder, ran nothing, and a rerun under the
+//! same op id runs once; a client killed keeps its command's lock until the command ends;
+//! a holder whose session is killed (a crash) frees it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::{
+    self, fresh_dir, lines, most_at_once, probe_state, run_json, spawn_run, Answer, Sealed,
+};
+
+/// A command that records, from the host's `/proc/uptime`, when it started and ended
+/// ("START END" in hundredths of a second, appended to `log`), holding for `hold`.
+fn timed(log: &Path, hold: &str, tag: &str) -> String {
+    format!(
+        "read a _ </proc/uptime; sleep {hold}; read b _ </proc/uptime; echo \"$a $b\" >>{}; : {tag}",
+        log.display()
+    )
+}
+
+/// The intervals a log of [`timed`] commands holds, in hundredths of a second.
+fn intervals(log: &Path) -> Vec<(u64, u64)> {
+    let hundredths = |t: &str| -> u64 {
+        let (s, f) = t.split_once('.').unwrap_or((t, "0"));
+        s.parse::<u64>().unwrap() * 100 + f.parse::<u64>().unwrap()
+    };
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (hundredths(a), hundredths(b))
+        })
+        .collect()
+}
+
+/// `clients` ledgers at once, each running `runs` [`timed`] commands one after another
+/// under `--lock LOCK --lock-wait 120s`; every verdict must be `completed`.
+fn contend(
+    lab: &opmark::lab::Lab,
+    lock: &str,
+    clients: usize,
+    runs: usize,
+    hold: &str,
+) -> Vec<(u64, u64)> {
+    let tag = lock.replace(':', "-");
+    let log = fresh_dir(&format!("{}-{tag}", crate::test_name!())).join("held");
+    std::thread::scope(|s| {
+        for c in 0..clients {
+            let (log, tag) = (&log, &tag);
+            s.spawn(move || {
+                let env = Sealed::new(&format!("locks-{tag}-{c}"));
+                for r in 0..runs {
+                    let op = format!("lk-{c}-{r}");
+                    let cmd = timed(log, hold, &op);
+                    let done = run_json(
+                        &env,
+                        lab,
+                        &[
+                            "target1",
+                            "--op",
+                            &op,
+                            "--lock",
+                            lock,
+                            "--lock-wait",
+                            "120s",
+                            "--",
+                            &cmd,
+                        ],
+                    );
+                    assert_eq!(done.verdict(), "completed", "{op}: {done:?}");
+                }
+            });
+        }
+    });
+    let held = intervals(&log);
+    assert_eq!(held.len(), clients * runs, "every command ran once");
+    held
+}
+
+#[test]
+fn two_clients_with_ledgers_of_their_own_never_run_commands_holding_one_lock_at_once() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let held = contend(&lab, "apt", 2, 10, "0.2");
+    assert_eq!(most_at_once(&held), 1, "{held:?}");
+}
+
+#[test]
+fn a_lock_of_two_slots_runs_exactly_two_commands_at_once() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let held = contend(&lab, "pool:2", 3, 4, "0.6");
+    assert_eq!(most_at_once(&held), 2, "{held:?}");
+}
+
+#[test]
+fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_once() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (started, done, count) = (dir.join("started"), dir.join("done"), dir.join("count"));
+    let holder_env = Sealed::new(&format!("{}-holder", crate::test_name!()));
+    let holder_cmd = format!(
+        "touch {}; sleep 8; touch {}",
+        started.display(),
+        done.display()
+    );
+    let holder = spawn_run(
+        &mut holder_env.opmark_with_lab(&lab),
+        &[
+            "target1",
+            "--op",
+            "lb-hold",
+            "--lock",
+            "apt",
+            "--",
+            &holder_cmd,
+        ],
+    );
+    support::wait_for("the holder's command", Duration::from_secs(30), || {
+        started.exists()
+    });
+
+    let env = Sealed::new(crate::test_name!());
+    let cmd = format!("echo ran >>{}", count.display());
+    let args = [
+        "target1",
+        "--op",
+        "lb-wait",
+        "--lock",
+        "apt",
+        "--lock-wait",
+        "1s",
+        "--",
+        &cmd,
+    ];
+    let busy = run_json(&env, &lab, &args);
+    assert_eq!(busy.verdict(), "not_applied", "{busy:?}");
+    assert_eq!(busy.code(), ("lock_busy", true), "{busy:?}");
+    let reason = busy.json["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("`apt`") && reason.contains("op lb-hold since"),
+        "{reason}"
+    );
+    // Answered while the holder still ran, and nothing of it ran.
+    assert!(!done.exists(), "waited for the holder's end: {busy:?}");
+    assert_eq!(lines(&count), 0);
+    assert_eq!(
+        probe_state(&env, &lab, "lb-wait"),
+        "absent",
+        "the claim was taken back"
+    );
+
+    let rerun = run_json(
+        &env,
+        &lab,
+        &[&args[..5], &["--lock-wait", "60s", "--", cmd.as_str()]].concat(),
+    );
+    assert_eq!(rerun.verdict(), "completed", "{rerun:?}");
+    assert!(done.exists(), "ran only once the holder had ended");
+    assert_eq!(lines(&count), 1);
+    let held = support::answer(holder.wait_with_output().unwrap());
+    assert_eq!(held.verdict(), "completed", "{held:?}");
+}
+
+#[test]
+fn a_killed_client_keeps_its_commands_lock_until_the_command_ends() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (log, started) = (dir.join("held"), dir.join("started"));
+    let first = Sealed::new(&format!("{}-first", crate::test_name!()));
+    let cmd = format!("touch {}; {}", started.display(), timed(&log, "3", "first"));
+    let mut client = spawn_run(
+        &mut first.opmark_with_lab(&lab),
+        &["target1", "--op", "kc-1", "--lock", "apt", "--", &cmd],
+    );
+    support::wait_for("the first command", Duration::from_secs(30), || {
+        started.exists()
+    });
+    client.kill().unwrap();
+    client.wait().unwrap();
+
+    let second = Sealed::new(crate::test_name!());
+    let after = run_json(
+        &second,
+        &lab,
+        &[
+            "target1",
+            "--op",
+            "kc-2",
+            "--lock",
+            "apt",
+            "--lock-wait",
+            "60s",
+            "--",
+            &timed(&log, "0", "second"),
+        ],
+    );
+    assert_eq!(after.verdict(), "completed", "{after:?}");
+    let held = intervals(&log);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert_eq!(
+        most_at_once(&held),
+        1,
+        "the second ran while the first held: {held:?}"
+    );
+}
+
+#[test]
+fn a_holder_whose_session_is_killed_frees_the_lock_for_the_next_claim() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (started, count) = (dir.join("started"), dir.join("count"));
+    let first = Sealed::new(&format!("{}-first", crate::test_name!()));
+    let cmd = format!("touch {}; sleep 120", started.display());
+    let mut client = spawn_run(
+        &mut first.opmark_with_lab(&lab),
+        &["target1", "--op", "crash-1", "--lock", "apt", "--", &cmd],
+    );
+    support::wait_for("the first command", Duration::from_secs(30), || {
+        started.exists()
+    });
+    // Its client goes first: left alone, it would see its command vanish and, its family
+    // allowing, claim the op id again, lock and all.
+    client.kill().unwrap();
+    client.wait().unwrap();
+    // A host crash, as far as the lock can tell: the supervisor's whole session dies.
+    let marker = lab
+        .target("target1")
+        .unwrap()
+        .marker_root()
+        .join("ops/crash-1/proc");
+    let sid = std::fs::read_to_string(&marker)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("pid=").map(str::to_owned))
+        .unwrap();
+    let killed = std::process::Command::new("pkill")
+        .args(["-KILL", "-s", &sid])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "no process in session {sid}");
+
+    let second = Sealed::new(crate::test_name!());
+    let next = run_json(
+        &second,
+        &lab,
+        &[
+            "target1",
+            "--op",
+            "crash-2",
+            "--lock",
+            "apt",
+            "--lock-wait",
+            "30s",
+            "--",
+            &format!("echo ran >>{}", count.display()),
+        ],
+    );
+    assert_eq!(next.verdict(), "completed", "{next:?}");
+    assert_eq!(lines(&count), 1);
+}
+
+#[test]
+fn a_lock_named_with_another_capacity_than_the_hosts_is_refused_naming_it() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let count = fresh_dir(crate::test_name!()).join("count");
+    let cmd = |tag: &str| format!("echo {tag} >>{}", count.display());
+    let first = run_json(
+        &env,
+        &lab,
+        &[
+            "target1",
+            "--op",
+            "cap-1",
+            "--lock",
+            "db",
+            "--",
+            &cmd("one"),
+        ],
+    );
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    let other = run_json(
+        &env,
+        &lab,
+        &[
+            "target1",
+            "--op",
+            "cap-2",
+            "--lock",
+            "db:3",
+            "--",
+            &cmd("two"),
+        ],
+    );
+    assert_eq!(other.verdict(), "refused", "{other:?}");
+    assert_eq!(other.code(), ("invalid_input", false));
+    assert!(
+        other.json["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--lock db:1"),
+        "{other:?}"
+    );
+    assert_eq!(lines(&count), 1, "the second never ran");
+}
+
+#[test]
+fn bad_locks_are_refused_before_anything_is_sent() {
+    let env = Sealed::new(crate::test_name!());
+    let out = env
+        .opmark()
+        .args(["run", "nowhere.invalid", "--lock", "a/b", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let said = support::text(&out.stderr);
+    assert!(
+        said.contains("lock `a/b`") && said.contains("e.g. `apt`"),
+        "{said}"
+    );
+    let twice: Answer = support::answer(
+        env.opmark()
+            .args([
+                "--json",
+                "run",
+                "nowhere.invalid",
+                "--op",
+                "tw-1",
+                "--lock",
+                "apt",
+                "--lock",
+                "apt:2",
+                "--",
+                "true",
+            ])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(twice.verdict(), "refused", "{twice:?}");
+    assert!(
+        twice.json["reason"]
+            .as_str()
+            .unwrap()
+            .contains("`apt` is named twice"),
+        "{twice:?}"
+    );
+}
