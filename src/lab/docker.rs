@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::images::{self, HostKind};
+use super::images::{self, HostKind, ImageSource};
 use super::progress::{BuildProgress, Phase};
 use super::sshd::{self, run};
 use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
@@ -112,17 +112,6 @@ struct Node {
     alias: String,
     container: String,
     volume: String,
-}
-
-/// Where the image of a lab came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageSource {
-    /// Found under its recipe tag: nothing was built.
-    Cached,
-    /// Built now, taking this long.
-    Built(Duration),
-    /// The user's `--image`.
-    Given,
 }
 
 /// The tag of the lab's own image: `opmark-lab:<first 16 hex of the recipe's SHA-256>`.
@@ -393,62 +382,11 @@ fn import(rootfs: &Path, tag: &str, progress: &BuildProgress) -> Result<(), LabE
     }
     // The import is silent for its ~20 s: the ticking status line says it is under way.
     progress.phase(1);
-    let imported = import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
+    let imported = images::import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
     if imported.is_ok() {
         progress.phase_done();
     }
     imported
-}
-
-/// `tar -C rootfs -c . | docker import -c CMD - tag`.
-pub(crate) fn import_rootfs(rootfs: &Path, tag: &str, cmd: &[&str]) -> Result<(), LabError> {
-    let cmd_json = serde_json::to_string(cmd).unwrap_or_default();
-    let mut tar = Command::new("tar")
-        .arg("-C")
-        .arg(rootfs)
-        .args(["-c", "."])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| LabError::Command {
-            command: "tar".into(),
-            detail: e.to_string(),
-        })?;
-    let tar_out = tar
-        .stdout
-        .take()
-        .map(Stdio::from)
-        .unwrap_or_else(Stdio::null);
-    let imported = Command::new("docker")
-        .args(["import", "-c", &format!("CMD {cmd_json}"), "-"])
-        .arg(tag)
-        .stdin(tar_out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| LabError::Command {
-            command: "docker import".into(),
-            detail: e.to_string(),
-        })?;
-    let tar_status = tar.wait_with_output();
-    if !imported.status.success() {
-        return Err(LabError::Command {
-            command: format!("docker import - {tag}"),
-            detail: String::from_utf8_lossy(&imported.stderr).trim().to_string(),
-        });
-    }
-    match tar_status {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(LabError::Command {
-            command: format!("tar -C {} -c .", rootfs.display()),
-            detail: String::from_utf8_lossy(&o.stderr).trim().to_string(),
-        }),
-        Err(e) => Err(LabError::Command {
-            command: "tar".into(),
-            detail: e.to_string(),
-        }),
-    }
 }
 
 /// The lab id: a hash of the lab directory, so a lab's docker objects can be found from

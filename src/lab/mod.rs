@@ -33,8 +33,8 @@ mod proc;
 mod progress;
 mod sshd;
 
-pub use docker::{recipe_tag, remove_image, DockerSpec, ImageSource, SUDO_PASSWORD, SUDO_USER};
-pub use images::{login_shells, shell_user, HostKind};
+pub use docker::{recipe_tag, remove_image, DockerSpec, SUDO_PASSWORD, SUDO_USER};
+pub use images::{login_shells, shell_user, HostKind, ImageSource};
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
