@@ -19,11 +19,16 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::error::LabError;
+use super::files::{log_tail, mkdir, read, write};
 use super::images::{self, HostKind, ImageSource};
+use super::listening::READY_TIMEOUT;
 use super::progress::{BuildProgress, Phase};
+use super::spec::{LabSpec, Placement, MAX_TARGETS};
 use super::sshd::{self, run};
-use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
-use super::{Target, READY_TIMEOUT};
+use super::target::{self, Target, HOST_KEYS};
+use super::user::effective_uid;
+use super::{prepare_dir, Lab, LabState};
 
 /// What the built image is made of. Any change here changes the tag, so a new recipe is
 /// built once and an old image is never mistaken for it.
@@ -180,7 +185,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
     let lock_path = std::env::temp_dir().join(format!(
         "opmark-lab-image-{}-{}.lock",
         kind.as_str(),
-        super::effective_uid()
+        effective_uid()
     ));
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -203,7 +208,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
     match kind {
         HostKind::Debian => build_image(&tag, scratch)?,
         _ => {
-            if super::effective_uid() != 0 {
+            if effective_uid() != 0 {
                 return Err(LabError::MissingTool {
                     tool: format!(
                         "root (to build the {} lab image: file owners)",
@@ -220,7 +225,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
 }
 
 fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
-    let uid = super::effective_uid();
+    let uid = effective_uid();
     if uid != 0 {
         return Err(LabError::MissingTool {
             tool: "root (to build the lab image with debootstrap)".into(),
@@ -311,7 +316,7 @@ fn debootstrap(rootfs: &Path, progress: &BuildProgress) -> Result<(), LabError> 
                  mirror)?\n{}\n{}\n{}",
                 tail.join("\n"),
                 stderr_text.trim(),
-                sshd::log_tail(&log, 15)
+                log_tail(&log, 15)
             ),
         });
     }
@@ -424,7 +429,7 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
     let network = format!("opmark-lab-{id}");
     let mut lab = Lab {
         state: LabState {
-            id: super::new_lab_id(),
+            id: target::new_lab_id(),
             placement: Placement::Docker,
             ssh_config: dir.join("ssh_config"),
             known_hosts: dir.join("known_hosts"),
@@ -530,13 +535,13 @@ fn prepare_target(
     addr: Ipv4Addr,
     client_pub: &str,
 ) -> Result<(Target, Node), LabError> {
-    let alias = super::alias_of(lab.id(), index);
+    let alias = target::alias_of(lab.id(), index);
     // Directory, container, volume and hostname keep the short name: the lab's docker
     // id already makes the container and volume names unique on this machine.
     let short = format!("target{index}");
     let dir = lab.dir.join(&short);
     mkdir(&dir, 0o700)?;
-    let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+    let keys: Vec<(&str, PathBuf)> = HOST_KEYS
         .iter()
         .map(|(kind, file)| (*kind, dir.join(file)))
         .collect();
@@ -573,7 +578,7 @@ fn config_text(alias: &str) -> String {
     let mut c = String::new();
     let _ = writeln!(c, "# opmark lab docker target {alias} (generated)");
     c.push_str("ListenAddress 0.0.0.0:22\n");
-    for (_, file) in sshd::HOST_KEYS {
+    for (_, file) in HOST_KEYS {
         let _ = writeln!(c, "HostKey {INJECT_DIR}/{file}");
     }
     // Not in the bind mount: a pid of the container's namespace means nothing outside.
@@ -834,7 +839,7 @@ impl Lab {
     /// Starts a docker lab with docker-only options (`--image`). Blocking; builds the
     /// lab image first when it is not cached.
     pub fn start_docker(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
-        if spec.count == 0 || spec.count > super::MAX_TARGETS {
+        if spec.count == 0 || spec.count > MAX_TARGETS {
             return Err(LabError::BadCount(spec.count));
         }
         let mut spec = spec.clone();

@@ -18,8 +18,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
+use super::error::LabError;
+use super::files::write;
 use super::progress::{BuildProgress, Phase};
-use super::LabError;
 
 /// What a docker target runs: its userland and its SSH server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -413,9 +414,9 @@ fn copy_and_import(
         ("shadow", shadow.as_str(), 0o600),
         ("shells", etc_shells.as_str(), 0o644),
     ] {
-        super::write(&etc.join(name), text, mode)?;
+        write(&etc.join(name), text, mode)?;
     }
-    super::write(
+    write(
         &rootfs.join(START_SCRIPT.trim_start_matches('/')),
         &start_script(kind),
         0o755,

@@ -27,14 +27,25 @@
 //! their markers live on a docker volume.
 
 mod docker;
+mod error;
+mod files;
 mod images;
+mod listening;
 mod netns;
 mod proc;
 mod progress;
+mod spec;
 mod sshd;
+mod target;
+mod user;
 
 pub use docker::{recipe_tag, remove_image, DockerSpec, SUDO_PASSWORD, SUDO_USER};
+pub use error::LabError;
+pub use files::remove_lab_dir;
 pub use images::{login_shells, shell_user, HostKind, ImageSource};
+pub use spec::{LabSpec, Placement, MAX_TARGETS};
+pub use target::Target;
+pub use user::effective_uid;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
@@ -44,300 +55,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-/// How long a target may take from spawn to answering `ssh true`. Generous: CI runs many
-/// tests at once on two cores.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
+use files::{log_tail, mkdir, read, remove_contents, write};
+use listening::{free_port, wait_listening, READY_TIMEOUT};
+use target::{alias_of, new_lab_id, HOST_KEYS};
+use user::current_user;
+
 /// Attempts at a free loopback port (another process may take it between probe and bind).
 const PORT_ATTEMPTS: usize = 5;
-/// Most targets one lab may hold.
-pub const MAX_TARGETS: usize = 64;
-
-/// Failures of the lab. Each message names the problem and the fix.
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    /// A required external program is missing.
-    #[error("{tool} not found: {fix}")]
-    MissingTool {
-        /// The program.
-        tool: String,
-        /// How to install it.
-        fix: String,
-    },
-    /// Namespace placement asked for without root.
-    #[error(
-        "network-namespace targets need root (running as uid {uid}): run as root \
-         (e.g. `sudo opmark lab up --placement netns`) or use `--placement loopback`"
-    )]
-    NeedsRoot {
-        /// The effective uid.
-        uid: u32,
-    },
-    /// The lab directory path cannot be written into an ssh_config as is.
-    #[error(
-        "lab directory {0} contains whitespace, quotes or a non-UTF-8 byte, which an \
-         ssh_config cannot hold unquoted; choose a plain path"
-    )]
-    BadDir(PathBuf),
-    /// Target count out of range.
-    #[error("a lab holds 1 to {MAX_TARGETS} targets, not {0}")]
-    BadCount(usize),
-    /// A lab is already running in the directory.
-    #[error(
-        "a lab is already running in {0}; stop it with `opmark lab down --dir {0}` \
-         or choose another --dir"
-    )]
-    AlreadyRunning(PathBuf),
-    /// No lab state in the directory.
-    #[error("no lab in {0} (no lab.json); start one with `opmark lab up --dir {0}`")]
-    NoLab(PathBuf),
-    /// Local file I/O.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// lab.json could not be parsed.
-    #[error("{path}: malformed lab state ({detail}); remove the directory by hand")]
-    State {
-        /// The state file.
-        path: PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
-    /// An external command failed.
-    #[error("`{command}` failed: {detail}")]
-    Command {
-        /// The command as run.
-        command: String,
-        /// Exit status and stderr.
-        detail: String,
-    },
-    /// A target's sshd did not start or did not become ready; carries its log.
-    #[error("target {alias} did not start: {reason}\n--- sshd log {} (last lines) ---\n{log}", log_path.display())]
-    StartFailed {
-        /// The target.
-        alias: String,
-        /// What was observed.
-        reason: String,
-        /// The sshd log file.
-        log_path: PathBuf,
-        /// The tail of that log.
-        log: String,
-    },
-    /// No target of that name.
-    #[error("no target named {alias:?} in this lab (targets: {known})")]
-    UnknownTarget {
-        /// The alias asked for.
-        alias: String,
-        /// The aliases that exist.
-        known: String,
-    },
-    /// cut/restore asked of a loopback target.
-    #[error(
-        "target {alias} listens on loopback; cut/restore need a network-namespace target \
-         (start the lab with `--placement netns`, as root) or a container \
-         (`--placement docker`)"
-    )]
-    NotNetns {
-        /// The target.
-        alias: String,
-    },
-    /// pause/resume/crash asked of a target that is not a container.
-    #[error(
-        "target {alias} is not a container; pause, resume and crash need a docker target \
-         (start the lab with `--placement docker`)"
-    )]
-    NotDocker {
-        /// The target.
-        alias: String,
-    },
-    /// `--image` names an image the engine does not have.
-    #[error(
-        "no local image {0:?}; the lab uses no registry: load or build it first (docker \
-         load, docker import), or omit --image to let the lab build its own"
-    )]
-    NoImage(String),
-    /// authorize_key got something that is not one public key line.
-    #[error("not a single OpenSSH public key line (expected `TYPE BASE64 [COMMENT]`): {0}")]
-    BadKey(String),
-}
-
-/// Where targets listen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Placement {
-    /// 127.0.0.1 at free ports. Works without root.
-    Loopback,
-    /// Each target in its own network namespace behind a veth pair, port 22. Root only;
-    /// allows `cut`/`restore`.
-    Netns,
-    /// Each target a container on a bridge network of the lab, port 22; allows every
-    /// fault verb (see `docker.rs`).
-    Docker,
-}
-
-/// What to start.
-#[derive(Debug, Clone)]
-pub struct LabSpec {
-    /// Number of targets (1..=64), named target1..targetN.
-    pub count: usize,
-    /// Where they listen.
-    pub placement: Placement,
-    /// Lab directory (created; may be anywhere, /tmp included: the targets are disposable).
-    pub dir: PathBuf,
-}
-
-/// One target: an sshd and the directory it owns.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Target {
-    /// ssh_config alias, unique per lab (`<lab id>-target1`...; `target1`... in labs
-    /// made before lab ids). See [`Target::short_name`].
-    pub alias: String,
-    /// Address sshd listens on.
-    pub addr: IpAddr,
-    /// Port sshd listens on.
-    pub port: u16,
-    /// Login user (the user who started the lab).
-    pub user: String,
-    /// XDG_STATE_HOME of every command run on this target; markers live in `<it>/opmark`.
-    pub state_home: PathBuf,
-    /// HOME of every command run on this target (an empty directory of its own).
-    pub home: PathBuf,
-    /// Network namespace name, for netns placement.
-    pub netns: Option<String>,
-    /// sshd's log file (`-E`).
-    pub log: PathBuf,
-    /// The target's directory.
-    pub dir: PathBuf,
-    /// Target-side veth name (netns placement), used by cut/restore.
-    ns_if: Option<String>,
-    /// Host-side veth name (netns placement), deleted on stop.
-    host_if: Option<String>,
-    /// Whether the target declares itself disposable to the host shim, which then accepts
-    /// a marker root a reboot erases. True for every lab target unless a test turns it
-    /// off with [`Lab::set_disposable`] to play a real host.
-    #[serde(default = "yes")]
-    pub disposable: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl Target {
-    /// `targetN`: the alias without the lab id, also matched by the lab's ssh_config.
-    pub fn short_name(&self) -> &str {
-        short_of(&self.alias)
-    }
-
-    /// Is `name` this target's alias or its short name?
-    pub fn is_named(&self, name: &str) -> bool {
-        self.alias == name || self.short_name() == name
-    }
-
-    /// The host marker root commands on this target use: `<state_home>/opmark`.
-    pub fn marker_root(&self) -> PathBuf {
-        self.state_home.join("opmark")
-    }
-
-    /// The known_hosts host pattern: `[addr]:port`, or `addr` for port 22.
-    pub fn known_hosts_host(&self) -> String {
-        if self.port == 22 {
-            self.addr.to_string()
-        } else {
-            format!("[{}]:{}", self.addr, self.port)
-        }
-    }
-
-    /// The target's sshd_config.
-    pub fn sshd_config(&self) -> PathBuf {
-        self.dir.join("sshd_config")
-    }
-
-    /// The pid file of the target's listening sshd.
-    pub fn pid_file(&self) -> PathBuf {
-        self.dir.join("sshd.pid")
-    }
-
-    /// The authorized_keys file sshd reads for this target.
-    pub fn authorized_keys(&self) -> PathBuf {
-        self.dir.join("authorized_keys")
-    }
-
-    /// The pid of the listening sshd, when it runs.
-    pub fn sshd_pid(&self) -> Option<i32> {
-        // Checked by name too: after a crash or reboot the pid may belong to another program.
-        proc::read_pid_file(&self.pid_file())
-            .filter(|&p| proc::info(p).is_some_and(|i| i.comm.starts_with("sshd")))
-    }
-
-    /// The target's public host keys, one `TYPE BASE64` per entry.
-    pub fn host_public_keys(&self) -> Result<Vec<String>, LabError> {
-        sshd::HOST_KEYS
-            .iter()
-            .map(|(_, file)| {
-                let path = self.dir.join(file).with_extension("pub");
-                let text = read(&path)?;
-                Ok(text
-                    .split_whitespace()
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join(" "))
-            })
-            .collect()
-    }
-
-    /// The `SHA256:` fingerprints of the target's host keys, as the ledger records the
-    /// key an attempt saw; empty when the keys cannot be read.
-    pub fn host_key_fingerprints(&self) -> Vec<String> {
-        self.host_public_keys()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|line| russh::keys::ssh_key::PublicKey::from_openssh(line).ok())
-            .map(|key| crate::ssh::known_hosts::fingerprint(&key))
-            .collect()
-    }
-
-    fn start_failed(&self, reason: String) -> LabError {
-        LabError::StartFailed {
-            alias: self.alias.clone(),
-            reason,
-            log_path: self.log.clone(),
-            log: sshd::log_tail(&self.log, 40),
-        }
-    }
-}
-
-/// `targetN` of an alias `<id>-targetN` (an alias without a lab id is its own).
-fn short_of(alias: &str) -> &str {
-    match alias.split_once('-') {
-        Some((_, short)) if short.starts_with("target") => short,
-        _ => alias,
-    }
-}
-
-/// A fresh lab id: 5 characters of `[a-z0-9]`, a letter first (about 2^25 ids), drawn
-/// at random, so two labs (even one after another in the same directory, with new host
-/// keys) never name a target alike.
-fn new_lab_id() -> String {
-    use rand::Rng as _;
-    const LETTERS: &[u8] = b"abcdefghijklmnopqrstuvwxyz";
-    const ALNUM: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rng();
-    let mut id = String::with_capacity(5);
-    id.push(LETTERS[rng.random_range(0..LETTERS.len())] as char);
-    for _ in 0..4 {
-        id.push(ALNUM[rng.random_range(0..ALNUM.len())] as char);
-    }
-    id
-}
-
-/// The alias of target `index` in the lab `id`.
-pub(crate) fn alias_of(id: &str, index: usize) -> String {
-    format!("{id}-target{index}")
-}
 
 /// What lab.json holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -579,7 +303,7 @@ impl Lab {
     pub fn rotate_host_keys(&self, alias: &str) -> Result<(), LabError> {
         let target = self.get(alias)?;
         self.stop_sshd(alias)?;
-        let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+        let keys: Vec<(&str, PathBuf)> = HOST_KEYS
             .iter()
             .map(|(kind, file)| (*kind, target.dir.join(file)))
             .collect();
@@ -792,7 +516,7 @@ impl Lab {
         let home = dir.join("home");
         mkdir(&state_home, 0o700)?;
         mkdir(&home, 0o700)?;
-        let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+        let keys: Vec<(&str, PathBuf)> = HOST_KEYS
             .iter()
             .map(|(kind, file)| (*kind, dir.join(file)))
             .collect();
@@ -946,7 +670,7 @@ impl Lab {
                     "--- lab {}: {} sshd log (last lines) ---\n{}\n",
                     self.dir.display(),
                     t.alias,
-                    sshd::log_tail(&t.log, lines)
+                    log_tail(&t.log, lines)
                 )
             })
             .collect()
@@ -963,20 +687,6 @@ impl Drop for Lab {
             eprint!("{}", self.log_tails(30));
         }
         let _ = self.stop_all();
-    }
-}
-
-/// Waits until something accepts TCP on the target's address.
-fn wait_listening(target: &Target, deadline: Instant) -> Result<(), LabError> {
-    let addr = std::net::SocketAddr::new(target.addr, target.port);
-    loop {
-        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).is_ok() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(target.start_failed("not listening before the deadline".into()));
-        }
-        std::thread::sleep(Duration::from_millis(25));
     }
 }
 
@@ -1018,122 +728,4 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf, LabError> {
         }
     })?;
     Ok(dir)
-}
-
-/// Removes a lab directory's files (for `lab down` and stale labs).
-pub fn remove_lab_dir(dir: &Path) -> Result<(), LabError> {
-    std::fs::remove_dir_all(dir).or_else(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            Ok(())
-        } else {
-            Err(LabError::Io {
-                path: dir.to_path_buf(),
-                source: e,
-            })
-        }
-    })
-}
-
-fn remove_contents(dir: &Path) -> Result<(), LabError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| LabError::Io {
-        path: dir.to_path_buf(),
-        source,
-    })?;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let res = if path.is_dir() && !path.is_symlink() {
-            std::fs::remove_dir_all(&path)
-        } else {
-            std::fs::remove_file(&path)
-        };
-        res.map_err(|source| LabError::Io { path, source })?;
-    }
-    Ok(())
-}
-
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> Result<u16, LabError> {
-    let listener =
-        std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| LabError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| LabError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })
-}
-
-/// The effective uid; geteuid cannot fail (rustix: no unsafe code here).
-pub fn effective_uid() -> u32 {
-    rustix::process::geteuid().as_raw()
-}
-
-/// The login name of the effective user.
-fn current_user() -> Result<String, LabError> {
-    let out = sshd::run(std::process::Command::new("id").arg("-un"))?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn mkdir(path: &Path, mode: u32) -> Result<(), LabError> {
-    std::fs::create_dir_all(path)
-        .and_then(|_| {
-            if mode != 0o755 {
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-            } else {
-                Ok(())
-            }
-        })
-        .map_err(|source| LabError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-fn read(path: &Path) -> Result<String, LabError> {
-    std::fs::read_to_string(path).map_err(|source| LabError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn write(path: &Path, text: &str, mode: u32) -> Result<(), LabError> {
-    std::fs::write(path, text)
-        .and_then(|_| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
-        .map_err(|source| LabError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lab_ids_are_short_letter_first_and_differ() {
-        let ids: std::collections::BTreeSet<String> = (0..50).map(|_| new_lab_id()).collect();
-        assert!(ids.len() > 45, "ids repeat: {ids:?}");
-        for id in &ids {
-            assert_eq!(id.len(), 5, "{id}");
-            assert!(id.starts_with(|c: char| c.is_ascii_lowercase()), "{id}");
-            assert!(
-                id.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
-                "{id}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_short_name_drops_the_lab_id_only() {
-        assert_eq!(short_of(&alias_of("k3x9q", 2)), "target2");
-        assert_eq!(alias_of("k3x9q", 2), "k3x9q-target2");
-        // Labs made before lab ids keep their aliases.
-        assert_eq!(short_of("target1"), "target1");
-        assert_eq!(short_of("web-1"), "web-1");
-    }
 }
