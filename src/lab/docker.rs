@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::error::LabError;
@@ -24,11 +23,11 @@ use super::files::{log_tail, mkdir, read, write};
 use super::images::{self, HostKind, ImageSource};
 use super::listening::READY_TIMEOUT;
 use super::progress::{BuildProgress, Phase};
-use super::spec::{LabSpec, Placement, MAX_TARGETS};
+use super::spec::{LabSpec, Placement};
 use super::sshd::{self, run};
+use super::state::{DockerLab, Lab, LabState, Node};
 use super::target::{self, Target, HOST_KEYS};
 use super::user::effective_uid;
-use super::{prepare_dir, Lab, LabState};
 
 /// What the built image is made of. Any change here changes the tag, so a new recipe is
 /// built once and an old image is never mistaken for it.
@@ -85,38 +84,6 @@ pub struct DockerSpec {
     pub image: Option<String>,
     /// The host kind of the lab's own image (ignored with `image`): Debian by default.
     pub kind: HostKind,
-}
-
-/// The docker side of a lab, kept in lab.json.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct DockerLab {
-    /// Lab id: names of the network, containers and volumes start with `opmark-lab-<id>`.
-    id: String,
-    /// The lab's bridge network.
-    network: String,
-    /// Its subnet (fixed, so a restarted container keeps its address).
-    subnet: String,
-    /// The image the targets run.
-    pub(crate) image: String,
-    /// True when the image is the lab's own (built from the recipe), which `down
-    /// --purge-image` may remove; never a user's `--image`.
-    own_image: bool,
-    /// One entry per target, in target order.
-    nodes: Vec<Node>,
-    /// The host kind its image is (how its containers start their SSH server).
-    #[serde(default)]
-    pub(crate) kind: HostKind,
-    /// How the image was obtained by this start (for `lab up`'s report); not saved.
-    #[serde(skip)]
-    pub(crate) image_source: Option<ImageSource>,
-}
-
-/// One target's container and volume.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Node {
-    alias: String,
-    container: String,
-    volume: String,
 }
 
 /// The tag of the lab's own image: `opmark-lab:<first 16 hex of the recipe's SHA-256>`.
@@ -400,8 +367,9 @@ fn lab_id(dir: &Path) -> String {
     hex::encode(Sha256::digest(dir.as_os_str().as_encoded_bytes()))[..10].to_string()
 }
 
-/// Starts a docker lab (called by [`Lab::start`] and [`Lab::start_docker`]).
-pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
+/// Checks what a docker lab needs before its directory is touched: the engine, the ssh
+/// client tools and a given `--image`.
+pub(crate) fn preflight(options: &DockerSpec) -> Result<(), LabError> {
     require_engine()?;
     sshd::require_on_path("ssh", "openssh-client")?;
     sshd::require_on_path("ssh-keygen", "openssh-client")?;
@@ -410,7 +378,12 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
             return Err(LabError::NoImage(image.clone()));
         }
     }
-    let dir = prepare_dir(&spec.dir)?;
+    Ok(())
+}
+
+/// Starts a docker lab in `dir`, prepared by the caller after [`preflight`] (called by
+/// [`Lab::start`] and [`Lab::start_docker`], which clear a stale lab there first).
+pub(crate) fn start(spec: &LabSpec, options: &DockerSpec, dir: PathBuf) -> Result<Lab, LabError> {
     let (image, source) = match &options.image {
         Some(i) => (i.clone(), ImageSource::Given),
         None => ensure_image_of(options.kind, &dir.join("image-build"))?,
@@ -836,17 +809,6 @@ fn cut_rules() -> String {
 }
 
 impl Lab {
-    /// Starts a docker lab with docker-only options (`--image`). Blocking; builds the
-    /// lab image first when it is not cached.
-    pub fn start_docker(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
-        if spec.count == 0 || spec.count > MAX_TARGETS {
-            return Err(LabError::BadCount(spec.count));
-        }
-        let mut spec = spec.clone();
-        spec.placement = Placement::Docker;
-        start(&spec, options)
-    }
-
     pub(crate) fn docker(&self) -> Result<&DockerLab, LabError> {
         self.state
             .docker
