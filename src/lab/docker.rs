@@ -16,14 +16,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::images::{self, HostKind};
+use super::error::LabError;
+use super::files::{log_tail, mkdir, read, write};
+use super::images::{self, HostKind, ImageSource};
+use super::listening::READY_TIMEOUT;
 use super::progress::{BuildProgress, Phase};
+use super::spec::{LabSpec, Placement};
 use super::sshd::{self, run};
-use super::{mkdir, prepare_dir, read, write, Lab, LabError, LabSpec, LabState, Placement};
-use super::{Target, READY_TIMEOUT};
+use super::state::{DockerLab, Lab, LabState, Node};
+use super::target::{self, Target, HOST_KEYS};
+use super::user::effective_uid;
 
 /// What the built image is made of. Any change here changes the tag, so a new recipe is
 /// built once and an old image is never mistaken for it.
@@ -80,49 +84,6 @@ pub struct DockerSpec {
     pub image: Option<String>,
     /// The host kind of the lab's own image (ignored with `image`): Debian by default.
     pub kind: HostKind,
-}
-
-/// The docker side of a lab, kept in lab.json.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct DockerLab {
-    /// Lab id: names of the network, containers and volumes start with `opmark-lab-<id>`.
-    id: String,
-    /// The lab's bridge network.
-    network: String,
-    /// Its subnet (fixed, so a restarted container keeps its address).
-    subnet: String,
-    /// The image the targets run.
-    pub(crate) image: String,
-    /// True when the image is the lab's own (built from the recipe), which `down
-    /// --purge-image` may remove; never a user's `--image`.
-    own_image: bool,
-    /// One entry per target, in target order.
-    nodes: Vec<Node>,
-    /// The host kind its image is (how its containers start their SSH server).
-    #[serde(default)]
-    pub(crate) kind: HostKind,
-    /// How the image was obtained by this start (for `lab up`'s report); not saved.
-    #[serde(skip)]
-    pub(crate) image_source: Option<ImageSource>,
-}
-
-/// One target's container and volume.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Node {
-    alias: String,
-    container: String,
-    volume: String,
-}
-
-/// Where the image of a lab came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageSource {
-    /// Found under its recipe tag: nothing was built.
-    Cached,
-    /// Built now, taking this long.
-    Built(Duration),
-    /// The user's `--image`.
-    Given,
 }
 
 /// The tag of the lab's own image: `opmark-lab:<first 16 hex of the recipe's SHA-256>`.
@@ -191,7 +152,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
     let lock_path = std::env::temp_dir().join(format!(
         "opmark-lab-image-{}-{}.lock",
         kind.as_str(),
-        super::effective_uid()
+        effective_uid()
     ));
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -214,7 +175,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
     match kind {
         HostKind::Debian => build_image(&tag, scratch)?,
         _ => {
-            if super::effective_uid() != 0 {
+            if effective_uid() != 0 {
                 return Err(LabError::MissingTool {
                     tool: format!(
                         "root (to build the {} lab image: file owners)",
@@ -231,7 +192,7 @@ pub fn ensure_image_of(kind: HostKind, scratch: &Path) -> Result<(String, ImageS
 }
 
 fn build_image(tag: &str, scratch: &Path) -> Result<(), LabError> {
-    let uid = super::effective_uid();
+    let uid = effective_uid();
     if uid != 0 {
         return Err(LabError::MissingTool {
             tool: "root (to build the lab image with debootstrap)".into(),
@@ -322,7 +283,7 @@ fn debootstrap(rootfs: &Path, progress: &BuildProgress) -> Result<(), LabError> 
                  mirror)?\n{}\n{}\n{}",
                 tail.join("\n"),
                 stderr_text.trim(),
-                sshd::log_tail(&log, 15)
+                log_tail(&log, 15)
             ),
         });
     }
@@ -393,62 +354,11 @@ fn import(rootfs: &Path, tag: &str, progress: &BuildProgress) -> Result<(), LabE
     }
     // The import is silent for its ~20 s: the ticking status line says it is under way.
     progress.phase(1);
-    let imported = import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
+    let imported = images::import_rootfs(rootfs, tag, &["/bin/sh", "-c", START_SSHD]);
     if imported.is_ok() {
         progress.phase_done();
     }
     imported
-}
-
-/// `tar -C rootfs -c . | docker import -c CMD - tag`.
-pub(crate) fn import_rootfs(rootfs: &Path, tag: &str, cmd: &[&str]) -> Result<(), LabError> {
-    let cmd_json = serde_json::to_string(cmd).unwrap_or_default();
-    let mut tar = Command::new("tar")
-        .arg("-C")
-        .arg(rootfs)
-        .args(["-c", "."])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| LabError::Command {
-            command: "tar".into(),
-            detail: e.to_string(),
-        })?;
-    let tar_out = tar
-        .stdout
-        .take()
-        .map(Stdio::from)
-        .unwrap_or_else(Stdio::null);
-    let imported = Command::new("docker")
-        .args(["import", "-c", &format!("CMD {cmd_json}"), "-"])
-        .arg(tag)
-        .stdin(tar_out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| LabError::Command {
-            command: "docker import".into(),
-            detail: e.to_string(),
-        })?;
-    let tar_status = tar.wait_with_output();
-    if !imported.status.success() {
-        return Err(LabError::Command {
-            command: format!("docker import - {tag}"),
-            detail: String::from_utf8_lossy(&imported.stderr).trim().to_string(),
-        });
-    }
-    match tar_status {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(LabError::Command {
-            command: format!("tar -C {} -c .", rootfs.display()),
-            detail: String::from_utf8_lossy(&o.stderr).trim().to_string(),
-        }),
-        Err(e) => Err(LabError::Command {
-            command: "tar".into(),
-            detail: e.to_string(),
-        }),
-    }
 }
 
 /// The lab id: a hash of the lab directory, so a lab's docker objects can be found from
@@ -457,8 +367,9 @@ fn lab_id(dir: &Path) -> String {
     hex::encode(Sha256::digest(dir.as_os_str().as_encoded_bytes()))[..10].to_string()
 }
 
-/// Starts a docker lab (called by [`Lab::start`] and [`Lab::start_docker`]).
-pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
+/// Checks what a docker lab needs before its directory is touched: the engine, the ssh
+/// client tools and a given `--image`.
+pub(crate) fn preflight(options: &DockerSpec) -> Result<(), LabError> {
     require_engine()?;
     sshd::require_on_path("ssh", "openssh-client")?;
     sshd::require_on_path("ssh-keygen", "openssh-client")?;
@@ -467,7 +378,12 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
             return Err(LabError::NoImage(image.clone()));
         }
     }
-    let dir = prepare_dir(&spec.dir)?;
+    Ok(())
+}
+
+/// Starts a docker lab in `dir`, prepared by the caller after [`preflight`] (called by
+/// [`Lab::start`] and [`Lab::start_docker`], which clear a stale lab there first).
+pub(crate) fn start(spec: &LabSpec, options: &DockerSpec, dir: PathBuf) -> Result<Lab, LabError> {
     let (image, source) = match &options.image {
         Some(i) => (i.clone(), ImageSource::Given),
         None => ensure_image_of(options.kind, &dir.join("image-build"))?,
@@ -486,7 +402,7 @@ pub(crate) fn start(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabErro
     let network = format!("opmark-lab-{id}");
     let mut lab = Lab {
         state: LabState {
-            id: super::new_lab_id(),
+            id: target::new_lab_id(),
             placement: Placement::Docker,
             ssh_config: dir.join("ssh_config"),
             known_hosts: dir.join("known_hosts"),
@@ -592,13 +508,13 @@ fn prepare_target(
     addr: Ipv4Addr,
     client_pub: &str,
 ) -> Result<(Target, Node), LabError> {
-    let alias = super::alias_of(lab.id(), index);
+    let alias = target::alias_of(lab.id(), index);
     // Directory, container, volume and hostname keep the short name: the lab's docker
     // id already makes the container and volume names unique on this machine.
     let short = format!("target{index}");
     let dir = lab.dir.join(&short);
     mkdir(&dir, 0o700)?;
-    let keys: Vec<(&str, PathBuf)> = sshd::HOST_KEYS
+    let keys: Vec<(&str, PathBuf)> = HOST_KEYS
         .iter()
         .map(|(kind, file)| (*kind, dir.join(file)))
         .collect();
@@ -635,7 +551,7 @@ fn config_text(alias: &str) -> String {
     let mut c = String::new();
     let _ = writeln!(c, "# opmark lab docker target {alias} (generated)");
     c.push_str("ListenAddress 0.0.0.0:22\n");
-    for (_, file) in sshd::HOST_KEYS {
+    for (_, file) in HOST_KEYS {
         let _ = writeln!(c, "HostKey {INJECT_DIR}/{file}");
     }
     // Not in the bind mount: a pid of the container's namespace means nothing outside.
@@ -893,17 +809,6 @@ fn cut_rules() -> String {
 }
 
 impl Lab {
-    /// Starts a docker lab with docker-only options (`--image`). Blocking; builds the
-    /// lab image first when it is not cached.
-    pub fn start_docker(spec: &LabSpec, options: &DockerSpec) -> Result<Lab, LabError> {
-        if spec.count == 0 || spec.count > super::MAX_TARGETS {
-            return Err(LabError::BadCount(spec.count));
-        }
-        let mut spec = spec.clone();
-        spec.placement = Placement::Docker;
-        start(&spec, options)
-    }
-
     pub(crate) fn docker(&self) -> Result<&DockerLab, LabError> {
         self.state
             .docker

@@ -5,18 +5,22 @@
 //! names, in a rootfs that is `docker import`ed and cached under a tag derived from the
 //! recipe and the identity (path, size, modification time) of every file copied, so that
 //! an upgraded package builds anew and nothing else does.
+//!
+//! Also what every lab image shares, the Debian one of `docker.rs` included: the import
+//! of a rootfs as an image, and where a lab's image came from.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::UNIX_EPOCH;
+use std::process::{Command, Stdio};
+use std::time::{Duration, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
+use super::error::LabError;
+use super::files::write;
 use super::progress::{BuildProgress, Phase};
-use super::LabError;
 
 /// What a docker target runs: its userland and its SSH server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -39,6 +43,17 @@ impl HostKind {
             HostKind::Dropbear => "dropbear",
         }
     }
+}
+
+/// Where the image of a lab came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageSource {
+    /// Found under its recipe tag: nothing was built.
+    Cached,
+    /// Built now, taking this long.
+    Built(Duration),
+    /// The user's `--image`.
+    Given,
 }
 
 /// Repository of these images; the tag is the recipe hash.
@@ -399,16 +414,67 @@ fn copy_and_import(
         ("shadow", shadow.as_str(), 0o600),
         ("shells", etc_shells.as_str(), 0o644),
     ] {
-        super::write(&etc.join(name), text, mode)?;
+        write(&etc.join(name), text, mode)?;
     }
-    super::write(
+    write(
         &rootfs.join(START_SCRIPT.trim_start_matches('/')),
         &start_script(kind),
         0o755,
     )?;
     progress.phase_done();
     progress.phase(1);
-    super::docker::import_rootfs(&rootfs, tag, &["/bin/sh", START_SCRIPT])
+    import_rootfs(&rootfs, tag, &["/bin/sh", START_SCRIPT])
+}
+
+/// `tar -C rootfs -c . | docker import -c CMD - tag`.
+pub(crate) fn import_rootfs(rootfs: &Path, tag: &str, cmd: &[&str]) -> Result<(), LabError> {
+    let cmd_json = serde_json::to_string(cmd).unwrap_or_default();
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(rootfs)
+        .args(["-c", "."])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| LabError::Command {
+            command: "tar".into(),
+            detail: e.to_string(),
+        })?;
+    let tar_out = tar
+        .stdout
+        .take()
+        .map(Stdio::from)
+        .unwrap_or_else(Stdio::null);
+    let imported = Command::new("docker")
+        .args(["import", "-c", &format!("CMD {cmd_json}"), "-"])
+        .arg(tag)
+        .stdin(tar_out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| LabError::Command {
+            command: "docker import".into(),
+            detail: e.to_string(),
+        })?;
+    let tar_status = tar.wait_with_output();
+    if !imported.status.success() {
+        return Err(LabError::Command {
+            command: format!("docker import - {tag}"),
+            detail: String::from_utf8_lossy(&imported.stderr).trim().to_string(),
+        });
+    }
+    match tar_status {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(LabError::Command {
+            command: format!("tar -C {} -c .", rootfs.display()),
+            detail: String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        }),
+        Err(e) => Err(LabError::Command {
+            command: "tar".into(),
+            detail: e.to_string(),
+        }),
+    }
 }
 
 /// Copies `here` to `inside` under `rootfs` (its content: a link's target).

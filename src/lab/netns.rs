@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 
+use super::error::LabError;
 use super::sshd::run;
-use super::LabError;
 
 /// Addresses come from 198.18.0.0/15 (RFC 2544, reserved for benchmarking networks),
 /// one /30 per namespace, so they never clash with real networks on the machine.

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{LabError, Target};
+use super::error::LabError;
+use super::target::{Target, HOST_KEYS};
 
 /// Where sshd usually lives. sshd re-executes itself per connection and refuses to run
 /// unless started by absolute path.
@@ -100,13 +101,6 @@ pub(crate) fn generate_keys(keys: &[(&str, PathBuf)], comment: &str) -> Result<(
     }
     Ok(())
 }
-
-/// Host key types every target gets, and the file names of their private keys.
-pub(crate) const HOST_KEYS: &[(&str, &str)] = &[
-    ("ed25519", "ssh_host_ed25519_key"),
-    ("ecdsa", "ssh_host_ecdsa_key"),
-    ("rsa", "ssh_host_rsa_key"),
-];
 
 /// OpenSSH (major, minor) of the installed sshd, to enable options only it knows.
 pub(crate) fn sshd_version(sshd: &Path) -> Option<(u32, u32)> {
@@ -284,17 +278,6 @@ pub(crate) fn log_says_port_in_use(log: &Path) -> bool {
     std::fs::read_to_string(log)
         .map(|t| t.contains("Address already in use"))
         .unwrap_or(false)
-}
-
-/// The last `lines` lines of a log, for error messages.
-pub(crate) fn log_tail(log: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(log) {
-        Ok(t) => {
-            let all: Vec<&str> = t.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(no log: {e})"),
-    }
 }
 
 #[cfg(test)]
