@@ -6,8 +6,9 @@
 use std::collections::BTreeSet;
 
 use super::chain;
+use super::error::LedgerError;
+use super::op_key::OpKey;
 use super::projection::OperationRecord;
-use super::{LedgerError, OpKey};
 
 /// The `meta` name of the checkpoint (`SEQ HASH`).
 const AT: &str = "verified_through";

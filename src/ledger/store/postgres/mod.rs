@@ -32,13 +32,23 @@ use crate::ledger::archive::{self, ArchiveReport};
 use crate::ledger::binding::Bound;
 use crate::ledger::chain;
 use crate::ledger::checkpoint;
+use crate::ledger::counters::Counts;
+use crate::ledger::cut;
+use crate::ledger::dialect::StatsDialect;
+use crate::ledger::durability::Durability;
+use crate::ledger::error::LedgerError;
+use crate::ledger::event::decode;
 use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::filter::{ListFilter, SqlArg};
 use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
-use crate::ledger::redact::Redactor;
-use crate::ledger::store::{BatchOp, RecordedCut, Store};
-use crate::ledger::SAME_INTENT_LIMIT;
-use crate::ledger::{decode, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+use crate::ledger::snapshot::Snapshot;
+use crate::ledger::stats::Stats;
+use crate::ledger::store::{
+    BatchOp, RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT,
+};
+use crate::redact::Redactor;
 use crate::vocab::Verdict;
 
 /// The schema migrations, in order; migration `i` brings version `i` to `i + 1`.
@@ -51,7 +61,7 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).
-pub(crate) const DIALECT: crate::ledger::StatsDialect = crate::ledger::StatsDialect {
+pub(crate) const DIALECT: StatsDialect = StatsDialect {
     verdict: "payload::jsonb ->> 'verdict'",
     attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
     unresolved: "unresolved",
@@ -330,7 +340,7 @@ impl PgStore {
             // An archived ledger: its cut and what the archived events counted come along
             // (the caller checked their MACs), and the counters count the whole history.
             if let (Some((cut, _)), Some((json, _))) = (&snapshot.cut, &snapshot.archived_counts) {
-                let archived: crate::ledger::append::Counts =
+                let archived: Counts =
                     serde_json::from_str(json).map_err(|_| LedgerError::Invalid {
                         message: "the ledger's archived counts cannot be read; nothing was copied"
                             .to_owned(),
@@ -488,10 +498,8 @@ impl Store for PgStore {
                 .into_iter()
                 .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
                     match a {
-                        crate::ledger::SqlArg::Text(t) | crate::ledger::SqlArg::Stamp(t) => {
-                            Box::new(t)
-                        }
-                        crate::ledger::SqlArg::Int(n) => Box::new(n),
+                        SqlArg::Text(t) | SqlArg::Stamp(t) => Box::new(t),
+                        SqlArg::Int(n) => Box::new(n),
                     }
                 })
                 .collect();
@@ -729,7 +737,7 @@ impl Store for PgStore {
 
     /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
     /// REPEATABLE READ transaction.
-    fn snapshot_after_checkpoint(&self) -> Result<Option<crate::ledger::Incremental>, LedgerError> {
+    fn snapshot_after_checkpoint(&self) -> Result<Option<checkpoint::Incremental>, LedgerError> {
         self.call(|c| {
             let Conn { rt, client } = c;
             let tx = rt.block_on(
@@ -774,7 +782,7 @@ impl Store for PgStore {
                 .map(|r| r.get(0)))
             };
             let cut = match meta("archive_cut")? {
-                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+                Some(value) => Some((cut::parse_cut(&value), meta("archive_cut_mac")?)),
                 None => None,
             };
             let keyed_from = meta("chain_keyed_from")?
@@ -808,7 +816,7 @@ impl Store for PgStore {
                     .map(|r| r.get(0)))
             };
             if let Some(value) = meta("archive_cut")? {
-                return Err(archive::archived_before(archive::parse_cut(&value).seq));
+                return Err(archive::archived_before(cut::parse_cut(&value).seq));
             }
             let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
                 Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
@@ -865,14 +873,11 @@ impl Store for PgStore {
         })
     }
 
-    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    /// See [`MISSING_SHARED_INTENTS`].
     fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
         self.call(|c| {
-            Ok(c.block(
-                c.client
-                    .query_one(crate::ledger::MISSING_SHARED_INTENTS, &[]),
-            )?
-            .get::<_, i64>(0) as u64)
+            Ok(c.block(c.client.query_one(MISSING_SHARED_INTENTS, &[]))?
+                .get::<_, i64>(0) as u64)
         })
     }
 
@@ -976,7 +981,7 @@ struct PgTx<'a> {
 }
 
 impl AppendTx for PgTx<'_> {
-    fn add_counts(&mut self, deltas: &crate::ledger::append::Counts) -> Result<(), LedgerError> {
+    fn add_counts(&mut self, deltas: &Counts) -> Result<(), LedgerError> {
         for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
             self.rt.block_on(self.tx.execute(
                 "INSERT INTO counters (name, n) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + excluded.n",
@@ -1136,7 +1141,7 @@ fn read_verify_header(
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let cut = match meta("archive_cut")? {
-        Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
+        Some(value) => Some((cut::parse_cut(&value), meta("archive_cut_mac")?)),
         None => None,
     };
     let archived_counts = match meta("archive_counts")? {

@@ -7,8 +7,8 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::ledger::binding::{key_path_beside, Bound};
 use crate::ledger::chain;
+use crate::ledger::error::LedgerError;
 use crate::ledger::fingerprint::{legacy_key_path, InstallationKey};
-use crate::ledger::LedgerError;
 
 use super::operations;
 
