@@ -157,20 +157,33 @@ fn settled_by(event: &Event) -> Option<(String, Decision)> {
     }
 }
 
-/// Appends `events` (already redacted, with their JSON payloads) for `key` in the open
+/// One operation's append, as the [`Ledger`](super::Ledger) prepares it and the stores
+/// pass it to [`append`] unchanged: what was four of their arguments (seven in all), and
+/// a batch is a list of them.
+#[derive(Debug, Clone)]
+pub(crate) struct OpAppend {
+    /// The operation.
+    pub key: OpKey,
+    /// Its events, already redacted, each with its JSON payload.
+    pub events: Vec<(Event, String)>,
+    /// The record time (UTC RFC 3339 with microseconds).
+    pub at: String,
+    /// A settlement's condition, checked under the chain-head lock.
+    pub condition: Option<UnlessSettledSince>,
+}
+
+/// Appends `op`'s events (already redacted, with their JSON payloads) in the open
 /// transaction; returns their sequence numbers. The caller commits (or drops the
 /// transaction on error, which stores nothing).
 pub(crate) fn append(
     tx: &mut dyn AppendTx,
     ikey: &InstallationKey,
     redactor: &Redactor,
-    key: &OpKey,
-    events: &[(Event, String)],
-    at: &str,
-    condition: Option<UnlessSettledSince>,
+    op: &OpAppend,
 ) -> Result<Vec<u64>, LedgerError> {
+    let (key, events, at) = (&op.key, op.events.as_slice(), op.at.as_str());
     let (mut seq, mut prev) = tx.head()?;
-    if let Some(UnlessSettledSince(seen)) = condition {
+    if let Some(UnlessSettledSince(seen)) = op.condition {
         for (eseq, eat, payload) in tx.events_after(key, seen)? {
             let event: Event =
                 serde_json::from_str(&payload).map_err(|e| LedgerError::Corrupt {

@@ -78,6 +78,7 @@ pub use store::SAME_INTENT_LIMIT;
 pub use crate::paths::{absolute_env, home_dir};
 pub use words::{CancelResult, Decision, ObservationKind, OpState, ProbeState, RefusalWord};
 
+use append::OpAppend;
 use error::explain_open_failure;
 use fingerprint::InstallationKey;
 use snapshot::Snapshot;
@@ -308,24 +309,26 @@ impl Ledger {
             return Ok(Vec::new());
         }
         append_barrier();
-        let redacted: Vec<(Event, String)> = events
+        let op = OpAppend {
+            key: key.clone(),
+            events: self.redacted(events),
+            at: now(),
+            condition,
+        };
+        self.store.append(&self.key, &self.redactor, op, durability)
+    }
+
+    /// `events` redacted by this ledger's redactor, each with its JSON payload: what is
+    /// stored of them.
+    fn redacted(&self, events: &[Event]) -> Vec<(Event, String)> {
+        events
             .iter()
             .map(|e| {
                 let e = e.redacted(&self.redactor);
                 let payload = serde_json::to_string(&e).expect("events serialize");
                 (e, payload)
             })
-            .collect();
-        let at = now();
-        self.store.append(
-            &self.key,
-            &self.redactor,
-            key,
-            redacted,
-            at,
-            durability,
-            condition,
-        )
+            .collect()
     }
 
     /// Appends many operations' events in ONE transaction, each operation's through the
@@ -377,15 +380,12 @@ impl Ledger {
         let mut prepared = Vec::with_capacity(ops.len());
         for (key, events, at) in ops {
             key.check()?;
-            let redacted: Vec<(Event, String)> = events
-                .iter()
-                .map(|e| {
-                    let e = e.redacted(&self.redactor);
-                    let payload = serde_json::to_string(&e).expect("events serialize");
-                    (e, payload)
-                })
-                .collect();
-            prepared.push((key, redacted, at.as_str()));
+            prepared.push(OpAppend {
+                key: key.clone(),
+                events: self.redacted(events),
+                at: at.clone(),
+                condition: None,
+            });
         }
         self.store
             .append_batch(&self.key, &self.redactor, prepared, durability)

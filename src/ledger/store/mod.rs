@@ -9,14 +9,14 @@ pub(crate) mod sqlite;
 
 use std::path::Path;
 
-use crate::ledger::append::UnlessSettledSince;
+use crate::ledger::append::OpAppend;
 use crate::ledger::archive::ArchiveReport;
 use crate::ledger::chain::ChainReport;
 use crate::ledger::checkpoint::Incremental;
 use crate::ledger::cut::Cut;
 use crate::ledger::durability::Durability;
 use crate::ledger::error::LedgerError;
-use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::event::StoredEvent;
 use crate::ledger::filter::ListFilter;
 use crate::ledger::fingerprint::InstallationKey;
 use crate::ledger::health::Health;
@@ -39,10 +39,6 @@ pub(crate) const MISSING_SHARED_INTENTS: &str = "SELECT COUNT(*) FROM (
     SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1
     EXCEPT SELECT fingerprint, host FROM shared_intents) AS missing";
 
-/// One operation of a batch: its key, its redacted events with their payloads, its
-/// record time.
-pub(crate) type BatchOp<'a> = (&'a OpKey, Vec<(Event, String)>, &'a str);
-
 /// Where `ledger archive` cut the chain and the cut's MAC, if it ever did.
 pub(crate) type RecordedCut = Option<(Cut, Option<String>)>;
 
@@ -53,16 +49,12 @@ pub(crate) trait Store {
     fn name(&self) -> &'static str;
 
     /// Appends one operation's redacted events (with their payloads) in one transaction.
-    #[allow(clippy::too_many_arguments)]
     fn append(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
+        op: OpAppend,
         durability: Durability,
-        condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError>;
 
     /// Appends many operations' events, all or nothing where the backend can.
@@ -70,7 +62,7 @@ pub(crate) trait Store {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: Vec<BatchOp<'_>>,
+        ops: Vec<OpAppend>,
         durability: Durability,
     ) -> Result<(), LedgerError>;
 

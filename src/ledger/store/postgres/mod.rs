@@ -27,7 +27,7 @@ use std::sync::mpsc;
 
 use tokio_postgres::{Client, NoTls, Row};
 
-use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::append::{self, AppendTx, OpAppend};
 use crate::ledger::archive::{self, ArchiveReport};
 use crate::ledger::binding::Bound;
 use crate::ledger::chain;
@@ -38,16 +38,14 @@ use crate::ledger::dialect::StatsDialect;
 use crate::ledger::durability::Durability;
 use crate::ledger::error::LedgerError;
 use crate::ledger::event::decode;
-use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::event::StoredEvent;
 use crate::ledger::filter::{ListFilter, SqlArg};
 use crate::ledger::fingerprint::InstallationKey;
 use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
 use crate::ledger::snapshot::Snapshot;
 use crate::ledger::stats::Stats;
-use crate::ledger::store::{
-    BatchOp, RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT,
-};
+use crate::ledger::store::{RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT};
 use crate::redact::Redactor;
 use crate::vocab::Verdict;
 
@@ -383,20 +381,12 @@ impl Store for PgStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: Vec<BatchOp<'_>>,
+        ops: Vec<OpAppend>,
         // Every PostgreSQL commit is durable (`synchronous_commit` on).
         _durability: Durability,
     ) -> Result<(), LedgerError> {
-        for (key, redacted, at) in ops {
-            self.append(
-                ikey,
-                redactor,
-                key,
-                redacted,
-                at.to_owned(),
-                Durability::Full,
-                None,
-            )?;
+        for op in ops {
+            self.append(ikey, redactor, op, Durability::Full)?;
         }
         Ok(())
     }
@@ -424,19 +414,16 @@ impl Store for PgStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
+        op: OpAppend,
         // Every PostgreSQL commit is durable (`synchronous_commit` on).
         _durability: Durability,
-        condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError> {
-        let (ikey, redactor, key) = (ikey.clone(), redactor.clone(), key.clone());
+        let (ikey, redactor) = (ikey.clone(), redactor.clone());
         self.call(move |c| {
             let Conn { rt, client } = c;
             let tx = rt.block_on(client.transaction())?;
             let mut ptx = PgTx { rt, tx };
-            let seqs = append::append(&mut ptx, &ikey, &redactor, &key, &events, &at, condition)?;
+            let seqs = append::append(&mut ptx, &ikey, &redactor, &op)?;
             let PgTx { rt, tx } = ptx;
             rt.block_on(tx.commit())?;
             Ok(seqs)

@@ -30,7 +30,7 @@ use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
-use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::append::{self, AppendTx, OpAppend};
 use crate::ledger::binding::Bound;
 use crate::ledger::chain;
 use crate::ledger::checkpoint;
@@ -47,9 +47,7 @@ use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
 use crate::ledger::snapshot::Snapshot;
 use crate::ledger::stats::Stats;
-use crate::ledger::store::{
-    BatchOp, RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT,
-};
+use crate::ledger::store::{RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT};
 use crate::redact::Redactor;
 
 use atoms::{AtomCache, AtomsInOrder, AtomsOf, ATOMS_IN_ORDER};
@@ -423,13 +421,36 @@ impl SqliteStore {
         Ok(check.finish())
     }
 
-    /// [`Store::append_batch`] at the connection's current durability.
-    fn append_batch_now(
+    /// Appends `ops` in one `BEGIN IMMEDIATE` transaction, committed as hard as
+    /// `durability` asks (`Full` switches the connection to `synchronous=FULL` for it and
+    /// back after); returns their events' sequence numbers, in order. One way for
+    /// [`Store::append`] and [`Store::append_batch`], which differ only in how many.
+    fn append_ops(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: &[BatchOp<'_>],
-    ) -> Result<(), LedgerError> {
+        ops: &[OpAppend],
+        durability: Durability,
+    ) -> Result<Vec<u64>, LedgerError> {
+        let full = durability == Durability::Full;
+        if full {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        let result = self.append_ops_now(ikey, redactor, ops);
+        if full {
+            // Best effort: a failure here only makes later commits stricter.
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
+    }
+
+    /// [`SqliteStore::append_ops`] at the connection's current durability.
+    fn append_ops_now(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: &[OpAppend],
+    ) -> Result<Vec<u64>, LedgerError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -437,13 +458,14 @@ impl SqliteStore {
             tx: &tx,
             atoms: AtomsOf::writing(&tx, &self.atoms),
         };
-        for (key, events, at) in ops {
-            append::append(&mut t, ikey, redactor, key, events, at, None)?;
+        let mut seqs = Vec::new();
+        for op in ops {
+            seqs.extend(append::append(&mut t, ikey, redactor, op)?);
         }
         let pending = t.atoms.into_pending();
         tx.commit()?;
         self.atoms.borrow_mut().committed(pending);
-        Ok(())
+        Ok(seqs)
     }
 }
 
@@ -530,40 +552,14 @@ impl Store for SqliteStore {
     }
 
     /// Appends in one `BEGIN IMMEDIATE` transaction.
-    #[allow(clippy::too_many_arguments)]
     fn append(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
+        op: OpAppend,
         durability: Durability,
-        condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError> {
-        let full = durability == Durability::Full;
-        if full {
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = (|| {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut t = Tx {
-                tx: &tx,
-                atoms: AtomsOf::writing(&tx, &self.atoms),
-            };
-            let seqs = append::append(&mut t, ikey, redactor, key, &events, &at, condition)?;
-            let pending = t.atoms.into_pending();
-            tx.commit()?;
-            self.atoms.borrow_mut().committed(pending);
-            Ok(seqs)
-        })();
-        if full {
-            // Best effort: a failure here only makes later commits stricter.
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
+        self.append_ops(ikey, redactor, std::slice::from_ref(&op), durability)
     }
 
     /// Appends many operations' events in one `BEGIN IMMEDIATE` transaction.
@@ -571,20 +567,10 @@ impl Store for SqliteStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: Vec<BatchOp<'_>>,
+        ops: Vec<OpAppend>,
         durability: Durability,
     ) -> Result<(), LedgerError> {
-        let full = durability == Durability::Full;
-        if full {
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = self.append_batch_now(ikey, redactor, &ops);
-        if full {
-            // Best effort, as after any `Full` append: a failure only makes later commits
-            // stricter.
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
+        self.append_ops(ikey, redactor, &ops, durability).map(drop)
     }
 
     /// The projection row of one operation.
