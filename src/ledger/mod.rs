@@ -30,6 +30,7 @@ mod dialect;
 mod durability;
 mod error;
 mod filter;
+mod meta;
 mod op_key;
 mod snapshot;
 mod stats;

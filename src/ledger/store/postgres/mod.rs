@@ -41,6 +41,7 @@ use crate::ledger::event::decode;
 use crate::ledger::event::StoredEvent;
 use crate::ledger::filter::{ListFilter, SqlArg};
 use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::meta;
 use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
 use crate::ledger::snapshot::Snapshot;
@@ -761,20 +762,15 @@ impl Store for PgStore {
     /// `audit verify --archive`.
     fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
         self.call(|c| {
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(c.block(
                     c.client
                         .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
                 )?
                 .map(|r| r.get(0)))
             };
-            let cut = match meta("archive_cut")? {
-                Some(value) => Some((cut::parse_cut(&value), meta("archive_cut_mac")?)),
-                None => None,
-            };
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let cut = meta::archive_cut(&mut read)?;
+            let keyed_from = meta::keyed_from(&mut read)?;
             Ok((cut, keyed_from))
         })
     }
@@ -797,12 +793,12 @@ impl Store for PgStore {
             let Conn { rt, client } = c;
             let tx = rt.block_on(client.transaction())?;
             rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(rt
                     .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
                     .map(|r| r.get(0)))
             };
-            if let Some(value) = meta("archive_cut")? {
+            if let Some(value) = read("archive_cut")? {
                 return Err(archive::archived_before(cut::parse_cut(&value).seq));
             }
             let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
@@ -840,10 +836,8 @@ impl Store for PgStore {
                 .iter()
                 .map(chain_row)
                 .collect();
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let keyed_from = meta::keyed_from(&mut read)?;
+            let keyed_from_mac = meta::keyed_from_mac(&mut read)?;
             let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref())?;
             super::sqlite::archive::write_file(&file, &key, &sealed.cut, &rows)?;
             let through = sealed.cut.seq as i64;
@@ -1119,26 +1113,18 @@ fn read_verify_header(
     rt: &tokio::runtime::Runtime,
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<crate::ledger::verify::Header, LedgerError> {
-    let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+    let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
         Ok(rt
             .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
             .map(|r| r.get(0)))
     };
-    let keyed_from = meta("chain_keyed_from")?
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let cut = match meta("archive_cut")? {
-        Some(value) => Some((cut::parse_cut(&value), meta("archive_cut_mac")?)),
-        None => None,
-    };
-    let archived_counts = match meta("archive_counts")? {
-        Some(json) => Some((json, meta("archive_counts_mac")?)),
-        None => None,
-    };
+    let keyed_from = meta::keyed_from(&mut read)?;
+    let cut = meta::archive_cut(&mut read)?;
+    let archived_counts = meta::archive_counts(&mut read)?;
     Ok(crate::ledger::verify::Header {
         head: read_head(rt, tx)?,
         keyed_from,
-        keyed_from_mac: meta("chain_keyed_from_mac")?,
+        keyed_from_mac: meta::keyed_from_mac(&mut read)?,
         counters: rt
             .block_on(tx.query("SELECT name, n FROM counters", &[]))?
             .iter()

@@ -11,15 +11,16 @@ use crate::ledger::archive::{
     archived_before, facts, nothing_to_archive, refuse_existing, seal, ArchiveReport,
 };
 use crate::ledger::chain::{self, Row};
-use crate::ledger::cut::{cut_mac, parse_cut, Cut};
+use crate::ledger::cut::{cut_mac, Cut};
 use crate::ledger::error::LedgerError;
 use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::meta;
 
 use super::atoms::AtomCache;
 use super::private_file::create_private;
 use super::rows;
 
-fn meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
+fn read_meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
     Ok(conn
         .query_row(
             "SELECT value FROM meta WHERE name = ?1",
@@ -31,20 +32,14 @@ fn meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
 
 /// The recorded cut and its MAC, as stored (`None` when the ledger was never archived).
 pub(crate) fn read_cut(conn: &Connection) -> Result<Option<(Cut, Option<String>)>, LedgerError> {
-    let Some(value) = meta(conn, "archive_cut")? else {
-        return Ok(None);
-    };
-    Ok(Some((parse_cut(&value), meta(conn, "archive_cut_mac")?)))
+    meta::archive_cut(&mut |name| read_meta(conn, name))
 }
 
 /// The archived events' counts and their MAC, as stored.
 pub(crate) fn read_counts(
     conn: &Connection,
 ) -> Result<Option<(String, Option<String>)>, LedgerError> {
-    match meta(conn, "archive_counts")? {
-        Some(json) => Ok(Some((json, meta(conn, "archive_counts_mac")?))),
-        None => Ok(None),
-    }
+    meta::archive_counts(&mut |name| read_meta(conn, name))
 }
 
 /// Rows of an archive file (the text layout of events).
@@ -201,7 +196,7 @@ pub(crate) fn read_file(
         });
     }
     let conn = Connection::open_with_flags(file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    if meta(&conn, "key_check")?.as_deref() != Some(key.check_value().as_str()) {
+    if read_meta(&conn, "key_check")?.as_deref() != Some(key.check_value().as_str()) {
         return Err(LedgerError::Invalid {
             message: format!(
                 "{} is not an archive of this ledger (its key check differs, or it has none)",
