@@ -8,15 +8,15 @@
 //! processes or machines extend one linear chain, and a conditional settlement sees every
 //! decision committed before it.
 
-use std::collections::BTreeMap;
-
 use super::chain;
+use super::counters::{Counters, Counts};
+use super::error::{LedgerError, SettledBy};
 use super::event::Event;
 use super::fingerprint::InstallationKey;
+use super::op_key::OpKey;
 use super::projection::{self, OperationRecord};
-use super::redact::Redactor;
 use super::words::Decision;
-use super::{LedgerError, OpKey};
+use crate::redact::Redactor;
 
 /// What a backend's head-locked transaction offers the append algorithm.
 pub(crate) trait AppendTx {
@@ -38,36 +38,6 @@ pub(crate) trait AppendTx {
         key: &OpKey,
         after: u64,
     ) -> Result<Vec<(u64, String, String)>, LedgerError>;
-}
-
-/// Changes to the `counters` table, by counter name (see [`count`]).
-pub(crate) type Counts = BTreeMap<String, i64>;
-
-/// Where [`count`] adds: an append's changes to the counters ([`Counts`]), or the running
-/// recount of `audit verify --full`, which adds to it for every event of the history
-/// (a hash map there: a name looked up in a tree compared texts several times).
-pub(crate) trait Counters {
-    /// The counter `name`, when it has been added to.
-    fn counter(&mut self, name: &str) -> Option<&mut i64>;
-    /// Starts the counter `name` at `n`.
-    fn start(&mut self, name: String, n: i64);
-
-    /// Adds `n` to the counter `name` (its name is copied only the first time).
-    fn add(&mut self, name: &str, n: i64) {
-        match self.counter(name) {
-            Some(v) => *v += n,
-            None => self.start(name.to_owned(), n),
-        }
-    }
-}
-
-impl Counters for Counts {
-    fn counter(&mut self, name: &str) -> Option<&mut i64> {
-        self.get_mut(name)
-    }
-    fn start(&mut self, name: String, n: i64) {
-        self.insert(name, n);
-    }
 }
 
 /// The part of an operation's row that [`count`] (and `health::count`) read of the row
@@ -187,20 +157,33 @@ fn settled_by(event: &Event) -> Option<(String, Decision)> {
     }
 }
 
-/// Appends `events` (already redacted, with their JSON payloads) for `key` in the open
+/// One operation's append, as the [`Ledger`](super::Ledger) prepares it and the stores
+/// pass it to [`append`] unchanged: what was four of their arguments (seven in all), and
+/// a batch is a list of them.
+#[derive(Debug, Clone)]
+pub(crate) struct OpAppend {
+    /// The operation.
+    pub key: OpKey,
+    /// Its events, already redacted, each with its JSON payload.
+    pub events: Vec<(Event, String)>,
+    /// The record time (UTC RFC 3339 with microseconds).
+    pub at: String,
+    /// A settlement's condition, checked under the chain-head lock.
+    pub condition: Option<UnlessSettledSince>,
+}
+
+/// Appends `op`'s events (already redacted, with their JSON payloads) in the open
 /// transaction; returns their sequence numbers. The caller commits (or drops the
 /// transaction on error, which stores nothing).
 pub(crate) fn append(
     tx: &mut dyn AppendTx,
     ikey: &InstallationKey,
     redactor: &Redactor,
-    key: &OpKey,
-    events: &[(Event, String)],
-    at: &str,
-    condition: Option<UnlessSettledSince>,
+    op: &OpAppend,
 ) -> Result<Vec<u64>, LedgerError> {
+    let (key, events, at) = (&op.key, op.events.as_slice(), op.at.as_str());
     let (mut seq, mut prev) = tx.head()?;
-    if let Some(UnlessSettledSince(seen)) = condition {
+    if let Some(UnlessSettledSince(seen)) = op.condition {
         for (eseq, eat, payload) in tx.events_after(key, seen)? {
             let event: Event =
                 serde_json::from_str(&payload).map_err(|e| LedgerError::Corrupt {
@@ -208,7 +191,7 @@ pub(crate) fn append(
                     why: format!("{:?} at column {}", e.classify(), e.column()),
                 })?;
             if let Some((by, decision)) = settled_by(&event) {
-                return Err(LedgerError::AlreadySettled(Box::new(super::SettledBy {
+                return Err(LedgerError::AlreadySettled(Box::new(SettledBy {
                     op_id: key.op_id.clone(),
                     host: key.host.clone(),
                     by,

@@ -17,32 +17,12 @@
 //! read by `store::sqlite::archive`), [`verify_rows`] checks them back, [`facts`] is what
 //! the ledger keeps.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::chain::{self, Row};
+use super::cut::{counts_mac, cut_mac, Cut};
+use super::error::LedgerError;
 use super::fingerprint::InstallationKey;
-use super::LedgerError;
-
-/// Where a ledger was cut: the last archived event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Cut {
-    pub seq: u64,
-    pub hash: String,
-}
-
-/// The MAC of a cut.
-pub(crate) fn cut_mac(key: &InstallationKey, cut: &Cut) -> String {
-    key.mac(
-        "opmark-archive-cut",
-        &[cut.seq.to_string().as_bytes(), cut.hash.as_bytes()],
-    )
-}
-
-/// The MAC of the archived events' counts (as JSON).
-pub(crate) fn counts_mac(key: &InstallationKey, json: &str) -> String {
-    key.mac("opmark-archive-counts", &[json.as_bytes()])
-}
 
 /// What `ledger archive` did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -53,23 +33,6 @@ pub struct ArchiveReport {
     pub events: u64,
     /// Operations moved.
     pub operations: u64,
-}
-
-/// A cut as the `archive_cut` meta row stores it (`SEQ HASH`); an unreadable one is seq 0,
-/// which no MAC matches.
-pub(crate) fn parse_cut(value: &str) -> Cut {
-    value
-        .split_once(' ')
-        .and_then(|(s, h)| {
-            Some(Cut {
-                seq: s.parse().ok()?,
-                hash: h.to_owned(),
-            })
-        })
-        .unwrap_or(Cut {
-            seq: 0,
-            hash: String::new(),
-        })
 }
 
 /// The refusal to overwrite: an archive is written to a new file only.
@@ -175,17 +138,6 @@ pub(crate) fn facts(key: &InstallationKey, sealed: &Sealed) -> [(&'static str, S
         ("archive_counts_mac", counts_mac(key, &sealed.counts_json)),
         ("archive_counts", sealed.counts_json.clone()),
     ]
-}
-
-/// The archived counts, when their MAC holds.
-pub(crate) fn archived_counts(
-    key: &InstallationKey,
-    stored: Option<(String, Option<String>)>,
-) -> Option<BTreeMap<String, i64>> {
-    let (json, mac) = stored?;
-    (mac.as_deref() == Some(counts_mac(key, &json).as_str()))
-        .then(|| serde_json::from_str(&json).ok())
-        .flatten()
 }
 
 /// Checks the rows of an archive (read by `store::sqlite::archive::read_file`, with the

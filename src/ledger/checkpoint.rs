@@ -6,8 +6,10 @@
 use std::collections::BTreeSet;
 
 use super::chain;
+use super::error::LedgerError;
+use super::meta;
+use super::op_key::OpKey;
 use super::projection::OperationRecord;
-use super::{LedgerError, OpKey};
 
 /// The `meta` name of the checkpoint (`SEQ HASH`).
 const AT: &str = "verified_through";
@@ -65,11 +67,8 @@ pub(crate) fn read_after(r: &mut impl SnapshotReader) -> Result<Option<Increment
     };
     let stored_hash = r.event_hash(seq)?;
     let head = r.head()?;
-    let keyed_from = r
-        .meta("chain_keyed_from")?
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let keyed_from_mac = r.meta("chain_keyed_from_mac")?;
+    let keyed_from = meta::keyed_from(&mut |name| r.meta(name))?;
+    let keyed_from_mac = meta::keyed_from_mac(&mut |name| r.meta(name))?;
     let rows = r.rows_after(seq)?;
     let touched: BTreeSet<OpKey> = rows
         .iter()

@@ -18,6 +18,7 @@
 
 use std::fmt::Write as _;
 
+use super::error::LedgerError;
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 /// The SHA-256 of nothing: the digest of every empty stdout and stderr, stored as one byte.
@@ -110,9 +111,9 @@ impl<'de> Deserialize<'de> for J {
 /// Where atoms come from and go: the store's `atoms` table (through its cache).
 pub(crate) trait Atoms {
     /// The id of `text`, interning it when new.
-    fn intern(&mut self, text: &str) -> Result<i64, super::LedgerError>;
+    fn intern(&mut self, text: &str) -> Result<i64, LedgerError>;
     /// The text of atom `id`.
-    fn text(&mut self, id: i64) -> Result<std::rc::Rc<str>, super::LedgerError>;
+    fn text(&mut self, id: i64) -> Result<std::rc::Rc<str>, LedgerError>;
 }
 
 fn put_varint(out: &mut Vec<u8>, mut n: u64) {
@@ -154,7 +155,7 @@ fn has_id_like(v: &J) -> bool {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str, atoms: &mut dyn Atoms) -> Result<(), super::LedgerError> {
+fn put_str(out: &mut Vec<u8>, s: &str, atoms: &mut dyn Atoms) -> Result<(), LedgerError> {
     if s == EMPTY_SHA256 {
         out.push(T_EMPTY_SHA);
     } else if let Some((prefix, digits)) = id_like(s) {
@@ -175,12 +176,7 @@ fn put_str(out: &mut Vec<u8>, s: &str, atoms: &mut dyn Atoms) -> Result<(), supe
     Ok(())
 }
 
-fn put(
-    out: &mut Vec<u8>,
-    v: &J,
-    depth: usize,
-    atoms: &mut dyn Atoms,
-) -> Result<(), super::LedgerError> {
+fn put(out: &mut Vec<u8>, v: &J, depth: usize, atoms: &mut dyn Atoms) -> Result<(), LedgerError> {
     match v {
         J::Null => out.push(T_NULL),
         J::Bool(false) => out.push(T_FALSE),
@@ -287,10 +283,7 @@ fn write_json(out: &mut String, v: &J) {
 
 /// The compact body of `payload`, or `None` when it would not read back byte for byte
 /// (then the store keeps the text).
-pub(crate) fn encode(
-    payload: &str,
-    atoms: &mut dyn Atoms,
-) -> Result<Option<Vec<u8>>, super::LedgerError> {
+pub(crate) fn encode(payload: &str, atoms: &mut dyn Atoms) -> Result<Option<Vec<u8>>, LedgerError> {
     let Ok(value) = serde_json::from_str::<J>(payload) else {
         return Ok(None);
     };
@@ -311,7 +304,7 @@ pub(crate) type Bad = &'static str;
 pub(crate) fn decode(
     body: &[u8],
     atoms: &mut dyn Atoms,
-) -> Result<Result<(String, Option<String>), Bad>, super::LedgerError> {
+) -> Result<Result<(String, Option<String>), Bad>, LedgerError> {
     let mut out = String::with_capacity(body.len() * 3);
     let mut kind = String::new();
     Ok(decode_into(body, atoms, &mut out, &mut kind)?.map(|found| (out, found.then_some(kind))))
@@ -324,7 +317,7 @@ pub(crate) fn decode(
 pub(crate) fn first_kind(
     body: &[u8],
     atoms: &mut dyn Atoms,
-) -> Result<Option<String>, super::LedgerError> {
+) -> Result<Option<String>, LedgerError> {
     let mut i = 1;
     if body.first() != Some(&V1) || body.get(i) != Some(&T_OBJ) {
         return Ok(None);
@@ -354,7 +347,7 @@ pub(crate) fn decode_into(
     atoms: &mut dyn Atoms,
     out: &mut String,
     kind: &mut String,
-) -> Result<Result<bool, Bad>, super::LedgerError> {
+) -> Result<Result<bool, Bad>, LedgerError> {
     out.clear();
     kind.clear();
     if body.first() != Some(&V1) {
@@ -389,7 +382,7 @@ fn get(
     out: &mut String,
     atoms: &mut dyn Atoms,
     kind: Option<&mut Option<std::ops::Range<usize>>>,
-) -> Result<Result<(), Bad>, super::LedgerError> {
+) -> Result<Result<(), Bad>, LedgerError> {
     macro_rules! need {
         ($e:expr) => {
             match $e {

@@ -5,9 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::redact::Redactor;
+use super::error::LedgerError;
 use super::words::{CancelResult, Decision, ObservationKind, ProbeState, RefusalWord};
 use crate::family::Family;
+use crate::redact::Redactor;
 use crate::ssh::Route;
 use crate::vocab::{Boundary, RetryReason, Verdict};
 
@@ -515,4 +516,13 @@ pub struct StoredEvent {
     pub prev_hash: String,
     /// SHA-256 hex of this event.
     pub hash: String,
+}
+
+/// An event from its stored payload; a payload that does not decode is named by its
+/// sequence number only (never its content, which may hold a secret the redactor missed).
+pub(crate) fn decode(seq: u64, payload: &str) -> Result<Event, LedgerError> {
+    serde_json::from_str(payload).map_err(|e| LedgerError::Corrupt {
+        seq,
+        why: format!("{:?} at column {}", e.classify(), e.column()),
+    })
 }

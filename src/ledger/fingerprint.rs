@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use super::LedgerError;
+use super::error::LedgerError;
 
 /// File name of the installation key in the old layout, inside the opmark config
 /// directory. Only read, to adopt it into a ledger made before the key moved beside it.
@@ -104,9 +104,9 @@ impl std::fmt::Debug for InstallationKey {
 /// `${XDG_CONFIG_HOME:-~/.config}/opmark`; `None` without any home (see
 /// [`super::home_dir`]).
 pub fn default_config_dir() -> Option<PathBuf> {
-    match super::absolute_env("XDG_CONFIG_HOME") {
+    match crate::paths::absolute_env("XDG_CONFIG_HOME") {
         Some(dir) => Some(dir.join("opmark")),
-        None => Some(super::home_dir()?.join(".config").join("opmark")),
+        None => Some(crate::paths::home_dir()?.join(".config").join("opmark")),
     }
 }
 

@@ -17,9 +17,12 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use super::counters::Counters;
+use super::dialect::StatsDialect;
+use super::error::LedgerError;
 use super::event::Event;
+use super::op_key::OpKey;
 use super::projection::OperationRecord;
-use super::{LedgerError, StatsDialect};
 use crate::vocab::{Boundary, Verdict};
 
 /// A count, and the same count by family.
@@ -154,7 +157,7 @@ pub(crate) const REFUSED_RETRY: &str = "refused_retry";
 /// same transaction as the event, with the operation's row before it; `audit verify
 /// --full` recounts them).
 pub(crate) fn count(
-    counts: &mut dyn super::append::Counters,
+    counts: &mut dyn Counters,
     event: &Event,
     before: Option<&OperationRecord>,
     after: Option<&OperationRecord>,
@@ -270,7 +273,7 @@ pub(crate) struct Reads<'a> {
 }
 
 /// Whether an operation's attempt reached `started` or `exit_received`.
-pub(crate) type ExecutedRead<'a> = &'a dyn Fn(&super::OpKey) -> Result<bool, LedgerError>;
+pub(crate) type ExecutedRead<'a> = &'a dyn Fn(&OpKey) -> Result<bool, LedgerError>;
 
 /// The health counts: events from `events` (counters or a window's pass, names as
 /// [`key`]), retries by family as `stats` counted them, and the operations now (active
@@ -407,7 +410,7 @@ fn duplicates(
         ))?;
         for row in members {
             let keep = match reads.executed {
-                Some(executed) => executed(&super::OpKey::new(row[3].clone(), row[0].clone()))?,
+                Some(executed) => executed(&OpKey::new(row[3].clone(), row[0].clone()))?,
                 None => true,
             };
             if keep {

@@ -20,6 +20,21 @@
 //!   runs tokio-postgres on a thread of its own (see [`postgres`]), so the SQLite path
 //!   pays nothing for it.
 
+// The leaves every file of the ledger may name: each holds one shared concept and names
+// none of the files below, so the ledger's files import each other without a circle.
+// This file sits on top: it holds `Ledger` and re-exports (`pub use`), so the paths the
+// rest of the crate names (`crate::ledger::LedgerError`, `crate::ledger::OpKey`, …) stay.
+mod counters;
+mod cut;
+mod dialect;
+mod durability;
+mod error;
+mod filter;
+mod meta;
+mod op_key;
+mod snapshot;
+mod stats;
+
 mod append;
 pub mod archive;
 pub mod binding;
@@ -32,17 +47,16 @@ pub mod health;
 pub mod history;
 pub mod projection;
 // Redaction is its own top-level module (`op_id` and `policy` use it too); re-exported
-// under its old path so the ledger's own `super::redact` imports stay.
+// under its old path for the ledger's callers (the ledger's own files name
+// `crate::redact`).
 pub use crate::redact;
 mod store;
 mod verify;
 
-pub(crate) use checkpoint::Incremental;
 // The one PostgreSQL item the commands need (a URL without its password, for messages).
 pub(crate) use store::postgres;
 pub mod words;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -50,487 +64,26 @@ use serde::Serialize;
 pub use append::UnlessSettledSince;
 pub use binding::key_path_beside;
 pub use chain::{ChainBreak, ChainReport, ProjectionMismatch};
+pub use durability::Durability;
+pub use error::{DatabaseFault, LedgerError, SettledBy};
 pub use event::{Event, LinkRelation, Observed, StoredEvent};
+pub use filter::ListFilter;
 pub use history::History;
+pub use op_key::OpKey;
 pub use projection::OperationRecord;
 pub use redact::Redactor;
+pub use stats::Stats;
+pub use store::SAME_INTENT_LIMIT;
 // Path helpers of their own module now (the keeper needs them too, and `ssh` must not
 // depend on the ledger); re-exported for the ledger's callers.
 pub use crate::paths::{absolute_env, home_dir};
 pub use words::{CancelResult, Decision, ObservationKind, OpState, ProbeState, RefusalWord};
 
-use crate::error::{Error, ErrorKind};
+use append::OpAppend;
+use error::explain_open_failure;
 use fingerprint::InstallationKey;
+use snapshot::Snapshot;
 use store::{sqlite, Store};
-
-/// Errors of the ledger. Messages never contain event contents (they may hold secrets the
-/// redactor missed), only paths, sequence numbers and ids.
-#[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
-    /// A file or directory operation failed.
-    #[error("could not {what}: {source}")]
-    Io {
-        /// What was being done, naming the path.
-        what: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// SQLite failed (told as rusqlite tells it; the conversion is the SQLite store's, so
-    /// that no other module names the database crate).
-    #[error("ledger database error: {message}")]
-    Sqlite {
-        /// SQLite's complaint.
-        message: String,
-        /// Which of the failures opmark explains it is.
-        fault: DatabaseFault,
-    },
-    /// PostgreSQL failed (the message names the server's complaint, never event content).
-    #[error("ledger database error (PostgreSQL): {0}")]
-    Postgres(String),
-    /// A conditional settlement found the operation settled by someone else first.
-    #[error("{0}")]
-    AlreadySettled(Box<SettledBy>),
-    /// The ledger exists but this user may not open it so (permissions, a read-only
-    /// mount); the message names the path, the cause and the fix.
-    #[error("{message}")]
-    Denied {
-        /// Path, cause and fix.
-        message: String,
-    },
-    /// The ledger or a related file is unusable; the message says why and what to do.
-    #[error("{message}")]
-    Invalid {
-        /// What is wrong and how to fix it.
-        message: String,
-    },
-    /// The op id on this host is already bound to a different intent.
-    #[error("operation `{op_id}` on `{host}` is already bound to a different command or stdin (fingerprint differs); resend exactly the recorded command for the same effect, or use a new op id for a different one")]
-    FingerprintConflict {
-        /// Operation id.
-        op_id: String,
-        /// Host.
-        host: String,
-    },
-    /// A stored event cannot be decoded.
-    #[error("event #{seq} in the ledger cannot be decoded ({why}); run `opmark audit verify`")]
-    Corrupt {
-        /// Its sequence number.
-        seq: u64,
-        /// The decoder's complaint (no event content).
-        why: String,
-    },
-}
-
-/// The failures of a database that opmark explains apart from the rest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DatabaseFault {
-    /// No space left for the write (SQLite's SQLITE_FULL).
-    DiskFull,
-    /// Read-only, cannot open, or permission denied.
-    AccessDenied,
-    /// The file is not a database.
-    NotADatabase,
-    /// Anything else.
-    Other,
-}
-
-impl LedgerError {
-    /// The write failed for want of space (SQLite's SQLITE_FULL, or ENOSPC/EDQUOT).
-    pub fn is_disk_full(&self) -> bool {
-        match self {
-            LedgerError::Sqlite { fault, .. } => *fault == DatabaseFault::DiskFull,
-            LedgerError::Io { source, .. } => {
-                matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
-            }
-            _ => false,
-        }
-    }
-}
-
-impl LedgerError {
-    /// Opening failed for want of permission, or on a read-only file or filesystem (the
-    /// file itself is fine: reading may still work).
-    pub fn is_access_denied(&self) -> bool {
-        match self {
-            LedgerError::Sqlite { fault, .. } => *fault == DatabaseFault::AccessDenied,
-            LedgerError::Io { source, .. } => {
-                matches!(
-                    source.raw_os_error(),
-                    Some(libc::EACCES | libc::EPERM | libc::EROFS)
-                )
-            }
-            LedgerError::Denied { .. } => true,
-            _ => false,
-        }
-    }
-}
-
-/// An opening failure told as the path, the cause and the fix (SQLite alone says "unable
-/// to open database file"). `doing` is `open` (read and write) or `read`.
-fn explain_open_failure(path: &Path, e: LedgerError, doing: &str) -> LedgerError {
-    let not_a_database = matches!(
-        &e,
-        LedgerError::Sqlite {
-            fault: DatabaseFault::NotADatabase,
-            ..
-        }
-    );
-    if not_a_database {
-        return LedgerError::Invalid {
-            message: format!(
-                "{} is not an opmark ledger ({e}); point --ledger (or OPMARK_LEDGER) at the ledger file; nothing was changed",
-                path.display()
-            ),
-        };
-    }
-    if !e.is_access_denied() || matches!(e, LedgerError::Denied { .. }) {
-        return e;
-    }
-    let fix = if doing == "read" {
-        "give this user read access to the ledger and its key, or copy them somewhere it can read"
-    } else {
-        "commands that record (run, reconcile, probe, resolve, cancel, ledger archive) need write access to the file and its directory (SQLite writes -wal and -shm files beside it); list, show, stats and audit verify only need to read it. Use a ledger this user owns, or run as its owner"
-    };
-    LedgerError::Denied {
-        message: format!("cannot {doing} the ledger {} ({e}): {fix}", path.display()),
-    }
-}
-
-impl From<LedgerError> for Error {
-    fn from(e: LedgerError) -> Self {
-        let kind = match e {
-            LedgerError::FingerprintConflict { .. } | LedgerError::AlreadySettled(_) => {
-                ErrorKind::InvalidInput
-            }
-            _ => ErrorKind::LocalIo,
-        };
-        Error::new(kind, e.to_string())
-    }
-}
-
-/// Who settled an operation first, for [`LedgerError::AlreadySettled`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettledBy {
-    /// Operation id.
-    pub op_id: String,
-    /// Host.
-    pub host: String,
-    /// `operator NAME` or `reconcile`.
-    pub by: String,
-    /// When (UTC, RFC 3339).
-    pub at: String,
-    /// What was decided.
-    pub decision: Decision,
-    /// The settling event.
-    pub seq: u64,
-}
-
-impl std::fmt::Display for SettledBy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "operation `{}` on `{}` was already settled by {} at {} ({}, event #{}); nothing was recorded. `opmark show {} --host {}` shows it",
-            self.op_id, self.host, self.by, self.at, self.decision, self.seq, self.op_id, self.host
-        )
-    }
-}
-
-/// The ledger key of an operation: op id + host (the same id on two hosts is two
-/// operations).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct OpKey {
-    /// Operation id.
-    pub op_id: String,
-    /// Host as the user named it (alias or `[user@]host`).
-    pub host: String,
-}
-
-impl OpKey {
-    /// Builds a key.
-    pub fn new(op_id: impl Into<String>, host: impl Into<String>) -> Self {
-        OpKey {
-            op_id: op_id.into(),
-            host: host.into(),
-        }
-    }
-
-    fn check(&self) -> Result<(), LedgerError> {
-        if crate::op_id::OpId::parse(&self.op_id).is_err() {
-            return Err(LedgerError::Invalid {
-                message: "refusing to record an event under an invalid operation id (1-128 letters, digits, '.', '_', ':' or '-')".into(),
-            });
-        }
-        if self.host.is_empty()
-            || self.host.len() > 1024
-            || self
-                .host
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control())
-        {
-            return Err(LedgerError::Invalid {
-                message: "refusing to record an event under an empty host or one containing spaces or control characters".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// How hard a commit is pushed to disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// `synchronous=FULL`: the WAL is fsynced before commit returns (survives power loss).
-    /// For the intent and the attempt, which must be durable before dispatch.
-    Full,
-    /// `synchronous=NORMAL`: survives any process crash, may lose the newest commits on
-    /// power loss.
-    Normal,
-}
-
-/// Which operations `list` returns.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListFilter {
-    /// Only unresolved operations.
-    pub unresolved: bool,
-    /// Only operations with at least one contradiction.
-    pub contradicted: bool,
-    /// Only this host.
-    pub host: Option<String>,
-    /// Only operations whose last event is at or after this sequence number (see
-    /// [`Ledger::seq_since`]).
-    pub since_seq: Option<u64>,
-    /// Only operations whose projected `updated_at` is at or after this stamp (checked on
-    /// the rows `since_seq` selects, so still O(window)).
-    pub since_at: Option<String>,
-    /// Only operations whose last event is before this sequence number: the next page
-    /// after a page whose oldest row had this `last_seq`.
-    pub before_seq: Option<u64>,
-    /// At most this many.
-    pub limit: Option<usize>,
-}
-
-/// A bound value of a query built by [`ListFilter::sql`].
-#[derive(Debug, Clone)]
-pub(crate) enum SqlArg {
-    Text(String),
-    Int(i64),
-    /// A stamp opmark formatted, compared with `created_at`/`updated_at` (SQLite stores
-    /// those as micros).
-    Stamp(String),
-}
-
-impl ListFilter {
-    /// The query (with `placeholder(i)` for the i-th bound value, from 1) and its values.
-    /// Plain conditions, no `(? = 0 OR …)` forms: those hide from the planner which index
-    /// fits, and it then scans every operation.
-    pub(crate) fn sql(
-        &self,
-        columns: &str,
-        unresolved: &str,
-        placeholder: impl Fn(usize) -> String,
-    ) -> (String, Vec<SqlArg>) {
-        let mut conds: Vec<String> = Vec::new();
-        let mut args = Vec::new();
-        let mut bind = |conds: &mut Vec<String>, cond: &str, arg: SqlArg| {
-            args.push(arg);
-            conds.push(cond.replace('?', &placeholder(args.len())));
-        };
-        if self.unresolved {
-            // The literal the partial index `operations_unresolved` is made on.
-            conds.push(unresolved.to_owned());
-        }
-        if self.contradicted {
-            conds.push("contradictions > 0".to_owned());
-        }
-        if let Some(host) = &self.host {
-            bind(&mut conds, "host = ?", SqlArg::Text(host.clone()));
-        }
-        if let Some(seq) = self.since_seq {
-            bind(&mut conds, "last_seq >= ?", SqlArg::Int(seq as i64));
-        }
-        if let Some(at) = &self.since_at {
-            bind(&mut conds, "updated_at >= ?", SqlArg::Stamp(at.clone()));
-        }
-        if let Some(seq) = self.before_seq {
-            bind(&mut conds, "last_seq < ?", SqlArg::Int(seq as i64));
-        }
-        let mut sql = format!("SELECT {columns} FROM operations");
-        if !conds.is_empty() {
-            sql.push_str(" WHERE ");
-            sql.push_str(&conds.join(" AND "));
-        }
-        sql.push_str(" ORDER BY last_seq DESC");
-        if let Some(limit) = self.limit {
-            sql.push_str(&format!(" LIMIT {limit}"));
-        }
-        (sql, args)
-    }
-}
-
-/// Counts for a dashboard (`opmark stats`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Stats {
-    /// Events in the ledger (JSON `event_count`: `events` is a list in `show`).
-    #[serde(rename = "event_count")]
-    pub events: u64,
-    /// Operations in the ledger (JSON `operation_count`: `operations` is a list in `list`).
-    #[serde(rename = "operation_count")]
-    pub operations: u64,
-    /// Operations by current state.
-    pub by_state: BTreeMap<String, u64>,
-    /// Operations by family.
-    pub by_family: BTreeMap<String, u64>,
-    /// Operations whose outcome is not settled (JSON `unresolved_count`: `unresolved` is
-    /// an operation's flag in `list`).
-    #[serde(rename = "unresolved_count")]
-    pub unresolved: u64,
-    /// Verdict events by verdict.
-    pub verdicts: BTreeMap<String, u64>,
-    /// `indeterminate` verdicts given (unknown outcomes).
-    pub unknown_outcomes: u64,
-    /// Reconcile decisions recorded.
-    pub reconciliations: u64,
-    /// `conflict` verdicts recorded: op ids the host's marker binds to another intent.
-    /// A conflict with this ledger's own record is answered before anything is written
-    /// (the operation's history belongs to its first intent), so it is not counted here.
-    pub conflicts_on_host: u64,
-    /// `blocked` verdicts given (approval asked).
-    pub approvals_asked: u64,
-    /// Operator decisions recorded.
-    pub operator_decisions: u64,
-    /// Contradictions between evidence recorded (docs/ledger.md#contradictions); JSON
-    /// `contradiction_count` (`contradictions` is a list in `show`).
-    #[serde(rename = "contradiction_count")]
-    pub contradictions: u64,
-    /// Operations with at least one contradiction.
-    pub contradicted_operations: u64,
-    /// Attempts dispatched (JSON `attempt_count`: `attempts` is a list in `run`, `show`).
-    #[serde(rename = "attempt_count")]
-    pub attempts: u64,
-    /// Attempts after the first, by the operation's family.
-    pub retries_by_family: BTreeMap<String, u64>,
-    /// The health counts per family (docs/ledger.md#health); empty from
-    /// [`Ledger::stats`], filled by [`Ledger::stats_with_health`].
-    pub health: health::Health,
-}
-
-/// How a backend's SQL spells what `stats` reads beyond plain SQL: a JSON field of an
-/// event's payload, and a true boolean column.
-pub(crate) struct StatsDialect {
-    /// The `verdict` field of `payload`, as text.
-    pub verdict: &'static str,
-    /// The `number` field of `e.payload`, as an integer.
-    pub attempt_number: &'static str,
-    /// `operations.unresolved` is true.
-    pub unresolved: &'static str,
-    /// The placeholder of the window's first sequence number.
-    pub param: &'static str,
-    /// A text field of a JSON column: `(column, field)` to SQL.
-    pub json_text: fn(&str, &str) -> String,
-    /// `(a, b)`: the fingerprints `a` and `b` are equal, spelled so the backend's intent
-    /// index serves it.
-    pub same_fingerprint: fn(&str, &str) -> String,
-    /// A stamp opmark formatted as a literal to compare `created_at`/`updated_at` with.
-    pub stamp: fn(&str) -> String,
-}
-
-impl Stats {
-    /// The counts from the counters every append keeps (see `append::count`).
-    pub(crate) fn from_counters(counters: &BTreeMap<String, i64>) -> Stats {
-        let get = |name: &str| counters.get(name).copied().unwrap_or(0).max(0) as u64;
-        let by = |prefix: &str| -> BTreeMap<String, u64> {
-            counters
-                .iter()
-                .filter_map(|(k, v)| {
-                    let key = k.strip_prefix(prefix)?.strip_prefix('/')?;
-                    (*v > 0).then(|| (key.to_owned(), *v as u64))
-                })
-                .collect()
-        };
-        let verdicts = by("verdict");
-        Stats {
-            events: get("events"),
-            operations: get("operations"),
-            by_state: by("state"),
-            by_family: by("family"),
-            unresolved: get("unresolved"),
-            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
-            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
-            verdicts,
-            reconciliations: get("kind/reconciled"),
-            operator_decisions: get("kind/operator_decision"),
-            contradictions: get("kind/contradiction"),
-            contradicted_operations: get("contradicted"),
-            attempts: get("kind/attempt_dispatched"),
-            retries_by_family: by("retries"),
-            health: health::Health::default(),
-        }
-    }
-
-    /// The counts over a window: the events from a sequence number on (`dialect.param`)
-    /// and the operations active in it. O(window) through the primary key and the
-    /// recency index.
-    pub(crate) fn query_window(
-        count: impl Fn(&str) -> Result<u64, LedgerError>,
-        group: impl Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>,
-        dialect: &StatsDialect,
-    ) -> Result<Stats, LedgerError> {
-        let p = dialect.param;
-        let events_of = |kind: &str| {
-            count(&format!(
-                "SELECT COUNT(*) FROM events WHERE seq >= {p} AND kind = '{kind}'"
-            ))
-        };
-        let ops =
-            |cond: &str| format!("SELECT COUNT(*) FROM operations WHERE last_seq >= {p}{cond}");
-        let verdicts = group(&format!(
-            "SELECT {}, COUNT(*) FROM events WHERE seq >= {p} AND kind = 'verdict' GROUP BY 1",
-            dialect.verdict
-        ))?;
-        Ok(Stats {
-            events: count(&format!("SELECT COUNT(*) FROM events WHERE seq >= {p}"))?,
-            operations: count(&ops(""))?,
-            by_state: group(&format!(
-                "SELECT state, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY state"
-            ))?,
-            by_family: group(&format!(
-                "SELECT family, COUNT(*) FROM operations WHERE last_seq >= {p} GROUP BY family"
-            ))?,
-            unresolved: count(&ops(&format!(" AND {}", dialect.unresolved)))?,
-            unknown_outcomes: verdicts.get("indeterminate").copied().unwrap_or(0),
-            conflicts_on_host: verdicts.get("conflict").copied().unwrap_or(0),
-            approvals_asked: verdicts.get("blocked").copied().unwrap_or(0),
-            verdicts,
-            reconciliations: events_of("reconciled")?,
-            operator_decisions: events_of("operator_decision")?,
-            contradictions: events_of("contradiction")?,
-            contradicted_operations: count(&ops(" AND contradictions > 0"))?,
-            attempts: events_of("attempt_dispatched")?,
-            retries_by_family: group(&format!(
-                "SELECT o.family, COUNT(*) FROM events e
-                 JOIN operations o ON o.op_id = e.op_id AND o.host = e.host
-                 WHERE e.seq >= {p} AND e.kind = 'attempt_dispatched' AND {} > 1
-                 GROUP BY o.family",
-                dialect.attempt_number
-            ))?,
-            health: health::Health::default(),
-        })
-    }
-}
-
-/// The whole chain as `ledger migrate` copies it, in one consistent snapshot (`audit
-/// verify --full` streams it instead).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Snapshot {
-    pub head: Option<chain::Head>,
-    pub keyed_from: u64,
-    pub rows: Vec<chain::Row>,
-    /// Where `ledger archive` cut the chain, and the cut's MAC.
-    pub cut: Option<(archive::Cut, Option<String>)>,
-    /// What the archived events counted, and its MAC.
-    pub archived_counts: Option<(String, Option<String>)>,
-}
 
 /// How much of the chain a verify walked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -546,9 +99,6 @@ pub enum VerifyScope {
         operations: u64,
     },
 }
-
-/// At most this many earlier operations of one intent are read by the repetition check.
-pub const SAME_INTENT_LIMIT: usize = 32;
 
 /// An open ledger (a SQLite file or a PostgreSQL database) and its installation key.
 pub struct Ledger {
@@ -566,13 +116,6 @@ pub fn is_postgres_url(location: &Path) -> bool {
     location
         .to_str()
         .is_some_and(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
-}
-
-fn decode(seq: u64, payload: &str) -> Result<Event, LedgerError> {
-    serde_json::from_str(payload).map_err(|e| LedgerError::Corrupt {
-        seq,
-        why: format!("{:?} at column {}", e.classify(), e.column()),
-    })
 }
 
 impl std::fmt::Debug for Ledger {
@@ -767,24 +310,26 @@ impl Ledger {
             return Ok(Vec::new());
         }
         append_barrier();
-        let redacted: Vec<(Event, String)> = events
+        let op = OpAppend {
+            key: key.clone(),
+            events: self.redacted(events),
+            at: now(),
+            condition,
+        };
+        self.store.append(&self.key, &self.redactor, op, durability)
+    }
+
+    /// `events` redacted by this ledger's redactor, each with its JSON payload: what is
+    /// stored of them.
+    fn redacted(&self, events: &[Event]) -> Vec<(Event, String)> {
+        events
             .iter()
             .map(|e| {
                 let e = e.redacted(&self.redactor);
                 let payload = serde_json::to_string(&e).expect("events serialize");
                 (e, payload)
             })
-            .collect();
-        let at = now();
-        self.store.append(
-            &self.key,
-            &self.redactor,
-            key,
-            redacted,
-            at,
-            durability,
-            condition,
-        )
+            .collect()
     }
 
     /// Appends many operations' events in ONE transaction, each operation's through the
@@ -836,15 +381,12 @@ impl Ledger {
         let mut prepared = Vec::with_capacity(ops.len());
         for (key, events, at) in ops {
             key.check()?;
-            let redacted: Vec<(Event, String)> = events
-                .iter()
-                .map(|e| {
-                    let e = e.redacted(&self.redactor);
-                    let payload = serde_json::to_string(&e).expect("events serialize");
-                    (e, payload)
-                })
-                .collect();
-            prepared.push((key, redacted, at.as_str()));
+            prepared.push(OpAppend {
+                key: key.clone(),
+                events: self.redacted(events),
+                at: at.clone(),
+                condition: None,
+            });
         }
         self.store
             .append_batch(&self.key, &self.redactor, prepared, durability)
@@ -975,7 +517,7 @@ impl Ledger {
                 ),
             });
         };
-        if mac.as_deref() != Some(archive::cut_mac(&self.key, &cut).as_str()) {
+        if mac.as_deref() != Some(cut::cut_mac(&self.key, &cut).as_str()) {
             return self.verify_chain();
         }
         let (rows, recorded) = sqlite::archive::read_file(file, &self.key)?;
@@ -1058,13 +600,13 @@ impl Ledger {
     pub fn migrate_to(&self, target: &str) -> Result<ChainReport, LedgerError> {
         let mut snapshot = self.snapshot()?;
         let start = match &snapshot.cut {
-            None => archive::Cut {
+            None => cut::Cut {
                 seq: 0,
                 hash: chain::GENESIS.to_owned(),
             },
             Some((cut, mac))
-                if mac.as_deref() == Some(archive::cut_mac(&self.key, cut).as_str())
-                    && archive::archived_counts(&self.key, snapshot.archived_counts.clone())
+                if mac.as_deref() == Some(cut::cut_mac(&self.key, cut).as_str())
+                    && cut::archived_counts(&self.key, snapshot.archived_counts.clone())
                         .is_some() =>
             {
                 cut.clone()
@@ -1224,15 +766,6 @@ fn append_barrier() {
 #[cfg(not(feature = "test-hooks"))]
 #[inline(always)]
 fn append_barrier() {}
-
-/// How many (fingerprint, host) pairs `operations` holds more than once and
-/// `shared_intents` lacks (docs/ledger.md#health): a row deleted outside opmark would hide
-/// a suspected duplicate effect from `stats`. Rows it has beyond those are fine: it only
-/// grows (an archived operation's intent stays a candidate). One statement, so one
-/// snapshot of both tables on either backend; the same SQL on both.
-pub(crate) const MISSING_SHARED_INTENTS: &str = "SELECT COUNT(*) FROM (
-    SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1
-    EXCEPT SELECT fingerprint, host FROM shared_intents) AS missing";
 
 #[cfg(test)]
 mod tests;

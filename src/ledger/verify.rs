@@ -16,10 +16,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::ControlFlow;
 
-use super::archive::{self, Cut};
+use super::append;
 use super::chain::{self, ChainBreak, ChainReport, Head, ProjectionMismatch, Row, Walk};
+use super::counters::{self, Counts};
+use super::cut::{self, Cut};
+use super::event::Event;
 use super::fingerprint::InstallationKey;
-use super::{append, projection, Event, OpKey, OperationRecord};
+use super::op_key::OpKey;
+use super::projection::{self, OperationRecord};
 
 /// What a full walk reads besides the events and rows, in the same snapshot.
 #[derive(Debug, Clone)]
@@ -76,7 +80,7 @@ impl FullCheck {
         }
         let cut = match header.cut {
             None => None,
-            Some((c, mac)) if mac.as_deref() == Some(archive::cut_mac(key, &c).as_str()) => {
+            Some((c, mac)) if mac.as_deref() == Some(cut::cut_mac(key, &c).as_str()) => {
                 Some(c)
             }
             Some((c, _)) => return Err(refused(c.seq, "the record of where `ledger archive` cut the chain was edited outside opmark (its MAC does not match): the events after it cannot be tied to the archive")),
@@ -152,7 +156,7 @@ impl FullCheck {
             Err(m) => report.first_mismatch = Some(m),
             Ok(mut counts) => {
                 if cut.is_some() {
-                    match archive::archived_counts(&key, archived_counts) {
+                    match cut::archived_counts(&key, archived_counts) {
                         Some(archived) => {
                             for (name, n) in archived {
                                 *counts.entry(name).or_insert(0) += n;
@@ -299,7 +303,7 @@ pub(crate) struct Replay {
 #[derive(Default)]
 struct Recount(HashMap<String, i64, foldhash::fast::RandomState>);
 
-impl append::Counters for Recount {
+impl counters::Counters for Recount {
     fn counter(&mut self, name: &str) -> Option<&mut i64> {
         self.0.get_mut(name)
     }
@@ -399,7 +403,7 @@ impl Replay {
 
     /// The recount of the counters, or the first mismatch (also: an operation replayed
     /// whose row never came).
-    pub(crate) fn finish(self) -> Result<append::Counts, ProjectionMismatch> {
+    pub(crate) fn finish(self) -> Result<Counts, ProjectionMismatch> {
         let (replayed, counts) = self.into_parts()?;
         match replayed.into_iter().next() {
             Some((key, _)) => Err(mismatch_of(
@@ -413,9 +417,7 @@ impl Replay {
 
     /// The operations still in flight that have a record, and the counts (for a replay
     /// fed no rows: every operation's final record), or the first mismatch.
-    fn into_parts(
-        self,
-    ) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
+    fn into_parts(self) -> Result<(BTreeMap<OpKey, OperationRecord>, Counts), ProjectionMismatch> {
         if let Some(m) = self.mismatch {
             return Err(m);
         }
@@ -435,7 +437,7 @@ impl Replay {
 /// checked or rebuilt; names the first event that cannot be decoded.
 pub(crate) fn replay_counting(
     rows: &[Row],
-) -> Result<(BTreeMap<OpKey, OperationRecord>, append::Counts), ProjectionMismatch> {
+) -> Result<(BTreeMap<OpKey, OperationRecord>, Counts), ProjectionMismatch> {
     let mut replay = Replay::default();
     for row in rows {
         replay.event(row, None);
@@ -448,7 +450,7 @@ pub(crate) fn replay_counting(
 pub(crate) fn replay_mismatch(
     rows: &[Row],
     projected: &[OperationRecord],
-) -> Result<append::Counts, ProjectionMismatch> {
+) -> Result<Counts, ProjectionMismatch> {
     let mut replay = Replay::default();
     let mut stored: Vec<&OperationRecord> = projected.iter().collect();
     stored.sort_by_key(|r| r.last_seq);
@@ -476,7 +478,7 @@ fn mismatch_of(op_id: &str, host: &str, problem: String) -> ProjectionMismatch {
 /// The names of the counters whose stored value is not the recount (a missing counter
 /// counts as 0), or `None` when all agree.
 pub(crate) fn counters_mismatch(
-    recount: &append::Counts,
+    recount: &Counts,
     stored: &BTreeMap<String, i64>,
 ) -> Option<String> {
     let names: std::collections::BTreeSet<&String> = recount.keys().chain(stored.keys()).collect();

@@ -783,27 +783,9 @@ fn no_circle_inside_any_folder() {
         "the graphs were not read (nothing from ssh/keeper): {graphs:?}"
     );
     let circles = folder_circles(&src());
-    let (known, new): (Vec<&String>, Vec<&String>) = circles.iter().partition(|c| {
-        STILL_CIRCLING
-            .iter()
-            .any(|f| c.starts_with(&format!("src/{f}/")))
-    });
     assert!(
-        new.is_empty(),
+        circles.is_empty(),
         "import circles inside folders of src/ (move what the files share into a module of its own that names none of them):\n{}",
-        new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n")
+        circles.join("\n")
     );
-    for folder in STILL_CIRCLING {
-        assert!(
-            known
-                .iter()
-                .any(|c| c.starts_with(&format!("src/{folder}/"))),
-            "src/{folder}/ has no circle any more: take it off STILL_CIRCLING"
-        );
-    }
 }
-
-/// Folders (their subfolders too) whose files still import each other in a circle (issue
-/// 45, in progress): the test holds every other folder to none and fails when one of
-/// these is untangled, so the list only shrinks.
-const STILL_CIRCLING: &[&str] = &["ledger"];

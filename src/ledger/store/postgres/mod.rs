@@ -27,18 +27,27 @@ use std::sync::mpsc;
 
 use tokio_postgres::{Client, NoTls, Row};
 
-use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::append::{self, AppendTx, OpAppend};
 use crate::ledger::archive::{self, ArchiveReport};
 use crate::ledger::binding::Bound;
 use crate::ledger::chain;
 use crate::ledger::checkpoint;
-use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::counters::Counts;
+use crate::ledger::cut;
+use crate::ledger::dialect::StatsDialect;
+use crate::ledger::durability::Durability;
+use crate::ledger::error::LedgerError;
+use crate::ledger::event::decode;
+use crate::ledger::event::StoredEvent;
+use crate::ledger::filter::{ListFilter, SqlArg};
 use crate::ledger::fingerprint::InstallationKey;
+use crate::ledger::meta;
+use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
-use crate::ledger::redact::Redactor;
-use crate::ledger::store::{BatchOp, RecordedCut, Store};
-use crate::ledger::SAME_INTENT_LIMIT;
-use crate::ledger::{decode, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats};
+use crate::ledger::snapshot::Snapshot;
+use crate::ledger::stats::Stats;
+use crate::ledger::store::{RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT};
+use crate::redact::Redactor;
 use crate::vocab::Verdict;
 
 /// The schema migrations, in order; migration `i` brings version `i` to `i + 1`.
@@ -51,7 +60,7 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).
-pub(crate) const DIALECT: crate::ledger::StatsDialect = crate::ledger::StatsDialect {
+pub(crate) const DIALECT: StatsDialect = StatsDialect {
     verdict: "payload::jsonb ->> 'verdict'",
     attempt_number: "(e.payload::jsonb ->> 'number')::bigint",
     unresolved: "unresolved",
@@ -330,7 +339,7 @@ impl PgStore {
             // An archived ledger: its cut and what the archived events counted come along
             // (the caller checked their MACs), and the counters count the whole history.
             if let (Some((cut, _)), Some((json, _))) = (&snapshot.cut, &snapshot.archived_counts) {
-                let archived: crate::ledger::append::Counts =
+                let archived: Counts =
                     serde_json::from_str(json).map_err(|_| LedgerError::Invalid {
                         message: "the ledger's archived counts cannot be read; nothing was copied"
                             .to_owned(),
@@ -373,20 +382,12 @@ impl Store for PgStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: Vec<BatchOp<'_>>,
+        ops: Vec<OpAppend>,
         // Every PostgreSQL commit is durable (`synchronous_commit` on).
         _durability: Durability,
     ) -> Result<(), LedgerError> {
-        for (key, redacted, at) in ops {
-            self.append(
-                ikey,
-                redactor,
-                key,
-                redacted,
-                at.to_owned(),
-                Durability::Full,
-                None,
-            )?;
+        for op in ops {
+            self.append(ikey, redactor, op, Durability::Full)?;
         }
         Ok(())
     }
@@ -414,19 +415,16 @@ impl Store for PgStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
+        op: OpAppend,
         // Every PostgreSQL commit is durable (`synchronous_commit` on).
         _durability: Durability,
-        condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError> {
-        let (ikey, redactor, key) = (ikey.clone(), redactor.clone(), key.clone());
+        let (ikey, redactor) = (ikey.clone(), redactor.clone());
         self.call(move |c| {
             let Conn { rt, client } = c;
             let tx = rt.block_on(client.transaction())?;
             let mut ptx = PgTx { rt, tx };
-            let seqs = append::append(&mut ptx, &ikey, &redactor, &key, &events, &at, condition)?;
+            let seqs = append::append(&mut ptx, &ikey, &redactor, &op)?;
             let PgTx { rt, tx } = ptx;
             rt.block_on(tx.commit())?;
             Ok(seqs)
@@ -488,10 +486,8 @@ impl Store for PgStore {
                 .into_iter()
                 .map(|a| -> Box<dyn tokio_postgres::types::ToSql + Sync + Send> {
                     match a {
-                        crate::ledger::SqlArg::Text(t) | crate::ledger::SqlArg::Stamp(t) => {
-                            Box::new(t)
-                        }
-                        crate::ledger::SqlArg::Int(n) => Box::new(n),
+                        SqlArg::Text(t) | SqlArg::Stamp(t) => Box::new(t),
+                        SqlArg::Int(n) => Box::new(n),
                     }
                 })
                 .collect();
@@ -729,7 +725,7 @@ impl Store for PgStore {
 
     /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
     /// REPEATABLE READ transaction.
-    fn snapshot_after_checkpoint(&self) -> Result<Option<crate::ledger::Incremental>, LedgerError> {
+    fn snapshot_after_checkpoint(&self) -> Result<Option<checkpoint::Incremental>, LedgerError> {
         self.call(|c| {
             let Conn { rt, client } = c;
             let tx = rt.block_on(
@@ -766,20 +762,15 @@ impl Store for PgStore {
     /// `audit verify --archive`.
     fn archive_cut(&self) -> Result<(RecordedCut, u64), LedgerError> {
         self.call(|c| {
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(c.block(
                     c.client
                         .query_opt("SELECT value FROM meta WHERE name = $1", &[&name]),
                 )?
                 .map(|r| r.get(0)))
             };
-            let cut = match meta("archive_cut")? {
-                Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
-                None => None,
-            };
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
+            let cut = meta::archive_cut(&mut read)?;
+            let keyed_from = meta::keyed_from(&mut read)?;
             Ok((cut, keyed_from))
         })
     }
@@ -802,13 +793,13 @@ impl Store for PgStore {
             let Conn { rt, client } = c;
             let tx = rt.block_on(client.transaction())?;
             rt.block_on(tx.query_one("SELECT seq FROM chain_head WHERE id = 1 FOR UPDATE", &[]))?;
-            let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+            let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
                 Ok(rt
                     .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
                     .map(|r| r.get(0)))
             };
-            if let Some(value) = meta("archive_cut")? {
-                return Err(archive::archived_before(archive::parse_cut(&value).seq));
+            if let Some(value) = read("archive_cut")? {
+                return Err(archive::archived_before(cut::parse_cut(&value).seq));
             }
             let lowest = |sql: &str, cut: i64| -> Result<Option<i64>, LedgerError> {
                 Ok(rt.block_on(tx.query_one(sql, &[&cut]))?.get(0))
@@ -845,10 +836,8 @@ impl Store for PgStore {
                 .iter()
                 .map(chain_row)
                 .collect();
-            let keyed_from = meta("chain_keyed_from")?
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            let keyed_from_mac = meta("chain_keyed_from_mac")?;
+            let keyed_from = meta::keyed_from(&mut read)?;
+            let keyed_from_mac = meta::keyed_from_mac(&mut read)?;
             let sealed = archive::seal(&rows, &key, keyed_from, keyed_from_mac.as_deref())?;
             super::sqlite::archive::write_file(&file, &key, &sealed.cut, &rows)?;
             let through = sealed.cut.seq as i64;
@@ -865,14 +854,11 @@ impl Store for PgStore {
         })
     }
 
-    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    /// See [`MISSING_SHARED_INTENTS`].
     fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
         self.call(|c| {
-            Ok(c.block(
-                c.client
-                    .query_one(crate::ledger::MISSING_SHARED_INTENTS, &[]),
-            )?
-            .get::<_, i64>(0) as u64)
+            Ok(c.block(c.client.query_one(MISSING_SHARED_INTENTS, &[]))?
+                .get::<_, i64>(0) as u64)
         })
     }
 
@@ -976,7 +962,7 @@ struct PgTx<'a> {
 }
 
 impl AppendTx for PgTx<'_> {
-    fn add_counts(&mut self, deltas: &crate::ledger::append::Counts) -> Result<(), LedgerError> {
+    fn add_counts(&mut self, deltas: &Counts) -> Result<(), LedgerError> {
         for (name, n) in deltas.iter().filter(|(_, n)| **n != 0) {
             self.rt.block_on(self.tx.execute(
                 "INSERT INTO counters (name, n) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET n = counters.n + excluded.n",
@@ -1127,26 +1113,18 @@ fn read_verify_header(
     rt: &tokio::runtime::Runtime,
     tx: &tokio_postgres::Transaction<'_>,
 ) -> Result<crate::ledger::verify::Header, LedgerError> {
-    let meta = |name: &str| -> Result<Option<String>, LedgerError> {
+    let mut read = |name: &str| -> Result<Option<String>, LedgerError> {
         Ok(rt
             .block_on(tx.query_opt("SELECT value FROM meta WHERE name = $1", &[&name]))?
             .map(|r| r.get(0)))
     };
-    let keyed_from = meta("chain_keyed_from")?
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let cut = match meta("archive_cut")? {
-        Some(value) => Some((archive::parse_cut(&value), meta("archive_cut_mac")?)),
-        None => None,
-    };
-    let archived_counts = match meta("archive_counts")? {
-        Some(json) => Some((json, meta("archive_counts_mac")?)),
-        None => None,
-    };
+    let keyed_from = meta::keyed_from(&mut read)?;
+    let cut = meta::archive_cut(&mut read)?;
+    let archived_counts = meta::archive_counts(&mut read)?;
     Ok(crate::ledger::verify::Header {
         head: read_head(rt, tx)?,
         keyed_from,
-        keyed_from_mac: meta("chain_keyed_from_mac")?,
+        keyed_from_mac: meta::keyed_from_mac(&mut read)?,
         counters: rt
             .block_on(tx.query("SELECT name, n FROM counters", &[]))?
             .iter()

@@ -8,14 +8,19 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::ledger::archive::{
-    archived_before, cut_mac, facts, nothing_to_archive, parse_cut, refuse_existing, seal,
-    ArchiveReport, Cut,
+    archived_before, facts, nothing_to_archive, refuse_existing, seal, ArchiveReport,
 };
 use crate::ledger::chain::{self, Row};
+use crate::ledger::cut::{cut_mac, Cut};
+use crate::ledger::error::LedgerError;
 use crate::ledger::fingerprint::InstallationKey;
-use crate::ledger::LedgerError;
+use crate::ledger::meta;
 
-fn meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
+use super::atoms::AtomCache;
+use super::private_file::create_private;
+use super::rows;
+
+fn read_meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
     Ok(conn
         .query_row(
             "SELECT value FROM meta WHERE name = ?1",
@@ -27,36 +32,30 @@ fn meta(conn: &Connection, name: &str) -> Result<Option<String>, LedgerError> {
 
 /// The recorded cut and its MAC, as stored (`None` when the ledger was never archived).
 pub(crate) fn read_cut(conn: &Connection) -> Result<Option<(Cut, Option<String>)>, LedgerError> {
-    let Some(value) = meta(conn, "archive_cut")? else {
-        return Ok(None);
-    };
-    Ok(Some((parse_cut(&value), meta(conn, "archive_cut_mac")?)))
+    meta::archive_cut(&mut |name| read_meta(conn, name))
 }
 
 /// The archived events' counts and their MAC, as stored.
 pub(crate) fn read_counts(
     conn: &Connection,
 ) -> Result<Option<(String, Option<String>)>, LedgerError> {
-    match meta(conn, "archive_counts")? {
-        Some(json) => Ok(Some((json, meta(conn, "archive_counts_mac")?))),
-        None => Ok(None),
-    }
+    meta::archive_counts(&mut |name| read_meta(conn, name))
 }
 
 /// Rows of an archive file (the text layout of events).
 pub(crate) fn rows(conn: &Connection, sql: &str, arg: u64) -> Result<Vec<Row>, LedgerError> {
     let mut stmt = conn.prepare(sql)?;
-    let rows = stmt.query_map(params![arg], super::chain_row)?;
+    let rows = stmt.query_map(params![arg], rows::chain_row)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-const SELECT: &str = super::CHAIN_ROW_SELECT;
+const SELECT: &str = rows::CHAIN_ROW_SELECT;
 
 /// Moves the settled prefix of the chain recorded before `cutoff` into the new file
 /// `file`; see the module doc.
 pub(crate) fn archive(
     conn: &mut Connection,
-    atoms: &RefCell<super::AtomCache>,
+    atoms: &RefCell<AtomCache>,
     key: &InstallationKey,
     first_seq_at_cutoff: u64,
     file: &Path,
@@ -95,7 +94,7 @@ pub(crate) fn archive(
     if cut == 0 {
         return Err(nothing_to_archive());
     }
-    let mut archived = super::rows_where(
+    let mut archived = rows::rows_where(
         &tx,
         atoms,
         "WHERE e.seq <= ?1 ORDER BY e.seq",
@@ -111,7 +110,7 @@ pub(crate) fn archive(
     // The first event left implied its predecessor's hash from the row just deleted.
     tx.execute(
         "UPDATE events SET prev_hash = ?1 WHERE seq = ?2 AND prev_hash IS NULL",
-        params![super::hash_value(&cut.hash), cut.seq as i64 + 1],
+        params![rows::hash_value(&cut.hash), cut.seq as i64 + 1],
     )?;
     tx.execute(
         "DELETE FROM operations WHERE last_seq <= ?1",
@@ -141,7 +140,7 @@ pub(crate) fn write_file(
     cut: &Cut,
     archived: &[Row],
 ) -> Result<(), LedgerError> {
-    super::create_private(file)?;
+    create_private(file)?;
     let mut conn = Connection::open(file)?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     let tx = conn.transaction()?;
@@ -197,7 +196,7 @@ pub(crate) fn read_file(
         });
     }
     let conn = Connection::open_with_flags(file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    if meta(&conn, "key_check")?.as_deref() != Some(key.check_value().as_str()) {
+    if read_meta(&conn, "key_check")?.as_deref() != Some(key.check_value().as_str()) {
         return Err(LedgerError::Invalid {
             message: format!(
                 "{} is not an archive of this ledger (its key check differs, or it has none)",

@@ -7,8 +7,8 @@ use rusqlite::{params, OptionalExtension, Transaction};
 
 use crate::ledger::binding::{key_path_beside, Bound};
 use crate::ledger::chain;
+use crate::ledger::error::LedgerError;
 use crate::ledger::fingerprint::{legacy_key_path, InstallationKey};
-use crate::ledger::LedgerError;
 
 use super::operations;
 
@@ -37,10 +37,11 @@ fn set_meta(tx: &Transaction<'_>, name: &str, value: &str) -> Result<(), LedgerE
 /// The recorded switch point, when present and parseable (0 when not: the verifier then
 /// reports it).
 pub(crate) fn keyed_from(tx: &Transaction<'_>) -> Result<(u64, Option<String>), LedgerError> {
-    let at = meta(tx, "chain_keyed_from")?
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok((at, meta(tx, "chain_keyed_from_mac")?))
+    let mut read = |name: &str| meta(tx, name);
+    Ok((
+        crate::ledger::meta::keyed_from(&mut read)?,
+        crate::ledger::meta::keyed_from_mac(&mut read)?,
+    ))
 }
 
 fn is_not_found(e: &LedgerError) -> bool {

@@ -7,43 +7,61 @@
 //! uses for the intent and the attempt before dispatch. Synchronous rusqlite calls: a
 //! cold `run` pays no connection set-up beyond opening the file.
 
+// Leaves first: how rows and atoms are stored, and the private file, are shared by the
+// store below and by the archive and the migrations, so they name none of them; this
+// file is the store on top.
+mod atoms;
+mod private_file;
+mod rows;
+
 pub(crate) mod archive;
 mod binding;
 pub(crate) mod operations;
 pub(crate) mod schema;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
-use sha2::{Digest, Sha256};
 
-use crate::ledger::append::{self, AppendTx, UnlessSettledSince};
+use crate::ledger::append::{self, AppendTx, OpAppend};
 use crate::ledger::binding::Bound;
 use crate::ledger::chain;
 use crate::ledger::checkpoint;
 use crate::ledger::codec;
+use crate::ledger::counters::Counts;
+use crate::ledger::dialect::StatsDialect;
+use crate::ledger::durability::Durability;
+use crate::ledger::error::{DatabaseFault, LedgerError};
+use crate::ledger::event::decode;
 use crate::ledger::event::{Event, StoredEvent};
+use crate::ledger::filter::{ListFilter, SqlArg};
 use crate::ledger::fingerprint::{self, InstallationKey};
+use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
-use crate::ledger::redact::Redactor;
-use crate::ledger::store::{BatchOp, RecordedCut, Store};
-use crate::ledger::{
-    decode, DatabaseFault, Durability, LedgerError, ListFilter, OpKey, Snapshot, Stats,
+use crate::ledger::snapshot::Snapshot;
+use crate::ledger::stats::Stats;
+use crate::ledger::store::{RecordedCut, Store, MISSING_SHARED_INTENTS, SAME_INTENT_LIMIT};
+use crate::redact::Redactor;
+
+use atoms::{AtomCache, AtomsInOrder, AtomsOf, ATOMS_IN_ORDER};
+use private_file::create_private;
+use rows::{
+    decode_row_into, hash_text, insert_row, op_rows, read_rows, read_rows_decoding, rows_where,
+    Payloads, ROW_SELECT,
 };
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How SQLite spells what `stats` reads.
-pub(crate) const DIALECT: crate::ledger::StatsDialect = crate::ledger::StatsDialect {
+pub(crate) const DIALECT: StatsDialect = StatsDialect {
     verdict: "json_extract(payload, '$.verdict')",
     attempt_number: "json_extract(e.payload, '$.number')",
     unresolved: "unresolved = 1",
@@ -129,7 +147,7 @@ impl AppendTx for Tx<'_, '_> {
         Ok(())
     }
 
-    fn add_counts(&mut self, deltas: &append::Counts) -> Result<(), LedgerError> {
+    fn add_counts(&mut self, deltas: &Counts) -> Result<(), LedgerError> {
         let mut stmt = self.tx.prepare_cached(
             "INSERT INTO counters (name, n) VALUES (?1, ?2) ON CONFLICT (name) DO UPDATE SET n = n + excluded.n",
         )?;
@@ -403,13 +421,36 @@ impl SqliteStore {
         Ok(check.finish())
     }
 
-    /// [`Store::append_batch`] at the connection's current durability.
-    fn append_batch_now(
+    /// Appends `ops` in one `BEGIN IMMEDIATE` transaction, committed as hard as
+    /// `durability` asks (`Full` switches the connection to `synchronous=FULL` for it and
+    /// back after); returns their events' sequence numbers, in order. One way for
+    /// [`Store::append`] and [`Store::append_batch`], which differ only in how many.
+    fn append_ops(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: &[BatchOp<'_>],
-    ) -> Result<(), LedgerError> {
+        ops: &[OpAppend],
+        durability: Durability,
+    ) -> Result<Vec<u64>, LedgerError> {
+        let full = durability == Durability::Full;
+        if full {
+            self.conn.pragma_update(None, "synchronous", "FULL")?;
+        }
+        let result = self.append_ops_now(ikey, redactor, ops);
+        if full {
+            // Best effort: a failure here only makes later commits stricter.
+            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
+        }
+        result
+    }
+
+    /// [`SqliteStore::append_ops`] at the connection's current durability.
+    fn append_ops_now(
+        &mut self,
+        ikey: &InstallationKey,
+        redactor: &Redactor,
+        ops: &[OpAppend],
+    ) -> Result<Vec<u64>, LedgerError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -417,13 +458,14 @@ impl SqliteStore {
             tx: &tx,
             atoms: AtomsOf::writing(&tx, &self.atoms),
         };
-        for (key, events, at) in ops {
-            append::append(&mut t, ikey, redactor, key, events, at, None)?;
+        let mut seqs = Vec::new();
+        for op in ops {
+            seqs.extend(append::append(&mut t, ikey, redactor, op)?);
         }
         let pending = t.atoms.into_pending();
         tx.commit()?;
         self.atoms.borrow_mut().committed(pending);
-        Ok(())
+        Ok(seqs)
     }
 }
 
@@ -510,40 +552,14 @@ impl Store for SqliteStore {
     }
 
     /// Appends in one `BEGIN IMMEDIATE` transaction.
-    #[allow(clippy::too_many_arguments)]
     fn append(
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        key: &OpKey,
-        events: Vec<(Event, String)>,
-        at: String,
+        op: OpAppend,
         durability: Durability,
-        condition: Option<UnlessSettledSince>,
     ) -> Result<Vec<u64>, LedgerError> {
-        let full = durability == Durability::Full;
-        if full {
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = (|| {
-            let tx = self
-                .conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let mut t = Tx {
-                tx: &tx,
-                atoms: AtomsOf::writing(&tx, &self.atoms),
-            };
-            let seqs = append::append(&mut t, ikey, redactor, key, &events, &at, condition)?;
-            let pending = t.atoms.into_pending();
-            tx.commit()?;
-            self.atoms.borrow_mut().committed(pending);
-            Ok(seqs)
-        })();
-        if full {
-            // Best effort: a failure here only makes later commits stricter.
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
+        self.append_ops(ikey, redactor, std::slice::from_ref(&op), durability)
     }
 
     /// Appends many operations' events in one `BEGIN IMMEDIATE` transaction.
@@ -551,20 +567,10 @@ impl Store for SqliteStore {
         &mut self,
         ikey: &InstallationKey,
         redactor: &Redactor,
-        ops: Vec<BatchOp<'_>>,
+        ops: Vec<OpAppend>,
         durability: Durability,
     ) -> Result<(), LedgerError> {
-        let full = durability == Durability::Full;
-        if full {
-            self.conn.pragma_update(None, "synchronous", "FULL")?;
-        }
-        let result = self.append_batch_now(ikey, redactor, &ops);
-        if full {
-            // Best effort, as after any `Full` append: a failure only makes later commits
-            // stricter.
-            let _ = self.conn.pragma_update(None, "synchronous", "NORMAL");
-        }
-        result
+        self.append_ops(ikey, redactor, &ops, durability).map(drop)
     }
 
     /// The projection row of one operation.
@@ -603,7 +609,7 @@ impl Store for SqliteStore {
         let mut stmt = self.conn.prepare_cached(&format!(
             "SELECT {} FROM operations WHERE substr(fingerprint, 1, 16) = substr(?1, 1, 16) AND +fingerprint = ?1 AND host = ?2 AND op_id <> ?3 AND created_at >= ?4 ORDER BY first_seq LIMIT {}",
             projection::COLUMNS,
-            crate::ledger::SAME_INTENT_LIMIT
+            SAME_INTENT_LIMIT
         ))?;
         let rows = stmt.query_map(
             params![fingerprint, host, op_id, codec::stamp_bound(since)],
@@ -620,11 +626,9 @@ impl Store for SqliteStore {
         let mut stmt = self.conn.prepare(&sql)?;
         let rows = stmt.query_map(
             rusqlite::params_from_iter(args.iter().map(|a| match a {
-                crate::ledger::SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
-                crate::ledger::SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
-                crate::ledger::SqlArg::Stamp(at) => {
-                    rusqlite::types::Value::Integer(codec::stamp_bound(at))
-                }
+                SqlArg::Text(t) => rusqlite::types::Value::Text(t.clone()),
+                SqlArg::Int(n) => rusqlite::types::Value::Integer(*n),
+                SqlArg::Stamp(at) => rusqlite::types::Value::Integer(codec::stamp_bound(at)),
             })),
             operations::from_row,
         )?;
@@ -903,17 +907,17 @@ impl Store for SqliteStore {
         Ok(Stats::from_counters(&self.counters()?))
     }
 
-    /// See [`crate::ledger::MISSING_SHARED_INTENTS`].
+    /// See [`MISSING_SHARED_INTENTS`].
     fn missing_shared_intents(&self) -> Result<u64, LedgerError> {
         let n: i64 = self
             .conn
-            .query_row(crate::ledger::MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
+            .query_row(MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
         Ok(n as u64)
     }
 
     /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
     /// consistent snapshot.
-    fn snapshot_after_checkpoint(&self) -> Result<Option<crate::ledger::Incremental>, LedgerError> {
+    fn snapshot_after_checkpoint(&self) -> Result<Option<checkpoint::Incremental>, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let read = checkpoint::read_after(&mut SqliteReader {
             tx: &tx,
@@ -979,37 +983,6 @@ impl Store for SqliteStore {
     }
 }
 
-/// Creates the database file 0600 when it does not exist yet (SQLite gives its -wal and
-/// -shm files the database file's mode), and never opens an existing one.
-///
-/// Closing ANY descriptor of a file drops every POSIX advisory lock this process holds on
-/// it, and SQLite's locks are such locks. A fleet opens one connection per host task
-/// while its other tasks' connections are open: had this opened (and closed) the
-/// existing file, each open would have silently released the locks those connections
-/// hold, SQLite (which counts its locks per process) would not retake them, and another
-/// process closing its last connection would then believe itself alone, checkpoint and
-/// remove the WAL under them: commits lost, or `disk I/O error` (issue 24 row 10). A file
-/// that did not exist a moment ago has no connection of this process on it, so closing
-/// the descriptor that created it releases nothing.
-pub(crate) fn create_private(path: &Path) -> Result<(), LedgerError> {
-    // O_CREAT|O_EXCL: an existing file is refused by the kernel without being opened.
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
-        // Another process (or host task) created it first.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(LedgerError::Io {
-            what: format!("create the ledger {}", path.display()),
-            source,
-        }),
-    }
-}
-
 /// `file:PATH?immutable=1`, the path percent-encoded where a URI needs it.
 fn immutable_uri(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
@@ -1046,26 +1019,6 @@ fn set_wal(conn: &Connection, path: &Path) -> Result<(), LedgerError> {
             Err(e) => return Err(e.into()),
         }
     }
-}
-
-/// The columns [`chain_row`] reads, in its order: the text layout of events (ledgers
-/// before schema 5, and archive files).
-pub(crate) const CHAIN_ROW_SELECT: &str =
-    "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events";
-
-/// One event row as the chain checks it, from a [`CHAIN_ROW_SELECT`] query of the text
-/// layout.
-pub(crate) fn chain_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<chain::Row> {
-    Ok(chain::Row {
-        seq: r.get(0)?,
-        prev_hash: r.get(1)?,
-        hash: r.get(2)?,
-        op_id: r.get(3)?,
-        host: r.get(4)?,
-        at: r.get(5)?,
-        kind: r.get(6)?,
-        payload: r.get(7)?,
-    })
 }
 
 /// A [`checkpoint::SnapshotReader`] over one SQLite read transaction.
@@ -1155,641 +1108,13 @@ fn chain_head(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<chain::
     .optional()
 }
 
-/// The atoms of one SQLite ledger known to be committed, by id and by text. Atoms are
-/// never changed or removed once committed, so the cache stays right for the life of the
-/// connection. Hashed with foldhash, not SipHash: `audit verify --full` looks up
-/// several atoms per event.
-#[derive(Debug, Default)]
-pub(crate) struct AtomCache {
-    by_id: HashMap<i64, Rc<str>, foldhash::fast::RandomState>,
-    by_text: HashMap<Rc<str>, i64, foldhash::fast::RandomState>,
-}
-
-impl AtomCache {
-    /// The write transaction that interned or read `pending` committed.
-    pub(crate) fn committed(&mut self, pending: Vec<(i64, Rc<str>)>) {
-        for (id, text) in pending {
-            self.remember(id, text);
-        }
-    }
-
-    fn remember(&mut self, id: i64, text: Rc<str>) {
-        self.by_text.insert(text.clone(), id);
-        self.by_id.insert(id, text);
-    }
-}
-
-fn atom_digest(text: &str) -> i64 {
-    let d = Sha256::digest(text.as_bytes());
-    i64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
-}
-
-/// [`codec::Atoms`] over a connection: committed atoms from (and into) the cache; atoms
-/// interned or read inside an open write transaction stay `pending` until it commits.
-pub(crate) struct AtomsOf<'a> {
-    conn: &'a Connection,
-    cache: &'a RefCell<AtomCache>,
-    /// Inside a write transaction: what it interned or read, for [`AtomsOf::commit`].
-    pending: Option<Vec<(i64, Rc<str>)>>,
-}
-
-impl<'a> AtomsOf<'a> {
-    /// For reading committed data (outside a write transaction).
-    pub(crate) fn reading(conn: &'a Connection, cache: &'a RefCell<AtomCache>) -> Self {
-        AtomsOf {
-            conn,
-            cache,
-            pending: None,
-        }
-    }
-
-    /// For a write transaction: call [`AtomsOf::commit`] once it committed.
-    pub(crate) fn writing(conn: &'a Connection, cache: &'a RefCell<AtomCache>) -> Self {
-        AtomsOf {
-            conn,
-            cache,
-            pending: Some(Vec::new()),
-        }
-    }
-
-    /// What the write transaction interned or read: committed ones once it commits
-    /// ([`AtomCache::committed`]).
-    pub(crate) fn into_pending(self) -> Vec<(i64, Rc<str>)> {
-        self.pending.unwrap_or_default()
-    }
-}
-
-impl codec::Atoms for AtomsOf<'_> {
-    fn intern(&mut self, text: &str) -> Result<i64, LedgerError> {
-        if let Some(id) = self.cache.borrow().by_text.get(text) {
-            return Ok(*id);
-        }
-        if let Some((id, _)) = self.pending.iter().flatten().find(|(_, t)| &**t == text) {
-            return Ok(*id);
-        }
-        let digest = atom_digest(text);
-        let found: Option<i64> = self
-            .conn
-            .prepare_cached("SELECT id FROM atoms WHERE digest = ?1 AND text = ?2")?
-            .query_row(params![digest, text], |r| r.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
-            None => {
-                self.conn
-                    .prepare_cached("INSERT INTO atoms (digest, text) VALUES (?1, ?2)")?
-                    .execute(params![digest, text])?;
-                self.conn.last_insert_rowid()
-            }
-        };
-        match &mut self.pending {
-            Some(p) => p.push((id, text.into())),
-            None => self.cache.borrow_mut().remember(id, text.into()),
-        }
-        Ok(id)
-    }
-
-    fn text(&mut self, id: i64) -> Result<Rc<str>, LedgerError> {
-        if let Some(t) = self.cache.borrow().by_id.get(&id) {
-            return Ok(t.clone());
-        }
-        if let Some((_, t)) = self.pending.iter().flatten().find(|(i, _)| *i == id) {
-            return Ok(t.clone());
-        }
-        let text: Option<String> = self
-            .conn
-            .prepare_cached("SELECT text FROM atoms WHERE id = ?1")?
-            .query_row(params![id], |r| r.get(0))
-            .optional()?;
-        // A missing atom makes the event undecodable (its hash then fails), not an error.
-        let text: Rc<str> = text
-            .unwrap_or_else(|| "\u{0}missing atom".to_owned())
-            .into();
-        match &mut self.pending {
-            Some(p) => p.push((id, text.clone())),
-            None => self.cache.borrow_mut().remember(id, text.clone()),
-        }
-        Ok(text)
-    }
-}
-
-/// The atoms `audit verify --full` decodes with: the `atoms` table read once, in id order,
-/// as far as the events need, in the walk's own snapshot. An atom is made when an event
-/// first uses it, so an event names only atoms at or below the highest id made before it,
-/// and reading ahead to an id turns what was a query per atom first seen (an operation
-/// makes about one, its attempt id) into one scan. Held until the walk ends, as the cache
-/// held them before; `intern` is refused (a walk only reads).
-pub(crate) struct AtomsInOrder<'s> {
-    rows: rusqlite::Rows<'s>,
-    /// By id, for ids that come nearly dense (every id opmark makes: a rowid).
-    dense: Vec<Option<Rc<str>>>,
-    /// Ids far past the dense run (or below 0): possible only in an edited table.
-    sparse: HashMap<i64, Rc<str>, foldhash::fast::RandomState>,
-    /// The highest id read so far, and whether the table has been read to its end.
-    read_to: i64,
-    done: bool,
-    missing: Rc<str>,
-}
-
-/// How far past the dense run an atom's id may be and still extend it.
-const DENSE_GAP: i64 = 4096;
-
-impl<'s> AtomsInOrder<'s> {
-    /// `stmt` is [`ATOMS_IN_ORDER`] prepared on the walk's transaction.
-    pub(crate) fn new(stmt: &'s mut rusqlite::Statement<'_>) -> Result<Self, LedgerError> {
-        Ok(AtomsInOrder {
-            rows: stmt.query([])?,
-            dense: Vec::new(),
-            sparse: HashMap::default(),
-            read_to: i64::MIN,
-            done: false,
-            missing: "\u{0}missing atom".into(),
-        })
-    }
-
-    fn read_through(&mut self, id: i64) -> Result<(), LedgerError> {
-        while !self.done && self.read_to < id {
-            let Some(r) = self.rows.next()? else {
-                self.done = true;
-                break;
-            };
-            let (at, text): (i64, String) = (r.get(0)?, r.get(1)?);
-            self.read_to = at;
-            let len = self.dense.len() as i64;
-            if (0..len + DENSE_GAP).contains(&at) {
-                if at >= len {
-                    self.dense.resize(at as usize + 1, None);
-                }
-                self.dense[at as usize] = Some(text.into());
-            } else {
-                self.sparse.insert(at, text.into());
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The query [`AtomsInOrder`] reads.
-pub(crate) const ATOMS_IN_ORDER: &str = "SELECT id, text FROM atoms ORDER BY id";
-
-impl codec::Atoms for AtomsInOrder<'_> {
-    fn intern(&mut self, _text: &str) -> Result<i64, LedgerError> {
-        Err(LedgerError::Invalid {
-            message: "internal error: the verify walk tried to add an atom; it only reads"
-                .to_owned(),
-        })
-    }
-
-    fn text(&mut self, id: i64) -> Result<Rc<str>, LedgerError> {
-        self.read_through(id)?;
-        let found = match usize::try_from(id) {
-            Ok(i) if i < self.dense.len() => self.dense[i].as_ref(),
-            _ => self.sparse.get(&id),
-        };
-        // A missing atom makes the event undecodable (its hash then fails), not an error.
-        Ok(found.unwrap_or(&self.missing).clone())
-    }
-}
-
-/// The `op_keys` id of `key`, made when `create` and missing.
-fn op_ref(conn: &Connection, key: &OpKey, create: bool) -> Result<Option<i64>, LedgerError> {
-    let found: Option<i64> = conn
-        .prepare_cached("SELECT id FROM op_keys WHERE op_id = ?1 AND host = ?2")?
-        .query_row(params![key.op_id, key.host], |r| r.get(0))
-        .optional()?;
-    if found.is_some() || !create {
-        return Ok(found);
-    }
-    conn.prepare_cached("INSERT INTO op_keys (op_id, host) VALUES (?1, ?2)")?
-        .execute(params![key.op_id, key.host])?;
-    Ok(Some(conn.last_insert_rowid()))
-}
-
-/// A hash as stored: 32 bytes when it is a SHA-256 in lowercase hex, else its text.
-pub(crate) fn hash_value(hash: &str) -> Value {
-    match hex::decode(hash) {
-        Ok(b) if b.len() == 32 && hex::encode(&b) == hash => Value::Blob(b),
-        _ => Value::Text(hash.to_owned()),
-    }
-}
-
-fn hash_text(v: Value) -> String {
-    hash_text_ref((&v).into())
-}
-
-fn hash_text_ref(v: rusqlite::types::ValueRef<'_>) -> String {
-    use rusqlite::types::ValueRef;
-    match v {
-        ValueRef::Blob(b) => chain::hex_of(b),
-        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
-        _ => String::new(),
-    }
-}
-
-/// The `kind` a stored payload text implies: its first key's value when that key is
-/// `kind` (as serde writes the tag).
-fn implied_kind(payload: &str) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Tag {
-        kind: String,
-    }
-    payload.strip_prefix("{\"kind\":")?;
-    serde_json::from_str::<Tag>(payload).ok().map(|t| t.kind)
-}
-
-/// Stores one event row in the layout of schemas 5 and 6 (the op by reference, the time
-/// as micros, the payload transcoded, the hash as 32 bytes, the predecessor hash and kind
-/// only when they are not the stored predecessor's hash and the payload's tag). Frozen:
-/// only migration 5's step writes it (from the text layout), before migration 7 turns
-/// those rows into today's layout; [`insert_row`] writes today's.
-fn insert_row_v5(
-    conn: &Connection,
-    atoms: &mut AtomsOf<'_>,
-    r: &chain::Row,
-) -> Result<(), LedgerError> {
-    let op = op_ref(conn, &OpKey::new(r.op_id.clone(), r.host.clone()), true)?.expect("created");
-    let at = match codec::at_to_micros(&r.at) {
-        Some(m) => Value::Integer(m),
-        None => Value::Text(r.at.clone()),
-    };
-    let (body, kind) = stored_payload(atoms, r)?;
-    let before: Option<Value> = conn
-        .prepare_cached("SELECT hash FROM events WHERE seq = ?1")?
-        .query_row(params![r.seq.wrapping_sub(1) as i64], |row| row.get(0))
-        .optional()?;
-    let implied = match before {
-        Some(h) => Some(hash_text(h)),
-        None if r.seq == 1 => Some(chain::GENESIS.to_owned()),
-        None => None,
-    };
-    let prev = if implied.as_deref() == Some(r.prev_hash.as_str()) {
-        Value::Null
-    } else {
-        hash_value(&r.prev_hash)
-    };
-    conn.prepare_cached(
-        "INSERT INTO events (seq, op, at, payload, hash, prev_hash, kind) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![r.seq as i64, op, at, body, hash_value(&r.hash), prev, kind])?;
-    Ok(())
-}
-
-/// Stores one event row in today's layout (schema 7, docs/ledger.md#storage), losslessly
-/// for what the chain covers:
-/// - the op by reference (`op_keys`), and a back link to the op's previous event
-///   (`back`, the difference of their seqs), so one operation's events are found without
-///   an index over all events;
-/// - the time as micros after the op's first event's (`op_keys.base`), or as text when
-///   it is not a stamp opmark writes;
-/// - the payload transcoded ([`codec`]), the kind only when the payload's tag is not it;
-/// - the hash as its tag ([`chain::KEYED_TAG`] or [`chain::PLAIN_TAG`] hex digits as
-///   bytes) and the predecessor hash only when it is not implied (the hash of event
-///   `seq - 1`, which the tag stored for that event starts).
-pub(crate) fn insert_row(
-    conn: &Connection,
-    atoms: &mut AtomsOf<'_>,
-    r: &chain::Row,
-    keyed: bool,
-) -> Result<(), LedgerError> {
-    let (op, base, last) = op_slot(conn, &OpKey::new(r.op_id.clone(), r.host.clone()))?;
-    let at = match (codec::at_to_micros(&r.at), base) {
-        (Some(m), Some(b)) => Value::Integer(m - b),
-        (Some(m), None) => {
-            conn.prepare_cached("UPDATE op_keys SET base = ?1 WHERE id = ?2")?
-                .execute(params![m, op])?;
-            Value::Integer(0)
-        }
-        (None, _) => Value::Text(r.at.clone()),
-    };
-    let (body, kind) = stored_payload(atoms, r)?;
-    let implied = if r.seq == 1 {
-        r.prev_hash == chain::GENESIS
-    } else {
-        let before: Option<Value> = conn
-            .prepare_cached("SELECT hash FROM events WHERE seq = ?1")?
-            .query_row(params![r.seq as i64 - 1], |row| row.get(0))
-            .optional()?;
-        before.map(hash_text).is_some_and(|tag| {
-            tag == r.prev_hash
-                || (matches!(tag.len(), chain::KEYED_TAG | chain::PLAIN_TAG)
-                    && r.prev_hash.starts_with(&tag))
-        })
-    };
-    let prev = if implied {
-        Value::Null
-    } else {
-        hash_value(&r.prev_hash)
-    };
-    let back = last.map(|l| r.seq as i64 - l);
-    conn.prepare_cached(
-        "INSERT INTO events (seq, op, back, at, payload, hash, prev_hash, kind) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )?
-    .execute(params![
-        r.seq as i64,
-        op,
-        back,
-        at,
-        body,
-        stored_hash(&r.hash, r.seq, keyed),
-        prev,
-        kind
-    ])?;
-    conn.prepare_cached("UPDATE op_keys SET last_seq = ?1 WHERE id = ?2")?
-        .execute(params![r.seq as i64, op])?;
-    Ok(())
-}
-
-/// What is stored of `r`'s payload (compact when it round-trips, else its text) and of
-/// its kind (only when the payload's tag is not it); the same in every layout since 5.
-fn stored_payload(
-    atoms: &mut AtomsOf<'_>,
-    r: &chain::Row,
-) -> Result<(Value, Option<String>), LedgerError> {
-    let (body, kind) = match codec::encode(&r.payload, atoms)? {
-        Some(b) => {
-            let implied = codec::decode(&b, atoms)?.ok().and_then(|(_, k)| k);
-            (Value::Blob(b), implied)
-        }
-        None => (Value::Text(r.payload.clone()), implied_kind(&r.payload)),
-    };
-    Ok((
-        body,
-        (kind.as_deref() != Some(r.kind.as_str())).then(|| r.kind.clone()),
-    ))
-}
-
-/// What is stored of event `seq`'s `hash` when it is a SHA-256 in lowercase hex: all 32
-/// bytes on an anchor ([`chain::ANCHOR`]), else its tag ([`chain::KEYED_TAG`] or
-/// [`chain::PLAIN_TAG`] hex digits as bytes); any other hash as its text.
-fn stored_hash(hash: &str, seq: u64, keyed: bool) -> Value {
-    let digits = match (seq.is_multiple_of(chain::ANCHOR), keyed) {
-        (true, _) => 64,
-        (false, true) => chain::KEYED_TAG,
-        (false, false) => chain::PLAIN_TAG,
-    };
-    match hash_value(hash) {
-        Value::Blob(b) => Value::Blob(b[..digits / 2].to_vec()),
-        other => other,
-    }
-}
-
-/// The `op_keys` row of `key` (made when missing): its id, the base of its times and its
-/// last event's seq.
-fn op_slot(conn: &Connection, key: &OpKey) -> Result<(i64, Option<i64>, Option<i64>), LedgerError> {
-    let found = conn
-        .prepare_cached("SELECT id, base, last_seq FROM op_keys WHERE op_id = ?1 AND host = ?2")?
-        .query_row(params![key.op_id, key.host], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .optional()?;
-    if let Some(slot) = found {
-        return Ok(slot);
-    }
-    conn.prepare_cached("INSERT INTO op_keys (op_id, host) VALUES (?1, ?2)")?
-        .execute(params![key.op_id, key.host])?;
-    Ok((conn.last_insert_rowid(), None, None))
-}
-
 /// An operation's family (prepared once per connection: a window looks up one per
 /// operation in it).
 const FAMILY_OF: &str = "SELECT family FROM operations WHERE op_id = ?1 AND host = ?2";
 
-/// The columns [`read_rows`] reads, in its order; `e` is `events`, `k` is `op_keys`.
-pub(crate) const ROW_SELECT: &str =
-    "SELECT e.seq, k.op_id, k.host, e.at, k.base, e.payload, e.hash, e.prev_hash, e.kind, e.back FROM events e JOIN op_keys k ON k.id = e.op";
-
-/// Decodes the rows of a [`ROW_SELECT`] query with `tail` (`WHERE …`, `ORDER BY e.seq`)
-/// into what the chain covers, calling `each` on each in order. What the layout leaves
-/// implied stays so ([`chain::Row`]: an empty `prev_hash`, a tag for `hash`).
-pub(crate) fn read_rows(
-    conn: &Connection,
-    atoms: &mut AtomsOf<'_>,
-    tail: &str,
-    args: impl rusqlite::Params,
-    each: impl FnMut(chain::Row) -> Result<(), LedgerError>,
-) -> Result<(), LedgerError> {
-    read_rows_decoding(conn, atoms, tail, args, Payloads::All, each)
-}
-
-/// Which rows' payloads a read decodes. A window's counts (`stats --since`) need every
-/// event's kind and few events' payloads, and decoding them all was most of its time.
-#[derive(Clone, Copy)]
-pub(crate) enum Payloads<'k> {
-    All,
-    /// Only the payloads of these kinds; other rows come with an empty payload.
-    Of(&'k [&'k str]),
-}
-
-/// [`read_rows`], decoding only the payloads `payloads` names.
-pub(crate) fn read_rows_decoding(
-    conn: &Connection,
-    atoms: &mut AtomsOf<'_>,
-    tail: &str,
-    args: impl rusqlite::Params,
-    payloads: Payloads<'_>,
-    mut each: impl FnMut(chain::Row) -> Result<(), LedgerError>,
-) -> Result<(), LedgerError> {
-    let mut stmt = conn.prepare_cached(&format!("{ROW_SELECT} {tail}"))?;
-    let mut rows = stmt.query(args)?;
-    while let Some(r) = rows.next()? {
-        let mut row = chain::Row::default();
-        decode_row_into(r, atoms, &mut row, payloads)?;
-        each(row)?;
-    }
-    Ok(())
-}
-
 /// The most of the ledger file `audit verify --full` maps (SQLite maps up to the file's
 /// size): past a terabyte it reads the rest as it always did.
 const WALK_MMAP_BYTES: i64 = 1 << 40;
-
-/// One row of a [`ROW_SELECT`] query, and its back link (`back`).
-fn decode_row(
-    r: &rusqlite::Row<'_>,
-    atoms: &mut AtomsOf<'_>,
-) -> Result<(chain::Row, Option<i64>), LedgerError> {
-    let mut row = chain::Row::default();
-    let back = decode_row_into(r, atoms, &mut row, Payloads::All)?;
-    Ok((row, back))
-}
-
-/// [`decode_row`] into a row whose texts are reused (their buffers kept, their contents
-/// replaced): `audit verify --full` decodes every event, and seven fresh texts per event
-/// made the allocator a fifth of its time.
-pub(crate) fn decode_row_into(
-    r: &rusqlite::Row<'_>,
-    atoms: &mut dyn codec::Atoms,
-    row: &mut chain::Row,
-    payloads: Payloads<'_>,
-) -> Result<Option<i64>, LedgerError> {
-    use rusqlite::types::ValueRef;
-    fn put_text(v: ValueRef<'_>, out: &mut String) {
-        out.clear();
-        if let ValueRef::Text(t) = v {
-            out.push_str(&String::from_utf8_lossy(t));
-        }
-    }
-    fn put_hash(v: ValueRef<'_>, out: &mut String) {
-        out.clear();
-        match v {
-            ValueRef::Blob(b) => chain::push_hex(b, out),
-            ValueRef::Text(t) => out.push_str(&String::from_utf8_lossy(t)),
-            _ => {}
-        }
-    }
-    // A column that must hold text: copied when it does, else the typed read's error.
-    fn put_required(r: &rusqlite::Row<'_>, i: usize, out: &mut String) -> Result<(), LedgerError> {
-        out.clear();
-        match r.get_ref(i)? {
-            ValueRef::Text(t) if std::str::from_utf8(t).is_ok() => {
-                out.push_str(std::str::from_utf8(t).expect("checked"))
-            }
-            _ => out.push_str(&r.get::<_, String>(i)?),
-        }
-        Ok(())
-    }
-    row.seq = r.get::<_, i64>(0)? as u64;
-    put_required(r, 1, &mut row.op_id)?;
-    put_required(r, 2, &mut row.host)?;
-    row.at.clear();
-    match (r.get_ref(3)?, r.get::<_, Option<i64>>(4)?) {
-        (ValueRef::Integer(m), Some(base)) => {
-            codec::push_at(base.saturating_add(m), &mut row.at);
-        }
-        (v @ ValueRef::Text(_), _) => put_text(v, &mut row.at),
-        _ => {}
-    }
-    put_hash(r.get_ref(6)?, &mut row.hash);
-    put_hash(r.get_ref(7)?, &mut row.prev_hash);
-    let back = r.get::<_, Option<i64>>(9)?;
-    if let Payloads::Of(kinds) = payloads {
-        // The kind first (stored, or the body's first key), the payload only if wanted.
-        let kind = match r.get_ref(8)? {
-            ValueRef::Null => match r.get_ref(5)? {
-                ValueRef::Blob(b) => codec::first_kind(b, atoms)?,
-                ValueRef::Text(t) => implied_kind(&String::from_utf8_lossy(t)),
-                _ => None,
-            },
-            _ => Some(r.get::<_, String>(8)?),
-        };
-        if !kind.as_deref().is_some_and(|k| kinds.contains(&k)) {
-            row.kind.clear();
-            row.kind.push_str(kind.as_deref().unwrap_or_default());
-            row.payload.clear();
-            return Ok(back);
-        }
-    }
-    // Decoded where SQLite holds the blob, not copied out first.
-    let implied = match r.get_ref(5)? {
-        ValueRef::Blob(b) => match codec::decode_into(b, atoms, &mut row.payload, &mut row.kind)? {
-            Ok(found) => found,
-            Err(why) => {
-                // Not what opmark wrote: the hash check names the event.
-                row.payload.clear();
-                row.payload.push_str("\u{0}undecodable body: ");
-                row.payload.push_str(why);
-                false
-            }
-        },
-        v @ ValueRef::Text(_) => {
-            put_text(v, &mut row.payload);
-            row.kind.clear();
-            match implied_kind(&row.payload) {
-                Some(k) => {
-                    row.kind.push_str(&k);
-                    true
-                }
-                None => false,
-            }
-        }
-        _ => {
-            row.payload.clear();
-            row.payload.push_str("\u{0}undecodable body");
-            false
-        }
-    };
-    match r.get_ref(8)? {
-        ValueRef::Null => {
-            if !implied {
-                row.kind.clear();
-            }
-        }
-        _ => put_required(r, 8, &mut row.kind)?,
-    }
-    Ok(back)
-}
-
-/// The events of one operation after `after`, in order, found by following the back
-/// links from its last event (O(its events), no index over all events).
-pub(crate) fn op_rows(
-    conn: &Connection,
-    atoms: &mut AtomsOf<'_>,
-    key: &OpKey,
-    after: u64,
-) -> Result<Vec<chain::Row>, LedgerError> {
-    let last: Option<Option<i64>> = conn
-        .prepare_cached("SELECT last_seq FROM op_keys WHERE op_id = ?1 AND host = ?2")?
-        .query_row(params![key.op_id, key.host], |r| r.get(0))
-        .optional()?;
-    let mut out = Vec::new();
-    let mut next = last.flatten();
-    let mut stmt = conn.prepare_cached(&format!("{ROW_SELECT} WHERE e.seq = ?1"))?;
-    while let Some(seq) = next.filter(|s| *s > after as i64) {
-        let mut rows = stmt.query(params![seq])?;
-        let Some(r) = rows.next()? else {
-            // A link to a deleted event: what is left of the history (audit verify names
-            // the deletion).
-            break;
-        };
-        let (row, back) = decode_row(r, atoms)?;
-        if row.op_id != key.op_id || row.host != key.host {
-            // Not this operation's (an edit outside opmark): stop rather than mix two.
-            break;
-        }
-        next = back.filter(|b| *b > 0).map(|b| seq - b);
-        out.push(row);
-    }
-    out.reverse();
-    Ok(out)
-}
-
-/// [`read_rows`] collected.
-pub(crate) fn rows_where(
-    conn: &Connection,
-    cache: &RefCell<AtomCache>,
-    tail: &str,
-    args: impl rusqlite::Params,
-) -> Result<Vec<chain::Row>, LedgerError> {
-    let mut out = Vec::new();
-    read_rows(
-        conn,
-        &mut AtomsOf::reading(conn, cache),
-        tail,
-        args,
-        |row| {
-            out.push(row);
-            Ok(())
-        },
-    )?;
-    Ok(out)
-}
-
-/// Schema 4's step in Rust: every event of the old text layout (`events_v3`) into the
-/// compact one, unchanged in what the chain covers. Rows are read in chain order, so an
-/// event whose stored predecessor hash is its predecessor's stored hash keeps it implied;
-/// any other (an edit, a deletion) keeps it stored, so `audit verify` still finds it.
-pub(crate) fn migrate_to_compact(tx: &Transaction<'_>) -> Result<(), LedgerError> {
-    let cache = RefCell::new(AtomCache::default());
-    let mut atoms = AtomsOf::reading(tx, &cache);
-    let mut stmt = tx.prepare(
-        "SELECT seq, prev_hash, hash, op_id, host, at, kind, payload FROM events_v3 ORDER BY seq",
-    )?;
-    let mut rows = stmt.query([])?;
-    while let Some(r) = rows.next()? {
-        insert_row_v5(tx, &mut atoms, &chain_row(r)?)?;
-    }
-    Ok(())
-}
 
 /// Rewrites every event row with each column explicit and as text (the stamp, the JSON
 /// payload, the hashes in hex, the kind): the same logical rows, readable and editable

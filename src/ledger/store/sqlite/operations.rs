@@ -3,9 +3,10 @@
 
 use rusqlite::{params, OptionalExtension, Transaction};
 
+use crate::ledger::error::LedgerError;
 use crate::ledger::event::Event;
+use crate::ledger::op_key::OpKey;
 use crate::ledger::projection::{self, OperationRecord};
-use crate::ledger::{LedgerError, OpKey};
 use crate::vocab::Verdict;
 
 use crate::ledger::codec;
@@ -17,7 +18,7 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
     let mut rows: std::collections::BTreeMap<OpKey, OperationRecord> = Default::default();
     {
         let cache = std::cell::RefCell::default();
-        for row in super::rows_where(tx, &cache, "ORDER BY e.seq", [])? {
+        for row in super::rows::rows_where(tx, &cache, "ORDER BY e.seq", [])? {
             let (seq, at) = (row.seq, row.at);
             let key = OpKey::new(row.op_id, row.host);
             let Ok(event) = serde_json::from_str::<Event>(&row.payload) else {

@@ -5,7 +5,7 @@
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use crate::ledger::LedgerError;
+use crate::ledger::error::LedgerError;
 
 /// Migration `i` upgrades `user_version` `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -323,7 +323,7 @@ const MIGRATIONS: &[&str] = &[
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
 fn after(i: usize, tx: &Transaction<'_>) -> Result<(), LedgerError> {
     if i == 4 {
-        super::migrate_to_compact(tx)?;
+        super::rows::migrate_to_compact(tx)?;
         tx.execute_batch(
             "DROP TABLE events_v3;
              CREATE INDEX events_by_op ON events (op, seq);",
