@@ -75,6 +75,7 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
                     rule: "builtin read_only: true".into(),
                     secrets: Vec::new(),
                     become_user: None,
+                    locks: Vec::new(),
                 },
                 Event::AttemptDispatched {
                     attempt_id: attempt.clone(),
@@ -160,6 +161,7 @@ fn unresolved_run(n: u64, session: &str) -> Vec<Event> {
             rule: "builtin read_only: true".into(),
             secrets: Vec::new(),
             become_user: None,
+            locks: Vec::new(),
         },
         Event::AttemptDispatched {
             attempt_id: attempt.clone(),

@@ -236,6 +236,7 @@ fn describe(event: &Event) -> (usize, String) {
             rule,
             secrets,
             become_user,
+            locks,
             ..
         } => {
             let mut line = format!(
@@ -249,6 +250,10 @@ fn describe(event: &Event) -> (usize, String) {
             }
             if let Some(user) = become_user {
                 line.push_str(&format!(", runs as {} (sudo)", p(user)));
+            }
+            if !locks.is_empty() {
+                let names: Vec<String> = locks.iter().map(|l| p(l).to_string()).collect();
+                line.push_str(&format!(", holds host locks {}", names.join(", ")));
             }
             (0, line)
         }

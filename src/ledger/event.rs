@@ -44,6 +44,11 @@ pub enum Event {
         /// `--become USER`: the user the command runs as through sudo. Left out when none.
         #[serde(default, rename = "become", skip_serializing_if = "Option::is_none")]
         become_user: Option<String>,
+        /// `--lock`: the host locks the command holds while it runs (`NAME` or `NAME:N`),
+        /// with the intent but not part of its fingerprint (docs/commands.md#host-locks-commands-that-must-not-overlap).
+        /// Left out when none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        locks: Vec<String>,
     },
     /// An attempt is about to leave this machine.
     AttemptDispatched {

@@ -42,6 +42,7 @@ fn intended(fp: &str, display: &str) -> Event {
         rule: "default".into(),
         secrets: Vec::new(),
         become_user: None,
+        locks: Vec::new(),
     }
 }
 

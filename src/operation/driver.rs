@@ -833,6 +833,7 @@ impl<'a> Runner<'a> {
             rule: self.rule.clone(),
             secrets: self.input.secrets.names().to_vec(),
             become_user: self.input.become_user.clone(),
+            locks: self.input.locks.iter().map(ToString::to_string).collect(),
         }
     }
 

@@ -639,6 +639,7 @@ mod tests {
                 rule: "r".into(),
                 secrets: Vec::new(),
                 become_user: None,
+                locks: Vec::new(),
             },
         )];
         if let Some(b) = boundary {
@@ -1095,6 +1096,7 @@ mod tests {
             rule: "r".into(),
             secrets: Vec::new(),
             become_user: None,
+            locks: Vec::new(),
         };
         ledger
             .append(&quiet, &intent("f1"), Durability::Normal)

@@ -574,6 +574,7 @@ mod tests {
             rule: "r".into(),
             secrets: Vec::new(),
             become_user: None,
+            locks: Vec::new(),
         };
         let earlier = OpKey::new("op-0", "web1");
         ledger

@@ -174,6 +174,7 @@ mod tests {
                 rule: "r".into(),
                 secrets: Vec::new(),
                 become_user: None,
+                locks: Vec::new(),
             };
             ledger
                 .append(

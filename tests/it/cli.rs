@@ -169,6 +169,7 @@ fn sealed_with_one_operation(name: &str) -> Sealed {
             rule: "rule".into(),
             secrets: Vec::new(),
             become_user: None,
+            locks: Vec::new(),
         },
         Event::AttemptDispatched {
             attempt_id: "a1".into(),

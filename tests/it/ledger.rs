@@ -82,6 +82,7 @@ fn write_operation(ledger: &mut Ledger, key: &OpKey, n: u64) -> Vec<u64> {
                     rule: "test".into(),
                     secrets: Vec::new(),
                     become_user: None,
+                    locks: Vec::new(),
                 },
                 Event::AttemptDispatched {
                     attempt_id: attempt.clone(),
@@ -563,6 +564,7 @@ fn unresolved_operation(ledger: &mut Ledger, key: &OpKey) {
                     rule: "test".into(),
                     secrets: Vec::new(),
                     become_user: None,
+                    locks: Vec::new(),
                 },
                 Event::AttemptDispatched {
                     attempt_id: "at-1".into(),
@@ -1146,6 +1148,7 @@ fn list_and_show_render_the_timeline_with_retries() {
                     rule: "default_family".into(),
                     secrets: Vec::new(),
                     become_user: None,
+                    locks: Vec::new(),
                 },
                 Event::AttemptDispatched {
                     attempt_id: "a1".into(),
@@ -1296,6 +1299,7 @@ fn canary_secrets_appear_nowhere_in_the_database_wal_or_output() {
                 rule: secret.to_string(),
                 secrets: Vec::new(),
                 become_user: None,
+                locks: Vec::new(),
             },
             Event::AttemptDispatched {
                 attempt_id: a.clone(),
@@ -2516,6 +2520,7 @@ fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fix
                     rule: "test".into(),
                     secrets: Vec::new(),
                     become_user: None,
+                    locks: Vec::new(),
                 },
                 Durability::Normal,
             )

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::{
-    self, fresh_dir, lines, most_at_once, probe_state, run_json, spawn_run, Answer, Sealed,
+    self, fresh_dir, lines, most_at_once, probe_state, run_json, spawn_run, uptime_intervals,
+    Answer, Sealed,
 };
 
 /// A command that records, from the host's `/proc/uptime`, when it started and ended
@@ -19,22 +20,6 @@ fn timed(log: &Path, hold: &str, tag: &str) -> String {
         "read a _ </proc/uptime; sleep {hold}; read b _ </proc/uptime; echo \"$a $b\" >>{}; : {tag}",
         log.display()
     )
-}
-
-/// The intervals a log of [`timed`] commands holds, in hundredths of a second.
-fn intervals(log: &Path) -> Vec<(u64, u64)> {
-    let hundredths = |t: &str| -> u64 {
-        let (s, f) = t.split_once('.').unwrap_or((t, "0"));
-        s.parse::<u64>().unwrap() * 100 + f.parse::<u64>().unwrap()
-    };
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| {
-            let (a, b) = l.split_once(' ').unwrap();
-            (hundredths(a), hundredths(b))
-        })
-        .collect()
 }
 
 /// `clients` ledgers at once, each running `runs` [`timed`] commands one after another
@@ -76,7 +61,7 @@ fn contend(
             });
         }
     });
-    let held = intervals(&log);
+    let held = uptime_intervals(&log);
     assert_eq!(held.len(), clients * runs, "every command ran once");
     held
 }
@@ -166,6 +151,16 @@ fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_onc
     assert_eq!(rerun.verdict(), "completed", "{rerun:?}");
     assert!(done.exists(), "ran only once the holder had ended");
     assert_eq!(lines(&count), 1);
+    // The locks are kept with the intent, and are not part of it: the same command
+    // without them is the same operation, replayed.
+    assert!(
+        support::show(&env, "lb-wait").contains("holds host locks apt"),
+        "{}",
+        support::show(&env, "lb-wait")
+    );
+    let again = run_json(&env, &lab, &["target1", "--op", "lb-wait", "--", &cmd]);
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+    assert_eq!(lines(&count), 1);
     let held = support::answer(holder.wait_with_output().unwrap());
     assert_eq!(held.verdict(), "completed", "{held:?}");
 }
@@ -206,7 +201,7 @@ fn a_killed_client_keeps_its_commands_lock_until_the_command_ends() {
         ],
     );
     assert_eq!(after.verdict(), "completed", "{after:?}");
-    let held = intervals(&log);
+    let held = uptime_intervals(&log);
     assert_eq!(held.len(), 2, "{held:?}");
     assert_eq!(
         most_at_once(&held),

@@ -478,6 +478,28 @@ fn doctor_passes(c: &Cell) -> Value {
     doc
 }
 
+/// Two runs holding one host lock (`--lock`) at once: the second waits on the host for
+/// the first's end, so the intervals the commands record never overlap; busybox's
+/// `ln`, `readlink` and `sort` are all the lock needs.
+fn a_lock_holds_one_command_at_a_time(c: &Cell) {
+    let (fx, fx_here) = c.effect("locked");
+    let ops = [c.op("lock-a"), c.op("lock-b")];
+    std::thread::scope(|s| {
+        for op in &ops {
+            let cmd = format!(
+                "read a _ </proc/uptime; sleep 1; read b _ </proc/uptime; echo \"$a $b\" >> {fx}; : {op}"
+            );
+            s.spawn(move || {
+                let (_, doc) = c.run(op, &["--lock", "mx", "--lock-wait", "60s"], &cmd);
+                assert_eq!(doc["verdict"], "completed", "{}: {doc}", c.label);
+            });
+        }
+    });
+    let held = support::uptime_intervals(&fx_here);
+    assert_eq!(held.len(), 2, "{}: {held:?}", c.label);
+    assert_eq!(support::most_at_once(&held), 1, "{}: {held:?}", c.label);
+}
+
 /// Every core case on one cell.
 fn core_cases(c: &Cell, faults: bool) {
     let started = Instant::now();
@@ -504,6 +526,7 @@ fn core_cases(c: &Cell, faults: bool) {
             chaos_round(c, &cfg, n, fault);
         }
         crash_reads_interrupted(c);
+        a_lock_holds_one_command_at_a_time(c);
     }
     eprintln!(
         "{}: core cases in {:.1} s",

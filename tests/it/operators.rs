@@ -52,6 +52,7 @@ pub(crate) fn record_lost_dispatch(
         rule: "test: written by hand".into(),
         secrets: Vec::new(),
         become_user: None,
+        locks: Vec::new(),
     }];
     if dispatched {
         events.push(Event::AttemptDispatched {

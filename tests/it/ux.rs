@@ -344,6 +344,7 @@ fn seed(ledger: &Path, ops: &[(&str, &str)]) {
             rule: "rule".into(),
             secrets: Vec::new(),
             become_user: None,
+            locks: Vec::new(),
         };
         l.append_many(&OpKey::new(*op, *host), &[intended], Durability::Full)
             .unwrap();

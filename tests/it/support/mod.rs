@@ -789,3 +789,20 @@ pub fn most_at_once(intervals: &[(u64, u64)]) -> usize {
     }
     most as usize
 }
+
+/// The intervals a file of "START END" lines holds, each read by a command from the
+/// host's /proc/uptime (seconds with two decimals), in hundredths of a second.
+pub fn uptime_intervals(log: &Path) -> Vec<(u64, u64)> {
+    let hundredths = |t: &str| -> u64 {
+        let (s, f) = t.split_once('.').unwrap_or((t, "0"));
+        s.parse::<u64>().unwrap() * 100 + f.parse::<u64>().unwrap()
+    };
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let (a, b) = l.split_once(' ').unwrap();
+            (hundredths(a), hundredths(b))
+        })
+        .collect()
+}
