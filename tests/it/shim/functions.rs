@@ -151,6 +151,23 @@ durable_write "$PWD/missing" rec "a=1" 2>/dev/null || echo "refused: no director
     }
 }
 
+/// Shell lines that leave a session whose leader is gone while one member lives on (a
+/// supervisor killed, its command alive): `leader` and `leader_start` name the leader,
+/// `member` the live member's pid (a `sleep 60`, also in the file `member`).
+pub(super) const ORPHANED_SESSION: &str = r#"
+setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
+sleep 60 >/dev/null 2>&1 </dev/null &
+echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
+n=0
+while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+read -r ps_line <leader
+proc_fields
+leader=${ps_line%% *} leader_start=$ps_start
+n=0
+while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+read -r member <member
+"#;
+
 /// The marker states `state` reads from each layout: one line per marker, "NAME ST WHY".
 /// A live process is a `sleep` of the body's; a dead one a child it waited for; the
 /// session case a `setsid` leader that exits and leaves a member behind.
@@ -204,19 +221,12 @@ rec stale claim 'attempt=1\n'
 touch -t 202001010000 "$root/ops/stale"
 show stale ''
 
-setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
-sleep 60 >/dev/null 2>&1 </dev/null &
-echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
-n=0
-while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-read -r ps_line <leader
-proc_fields
-leader=${ps_line%% *} leader_start=$ps_start
-n=0
-while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+"#;
+
+/// The layouts after the orphaned session (see [`ORPHANED_SESSION`]).
+const STATE_LAYOUTS_ORPHANED: &str = r#"
 rec orphaned proc "$(proc "$leader" "$leader_start" "$boot")"
 show orphaned ''
-read -r member <member
 kill "$member" "$live"
 n=0
 while proc_stat "$member" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
@@ -244,7 +254,10 @@ stale interrupted never_started
 orphaned running -
 orphaned interrupted process_gone
 ";
-    for (shell, said) in under_every_shell("shim-library-state", STATE_LAYOUTS) {
+    for (shell, said) in under_every_shell(
+        "shim-library-state",
+        &format!("{STATE_LAYOUTS}{ORPHANED_SESSION}{STATE_LAYOUTS_ORPHANED}"),
+    ) {
         assert_eq!(said, want, "{shell}");
     }
 }
@@ -353,18 +366,9 @@ wait "$dead"
 yn alive "$live" "$live_start"
 yn alive "$live" "$((live_start + 1))"
 yn alive "$dead" "$live_start"
-setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
-sleep 60 >/dev/null 2>&1 </dev/null &
-echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
-n=0
-while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-read -r ps_line <leader
-proc_fields
-leader=${ps_line%% *} leader_start=$ps_start
-read -r member <member
+"#;
+    let after = r#"
 proc_stat "$member" && member_start=$ps_start
-n=0
-while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
 yn session_alive "$leader" "$leader_start"
 yn session_alive "$leader" "$((member_start + 1))"
 yn session_alive "$live" "$((live_start + 1))"
@@ -386,7 +390,10 @@ no session_alive
     // one; a session with a live member after its leader died; only members older than
     // the recorded supervisor (not of its session); the leader's pid held by another
     // process (the session is gone); no member left.
-    for (shell, said) in under_every_shell("shim-library-liveness", body) {
+    for (shell, said) in under_every_shell(
+        "shim-library-liveness",
+        &format!("{body}{ORPHANED_SESSION}{after}"),
+    ) {
         assert_eq!(said, want, "{shell}");
     }
 }

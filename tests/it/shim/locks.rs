@@ -1,10 +1,9 @@
-//! Host locks' primitive (docs/host-protocol.md#host-locks; `remote-scripts/shim/26-locks.sh`) under dash, bash
-//! and busybox ash: slots taken by concurrent shells never hold more than the capacity at
-//! once, a holder proven gone is reaped, a live one is waited for and named, and the
-//! capacity is the lock's. No verb takes locks yet (issue 47's next step); these prove
-//! the part the verb will stand on.
+//! Host locks' primitive (docs/host-protocol.md#host-locks; `remote-scripts/shim/26-locks.sh`)
+//! under dash, bash and busybox ash: slots taken by concurrent shells never hold more
+//! than the capacity at once, a holder proven gone is reaped, a live one is waited for
+//! and named, and the capacity is the lock's. `run --lock` through sshd: tests/it/locks.rs.
 
-use super::functions::under_every_shell;
+use super::functions::{under_every_shell, ORPHANED_SESSION};
 use crate::support::most_at_once;
 
 /// `workers` shells at once, each taking lock `apt` of capacity `cap` `rounds` times and
@@ -155,29 +154,23 @@ fn a_holder_whose_leader_is_gone_holds_while_its_session_has_a_process() {
     let body = r#"
 read_boot
 d=$PWD/locks/apt
-setsid sh -c 'read -r l </proc/$$/stat; echo "$l" >leader.tmp; mv leader.tmp leader
-sleep 60 >/dev/null 2>&1 </dev/null &
-echo "$!" >member.tmp; mv member.tmp member' >/dev/null 2>&1 </dev/null
-n=0
-while ! [ -f member ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
-read -r ps_line <leader
-proc_fields
-leader=${ps_line%% *} leader_start=$ps_start
-n=0
-while proc_stat "$leader" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
+"#;
+    let after = r#"
 mkdir -p "$d"
 ln -s "$leader $leader_start $boot 1700000000 orphan-op" "$d/1"
 me="$$ 1 $boot 1700000000 mine"
 lock_take "$d" 1 "$me" 0
 echo "its command alive: $?"
-read -r member <member
 kill "$member"
 n=0
 while proc_stat "$member" && [ "$ps_state" != Z ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done
 lock_take "$d" 1 "$me" 0
 echo "its command gone: $? slot $lock_slot"
 "#;
-    for (shell, said) in under_every_shell("shim-locks-session", body) {
+    for (shell, said) in under_every_shell(
+        "shim-locks-session",
+        &format!("{body}{ORPHANED_SESSION}{after}"),
+    ) {
         assert_eq!(
             said, "its command alive: 1\nits command gone: 0 slot 1\n",
             "{shell}"
