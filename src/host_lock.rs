@@ -82,6 +82,20 @@ impl HostLock {
         Ok(sorted)
     }
 
+    /// A run's locks: those it names, then the policy's defaults for its command (see
+    /// `locks` in command-classes.toml) by names it did not use (its own capacity wins),
+    /// in the order [`HostLock::set`] gives.
+    pub fn with_defaults(named: &[HostLock], defaults: &[HostLock]) -> Vec<HostLock> {
+        let mut locks = named.to_vec();
+        for lock in defaults {
+            if !locks.iter().any(|l| l.name == lock.name) {
+                locks.push(lock.clone());
+            }
+        }
+        locks.sort();
+        locks
+    }
+
     /// The shim's `LOCKS` argument: `-` for none, else `NAME:N,...` in the order given
     /// (see [`HostLock::set`]).
     pub fn wire_list(locks: &[HostLock]) -> String {
@@ -93,6 +107,13 @@ impl HostLock {
             .map(|l| format!("{}:{}", l.name, l.capacity))
             .collect::<Vec<_>>()
             .join(",")
+    }
+}
+
+/// As written on the command line (`apt`, `pool:2`): the form a plan shows.
+impl serde::Serialize for HostLock {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
@@ -157,5 +178,13 @@ mod tests {
         ];
         let e = HostLock::set(&twice).unwrap_err();
         assert!(e.contains("`apt` is named twice"), "{e}");
+    }
+
+    #[test]
+    fn the_policys_default_locks_join_those_named_and_a_named_capacity_wins() {
+        let lock = |l: &str| HostLock::parse(l).unwrap();
+        let all = HostLock::with_defaults(&[lock("apt:2"), lock("zz")], &[lock("apt"), lock("db")]);
+        assert_eq!(HostLock::wire_list(&all), "apt:2,db:1,zz:1");
+        assert_eq!(HostLock::with_defaults(&[], &[]), []);
     }
 }

@@ -44,6 +44,13 @@ fn render(command: &str, c: &Classification, origin: &str) -> String {
             "approval required by {rule}: `opmark run` needs --approve NOTE\n"
         ));
     }
+    if !c.locks.is_empty() {
+        let locks: Vec<String> = c.locks.iter().map(ToString::to_string).collect();
+        out.push_str(&format!(
+            "host locks: {} (`opmark run` holds them while it runs; see --lock-wait)\n",
+            locks.join(", ")
+        ));
+    }
     out.push_str(&format!("policy: {origin}\n"));
     out
 }

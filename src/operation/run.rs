@@ -35,6 +35,9 @@ pub async fn run_interruptible(
     let deadline = std::time::Instant::now() + input.wait;
     let classification = env.policy.classify(&input.command);
     let (family, rule) = family_and_rule(&classification, input.class);
+    // The policy's locks for this command join those the run named (docs/commands.md#host-locks-commands-that-must-not-overlap).
+    let mut input = input;
+    input.locks = crate::host_lock::HostLock::with_defaults(&input.locks, &classification.locks);
     let redactor = Redactor::with_patterns(env.policy.redact_patterns());
     let display = redactor.redact_owned(&input.command);
     let intent = input.intent();

@@ -239,6 +239,8 @@ struct Classifier<'p> {
     parts: Vec<Part>,
     deny: Option<String>,
     approval: Option<String>,
+    /// The host locks the deciding rules name, each once.
+    locks: Vec<crate::host_lock::HostLock>,
     /// Functions defined so far in this command, with the family of their bodies. A call
     /// runs the body, not the program of that name.
     functions: HashMap<String, Family>,
@@ -285,6 +287,7 @@ fn classify(policy: &Policy, command: &str) -> Classification {
         parts: Vec::new(),
         deny: None,
         approval: None,
+        locks: Vec::new(),
         functions: HashMap::new(),
         via: Vec::new(),
         stdin: CommandInput::Inherited,
@@ -304,6 +307,7 @@ fn classify(policy: &Policy, command: &str) -> Classification {
         deny: c.deny,
         approval: c.approval,
         parse_error,
+        locks: crate::host_lock::HostLock::with_defaults(&[], &c.locks),
     }
 }
 
@@ -1077,6 +1081,11 @@ impl Classifier<'_> {
                 }
                 if rule.approval && self.approval.is_none() {
                     self.approval = Some(self.within(name.clone()));
+                }
+                for lock in &rule.locks {
+                    if !self.locks.iter().any(|l| l.name() == lock.name()) {
+                        self.locks.push(lock.clone());
+                    }
                 }
                 (rule.family, name)
             }

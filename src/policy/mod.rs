@@ -127,6 +127,8 @@ pub(crate) struct Rule {
     pub pattern: Option<Pattern>,
     pub deny: bool,
     pub approval: bool,
+    /// Host locks a command this rule decides takes by default (`run --lock` adds more).
+    pub locks: Vec<crate::host_lock::HostLock>,
 }
 
 /// The family of a whole command string and how each part of it was decided.
@@ -145,6 +147,9 @@ pub struct Classification {
     /// Why the command could not be parsed (it is then destructive).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parse_error: Option<String>,
+    /// The host locks the rules of its parts name (`locks = [...]`), each once.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<crate::host_lock::HostLock>,
 }
 
 /// One classified piece of a command.
@@ -559,6 +564,31 @@ impl Policy {
                     }
                 },
             };
+            let mut locks = Vec::new();
+            for l in r
+                .locks
+                .as_ref()
+                .map(|l| l.get_ref().as_slice())
+                .unwrap_or_default()
+            {
+                let lock = crate::host_lock::HostLock::parse(l.get_ref()).map_err(|why| {
+                    check.err(
+                        l.span(),
+                        key("locks"),
+                        why,
+                        "write each lock as \"NAME\" or \"NAME:N\"",
+                    )
+                })?;
+                locks.push(lock);
+            }
+            let locks = crate::host_lock::HostLock::set(&locks).map_err(|why| {
+                check.err(
+                    spanned.span(),
+                    key("locks"),
+                    why,
+                    "name each lock once in the rule",
+                )
+            })?;
             rules.push(Rule {
                 index,
                 name,
@@ -567,6 +597,7 @@ impl Policy {
                 pattern,
                 deny: r.deny.as_ref().is_some_and(|d| *d.get_ref()),
                 approval,
+                locks,
             });
         }
 
@@ -759,6 +790,7 @@ impl PartialEq for Rule {
                 == other.pattern.as_ref().map(Pattern::as_str)
             && self.deny == other.deny
             && self.approval == other.approval
+            && self.locks == other.locks
     }
 }
 

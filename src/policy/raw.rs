@@ -43,6 +43,7 @@ pub(crate) struct RawRule {
     pub pattern: Option<Spanned<String>>,
     pub deny: Option<Spanned<bool>>,
     pub approval: Option<Spanned<String>>,
+    pub locks: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// The 1-based line of a byte offset.

@@ -45,6 +45,8 @@ struct RuleDocument {
     deny: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    locks: Vec<String>,
 }
 
 impl Policy {
@@ -89,6 +91,7 @@ fn rule_document(r: &Rule) -> RuleDocument {
         pattern: r.pattern.as_ref().map(|p| p.as_str().to_owned()),
         deny: r.deny,
         approval: r.approval.then_some("always"),
+        locks: r.locks.iter().map(ToString::to_string).collect(),
     }
 }
 

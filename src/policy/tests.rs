@@ -251,3 +251,42 @@ fn a_bad_escalate_after_is_refused_naming_the_key_and_the_fix() {
         assert!(e.to_string().contains(says), "{value}: {e}");
     }
 }
+
+#[test]
+fn package_managers_take_the_apt_lock_by_default_and_a_rules_locks_are_checked() {
+    let p = Policy::parse(BUILTIN_TEXT, BUILTIN_ORIGIN).unwrap();
+    let locks = |command: &str| -> Vec<String> {
+        p.classify(command)
+            .locks
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    assert_eq!(locks("apt-get -y upgrade"), ["apt"]);
+    assert_eq!(locks("sudo dpkg -i x.deb && apt-get -f install"), ["apt"]);
+    assert_eq!(
+        locks("apt-get -s install nginx"),
+        Vec::<String>::new(),
+        "a simulation"
+    );
+    assert_eq!(locks("systemctl restart nginx"), Vec::<String>::new());
+    let mine = BUILTIN_TEXT.replacen("locks = [\"apt\"]", "locks = [\"pkg:2\", \"net\"]", 1);
+    let p = Policy::parse(&mine, "mine.toml").unwrap();
+    let c = p.classify("apt-get -y upgrade");
+    assert_eq!(
+        crate::host_lock::HostLock::wire_list(&c.locks),
+        "net:1,pkg:2"
+    );
+    // Printed and loaded back, the locks stay.
+    assert!(Policy::parse(&p.to_toml(), "printed.toml").unwrap() == p);
+    for (bad, needle) in [
+        ("locks = [\"a/b\"]", "lock `a/b`"),
+        ("locks = [\"apt\", \"apt:2\"]", "`apt` is named twice"),
+    ] {
+        let text = BUILTIN_TEXT.replacen("locks = [\"apt\"]", bad, 1);
+        let e = Policy::parse(&text, "mine.toml").unwrap_err().to_string();
+        for n in ["mine.toml", ".locks", needle] {
+            assert!(e.contains(n), "`{n}` in {e}");
+        }
+    }
+}

@@ -153,11 +153,9 @@ fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_onc
     assert_eq!(lines(&count), 1);
     // The locks are kept with the intent, and are not part of it: the same command
     // without them is the same operation, replayed.
-    assert!(
-        support::show(&env, "lb-wait").contains("holds host locks apt"),
-        "{}",
-        support::show(&env, "lb-wait")
-    );
+    let shown = support::show(&env, "lb-wait");
+    let words = shown.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("holds host locks apt"), "{shown}");
     let again = run_json(&env, &lab, &["target1", "--op", "lb-wait", "--", &cmd]);
     assert_eq!(again.verdict(), "replayed", "{again:?}");
     assert_eq!(lines(&count), 1);
@@ -354,4 +352,59 @@ fn bad_locks_are_refused_before_anything_is_sent() {
             .contains("`apt` is named twice"),
         "{twice:?}"
     );
+}
+
+#[test]
+fn a_lock_the_policy_names_for_a_command_is_taken_without_any_flag() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (started, marker) = (dir.join("started"), dir.join("deploy-marker"));
+    // The shipped policy, with a rule (pattern rules are tried first) that gives this
+    // command the lock `web`.
+    let policy = dir.join("command-classes.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}\n[[rule]]\nname = \"web-deploy\"\nfamily = \"convergent\"\npattern = '^touch \\S*deploy-marker'\nlocks = [\"web\"]\n",
+            opmark::policy::BUILTIN_TEXT
+        ),
+    )
+    .unwrap();
+    let holder_env = Sealed::new(&format!("{}-holder", crate::test_name!()));
+    let holder_cmd = format!("touch {}; sleep 8", started.display());
+    let holder = spawn_run(
+        &mut holder_env.opmark_with_lab(&lab),
+        &[
+            "target1",
+            "--op",
+            "web-hold",
+            "--lock",
+            "web",
+            "--",
+            &holder_cmd,
+        ],
+    );
+    support::wait_for("the holder's command", Duration::from_secs(30), || {
+        started.exists()
+    });
+    let env = Sealed::new(crate::test_name!());
+    let deploy = format!("touch {}", marker.display());
+    let busy = support::answer(
+        env.opmark_with_lab(&lab)
+            .arg("--policy")
+            .arg(&policy)
+            .args(["--json", "run", "target1", "--op", "web-1", "--", &deploy])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(busy.code(), ("lock_busy", true), "{busy:?}");
+    assert!(!marker.exists(), "nothing ran");
+    // Words, not lines: `show` wraps to the terminal's width.
+    let shown = support::show(&env, "web-1");
+    let words = shown.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("holds host locks web"), "{shown}");
+    let held = support::answer(holder.wait_with_output().unwrap());
+    assert_eq!(held.verdict(), "completed", "{held:?}");
 }
