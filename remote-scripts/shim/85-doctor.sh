@@ -29,7 +29,8 @@ verb_doctor() {
 	frame "K shell=$OPMARK_SHELL login_shell=${SHELL:-unknown} setsid=$dr_setsid"
 	frame "K detach=$dr_detach setsid_path=${dr_path:-none} setsid_kind=$dr_kind"
 	dr_missing=
-	for dr_tool in cat date dd find head mkdir mkfifo mv od rm sleep sync tail wc; do
+	# ln and readlink: the fingerprint index and host locks; sort: a run's locks.
+	for dr_tool in cat date dd find head ln mkdir mkfifo mv od readlink rm sleep sort sync tail wc; do
 		command -v "$dr_tool" >/dev/null 2>&1 || dr_missing="$dr_missing${dr_missing:+,}$dr_tool"
 	done
 	# The command is read with dd's count_bytes (exactly its size, never past it).

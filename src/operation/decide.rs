@@ -1575,6 +1575,16 @@ pub fn repetition_held(
 /// input is what to change (`refused`: waiting would never help).
 fn lock_busy(attempt: &str, busy: super::reply::BusyLock) -> Answer {
     let lock = busy.lock;
+    if busy.cannot_wait {
+        return Answer::new(
+            Verdict::NotApplied,
+            Some(attempt.to_owned()),
+            ReasonCode::ShimCannotStart,
+            format!(
+                "the host cannot hold the lock `{lock}`: it lacks `readlink` or a readable /proc/uptime, which host locks need; the command did not start and nothing ran. Install coreutils (or a busybox with readlink) there (`opmark doctor` checks), or run without --lock"
+            ),
+        );
+    }
     if let Some(capacity) = busy.capacity {
         return Answer::new(
             Verdict::Refused,
@@ -3330,6 +3340,48 @@ mod tests {
         );
         assert!(a.reason.contains("no `awk`"), "{a:?}");
         assert!(a.reason.contains("without --secret"), "{a:?}");
+    }
+
+    #[test]
+    fn a_host_lock_not_free_in_time_then_not_applied_naming_it_its_holder_and_since_when() {
+        let ours = [attempt("at-1", Boundary::Started)];
+        let f = facts(Family::Destructive, &ours);
+        let busy = |fields: &[(&str, &str)]| {
+            answer(after_dispatch(&f, refused_reply(refusal("lock_busy", fields, None))).then)
+        };
+        let a = busy(&[
+            ("lock", "apt"),
+            ("holder", "upgrade-1"),
+            ("since", "1764892800"),
+        ]);
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::LockBusy));
+        assert!(
+            a.reason
+                .contains("`apt` is held by op upgrade-1 since 2025-12-05T00:00:00Z"),
+            "{a:?}"
+        );
+        assert!(a.reason.contains("nothing ran"), "{a:?}");
+        // Words the host sent that opmark would never write are not repeated.
+        let a = busy(&[("lock", "a/b"), ("holder", "x;y"), ("since", "soon")]);
+        assert!(
+            a.reason.contains("`?` is held by another operation"),
+            "{a:?}"
+        );
+        // Another capacity: the input is what to change.
+        let a = busy(&[
+            ("lock", "apt"),
+            ("reason", "capacity_differs"),
+            ("capacity", "2"),
+        ]);
+        assert_eq!(verdict_of(&a), (Verdict::Refused, ReasonCode::InvalidInput));
+        assert!(a.reason.contains("--lock apt:2"), "{a:?}");
+        // A host that cannot hold a lock at all.
+        let a = busy(&[("lock", "apt"), ("reason", "cannot_wait")]);
+        assert_eq!(
+            verdict_of(&a),
+            (Verdict::NotApplied, ReasonCode::ShimCannotStart)
+        );
+        assert!(a.reason.contains("readlink"), "{a:?}");
     }
 
     #[test]

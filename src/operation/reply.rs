@@ -68,6 +68,8 @@ pub struct BusyLock {
     pub since: Option<String>,
     /// The lock's own capacity, when the run named another.
     pub capacity: Option<u32>,
+    /// The host cannot wait for a lock at all (no `readlink`, no `/proc/uptime`).
+    pub cannot_wait: bool,
 }
 
 impl BusyLock {
@@ -92,6 +94,7 @@ impl BusyLock {
                 .filter(|r| r.as_str() == "capacity_differs")
                 .and(fields.get("capacity"))
                 .and_then(|c| c.parse().ok()),
+            cannot_wait: fields.get("reason").is_some_and(|r| r == "cannot_wait"),
         }
     }
 }
