@@ -409,6 +409,9 @@ pub enum Command {
     Stats(StatsArgs),
     /// Check that a host is usable: reachable, key known, shim runs, marker root sound.
     Doctor(DoctorArgs),
+    /// The host locks (`run --lock`) held and waited for on a host, whichever client took
+    /// them.
+    Locks(LocksArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
     /// Stop a running operation on its host for good: TERM, then KILL after the grace;
@@ -445,6 +448,7 @@ impl Command {
             Command::Resolve(a) => Some(&mut a.host_args),
             Command::Gc(a) => Some(&mut a.host_args),
             Command::Doctor(a) => Some(&mut a.host_args),
+            Command::Locks(a) => Some(&mut a.host_args),
             Command::Cancel(a) => Some(&mut a.host_args),
             Command::Config(a) => Some(&mut a.host_args),
             Command::List(_)
@@ -1117,6 +1121,17 @@ pub struct DoctorArgs {
     pub host_args: HostArgs,
 }
 
+/// `opmark locks HOST`.
+#[derive(Debug, Args)]
+pub struct LocksArgs {
+    /// Host alias or [user@]host.
+    #[arg(add = complete_hosts())]
+    pub host: String,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
 /// `opmark lab`.
 #[derive(Debug, Args)]
 pub struct LabArgs {
@@ -1262,6 +1277,7 @@ mod tests {
             "cancel x@h op -o Port=1 -l bar",
             "gc x@h --older-than 1d -o Port=1 -l bar",
             "doctor x@h -o Port=1 -l bar",
+            "locks x@h -o Port=1 -l bar",
             "resolve op --host x@h --as abandoned --note n -o Port=1 -l bar",
             "run x@h y@h -o Port=1 -l bar -- true",
         ];

@@ -34,6 +34,7 @@
 #   verb: gc AGE_S DRY_RUN TOMB_AGE_S
 #   verb: doctor
 #   verb: cancel OP GRACE_MS
+#   verb: locks
 #   verb: serve
 # serve is the resident host session (see verb_serve): it answers one request per line
 # of its stdin, "q c=TOKEN [r=ROOT_ID] VERB ARGS...", each with the same frames as a call

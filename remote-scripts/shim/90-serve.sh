@@ -111,6 +111,7 @@ dispatch() {
 	supersede) verb_supersede "$@" ;;
 	gc) verb_gc "$@" ;;
 	doctor) verb_doctor "$@" ;;
+	locks) verb_locks "$@" ;;
 	*) refuse "bad_args reason=unknown_verb" ;;
 	esac
 }

@@ -26,6 +26,7 @@ mod host_changed;
 mod keeper;
 mod ledger;
 mod list;
+mod locks;
 mod mcp;
 mod output;
 mod probe;
@@ -57,6 +58,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Gc(args) => gc::run(&global, &args),
         Command::Stats(args) => stats::run(&global, &args),
         Command::Doctor(args) => doctor::run(&global, &args),
+        Command::Locks(args) => locks::run(&global, &args),
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),

@@ -34,8 +34,8 @@ use crate::ssh::Session;
 
 pub use crate::shim::{
     check_command, CancelOutcome, ExitFrame, FenceOutcome, GcAction, GcRemoved, InvocationError,
-    MarkerInfo, MarkerState, OutputFrom, OutputStream, ProtocolError, Refusal, RefusalReason,
-    RunCall, StdinSpec, Verb, DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
+    LockHolder, LockWaiter, MarkerInfo, MarkerState, OutputFrom, OutputStream, ProtocolError,
+    Refusal, RefusalReason, RunCall, StdinSpec, Verb, DEFAULT_OUTPUT_CAP, PROTOCOL_VERSION,
 };
 pub use crate::ssh::auth::forbid_prompts;
 pub use crate::ssh::{
@@ -343,6 +343,34 @@ pub async fn doctor(
     }
 }
 
+/// The host locks held and waited for on a host (docs/host-protocol.md#host-locks).
+#[derive(Debug, Clone, Default)]
+pub struct HostLocks {
+    /// Each held slot, lock by lock.
+    pub held: Vec<LockHolder>,
+    /// The claims whose supervisors wait for locks.
+    pub waiting: Vec<LockWaiter>,
+}
+
+/// Lists the host locks held and waited for; changes nothing.
+pub async fn locks(session: &Session) -> Result<HostLocks, CallError> {
+    let end = call_shim(session, &Verb::Locks, None, None, &mut FramesOnly).await;
+    let mut found = HostLocks::default();
+    answer(end, "locks", |f| match f {
+        Frame::LockHeld(h) => {
+            found.held.push(h);
+            None
+        }
+        Frame::LockWaiting(w) => {
+            found.waiting.push(w);
+            None
+        }
+        Frame::LocksDone => Some(()),
+        _ => None,
+    })
+    .map(|()| found)
+}
+
 /// What a cancel did, and the marker afterwards.
 #[derive(Debug, Clone)]
 pub struct Cancelled {
@@ -587,6 +615,11 @@ impl Host {
             tombstones_older_than,
         )
         .await
+    }
+
+    /// [`locks`] on this host.
+    pub async fn locks(&self) -> Result<HostLocks, CallError> {
+        locks(&self.session).await
     }
 
     /// [`doctor`] on this host.

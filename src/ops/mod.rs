@@ -16,6 +16,7 @@ pub mod gc;
 pub mod host_changed;
 pub mod hosts;
 pub mod list;
+pub mod locks;
 pub mod output;
 pub mod plan;
 pub mod probe;

@@ -210,6 +210,81 @@ impl MarkerInfo {
     }
 }
 
+/// One held slot of a host lock, as the shim's `locks` verb lists it. The host's words are
+/// kept only where they are what opmark writes (a lock name, an op id, numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockHolder {
+    /// The lock's name.
+    pub lock: String,
+    /// Its capacity (None: unreadable).
+    pub capacity: Option<u32>,
+    /// The slot held (1..=capacity).
+    pub slot: u32,
+    /// The holding operation's op id.
+    pub op: Option<String>,
+    /// Since when, epoch seconds on the host.
+    pub since: Option<u64>,
+    /// Its holder still lives (false: the next taker reaps the slot).
+    pub alive: bool,
+}
+
+impl LockHolder {
+    fn from_fields(fields: &BTreeMap<String, String>) -> LockHolder {
+        LockHolder {
+            lock: fields
+                .get("lock")
+                .filter(|l| crate::host_lock::HostLock::parse(l).is_ok())
+                .cloned()
+                .unwrap_or_else(|| "?".to_owned()),
+            capacity: fields.get("capacity").and_then(|c| c.parse().ok()),
+            slot: fields.get("slot").and_then(|s| s.parse().ok()).unwrap_or(0),
+            op: fields
+                .get("op")
+                .filter(|o| crate::op_id::OpId::parse(o).is_ok())
+                .cloned(),
+            since: fields
+                .get("since")
+                .and_then(|s| s.parse().ok())
+                .filter(|s| *s > 0),
+            alive: fields.get("alive").is_some_and(|a| a == "yes"),
+        }
+    }
+}
+
+/// A claim whose supervisor waits for its host locks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockWaiter {
+    /// The waiting operation's op id.
+    pub op: Option<String>,
+    /// The locks it takes, `NAME:N,...`.
+    pub locks: Vec<crate::host_lock::HostLock>,
+    /// Its claim time, epoch seconds on the host.
+    pub since: Option<u64>,
+}
+
+impl LockWaiter {
+    fn from_fields(fields: &BTreeMap<String, String>) -> LockWaiter {
+        LockWaiter {
+            op: fields
+                .get("op")
+                .filter(|o| crate::op_id::OpId::parse(o).is_ok())
+                .cloned(),
+            locks: fields
+                .get("locks")
+                .map(|l| {
+                    l.split(',')
+                        .filter_map(|l| crate::host_lock::HostLock::parse(l).ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            since: fields
+                .get("since")
+                .and_then(|s| s.parse().ok())
+                .filter(|s| *s > 0),
+        }
+    }
+}
+
 /// Why the shim refused: its first word of an `R` frame. The finer cause, when there is
 /// one, is in the frame's `reason=` field (`argument_count`, `no_space`...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,6 +472,12 @@ pub enum Frame {
     },
     /// `K`: doctor facts, `key=value` (a bare word is a key with an empty value).
     Doctor(BTreeMap<String, String>),
+    /// `L held`: one held slot of a host lock.
+    LockHeld(LockHolder),
+    /// `L waiting`: a claim whose supervisor waits for its host locks.
+    LockWaiting(LockWaiter),
+    /// `L done`: the lock listing's last line.
+    LocksDone,
     /// `K done`: the doctor's last line.
     DoctorDone,
     /// `N`: what a cancel did, and the marker afterwards.
@@ -532,7 +613,8 @@ impl Frame {
             | Frame::Fence { .. }
             | Frame::Cancel { .. }
             | Frame::GcDone { .. }
-            | Frame::DoctorDone => true,
+            | Frame::DoctorDone
+            | Frame::LocksDone => true,
             Frame::Refused(r) => !r.replay,
             Frame::Hello { .. }
             | Frame::Root { .. }
@@ -541,7 +623,9 @@ impl Frame {
             | Frame::Superseded { .. }
             | Frame::Repeats(_)
             | Frame::GcRemoved(_)
-            | Frame::Doctor(_) => false,
+            | Frame::Doctor(_)
+            | Frame::LockHeld(_)
+            | Frame::LockWaiting(_) => false,
         }
     }
 }
@@ -937,6 +1021,12 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
                 kept: fields.get("kept").and_then(|k| k.parse().ok()).unwrap_or(0),
             },
             _ => return Err(ProtocolError::new("gc line without a known action")),
+        },
+        "L" => match words.first() {
+            Some(&"held") => Frame::LockHeld(LockHolder::from_fields(&fields)),
+            Some(&"waiting") => Frame::LockWaiting(LockWaiter::from_fields(&fields)),
+            Some(&"done") => Frame::LocksDone,
+            _ => return Err(ProtocolError::new("lock line without a known kind")),
         },
         "K" if words == ["done"] && fields.is_empty() => Frame::DoctorDone,
         "K" => {

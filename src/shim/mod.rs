@@ -32,8 +32,9 @@ use crate::op_id::OpId;
 use crate::policy::OnRepeat;
 
 pub use frames::{
-    CancelOutcome, ExitFrame, FenceOutcome, Frame, GcAction, GcRemoved, MarkerInfo, MarkerState,
-    OutputStream, ProtocolError, Refusal, RefusalReason, Reply, ReplyParser, PROTOCOL_VERSION,
+    CancelOutcome, ExitFrame, FenceOutcome, Frame, GcAction, GcRemoved, LockHolder, LockWaiter,
+    MarkerInfo, MarkerState, OutputStream, ProtocolError, Refusal, RefusalReason, Reply,
+    ReplyParser, PROTOCOL_VERSION,
 };
 
 /// The shim's source, delivered on the first call to a host and then cached there: one
@@ -235,6 +236,8 @@ pub enum Verb<'a> {
     },
     /// Facts about the marker root for `opmark doctor`.
     Doctor,
+    /// The host locks held and waited for (`opmark locks`), read only.
+    Locks,
     /// Stop the operation for good (`opmark cancel`): TERM the running command's session,
     /// KILL after `grace`, wait for the exit record; fence an absent, unstarted or
     /// interrupted one.
@@ -282,6 +285,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
     ("gc", &["AGE_S", "DRY_RUN", "TOMB_AGE_S"]),
     ("doctor", &[]),
     ("cancel", &["OP", "GRACE_MS"]),
+    ("locks", &[]),
     // The resident host session: requests come on its stdin (see [`Request`]), never as
     // a `Verb` of their own.
     ("serve", &[]),
@@ -301,6 +305,7 @@ impl Verb<'_> {
             Verb::Gc { .. } => "gc",
             Verb::Doctor => "doctor",
             Verb::Cancel { .. } => "cancel",
+            Verb::Locks => "locks",
         }
     }
 
@@ -410,7 +415,7 @@ impl Verb<'_> {
                     tombstones_older_than.map_or("-".into(), |t| t.as_secs().to_string()),
                 ),
             ],
-            Verb::Doctor => Vec::new(),
+            Verb::Doctor | Verb::Locks => Vec::new(),
             Verb::Cancel { op, grace } => vec![
                 ("OP", op.to_string()),
                 ("GRACE_MS", grace.as_millis().to_string()),

@@ -83,6 +83,7 @@ fn every_subcommand_answers_one_line_with_the_schema() {
         ("audit verify", vec!["audit", "verify"]),
         ("config", vec!["config", "target1"]),
         ("doctor", vec!["doctor", "target1"]),
+        ("locks", vec!["locks", "target1"]),
         ("gc", vec!["gc", "target1", "--older-than", "3650d"]),
         ("cancel", vec!["cancel", "target1", "doc-1"]),
         (
@@ -500,6 +501,7 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
         ],
     ));
     sets.push(("stats", vec![doc("stats", &["stats"])]));
+    sets.push(("locks", vec![doc("locks", &["locks", t1])]));
     sets.push((
         "resolve",
         vec![doc(

@@ -114,6 +114,20 @@ fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_onc
     });
 
     let env = Sealed::new(crate::test_name!());
+    // Any client sees who holds it, whatever ledger ran the holder.
+    let listed = support::json(
+        &env.opmark_with_lab(&lab)
+            .args(["--json", "locks", "target1"])
+            .output()
+            .unwrap(),
+    );
+    let held = &listed["held"][0];
+    assert_eq!(
+        (&held["lock"], &held["op_id"], &held["alive"], &held["slot"]),
+        (&"apt".into(), &"lb-hold".into(), &true.into(), &1.into()),
+        "{listed}"
+    );
+    assert_eq!(listed["waiting"], serde_json::json!([]), "{listed}");
     let cmd = format!("echo ran >>{}", count.display());
     let args = [
         "target1",
@@ -171,7 +185,7 @@ fn a_killed_client_keeps_its_commands_lock_until_the_command_ends() {
     let dir = fresh_dir(crate::test_name!());
     let (log, started) = (dir.join("held"), dir.join("started"));
     let first = Sealed::new(&format!("{}-first", crate::test_name!()));
-    let cmd = format!("touch {}; {}", started.display(), timed(&log, "3", "first"));
+    let cmd = format!("touch {}; {}", started.display(), timed(&log, "6", "first"));
     let mut client = spawn_run(
         &mut first.opmark_with_lab(&lab),
         &["target1", "--op", "kc-1", "--lock", "apt", "--", &cmd],
@@ -183,10 +197,12 @@ fn a_killed_client_keeps_its_commands_lock_until_the_command_ends() {
     client.wait().unwrap();
 
     let second = Sealed::new(crate::test_name!());
-    let after = run_json(
-        &second,
-        &lab,
-        &[
+    // A run waiting for the lock is listed as waiting while the first still holds it.
+    let waiter = second
+        .opmark_with_lab(&lab)
+        .args([
+            "--json",
+            "run",
             "target1",
             "--op",
             "kc-2",
@@ -195,9 +211,25 @@ fn a_killed_client_keeps_its_commands_lock_until_the_command_ends() {
             "--lock-wait",
             "60s",
             "--",
-            &timed(&log, "0", "second"),
-        ],
-    );
+        ])
+        .arg(timed(&log, "0", "second"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_for("kc-2 listed as waiting", Duration::from_secs(20), || {
+        let listed = support::json(
+            &second
+                .opmark_with_lab(&lab)
+                .args(["--json", "locks", "target1"])
+                .output()
+                .unwrap(),
+        );
+        listed["waiting"][0]["op_id"] == "kc-2"
+            && listed["waiting"][0]["locks"] == serde_json::json!(["apt"])
+            && listed["held"][0]["op_id"] == "kc-1"
+    });
+    let after = support::answer(waiter.wait_with_output().unwrap());
     assert_eq!(after.verdict(), "completed", "{after:?}");
     let held = uptime_intervals(&log);
     assert_eq!(held.len(), 2, "{held:?}");
