@@ -440,3 +440,56 @@ fn a_lock_the_policy_names_for_a_command_is_taken_without_any_flag() {
     let held = support::answer(holder.wait_with_output().unwrap());
     assert_eq!(held.verdict(), "completed", "{held:?}");
 }
+
+#[test]
+fn mcp_run_takes_locks_and_lock_wait_and_names_a_bad_lock() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (started, count) = (dir.join("started"), dir.join("count"));
+    let holder_env = Sealed::new(&format!("{}-holder", crate::test_name!()));
+    let holder = spawn_run(
+        &mut holder_env.opmark_with_lab(&lab),
+        &[
+            "target1",
+            "--op",
+            "mcp-hold",
+            "--lock",
+            "apt",
+            "--",
+            &format!("touch {}; sleep 8", started.display()),
+        ],
+    );
+    support::wait_for("the holder's command", Duration::from_secs(30), || {
+        started.exists()
+    });
+    let env = Sealed::new(crate::test_name!());
+    let mut server = env.opmark_with_lab(&lab);
+    server.arg("mcp");
+    let mut client = crate::support::mcp::McpClient::start(server);
+    let cmd = format!("echo ran >>{}", count.display());
+    let bad = client.structured(
+        "run",
+        serde_json::json!({"host": "target1", "op_id": "mcp-bad", "command": cmd, "locks": ["a/b"]}),
+    );
+    assert_eq!(bad["error"]["field"], "locks", "{bad}");
+    let busy = client.structured(
+        "run",
+        serde_json::json!({"host": "target1", "op_id": "mcp-1", "command": cmd,
+            "locks": ["apt"], "lock_wait": "1s"}),
+    );
+    assert_eq!(
+        (&busy["verdict"], &busy["reason_code"], &busy["retryable"]),
+        (&"not_applied".into(), &"lock_busy".into(), &true.into()),
+        "{busy}"
+    );
+    assert!(
+        busy["reason"].as_str().unwrap().contains("op mcp-hold"),
+        "{busy}"
+    );
+    assert_eq!(lines(&count), 0, "nothing ran");
+    client.close();
+    let held = support::answer(holder.wait_with_output().unwrap());
+    assert_eq!(held.verdict(), "completed", "{held:?}");
+}
