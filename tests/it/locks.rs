@@ -493,3 +493,74 @@ fn mcp_run_takes_locks_and_lock_wait_and_names_a_bad_lock() {
     let held = support::answer(holder.wait_with_output().unwrap());
     assert_eq!(held.verdict(), "completed", "{held:?}");
 }
+
+/// The wait for a lock happens on the host, inside the claim: a link cut while a run
+/// waits is settled by the probe like any other loss, and the command runs once.
+#[test]
+fn a_link_cut_while_a_run_waits_for_its_lock_is_settled_by_the_probe_and_it_runs_once() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (gate, count) = (dir.join("gate"), dir.join("count"));
+    let ops = lab.target("target1").unwrap().marker_root().join("ops");
+    let holder_env = Sealed::new(&format!("{}-holder", crate::test_name!()));
+    let holder = spawn_run(
+        &mut holder_env.opmark_with_lab(&lab),
+        &[
+            "target1",
+            "--op",
+            "cw-hold",
+            "--lock",
+            "apt",
+            "--",
+            &format!("while [ ! -e {} ]; do sleep 0.05; done", gate.display()),
+        ],
+    );
+    support::wait_for("the holder's start", Duration::from_secs(30), || {
+        ops.join("cw-hold/started").exists()
+    });
+    let env = Sealed::new(crate::test_name!());
+    let cfg = support::fast_loss_config(&lab, &dir);
+    let mut waiter = spawn_run(
+        env.opmark().arg("-F").arg(&cfg),
+        &[
+            "target1",
+            "--op",
+            "cw-1",
+            "--lock",
+            "apt",
+            "--lock-wait",
+            "120s",
+            "--",
+            &format!("echo ran >>{}", count.display()),
+        ],
+    );
+    let mut said = support::StderrLines::of(&mut waiter);
+    // Claimed, its supervisor up and waiting for the lock.
+    support::wait_for("cw-1 to wait on the host", Duration::from_secs(30), || {
+        ops.join("cw-1/proc").exists()
+    });
+    lab.cut("target1").unwrap();
+    // The client notices the silence and probes; meanwhile the holder ends and the
+    // waiter's command runs on the host.
+    said.wait_for("lost after dispatch", Duration::from_secs(30));
+    std::fs::write(&gate, "").unwrap();
+    support::wait_for(
+        "cw-1's command on the host",
+        Duration::from_secs(30),
+        || lines(&count) == 1,
+    );
+    lab.restore("target1").unwrap();
+    let out = support::finish_within(waiter, Duration::from_secs(90), "run after the restore");
+    let after = support::answer(std::process::Output {
+        stderr: said.all().into_bytes(),
+        ..out
+    });
+    assert_eq!(after.verdict(), "completed", "{after:?}");
+    assert_eq!(after.exit_code(), Some(0), "{after:?}");
+    assert_eq!(lines(&count), 1, "ran once");
+    // The holder's own client lost the link too; whatever it said, its command ended.
+    let _ = holder.wait_with_output();
+    assert!(ops.join("cw-hold/exit").exists());
+}
