@@ -516,6 +516,7 @@ fn main() {
                 become_user: None,
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
+                kind: opmark::shim::RunKind::Command,
             });
             if i == usize::MAX {
                 let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));

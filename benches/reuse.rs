@@ -170,6 +170,7 @@ fn resident_shim_time(base: &Path, n: usize) {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         })
     }
     let mut serve = Command::new("/usr/bin/dash");

@@ -21,6 +21,16 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// A file mode in octal, `644` or `0755`: permission bits, set-id and sticky bits.
+fn parse_mode(text: &str) -> Result<u32, String> {
+    match u32::from_str_radix(text.trim(), 8) {
+        Ok(mode) if mode <= 0o7777 => Ok(mode),
+        _ => Err(format!(
+            "mode `{text}` is not a file mode; write octal permission bits such as 644 or 0755"
+        )),
+    }
+}
+
 /// A byte count or offset, `4096`, `64k`, `8m`, `1g` (no minimum).
 fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim().to_ascii_lowercase();
@@ -181,8 +191,10 @@ fn flag_positions(m: &clap::ArgMatches) -> FlagPositions {
         user: place("login").unwrap_or(unplaced.user),
         port: place("port").unwrap_or(unplaced.port),
         jump: place("jump").unwrap_or(unplaced.jump),
+        // put's HOST:PATH names the host where it stands.
         destination: place("host")
             .or_else(|| place("hosts"))
+            .or_else(|| place("destination"))
             .unwrap_or(unplaced.destination),
     }
 }
@@ -412,6 +424,10 @@ pub enum Command {
     /// The host locks (`run --lock`) held and waited for on a host, whichever client took
     /// them.
     Locks(LocksArgs),
+    /// Deliver a local file to HOST:PATH as one operation: written beside PATH, checked
+    /// by SHA-256, synced and renamed into place (a rerun replays; the same content
+    /// already there is not written again).
+    Put(PutArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
     /// Stop a running operation on its host for good: TERM, then KILL after the grace;
@@ -449,6 +465,7 @@ impl Command {
             Command::Gc(a) => Some(&mut a.host_args),
             Command::Doctor(a) => Some(&mut a.host_args),
             Command::Locks(a) => Some(&mut a.host_args),
+            Command::Put(a) => Some(&mut a.host_args),
             Command::Cancel(a) => Some(&mut a.host_args),
             Command::Config(a) => Some(&mut a.host_args),
             Command::List(_)
@@ -1132,6 +1149,36 @@ pub struct LocksArgs {
     pub host_args: HostArgs,
 }
 
+/// `opmark put LOCAL HOST:PATH`.
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// The local file to deliver.
+    #[arg(value_name = "LOCAL")]
+    pub local: PathBuf,
+    /// Where: HOST:PATH (PATH absolute, or relative to the login directory; ending in /,
+    /// the local file's name is taken).
+    #[arg(value_name = "HOST:PATH")]
+    pub destination: String,
+    /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent;
+    /// rerun with it after a lost connection: the delivery happens at most once.
+    #[arg(long = "op", value_name = "ID")]
+    #[arg(add = complete_ops())]
+    pub op: Option<String>,
+    /// The file's mode on the host, in octal (default: the local file's).
+    #[arg(long, value_parser = parse_mode, value_name = "MODE")]
+    pub mode: Option<u32>,
+    /// Automatic attempts within this put (default: the family's budget in the policy).
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+    /// Budget for the whole put, as for `run --wait` (default: 30s for connects and
+    /// probes, the delivery itself unbounded).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
 /// `opmark lab`.
 #[derive(Debug, Args)]
 pub struct LabArgs {
@@ -1278,6 +1325,7 @@ mod tests {
             "gc x@h --older-than 1d -o Port=1 -l bar",
             "doctor x@h -o Port=1 -l bar",
             "locks x@h -o Port=1 -l bar",
+            "put f x@h:/tmp/f -o Port=1 -l bar",
             "resolve op --host x@h --as abandoned --note n -o Port=1 -l bar",
             "run x@h y@h -o Port=1 -l bar -- true",
         ];

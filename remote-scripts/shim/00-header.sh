@@ -24,7 +24,7 @@
 # own copy of this table (src/shim/mod.rs, VERBS); a unit test holds the two, and each
 # verb's argument count check below, equal. The header's v= (OPMARK_SHIM_VERSION) is the
 # protocol version the client checks: bump it with any change here or to the frames.
-#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS BECOME LOCKS LOCK_WAIT_S CMD_BYTES
+#   verb: run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES STDIN_SHA256 SUPERSEDE REPEAT_S REPEAT_ACTION DECLARED SECRETS BECOME LOCKS LOCK_WAIT_S KIND CMD_BYTES
 #   verb: probe OP
 #   verb: attach OP OUT_OFFSET ERR_OFFSET
 #   verb: output OP STREAM FROM LEN
@@ -100,7 +100,7 @@ live=
 m=
 shim_library=
 [ "${1:-}" = --library ] && shim_library=1
-OPMARK_SHIM_VERSION=7
+OPMARK_SHIM_VERSION=8
 OPMARK_SHIM_SELF=$1
 shift
 # Run from the host's cache ($root/shim/<sha256>.sh, checked by the stub), $1 is that

@@ -108,6 +108,8 @@ supervise() {
 	# --become: the user the claim says the command runs as (see run_become).
 	sv_become=
 	rget claim become && [ "$rv" != - ] && sv_become=$rv
+	sv_put=
+	rget claim kind && [ "$rv" = put ] && sv_put=1
 	sv_shell=${SHELL:-}
 	case $sv_shell in
 	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
@@ -151,6 +153,9 @@ supervise() {
 			;;
 		*) unset LC_ALL ;;
 		esac
+		# A put's delivery, in place of a command (never with --become: refused before
+		# the claim).
+		[ -z "$sv_put" ] || put_install "$m"
 		[ -z "$sv_become" ] || run_become
 		# Each secret under its own name (checked by read_secrets: a name, nothing else).
 		for sv_n in $sv_secrets; do

@@ -2,17 +2,20 @@
 # Verbs
 
 # run OP ATTEMPT FP FAMILY TIMEOUT_S CAP_BYTES STDIN_BYTES|- STDIN_SHA256|- SUPERSEDE
-#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- BECOME|- LOCKS|- LOCK_WAIT_S CMD_BYTES;
+#     REPEAT_S REPEAT_ACTION DECLARED|- SECRETS|- BECOME|- LOCKS|- LOCK_WAIT_S KIND
+#     CMD_BYTES;
 #     the channel's data holds the secrets block (see read_secrets), the command
 #     (CMD_BYTES), then the stdin. BECOME: the user the command runs as through sudo (see
 #     become_check). LOCKS: NAME:N,... in name order, the host locks the supervisor takes
 #     before the command starts, waiting up to LOCK_WAIT_S seconds (see take_locks).
+#     KIND: `command`, or `put`: the stdin is a file's content that the supervisor
+#     delivers to the path the command text names (see put_install), no command runs.
 verb_run() {
-	[ "$#" -eq 17 ] || refuse "bad_args reason=argument_count"
+	[ "$#" -eq 18 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
 	shift 9
 	rp_window=$1 rp_action=$2 rp_declared=$3 secrets=$4 become=$5 locks=$6 lock_wait=$7
-	cmd_bytes=$8
+	kind=$8 cmd_bytes=$9
 	spool='' cmd_spool='' cmd_text=''
 	# The secrets come first in the data: read before anything else (a resident that
 	# refuses here ends, as the data was not read).
@@ -41,6 +44,19 @@ verb_run() {
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
 	valid_locks "$locks" || refuse "bad_args reason=locks"
 	is_uint "$lock_wait" || refuse "bad_args reason=lock_wait"
+	case $kind in
+	command) ;;
+	put)
+		# A delivery: its content, as a file's own user (a put as another user is not
+		# supported yet), checked by digest, which needs sha256sum before anything is
+		# claimed.
+		if [ "$in_bytes" = - ] || [ "$become" != - ]; then
+			refuse "bad_args reason=kind"
+		fi
+		command -v sha256sum >/dev/null 2>&1 || refuse "cannot_start reason=no_sha256sum"
+		;;
+	*) refuse "bad_args reason=kind" ;;
+	esac
 	case $become in
 	-) become= ;;
 	'' | -* | *[!A-Za-z0-9._-]*) refuse "bad_args reason=become" ;;
@@ -157,6 +173,7 @@ claimed_at=$now
 become=${become:--}
 locks=$locks
 lock_wait=$lock_wait
+kind=$kind
 fg_pid=$fg
 fg_start=$fg_start
 boot=$boot"

@@ -30,6 +30,7 @@ mod locks;
 mod mcp;
 mod output;
 mod probe;
+mod put;
 mod reconcile;
 pub mod render;
 mod resolve;
@@ -59,6 +60,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Stats(args) => stats::run(&global, &args),
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Locks(args) => locks::run(&global, &args),
+        Command::Put(args) => put::run(&global, args),
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),

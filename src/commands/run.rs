@@ -73,6 +73,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         locks: args.locks,
         lock_wait: args.lock_wait,
         command: args.command,
+        kind: crate::shim::RunKind::Command,
         live_output: !global.json,
         tally: None,
     };

@@ -655,7 +655,7 @@ mod tests {
     }
 
     fn finished(lines: &[&str]) -> CallEnd {
-        let mut text = format!("OPMARK/1 {N} H v=7\n");
+        let mut text = format!("OPMARK/1 {N} H v=8\n");
         for l in lines {
             text.push_str(&format!("OPMARK/1 {N} {l}\n"));
         }

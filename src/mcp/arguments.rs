@@ -342,6 +342,7 @@ pub(super) fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallT
             ..FleetOptions::default()
         },
         command: vec![p.command],
+        kind: crate::shim::RunKind::Command,
         // The client gets the output in the result; stdout is the protocol stream.
         live_output: false,
         tally: Some(Arc::new(OutputBytes::default())),

@@ -301,6 +301,7 @@ impl<'a> Runner<'a> {
             become_user: self.input.become_user.as_deref(),
             locks: &self.input.locks,
             lock_wait: self.input.lock_wait,
+            kind: self.input.kind,
         });
         let stdin = self.input.stdin.clone();
         fault_point("before_dispatch");

@@ -38,6 +38,8 @@ pub struct RunInput {
     pub locks: Vec<crate::host_lock::HostLock>,
     /// `--lock-wait`: how long the host waits for them before `lock_busy`.
     pub lock_wait: Duration,
+    /// A command, or a file delivered (`opmark put`).
+    pub kind: crate::shim::RunKind,
     /// `--timeout`, enforced by the shim on the host.
     pub timeout: Option<Duration>,
     /// `--attempts`, else the family's budget.

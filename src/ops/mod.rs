@@ -20,6 +20,7 @@ pub mod locks;
 pub mod output;
 pub mod plan;
 pub mod probe;
+pub mod put;
 pub mod reach;
 pub mod reconcile;
 pub mod resolve;

@@ -114,6 +114,8 @@ pub struct RunRequest {
     pub lock_wait: Duration,
     /// The command's words, joined with spaces as ssh does.
     pub command: Vec<String>,
+    /// A command, or a file delivered (`opmark put` builds the command text itself).
+    pub kind: crate::shim::RunKind,
     /// Stream the command's output to this process's stdout/stderr while it runs.
     pub live_output: bool,
     /// Counts the output delivered (every host's), for progress reports meanwhile.
@@ -337,6 +339,20 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; nothing was sent"),
         ));
     }
+    // The word a put's intent starts with is the put's alone: a command of that name
+    // would share its records (and the policy's rule for it) without being one.
+    if req.kind == crate::shim::RunKind::Command
+        && command.split_whitespace().next() == Some(crate::shim::PUT_WORD)
+    {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(op.as_str()),
+            &format!(
+                "`{}` names a file delivery; use `opmark put LOCAL HOST:PATH`. Nothing was sent",
+                crate::shim::PUT_WORD
+            ),
+        ));
+    }
     let checked = Checked {
         op,
         minted,
@@ -414,6 +430,7 @@ fn run_input(
         become_user: req.become_user.clone(),
         locks: checked.locks.clone(),
         lock_wait: req.lock_wait,
+        kind: req.kind,
         timeout: req.timeout,
         attempts: req.attempts,
         wait: req.wait,

@@ -1,6 +1,6 @@
 //! The shim's framed replies, parsed without I/O.
 //!
-//! stdout carries a header line `OPMARK/1 <nonce> H v=7` and nothing else. stderr carries
+//! stdout carries a header line `OPMARK/1 <nonce> H v=8` and nothing else. stderr carries
 //! a header with the same nonce, then only frames `OPMARK/1 <nonce> <KIND> <key=value...>`;
 //! a frame `O <n>` (stdout) or `E <n>` (stderr) is followed by exactly n raw bytes of the
 //! command's output and then a frame `C` that commits them. Text before the headers (a
@@ -16,7 +16,7 @@
 //! error as a lost reply and asks the marker.
 //!
 //! A parser made with [`ReplyParser::expecting`] takes only a header that echoes the
-//! client's call token (`H v=7 c=<token>`), so startup-file text that looks like a header
+//! client's call token (`H v=8 c=<token>`), so startup-file text that looks like a header
 //! is skipped too.
 
 use std::collections::BTreeMap;
@@ -656,7 +656,7 @@ impl ProtocolError {
 
 /// The shim protocol version this client speaks: the `v=` of the shim's header, its
 /// `OPMARK_SHIM_VERSION`. Bumped with any change to the verbs' arguments or frames.
-pub const PROTOCOL_VERSION: &str = "7";
+pub const PROTOCOL_VERSION: &str = "8";
 
 /// Incremental parser for one call's stdout and stderr streams.
 #[derive(Debug, Default)]
@@ -1133,7 +1133,7 @@ mod tests {
     #[test]
     fn refusals_gc_doctor_and_fence_lines_are_typed() {
         let stderr = format!(
-            "OPMARK/1 {N} H v=7\nOPMARK/1 {N} R completed replay=1 state=completed code=0\nOPMARK/1 {N} R bad_args reason=argument_count\nOPMARK/1 {N} G remove op=a state=fenced at=7\nOPMARK/1 {N} G done kept=3\nOPMARK/1 {N} K writable=yes\nOPMARK/1 {N} K done\nOPMARK/1 {N} F already_fenced state=fenced\n"
+            "OPMARK/1 {N} H v=8\nOPMARK/1 {N} R completed replay=1 state=completed code=0\nOPMARK/1 {N} R bad_args reason=argument_count\nOPMARK/1 {N} G remove op=a state=fenced at=7\nOPMARK/1 {N} G done kept=3\nOPMARK/1 {N} K writable=yes\nOPMARK/1 {N} K done\nOPMARK/1 {N} F already_fenced state=fenced\n"
         );
         let replies = parse(b"", stderr.as_bytes()).unwrap();
         let frames: Vec<&Frame> = replies
@@ -1168,7 +1168,7 @@ mod tests {
                 ..
             }
         ));
-        let unknown = format!("OPMARK/1 {N} H v=7\nOPMARK/1 {N} R no_such_reason\n");
+        let unknown = format!("OPMARK/1 {N} H v=8\nOPMARK/1 {N} R no_such_reason\n");
         assert!(parse(b"", unknown.as_bytes()).is_err());
     }
 
@@ -1185,9 +1185,9 @@ mod tests {
 
     #[test]
     fn skips_login_noise_and_decodes_a_run() {
-        let stdout = format!("motd junk\nOPMARK/1 {N} H v=7\n");
+        let stdout = format!("motd junk\nOPMARK/1 {N} H v=8\n");
         let stderr = format!(
-            "noise without newline OPMARK/1 {N} H v=7\nOPMARK/1 {N} S attempt=a1\nOPMARK/1 {N} O 6\nhello\nOPMARK/1 {N} C\nOPMARK/1 {N} E 5\nerr\n\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=255 out=6 err=5 timed_out=0 dropped_out=0 dropped_err=0 attempt=a1\n"
+            "noise without newline OPMARK/1 {N} H v=8\nOPMARK/1 {N} S attempt=a1\nOPMARK/1 {N} O 6\nhello\nOPMARK/1 {N} C\nOPMARK/1 {N} E 5\nerr\n\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=255 out=6 err=5 timed_out=0 dropped_out=0 dropped_err=0 attempt=a1\n"
         );
         let replies = parse(stdout.as_bytes(), stderr.as_bytes()).unwrap();
         assert_eq!(collect_stdout(&replies), b"hello\n");
@@ -1212,12 +1212,12 @@ mod tests {
         // The command printed a fake exit frame with a made-up nonce inside its stderr.
         let fake = format!("OPMARK/1 {} X code=0 out=0 err=0\n", "f".repeat(32));
         let stderr = format!(
-            "OPMARK/1 {N} H v=7\nOPMARK/1 {N} E {}\n{fake}OPMARK/1 {N} C\nOPMARK/1 {N} X code=201 out=0 err={} attempt=a\n",
+            "OPMARK/1 {N} H v=8\nOPMARK/1 {N} E {}\n{fake}OPMARK/1 {N} C\nOPMARK/1 {N} X code=201 out=0 err={} attempt=a\n",
             fake.len(),
             fake.len()
         );
         let replies = parse(
-            format!("OPMARK/1 {N} H v=7\n").as_bytes(),
+            format!("OPMARK/1 {N} H v=8\n").as_bytes(),
             stderr.as_bytes(),
         )
         .unwrap();
@@ -1251,7 +1251,7 @@ mod tests {
 
     #[test]
     fn bytes_written_into_the_channel_stdout_after_the_header_are_refused() {
-        let stdout = format!("OPMARK/1 {N} H v=7\nFORGED\n");
+        let stdout = format!("OPMARK/1 {N} H v=8\nFORGED\n");
         let (replies, err) = parse_until_error(stdout.as_bytes(), b"");
         assert!(err.is_some());
         assert!(collect_stdout(&replies).is_empty());
@@ -1263,9 +1263,9 @@ mod tests {
         // they fill the announced length, so the shim's own bytes land where the commit
         // line should be and fail the nonce. Nothing of the payload is delivered.
         let stderr = format!(
-            "OPMARK/1 {N} H v=7\nOPMARK/1 {N} O 6\nEVILhello\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=0 out=6 err=0 attempt=a\n"
+            "OPMARK/1 {N} H v=8\nOPMARK/1 {N} O 6\nEVILhello\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=0 out=6 err=0 attempt=a\n"
         );
-        let header = format!("OPMARK/1 {N} H v=7\n");
+        let header = format!("OPMARK/1 {N} H v=8\n");
         let (replies, err) = parse_until_error(header.as_bytes(), stderr.as_bytes());
         assert!(err.is_some(), "{replies:?}");
         assert!(collect_stdout(&replies).is_empty(), "{replies:?}");
@@ -1273,8 +1273,8 @@ mod tests {
 
     #[test]
     fn a_payload_without_its_commit_is_never_delivered() {
-        let stderr = format!("OPMARK/1 {N} H v=7\nOPMARK/1 {N} O 3\nabc");
-        let header = format!("OPMARK/1 {N} H v=7\n");
+        let stderr = format!("OPMARK/1 {N} H v=8\nOPMARK/1 {N} O 3\nabc");
+        let header = format!("OPMARK/1 {N} H v=8\n");
         let (replies, err) = parse_until_error(header.as_bytes(), stderr.as_bytes());
         assert!(err.is_none());
         assert!(collect_stdout(&replies).is_empty());
@@ -1288,9 +1288,9 @@ mod tests {
     fn a_startup_file_copying_a_header_is_skipped_when_a_token_is_expected() {
         let fake = "f".repeat(32);
         let token = "c0ffee";
-        let stdout = format!("OPMARK/1 {fake} H v=7\nOPMARK/1 {N} H v=7 c={token}\n");
+        let stdout = format!("OPMARK/1 {fake} H v=8\nOPMARK/1 {N} H v=8 c={token}\n");
         let stderr = format!(
-            "OPMARK/1 {fake} H v=7\nOPMARK/1 {N} H v=7 c={token}\nOPMARK/1 {N} O 4\nout\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=4 out=4 err=0 attempt=a\n"
+            "OPMARK/1 {fake} H v=8\nOPMARK/1 {N} H v=8 c={token}\nOPMARK/1 {N} O 4\nout\nOPMARK/1 {N} C\nOPMARK/1 {N} X code=4 out=4 err=0 attempt=a\n"
         );
         let mut p = ReplyParser::expecting(token);
         let mut out = Vec::new();
@@ -1319,7 +1319,7 @@ mod tests {
 
     #[test]
     fn text_outside_frames_after_the_header_is_a_protocol_error() {
-        let stderr = format!("OPMARK/1 {N} H v=7\nsurprise\n");
+        let stderr = format!("OPMARK/1 {N} H v=8\nsurprise\n");
         assert!(parse(b"", stderr.as_bytes()).is_err());
     }
 
@@ -1327,8 +1327,8 @@ mod tests {
     fn mismatched_headers_are_refused() {
         let other = "f".repeat(32);
         let err = parse(
-            format!("OPMARK/1 {other} H v=7\n").as_bytes(),
-            format!("OPMARK/1 {N} H v=7\n").as_bytes(),
+            format!("OPMARK/1 {other} H v=8\n").as_bytes(),
+            format!("OPMARK/1 {N} H v=8\n").as_bytes(),
         );
         assert!(err.is_err());
     }
@@ -1336,7 +1336,7 @@ mod tests {
     #[test]
     fn cancel_answers_parse_with_their_outcome_and_marker() {
         let stderr = format!(
-            "OPMARK/1 {N} H v=7\nOPMARK/1 {N} N cancelled state=completed attempt=a code=143 timed_out=0 cancelled=1\n"
+            "OPMARK/1 {N} H v=8\nOPMARK/1 {N} N cancelled state=completed attempt=a code=143 timed_out=0 cancelled=1\n"
         );
         let replies = parse(b"", stderr.as_bytes()).unwrap();
         let Reply::Frame(f @ Frame::Cancel { outcome, marker }) = &replies[1] else {
@@ -1348,26 +1348,26 @@ mod tests {
         assert!(marker.cancelled());
         assert_eq!(marker.summary(), "completed exit=143 cancelled attempt=a");
 
-        let fenced = format!("OPMARK/1 {N} H v=7\nOPMARK/1 {N} N fenced was=absent state=fenced\n");
+        let fenced = format!("OPMARK/1 {N} H v=8\nOPMARK/1 {N} N fenced was=absent state=fenced\n");
         let replies = parse(b"", fenced.as_bytes()).unwrap();
         assert!(matches!(
             &replies[1],
             Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Fenced { was }, .. }) if was == "absent"
         ));
-        let still = format!("OPMARK/1 {N} H v=7\nOPMARK/1 {N} N still_running state=running\n");
+        let still = format!("OPMARK/1 {N} H v=8\nOPMARK/1 {N} N still_running state=running\n");
         let replies = parse(b"", still.as_bytes()).unwrap();
         assert!(matches!(
             &replies[1],
             Reply::Frame(Frame::Cancel { outcome: CancelOutcome::Still { state }, .. }) if state == "running"
         ));
-        let odd = format!("OPMARK/1 {N} H v=7\nOPMARK/1 {N} N exploded state=running\n");
+        let odd = format!("OPMARK/1 {N} H v=8\nOPMARK/1 {N} N exploded state=running\n");
         assert!(parse(b"", odd.as_bytes()).is_err());
     }
 
     #[test]
     fn refusal_carries_marker_state() {
         let stderr = format!(
-            "OPMARK/1 {N} H v=7\nOPMARK/1 {N} R conflict state=completed attempt=a fp={} code=0\n",
+            "OPMARK/1 {N} H v=8\nOPMARK/1 {N} R conflict state=completed attempt=a fp={} code=0\n",
             "a".repeat(64)
         );
         let replies = parse(b"", stderr.as_bytes()).unwrap();

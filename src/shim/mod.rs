@@ -136,6 +136,34 @@ pub struct RunCall<'a> {
     pub locks: &'a [crate::host_lock::HostLock],
     /// `--lock-wait`: how long the supervisor waits for them (whole seconds on the host).
     pub lock_wait: Duration,
+    /// A command, or a file delivered (`opmark put`).
+    pub kind: RunKind,
+}
+
+/// The first word of a put's intent (`opmark-put --mode MODE -- 'PATH'`), which a command
+/// may not start with (docs/commands.md#put-files-delivered-once).
+pub const PUT_WORD: &str = "opmark-put";
+
+/// What a claim does when it starts: run a command, or deliver a file whose content is
+/// the stdin (docs/host-protocol.md#files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RunKind {
+    /// The command text, run by the login shell.
+    #[default]
+    Command,
+    /// `opmark put`: the stdin written to the path the command text names, atomically
+    /// and checked by digest, by the shim itself.
+    Put,
+}
+
+impl RunKind {
+    /// The word on the wire and in the claim.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunKind::Command => "command",
+            RunKind::Put => "put",
+        }
+    }
 }
 
 /// The repetition check a claim asks of the shim's fingerprint index: how far back to
@@ -273,6 +301,7 @@ pub const VERBS: &[(&str, &[&str])] = &[
             "BECOME",
             "LOCKS",
             "LOCK_WAIT_S",
+            "KIND",
             "CMD_BYTES",
         ],
     ),
@@ -352,6 +381,7 @@ impl Verb<'_> {
                     "LOCK_WAIT_S",
                     (r.lock_wait.as_secs() + u64::from(r.lock_wait.subsec_nanos() > 0)).to_string(),
                 ),
+                ("KIND", r.kind.as_str().into()),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -768,6 +798,7 @@ mod tests {
             become_user: None,
             locks: &[],
             lock_wait: Duration::ZERO,
+            kind: RunKind::Command,
         });
         let args = verb.args();
         assert_eq!(args[0], "run");
@@ -782,8 +813,9 @@ mod tests {
         assert_eq!(args[14], "-", "no --become");
         assert_eq!(args[15], "-", "no --lock");
         assert_eq!(args[16], "0", "no --lock-wait");
-        assert_eq!(args[17], "9", "the command's length; the command is data");
-        assert_eq!(args.len(), 18);
+        assert_eq!(args[17], "command", "a command, not a put");
+        assert_eq!(args[18], "9", "the command's length; the command is data");
+        assert_eq!(args.len(), 19);
         assert_eq!(verb.input(), b"echo 'hi'");
     }
 
@@ -810,6 +842,7 @@ mod tests {
             become_user: None,
             locks: &locks,
             lock_wait: Duration::from_millis(2500),
+            kind: RunKind::Command,
         });
         let args = verb.args();
         assert_eq!(args[15], "apt:2,dpkg:1");
@@ -839,6 +872,7 @@ mod tests {
             become_user: None,
             locks: &[],
             lock_wait: Duration::ZERO,
+            kind: RunKind::Command,
         });
         let args = verb.args();
         assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
@@ -867,6 +901,7 @@ mod tests {
             become_user: None,
             locks: &[],
             lock_wait: Duration::ZERO,
+            kind: RunKind::Command,
         });
         let call = Invocation::new(&verb, Some(b"in"));
         let cached = Invocation::cached(&verb, Some(b"in"));

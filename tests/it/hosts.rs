@@ -153,6 +153,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         });
         let call = Invocation::new(&verb, None);
         let mut child = Command::new(login_shell)

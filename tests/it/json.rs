@@ -390,7 +390,7 @@ fn run_document_matches_the_published_json_schema() {
 
 /// The real documents of every `--json` command, by the schema each must match: runs
 /// (completed, replayed, conflict, detached, after a cancel), a fleet, cancel, probe,
-/// show, list, reconcile, stats, resolve, errors (bad input, unknown op, usage) and the
+/// show, list, reconcile, stats, resolve, put (written, unchanged, failed), errors (bad input, unknown op, usage) and the
 /// `host_changed` answers of run, probe, cancel and resolve. Uses 2 lab targets; leaves
 /// target1's marker root replaced.
 pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<Value>)> {
@@ -564,6 +564,34 @@ pub(crate) fn every_document(lab: &Lab, env: &Sealed) -> Vec<(&'static str, Vec<
         "lab-down",
         vec![doc("lab down", &["lab", "down", "--dir", own])],
     ));
+    // A put, written; then its content with another mode (another intent, so no
+    // repetition): unchanged; and one into no directory.
+    let local = env.root.join("put-content");
+    std::fs::write(&local, "content\n").unwrap();
+    let local = local.to_str().unwrap();
+    let dest = format!("{t1}:{}", env.root.join("put-dest").display());
+    let missing = format!("{t1}:{}", env.root.join("no-dir/put-dest").display());
+    let puts = vec![
+        doc(
+            "put",
+            &["put", local, &dest, "--op", "all-put-1", "--mode", "600"],
+        ),
+        doc(
+            "put unchanged",
+            &["put", local, &dest, "--op", "all-put-2", "--mode", "644"],
+        ),
+        doc("put failed", &["put", local, &missing, "--op", "all-put-3"]),
+    ];
+    let delivered: Vec<_> = puts
+        .iter()
+        .map(|d| d["file"]["delivered"].clone())
+        .collect();
+    assert_eq!(
+        delivered,
+        [Value::from("written"), "unchanged".into(), Value::Null],
+        "{puts:?}"
+    );
+    sets.push(("put", puts));
     // Another marker root under the name (a reinstalled host): every command that acts
     // on host evidence answers host_changed, in run's words (docs/guarantees.md#evidence-identity).
     let root_id = lab.target(t1).unwrap().marker_root().join("root_id");

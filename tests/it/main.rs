@@ -31,6 +31,7 @@ mod operators;
 mod output;
 mod plan;
 mod policy;
+mod put;
 mod redaction;
 mod repetitions;
 mod resident;

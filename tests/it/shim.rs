@@ -578,6 +578,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     become_user: None,
                     locks: &[],
                     lock_wait: std::time::Duration::ZERO,
+                    kind: opmark::shim::RunKind::Command,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -636,6 +637,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         });
         let mut child = {
             use std::os::unix::process::CommandExt;
@@ -698,6 +700,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 become_user: None,
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
+                kind: opmark::shim::RunKind::Command,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -770,6 +773,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -825,6 +829,7 @@ fn a_changed_boot_id_means_interrupted() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -947,6 +952,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 become_user: None,
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
+                kind: opmark::shim::RunKind::Command,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1029,6 +1035,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 become_user: None,
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
+                kind: opmark::shim::RunKind::Command,
             })
             .args();
             args[1] = bad.to_owned();
@@ -1127,6 +1134,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1179,6 +1187,7 @@ fn stdin_is_verified_before_the_claim() {
         become_user: None,
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
+        kind: opmark::shim::RunKind::Command,
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
@@ -1257,6 +1266,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         become_user: None,
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
+        kind: opmark::shim::RunKind::Command,
     });
     let ssh_call = |verb: &Verb| {
         let out = crate::support::ssh_shim(&lab, "target1", verb);
@@ -1318,6 +1328,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1504,6 +1515,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
         // and the supervisor's exec then fails with nobody told.
@@ -1701,6 +1713,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         };
         let verb = Verb::Run(req.clone());
         let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
@@ -1860,6 +1873,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         };
         let first = Verb::Run(req.clone());
         let began = Instant::now();
@@ -2267,6 +2281,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
                     become_user: None,
                     locks: &[],
                     lock_wait: std::time::Duration::ZERO,
+                    kind: opmark::shim::RunKind::Command,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -2342,6 +2357,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 become_user: None,
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
+                kind: opmark::shim::RunKind::Command,
             })
         };
         let mut with_stdin = RunCall {
@@ -2359,6 +2375,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         };
         with_stdin.stdin = Some(StdinSpec {
             len: 3,
@@ -2508,6 +2525,7 @@ impl Resident {
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         });
         let request = shim::Request::new(&verb, None, None);
         let input = self.input.as_mut().unwrap();
@@ -2623,6 +2641,7 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             become_user: None,
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
+            kind: opmark::shim::RunKind::Command,
         });
         let request = shim::Request::new(&verb, None, None);
         first
@@ -3244,6 +3263,7 @@ fn run_request<'a>(
         become_user: None,
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
+        kind: opmark::shim::RunKind::Command,
     }
 }
 
@@ -3377,7 +3397,7 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             "true",
             opmark::secret::Secrets::none(),
         ));
-        // The run verb's arguments with SECRETS (`from_end` 5), BECOME (4), LOCKS (3) or LOCK_WAIT_S (2)
+        // The run verb's arguments with SECRETS (`from_end` 6), BECOME (5), LOCKS (4) or LOCK_WAIT_S (3)
         // replaced: the
         // refusal's reason, having claimed nothing.
         let refused = |from_end: usize, value: &str, data: &[u8]| {
@@ -3404,17 +3424,17 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             "e:PATH:1",
             "e:LD_PRELOAD:1",
         ] {
-            assert_eq!(refused(5, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
+            assert_eq!(refused(6, list, b"v\nv\ntrue"), "secrets", "{name} {list}");
         }
         // sudo's password without --become.
         assert_eq!(
-            refused(5, "p:SUDO_PASSWORD:1", b"pw\ntrue"),
+            refused(6, "p:SUDO_PASSWORD:1", b"pw\ntrue"),
             "secrets",
             "{name}"
         );
         // A --become user that is not a name.
         for user in ["-u", "a b", "x;y"] {
-            assert_eq!(refused(4, user, b"true"), "become", "{name} {user}");
+            assert_eq!(refused(5, user, b"true"), "become", "{name} {user}");
         }
         // Locks that are not NAME:N,... in name order, each once, N from 1 to 999; a
         // wait that is not a number of seconds.
@@ -3430,13 +3450,13 @@ fn a_malformed_secrets_block_is_refused_before_the_claim() {
             ",apt:1",
             "-apt:1",
         ] {
-            assert_eq!(refused(3, locks, b"true"), "locks", "{name} {locks:?}");
+            assert_eq!(refused(4, locks, b"true"), "locks", "{name} {locks:?}");
         }
         for wait in ["", "-1", "1.5", "x"] {
-            assert_eq!(refused(2, wait, b"true"), "lock_wait", "{name} {wait:?}");
+            assert_eq!(refused(3, wait, b"true"), "lock_wait", "{name} {wait:?}");
         }
         // A block shorter than its list says: the command never arrives.
-        refused(5, "e:A:3", b"v\n");
+        refused(6, "e:A:3", b"v\n");
     }
 }
 

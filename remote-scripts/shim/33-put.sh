@@ -1,0 +1,82 @@
+# put_install MARKER: the file delivery a put claimed (docs/host-protocol.md#files), run by
+# the supervisor in place of a command, in the login's directory and umask. The claim's
+# stdin is the content and its stdin_sum the digest; the command text is
+# `opmark-put --mode MODE -- 'PATH'`, quoted by the client. The content is written to a
+# temporary file beside PATH, checked against the digest, given its mode, synced and
+# renamed over PATH, so a reader of PATH sees the old file or the new one, never part of
+# either. A PATH that already holds the digest is not written (its mode is set). Says
+# `written` or `unchanged` on stdout; a failure says why on stderr and exits 1 (2: the
+# request itself is malformed), leaving PATH as it was.
+put_install() {
+	pi_m=$1
+	pi_req=$(cat -- "$pi_m/cmd") || exit 126
+	case $pi_req in
+	"opmark-put --mode "[0-7]*" -- '"*"'") ;;
+	*)
+		printf 'opmark-put: malformed request\n' >&2
+		exit 2
+		;;
+	esac
+	# The client quoted the path in single quotes ('\'' for a quote): the shell unquotes
+	# it. Nothing else can be in it (checked just above and by the client).
+	eval "set -- ${pi_req#opmark-put }"
+	if [ "$#" -ne 4 ] || [ "$1" != --mode ] || [ "$3" != -- ]; then
+		printf 'opmark-put: malformed request\n' >&2
+		exit 2
+	fi
+	pi_mode=$2 pi_path=$4
+	case $pi_mode in
+	'' | *[!0-7]*)
+		printf 'opmark-put: malformed request\n' >&2
+		exit 2
+		;;
+	esac
+	rget "$pi_m/claim" stdin_sum || exit 2
+	pi_sum=$rv
+	case $pi_path in
+	*/*) pi_dir=${pi_path%/*} pi_base=${pi_path##*/} ;;
+	*) pi_dir=. pi_base=$pi_path ;;
+	esac
+	[ -n "$pi_dir" ] || pi_dir=/
+	if [ -z "$pi_base" ] || [ -d "$pi_path" ]; then
+		printf 'opmark-put: %s is a directory on this host; name the file to write\n' "$pi_path" >&2
+		exit 1
+	fi
+	if ! [ -d "$pi_dir" ]; then
+		printf 'opmark-put: no directory %s on this host; create it first\n' "$pi_dir" >&2
+		exit 1
+	fi
+	if [ -f "$pi_path" ]; then
+		pi_have=$(sha256sum <"$pi_path" 2>/dev/null) || pi_have=
+		if [ "${pi_have%% *}" = "$pi_sum" ]; then
+			# The content is there already: nothing written, its mtime unchanged.
+			chmod "$pi_mode" "$pi_path" || exit 1
+			printf 'unchanged\n'
+			exit 0
+		fi
+	fi
+	# Named after the operation: a second delivery of it (after a crash) reuses the name
+	# instead of leaving another temporary file behind.
+	pi_tmp="$pi_dir/.$pi_base.opmark-${pi_m##*/}"
+	rm -f -- "$pi_tmp"
+	if ! cat -- "$pi_m/stdin" >"$pi_tmp"; then
+		rm -f -- "$pi_tmp"
+		printf 'opmark-put: cannot write %s; nothing changed at %s\n' "$pi_tmp" "$pi_path" >&2
+		exit 1
+	fi
+	pi_have=$(sha256sum <"$pi_tmp")
+	if [ "${pi_have%% *}" != "$pi_sum" ]; then
+		rm -f -- "$pi_tmp"
+		printf 'opmark-put: the written copy does not match its digest; nothing changed at %s\n' "$pi_path" >&2
+		exit 1
+	fi
+	if ! chmod "$pi_mode" "$pi_tmp" || ! sync "$pi_tmp" || ! mv -f -- "$pi_tmp" "$pi_path"; then
+		rm -f -- "$pi_tmp"
+		printf 'opmark-put: cannot put the file in place; nothing changed at %s\n' "$pi_path" >&2
+		exit 1
+	fi
+	# The rename durable too, before the exit record says written.
+	sync "$pi_dir" || true
+	printf 'written\n'
+	exit 0
+}

@@ -1,0 +1,286 @@
+//! Put: a local file delivered to a path on a host as one operation
+//! (docs/commands.md#put-files-delivered-once). The content is the operation's stdin; the
+//! intent is `opmark-put --mode MODE -- 'PATH'` with that content's digest, so a rerun
+//! under the op id replays, other content under it is a `conflict`, and the policy
+//! classifies and holds it like any command. The shim delivers it in place of running a
+//! command: a temporary file beside PATH, checked by digest, synced, renamed over PATH.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+
+use super::run::{run, FleetOptions, RunAnswer, RunRequest, RunWatch, Stdin};
+use super::{Context, HostOptions};
+use crate::error::{Error, ErrorKind, Result};
+use crate::operation::WaitScope;
+
+/// The first word of a put's intent (the policy's rule for puts matches it).
+pub use crate::shim::PUT_WORD;
+
+/// What `opmark put` was asked.
+#[derive(Debug, Clone)]
+pub struct PutRequest {
+    /// The local file.
+    pub local: PathBuf,
+    /// `HOST:PATH`, as typed.
+    pub destination: String,
+    /// The op id, unchecked; None mints one.
+    pub op: Option<String>,
+    /// `--mode`: the file's permission bits on the host (default: the local file's).
+    pub mode: Option<u32>,
+    /// At most this many attempts.
+    pub attempts: Option<u32>,
+    /// How long to wait for a delivery under way before answering `in_progress`.
+    pub wait: Duration,
+    /// What `wait` bounds besides connects and probes.
+    pub wait_scope: WaitScope,
+    /// Connection options.
+    pub options: HostOptions,
+}
+
+/// Where a put goes: the host as typed, and the path on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutTarget {
+    /// Host alias or [user@]host.
+    pub host: String,
+    /// The file's path on the host: absolute, or relative to the login directory.
+    pub path: String,
+}
+
+impl PutTarget {
+    /// `HOST:PATH` as scp takes it (`[v6addr]:PATH` too); a PATH ending in `/` is a
+    /// directory and takes the local file's name; `~/` is the login directory.
+    pub fn parse(text: &str, local: &Path) -> std::result::Result<PutTarget, String> {
+        let split = if let Some(rest) = text.strip_prefix('[') {
+            rest.find("]:").map(|i| (&rest[..i], &rest[i + 2..]))
+        } else {
+            text.split_once(':')
+        };
+        let Some((host, path)) = split else {
+            return Err(format!(
+                "`{}` names no path on a host; write HOST:PATH (e.g. web1:/etc/app.conf)",
+                crate::text::printable(text)
+            ));
+        };
+        if host.is_empty() {
+            return Err("the destination names no host; write HOST:PATH".into());
+        }
+        if path.is_empty() {
+            return Err(format!(
+                "the destination on {} names no path; write {}:PATH",
+                crate::text::printable(host),
+                crate::text::printable(host)
+            ));
+        }
+        if path.chars().any(char::is_control) {
+            return Err(
+                "the destination path holds a control character (a newline, say); name the file without it"
+                    .into(),
+            );
+        }
+        let mut path = match path {
+            "~" => String::new(),
+            p => p.strip_prefix("~/").unwrap_or(p).to_owned(),
+        };
+        if path.is_empty() || path.ends_with('/') {
+            let Some(name) = local.file_name().and_then(|n| n.to_str()) else {
+                return Err(format!(
+                    "{} has no file name to take in a directory; name the destination file",
+                    local.display()
+                ));
+            };
+            path.push_str(name);
+        }
+        Ok(PutTarget {
+            host: host.to_owned(),
+            path,
+        })
+    }
+}
+
+/// The intent's command text: the mode and the path, the path in single quotes (the
+/// shim unquotes it; docs/host-protocol.md#files).
+pub fn intent(mode: u32, path: &str) -> String {
+    format!(
+        "{PUT_WORD} --mode {mode:04o} -- '{}'",
+        path.replace('\'', r"'\''")
+    )
+}
+
+/// What the host did with the content, read from the delivery's own output (a replay
+/// reads the original answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivered {
+    /// Written and renamed into place.
+    Written,
+    /// The path held this content already: nothing written.
+    Unchanged,
+}
+
+impl Delivered {
+    /// From the delivery's stdout.
+    pub fn from_output(stdout: &str) -> Option<Delivered> {
+        match stdout.trim_end() {
+            "written" => Some(Delivered::Written),
+            "unchanged" => Some(Delivered::Unchanged),
+            _ => None,
+        }
+    }
+
+    /// The word said for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivered::Written => "written",
+            Delivered::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// What `put` read and sent, with the run's answer.
+#[derive(Debug)]
+pub struct PutAnswer {
+    /// Where it went.
+    pub target: PutTarget,
+    /// The content's size.
+    pub bytes: u64,
+    /// The content's SHA-256, hex.
+    pub sha256: String,
+    /// The mode asked for.
+    pub mode: u32,
+    /// The operation's answer, as `run` gives it.
+    pub run: RunAnswer,
+}
+
+/// Delivers `req.local` to its destination as one operation.
+pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<PutAnswer> {
+    let target = PutTarget::parse(&req.destination, &req.local)
+        .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
+    let meta = std::fs::metadata(&req.local).map_err(|e| {
+        invalid(format!(
+            "cannot read {}: {e}; nothing was sent",
+            req.local.display()
+        ))
+    })?;
+    if meta.is_dir() {
+        return Err(invalid(format!(
+            "{} is a directory; put takes files (one operation each); nothing was sent",
+            req.local.display()
+        )));
+    }
+    let mode = match req.mode {
+        Some(m) if m > 0o7777 => {
+            return Err(invalid(format!(
+                "--mode {m:o} is not a file mode; give octal permission bits such as 644 or 0755; nothing was sent"
+            )))
+        }
+        Some(m) => m,
+        None => std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+    };
+    let content = std::fs::read(&req.local).map_err(|e| {
+        Error::new(
+            ErrorKind::LocalIo,
+            format!("cannot read {}: {e}; nothing was sent", req.local.display()),
+        )
+    })?;
+    let sha256 = hex::encode(Sha256::digest(&content));
+    let bytes = content.len() as u64;
+    let request = RunRequest {
+        hosts: vec![target.host.clone()],
+        op: req.op,
+        class: None,
+        stdin: Stdin::Given(content),
+        timeout: None,
+        attempts: req.attempts,
+        wait: req.wait,
+        wait_scope: req.wait_scope,
+        // The delivery says one word; nothing else is kept.
+        output_cap: 64 * 1024,
+        approve: None,
+        approval: None,
+        repeats: None,
+        amends: None,
+        options: req.options,
+        fleet: FleetOptions::default(),
+        secrets: Vec::new(),
+        become_user: None,
+        locks: Vec::new(),
+        lock_wait: Duration::ZERO,
+        command: vec![intent(mode, &target.path)],
+        kind: crate::shim::RunKind::Put,
+        live_output: false,
+        tally: None,
+    };
+    let run = run(ctx, request, watch)?;
+    Ok(PutAnswer {
+        target,
+        bytes,
+        sha256,
+        mode,
+        run,
+    })
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(ErrorKind::InvalidInput, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(text: &str) -> std::result::Result<PutTarget, String> {
+        PutTarget::parse(text, Path::new("/tmp/app.conf"))
+    }
+
+    #[test]
+    fn a_destination_is_host_colon_path_as_scp_writes_it() {
+        assert_eq!(
+            target("web1:/etc/app.conf").unwrap(),
+            PutTarget {
+                host: "web1".into(),
+                path: "/etc/app.conf".into()
+            }
+        );
+        assert_eq!(target("root@web1:/etc/").unwrap().path, "/etc/app.conf");
+        assert_eq!(target("web1:~/x").unwrap().path, "x");
+        assert_eq!(target("web1:~").unwrap().path, "app.conf");
+        assert_eq!(target("[::1]:/a:b").unwrap().host, "::1");
+        assert_eq!(target("[::1]:/a:b").unwrap().path, "/a:b");
+    }
+
+    #[test]
+    fn a_destination_without_host_or_path_is_refused_with_the_form() {
+        for (bad, says) in [
+            ("web1", "HOST:PATH"),
+            (":/etc/x", "no host"),
+            ("web1:", "no path"),
+            ("web1:/etc/a\nb", "control character"),
+        ] {
+            let e = target(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_intent_quotes_the_path_so_the_shim_reads_it_back_whole() {
+        assert_eq!(
+            intent(0o644, "/srv/it's here"),
+            r"opmark-put --mode 0644 -- '/srv/it'\''s here'"
+        );
+        assert_eq!(intent(0o4755, "x"), "opmark-put --mode 4755 -- 'x'");
+    }
+
+    #[test]
+    fn the_delivery_says_written_or_unchanged() {
+        assert_eq!(
+            Delivered::from_output("written\n"),
+            Some(Delivered::Written)
+        );
+        assert_eq!(
+            Delivered::from_output("unchanged\n"),
+            Some(Delivered::Unchanged)
+        );
+        assert_eq!(Delivered::from_output(""), None);
+    }
+}

@@ -1,0 +1,334 @@
+//! `opmark put` (docs/commands.md#put-files-delivered-once) against real sshd targets: the
+//! file arrives whole with its mode; a rerun under the op id replays and writes nothing;
+//! other content under it is a `conflict`; the same content under a new op id is
+//! `completed` with nothing written (mtime unchanged); a reader of the path during a put
+//! never sees part of a file; a link cut after the content is on the host is settled by
+//! the probe and the file written once; bad input sends nothing.
+
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::support::{self, fresh_dir, Answer, Sealed};
+use opmark::lab::Lab;
+
+/// `opmark --json put LOCAL target1:DEST ARGS...`.
+fn put(env: &Sealed, lab: &Lab, local: &Path, dest: &Path, args: &[&str]) -> Answer {
+    support::answer(
+        env.opmark_with_lab(lab)
+            .arg("--json")
+            .arg("put")
+            .arg(local)
+            .arg(format!("target1:{}", dest.display()))
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// A local file of `len` bytes of a pattern seeded by `seed`.
+fn content(dir: &Path, name: &str, len: usize, seed: u8) -> PathBuf {
+    let bytes: Vec<u8> = (0..len)
+        .map(|i| (i as u64 * 2654435761 % 251) as u8 ^ seed)
+        .collect();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn sha256(path: &Path) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
+}
+
+/// No temporary file of a delivery is left beside `dest`.
+fn no_leftovers(dest: &Path) -> bool {
+    let name = format!(".{}.opmark-", dest.file_name().unwrap().to_str().unwrap());
+    std::fs::read_dir(dest.parent().unwrap())
+        .unwrap()
+        .all(|e| !e.unwrap().file_name().to_string_lossy().starts_with(&name))
+}
+
+#[test]
+fn a_file_arrives_whole_with_its_mode_and_a_rerun_replays_without_writing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "app.conf", 300_000, 1);
+    let dest = dir.join("remote").join("app.conf");
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    let env = Sealed::new(crate::test_name!());
+
+    let a = put(
+        &env,
+        &lab,
+        &local,
+        &dest,
+        &["--op", "put-1", "--mode", "640"],
+    );
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.json["file"]["delivered"], "written", "{a:?}");
+    assert_eq!(a.json["file"]["sha256"], sha256(&local));
+    assert_eq!(a.json["file"]["bytes"], 300_000);
+    assert_eq!(a.json["family"], "convergent", "{a:?}");
+    assert_eq!(sha256(&dest), sha256(&local));
+    let meta = std::fs::metadata(&dest).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    assert!(no_leftovers(&dest));
+
+    // The same op id again: the host's record answers, nothing is written.
+    std::thread::sleep(Duration::from_millis(1100));
+    let again = put(
+        &env,
+        &lab,
+        &local,
+        &dest,
+        &["--op", "put-1", "--mode", "640"],
+    );
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+    assert_eq!(
+        again.json["file"]["delivered"], "written",
+        "the first answer, replayed"
+    );
+    assert_eq!(std::fs::metadata(&dest).unwrap().mtime(), meta.mtime());
+    assert_eq!(std::fs::metadata(&dest).unwrap().ino(), meta.ino());
+}
+
+#[test]
+fn other_content_under_the_op_id_is_a_conflict_and_changes_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let first = content(&dir, "one", 4096, 1);
+    let second = content(&dir, "two", 4096, 2);
+    let dest = dir.join("dest");
+    let env = Sealed::new(crate::test_name!());
+    assert_eq!(
+        put(&env, &lab, &first, &dest, &["--op", "pc-1"]).verdict(),
+        "completed"
+    );
+    let other = put(&env, &lab, &second, &dest, &["--op", "pc-1"]);
+    assert_eq!(other.verdict(), "conflict", "{other:?}");
+    assert!(other.json["file"]["delivered"].is_null(), "{other:?}");
+    assert_ne!(other.status, 0);
+    assert_eq!(sha256(&dest), sha256(&first), "the first content stays");
+}
+
+#[test]
+fn the_same_content_already_there_is_completed_with_nothing_written() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "same", 100_000, 3);
+    let dest = dir.join("same-dest");
+    let env = Sealed::new(crate::test_name!());
+    assert_eq!(
+        put(&env, &lab, &local, &dest, &["--op", "ps-1"]).json["file"]["delivered"],
+        "written"
+    );
+    let before = std::fs::metadata(&dest).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let second = put(&env, &lab, &local, &dest, &["--op", "ps-2"]);
+    assert_eq!(second.verdict(), "completed", "{second:?}");
+    assert_eq!(second.json["file"]["delivered"], "unchanged", "{second:?}");
+    let after = std::fs::metadata(&dest).unwrap();
+    assert_eq!(
+        (after.mtime(), after.mtime_nsec(), after.ino()),
+        (before.mtime(), before.mtime_nsec(), before.ino()),
+        "not written again"
+    );
+}
+
+#[test]
+fn a_reader_of_the_path_during_puts_sees_one_whole_file_or_the_other() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let a = content(&dir, "a", 8 << 20, 4);
+    let b = content(&dir, "b", 8 << 20, 5);
+    let sums = [sha256(&a), sha256(&b)];
+    let dest = dir.join("swapped");
+    std::fs::copy(&a, &dest).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let seen = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let sum = sha256(&dest);
+                assert!(sums.contains(&sum), "a reader saw a partial file");
+                reads += 1;
+            }
+            reads
+        });
+        for (i, local) in [&b, &a, &b, &a].into_iter().enumerate() {
+            let op = format!("pr-{i}");
+            let done = put(&env, &lab, local, &dest, &["--op", &op]);
+            assert_eq!(done.json["file"]["delivered"], "written", "{done:?}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap()
+    });
+    assert!(seen > 0, "the reader read during the puts");
+    assert_eq!(sha256(&dest), sums[0]);
+}
+
+#[test]
+fn a_link_cut_after_the_content_is_on_the_host_is_settled_by_the_probe_and_written_once() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "big", 32 << 20, 6);
+    let dest = dir.join("big-dest");
+    let ops = lab.target("target1").unwrap().marker_root().join("ops");
+    let env = Sealed::new(crate::test_name!());
+    let cfg = support::fast_loss_config(&lab, &dir);
+    let mut child = support::spawn(
+        env.opmark().arg("-F").arg(&cfg).arg("--json").arg("put"),
+        &[
+            local.to_str().unwrap(),
+            &format!("target1:{}", dest.display()),
+            "--op",
+            "pcut-1",
+        ],
+    );
+    let mut said = support::StderrLines::of(&mut child);
+    // Claimed: the content is on the host. The supervisor held (SIGSTOP) so that its
+    // exit record cannot reach the client before the link is cut.
+    support::wait_for("the claim", Duration::from_secs(60), || {
+        ops.join("pcut-1/proc").exists()
+    });
+    let proc = std::fs::read_to_string(ops.join("pcut-1/proc")).unwrap();
+    let pid = proc
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .to_owned();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    lab.cut("target1").unwrap();
+    said.wait_for("lost after dispatch", Duration::from_secs(30));
+    signal("-CONT");
+    support::wait_for(
+        "the delivery's end on the host",
+        Duration::from_secs(60),
+        || ops.join("pcut-1/exit").exists(),
+    );
+    lab.restore("target1").unwrap();
+    let out = support::finish_within(child, Duration::from_secs(120), "put after the restore");
+    let after = support::answer(std::process::Output {
+        stderr: said.all().into_bytes(),
+        ..out
+    });
+    assert_eq!(after.verdict(), "completed", "{after:?}");
+    assert_eq!(after.json["file"]["delivered"], "written", "{after:?}");
+    assert_eq!(sha256(&dest), sha256(&local));
+    assert!(no_leftovers(&dest));
+    // Once: a rerun replays the record.
+    let again = put(&env, &lab, &local, &dest, &["--op", "pcut-1"]);
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+    assert_eq!(again.json["file"]["delivered"], "written", "{again:?}");
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_fix_and_sends_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "f", 10, 7);
+    let env = Sealed::new(crate::test_name!());
+    let log = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
+    let cases: [(Vec<String>, &str); 5] = [
+        (
+            vec![local.display().to_string(), "target1".into()],
+            "HOST:PATH",
+        ),
+        (
+            vec![
+                dir.join("missing").display().to_string(),
+                "target1:/tmp/x".into(),
+            ],
+            "cannot read",
+        ),
+        (
+            vec![dir.display().to_string(), "target1:/tmp/x".into()],
+            "is a directory",
+        ),
+        (
+            vec![
+                local.display().to_string(),
+                "target1:/tmp/x".into(),
+                "--mode".into(),
+                "999".into(),
+            ],
+            "octal",
+        ),
+        (
+            vec![
+                local.display().to_string(),
+                "target1:/tmp/x".into(),
+                "--op".into(),
+                "bad op".into(),
+            ],
+            "op",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = env
+            .opmark_with_lab(&lab)
+            .arg("put")
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // And `run` will not pass a command off as a put.
+    let run = support::run_json(
+        &env,
+        &lab,
+        &["target1", "--", "opmark-put --mode 0644 -- 'x'"],
+    );
+    assert_eq!(run.verdict(), "refused", "{run:?}");
+    assert!(
+        run.json["reason"].as_str().unwrap().contains("opmark put"),
+        "{run:?}"
+    );
+    let after = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
+    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
+    let new = String::from_utf8_lossy(&log_text[log as usize..after as usize]);
+    assert!(
+        !new.contains("Accepted publickey"),
+        "nothing connected: {new}"
+    );
+}
+
+#[test]
+fn a_put_into_a_missing_directory_fails_on_the_host_and_leaves_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "f", 10, 8);
+    let dest = dir.join("no-such-dir").join("f");
+    let env = Sealed::new(crate::test_name!());
+    let a = put(&env, &lab, &local, &dest, &["--op", "pm-1"]);
+    assert_eq!(a.verdict(), "completed", "the delivery ran: {a:?}");
+    assert_eq!(a.exit_code(), Some(1), "{a:?}");
+    assert!(a.json["file"]["delivered"].is_null());
+    assert!(a.stderr.contains("no directory"), "{}", a.stderr);
+    assert!(!dest.parent().unwrap().exists());
+}
