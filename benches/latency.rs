@@ -517,6 +517,7 @@ fn main() {
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
                 kind: opmark::shim::RunKind::Command,
+                put_from: 0,
             });
             if i == usize::MAX {
                 let _ = std::fs::remove_dir_all(state.join("opmark/ops/shim-18446744073709551615"));

@@ -171,6 +171,7 @@ fn resident_shim_time(base: &Path, n: usize) {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         })
     }
     let mut serve = Command::new("/usr/bin/dash");

@@ -1,3 +1,32 @@
+# put_spooled OP: ps_file and ps_size, the largest partial content a put of OP left in the
+# spool (an attempt cut while the content travelled): what a later attempt sends on from,
+# named by the probe's `spooled=`. Returns 1 when there is none.
+put_spooled() {
+	ps_file='' ps_size=0
+	for ps_f in "$root/spool/put-$1".*; do
+		[ -f "$ps_f" ] || continue
+		ps_n=$(wc -c <"$ps_f" 2>/dev/null) || continue
+		ps_n=$((ps_n + 0))
+		if [ -z "$ps_file" ] || [ "$ps_n" -gt "$ps_size" ]; then
+			ps_file=$ps_f ps_size=$ps_n
+		fi
+	done
+	[ -n "$ps_file" ]
+}
+
+# put_resume OP FROM SPOOL: starts this attempt's spool with the first FROM bytes of the
+# content an earlier attempt left (copied, not reused: the earlier attempt's reader may
+# still write into its own file), and removes the earlier partials. Returns 1 when fewer
+# than FROM bytes are held (taken by gc, or another attempt's digest failed).
+put_resume() {
+	put_spooled "$1" && [ "$ps_size" -ge "$2" ] || return 1
+	head -c "$2" <"$ps_file" >"$3" || return 1
+	[ "$(($(wc -c <"$3") + 0))" -eq "$2" ] || return 1
+	for pr_f in "$root/spool/put-$1".*; do
+		[ "$pr_f" = "$3" ] || rm -f "$pr_f"
+	done
+}
+
 # put_install MARKER: the file delivery a put claimed (docs/host-protocol.md#files), run by
 # the supervisor in place of a command, in the login's directory and umask. The claim's
 # stdin is the content and its stdin_sum the digest; the command text is

@@ -55,6 +55,8 @@ refuse() {
 drop_spools() {
 	[ -n "${rc_left:-}" ] && rm -f "$rc_left"
 	[ -n "${cmd_spool:-}" ] && rm -f "$cmd_spool"
-	[ -n "${spool:-}" ] && rm -f "$spool"
+	# A put's content stays for a later attempt to resume from (see put_spooled).
+	[ -n "${spool:-}" ] && [ -z "${spool_keep:-}" ] && rm -f "$spool"
+	return 0
 }
 

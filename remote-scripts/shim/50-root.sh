@@ -160,6 +160,8 @@ describe() {
 		rget "$m/fenced" command_started && d="$d command_started=$rv"
 	fi
 	[ -f "$m/collected" ] && d="$d output_collected=1"
+	# Absent, but a put's content partly here: a retry sends only the rest.
+	[ "$st" = absent ] && put_spooled "${m##*/}" && d="$d spooled=$ps_size"
 	if [ -f "$m/out" ] || [ -f "$m/err" ]; then
 		sizes
 		d="$d out=$so err=$se"

@@ -44,6 +44,16 @@ verb_run() {
 	is_uint "$rp_window" || refuse "bad_args reason=repeat_window"
 	valid_locks "$locks" || refuse "bad_args reason=locks"
 	is_uint "$lock_wait" || refuse "bad_args reason=lock_wait"
+	put_from=0
+	case $kind in
+	command) ;;
+	put:*)
+		# A put resumed: the data holds the content from byte FROM on, the spool of an
+		# earlier attempt the bytes before it (see put_resume).
+		put_from=${kind#put:} kind=put
+		is_uint "$put_from" || refuse "bad_args reason=kind"
+		;;
+	esac
 	case $kind in
 	command) ;;
 	put)
@@ -130,11 +140,23 @@ verb_run() {
 	if [ "$in_bytes" != - ]; then
 		is_uint "$in_bytes" || refuse "bad_args reason=stdin_bytes"
 		spool="$root/spool/$attempt.$$"
+		if [ "$kind" = put ]; then
+			# Named by the operation, and kept when the data is cut short, so that a
+			# later attempt sends only the rest.
+			spool="$root/spool/put-$op.$attempt.$$" spool_keep=1
+			[ "$put_from" -le "$in_bytes" ] || refuse "bad_args reason=kind"
+			if [ "$put_from" -gt 0 ]; then
+				put_resume "$op" "$put_from" "$spool" ||
+					refuse "bad_stdin reason=resume_gap held=${ps_size:-0}"
+			else
+				: >"$spool"
+			fi
+		fi
 		if [ -n "$resident" ]; then
 			# Exactly its size: the next request follows.
-			dd of="$spool" bs=65536 count="$in_bytes" iflag=count_bytes,fullblock 2>/dev/null
+			dd bs=65536 count="$((in_bytes - put_from))" iflag=count_bytes,fullblock 2>/dev/null >>"$spool"
 		else
-			cat >"$spool"
+			cat >>"$spool"
 		fi
 		# shellcheck disable=SC2181 # the status of whichever read ran
 		if [ "$?" -ne 0 ]; then
@@ -144,16 +166,20 @@ verb_run() {
 		fi
 		got=$(wc -c <"$spool")
 		if [ "$((got + 0))" -ne "$in_bytes" ]; then
-			rm -f "$spool"
+			# A put's content cut short stays to be resumed (drop_spools keeps it).
+			[ "$((got + 0))" -lt "$in_bytes" ] || spool_keep=
+			[ -n "${spool_keep:-}" ] || rm -f "$spool"
 			refuse "bad_stdin reason=size_mismatch expected=$in_bytes got=$((got + 0))"
 		fi
 		if command -v sha256sum >/dev/null 2>&1; then
 			got=$(sha256sum <"$spool")
 			if [ "${got%% *}" != "$in_sum" ]; then
+				# Not to be resumed from: the next attempt sends it all.
 				rm -f "$spool"
 				refuse "bad_stdin reason=digest_mismatch"
 			fi
 		fi
+		spool_keep=
 	fi
 
 	sv_owed=

@@ -20,7 +20,7 @@ use crate::ledger::{Durability, Event, LedgerError, OpKey, RefusalWord};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, OnRepeat};
 use crate::shim::{
-    ExitFrame, Frame, MarkerInfo, RefusalReason, RepeatCheck, RunCall, StdinSpec, Verb,
+    ExitFrame, Frame, MarkerInfo, RefusalReason, RepeatCheck, RunCall, RunKind, StdinSpec, Verb,
 };
 use crate::ssh::{ConnectError, ConnectStage, Destination, Pool, Session};
 use crate::vocab::{Boundary, RetryReason};
@@ -124,6 +124,9 @@ pub(crate) struct Runner<'a> {
     /// A signed approval was presented whose one use is spent: the run goes on without
     /// it (a replay or a follow needs none), and a hold says why the token did not count.
     pub(crate) spent: Option<String>,
+    /// A put's content held on the host by a cut attempt, as the last probe that found
+    /// the marker absent said (`spooled=`): the next attempt sends only the rest.
+    pub(crate) put_spooled: u64,
 }
 
 /// How sending the current attempt ended, for the loop.
@@ -280,6 +283,19 @@ impl<'a> Runner<'a> {
             len: s.len() as u64,
             sha256_hex: hex::encode(Sha256::digest(s)),
         });
+        // A put cut while its content travelled resumes from what the host holds; the
+        // digest over the whole content is checked there before anything is claimed.
+        let put_from = match (&self.input.stdin, self.input.kind) {
+            (Some(s), RunKind::Put) if self.put_spooled > 0 => self.put_spooled.min(s.len() as u64),
+            _ => 0,
+        };
+        if put_from > 0 {
+            progress(&format!(
+                "resuming the put of op {}: the host holds {put_from} of its {} bytes; sending the rest",
+                self.key.op_id,
+                self.input.stdin.as_ref().map_or(0, Vec::len)
+            ));
+        }
         let supersede = self.facts().may_supersede();
         let declared = self.input.declared.ops();
         let verb = Verb::Run(RunCall {
@@ -302,8 +318,13 @@ impl<'a> Runner<'a> {
             locks: &self.input.locks,
             lock_wait: self.input.lock_wait,
             kind: self.input.kind,
+            put_from,
         });
-        let stdin = self.input.stdin.clone();
+        let stdin = self
+            .input
+            .stdin
+            .as_ref()
+            .map(|s| s[usize::try_from(put_from).unwrap_or(s.len()).min(s.len())..].to_vec());
         fault_point("before_dispatch");
         // The last look before anything leaves: a signal that came in while this poll
         // ran must still keep the request home.
@@ -571,7 +592,16 @@ impl<'a> Runner<'a> {
         let probe = self.saying_while(host::probe(&session, &self.op, root), deadline, "probing");
         let probe = tokio::time::timeout(left, probe).await;
         let seen = match probe {
-            Ok(Ok(m)) => ProbeSeen::Marker(m),
+            Ok(Ok(m)) => {
+                if m.state == crate::shim::MarkerState::Absent {
+                    self.put_spooled = m
+                        .fields
+                        .get("spooled")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                }
+                ProbeSeen::Marker(m)
+            }
             Ok(Err(host::CallError::Refused(r))) if r.reason == RefusalReason::RootChanged => {
                 let why = self
                     .identity

@@ -105,6 +105,7 @@ pub async fn run_interruptible(
         approved: false,
         signed: None,
         spent: None,
+        put_spooled: 0,
         repeat_because: format!(
             "it is {family} by {rule}, and `on_repeat = \"block\"` under [families.{family}] in {origin} holds such repetitions back for its repeat_window; change the rule or that setting there",
             origin = env.policy.origin(),

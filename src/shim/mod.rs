@@ -138,6 +138,9 @@ pub struct RunCall<'a> {
     pub lock_wait: Duration,
     /// A command, or a file delivered (`opmark put`).
     pub kind: RunKind,
+    /// A put resumed: the content's first byte this attempt sends (the host holds the
+    /// bytes before it from a cut attempt; docs/host-protocol.md#files). Zero otherwise.
+    pub put_from: u64,
 }
 
 /// The first word of a put's intent (`opmark-put --mode MODE -- 'PATH'`), which a command
@@ -381,7 +384,13 @@ impl Verb<'_> {
                     "LOCK_WAIT_S",
                     (r.lock_wait.as_secs() + u64::from(r.lock_wait.subsec_nanos() > 0)).to_string(),
                 ),
-                ("KIND", r.kind.as_str().into()),
+                (
+                    "KIND",
+                    match r.put_from {
+                        0 => r.kind.as_str().into(),
+                        from => format!("{}:{from}", r.kind.as_str()),
+                    },
+                ),
                 ("CMD_BYTES", r.command.len().to_string()),
             ],
             Verb::Probe(op) => vec![("OP", op.to_string())],
@@ -799,6 +808,7 @@ mod tests {
             locks: &[],
             lock_wait: Duration::ZERO,
             kind: RunKind::Command,
+            put_from: 0,
         });
         let args = verb.args();
         assert_eq!(args[0], "run");
@@ -843,6 +853,7 @@ mod tests {
             locks: &locks,
             lock_wait: Duration::from_millis(2500),
             kind: RunKind::Command,
+            put_from: 0,
         });
         let args = verb.args();
         assert_eq!(args[15], "apt:2,dpkg:1");
@@ -873,6 +884,7 @@ mod tests {
             locks: &[],
             lock_wait: Duration::ZERO,
             kind: RunKind::Command,
+            put_from: 0,
         });
         let args = verb.args();
         assert_eq!(args[10..13], ["86400", "block", "deploy-1,fix-0"]);
@@ -902,6 +914,7 @@ mod tests {
             locks: &[],
             lock_wait: Duration::ZERO,
             kind: RunKind::Command,
+            put_from: 0,
         });
         let call = Invocation::new(&verb, Some(b"in"));
         let cached = Invocation::cached(&verb, Some(b"in"));

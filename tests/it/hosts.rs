@@ -154,6 +154,7 @@ fn the_exec_stub_runs_the_shim_under_every_login_shell() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         });
         let call = Invocation::new(&verb, None);
         let mut child = Command::new(login_shell)

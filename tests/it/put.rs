@@ -332,3 +332,118 @@ fn a_put_into_a_missing_directory_fails_on_the_host_and_leaves_nothing() {
     assert!(a.stderr.contains("no directory"), "{}", a.stderr);
     assert!(!dest.parent().unwrap().exists());
 }
+
+/// Bytes the target's namespace received on its links (`/proc/net/dev`, all but `lo`),
+/// counted before any filter: every byte the client sent, however many times.
+fn received_by(lab: &Lab) -> u64 {
+    let ns = lab.targets()[0].netns.clone().expect("a netns target");
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns, "cat", "/proc/net/dev"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| name.trim() != "lo")
+        .filter_map(|(_, counters)| counters.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// The size of the largest partial content a put of `op` holds in the host's spool.
+fn spooled(lab: &Lab, op: &str) -> u64 {
+    let spool = lab.target("target1").unwrap().marker_root().join("spool");
+    std::fs::read_dir(spool)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("put-{op}."))
+                })
+                .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_200_mb_put_cut_at_30_60_and_90_percent_resumes_each_time_and_never_leaves_a_partial_file() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    const SIZE: usize = 200 << 20;
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "huge", SIZE, 9);
+    let dest = dir.join("huge-dest");
+    let env = Sealed::new(crate::test_name!());
+    let cfg = support::fast_loss_config(&lab, &dir);
+    let before = received_by(&lab);
+    let mut child = support::spawn(
+        env.opmark().arg("-F").arg(&cfg).arg("--json").arg("put"),
+        &[
+            local.to_str().unwrap(),
+            &format!("target1:{}", dest.display()),
+            "--op",
+            "pres-1",
+            "--attempts",
+            "6",
+            "--wait",
+            "10m",
+        ],
+    );
+    let mut said = support::StderrLines::of(&mut child);
+    let want = sha256(&local);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // A reader of PATH all along: nothing there, or the whole file.
+        let reader = s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if dest.exists() {
+                    assert_eq!(sha256(&dest), want, "a reader saw a partial file");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        for percent in [30u64, 60, 90] {
+            let at = SIZE as u64 * percent / 100;
+            support::wait_for(
+                &format!("{percent}% of the content on the host"),
+                Duration::from_secs(180),
+                || spooled(&lab, "pres-1") >= at,
+            );
+            lab.cut("target1").unwrap();
+            said.wait_for("lost after dispatch", Duration::from_secs(60));
+            lab.restore("target1").unwrap();
+        }
+        let out = support::finish_within(child, Duration::from_secs(300), "the put");
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        reader.join().unwrap();
+        let done = support::answer(std::process::Output {
+            stderr: said.all().into_bytes(),
+            ..out
+        });
+        assert_eq!(done.verdict(), "completed", "{done:?}");
+        assert_eq!(done.json["file"]["delivered"], "written", "{done:?}");
+        // Each cut was noticed and answered by a probe; an attempt after it sent only what
+        // the host lacked. (How many attempts that took varies: a cut connection's
+        // session may still deliver what it had buffered once the link is back.)
+        assert!(
+            done.stderr
+                .contains("resuming the put of op pres-1: the host holds"),
+            "{}",
+            done.stderr
+        );
+    });
+    assert_eq!(sha256(&dest), want);
+    assert!(no_leftovers(&dest));
+    let sent = received_by(&lab) - before;
+    eprintln!(
+        "{sent} bytes crossed the link for a {SIZE}-byte file: {:.3}x",
+        sent as f64 / SIZE as f64
+    );
+    assert!(
+        sent < SIZE as u64 * 12 / 10,
+        "{sent} bytes crossed the link for a {SIZE}-byte file (resumed, not resent)"
+    );
+}

@@ -579,6 +579,7 @@ fn fifty_concurrent_claimers_run_the_command_exactly_once_twenty_times() {
                     locks: &[],
                     lock_wait: std::time::Duration::ZERO,
                     kind: opmark::shim::RunKind::Command,
+                    put_from: 0,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -638,6 +639,7 @@ fn killing_the_foreground_does_not_stop_the_command() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         });
         let mut child = {
             use std::os::unix::process::CommandExt;
@@ -701,6 +703,7 @@ fn killing_the_detached_process_group_leaves_an_interrupted_marker() {
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
                 kind: opmark::shim::RunKind::Command,
+                put_from: 0,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -774,6 +777,7 @@ fn run_can_supersede_an_interrupted_claim_in_one_call_when_allowed() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -830,6 +834,7 @@ fn a_changed_boot_id_means_interrupted() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         }))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -953,6 +958,7 @@ fn the_nonce_is_in_no_name_record_argument_environment_or_inherited_descriptor()
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
                 kind: opmark::shim::RunKind::Command,
+                put_from: 0,
             }))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1036,6 +1042,7 @@ fn the_shim_itself_refuses_bad_op_ids_and_creates_nothing_outside_its_root() {
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
                 kind: opmark::shim::RunKind::Command,
+                put_from: 0,
             })
             .args();
             args[1] = bad.to_owned();
@@ -1135,6 +1142,7 @@ fn output_beyond_the_cap_is_counted_and_dropped_when_nobody_follows() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1188,6 +1196,7 @@ fn stdin_is_verified_before_the_claim() {
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
         kind: opmark::shim::RunKind::Command,
+        put_from: 0,
     };
     // Half the input arrives (the connection died): refused, nothing claimed.
     let short = host.call(&Verb::Run(req.clone()), &input[..5]);
@@ -1267,6 +1276,7 @@ fn through_real_sshd_a_killed_client_leaves_the_command_running_and_replayable()
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
         kind: opmark::shim::RunKind::Command,
+        put_from: 0,
     });
     let ssh_call = |verb: &Verb| {
         let out = crate::support::ssh_shim(&lab, "target1", verb);
@@ -1329,6 +1339,7 @@ fn start_in_background(host: &Host, op: &str, command: &str, ready: &Path) -> st
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         }))
         // Pipes: the shim acts only when its replies can reach a client.
         .stdout(Stdio::piped())
@@ -1516,6 +1527,7 @@ fn a_supervisor_that_never_comes_up_is_answered_as_not_started_instead_of_waited
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         });
         // The supervisor's shell does not exist: `setsid -f` forks and reports success,
         // and the supervisor's exec then fails with nobody told.
@@ -1714,6 +1726,7 @@ fn without_proc_the_shim_refuses_to_claim_and_reads_an_old_claim_as_running_neve
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         };
         let verb = Verb::Run(req.clone());
         let refused = call_without_proc(&host, verb.args(), &shim::local_data(&verb, b""));
@@ -1874,6 +1887,7 @@ fn a_supervisor_that_comes_up_after_the_start_limit_leaves_the_reruns_claim_alon
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         };
         let first = Verb::Run(req.clone());
         let began = Instant::now();
@@ -2282,6 +2296,7 @@ fn racing_claims_of_one_intent_under_different_op_ids_run_it_once() {
                     locks: &[],
                     lock_wait: std::time::Duration::ZERO,
                     kind: opmark::shim::RunKind::Command,
+                    put_from: 0,
                 });
                 host.command(&verb)
                     .stdout(Stdio::piped())
@@ -2358,6 +2373,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
                 locks: &[],
                 lock_wait: std::time::Duration::ZERO,
                 kind: opmark::shim::RunKind::Command,
+                put_from: 0,
             })
         };
         let mut with_stdin = RunCall {
@@ -2376,6 +2392,7 @@ fn a_resident_answers_pipelined_requests_as_calls_and_ends_when_out_of_step() {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         };
         with_stdin.stdin = Some(StdinSpec {
             len: 3,
@@ -2526,6 +2543,7 @@ impl Resident {
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         });
         let request = shim::Request::new(&verb, None, None);
         let input = self.input.as_mut().unwrap();
@@ -2642,6 +2660,7 @@ fn a_resident_hands_commands_to_a_standby_supervisor_that_outlives_it_and_never_
             locks: &[],
             lock_wait: std::time::Duration::ZERO,
             kind: opmark::shim::RunKind::Command,
+            put_from: 0,
         });
         let request = shim::Request::new(&verb, None, None);
         first
@@ -3264,6 +3283,7 @@ fn run_request<'a>(
         locks: &[],
         lock_wait: std::time::Duration::ZERO,
         kind: opmark::shim::RunKind::Command,
+        put_from: 0,
     }
 }
 
