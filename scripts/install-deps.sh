@@ -22,8 +22,8 @@
 #
 #   bash scripts/install-deps.sh           install only what is missing
 #   bash scripts/install-deps.sh --always  apt-get update + install regardless (CI)
-#   bash scripts/install-deps.sh --bench   also the benchmarks' peers: pssh (parallel-ssh)
-#                                          and ansible (benches/fleet.rs skips what is missing)
+#   bash scripts/install-deps.sh --bench   also the benchmarks' peers: pssh (parallel-ssh),
+#                                          ansible and rsync (benches skip what is missing)
 #   bash scripts/install-deps.sh --demo    only what scripts/demo.sh needs: OpenSSH, a C
 #                                          compiler, Rust, iproute2 + nftables for the cut
 #                                          (no test toolchain, no Python); with --docker
@@ -95,8 +95,8 @@ if [[ $docker -eq 1 ]]; then
 fi
 
 if [[ $bench -eq 1 ]]; then
-  packages+=(pssh ansible)
-  probes+=(parallel-ssh ansible)
+  packages+=(pssh ansible rsync)
+  probes+=(parallel-ssh ansible rsync)
 fi
 
 missing=0

@@ -191,10 +191,11 @@ fn flag_positions(m: &clap::ArgMatches) -> FlagPositions {
         user: place("login").unwrap_or(unplaced.user),
         port: place("port").unwrap_or(unplaced.port),
         jump: place("jump").unwrap_or(unplaced.jump),
-        // put's HOST:PATH names the host where it stands.
+        // put's and get's HOST:PATH name the host where they stand.
         destination: place("host")
             .or_else(|| place("hosts"))
             .or_else(|| place("destination"))
+            .or_else(|| place("source"))
             .unwrap_or(unplaced.destination),
     }
 }
@@ -428,6 +429,9 @@ pub enum Command {
     /// by SHA-256, synced and renamed into place (a rerun replays; the same content
     /// already there is not written again).
     Put(PutArgs),
+    /// Read HOST:PATH into a local file as one operation: the host's copy checked by
+    /// SHA-256 here, synced and renamed into place (a rerun replays the host's copy).
+    Get(GetArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
     /// Stop a running operation on its host for good: TERM, then KILL after the grace;
@@ -466,6 +470,7 @@ impl Command {
             Command::Doctor(a) => Some(&mut a.host_args),
             Command::Locks(a) => Some(&mut a.host_args),
             Command::Put(a) => Some(&mut a.host_args),
+            Command::Get(a) => Some(&mut a.host_args),
             Command::Cancel(a) => Some(&mut a.host_args),
             Command::Config(a) => Some(&mut a.host_args),
             Command::List(_)
@@ -1179,6 +1184,31 @@ pub struct PutArgs {
     pub host_args: HostArgs,
 }
 
+/// `opmark get HOST:PATH LOCAL`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Where from: HOST:PATH (PATH absolute, or relative to the login directory).
+    #[arg(value_name = "HOST:PATH")]
+    pub source: String,
+    /// The local file to write (an existing directory takes the remote file's name).
+    #[arg(value_name = "LOCAL")]
+    pub local: PathBuf,
+    /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent;
+    /// rerun with it to read the host's kept copy again.
+    #[arg(long = "op", value_name = "ID")]
+    #[arg(add = complete_ops())]
+    pub op: Option<String>,
+    /// Automatic attempts within this get (default: the family's budget in the policy).
+    #[arg(long, value_name = "N")]
+    pub attempts: Option<u32>,
+    /// Budget for the whole get, as for `run --wait`.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub wait: Option<Duration>,
+    /// Connection options.
+    #[command(flatten)]
+    pub host_args: HostArgs,
+}
+
 /// `opmark lab`.
 #[derive(Debug, Args)]
 pub struct LabArgs {
@@ -1326,6 +1356,7 @@ mod tests {
             "doctor x@h -o Port=1 -l bar",
             "locks x@h -o Port=1 -l bar",
             "put f x@h:/tmp/f -o Port=1 -l bar",
+            "get x@h:/tmp/f f -o Port=1 -l bar",
             "resolve op --host x@h --as abandoned --note n -o Port=1 -l bar",
             "run x@h y@h -o Port=1 -l bar -- true",
         ];

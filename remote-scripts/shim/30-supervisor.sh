@@ -108,8 +108,8 @@ supervise() {
 	# --become: the user the claim says the command runs as (see run_become).
 	sv_become=
 	rget claim become && [ "$rv" != - ] && sv_become=$rv
-	sv_put=
-	rget claim kind && [ "$rv" = put ] && sv_put=1
+	sv_kind='command'
+	rget claim kind && sv_kind=$rv
 	sv_shell=${SHELL:-}
 	case $sv_shell in
 	/*) [ -f "$sv_shell" ] && [ -x "$sv_shell" ] || sv_shell= ;;
@@ -153,9 +153,12 @@ supervise() {
 			;;
 		*) unset LC_ALL ;;
 		esac
-		# A put's delivery, in place of a command (never with --become: refused before
-		# the claim).
-		[ -z "$sv_put" ] || put_install "$m"
+		# A put's delivery or a get's read, in place of a command (never with
+		# --become: refused before the claim).
+		case $sv_kind in
+		put) put_install "$m" ;;
+		get) get_send "$m" ;;
+		esac
 		[ -z "$sv_become" ] || run_become
 		# Each secret under its own name (checked by read_secrets: a name, nothing else).
 		for sv_n in $sv_secrets; do

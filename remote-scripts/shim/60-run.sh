@@ -8,8 +8,10 @@
 #     (CMD_BYTES), then the stdin. BECOME: the user the command runs as through sudo (see
 #     become_check). LOCKS: NAME:N,... in name order, the host locks the supervisor takes
 #     before the command starts, waiting up to LOCK_WAIT_S seconds (see take_locks).
-#     KIND: `command`, or `put`: the stdin is a file's content that the supervisor
-#     delivers to the path the command text names (see put_install), no command runs.
+#     KIND: `command`; `put` (or `put:FROM`, resumed): the stdin is a file's content that
+#     the supervisor delivers to the path the command text names (see put_install); `get`:
+#     the supervisor sends the file the command text names (see get_send). For put and
+#     get no command runs.
 verb_run() {
 	[ "$#" -eq 18 ] || refuse "bad_args reason=argument_count"
 	op=$1 attempt=$2 fp=$3 family=$4 timeout=$5 cap=$6 in_bytes=$7 in_sum=$8 sup=$9
@@ -61,6 +63,13 @@ verb_run() {
 		# supported yet), checked by digest, which needs sha256sum before anything is
 		# claimed.
 		if [ "$in_bytes" = - ] || [ "$become" != - ]; then
+			refuse "bad_args reason=kind"
+		fi
+		command -v sha256sum >/dev/null 2>&1 || refuse "cannot_start reason=no_sha256sum"
+		;;
+	get)
+		# A file read: no stdin, as the login user, its digest computed on the host.
+		if [ "$in_bytes" != - ] || [ "$become" != - ]; then
 			refuse "bad_args reason=kind"
 		fi
 		command -v sha256sum >/dev/null 2>&1 || refuse "cannot_start reason=no_sha256sum"

@@ -84,3 +84,18 @@ macro_rules! outln {
 pub fn print_text(text: &str) -> Result<()> {
     super::render::Out.text(text)
 }
+
+/// Says on stderr the op id minted (before anything is sent, as `run` says it) and what
+/// a person watching should know: the watch of `put` and `get`.
+#[derive(Debug)]
+pub struct SayWatch;
+
+impl crate::ops::run::RunWatch for SayWatch {
+    fn minted(&mut self, op: &crate::op_id::OpId) {
+        crate::logging::say(format_args!("opmark: op {op}"));
+    }
+
+    fn note(&mut self, text: &str) {
+        crate::logging::say(format_args!("opmark: {text}"));
+    }
+}

@@ -22,6 +22,7 @@ pub mod common;
 mod config;
 mod doctor;
 mod gc;
+mod get;
 mod host_changed;
 mod keeper;
 mod ledger;
@@ -61,6 +62,7 @@ pub fn dispatch(cli: Cli) -> Result<u8> {
         Command::Doctor(args) => doctor::run(&global, &args),
         Command::Locks(args) => locks::run(&global, &args),
         Command::Put(args) => put::run(&global, args),
+        Command::Get(args) => get::run(&global, args),
         Command::Lab(args) => lab::run(&global, &args),
         Command::Cancel(args) => cancel::run(&global, &args),
         Command::Config(args) => config::run(&global, &args),

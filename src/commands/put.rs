@@ -6,7 +6,7 @@ use crate::cli::{GlobalArgs, PutArgs};
 use crate::error::Result;
 use crate::operation::{WaitScope, DEFAULT_WAIT};
 use crate::ops::put::{put, Delivered, PutAnswer, PutRequest};
-use crate::ops::run::{RunAnswer, RunWatch};
+use crate::ops::run::RunAnswer;
 use crate::vocab::Verdict;
 
 /// Delivers the file; says on stderr what the host did with it (`written`, `unchanged`),
@@ -28,7 +28,7 @@ pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
             },
             options: common::host_options(&args.host_args),
         },
-        &mut PutWatch,
+        &mut common::SayWatch,
     )?;
     let status = answer.run.exit_status();
     let delivered = delivered(&answer);
@@ -93,18 +93,5 @@ fn delivered(answer: &PutAnswer) -> Option<Delivered> {
             Delivered::from_output(&report.stdout.lossy_string())
         }
         _ => None,
-    }
-}
-
-/// The minted op id is said before anything is sent, as `run` says it.
-struct PutWatch;
-
-impl RunWatch for PutWatch {
-    fn minted(&mut self, op: &crate::op_id::OpId) {
-        crate::logging::say(format_args!("opmark: op {op}"));
-    }
-
-    fn note(&mut self, text: &str) {
-        crate::logging::say(format_args!("opmark: {text}"));
     }
 }

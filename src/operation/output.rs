@@ -286,6 +286,11 @@ impl Captured {
         each(&self.tail)
     }
 
+    /// Writes the bytes as they came (`opmark get` keeps a file's content).
+    pub fn write_raw(&self, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        self.for_each_piece(|piece| out.write_all(piece))
+    }
+
     /// The bytes as text, invalid UTF-8 replaced as [`String::from_utf8_lossy`] does (in
     /// memory: for documents handed over whole).
     pub fn lossy_string(&self) -> String {

@@ -5,11 +5,12 @@
 //! classifies and holds it like any command. The shim delivers it in place of running a
 //! command: a temporary file beside PATH, checked by digest, synced, renamed over PATH.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
 
+use super::remote_file::{single_quoted, RemoteFile};
 use super::run::{run, FleetOptions, RunAnswer, RunRequest, RunWatch, Stdin};
 use super::{Context, HostOptions};
 use crate::error::{Error, ErrorKind, Result};
@@ -39,73 +40,10 @@ pub struct PutRequest {
     pub options: HostOptions,
 }
 
-/// Where a put goes: the host as typed, and the path on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PutTarget {
-    /// Host alias or [user@]host.
-    pub host: String,
-    /// The file's path on the host: absolute, or relative to the login directory.
-    pub path: String,
-}
-
-impl PutTarget {
-    /// `HOST:PATH` as scp takes it (`[v6addr]:PATH` too); a PATH ending in `/` is a
-    /// directory and takes the local file's name; `~/` is the login directory.
-    pub fn parse(text: &str, local: &Path) -> std::result::Result<PutTarget, String> {
-        let split = if let Some(rest) = text.strip_prefix('[') {
-            rest.find("]:").map(|i| (&rest[..i], &rest[i + 2..]))
-        } else {
-            text.split_once(':')
-        };
-        let Some((host, path)) = split else {
-            return Err(format!(
-                "`{}` names no path on a host; write HOST:PATH (e.g. web1:/etc/app.conf)",
-                crate::text::printable(text)
-            ));
-        };
-        if host.is_empty() {
-            return Err("the destination names no host; write HOST:PATH".into());
-        }
-        if path.is_empty() {
-            return Err(format!(
-                "the destination on {} names no path; write {}:PATH",
-                crate::text::printable(host),
-                crate::text::printable(host)
-            ));
-        }
-        if path.chars().any(char::is_control) {
-            return Err(
-                "the destination path holds a control character (a newline, say); name the file without it"
-                    .into(),
-            );
-        }
-        let mut path = match path {
-            "~" => String::new(),
-            p => p.strip_prefix("~/").unwrap_or(p).to_owned(),
-        };
-        if path.is_empty() || path.ends_with('/') {
-            let Some(name) = local.file_name().and_then(|n| n.to_str()) else {
-                return Err(format!(
-                    "{} has no file name to take in a directory; name the destination file",
-                    local.display()
-                ));
-            };
-            path.push_str(name);
-        }
-        Ok(PutTarget {
-            host: host.to_owned(),
-            path,
-        })
-    }
-}
-
 /// The intent's command text: the mode and the path, the path in single quotes (the
 /// shim unquotes it; docs/host-protocol.md#files).
 pub fn intent(mode: u32, path: &str) -> String {
-    format!(
-        "{PUT_WORD} --mode {mode:04o} -- '{}'",
-        path.replace('\'', r"'\''")
-    )
+    format!("{PUT_WORD} --mode {mode:04o} -- {}", single_quoted(path))
 }
 
 /// What the host did with the content, read from the delivery's own output (a replay
@@ -141,7 +79,7 @@ impl Delivered {
 #[derive(Debug)]
 pub struct PutAnswer {
     /// Where it went.
-    pub target: PutTarget,
+    pub target: RemoteFile,
     /// The content's size.
     pub bytes: u64,
     /// The content's SHA-256, hex.
@@ -154,7 +92,7 @@ pub struct PutAnswer {
 
 /// Delivers `req.local` to its destination as one operation.
 pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<PutAnswer> {
-    let target = PutTarget::parse(&req.destination, &req.local)
+    let target = RemoteFile::parse(&req.destination, Some(&req.local))
         .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
     let meta = std::fs::metadata(&req.local).map_err(|e| {
         invalid(format!(
@@ -228,39 +166,6 @@ fn invalid(message: String) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn target(text: &str) -> std::result::Result<PutTarget, String> {
-        PutTarget::parse(text, Path::new("/tmp/app.conf"))
-    }
-
-    #[test]
-    fn a_destination_is_host_colon_path_as_scp_writes_it() {
-        assert_eq!(
-            target("web1:/etc/app.conf").unwrap(),
-            PutTarget {
-                host: "web1".into(),
-                path: "/etc/app.conf".into()
-            }
-        );
-        assert_eq!(target("root@web1:/etc/").unwrap().path, "/etc/app.conf");
-        assert_eq!(target("web1:~/x").unwrap().path, "x");
-        assert_eq!(target("web1:~").unwrap().path, "app.conf");
-        assert_eq!(target("[::1]:/a:b").unwrap().host, "::1");
-        assert_eq!(target("[::1]:/a:b").unwrap().path, "/a:b");
-    }
-
-    #[test]
-    fn a_destination_without_host_or_path_is_refused_with_the_form() {
-        for (bad, says) in [
-            ("web1", "HOST:PATH"),
-            (":/etc/x", "no host"),
-            ("web1:", "no path"),
-            ("web1:/etc/a\nb", "control character"),
-        ] {
-            let e = target(bad).unwrap_err();
-            assert!(e.contains(says), "{bad:?}: {e}");
-        }
-    }
 
     #[test]
     fn the_intent_quotes_the_path_so_the_shim_reads_it_back_whole() {

@@ -339,19 +339,22 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
             &format!("{e}; nothing was sent"),
         ));
     }
-    // The word a put's intent starts with is the put's alone: a command of that name
-    // would share its records (and the policy's rule for it) without being one.
-    if req.kind == crate::shim::RunKind::Command
-        && command.split_whitespace().next() == Some(crate::shim::PUT_WORD)
-    {
-        return Ok(refuse_before_anything(
-            ctx,
-            Some(op.as_str()),
-            &format!(
-                "`{}` names a file delivery; use `opmark put LOCAL HOST:PATH`. Nothing was sent",
-                crate::shim::PUT_WORD
-            ),
-        ));
+    // The words a put's and a get's intents start with are theirs alone: a command of
+    // that name would share their records (and the policy's rules) without being one.
+    if req.kind == crate::shim::RunKind::Command {
+        let first = command.split_whitespace().next();
+        for (word, instead) in [
+            (crate::shim::PUT_WORD, "opmark put LOCAL HOST:PATH"),
+            (crate::shim::GET_WORD, "opmark get HOST:PATH LOCAL"),
+        ] {
+            if first == Some(word) {
+                return Ok(refuse_before_anything(
+                    ctx,
+                    Some(op.as_str()),
+                    &format!("`{word}` names a file transfer; use `{instead}`. Nothing was sent"),
+                ));
+            }
+        }
     }
     let checked = Checked {
         op,

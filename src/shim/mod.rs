@@ -147,6 +147,10 @@ pub struct RunCall<'a> {
 /// may not start with (docs/commands.md#put-files-delivered-once).
 pub const PUT_WORD: &str = "opmark-put";
 
+/// The first word of a get's intent (`opmark-get -- 'PATH'`), which a command may not
+/// start with either.
+pub const GET_WORD: &str = "opmark-get";
+
 /// What a claim does when it starts: run a command, or deliver a file whose content is
 /// the stdin (docs/host-protocol.md#files).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -157,6 +161,9 @@ pub enum RunKind {
     /// `opmark put`: the stdin written to the path the command text names, atomically
     /// and checked by digest, by the shim itself.
     Put,
+    /// `opmark get`: the file the command text names sent as the output, its digest on
+    /// stderr's first line.
+    Get,
 }
 
 impl RunKind {
@@ -165,6 +172,7 @@ impl RunKind {
         match self {
             RunKind::Command => "command",
             RunKind::Put => "put",
+            RunKind::Get => "get",
         }
     }
 }

@@ -500,6 +500,44 @@ fn a_lock_holds_one_command_at_a_time(c: &Cell) {
     assert_eq!(support::most_at_once(&held), 1, "{}: {held:?}", c.label);
 }
 
+/// `opmark put` to the cell's host: the file arrives whole with its mode (busybox's
+/// `sha256sum`, `head`, `sync FILE` and `mv` are all a put needs), the same op id replays,
+/// and the same content under a new op id is not written again.
+fn a_put_arrives_whole_and_replays(c: &Cell) {
+    let (remote, here) = c.effect("put");
+    let dir = fresh_dir(&format!("mx-put-{}", c.label));
+    let local = dir.join("content");
+    let bytes: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&local, &bytes).unwrap();
+    let put = |op: &str| {
+        let out = c
+            .opmark()
+            .args(["--json", "put"])
+            .arg(&local)
+            .arg(format!("{}:{remote}", c.dest))
+            .args(["--op", op, "--mode", "644"])
+            .output()
+            .unwrap();
+        json(&out)
+    };
+    let first = put(&c.op("put-1"));
+    assert_eq!(first["verdict"], "completed", "{}: {first}", c.label);
+    assert_eq!(
+        first["file"]["delivered"], "written",
+        "{}: {first}",
+        c.label
+    );
+    assert_eq!(std::fs::read(&here).unwrap(), bytes, "{}", c.label);
+    let again = put(&c.op("put-1"));
+    assert_eq!(again["verdict"], "replayed", "{}: {again}", c.label);
+    let other = put(&c.op("put-2"));
+    assert_eq!(
+        other["file"]["delivered"], "unchanged",
+        "{}: {other}",
+        c.label
+    );
+}
+
 /// Every core case on one cell.
 fn core_cases(c: &Cell, faults: bool) {
     let started = Instant::now();
@@ -510,6 +548,7 @@ fn core_cases(c: &Cell, faults: bool) {
         c.label
     );
     run_replay_and_as_ssh_would(c);
+    a_put_arrives_whole_and_replays(c);
     live_output(c);
     cancel_then_gc(c);
     timeout_keeps_what_was_written(c);

@@ -1,9 +1,12 @@
-//! `opmark put` (docs/commands.md#put-files-delivered-once) against real sshd targets: the
-//! file arrives whole with its mode; a rerun under the op id replays and writes nothing;
-//! other content under it is a `conflict`; the same content under a new op id is
-//! `completed` with nothing written (mtime unchanged); a reader of the path during a put
-//! never sees part of a file; a link cut after the content is on the host is settled by
-//! the probe and the file written once; bad input sends nothing.
+//! Files (docs/commands.md#put-files-delivered-once, #get-files-read-back-whole) against
+//! real sshd targets. `opmark put`: the file arrives whole with its mode; a rerun under
+//! the op id replays and writes nothing; other content under it is a `conflict`; the same
+//! content under a new op id is `completed` with nothing written (mtime unchanged); a
+//! reader of the path during a put never sees part of a file; a link cut after the content
+//! is on the host is settled by the probe and the file written once; a 200 MB put cut at
+//! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
+//! read whole and checked, a rerun replays the host's copy (even after the file changed),
+//! a missing file leaves LOCAL as it was.
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -446,4 +449,122 @@ fn a_200_mb_put_cut_at_30_60_and_90_percent_resumes_each_time_and_never_leaves_a
         sent < SIZE as u64 * 12 / 10,
         "{sent} bytes crossed the link for a {SIZE}-byte file (resumed, not resent)"
     );
+}
+
+/// `opmark --json get target1:REMOTE LOCAL ARGS...`.
+fn get(env: &Sealed, lab: &Lab, remote: &Path, local: &Path, args: &[&str]) -> Answer {
+    support::answer(
+        env.opmark_with_lab(lab)
+            .arg("--json")
+            .arg("get")
+            .arg(format!("target1:{}", remote.display()))
+            .arg(local)
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn a_get_reads_the_file_whole_and_a_rerun_replays_the_hosts_copy() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let remote = content(&dir, "remote.log", 3 << 20, 10);
+    let want = sha256(&remote);
+    let local = dir.join("here").join("copy.log");
+    std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let a = get(&env, &lab, &remote, &local, &["--op", "get-1"]);
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.json["family"], "read-only", "{a:?}");
+    assert_eq!(a.json["file"]["saved"], true, "{a:?}");
+    assert_eq!(a.json["file"]["sha256"], want.as_str());
+    assert_eq!(
+        a.json["stdout"], "",
+        "the content is in LOCAL, not the document"
+    );
+    assert_eq!(sha256(&local), want);
+    assert!(no_leftovers(&local));
+    // The file changes on the host; the same op id replays what that read saw.
+    std::fs::write(&remote, "changed\n").unwrap();
+    std::fs::remove_file(&local).unwrap();
+    let again = get(&env, &lab, &remote, &local, &["--op", "get-1"]);
+    assert_eq!(again.verdict(), "replayed", "{again:?}");
+    assert_eq!(sha256(&local), want, "the first read's bytes");
+    // A new op id reads it anew; a directory as LOCAL takes the file's name.
+    let fresh = get(&env, &lab, &remote, &dir.join("here"), &["--op", "get-2"]);
+    assert_eq!(fresh.json["file"]["saved"], true, "{fresh:?}");
+    assert_eq!(
+        std::fs::read(dir.join("here").join("remote.log")).unwrap(),
+        b"changed\n"
+    );
+}
+
+#[test]
+fn a_get_of_a_missing_file_leaves_local_as_it_was_and_bad_input_sends_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = dir.join("keep");
+    std::fs::write(&local, "mine\n").unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let a = get(&env, &lab, &dir.join("absent"), &local, &["--op", "gm-1"]);
+    assert_eq!(a.exit_code(), Some(1), "{a:?}");
+    assert_eq!(a.json["file"]["saved"], false, "{a:?}");
+    assert!(a.stderr.contains("no file"), "{}", a.stderr);
+    assert_eq!(std::fs::read(&local).unwrap(), b"mine\n");
+    for (args, says) in [
+        (
+            vec!["target1".to_owned(), local.display().to_string()],
+            "HOST:PATH",
+        ),
+        (
+            vec!["target1:/etc/".to_owned(), local.display().to_string()],
+            "names a directory",
+        ),
+        (
+            vec![
+                "target1:/etc/hostname".to_owned(),
+                dir.join("no/such/dir/f").display().to_string(),
+            ],
+            "no directory",
+        ),
+    ] {
+        let out = env
+            .opmark_with_lab(&lab)
+            .arg("get")
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let run = support::run_json(
+        &env,
+        &lab,
+        &["target1", "--", "opmark-get -- '/etc/hostname'"],
+    );
+    assert_eq!(run.verdict(), "refused", "{run:?}");
+}
+
+#[test]
+fn a_get_of_a_private_key_waits_for_a_humans_approval() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let env = Sealed::new(crate::test_name!());
+    let a = get(
+        &env,
+        &lab,
+        Path::new("/etc/shadow"),
+        &dir.join("s"),
+        &["--op", "gs-1"],
+    );
+    assert_eq!(a.verdict(), "blocked", "{a:?}");
+    assert!(!dir.join("s").exists());
 }

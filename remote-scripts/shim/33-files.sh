@@ -109,3 +109,43 @@ put_install() {
 	printf 'written\n'
 	exit 0
 }
+
+# get_send MARKER: the file read a get claimed, run by the supervisor in place of a
+# command, in the login's directory. The command text is `opmark-get -- 'PATH'`, quoted by
+# the client. PATH is copied into the marker first, so that the digest and the bytes sent
+# are of one version of it, however it changes meanwhile; the first stderr line says
+# `opmark-get: sha256=HEX bytes=N`, then the copy goes to stdout (kept in the marker as
+# any output, for a replay) and is removed. A failure says why on stderr and exits 1 (2:
+# the request itself is malformed).
+get_send() {
+	gs_m=$1
+	gs_req=$(cat -- "$gs_m/cmd") || exit 126
+	case $gs_req in
+	"opmark-get -- '"*"'") ;;
+	*)
+		printf 'opmark-get: malformed request\n' >&2
+		exit 2
+		;;
+	esac
+	eval "set -- ${gs_req#opmark-get }"
+	if [ "$#" -ne 2 ] || [ "$1" != -- ]; then
+		printf 'opmark-get: malformed request\n' >&2
+		exit 2
+	fi
+	gs_path=$2
+	if ! [ -f "$gs_path" ]; then
+		printf 'opmark-get: no file %s on this host\n' "$gs_path" >&2
+		exit 1
+	fi
+	if ! cat -- "$gs_path" >"$gs_m/got"; then
+		rm -f -- "$gs_m/got"
+		printf 'opmark-get: cannot read %s\n' "$gs_path" >&2
+		exit 1
+	fi
+	gs_sum=$(sha256sum <"$gs_m/got")
+	gs_n=$(wc -c <"$gs_m/got")
+	printf 'opmark-get: sha256=%s bytes=%s\n' "${gs_sum%% *}" "$((gs_n + 0))" >&2
+	cat -- "$gs_m/got" || exit 1
+	rm -f -- "$gs_m/got"
+	exit 0
+}

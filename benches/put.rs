@@ -1,0 +1,230 @@
+//! `opmark put` of one 100 MB file against `scp` and `rsync` (docs/commands.md#put-files-delivered-once),
+//! on loopback and through a relay adding 25 ms each way: the same file, A B C per round
+//! (each tool writes a destination that does not exist yet, so every round writes),
+//! medians and ratios printed. opmark connects through its keeper after one warm-up, as
+//! an agent calling it repeatedly would; scp and rsync connect per call, as they are used.
+//! A benchmark, never a test (`cargo bench --bench put`; `OPMARK_BENCH_BIN` times another
+//! build, `OPMARK_BENCH_ROUNDS` sets the rounds, `OPMARK_BENCH_MB` the size).
+
+// Each bench uses part of the shared relay.
+#[allow(dead_code)]
+#[path = "common/relay.rs"]
+mod relay;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use opmark::lab::{Lab, LabSpec, Placement};
+
+use relay::Relay;
+
+/// The relay's delay each way: a 50 ms round trip.
+const ONE_WAY: Duration = Duration::from_millis(25);
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+        .max(1)
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ok(cmd: &mut Command) {
+    let out = cmd.stdin(Stdio::null()).output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// One tool's way of copying the file to `dest` on the host named `alias` in `cfg`.
+type Copy<'a> = Box<dyn Fn(&Path, &str, &str) + 'a>;
+
+/// Times each tool `rounds` times, interleaved, and prints medians and ratios to scp.
+/// `after_each` runs after every copy (the relay drops its log of the chunks).
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    title: &str,
+    cfg: &Path,
+    alias: &str,
+    remote_dir: &Path,
+    tools: &[(&str, Copy)],
+    rounds: usize,
+    mb: usize,
+    after_each: &dyn Fn(),
+) {
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); tools.len()];
+    for round in 0..rounds {
+        for (i, (name, copy)) in tools.iter().enumerate() {
+            let dest = remote_dir.join(format!("{name}-{round}"));
+            let start = Instant::now();
+            copy(cfg, alias, dest.to_str().unwrap());
+            times[i].push(start.elapsed());
+            let _ = std::fs::remove_file(&dest);
+            after_each();
+        }
+    }
+    println!("\n{title}: one {mb} MB file, median of {rounds}");
+    let scp = median(times[0].clone());
+    for ((name, _), t) in tools.iter().zip(times) {
+        let m = median(t);
+        println!(
+            "  {name:<8} {:>8.0} ms  {:>6.1} MB/s  {:>5.2}x scp",
+            m.as_secs_f64() * 1e3,
+            mb as f64 / m.as_secs_f64(),
+            m.as_secs_f64() / scp.as_secs_f64()
+        );
+    }
+}
+
+fn main() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-put");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let lab = Lab::start(&LabSpec {
+        count: 1,
+        placement: Placement::Loopback,
+        dir: base.join("lab"),
+    })
+    .expect("start a loopback sshd target (is openssh-server installed?)");
+    let cfg = lab.ssh_config().to_path_buf();
+    let opmark: PathBuf = std::env::var_os("OPMARK_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_opmark")));
+    let rounds = setting("OPMARK_BENCH_ROUNDS", 3);
+    let mb = setting("OPMARK_BENCH_MB", 100);
+    let local = base.join("content");
+    let bytes: Vec<u8> = (0..mb << 20)
+        .map(|i| (i as u64 * 2654435761 % 251) as u8)
+        .collect();
+    std::fs::write(&local, bytes).unwrap();
+    let remote_dir = base.join("remote");
+    std::fs::create_dir_all(&remote_dir).unwrap();
+    let pid = std::process::id();
+    let counter = std::cell::Cell::new(0u32);
+
+    let mut tools: Vec<(&str, Copy)> = vec![(
+        "scp",
+        Box::new(|cfg: &Path, alias: &str, dest: &str| {
+            ok(Command::new("scp")
+                .arg("-q")
+                .arg("-F")
+                .arg(cfg)
+                .args(["-o", "BatchMode=yes"])
+                .arg(&local)
+                .arg(format!("{alias}:{dest}")))
+        }),
+    )];
+    if have("rsync") {
+        tools.push((
+            "rsync",
+            Box::new(|cfg: &Path, alias: &str, dest: &str| {
+                ok(Command::new("rsync")
+                    .arg("-q")
+                    .arg("-e")
+                    .arg(format!("ssh -F {} -o BatchMode=yes", cfg.display()))
+                    .arg(&local)
+                    .arg(format!("{alias}:{dest}")))
+            }),
+        ));
+    } else {
+        println!("rsync: not installed (scripts/install-deps.sh --bench); left out");
+    }
+    tools.push((
+        "opmark",
+        Box::new(|cfg: &Path, alias: &str, dest: &str| {
+            counter.set(counter.get() + 1);
+            ok(Command::new(&opmark)
+                .arg("-F")
+                .arg(cfg)
+                .env("OPMARK_LEDGER", base.join("ledger.db"))
+                .env("XDG_CONFIG_HOME", base.join("config"))
+                .env("XDG_STATE_HOME", base.join("state"))
+                .env("XDG_RUNTIME_DIR", base.join("run"))
+                .env("OPMARK_PERSIST", "5m")
+                .arg("-q")
+                .arg("put")
+                .arg(&local)
+                .arg(format!("{alias}:{dest}"))
+                .args(["--op", &format!("put-{pid}-{}", counter.get())]))
+        }),
+    ));
+    // Warm-up: opmark's keeper holds its connection and the host caches its shim.
+    for (name, copy) in &tools {
+        copy(
+            &cfg,
+            "target1",
+            remote_dir.join(format!("warm-{name}")).to_str().unwrap(),
+        );
+    }
+    compare(
+        "loopback",
+        &cfg,
+        "target1",
+        &remote_dir,
+        &tools,
+        rounds,
+        mb,
+        &|| {},
+    );
+
+    let target = lab.target("target1").unwrap().clone();
+    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
+    let wan_cfg = base.join("ssh_config.wan");
+    let lab_cfg = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &wan_cfg,
+        format!(
+            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
+             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
+             StrictHostKeyChecking yes\n\n{lab_cfg}",
+            relay.port,
+            target.known_hosts_host(),
+            target.user,
+            lab.client_key().display(),
+            lab.known_hosts().display(),
+        ),
+    )
+    .unwrap();
+    for (name, copy) in &tools {
+        copy(
+            &wan_cfg,
+            "wan1",
+            remote_dir
+                .join(format!("warm-wan-{name}"))
+                .to_str()
+                .unwrap(),
+        );
+        relay.clear();
+    }
+    compare(
+        &format!("through a relay adding {} ms each way", ONE_WAY.as_millis()),
+        &wan_cfg,
+        "wan1",
+        &remote_dir,
+        &tools,
+        rounds,
+        mb,
+        &|| relay.clear(),
+    );
+    let _ = Command::new(&opmark)
+        .env("XDG_RUNTIME_DIR", base.join("run"))
+        .args(["keeper", "stop"])
+        .output();
+}

@@ -1,0 +1,256 @@
+//! Get: a file on a host read into a local file as one operation
+//! (docs/commands.md#get-files-read-back-whole). The intent is `opmark-get -- 'PATH'`,
+//! read-only by the shipped policy; the shim copies PATH into the marker, says its digest
+//! on stderr's first line and sends the copy as the output, which the host keeps for a
+//! replay. Here the bytes go to a temporary file beside LOCAL, are checked against that
+//! digest, synced and renamed into place: LOCAL holds the old file or the whole new one.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest as _, Sha256};
+
+use super::remote_file::{single_quoted, RemoteFile};
+use super::run::{run, FleetOptions, RunAnswer, RunRequest, RunWatch, Stdin};
+use super::{Context, HostOptions};
+use crate::error::{Error, ErrorKind, Result};
+use crate::operation::WaitScope;
+use crate::shim::GET_WORD;
+use crate::vocab::Verdict;
+
+/// The host keeps a get's whole output for a replay: a file's size, not the usual cap.
+const KEEP_ON_HOST: u64 = 1 << 40;
+
+/// What `opmark get` was asked.
+#[derive(Debug, Clone)]
+pub struct GetRequest {
+    /// `HOST:PATH`, as typed.
+    pub source: String,
+    /// The local file (an existing directory takes the remote file's name).
+    pub local: PathBuf,
+    /// The op id, unchecked; None mints one.
+    pub op: Option<String>,
+    /// At most this many attempts.
+    pub attempts: Option<u32>,
+    /// How long to wait for a read under way before answering `in_progress`.
+    pub wait: Duration,
+    /// What `wait` bounds besides connects and probes.
+    pub wait_scope: WaitScope,
+    /// Connection options.
+    pub options: HostOptions,
+}
+
+/// What `get` read and where it put it, with the run's answer.
+#[derive(Debug)]
+pub struct GetAnswer {
+    /// Where it came from.
+    pub source: RemoteFile,
+    /// Where it went.
+    pub local: PathBuf,
+    /// The file as the host read it: (SHA-256 hex, bytes), when it was read.
+    pub read: Option<(String, u64)>,
+    /// LOCAL holds the content now (checked by its digest).
+    pub saved: bool,
+    /// The operation's answer, as `run` gives it (its stdout emptied: the content is in
+    /// LOCAL, not in a document).
+    pub run: RunAnswer,
+}
+
+/// The intent's command text (docs/host-protocol.md#files).
+pub fn intent(path: &str) -> String {
+    format!("{GET_WORD} -- {}", single_quoted(path))
+}
+
+/// Reads the remote file into `req.local` as one operation.
+pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<GetAnswer> {
+    let source = RemoteFile::parse(&req.source, None)
+        .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
+    let local = if req.local.is_dir() {
+        let name = Path::new(&source.path).file_name().ok_or_else(|| {
+            invalid(format!(
+                "{} has no file name; name the local file",
+                source.path
+            ))
+        })?;
+        req.local.join(name)
+    } else {
+        req.local.clone()
+    };
+    let dir = match local.parent() {
+        Some(d) if d.as_os_str().is_empty() => Path::new("."),
+        Some(d) => d,
+        None => Path::new("/"),
+    };
+    if !dir.is_dir() {
+        return Err(invalid(format!(
+            "no directory {} here to write {} into; create it first. Nothing was sent",
+            dir.display(),
+            local.display()
+        )));
+    }
+    let request = RunRequest {
+        hosts: vec![source.host.clone()],
+        op: req.op,
+        class: None,
+        stdin: Stdin::None,
+        timeout: None,
+        attempts: req.attempts,
+        wait: req.wait,
+        wait_scope: req.wait_scope,
+        output_cap: KEEP_ON_HOST,
+        approve: None,
+        approval: None,
+        repeats: None,
+        amends: None,
+        options: req.options,
+        fleet: FleetOptions::default(),
+        secrets: Vec::new(),
+        become_user: None,
+        locks: Vec::new(),
+        lock_wait: Duration::ZERO,
+        command: vec![intent(&source.path)],
+        kind: crate::shim::RunKind::Get,
+        live_output: false,
+        tally: None,
+    };
+    let mut run = run(ctx, request, watch)?;
+    let (mut read, mut saved) = (None, false);
+    if let RunAnswer::One { report, .. } = &mut run {
+        if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
+            && report.exit_code == Some(0)
+        {
+            read = digest_said(&report.stderr.lossy_string());
+            if let Some((sha256, bytes)) = &read {
+                save(&report.stdout, &local, dir, sha256, *bytes, &report.op_id)?;
+                saved = true;
+            }
+        }
+        // The content is in LOCAL; a document carries what happened, not the file.
+        report.stdout = Default::default();
+    }
+    Ok(GetAnswer {
+        source,
+        local,
+        read,
+        saved,
+        run,
+    })
+}
+
+/// The digest and size the host said on stderr's first line.
+fn digest_said(stderr: &str) -> Option<(String, u64)> {
+    let line = stderr.lines().next()?.strip_prefix("opmark-get: ")?;
+    let mut sha = None;
+    let mut bytes = None;
+    for field in line.split(' ') {
+        match field.split_once('=') {
+            Some(("sha256", v)) if v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                sha = Some(v.to_owned());
+            }
+            Some(("bytes", v)) => bytes = v.parse().ok(),
+            _ => {}
+        }
+    }
+    Some((sha?, bytes?))
+}
+
+/// Writes `content` beside `local`, checks it against what the host said, syncs it and
+/// renames it into place (and syncs the directory): never a partial file at LOCAL.
+fn save(
+    content: &crate::operation::output::Captured,
+    local: &Path,
+    dir: &Path,
+    sha256: &str,
+    bytes: u64,
+    op: &str,
+) -> Result<()> {
+    let name = local
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.opmark-{op}"));
+    let failed = |what: &str, e: &dyn std::fmt::Display| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::new(
+            ErrorKind::LocalIo,
+            format!(
+                "cannot {what} {} ({e}); {} is unchanged. The host keeps the file's copy: rerun with the same op id to read it again",
+                tmp.display(),
+                local.display()
+            ),
+        )
+    };
+    let mut file = std::fs::File::create(&tmp).map_err(|e| failed("create", &e))?;
+    let mut hashing = HashingWriter {
+        inner: &mut file,
+        hash: Sha256::new(),
+        len: 0,
+    };
+    content
+        .write_raw(&mut hashing)
+        .map_err(|e| failed("write", &e))?;
+    let (got, len) = (hex::encode(hashing.hash.finalize()), hashing.len);
+    if got != sha256 || len != bytes {
+        return Err(failed(
+            "keep",
+            &format!(
+                "it holds {len} bytes of SHA-256 {got}, the host read {bytes} bytes of {sha256}"
+            ),
+        ));
+    }
+    file.sync_all().map_err(|e| failed("sync", &e))?;
+    std::fs::rename(&tmp, local).map_err(|e| failed("rename", &e))?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// Writes through and hashes what passed.
+struct HashingWriter<'a> {
+    inner: &'a mut std::fs::File,
+    hash: Sha256,
+    len: u64,
+}
+
+impl std::io::Write for HashingWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::new(ErrorKind::InvalidInput, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_digest_comes_from_the_first_stderr_line_only() {
+        let sha = "a".repeat(64);
+        assert_eq!(
+            digest_said(&format!("opmark-get: sha256={sha} bytes=12\n")),
+            Some((sha.clone(), 12))
+        );
+        assert_eq!(
+            digest_said(&format!("noise\nopmark-get: sha256={sha} bytes=1\n")),
+            None
+        );
+        assert_eq!(digest_said("opmark-get: sha256=xyz bytes=1\n"), None);
+        assert_eq!(digest_said(""), None);
+    }
+
+    #[test]
+    fn the_intent_quotes_the_path() {
+        assert_eq!(intent("/var/log/a b"), "opmark-get -- '/var/log/a b'");
+    }
+}

@@ -1,0 +1,122 @@
+//! `HOST:PATH` as scp writes it: where `opmark put` writes a file and `opmark get` reads
+//! one, and the path quoted for the intent's command text, which the shim unquotes
+//! (docs/host-protocol.md#files).
+
+use std::path::Path;
+
+/// A file on a host: the host as typed, and the path on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFile {
+    /// Host alias or [user@]host.
+    pub host: String,
+    /// The file's path on the host: absolute, or relative to the login directory.
+    pub path: String,
+}
+
+impl RemoteFile {
+    /// `HOST:PATH` (`[v6addr]:PATH` too); `~/` is the login directory. A PATH ending in
+    /// `/` (or `~`) is a directory: it takes `name_from`'s file name, and without one it
+    /// is refused.
+    pub fn parse(text: &str, name_from: Option<&Path>) -> Result<RemoteFile, String> {
+        let split = if let Some(rest) = text.strip_prefix('[') {
+            rest.find("]:").map(|i| (&rest[..i], &rest[i + 2..]))
+        } else {
+            text.split_once(':')
+        };
+        let Some((host, path)) = split else {
+            return Err(format!(
+                "`{}` names no path on a host; write HOST:PATH (e.g. web1:/etc/app.conf)",
+                crate::text::printable(text)
+            ));
+        };
+        if host.is_empty() {
+            return Err(format!(
+                "`{}` names no host; write HOST:PATH",
+                crate::text::printable(text)
+            ));
+        }
+        if path.is_empty() {
+            return Err(format!(
+                "`{}` names no path on {}; write {}:PATH",
+                crate::text::printable(text),
+                crate::text::printable(host),
+                crate::text::printable(host)
+            ));
+        }
+        if path.chars().any(char::is_control) {
+            return Err(
+                "the path on the host holds a control character (a newline, say); name the file without it"
+                    .into(),
+            );
+        }
+        let mut path = match path {
+            "~" => String::new(),
+            p => p.strip_prefix("~/").unwrap_or(p).to_owned(),
+        };
+        if path.is_empty() || path.ends_with('/') {
+            let name = name_from
+                .and_then(|l| l.file_name())
+                .and_then(|n| n.to_str());
+            let Some(name) = name else {
+                return Err(format!(
+                    "`{}` names a directory; name the file",
+                    crate::text::printable(text)
+                ));
+            };
+            path.push_str(name);
+        }
+        Ok(RemoteFile {
+            host: host.to_owned(),
+            path,
+        })
+    }
+}
+
+/// `text` in single quotes for a POSIX shell (`'\''` for a quote).
+pub fn single_quoted(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(text: &str) -> Result<RemoteFile, String> {
+        RemoteFile::parse(text, Some(Path::new("/tmp/app.conf")))
+    }
+
+    #[test]
+    fn a_destination_is_host_colon_path_as_scp_writes_it() {
+        assert_eq!(
+            target("web1:/etc/app.conf").unwrap(),
+            RemoteFile {
+                host: "web1".into(),
+                path: "/etc/app.conf".into()
+            }
+        );
+        assert_eq!(target("root@web1:/etc/").unwrap().path, "/etc/app.conf");
+        assert_eq!(target("web1:~/x").unwrap().path, "x");
+        assert_eq!(target("web1:~").unwrap().path, "app.conf");
+        assert_eq!(target("[::1]:/a:b").unwrap().host, "::1");
+        assert_eq!(target("[::1]:/a:b").unwrap().path, "/a:b");
+    }
+
+    #[test]
+    fn a_destination_without_host_or_path_is_refused_with_the_form() {
+        for (bad, says) in [
+            ("web1", "HOST:PATH"),
+            (":/etc/x", "no host"),
+            ("web1:", "no path"),
+            ("web1:/etc/a\nb", "control character"),
+        ] {
+            let e = target(bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_directory_without_a_name_to_take_is_refused() {
+        let e = RemoteFile::parse("web1:/etc/", None).unwrap_err();
+        assert!(e.contains("names a directory"), "{e}");
+    }
+}
