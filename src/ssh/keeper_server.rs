@@ -239,18 +239,35 @@ async fn run(
 ) -> Result<(), String> {
     let uid = own_uid().map_err(|e| format!("cannot tell this process's uid: {e}"))?;
     let socket = place.socket();
-    // We hold the lock: whatever socket is there belongs to a keeper that is gone.
-    if place.check_socket()? {
-        let _ = std::fs::remove_file(&socket);
-    }
+    // We hold the lock: whatever socket is there belongs to a keeper that is gone (and is
+    // replaced below); `check_socket` still refuses to replace what is not our socket.
+    place.check_socket()?;
+    // The socket appears under its name only once it is ours alone. `bind` creates it
+    // with the umask's mode (0755 under 022), and a caller polling for the keeper it
+    // started refuses a socket open to others (reuse off for its whole run), so binding
+    // in place left a window up to the chmod that a loaded machine widens. So: bind
+    // under a name no caller looks at (ours alone while we hold the lock; a leftover of
+    // a keeper killed here is removed first), restrict it, then rename it over the stale
+    // one in one step: a caller sees the stale socket (refused) or the ready one.
+    let staging_name = format!("{}.new", super::keeper::socket_name());
+    let staging = place.dir.join(&staging_name);
+    let _ = std::fs::remove_file(&staging);
     let mut holder = None;
-    let path = short_path(&place.dir, &super::keeper::socket_name(), &mut holder)
+    let path = short_path(&place.dir, &staging_name, &mut holder)
         .map_err(|e| format!("cannot open {}: {e}", place.dir.display()))?;
     let listener = UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+        .map_err(|e| format!("cannot listen on {}: {e}", staging.display()))?;
     drop(holder);
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot restrict {}: {e}", socket.display()))?;
+    let published = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", staging.display()))
+        .and_then(|()| {
+            std::fs::rename(&staging, &socket)
+                .map_err(|e| format!("cannot move {} into place: {e}", staging.display()))
+        });
+    if let Err(e) = published {
+        let _ = std::fs::remove_file(&staging);
+        return Err(e);
+    }
     let inode = std::fs::metadata(&socket).map(|m| m.ino()).ok();
     let _ = std::fs::write(place.pid_file(), format!("{}\n", std::process::id()));
 
