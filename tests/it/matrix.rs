@@ -502,7 +502,8 @@ fn a_lock_holds_one_command_at_a_time(c: &Cell) {
 
 /// `opmark put` to the cell's host: the file arrives whole with its mode (busybox's
 /// `sha256sum`, `head`, `sync FILE` and `mv` are all a put needs), the same op id replays,
-/// and the same content under a new op id is not written again.
+/// the same content under a new op id is not written again, and `opmark get` reads it
+/// back whole.
 fn a_put_arrives_whole_and_replays(c: &Cell) {
     let (remote, here) = c.effect("put");
     let dir = fresh_dir(&format!("mx-put-{}", c.label));
@@ -536,6 +537,19 @@ fn a_put_arrives_whole_and_replays(c: &Cell) {
         "{}: {other}",
         c.label
     );
+    // And read back by `opmark get`, checked by the digest the host computed.
+    let back = dir.join("back");
+    let out = c
+        .opmark()
+        .args(["--json", "get"])
+        .arg(format!("{}:{remote}", c.dest))
+        .arg(&back)
+        .args(["--op", &c.op("get-1")])
+        .output()
+        .unwrap();
+    let got = json(&out);
+    assert_eq!(got["file"]["saved"], true, "{}: {got}", c.label);
+    assert_eq!(std::fs::read(&back).unwrap(), bytes, "{}", c.label);
 }
 
 /// Every core case on one cell.
