@@ -196,13 +196,43 @@ release_locks() {
 	sv_held=''
 }
 
+# holder_cmd_fields FILE: sets hc_fields to the fields that name a lock holder's command
+# (FILE, its marker's cmd) in lock_busy: `cmd=HEX`, the first line of FILE and at most its
+# first 160 bytes, in lowercase hex (a frame's field holds no space or newline, and a
+# command any byte), then ` cmd_cut=1` when FILE holds more than that. Empty when FILE is
+# missing, unreadable or starts with a newline. The client decodes and redacts it.
+holder_cmd_fields() {
+	hc_fields=''
+	[ -f "$1" ] && [ -r "$1" ] || return 0
+	# Two bytes past the limit tell a line of 160 bytes from a longer one, and a line that
+	# ends the file from one that more follow. As " xx" words, one space before each.
+	hc_hex=$(head -c 162 -- "$1" 2>/dev/null | od -An -tx1 -v | tr -s ' \n' '  ')
+	hc_hex=" ${hc_hex# }"
+	hc_hex=${hc_hex% }
+	hc_line=${hc_hex%%" 0a"*}
+	hc_cut=''
+	case ${hc_hex#"$hc_line"} in
+	'' | ' 0a') ;;
+	*) hc_cut=1 ;;
+	esac
+	# 160 bytes are 480 characters of " xx".
+	while [ "${#hc_line}" -gt 480 ]; do
+		hc_line=${hc_line%???}
+		hc_cut=1
+	done
+	hc_line=$(printf '%s' "$hc_line" | tr -d ' ')
+	[ -n "$hc_line" ] || return 0
+	hc_fields="cmd=$hc_line${hc_cut:+ cmd_cut=1}"
+}
+
 # lock_busy NAME HOLDER [FIELDS]: the supervisor could not take lock NAME (held by HOLDER,
 # a slot's target; or as FIELDS say: reason=capacity_differs capacity=N, the lock's own,
-# or reason=cannot_wait, no clock or no readlink on the host), so nothing
-# ran: it gives back what it took, tells whoever follows ("f lock_busy ..." on the wake-up
-# FIFOs), and takes a fresh claim back, so that the op id reads absent and a rerun claims
-# it again. A claim that replaced an interrupted one stays (the evidence under it moved
-# aside; it reads interrupted, as after any start that failed). Ends the supervisor.
+# or reason=cannot_wait, no clock or no readlink on the host), so nothing ran: it gives
+# back what it took, tells whoever follows ("f lock_busy ..." on the wake-up FIFOs,
+# naming the holder's op id, since when and, while its marker has it, its command), and
+# takes a fresh claim back, so that the op id reads absent and a rerun claims it again. A
+# claim that replaced an interrupted one stays (the evidence under it moved aside; it
+# reads interrupted, as after any start that failed). Ends the supervisor.
 lock_busy() {
 	release_locks
 	lb_holder='' lb_since=''
@@ -215,8 +245,15 @@ lock_busy() {
 		set -- "$1" "" "${7:-}"
 	fi
 	lb_detail="lock_busy lock=$1"
-	[ -n "$lb_holder" ] && valid_id "$lb_holder" && lb_detail="$lb_detail holder=$lb_holder"
+	if [ -n "$lb_holder" ] && valid_id "$lb_holder"; then
+		lb_detail="$lb_detail holder=$lb_holder"
+		# The holder's marker, beside ours: its command, as the client names it.
+		holder_cmd_fields "${m%/*}/$lb_holder/cmd"
+	else
+		hc_fields=''
+	fi
 	is_uint "$lb_since" && lb_detail="$lb_detail since=$lb_since"
+	[ -n "$hc_fields" ] && lb_detail="$lb_detail $hc_fields"
 	[ -n "${3:-}" ] && lb_detail="$lb_detail $3"
 	for w in .w.*; do
 		[ -p "$w" ] && printf 'f %s\n' "$lb_detail" 1<>"$w"

@@ -1571,7 +1571,7 @@ pub fn repetition_held(
 }
 
 /// The answer to a host lock not taken in time: `not_applied`, naming the lock and its
-/// holder; or, when the lock has another capacity on that host than the run named, the
+/// holder (op id, redacted command, since when); or, when the lock has another capacity on that host than the run named, the
 /// input is what to change (`refused`: waiting would never help).
 fn lock_busy(attempt: &str, busy: super::reply::BusyLock) -> Answer {
     let lock = busy.lock;
@@ -1595,10 +1595,15 @@ fn lock_busy(attempt: &str, busy: super::reply::BusyLock) -> Answer {
             ),
         );
     }
-    let holder = match (busy.holder, busy.since) {
-        (Some(op), Some(since)) => format!("held by op {op} since {since}"),
+    // The command came redacted from the reply (super::reply::BusyLock::command).
+    let holder = match (busy.holder, busy.command) {
+        (Some(op), Some(command)) => format!("held by op {op} (`{command}`)"),
         (Some(op), None) => format!("held by op {op}"),
-        _ => "held by another operation".to_owned(),
+        (None, _) => "held by another operation".to_owned(),
+    };
+    let holder = match busy.since {
+        Some(since) => format!("{holder} since {since}"),
+        None => holder,
     };
     Answer::new(
         Verdict::NotApplied,
@@ -1693,15 +1698,18 @@ mod tests {
     }
 
     fn refusal(word: &str, fields: &[(&str, &str)], marker: Option<MarkerInfo>) -> Refused {
-        Refused::from(&Refusal {
-            reason: RefusalReason::parse(word).expect("a shim word"),
-            replay: false,
-            marker,
-            fields: fields
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        })
+        Refused::read(
+            &Refusal {
+                reason: RefusalReason::parse(word).expect("a shim word"),
+                replay: false,
+                marker,
+                fields: fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            },
+            &crate::redact::Redactor::default(),
+        )
     }
 
     fn replied(reply: RunReply) -> Dispatched {
@@ -3343,7 +3351,8 @@ mod tests {
     }
 
     #[test]
-    fn a_host_lock_not_free_in_time_then_not_applied_naming_it_its_holder_and_since_when() {
+    fn a_host_lock_not_free_in_time_then_not_applied_naming_it_its_holder_its_command_and_since_when(
+    ) {
         let ours = [attempt("at-1", Boundary::Started)];
         let f = facts(Family::Destructive, &ours);
         let busy = |fields: &[(&str, &str)]| {
@@ -3361,6 +3370,35 @@ mod tests {
             "{a:?}"
         );
         assert!(a.reason.contains("nothing ran"), "{a:?}");
+        // The holder's command (`cmd=`, hex), redacted and cut as the reply reads it.
+        let a = busy(&[
+            ("lock", "apt"),
+            ("holder", "upgrade-1"),
+            ("since", "1764892800"),
+            ("cmd", &hex::encode("apt-get -y upgrade")),
+        ]);
+        assert_eq!(verdict_of(&a), (Verdict::NotApplied, ReasonCode::LockBusy));
+        assert!(
+            a.reason.contains(
+                "`apt` is held by op upgrade-1 (`apt-get -y upgrade`) since 2025-12-05T00:00:00Z"
+            ),
+            "{a:?}"
+        );
+        let a = busy(&[
+            ("lock", "apt"),
+            ("holder", "db-1"),
+            (
+                "cmd",
+                &hex::encode("mysql --password=hunter2 -e 'select 1'"),
+            ),
+            ("cmd_cut", "1"),
+        ]);
+        assert!(
+            a.reason
+                .contains("held by op db-1 (`mysql --password=*** -e 'select 1'…`) ("),
+            "{a:?}"
+        );
+        assert!(!a.reason.contains("hunter2"), "{a:?}");
         // Words the host sent that opmark would never write are not repeated.
         let a = busy(&[("lock", "a/b"), ("holder", "x;y"), ("since", "soon")]);
         assert!(

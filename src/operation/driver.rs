@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::family::Family;
 use crate::host::{self, call_shim, CallEnd, CallObserver};
-use crate::ledger::{Durability, Event, LedgerError, OpKey, RefusalWord};
+use crate::ledger::{Durability, Event, LedgerError, OpKey, Redactor, RefusalWord};
 use crate::op_id::OpId;
 use crate::policy::{AfterInterrupted, OnRepeat};
 use crate::shim::{
@@ -62,6 +62,9 @@ pub(crate) struct Runner<'a> {
     pub(crate) host_fp: String,
     pub(crate) ledger_fp: String,
     pub(crate) display: String,
+    /// The policy's redaction, for text of other operations a reply names (a lock
+    /// holder's command) before it reaches an answer.
+    pub(crate) redactor: Redactor,
     pub(crate) attempts: Vec<AttemptSummary>,
     pub(crate) budget: u32,
     pub(crate) after_interrupted: AfterInterrupted,
@@ -404,7 +407,7 @@ impl<'a> Runner<'a> {
                 final_failure: false,
             },
             CallEnd::Finished(frames) => {
-                let reply = RunReply::from_frames(&frames).ok_or_else(|| {
+                let reply = RunReply::from_frames(&frames, &self.redactor).ok_or_else(|| {
                     RunError::Internal(
                         "the shim ended its reply without an exit or a refusal".into(),
                     )

@@ -72,6 +72,7 @@ pub async fn run_interruptible(
         host_fp,
         ledger_fp: ledger_fp.clone(),
         display,
+        redactor,
         attempts: Vec::new(),
         budget: input.attempts.unwrap_or(family_policy.attempts).max(1),
         after_interrupted: family_policy.after_interrupted,

@@ -144,8 +144,11 @@ fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_onc
     assert_eq!(busy.verdict(), "not_applied", "{busy:?}");
     assert_eq!(busy.code(), ("lock_busy", true), "{busy:?}");
     let reason = busy.json["reason"].as_str().unwrap();
+    // The holder by op id, command (its first 160 bytes: the path may cut it) and since when.
     assert!(
-        reason.contains("`apt`") && reason.contains("op lb-hold since"),
+        reason.contains("`apt`")
+            && reason.contains("op lb-hold (`touch ")
+            && reason.contains("`) since"),
         "{reason}"
     );
     // Answered while the holder still ran, and nothing of it ran.
@@ -173,6 +176,71 @@ fn a_lock_not_free_in_time_is_lock_busy_naming_its_holder_and_the_rerun_runs_onc
     let again = run_json(&env, &lab, &["target1", "--op", "lb-wait", "--", &cmd]);
     assert_eq!(again.verdict(), "replayed", "{again:?}");
     assert_eq!(lines(&count), 1);
+    let held = support::answer(holder.wait_with_output().unwrap());
+    assert_eq!(held.verdict(), "completed", "{held:?}");
+}
+
+#[test]
+fn a_lock_holders_command_holding_a_secret_is_named_redacted_in_the_answer_json_show_and_ledger() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let (started, done) = (dir.join("started"), dir.join("done"));
+    // Another agent's command, holding a GitHub token the shipped policy's `redact` masks.
+    let token = format!("ghp_CanaryLockHolder{}", "a".repeat(24));
+    let holder_env = Sealed::new(&format!("{}-holder", crate::test_name!()));
+    let holder_cmd = format!(
+        ": {token}; touch {}; sleep 8; touch {}",
+        started.display(),
+        done.display()
+    );
+    let holder = spawn_run(
+        &mut holder_env.opmark_with_lab(&lab),
+        &[
+            "target1",
+            "--op",
+            "lbs-hold",
+            "--lock",
+            "apt",
+            "--",
+            &holder_cmd,
+        ],
+    );
+    support::wait_for("the holder's command", Duration::from_secs(30), || {
+        started.exists()
+    });
+
+    let env = Sealed::new(crate::test_name!());
+    let busy = run_json(
+        &env,
+        &lab,
+        &["target1", "--op", "lbs-wait", "--lock", "apt", "--", "true"],
+    );
+    assert_eq!(busy.code(), ("lock_busy", true), "{busy:?}");
+    let reason = busy.json["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("held by op lbs-hold (`: ghp_***; touch "),
+        "the holder's command, redacted: {reason}"
+    );
+    assert!(!done.exists(), "answered while the holder ran");
+    let json = busy.json.to_string();
+    assert!(!support::contains_canary(json.as_bytes()), "{json}");
+    let shown = support::show(&env, "lbs-wait");
+    assert!(shown.contains("ghp_***"), "{shown}");
+    assert!(!support::contains_canary(shown.as_bytes()), "{shown}");
+    let shown = support::show_json(&env, "lbs-wait").to_string();
+    assert!(!support::contains_canary(shown.as_bytes()), "{shown}");
+    let mut files = Vec::new();
+    crate::redaction::files_under(&env.root, &mut files);
+    for file in files {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !support::contains_canary(&bytes),
+            "{} holds the token",
+            file.display()
+        );
+    }
     let held = support::answer(holder.wait_with_output().unwrap());
     assert_eq!(held.verdict(), "completed", "{held:?}");
 }

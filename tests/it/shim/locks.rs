@@ -193,3 +193,76 @@ lock_take "$PWD/locks/a" 1 "me" -1; echo "wait -1: $?"
         );
     }
 }
+
+#[test]
+fn a_holders_command_is_named_as_hex_of_its_first_line_and_at_most_160_bytes() {
+    let long = "x".repeat(160);
+    let body = format!(
+        r#"
+t() {{ printf "$1" >cmd; holder_cmd_fields "$PWD/cmd"; echo "$2: [$hc_fields]"; }}
+t 'apt-get -y upgrade' one-line
+t 'a b\nsecond line' two-lines
+t 'a\n' a-newline-ending-it
+t '\nb' an-empty-first-line
+t '' empty
+t '\303\251\t' 'utf-8 and a tab'
+t '{long}' 160-bytes
+t '{long}\n' '160 bytes and a newline'
+t '{long}y' 161-bytes
+t '{long}\ny' '160 bytes then another line'
+rm cmd
+holder_cmd_fields "$PWD/cmd"
+echo "missing: [$hc_fields]"
+"#
+    );
+    let x160 = "78".repeat(160);
+    let want = format!(
+        "one-line: [cmd=6170742d676574202d792075706772616465]\n\
+         two-lines: [cmd=612062 cmd_cut=1]\n\
+         a-newline-ending-it: [cmd=61]\n\
+         an-empty-first-line: []\n\
+         empty: []\n\
+         utf-8 and a tab: [cmd=c3a909]\n\
+         160-bytes: [cmd={x160}]\n\
+         160 bytes and a newline: [cmd={x160}]\n\
+         161-bytes: [cmd={x160} cmd_cut=1]\n\
+         160 bytes then another line: [cmd={x160} cmd_cut=1]\n\
+         missing: []\n"
+    );
+    for (shell, said) in under_every_shell("shim-locks-holder-cmd", &body) {
+        assert_eq!(said, want, "{shell}");
+    }
+}
+
+#[test]
+fn lock_busy_tells_its_followers_the_holders_op_id_since_when_and_command() {
+    // The supervisor of `mine`, in its marker, gives up on lock `apt` held by `holder-op`;
+    // a claim that superseded another stays, so the test can look at what it said.
+    let body = r#"
+read_boot
+mkdir -p ops/holder-op ops/mine ops/gone-op
+printf 'apt-get -y upgrade\nsecond line' >ops/holder-op/cmd
+cd ops/mine
+m=$PWD
+: >supersedes
+mkfifo .w.1
+# Held open here, the FIFO keeps what lock_busy writes until it is read.
+exec 4<>.w.1
+busy() {
+	(lock_busy apt "1 2 $boot 1700000000 $1")
+	read -r said <&4
+	echo "$said"
+}
+busy holder-op
+busy gone-op
+busy 'bad/id'
+"#;
+    let want = "\
+f lock_busy lock=apt holder=holder-op since=1700000000 cmd=6170742d676574202d792075706772616465 cmd_cut=1
+f lock_busy lock=apt holder=gone-op since=1700000000
+f lock_busy lock=apt since=1700000000
+";
+    for (shell, said) in under_every_shell("shim-locks-busy-frame", body) {
+        assert_eq!(said, want, "{shell}");
+    }
+}
