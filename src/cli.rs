@@ -700,15 +700,9 @@ pub struct RunArgs {
     /// beyond it bytes are counted and dropped, with a note.
     #[arg(long = "output-cap", env = "OPMARK_OUTPUT_CAP", value_parser = parse_size, default_value = "8m", value_name = "SIZE")]
     pub output_cap: u64,
-    /// Operator approval where approvals are self-service: lets a blocked operation
-    /// supersede and run once; the note is recorded. Where the policy names `approvers`,
-    /// it does not count: use --approval.
-    #[arg(long, value_name = "NOTE", conflicts_with = "approval")]
-    pub approve: Option<String>,
-    /// A signed approval (the file `opmark approve` wrote, or `-` for standard input):
-    /// lets this one blocked attempt run where approvals are signed.
-    #[arg(long, value_name = "FILE")]
-    pub approval: Option<std::path::PathBuf>,
+    /// `--approve` / `--approval`.
+    #[command(flatten)]
+    pub approvals: ApprovalArgs,
     /// Declares a deliberate repetition of the earlier operation OP (the same command on
     /// the same host under a new op id), which the family's `on_repeat` would otherwise
     /// block or warn about; recorded as a link that `show` displays on both.
@@ -1154,6 +1148,20 @@ pub struct LocksArgs {
     pub host_args: HostArgs,
 }
 
+/// A human's approval of a blocked operation, given to `run`, `put` and `get`.
+#[derive(Debug, Args)]
+pub struct ApprovalArgs {
+    /// Operator approval where approvals are self-service: lets a blocked operation
+    /// supersede and run once; the note is recorded. Where the policy names `approvers`,
+    /// it does not count: use --approval.
+    #[arg(long, value_name = "NOTE", conflicts_with = "approval")]
+    pub approve: Option<String>,
+    /// A signed approval (the file `opmark approve` wrote, or `-` for standard input):
+    /// lets this one blocked attempt run where approvals are signed.
+    #[arg(long, value_name = "FILE")]
+    pub approval: Option<std::path::PathBuf>,
+}
+
 /// `opmark put LOCAL HOST:PATH`.
 #[derive(Debug, Args)]
 pub struct PutArgs {
@@ -1179,6 +1187,9 @@ pub struct PutArgs {
     /// probes, the delivery itself unbounded).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Option<Duration>,
+    /// `--approve` / `--approval`: for a put or get the policy holds.
+    #[command(flatten)]
+    pub approvals: ApprovalArgs,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,
@@ -1204,6 +1215,9 @@ pub struct GetArgs {
     /// Budget for the whole get, as for `run --wait`.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Option<Duration>,
+    /// `--approve` / `--approval`: for a put or get the policy holds.
+    #[command(flatten)]
+    pub approvals: ApprovalArgs,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

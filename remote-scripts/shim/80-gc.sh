@@ -1,8 +1,8 @@
 # gc MAX_AGE_S DRY_RUN TOMB_AGE_S: collects completed or fenced markers whose record is
 # older than MAX_AGE_S down to tombstones (see tombstone), never a running or interrupted
 # one; removes tombstones whose record is older than TOMB_AGE_S only when that is given
-# (`-`: tombstones are kept); reclaims failed-start leftovers and cached shims of other
-# versions older than MAX_AGE_S. gc never turns evidence into absence (docs/host-protocol.md#tombstones).
+# (`-`: tombstones are kept); reclaims failed-start leftovers, cached shims of other
+# versions and unclaimed spool files (cut uploads) older than MAX_AGE_S. gc never turns evidence into absence (docs/host-protocol.md#tombstones).
 verb_gc() {
 	[ "$#" -eq 3 ] || refuse "bad_args reason=argument_count"
 	is_uint "$1" || refuse "bad_args reason=age"
@@ -80,9 +80,12 @@ gc_reclaim() {
 	elif [ -n "$shim_hash" ]; then
 		gr_self=$shim_hash.sh
 	fi
-	for gr in "$root"/superseded/*.failed-start "$root"/shim/*.sh; do
+	for gr in "$root"/superseded/*.failed-start "$root"/shim/*.sh "$root"/spool/[!.]*; do
 		[ -e "$gr" ] || continue
 		case $gr in
+		# Content or a command a cut connection left unclaimed (a put's partial content
+		# is kept for a resume: older than MAX_AGE_S, nobody resumes it).
+		"$root"/spool/*) gr_what=spool ;;
 		"$root"/shim/*)
 			# Only when this call knows its own copy, which is never one to reclaim.
 			[ -n "$gr_self" ] || continue

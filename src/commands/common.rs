@@ -99,3 +99,41 @@ impl crate::ops::run::RunWatch for SayWatch {
         crate::logging::say(format_args!("opmark: {text}"));
     }
 }
+
+/// The token of `--approval FILE` (`-`: standard input). Unreadable: an error naming the
+/// file and the fix, before anything is recorded or sent.
+pub fn read_approval(path: &std::path::Path, stdin_forwarded: bool) -> Result<String> {
+    use std::io::Read as _;
+    let bad = |why: String| crate::error::Error::new(crate::error::ErrorKind::InvalidInput, why);
+    if path == std::path::Path::new("-") {
+        if stdin_forwarded {
+            return Err(bad(
+                "--approval - reads the token from standard input, which --stdin forwards to \
+                 the command: give the token as a file instead; nothing was sent"
+                    .into(),
+            ));
+        }
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(|e| {
+            bad(format!(
+                "--approval -: standard input cannot be read: {e}; nothing was sent"
+            ))
+        })?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).map_err(|e| {
+        bad(format!(
+            "--approval {}: {e}; pass the file `opmark approve` wrote; nothing was sent",
+            path.display()
+        ))
+    })
+}
+
+/// `--approve` / `--approval` read (a token file read once, before anything is sent).
+pub fn approvals(args: &crate::cli::ApprovalArgs) -> Result<(Option<String>, Option<String>)> {
+    let approval = match args.approval.as_deref() {
+        None => None,
+        Some(path) => Some(read_approval(path, false)?),
+    };
+    Ok((args.approve.clone(), approval))
+}

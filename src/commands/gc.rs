@@ -50,6 +50,7 @@ pub fn run(global: &GlobalArgs, args: &GcArgs) -> Result<u8> {
                 GcAction::TombstoneRemoved => "tombstone removed",
                 GcAction::FailedStartReclaimed => "failed-start leftover reclaimed",
                 GcAction::ShimReclaimed => "cached shim of another version reclaimed",
+                GcAction::SpoolReclaimed => "unclaimed upload reclaimed",
             };
             if r.at == 0 {
                 crate::outln!("{would}{what}: {}", printable(&r.op));

@@ -13,6 +13,7 @@ use crate::vocab::Verdict;
 /// `--json`: the run document (its stdout left out: the content is in LOCAL) with a
 /// `file` object.
 pub fn run(global: &GlobalArgs, args: GetArgs) -> Result<u8> {
+    let (approve, approval) = common::approvals(&args.approvals)?;
     let answer = get(
         &common::context(global),
         GetRequest {
@@ -26,6 +27,8 @@ pub fn run(global: &GlobalArgs, args: GetArgs) -> Result<u8> {
                 _ => WaitScope::Probes,
             },
             options: common::host_options(&args.host_args),
+            approve,
+            approval,
         },
         &mut common::SayWatch,
     )?;

@@ -13,6 +13,7 @@ use crate::vocab::Verdict;
 /// or the verdict when the delivery did not (yet) happen. `--json`: the run document
 /// with a `file` object.
 pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
+    let (approve, approval) = common::approvals(&args.approvals)?;
     let answer = put(
         &common::context(global),
         PutRequest {
@@ -27,6 +28,8 @@ pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
                 _ => WaitScope::Probes,
             },
             options: common::host_options(&args.host_args),
+            approve,
+            approval,
         },
         &mut common::SayWatch,
     )?;

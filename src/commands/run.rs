@@ -19,15 +19,15 @@ use crate::vocab::{ReasonCode, Verdict};
 
 /// Runs the command; the exit status is the command's own or the verdict's reserved code.
 pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
-    let token_on_stdin = args.approval.as_deref() == Some(std::path::Path::new("-"));
+    let token_on_stdin = args.approvals.approval.as_deref() == Some(std::path::Path::new("-"));
     let asked = match (args.stdin, args.no_stdin || token_on_stdin) {
         (true, _) => super::stdin::Asked::Forward,
         (false, true) => super::stdin::Asked::Never,
         (false, false) => super::stdin::Asked::Unsaid,
     };
-    let approval = match args.approval.as_deref() {
+    let approval = match args.approvals.approval.as_deref() {
         None => None,
-        Some(path) => Some(read_approval(path, args.stdin)?),
+        Some(path) => Some(common::read_approval(path, args.stdin)?),
     };
     let secrets = crate::secret::Spec::parse_all(&args.secrets).map_err(|e| {
         crate::error::Error::new(
@@ -55,7 +55,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
             _ => WaitScope::Probes,
         },
         output_cap: args.output_cap,
-        approve: args.approve,
+        approve: args.approvals.approve,
         approval,
         repeats: args.repeats,
         amends: args.amends,
@@ -282,35 +282,6 @@ fn warn_if_truncated(report: &operation::RunReport) {
     }
 }
 
-/// The token of `--approval FILE` (`-`: standard input). Unreadable: an error naming the
-/// file and the fix, before anything is recorded or sent.
-fn read_approval(path: &std::path::Path, stdin_forwarded: bool) -> Result<String> {
-    use std::io::Read as _;
-    let bad = |why: String| crate::error::Error::new(crate::error::ErrorKind::InvalidInput, why);
-    if path == std::path::Path::new("-") {
-        if stdin_forwarded {
-            return Err(bad(
-                "--approval - reads the token from standard input, which --stdin forwards to \
-                 the command: give the token as a file instead; nothing was sent"
-                    .into(),
-            ));
-        }
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map_err(|e| {
-            bad(format!(
-                "--approval -: standard input cannot be read: {e}; nothing was sent"
-            ))
-        })?;
-        return Ok(text);
-    }
-    std::fs::read_to_string(path).map_err(|e| {
-        bad(format!(
-            "--approval {}: {e}; pass the file `opmark approve` wrote; nothing was sent",
-            path.display()
-        ))
-    })
-}
-
 /// `--dry-run`: what `run` would do on each host, nothing run or recorded.
 fn dry_run(
     global: &GlobalArgs,
@@ -333,7 +304,7 @@ fn dry_run(
             op: args.op,
             class: args.class,
             stdin,
-            approve: args.approve.is_some(),
+            approve: args.approvals.approve.is_some(),
             approval,
             repeats: args.repeats,
             amends: args.amends,

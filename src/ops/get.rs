@@ -36,6 +36,10 @@ pub struct GetRequest {
     pub wait: Duration,
     /// What `wait` bounds besides connects and probes.
     pub wait_scope: WaitScope,
+    /// `--approve NOTE`, for a transfer the policy holds.
+    pub approve: Option<String>,
+    /// `--approval FILE`'s token text, unchecked.
+    pub approval: Option<String>,
     /// Connection options.
     pub options: HostOptions,
 }
@@ -98,8 +102,8 @@ pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<G
         wait: req.wait,
         wait_scope: req.wait_scope,
         output_cap: KEEP_ON_HOST,
-        approve: None,
-        approval: None,
+        approve: req.approve,
+        approval: req.approval,
         repeats: None,
         amends: None,
         options: req.options,

@@ -36,6 +36,10 @@ pub struct PutRequest {
     pub wait: Duration,
     /// What `wait` bounds besides connects and probes.
     pub wait_scope: WaitScope,
+    /// `--approve NOTE`, for a transfer the policy holds.
+    pub approve: Option<String>,
+    /// `--approval FILE`'s token text, unchecked.
+    pub approval: Option<String>,
     /// Connection options.
     pub options: HostOptions,
 }
@@ -134,8 +138,8 @@ pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
         wait_scope: req.wait_scope,
         // The delivery says one word; nothing else is kept.
         output_cap: 64 * 1024,
-        approve: None,
-        approval: None,
+        approve: req.approve,
+        approval: req.approval,
         repeats: None,
         amends: None,
         options: req.options,

@@ -541,6 +541,9 @@ pub enum GcAction {
     FailedStartReclaimed,
     /// A cached shim of another version.
     ShimReclaimed,
+    /// A spooled upload never claimed (a cut connection's command or stdin, a put's
+    /// partial content nobody resumed).
+    SpoolReclaimed,
 }
 
 /// What the shim's `cancel` verb did (its `N` frame).
@@ -1011,10 +1014,10 @@ fn parse_frame(kind: &str, rest: &str) -> Result<Frame, ProtocolError> {
                 op: fields.get("name").cloned().unwrap_or_default(),
                 state: String::new(),
                 at: 0,
-                action: if fields.get("what").is_some_and(|w| w == "shim") {
-                    GcAction::ShimReclaimed
-                } else {
-                    GcAction::FailedStartReclaimed
+                action: match fields.get("what").map(String::as_str) {
+                    Some("shim") => GcAction::ShimReclaimed,
+                    Some("spool") => GcAction::SpoolReclaimed,
+                    _ => GcAction::FailedStartReclaimed,
                 },
             }),
             Some(&"done") => Frame::GcDone {

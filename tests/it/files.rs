@@ -568,3 +568,50 @@ fn a_get_of_a_private_key_waits_for_a_humans_approval() {
     assert_eq!(a.verdict(), "blocked", "{a:?}");
     assert!(!dir.join("s").exists());
 }
+
+#[test]
+fn a_put_the_policy_holds_waits_for_an_approval_and_then_writes_once() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    // The shipped policy, and a rule that holds puts to files named `held`.
+    let policy = dir.join("policy.toml");
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/command-classes.toml"))
+            .unwrap();
+    std::fs::write(
+        &policy,
+        format!(
+            "{shipped}\n[[rule]]\nname = \"hold-puts\"\nfamily = \"convergent\"\npattern = '^opmark-put .*/held$'\napproval = \"always\"\n"
+        ),
+    )
+    .unwrap();
+    let local = content(&dir, "f", 1000, 11);
+    let dest = dir.join("held");
+    let env = Sealed::new(crate::test_name!());
+    let with_policy = |args: &[&str]| {
+        support::answer(
+            env.opmark_with_lab(&lab)
+                .arg("--policy")
+                .arg(&policy)
+                .arg("--json")
+                .arg("put")
+                .arg(&local)
+                .arg(format!("target1:{}", dest.display()))
+                .args(args)
+                .output()
+                .unwrap(),
+        )
+    };
+    let held = with_policy(&["--op", "ph-1"]);
+    assert_eq!(held.verdict(), "blocked", "{held:?}");
+    assert!(!dest.exists(), "nothing written");
+    let approved = with_policy(&["--op", "ph-1", "--approve", "checked the file"]);
+    assert_eq!(approved.verdict(), "completed", "{approved:?}");
+    assert_eq!(
+        approved.json["file"]["delivered"], "written",
+        "{approved:?}"
+    );
+    assert_eq!(sha256(&dest), sha256(&local));
+}

@@ -1241,7 +1241,13 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
         .map(|e| e.unwrap().path())
         .filter(|p| *p != old_shim && *p != in_use)
         .collect();
-    for p in [&leftover, &old_shim, &in_use] {
+    // A put's partial content nobody resumed, and one a put may still resume.
+    let spool = root.join("spool");
+    let (stale_upload, fresh_upload) =
+        (spool.join("put-gone.at-x.1"), spool.join("put-live.at-y.2"));
+    std::fs::write(&stale_upload, "half").unwrap();
+    std::fs::write(&fresh_upload, "half").unwrap();
+    for p in [&leftover, &old_shim, &in_use, &stale_upload] {
         let st = Command::new("touch")
             .args(["-d", "2000-01-01"])
             .arg(p)
@@ -1267,6 +1273,11 @@ fn tombstones_alone_stop_a_rerun_survive_gc_and_go_only_with_tombstones_older_th
         )),
         "{doc}"
     );
+    assert!(
+        actions.contains(&("put-gone.at-x.1".to_owned(), "spool_reclaimed".to_owned())),
+        "{doc}"
+    );
+    assert!(!stale_upload.exists() && fresh_upload.exists(), "{doc}");
     assert!(!actions.iter().any(|(op, _)| op == "tomb-1"), "{doc}");
     assert!(!leftover.exists() && !old_shim.exists());
     assert!(
