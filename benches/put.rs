@@ -3,6 +3,7 @@
 //! (each tool writes a destination that does not exist yet, so every round writes),
 //! medians and ratios printed. opmark connects through its keeper after one warm-up, as
 //! an agent calling it repeatedly would; scp and rsync connect per call, as they are used.
+//! scp runs with `-O` (its own protocol: the lab's sshd has no sftp subsystem).
 //! A benchmark, never a test (`cargo bench --bench put`; `OPMARK_BENCH_BIN` times another
 //! build, `OPMARK_BENCH_ROUNDS` sets the rounds, `OPMARK_BENCH_MB` the size).
 
@@ -122,8 +123,10 @@ fn main() {
     let mut tools: Vec<(&str, Copy)> = vec![(
         "scp",
         Box::new(|cfg: &Path, alias: &str, dest: &str| {
+            // -O: the classic scp protocol over a command channel, as the lab's sshd
+            // runs no sftp subsystem (scp's default transfer since OpenSSH 9.0).
             ok(Command::new("scp")
-                .arg("-q")
+                .args(["-q", "-O"])
                 .arg("-F")
                 .arg(cfg)
                 .args(["-o", "BatchMode=yes"])

@@ -93,7 +93,14 @@ put_install() {
 		printf 'opmark-put: cannot write %s; nothing changed at %s\n' "$pi_tmp" "$pi_path" >&2
 		exit 1
 	fi
-	pi_have=$(sha256sum <"$pi_tmp")
+	# The claim's stdin was checked against the digest before the claim; the copy is
+	# compared with it byte for byte (cmp reads both in a fraction of a hash's time),
+	# or hashed where there is no cmp.
+	if command -v cmp >/dev/null 2>&1; then
+		cmp -s -- "$pi_m/stdin" "$pi_tmp" && pi_have=$pi_sum || pi_have=
+	else
+		pi_have=$(sha256sum <"$pi_tmp")
+	fi
 	if [ "${pi_have%% *}" != "$pi_sum" ]; then
 		rm -f -- "$pi_tmp"
 		printf 'opmark-put: the written copy does not match its digest; nothing changed at %s\n' "$pi_path" >&2

@@ -24,17 +24,16 @@ pub async fn call_shim(
     session: &Session,
     verb: &Verb<'_>,
     root: Option<&str>,
-    stdin: Option<Vec<u8>>,
+    stdin: Option<&[u8]>,
     observer: &mut dyn CallObserver,
 ) -> CallEnd {
     // Through the keeper, the host's resident shim answers when it has one (one round
     // trip, no shim start); `None`: it has none, and the call goes per call.
-    if let Some(end) = super::resident::call(session, verb, root, stdin.as_deref(), observer).await
-    {
+    if let Some(end) = super::resident::call(session, verb, root, stdin, observer).await {
         return remembered(session, end);
     }
     if delivery::host_has_shim(session) {
-        let cached = Invocation::cached_expecting(verb, stdin.as_deref(), root);
+        let cached = Invocation::cached_expecting(verb, stdin, root);
         match exchange(session, verb, cached, true, observer).await {
             Exchange::End(end) => return remembered(session, end),
             Exchange::NeedScript => {
@@ -42,8 +41,7 @@ pub async fn call_shim(
             }
         }
     }
-    let call = Invocation::new_expecting(verb, stdin.as_deref(), root);
-    drop(stdin);
+    let call = Invocation::new_expecting(verb, stdin, root);
     match exchange(session, verb, call, false, observer).await {
         Exchange::End(end) => remembered(session, end),
         Exchange::NeedScript => unreachable!("only a cached call can ask for the script"),

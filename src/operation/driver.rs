@@ -323,11 +323,13 @@ impl<'a> Runner<'a> {
             kind: self.input.kind,
             put_from,
         });
+        // Borrowed, not copied: a put's content may be large, and it stays in the input
+        // for a later attempt.
         let stdin = self
             .input
             .stdin
-            .as_ref()
-            .map(|s| s[usize::try_from(put_from).unwrap_or(s.len()).min(s.len())..].to_vec());
+            .as_deref()
+            .map(|s| &s[usize::try_from(put_from).unwrap_or(s.len()).min(s.len())..]);
         fault_point("before_dispatch");
         // The last look before anything leaves: a signal that came in while this poll
         // ran must still keep the request home.
