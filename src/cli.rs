@@ -469,8 +469,8 @@ impl Command {
             Command::Gc(a) => Some(&mut a.host_args),
             Command::Doctor(a) => Some(&mut a.host_args),
             Command::Locks(a) => Some(&mut a.host_args),
-            Command::Put(a) => Some(&mut a.host_args),
-            Command::Get(a) => Some(&mut a.host_args),
+            Command::Put(a) => Some(&mut a.transfer.host_args),
+            Command::Get(a) => Some(&mut a.transfer.host_args),
             Command::Cancel(a) => Some(&mut a.host_args),
             Command::Config(a) => Some(&mut a.host_args),
             Command::List(_)
@@ -1172,27 +1172,12 @@ pub struct PutArgs {
     /// the local file's name is taken).
     #[arg(value_name = "HOST:PATH")]
     pub destination: String,
-    /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent;
-    /// rerun with it after a lost connection: the delivery happens at most once.
-    #[arg(long = "op", value_name = "ID")]
-    #[arg(add = complete_ops())]
-    pub op: Option<String>,
     /// The file's mode on the host, in octal (default: the local file's).
     #[arg(long, value_parser = parse_mode, value_name = "MODE")]
     pub mode: Option<u32>,
-    /// Automatic attempts within this put (default: the family's budget in the policy).
-    #[arg(long, value_name = "N")]
-    pub attempts: Option<u32>,
-    /// Budget for the whole put, as for `run --wait` (default: 30s for connects and
-    /// probes, the delivery itself unbounded).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    pub wait: Option<Duration>,
-    /// `--approve` / `--approval`: for a put or get the policy holds.
+    /// The options `put` and `get` share.
     #[command(flatten)]
-    pub approvals: ApprovalArgs,
-    /// Connection options.
-    #[command(flatten)]
-    pub host_args: HostArgs,
+    pub transfer: TransferArgs,
 }
 
 /// `opmark get HOST:PATH LOCAL`.
@@ -1204,18 +1189,28 @@ pub struct GetArgs {
     /// The local file to write (an existing directory takes the remote file's name).
     #[arg(value_name = "LOCAL")]
     pub local: PathBuf,
+    /// The options `put` and `get` share.
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+/// What `put` and `get` take besides their files.
+#[derive(Debug, Args)]
+pub struct TransferArgs {
     /// Operation id (^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$). Minted and printed when absent;
-    /// rerun with it to read the host's kept copy again.
+    /// rerun with the same id after a lost connection: it resumes or replays, and never
+    /// transfers twice.
     #[arg(long = "op", value_name = "ID")]
     #[arg(add = complete_ops())]
     pub op: Option<String>,
-    /// Automatic attempts within this get (default: the family's budget in the policy).
+    /// Automatic attempts (default: the family's budget in the policy).
     #[arg(long, value_name = "N")]
     pub attempts: Option<u32>,
-    /// Budget for the whole get, as for `run --wait`.
+    /// Budget for the whole transfer, as for `run --wait` (default: 30s for connects and
+    /// probes, the transfer itself unbounded).
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub wait: Option<Duration>,
-    /// `--approve` / `--approval`: for a put or get the policy holds.
+    /// `--approve` / `--approval`: for a transfer the policy holds.
     #[command(flatten)]
     pub approvals: ApprovalArgs,
     /// Connection options.

@@ -129,11 +129,65 @@ pub fn read_approval(path: &std::path::Path, stdin_forwarded: bool) -> Result<St
     })
 }
 
-/// `--approve` / `--approval` read (a token file read once, before anything is sent).
-pub fn approvals(args: &crate::cli::ApprovalArgs) -> Result<(Option<String>, Option<String>)> {
-    let approval = match args.approval.as_deref() {
+/// The options `put` and `get` share, read: a signed approval's file read once, before
+/// anything is sent; `--wait` bounding the whole transfer when given, as for `run`.
+pub fn transfer_options(
+    args: &crate::cli::TransferArgs,
+) -> Result<crate::ops::transfer::TransferOptions> {
+    use crate::operation::WaitScope;
+    let approval = match args.approvals.approval.as_deref() {
         None => None,
         Some(path) => Some(read_approval(path, false)?),
     };
-    Ok((args.approve.clone(), approval))
+    Ok(crate::ops::transfer::TransferOptions {
+        op: args.op.clone(),
+        attempts: args.attempts,
+        wait: args.wait.unwrap_or(crate::operation::DEFAULT_WAIT),
+        wait_scope: match args.wait {
+            Some(w) if !w.is_zero() => WaitScope::Invocation,
+            _ => WaitScope::Probes,
+        },
+        approve: args.approvals.approve.clone(),
+        approval,
+        options: host_options(&args.host_args),
+    })
+}
+
+/// A transfer's answer (`put`, `get`): with `--json` the run document with `file`; on
+/// stderr `done` when the transfer happened, else why not (`PLACE: not DONE_WORD: ` the
+/// host's words, or the verdict's reason).
+pub fn say_transfer(
+    global: &GlobalArgs,
+    run: &crate::ops::run::RunAnswer,
+    file: serde_json::Value,
+    done: Option<String>,
+    place: &str,
+    not_done: &str,
+) -> Result<()> {
+    use crate::ops::run::RunAnswer;
+    use crate::vocab::Verdict;
+    if global.json {
+        let mut doc = run.document()?;
+        if let serde_json::Value::Object(map) = &mut doc {
+            map.insert("file".into(), file);
+        }
+        print_text(&format!("{doc}\n"))?;
+    }
+    match run {
+        RunAnswer::One { report, .. } => match (report.verdict, done) {
+            (_, Some(line)) => crate::logging::say(format_args!("opmark: {line}")),
+            (Verdict::Completed | Verdict::Replayed, None) => crate::logging::say(format_args!(
+                "opmark: {place}: {not_done}: {}",
+                report.stderr.lossy_string().trim_end()
+            )),
+            (verdict, None) => {
+                crate::logging::say(format_args!("opmark: {verdict}: {}", report.reason))
+            }
+        },
+        RunAnswer::Early(early) if !global.json => {
+            crate::logging::say(format_args!("opmark: refused: {}", early.reason))
+        }
+        _ => {}
+    }
+    Ok(())
 }

@@ -6,15 +6,13 @@
 //! digest, synced and renamed into place: LOCAL holds the old file or the whole new one.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
 
-use super::remote_file::{single_quoted, RemoteFile};
-use super::run::{run, FleetOptions, RunAnswer, RunRequest, RunWatch, Stdin};
-use super::{Context, HostOptions};
+use super::run::{run, RunAnswer, RunWatch, Stdin};
+use super::transfer::{single_quoted, RemoteFile, TransferOptions};
+use super::Context;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operation::WaitScope;
 use crate::shim::GET_WORD;
 use crate::vocab::Verdict;
 
@@ -28,20 +26,8 @@ pub struct GetRequest {
     pub source: String,
     /// The local file (an existing directory takes the remote file's name).
     pub local: PathBuf,
-    /// The op id, unchecked; None mints one.
-    pub op: Option<String>,
-    /// At most this many attempts.
-    pub attempts: Option<u32>,
-    /// How long to wait for a read under way before answering `in_progress`.
-    pub wait: Duration,
-    /// What `wait` bounds besides connects and probes.
-    pub wait_scope: WaitScope,
-    /// `--approve NOTE`, for a transfer the policy holds.
-    pub approve: Option<String>,
-    /// `--approval FILE`'s token text, unchecked.
-    pub approval: Option<String>,
-    /// Connection options.
-    pub options: HostOptions,
+    /// The op id, attempts, wait, approvals and connection options.
+    pub transfer: TransferOptions,
 }
 
 /// What `get` read and where it put it, with the run's answer.
@@ -92,31 +78,13 @@ pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<G
             local.display()
         )));
     }
-    let request = RunRequest {
-        hosts: vec![source.host.clone()],
-        op: req.op,
-        class: None,
-        stdin: Stdin::None,
-        timeout: None,
-        attempts: req.attempts,
-        wait: req.wait,
-        wait_scope: req.wait_scope,
-        output_cap: KEEP_ON_HOST,
-        approve: req.approve,
-        approval: req.approval,
-        repeats: None,
-        amends: None,
-        options: req.options,
-        fleet: FleetOptions::default(),
-        secrets: Vec::new(),
-        become_user: None,
-        locks: Vec::new(),
-        lock_wait: Duration::ZERO,
-        command: vec![intent(&source.path)],
-        kind: crate::shim::RunKind::Get,
-        live_output: false,
-        tally: None,
-    };
+    let request = req.transfer.run_request(
+        &source.host,
+        intent(&source.path),
+        crate::shim::RunKind::Get,
+        Stdin::None,
+        KEEP_ON_HOST,
+    );
     let mut run = run(ctx, request, watch)?;
     let (mut read, mut saved) = (None, false);
     if let RunAnswer::One { report, .. } = &mut run {

@@ -24,11 +24,11 @@ pub mod probe;
 pub mod put;
 pub mod reach;
 pub mod reconcile;
-pub mod remote_file;
 pub mod resolve;
 pub mod run;
 pub mod show;
 pub mod stats;
+pub mod transfer;
 
 use std::path::PathBuf;
 

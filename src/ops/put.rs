@@ -6,15 +6,13 @@
 //! command: a temporary file beside PATH, checked by digest, synced, renamed over PATH.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
 
-use super::remote_file::{single_quoted, RemoteFile};
-use super::run::{run, FleetOptions, RunAnswer, RunRequest, RunWatch, Stdin};
-use super::{Context, HostOptions};
+use super::run::{run, RunAnswer, RunWatch, Stdin};
+use super::transfer::{single_quoted, RemoteFile, TransferOptions};
+use super::Context;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operation::WaitScope;
 
 /// The first word of a put's intent (the policy's rule for puts matches it).
 pub use crate::shim::PUT_WORD;
@@ -26,22 +24,10 @@ pub struct PutRequest {
     pub local: PathBuf,
     /// `HOST:PATH`, as typed.
     pub destination: String,
-    /// The op id, unchecked; None mints one.
-    pub op: Option<String>,
     /// `--mode`: the file's permission bits on the host (default: the local file's).
     pub mode: Option<u32>,
-    /// At most this many attempts.
-    pub attempts: Option<u32>,
-    /// How long to wait for a delivery under way before answering `in_progress`.
-    pub wait: Duration,
-    /// What `wait` bounds besides connects and probes.
-    pub wait_scope: WaitScope,
-    /// `--approve NOTE`, for a transfer the policy holds.
-    pub approve: Option<String>,
-    /// `--approval FILE`'s token text, unchecked.
-    pub approval: Option<String>,
-    /// Connection options.
-    pub options: HostOptions,
+    /// The op id, attempts, wait, approvals and connection options.
+    pub transfer: TransferOptions,
 }
 
 /// The intent's command text: the mode and the path, the path in single quotes (the
@@ -127,32 +113,14 @@ pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
     })?;
     let sha256 = hex::encode(Sha256::digest(&content));
     let bytes = content.len() as u64;
-    let request = RunRequest {
-        hosts: vec![target.host.clone()],
-        op: req.op,
-        class: None,
-        stdin: Stdin::Given(content),
-        timeout: None,
-        attempts: req.attempts,
-        wait: req.wait,
-        wait_scope: req.wait_scope,
+    let request = req.transfer.run_request(
+        &target.host,
+        intent(mode, &target.path),
+        crate::shim::RunKind::Put,
+        Stdin::Given(content),
         // The delivery says one word; nothing else is kept.
-        output_cap: 64 * 1024,
-        approve: req.approve,
-        approval: req.approval,
-        repeats: None,
-        amends: None,
-        options: req.options,
-        fleet: FleetOptions::default(),
-        secrets: Vec::new(),
-        become_user: None,
-        locks: Vec::new(),
-        lock_wait: Duration::ZERO,
-        command: vec![intent(mode, &target.path)],
-        kind: crate::shim::RunKind::Put,
-        live_output: false,
-        tally: None,
-    };
+        64 * 1024,
+    );
     let run = run(ctx, request, watch)?;
     Ok(PutAnswer {
         target,

@@ -1,8 +1,72 @@
-//! `HOST:PATH` as scp writes it: where `opmark put` writes a file and `opmark get` reads
-//! one, and the path quoted for the intent's command text, which the shim unquotes
-//! (docs/host-protocol.md#files).
+//! What `opmark put` and `opmark get` share: `HOST:PATH` as scp writes it, the path quoted
+//! for the intent's command text (which the shim unquotes; docs/host-protocol.md#files),
+//! and the operation a transfer is, as `run` takes it.
 
 use std::path::Path;
+use std::time::Duration;
+
+use super::run::{FleetOptions, RunRequest, Stdin};
+use super::HostOptions;
+use crate::operation::WaitScope;
+use crate::shim::RunKind;
+
+/// What a transfer was asked besides its files.
+#[derive(Debug, Clone)]
+pub struct TransferOptions {
+    /// The op id, unchecked; None mints one.
+    pub op: Option<String>,
+    /// At most this many attempts.
+    pub attempts: Option<u32>,
+    /// How long to wait for a transfer under way before answering `in_progress`.
+    pub wait: Duration,
+    /// What `wait` bounds besides connects and probes.
+    pub wait_scope: WaitScope,
+    /// `--approve NOTE`, for a transfer the policy holds.
+    pub approve: Option<String>,
+    /// `--approval FILE`'s token text, unchecked.
+    pub approval: Option<String>,
+    /// Connection options.
+    pub options: HostOptions,
+}
+
+impl TransferOptions {
+    /// The run a transfer is: `command` of `kind` on `host`, `stdin` forwarded, the host
+    /// keeping `output_cap` bytes of its output; no secrets, locks or `--become`.
+    pub fn run_request(
+        self,
+        host: &str,
+        command: String,
+        kind: RunKind,
+        stdin: Stdin,
+        output_cap: u64,
+    ) -> RunRequest {
+        RunRequest {
+            hosts: vec![host.to_owned()],
+            op: self.op,
+            class: None,
+            stdin,
+            timeout: None,
+            attempts: self.attempts,
+            wait: self.wait,
+            wait_scope: self.wait_scope,
+            output_cap,
+            approve: self.approve,
+            approval: self.approval,
+            repeats: None,
+            amends: None,
+            options: self.options,
+            fleet: FleetOptions::default(),
+            secrets: Vec::new(),
+            become_user: None,
+            locks: Vec::new(),
+            lock_wait: Duration::ZERO,
+            command: vec![command],
+            kind,
+            live_output: false,
+            tally: None,
+        }
+    }
+}
 
 /// A file on a host: the host as typed, and the path on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
