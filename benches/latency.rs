@@ -23,7 +23,6 @@
 mod relay;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -639,28 +638,10 @@ fn main() {
     lab.stop().ok();
 }
 
-/// An ssh_config with an alias `wan1` for the target through a new delaying relay (the
-/// target's host key kept), and the relay.
+/// An ssh_config with an alias `wan1` for the target through a new delaying relay, and
+/// the relay.
 fn relay_cfg_for(lab: &Lab, base: &Path) -> (PathBuf, Relay) {
-    let target = lab.target("target1").unwrap();
-    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
-    let wan_cfg = base.join("ssh_config.wan");
-    let lab_cfg = std::fs::read_to_string(lab.ssh_config()).unwrap();
-    std::fs::write(
-        &wan_cfg,
-        format!(
-            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
-             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
-             StrictHostKeyChecking yes\n\n{lab_cfg}",
-            relay.port,
-            target.known_hosts_host(),
-            target.user,
-            lab.client_key().display(),
-            lab.known_hosts().display(),
-        ),
-    )
-    .unwrap();
-    (wan_cfg, relay)
+    relay::wan1(lab, base, ONE_WAY)
 }
 
 /// The round trips of one cold `ssh true`, one cold `opmark run -- true` to a host that

@@ -12,14 +12,11 @@
 #[path = "common/relay.rs"]
 mod relay;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use opmark::lab::{Lab, LabSpec, Placement};
-
-use relay::Relay;
 
 /// The relay's delay each way: a 50 ms round trip.
 const ONE_WAY: Duration = Duration::from_millis(25);
@@ -187,24 +184,7 @@ fn main() {
         &|| {},
     );
 
-    let target = lab.target("target1").unwrap().clone();
-    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
-    let wan_cfg = base.join("ssh_config.wan");
-    let lab_cfg = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &wan_cfg,
-        format!(
-            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
-             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
-             StrictHostKeyChecking yes\n\n{lab_cfg}",
-            relay.port,
-            target.known_hosts_host(),
-            target.user,
-            lab.client_key().display(),
-            lab.known_hosts().display(),
-        ),
-    )
-    .unwrap();
+    let (wan_cfg, relay) = relay::wan1(&lab, &base, ONE_WAY);
     for (name, copy) in &tools {
         copy(
             &wan_cfg,

@@ -18,7 +18,6 @@
 mod relay;
 
 use std::io::{BufRead, Write};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,8 +26,6 @@ use opmark::family::Family;
 use opmark::lab::{Lab, LabSpec, Placement};
 use opmark::op_id::OpId;
 use opmark::shim::{self, RunCall, Verb};
-
-use relay::Relay;
 
 const HOSTS: usize = 20;
 /// The relay's delay each way: a 50 ms round trip.
@@ -337,24 +334,7 @@ fn main() {
 
     // Through the relay: both sides hold a connection through it, then each reused
     // call's round trips are counted from the relay's log.
-    let target = lab.target("target1").unwrap().clone();
-    let relay = Relay::start(SocketAddr::new(target.addr, target.port), ONE_WAY);
-    let wan_cfg = base.join("ssh_config.wan");
-    let lab_cfg = std::fs::read_to_string(&cfg).unwrap();
-    std::fs::write(
-        &wan_cfg,
-        format!(
-            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
-             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
-             StrictHostKeyChecking yes\n\n{lab_cfg}",
-            relay.port,
-            target.known_hosts_host(),
-            target.user,
-            lab.client_key().display(),
-            lab.known_hosts().display(),
-        ),
-    )
-    .unwrap();
+    let (wan_cfg, relay) = relay::wan1(&lab, &base, ONE_WAY);
     let wan_mux = || {
         ok(Command::new("ssh")
             .arg("-F")

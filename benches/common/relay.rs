@@ -118,3 +118,32 @@ fn pump(
         }
     });
 }
+
+/// An ssh_config (`BASE/ssh_config.wan`) with an alias `wan1` for the lab's target1
+/// through a new relay delaying `delay` each way (the target's host key kept), and the
+/// relay.
+pub fn wan1(
+    lab: &opmark::lab::Lab,
+    base: &std::path::Path,
+    delay: Duration,
+) -> (std::path::PathBuf, Relay) {
+    let target = lab.target("target1").unwrap();
+    let relay = Relay::start(SocketAddr::new(target.addr, target.port), delay);
+    let wan_cfg = base.join("ssh_config.wan");
+    let lab_cfg = std::fs::read_to_string(lab.ssh_config()).unwrap();
+    std::fs::write(
+        &wan_cfg,
+        format!(
+            "Host wan1\n  HostName 127.0.0.1\n  Port {}\n  HostKeyAlias {}\n  User {}\n  \
+             IdentityFile {}\n  IdentitiesOnly yes\n  UserKnownHostsFile {}\n  \
+             StrictHostKeyChecking yes\n\n{lab_cfg}",
+            relay.port,
+            target.known_hosts_host(),
+            target.user,
+            lab.client_key().display(),
+            lab.known_hosts().display(),
+        ),
+    )
+    .unwrap();
+    (wan_cfg, relay)
+}

@@ -44,6 +44,19 @@ fn sha256(path: &Path) -> String {
     hex::encode(sha2::Sha256::digest(std::fs::read(path).unwrap()))
 }
 
+/// `opmark VERB ARGS...` fails, saying `says` on stderr.
+fn refused_naming(env: &Sealed, lab: &Lab, verb: &str, args: &[String], says: &str) {
+    let out = env
+        .opmark_with_lab(lab)
+        .arg(verb)
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{verb} {args:?}");
+    assert!(stderr.contains(says), "{verb} {args:?}: {stderr}");
+}
+
 /// No temporary file of a delivery is left beside `dest`.
 fn no_leftovers(dest: &Path) -> bool {
     let name = format!(".{}.opmark-", dest.file_name().unwrap().to_str().unwrap());
@@ -289,15 +302,7 @@ fn bad_input_is_refused_naming_the_fix_and_sends_nothing() {
         ),
     ];
     for (args, says) in cases {
-        let out = env
-            .opmark_with_lab(&lab)
-            .arg("put")
-            .args(&args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{args:?}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        refused_naming(&env, &lab, "put", &args, says);
     }
     // And `run` will not pass a command off as a put.
     let run = support::run_json(
@@ -533,15 +538,7 @@ fn a_get_of_a_missing_file_leaves_local_as_it_was_and_bad_input_sends_nothing() 
             "no directory",
         ),
     ] {
-        let out = env
-            .opmark_with_lab(&lab)
-            .arg("get")
-            .args(&args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_ne!(out.status.code(), Some(0), "{args:?}");
-        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        refused_naming(&env, &lab, "get", &args, says);
     }
     let run = support::run_json(
         &env,
