@@ -195,7 +195,7 @@ fn flag_positions(m: &clap::ArgMatches) -> FlagPositions {
         destination: place("host")
             .or_else(|| place("hosts"))
             .or_else(|| place("destination"))
-            .or_else(|| place("source"))
+            .or_else(|| place("sources"))
             .unwrap_or(unplaced.destination),
     }
 }
@@ -425,12 +425,12 @@ pub enum Command {
     /// The host locks (`run --lock`) held and waited for on a host, whichever client took
     /// them.
     Locks(LocksArgs),
-    /// Deliver a local file to HOST:PATH as one operation: written beside PATH, checked
+    /// Deliver local files to HOST:PATH, one operation each: written beside PATH, checked
     /// by SHA-256, synced and renamed into place (a rerun replays; the same content
     /// already there is not written again).
     Put(PutArgs),
-    /// Read HOST:PATH into a local file as one operation: the host's copy checked by
-    /// SHA-256 here, synced and renamed into place (a rerun replays the host's copy).
+    /// Read HOST:PATH into a local file, one operation each file: the host's copy checked
+    /// by SHA-256 here, synced and renamed into place (a rerun replays the host's copy).
     Get(GetArgs),
     /// Disposable local SSH targets (real OpenSSH sshd) to try opmark against.
     Lab(LabArgs),
@@ -1162,31 +1162,38 @@ pub struct ApprovalArgs {
     pub approval: Option<std::path::PathBuf>,
 }
 
-/// `opmark put LOCAL HOST:PATH`.
+/// `opmark put LOCAL... HOST:PATH`.
 #[derive(Debug, Args)]
 pub struct PutArgs {
-    /// The local file to deliver.
-    #[arg(value_name = "LOCAL")]
-    pub local: PathBuf,
+    /// The local files to deliver (directories too, with -r).
+    #[arg(value_name = "LOCAL", required = true, num_args = 1..)]
+    pub locals: Vec<PathBuf>,
     /// Where: HOST:PATH (PATH absolute, or relative to the login directory; ending in /,
-    /// the local file's name is taken).
+    /// the local file's name is taken). With several files or -r, the directory they go
+    /// into, each file its own operation.
     #[arg(value_name = "HOST:PATH")]
     pub destination: String,
-    /// The file's mode on the host, in octal (default: the local file's).
+    /// The files' mode on the host, in octal (default: each local file's).
     #[arg(long, value_parser = parse_mode, value_name = "MODE")]
     pub mode: Option<u32>,
+    /// Put the files of directories, at every depth, under the directory's name (`.`:
+    /// its files directly); the directories are made on the host as needed.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
     /// The options `put` and `get` share.
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
 
-/// `opmark get HOST:PATH LOCAL`.
+/// `opmark get HOST:PATH... LOCAL`.
 #[derive(Debug, Args)]
 pub struct GetArgs {
-    /// Where from: HOST:PATH (PATH absolute, or relative to the login directory).
-    #[arg(value_name = "HOST:PATH")]
-    pub source: String,
-    /// The local file to write (an existing directory takes the remote file's name).
+    /// Where from: HOST:PATH (PATH absolute, or relative to the login directory); several,
+    /// of one host, each file its own operation.
+    #[arg(value_name = "HOST:PATH", required = true, num_args = 1..)]
+    pub sources: Vec<String>,
+    /// The local file to write (an existing directory takes the remote file's name; with
+    /// several files, the existing directory they go into).
     #[arg(value_name = "LOCAL")]
     pub local: PathBuf,
     /// The options `put` and `get` share.
@@ -1213,6 +1220,9 @@ pub struct TransferArgs {
     /// `--approve` / `--approval`: for a transfer the policy holds.
     #[command(flatten)]
     pub approvals: ApprovalArgs,
+    /// With several files: at most this many operations (one per file) in flight at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub forks: usize,
     /// Connection options.
     #[command(flatten)]
     pub host_args: HostArgs,

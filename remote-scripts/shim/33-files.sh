@@ -27,13 +27,25 @@ put_resume() {
 	done
 }
 
+# parent_dir DIR: the directory DIR is in (`/` for a top-level one, `.` for a relative
+# name without a slash).
+parent_dir() {
+	case $1 in
+	*/*)
+		pd=${1%/*}
+		printf '%s\n' "${pd:-/}"
+		;;
+	*) printf '.\n' ;;
+	esac
+}
+
 # put_install MARKER: the file delivery a put claimed (docs/host-protocol.md#files), run by
 # the supervisor in place of a command, in the login's directory and umask. The claim's
 # stdin is the content and its stdin_sum the digest; the command text is
-# `opmark-put --mode MODE -- 'PATH'`, quoted by the client. The content is written to a
-# temporary file beside PATH, checked against the digest, given its mode, synced and
-# renamed over PATH, so a reader of PATH sees the old file or the new one, never part of
-# either. A PATH that already holds the digest is not written (its mode is set). Says
+# `opmark-put --mode MODE [--parents] -- 'PATH'`, quoted by the client. The content is
+# written to a temporary file beside PATH, checked against the digest, given its mode,
+# synced and renamed over PATH, so a reader of PATH sees the old file or the new one,
+# never part of either. With --parents, missing directories on the way are made first. A PATH that already holds the digest is not written (its mode is set). Says
 # `written` or `unchanged` on stdout; a failure says why on stderr and exits 1 (2: the
 # request itself is malformed), leaving PATH as it was.
 put_install() {
@@ -49,11 +61,17 @@ put_install() {
 	# The client quoted the path in single quotes ('\'' for a quote): the shell unquotes
 	# it. Nothing else can be in it (checked just above and by the client).
 	eval "set -- ${pi_req#opmark-put }"
-	if [ "$#" -ne 4 ] || [ "$1" != --mode ] || [ "$3" != -- ]; then
+	# `--parents` (a put of a directory's files): the directories PATH needs are made.
+	pi_parents=
+	case $#:${1-}:${3-}:${4-} in
+	4:--mode:--:*) pi_path=$4 ;;
+	5:--mode:--parents:--) pi_path=$5 pi_parents=1 ;;
+	*)
 		printf 'opmark-put: malformed request\n' >&2
 		exit 2
-	fi
-	pi_mode=$2 pi_path=$4
+		;;
+	esac
+	pi_mode=$2
 	case $pi_mode in
 	'' | *[!0-7]*)
 		printf 'opmark-put: malformed request\n' >&2
@@ -71,9 +89,21 @@ put_install() {
 		printf 'opmark-put: %s is a directory on this host; name the file to write\n' "$pi_path" >&2
 		exit 1
 	fi
-	if ! [ -d "$pi_dir" ]; then
-		printf 'opmark-put: no directory %s on this host; create it first\n' "$pi_dir" >&2
-		exit 1
+	# The deepest directory on the way to PATH that exists: those made below it are
+	# synced with it once the file is in place, so the file's name is durable.
+	pi_top=$pi_dir
+	while ! [ -d "$pi_top" ]; do
+		pi_top=$(parent_dir "$pi_top")
+	done
+	if [ "$pi_top" != "$pi_dir" ]; then
+		if [ -z "$pi_parents" ]; then
+			printf 'opmark-put: no directory %s on this host; create it first\n' "$pi_dir" >&2
+			exit 1
+		fi
+		if ! mkdir -p -- "$pi_dir"; then
+			printf 'opmark-put: cannot make the directory %s; nothing changed at %s\n' "$pi_dir" "$pi_path" >&2
+			exit 1
+		fi
 	fi
 	if [ -f "$pi_path" ]; then
 		pi_have=$(sha256sum <"$pi_path" 2>/dev/null) || pi_have=
@@ -111,8 +141,14 @@ put_install() {
 		printf 'opmark-put: cannot put the file in place; nothing changed at %s\n' "$pi_path" >&2
 		exit 1
 	fi
-	# The rename durable too, before the exit record says written.
-	sync "$pi_dir" || true
+	# The rename durable too, and every directory made for it, before the exit record
+	# says written.
+	pi_d=$pi_dir
+	sync "$pi_d" || true
+	while [ "$pi_d" != "$pi_top" ]; do
+		pi_d=$(parent_dir "$pi_d")
+		sync "$pi_d" || true
+	done
 	printf 'written\n'
 	exit 0
 }

@@ -85,10 +85,32 @@ pub fn print_text(text: &str) -> Result<()> {
     super::render::Out.text(text)
 }
 
-/// Says on stderr the op id minted (before anything is sent, as `run` says it) and what
-/// a person watching should know: the watch of `put` and `get`.
+/// What a person watching a run, put or get sees while it goes on: the op id minted
+/// (before anything is sent), notes, and with several hosts or files a line of counts
+/// on a terminal.
 #[derive(Debug)]
-pub struct SayWatch;
+pub struct SayWatch {
+    show_progress: bool,
+    drawn: bool,
+}
+
+impl SayWatch {
+    /// Counts drawn only when a person watches stderr and no document is asked for.
+    pub fn new(global: &GlobalArgs) -> SayWatch {
+        use std::io::IsTerminal as _;
+        SayWatch {
+            show_progress: !global.json && std::io::stderr().is_terminal(),
+            drawn: false,
+        }
+    }
+
+    /// Takes the counts off before the answer: the screen keeps the output, not them.
+    pub fn finish(&mut self) {
+        if std::mem::take(&mut self.drawn) {
+            crate::logging::set_status(None);
+        }
+    }
+}
 
 impl crate::ops::run::RunWatch for SayWatch {
     fn minted(&mut self, op: &crate::op_id::OpId) {
@@ -97,6 +119,20 @@ impl crate::ops::run::RunWatch for SayWatch {
 
     fn note(&mut self, text: &str) {
         crate::logging::say(format_args!("opmark: {text}"));
+    }
+
+    /// `opmark: 3/20 done, 5 running, 1 failed`, kept under the output as the terminal's
+    /// status line (taken off before each output line and drawn again after it, cut to
+    /// the terminal's width: see [`crate::logging::set_status`]). A hand-written line
+    /// rather than indicatif: one line of counts needs no dependency.
+    fn progress(&mut self, p: crate::operation::fleet::Progress) {
+        if self.show_progress {
+            self.drawn = true;
+            crate::logging::set_status(Some(&format!(
+                "opmark: {}/{} done, {} running, {} failed",
+                p.done, p.total, p.running, p.failed
+            )));
+        }
     }
 }
 
@@ -150,6 +186,7 @@ pub fn transfer_options(
         approve: args.approvals.approve.clone(),
         approval,
         options: host_options(&args.host_args),
+        forks: args.forks,
     })
 }
 
@@ -188,6 +225,119 @@ pub fn say_transfer(
             crate::logging::say(format_args!("opmark: refused: {}", early.reason))
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// One file of a transfer of several: where (`HOST:PATH`), its `file` object, and the
+/// line said when it was transferred (`None`: it was not, and the verdict says why).
+#[derive(Debug)]
+pub struct FileLine {
+    /// `HOST:PATH`.
+    pub place: String,
+    /// The `file` object of its entry in the document.
+    pub file: serde_json::Value,
+    /// What was done, when it was.
+    pub done: Option<String>,
+}
+
+/// A transfer of several files (`put` of several, `get` of several): a line per file on
+/// stderr, then the counts (`counts`: each word with how many files it names; the rest
+/// are `not_done`) and the rerun that finishes the rest; `--json`, one document: `op_id`,
+/// `files` (each file's run document with its `file` object) and `summary`
+/// (`file_count`, `WORD_count` for each count, `failed_count`, `verdicts`,
+/// `exit_status`).
+pub fn say_files(
+    global: &GlobalArgs,
+    run: &crate::ops::run::RunAnswer,
+    op: Option<&crate::op_id::OpId>,
+    files: Vec<FileLine>,
+    counts: &[(&str, usize)],
+    not_done: &str,
+) -> Result<()> {
+    use crate::vocab::Verdict;
+    let crate::ops::run::RunAnswer::Fleet {
+        results, summary, ..
+    } = run
+    else {
+        return Err(crate::error::Error::new(
+            crate::error::ErrorKind::Internal,
+            "a transfer of several files answered as one (opmark bug)",
+        ));
+    };
+    let mut docs = Vec::with_capacity(files.len());
+    for (line, result) in files.into_iter().zip(results) {
+        match (&line.done, &result.outcome) {
+            (Some(done), _) => crate::logging::say(format_args!("opmark: {done}")),
+            (None, Ok(report)) => {
+                let why = match report.verdict {
+                    Verdict::Completed | Verdict::Replayed => {
+                        report.stderr.lossy_string().trim_end().to_owned()
+                    }
+                    _ => report.reason.clone(),
+                };
+                crate::logging::say(format_args!(
+                    "opmark: {}: {not_done}: {} ({}): {why}",
+                    line.place, report.verdict, report.reason_code
+                ))
+            }
+            (None, Err(e)) => crate::logging::say(format_args!(
+                "opmark: {}: error ({}): {}",
+                line.place,
+                e.reason_code(),
+                e.message
+            )),
+        }
+        if global.json {
+            let mut doc = match &result.outcome {
+                Ok(report) => json_document(report)?,
+                Err(e) => error_document(e),
+            };
+            doc["file"] = line.file;
+            docs.push(doc);
+        }
+    }
+    let op = op.map(ToString::to_string).unwrap_or_default();
+    let done: usize = counts.iter().map(|(_, n)| n).sum();
+    let failed = results.len().saturating_sub(done);
+    let said: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
+    // Not yet settled: a rerun under the op id can still transfer them. A delivery that
+    // ran and failed, or a conflict, answers the same to every rerun under it.
+    let unsettled = results.iter().any(|r| match &r.outcome {
+        Ok(report) => matches!(
+            report.verdict,
+            Verdict::NotApplied | Verdict::InProgress | Verdict::Indeterminate
+        ),
+        Err(_) => true,
+    });
+    let next = if unsettled {
+        format!("; the same command with --op {op} settles the rest and replays the others")
+    } else if failed > 0 {
+        format!("; a rerun with --op {op} answers the same: fix the cause, then give a new op id")
+    } else {
+        String::new()
+    };
+    crate::logging::say(format_args!(
+        "opmark: {} files, op {op}: {}, {failed} {not_done}{next}",
+        results.len(),
+        said.join(", "),
+    ));
+    if global.json {
+        let mut totals = serde_json::Map::new();
+        totals.insert("file_count".into(), results.len().into());
+        for (word, n) in counts {
+            totals.insert(format!("{word}_count"), (*n).into());
+        }
+        totals.insert("failed_count".into(), failed.into());
+        totals.insert("verdicts".into(), serde_json::json!(summary.verdicts));
+        totals.insert("exit_status".into(), summary.exit_status.into());
+        let doc = serde_json::json!({
+            "schema": SCHEMA,
+            "op_id": op,
+            "files": docs,
+            "summary": totals,
+        });
+        print_text(&format!("{doc}\n"))?;
     }
     Ok(())
 }

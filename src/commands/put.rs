@@ -1,69 +1,133 @@
-//! `opmark put LOCAL HOST:PATH`: one file delivered as one operation (the work is
+//! `opmark put LOCAL... HOST:PATH`: each file delivered as one operation (the work is
 //! [`crate::ops::put`]'s; the verdicts and exit codes are `run`'s).
 
 use super::common;
 use crate::cli::{GlobalArgs, PutArgs};
 use crate::error::Result;
-use crate::ops::put::{put, Delivered, PutAnswer, PutRequest};
+use crate::operation::RunReport;
+use crate::ops::put::{put, Delivered, PutAnswer, PutFile, PutRequest};
 use crate::ops::run::RunAnswer;
 use crate::vocab::Verdict;
 
-/// Delivers the file; says on stderr what the host did with it (`written`, `unchanged`),
-/// or the verdict when the delivery did not (yet) happen. `--json`: the run document
-/// with a `file` object.
+/// Delivers the files; says on stderr what the host did with each (`written`,
+/// `unchanged`), or the verdict when a delivery did not (yet) happen. `--json`: one file,
+/// the run document with a `file` object; several, a document with one such per file
+/// (`files`) and a `summary`.
 pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
+    let mut watch = common::SayWatch::new(global);
     let answer = put(
         &common::context(global),
         PutRequest {
-            local: args.local.clone(),
+            locals: args.locals,
             destination: args.destination,
             mode: args.mode,
+            recursive: args.recursive,
             transfer: common::transfer_options(&args.transfer)?,
         },
-        &mut common::SayWatch,
+        &mut watch,
+    );
+    watch.finish();
+    let answer = answer?;
+    match &answer.run {
+        RunAnswer::Fleet { .. } => several(global, &answer),
+        _ => one(global, &answer),
+    }
+}
+
+/// One file: the run's document and words.
+fn one(global: &GlobalArgs, answer: &PutAnswer) -> Result<u8> {
+    let file = &answer.files[0];
+    let report = match &answer.run {
+        RunAnswer::One { report, .. } => Some(report.as_ref()),
+        _ => None,
+    };
+    let delivered = report.and_then(delivered);
+    let place = format!("{}:{}", file.target.host, file.target.path);
+    let done = delivered.map(|d| done_line(&place, file, d, report.is_some_and(replayed)));
+    common::say_transfer(
+        global,
+        &answer.run,
+        file_object(file, delivered),
+        done,
+        &place,
+        "not delivered",
     )?;
-    let delivered = delivered(&answer);
-    let place = format!("{}:{}", answer.target.host, answer.target.path);
-    let done = delivered.map(|d| {
-        format!(
-            "{place}: {} ({} bytes, sha256 {}){}",
-            d.as_str(),
-            answer.bytes,
-            &answer.sha256[..16],
-            if replayed(&answer.run) {
-                "; replayed: this op id had delivered it, nothing was sent again"
-            } else {
-                ""
-            }
-        )
-    });
-    let file = serde_json::json!({
-        "local": args.local.display().to_string(),
-        "host": answer.target.host,
-        "path": answer.target.path,
-        "bytes": answer.bytes,
-        "sha256": answer.sha256,
-        "mode": format!("{:04o}", answer.mode),
-        "delivered": delivered.map(Delivered::as_str),
-    });
-    common::say_transfer(global, &answer.run, file, done, &place, "not delivered")?;
     Ok(answer.run.exit_status())
 }
 
+/// Several files: a line each on stderr, then the counts; `--json`, one document.
+fn several(global: &GlobalArgs, answer: &PutAnswer) -> Result<u8> {
+    let RunAnswer::Fleet { results, .. } = &answer.run else {
+        return one(global, answer);
+    };
+    let (mut written, mut unchanged) = (0, 0);
+    let mut lines = Vec::with_capacity(results.len());
+    for (file, result) in answer.files.iter().zip(results) {
+        let report = result.outcome.as_ref().ok();
+        let delivered = report.and_then(delivered);
+        match delivered {
+            Some(Delivered::Written) => written += 1,
+            Some(Delivered::Unchanged) => unchanged += 1,
+            None => {}
+        }
+        let place = format!("{}:{}", file.target.host, file.target.path);
+        lines.push(common::FileLine {
+            done: delivered.map(|d| done_line(&place, file, d, report.is_some_and(replayed))),
+            file: file_object(file, delivered),
+            place,
+        });
+    }
+    common::say_files(
+        global,
+        &answer.run,
+        answer.op.as_ref(),
+        lines,
+        &[("written", written), ("unchanged", unchanged)],
+        "not delivered",
+    )?;
+    Ok(answer.run.exit_status())
+}
+
+/// `HOST:PATH: written (N bytes, sha256 PREFIX)`, and the replay said.
+fn done_line(place: &str, file: &PutFile, d: Delivered, replayed: bool) -> String {
+    format!(
+        "{place}: {} ({} bytes, sha256 {}){}",
+        d.as_str(),
+        file.bytes,
+        &file.sha256[..16],
+        if replayed {
+            "; replayed: this op id had delivered it, nothing was sent again"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The `file` object of a put's document.
+fn file_object(file: &PutFile, delivered: Option<Delivered>) -> serde_json::Value {
+    serde_json::json!({
+        "local": file.local.display().to_string(),
+        "host": file.target.host,
+        "path": file.target.path,
+        "bytes": file.bytes,
+        "sha256": file.sha256,
+        "mode": format!("{:04o}", file.mode),
+        "delivered": delivered.map(Delivered::as_str),
+    })
+}
+
 /// Was the answer a replay of an earlier invocation's?
-fn replayed(run: &RunAnswer) -> bool {
-    matches!(run, RunAnswer::One { report, .. } if report.verdict == Verdict::Replayed)
+fn replayed(report: &RunReport) -> bool {
+    report.verdict == Verdict::Replayed
 }
 
 /// What the host did, when the delivery ended (its own word, kept with the operation).
-fn delivered(answer: &PutAnswer) -> Option<Delivered> {
-    match &answer.run {
-        RunAnswer::One { report, .. }
-            if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
-                && report.exit_code == Some(0) =>
-        {
-            Delivered::from_output(&report.stdout.lossy_string())
-        }
-        _ => None,
+fn delivered(report: &RunReport) -> Option<Delivered> {
+    if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
+        && report.exit_code == Some(0)
+    {
+        Delivered::from_output(&report.stdout.lossy_string())
+    } else {
+        None
     }
 }

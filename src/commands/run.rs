@@ -3,17 +3,14 @@
 //! line), then the answer: one JSON document, or the command's own output (streamed live)
 //! and `opmark:` lines on stderr for anything but a clean completion.
 
-use std::io::IsTerminal;
-
 use super::common;
 use crate::cli::{GlobalArgs, RunArgs};
 use crate::error::Result;
-use crate::op_id::OpId;
 use crate::operation;
-use crate::operation::fleet::{HostResult, Progress};
+use crate::operation::fleet::HostResult;
 use crate::operation::{WaitScope, DEFAULT_WAIT};
 use crate::ops::run::{
-    run as run_op, Early, FleetOptions, NewContradiction, RunAnswer, RunRequest, RunWatch,
+    run as run_op, Early, FleetOptions, NewContradiction, RunAnswer, RunRequest,
 };
 use crate::vocab::{ReasonCode, Verdict};
 
@@ -77,17 +74,9 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         live_output: !global.json,
         tally: None,
     };
-    let mut watch = Watch {
-        // A hand-written line rather than indicatif: one line of counts needs no
-        // dependency, and it is drawn only when a person watches stderr.
-        show_progress: !global.json && std::io::stderr().is_terminal(),
-        drawn: false,
-    };
+    let mut watch = common::SayWatch::new(global);
     let answer = run_op(&common::context(global), request, &mut watch)?;
-    if watch.drawn {
-        // Taken off before the summary: the screen keeps the output, not the counts.
-        crate::logging::set_status(None);
-    }
+    watch.finish();
     let status = answer.exit_status();
     match answer {
         RunAnswer::Early(early) => early_answer(global, &early)?,
@@ -156,29 +145,6 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
     Ok(status)
 }
 
-/// What a person watching the run sees while it goes on.
-struct Watch {
-    show_progress: bool,
-    drawn: bool,
-}
-
-impl RunWatch for Watch {
-    fn minted(&mut self, op: &OpId) {
-        crate::logging::say(format_args!("opmark: op {op}"));
-    }
-
-    fn note(&mut self, text: &str) {
-        crate::logging::say(format_args!("opmark: {text}"));
-    }
-
-    fn progress(&mut self, progress: Progress) {
-        if self.show_progress {
-            self.drawn = true;
-            draw_progress(progress);
-        }
-    }
-}
-
 /// Refused, or interrupted while stdin was read: nothing was recorded or sent.
 fn early_answer(global: &GlobalArgs, early: &Early) -> Result<()> {
     if global.json {
@@ -215,16 +181,6 @@ fn say_contradictions(found: &[NewContradiction], per_host: bool) {
             "opmark: {who}CONTRADICTION: the host's evidence disagrees with what the ledger recorded for this operation (it keeps exit {exit}); see `opmark show {show}`"
         ));
     }
-}
-
-/// `opmark: 3/20 done, 5 running, 1 failed`, kept under the output as the terminal's
-/// status line (taken off before each output line and drawn again after it, cut to the
-/// terminal's width: see [`crate::logging::set_status`]).
-fn draw_progress(p: Progress) {
-    crate::logging::set_status(Some(&format!(
-        "opmark: {}/{} done, {} running, {} failed",
-        p.done, p.total, p.running, p.failed
-    )));
 }
 
 /// One line per host on stderr: the verdict, the exit status, and why when not clean.

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use super::run::{run, RunAnswer, RunWatch, Stdin};
-use super::transfer::{single_quoted, RemoteFile, TransferOptions};
+use super::run_each::{run_each, EachOperation};
+use super::transfer::{base_op, file_op, single_quoted, RemoteFile, TransferOptions};
 use super::Context;
 use crate::error::{Error, ErrorKind, Result};
 use crate::shim::GET_WORD;
@@ -22,17 +23,18 @@ const KEEP_ON_HOST: u64 = 1 << 40;
 /// What `opmark get` was asked.
 #[derive(Debug, Clone)]
 pub struct GetRequest {
-    /// `HOST:PATH`, as typed.
-    pub source: String,
-    /// The local file (an existing directory takes the remote file's name).
+    /// `HOST:PATH`s, as typed (several: one host, each file one operation).
+    pub sources: Vec<String>,
+    /// The local file (an existing directory takes the remote file's name); with several
+    /// sources, the existing directory they go into.
     pub local: PathBuf,
     /// The op id, attempts, wait, approvals and connection options.
     pub transfer: TransferOptions,
 }
 
-/// What `get` read and where it put it, with the run's answer.
-#[derive(Debug)]
-pub struct GetAnswer {
+/// One file of a get: where from, where to, what was read.
+#[derive(Debug, Clone)]
+pub struct GotFile {
     /// Where it came from.
     pub source: RemoteFile,
     /// Where it went.
@@ -41,7 +43,17 @@ pub struct GetAnswer {
     pub read: Option<(String, u64)>,
     /// LOCAL holds the content now (checked by its digest).
     pub saved: bool,
-    /// The operation's answer, as `run` gives it (its stdout emptied: the content is in
+}
+
+/// What `get` read and where it put it, with the run's answer: one file and a run's
+/// answer, or several and a fleet's (one result per file, in the same order).
+#[derive(Debug)]
+pub struct GetAnswer {
+    /// The op id the files' ids are made from, with several files.
+    pub op: Option<crate::op_id::OpId>,
+    /// The files, in the order named.
+    pub files: Vec<GotFile>,
+    /// The operations' answer, as `run` gives it (stdout emptied: the content is in
     /// LOCAL, not in a document).
     pub run: RunAnswer,
 }
@@ -51,21 +63,145 @@ pub fn intent(path: &str) -> String {
     format!("{GET_WORD} -- {}", single_quoted(path))
 }
 
-/// Reads the remote file into `req.local` as one operation.
+/// Reads the remote files into `req.local`, each as one operation.
 pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<GetAnswer> {
-    let source = RemoteFile::parse(&req.source, None)
-        .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
+    match req.sources.as_slice() {
+        [] => Err(invalid(
+            "no file on a host named; write opmark get HOST:PATH... LOCAL; nothing was sent".into(),
+        )),
+        [one] => {
+            let one = one.clone();
+            get_one(ctx, req, &one, watch)
+        }
+        _ => get_several(ctx, req, watch),
+    }
+}
+
+/// One file: a run's answer.
+fn get_one(
+    ctx: &Context,
+    req: GetRequest,
+    text: &str,
+    watch: &mut dyn RunWatch,
+) -> Result<GetAnswer> {
+    let source =
+        RemoteFile::parse(text, None).map_err(|why| invalid(format!("{why}; nothing was sent")))?;
     let local = if req.local.is_dir() {
-        let name = Path::new(&source.path).file_name().ok_or_else(|| {
-            invalid(format!(
-                "{} has no file name; name the local file",
-                source.path
-            ))
-        })?;
-        req.local.join(name)
+        req.local.join(remote_file_name(&source)?)
     } else {
         req.local.clone()
     };
+    let dir = directory_of(&local)?;
+    let request = req.transfer.run_request(
+        &source.host,
+        intent(&source.path),
+        crate::shim::RunKind::Get,
+        Stdin::None,
+        KEEP_ON_HOST,
+    );
+    let mut run = run(ctx, request, watch)?;
+    let mut file = GotFile {
+        source,
+        local,
+        read: None,
+        saved: false,
+    };
+    if let RunAnswer::One { report, .. } = &mut run {
+        keep(report, &mut file, &dir)?;
+    }
+    Ok(GetAnswer {
+        op: None,
+        files: vec![file],
+        run,
+    })
+}
+
+/// Several files of one host into the directory LOCAL, each one operation.
+fn get_several(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<GetAnswer> {
+    if !req.local.is_dir() {
+        return Err(invalid(format!(
+            "{} is no directory here: several files go into an existing directory; create it first. Nothing was sent",
+            req.local.display()
+        )));
+    }
+    let (base, minted) = base_op(req.transfer.op.as_deref())?;
+    let mut files: Vec<GotFile> = Vec::with_capacity(req.sources.len());
+    let mut each = Vec::with_capacity(req.sources.len());
+    for text in &req.sources {
+        let source = RemoteFile::parse(text, None)
+            .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
+        if let Some(first) = files.first().filter(|f| f.source.host != source.host) {
+            return Err(invalid(format!(
+                "the files come from {} and {}: a get of several files reads from one host; run one get per host. Nothing was sent",
+                first.source.host, source.host
+            )));
+        }
+        let local = req.local.join(remote_file_name(&source)?);
+        if let Some(other) = files.iter().find(|f| f.local == local) {
+            return Err(invalid(format!(
+                "{}:{} and {} would both be {}; get them in separate runs. Nothing was sent",
+                source.host,
+                other.source.path,
+                source.path,
+                local.display()
+            )));
+        }
+        each.push(EachOperation {
+            op: file_op(&base, &source.path),
+            command: intent(&source.path),
+            stdin: None,
+        });
+        files.push(GotFile {
+            source,
+            local,
+            read: None,
+            saved: false,
+        });
+    }
+    if minted {
+        watch.minted(&base);
+    }
+    let host = files[0].source.host.clone();
+    let mut transfer = req.transfer;
+    transfer.op = None;
+    let request = transfer.run_request(
+        &host,
+        String::new(),
+        crate::shim::RunKind::Get,
+        Stdin::None,
+        KEEP_ON_HOST,
+    );
+    let mut run = run_each(ctx, request, &base, each, watch)?;
+    if let RunAnswer::Fleet { results, .. } = &mut run {
+        for (file, result) in files.iter_mut().zip(results.iter_mut()) {
+            if let Ok(report) = &mut result.outcome {
+                let dir = directory_of(&file.local)?;
+                if let Err(e) = keep(report, file, &dir) {
+                    // One file not kept is that file's answer, not the others' end.
+                    result.outcome = Err(e);
+                }
+            }
+        }
+    }
+    Ok(GetAnswer {
+        op: Some(base),
+        files,
+        run,
+    })
+}
+
+/// The remote file's name, for a LOCAL that is a directory.
+fn remote_file_name(source: &RemoteFile) -> Result<&std::ffi::OsStr> {
+    Path::new(&source.path).file_name().ok_or_else(|| {
+        invalid(format!(
+            "{} has no file name; name the local file",
+            source.path
+        ))
+    })
+}
+
+/// The directory LOCAL is written in, which must exist.
+fn directory_of(local: &Path) -> Result<PathBuf> {
     let dir = match local.parent() {
         Some(d) if d.as_os_str().is_empty() => Path::new("."),
         Some(d) => d,
@@ -78,35 +214,30 @@ pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<G
             local.display()
         )));
     }
-    let request = req.transfer.run_request(
-        &source.host,
-        intent(&source.path),
-        crate::shim::RunKind::Get,
-        Stdin::None,
-        KEEP_ON_HOST,
-    );
-    let mut run = run(ctx, request, watch)?;
-    let (mut read, mut saved) = (None, false);
-    if let RunAnswer::One { report, .. } = &mut run {
-        if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
-            && report.exit_code == Some(0)
-        {
-            read = digest_said(&report.stderr.lossy_string());
-            if let Some((sha256, bytes)) = &read {
-                save(&report.stdout, &local, dir, sha256, *bytes, &report.op_id)?;
-                saved = true;
-            }
+    Ok(dir.to_path_buf())
+}
+
+/// Saves a read that ended well into `file.local` and says so in `file`; the report
+/// keeps no content (it is in LOCAL; a document carries what happened, not the file).
+fn keep(report: &mut crate::operation::RunReport, file: &mut GotFile, dir: &Path) -> Result<()> {
+    if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
+        && report.exit_code == Some(0)
+    {
+        file.read = digest_said(&report.stderr.lossy_string());
+        if let Some((sha256, bytes)) = &file.read {
+            save(
+                &report.stdout,
+                &file.local,
+                dir,
+                sha256,
+                *bytes,
+                &report.op_id,
+            )?;
+            file.saved = true;
         }
-        // The content is in LOCAL; a document carries what happened, not the file.
-        report.stdout = Default::default();
     }
-    Ok(GetAnswer {
-        source,
-        local,
-        read,
-        saved,
-        run,
-    })
+    report.stdout = Default::default();
+    Ok(())
 }
 
 /// The digest and size the host said on stderr's first line.

@@ -26,6 +26,7 @@ pub mod reach;
 pub mod reconcile;
 pub mod resolve;
 pub mod run;
+pub mod run_each;
 pub mod show;
 pub mod stats;
 pub mod transfer;

@@ -816,7 +816,12 @@ async fn run_on_hosts(
 /// A name that resolves nowhere and is no Host of the ssh config is a typo far more often
 /// than an outage: answered once the ledger is known to open (its problem comes first)
 /// and before anything is recorded, so it never becomes an operation.
-fn typo_answer(ctx: &Context, req: &RunRequest, hosts: &[String], op: &OpId) -> Option<RunAnswer> {
+pub(super) fn typo_answer(
+    ctx: &Context,
+    req: &RunRequest,
+    hosts: &[String],
+    op: &OpId,
+) -> Option<RunAnswer> {
     hosts.iter().find_map(|host| {
         let why = super::hosts::unresolvable(ctx, host, &req.options)?;
         Some(RunAnswer::Early(Early {
@@ -833,7 +838,7 @@ fn typo_answer(ctx: &Context, req: &RunRequest, hosts: &[String], op: &OpId) -> 
 
 /// The signal handlers of a run: from here on a signal is answered, never the silent
 /// default death.
-fn install_interrupts() -> Result<Interrupts> {
+pub(super) fn install_interrupts() -> Result<Interrupts> {
     Interrupts::install().map_err(|e| {
         Error::new(
             ErrorKind::Internal,
@@ -844,12 +849,15 @@ fn install_interrupts() -> Result<Interrupts> {
 
 /// The operations whose host evidence contradicts the ledger since `known` was read
 /// (before this run): a contradiction is recorded and never silent.
-fn new_contradictions(known: &[OperationRecord], now: &[OperationRecord]) -> Vec<NewContradiction> {
+pub(super) fn new_contradictions(
+    known: &[OperationRecord],
+    now: &[OperationRecord],
+) -> Vec<NewContradiction> {
     now.iter()
         .filter(|record| {
             let before = known
                 .iter()
-                .find(|r| r.host == record.host)
+                .find(|r| r.host == record.host && r.op_id == record.op_id)
                 .map_or(0, |r| r.contradictions);
             record.contradictions > before
         })
@@ -862,7 +870,7 @@ fn new_contradictions(known: &[OperationRecord], now: &[OperationRecord]) -> Vec
 }
 
 /// Invalid input: the verdict is `refused`, nothing is recorded or sent.
-fn refuse_before_anything(ctx: &Context, op: Option<&str>, reason: &str) -> RunAnswer {
+pub(super) fn refuse_before_anything(ctx: &Context, op: Option<&str>, reason: &str) -> RunAnswer {
     // The reason may quote the input, and the input may hold a secret.
     let reason = redactor_for_errors(ctx.policy.as_deref()).redact_owned(reason);
     RunAnswer::Early(Early {

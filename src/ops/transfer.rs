@@ -5,8 +5,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use sha2::{Digest as _, Sha256};
+
 use super::run::{FleetOptions, RunRequest, Stdin};
 use super::HostOptions;
+use crate::error::{Error, ErrorKind, Result};
+use crate::op_id::OpId;
 use crate::operation::WaitScope;
 use crate::shim::RunKind;
 
@@ -27,6 +31,8 @@ pub struct TransferOptions {
     pub approval: Option<String>,
     /// Connection options.
     pub options: HostOptions,
+    /// `--forks`: with several files, at most this many operations in flight at once.
+    pub forks: usize,
 }
 
 impl TransferOptions {
@@ -55,7 +61,10 @@ impl TransferOptions {
             repeats: None,
             amends: None,
             options: self.options,
-            fleet: FleetOptions::default(),
+            fleet: FleetOptions {
+                forks: self.forks,
+                ..FleetOptions::default()
+            },
             secrets: Vec::new(),
             become_user: None,
             locks: Vec::new(),
@@ -82,6 +91,44 @@ impl RemoteFile {
     /// `/` (or `~`) is a directory: it takes `name_from`'s file name, and without one it
     /// is refused.
     pub fn parse(text: &str, name_from: Option<&Path>) -> Result<RemoteFile, String> {
+        let RemoteFile { host, path } = RemoteFile::split(text)?;
+        let mut path = match path.as_str() {
+            "~" => String::new(),
+            p => p.strip_prefix("~/").unwrap_or(p).to_owned(),
+        };
+        if path.is_empty() || path.ends_with('/') {
+            let name = name_from
+                .and_then(|l| l.file_name())
+                .and_then(|n| n.to_str());
+            let Some(name) = name else {
+                return Err(format!(
+                    "`{}` names a directory; name the file",
+                    crate::text::printable(text)
+                ));
+            };
+            path.push_str(name);
+        }
+        Ok(RemoteFile { host, path })
+    }
+
+    /// `HOST:DIR`, the directory several files go into: `~`, `~/` or `.` is the login
+    /// directory (the path is then empty), and a trailing `/` is dropped (`/` stays).
+    pub fn parse_dir(text: &str) -> Result<RemoteFile, String> {
+        let RemoteFile { host, path } = RemoteFile::split(text)?;
+        let path = match path.as_str() {
+            "~" | "~/" | "." | "./" => String::new(),
+            "/" => "/".to_owned(),
+            p => p
+                .strip_prefix("~/")
+                .unwrap_or(p)
+                .trim_end_matches('/')
+                .to_owned(),
+        };
+        Ok(RemoteFile { host, path })
+    }
+
+    /// The host and the path as typed, each checked as present and printable.
+    fn split(text: &str) -> Result<RemoteFile, String> {
         let split = if let Some(rest) = text.strip_prefix('[') {
             rest.find("]:").map(|i| (&rest[..i], &rest[i + 2..]))
         } else {
@@ -113,27 +160,41 @@ impl RemoteFile {
                     .into(),
             );
         }
-        let mut path = match path {
-            "~" => String::new(),
-            p => p.strip_prefix("~/").unwrap_or(p).to_owned(),
-        };
-        if path.is_empty() || path.ends_with('/') {
-            let name = name_from
-                .and_then(|l| l.file_name())
-                .and_then(|n| n.to_str());
-            let Some(name) = name else {
-                return Err(format!(
-                    "`{}` names a directory; name the file",
-                    crate::text::printable(text)
-                ));
-            };
-            path.push_str(name);
-        }
         Ok(RemoteFile {
             host: host.to_owned(),
-            path,
+            path: path.to_owned(),
         })
     }
+}
+
+/// The longest op id that leaves room for a file's suffix (`:` and 12 hex digits).
+const BASE_OP_MAX: usize = 128 - 13;
+
+/// The op id of a transfer of several files (`--op`, checked, else minted: then `true`),
+/// which each file's op id is made from ([`file_op`]).
+pub fn base_op(given: Option<&str>) -> Result<(OpId, bool)> {
+    let (base, minted) = match given {
+        Some(text) => (
+            OpId::parse(text).map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?,
+            false,
+        ),
+        None => (OpId::mint(), true),
+    };
+    if base.as_str().len() > BASE_OP_MAX {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("the op id of a transfer of several files is at most {BASE_OP_MAX} characters (each file's is it, `:` and 12 more); nothing was sent"),
+        ));
+    }
+    Ok((base, minted))
+}
+
+/// The op id of the file at `path` on the host, in a transfer of several files under
+/// `base`: the same file (by its path on the host) has the same id in every rerun,
+/// whatever else the set gained or lost.
+pub fn file_op(base: &OpId, path: &str) -> OpId {
+    let digest = hex::encode(Sha256::digest(path.as_bytes()));
+    OpId::parse(&format!("{base}:{}", &digest[..12])).expect("a checked base and hex digits")
 }
 
 /// `text` in single quotes for a POSIX shell (`'\''` for a quote).
@@ -176,6 +237,22 @@ mod tests {
             let e = target(bad).unwrap_err();
             assert!(e.contains(says), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_directory_for_several_files_is_the_path_without_its_trailing_slash() {
+        for (text, path) in [
+            ("web1:/srv/site/", "/srv/site"),
+            ("web1:/srv/site", "/srv/site"),
+            ("web1:/", "/"),
+            ("web1:~", ""),
+            ("web1:~/", ""),
+            ("web1:.", ""),
+            ("web1:~/www", "www"),
+        ] {
+            assert_eq!(RemoteFile::parse_dir(text).unwrap().path, path, "{text}");
+        }
+        assert!(RemoteFile::parse_dir("web1").is_err());
     }
 
     #[test]

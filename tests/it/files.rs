@@ -6,7 +6,8 @@
 //! is on the host is settled by the probe and the file written once; a 200 MB put cut at
 //! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
 //! read whole and checked, a rerun replays the host's copy (even after the file changed),
-//! a missing file leaves LOCAL as it was.
+//! a missing file leaves LOCAL as it was. Several files and `-r`: one operation each,
+//! the tree made on the host, a rerun replaying each file and an edited one a conflict.
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -339,6 +340,315 @@ fn a_put_into_a_missing_directory_fails_on_the_host_and_leaves_nothing() {
     assert!(a.json["file"]["delivered"].is_null());
     assert!(a.stderr.contains("no directory"), "{}", a.stderr);
     assert!(!dest.parent().unwrap().exists());
+}
+
+/// `opmark --json put ARGS...` (several files: the document with `files`).
+fn put_files(env: &Sealed, lab: &Lab, args: &[String]) -> Answer {
+    support::answer(
+        env.opmark_with_lab(lab)
+            .arg("--json")
+            .arg("put")
+            .args(args)
+            .output()
+            .unwrap(),
+    )
+}
+
+/// Each file's `delivered` (its verdict when it was not delivered), by its path.
+fn outcomes(a: &Answer) -> Vec<(String, String)> {
+    a.json["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files: {a:?}"))
+        .iter()
+        .map(|f| {
+            let word = match f["file"]["delivered"].as_str() {
+                Some(d) => d.to_owned(),
+                None => f["verdict"].as_str().unwrap_or("error").to_owned(),
+            };
+            (f["file"]["path"].as_str().unwrap().to_owned(), word)
+        })
+        .collect()
+}
+
+#[test]
+fn a_directory_is_put_one_operation_per_file_and_its_rerun_replays_each() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    crate::require_tool!("python3");
+    let dir = fresh_dir(crate::test_name!());
+    let site = dir.join("site");
+    std::fs::create_dir_all(site.join("css")).unwrap();
+    std::fs::create_dir_all(site.join("img/deep")).unwrap();
+    let index = content(&site, "index.html", 2_000, 1);
+    let css = content(&site.join("css"), "a.css", 300, 2);
+    let img = content(&site.join("img/deep"), "x.bin", 70_000, 3);
+    let loose = content(&dir, "robots.txt", 40, 4);
+    let remote = dir.join("remote");
+    std::fs::create_dir(&remote).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let args = |op: &str| -> Vec<String> {
+        vec![
+            "-r".into(),
+            site.display().to_string(),
+            loose.display().to_string(),
+            format!("target1:{}/", remote.display()),
+            "--op".into(),
+            op.into(),
+        ]
+    };
+
+    // Each file its own operation; the tree made on the host under the directory's name.
+    let a = put_files(&env, &lab, &args("site-1"));
+    assert_eq!(a.status, 0, "{a:?}");
+    let at = |rel: &str| remote.join(rel).display().to_string();
+    let written: Vec<(String, String)> = [
+        "robots.txt",
+        "site/css/a.css",
+        "site/img/deep/x.bin",
+        "site/index.html",
+    ]
+    .iter()
+    .map(|rel| (at(rel), "written".to_owned()))
+    .collect();
+    let mut got = outcomes(&a);
+    got.sort();
+    assert_eq!(got, written, "{a:?}");
+    assert_eq!(a.json["summary"]["written_count"], 4, "{a:?}");
+    for (local, rel) in [
+        (&index, "site/index.html"),
+        (&css, "site/css/a.css"),
+        (&img, "site/img/deep/x.bin"),
+        (&loose, "robots.txt"),
+    ] {
+        assert_eq!(sha256(&remote.join(rel)), sha256(local), "{rel}");
+        assert!(no_leftovers(&remote.join(rel)), "{rel}");
+    }
+    let ops: std::collections::BTreeSet<&str> = a.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["op_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops.len(), 4, "one operation per file: {ops:?}");
+    assert!(ops.iter().all(|o| o.starts_with("site-1:")), "{ops:?}");
+    support::schema::validate(crate::test_name!(), &[("files", vec![a.json.clone()])]);
+
+    // The same op id again: every file's record answers; nothing is written again.
+    let mtime = std::fs::metadata(remote.join("site/index.html"))
+        .unwrap()
+        .mtime();
+    std::thread::sleep(Duration::from_millis(1100));
+    let again = put_files(&env, &lab, &args("site-1"));
+    assert_eq!(again.status, 0, "{again:?}");
+    let verdicts: Vec<&str> = again.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["replayed"; 4], "{again:?}");
+    let again_ops: std::collections::BTreeSet<&str> = again.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["op_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(again_ops, ops, "the same files map to the same operations");
+    assert_eq!(
+        std::fs::metadata(remote.join("site/index.html"))
+            .unwrap()
+            .mtime(),
+        mtime
+    );
+
+    // One file edited and one added, under a new op id: only they are written.
+    content(&site, "index.html", 2_000, 9);
+    content(&site.join("css"), "b.css", 10, 5);
+    let next = put_files(&env, &lab, &args("site-2"));
+    assert_eq!(next.status, 0, "{next:?}");
+    let mut got = outcomes(&next);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (at("robots.txt"), "unchanged".to_owned()),
+            (at("site/css/a.css"), "unchanged".to_owned()),
+            (at("site/css/b.css"), "written".to_owned()),
+            (at("site/img/deep/x.bin"), "unchanged".to_owned()),
+            (at("site/index.html"), "written".to_owned()),
+        ],
+        "{next:?}"
+    );
+    assert_eq!(sha256(&remote.join("site/index.html")), sha256(&index));
+
+    // The first op id with the edited file: that file is a conflict and stays as it is;
+    // the others replay, and the new file is delivered under its own new operation.
+    let old = put_files(&env, &lab, &args("site-1"));
+    let mut got = outcomes(&old);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (at("robots.txt"), "written".to_owned()),
+            (at("site/css/a.css"), "written".to_owned()),
+            (at("site/css/b.css"), "unchanged".to_owned()),
+            (at("site/img/deep/x.bin"), "written".to_owned()),
+            (at("site/index.html"), "conflict".to_owned()),
+        ],
+        "{old:?}"
+    );
+    assert_ne!(old.status, 0, "a conflict is no success: {old:?}");
+    assert_eq!(old.json["summary"]["failed_count"], 1, "{old:?}");
+    assert_eq!(sha256(&remote.join("site/index.html")), sha256(&index));
+}
+
+#[test]
+fn several_files_without_their_directory_on_the_host_fail_there_and_bad_sets_send_nothing() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let a = content(&dir, "a", 10, 1);
+    std::fs::create_dir(dir.join("other")).unwrap();
+    let a_again = content(&dir.join("other"), "a", 10, 2);
+    let b = content(&dir, "b", 10, 3);
+    let env = Sealed::new(crate::test_name!());
+    let log = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
+    let s = |p: &Path| p.display().to_string();
+    let to = format!("target1:{}/", dir.join("remote").display());
+    for (args, says) in [
+        (vec![s(&a), s(&dir), to.clone()], "give -r"),
+        (vec![s(&a), s(&a_again), to.clone()], "would both be"),
+        (vec![s(&a), s(&b), "target1".into()], "HOST:PATH"),
+        (
+            vec![
+                "-r".into(),
+                s(&dir.join("other")),
+                s(&a),
+                to.clone(),
+                "--op".into(),
+                "x".repeat(120),
+            ],
+            "at most 115",
+        ),
+    ] {
+        refused_naming(&env, &lab, "put", &args, says);
+    }
+    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
+    let new = String::from_utf8_lossy(&log_text[log as usize..]);
+    assert!(
+        !new.contains("Accepted publickey"),
+        "nothing connected: {new}"
+    );
+
+    // Without -r no directory is made: each file's delivery fails on the host, saying so.
+    let missing = put_files(
+        &env,
+        &lab,
+        &[s(&a), s(&b), to, "--op".into(), "pd-1".into()],
+    );
+    assert_eq!(missing.status, 1, "{missing:?}");
+    assert_eq!(missing.json["summary"]["failed_count"], 2, "{missing:?}");
+    assert!(
+        missing.stderr.contains("no directory"),
+        "{}",
+        missing.stderr
+    );
+    assert!(!dir.join("remote").exists());
+}
+
+#[test]
+fn several_files_are_read_each_as_its_own_operation_and_a_missing_one_is_its_own_answer() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    crate::require_tool!("python3");
+    let dir = fresh_dir(crate::test_name!());
+    let remote = dir.join("remote");
+    std::fs::create_dir(&remote).unwrap();
+    let a = content(&remote, "a.log", 5_000, 1);
+    let b = content(&remote, "b.log", 70, 2);
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let on_host = |p: &Path| format!("target1:{}", p.display());
+    let args = vec![
+        on_host(&a),
+        on_host(&remote.join("gone.log")),
+        on_host(&b),
+        out.display().to_string(),
+        "--op".into(),
+        "logs-1".into(),
+    ];
+    let got = support::answer(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "get"])
+            .args(&args)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(
+        got.status, 1,
+        "a file that is not there fails the run: {got:?}"
+    );
+    let saved: Vec<bool> = got.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["file"]["saved"].as_bool().unwrap())
+        .collect();
+    assert_eq!(saved, [true, false, true], "{got:?}");
+    assert_eq!(got.json["summary"]["read_count"], 2, "{got:?}");
+    assert_eq!(sha256(&out.join("a.log")), sha256(&a));
+    assert_eq!(sha256(&out.join("b.log")), sha256(&b));
+    assert!(!out.join("gone.log").exists());
+    assert!(got.stderr.contains("no file"), "{}", got.stderr);
+    support::schema::validate(crate::test_name!(), &[("files", vec![got.json.clone()])]);
+
+    // Rerun under the op id: each read replays the host's copy, even of a changed file.
+    content(&remote, "a.log", 10, 9);
+    let again = support::answer(
+        env.opmark_with_lab(&lab)
+            .args(["--json", "get"])
+            .args(&args)
+            .output()
+            .unwrap(),
+    );
+    let verdicts: Vec<&str> = again.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["replayed"; 3], "{again:?}");
+    assert_eq!(std::fs::metadata(out.join("a.log")).unwrap().len(), 5_000);
+
+    // Sets that cannot be read as one are refused before anything is sent.
+    let log = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
+    let s = |p: &Path| p.display().to_string();
+    for (args, says) in [
+        (
+            vec![on_host(&a), format!("other:{}", b.display()), s(&out)],
+            "one host",
+        ),
+        (
+            vec![on_host(&a), on_host(&dir.join("x/a.log")), s(&out)],
+            "would both be",
+        ),
+        (
+            vec![on_host(&a), on_host(&b), s(&out.join("a.log"))],
+            "no directory",
+        ),
+    ] {
+        refused_naming(&env, &lab, "get", &args, says);
+    }
+    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
+    let new = String::from_utf8_lossy(&log_text[log as usize..]);
+    assert!(
+        !new.contains("Accepted publickey"),
+        "nothing connected: {new}"
+    );
 }
 
 /// Bytes the target's namespace received on its links (`/proc/net/dev`, all but `lo`),
