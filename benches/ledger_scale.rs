@@ -1,9 +1,10 @@
-//! The ledger at scale (issue 30): ledgers of 1k, 100k and 1M operations of a simple run,
+//! The ledger at scale (issues 30, 46): ledgers of 1k, 100k and 1M operations of a simple run
+//! (one in 50 repeating the intent before it under a new op id, the families taking turns),
 //! built through the ledger's own append algorithm (real events, real keyed chain; the
 //! big ones in batched transactions of that same algorithm), then for each size: bytes
 //! per operation and the wall time of the everyday commands, run as the real `opmark`
 //! binary against that ledger (`list --limit 20`, `show`, `reconcile` with nothing
-//! unresolved and with 10 unresolved, `stats`, `stats --since 1h`, `audit verify
+//! unresolved and with 10 unresolved, `stats`, `stats --format prometheus`, `stats --since 1h`, `audit verify
 //! --incremental` (after the cold runs' few new operations) and `--full`), and the ledger time of a cold `run` (opening the ledger
 //! and the appends a simple run makes, with their durabilities).
 //!
@@ -48,15 +49,47 @@ fn route(host: usize, port: u16) -> Route {
 }
 
 /// An intent fingerprint as the ledger stores them: an HMAC in hex, so uniform (an index
-/// on its first digits spreads), and unique per operation (`n`).
+/// on its first digits spreads), and one per intent `n` (the same `n`, the same intent).
 fn fingerprint(n: u64) -> String {
-    let [a, b, c]: [u64; 3] = rand::random();
+    // splitmix64: uniform digits, the same for the same n.
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let (a, b, c) = (mix(n), mix(n ^ 0x5555), mix(n ^ 0xaaaa));
     format!("{a:016x}{b:016x}{c:016x}{n:016x}")
+}
+
+/// Every `REPEAT_EVERY`th operation repeats the intent of the one before it (on its
+/// host, under its own op id), as agents retrying with fresh ids do; the families take
+/// turns, so the ledger holds suspected duplicates of every family and `stats` must
+/// count them (read-only repeats apart: they are no duplicate effect).
+const REPEAT_EVERY: u64 = 50;
+
+/// The intent operation `n` runs: (its intent's number, its host, its family).
+fn intent_of(n: u64) -> (u64, usize, Family) {
+    let family = [
+        Family::ReadOnly,
+        Family::Convergent,
+        Family::AppendOnly,
+        Family::Destructive,
+    ][((n / REPEAT_EVERY) % 4) as usize];
+    let intent = if n % REPEAT_EVERY == 1 { n - 1 } else { n };
+    (intent, (intent as usize) % HOSTS, family)
 }
 
 /// The events `opmark run target --op ID -- true` records, in its transactions (the first
 /// one `Full`, before dispatch), as src/operation/driver.rs writes them.
-fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability)> {
+/// Its intent is number `intent` (the same number, the same intent) in `family`.
+fn simple_run(
+    n: u64,
+    intent: u64,
+    host: usize,
+    family: Family,
+    session: &str,
+) -> Vec<(Vec<Event>, Durability)> {
     // The id formats opmark writes (`new_attempt_id`, `session_id`).
     let attempt = format!("at-{:016x}", rand::random::<u64>() ^ n);
     vec![
@@ -69,9 +102,9 @@ fn simple_run(n: u64, host: usize, session: &str) -> Vec<(Vec<Event>, Durability
                 },
                 Event::Intended {
                     session: session.to_owned(),
-                    family: Family::ReadOnly,
+                    family,
                     display: "true".into(),
-                    fingerprint: fingerprint(n),
+                    fingerprint: fingerprint(intent),
                     rule: "builtin read_only: true".into(),
                     secrets: Vec::new(),
                     become_user: None,
@@ -222,9 +255,9 @@ fn build(path: &Path, ops: u64) {
         if n % 200 == 0 {
             session = format!("s-{:016x}", rand::random::<u64>());
         }
-        let host = (n as usize) % HOSTS;
+        let (intent, host, family) = intent_of(n);
         let key = OpKey::new(format!("op-{n:08}"), format!("target{host}"));
-        let events = simple_run(n, host, &session)
+        let events = simple_run(n, intent, host, family, &session)
             .into_iter()
             .flat_map(|(e, _)| e)
             .collect();
@@ -297,7 +330,9 @@ fn cold_run_ledger_time(path: &Path, rounds: usize) -> Duration {
         let start = Instant::now();
         let mut ledger = Ledger::open(path).expect("open ledger");
         let key = OpKey::new(format!("cold-{r}-{:08x}", rand::random::<u32>()), "target1");
-        for (events, durability) in simple_run(r as u64, 1, "sess-cold") {
+        // An intent of its own: a cold run is no repetition.
+        let intent = (1 << 40) | r as u64;
+        for (events, durability) in simple_run(r as u64, intent, 1, Family::ReadOnly, "sess-cold") {
             ledger
                 .append_many(&key, &events, durability)
                 .expect("append");
@@ -359,7 +394,7 @@ fn main() {
         ssh_config,
     };
     println!(
-        "{:>9} {:>9} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "{:>9} {:>9} {:>10} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}",
         "ops",
         "B/op",
         "build s",
@@ -368,6 +403,7 @@ fn main() {
         "reconcile 0",
         "reconcile10",
         "stats",
+        "stats prom",
         "stats 1h",
         "verify inc",
         "verify full",
@@ -392,6 +428,7 @@ fn main() {
         let rec0 = env.time(&settled, &["reconcile"], &[0], rounds);
         let stats = env.time(&settled, &["stats"], &[0], rounds);
         let stats_1h = env.time(&settled, &["stats", "--since", "1h"], &[0], rounds);
+        let prom = env.time(&settled, &["stats", "--format", "prometheus"], &[0], rounds);
         // The full walk records a checkpoint; the cold runs then add a few operations,
         // and the incremental verify reads only those.
         let full = env.time(
@@ -418,18 +455,34 @@ fn main() {
         drop(ledger);
         let rec10 = env.time(&settled, &["reconcile"], &[0, 1], rounds);
         println!(
-            "{ops:>9} {:>9.0} {build_secs:>10.1} {} {} {} {} {} {} {} {} {:>11.0} {}",
+            "{ops:>9} {:>9.0} {build_secs:>10.1} {} {} {} {} {} {} {} {} {} {:>11.0} {}",
             bytes as f64 / ops as f64,
             ms(list),
             ms(show),
             ms(rec0),
             ms(rec10),
             ms(stats),
+            ms(prom),
             ms(stats_1h),
             ms(inc),
             ms(full),
             full_rate,
             ms(Some(cold)),
+        );
+        // What the timed `stats` answered about the repetitions built in.
+        let out = Command::new(&env.opmark)
+            .args(["--json", "stats"])
+            .env("OPMARK_LEDGER", &settled)
+            .env("XDG_CONFIG_HOME", env.base.join("config"))
+            .env("XDG_STATE_HOME", env.base.join("state"))
+            .output()
+            .expect("spawn opmark");
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        println!(
+            "{:>9}   suspected duplicates {} (by family {}; read-only repeats are none)",
+            "",
+            doc["health"]["suspected_duplicate_tally"]["total"],
+            doc["health"]["suspected_duplicate_tally"]["by_family"],
         );
         if std::env::var_os("OPMARK_BENCH_KEEP").is_some() {
             eprintln!("kept {}", settled.display());

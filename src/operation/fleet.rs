@@ -249,6 +249,9 @@ fn spawn_host(
     let host = input.host.host.clone();
     running.spawn_local(async move {
         let outcome = async {
+            // Read now, not when the run was planned: only the runs in flight hold
+            // their stdin (the files of a put).
+            let input = input.load_stdin().await?;
             let mut ledger = open_ledger()?;
             run_interruptible(
                 RunEnv {

@@ -28,6 +28,9 @@ pub struct RunInput {
     pub class: Option<Family>,
     /// Spooled stdin, when `--stdin`.
     pub stdin: Option<Vec<u8>>,
+    /// Stdin still in a local file, read just before this run starts (one of the many
+    /// files of a put: only the files in flight are in memory); `stdin` is then `None`.
+    pub stdin_from: Option<StdinFile>,
     /// `--secret`: the command's secret environment variables, read.
     pub secrets: crate::secret::Secrets,
     /// `--become USER`: run the command as USER through sudo on the host.
@@ -95,12 +98,55 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// takes a round trip; a cut link is what this bounds).
 pub const LAST_LOOK: Duration = Duration::from_secs(3);
 
+/// A local file whose content is a run's stdin, with the digest it had when the run was
+/// planned: read when the run starts, and refused then if it changed meanwhile.
+#[derive(Debug, Clone)]
+pub struct StdinFile {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// Its content's SHA-256 when it was planned.
+    pub sha256: [u8; 32],
+}
+
 impl RunInput {
+    /// Reads `stdin_from` into `stdin`: the content the run was planned with, or an error
+    /// naming the file when it cannot be read or changed since (nothing is sent for it).
+    pub async fn load_stdin(mut self) -> Result<RunInput, crate::error::Error> {
+        use crate::error::{Error, ErrorKind};
+        let Some(from) = self.stdin_from.take() else {
+            return Ok(self);
+        };
+        let content = tokio::fs::read(&from.path).await.map_err(|e| {
+            Error::new(
+                ErrorKind::LocalIo,
+                format!(
+                    "cannot read {}: {e}; nothing was sent for it",
+                    from.path.display()
+                ),
+            )
+        })?;
+        if <[u8; 32]>::from(Sha256::digest(&content)) != from.sha256 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "{} changed while the files were being sent (it is not the content read before the first one went); nothing was sent for it. Run the same command again with a new op id",
+                    from.path.display()
+                ),
+            ));
+        }
+        self.stdin = Some(content);
+        Ok(self)
+    }
+
     /// The canonical intent: the command and the digest of the stdin it is given.
     pub fn intent(&self) -> Intent<'_> {
         Intent {
             command: &self.command,
-            stdin_sha256: self.stdin.as_ref().map(|s| Sha256::digest(s).into()),
+            stdin_sha256: self
+                .stdin
+                .as_ref()
+                .map(|s| Sha256::digest(s).into())
+                .or_else(|| self.stdin_from.as_ref().map(|f| f.sha256)),
             secret_names: self.secrets.names(),
             become_user: self.become_user.as_deref(),
         }
@@ -139,4 +185,66 @@ pub struct RunEnv<'a> {
     pub pool: &'a Pool,
     /// A fleet's shared commit of the writes before dispatch (`None`: each its own).
     pub group: Option<&'a CommitGroup>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(path: &std::path::Path, content: &[u8]) -> RunInput {
+        RunInput {
+            host: HostSpec::default(),
+            op: OpId::parse("load-1").unwrap(),
+            command: "opmark-put --mode 0644 -- 'x'".into(),
+            class: None,
+            stdin: None,
+            stdin_from: Some(StdinFile {
+                path: path.to_path_buf(),
+                sha256: Sha256::digest(content).into(),
+            }),
+            secrets: Default::default(),
+            become_user: None,
+            locks: Vec::new(),
+            lock_wait: Duration::ZERO,
+            kind: crate::shim::RunKind::Put,
+            timeout: None,
+            attempts: None,
+            wait: DEFAULT_WAIT,
+            approve: None,
+            approver: "t".into(),
+            approval: None,
+            live_output: false,
+            output_cap: 1024,
+            prefix: None,
+            detach: false,
+            declared: Default::default(),
+            wait_scope: WaitScope::Probes,
+            tally: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_file_read_at_the_start_of_its_run_is_the_content_planned_or_refused() {
+        let dir = std::env::temp_dir().join(format!("opmark-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"planned").unwrap();
+        let input = planned(&path, b"planned");
+        let intent_before = input.intent().stdin_sha256;
+        let loaded = input.clone().load_stdin().await.unwrap();
+        assert_eq!(loaded.stdin.as_deref(), Some(&b"planned"[..]));
+        assert_eq!(
+            loaded.intent().stdin_sha256,
+            intent_before,
+            "the intent is the same before and after the read"
+        );
+
+        std::fs::write(&path, b"edited meanwhile").unwrap();
+        let e = input.clone().load_stdin().await.unwrap_err();
+        assert!(e.message.contains("changed while"), "{}", e.message);
+        std::fs::remove_file(&path).unwrap();
+        let e = input.load_stdin().await.unwrap_err();
+        assert!(e.message.contains("cannot read"), "{}", e.message);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

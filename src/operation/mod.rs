@@ -41,6 +41,6 @@ mod run;
 
 pub use decide::{connect_code, AttemptSummary};
 pub(crate) use input::family_and_rule;
-pub use input::{RunEnv, RunInput, WaitScope, DEFAULT_WAIT, LAST_LOOK};
+pub use input::{RunEnv, RunInput, StdinFile, WaitScope, DEFAULT_WAIT, LAST_LOOK};
 pub use report::{progress, ObservationReport, RunError, RunReport};
 pub use run::{run, run_interruptible};

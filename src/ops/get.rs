@@ -149,7 +149,7 @@ fn get_several(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Resu
         each.push(EachOperation {
             op: file_op(&base, &source.path),
             command: intent(&source.path),
-            stdin: None,
+            stdin_from: None,
         });
         files.push(GotFile {
             source,

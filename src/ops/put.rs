@@ -146,32 +146,29 @@ pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
                 dir.host
             )));
         }
-        let (content, mode) = read_file(&local, req.mode)?;
+        // Only the digest now: each file is read again when its delivery starts (and
+        // refused if it changed meanwhile), so only the files in flight are in memory.
+        let (sha256, bytes, mode) = digest_file(&local, req.mode)?;
         let op = file_op(&base, &path);
         each.push(EachOperation {
             op: op.clone(),
             command: intent(mode, &path, req.recursive),
-            stdin: None,
+            stdin_from: Some(crate::operation::StdinFile {
+                path: local.clone(),
+                sha256,
+            }),
         });
-        files.push((
-            PutFile {
-                local,
-                target: RemoteFile {
-                    host: dir.host.clone(),
-                    path,
-                },
-                op: Some(op),
-                bytes: content.len() as u64,
-                sha256: hex::encode(Sha256::digest(&content)),
-                mode,
+        files.push(PutFile {
+            local,
+            target: RemoteFile {
+                host: dir.host.clone(),
+                path,
             },
-            content,
-        ));
-    }
-    let mut answer_files = Vec::with_capacity(files.len());
-    for ((file, content), one) in files.into_iter().zip(each.iter_mut()) {
-        one.stdin = Some(content);
-        answer_files.push(file);
+            op: Some(op),
+            bytes,
+            sha256: hex::encode(sha256),
+            mode,
+        });
     }
     if minted {
         watch.minted(&base);
@@ -188,7 +185,7 @@ pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
     let run = run_each(ctx, request, &base, each, watch)?;
     Ok(PutAnswer {
         op: Some(base),
-        files: answer_files,
+        files,
         run,
     })
 }
@@ -231,8 +228,46 @@ fn put_one(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
     })
 }
 
+/// A file's SHA-256, its size and the mode it gets, read in pieces.
+fn digest_file(local: &Path, mode: Option<u32>) -> Result<([u8; 32], u64, u32)> {
+    use std::io::Read as _;
+    let mode = file_mode(local, mode)?;
+    let cannot = |e: std::io::Error| {
+        Error::new(
+            ErrorKind::LocalIo,
+            format!("cannot read {}: {e}; nothing was sent", local.display()),
+        )
+    };
+    let mut file = std::fs::File::open(local).map_err(cannot)?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(cannot)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok((hash.finalize().into(), bytes, mode))
+}
+
 /// A file's content and the mode it gets (`mode`, else its own permission bits).
 fn read_file(local: &Path, mode: Option<u32>) -> Result<(Vec<u8>, u32)> {
+    let mode = file_mode(local, mode)?;
+    let content = std::fs::read(local).map_err(|e| {
+        Error::new(
+            ErrorKind::LocalIo,
+            format!("cannot read {}: {e}; nothing was sent", local.display()),
+        )
+    })?;
+    Ok((content, mode))
+}
+
+/// The mode a regular file gets (`mode`, else its own permission bits); anything but
+/// a regular file is refused, naming what it is.
+fn file_mode(local: &Path, mode: Option<u32>) -> Result<u32> {
     let meta = std::fs::metadata(local).map_err(|e| {
         invalid(format!(
             "cannot read {}: {e}; nothing was sent",
@@ -251,15 +286,8 @@ fn read_file(local: &Path, mode: Option<u32>) -> Result<(Vec<u8>, u32)> {
             local.display()
         )));
     }
-    let mode = mode
-        .unwrap_or_else(|| std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777);
-    let content = std::fs::read(local).map_err(|e| {
-        Error::new(
-            ErrorKind::LocalIo,
-            format!("cannot read {}: {e}; nothing was sent", local.display()),
-        )
-    })?;
-    Ok((content, mode))
+    Ok(mode
+        .unwrap_or_else(|| std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777))
 }
 
 /// The files named, each with the path it takes under the destination directory: a

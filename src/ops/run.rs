@@ -429,6 +429,7 @@ fn run_input(
         command: checked.command.clone(),
         class: req.class,
         stdin,
+        stdin_from: None,
         secrets: checked.secrets.clone(),
         become_user: req.become_user.clone(),
         locks: checked.locks.clone(),

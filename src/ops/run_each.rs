@@ -28,8 +28,8 @@ pub struct EachOperation {
     pub op: OpId,
     /// Its command text (for a put, the delivery's intent).
     pub command: String,
-    /// Its stdin (for a put, the file's content; a get has none).
-    pub stdin: Option<Vec<u8>>,
+    /// Its stdin: a file's content, read when its run starts (a put), or none (a get).
+    pub stdin_from: Option<crate::operation::StdinFile>,
 }
 
 /// Runs `each` on the one host of `req`, every operation its own; `req` gives what they
@@ -123,7 +123,8 @@ pub fn run_each(
                 op: one.op,
                 command: one.command,
                 class: req.class,
-                stdin: one.stdin,
+                stdin: None,
+                stdin_from: one.stdin_from,
                 secrets: crate::secret::Secrets::default(),
                 become_user: req.become_user.clone(),
                 locks: Vec::new(),
