@@ -1241,6 +1241,9 @@ fn host_conflict(
     let differs = marker.and_then(|m| host_differs(facts, m));
     let what = match differs {
         Some(Differs::Command) => "a different command (the stdin is the same)",
+        Some(Differs::Stdin) if is_put(facts.command) => {
+            "the same delivery with other content (the file changed since this op id delivered it)"
+        }
         Some(Differs::Stdin) => "the same command with a different stdin",
         Some(Differs::CommandAndStdin) => "a different command and a different stdin",
         None => "a different command or stdin",
@@ -1266,6 +1269,20 @@ pub fn ledger_conflict(
     (existing.fingerprint != ledger_fp).then(|| {
         // The fingerprint binds command and stdin together; the recorded (redacted)
         // display form tells which of the two changed.
+        if existing.display == display && is_put(display) {
+            // A put's stdin is the file: what changed is the file, and the way out is a
+            // new op id, not resending the old content.
+            return Answer::new(
+                Verdict::Conflict,
+                None,
+                ReasonCode::ConflictInLedger,
+                format!(
+                    "operation {op} on {host} delivered other content to that path (`{}`, recorded {}): the file changed since; nothing was sent. An op id delivers only the content it was first given: give a new op id to deliver this content",
+                    crate::text::printable(display),
+                    existing.created_at
+                ),
+            );
+        }
         let what = if existing.display == display {
             format!(
                 "the same command (`{}`) with a different stdin (or a redacted secret in the command differs)",
@@ -1288,6 +1305,13 @@ pub fn ledger_conflict(
             ),
         )
     })
+}
+
+/// Is `command` a put's delivery (`opmark put`'s intent)?
+fn is_put(command: &str) -> bool {
+    command
+        .strip_prefix(crate::shim::PUT_WORD)
+        .is_some_and(|rest| rest.starts_with(' '))
 }
 
 /// What earlier invocations left that this run's decisions depend on.
@@ -3037,6 +3061,16 @@ mod tests {
             ledger_conflict("op-1", "web1", &existing, "hmac-a", "ls"),
             None
         );
+        // A put's stdin is the file: the words say the file changed and how to deliver it.
+        let mut put = record("hmac-a", None, None);
+        put.display = "opmark-put --mode 0644 -- '/srv/app.conf'".into();
+        let changed = ledger_conflict("op-1", "web1", &put, "hmac-b", &put.display).unwrap();
+        assert_eq!(changed.verdict, Verdict::Conflict);
+        assert!(
+            changed.reason.contains("the file changed") && changed.reason.contains("new op id"),
+            "{changed:?}"
+        );
+        assert!(!changed.reason.contains("stdin"), "{changed:?}");
     }
 
     #[test]
