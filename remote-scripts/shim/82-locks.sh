@@ -2,7 +2,9 @@
 # One frame per held slot, "L held lock=NAME capacity=N slot=I op=OP since=EPOCH
 # alive=yes|no" (alive=no: its holder is gone and the next taker reaps it), one per claim
 # whose supervisor waits for its locks, "L waiting op=OP locks=LIST since=EPOCH" (its
-# claim time), then "L done held=N waiting=M".
+# claim time), then "L done held=N waiting=M". A held or waiting frame ends with the
+# operation's command as lock_busy names it (`cmd=HEX [cmd_cut=1]`, see
+# holder_cmd_fields) while its marker has it.
 verb_locks() {
 	setup_root
 	read_boot
@@ -30,7 +32,9 @@ verb_locks() {
 			lk_op=${5:-} lk_since=${4:-}
 			valid_id "$lk_op" || lk_op=unknown
 			is_uint "$lk_since" || lk_since=0
-			frame "L held lock=$lk_name capacity=$lk_cap slot=$lk_i op=$lk_op since=$lk_since alive=$lk_alive"
+			hc_fields=''
+			[ "$lk_op" = unknown ] || holder_cmd_fields "$root/ops/$lk_op/cmd"
+			frame "L held lock=$lk_name capacity=$lk_cap slot=$lk_i op=$lk_op since=$lk_since alive=$lk_alive${hc_fields:+ $hc_fields}"
 			lk_held=$((lk_held + 1))
 		done
 	done
@@ -46,7 +50,8 @@ verb_locks() {
 		[ "$st" = running ] || continue
 		rget "$lk_m/claim" claimed_at
 		is_uint "$rv" || rv=0
-		frame "L waiting op=${lk_m##*/} locks=$lk_list since=$rv"
+		holder_cmd_fields "$lk_m/cmd"
+		frame "L waiting op=${lk_m##*/} locks=$lk_list since=$rv${hc_fields:+ $hc_fields}"
 		lk_waiting=$((lk_waiting + 1))
 	done
 	frame "L done held=$lk_held waiting=$lk_waiting"

@@ -30,10 +30,11 @@ pub fn run(global: &GlobalArgs, args: &LocksArgs) -> Result<u8> {
     for h in &report.held {
         let capacity = h.capacity.map_or_else(|| "?".to_owned(), |c| c.to_string());
         crate::outln!(
-            "{} slot {}/{capacity}: held by {} since {}{}",
+            "{} slot {}/{capacity}: held by {}{} since {}{}",
             printable(&h.lock),
             h.slot,
             printable(h.op_id.as_ref().unwrap_or(&unknown)),
+            running(h.command.as_deref()),
             h.since.as_ref().unwrap_or(&unknown),
             if h.alive {
                 ""
@@ -44,11 +45,17 @@ pub fn run(global: &GlobalArgs, args: &LocksArgs) -> Result<u8> {
     }
     for w in &report.waiting {
         crate::outln!(
-            "{} waits for {} (claimed {})",
+            "{}{} waits for {} (claimed {})",
             printable(w.op_id.as_ref().unwrap_or(&unknown)),
+            running(w.command.as_deref()),
             w.locks.join(", "),
             w.since.as_ref().unwrap_or(&unknown)
         );
     }
     Ok(exit_code::OK)
+}
+
+/// ` (`COMMAND`)`, the holder's redacted command, when the host said it.
+fn running(command: Option<&str>) -> String {
+    command.map_or_else(String::new, |c| format!(" (`{}`)", printable(c)))
 }

@@ -119,7 +119,7 @@ impl BusyLock {
 /// host sent), a character split by the cut dropped, other bytes that are not UTF-8 and
 /// control characters replaced (the text goes to a terminal), then redacted; `…` marks
 /// a cut. `None` when the field is missing, not hex, or names nothing.
-fn holder_command(fields: &BTreeMap<String, String>, redactor: &Redactor) -> Option<String> {
+pub fn holder_command(fields: &BTreeMap<String, String>, redactor: &Redactor) -> Option<String> {
     let mut bytes = hex::decode(fields.get("cmd")?).ok()?;
     let mut cut = fields.get("cmd_cut").is_some_and(|c| c == "1");
     if let Some(newline) = bytes.iter().position(|&b| b == b'\n') {

@@ -41,6 +41,9 @@ pub struct HeldSlot {
     pub since: Option<String>,
     /// False: its holder is gone (crashed, rebooted) and the next claim reaps the slot.
     pub alive: bool,
+    /// The holder's command (its first line, at most 160 bytes, `…` where cut), redacted
+    /// by the policy in effect (`null`: its marker no longer says).
+    pub command: Option<String>,
 }
 
 /// An operation waiting on the host for its locks.
@@ -51,12 +54,20 @@ pub struct WaitingOperation {
     pub locks: Vec<String>,
     /// When it was claimed (RFC 3339, UTC, the host's clock).
     pub since: Option<String>,
+    /// Its command, as [`HeldSlot::command`].
+    pub command: Option<String>,
 }
 
 /// Asks the host's shim which locks are held and waited for.
 pub fn locks(ctx: &Context, req: &LocksRequest) -> Result<LocksReport> {
     crate::host::check_destination(&req.host)
         .map_err(|why| Error::new(ErrorKind::InvalidInput, format!("{why}; nothing was sent")))?;
+    // The commands are the host's words about other operations: only their redacted
+    // form leaves this function.
+    let redactor = super::redactor_for_errors(ctx.policy.as_deref());
+    let command = |fields: &std::collections::BTreeMap<String, String>| {
+        crate::operation::reply::holder_command(fields, &redactor)
+    };
     let spec = host_spec(ctx, &req.host, &req.options);
     let dest = crate::host::resolve(&spec)?;
     let found: HostLocks = block_on(async {
@@ -91,6 +102,7 @@ pub fn locks(ctx: &Context, req: &LocksRequest) -> Result<LocksReport> {
                 op_id: h.op,
                 since: stamp(h.since),
                 alive: h.alive,
+                command: command(&h.command_fields),
             })
             .collect(),
         waiting: found
@@ -100,6 +112,7 @@ pub fn locks(ctx: &Context, req: &LocksRequest) -> Result<LocksReport> {
                 op_id: w.op,
                 locks: w.locks.iter().map(ToString::to_string).collect(),
                 since: stamp(w.since),
+                command: command(&w.command_fields),
             })
             .collect(),
     })

@@ -226,6 +226,9 @@ pub struct LockHolder {
     pub since: Option<u64>,
     /// Its holder still lives (false: the next taker reaps the slot).
     pub alive: bool,
+    /// The holder's command as the host sent it (`cmd=`, `cmd_cut=`): undecoded and
+    /// unredacted, for [`crate::operation::reply::holder_command`].
+    pub command_fields: BTreeMap<String, String>,
 }
 
 impl LockHolder {
@@ -247,8 +250,18 @@ impl LockHolder {
                 .and_then(|s| s.parse().ok())
                 .filter(|s| *s > 0),
             alive: fields.get("alive").is_some_and(|a| a == "yes"),
+            command_fields: command_fields(fields),
         }
     }
+}
+
+/// The `cmd=` and `cmd_cut=` fields of a frame that names an operation's command.
+fn command_fields(fields: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    fields
+        .iter()
+        .filter(|(k, _)| matches!(k.as_str(), "cmd" | "cmd_cut"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// A claim whose supervisor waits for its host locks.
@@ -260,6 +273,8 @@ pub struct LockWaiter {
     pub locks: Vec<crate::host_lock::HostLock>,
     /// Its claim time, epoch seconds on the host.
     pub since: Option<u64>,
+    /// Its command as the host sent it, as [`LockHolder::command_fields`].
+    pub command_fields: BTreeMap<String, String>,
 }
 
 impl LockWaiter {
@@ -281,6 +296,7 @@ impl LockWaiter {
                 .get("since")
                 .and_then(|s| s.parse().ok())
                 .filter(|s| *s > 0),
+            command_fields: command_fields(fields),
         }
     }
 }

@@ -231,6 +231,32 @@ fn a_lock_holders_command_holding_a_secret_is_named_redacted_in_the_answer_json_
     assert!(!support::contains_canary(shown.as_bytes()), "{shown}");
     let shown = support::show_json(&env, "lbs-wait").to_string();
     assert!(!support::contains_canary(shown.as_bytes()), "{shown}");
+    // `opmark locks` names the holder's command the same way, in text and in JSON.
+    let listed = env
+        .opmark_with_lab(&lab)
+        .args(["--json", "locks", "target1"])
+        .output()
+        .unwrap();
+    let listed_json = support::json(&listed);
+    let command = listed_json["held"][0]["command"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        command.starts_with(": ghp_***; touch "),
+        "the holder's command, redacted: {listed_json}"
+    );
+    assert!(!support::contains_canary(&listed.stdout), "{listed_json}");
+    let text = env
+        .opmark_with_lab(&lab)
+        .args(["locks", "target1"])
+        .output()
+        .unwrap();
+    let text_out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text_out.contains("held by lbs-hold (`: ghp_***; touch "),
+        "{text_out}"
+    );
+    assert!(!support::contains_canary(&text.stdout), "{text_out}");
     let mut files = Vec::new();
     crate::redaction::files_under(&env.root, &mut files);
     for file in files {
