@@ -284,7 +284,11 @@ impl<'a> Runner<'a> {
         }
         let stdin_spec = self.input.stdin.as_ref().map(|s| StdinSpec {
             len: s.len() as u64,
-            sha256_hex: hex::encode(Sha256::digest(s)),
+            sha256_hex: hex::encode(
+                self.input
+                    .stdin_digest()
+                    .unwrap_or_else(|| Sha256::digest(s).into()),
+            ),
         });
         // A put cut while its content travelled resumes from what the host holds; the
         // digest over the whole content is checked there before anything is claimed.

@@ -31,6 +31,9 @@ pub struct RunInput {
     /// Stdin still in a local file, read just before this run starts (one of the many
     /// files of a put: only the files in flight are in memory); `stdin` is then `None`.
     pub stdin_from: Option<StdinFile>,
+    /// The SHA-256 of `stdin` (or of `stdin_from`'s content), computed once: a put's
+    /// content may be large, and the intent and every attempt's request need it.
+    pub stdin_sha256: Option<[u8; 32]>,
     /// `--secret`: the command's secret environment variables, read.
     pub secrets: crate::secret::Secrets,
     /// `--become USER`: run the command as USER through sudo on the host.
@@ -135,18 +138,22 @@ impl RunInput {
             ));
         }
         self.stdin = Some(content);
+        self.stdin_sha256 = Some(from.sha256);
         Ok(self)
+    }
+
+    /// The SHA-256 of the stdin given: kept from when it was read, else computed.
+    pub fn stdin_digest(&self) -> Option<[u8; 32]> {
+        self.stdin_sha256
+            .or_else(|| self.stdin_from.as_ref().map(|f| f.sha256))
+            .or_else(|| self.stdin.as_ref().map(|s| Sha256::digest(s).into()))
     }
 
     /// The canonical intent: the command and the digest of the stdin it is given.
     pub fn intent(&self) -> Intent<'_> {
         Intent {
             command: &self.command,
-            stdin_sha256: self
-                .stdin
-                .as_ref()
-                .map(|s| Sha256::digest(s).into())
-                .or_else(|| self.stdin_from.as_ref().map(|f| f.sha256)),
+            stdin_sha256: self.stdin_digest(),
             secret_names: self.secrets.names(),
             become_user: self.become_user.as_deref(),
         }
@@ -198,6 +205,7 @@ mod tests {
             command: "opmark-put --mode 0644 -- 'x'".into(),
             class: None,
             stdin: None,
+            stdin_sha256: None,
             stdin_from: Some(StdinFile {
                 path: path.to_path_buf(),
                 sha256: Sha256::digest(content).into(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use sha2::Digest as _;
 
 use super::document::{error_document, json_document};
 use super::{
@@ -428,6 +429,7 @@ fn run_input(
         op: checked.op.clone(),
         command: checked.command.clone(),
         class: req.class,
+        stdin_sha256: stdin.as_ref().map(|s| sha2::Sha256::digest(s).into()),
         stdin,
         stdin_from: None,
         secrets: checked.secrets.clone(),

@@ -124,6 +124,7 @@ pub fn run_each(
                 command: one.command,
                 class: req.class,
                 stdin: None,
+                stdin_sha256: None,
                 stdin_from: one.stdin_from,
                 secrets: crate::secret::Secrets::default(),
                 become_user: req.become_user.clone(),
