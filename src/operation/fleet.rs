@@ -47,6 +47,20 @@ pub struct Schedule {
     /// destination or resolves nowhere): they count against `max_failures` and in the
     /// progress, and are not among the inputs.
     pub failed_before: usize,
+    /// Every input goes to one host (the files of a put): once one could not reach it,
+    /// the rest are not dispatched (`connect_failed`, nothing sent), instead of each
+    /// spending its own `--wait` on a host that is gone.
+    pub one_host: bool,
+}
+
+/// An answer that says the host could not be reached (nothing sent, or sent and then
+/// never heard from again).
+fn unreachable(result: &HostResult) -> bool {
+    matches!(&result.outcome, Ok(r) if matches!(
+        (r.verdict, r.reason_code),
+        (Verdict::NotApplied, ReasonCode::ConnectFailed | ReasonCode::WaitBudgetSpent)
+            | (Verdict::Indeterminate, ReasonCode::UnreachableAfterDispatch)
+    ))
 }
 
 /// What every host's operation shares: the policy, the fingerprint key, the session and
@@ -192,6 +206,7 @@ async fn schedule(
                         shared,
                         &input,
                         stop.unwrap_or(ReasonCode::ClientInterrupted),
+                        plan.one_host,
                     ));
                 }
             }
@@ -208,6 +223,9 @@ async fn schedule(
             };
             counts.running -= 1;
             counts.done += 1;
+            if plan.one_host && unreachable(&result) {
+                stop.get_or_insert(ReasonCode::ConnectFailed);
+            }
             if !result.is_clean() {
                 counts.failed += 1;
                 batch_clean = false;
@@ -223,7 +241,7 @@ async fn schedule(
         }
         if let Some(code) = stop {
             for (index, input) in queue.by_ref() {
-                results[index] = Some(not_dispatched(shared, &input, code));
+                results[index] = Some(not_dispatched(shared, &input, code, plan.one_host));
             }
         }
     }
@@ -280,19 +298,34 @@ fn spawn_host(
 
 /// The answer for a host never dispatched: `not_applied`, nothing recorded or sent, and
 /// a rerun with the same op id runs it (at most once).
-fn not_dispatched(shared: &FleetShared, input: &RunInput, code: ReasonCode) -> HostResult {
+fn not_dispatched(
+    shared: &FleetShared,
+    input: &RunInput,
+    code: ReasonCode,
+    one_host: bool,
+) -> HostResult {
     let why = match code {
         ReasonCode::NotDispatchedMaxFailures => "--max-failures hosts had already ended badly",
         ReasonCode::NotDispatchedBatchFailed => {
             "an earlier --serial batch did not complete cleanly"
         }
+        ReasonCode::ConnectFailed => {
+            "the host could not be reached for an earlier operation of this run"
+        }
         _ => "the client was interrupted",
     };
     let host = input.host.host.clone();
-    let reason = format!(
-        "not dispatched: {why}; nothing was recorded or sent for {host}. `opmark run` with op id {} runs it (at most once)",
-        input.op
-    );
+    // A fleet's hosts share the op id the caller gave; the files of a put each have
+    // their own, made from the put's: the same command again is the rerun either way.
+    let rerun = if one_host {
+        "the same command with the same --op delivers it (at most once)".to_owned()
+    } else {
+        format!(
+            "`opmark run` with op id {} runs it (at most once)",
+            input.op
+        )
+    };
+    let reason = format!("not dispatched: {why}; nothing was recorded or sent for {host}. {rerun}");
     let (family, rule) = family_and_rule(&shared.policy.classify(&input.command), input.class);
     HostResult {
         host: host.clone(),

@@ -774,20 +774,13 @@ async fn run_on_hosts(
             run_input(ctx, &req, host, &checked, stdin.clone(), prefix)
         })
         .collect();
-    let ledger_ctx = ctx.clone();
-    let ledger_policy = policy.clone();
-    let shared = FleetShared {
-        policy: Arc::new(policy),
-        key,
-        session_id: session_id(),
-        pool: Arc::new(Pool::new(10)),
-        open_ledger: Arc::new(move || open_ledger(&ledger_ctx, &ledger_policy)),
-    };
+    let shared = fleet_shared(ctx, policy, key);
     let plan = Schedule {
         forks: req.fleet.forks,
         max_failures: req.fleet.max_failures,
         serial: req.fleet.serial,
         failed_before,
+        one_host: false,
     };
     let mut ran = if inputs.is_empty() {
         Vec::new()
@@ -814,6 +807,24 @@ async fn run_on_hosts(
         interrupted: interrupts.received(),
         contradictions,
     })
+}
+
+/// What the operations of one process's fleet share: the policy, the ledger's key, this
+/// session, one connection pool, and a ledger handle for each operation's task.
+pub(super) fn fleet_shared(
+    ctx: &Context,
+    policy: crate::policy::Policy,
+    key: crate::ledger::fingerprint::InstallationKey,
+) -> FleetShared {
+    let ledger_ctx = ctx.clone();
+    let ledger_policy = policy.clone();
+    FleetShared {
+        policy: Arc::new(policy),
+        key,
+        session_id: session_id(),
+        pool: Arc::new(Pool::new(10)),
+        open_ledger: Arc::new(move || open_ledger(&ledger_ctx, &ledger_policy)),
+    }
 }
 
 /// A name that resolves nowhere and is no Host of the ssh config is a typo far more often

@@ -7,17 +7,14 @@
 //! pipelined is only that: many operations in flight on one connection, never one
 //! request standing for several operations, so each keeps its own at-most-once record.
 
-use std::sync::Arc;
-
 use super::run::{
-    install_interrupts, new_contradictions, refuse_before_anything, typo_answer, RunAnswer,
-    RunRequest, RunWatch,
+    fleet_shared, install_interrupts, new_contradictions, refuse_before_anything, typo_answer,
+    RunAnswer, RunRequest, RunWatch,
 };
-use super::{block_on, host_spec, load_policy, open_ledger, operator, session_id, Context};
+use super::{block_on, host_spec, load_policy, open_ledger, operator, Context};
 use crate::error::Result;
-use crate::host::Pool;
 use crate::op_id::OpId;
-use crate::operation::fleet::{self, FleetShared, Progress, Schedule, Summary};
+use crate::operation::fleet::{self, Progress, Schedule, Summary};
 use crate::operation::repeat::Declared;
 use crate::operation::RunInput;
 
@@ -146,20 +143,13 @@ pub fn run_each(
                 tally: None,
             })
             .collect();
-        let ledger_ctx = ctx.clone();
-        let ledger_policy = policy.clone();
-        let shared = FleetShared {
-            policy: Arc::new(policy),
-            key,
-            session_id: session_id(),
-            pool: Arc::new(Pool::new(10)),
-            open_ledger: Arc::new(move || open_ledger(&ledger_ctx, &ledger_policy)),
-        };
+        let shared = fleet_shared(ctx, policy, key);
         let plan = Schedule {
             forks: req.fleet.forks,
             max_failures: None,
             serial: None,
             failed_before: 0,
+            one_host: true,
         };
         let results = fleet::run_fleet(&shared, inputs, plan, &interrupts, |p: Progress| {
             watch.progress(p);

@@ -465,19 +465,18 @@ fn a_directory_is_put_one_operation_per_file_and_its_rerun_replays_each() {
     // One file edited and one added, under a new op id: only they are written.
     content(&site, "index.html", 2_000, 9);
     content(&site.join("css"), "b.css", 10, 5);
+    // Each file's word, in the order of its path on the host.
+    let words = |a: &Answer| -> Vec<String> {
+        let mut got = outcomes(a);
+        got.sort();
+        got.into_iter().map(|(_, word)| word).collect()
+    };
     let next = put_files(&env, &lab, &args("site-2"));
     assert_eq!(next.status, 0, "{next:?}");
-    let mut got = outcomes(&next);
-    got.sort();
+    // robots.txt, site/css/a.css, site/css/b.css, site/img/deep/x.bin, site/index.html
     assert_eq!(
-        got,
-        [
-            (at("robots.txt"), "unchanged".to_owned()),
-            (at("site/css/a.css"), "unchanged".to_owned()),
-            (at("site/css/b.css"), "written".to_owned()),
-            (at("site/img/deep/x.bin"), "unchanged".to_owned()),
-            (at("site/index.html"), "written".to_owned()),
-        ],
+        words(&next),
+        ["unchanged", "unchanged", "written", "unchanged", "written"],
         "{next:?}"
     );
     assert_eq!(sha256(&remote.join("site/index.html")), sha256(&index));
@@ -485,17 +484,9 @@ fn a_directory_is_put_one_operation_per_file_and_its_rerun_replays_each() {
     // The first op id with the edited file: that file is a conflict and stays as it is;
     // the others replay, and the new file is delivered under its own new operation.
     let old = put_files(&env, &lab, &args("site-1"));
-    let mut got = outcomes(&old);
-    got.sort();
     assert_eq!(
-        got,
-        [
-            (at("robots.txt"), "written".to_owned()),
-            (at("site/css/a.css"), "written".to_owned()),
-            (at("site/css/b.css"), "unchanged".to_owned()),
-            (at("site/img/deep/x.bin"), "written".to_owned()),
-            (at("site/index.html"), "conflict".to_owned()),
-        ],
+        words(&old),
+        ["written", "written", "unchanged", "written", "conflict"],
         "{old:?}"
     );
     assert_ne!(old.status, 0, "a conflict is no success: {old:?}");
@@ -764,6 +755,121 @@ fn a_200_mb_put_cut_at_30_60_and_90_percent_resumes_each_time_and_never_leaves_a
         sent < SIZE as u64 * 12 / 10,
         "{sent} bytes crossed the link for a {SIZE}-byte file (resumed, not resent)"
     );
+}
+
+#[test]
+fn a_directory_put_cut_midway_is_finished_by_its_rerun_and_no_file_is_written_twice() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let tree = dir.join("tree");
+    std::fs::create_dir(&tree).unwrap();
+    let names: Vec<String> = (0..80).map(|i| format!("f{i:02}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        content(&tree, name, 256 * 1024, i as u8);
+    }
+    let remote = dir.join("remote");
+    let env = Sealed::new(crate::test_name!());
+    let cfg = support::fast_loss_config(&lab, &dir);
+    let args = [
+        "-r",
+        &format!("{}/.", tree.display()),
+        &format!("target1:{}", remote.display()),
+        "--op",
+        "tree-1",
+        "--forks",
+        "2",
+        "--wait",
+        "5s",
+    ]
+    .map(|a| a.to_owned());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Its output is read as it comes (a document of 80 files is more than a pipe holds).
+    let mut first_put = env.opmark();
+    first_put
+        .arg("-F")
+        .arg(&cfg)
+        .arg("--json")
+        .arg("put")
+        .args(&argv);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(first_put.output().unwrap());
+    });
+    let delivered = || {
+        std::fs::read_dir(&remote)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    support::wait_for("five files on the host", Duration::from_secs(120), || {
+        delivered() >= 5
+    });
+    // Longer than --wait: the files in flight are lost, the rest cannot connect.
+    lab.cut("target1").unwrap();
+    let out = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the cut put answers within its --wait budgets");
+    lab.restore("target1").unwrap();
+    let first = support::answer(out);
+    assert_ne!(first.status, 0, "the cut left files undelivered: {first:?}");
+    let first_verdicts: Vec<String> = first.json["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{first:?}"))
+        .iter()
+        .map(|f| f["verdict"].as_str().unwrap_or("error").to_owned())
+        .collect();
+    // What the first run left on the host, by file: written once, never again.
+    let inode = |name: &str| std::fs::metadata(remote.join(name)).ok().map(|m| m.ino());
+    let left: Vec<(String, Option<u64>)> = names.iter().map(|n| (n.clone(), inode(n))).collect();
+
+    let again = support::answer(
+        env.opmark()
+            .arg("-F")
+            .arg(&cfg)
+            .arg("--json")
+            .arg("put")
+            .args(&argv)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(
+        again.status, 0,
+        "the rerun delivers the rest: {again:?} (first: {first_verdicts:?})"
+    );
+    for (i, (name, before)) in left.iter().enumerate() {
+        assert_eq!(
+            sha256(&remote.join(name)),
+            sha256(&tree.join(name)),
+            "{name}"
+        );
+        if before.is_some() {
+            assert_eq!(
+                inode(name),
+                *before,
+                "{name} was on the host after the first run and was written again ({})",
+                again.json["files"][i]["verdict"]
+            );
+        }
+        assert!(no_leftovers(&remote.join(name)), "{name}");
+    }
+    let verdicts: Vec<&str> = again.json["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["verdict"].as_str().unwrap())
+        .collect();
+    assert!(
+        verdicts
+            .iter()
+            .all(|v| matches!(*v, "replayed" | "completed")),
+        "{verdicts:?}"
+    );
+    eprintln!("first run: {first_verdicts:?}; rerun: {verdicts:?}");
 }
 
 /// `opmark --json get target1:REMOTE LOCAL ARGS...`.
