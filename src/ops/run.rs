@@ -261,16 +261,9 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         Ok(declared) => declared,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
     };
-    let approval = match req.approval.as_deref().map(crate::approval::Token::parse) {
-        None => None,
-        Some(Ok(token)) => Some(token),
-        Some(Err(e)) => {
-            return Ok(refuse_before_anything(
-                ctx,
-                Some(op.as_str()),
-                &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
-            ))
-        }
+    let approval = match parse_approval(&req) {
+        Ok(approval) => approval,
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
     };
     // Read once, here: a value is never read again, and one that cannot be read sends
     // nothing. The error names the secret and its source, never a value.
@@ -381,6 +374,19 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
     // A stdin reader still blocked on a terminal after an interrupt does not hold the
     // exit: the process's runtime is never dropped, so nothing waits for it.
     answer?
+}
+
+/// `--approval`'s token, parsed (not yet verified); unreadable, why, with the fix.
+pub(super) fn parse_approval(
+    req: &RunRequest,
+) -> std::result::Result<Option<crate::approval::Token>, String> {
+    req.approval
+        .as_deref()
+        .map(crate::approval::Token::parse)
+        .transpose()
+        .map_err(|e| {
+            format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent")
+        })
 }
 
 /// What is wrong with `--become` and sudo's password together, if anything.

@@ -8,8 +8,8 @@
 //! request standing for several operations, so each keeps its own at-most-once record.
 
 use super::run::{
-    fleet_shared, install_interrupts, new_contradictions, refuse_before_anything, typo_answer,
-    RunAnswer, RunRequest, RunWatch,
+    fleet_shared, install_interrupts, new_contradictions, parse_approval, refuse_before_anything,
+    typo_answer, RunAnswer, RunRequest, RunWatch,
 };
 use super::{block_on, host_spec, load_policy, open_ledger, operator, Context};
 use crate::error::Result;
@@ -74,16 +74,9 @@ pub fn run_each(
             "--approval names one operation and this is several (one per file); give --approve NOTE, or put the held file on its own with its approval. Nothing was sent",
         ));
     }
-    let approval = match req.approval.as_deref().map(crate::approval::Token::parse) {
-        None => None,
-        Some(Ok(token)) => Some(token),
-        Some(Err(e)) => {
-            return Ok(refuse_before_anything(
-                ctx,
-                Some(base.as_str()),
-                &format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent"),
-            ))
-        }
+    let approval = match parse_approval(&req) {
+        Ok(approval) => approval,
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(base.as_str()), &why)),
     };
     for one in &each {
         if let Err(e) = crate::host::check_command(&one.command) {

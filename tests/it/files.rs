@@ -58,6 +58,16 @@ fn refused_naming(env: &Sealed, lab: &Lab, verb: &str, args: &[String], says: &s
     assert!(stderr.contains(says), "{verb} {args:?}: {stderr}");
 }
 
+/// The target's sshd accepted no login since its log was `from` bytes long.
+fn assert_nothing_connected_since(lab: &Lab, from: u64) {
+    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
+    let new = String::from_utf8_lossy(&log_text[from as usize..]);
+    assert!(
+        !new.contains("Accepted publickey"),
+        "nothing connected: {new}"
+    );
+}
+
 /// No temporary file of a delivery is left beside `dest`.
 fn no_leftovers(dest: &Path) -> bool {
     let name = format!(".{}.opmark-", dest.file_name().unwrap().to_str().unwrap());
@@ -316,13 +326,7 @@ fn bad_input_is_refused_naming_the_fix_and_sends_nothing() {
         run.json["reason"].as_str().unwrap().contains("opmark put"),
         "{run:?}"
     );
-    let after = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
-    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
-    let new = String::from_utf8_lossy(&log_text[log as usize..after as usize]);
-    assert!(
-        !new.contains("Accepted publickey"),
-        "nothing connected: {new}"
-    );
+    assert_nothing_connected_since(&lab, log);
 }
 
 #[test]
@@ -526,12 +530,7 @@ fn several_files_without_their_directory_on_the_host_fail_there_and_bad_sets_sen
     ] {
         refused_naming(&env, &lab, "put", &args, says);
     }
-    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
-    let new = String::from_utf8_lossy(&log_text[log as usize..]);
-    assert!(
-        !new.contains("Accepted publickey"),
-        "nothing connected: {new}"
-    );
+    assert_nothing_connected_since(&lab, log);
 
     // Without -r no directory is made: each file's delivery fails on the host, saying so.
     let missing = put_files(
@@ -634,12 +633,7 @@ fn several_files_are_read_each_as_its_own_operation_and_a_missing_one_is_its_own
     ] {
         refused_naming(&env, &lab, "get", &args, says);
     }
-    let log_text = std::fs::read(&lab.targets()[0].log).unwrap_or_default();
-    let new = String::from_utf8_lossy(&log_text[log as usize..]);
-    assert!(
-        !new.contains("Accepted publickey"),
-        "nothing connected: {new}"
-    );
+    assert_nothing_connected_since(&lab, log);
 }
 
 /// Bytes the target's namespace received on its links (`/proc/net/dev`, all but `lo`),
