@@ -502,8 +502,8 @@ fn a_lock_holds_one_command_at_a_time(c: &Cell) {
 
 /// `opmark put` to the cell's host: the file arrives whole with its mode (busybox's
 /// `sha256sum`, `head`, `sync FILE` and `mv` are all a put needs), the same op id replays,
-/// the same content under a new op id is not written again, and `opmark get` reads it
-/// back whole.
+/// the same content under a new op id is not written again, `opmark get` reads it back
+/// whole, and `put -r` delivers a tree whose directories the host makes.
 fn a_put_arrives_whole_and_replays(c: &Cell) {
     let (remote, here) = c.effect("put");
     let dir = fresh_dir(&format!("mx-put-{}", c.label));
@@ -550,6 +550,31 @@ fn a_put_arrives_whole_and_replays(c: &Cell) {
     let got = json(&out);
     assert_eq!(got["file"]["saved"], true, "{}: {got}", c.label);
     assert_eq!(std::fs::read(&back).unwrap(), bytes, "{}", c.label);
+
+    // A tree with -r: each file its own operation, the directories made by the host
+    // (`mkdir -p`, `sync DIR`: busybox has both).
+    let (tree_remote, tree_here) = c.effect("tree");
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub/deeper")).unwrap();
+    std::fs::write(tree.join("a.txt"), b"a\n").unwrap();
+    std::fs::write(tree.join("sub/deeper/b.bin"), &bytes[..5000]).unwrap();
+    let out = c
+        .opmark()
+        .args(["--json", "put", "-r"])
+        .arg(format!("{}/.", tree.display()))
+        .arg(format!("{}:{tree_remote}/", c.dest))
+        .args(["--op", &c.op("tree-1")])
+        .output()
+        .unwrap();
+    let doc = json(&out);
+    assert_eq!(doc["summary"]["written_count"], 2, "{}: {doc}", c.label);
+    assert_eq!(
+        std::fs::read(tree_here.join("sub/deeper/b.bin")).unwrap(),
+        &bytes[..5000],
+        "{}",
+        c.label
+    );
+    assert_eq!(std::fs::read(tree_here.join("a.txt")).unwrap(), b"a\n");
 }
 
 /// Every core case on one cell.
