@@ -215,6 +215,37 @@ fn still_running(lab: &Lab, crashed: &[PathBuf], round: &str) -> Option<PathBuf>
     })
 }
 
+/// What a marker holds and which processes name it: enough to tell a supervisor that hangs
+/// from one that died without a trace, when the settling phase gives up on it.
+fn describe_marker(marker: &Path) -> String {
+    let mut out = String::from("marker files:\n");
+    for entry in std::fs::read_dir(marker).into_iter().flatten().flatten() {
+        let path = entry.path();
+        let meta = entry.metadata().ok();
+        let size = meta.as_ref().map_or(0, |m| m.len());
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        out.push_str(&format!("  {name} ({size} bytes)"));
+        // Small records only (claim, proc, started, ...): never the command's output.
+        if size <= 512 && !name.starts_with("out") && !name.starts_with("err") {
+            if let Ok(body) = std::fs::read_to_string(&path) {
+                out.push_str(&format!(": {}", body.trim_end().replace('\n', " | ")));
+            }
+        }
+        out.push('\n');
+    }
+    let id = marker.file_name().unwrap_or_default().to_string_lossy();
+    let ps = std::process::Command::new("ps")
+        .args(["-eo", "pid,ppid,stat,etimes,args"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.push_str("processes naming it:\n");
+    for line in ps.lines().filter(|l| l.contains(id.as_ref())) {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out
+}
+
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
     payload
         .downcast_ref::<String>()
@@ -758,8 +789,9 @@ fn round(lab: &Lab, other: &SecondLogin, late: &LateSupervisors, seed: u64) {
     while let Some(busy) = still_running(lab, &crashed, &format!("chaos-{seed:x}-")) {
         assert!(
             Instant::now() < settle_by,
-            "seed {seed}: {} started but has no exit record after 60 s",
-            busy.display()
+            "seed {seed}: {} started but has no exit record after 60 s\n{}",
+            busy.display(),
+            describe_marker(&busy)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
