@@ -8,7 +8,7 @@ use super::common;
 use crate::cli::{GlobalArgs, StatsArgs, StatsFormat};
 use crate::error::{exit_code, Error, ErrorKind, Result};
 use crate::family::Family;
-use crate::ledger::health::FamilyCount;
+use crate::ledger::health::{FamilyCount, SuspectedDuplicate};
 use crate::ledger::Stats;
 
 /// Prints the counts ([`crate::ops::stats`]) as text, one JSON document with `--json`
@@ -140,27 +140,24 @@ fn text(s: &Stats) -> String {
             "  DUPLICATE on {}: one {} intent executed {} times, as {}",
             super::render::printable(&d.host),
             d.family,
-            d.op_ids.len(),
-            named_op_ids(&d.op_ids)
+            d.executions,
+            named_op_ids(d)
         );
     }
     out
 }
 
-/// How many op ids a DUPLICATE line names: the first few say where to look, the count
-/// says how big it is (`stats --json` has them all).
-const OP_IDS_NAMED: usize = 5;
-
-/// The first [`OP_IDS_NAMED`] op ids, and how many more.
-fn named_op_ids(op_ids: &[String]) -> String {
-    let mut named = op_ids
+/// The op ids the ledger named (the first few), and how many more executed it.
+fn named_op_ids(d: &SuspectedDuplicate) -> String {
+    let mut named = d
+        .op_ids
         .iter()
-        .take(OP_IDS_NAMED)
         .map(|o| super::render::printable(o))
         .collect::<Vec<_>>()
         .join(", ");
-    if op_ids.len() > OP_IDS_NAMED {
-        named.push_str(&format!(" and {} more", op_ids.len() - OP_IDS_NAMED));
+    let more = d.executions.saturating_sub(d.op_ids.len() as u64);
+    if more > 0 {
+        named.push_str(&format!(" and {more} more"));
     }
     named
 }

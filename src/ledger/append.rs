@@ -66,6 +66,7 @@ pub(crate) fn counted_part(rec: &OperationRecord) -> OperationRecord {
         last_seq: rec.last_seq,
         contradictions: rec.contradictions,
         settled_attempt: None,
+        executed: rec.executed,
     }
 }
 

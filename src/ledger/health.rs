@@ -8,10 +8,11 @@
 //!   window from one pass over the window's events ([`EVENT_KEY`], the same names);
 //! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
 //!   the projection through its indexes (`operations_unresolved`, `operations_by_intent` on SQLite, `operations_by_fingerprint` on PostgreSQL)
-//!   and, over the whole ledger, the `shared_intents` table the schema's triggers keep.
+//!   and, over the whole ledger, the `shared_intents` table the schema's triggers keep
+//!   (per intent shared by several op ids: how many executed, the strictest family).
 //!
-//! So `stats` costs the counters plus the unresolved operations plus the intents run
-//! under more than one op id, never the history; `--since D` adds the window's events.
+//! So `stats` costs the counters plus the unresolved operations plus the duplicates it
+//! names, never the history; `--since D` adds the window's events.
 
 use std::collections::BTreeMap;
 
@@ -21,7 +22,6 @@ use super::counters::Counters;
 use super::dialect::StatsDialect;
 use super::error::LedgerError;
 use super::event::Event;
-use super::op_key::OpKey;
 use super::projection::OperationRecord;
 use crate::vocab::{Boundary, Verdict};
 
@@ -59,8 +59,11 @@ pub struct SuspectedDuplicate {
     pub host: String,
     /// The family of the intent's operations (the strictest when they differ).
     pub family: String,
-    /// The op ids that executed it, in order.
+    /// The first [`OP_IDS_NAMED`] op ids that executed it, in the order they ran.
     pub op_ids: Vec<String>,
+    /// How many op ids executed it.
+    #[serde(rename = "execution_count")]
+    pub executions: u64,
 }
 
 /// The health counts (docs/ledger.md#health).
@@ -104,8 +107,8 @@ pub struct Health {
     pub suspected_duplicates: FamilyCount,
     /// The same, by host.
     pub suspected_duplicates_by_host: BTreeMap<String, u64>,
-    /// Which: host, family and op ids of each, by host (`stats` shows the first
-    /// `--limit`; the ledger names them all, as few as the incidents they are).
+    /// Which: host, family, count and first op ids of each, by host (`stats` names the
+    /// first `--limit`, the tallies count every one).
     pub duplicates: Vec<SuspectedDuplicate>,
 }
 
@@ -239,26 +242,12 @@ pub(crate) fn refused_retries_sql(dialect: &StatsDialect, windowed: bool) -> Str
     )
 }
 
-/// Execution evidence of an operation's attempt: it reached `started` or `exit_received`
-/// (the kinds as the chain stores them).
-fn executed_sql(dialect: &StatsDialect, op: &str) -> String {
-    format!(
-        "EXISTS (SELECT 1 FROM events x WHERE x.op_id = {op}.op_id AND x.host = {op}.host
-             AND (x.kind = 'exit_received'
-                 OR (x.kind = 'boundary_reached' AND {} = '{}')))",
-        (dialect.json_text)("x.payload", "boundary"),
-        Boundary::Started.as_str()
-    )
-}
-
 /// `(text, count)` rows of a query.
 pub(crate) type GroupRead<'a> = &'a dyn Fn(&str) -> Result<BTreeMap<String, u64>, LedgerError>;
 /// Rows of four text columns of a query.
 pub(crate) type RowsRead<'a> = &'a dyn Fn(&str) -> Result<Vec<[String; 4]>, LedgerError>;
 /// Suspected duplicates: the tally, by host, and each named.
 type Duplicates = (FamilyCount, BTreeMap<String, u64>, Vec<SuspectedDuplicate>);
-/// Rows of one intent: host, fingerprint, then (family, op id) of each operation.
-type IntentRows<'r> = Vec<(&'r str, &'r str, Vec<(&'r str, &'r str)>)>;
 
 /// What the health counts read from a backend: a count, a grouped count, and rows of
 /// text columns, each for SQL with the window's first sequence number as its parameter.
@@ -267,18 +256,13 @@ pub(crate) struct Reads<'a> {
     pub group: GroupRead<'a>,
     /// Rows of four text columns.
     pub rows: RowsRead<'a>,
-    /// Whether an operation has execution evidence, for a backend whose events SQL cannot
-    /// read (SQLite's compact payloads); `None`: the SQL of [`executed_sql`] reads it.
-    pub executed: Option<ExecutedRead<'a>>,
 }
-
-/// Whether an operation's attempt reached `started` or `exit_received`.
-pub(crate) type ExecutedRead<'a> = &'a dyn Fn(&OpKey) -> Result<bool, LedgerError>;
 
 /// The health counts: events from `events` (counters or a window's pass, names as
 /// [`key`]), retries by family as `stats` counted them, and the operations now (active
 /// since `from_seq` when given) read through `reads`. `needs_human_before`: the UTC RFC
-/// 3339 time before which an unresolved operation was created to be flagged.
+/// 3339 time before which an unresolved operation was created to be flagged. At most
+/// `named` suspected duplicates are named (`None`: all).
 pub(crate) fn health(
     events: &BTreeMap<String, u64>,
     retries: &BTreeMap<String, u64>,
@@ -286,6 +270,7 @@ pub(crate) fn health(
     dialect: &StatsDialect,
     windowed: bool,
     needs_human_before: &str,
+    named: Option<usize>,
 ) -> Result<Health, LedgerError> {
     let mut h = Health::default();
     let mut refused_retries = BTreeMap::new();
@@ -355,10 +340,10 @@ pub(crate) fn health(
         dialect.unresolved,
         (dialect.stamp)(needs_human_before)
     ))?);
-    let (dups, by_host, named) = duplicates(reads, dialect, windowed)?;
+    let (dups, by_host, list) = duplicates(reads, dialect, windowed, named)?;
     h.suspected_duplicates = dups;
     h.suspected_duplicates_by_host = by_host;
-    h.duplicates = named;
+    h.duplicates = list;
     Ok(h)
 }
 
@@ -368,88 +353,115 @@ fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
-/// Intents executed under two or more op ids on one host. The candidates are the
-/// intents with more than one operation: over the whole ledger the `shared_intents` table
-/// the schema's triggers keep (O(candidates), not a GROUP BY over every operation), in a
-/// window those of the operations active in it. Only candidates' events are read.
+/// How many op ids a suspected duplicate names, in the order they ran: the first few say
+/// where to look, [`SuspectedDuplicate::executions`] says how big it is.
+pub const OP_IDS_NAMED: usize = 5;
+
+/// The `shared_intents` rows that are suspected duplicate effects: executed under two or
+/// more op ids, and not only reads (the partial index `shared_intents_duplicates` on
+/// SQLite holds exactly these).
+const DUPLICATE_ROWS: &str = "executed > 1 AND family <> 'read-only'";
+
+/// Intents executed under two or more op ids on one host, at most `named` of them named.
+///
+/// Over the whole ledger this reads what the schema's triggers keep as operations are
+/// written: per intent shared by several op ids, how many executed and the strictest
+/// family among those (`shared_intents`). So the tallies cost the duplicates, not the
+/// operations or their events, and naming costs the named. A window reads the candidates
+/// among the operations active in it.
 fn duplicates(
     reads: &Reads<'_>,
     dialect: &StatsDialect,
     windowed: bool,
+    named: Option<usize>,
 ) -> Result<Duplicates, LedgerError> {
-    // Two steps, so each query has one obvious index: the candidates (a window walks
-    // the recency index, probing the intent index per operation), then each
-    // candidate's operations by the intent index and their events by operation.
-    let candidates = (reads.rows)(&if windowed {
-        format!(
-            "SELECT w.host, w.fingerprint, '', '' FROM operations w WHERE w.last_seq >= {p}
-             AND EXISTS (SELECT 1 FROM operations d WHERE d.host = w.host
-                 AND {same} AND d.op_id <> w.op_id)",
-            p = dialect.param,
-            same = (dialect.same_fingerprint)("d.fingerprint", "w.fingerprint"),
-        )
-    } else {
-        "SELECT host, fingerprint, '', '' FROM shared_intents".to_owned()
-    })?;
+    let first_op_ids = |host: &str, fingerprint: &str| -> Result<Vec<String>, LedgerError> {
+        Ok((reads.rows)(&format!(
+            "SELECT o.op_id, '', '', '' FROM operations o
+             WHERE o.host = {} AND {} AND o.executed = 1 ORDER BY o.first_seq LIMIT {OP_IDS_NAMED}",
+            literal(host),
+            (dialect.same_fingerprint)("o.fingerprint", &literal(fingerprint)),
+        ))?
+        .into_iter()
+        .map(|[op_id, ..]| op_id)
+        .collect())
+    };
+    if !windowed {
+        let tally = FamilyCount::from_groups(&(reads.group)(&format!(
+            "SELECT family, COUNT(*) FROM shared_intents WHERE {DUPLICATE_ROWS} GROUP BY family"
+        ))?);
+        let by_host = (reads.group)(&format!(
+            "SELECT host, COUNT(*) FROM shared_intents WHERE {DUPLICATE_ROWS} GROUP BY host"
+        ))?;
+        let limit = named.map_or_else(String::new, |n| format!(" LIMIT {n}"));
+        let mut list = Vec::new();
+        for [host, fingerprint, family, executions] in (reads.rows)(&format!(
+            "SELECT host, fingerprint, family, CAST(executed AS TEXT) FROM shared_intents
+             WHERE {DUPLICATE_ROWS} ORDER BY host, fingerprint{limit}"
+        ))? {
+            list.push(SuspectedDuplicate {
+                op_ids: first_op_ids(&host, &fingerprint)?,
+                executions: executions.parse().unwrap_or(0),
+                host,
+                family,
+            });
+        }
+        return Ok((tally, by_host, list));
+    }
+    // Two steps, so each query has one obvious index: the candidates (the recency index,
+    // probing the intent index per operation), then each candidate's executed operations
+    // by the intent index.
+    let candidates = (reads.rows)(&format!(
+        "SELECT w.host, w.fingerprint, '', '' FROM operations w WHERE w.last_seq >= {p}
+         AND EXISTS (SELECT 1 FROM operations d WHERE d.host = w.host
+             AND {same} AND d.op_id <> w.op_id)",
+        p = dialect.param,
+        same = (dialect.same_fingerprint)("d.fingerprint", "w.fingerprint"),
+    ))?;
     let intents: std::collections::BTreeSet<(&str, &str)> = candidates
         .iter()
         .map(|[host, fingerprint, _, _]| (host.as_str(), fingerprint.as_str()))
         .collect();
-    let mut rows = Vec::new();
+    let mut tally = FamilyCount::default();
+    let mut by_host = BTreeMap::new();
+    let mut list = Vec::new();
     for (host, fingerprint) in intents {
-        let executed = match reads.executed {
-            Some(_) => String::new(),
-            None => format!("AND {}", executed_sql(dialect, "o")),
-        };
         let members = (reads.rows)(&format!(
-            "SELECT o.host, o.fingerprint, o.family, o.op_id FROM operations o
-             WHERE o.host = {} AND {} {executed}
-             ORDER BY o.first_seq",
+            "SELECT o.family, o.op_id, '', '' FROM operations o
+             WHERE o.host = {} AND {} AND o.executed = 1 ORDER BY o.first_seq",
             literal(host),
             (dialect.same_fingerprint)("o.fingerprint", &literal(fingerprint)),
         ))?;
-        for row in members {
-            let keep = match reads.executed {
-                Some(executed) => executed(&OpKey::new(row[3].clone(), row[0].clone()))?,
-                None => true,
-            };
-            if keep {
-                rows.push(row);
-            }
+        if members.len() < 2 {
+            continue;
         }
-    }
-    // Rows come grouped by intent (host, fingerprint); the keyed fingerprint is not
-    // shown (it says nothing to a person), the op ids are.
-    let mut groups: IntentRows<'_> = Vec::new();
-    for [host, fingerprint, family, op_id] in &rows {
-        match groups.last_mut() {
-            Some((h, f, members)) if h == host && f == fingerprint => members.push((family, op_id)),
-            _ => groups.push((host, fingerprint, vec![(family, op_id)])),
-        }
-    }
-    let mut tally = FamilyCount::default();
-    let mut by_host = BTreeMap::new();
-    let mut named = Vec::new();
-    for (host, _, members) in groups.into_iter().filter(|(_, _, m)| m.len() > 1) {
         let strictest = members
             .iter()
-            .filter_map(|(f, _)| f.parse::<crate::family::Family>().ok())
+            .filter_map(|[f, ..]| f.parse::<crate::family::Family>().ok())
             .max();
-        // A read repeated is no duplicate effect (docs/commands.md#operators, `stats`): counting it would teach an
-        // operator to ignore the one alarm the ledger exists to raise.
+        // A read repeated is no duplicate effect (docs/commands.md#operators, `stats`):
+        // counting it would teach an operator to ignore the one alarm the ledger exists
+        // to raise.
         if strictest == Some(crate::family::Family::ReadOnly) {
             continue;
         }
-        let family = strictest.map_or_else(|| members[0].0.to_owned(), |f| f.as_str().to_owned());
+        let family = strictest.map_or_else(|| members[0][0].clone(), |f| f.as_str().to_owned());
         tally.add(&family, 1);
         *by_host.entry(host.to_owned()).or_insert(0) += 1;
-        named.push(SuspectedDuplicate {
-            host: host.to_owned(),
-            family,
-            op_ids: members.into_iter().map(|(_, op)| op.to_owned()).collect(),
-        });
+        if named.is_none_or(|n| list.len() < n) {
+            list.push(SuspectedDuplicate {
+                host: host.to_owned(),
+                family,
+                executions: members.len() as u64,
+                op_ids: members
+                    .into_iter()
+                    .take(OP_IDS_NAMED)
+                    .map(|[_, op_id, ..]| op_id)
+                    .collect(),
+            });
+        }
     }
-    Ok((tally, by_host, named))
+    Ok((tally, by_host, list))
 }
 
 #[cfg(test)]
@@ -615,7 +627,7 @@ mod tests {
         let mut l = Ledger::open(&path).unwrap();
         history(&mut l);
         let far = "9999-01-01T00:00:00.000000Z";
-        let whole = l.stats_with_health(None, far).unwrap().health;
+        let whole = l.stats_with_health(None, far, None).unwrap().health;
         check(&whole);
         assert_eq!(
             whole.needs_human,
@@ -623,13 +635,13 @@ mod tests {
             "open is old"
         );
         let window = l
-            .stats_with_health(Some("1970-01-01T00:00:00.000000Z"), far)
+            .stats_with_health(Some("1970-01-01T00:00:00.000000Z"), far, None)
             .unwrap()
             .health;
         assert_eq!(window, whole);
         // Nothing is older than the dawn of time.
         let none = l
-            .stats_with_health(None, "1970-01-01T00:00:00.000000Z")
+            .stats_with_health(None, "1970-01-01T00:00:00.000000Z", None)
             .unwrap()
             .health;
         assert_eq!(none.needs_human, FamilyCount::default());
@@ -642,7 +654,7 @@ mod tests {
         let mut l = Ledger::open(&path).unwrap();
         history(&mut l);
         let far = "9999-01-01T00:00:00.000000Z";
-        let before = l.stats_with_health(None, far).unwrap();
+        let before = l.stats_with_health(None, far, None).unwrap();
         // Back to what opmark of schema version 3 left on disk: the text layout, no
         // health counters, no intent index.
         drop(l);
@@ -658,7 +670,7 @@ mod tests {
         assert_eq!(health_counters, 0);
         drop(old);
         let l = Ledger::open(&path).unwrap();
-        assert_eq!(l.stats_with_health(None, far).unwrap(), before);
+        assert_eq!(l.stats_with_health(None, far, None).unwrap(), before);
         let report = l.verify_chain().unwrap();
         assert!(report.intact(), "{report:?}");
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
@@ -699,14 +711,14 @@ mod tests {
         }
         let far = "9999-01-01T00:00:00.000000Z";
         for window in [None, Some("0000-01-01T00:00:00.000000Z")] {
-            let h = l.stats_with_health(window, far).unwrap().health;
+            let h = l.stats_with_health(window, far, None).unwrap().health;
             assert_eq!(h.suspected_duplicates.total, 0, "{window:?}: {h:?}");
             assert!(h.duplicates.is_empty(), "{h:?}");
         }
         ran(&mut l, "rm-1", "fp-rm", Family::Destructive, &[]);
         ran(&mut l, "rm-2", "fp-rm", Family::Destructive, &[]);
         for window in [None, Some("0000-01-01T00:00:00.000000Z")] {
-            let h = l.stats_with_health(window, far).unwrap().health;
+            let h = l.stats_with_health(window, far, None).unwrap().health;
             assert_eq!(h.suspected_duplicates.total, 1, "{window:?}: {h:?}");
             assert_eq!(h.duplicates[0].op_ids, ["rm-1", "rm-2"], "{h:?}");
             assert_eq!(h.duplicates[0].family, "destructive");
@@ -723,7 +735,7 @@ mod tests {
         let (grouped, kept) = shared(&l);
         assert_eq!(grouped.len(), 1, "{grouped:?}");
         assert_eq!(kept, grouped);
-        let before = l.stats_with_health(None, far).unwrap();
+        let before = l.stats_with_health(None, far, None).unwrap();
         check(&before.health);
         // Back to a schema without the table (3, the text layout): opening fills it
         // from the operations.
@@ -731,7 +743,7 @@ mod tests {
         super::super::tests::as_schema_3(&path, "");
         let mut l = Ledger::open(&path).unwrap();
         assert_eq!(shared(&l).1, grouped);
-        assert_eq!(l.stats_with_health(None, far).unwrap(), before);
+        assert_eq!(l.stats_with_health(None, far, None).unwrap(), before);
         assert!(l.verify_chain().unwrap().intact());
         // A third op id for the shared intent, and a new intent shared by two more.
         ran(&mut l, "dup-c", "fp-3", Family::Destructive, &[]);
@@ -744,7 +756,7 @@ mod tests {
         let (grouped, kept) = shared(&l);
         assert_eq!(grouped.len(), 2, "{grouped:?}");
         assert_eq!(kept, grouped);
-        let h = l.stats_with_health(None, far).unwrap().health;
+        let h = l.stats_with_health(None, far, None).unwrap().health;
         assert_eq!(h.suspected_duplicates.total, 2, "{h:?}");
         assert_eq!(h.duplicates[0].op_ids, ["dup-a", "dup-b", "dup-c"]);
         assert_eq!(h.duplicates[1].op_ids, ["pair-a", "pair-b"]);
@@ -753,8 +765,154 @@ mod tests {
         l.conn()
             .execute("DELETE FROM shared_intents WHERE fingerprint = 'fp-7'", [])
             .unwrap();
-        let h = l.stats_with_health(None, far).unwrap().health;
+        let h = l.stats_with_health(None, far, None).unwrap().health;
         assert_eq!(h.suspected_duplicates.total, 1, "{h:?}");
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    /// One operation of intent `fp` sent and never heard of again (no `started`).
+    fn lost(l: &mut Ledger, op: &str, fp: &str, family: Family) {
+        l.append_many(
+            &OpKey::new(op, "h1"),
+            &[
+                intended(fp, family),
+                attempt(&format!("{op}-a1"), 1),
+                boundary(&format!("{op}-a1"), Boundary::SentNoResponse),
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+    }
+
+    fn kept_counts(l: &Ledger, fp: &str) -> (i64, Option<String>) {
+        l.conn()
+            .query_row(
+                "SELECT executed, family FROM shared_intents WHERE fingerprint = ?1",
+                [fp],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn an_intent_counts_as_a_duplicate_once_a_second_op_id_has_started_it() {
+        let path = scratch("started");
+        let mut l = Ledger::open(&path).unwrap();
+        let far = "9999-01-01T00:00:00.000000Z";
+        let dups = |l: &Ledger| l.stats_with_health(None, far, None).unwrap().health;
+        // Sent twice, run once: the first never reached `started`.
+        lost(&mut l, "deploy-1", "fp-deploy", Family::Destructive);
+        ran(&mut l, "deploy-2", "fp-deploy", Family::Destructive, &[]);
+        assert_eq!(
+            kept_counts(&l, "fp-deploy"),
+            (1, Some("destructive".into()))
+        );
+        assert_eq!(dups(&l).suspected_duplicates.total, 0);
+        // The first is retried and starts: now it ran under two op ids.
+        l.append_many(
+            &OpKey::new("deploy-1", "h1"),
+            &[
+                attempt("deploy-1-a2", 2),
+                boundary("deploy-1-a2", Boundary::Started),
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+        assert_eq!(
+            kept_counts(&l, "fp-deploy"),
+            (2, Some("destructive".into()))
+        );
+        let h = dups(&l);
+        assert_eq!(h.suspected_duplicates.total, 1, "{h:?}");
+        assert_eq!(h.duplicates[0].op_ids, ["deploy-1", "deploy-2"]);
+        assert_eq!(h.duplicates[0].executions, 2);
+        // A read that ran twice becomes a duplicate effect once one of its op ids is
+        // intended again as destructive (a policy change): the strictest family counts.
+        ran(&mut l, "look-1", "fp-look", Family::ReadOnly, &[]);
+        ran(&mut l, "look-2", "fp-look", Family::ReadOnly, &[]);
+        assert_eq!(dups(&l).suspected_duplicates.total, 1);
+        l.append_many(
+            &OpKey::new("look-2", "h1"),
+            &[intended("fp-look", Family::Destructive)],
+            Durability::Normal,
+        )
+        .unwrap();
+        assert_eq!(kept_counts(&l, "fp-look"), (2, Some("destructive".into())));
+        assert_eq!(dups(&l).suspected_duplicates.total, 2);
+        // Every row equals its recount, and the window (which reads the operations) agrees.
+        assert!(l.verify_chain().unwrap().intact());
+        let window = l
+            .stats_with_health(Some("0000-01-01T00:00:00.000000Z"), far, None)
+            .unwrap()
+            .health;
+        assert_eq!(window.duplicates, dups(&l).duplicates);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn stats_names_at_most_the_duplicates_asked_for_and_five_op_ids_of_each() {
+        let path = scratch("named");
+        let mut l = Ledger::open(&path).unwrap();
+        for n in 0..7 {
+            ran(
+                &mut l,
+                &format!("loop-{n}"),
+                "fp-loop",
+                Family::AppendOnly,
+                &[],
+            );
+        }
+        for d in 0..4 {
+            for n in 0..2 {
+                let fp = format!("fp-pair-{d}");
+                ran(
+                    &mut l,
+                    &format!("pair-{d}-{n}"),
+                    &fp,
+                    Family::Convergent,
+                    &[],
+                );
+            }
+        }
+        let far = "9999-01-01T00:00:00.000000Z";
+        for window in [None, Some("0000-01-01T00:00:00.000000Z")] {
+            let h = l.stats_with_health(window, far, Some(3)).unwrap().health;
+            assert_eq!(h.suspected_duplicates.total, 5, "{window:?}: {h:?}");
+            assert_eq!(h.duplicates.len(), 3, "{window:?}: {h:?}");
+            let all = l.stats_with_health(window, far, None).unwrap().health;
+            assert_eq!(all.duplicates.len(), 5);
+            assert_eq!(h.duplicates[..], all.duplicates[..3]);
+            let looped = all.duplicates.iter().find(|d| d.family == "append-only");
+            let looped = looped.expect("the loop is named");
+            assert_eq!(looped.executions, 7);
+            assert_eq!(
+                looped.op_ids,
+                ["loop-0", "loop-1", "loop-2", "loop-3", "loop-4"]
+            );
+        }
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn audit_verify_names_a_shared_intent_whose_counts_were_edited() {
+        let path = scratch("miscount");
+        let mut l = Ledger::open(&path).unwrap();
+        ran(&mut l, "rm-1", "fp-rm", Family::Destructive, &[]);
+        ran(&mut l, "rm-2", "fp-rm", Family::Destructive, &[]);
+        assert!(l.verify_chain().unwrap().intact());
+        // An edit that would hide the duplicate from `stats`.
+        l.conn()
+            .execute("UPDATE shared_intents SET executed = 1", [])
+            .unwrap();
+        let far = "9999-01-01T00:00:00.000000Z";
+        let h = l.stats_with_health(None, far, None).unwrap().health;
+        assert_eq!(h.suspected_duplicates.total, 0, "the edit hides it");
+        let report = l.verify_chain().unwrap();
+        let named = report.counters_mismatch.unwrap_or_default();
+        assert!(
+            named.contains("1 intent(s) whose executions or strictest family differ"),
+            "{named}"
+        );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

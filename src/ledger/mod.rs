@@ -479,10 +479,16 @@ impl Ledger {
             // The one table the projection keeps that the replay does not rebuild:
             // recounted from the rows just checked (it may hold more than they share).
             let missing = self.store.missing_shared_intents()?;
-            if missing > 0 {
-                let note = format!(
+            let miscounted = self.store.miscounted_shared_intents()?;
+            let notes = [
+                (missing > 0).then(|| format!(
                     "shared_intents: {missing} (fingerprint, host) pair(s) of more than one operation missing, so `stats` does not look at them for duplicate effects"
-                );
+                )),
+                (miscounted > 0).then(|| format!(
+                    "shared_intents: {miscounted} intent(s) whose executions or strictest family differ from their operations', so `stats` miscounts duplicate effects"
+                )),
+            ];
+            for note in notes.into_iter().flatten() {
                 report.counters_mismatch = Some(match report.counters_mismatch.take() {
                     Some(names) => format!("{names}, {note}"),
                     None => note,
@@ -683,13 +689,14 @@ impl Ledger {
         &self,
         cutoff: Option<&str>,
         needs_human_before: &str,
+        named: Option<usize>,
     ) -> Result<Stats, LedgerError> {
         let from = cutoff.map(|c| self.seq_since(c)).transpose()?;
         let mut stats = match from {
             None => self.stats()?,
             Some(from) => self.store.stats_since(from)?,
         };
-        stats.health = self.store.health(from, needs_human_before, &stats)?;
+        stats.health = self.store.health(from, needs_human_before, &stats, named)?;
         Ok(stats)
     }
 

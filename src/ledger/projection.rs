@@ -59,6 +59,9 @@ pub struct OperationRecord {
     pub contradictions: u32,
     /// The attempt whose exit the settling verdict returned, when it named one.
     pub settled_attempt: Option<String>,
+    /// An attempt reached `started` or an exit was received: the command ran on the host
+    /// at least once (what `stats` counts a suspected duplicate effect by).
+    pub executed: bool,
 }
 
 /// THE unresolved rule. Given whether the operation was unresolved before `event`, is it
@@ -278,6 +281,7 @@ pub(crate) fn fold(
                 last_seq: seq,
                 contradictions: 0,
                 settled_attempt: None,
+                executed: false,
             });
         }
         return Ok(());
@@ -335,9 +339,14 @@ pub(crate) fn fold(
             rec.last_attempt = Some(attempt_id.clone());
             rec.state = OpState::Dispatched;
         }
-        Event::BoundaryReached { boundary, .. } => rec.state = OpState::boundary(*boundary),
-        Event::ExitReceived { .. } if contradicts => {}
+        Event::BoundaryReached { boundary, .. } => {
+            rec.state = OpState::boundary(*boundary);
+            rec.executed |= *boundary == crate::vocab::Boundary::Started;
+        }
+        // Even an exit that contradicts the settled one says the command ran.
+        Event::ExitReceived { .. } if contradicts => rec.executed = true,
         Event::ExitReceived { exit_code, .. } => {
+            rec.executed = true;
             rec.state = OpState::ExitReceived;
             rec.exit_code = *exit_code;
         }
@@ -397,7 +406,7 @@ pub(crate) fn fold(
     Ok(())
 }
 
-pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt";
+pub(crate) const COLUMNS: &str = "op_id, host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq, contradictions, settled_attempt, executed";
 
 #[cfg(test)]
 mod tests {

@@ -1188,7 +1188,8 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 /// event, as opmark wrote until the compact layout): schema 4 (health counters, intent index) is rebuilt by its migration, schema 5 changed nothing else, schema 6's
 /// `shared_intents` is rebuilt by its migration, schema 7 changed only the events and
 /// schema 8 only how `operations` stores its two stamps (text again here, in a TEXT
-/// column), so this is exactly the file an older opmark leaves. `edit` then runs on the
+/// column), schema 9 added `operations.executed` and the counts of `shared_intents`, both
+/// filled by its migration, so this is exactly the file an older opmark leaves. `edit` then runs on the
 /// old rows.
 pub(crate) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
@@ -1204,6 +1205,9 @@ pub(crate) fn as_schema_3(db: &Path, edit: &str) -> u64 {
          DROP INDEX IF EXISTS operations_by_intent;
          DROP TRIGGER IF EXISTS shared_intents_on_insert;
          DROP TRIGGER IF EXISTS shared_intents_on_update;
+         DROP TRIGGER IF EXISTS shared_intents_on_execution;
+         DROP TRIGGER IF EXISTS shared_intents_on_change;
+         DROP TRIGGER IF EXISTS shared_intents_on_delete;
          DROP TABLE IF EXISTS shared_intents;
          DELETE FROM counters WHERE name LIKE 'h/%';
          ALTER TABLE operations RENAME TO operations_v8;
@@ -1401,7 +1405,7 @@ fn the_one_pass_walk_names_rows_moved_added_or_deleted() {
             "last_seq",
         ),
         (
-            "INSERT INTO operations SELECT 'ghost', host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq + 100, contradictions, settled_attempt FROM operations WHERE op_id = 'op-2'",
+            "INSERT INTO operations SELECT 'ghost', host, family, display, fingerprint, rule, session, state, verdict, exit_code, attempts, last_attempt, unresolved, created_at, updated_at, first_seq, last_seq + 100, contradictions, settled_attempt, executed FROM operations WHERE op_id = 'op-2'",
             "ghost",
             "no events behind it",
         ),

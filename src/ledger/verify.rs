@@ -519,5 +519,6 @@ fn differing_columns(got: &OperationRecord, want: &OperationRecord) -> Vec<&'sta
         "settled_attempt",
         got.settled_attempt == want.settled_attempt,
     );
+    check("executed", got.executed == want.executed);
     out
 }

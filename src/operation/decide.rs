@@ -3043,6 +3043,7 @@ mod tests {
             last_seq: 2,
             contradictions: 0,
             settled_attempt: None,
+            executed: false,
         }
     }
 

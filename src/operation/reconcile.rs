@@ -683,6 +683,7 @@ mod tests {
                 last_seq: 3,
                 contradictions: 0,
                 settled_attempt: None,
+                executed: false,
             },
             events,
         }

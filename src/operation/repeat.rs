@@ -312,6 +312,7 @@ mod tests {
             last_seq: 2,
             contradictions: 0,
             settled_attempt: None,
+            executed: false,
         }
     }
 

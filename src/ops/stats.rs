@@ -53,11 +53,8 @@ pub fn stats(ctx: &Context, since: Option<Duration>, named: Option<usize>) -> Re
         return Err(redacted_error(super::no_ledger_at(ctx, &path)));
     };
     let mut stats = ledger
-        .stats_with_health(cutoff.as_deref(), &escalation.before)
+        .stats_with_health(cutoff.as_deref(), &escalation.before, named)
         .map_err(|e| redacted_error(e.into()))?;
     stats.health.escalate_after = crate::duration::format_duration(escalation.after);
-    if let Some(n) = named {
-        stats.health.duplicates.truncate(n);
-    }
     Ok(stats)
 }

@@ -2542,7 +2542,7 @@ fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fix
         "{out}"
     );
     f.sql(
-        "INSERT INTO shared_intents SELECT fingerprint, host FROM operations
+        "INSERT INTO shared_intents (fingerprint, host) SELECT fingerprint, host FROM operations
              GROUP BY fingerprint, host HAVING COUNT(*) > 1;
          INSERT INTO shared_intents (fingerprint, host) VALUES ('fp-stale', 'h');",
     );
@@ -2577,6 +2577,10 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          DROP TABLE shared_intents;
          DROP FUNCTION opmark_note_shared_intent CASCADE;
+         DROP FUNCTION opmark_count_shared_intent;
+         DROP FUNCTION opmark_recount_shared_intent;
+         DROP FUNCTION opmark_family_rank;
+         ALTER TABLE operations DROP COLUMN executed;
          UPDATE opmark_schema SET version = 1;"
     } else {
         // Schema 2 stored each event as one text row (`f.sql` expanded the rows first, so
@@ -2597,8 +2601,11 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          DROP TRIGGER shared_intents_on_insert;
-         DROP TRIGGER shared_intents_on_update;
+         DROP TRIGGER shared_intents_on_execution;
+         DROP TRIGGER shared_intents_on_change;
+         DROP TRIGGER shared_intents_on_delete;
          DROP TABLE shared_intents;
+         ALTER TABLE operations DROP COLUMN executed;
          PRAGMA user_version = 2;"
     };
     f.sql(rollback);

@@ -14,6 +14,7 @@ use crate::ledger::archive::ArchiveReport;
 use crate::ledger::chain::ChainReport;
 use crate::ledger::checkpoint::Incremental;
 use crate::ledger::cut::Cut;
+use crate::ledger::dialect::StatsDialect;
 use crate::ledger::durability::Durability;
 use crate::ledger::error::LedgerError;
 use crate::ledger::event::StoredEvent;
@@ -38,6 +39,53 @@ pub const SAME_INTENT_LIMIT: usize = 32;
 pub(crate) const MISSING_SHARED_INTENTS: &str = "SELECT COUNT(*) FROM (
     SELECT fingerprint, host FROM operations GROUP BY fingerprint, host HAVING COUNT(*) > 1
     EXCEPT SELECT fingerprint, host FROM shared_intents) AS missing";
+
+/// A family's rank in SQL, least dangerous first as [`Family::ALL`](crate::family::Family)
+/// orders them; a word no family has ranks below them all.
+fn family_rank(column: &str) -> String {
+    let arms: String = crate::family::Family::ALL
+        .iter()
+        .enumerate()
+        .map(|(rank, f)| format!(" WHEN '{}' THEN {rank}", f.as_str()))
+        .collect();
+    format!("(CASE {column}{arms} ELSE -1 END)")
+}
+
+/// What `shared_intents` keeps of one intent, recomputed from `operations`: how many of
+/// its operations executed, and the strictest family among those (the first such op id's
+/// when two have it). `s` names the `shared_intents` row.
+fn shared_intent_counts(dialect: &StatsDialect, s: &str) -> (String, String) {
+    let members = format!(
+        "FROM operations d WHERE {} AND d.host = {s}.host AND d.executed = 1",
+        (dialect.same_fingerprint)("d.fingerprint", &format!("{s}.fingerprint"))
+    );
+    (
+        format!("(SELECT COUNT(*) {members})"),
+        format!(
+            "(SELECT d.family {members} ORDER BY {} DESC, d.first_seq LIMIT 1)",
+            family_rank("d.family")
+        ),
+    )
+}
+
+/// Recounts every row of `shared_intents` from `operations` (a migration, and after an
+/// archive or a rebuild deleted operations: the delete trigger keeps the count, not the
+/// strictest family).
+pub(crate) fn recount_shared_intents(dialect: &StatsDialect) -> String {
+    let (executed, family) = shared_intent_counts(dialect, "shared_intents");
+    format!("UPDATE shared_intents SET executed = {executed}, family = {family}")
+}
+
+/// How many rows of `shared_intents` count other executions or another family than
+/// `operations` holds: `stats` would report duplicate effects that are not there, or miss
+/// one (`audit verify`).
+pub(crate) fn miscounted_shared_intents(dialect: &StatsDialect) -> String {
+    let (executed, family) = shared_intent_counts(dialect, "s");
+    format!(
+        "SELECT COUNT(*) FROM shared_intents s WHERE s.executed <> {executed}
+         OR COALESCE(s.family, '') <> COALESCE({family}, '')"
+    )
+}
 
 /// Where `ledger archive` cut the chain and the cut's MAC, if it ever did.
 pub(crate) type RecordedCut = Option<(Cut, Option<String>)>;
@@ -119,6 +167,9 @@ pub(crate) trait Store {
     /// See [`MISSING_SHARED_INTENTS`].
     fn missing_shared_intents(&self) -> Result<u64, LedgerError>;
 
+    /// See [`miscounted_shared_intents`].
+    fn miscounted_shared_intents(&self) -> Result<u64, LedgerError>;
+
     /// `ledger archive` from the first event at or after the cutoff (see
     /// [`crate::ledger::archive`]).
     fn archive(
@@ -144,12 +195,14 @@ pub(crate) trait Store {
     /// Counts over the events from `from_seq` on.
     fn stats_since(&self, from_seq: u64) -> Result<Stats, LedgerError>;
 
-    /// The health counts of the whole ledger (`from_seq` None) or of the window.
+    /// The health counts of the whole ledger (`from_seq` None) or of the window, naming
+    /// at most `named` suspected duplicates (`None`: all).
     fn health(
         &self,
         from_seq: Option<u64>,
         needs_human_before: &str,
         stats: &Stats,
+        named: Option<usize>,
     ) -> Result<Health, LedgerError>;
 
     /// The newest sequence number (0 when empty).

@@ -57,6 +57,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0003_fingerprint.sql"),
     include_str!("../../../../migrations/postgres/0004_health.sql"),
     include_str!("../../../../migrations/postgres/0005_shared_intents.sql"),
+    include_str!("../../../../migrations/postgres/0006_executed.sql"),
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).
@@ -544,6 +545,7 @@ impl Store for PgStore {
         from_seq: Option<u64>,
         needs_human_before: &str,
         stats: &Stats,
+        named: Option<usize>,
     ) -> Result<crate::ledger::health::Health, LedgerError> {
         let needs_human_before = needs_human_before.to_owned();
         let retries = stats.retries_by_family.clone();
@@ -592,11 +594,11 @@ impl Store for PgStore {
                 &crate::ledger::health::Reads {
                     group: &group,
                     rows: &rows,
-                    executed: None,
                 },
                 &DIALECT,
                 from.is_some(),
                 &needs_human_before,
+                named,
             )
         })
     }
@@ -843,6 +845,12 @@ impl Store for PgStore {
             let through = sealed.cut.seq as i64;
             rt.block_on(tx.execute("DELETE FROM events WHERE seq <= $1", &[&through]))?;
             rt.block_on(tx.execute("DELETE FROM operations WHERE last_seq <= $1", &[&through]))?;
+            // The delete trigger took their executions off; the strictest family is
+            // recounted.
+            rt.block_on(tx.execute(
+                &crate::ledger::store::recount_shared_intents(&DIALECT),
+                &[],
+            ))?;
             for (name, value) in archive::facts(&key, &sealed) {
                 rt.block_on(tx.execute(
                     "INSERT INTO meta (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
@@ -859,6 +867,14 @@ impl Store for PgStore {
         self.call(|c| {
             Ok(c.block(c.client.query_one(MISSING_SHARED_INTENTS, &[]))?
                 .get::<_, i64>(0) as u64)
+        })
+    }
+
+    /// See [`crate::ledger::store::miscounted_shared_intents`].
+    fn miscounted_shared_intents(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            let sql = crate::ledger::store::miscounted_shared_intents(&DIALECT);
+            Ok(c.block(c.client.query_one(&sql, &[]))?.get::<_, i64>(0) as u64)
         })
     }
 
@@ -1010,7 +1026,7 @@ impl AppendTx for PgTx<'_> {
 
     fn store(&mut self, r: &OperationRecord) -> Result<(), LedgerError> {
         let sql = format!(
-            "INSERT INTO operations ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+            "INSERT INTO operations ({}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
              ON CONFLICT (op_id, host) DO UPDATE SET
                family = excluded.family, display = excluded.display,
                fingerprint = excluded.fingerprint, rule = excluded.rule,
@@ -1020,7 +1036,7 @@ impl AppendTx for PgTx<'_> {
                created_at = excluded.created_at, updated_at = excluded.updated_at,
                first_seq = excluded.first_seq, last_seq = excluded.last_seq,
                contradictions = excluded.contradictions,
-               settled_attempt = excluded.settled_attempt",
+               settled_attempt = excluded.settled_attempt, executed = excluded.executed",
             projection::COLUMNS
         );
         self.rt.block_on(self.tx.execute(
@@ -1045,6 +1061,7 @@ impl AppendTx for PgTx<'_> {
                 &(r.last_seq as i64),
                 &i64::from(r.contradictions),
                 &r.settled_attempt,
+                &i32::from(r.executed),
             ],
         ))?;
         Ok(())
@@ -1264,6 +1281,7 @@ fn record_from(row: &Row) -> Result<OperationRecord, LedgerError> {
         contradictions: u32::try_from(row.get::<_, i64>(17))
             .map_err(|e| bad("contradictions", e.to_string()))?,
         settled_attempt: row.get(18),
+        executed: row.get::<_, i32>(19) != 0,
     })
 }
 

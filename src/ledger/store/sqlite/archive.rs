@@ -116,6 +116,11 @@ pub(crate) fn archive(
         "DELETE FROM operations WHERE last_seq <= ?1",
         params![cut.seq],
     )?;
+    // The delete trigger took their executions off; the strictest family is recounted.
+    tx.execute(
+        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        [],
+    )?;
     // Their keys stay (events refer to keys by number), without events here.
     tx.execute(
         "UPDATE op_keys SET last_seq = NULL WHERE last_seq <= ?1",

@@ -350,21 +350,6 @@ impl SqliteStore {
         Ok(out)
     }
 
-    /// Whether an attempt of the operation reached `started` or `exit_received`
-    /// (execution evidence, for the suspected duplicates).
-    fn executed(&self, key: &OpKey) -> Result<bool, LedgerError> {
-        Ok(self.events(key)?.iter().any(|e| {
-            matches!(
-                e.event,
-                Event::ExitReceived { .. }
-                    | Event::BoundaryReached {
-                        boundary: crate::vocab::Boundary::Started,
-                        ..
-                    }
-            )
-        }))
-    }
-
     fn verify_full_walk(&self, key: &InstallationKey) -> Result<chain::ChainReport, LedgerError> {
         let tx = self.conn.unchecked_transaction()?;
         let (keyed_from, keyed_from_mac) = binding::keyed_from(&tx)?;
@@ -763,6 +748,7 @@ impl Store for SqliteStore {
         from_seq: Option<u64>,
         needs_human_before: &str,
         stats: &Stats,
+        named: Option<usize>,
     ) -> Result<crate::ledger::health::Health, LedgerError> {
         let c = &self.conn;
         // The window's queries name its first sequence number; the whole ledger's none.
@@ -799,11 +785,11 @@ impl Store for SqliteStore {
             &crate::ledger::health::Reads {
                 group: &group,
                 rows: &rows,
-                executed: Some(&|key: &OpKey| self.executed(key)),
             },
             &DIALECT,
             from_seq.is_some(),
             needs_human_before,
+            named,
         )
     }
 
@@ -912,6 +898,16 @@ impl Store for SqliteStore {
         let n: i64 = self
             .conn
             .query_row(MISSING_SHARED_INTENTS, [], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    /// See [`crate::ledger::store::miscounted_shared_intents`].
+    fn miscounted_shared_intents(&self) -> Result<u64, LedgerError> {
+        let n: i64 = self.conn.query_row(
+            &crate::ledger::store::miscounted_shared_intents(&DIALECT),
+            [],
+            |r| r.get(0),
+        )?;
         Ok(n as u64)
     }
 

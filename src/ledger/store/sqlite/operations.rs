@@ -36,6 +36,10 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
     for rec in rows.values() {
         store(tx, rec)?;
     }
+    tx.execute(
+        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        [],
+    )?;
     Ok(true)
 }
 
@@ -69,6 +73,7 @@ pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<OperationRec
         last_seq: row.get(16)?,
         contradictions: row.get(17)?,
         settled_attempt: row.get(18)?,
+        executed: row.get(19)?,
     })
 }
 
@@ -88,36 +93,49 @@ pub(crate) fn load(
         .optional()?)
 }
 
+/// Writes one row: an upsert, not `INSERT OR REPLACE`, so a change to an existing
+/// operation is an UPDATE and the `shared_intents` triggers see its row before and after
+/// (an operation that starts counts once toward its intent's executions).
 pub(crate) fn store(tx: &Transaction<'_>, r: &OperationRecord) -> Result<(), LedgerError> {
-    tx.execute(
-        &format!(
-            "INSERT OR REPLACE INTO operations ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+    let mut stmt = tx.prepare_cached(UPSERT.get_or_init(|| {
+        let set = projection::COLUMNS
+            .split(", ")
+            .filter(|c| !["op_id", "host"].contains(c))
+            .map(|c| format!("{c} = excluded.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "INSERT INTO operations ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)
+             ON CONFLICT (op_id, host) DO UPDATE SET {set}",
             projection::COLUMNS
-        ),
-        params![
-            r.op_id,
-            r.host,
-            r.family.as_str(),
-            r.display,
-            r.fingerprint,
-            r.rule,
-            r.session,
-            r.state.to_string(),
-            r.verdict.map(Verdict::as_str),
-            r.exit_code,
-            r.attempts,
-            r.last_attempt,
-            r.unresolved,
-            stored_stamp(&r.created_at),
-            stored_stamp(&r.updated_at),
-            r.first_seq,
-            r.last_seq,
-            r.contradictions,
-            r.settled_attempt,
-        ],
-    )?;
+        )
+    }))?;
+    stmt.execute(params![
+        r.op_id,
+        r.host,
+        r.family.as_str(),
+        r.display,
+        r.fingerprint,
+        r.rule,
+        r.session,
+        r.state.to_string(),
+        r.verdict.map(Verdict::as_str),
+        r.exit_code,
+        r.attempts,
+        r.last_attempt,
+        r.unresolved,
+        stored_stamp(&r.created_at),
+        stored_stamp(&r.updated_at),
+        r.first_seq,
+        r.last_seq,
+        r.contradictions,
+        r.settled_attempt,
+        r.executed,
+    ])?;
     Ok(())
 }
+
+static UPSERT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// How SQLite stores a stamp opmark formatted: its micros since the epoch (8 bytes
 /// instead of 27), or, for a stamp that would not come back byte for byte, its text.

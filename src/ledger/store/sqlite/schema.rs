@@ -318,6 +318,82 @@ const MIGRATIONS: &[&str] = &[
         INSERT OR IGNORE INTO shared_intents (fingerprint, host) VALUES (NEW.fingerprint, NEW.host);
     END;
     "#,
+    // 9: the suspected duplicate effects kept as the ledger is written (issue 46: `stats`
+    // read each candidate intent's operations and their events, 60,000 statements at 1M
+    // operations). An operation says whether it ran (`executed`: an attempt reached
+    // `started` or an exit came back, folded by the projection), and each intent shared by
+    // several op ids counts its executed operations and the strictest family among them.
+    // Triggers keep both in the transaction that writes the operation's row, so `stats`
+    // reads the counts through one small partial index. `audit verify` recounts them.
+    // (No `OR IGNORE` in a trigger: the upsert that fires it would impose its own
+    // conflict policy, so a row is inserted only where none is.)
+    r#"
+    ALTER TABLE operations ADD COLUMN executed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE shared_intents ADD COLUMN executed INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE shared_intents ADD COLUMN family TEXT;
+    DROP TRIGGER shared_intents_on_insert;
+    DROP TRIGGER shared_intents_on_update;
+    -- A new operation: one more execution of its intent if it arrives executed (a
+    -- rebuild), and a row for the intent once a second op id shares it.
+    CREATE TRIGGER shared_intents_on_insert AFTER INSERT ON operations
+    BEGIN
+        UPDATE shared_intents SET executed = executed + 1,
+            family = CASE WHEN family IS NULL OR (CASE NEW.family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) > (CASE family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) THEN NEW.family ELSE family END
+            WHERE NEW.executed = 1 AND fingerprint = NEW.fingerprint AND host = NEW.host;
+        INSERT INTO shared_intents (fingerprint, host)
+            SELECT NEW.fingerprint, NEW.host WHERE EXISTS (SELECT 1 FROM operations d
+                WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16) AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+            AND NOT EXISTS (SELECT 1 FROM shared_intents
+                WHERE fingerprint = NEW.fingerprint AND host = NEW.host);
+    END;
+    -- A row that appears counts what its intent already ran, once.
+    CREATE TRIGGER shared_intents_counted AFTER INSERT ON shared_intents
+    BEGIN
+        UPDATE shared_intents SET
+            executed = (SELECT COUNT(*) FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16) AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.executed = 1),
+            family = (SELECT d.family FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16) AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.executed = 1
+                ORDER BY (CASE d.family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) DESC, d.first_seq LIMIT 1)
+            WHERE fingerprint = NEW.fingerprint AND host = NEW.host;
+    END;
+    -- The common change: an operation starts (counted once: the flag never goes back).
+    CREATE TRIGGER shared_intents_on_execution AFTER UPDATE OF executed ON operations
+        WHEN OLD.executed = 0 AND NEW.executed = 1 AND OLD.fingerprint = NEW.fingerprint
+            AND OLD.host = NEW.host AND OLD.family = NEW.family
+    BEGIN
+        UPDATE shared_intents SET executed = executed + 1,
+            family = CASE WHEN family IS NULL OR (CASE NEW.family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) > (CASE family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) THEN NEW.family ELSE family END
+            WHERE fingerprint = NEW.fingerprint AND host = NEW.host;
+    END;
+    -- Anything else that moves the counts (a new family for an executed operation; an
+    -- intent or host rewritten outside opmark): both intents recounted.
+    CREATE TRIGGER shared_intents_on_change AFTER UPDATE OF fingerprint, host, family, executed ON operations
+        WHEN OLD.fingerprint IS NOT NEW.fingerprint OR OLD.host IS NOT NEW.host
+            OR OLD.executed > NEW.executed
+            OR ((OLD.executed = 1 OR NEW.executed = 1) AND OLD.family IS NOT NEW.family)
+    BEGIN
+        INSERT INTO shared_intents (fingerprint, host)
+            SELECT NEW.fingerprint, NEW.host WHERE EXISTS (SELECT 1 FROM operations d
+                WHERE substr(d.fingerprint, 1, 16) = substr(NEW.fingerprint, 1, 16) AND +d.fingerprint = NEW.fingerprint AND d.host = NEW.host AND d.op_id <> NEW.op_id)
+            AND NOT EXISTS (SELECT 1 FROM shared_intents
+                WHERE fingerprint = NEW.fingerprint AND host = NEW.host);
+        UPDATE shared_intents SET
+            executed = (SELECT COUNT(*) FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(shared_intents.fingerprint, 1, 16) AND +d.fingerprint = shared_intents.fingerprint AND d.host = shared_intents.host AND d.executed = 1),
+            family = (SELECT d.family FROM operations d WHERE substr(d.fingerprint, 1, 16) = substr(shared_intents.fingerprint, 1, 16) AND +d.fingerprint = shared_intents.fingerprint AND d.host = shared_intents.host AND d.executed = 1
+                ORDER BY (CASE d.family WHEN 'destructive' THEN 3 WHEN 'append-only' THEN 2 WHEN 'convergent' THEN 1 WHEN 'read-only' THEN 0 ELSE -1 END) DESC, d.first_seq LIMIT 1)
+            WHERE (fingerprint = OLD.fingerprint AND host = OLD.host)
+                OR (fingerprint = NEW.fingerprint AND host = NEW.host);
+    END;
+    -- An operation archived or rebuilt away: one execution fewer (`archive` and the
+    -- rebuild recount the families after).
+    CREATE TRIGGER shared_intents_on_delete AFTER DELETE ON operations WHEN OLD.executed = 1
+    BEGIN
+        UPDATE shared_intents SET executed = executed - 1,
+            family = CASE WHEN executed = 1 THEN NULL ELSE family END
+            WHERE fingerprint = OLD.fingerprint AND host = OLD.host;
+    END;
+    CREATE INDEX shared_intents_duplicates ON shared_intents (host, family)
+        WHERE executed > 1 AND family <> 'read-only';
+    "#,
 ];
 
 /// Steps in Rust after the SQL of the same index (`MIGRATIONS[i]`), then more SQL.
@@ -329,6 +405,51 @@ fn after(i: usize, tx: &Transaction<'_>) -> Result<(), LedgerError> {
              CREATE INDEX events_by_op ON events (op, seq);",
         )?;
     }
+    if i == 8 {
+        mark_executed(tx)?;
+    }
+    Ok(())
+}
+
+/// Schema 9's step in Rust: `operations.executed` from the events (their payloads are
+/// compact, so SQL cannot read a boundary), then every shared intent recounted.
+fn mark_executed(tx: &Transaction<'_>) -> Result<(), LedgerError> {
+    use crate::ledger::event::Event;
+    let cache = std::cell::RefCell::default();
+    let mut ran = std::collections::BTreeSet::new();
+    super::rows::read_rows_decoding(
+        tx,
+        &mut super::atoms::AtomsOf::reading(tx, &cache),
+        "ORDER BY e.seq",
+        [],
+        super::rows::Payloads::Of(&["boundary_reached", "exit_received"]),
+        |row| {
+            if row.payload.is_empty() {
+                return Ok(());
+            }
+            let executed = match serde_json::from_str::<Event>(&row.payload) {
+                Ok(Event::ExitReceived { .. }) => true,
+                Ok(Event::BoundaryReached { boundary, .. }) => {
+                    boundary == crate::vocab::Boundary::Started
+                }
+                // An event that does not decode is `audit verify`'s to name.
+                _ => false,
+            };
+            if executed {
+                ran.insert((row.op_id, row.host));
+            }
+            Ok(())
+        },
+    )?;
+    let mut mark =
+        tx.prepare("UPDATE operations SET executed = 1 WHERE op_id = ?1 AND host = ?2")?;
+    for (op_id, host) in &ran {
+        mark.execute(rusqlite::params![op_id, host])?;
+    }
+    tx.execute(
+        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        [],
+    )?;
     Ok(())
 }
 
