@@ -1193,9 +1193,14 @@ pub struct GetArgs {
     #[arg(value_name = "HOST:PATH", required = true, num_args = 1..)]
     pub sources: Vec<String>,
     /// The local file to write (an existing directory takes the remote file's name; with
-    /// several files, the existing directory they go into).
+    /// several files or -r, the existing directory they go into).
     #[arg(value_name = "LOCAL")]
     pub local: PathBuf,
+    /// Read the regular files of a directory, at every depth, into LOCAL/NAME (`DIR/.`:
+    /// into LOCAL directly), each its own operation, after a listing that is an
+    /// operation too (`OP:list`), so a rerun reads the same set into the same place.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
     /// The options `put` and `get` share.
     #[command(flatten)]
     pub transfer: TransferArgs,

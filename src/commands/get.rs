@@ -19,6 +19,7 @@ pub fn run(global: &GlobalArgs, args: GetArgs) -> Result<u8> {
         GetRequest {
             sources: args.sources,
             local: args.local,
+            recursive: args.recursive,
             transfer: common::transfer_options(&args.transfer)?,
         },
         &mut watch,
@@ -56,6 +57,17 @@ pub fn run(global: &GlobalArgs, args: GetArgs) -> Result<u8> {
 
 /// One file: the run's document and words.
 fn one(global: &GlobalArgs, answer: &GetAnswer) -> Result<()> {
+    if let Some(listed) = &answer.listed {
+        // `get -r` that read no file: the listing's answer (it failed, or found none).
+        return common::say_transfer(
+            global,
+            &answer.run,
+            serde_json::Value::Null,
+            listed.empty.clone(),
+            &listed.place,
+            "not listed",
+        );
+    }
     let replayed =
         matches!(&answer.run, RunAnswer::One { report, .. } if report.verdict == Verdict::Replayed);
     let line = line(&answer.files[0], replayed);

@@ -13,7 +13,8 @@ use super::run::{run, RunAnswer, RunWatch, Stdin};
 use super::run_each::{run_each, EachOperation};
 use super::transfer::{base_op, file_op, single_quoted, RemoteFile, TransferOptions};
 use super::Context;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::ErrorKind;
+use crate::error::{Error, Result};
 use crate::shim::GET_WORD;
 use crate::vocab::Verdict;
 
@@ -28,6 +29,8 @@ pub struct GetRequest {
     /// The local file (an existing directory takes the remote file's name); with several
     /// sources, the existing directory they go into.
     pub local: PathBuf,
+    /// `-r`: the one source is a directory whose regular files are read, at every depth.
+    pub recursive: bool,
     /// The op id, attempts, wait, approvals and connection options.
     pub transfer: TransferOptions,
 }
@@ -56,6 +59,17 @@ pub struct GetAnswer {
     /// The operations' answer, as `run` gives it (stdout emptied: the content is in
     /// LOCAL, not in a document).
     pub run: RunAnswer,
+    /// `get -r` that read no file: `run` is then its listing's answer.
+    pub listed: Option<Listed>,
+}
+
+/// A `get -r` whose listing was all there was to answer: it failed, or found no file.
+#[derive(Debug)]
+pub struct Listed {
+    /// `HOST:DIR`.
+    pub place: String,
+    /// What was done when the directory holds no regular file (`None`: the listing failed).
+    pub empty: Option<String>,
 }
 
 /// The intent's command text (docs/host-protocol.md#files).
@@ -63,8 +77,28 @@ pub fn intent(path: &str) -> String {
     format!("{GET_WORD} -- {}", single_quoted(path))
 }
 
+/// The listing of `get -r` (docs/commands.md#several-files-and-directories): the regular
+/// files under `dir`, at every depth, as `./REL` names ended by NUL bytes. Links are not
+/// followed (a link's target is read when named itself), as `put -r` makes no links.
+pub fn listing(dir: &str) -> String {
+    let find = "find . -type f -print0";
+    if dir.is_empty() {
+        return find.to_owned();
+    }
+    // A directory whose name starts with `-` is no option to `cd`.
+    let dir = if dir.starts_with('-') {
+        format!("./{dir}")
+    } else {
+        dir.to_owned()
+    };
+    format!("cd {} && {find}", single_quoted(&dir))
+}
+
 /// Reads the remote files into `req.local`, each as one operation.
 pub fn get(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<GetAnswer> {
+    if req.recursive {
+        return get_tree(ctx, req, watch);
+    }
     match req.sources.as_slice() {
         [] => Err(invalid(
             "no file on a host named; write opmark get HOST:PATH... LOCAL; nothing was sent".into(),
@@ -113,6 +147,7 @@ fn get_one(
         op: None,
         files: vec![file],
         run,
+        listed: None,
     })
 }
 
@@ -161,8 +196,20 @@ fn get_several(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Resu
     if minted {
         watch.minted(&base);
     }
+    read_each(ctx, req.transfer, base, files, each, watch)
+}
+
+/// Reads `files` (one host's), each the operation `each` names, and keeps each that was
+/// read in its LOCAL: a fleet's answer, one result per file.
+fn read_each(
+    ctx: &Context,
+    mut transfer: TransferOptions,
+    base: crate::op_id::OpId,
+    mut files: Vec<GotFile>,
+    each: Vec<EachOperation>,
+    watch: &mut dyn RunWatch,
+) -> Result<GetAnswer> {
     let host = files[0].source.host.clone();
-    let mut transfer = req.transfer;
     transfer.op = None;
     let request = transfer.run_request(
         &host,
@@ -187,7 +234,170 @@ fn get_several(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Resu
         op: Some(base),
         files,
         run,
+        listed: None,
     })
+}
+
+/// `get -r HOST:DIR LOCAL`: the listing first, as an operation of its own (`BASE:list`,
+/// read-only: a rerun under the same op id replays it, so it reads the same set of files
+/// whatever the directory gained since), then each file listed as in a get of several.
+fn get_tree(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<GetAnswer> {
+    let [text] = req.sources.as_slice() else {
+        return Err(invalid(
+            "get -r reads one directory a run: name one HOST:DIR and a LOCAL; nothing was sent"
+                .into(),
+        ));
+    };
+    let dir =
+        RemoteFile::parse_dir(text).map_err(|why| invalid(format!("{why}; nothing was sent")))?;
+    // `DIR/.` (and the login directory itself): its files go into LOCAL directly.
+    let (path, contents) = match dir.path.strip_suffix("/.") {
+        Some(p) => (p.to_owned(), true),
+        None => (dir.path.clone(), dir.path.is_empty()),
+    };
+    // Where the files go depends on the arguments alone, never on what exists here, so
+    // a rerun under the op id lands where the first run did (as `put -r` on the host).
+    if !req.local.is_dir() {
+        return Err(invalid(format!(
+            "{} is no directory here: get -r reads into an existing directory (DIR under its name, DIR/. directly); create it first. Nothing was sent",
+            req.local.display()
+        )));
+    }
+    let root = if contents {
+        req.local.clone()
+    } else {
+        let name = Path::new(&path).file_name().ok_or_else(|| {
+            invalid(format!(
+                "{} has no name to make under {}; write {}:{}/. to read its files into {} directly. Nothing was sent",
+                dir.path,
+                req.local.display(),
+                dir.host,
+                path.trim_end_matches('/'),
+                req.local.display()
+            ))
+        })?;
+        req.local.join(name)
+    };
+    let (base, minted) = base_op(req.transfer.op.as_deref())?;
+    if minted {
+        watch.minted(&base);
+    }
+    let place = format!("{}:{}", dir.host, dir.path);
+    let mut lister = req.transfer.clone();
+    lister.op = Some(format!("{base}:list"));
+    let request = lister.run_request(
+        &dir.host,
+        listing(&path),
+        crate::shim::RunKind::Command,
+        Stdin::None,
+        KEEP_ON_HOST,
+    );
+    let listed = run(ctx, request, watch)?;
+    let names = match &listed {
+        RunAnswer::One { report, .. }
+            if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
+                && report.exit_code == Some(0) =>
+        {
+            let mut raw = Vec::new();
+            report
+                .stdout
+                .write_raw(&mut raw)
+                .map_err(|e| Error::new(ErrorKind::LocalIo, format!("reading the listing: {e}")))?;
+            listed_names(&raw, &place)?
+        }
+        _ => {
+            return Ok(GetAnswer {
+                op: Some(base),
+                files: Vec::new(),
+                run: listed,
+                listed: Some(Listed { place, empty: None }),
+            })
+        }
+    };
+    let made = |d: &Path| {
+        std::fs::create_dir_all(d).map_err(|e| {
+            Error::new(
+                ErrorKind::LocalIo,
+                format!(
+                    "cannot make the directory {} here ({e}); nothing was read but the listing (op {base}:list): fix it and rerun with --op {base}",
+                    d.display()
+                ),
+            )
+        })
+    };
+    if names.is_empty() {
+        made(&root)?;
+        return Ok(GetAnswer {
+            op: Some(base),
+            files: Vec::new(),
+            run: listed,
+            listed: Some(Listed {
+                empty: Some(format!(
+                    "{place} holds no regular file; {} is there, nothing was read",
+                    root.display()
+                )),
+                place,
+            }),
+        });
+    }
+    let mut files = Vec::with_capacity(names.len());
+    let mut each = Vec::with_capacity(names.len());
+    for rel in names {
+        let remote = match path.as_str() {
+            "" => rel.clone(),
+            p if p.ends_with('/') => format!("{p}{rel}"),
+            p => format!("{p}/{rel}"),
+        };
+        let local = root.join(&rel);
+        if let Some(parent) = local.parent() {
+            made(parent)?;
+        }
+        each.push(EachOperation {
+            op: file_op(&base, &remote),
+            command: intent(&remote),
+            stdin_from: None,
+        });
+        files.push(GotFile {
+            source: RemoteFile {
+                host: dir.host.clone(),
+                path: remote,
+            },
+            local,
+            read: None,
+            saved: false,
+        });
+    }
+    read_each(ctx, req.transfer, base, files, each, watch)
+}
+
+/// The names a listing gave (`./REL` ended by NUL), as relative paths, sorted. A name
+/// that would land outside LOCAL (`..`, an absolute path, an empty part) or is not
+/// UTF-8 refuses the whole get: a host's listing is not trusted to choose local paths.
+fn listed_names(raw: &[u8], place: &str) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for name in raw.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let bad = |why: &str| {
+            invalid(format!(
+                "the listing of {place} named `{}`, {why}; nothing was read but the listing",
+                crate::text::printable(&String::from_utf8_lossy(name))
+            ))
+        };
+        let text = std::str::from_utf8(name)
+            .map_err(|_| bad("which is not UTF-8 (opmark names files by text)"))?;
+        let rel = text
+            .strip_prefix("./")
+            .ok_or_else(|| bad("which is not under the directory"))?;
+        if rel
+            .split('/')
+            .any(|part| part.is_empty() || part == "." || part == "..")
+        {
+            return Err(bad("which would land outside the directory"));
+        }
+        names.push(rel.to_owned());
+    }
+    names.sort();
+    names.dedup();
+    Ok(names)
 }
 
 /// The remote file's name, for a LOCAL that is a directory.
@@ -355,5 +565,35 @@ mod tests {
     #[test]
     fn the_intent_quotes_the_path() {
         assert_eq!(intent("/var/log/a b"), "opmark-get -- '/var/log/a b'");
+    }
+
+    #[test]
+    fn the_listing_runs_find_in_the_directory_quoted() {
+        assert_eq!(listing(""), "find . -type f -print0");
+        assert_eq!(
+            listing("/srv/it's"),
+            r"cd '/srv/it'\''s' && find . -type f -print0"
+        );
+        assert_eq!(listing("-x"), "cd './-x' && find . -type f -print0");
+    }
+
+    #[test]
+    fn a_listing_never_chooses_a_local_path_outside_the_directory() {
+        let names = listed_names(b"./b\0./a/c d\0./b\0", "h:d").unwrap();
+        assert_eq!(names, ["a/c d", "b"]);
+        assert_eq!(listed_names(b"", "h:d").unwrap(), Vec::<String>::new());
+        for bad in [
+            &b"./../etc/passwd\0"[..],
+            b"./a/../../x\0",
+            b"/etc/passwd\0",
+            b"./a//b\0",
+            b"./\xff\0",
+        ] {
+            let e = listed_names(bad, "h:d").unwrap_err();
+            assert!(
+                e.message.contains("nothing was read but the listing"),
+                "{e:?}"
+            );
+        }
     }
 }

@@ -7,7 +7,8 @@
 //! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
 //! read whole and checked, a rerun replays the host's copy (even after the file changed),
 //! a missing file leaves LOCAL as it was. Several files and `-r`: one operation each,
-//! the tree made on the host, a rerun replaying each file and an edited one a conflict.
+//! the tree made on the host, a rerun replaying each file and an edited one a conflict;
+//! `get -r` reads a tree the same way after a listing that its rerun replays.
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -632,6 +633,151 @@ fn several_files_are_read_each_as_its_own_operation_and_a_missing_one_is_its_own
         ),
     ] {
         refused_naming(&env, &lab, "get", &args, says);
+    }
+    assert_nothing_connected_since(&lab, log);
+}
+
+/// Each file's `saved` and verdict, by where it went (relative to `root`).
+fn read_into(a: &Answer, root: &Path) -> Vec<(String, bool, String)> {
+    a.json["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files: {a:?}"))
+        .iter()
+        .map(|f| {
+            let local = f["file"]["local"].as_str().unwrap();
+            let rel = Path::new(local).strip_prefix(root).unwrap();
+            (
+                rel.display().to_string(),
+                f["file"]["saved"].as_bool().unwrap(),
+                f["verdict"].as_str().unwrap_or("error").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_directory_is_read_with_get_r_one_operation_per_file_and_its_rerun_reads_the_same_set() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let remote = dir.join("site");
+    std::fs::create_dir_all(remote.join("css/print")).unwrap();
+    std::fs::create_dir_all(remote.join("empty")).unwrap();
+    let files = [
+        content(&remote, "index.html", 3_000, 1),
+        content(&remote.join("css"), "it's main.css", 40, 2),
+        content(&remote.join("css/print"), "a.css", 0, 3),
+    ];
+    std::os::unix::fs::symlink(&files[0], remote.join("link.html")).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let get_r = |args: &[String]| {
+        support::answer(
+            env.opmark_with_lab(&lab)
+                .args(["--json", "get", "-r"])
+                .args(args)
+                .output()
+                .unwrap(),
+        )
+    };
+    let s = |p: &Path| p.display().to_string();
+    // The directory under its name in LOCAL, made with the subdirectories it needs.
+    let copy = dir.join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    let out = copy.join("site");
+    let args = vec![
+        format!("target1:{}", remote.display()),
+        s(&copy),
+        "--op".into(),
+        "site-1".into(),
+    ];
+    let got = get_r(&args);
+    assert_eq!(got.status, 0, "{got:?}");
+    let want = [
+        ("css/it's main.css", true, "completed"),
+        ("css/print/a.css", true, "completed"),
+        ("index.html", true, "completed"),
+    ];
+    let as_owned = |w: &[(&str, bool, &str)]| -> Vec<(String, bool, String)> {
+        w.iter()
+            .map(|(p, saved, v)| (p.to_string(), *saved, v.to_string()))
+            .collect()
+    };
+    assert_eq!(read_into(&got, &out), as_owned(&want), "{got:?}");
+    assert_eq!(got.json["summary"]["read_count"], 3, "{got:?}");
+    for (f, rel) in files
+        .iter()
+        .zip(["index.html", "css/it's main.css", "css/print/a.css"])
+    {
+        assert_eq!(sha256(&out.join(rel)), sha256(f), "{rel}");
+    }
+    // A link is not followed and an empty directory has no file to read.
+    assert!(!out.join("link.html").exists());
+    assert!(!out.join("empty").exists());
+    support::schema::validate(crate::test_name!(), &[("files", vec![got.json.clone()])]);
+
+    // The rerun replays the listing, so it reads the same set: a file added since is not
+    // part of this get, and each file listed replays the host's copy.
+    content(&remote, "new.html", 10, 4);
+    let again = get_r(&args);
+    assert_eq!(again.status, 0, "{again:?}");
+    let replayed: Vec<_> = want
+        .iter()
+        .map(|(p, _, _)| (*p, true, "replayed"))
+        .collect();
+    assert_eq!(read_into(&again, &out), as_owned(&replayed), "{again:?}");
+    assert!(!out.join("new.html").exists());
+
+    // A new op id reads what is there now; `DIR/.` puts the files in LOCAL directly.
+    let into = dir.join("into");
+    std::fs::create_dir(&into).unwrap();
+    let under = get_r(&[format!("target1:{}", remote.display()), s(&into)]);
+    assert_eq!(under.status, 0, "{under:?}");
+    assert_eq!(
+        sha256(&into.join("site/new.html")),
+        sha256(&remote.join("new.html"))
+    );
+    let direct = dir.join("direct");
+    std::fs::create_dir(&direct).unwrap();
+    let flat = get_r(&[format!("target1:{}/.", remote.display()), s(&direct)]);
+    assert_eq!(flat.status, 0, "{flat:?}");
+    assert!(direct.join("css/print/a.css").is_file(), "{flat:?}");
+
+    // A directory that is not there: the listing fails, nothing is made here.
+    let missing = env
+        .opmark_with_lab(&lab)
+        .args(["get", "-r"])
+        .arg(format!("target1:{}", dir.join("gone").display()))
+        .arg(&into)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&missing.stderr);
+    assert_ne!(missing.status.code(), Some(0), "{said}");
+    assert!(said.contains("not listed"), "{said}");
+    assert!(!into.join("gone").exists());
+
+    // One directory a run, and a LOCAL whose directory is missing: nothing is sent.
+    let log = std::fs::metadata(&lab.targets()[0].log).map_or(0, |m| m.len());
+    for (args, says) in [
+        (
+            vec![
+                format!("target1:{}", remote.display()),
+                format!("target1:{}", dir.display()),
+                s(&direct),
+            ],
+            "one directory a run",
+        ),
+        (
+            vec![
+                format!("target1:{}", remote.display()),
+                s(&dir.join("no-such-place")),
+            ],
+            "no directory",
+        ),
+    ] {
+        let mut with_r = vec!["-r".to_owned()];
+        with_r.extend(args);
+        refused_naming(&env, &lab, "get", &with_r, says);
     }
     assert_nothing_connected_since(&lab, log);
 }
