@@ -46,7 +46,11 @@ now() {
 # old record or the new one, never a torn one, and a crash keeps it.
 durable_write() {
 	dw_dir=$1 dw_file="$1/$2" dw_tmp="$1/.$2.tmp.$$"
-	printf '%s\n' "$3" >"$dw_tmp" || return 1
+	if ! printf '%s\n' "$3" >"$dw_tmp"; then
+		# A full disk: no half-written record left behind.
+		rm -f "$dw_tmp"
+		return 1
+	fi
 	# Rename first, then one sync for the file's data and the directory entry: readers
 	# see the whole record either way (the rename is atomic, the data in the page
 	# cache), and nothing proceeds until both are on disk.

@@ -141,6 +141,21 @@ state() {
 	fi
 }
 
+# fence_failed M WAS: a fence whose record could not be written (a full disk). A marker
+# the fence itself made (WAS=absent) is taken back down, so the op id reads absent, as
+# before, and not as a claim that started and never ended; its waiters are woken first.
+# A marker that held a claim keeps it, and the gate the fence took.
+fence_failed() {
+	if [ "$2" = absent ]; then
+		for ff_w in "$1"/.w.*; do
+			[ -p "$ff_w" ] && printf 'x\n' 1<>"$ff_w"
+		done
+		rm -f "$1/started" "$1"/.w.*
+		rmdir "$1" 2>/dev/null && sync "${1%/*}"
+	fi
+	refuse "root_unusable reason=fence_write_failed"
+}
+
 # describe: the fields of a probe or refusal for the current marker $m.
 describe() {
 	d="state=$st"

@@ -96,7 +96,7 @@ cancel_fence() {
 	now
 	durable_write "$m" fenced "fenced_at=$now
 fenced_by=cancel
-command_started=${cf_started:-0}" || refuse "root_unusable reason=fence_write_failed"
+command_started=${cf_started:-0}" || fence_failed "$m" "$2"
 	state "$1"
 	frame "N fenced was=$2 $(describe)"
 	exit 0

@@ -83,7 +83,9 @@ verb_fence() {
 	valid_id "$1" || refuse "invalid_op_id"
 	setup_root
 	m="$root/ops/$1"
+	fe_was=
 	if mkdir "$m" 2>/dev/null; then
+		fe_was=absent
 		take_gate "$m"
 	else
 		state "$1"
@@ -107,7 +109,7 @@ verb_fence() {
 	sync "$root/ops"
 	now
 	durable_write "$m" fenced "fenced_at=$now
-command_started=${fe_started:-0}" || refuse "root_unusable reason=fence_write_failed"
+command_started=${fe_started:-0}" || fence_failed "$m" "$fe_was"
 	st=fenced why=
 	frame "F fenced $(describe)"
 }

@@ -225,8 +225,10 @@ fn describe_marker(marker: &Path) -> String {
         let size = meta.as_ref().map_or(0, |m| m.len());
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         out.push_str(&format!("  {name} ({size} bytes)"));
-        // Small records only (claim, proc, started, ...): never the command's output.
-        if size <= 512 && !name.starts_with("out") && !name.starts_with("err") {
+        // Small records only (claim, proc, started, ...): never the command's output, and
+        // never a waiter's FIFO (opening one would block until a writer came).
+        let regular = meta.as_ref().is_some_and(|m| m.is_file());
+        if regular && size <= 512 && !name.starts_with("out") && !name.starts_with("err") {
             if let Ok(body) = std::fs::read_to_string(&path) {
                 out.push_str(&format!(": {}", body.trim_end().replace('\n', " | ")));
             }

@@ -1,6 +1,6 @@
 //! Verdict integrity when commands and disks misbehave (issue 11, docs/trust.md#the-host): a
 //! command hunting the nonce and forging frames into the shim's descriptors, and a marker
-//! root that runs out of space or inodes. Real sshd targets; the disks are small
+//! root that runs out of space or inodes (a claim, an exit record, a fence). Real sshd targets; the disks are small
 //! loop-mounted ext4 file systems mounted as the target's marker root.
 
 use std::path::{Path, PathBuf};
@@ -209,6 +209,57 @@ fn a_marker_root_without_free_blocks_refuses_the_claim_honestly_and_leaves_no_or
         1,
         "the retry after freeing space ran exactly once"
     );
+}
+
+/// A fence whose record cannot be written (the disk filled between its directory and its
+/// record) takes its half-made marker back down: the op id reads absent, as before the
+/// fence, and never as a claim whose command started and never ended (seen in the chaos
+/// test: a marker holding only `started`, which a waiter then waited on). With room, the
+/// same cancel fences it.
+#[test]
+fn a_fence_that_cannot_write_its_record_leaves_the_op_id_absent_and_not_started() {
+    if !needs_loop_mounts(crate::test_name!()) {
+        return;
+    }
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let target = lab.target("target1").unwrap();
+    let disk = SmallDisk::mount_as_marker_root(target, 4096, 256);
+    let env = Sealed::new("fence-full");
+    assert_eq!(
+        run_op_json(&env, &lab, &[], "before", "true").verdict(),
+        "completed"
+    );
+    // One block left, for the marker's directory; none for the fence's record.
+    let spare = target.marker_root().join("spare");
+    std::fs::create_dir(&spare).unwrap();
+    let filler = disk.fill_blocks();
+    std::fs::remove_dir(&spare).unwrap();
+    let cancel = || {
+        env.opmark_with_lab(&lab)
+            .args([
+                "--json", "cancel", "target1", "ghost", "--force", "--grace", "1s",
+            ])
+            .output()
+            .unwrap()
+    };
+    let refused = cancel();
+    let said = format!("{}{}", text(&refused.stdout), text(&refused.stderr));
+    assert_ne!(refused.status.code(), Some(0), "{said}");
+    assert!(said.contains("root_unusable"), "{said}");
+    assert_eq!(
+        ops_left(target),
+        ["before"],
+        "the op id is absent again: {said}"
+    );
+
+    std::fs::remove_dir_all(filler).unwrap();
+    let fenced = cancel();
+    let doc: serde_json::Value = serde_json::from_slice(&fenced.stdout).unwrap();
+    assert_eq!(fenced.status.code(), Some(0), "{doc}");
+    assert_eq!(doc["cancel_outcome"], "fenced", "{doc}");
+    assert_eq!(doc["was"], "absent", "{doc}");
 }
 
 #[test]
