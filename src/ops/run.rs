@@ -421,6 +421,45 @@ struct Checked {
     locks: Vec<crate::host_lock::HostLock>,
 }
 
+/// What every operation of `req` shares (a run's one, a fleet's each host's, each file's
+/// of a transfer), for the operation `op` whose command is `command` on `host`: no stdin,
+/// secrets, locks, approval token, prefix or declared repetition yet (the callers set
+/// those that are theirs).
+pub(super) fn shared_input(
+    req: &RunRequest,
+    host: crate::host::HostSpec,
+    op: OpId,
+    command: String,
+) -> RunInput {
+    RunInput {
+        host,
+        op,
+        command,
+        class: req.class,
+        stdin: None,
+        stdin_sha256: None,
+        stdin_from: None,
+        secrets: crate::secret::Secrets::default(),
+        become_user: req.become_user.clone(),
+        locks: Vec::new(),
+        lock_wait: req.lock_wait,
+        kind: req.kind,
+        timeout: req.timeout,
+        attempts: req.attempts,
+        wait: req.wait,
+        approve: req.approve.clone(),
+        approver: operator(None),
+        approval: None,
+        live_output: req.live_output,
+        output_cap: req.output_cap,
+        prefix: None,
+        detach: req.fleet.detach,
+        declared: Declared::default(),
+        wait_scope: req.wait_scope,
+        tally: req.tally.clone(),
+    }
+}
+
 /// One host's operation: what was checked, the request's options, the spooled stdin.
 fn run_input(
     ctx: &Context,
@@ -431,31 +470,19 @@ fn run_input(
     prefix: Option<String>,
 ) -> RunInput {
     RunInput {
-        host: host_spec(ctx, host, &req.options),
-        op: checked.op.clone(),
-        command: checked.command.clone(),
-        class: req.class,
         stdin_sha256: stdin.as_ref().map(|s| sha2::Sha256::digest(s).into()),
         stdin,
-        stdin_from: None,
         secrets: checked.secrets.clone(),
-        become_user: req.become_user.clone(),
         locks: checked.locks.clone(),
-        lock_wait: req.lock_wait,
-        kind: req.kind,
-        timeout: req.timeout,
-        attempts: req.attempts,
-        wait: req.wait,
-        approve: req.approve.clone(),
-        approver: operator(None),
         approval: checked.approval.clone(),
-        live_output: req.live_output,
-        output_cap: req.output_cap,
         prefix,
-        detach: req.fleet.detach,
         declared: checked.declared.clone(),
-        wait_scope: req.wait_scope,
-        tally: req.tally.clone(),
+        ..shared_input(
+            req,
+            host_spec(ctx, host, &req.options),
+            checked.op.clone(),
+            checked.command.clone(),
+        )
     }
 }
 

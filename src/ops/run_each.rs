@@ -9,13 +9,12 @@
 
 use super::run::{
     fleet_shared, install_interrupts, new_contradictions, parse_approval, refuse_before_anything,
-    typo_answer, RunAnswer, RunRequest, RunWatch,
+    shared_input, typo_answer, RunAnswer, RunRequest, RunWatch,
 };
-use super::{block_on, host_spec, load_policy, open_ledger, operator, Context};
+use super::{block_on, host_spec, load_policy, open_ledger, Context};
 use crate::error::Result;
 use crate::op_id::OpId;
 use crate::operation::fleet::{self, Progress, Schedule, Summary};
-use crate::operation::repeat::Declared;
 use crate::operation::RunInput;
 
 /// One operation of [`run_each`].
@@ -109,31 +108,13 @@ pub fn run_each(
         let inputs: Vec<RunInput> = each
             .into_iter()
             .map(|one| RunInput {
-                host: spec.clone(),
-                op: one.op,
-                command: one.command,
-                class: req.class,
-                stdin: None,
-                stdin_sha256: None,
                 stdin_from: one.stdin_from,
-                secrets: crate::secret::Secrets::default(),
-                become_user: req.become_user.clone(),
-                locks: Vec::new(),
-                lock_wait: req.lock_wait,
-                kind: req.kind,
-                timeout: req.timeout,
-                attempts: req.attempts,
-                wait: req.wait,
-                approve: req.approve.clone(),
-                approver: operator(None),
                 approval: approval.clone(),
+                // Each file's answer is said whole, never streamed, and none detaches.
                 live_output: false,
-                output_cap: req.output_cap,
-                prefix: None,
                 detach: false,
-                declared: Declared::default(),
-                wait_scope: req.wait_scope,
                 tally: None,
+                ..shared_input(&req, spec.clone(), one.op, one.command)
             })
             .collect();
         let shared = fleet_shared(ctx, policy, key);

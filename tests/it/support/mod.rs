@@ -539,25 +539,47 @@ pub fn runnable_by_any_user(inner: &Command) -> Command {
     cmd
 }
 
-/// Waits for `child` at most `limit`; on a hang, kills it and fails naming `what`.
+/// Waits for `child` at most `limit`; on a hang, kills it and fails naming `what`. Its
+/// piped stdout and stderr are read meanwhile: a child whose output outgrows a pipe
+/// (a document of many files) would otherwise block on its write and look like a hang.
 pub fn finish_within(
     mut child: std::process::Child,
     limit: std::time::Duration,
     what: &str,
 ) -> std::process::Output {
+    fn drain<R: std::io::Read + Send + 'static>(
+        pipe: Option<R>,
+    ) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let deadline = std::time::Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
         if std::time::Instant::now() >= deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+            let _ = child.wait();
             panic!(
                 "{what}: still waiting after {limit:?}: {}",
-                text(&out.stderr)
+                text(&stderr.join().unwrap_or_default())
             );
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
     }
-    child.wait_with_output().unwrap()
 }
 
 /// Runs the shell command `line` under a pseudo-terminal (`script`) in `env`'s sealed
