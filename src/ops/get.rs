@@ -60,12 +60,12 @@ pub struct GetAnswer {
     /// LOCAL, not in a document).
     pub run: RunAnswer,
     /// `get -r` that read no file: `run` is then its listing's answer.
-    pub listed: Option<Listed>,
+    pub listed: Option<DirListing>,
 }
 
 /// A `get -r` whose listing was all there was to answer: it failed, or found no file.
 #[derive(Debug)]
-pub struct Listed {
+pub struct DirListing {
     /// `HOST:DIR`.
     pub place: String,
     /// What was done when the directory holds no regular file (`None`: the listing failed).
@@ -310,7 +310,7 @@ fn get_tree(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<
                 op: Some(base),
                 files: Vec::new(),
                 run: listed,
-                listed: Some(Listed { place, empty: None }),
+                listed: Some(DirListing { place, empty: None }),
             })
         }
     };
@@ -331,7 +331,7 @@ fn get_tree(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<
             op: Some(base),
             files: Vec::new(),
             run: listed,
-            listed: Some(Listed {
+            listed: Some(DirListing {
                 empty: Some(format!(
                     "{place} holds no regular file; {} is there, nothing was read",
                     root.display()

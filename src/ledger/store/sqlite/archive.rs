@@ -118,7 +118,7 @@ pub(crate) fn archive(
     )?;
     // The delete trigger took their executions off; the strictest family is recounted.
     tx.execute(
-        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        &crate::ledger::store::recount_shared_intents(&super::dialect::DIALECT),
         [],
     )?;
     // Their keys stay (events refer to keys by number), without events here.

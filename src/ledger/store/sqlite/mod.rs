@@ -11,6 +11,7 @@
 // store below and by the archive and the migrations, so they name none of them; this
 // file is the store on top.
 mod atoms;
+mod dialect;
 mod private_file;
 mod rows;
 
@@ -18,6 +19,8 @@ pub(crate) mod archive;
 mod binding;
 pub(crate) mod operations;
 pub(crate) mod schema;
+
+pub(crate) use dialect::DIALECT;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -36,7 +39,6 @@ use crate::ledger::chain;
 use crate::ledger::checkpoint;
 use crate::ledger::codec;
 use crate::ledger::counters::Counts;
-use crate::ledger::dialect::StatsDialect;
 use crate::ledger::durability::Durability;
 use crate::ledger::error::{DatabaseFault, LedgerError};
 use crate::ledger::event::decode;
@@ -59,22 +61,6 @@ use rows::{
 
 /// How long a writer waits for another process's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How SQLite spells what `stats` reads.
-pub(crate) const DIALECT: StatsDialect = StatsDialect {
-    verdict: "json_extract(payload, '$.verdict')",
-    attempt_number: "json_extract(e.payload, '$.number')",
-    unresolved: "unresolved = 1",
-    param: "?1",
-    json_text: |column, field| format!("json_extract({column}, '$.{field}')"),
-    // `operations_by_intent` indexes the first 16 hex digits (schema 7). The full
-    // comparison is `+a = b`: without the `+`, SQLite propagates `a = b` into the prefix
-    // term, which then no longer matches the index expression (and a quadratic scan of
-    // the host's operations follows).
-    same_fingerprint: |a, b| format!("substr({a}, 1, 16) = substr({b}, 1, 16) AND +{a} = {b}"),
-    // Micros since the epoch (schema 8).
-    stamp: |at| codec::stamp_bound(at).to_string(),
-};
 
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(

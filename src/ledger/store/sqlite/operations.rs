@@ -37,7 +37,7 @@ pub(crate) fn rebuild(tx: &Transaction<'_>) -> Result<bool, LedgerError> {
         store(tx, rec)?;
     }
     tx.execute(
-        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        &crate::ledger::store::recount_shared_intents(&super::dialect::DIALECT),
         [],
     )?;
     Ok(true)

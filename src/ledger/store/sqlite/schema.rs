@@ -447,7 +447,7 @@ fn mark_executed(tx: &Transaction<'_>) -> Result<(), LedgerError> {
         mark.execute(rusqlite::params![op_id, host])?;
     }
     tx.execute(
-        &crate::ledger::store::recount_shared_intents(&super::DIALECT),
+        &crate::ledger::store::recount_shared_intents(&super::dialect::DIALECT),
         [],
     )?;
     Ok(())
