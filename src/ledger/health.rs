@@ -9,7 +9,8 @@
 //! - **operations now** (unknown outcomes, needs_human, suspected duplicate effects): from
 //!   the projection through its indexes (`operations_unresolved`, `operations_by_intent` on SQLite, `operations_by_fingerprint` on PostgreSQL)
 //!   and, over the whole ledger, the `shared_intents` table the schema's triggers keep
-//!   (per intent shared by several op ids: how many executed, the strictest family).
+//!   (per intent shared by several op ids: how many executed, the strictest family) with
+//!   its duplicates tallied by host and family (`duplicate_tallies`).
 //!
 //! So `stats` costs the counters plus the unresolved operations plus the duplicates it
 //! names, never the history; `--since D` adds the window's events.
@@ -362,13 +363,34 @@ pub const OP_IDS_NAMED: usize = 5;
 /// SQLite holds exactly these).
 const DUPLICATE_ROWS: &str = "executed > 1 AND family <> 'read-only'";
 
+/// The suspected duplicates by family, from the counters the schema's triggers keep on
+/// `shared_intents` (`duplicate_tallies`, a row per host and family): the tallies cost
+/// the hosts, not the duplicates.
+const TALLY_BY_FAMILY: &str = "SELECT family, CAST(SUM(intents) AS BIGINT) FROM duplicate_tallies
+    GROUP BY family HAVING SUM(intents) > 0";
+
+/// The suspected duplicates by host, from the same counters.
+const TALLY_BY_HOST: &str = "SELECT host, CAST(SUM(intents) AS BIGINT) FROM duplicate_tallies
+    GROUP BY host HAVING SUM(intents) > 0";
+
+/// The first `named` suspected duplicates (all when None), by host and fingerprint: the
+/// order of the partial index `shared_intents_duplicates`, so the `LIMIT` stops after
+/// the named rather than sorting every duplicate.
+fn named_duplicates(named: Option<usize>) -> String {
+    let limit = named.map_or_else(String::new, |n| format!(" LIMIT {n}"));
+    format!(
+        "SELECT host, fingerprint, family, CAST(executed AS TEXT) FROM shared_intents
+         WHERE {DUPLICATE_ROWS} ORDER BY host, fingerprint{limit}"
+    )
+}
+
 /// Intents executed under two or more op ids on one host, at most `named` of them named.
 ///
 /// Over the whole ledger this reads what the schema's triggers keep as operations are
 /// written: per intent shared by several op ids, how many executed and the strictest
-/// family among those (`shared_intents`). So the tallies cost the duplicates, not the
-/// operations or their events, and naming costs the named. A window reads the candidates
-/// among the operations active in it.
+/// family among those (`shared_intents`), and those tallied by host and family. So the
+/// tallies cost the hosts, not the operations or their events, and naming costs the
+/// named. A window reads the candidates among the operations active in it.
 fn duplicates(
     reads: &Reads<'_>,
     dialect: &StatsDialect,
@@ -387,18 +409,10 @@ fn duplicates(
         .collect())
     };
     if !windowed {
-        let tally = FamilyCount::from_groups(&(reads.group)(&format!(
-            "SELECT family, COUNT(*) FROM shared_intents WHERE {DUPLICATE_ROWS} GROUP BY family"
-        ))?);
-        let by_host = (reads.group)(&format!(
-            "SELECT host, COUNT(*) FROM shared_intents WHERE {DUPLICATE_ROWS} GROUP BY host"
-        ))?;
-        let limit = named.map_or_else(String::new, |n| format!(" LIMIT {n}"));
+        let tally = FamilyCount::from_groups(&(reads.group)(TALLY_BY_FAMILY)?);
+        let by_host = (reads.group)(TALLY_BY_HOST)?;
         let mut list = Vec::new();
-        for [host, fingerprint, family, executions] in (reads.rows)(&format!(
-            "SELECT host, fingerprint, family, CAST(executed AS TEXT) FROM shared_intents
-             WHERE {DUPLICATE_ROWS} ORDER BY host, fingerprint{limit}"
-        ))? {
+        for [host, fingerprint, family, executions] in (reads.rows)(&named_duplicates(named))? {
             list.push(SuspectedDuplicate {
                 op_ids: first_op_ids(&host, &fingerprint)?,
                 executions: executions.parse().unwrap_or(0),
@@ -890,6 +904,112 @@ mod tests {
                 ["loop-0", "loop-1", "loop-2", "loop-3", "loop-4"]
             );
         }
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn the_tallies_are_counters_and_naming_walks_the_index_in_order() {
+        let path = scratch("plan");
+        let mut l = Ledger::open(&path).unwrap();
+        ran(&mut l, "rm-1", "fp-rm", Family::Destructive, &[]);
+        ran(&mut l, "rm-2", "fp-rm", Family::Destructive, &[]);
+        let plan = |sql: &str| -> String {
+            let mut stmt = l
+                .conn()
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let rows = stmt.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            rows.collect::<Result<Vec<_>, _>>().unwrap().join("; ")
+        };
+        // Naming reads the duplicates' index in its order: no sort of every duplicate,
+        // so a LIMIT stops after the named, however many there are.
+        let named = plan(&named_duplicates(Some(20)));
+        assert!(
+            named.contains("USING INDEX shared_intents_duplicates")
+                && !named.contains("TEMP B-TREE"),
+            "{named}"
+        );
+        // The tallies read the counters, never `shared_intents` or `operations`.
+        for sql in [TALLY_BY_FAMILY, TALLY_BY_HOST] {
+            let p = plan(sql);
+            assert!(
+                p.contains("duplicate_tallies")
+                    && !p.contains("shared_intents")
+                    && !p.contains("operations"),
+                "{p}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn tallies_follow_intents_in_and_out_of_duplicate_and_verify_names_an_edited_one() {
+        let path = scratch("tallies");
+        let mut l = Ledger::open(&path).unwrap();
+        let far = "9999-01-01T00:00:00.000000Z";
+        let tallies = |l: &Ledger| -> Vec<(String, String, i64)> {
+            let mut stmt = l
+                .conn()
+                .prepare("SELECT host, family, intents FROM duplicate_tallies WHERE intents <> 0 ORDER BY 1, 2")
+                .unwrap();
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap();
+            rows.collect::<Result<_, _>>().unwrap()
+        };
+        // A lost first attempt is no duplicate; its retry starting makes one.
+        lost(&mut l, "deploy-1", "fp-deploy", Family::Destructive);
+        ran(&mut l, "deploy-2", "fp-deploy", Family::Destructive, &[]);
+        assert_eq!(tallies(&l), []);
+        l.append_many(
+            &OpKey::new("deploy-1", "h1"),
+            &[
+                attempt("deploy-1-a2", 2),
+                boundary("deploy-1-a2", Boundary::Started),
+            ],
+            Durability::Normal,
+        )
+        .unwrap();
+        assert_eq!(tallies(&l), [("h1".into(), "destructive".into(), 1)]);
+        // Reads repeated are not tallied until a policy change makes them convergent.
+        ran(&mut l, "look-1", "fp-look", Family::ReadOnly, &[]);
+        ran(&mut l, "look-2", "fp-look", Family::ReadOnly, &[]);
+        assert_eq!(tallies(&l).len(), 1);
+        l.append_many(
+            &OpKey::new("look-2", "h1"),
+            &[intended("fp-look", Family::Convergent)],
+            Durability::Normal,
+        )
+        .unwrap();
+        assert_eq!(
+            tallies(&l),
+            [
+                ("h1".into(), "convergent".into(), 1),
+                ("h1".into(), "destructive".into(), 1)
+            ]
+        );
+        let h = l.stats_with_health(None, far, None).unwrap().health;
+        assert_eq!(h.suspected_duplicates.total, 2, "{h:?}");
+        assert_eq!(h.suspected_duplicates_by_host.get("h1"), Some(&2));
+        assert!(l.verify_chain().unwrap().intact());
+        // An edit that hides a duplicate from `stats` is named by `audit verify`.
+        l.conn()
+            .execute(
+                "UPDATE duplicate_tallies SET intents = 0 WHERE family = 'destructive'",
+                [],
+            )
+            .unwrap();
+        let h = l.stats_with_health(None, far, None).unwrap().health;
+        assert_eq!(h.suspected_duplicates.total, 1, "the edit hides one: {h:?}");
+        let named = l
+            .verify_chain()
+            .unwrap()
+            .counters_mismatch
+            .unwrap_or_default();
+        assert!(
+            named.contains("duplicate_tallies: 1 (host, family) tally(ies) differ"),
+            "{named}"
+        );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 

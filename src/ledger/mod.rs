@@ -476,16 +476,21 @@ impl Ledger {
     pub fn verify_chain(&self) -> Result<ChainReport, LedgerError> {
         let mut report = self.store.verify_full(&self.key)?;
         if report.first_break.is_none() && report.first_mismatch.is_none() {
-            // The one table the projection keeps that the replay does not rebuild:
-            // recounted from the rows just checked (it may hold more than they share).
+            // The tables the projection keeps that the replay does not rebuild, recounted
+            // from the rows just checked (`shared_intents` may hold more than they share),
+            // and the tallies from `shared_intents`.
             let missing = self.store.missing_shared_intents()?;
             let miscounted = self.store.miscounted_shared_intents()?;
+            let mistallied = self.store.miscounted_duplicate_tallies()?;
             let notes = [
                 (missing > 0).then(|| format!(
                     "shared_intents: {missing} (fingerprint, host) pair(s) of more than one operation missing, so `stats` does not look at them for duplicate effects"
                 )),
                 (miscounted > 0).then(|| format!(
                     "shared_intents: {miscounted} intent(s) whose executions or strictest family differ from their operations', so `stats` miscounts duplicate effects"
+                )),
+                (mistallied > 0).then(|| format!(
+                    "duplicate_tallies: {mistallied} (host, family) tally(ies) differ from the duplicates shared_intents holds, so `stats` miscounts duplicate effects"
                 )),
             ];
             for note in notes.into_iter().flatten() {

@@ -1189,7 +1189,7 @@ fn an_edit_in_the_archive_or_in_the_ledger_after_the_cut_is_found() {
 /// `shared_intents` is rebuilt by its migration, schema 7 changed only the events and
 /// schema 8 only how `operations` stores its two stamps (text again here, in a TEXT
 /// column), schema 9 added `operations.executed` and the counts of `shared_intents`, both
-/// filled by its migration, so this is exactly the file an older opmark leaves. `edit` then runs on the
+/// filled by its migration, and schema 10's `duplicate_tallies` is filled by its, so this is exactly the file an older opmark leaves. `edit` then runs on the
 /// old rows.
 pub(crate) fn as_schema_3(db: &Path, edit: &str) -> u64 {
     let l = Ledger::open(db).unwrap();
@@ -1209,6 +1209,7 @@ pub(crate) fn as_schema_3(db: &Path, edit: &str) -> u64 {
          DROP TRIGGER IF EXISTS shared_intents_on_change;
          DROP TRIGGER IF EXISTS shared_intents_on_delete;
          DROP TABLE IF EXISTS shared_intents;
+         DROP TABLE IF EXISTS duplicate_tallies;
          DELETE FROM counters WHERE name LIKE 'h/%';
          ALTER TABLE operations RENAME TO operations_v8;
          CREATE TABLE operations (

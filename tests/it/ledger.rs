@@ -2548,6 +2548,17 @@ fn audit_verify_finds_a_shared_intent_deleted_from_the_table_stats_reads(f: &Fix
     );
     let (code, out, err) = verify();
     assert_eq!(code, Some(0), "{out}{err}");
+    // A tally `stats` reads, of a duplicate no intent holds: a false alarm, named.
+    f.sql("INSERT INTO duplicate_tallies (host, family, intents) VALUES ('h', 'destructive', 1)");
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        out.contains("duplicate_tallies: 1 (host, family) tally(ies) differ"),
+        "{out}"
+    );
+    f.sql("UPDATE duplicate_tallies SET intents = 0");
+    let (code, out, err) = verify();
+    assert_eq!(code, Some(0), "{out}{err}");
 }
 
 /// Issue 30: a ledger written before the counters (SQLite schema 2, PostgreSQL schema 1)
@@ -2576,6 +2587,9 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          CREATE INDEX events_by_kind ON events (kind);
          CREATE INDEX operations_unresolved ON operations (unresolved, last_seq);
          DROP TABLE shared_intents;
+         DROP TABLE duplicate_tallies;
+         DROP FUNCTION opmark_tally_duplicate;
+         DROP FUNCTION opmark_is_duplicate;
          DROP FUNCTION opmark_note_shared_intent CASCADE;
          DROP FUNCTION opmark_count_shared_intent;
          DROP FUNCTION opmark_recount_shared_intent;
@@ -2605,6 +2619,7 @@ fn a_ledger_of_the_previous_schema_counts_its_history_on_migrating_and_verifies(
          DROP TRIGGER shared_intents_on_change;
          DROP TRIGGER shared_intents_on_delete;
          DROP TABLE shared_intents;
+         DROP TABLE duplicate_tallies;
          ALTER TABLE operations DROP COLUMN executed;
          PRAGMA user_version = 2;"
     };

@@ -87,6 +87,20 @@ pub(crate) fn miscounted_shared_intents(dialect: &StatsDialect) -> String {
     )
 }
 
+/// How many (host, family) tallies of `duplicate_tallies` differ from the duplicates
+/// `shared_intents` holds, either way (`audit verify`): `stats` reads the tallies, so an
+/// edited one would hide a duplicate effect or report one that is not there. The same
+/// SQL on both backends.
+pub(crate) fn miscounted_duplicate_tallies() -> String {
+    let held = "SELECT host, family, COUNT(*) FROM shared_intents
+        WHERE executed > 1 AND family <> 'read-only' GROUP BY host, family";
+    let tallied = "SELECT host, family, intents FROM duplicate_tallies WHERE intents <> 0";
+    format!(
+        "SELECT (SELECT COUNT(*) FROM ({held} EXCEPT {tallied}) AS untallied)
+             + (SELECT COUNT(*) FROM ({tallied} EXCEPT {held}) AS overtallied)"
+    )
+}
+
 /// Where `ledger archive` cut the chain and the cut's MAC, if it ever did.
 pub(crate) type RecordedCut = Option<(Cut, Option<String>)>;
 
@@ -169,6 +183,9 @@ pub(crate) trait Store {
 
     /// See [`miscounted_shared_intents`].
     fn miscounted_shared_intents(&self) -> Result<u64, LedgerError>;
+
+    /// See [`miscounted_duplicate_tallies`].
+    fn miscounted_duplicate_tallies(&self) -> Result<u64, LedgerError>;
 
     /// `ledger archive` from the first event at or after the cutoff (see
     /// [`crate::ledger::archive`]).

@@ -58,6 +58,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../../../migrations/postgres/0004_health.sql"),
     include_str!("../../../../migrations/postgres/0005_shared_intents.sql"),
     include_str!("../../../../migrations/postgres/0006_executed.sql"),
+    include_str!("../../../../migrations/postgres/0007_duplicate_tallies.sql"),
 ];
 
 /// How PostgreSQL spells what `stats` reads (payloads are JSON text).
@@ -875,6 +876,17 @@ impl Store for PgStore {
         self.call(|c| {
             let sql = crate::ledger::store::miscounted_shared_intents(&DIALECT);
             Ok(c.block(c.client.query_one(&sql, &[]))?.get::<_, i64>(0) as u64)
+        })
+    }
+
+    /// See [`crate::ledger::store::miscounted_duplicate_tallies`].
+    fn miscounted_duplicate_tallies(&self) -> Result<u64, LedgerError> {
+        self.call(|c| {
+            Ok(c.block(
+                c.client
+                    .query_one(&crate::ledger::store::miscounted_duplicate_tallies(), &[]),
+            )?
+            .get::<_, i64>(0) as u64)
         })
     }
 

@@ -897,6 +897,16 @@ impl Store for SqliteStore {
         Ok(n as u64)
     }
 
+    /// See [`crate::ledger::store::miscounted_duplicate_tallies`].
+    fn miscounted_duplicate_tallies(&self) -> Result<u64, LedgerError> {
+        let n: i64 = self.conn.query_row(
+            &crate::ledger::store::miscounted_duplicate_tallies(),
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
     /// What a routine `audit verify` reads (see [`checkpoint::read_after`]), in one
     /// consistent snapshot.
     fn snapshot_after_checkpoint(&self) -> Result<Option<checkpoint::Incremental>, LedgerError> {
