@@ -363,9 +363,11 @@ fn concurrent_agents_under_seeded_faults_keep_every_promise_in_their_history() {
         eprintln!("seed {seed}: done in {:.0?}", started.elapsed());
         if report.violations > 0 {
             eprint!("{}", lab.log_tails(20));
+            // The violations again after the logs: a CI excerpt keeps the end.
             panic!(
-                "history seed {seed}: {} violations (above)\nreplay it: OPMARK_HISTORY_SEED={seed} cargo test --test it history::",
-                report.violations
+                "history seed {seed}: {} violations:\n{}\nreplay it: OPMARK_HISTORY_SEED={seed} cargo test --test it history::",
+                report.violations,
+                report.violation_lines()
             );
         }
     }
@@ -412,10 +414,12 @@ fn containers_of_every_host_kind_under_pause_crash_and_cuts_keep_every_promise()
         );
         if report.violations > 0 {
             eprint!("{}", lab.log_tails(20));
+            // The violations again after the logs: a CI excerpt keeps the end.
             panic!(
-                "history seed {seed} on {}: {} violations (above)\nreplay it: CI=true OPMARK_HISTORY_SEED={seed} cargo test --test it history::containers",
+                "history seed {seed} on {}: {} violations:\n{}\nreplay it: CI=true OPMARK_HISTORY_SEED={seed} cargo test --test it history::containers",
                 kind.as_str(),
-                report.violations
+                report.violations,
+                report.violation_lines()
             );
         }
     }
@@ -435,6 +439,20 @@ struct Report {
     convergent: (usize, usize),
     violations: usize,
     lines: Vec<String>,
+}
+
+impl Report {
+    /// The violations, one a line, each cut to what a log excerpt shows.
+    fn violation_lines(&self) -> String {
+        self.lines
+            .iter()
+            .map(|l| {
+                let cut: String = l.chars().take(600).collect();
+                format!("  VIOLATION {cut}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 impl std::fmt::Display for Report {
