@@ -3,7 +3,11 @@
 //! `SCRIPT`. The host still gets (and hashes) one script; the parts exist so that each
 //! concept of it (framing, the marker root, the supervisor, a verb) is a file of its own
 //! (docs/host-protocol.md#the-scripts-parts). Nothing is added between the parts: a part
-//! ends with its own newline, and the text is theirs byte for byte.
+//! ends with its own newline. The header (the first part: invocation, verb table, marker
+//! layout) is shipped whole; the other parts without their comment lines (first
+//! non-blank characters `# `, or a lone `#`): the script travels as one argument when it
+//! is delivered (Linux caps one at 128 KiB) and every shell that runs it reads it, and
+//! half of the parts' bytes are comments for their readers.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +24,7 @@ fn main() {
     parts.sort();
     assert!(!parts.is_empty(), "{}: no parts", dir.display());
     let mut script = String::new();
-    for part in &parts {
+    for (n, part) in parts.iter().enumerate() {
         println!("cargo:rerun-if-changed={}", part.display());
         let text =
             std::fs::read_to_string(part).unwrap_or_else(|e| panic!("{}: {e}", part.display()));
@@ -31,8 +35,25 @@ fn main() {
             "{}: a part must end with a newline",
             part.display()
         );
-        script.push_str(&text);
+        if n == 0 {
+            script.push_str(&text);
+        } else {
+            for line in text.split_inclusive('\n') {
+                if !is_comment_line(line) {
+                    script.push_str(line);
+                }
+            }
+        }
     }
     let out = PathBuf::from(std::env::var_os("OUT_DIR").unwrap()).join("shim.sh");
     std::fs::write(&out, script).unwrap_or_else(|e| panic!("{}: {e}", out.display()));
+}
+
+/// A line the shell reads as a comment and nothing else: `#` then a blank or the end, after
+/// blanks. (`#!` and `#text` stay: a part must not start a line of a multi-line string
+/// with `# `, which is said in docs/host-protocol.md.)
+fn is_comment_line(line: &str) -> bool {
+    let rest = line.trim_start_matches([' ', '\t']);
+    rest.strip_prefix('#')
+        .is_some_and(|after| after.is_empty() || after.starts_with([' ', '\t', '\n']))
 }

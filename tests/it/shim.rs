@@ -335,13 +335,30 @@ fn part_line(parts: &[(String, String)], line: usize) -> String {
 
 #[test]
 fn the_embedded_shim_is_its_parts_joined_and_the_supervisor_calls_nothing_below_its_entry() {
-    // What the host runs and hashes is what the parts say, nothing added or left out: a
-    // stale build or a change to build.rs's rule would show here.
+    // What the host runs and hashes is what the parts say, nothing added or left out: the
+    // header whole, then every other part without its comment lines (`#` and a blank or
+    // the end, after blanks). A stale build or a change to build.rs's rule shows here.
     let parts = shim_parts();
-    let joined: String = parts.iter().map(|(_, text)| text.as_str()).collect();
+    let comment = regex::Regex::new(r"^[ \t]*#([ \t].*)?$").unwrap();
+    let mut shipped = parts[0].1.clone();
+    for (_, text) in &parts[1..] {
+        for line in text.split_inclusive('\n') {
+            if !comment.is_match(line.trim_end_matches('\n')) {
+                shipped.push_str(line);
+            }
+        }
+    }
     assert!(
-        joined == shim::SCRIPT,
-        "SCRIPT differs from the parts joined"
+        shipped == shim::SCRIPT,
+        "SCRIPT differs from the parts joined without their comment lines"
+    );
+    // Delivered, the script is one argument of `sh -c` (and of the detached supervisor's
+    // start): Linux refuses one of 128 KiB or more (E2BIG, "Argument list too long"),
+    // and the host would never start the shim.
+    assert!(
+        shim::SCRIPT.len() < 128 * 1024,
+        "the shipped shim is {} bytes; one argument holds less than 128 KiB",
+        shim::SCRIPT.len()
     );
     // The detached supervisor reads the script only down to its own entry (the end of
     // 38-standby.sh) and exits there: a function defined below it does not exist for the
@@ -388,11 +405,13 @@ fn shim_is_shellcheck_clean() {
     if which("shellcheck").is_none() {
         return missing("shellcheck");
     }
-    // The assembled script, as shipped: a part alone would read as using variables that
-    // another part sets. Each finding is named by its part and the line in it.
+    // The parts joined (what is shipped, with the comments that hold shellcheck's
+    // directives): a part alone would read as using variables that another part sets.
+    // Each finding is named by its part and the line in it.
     let parts = shim_parts();
+    let joined: String = parts.iter().map(|(_, text)| text.as_str()).collect();
     let file = fresh_dir("shim-shellcheck").join("shim.sh");
-    std::fs::write(&file, shim::SCRIPT).unwrap();
+    std::fs::write(&file, joined).unwrap();
     let out = Command::new("shellcheck")
         .args(["-s", "sh", "-f", "gcc"])
         .arg(&file)
