@@ -1180,6 +1180,15 @@ pub struct PutArgs {
     /// its files directly); the directories are made on the host as needed.
     #[arg(short = 'r', long)]
     pub recursive: bool,
+    /// Write the files as USER (root when --become is given alone) through sudo on the
+    /// host: they are theirs, as USER makes them (a relative PATH is from the login
+    /// directory). Checked before the claim, as for run.
+    #[arg(long = "become", value_name = "USER", num_args = 0..=1, require_equals = true, default_missing_value = "root")]
+    pub become_user: Option<String>,
+    /// sudo's password for --become, if it needs one: SUDO_PASSWORD=env:VAR or
+    /// SUDO_PASSWORD=file:PATH, never on the command line (the one secret a put takes).
+    #[arg(long = "secret", value_name = "SUDO_PASSWORD=env:VAR|file:PATH")]
+    pub secrets: Vec<String>,
     /// The options `put` and `get` share.
     #[command(flatten)]
     pub transfer: TransferArgs,

@@ -63,8 +63,10 @@ durable_write() {
 # builds). Some sync builds take no file arguments ("no arguments allowed"): there every
 # later call of this shell flushes everything with a plain sync, slower but as durable,
 # rather than every run failing as write_failed. (A sync that fails on `/` too is such a
-# build; one that syncs `/` but not the files named has met a real error.)
-sync() {
+# build; one that syncs `/` but not the files named has met a real error.) Kept as text
+# too, for the scripts the shim hands to sudo (see put_install).
+# shellcheck disable=SC2016 # expanded where it is evaluated
+SYNC_FN='sync() {
 	if [ -z "${sync_plain:-}" ]; then
 		command sync "$@" 2>/dev/null && return 0
 		[ "$#" -gt 0 ] || return 1
@@ -72,7 +74,8 @@ sync() {
 		sync_plain=1
 	fi
 	command sync
-}
+}'
+eval "$SYNC_FN"
 
 # find_setsid: sets setsid_bin to a setsid to detach with: the one on PATH, or one at its
 # usual absolute path when PATH lacks it (a startup file's PATH, a static busybox sh

@@ -153,8 +153,8 @@ supervise() {
 			;;
 		*) unset LC_ALL ;;
 		esac
-		# A put's delivery or a get's read, in place of a command (never with
-		# --become: refused before the claim).
+		# A put's delivery (as --become's user too, see put_install) or a get's read
+		# (never with --become: refused before the claim), in place of a command.
 		case $sv_kind in
 		put) put_install "$m" ;;
 		get) get_send "$m" ;;

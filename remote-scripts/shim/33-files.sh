@@ -27,27 +27,14 @@ put_resume() {
 	done
 }
 
-# parent_dir DIR: the directory DIR is in (`/` for a top-level one, `.` for a relative
-# name without a slash).
-parent_dir() {
-	case $1 in
-	*/*)
-		pd=${1%/*}
-		printf '%s\n' "${pd:-/}"
-		;;
-	*) printf '.\n' ;;
-	esac
-}
-
 # put_install MARKER: the file delivery a put claimed (docs/host-protocol.md#files), run by
 # the supervisor in place of a command, in the login's directory and umask. The claim's
 # stdin is the content and its stdin_sum the digest; the command text is
-# `opmark-put --mode MODE [--parents] -- 'PATH'`, quoted by the client. The content is
-# written to a temporary file beside PATH, checked against the digest, given its mode,
-# synced and renamed over PATH, so a reader of PATH sees the old file or the new one,
-# never part of either. With --parents, missing directories on the way are made first. A PATH that already holds the digest is not written (its mode is set). Says
-# `written` or `unchanged` on stdout; a failure says why on stderr and exits 1 (2: the
-# request itself is malformed), leaving PATH as it was.
+# `opmark-put --mode MODE [--parents] -- 'PATH'`, quoted by the client. PUT_WRITER
+# writes it, as the login user or, with --become, as that user through sudo (the content
+# on sudo's stdin: that user need not read the marker root). Says `written` or
+# `unchanged` on stdout; a failure says why on stderr and exits 1 (2: the request itself
+# is malformed), leaving PATH as it was.
 put_install() {
 	pi_m=$1
 	pi_req=$(cat -- "$pi_m/cmd") || exit 126
@@ -79,79 +66,110 @@ put_install() {
 		;;
 	esac
 	rget "$pi_m/claim" stdin_sum || exit 2
-	pi_sum=$rv
-	case $pi_path in
-	*/*) pi_dir=${pi_path%/*} pi_base=${pi_path##*/} ;;
-	*) pi_dir=. pi_base=$pi_path ;;
-	esac
-	[ -n "$pi_dir" ] || pi_dir=/
-	if [ -z "$pi_base" ] || [ -d "$pi_path" ]; then
-		printf 'opmark-put: %s is a directory on this host; name the file to write\n' "$pi_path" >&2
-		exit 1
-	fi
-	# The deepest directory on the way to PATH that exists: those made below it are
-	# synced with it once the file is in place, so the file's name is durable.
-	pi_top=$pi_dir
-	while ! [ -d "$pi_top" ]; do
-		pi_top=$(parent_dir "$pi_top")
-	done
-	if [ "$pi_top" != "$pi_dir" ]; then
-		if [ -z "$pi_parents" ]; then
-			printf 'opmark-put: no directory %s on this host; create it first\n' "$pi_dir" >&2
-			exit 1
+	# The temporary file is named after the operation: a second delivery of it (after a
+	# crash) reuses the name instead of leaving another one behind.
+	set -- "$pi_path" "$pi_mode" "$pi_parents" "$rv" "opmark-${pi_m##*/}"
+	if [ -n "${sv_become:-}" ]; then
+		if [ -n "${_OPMARK_PW:-}" ]; then
+			SUDO_ASKPASS=${pi_m%/ops/*}/askpass
+			export SUDO_ASKPASS _OPMARK_PW
 		fi
-		if ! mkdir -p -- "$pi_dir"; then
-			printf 'opmark-put: cannot make the directory %s; nothing changed at %s\n' "$pi_dir" "$pi_path" >&2
-			exit 1
-		fi
+		# shellcheck disable=SC2024 # the login reads the spool, sudo's user the pipe
+		sudo -A -p '' -u "$sv_become" -- /bin/sh -c "$SYNC_FN
+$PUT_WRITER" opmark-put "$@" '' <"$pi_m/stdin"
+		# sudo's status is the writer's: never on to write a second time as the login.
+		exit "$?"
 	fi
-	if [ -f "$pi_path" ]; then
-		pi_have=$(sha256sum <"$pi_path" 2>/dev/null) || pi_have=
-		if [ "${pi_have%% *}" = "$pi_sum" ]; then
-			# The content is there already: nothing written, its mtime unchanged.
-			chmod "$pi_mode" "$pi_path" || exit 1
-			printf 'unchanged\n'
-			exit 0
-		fi
-	fi
-	# Named after the operation: a second delivery of it (after a crash) reuses the name
-	# instead of leaving another temporary file behind.
-	pi_tmp="$pi_dir/.$pi_base.opmark-${pi_m##*/}"
-	rm -f -- "$pi_tmp"
-	if ! cat -- "$pi_m/stdin" >"$pi_tmp"; then
-		rm -f -- "$pi_tmp"
-		printf 'opmark-put: cannot write %s; nothing changed at %s\n' "$pi_tmp" "$pi_path" >&2
-		exit 1
-	fi
-	# The claim's stdin was checked against the digest before the claim; the copy is
-	# compared with it byte for byte (cmp reads both in a fraction of a hash's time),
-	# or hashed where there is no cmp.
-	if command -v cmp >/dev/null 2>&1; then
-		cmp -s -- "$pi_m/stdin" "$pi_tmp" && pi_have=$pi_sum || pi_have=
-	else
-		pi_have=$(sha256sum <"$pi_tmp")
-	fi
-	if [ "${pi_have%% *}" != "$pi_sum" ]; then
-		rm -f -- "$pi_tmp"
-		printf 'opmark-put: the written copy does not match its digest; nothing changed at %s\n' "$pi_path" >&2
-		exit 1
-	fi
-	if ! chmod "$pi_mode" "$pi_tmp" || ! sync "$pi_tmp" || ! mv -f -- "$pi_tmp" "$pi_path"; then
-		rm -f -- "$pi_tmp"
-		printf 'opmark-put: cannot put the file in place; nothing changed at %s\n' "$pi_path" >&2
-		exit 1
-	fi
-	# The rename durable too, and every directory made for it, before the exit record
-	# says written.
-	pi_d=$pi_dir
-	sync "$pi_d" || true
-	while [ "$pi_d" != "$pi_top" ]; do
-		pi_d=$(parent_dir "$pi_d")
-		sync "$pi_d" || true
-	done
-	printf 'written\n'
-	exit 0
+	set -- "$@" "$pi_m/stdin"
+	eval "$PUT_WRITER" <"$pi_m/stdin"
+	exit 1
 }
+
+# The writer of a put (its arguments PATH MODE PARENTS SUM TAG SAME, the content on its
+# stdin): self-contained, since sudo runs it in a shell of its own. The content is
+# written to a temporary file beside PATH (`.NAME.TAG`), checked against SUM, given MODE,
+# synced and renamed over PATH, so a reader of PATH sees the old file or the new one,
+# never part of either; with PARENTS (1) missing directories on the way are made first.
+# A PATH that already holds SUM is not written (its mode is set, its mtime unchanged).
+# The directories made (below the deepest that existed) are synced once the file is in
+# place, so its name is durable before the exit record says written. SAME, when not empty,
+# is a file known to hold the content (the claim's stdin): the copy is compared with it
+# byte for byte (cmp reads both in a fraction of a hash's time), else hashed. It always
+# exits: 0 after saying `written` or `unchanged`, 1 after saying why on stderr.
+# shellcheck disable=SC2016 # expanded by the shell that evaluates it, not here
+PUT_WRITER='pw_path=$1 pw_mode=$2 pw_parents=$3 pw_sum=$4 pw_tag=$5 pw_same=$6
+pw_up() {
+	case $1 in
+	*/*)
+		pw_u=${1%/*}
+		pw_u=${pw_u:-/}
+		;;
+	*) pw_u=. ;;
+	esac
+}
+case $pw_path in
+*/*) pw_dir=${pw_path%/*} pw_base=${pw_path##*/} ;;
+*) pw_dir=. pw_base=$pw_path ;;
+esac
+[ -n "$pw_dir" ] || pw_dir=/
+if [ -z "$pw_base" ] || [ -d "$pw_path" ]; then
+	printf "opmark-put: %s is a directory on this host; name the file to write\n" "$pw_path" >&2
+	exit 1
+fi
+pw_top=$pw_dir
+while ! [ -d "$pw_top" ]; do
+	pw_up "$pw_top"
+	pw_top=$pw_u
+done
+if [ "$pw_top" != "$pw_dir" ]; then
+	if [ -z "$pw_parents" ]; then
+		printf "opmark-put: no directory %s on this host; create it first\n" "$pw_dir" >&2
+		exit 1
+	fi
+	if ! mkdir -p -- "$pw_dir"; then
+		printf "opmark-put: cannot make the directory %s; nothing changed at %s\n" "$pw_dir" "$pw_path" >&2
+		exit 1
+	fi
+fi
+if [ -f "$pw_path" ]; then
+	pw_have=$(sha256sum <"$pw_path" 2>/dev/null) || pw_have=
+	if [ "${pw_have%% *}" = "$pw_sum" ]; then
+		chmod "$pw_mode" "$pw_path" || exit 1
+		printf "unchanged\n"
+		exit 0
+	fi
+fi
+pw_tmp="$pw_dir/.$pw_base.$pw_tag"
+rm -f -- "$pw_tmp"
+if ! cat >"$pw_tmp"; then
+	rm -f -- "$pw_tmp"
+	printf "opmark-put: cannot write %s; nothing changed at %s\n" "$pw_tmp" "$pw_path" >&2
+	exit 1
+fi
+if [ -n "$pw_same" ] && command -v cmp >/dev/null 2>&1; then
+	cmp -s -- "$pw_same" "$pw_tmp" && pw_have=$pw_sum || pw_have=
+else
+	pw_have=$(sha256sum <"$pw_tmp")
+fi
+if [ "${pw_have%% *}" != "$pw_sum" ]; then
+	rm -f -- "$pw_tmp"
+	printf "opmark-put: the written copy does not match its digest; nothing changed at %s\n" "$pw_path" >&2
+	exit 1
+fi
+if ! chmod "$pw_mode" "$pw_tmp" || ! sync "$pw_tmp" || ! mv -f -- "$pw_tmp" "$pw_path"; then
+	rm -f -- "$pw_tmp"
+	printf "opmark-put: cannot put the file in place; nothing changed at %s\n" "$pw_path" >&2
+	exit 1
+fi
+pw_d=$pw_dir
+sync "$pw_d" || true
+while [ "$pw_d" != "$pw_top" ]; do
+	pw_up "$pw_d"
+	pw_d=$pw_u
+	sync "$pw_d" || true
+done
+printf "written\n"
+exit 0'
 
 # get_send MARKER: the file read a get claimed, run by the supervisor in place of a
 # command, in the login's directory. The command text is `opmark-get -- 'PATH'`, quoted by

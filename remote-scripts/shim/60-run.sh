@@ -59,12 +59,11 @@ verb_run() {
 	case $kind in
 	command) ;;
 	put)
-		# A delivery: its content, as a file's own user (a put as another user is not
-		# supported yet), checked by digest, which needs sha256sum before anything is
-		# claimed.
-		if [ "$in_bytes" = - ] || [ "$become" != - ]; then
-			refuse "bad_args reason=kind"
-		fi
+		# A delivery: its content, checked by digest, which needs sha256sum before
+		# anything is claimed; as the login user, or through sudo as --become's (its
+		# password the one secret a put takes: there is no command to give one to).
+		[ "$in_bytes" != - ] || refuse "bad_args reason=kind"
+		[ -z "$sc_names" ] || refuse "bad_args reason=secrets"
 		command -v sha256sum >/dev/null 2>&1 || refuse "cannot_start reason=no_sha256sum"
 		;;
 	get)

@@ -187,6 +187,8 @@ pub fn transfer_options(
         approval,
         options: host_options(&args.host_args),
         forks: args.forks,
+        become_user: None,
+        secrets: Vec::new(),
     })
 }
 

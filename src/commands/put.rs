@@ -14,6 +14,9 @@ use crate::vocab::Verdict;
 /// the run document with a `file` object; several, a document with one such per file
 /// (`files`) and a `summary`.
 pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
+    let mut transfer = common::transfer_options(&args.transfer)?;
+    transfer.secrets = sudo_password(&args.secrets)?;
+    transfer.become_user = args.become_user;
     let mut watch = common::SayWatch::new(global);
     let answer = put(
         &common::context(global),
@@ -22,7 +25,7 @@ pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
             destination: args.destination,
             mode: args.mode,
             recursive: args.recursive,
-            transfer: common::transfer_options(&args.transfer)?,
+            transfer,
         },
         &mut watch,
     );
@@ -32,6 +35,26 @@ pub fn run(global: &GlobalArgs, args: PutArgs) -> Result<u8> {
         RunAnswer::Fleet { .. } => several(global, &answer),
         _ => one(global, &answer),
     }
+}
+
+/// `--secret` on a put: sudo's password for `--become`, and nothing else (a delivery runs
+/// no command that could read a secret).
+fn sudo_password(given: &[String]) -> Result<Vec<crate::secret::Spec>> {
+    let invalid =
+        |why: String| crate::error::Error::new(crate::error::ErrorKind::InvalidInput, why);
+    let specs = crate::secret::Spec::parse_all(given)
+        .map_err(|e| invalid(format!("{e}; nothing was sent")))?;
+    if let Some(other) = specs
+        .iter()
+        .find(|s| s.name != crate::secret::SUDO_PASSWORD)
+    {
+        return Err(invalid(format!(
+            "--secret {}: a put runs no command to give it to; its one secret is sudo's password for --become (--secret {}=env:VAR). Nothing was sent",
+            other.name,
+            crate::secret::SUDO_PASSWORD
+        )));
+    }
+    Ok(specs)
 }
 
 /// One file: the run's document and words.

@@ -8,8 +8,8 @@
 //! request standing for several operations, so each keeps its own at-most-once record.
 
 use super::run::{
-    fleet_shared, install_interrupts, new_contradictions, parse_approval, refuse_before_anything,
-    shared_input, typo_answer, RunAnswer, RunRequest, RunWatch,
+    become_problem, fleet_shared, install_interrupts, new_contradictions, parse_approval,
+    refuse_before_anything, shared_input, typo_answer, RunAnswer, RunRequest, RunWatch,
 };
 use super::{block_on, host_spec, load_policy, open_ledger, Context};
 use crate::error::Result;
@@ -77,6 +77,24 @@ pub fn run_each(
         Ok(approval) => approval,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(base.as_str()), &why)),
     };
+    // Read once for them all (sudo's password for `--become`), as `run` reads its own.
+    let secrets = match crate::secret::Secrets::read(&req.secrets) {
+        Ok(secrets) => secrets,
+        Err(e) => {
+            return Ok(refuse_before_anything(
+                ctx,
+                Some(base.as_str()),
+                &format!("{e}; nothing was sent"),
+            ))
+        }
+    };
+    if let Some(why) = become_problem(req.become_user.as_deref(), &secrets) {
+        return Ok(refuse_before_anything(
+            ctx,
+            Some(base.as_str()),
+            &format!("{why}; nothing was sent"),
+        ));
+    }
     for one in &each {
         if let Err(e) = crate::host::check_command(&one.command) {
             return Ok(refuse_before_anything(
@@ -110,6 +128,7 @@ pub fn run_each(
             .map(|one| RunInput {
                 stdin_from: one.stdin_from,
                 approval: approval.clone(),
+                secrets: secrets.clone(),
                 // Each file's answer is said whole, never streamed, and none detaches.
                 live_output: false,
                 detach: false,

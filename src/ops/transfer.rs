@@ -33,11 +33,16 @@ pub struct TransferOptions {
     pub options: HostOptions,
     /// `--forks`: with several files, at most this many operations in flight at once.
     pub forks: usize,
+    /// `put --become USER`: the files written as USER through sudo on the host.
+    pub become_user: Option<String>,
+    /// sudo's password for `--become` (`SUDO_PASSWORD`), the one secret a transfer takes.
+    pub secrets: Vec<crate::secret::Spec>,
 }
 
 impl TransferOptions {
     /// The run a transfer is: `command` of `kind` on `host`, `stdin` forwarded, the host
-    /// keeping `output_cap` bytes of its output; no secrets, locks or `--become`.
+    /// keeping `output_cap` bytes of its output; no locks, and no secret but sudo's
+    /// password for `--become`.
     pub fn run_request(
         self,
         host: &str,
@@ -65,8 +70,8 @@ impl TransferOptions {
                 forks: self.forks,
                 ..FleetOptions::default()
             },
-            secrets: Vec::new(),
-            become_user: None,
+            secrets: self.secrets,
+            become_user: self.become_user,
             locks: Vec::new(),
             lock_wait: Duration::ZERO,
             command: vec![command],

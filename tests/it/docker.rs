@@ -985,3 +985,107 @@ fn become_runs_through_sudo_with_a_password_that_appears_nowhere() {
     );
     assert_eq!(count(), 1);
 }
+
+#[test]
+fn a_put_as_root_through_sudo_writes_root_owned_files_once_and_the_password_appears_nowhere() {
+    let Some(lab) = docker_lab(crate::test_name!(), 1) else {
+        return;
+    };
+    let env = Sealed::new(crate::test_name!());
+    let host = format!("{}@target1", opmark::lab::SUDO_USER);
+    let password = opmark::lab::SUDO_PASSWORD;
+    let container = lab.container("target1").unwrap();
+    let in_container = |script: &str| {
+        let out = Command::new("docker")
+            .args(["exec", &container, "sh", "-c", script])
+            .output()
+            .unwrap();
+        text(&out.stdout).trim().to_owned()
+    };
+    let dir = support::fresh_dir(crate::test_name!());
+    let local = dir.join("app.conf");
+    std::fs::write(&local, b"listen 8080\n").unwrap();
+    let path = "/etc/opmark-become.conf";
+    let put = |op: &str, extra: &[&str], pw: &str| {
+        env.opmark_with_lab(&lab)
+            .env("PW", pw)
+            .args(["--json", "put"])
+            .arg(&local)
+            .arg(format!("{host}:{path}"))
+            .args(["--op", op, "--mode", "640"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+
+    // As the login user, /etc is not writable: the put fails there, nothing is written.
+    let doc = json(&put("pb-login", &[], ""));
+    assert_eq!(doc["exit_code"], 1, "{doc}");
+    assert_eq!(in_container(&format!("test -e {path} && echo there")), "");
+    // sudo wants a password: without it, refused before the claim.
+    let doc = json(&put("pb-none", &["--become"], ""));
+    assert_eq!(doc["verdict"], "not_applied", "{doc}");
+    assert_eq!(doc["reason_code"], "become_refused", "{doc}");
+    // A put takes no other secret: nothing connects.
+    let out = put(
+        "pb-other",
+        &["--become", "--secret", "TOKEN=env:PW"],
+        password,
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("a put runs no command to give it to"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // With the password: written once, by root, with the mode asked for.
+    let with_pw = ["--become", "--secret", "SUDO_PASSWORD=env:PW"];
+    let doc = json(&put("pb-ok", &with_pw, password));
+    assert_eq!(doc["verdict"], "completed", "{doc}");
+    assert_eq!(doc["file"]["delivered"], "written", "{doc}");
+    let owned = |p: &str| in_container(&format!("stat -c '%u %a' {p}"));
+    assert_eq!(owned(path), "0 640");
+    assert_eq!(in_container(&format!("cat {path}")), "listen 8080");
+    let mtime = || in_container(&format!("stat -c %y {path}"));
+    let written_at = mtime();
+    // The op id replays; a new one finds the content there and writes nothing.
+    let again = json(&put("pb-ok", &with_pw, password));
+    assert_eq!(again["verdict"], "replayed", "{again}");
+    let other = json(&put("pb-ok-2", &with_pw, password));
+    assert_eq!(other["file"]["delivered"], "unchanged", "{other}");
+    assert_eq!(mtime(), written_at);
+    // No temporary file is left beside it.
+    assert_eq!(in_container("ls -a /etc | grep -c opmark-pb || true"), "0");
+
+    // A tree: each file its own operation, the directories made by root.
+    let tree = dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("a.txt"), b"a\n").unwrap();
+    std::fs::write(tree.join("sub/b.txt"), b"b\n").unwrap();
+    let out = env
+        .opmark_with_lab(&lab)
+        .env("PW", password)
+        .args(["--json", "put", "-r"])
+        .arg(&tree)
+        .arg(format!("{host}:/opt/"))
+        .args(["--op", "pb-tree"])
+        .args(with_pw)
+        .output()
+        .unwrap();
+    let doc = json(&out);
+    assert_eq!(doc["summary"]["written_count"], 2, "{doc}");
+    assert_eq!(owned("/opt/tree/sub/b.txt").split(' ').next(), Some("0"));
+    assert_eq!(owned("/opt/tree/sub").split(' ').next(), Some("0"));
+
+    // sudo's password is nowhere: not here, not in the sudo user's marker root.
+    let mut files = Vec::new();
+    crate::redaction::files_under(&env.root, &mut files);
+    for file in files {
+        let bytes = text(&std::fs::read(&file).unwrap_or_default());
+        assert!(!bytes.contains(password), "{}", file.display());
+    }
+    let markers = sudo_user_marker_bytes(&lab);
+    assert!(markers.contains("become=root"), "{markers}");
+    assert!(!markers.contains(password));
+}
