@@ -575,6 +575,28 @@ fn a_put_arrives_whole_and_replays(c: &Cell) {
         c.label
     );
     assert_eq!(std::fs::read(tree_here.join("a.txt")).unwrap(), b"a\n");
+
+    // And the tree read back with get -r: the host lists it (`find . -type f -print0`,
+    // busybox's too), each file its own operation.
+    let back_tree = dir.join("back-tree");
+    std::fs::create_dir_all(&back_tree).unwrap();
+    let out = c
+        .opmark()
+        .args(["--json", "get", "-r"])
+        .arg(format!("{}:{tree_remote}/.", c.dest))
+        .arg(&back_tree)
+        .args(["--op", &c.op("tree-back")])
+        .output()
+        .unwrap();
+    let doc = json(&out);
+    assert_eq!(doc["summary"]["read_count"], 2, "{}: {doc}", c.label);
+    assert_eq!(
+        std::fs::read(back_tree.join("sub/deeper/b.bin")).unwrap(),
+        &bytes[..5000],
+        "{}",
+        c.label
+    );
+    assert_eq!(std::fs::read(back_tree.join("a.txt")).unwrap(), b"a\n");
 }
 
 /// Every core case on one cell.
