@@ -141,7 +141,7 @@ if [ -f "$pw_path" ]; then
 fi
 pw_tmp="$pw_dir/.$pw_base.$pw_tag"
 rm -f -- "$pw_tmp"
-if ! cat >"$pw_tmp"; then
+if ! { cat >"$pw_tmp"; } 2>/dev/null; then
 	rm -f -- "$pw_tmp"
 	printf "opmark-put: cannot write %s; nothing changed at %s\n" "$pw_tmp" "$pw_path" >&2
 	exit 1

@@ -30,7 +30,9 @@ pub struct Intent<'a> {
     /// SHA-256 of the spooled stdin, or `None` when stdin is not forwarded.
     pub stdin_sha256: Option<[u8; 32]>,
     /// The names of the command's secrets (`--secret`): the intent binds the names, never
-    /// the values (docs/trust.md#secrets).
+    /// the values (docs/trust.md#secrets). Sudo's password is among them but not bound: it
+    /// is sudo's credential, never the command's, so it changes how the host lets the
+    /// operation in, not what it does.
     pub secret_names: &'a [String],
     /// `--become USER`: the user the command runs as through sudo (another action than
     /// running it as the login user).
@@ -40,7 +42,8 @@ pub struct Intent<'a> {
 impl Intent<'_> {
     /// The canonical bytes that both fingerprints digest:
     /// `"opmark-intent-v1\n" + len(command) + "\n" + command + "\n" + (hex stdin digest | "no-stdin")`,
-    /// then, only with secrets, `"\nsecrets " + the names sorted, comma-separated`, and only
+    /// then, only with secrets other than sudo's password, `"\nsecrets " + their names
+    /// sorted, comma-separated`, and only
     /// with `--become`, `"\nbecome " + USER` (so an intent without either keeps the digest it
     /// always had). The length prefix keeps a
     /// command ending in a newline from colliding with another.
@@ -56,8 +59,15 @@ impl Intent<'_> {
         out.extend_from_slice(self.command.as_bytes());
         out.push(b'\n');
         out.extend_from_slice(stdin.as_bytes());
-        if !self.secret_names.is_empty() {
-            let mut names: Vec<&str> = self.secret_names.iter().map(String::as_str).collect();
+        // A run refused for want of sudo's password is retried under its op id with it:
+        // the same intent.
+        let mut names: Vec<&str> = self
+            .secret_names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| *n != crate::secret::SUDO_PASSWORD)
+            .collect();
+        if !names.is_empty() {
             names.sort_unstable();
             out.extend_from_slice(b"\nsecrets ");
             out.extend_from_slice(names.join(",").as_bytes());
@@ -409,6 +419,31 @@ mod tests {
         assert_ne!(host_fingerprint(&a), host_fingerprint(&b));
         assert_ne!(host_fingerprint(&a), host_fingerprint(&c));
         assert_eq!(host_fingerprint(&a), host_fingerprint(&a.clone()));
+    }
+
+    #[test]
+    fn sudos_password_is_no_part_of_the_intent_and_the_commands_secrets_are() {
+        let with = |names: &[String], user: Option<&str>| {
+            host_fingerprint(&Intent {
+                command: "systemctl restart app",
+                stdin_sha256: None,
+                secret_names: names,
+                become_user: user,
+            })
+        };
+        let pw = crate::secret::SUDO_PASSWORD.to_owned();
+        // A run refused for want of the password, retried with it: one intent.
+        assert_eq!(with(&[], Some("root")), with(&[pw.clone()], Some("root")));
+        assert_eq!(
+            with(&["TOKEN".into()], Some("root")),
+            with(&["TOKEN".into(), pw], Some("root"))
+        );
+        // A secret the command reads, or another user, is another intent.
+        assert_ne!(
+            with(&[], Some("root")),
+            with(&["TOKEN".into()], Some("root"))
+        );
+        assert_ne!(with(&[], Some("root")), with(&[], Some("app")));
     }
 
     #[test]

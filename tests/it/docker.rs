@@ -1039,9 +1039,11 @@ fn a_put_as_root_through_sudo_writes_root_owned_files_once_and_the_password_appe
         text(&out.stderr)
     );
 
-    // With the password: written once, by root, with the mode asked for.
+    // With the password, under the op id refused for want of it (as the refusal
+    // advises: the password is no part of the intent): written once, by root, with the
+    // mode asked for.
     let with_pw = ["--become", "--secret", "SUDO_PASSWORD=env:PW"];
-    let doc = json(&put("pb-ok", &with_pw, password));
+    let doc = json(&put("pb-none", &with_pw, password));
     assert_eq!(doc["verdict"], "completed", "{doc}");
     assert_eq!(doc["file"]["delivered"], "written", "{doc}");
     let owned = |p: &str| in_container(&format!("stat -c '%u %a' {p}"));
@@ -1050,9 +1052,9 @@ fn a_put_as_root_through_sudo_writes_root_owned_files_once_and_the_password_appe
     let mtime = || in_container(&format!("stat -c %y {path}"));
     let written_at = mtime();
     // The op id replays; a new one finds the content there and writes nothing.
-    let again = json(&put("pb-ok", &with_pw, password));
+    let again = json(&put("pb-none", &with_pw, password));
     assert_eq!(again["verdict"], "replayed", "{again}");
-    let other = json(&put("pb-ok-2", &with_pw, password));
+    let other = json(&put("pb-ok", &with_pw, password));
     assert_eq!(other["file"]["delivered"], "unchanged", "{other}");
     assert_eq!(mtime(), written_at);
     // No temporary file is left beside it.
