@@ -433,7 +433,10 @@ mod tests {
         };
         let pw = crate::secret::SUDO_PASSWORD.to_owned();
         // A run refused for want of the password, retried with it: one intent.
-        assert_eq!(with(&[], Some("root")), with(&[pw.clone()], Some("root")));
+        assert_eq!(
+            with(&[], Some("root")),
+            with(std::slice::from_ref(&pw), Some("root"))
+        );
         assert_eq!(
             with(&["TOKEN".into()], Some("root")),
             with(&["TOKEN".into(), pw], Some("root"))
