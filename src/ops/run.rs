@@ -265,25 +265,10 @@ pub fn run(ctx: &Context, req: RunRequest, watch: &mut dyn RunWatch) -> Result<R
         Ok(approval) => approval,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
     };
-    // Read once, here: a value is never read again, and one that cannot be read sends
-    // nothing. The error names the secret and its source, never a value.
-    let secrets = match crate::secret::Secrets::read(&req.secrets) {
+    let secrets = match checked_secrets(&req) {
         Ok(secrets) => secrets,
-        Err(e) => {
-            return Ok(refuse_before_anything(
-                ctx,
-                Some(op.as_str()),
-                &format!("{e}; nothing was sent"),
-            ))
-        }
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(op.as_str()), &why)),
     };
-    if let Some(why) = become_problem(req.become_user.as_deref(), &secrets) {
-        return Ok(refuse_before_anything(
-            ctx,
-            Some(op.as_str()),
-            &format!("{why}; nothing was sent"),
-        ));
-    }
     let locks = match crate::host_lock::HostLock::set(&req.locks) {
         Ok(locks) => locks,
         Err(why) => {
@@ -387,6 +372,20 @@ pub(super) fn parse_approval(
         .map_err(|e| {
             format!("{e}; pass the file `opmark approve` wrote, unchanged. Nothing was sent")
         })
+}
+
+/// The request's secrets, read once, here (a value is never read again, and one that
+/// cannot be read sends nothing), with `--become` checked against them; or why not,
+/// naming the secret and its source, never a value, and the fix.
+pub(super) fn checked_secrets(
+    req: &RunRequest,
+) -> std::result::Result<crate::secret::Secrets, String> {
+    let secrets =
+        crate::secret::Secrets::read(&req.secrets).map_err(|e| format!("{e}; nothing was sent"))?;
+    match become_problem(req.become_user.as_deref(), &secrets) {
+        Some(why) => Err(format!("{why}; nothing was sent")),
+        None => Ok(secrets),
+    }
 }
 
 /// What is wrong with `--become` and sudo's password together, if anything.

@@ -8,7 +8,7 @@
 //! request standing for several operations, so each keeps its own at-most-once record.
 
 use super::run::{
-    become_problem, fleet_shared, install_interrupts, new_contradictions, parse_approval,
+    checked_secrets, fleet_shared, install_interrupts, new_contradictions, parse_approval,
     refuse_before_anything, shared_input, typo_answer, RunAnswer, RunRequest, RunWatch,
 };
 use super::{block_on, host_spec, load_policy, open_ledger, Context};
@@ -77,24 +77,11 @@ pub fn run_each(
         Ok(approval) => approval,
         Err(why) => return Ok(refuse_before_anything(ctx, Some(base.as_str()), &why)),
     };
-    // Read once for them all (sudo's password for `--become`), as `run` reads its own.
-    let secrets = match crate::secret::Secrets::read(&req.secrets) {
+    // Read once for them all (sudo's password for `--become`).
+    let secrets = match checked_secrets(&req) {
         Ok(secrets) => secrets,
-        Err(e) => {
-            return Ok(refuse_before_anything(
-                ctx,
-                Some(base.as_str()),
-                &format!("{e}; nothing was sent"),
-            ))
-        }
+        Err(why) => return Ok(refuse_before_anything(ctx, Some(base.as_str()), &why)),
     };
-    if let Some(why) = become_problem(req.become_user.as_deref(), &secrets) {
-        return Ok(refuse_before_anything(
-            ctx,
-            Some(base.as_str()),
-            &format!("{why}; nothing was sent"),
-        ));
-    }
     for one in &each {
         if let Err(e) = crate::host::check_command(&one.command) {
             return Ok(refuse_before_anything(
