@@ -47,12 +47,12 @@ done
 packages=(openssh-server openssh-client dash busybox-static shellcheck iproute2 nftables
   procps util-linux ca-certificates curl gcc libc6-dev e2fsprogs mount zsh fish tcsh
   groff-base debootstrap python3 python3-pip python3-venv netcat-openbsd postgresql mksh ksh yash posh dropbear-bin
-  tmux)
+  tmux openssl)
 # One probe per package above, in the same order: a missing probe means install.
 probes=(/usr/sbin/sshd ssh dash busybox_static shellcheck ip nft ps setsid
   /etc/ssl/certs/ca-certificates.crt curl cc /usr/include/stdio.h mkfs.ext4 mount zsh fish tcsh
   groff /usr/sbin/debootstrap python3 pip3 python3_venv nc postgresql_initdb mksh ksh93 yash posh /usr/sbin/dropbear
-  tmux)
+  tmux openssl)
 # Python packages, pinned: the MCP client the tests use must not move under them.
 python_packages=(mcp==2.3.0 jsonschema==4.26.0 prometheus_client==0.26.0)
 

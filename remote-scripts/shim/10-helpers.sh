@@ -77,6 +77,28 @@ SYNC_FN='sync() {
 }'
 eval "$SYNC_FN"
 
+# sha256_of FILE BYTES: FILE's SHA-256 as sha256sum prints it (the hex digest first).
+# Content of more than a megabyte is hashed by openssl where the host has it: it uses the
+# CPU's SHA instructions where coreutils and busybox do not (100 MB: 0.14 s against
+# 0.30 s here), while its start costs more than a small file's whole hash. Anything but
+# a digest from it falls back to sha256sum.
+sha256_of() {
+	if [ "$2" -gt 1048576 ] && command -v openssl >/dev/null 2>&1; then
+		so_sum=$(openssl dgst -sha256 -r <"$1" 2>/dev/null) || so_sum=
+		so_hex=${so_sum%% *}
+		case $so_hex in
+		'' | *[!0-9a-f]*) ;;
+		*)
+			if [ "${#so_hex}" -eq 64 ]; then
+				printf '%s\n' "$so_sum"
+				return 0
+			fi
+			;;
+		esac
+	fi
+	sha256sum <"$1"
+}
+
 # find_setsid: sets setsid_bin to a setsid to detach with: the one on PATH, or one at its
 # usual absolute path when PATH lacks it (a startup file's PATH, a static busybox sh
 # that answers only its own applets). Either kind will do (see detach); false when the

@@ -203,8 +203,8 @@ get_send() {
 		printf 'opmark-get: cannot read %s\n' "$gs_path" >&2
 		exit 1
 	fi
-	gs_sum=$(sha256sum <"$gs_m/got")
 	gs_n=$(wc -c <"$gs_m/got")
+	gs_sum=$(sha256_of "$gs_m/got" "$((gs_n + 0))")
 	printf 'opmark-get: sha256=%s bytes=%s\n' "${gs_sum%% *}" "$((gs_n + 0))" >&2
 	cat -- "$gs_m/got" || exit 1
 	rm -f -- "$gs_m/got"

@@ -180,7 +180,7 @@ verb_run() {
 			refuse "bad_stdin reason=size_mismatch expected=$in_bytes got=$((got + 0))"
 		fi
 		if command -v sha256sum >/dev/null 2>&1; then
-			got=$(sha256sum <"$spool")
+			got=$(sha256_of "$spool" "$in_bytes")
 			if [ "${got%% *}" != "$in_sum" ]; then
 				# Not to be resumed from: the next attempt sends it all.
 				rm -f "$spool"

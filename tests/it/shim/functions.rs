@@ -470,3 +470,36 @@ fn the_supervisor_records_the_commands_exit_whole_or_says_why_it_could_not() {
         }
     }
 }
+
+#[test]
+fn a_large_content_is_hashed_by_openssl_where_there_is_one_and_anything_odd_from_it_falls_back() {
+    if Command::new("openssl").arg("version").output().is_err() {
+        crate::support::skip_or_fail(crate::test_name!(), "openssl is not installed");
+        return;
+    }
+    // A 2 MB file and a small one; an `openssl` on PATH that records its calls and either
+    // hashes for real, prints nonsense or fails.
+    let body = r#"
+head -c 2000000 /dev/zero > big; printf 'small\n' > small
+want_big=$(sha256sum < big); want_small=$(sha256sum < small)
+real=$(command -v openssl)
+mkdir bin
+printf '#!/bin/sh\necho called >> "%s/calls"\nexec "%s" "$@"\n' "$PWD" "$real" > bin/openssl
+chmod +x bin/openssl
+PATH="$PWD/bin:$PATH"
+[ "$(sha256_of big 2000000)" = "${want_big%% *} *stdin" ] && echo "big by openssl"
+[ "$(sha256_of small 6)" = "$want_small" ] && echo "small by sha256sum"
+echo "openssl calls: $(wc -l < calls)"
+printf '#!/bin/sh\necho "SHA2-256(stdin)= nonsense"\n' > bin/openssl
+[ "$(sha256_of big 2000000)" = "$want_big" ] && echo "nonsense falls back"
+printf '#!/bin/sh\nexit 1\n' > bin/openssl
+[ "$(sha256_of big 2000000)" = "$want_big" ] && echo "failure falls back"
+"#;
+    for (shell, said) in under_every_shell("shim-sha256-of", body) {
+        assert_eq!(
+            said,
+            "big by openssl\nsmall by sha256sum\nopenssl calls: 1\nnonsense falls back\nfailure falls back\n",
+            "{shell}"
+        );
+    }
+}
