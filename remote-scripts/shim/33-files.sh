@@ -70,10 +70,7 @@ put_install() {
 	# crash) reuses the name instead of leaving another one behind.
 	set -- "$pi_path" "$pi_mode" "$pi_parents" "$rv" "opmark-${pi_m##*/}"
 	if [ -n "${sv_become:-}" ]; then
-		if [ -n "${_OPMARK_PW:-}" ]; then
-			SUDO_ASKPASS=${pi_m%/ops/*}/askpass
-			export SUDO_ASKPASS _OPMARK_PW
-		fi
+		become_askpass "$pi_m"
 		# shellcheck disable=SC2024 # the login reads the spool, sudo's user the pipe
 		sudo -A -p '' -u "$sv_become" -- /bin/sh -c "$SYNC_FN
 $PUT_WRITER" opmark-put "$@" '' <"$pi_m/stdin"

@@ -37,10 +37,7 @@ redactor() {
 # shellcheck disable=SC2317 # called by supervise, after an `exec` that only redirects
 run_become() {
 	sv_text=$(cat -- "$m/cmd") || exit 126
-	if [ -n "${_OPMARK_PW:-}" ]; then
-		SUDO_ASKPASS=${m%/ops/*}/askpass
-		export SUDO_ASKPASS _OPMARK_PW
-	fi
+	become_askpass "$m"
 	{
 		printf '%s\n' "${sv_list:--}"
 		for sv_n in $sv_secrets; do
@@ -51,6 +48,15 @@ run_become() {
 	# The subshell ends with sudo's status (the command's): it must never go on to run the
 	# command a second time, as the login user.
 	exit "$?"
+}
+
+# become_askpass MARKER: with sudo's password given, the askpass (see become_check) and
+# the password in the environment sudo -A hands to it.
+become_askpass() {
+	if [ -n "${_OPMARK_PW:-}" ]; then
+		SUDO_ASKPASS=${1%/ops/*}/askpass
+		export SUDO_ASKPASS _OPMARK_PW
+	fi
 }
 
 # The program sudo runs as the become user (its $1 the command): reads the secrets
