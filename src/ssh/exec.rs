@@ -30,6 +30,9 @@ pub(crate) struct DirectExec {
     shared: Arc<ConnState>,
     end: Option<ExecEvent>,
     writer: Option<JoinHandle<()>>,
+    /// The channel's writing half, to close it when nobody reads it any more (`None`: a
+    /// resident's channel, which its [`OpenInput`] closes when dropped).
+    closer: Option<Arc<russh::ChannelWriteHalf<russh::client::Msg>>>,
     /// Keeps this channel counted against the connection's channel limit.
     _permit: OwnedSemaphorePermit,
     /// Keeps the connection alive while the channel is in use.
@@ -151,6 +154,8 @@ impl Session {
             .await
             .map_err(|e| ExecError::NotSent(format!("sending the exec request failed: {e}")))?;
 
+        let write = Arc::new(write);
+        let closer = write.clone();
         let writer = tokio::spawn(async move {
             if let Some(bytes) = stdin {
                 if let Err(e) = write.data(&bytes[..]).await {
@@ -193,6 +198,7 @@ impl Session {
                 shared: inner.shared.clone(),
                 end: None,
                 writer: Some(writer),
+                closer: Some(closer),
                 _permit: permit,
                 _session: self.clone(),
             }),
@@ -290,6 +296,7 @@ impl Session {
                     shared: inner.shared.clone(),
                     end: None,
                     writer: None,
+                    closer: None,
                     _permit: permit,
                     _session: self.clone(),
                 }),
@@ -317,6 +324,25 @@ impl Exec {
         tokio::time::timeout(std::time::Duration::ZERO, self.next())
             .await
             .ok()
+    }
+
+    /// Closes the channel from this side, for a reply nobody will read (its caller
+    /// left): stdin stops, and sshd stops reading the host process's output, which ends
+    /// as on a lost connection instead of sending the rest of its output to be thrown
+    /// away. [`Exec::next`] still gives `Closed` once sshd has let go of the channel.
+    pub(crate) async fn close(&mut self) {
+        let ExecKind::Direct(d) = &mut self.kind else {
+            return;
+        };
+        if d.end.is_some() {
+            return;
+        }
+        if let Some(w) = d.writer.take() {
+            w.abort();
+        }
+        if let Some(closer) = &d.closer {
+            let _ = closer.close().await;
+        }
     }
 
     /// The next event. Keeps reading after the exit status until the channel closes:

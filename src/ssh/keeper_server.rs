@@ -948,11 +948,14 @@ fn close(resident: Resident) {
     drain(resident.exec);
 }
 
-/// Reads a channel nobody listens to any more until sshd closes it: it keeps its place
-/// under the connection's channel limit until then, so the keeper never opens more
-/// channels than sshd's `MaxSessions`.
+/// Closes a channel nobody listens to any more, and reads it until sshd has closed it
+/// too: it keeps its place under the connection's channel limit until then, so the
+/// keeper never opens more channels than sshd's `MaxSessions`. Closed, not read to its
+/// end: a get whose caller was killed would otherwise have the host send the rest of
+/// the file, to be thrown away here.
 fn drain(mut exec: Exec) {
     tokio::spawn(async move {
+        exec.close().await;
         while !matches!(exec.next().await, ExecEvent::Closed | ExecEvent::Lost(_)) {}
     });
 }

@@ -542,6 +542,12 @@ impl Session {
                 let channel_num = map_err!(ChannelId::decode(&mut r))?;
                 map_err!(ensure_end(&r))?;
                 if !self.common.is_established_channel(channel_num) {
+                    // The server's answer to a close we sent (`Session::close` forgot
+                    // the channel then): its reader still waits, so it is told, as for
+                    // a close the server began.
+                    if let Some(chan) = self.channels.remove(&channel_num) {
+                        let _ = chan.send(ChannelMsg::Close).await;
+                    }
                     return Ok(());
                 }
                 if let Some(ref mut enc) = self.common.encrypted {
