@@ -172,6 +172,9 @@ OPMARK_SHELL=${OPMARK_SH:-sh}
 # bytes; at most SPILL_WINDOW of them wait to be streamed.
 SPILL_SEG=1048576
 SPILL_WINDOW=4
+# The most bytes one output payload carries: the client holds a payload until its commit
+# frame, so a large kept copy (a get's file) goes in pieces it writes out as they come.
+PAYLOAD_MAX=8388608
 # Seconds a run's foreground waits for its supervisor's record before it takes the start
 # gate itself (see supervisor_overdue); tests shorten it.
 START_LIMIT=${OPMARK_START_LIMIT:-30}

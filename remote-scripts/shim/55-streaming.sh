@@ -39,13 +39,20 @@ emit_stream() {
 	done
 }
 
-# payload KIND FILE OFFSET LEN: one committed output frame. The commit frame after each
-# payload lets the client check that the bytes it counted were ours (bytes slipped in by
-# another process make the next line fail the nonce).
+# payload KIND FILE OFFSET LEN: LEN bytes of FILE from OFFSET as committed output frames
+# of at most PAYLOAD_MAX bytes each. The commit frame after each payload lets the client
+# check that the bytes it counted were ours (bytes slipped in by another process make the
+# next line fail the nonce).
 payload() {
-	frame "$1 $4"
-	tail -c +"$(($3 + 1))" "$2" | head -c "$4" >&3
-	frame C
+	pl_off=$3 pl_left=$4
+	while [ "$pl_left" -gt 0 ]; do
+		pl_n=$pl_left
+		[ "$pl_n" -le "$PAYLOAD_MAX" ] || pl_n=$PAYLOAD_MAX
+		frame "$1 $pl_n"
+		tail -c +"$((pl_off + 1))" "$2" | head -c "$pl_n" >&3
+		frame C
+		pl_off=$((pl_off + pl_n)) pl_left=$((pl_left - pl_n))
+	done
 	emitted=1
 }
 
