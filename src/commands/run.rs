@@ -73,6 +73,7 @@ pub fn run(global: &GlobalArgs, args: RunArgs) -> Result<u8> {
         kind: crate::shim::RunKind::Command,
         live_output: !global.json,
         tally: None,
+        stdout_to: None,
     };
     let mut watch = common::SayWatch::new(global);
     let answer = run_op(&common::context(global), request, &mut watch)?;

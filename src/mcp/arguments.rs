@@ -346,6 +346,7 @@ pub(super) fn run_request(p: RunParams) -> std::result::Result<RunRequest, CallT
         // The client gets the output in the result; stdout is the protocol stream.
         live_output: false,
         tally: Some(Arc::new(OutputBytes::default())),
+        stdout_to: None,
     })
 }
 

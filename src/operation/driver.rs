@@ -343,6 +343,8 @@ impl<'a> Runner<'a> {
         self.dispatched = true;
         self.ledger.dispatched = true;
         self.in_flight = Some(Boundary::SentNoResponse);
+        // A claim's output begins at byte 0: a local file's bytes from before go.
+        self.output.start_over();
         let expect_root = self.identity.root().map(str::to_owned);
         let mut root_seen = None;
         let end = {
@@ -467,11 +469,7 @@ impl<'a> Runner<'a> {
             let step = decide::after_probe(&self.facts(), seen, window(pause));
             let mut next = self.apply(step)?;
             if let (ProbeAction::Attach { holder, resume }, Some(session)) = (&next, session) {
-                let (out_off, err_off) = if *resume {
-                    (self.output.out_bytes(), self.output.err_bytes())
-                } else {
-                    (0, 0)
-                };
+                let (out_off, err_off) = self.attach_offsets(*resume);
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 let followed = self.follow(&session, out_off, err_off, remaining).await;
                 if let Followed::Lost(why) = &followed {
@@ -527,11 +525,7 @@ impl<'a> Runner<'a> {
         let step = decide::after_probe(&self.facts(), seen, spent(Duration::ZERO));
         let next = match (self.apply(step)?, session) {
             (ProbeAction::Attach { holder, resume }, Some(session)) => {
-                let (out_off, err_off) = if resume {
-                    (self.output.out_bytes(), self.output.err_bytes())
-                } else {
-                    (0, 0)
-                };
+                let (out_off, err_off) = self.attach_offsets(resume);
                 // Long enough to read an exit that is there, not to follow a command.
                 let left = until
                     .saturating_duration_since(Instant::now())
@@ -752,6 +746,23 @@ impl<'a> Runner<'a> {
             None if self.exit_from_ledger => self.ledger_exit,
             None => None,
         }
+    }
+
+    /// Where an attach starts: after what this invocation has seen of its own attempt's
+    /// output (`resume`), else at the marker's first bytes, or after those a local file
+    /// holds from an earlier invocation's read (a get resumed).
+    fn attach_offsets(&mut self, resume: bool) -> (u64, u64) {
+        if resume {
+            return (self.output.out_bytes(), self.output.err_bytes());
+        }
+        let (out, err) = self.output.replay_offsets();
+        if out > 0 {
+            progress(&format!(
+                "resuming the read of op {}: the first {out} bytes of its output are here already; reading the rest",
+                self.key.op_id
+            ));
+        }
+        (out, err)
     }
 
     fn ours(&self, attempt: &str) -> bool {

@@ -74,6 +74,10 @@ pub struct RunInput {
     pub wait_scope: WaitScope,
     /// Counts the output delivered, for a caller reporting progress meanwhile.
     pub tally: Option<std::sync::Arc<output::OutputBytes>>,
+    /// A get's content: stdout goes to this local file as it arrives (made if absent),
+    /// never kept in memory; the bytes it already holds are the stream's first ones, so
+    /// a read cut in an earlier invocation resumes after them ([`output::Output::into_file`]).
+    pub stdout_to: Option<std::path::PathBuf>,
 }
 
 /// What the `--wait` budget bounds (docs/decisions.md#wait-budget). It always bounds the
@@ -228,6 +232,7 @@ mod tests {
             declared: Default::default(),
             wait_scope: WaitScope::Probes,
             tally: None,
+            stdout_to: None,
         }
     }
 

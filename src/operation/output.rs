@@ -7,6 +7,10 @@
 //! to a spool file (mode 0600, unlinked at once: nothing is left behind, whatever ends
 //! the process), and the JSON document streams its string escape from there
 //! ([`Captured::write_json_string`]): memory stays bounded whatever the command writes.
+//!
+//! A get's content goes to a local file instead ([`Output::into_file`]): bytes found in
+//! it are the stream's first bytes, from an earlier invocation cut while it read them,
+//! and a replay of the host's copy starts after them ([`Output::replay_offsets`]).
 
 use sha2::{Digest, Sha256};
 
@@ -49,6 +53,20 @@ pub struct Output {
     out_digest: Sha256,
     err_digest: Sha256,
     tally: Option<std::sync::Arc<OutputBytes>>,
+    /// Stdout written to a local file instead of kept (a get's content).
+    file: Option<StdoutFile>,
+}
+
+/// A local file stdout is written to, as it arrives.
+#[derive(Debug)]
+struct StdoutFile {
+    file: std::fs::File,
+    /// Bytes it held when the run began, taken as the stream's first bytes; zero once
+    /// the stream starts over.
+    held: u64,
+    /// A write failed: nothing more is written, and the file holds fewer bytes than were
+    /// delivered (the read's check against the host's digest says so).
+    failed: bool,
 }
 
 impl Output {
@@ -71,7 +89,75 @@ impl Output {
             out_digest: Sha256::new(),
             err_digest: Sha256::new(),
             tally: None,
+            file: None,
         }
+    }
+
+    /// Stdout goes to `file` (read and write) as it arrives, after the bytes it holds,
+    /// which count as the stream's first ones (counted and digested here): a read cut
+    /// in an earlier invocation goes on from there. The file is the caller's to check
+    /// against the digest the host says.
+    pub fn into_file(mut self, mut file: std::fs::File) -> std::io::Result<Output> {
+        use std::io::{Read as _, Seek as _};
+        file.seek(std::io::SeekFrom::Start(0))?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut held = 0u64;
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            self.out_digest.update(&buf[..n]);
+            held += n as u64;
+        }
+        self.out_bytes = held;
+        self.live = false;
+        self.file = Some(StdoutFile {
+            file,
+            held,
+            failed: false,
+        });
+        Ok(self)
+    }
+
+    /// Where an attach that replays the marker's output should start (stdout, stderr).
+    /// From the bytes the local file held at the start when that is all this output has
+    /// (a resumed read); else from the start, a file's bytes dropped first so that none
+    /// is written twice. Output kept or shown (not to a file) always starts at 0.
+    pub fn replay_offsets(&mut self) -> (u64, u64) {
+        match &self.file {
+            Some(f) if f.held > 0 && self.out_bytes == f.held && self.err_bytes == 0 => (f.held, 0),
+            Some(_) => {
+                self.start_over();
+                (0, 0)
+            }
+            None => (0, 0),
+        }
+    }
+
+    /// A new claim's output begins at byte 0: what a local file holds from before is
+    /// dropped (a kept or shown output has nothing from before a dispatch to drop).
+    pub fn start_over(&mut self) {
+        let Some(f) = &mut self.file else {
+            return;
+        };
+        if self.out_bytes == 0 && self.err_bytes == 0 {
+            return;
+        }
+        use std::io::Seek as _;
+        f.failed = f.file.set_len(0).is_err() || f.file.seek(std::io::SeekFrom::Start(0)).is_err();
+        f.held = 0;
+        self.out_bytes = 0;
+        self.err_bytes = 0;
+        self.out_digest = Sha256::new();
+        self.err_digest = Sha256::new();
+        self.stderr = Captured::default();
+    }
+
+    /// The bytes a local file held when the run began and still counts as the stream's
+    /// first ones.
+    pub fn held(&self) -> u64 {
+        self.file.as_ref().map_or(0, |f| f.held)
     }
 
     /// Live output with every line prefixed by `prefix` (e.g. `web1: `).
@@ -89,7 +175,12 @@ impl Output {
                 .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
         self.out_digest.update(bytes);
-        if self.live && self.prefix.is_some() {
+        if let Some(f) = &mut self.file {
+            use std::io::Write as _;
+            if !f.failed && f.file.write_all(bytes).is_err() {
+                f.failed = true;
+            }
+        } else if self.live && self.prefix.is_some() {
             self.prefix_lines(0, bytes);
         } else if self.live {
             // A closed stdout (the caller went away) must not stop the bookkeeping.
@@ -465,5 +556,85 @@ mod tests {
         let meta = file.metadata().unwrap();
         assert_eq!(meta.nlink(), 0, "no name on disk");
         assert_eq!(meta.mode() & 0o777, 0o600);
+    }
+
+    fn file_with(bytes: &[u8]) -> std::fs::File {
+        use std::io::Write as _;
+        let mut f = spool_file().unwrap();
+        f.write_all(bytes).unwrap();
+        f
+    }
+
+    fn content_of(f: &std::fs::File) -> Vec<u8> {
+        use std::io::{Read as _, Seek as _};
+        let mut f = f.try_clone().unwrap();
+        f.seek(std::io::SeekFrom::Start(0)).unwrap();
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).unwrap();
+        v
+    }
+
+    #[test]
+    fn a_file_holding_the_streams_start_is_resumed_after_it_and_digested_whole() {
+        let f = file_with(b"hello ");
+        let mut output = Output::new(false)
+            .into_file(f.try_clone().unwrap())
+            .unwrap();
+        assert_eq!(output.held(), 6);
+        assert_eq!(
+            output.out_bytes(),
+            6,
+            "the held bytes are the stream's first"
+        );
+        assert_eq!(
+            output.replay_offsets(),
+            (6, 0),
+            "a replay starts after them"
+        );
+        output.stdout(b"world");
+        assert_eq!(content_of(&f), b"hello world");
+        assert_eq!(
+            output.out_sha256(),
+            hex::encode(Sha256::digest(b"hello world")),
+            "the digest is the whole stream's"
+        );
+        assert!(output.kept_stdout().is_empty(), "nothing is kept in memory");
+    }
+
+    #[test]
+    fn a_claims_output_or_a_second_replay_starts_the_file_over() {
+        // A new claim's output (a dispatch) begins at byte 0: the file's bytes go.
+        let f = file_with(b"stale bytes");
+        let mut output = Output::new(false)
+            .into_file(f.try_clone().unwrap())
+            .unwrap();
+        output.start_over();
+        assert_eq!((output.out_bytes(), output.held()), (0, 0));
+        output.stdout(b"fresh");
+        assert_eq!(content_of(&f), b"fresh");
+        assert_eq!(output.out_sha256(), hex::encode(Sha256::digest(b"fresh")));
+
+        // Once more than the held bytes arrived, a replay from the start cannot go on
+        // from the file: it starts over rather than write any byte twice.
+        let f = file_with(b"ab");
+        let mut output = Output::new(false)
+            .into_file(f.try_clone().unwrap())
+            .unwrap();
+        output.stdout(b"cd");
+        output.stderr(b"opmark-get: ...\n");
+        assert_eq!(output.replay_offsets(), (0, 0));
+        assert_eq!(content_of(&f), b"");
+        output.stdout(b"abcd");
+        assert_eq!(content_of(&f), b"abcd");
+        assert_eq!(output.out_bytes(), 4);
+    }
+
+    #[test]
+    fn output_kept_in_memory_replays_from_the_start_as_before() {
+        let mut output = Output::new(false);
+        output.stdout(b"seen");
+        assert_eq!(output.replay_offsets(), (0, 0));
+        output.start_over();
+        assert_eq!(output.out_bytes(), 4, "kept output is never dropped");
     }
 }

@@ -122,6 +122,9 @@ pub enum RunError {
     /// A step the decisions rule out happened, or the shim broke the protocol.
     #[error("{0}")]
     Internal(String),
+    /// A local file the run writes could not be opened (nothing was sent).
+    #[error("{0}")]
+    LocalIo(String),
 }
 
 /// opmark's own progress line on stderr.

@@ -59,6 +59,22 @@ pub async fn run_interruptible(
     };
     let key = OpKey::new(input.op.as_str(), host_name.clone());
     let family_policy = env.policy.family(family).clone();
+    let output = match (&input.prefix, input.live_output) {
+        (Some(prefix), true) => Output::prefixed(prefix.clone()),
+        _ => Output::new(input.live_output),
+    }
+    .with_tally(input.tally.clone());
+    let output = match &input.stdout_to {
+        Some(path) => stdout_file(path)
+            .and_then(|f| output.into_file(f))
+            .map_err(|e| {
+                RunError::LocalIo(format!(
+                    "cannot write the output to {} ({e}); nothing was sent",
+                    path.display()
+                ))
+            })?,
+        None => output,
+    };
     let started = std::sync::Arc::new(tokio::sync::Notify::new());
     let detach = input.detach;
     let mut runner = Runner {
@@ -76,11 +92,7 @@ pub async fn run_interruptible(
         attempts: Vec::new(),
         budget: input.attempts.unwrap_or(family_policy.attempts).max(1),
         after_interrupted: family_policy.after_interrupted,
-        output: match (&input.prefix, input.live_output) {
-            (Some(prefix), true) => Output::prefixed(prefix.clone()),
-            _ => Output::new(input.live_output),
-        }
-        .with_tally(input.tally.clone()),
+        output,
         exit: None,
         attempt_base: 0,
         prior_dispatch: None,
@@ -440,4 +452,15 @@ fn signed_approval(
         nonce: s.nonce.clone(),
         note: s.note.clone(),
     })
+}
+
+/// The local file a run's stdout goes to: made, or opened as it is and never truncated
+/// here (its bytes are the stream's start).
+fn stdout_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
 }

@@ -2,8 +2,12 @@
 //! (docs/commands.md#get-files-read-back-whole). The intent is `opmark-get -- 'PATH'`,
 //! read-only by the shipped policy; the shim copies PATH into the marker, says its digest
 //! on stderr's first line and sends the copy as the output, which the host keeps for a
-//! replay. Here the bytes go to a temporary file beside LOCAL, are checked against that
-//! digest, synced and renamed into place: LOCAL holds the old file or the whole new one.
+//! replay. Here the bytes go to a partial copy beside LOCAL as they arrive (named by the
+//! op id), are checked against that digest, synced and renamed into place: LOCAL holds
+//! the old file or the whole new one. A read cut before the end keeps its partial copy,
+//! and a rerun under the op id asks the host's copy for the bytes after it; the digest
+//! over the whole is what decides, so a partial copy that is not the host's bytes is
+//! removed and read again, never renamed into place.
 
 use std::path::{Path, PathBuf};
 
@@ -126,22 +130,45 @@ fn get_one(
         req.local.clone()
     };
     let dir = directory_of(&local)?;
-    let request = req.transfer.run_request(
+    // The op id is known before the run: the partial copy here is named by it.
+    let (op, minted) = match req.transfer.op.as_deref() {
+        Some(text) => (
+            crate::op_id::OpId::parse(text)
+                .map_err(|e| Error::new(ErrorKind::InvalidInput, e.to_string()))?,
+            false,
+        ),
+        None => (crate::op_id::OpId::mint(), true),
+    };
+    if minted {
+        watch.minted(&op);
+    }
+    let partial = partial_path(&local, &dir, op.as_str());
+    let mut transfer = req.transfer;
+    transfer.op = Some(op.to_string());
+    let mut request = transfer.run_request(
         &source.host,
         intent(&source.path),
         crate::shim::RunKind::Get,
         Stdin::None,
         KEEP_ON_HOST,
     );
-    let mut run = run(ctx, request, watch)?;
+    request.stdout_to = Some(partial.clone());
+    let mut run = match run(ctx, request, watch) {
+        Ok(run) => run,
+        Err(e) => {
+            drop_if_empty(&partial);
+            return Err(e);
+        }
+    };
     let mut file = GotFile {
         source,
         local,
         read: None,
         saved: false,
     };
-    if let RunAnswer::One { report, .. } = &mut run {
-        keep(report, &mut file, &dir)?;
+    match &mut run {
+        RunAnswer::One { report, .. } => keep(report, &mut file, &partial)?,
+        _ => drop_if_empty(&partial),
     }
     Ok(GetAnswer {
         op: None,
@@ -181,8 +208,10 @@ fn get_several(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Resu
                 local.display()
             )));
         }
+        let op = file_op(&base, &source.path);
         each.push(EachOperation {
-            op: file_op(&base, &source.path),
+            stdout_to: Some(partial_path(&local, &req.local, op.as_str())),
+            op,
             command: intent(&source.path),
             stdin_from: None,
         });
@@ -218,15 +247,25 @@ fn read_each(
         Stdin::None,
         KEEP_ON_HOST,
     );
-    let mut run = run_each(ctx, request, &base, each, watch)?;
+    let partials: Vec<PathBuf> = each.iter().filter_map(|e| e.stdout_to.clone()).collect();
+    let run = run_each(ctx, request, &base, each, watch);
+    let mut run = match run {
+        Ok(run) => run,
+        Err(e) => {
+            partials.iter().for_each(|p| drop_if_empty(p));
+            return Err(e);
+        }
+    };
     if let RunAnswer::Fleet { results, .. } = &mut run {
-        for (file, result) in files.iter_mut().zip(results.iter_mut()) {
-            if let Ok(report) = &mut result.outcome {
-                let dir = directory_of(&file.local)?;
-                if let Err(e) = keep(report, file, &dir) {
-                    // One file not kept is that file's answer, not the others' end.
-                    result.outcome = Err(e);
+        for ((file, result), partial) in files.iter_mut().zip(results.iter_mut()).zip(&partials) {
+            match &mut result.outcome {
+                Ok(report) => {
+                    if let Err(e) = keep(report, file, partial) {
+                        // One file not kept is that file's answer, not the others' end.
+                        result.outcome = Err(e);
+                    }
                 }
+                Err(_) => drop_if_empty(partial),
             }
         }
     }
@@ -352,8 +391,14 @@ fn get_tree(ctx: &Context, req: GetRequest, watch: &mut dyn RunWatch) -> Result<
         if let Some(parent) = local.parent() {
             made(parent)?;
         }
+        let op = file_op(&base, &remote);
         each.push(EachOperation {
-            op: file_op(&base, &remote),
+            stdout_to: Some(partial_path(
+                &local,
+                local.parent().unwrap_or(&root),
+                op.as_str(),
+            )),
+            op,
             command: intent(&remote),
             stdin_from: None,
         });
@@ -427,27 +472,60 @@ fn directory_of(local: &Path) -> Result<PathBuf> {
     Ok(dir.to_path_buf())
 }
 
-/// Saves a read that ended well into `file.local` and says so in `file`; the report
-/// keeps no content (it is in LOCAL; a document carries what happened, not the file).
-fn keep(report: &mut crate::operation::RunReport, file: &mut GotFile, dir: &Path) -> Result<()> {
-    if matches!(report.verdict, Verdict::Completed | Verdict::Replayed)
-        && report.exit_code == Some(0)
-    {
-        file.read = digest_said(&report.stderr.lossy_string());
-        if let Some((sha256, bytes)) = &file.read {
-            save(
-                &report.stdout,
-                &file.local,
-                dir,
-                sha256,
-                *bytes,
-                &report.op_id,
-            )?;
+/// The partial copy of `local`'s read under `op`: beside it, hidden, named by the op id
+/// so that a rerun under it finds what an earlier invocation received.
+fn partial_path(local: &Path, dir: &Path, op: &str) -> PathBuf {
+    let name = local
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.join(format!(".{name}.opmark-{op}"))
+}
+
+/// Settles a read: one that ended well goes from its partial copy to `file.local` and is
+/// said in `file`; one the host answered otherwise (no such file) leaves nothing here;
+/// one not settled (the link lost, the budget spent, a signal) keeps what arrived for a
+/// rerun under the op id to go on from. The report keeps no content (it is in LOCAL; a
+/// document carries what happened, not the file).
+fn keep(
+    report: &mut crate::operation::RunReport,
+    file: &mut GotFile,
+    partial: &Path,
+) -> Result<()> {
+    report.stdout = Default::default();
+    let settled = matches!(report.verdict, Verdict::Completed | Verdict::Replayed);
+    if !settled {
+        match std::fs::metadata(partial).map(|m| m.len()) {
+            Ok(0) => drop_if_empty(partial),
+            Ok(held) => crate::logging::say(format_args!(
+                "opmark: {held} bytes of {}:{} are here in {}: the same get with --op {} reads only the rest",
+                file.source.host,
+                file.source.path,
+                partial.display(),
+                report.op_id
+            )),
+            Err(_) => {}
+        }
+        return Ok(());
+    }
+    file.read = digest_said(&report.stderr.lossy_string());
+    match (&file.read, report.exit_code) {
+        (Some((sha256, bytes)), Some(0)) => {
+            save(partial, &file.local, sha256, *bytes)?;
             file.saved = true;
         }
+        _ => {
+            let _ = std::fs::remove_file(partial);
+        }
     }
-    report.stdout = Default::default();
     Ok(())
+}
+
+/// Removes a partial copy that holds nothing (made for a read that sent nothing).
+fn drop_if_empty(partial: &Path) {
+    if std::fs::metadata(partial).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(partial);
+    }
 }
 
 /// The digest and size the host said on stderr's first line.
@@ -467,42 +545,35 @@ fn digest_said(stderr: &str) -> Option<(String, u64)> {
     Some((sha?, bytes?))
 }
 
-/// Writes `content` beside `local`, checks it against what the host said, syncs it and
-/// renames it into place (and syncs the directory): never a partial file at LOCAL.
-fn save(
-    content: &crate::operation::output::Captured,
-    local: &Path,
-    dir: &Path,
-    sha256: &str,
-    bytes: u64,
-    op: &str,
-) -> Result<()> {
-    let name = local
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.opmark-{op}"));
+/// Checks the partial copy against what the host said, syncs it and renames it into
+/// place (and syncs the directory): never a partial file at LOCAL. A copy that is not
+/// the host's bytes is removed, so the next rerun reads the file whole.
+fn save(partial: &Path, local: &Path, sha256: &str, bytes: u64) -> Result<()> {
+    use std::io::Read as _;
     let failed = |what: &str, e: &dyn std::fmt::Display| {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(partial);
         Error::new(
             ErrorKind::LocalIo,
             format!(
                 "cannot {what} {} ({e}); {} is unchanged. The host keeps the file's copy: rerun with the same op id to read it again",
-                tmp.display(),
+                partial.display(),
                 local.display()
             ),
         )
     };
-    let mut file = std::fs::File::create(&tmp).map_err(|e| failed("create", &e))?;
-    let mut hashing = HashingWriter {
-        inner: &mut file,
-        hash: Sha256::new(),
-        len: 0,
-    };
-    content
-        .write_raw(&mut hashing)
-        .map_err(|e| failed("write", &e))?;
-    let (got, len) = (hex::encode(hashing.hash.finalize()), hashing.len);
+    let mut file = std::fs::File::open(partial).map_err(|e| failed("read", &e))?;
+    let mut hash = Sha256::new();
+    let mut len = 0u64;
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| failed("read", &e))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        len += n as u64;
+    }
+    let got = hex::encode(hash.finalize());
     if got != sha256 || len != bytes {
         return Err(failed(
             "keep",
@@ -512,31 +583,12 @@ fn save(
         ));
     }
     file.sync_all().map_err(|e| failed("sync", &e))?;
-    std::fs::rename(&tmp, local).map_err(|e| failed("rename", &e))?;
-    if let Ok(d) = std::fs::File::open(dir) {
+    std::fs::rename(partial, local).map_err(|e| failed("rename", &e))?;
+    let dir = local.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Ok(d) = std::fs::File::open(dir.unwrap_or(Path::new("."))) {
         let _ = d.sync_all();
     }
     Ok(())
-}
-
-/// Writes through and hashes what passed.
-struct HashingWriter<'a> {
-    inner: &'a mut std::fs::File,
-    hash: Sha256,
-    len: u64,
-}
-
-impl std::io::Write for HashingWriter<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 fn invalid(message: String) -> Error {

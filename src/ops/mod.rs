@@ -203,6 +203,7 @@ impl From<crate::operation::RunError> for Error {
             RunError::Ledger(e) => e.into(),
             RunError::Config(message) => Error::new(ErrorKind::Config, message),
             RunError::Internal(message) => Error::new(ErrorKind::Internal, message),
+            RunError::LocalIo(message) => Error::new(ErrorKind::LocalIo, message),
         }
     }
 }

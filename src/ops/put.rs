@@ -157,6 +157,7 @@ pub fn put(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
                 path: local.clone(),
                 sha256,
             }),
+            stdout_to: None,
         });
         files.push(PutFile {
             local,

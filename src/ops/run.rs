@@ -121,6 +121,9 @@ pub struct RunRequest {
     pub live_output: bool,
     /// Counts the output delivered (every host's), for progress reports meanwhile.
     pub tally: Option<std::sync::Arc<crate::operation::output::OutputBytes>>,
+    /// One host's stdout goes to this local file, resumed after what it holds (a get's
+    /// content: [`crate::operation::RunInput::stdout_to`]).
+    pub stdout_to: Option<std::path::PathBuf>,
 }
 
 /// Told while a run goes on (the answer itself is the [`RunAnswer`]).
@@ -456,6 +459,7 @@ pub(super) fn shared_input(
         declared: Declared::default(),
         wait_scope: req.wait_scope,
         tally: req.tally.clone(),
+        stdout_to: req.stdout_to.clone(),
     }
 }
 

@@ -26,6 +26,8 @@ pub struct EachOperation {
     pub command: String,
     /// Its stdin: a file's content, read when its run starts (a put), or none (a get).
     pub stdin_from: Option<crate::operation::StdinFile>,
+    /// The local file its stdout goes to (a get's content), or none (kept in memory).
+    pub stdout_to: Option<std::path::PathBuf>,
 }
 
 /// Runs `each` on the one host of `req`, every operation its own; `req` gives what they
@@ -120,6 +122,7 @@ pub fn run_each(
                 live_output: false,
                 detach: false,
                 tally: None,
+                stdout_to: one.stdout_to,
                 ..shared_input(&req, spec.clone(), one.op, one.command)
             })
             .collect();

@@ -78,6 +78,7 @@ impl TransferOptions {
             kind,
             live_output: false,
             tally: None,
+            stdout_to: None,
         }
     }
 }

@@ -6,7 +6,9 @@
 //! is on the host is settled by the probe and the file written once; a 200 MB put cut at
 //! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
 //! read whole and checked, a rerun replays the host's copy (even after the file changed),
-//! a missing file leaves LOCAL as it was. Several files and `-r`: one operation each,
+//! a rerun goes on from the partial copy an earlier invocation left (a wrong one is read
+//! again whole), a 200 MB get killed twice is finished reading only the rest, a missing
+//! file leaves LOCAL as it was. Several files and `-r`: one operation each,
 //! the tree made on the host, a rerun replaying each file and an edited one a conflict;
 //! `get -r` reads a tree the same way after a listing that its rerun replays.
 
@@ -785,6 +787,18 @@ fn a_directory_is_read_with_get_r_one_operation_per_file_and_its_rerun_reads_the
 /// Bytes the target's namespace received on its links (`/proc/net/dev`, all but `lo`),
 /// counted before any filter: every byte the client sent, however many times.
 fn received_by(lab: &Lab) -> u64 {
+    link_bytes(lab, 0)
+}
+
+/// Bytes the target's namespace sent on its links: every byte a get read, however
+/// many times.
+fn sent_by(lab: &Lab) -> u64 {
+    link_bytes(lab, 8)
+}
+
+/// One column of the target namespace's `/proc/net/dev` (0 received, 8 sent), summed
+/// over its links but `lo`.
+fn link_bytes(lab: &Lab, column: usize) -> u64 {
     let ns = lab.targets()[0].netns.clone().expect("a netns target");
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", &ns, "cat", "/proc/net/dev"])
@@ -794,7 +808,7 @@ fn received_by(lab: &Lab) -> u64 {
         .lines()
         .filter_map(|l| l.split_once(':'))
         .filter(|(name, _)| name.trim() != "lo")
-        .filter_map(|(_, counters)| counters.split_whitespace().next()?.parse::<u64>().ok())
+        .filter_map(|(_, counters)| counters.split_whitespace().nth(column)?.parse::<u64>().ok())
         .sum()
 }
 
@@ -1077,6 +1091,10 @@ fn a_get_of_a_missing_file_leaves_local_as_it_was_and_bad_input_sends_nothing() 
     assert_eq!(a.json["file"]["saved"], false, "{a:?}");
     assert!(a.stderr.contains("no file"), "{}", a.stderr);
     assert_eq!(std::fs::read(&local).unwrap(), b"mine\n");
+    assert!(
+        no_leftovers(&local),
+        "nothing read, nothing kept beside LOCAL"
+    );
     for (args, says) in [
         (
             vec!["target1".to_owned(), local.display().to_string()],
@@ -1167,4 +1185,166 @@ fn a_put_the_policy_holds_waits_for_an_approval_and_then_writes_once() {
         "{approved:?}"
     );
     assert_eq!(sha256(&dest), sha256(&local));
+}
+
+/// The partial copy a get under `op` keeps beside `local` while it reads.
+fn partial_of(local: &Path, op: &str) -> PathBuf {
+    let name = local.file_name().unwrap().to_str().unwrap();
+    local.with_file_name(format!(".{name}.opmark-{op}"))
+}
+
+#[test]
+fn a_get_goes_on_from_the_partial_copy_here_and_a_copy_that_is_not_the_hosts_is_read_again() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let remote = content(&dir, "remote.bin", 3 << 20, 12);
+    let want = sha256(&remote);
+    let local = dir.join("here").join("copy.bin");
+    std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+    let env = Sealed::new(crate::test_name!());
+    let first = get(&env, &lab, &remote, &local, &["--op", "gres-1"]);
+    assert_eq!(first.verdict(), "completed", "{first:?}");
+    assert_eq!(sha256(&local), want);
+    let partial = partial_of(&local, "gres-1");
+    assert!(
+        !partial.exists(),
+        "a read kept whole leaves no partial copy"
+    );
+
+    // An earlier invocation was cut after 1 MiB: its partial copy holds the host's first
+    // bytes, and the rerun asks the host's copy for the rest only.
+    let bytes = std::fs::read(&remote).unwrap();
+    std::fs::remove_file(&local).unwrap();
+    std::fs::write(&partial, &bytes[..1 << 20]).unwrap();
+    let resumed = get(&env, &lab, &remote, &local, &["--op", "gres-1"]);
+    assert_eq!(resumed.verdict(), "replayed", "{resumed:?}");
+    assert!(
+        resumed
+            .stderr
+            .contains("resuming the read of op gres-1: the first 1048576 bytes of its output are here already"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(sha256(&local), want, "the partial copy and the rest, whole");
+    assert!(no_leftovers(&local));
+
+    // A partial copy that is not the host's bytes (edited here), or longer than its copy:
+    // the digest over the whole refuses it, LOCAL is not written, and the copy is gone,
+    // so the next rerun reads the file whole.
+    let wrong: Vec<u8> = vec![0xAA; 1 << 20];
+    let longer: Vec<u8> = [&bytes[..], b"and more"].concat();
+    for held in [wrong, longer] {
+        let _ = std::fs::remove_file(&local);
+        std::fs::write(&partial, &held).unwrap();
+        let out = env
+            .opmark_with_lab(&lab)
+            .args(["get", &format!("target1:{}", remote.display())])
+            .arg(&local)
+            .args(["--op", "gres-1", "--wait", "20s"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("cannot keep"), "{stderr}");
+        assert!(stderr.contains("rerun with the same op id"), "{stderr}");
+        assert!(
+            !local.exists(),
+            "nothing but the host's bytes is renamed into place"
+        );
+        assert!(!partial.exists(), "the wrong copy is removed");
+        let again = get(&env, &lab, &remote, &local, &["--op", "gres-1"]);
+        assert_eq!(again.verdict(), "replayed", "{again:?}");
+        assert!(!again.stderr.contains("resuming"), "{}", again.stderr);
+        assert_eq!(sha256(&local), want);
+    }
+}
+
+#[test]
+fn a_200_mb_get_killed_at_30_and_60_percent_is_finished_by_reruns_that_read_only_the_rest() {
+    let Some(lab) = crate::netns_lab!(1) else {
+        return;
+    };
+    const SIZE: usize = 200 << 20;
+    let dir = fresh_dir(crate::test_name!());
+    let remote = content(&dir, "huge", SIZE, 13);
+    let want = sha256(&remote);
+    let env = Sealed::new(crate::test_name!());
+    // Each client its own connection; then through one keeper, a call a channel (the
+    // resident shim off) and through the resident: a killed caller's channel is closed
+    // by the keeper, so the host stops sending what nobody reads (read to its end, the
+    // rest of the file crossed the link: 2.09x in all).
+    for (op, persist, resident) in [
+        ("gbig-1", "0", "1"),
+        ("gbig-2", "5m", "0"),
+        ("gbig-3", "5m", "1"),
+    ] {
+        let local = dir.join(op).join("huge");
+        std::fs::create_dir_all(local.parent().unwrap()).unwrap();
+        let partial = partial_of(&local, op);
+        let get_cmd = || {
+            let mut cmd = env.opmark_with_lab(&lab);
+            cmd.env("OPMARK_PERSIST", persist)
+                .env("OPMARK_RESIDENT", resident)
+                .arg("get");
+            cmd
+        };
+        let before = sent_by(&lab);
+        for percent in [30u64, 60] {
+            let at = SIZE as u64 * percent / 100;
+            let mut child = support::spawn(
+                &mut get_cmd(),
+                &[
+                    &format!("target1:{}", remote.display()),
+                    local.to_str().unwrap(),
+                    "--op",
+                    op,
+                ],
+            );
+            support::wait_for(
+                &format!("{percent}% of the file here"),
+                Duration::from_secs(180),
+                || std::fs::metadata(&partial).is_ok_and(|m| m.len() >= at),
+            );
+            // SIGKILL: nothing of the client's own runs after it.
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            eprintln!(
+                "{op}: killed at {} bytes here; it said: {}",
+                std::fs::metadata(&partial).map_or(0, |m| m.len()),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!local.exists(), "LOCAL is never a partial file");
+        }
+        let kept = std::fs::metadata(&partial).unwrap().len();
+        assert!(kept >= SIZE as u64 * 6 / 10, "{kept}");
+        let done = support::answer(
+            get_cmd()
+                .arg("--json")
+                .arg(format!("target1:{}", remote.display()))
+                .arg(&local)
+                .args(["--op", op])
+                .output()
+                .unwrap(),
+        );
+        assert_eq!(done.verdict(), "replayed", "{done:?}");
+        assert!(
+            done.stderr
+                .contains(&format!("resuming the read of op {op}: the first")),
+            "{}",
+            done.stderr
+        );
+        assert_eq!(sha256(&local), want);
+        assert!(no_leftovers(&local));
+        let sent = sent_by(&lab) - before;
+        eprintln!(
+            "{op} (persist {persist}, resident {resident}): {sent} bytes crossed the link for a {SIZE}-byte file read in three invocations: {:.3}x",
+            sent as f64 / SIZE as f64
+        );
+        assert!(
+            sent < SIZE as u64 * 12 / 10,
+            "{op}: {sent} bytes crossed the link for a {SIZE}-byte file (resumed, not read again)"
+        );
+    }
 }
