@@ -167,7 +167,7 @@ fn get_one(
         saved: false,
     };
     match &mut run {
-        RunAnswer::One { report, .. } => keep(report, &mut file, &partial)?,
+        RunAnswer::One { report, .. } => keep(report, &mut file, &partial, watch)?,
         _ => drop_if_empty(&partial),
     }
     Ok(GetAnswer {
@@ -260,7 +260,7 @@ fn read_each(
         for ((file, result), partial) in files.iter_mut().zip(results.iter_mut()).zip(&partials) {
             match &mut result.outcome {
                 Ok(report) => {
-                    if let Err(e) = keep(report, file, partial) {
+                    if let Err(e) = keep(report, file, partial, watch) {
                         // One file not kept is that file's answer, not the others' end.
                         result.outcome = Err(e);
                     }
@@ -491,14 +491,15 @@ fn keep(
     report: &mut crate::operation::RunReport,
     file: &mut GotFile,
     partial: &Path,
+    watch: &mut dyn RunWatch,
 ) -> Result<()> {
     report.stdout = Default::default();
     let settled = matches!(report.verdict, Verdict::Completed | Verdict::Replayed);
     if !settled {
         match std::fs::metadata(partial).map(|m| m.len()) {
             Ok(0) => drop_if_empty(partial),
-            Ok(held) => crate::logging::say(format_args!(
-                "opmark: {held} bytes of {}:{} are here in {}: the same get with --op {} reads only the rest",
+            Ok(held) => watch.note(&format!(
+                "{held} bytes of {}:{} are here in {}: the same get with --op {} reads only the rest",
                 file.source.host,
                 file.source.path,
                 partial.display(),
