@@ -123,6 +123,19 @@ pub struct Facts<'a> {
 }
 
 impl Facts<'_> {
+    /// What follows or replays the operation: `opmark run`, or for a file delivered or
+    /// read, the same `opmark put`/`opmark get` (`opmark run` refuses their intents).
+    pub fn rerun(&self) -> &'static str {
+        let word = self.command.split(' ').next().unwrap_or_default();
+        if word == crate::shim::PUT_WORD {
+            "the same `opmark put`"
+        } else if word == crate::shim::GET_WORD {
+            "the same `opmark get`"
+        } else {
+            "`opmark run`"
+        }
+    }
+
     /// The attempt being made now (or, before this run made one, the earlier attempt it
     /// observes).
     pub fn current(&self) -> String {
@@ -1433,7 +1446,8 @@ pub fn client_interrupted(
                 attempt,
                 ReasonCode::ClientInterrupted,
                 format!(
-                    "interrupted by {signal} at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                    "interrupted by {signal} at boundary {boundary}: {seen}. {again} with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it",
+                    again = facts.rerun()
                 ),
             ),
             record_verdict: true,
@@ -1491,7 +1505,8 @@ pub fn wait_budget_spent(
                 attempt,
                 ReasonCode::WaitBudgetSpent,
                 format!(
-                    "the --wait budget ({budget}) was spent {doing}, at boundary {boundary}: {seen}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+                    "the --wait budget ({budget}) was spent {doing}, at boundary {boundary}: {seen}. {again} with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it",
+                    again = facts.rerun()
                 ),
             ),
             record_verdict: true,
@@ -1537,7 +1552,8 @@ pub fn detached(facts: &Facts<'_>) -> Answer {
         attempt,
         ReasonCode::Detached,
         format!(
-            "detached: the shim claimed the marker and started the command, which keeps running on {host}. `opmark run` with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it"
+            "detached: the shim claimed the marker and started the command, which keeps running on {host}. {again} with op id {op} follows or replays it; `opmark cancel {host} {op}` stops it",
+            again = facts.rerun()
         ),
     )
 }
@@ -3272,6 +3288,33 @@ mod tests {
         let a = detached(&facts(Family::ReadOnly, &ours));
         assert_eq!(verdict_of(&a), (Verdict::InProgress, ReasonCode::Detached));
         assert_eq!(a.attempt_id.as_deref(), Some("at-1"));
+    }
+
+    #[test]
+    fn a_put_or_get_left_running_is_followed_by_the_same_transfer_not_by_run() {
+        // `opmark run` refuses a put's or a get's intent: the advice names the verb that
+        // takes it.
+        let ours = [attempt("at-1", Boundary::Started)];
+        for (command, again) in [
+            ("echo hi", "`opmark run` with op id op-1"),
+            (
+                "opmark-get -- '/srv/big.iso'",
+                "the same `opmark get` with op id op-1",
+            ),
+            (
+                "opmark-put --mode 0644 -- 'x'",
+                "the same `opmark put` with op id op-1",
+            ),
+        ] {
+            let f = Facts {
+                command,
+                ..facts(Family::ReadOnly, &ours)
+            };
+            let a = detached(&f);
+            assert!(a.reason.contains(again), "{command}: {}", a.reason);
+            let i = client_interrupted(&f, ClientSignal::Int, true, Boundary::Started);
+            assert!(i.answer.reason.contains(again), "{command}: {i:?}");
+        }
     }
 
     #[test]
