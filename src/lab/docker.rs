@@ -878,10 +878,23 @@ impl Lab {
     /// answers.
     pub fn pause(&self, alias: &str) -> Result<(), LabError> {
         let n = self.node(alias)?;
-        if self.container_state(alias)? != "paused" {
-            docker(&["pause", &n.container])?;
+        // The cgroup freezer can miss a process caught starting (runc: "unable to
+        // freeze", seen in CI while the target's shim forked): the container stays
+        // running, and a try a moment later freezes it.
+        let mut tries = 0;
+        loop {
+            if self.container_state(alias)? == "paused" {
+                return Ok(());
+            }
+            match docker(&["pause", &n.container]) {
+                Ok(_) => return Ok(()),
+                Err(e) if tries < 5 && e.to_string().contains("unable to freeze") => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(())
     }
 
     /// Undoes [`Lab::pause`]. Idempotent.
