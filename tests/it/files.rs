@@ -186,6 +186,7 @@ fn a_reader_of_the_path_during_puts_sees_one_whole_file_or_the_other() {
     let env = Sealed::new(crate::test_name!());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let seen = std::thread::scope(|s| {
+        let _stop_reader = support::SetOnDrop(&stop);
         let reader = s.spawn(|| {
             let mut reads = 0;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
@@ -859,6 +860,9 @@ fn a_200_mb_put_cut_at_30_60_and_90_percent_resumes_each_time_and_never_leaves_a
     let want = sha256(&local);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
+        // A failed step below stops the reader too, so the test fails instead of the
+        // scope waiting for the reader for good.
+        let _stop_reader = support::SetOnDrop(&stop);
         // A reader of PATH all along: nothing there, or the whole file.
         let reader = s.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {

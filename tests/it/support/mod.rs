@@ -828,3 +828,13 @@ pub fn uptime_intervals(log: &Path) -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// Sets its flag when dropped, a panic's unwinding included: a helper thread of a scope
+/// that loops until the flag is set ends whatever ends the scope's body.
+pub struct SetOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
