@@ -544,6 +544,30 @@ pub(crate) async fn flush_or_timeout<W: AsyncWrite + Unpin>(
     }
 }
 
+/// [`flush_or_timeout`] whose writes fail with [`Error::KeepaliveTimeout`] when one takes
+/// no byte for `stall`: a write blocked on a dead link otherwise holds the session loop,
+/// and with it the keepalive timer, until TCP itself gives up (many minutes).
+pub(crate) async fn flush_or_timeout_within<W: AsyncWrite + Unpin>(
+    writer: &mut sshbuffer::PacketWriter,
+    stream: &mut W,
+    inactivity_timer: Pin<&mut impl Future<Output = ()>>,
+    stall: Option<std::time::Duration>,
+) -> Result<(), Error> {
+    tokio::select! {
+        r = writer.flush_into_within(stream, stall) => match r {
+            Err(e) if stall.is_some() && e.kind() == std::io::ErrorKind::TimedOut => {
+                debug!("Timeout, server not reading");
+                Err(Error::KeepaliveTimeout)
+            }
+            r => Ok(r?),
+        },
+        _ = inactivity_timer => {
+            debug!("timeout while writing");
+            Err(Error::InactivityTimeout)
+        }
+    }
+}
+
 /// Returns `f(val)` if `val` it is [Some], or a forever pending [Future] if it is [None].
 pub(crate) fn future_or_pending<R, F: Future<Output = R>, T>(
     val: Option<T>,

@@ -607,6 +607,32 @@ impl PacketWriter {
         self.write_buffer.seqn = Wrapping(0);
     }
 
+    /// [`PacketWriter::flush_into`], failing with `TimedOut` when one write takes no
+    /// byte for `stall` (the peer acknowledged nothing for that long: the link is dead).
+    pub async fn flush_into_within<W: AsyncWrite + Unpin>(
+        &mut self,
+        w: &mut W,
+        stall: Option<std::time::Duration>,
+    ) -> std::io::Result<()> {
+        let Some(stall) = stall else {
+            return self.flush_into(w).await;
+        };
+        let mut done = 0;
+        while done < self.write_buffer.buffer.len() {
+            #[allow(clippy::indexing_slicing)] // done < len
+            let n = tokio::time::timeout(stall, w.write(&self.write_buffer.buffer[done..]))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            done += n;
+        }
+        w.flush().await?;
+        self.write_buffer.buffer.clear();
+        Ok(())
+    }
+
     pub async fn flush_into<W: AsyncWrite + Unpin>(&mut self, w: &mut W) -> std::io::Result<()> {
         if !self.write_buffer.buffer.is_empty() {
             w.write_all(&self.write_buffer.buffer).await?;

@@ -1540,10 +1540,19 @@ impl Session {
             };
 
             self.flush()?;
-            crate::flush_or_timeout(
+            // A write that takes no byte for as long as the keepalives would wait is a
+            // dead link: the keepalive timer cannot run while the loop waits here.
+            let stall = self
+                .common
+                .config
+                .keepalive_interval
+                .filter(|_| self.common.config.keepalive_max != 0)
+                .map(|d| d * (self.common.config.keepalive_max as u32).saturating_add(1));
+            crate::flush_or_timeout_within(
                 &mut self.common.packet_writer,
                 stream_write,
                 inactivity_timer.as_mut(),
+                stall,
             )
             .await?;
 
