@@ -36,27 +36,24 @@ setup_root() {
 root_id() {
 	rid=
 	read -r rid 2>/dev/null <"$root/root_id"
-	# Another first call may link the id in between our read and the -e test: then read
-	# again rather than take its absence for an unreadable id.
-	if [ -z "$rid" ] && [ -e "$root/root_id" ]; then
-		read -r rid 2>/dev/null <"$root/root_id"
-	fi
 	if [ -z "$rid" ] && ! [ -e "$root/root_id" ] && [ -z "$expect_root" ]; then
 		ri_nonce=$nonce
 		new_nonce || refuse "root_unusable reason=no_random"
-		rid=$nonce nonce=$ri_nonce
+		ri_new=$nonce nonce=$ri_nonce
 		ri_tmp=$root/.root_id.$$
-		if ! printf '%s\n' "$rid" >"$ri_tmp" || ! sync "$ri_tmp"; then
+		if ! printf '%s\n' "$ri_new" >"$ri_tmp" || ! sync "$ri_tmp"; then
 			rm -f "$ri_tmp"
 			resource_cause
 			refuse "root_unusable reason=$cause"
 		fi
 		ln "$ri_tmp" "$root/root_id" 2>/dev/null
 		rm -f "$ri_tmp"
-		rid=
-		read -r rid 2>/dev/null <"$root/root_id"
 		sync "$root"
 	fi
+	# Read again whenever the first read found nothing: by now the id is in place, ours or
+	# that of a first call that linked it between our read and our test (two tests there
+	# left a window where neither saw the other's link: found by fifty claimers at once).
+	[ -n "$rid" ] || read -r rid 2>/dev/null <"$root/root_id"
 	case $rid in
 	'' | *[!0-9a-f]*) rid= ;;
 	esac
