@@ -158,7 +158,10 @@ impl Session {
         let closer = write.clone();
         let writer = tokio::spawn(async move {
             if let Some(bytes) = stdin {
-                if let Err(e) = write.data(&bytes[..]).await {
+                // Owned bytes go out in packets of the host's maximum size (32 KiB from
+                // sshd); `data` copies through an 8 KiB buffer, four times the packets
+                // for sshd to take apart, and put 100 MB through at half OpenSSH's rate.
+                if let Err(e) = write.data_bytes(bytes).await {
                     tracing::debug!("stdin not fully sent: {e}");
                     return;
                 }
@@ -261,7 +264,7 @@ impl Session {
                 if bytes.is_empty() {
                     continue;
                 }
-                if let Err(e) = write.data(&bytes[..]).await {
+                if let Err(e) = write.data_bytes(bytes).await {
                     tracing::debug!("resident input not fully sent: {e}");
                     return;
                 }
