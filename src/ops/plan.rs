@@ -140,7 +140,7 @@ pub fn plan(ctx: &Context, req: &PlanRequest) -> Result<Vec<Plan>> {
     let secret_names: Vec<String> = secrets.names().to_vec();
     let stdin = match &req.stdin {
         Stdin::None => None,
-        Stdin::Given(bytes) => Some(bytes.clone()),
+        Stdin::Given(bytes) | Stdin::Digested { bytes, .. } => Some(bytes.clone()),
         Stdin::Read => {
             let mut buf = Vec::new();
             std::io::stdin().read_to_end(&mut buf).map_err(|e| {

@@ -200,13 +200,17 @@ fn put_one(ctx: &Context, req: PutRequest, watch: &mut dyn RunWatch) -> Result<P
     let target = RemoteFile::parse(&req.destination, Some(&local))
         .map_err(|why| invalid(format!("{why}; nothing was sent")))?;
     let (content, mode) = read_file(&local, req.mode)?;
-    let sha256 = hex::encode(Sha256::digest(&content));
+    let digest: [u8; 32] = Sha256::digest(&content).into();
+    let sha256 = hex::encode(digest);
     let bytes = content.len() as u64;
     let request = req.transfer.run_request(
         &target.host,
         intent(mode, &target.path, false),
         crate::shim::RunKind::Put,
-        Stdin::Given(content),
+        Stdin::Digested {
+            bytes: content,
+            sha256: digest,
+        },
         DELIVERY_OUTPUT,
     );
     let run = run(ctx, request, watch)?;

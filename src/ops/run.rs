@@ -37,6 +37,19 @@ pub enum Stdin {
     Read,
     /// These bytes (`opmark mcp`, whose stdin is the protocol stream).
     Given(Vec<u8>),
+    /// These bytes and their SHA-256, which the caller took already (a put's file): a
+    /// second pass over 100 MB costs as much as sending them on loopback.
+    Digested { bytes: Vec<u8>, sha256: [u8; 32] },
+}
+
+impl Stdin {
+    /// The digest the caller gave with the bytes, if it did.
+    fn known_digest(&self) -> Option<[u8; 32]> {
+        match self {
+            Stdin::Digested { sha256, .. } => Some(*sha256),
+            _ => None,
+        }
+    }
 }
 
 /// How one operation spreads over several hosts (docs/decisions.md#fleets).
@@ -470,10 +483,13 @@ fn run_input(
     host: &str,
     checked: &Checked,
     stdin: Option<Vec<u8>>,
+    digest: Option<[u8; 32]>,
     prefix: Option<String>,
 ) -> RunInput {
     RunInput {
-        stdin_sha256: stdin.as_ref().map(|s| sha2::Sha256::digest(s).into()),
+        stdin_sha256: stdin
+            .as_ref()
+            .map(|s| digest.unwrap_or_else(|| sha2::Sha256::digest(s).into())),
         stdin,
         secrets: checked.secrets.clone(),
         locks: checked.locks.clone(),
@@ -598,7 +614,7 @@ async fn spool_stdin(
     watch: &mut dyn RunWatch,
 ) -> Result<std::result::Result<Option<Vec<u8>>, RunAnswer>> {
     match stdin {
-        Stdin::Given(bytes) => return Ok(Ok(Some(bytes))),
+        Stdin::Given(bytes) | Stdin::Digested { bytes, .. } => return Ok(Ok(Some(bytes))),
         Stdin::None => return Ok(Ok(None)),
         Stdin::Read => {}
     }
@@ -667,12 +683,12 @@ fn set_up(ctx: &Context, op: &OpId) -> Result<Setup> {
 /// The stdin to forward, read once for every host (`Err`: the answer to an interruption
 /// while reading); then a minted op id is told to the caller, before anything is sent.
 async fn read_stdin(
-    req: &RunRequest,
+    stdin: Stdin,
     checked: &Checked,
     interrupts: &Interrupts,
     watch: &mut dyn RunWatch,
 ) -> Result<std::result::Result<Option<Vec<u8>>, RunAnswer>> {
-    let stdin = spool_stdin(req.stdin.clone(), &checked.op, interrupts, watch).await?;
+    let stdin = spool_stdin(stdin, &checked.op, interrupts, watch).await?;
     if stdin.is_ok() && checked.minted {
         watch.minted(&checked.op);
     }
@@ -683,7 +699,7 @@ async fn read_stdin(
 /// the silent default death.
 async fn run_operation(
     ctx: &Context,
-    req: RunRequest,
+    mut req: RunRequest,
     host: String,
     checked: Checked,
     watch: &mut dyn RunWatch,
@@ -699,12 +715,15 @@ async fn run_operation(
     if let Some(answer) = typo_answer(ctx, &req, std::slice::from_ref(&host), op) {
         return Ok(answer);
     }
-    let stdin = match read_stdin(&req, &checked, &interrupts, watch).await? {
-        Ok(stdin) => stdin,
-        Err(answer) => return Ok(answer),
-    };
+    // Taken, not copied: the request is not sent with it.
+    let digest = req.stdin.known_digest();
+    let stdin =
+        match read_stdin(std::mem::take(&mut req.stdin), &checked, &interrupts, watch).await? {
+            Ok(stdin) => stdin,
+            Err(answer) => return Ok(answer),
+        };
     let op_text = op.to_string();
-    let input = run_input(ctx, &req, &host, &checked, stdin, None);
+    let input = run_input(ctx, &req, &host, &checked, stdin, digest, None);
     interrupts.set_context(format!(
         "op {op} may be running on {host}: `opmark run` with --op {op} follows or replays it, `opmark cancel {host} {op}` stops it",
         op = op_text,
@@ -753,7 +772,7 @@ async fn run_operation(
 /// [`fleet::run_fleet`].
 async fn run_on_hosts(
     ctx: &Context,
-    req: RunRequest,
+    mut req: RunRequest,
     named: Vec<(String, Option<String>)>,
     checked: Checked,
     watch: &mut dyn RunWatch,
@@ -794,10 +813,13 @@ async fn run_on_hosts(
         .map(|((host, _), _)| host.clone())
         .collect();
     let failed_before = early.iter().filter(|e| e.is_some()).count();
-    let stdin = match read_stdin(&req, &checked, &interrupts, watch).await? {
-        Ok(stdin) => stdin,
-        Err(answer) => return Ok(answer),
-    };
+    // Taken, not copied: the request is not sent with it.
+    let digest = req.stdin.known_digest();
+    let stdin =
+        match read_stdin(std::mem::take(&mut req.stdin), &checked, &interrupts, watch).await? {
+            Ok(stdin) => stdin,
+            Err(answer) => return Ok(answer),
+        };
     interrupts.set_context(format!(
         "op {op} may be running on {} hosts: `opmark run` with --op {op} and the same hosts follows or replays it, `opmark cancel HOST {op}` stops it on one",
         hosts.len()
@@ -807,7 +829,7 @@ async fn run_on_hosts(
         .iter()
         .map(|host| {
             let prefix = prefix.then(|| format!("{host}: "));
-            run_input(ctx, &req, host, &checked, stdin.clone(), prefix)
+            run_input(ctx, &req, host, &checked, stdin.clone(), digest, prefix)
         })
         .collect();
     let shared = fleet_shared(ctx, policy, key);
