@@ -66,23 +66,28 @@ put_install() {
 		;;
 	esac
 	rget "$pi_m/claim" stdin_sum || exit 2
+	pi_sum=$rv
+	# A content of a MiB or more may be linked into place rather than copied (see
+	# PUT_WRITER); a smaller one costs less to copy than to look at first.
+	pi_link=
+	rget "$pi_m/claim" stdin_bytes && is_uint "$rv" && [ "$rv" -ge 1048576 ] && pi_link=1
 	# The temporary file is named after the operation: a second delivery of it (after a
 	# crash) reuses the name instead of leaving another one behind.
-	set -- "$pi_path" "$pi_mode" "$pi_parents" "$rv" "opmark-${pi_m##*/}"
+	set -- "$pi_path" "$pi_mode" "$pi_parents" "$pi_sum" "opmark-${pi_m##*/}"
 	if [ -n "${sv_become:-}" ]; then
 		become_askpass "$pi_m"
 		# shellcheck disable=SC2024 # the login reads the spool, sudo's user the pipe
 		sudo -A -p '' -u "$sv_become" -- /bin/sh -c "$SYNC_FN
-$PUT_WRITER" opmark-put "$@" '' <"$pi_m/stdin"
+$PUT_WRITER" opmark-put "$@" '' '' <"$pi_m/stdin"
 		# sudo's status is the writer's: never on to write a second time as the login.
 		exit "$?"
 	fi
-	set -- "$@" "$pi_m/stdin"
+	set -- "$@" "$pi_m/stdin" "$pi_link"
 	eval "$PUT_WRITER" <"$pi_m/stdin"
 	exit 1
 }
 
-# The writer of a put (its arguments PATH MODE PARENTS SUM TAG SAME, the content on its
+# The writer of a put (its arguments PATH MODE PARENTS SUM TAG SAME LINK, the content on its
 # stdin): self-contained, since sudo runs it in a shell of its own. The content is
 # written to a temporary file beside PATH (`.NAME.TAG`), checked against SUM, given MODE,
 # synced and renamed over PATH, so a reader of PATH sees the old file or the new one,
@@ -91,10 +96,16 @@ $PUT_WRITER" opmark-put "$@" '' <"$pi_m/stdin"
 # The directories made (below the deepest that existed) are synced once the file is in
 # place, so its name is durable before the exit record says written. SAME, when not empty,
 # is a file known to hold the content (the claim's stdin): the copy is compared with it
-# byte for byte (cmp reads both in a fraction of a hash's time), else hashed. It always
+# byte for byte (cmp reads both in a fraction of a hash's time), else hashed. With LINK
+# (1), SAME is first hard-linked as the temporary file: no copy and no comparison (its
+# digest was checked when it arrived), the part of a large put that scp does not do. Only
+# where the file then is what a copy made in PATH's directory would be: on the same file
+# system, and neither the directory nor SAME has an ACL or a security context (`ls -ld`
+# shows `+` or `.`) or the directory is setgid (a new file there takes its group). Once in
+# place, SAME's name is removed, so PATH is one link as a copy would be. It always
 # exits: 0 after saying `written` or `unchanged`, 1 after saying why on stderr.
 # shellcheck disable=SC2016 # expanded by the shell that evaluates it, not here
-PUT_WRITER='pw_path=$1 pw_mode=$2 pw_parents=$3 pw_sum=$4 pw_tag=$5 pw_same=$6
+PUT_WRITER='pw_path=$1 pw_mode=$2 pw_parents=$3 pw_sum=$4 pw_tag=$5 pw_same=$6 pw_link=${7:-}
 pw_up() {
 	case $1 in
 	*/*)
@@ -138,12 +149,25 @@ if [ -f "$pw_path" ]; then
 fi
 pw_tmp="$pw_dir/.$pw_base.$pw_tag"
 rm -f -- "$pw_tmp"
-if ! { cat >"$pw_tmp"; } 2>/dev/null; then
+pw_linked=
+if [ "$pw_link" = 1 ] && [ -n "$pw_same" ] && pw_ls=$(ls -ld -- "$pw_dir" "$pw_same" 2>/dev/null); then
+	pw_linked=1
+	while read -r pw_p pw_rest; do
+		[ "${#pw_p}" -eq 10 ] || pw_linked=
+		case $pw_p in d?????[sS]???) pw_linked= ;; esac
+	done <<-PW_LS
+		$pw_ls
+	PW_LS
+	[ -n "$pw_linked" ] && ! ln -- "$pw_same" "$pw_tmp" 2>/dev/null && pw_linked=
+fi
+if [ -z "$pw_linked" ] && ! { cat >"$pw_tmp"; } 2>/dev/null; then
 	rm -f -- "$pw_tmp"
 	printf "opmark-put: cannot write %s; nothing changed at %s\n" "$pw_tmp" "$pw_path" >&2
 	exit 1
 fi
-if [ -n "$pw_same" ] && command -v cmp >/dev/null 2>&1; then
+if [ -n "$pw_linked" ]; then
+	pw_have=$pw_sum
+elif [ -n "$pw_same" ] && command -v cmp >/dev/null 2>&1; then
 	cmp -s -- "$pw_same" "$pw_tmp" && pw_have=$pw_sum || pw_have=
 else
 	pw_have=$(sha256sum <"$pw_tmp")
@@ -158,6 +182,7 @@ if ! chmod "$pw_mode" "$pw_tmp" || ! sync "$pw_tmp" || ! mv -f -- "$pw_tmp" "$pw
 	printf "opmark-put: cannot put the file in place; nothing changed at %s\n" "$pw_path" >&2
 	exit 1
 fi
+[ -z "$pw_linked" ] || rm -f -- "$pw_same"
 pw_d=$pw_dir
 sync "$pw_d" || true
 while [ "$pw_d" != "$pw_top" ]; do

@@ -201,6 +201,7 @@ verb_run() {
 attempt=$attempt
 fingerprint=$fp
 stdin_sum=$in_sum
+stdin_bytes=$in_bytes
 family=$family
 shim=$OPMARK_SHIM_VERSION
 claimed_at=$now

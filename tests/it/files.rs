@@ -2,7 +2,8 @@
 //! real sshd targets. `opmark put`: the file arrives whole with its mode; a rerun under
 //! the op id replays and writes nothing; other content under it is a `conflict`; the same
 //! content under a new op id is `completed` with nothing written (mtime unchanged); a
-//! reader of the path during a put never sees part of a file; a link cut after the content
+//! reader of the path during a put never sees part of a file; a large file is linked into
+//! place from the checked spool (one link) but copied into a setgid directory; a link cut after the content
 //! is on the host is settled by the probe and the file written once; a 200 MB put cut at
 //! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
 //! read whole and checked, a rerun replays the host's copy (even after the file changed),
@@ -123,6 +124,63 @@ fn a_file_arrives_whole_with_its_mode_and_a_rerun_replays_without_writing() {
     );
     assert_eq!(std::fs::metadata(&dest).unwrap().mtime(), meta.mtime());
     assert_eq!(std::fs::metadata(&dest).unwrap().ino(), meta.ino());
+}
+
+#[test]
+fn a_large_file_is_linked_into_place_and_copied_where_a_link_would_not_be_what_a_copy_is() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let local = content(&dir, "image.bin", 3 << 20, 7);
+    let env = Sealed::new(crate::test_name!());
+    let ops = lab.target("target1").unwrap().marker_root().join("ops");
+
+    // A plain directory on the marker root's file system: the content checked on arrival
+    // becomes the file, and the claim keeps no second name for it.
+    let plain = dir.join("plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let dest = plain.join("image.bin");
+    let a = put(
+        &env,
+        &lab,
+        &local,
+        &dest,
+        &["--op", "big-1", "--mode", "600"],
+    );
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.json["file"]["delivered"], "written", "{a:?}");
+    assert_eq!(sha256(&dest), sha256(&local));
+    let meta = std::fs::metadata(&dest).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    assert_eq!(meta.nlink(), 1, "PATH is one link, as a copy would be");
+    assert!(no_leftovers(&dest));
+    assert!(ops.join("big-1").join("claim").exists());
+    assert!(
+        !ops.join("big-1").join("stdin").exists(),
+        "linked, not copied: the claim's content became the file"
+    );
+
+    // A setgid directory gives a new file its group: a link would keep the spool's, so
+    // the content is copied there.
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+        std::os::unix::fs::chown(&shared, None, Some(1)).unwrap();
+    }
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o2775)).unwrap();
+    let dest = shared.join("image.bin");
+    let b = put(&env, &lab, &local, &dest, &["--op", "big-2"]);
+    assert_eq!(b.verdict(), "completed", "{b:?}");
+    assert_eq!(sha256(&dest), sha256(&local));
+    let meta = std::fs::metadata(&dest).unwrap();
+    assert_eq!(meta.nlink(), 1);
+    assert_eq!(meta.gid(), std::fs::metadata(&shared).unwrap().gid());
+    assert!(
+        ops.join("big-2").join("stdin").exists(),
+        "copied: the claim keeps its content"
+    );
+    assert!(no_leftovers(&dest));
 }
 
 #[test]
