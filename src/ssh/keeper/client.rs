@@ -11,7 +11,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 use super::wire::{self, FrameReader, KeeperFrame, KeeperReply, KeeperRequest};
@@ -76,6 +76,17 @@ impl KeeperLink {
         self.stream.write_all(&buf).await
     }
 
+    /// Sends `request` with `stdin` after it and its end, in one write.
+    pub(crate) async fn send_with_stdin(
+        &mut self,
+        request: &KeeperFrame,
+        stdin: &[u8],
+    ) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        KeeperFrame::encode_with_stdin(request, stdin, &mut buf);
+        self.stream.write_all(&buf).await
+    }
+
     /// The next frame, heartbeats skipped; `Err` when the keeper went away, spoke
     /// nonsense, or said nothing for the whole budget (stopped, hung): a keeper that stops
     /// answering is a lost connection like any other (docs/trust.md#the-keeper).
@@ -103,16 +114,16 @@ impl KeeperLink {
 
     /// The next frame as it comes (cancel-safe: a read cut short consumed nothing).
     async fn next_frame(&mut self) -> Result<KeeperFrame, String> {
-        let mut buf = [0u8; 16 * 1024];
         loop {
             match self.reader.next_frame() {
                 Ok(Some(f)) => return Ok(f),
                 Ok(None) => {}
                 Err(e) => return Err(e.to_string()),
             }
-            match self.stream.read(&mut buf).await {
+            // Output frames are the host's packets (32 KiB from sshd): a few per read.
+            match self.reader.fill(&mut self.stream, 64 * 1024).await {
                 Ok(0) => return Err("the keeper closed the socket".into()),
-                Ok(n) => self.reader.push(&buf[..n]),
+                Ok(_) => {}
                 Err(e) => return Err(format!("reading the keeper's socket: {e}")),
             }
         }
@@ -383,17 +394,16 @@ impl Remote {
         })?;
         link.budget = self.dest.loss_budget();
         tracing::debug!("exec request to the connection keeper (pid {})", link.pid);
-        let mut frames = vec![KeeperFrame::json(&KeeperRequest::Exec {
+        let request = KeeperFrame::json(&KeeperRequest::Exec {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),
             host_key: self.host_key.clone(),
             command: command.to_string(),
-        })];
-        for chunk in stdin.unwrap_or_default().chunks(256 * 1024) {
-            frames.push(KeeperFrame::Stdin(chunk.to_vec()));
-        }
-        frames.push(KeeperFrame::json(&KeeperRequest::StdinEnd));
-        if let Err(e) = link.send(&frames).await {
+        });
+        if let Err(e) = link
+            .send_with_stdin(&request, stdin.as_deref().unwrap_or_default())
+            .await
+        {
             let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
             self.mark_lost(&why);
             return Err(ExecError::NotSent(why));
@@ -456,16 +466,12 @@ impl Remote {
             link.pid,
             request.len()
         );
-        let mut frames = vec![KeeperFrame::json(&KeeperRequest::Call {
+        let call = KeeperFrame::json(&KeeperRequest::Call {
             key: self.key.clone(),
             dest: Box::new(self.dest.clone()),
             host_key: self.host_key.clone(),
-        })];
-        for chunk in request.chunks(256 * 1024) {
-            frames.push(KeeperFrame::Stdin(chunk.to_vec()));
-        }
-        frames.push(KeeperFrame::json(&KeeperRequest::StdinEnd));
-        if let Err(e) = link.send(&frames).await {
+        });
+        if let Err(e) = link.send_with_stdin(&call, &request).await {
             let why = format!("the connection keeper (pid {}) went away: {e}", link.pid);
             self.mark_lost(&why);
             return Err(CallRefused::NotSent(why));
