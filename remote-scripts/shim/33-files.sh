@@ -89,7 +89,9 @@ $PUT_WRITER" opmark-put "$@" '' '' <"$pi_m/stdin"
 
 # The writer of a put (its arguments PATH MODE PARENTS SUM TAG SAME LINK, the content on its
 # stdin): self-contained, since sudo runs it in a shell of its own. The content is
-# written to a temporary file beside PATH (`.NAME.TAG`), checked against SUM, given MODE,
+# written to a temporary file beside PATH (`.NAME.TAG`; `.TAG` alone where that would pass
+# the 255 bytes a file name may have: TAG names the operation, so it is one name per
+# delivery still; the length in bytes is counted only when characters leave it in doubt), checked against SUM, given MODE,
 # synced and renamed over PATH, so a reader of PATH sees the old file or the new one,
 # never part of either; with PARENTS (1) missing directories on the way are made first.
 # A PATH that already holds SUM is not written (its mode is set, its mtime unchanged).
@@ -148,6 +150,11 @@ if [ -f "$pw_path" ]; then
 	fi
 fi
 pw_tmp="$pw_dir/.$pw_base.$pw_tag"
+if [ "$((${#pw_base} + ${#pw_tag} + 2))" -gt 255 ] ||
+	{ [ "$((4 * ${#pw_base} + ${#pw_tag} + 2))" -gt 255 ] &&
+		[ "$(($(printf %s "$pw_base" | wc -c) + ${#pw_tag} + 2))" -gt 255 ]; }; then
+	pw_tmp="$pw_dir/.$pw_tag"
+fi
 rm -f -- "$pw_tmp"
 pw_linked=
 if [ "$pw_link" = 1 ] && [ -n "$pw_same" ] && pw_ls=$(ls -ld -- "$pw_dir" "$pw_same" 2>/dev/null); then

@@ -473,13 +473,20 @@ fn directory_of(local: &Path) -> Result<PathBuf> {
 }
 
 /// The partial copy of `local`'s read under `op`: beside it, hidden, named by the op id
-/// so that a rerun under it finds what an earlier invocation received.
+/// so that a rerun under it finds what an earlier invocation received. A name that would
+/// pass NAME_MAX (255 bytes: a long LOCAL with a long op id, which failed with "File name
+/// too long") is named by a digest of both instead, as stable across reruns.
 fn partial_path(local: &Path, dir: &Path, op: &str) -> PathBuf {
     let name = local
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    dir.join(format!(".{name}.opmark-{op}"))
+    let full = format!(".{name}.opmark-{op}");
+    if full.len() <= 255 {
+        return dir.join(full);
+    }
+    let digest = hex::encode(Sha256::digest(format!("{name}\0{op}")));
+    dir.join(format!(".opmark-{}.part", &digest[..32]))
 }
 
 /// Settles a read: one that ended well goes from its partial copy to `file.local` and is
@@ -613,6 +620,23 @@ mod tests {
         );
         assert_eq!(digest_said("opmark-get: sha256=xyz bytes=1\n"), None);
         assert_eq!(digest_said(""), None);
+    }
+
+    #[test]
+    fn a_partial_copy_name_stays_within_name_max_and_is_the_same_for_a_rerun() {
+        let dir = Path::new("/d");
+        let short = partial_path(Path::new("/d/app.tar"), dir, "op-1");
+        assert_eq!(short, Path::new("/d/.app.tar.opmark-op-1"));
+        // 200 bytes of name and a 100-character op id: 311 bytes the long way.
+        let local = dir.join("n".repeat(200));
+        let op = "o".repeat(100);
+        let long = partial_path(&local, dir, &op);
+        let name = long.file_name().unwrap().to_str().unwrap();
+        assert!(name.len() <= 255, "{name}");
+        assert!(name.starts_with(".opmark-") && name.ends_with(".part"));
+        assert_eq!(long, partial_path(&local, dir, &op), "a rerun finds it");
+        assert_ne!(long, partial_path(&local, dir, &"p".repeat(100)));
+        assert_ne!(long, partial_path(&dir.join("m".repeat(200)), dir, &op));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! the op id replays and writes nothing; other content under it is a `conflict`; the same
 //! content under a new op id is `completed` with nothing written (mtime unchanged); a
 //! reader of the path during a put never sees part of a file; a large file is linked into
-//! place from the checked spool (one link) but copied into a setgid directory; a link cut after the content
+//! place from the checked spool (one link) but copied into a setgid directory; a file name
+//! too long to take `.opmark-OP` on its temporary copy is put and got all the same; a link cut after the content
 //! is on the host is settled by the probe and the file written once; a 200 MB put cut at
 //! 30%, 60% and 90% resumes each time; bad input sends nothing. `opmark get`: the file
 //! read whole and checked, a rerun replays the host's copy (even after the file changed),
@@ -181,6 +182,51 @@ fn a_large_file_is_linked_into_place_and_copied_where_a_link_would_not_be_what_a
         "copied: the claim keeps its content"
     );
     assert!(no_leftovers(&dest));
+}
+
+#[test]
+fn a_long_file_name_with_a_long_op_id_is_put_and_got_back_as_scp_would() {
+    let Some(lab) = crate::loopback_lab!(1) else {
+        return;
+    };
+    let dir = fresh_dir(crate::test_name!());
+    let env = Sealed::new(crate::test_name!());
+    // `.NAME.opmark-OP` would be 311 bytes: more than a file name may have.
+    let name = "n".repeat(200);
+    let op = "o".repeat(100);
+    let local = content(&dir, &name, 5000, 3);
+    let remote = dir.join("remote");
+    std::fs::create_dir_all(&remote).unwrap();
+    let dest = remote.join(&name);
+    let a = put(&env, &lab, &local, &dest, &["--op", &op]);
+    assert_eq!(a.verdict(), "completed", "{a:?}");
+    assert_eq!(a.json["file"]["delivered"], "written", "{a:?}");
+    assert_eq!(sha256(&dest), sha256(&local));
+    // And two-byte characters whose count fits where their bytes do not.
+    let wide = "\u{e9}".repeat(120);
+    let wide_dest = remote.join(&wide);
+    let w = put(&env, &lab, &local, &wide_dest, &[]);
+    assert_eq!(w.verdict(), "completed", "{w:?}");
+    assert_eq!(sha256(&wide_dest), sha256(&local));
+
+    let back = dir.join("back");
+    std::fs::create_dir_all(&back).unwrap();
+    let local_back = back.join(&name);
+    let g = get(&env, &lab, &dest, &local_back, &["--op", &format!("g{op}")]);
+    assert_eq!(g.verdict(), "completed", "{g:?}");
+    assert_eq!(g.json["file"]["saved"], true, "{g:?}");
+    assert_eq!(sha256(&local_back), sha256(&local));
+    for d in [&remote, &back] {
+        let left: Vec<_> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        assert!(
+            left.is_empty(),
+            "no temporary or partial copy is left: {left:?}"
+        );
+    }
 }
 
 #[test]
